@@ -1,0 +1,1 @@
+//! The network-enforcer controller library.

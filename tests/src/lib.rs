@@ -1,0 +1,1 @@
+//! Shared fixtures for end-to-end tests.
