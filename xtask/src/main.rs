@@ -2,6 +2,7 @@
 
 mod cluster;
 mod gen_crds;
+mod image;
 mod run;
 mod setup;
 
@@ -28,6 +29,11 @@ enum Command {
         #[command(subcommand)]
         action: cluster::Action,
     },
+    /// Build our agent/controller image as a docker-archive and import it into the local cluster.
+    Image {
+        /// `agent`, `controller`, or `all`.
+        name: String,
+    },
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
 }
@@ -39,6 +45,7 @@ fn main() -> Result<()> {
         Command::Gen => gen_crds::write(),
         Command::Ci => ci(),
         Command::Cluster { action } => cluster::run(action),
+        Command::Image { name } => image::build(&name),
         Command::Demo => demo(),
     }
 }
