@@ -54,18 +54,33 @@ fn ci() -> Result<()> {
     let root = run::workspace_root();
     setup::run()?;
     let env = setup::tool_env()?;
-    run::step("format", run::cargo(&root, &env, &["fmt", "--all", "--check"]))?;
+    run::step(
+        "format",
+        run::cargo(&root, &env, &["fmt", "--all", "--check"]),
+    )?;
     run::step(
         "lint",
         run::cargo(
             &root,
             &env,
-            &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"],
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
         ),
     )?;
     run::step(
         "tests",
-        run::cargo(&root, &env, &["test", "--workspace", "--locked", "--no-fail-fast"]),
+        run::cargo(
+            &root,
+            &env,
+            &["test", "--workspace", "--locked", "--no-fail-fast"],
+        ),
     )?;
     Ok(())
 }

@@ -27,7 +27,9 @@ pub fn run() -> Result<()> {
 /// (PATH with the tool directories first).
 pub fn tool_env() -> Result<Vec<(String, String)>> {
     let mut path: Vec<PathBuf> = vec![tools::bin_dir()?];
-    path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
     let path = std::env::join_paths(path).context("building PATH")?;
     Ok(vec![(
         "PATH".to_string(),

@@ -1,0 +1,456 @@
+//! The custom resources of SPEC section 1: `WorkloadNetworkPolicy` (an allow-list in force, in
+//! `monitor` or `protect` mode) and `WorkloadNetworkPolicyProposal` (what learning has seen so far).
+//!
+//! Both share the same spec payload. Admission rules are CEL `x-kubernetes-validations` so a bad object
+//! is refused by the API server with a message, before the controller ever sees it.
+
+use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// CEL rules shared by both kinds, with the message the API server returns when one fails.
+pub mod rules {
+    /// The istio backend accepts `Ingress` only.
+    pub const ISTIO_INGRESS_ONLY: &str = "self.backend != 'istio' || self.direction == 'Ingress'";
+    pub const ISTIO_INGRESS_ONLY_MSG: &str =
+        "the istio backend supports direction Ingress only (ztunnel enforces inbound traffic)";
+    /// The kubernetes payload's `policyTypes` must be exactly `[direction]`.
+    pub const POLICY_TYPES: &str = "self.backend != 'kubernetes' || !has(self.kubernetes) || \
+        (has(self.kubernetes.policyTypes) && size(self.kubernetes.policyTypes) == 1 && \
+        self.kubernetes.policyTypes[0] == self.direction)";
+    pub const POLICY_TYPES_MSG: &str =
+        "spec.kubernetes.policyTypes must be exactly [spec.direction]";
+    /// Exactly one payload, the one `backend` names.
+    pub const ONE_PAYLOAD: &str = "(self.backend == 'kubernetes') == has(self.kubernetes) && \
+        (self.backend == 'istio') == has(self.istio)";
+    pub const ONE_PAYLOAD_MSG: &str =
+        "exactly one of spec.kubernetes or spec.istio must be set, and it must match spec.backend";
+    /// The NetworkPolicy must select pods by something: an empty podSelector selects the whole namespace.
+    pub const POD_SELECTOR_NOT_EMPTY: &str = "!has(self.kubernetes) || \
+        (has(self.kubernetes.podSelector) && \
+        ((has(self.kubernetes.podSelector.matchLabels) && size(self.kubernetes.podSelector.matchLabels) > 0) || \
+        (has(self.kubernetes.podSelector.matchExpressions) && size(self.kubernetes.podSelector.matchExpressions) > 0)))";
+    pub const POD_SELECTOR_NOT_EMPTY_MSG: &str = "spec.kubernetes.podSelector must have at least one matchLabels entry or matchExpression (an empty selector selects every pod in the namespace)";
+    /// The Istio selector must select pods by something, for the same reason.
+    pub const ISTIO_SELECTOR_NOT_EMPTY: &str = "!has(self.istio) || \
+        ((has(self.istio.selector.matchLabels) && size(self.istio.selector.matchLabels) > 0) || \
+        (has(self.istio.selector.matchExpressions) && size(self.istio.selector.matchExpressions) > 0))";
+    pub const ISTIO_SELECTOR_NOT_EMPTY_MSG: &str = "spec.istio.selector must have at least one matchLabels entry or matchExpression (an empty selector selects every pod in the namespace)";
+    /// Required fields, checked here too so a client gets one clear message.
+    pub const REQUIRED: &str = "has(self.targetRef) && has(self.direction)";
+    pub const REQUIRED_MSG: &str = "spec.targetRef and spec.direction are required";
+    /// `backend` cannot change after creation.
+    pub const BACKEND_IMMUTABLE: &str = "self == oldSelf";
+    pub const BACKEND_IMMUTABLE_MSG: &str = "backend is immutable";
+    /// The target kinds the product resolves workloads to.
+    pub const TARGET_KIND: &str = "self.kind in ['Deployment', 'StatefulSet', 'DaemonSet']";
+    pub const TARGET_KIND_MSG: &str =
+        "spec.targetRef.kind must be one of Deployment, StatefulSet, DaemonSet";
+    /// A workload name is a DNS-1123 subdomain.
+    pub const TARGET_NAME: &str = "size(self.name) >= 1 && size(self.name) <= 253 && \
+        self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
+    pub const TARGET_NAME_MSG: &str = "spec.targetRef.name must be a DNS-1123 subdomain: 1-253 lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric";
+}
+
+/// Which data plane enforces the policy, and so which payload the spec carries.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// A `networking.k8s.io/v1` NetworkPolicy, enforced by the CNI (Calico, Cilium, ...).
+    Kubernetes,
+    /// An Istio ambient `security.istio.io/v1` AuthorizationPolicy, enforced by ztunnel on the receiving side.
+    Istio,
+}
+
+/// The traffic direction a policy governs, seen from its target workload.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
+pub enum Direction {
+    /// Connections the target workload receives.
+    Ingress,
+    /// Connections the target workload opens.
+    Egress,
+}
+
+impl Direction {
+    /// The name as it appears in the API (`Ingress`/`Egress`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "Ingress",
+            Direction::Egress => "Egress",
+        }
+    }
+}
+
+/// What a WorkloadNetworkPolicy does with traffic its rules do not allow.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Record violations; block nothing.
+    #[default]
+    Monitor,
+    /// Render the policy into the data plane so that it blocks; record what was blocked.
+    Protect,
+}
+
+impl PolicyMode {
+    /// The name as it appears in the API (`monitor`/`protect`), also the promote label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyMode::Monitor => "monitor",
+            PolicyMode::Protect => "protect",
+        }
+    }
+}
+
+/// The kinds of workload a policy can target.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+}
+
+impl WorkloadKind {
+    /// The Kubernetes kind name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment => "Deployment",
+            WorkloadKind::StatefulSet => "StatefulSet",
+            WorkloadKind::DaemonSet => "DaemonSet",
+        }
+    }
+}
+
+/// The workload, in the policy's namespace, whose pods the policy governs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[x_kube(validation = Rule::new(rules::TARGET_KIND).message(rules::TARGET_KIND_MSG))]
+#[x_kube(validation = Rule::new(rules::TARGET_NAME).message(rules::TARGET_NAME_MSG))]
+pub struct TargetRef {
+    /// Kind of the workload: Deployment, StatefulSet or DaemonSet.
+    pub kind: WorkloadKind,
+    /// Name of the workload in the same namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// An Istio ambient L4 allow-list for the destination workload, rendered 1:1 into an
+/// AuthorizationPolicy with `action: ALLOW`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+pub struct IstioPolicy {
+    /// Pods the AuthorizationPolicy applies to: the target workload's own selector. Must not be empty.
+    pub selector: LabelSelector,
+    /// Allowed sources and ports; a connection is allowed when any rule matches it.
+    #[serde(default)]
+    pub rules: Vec<IstioRule>,
+}
+
+/// One allow rule: any of `from` and any of `to` must match.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+pub struct IstioRule {
+    /// Allowed sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<IstioFrom>,
+    /// Allowed destination operations (ports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<IstioTo>,
+}
+
+/// A source of an Istio rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+pub struct IstioFrom {
+    /// The peer identities allowed.
+    pub source: IstioSource,
+}
+
+/// Peer identities of an Istio rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+pub struct IstioSource {
+    /// SPIFFE ids without the `spiffe://` scheme, e.g. `cluster.local/ns/shop/sa/frontend`; `*` means any peer.
+    #[serde(default)]
+    pub principals: Vec<String>,
+}
+
+/// A destination of an Istio rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+pub struct IstioTo {
+    /// The operation allowed.
+    pub operation: IstioOperation,
+}
+
+/// Destination ports of an Istio rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+pub struct IstioOperation {
+    /// Destination (container) ports: a single port such as `"8080"` or a range such as `"8000-8099"`.
+    #[serde(default)]
+    pub ports: Vec<String>,
+}
+
+/// The allow-list of a WorkloadNetworkPolicy: which traffic of the target workload is expected.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "networkenforcer.kubewarden.io",
+    version = "v1alpha1",
+    kind = "WorkloadNetworkPolicy",
+    plural = "workloadnetworkpolicies",
+    shortname = "wnp",
+    namespaced,
+    status = "WorkloadNetworkPolicyStatus",
+    doc = "An allow-list for one workload and direction, in monitor mode (violations recorded) or protect mode (enforced by a rendered NetworkPolicy or AuthorizationPolicy).",
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".spec.mode",
+        description = "monitor or protect"
+    ),
+    printcolumn(
+        name = "Active Violations",
+        type_ = "integer",
+        json_path = ".status.activeViolationCount",
+        description = "Violations neither cleared nor acknowledged"
+    ),
+    printcolumn(
+        name = "Direction",
+        type_ = "string",
+        json_path = ".spec.direction",
+        description = "Ingress or Egress"
+    ),
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        json_path = ".spec.targetRef.name",
+        description = "The target workload"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(rules::REQUIRED).message(rules::REQUIRED_MSG))]
+#[x_kube(validation = Rule::new(rules::ISTIO_INGRESS_ONLY).message(rules::ISTIO_INGRESS_ONLY_MSG))]
+#[x_kube(validation = Rule::new(rules::POLICY_TYPES).message(rules::POLICY_TYPES_MSG))]
+#[x_kube(validation = Rule::new(rules::ONE_PAYLOAD).message(rules::ONE_PAYLOAD_MSG))]
+#[x_kube(validation = Rule::new(rules::POD_SELECTOR_NOT_EMPTY).message(rules::POD_SELECTOR_NOT_EMPTY_MSG))]
+#[x_kube(validation = Rule::new(rules::ISTIO_SELECTOR_NOT_EMPTY).message(rules::ISTIO_SELECTOR_NOT_EMPTY_MSG))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadNetworkPolicySpec {
+    /// The enforcing data plane: `kubernetes` (a NetworkPolicy, payload in `kubernetes`) or `istio`
+    /// (an AuthorizationPolicy, payload in `istio`). Immutable.
+    #[x_kube(validation = Rule::new(rules::BACKEND_IMMUTABLE).message(rules::BACKEND_IMMUTABLE_MSG))]
+    pub backend: Backend,
+    /// The NetworkPolicy spec to enforce, for the kubernetes backend. `policyTypes` must be `[direction]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<NetworkPolicySpec>,
+    /// The AuthorizationPolicy rules to enforce, for the istio backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub istio: Option<IstioPolicy>,
+    /// The workload this policy governs, in the same namespace.
+    pub target_ref: TargetRef,
+    /// The direction this policy governs: Ingress or Egress (istio: Ingress only).
+    pub direction: Direction,
+    /// `monitor` records violations without blocking; `protect` renders the policy so the data plane
+    /// blocks what it does not allow.
+    #[serde(default)]
+    pub mode: PolicyMode,
+}
+
+/// What learning observed for one workload and direction; promote it with the label
+/// `networkenforcer.kubewarden.io/promote=monitor|protect`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "networkenforcer.kubewarden.io",
+    version = "v1alpha1",
+    kind = "WorkloadNetworkPolicyProposal",
+    plural = "workloadnetworkpolicyproposals",
+    shortname = "wnpp",
+    namespaced,
+    status = "WorkloadNetworkPolicyProposalStatus",
+    doc = "A learned allow-list for one workload and direction. Label it networkenforcer.kubewarden.io/promote=monitor|protect to turn it into a WorkloadNetworkPolicy.",
+    printcolumn(
+        name = "Direction",
+        type_ = "string",
+        json_path = ".spec.direction",
+        description = "Ingress or Egress"
+    ),
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        json_path = ".spec.targetRef.name",
+        description = "The target workload"
+    ),
+    printcolumn(
+        name = "Rules",
+        type_ = "integer",
+        json_path = ".status.ruleCount",
+        description = "Rules learned so far"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(rules::REQUIRED).message(rules::REQUIRED_MSG))]
+#[x_kube(validation = Rule::new(rules::ISTIO_INGRESS_ONLY).message(rules::ISTIO_INGRESS_ONLY_MSG))]
+#[x_kube(validation = Rule::new(rules::POLICY_TYPES).message(rules::POLICY_TYPES_MSG))]
+#[x_kube(validation = Rule::new(rules::ONE_PAYLOAD).message(rules::ONE_PAYLOAD_MSG))]
+#[x_kube(validation = Rule::new(rules::POD_SELECTOR_NOT_EMPTY).message(rules::POD_SELECTOR_NOT_EMPTY_MSG))]
+#[x_kube(validation = Rule::new(rules::ISTIO_SELECTOR_NOT_EMPTY).message(rules::ISTIO_SELECTOR_NOT_EMPTY_MSG))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadNetworkPolicyProposalSpec {
+    /// The enforcing data plane the proposal is written for: `kubernetes` or `istio`. Immutable.
+    #[x_kube(validation = Rule::new(rules::BACKEND_IMMUTABLE).message(rules::BACKEND_IMMUTABLE_MSG))]
+    pub backend: Backend,
+    /// The learned NetworkPolicy spec, for the kubernetes backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<NetworkPolicySpec>,
+    /// The learned AuthorizationPolicy rules, for the istio backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub istio: Option<IstioPolicy>,
+    /// The workload this proposal was learned for, in the same namespace.
+    pub target_ref: TargetRef,
+    /// The direction learned: Ingress or Egress (istio: Ingress only).
+    pub direction: Direction,
+}
+
+/// Transport protocol of a flow.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
+pub enum Protocol {
+    TCP,
+    UDP,
+    SCTP,
+}
+
+/// One side of a violating flow.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, KubeSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    /// Namespace of the workload; empty for peers outside the cluster's pods.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Kind of the workload that owns the pod (Deployment, StatefulSet, DaemonSet, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner_kind: String,
+    /// Name of the workload that owns the pod.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner_name: String,
+    /// Istio principal of the workload (`cluster.local/ns/<ns>/sa/<serviceaccount>`), when known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
+    /// The workload's pod selector, as `key=value` pairs joined by commas, when known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
+    /// The peer's IP address, for peers that are not pods of a known workload (hosts, the internet).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
+}
+
+/// A flow the policy does not allow.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ViolationRecord {
+    /// Id of the record, unique within the policy; use it in `networkenforcer.kubewarden.io/acknowledge-<id>`.
+    pub id: i64,
+    /// When the flow was last seen.
+    pub timestamp: Time,
+    /// Where the flow came from.
+    pub source: WorkloadRef,
+    /// Where the flow went.
+    pub dest: WorkloadRef,
+    /// Transport protocol: TCP or UDP.
+    pub protocol: Protocol,
+    /// The destination container port, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 65535))]
+    pub dst_port: Option<i32>,
+    /// `monitor` (the flow went through) or `protect` (the flow was blocked).
+    pub action: PolicyMode,
+    /// Which side's policy the flow violated: Egress (source) or Ingress (destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
+    /// Namespace of the policy that denies the flow.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub denying_policy_namespace: String,
+    /// Name of the policy that denies the flow.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub denying_policy_name: String,
+}
+
+/// A violation a user acknowledged with the `networkenforcer.kubewarden.io/acknowledge-<id>` annotation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcknowledgedViolation {
+    /// The record as it was when acknowledged.
+    pub violation: ViolationRecord,
+    /// The annotation's value.
+    #[serde(default)]
+    pub reason: String,
+    /// When the controller consumed the annotation.
+    pub acknowledged_at: Time,
+}
+
+/// What the controller observed for a WorkloadNetworkPolicy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadNetworkPolicyStatus {
+    /// The generation last processed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Every violation observation ever merged into this policy, including re-observations and
+    /// records later trimmed, cleared or acknowledged.
+    #[serde(default)]
+    pub violation_count: i64,
+    /// Number of active records (`len(violations)`).
+    #[serde(default)]
+    pub active_violation_count: i64,
+    /// Active records, newest first by timestamp, at most 100.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<ViolationRecord>,
+    /// Acknowledged records, newest first by acknowledgedAt, at most 100.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acknowledged_violations: Vec<AcknowledgedViolation>,
+    /// Ready, DuplicateTarget, SelectorOverlapsWorkload and other standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// What the controller observed for a WorkloadNetworkPolicyProposal.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadNetworkPolicyProposalStatus {
+    /// Number of rules learned so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_count: Option<i64>,
+    /// Learning progress and promotion problems (e.g. a policy of the same name already exists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,67 @@
+//! Label and annotation keys (SPEC section 2). All product keys share the prefix [`PREFIX`].
+
+/// The prefix of every label and annotation key owned by the product, and the CRD API group.
+pub const PREFIX: &str = "networkenforcer.kubewarden.io";
+
+/// The API group of the custom resources.
+pub const GROUP: &str = PREFIX;
+
+/// Label a user sets on a proposal to promote it: value [`PROMOTE_MONITOR`] or [`PROMOTE_PROTECT`].
+pub const PROMOTE_LABEL: &str = "networkenforcer.kubewarden.io/promote";
+
+/// Value of [`PROMOTE_LABEL`] that promotes into a policy in `monitor` mode.
+pub const PROMOTE_MONITOR: &str = "monitor";
+
+/// Value of [`PROMOTE_LABEL`] that promotes into a policy in `protect` mode.
+pub const PROMOTE_PROTECT: &str = "protect";
+
+/// Label the controller sets on a policy it created by promotion; the value is
+/// [`crate::naming::promoted_from_value`] of the proposal name (the proposal name itself when it fits).
+pub const PROMOTED_FROM_LABEL: &str = "networkenforcer.kubewarden.io/promoted-from";
+
+/// Prefix of the annotation a user sets on a policy to acknowledge violation `<id>`:
+/// `networkenforcer.kubewarden.io/acknowledge-<id>: <reason>`.
+pub const ACKNOWLEDGE_ANNOTATION_PREFIX: &str = "networkenforcer.kubewarden.io/acknowledge-";
+
+/// Istio's annotation that makes an AuthorizationPolicy dry-run; set to `"true"` in monitor mode only.
+pub const ISTIO_DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
+
+/// The field manager name used for every write the controller makes.
+pub const FIELD_MANAGER: &str = "network-enforcer";
+
+/// The well-known namespace-name label Kubernetes sets on every namespace; learned peers select
+/// namespaces by it.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// The message of the chart's ValidatingAdmissionPolicy for a bad promote label value.
+pub const PROMOTE_LABEL_MESSAGE: &str =
+    r#"networkenforcer.kubewarden.io/promote must be "monitor" or "protect""#;
+
+/// Returns the violation id named by an acknowledge annotation key, `None` for other keys.
+/// A key with the prefix but a non-numeric suffix yields `Some(Err(suffix))`, so the caller can
+/// report and remove it.
+pub fn acknowledged_id(annotation_key: &str) -> Option<Result<i64, &str>> {
+    let suffix = annotation_key.strip_prefix(ACKNOWLEDGE_ANNOTATION_PREFIX)?;
+    Some(suffix.parse::<i64>().map_err(|_| suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acknowledge_annotation_ids() {
+        assert_eq!(
+            acknowledged_id("networkenforcer.kubewarden.io/acknowledge-42"),
+            Some(Ok(42))
+        );
+        assert_eq!(
+            acknowledged_id("networkenforcer.kubewarden.io/acknowledge-x1"),
+            Some(Err("x1"))
+        );
+        assert_eq!(
+            acknowledged_id("networkenforcer.kubewarden.io/promote"),
+            None
+        );
+    }
+}
