@@ -1,1 +1,18 @@
 //! The network-enforcer node agent library.
+//!
+//! The agent sees every TCP and UDP connection of the pods on its node with its own eBPF programs
+//! (`agent-ebpf`), whatever the CNI. Reading order:
+//! - [`loader`]: checks the host, loads and attaches the kernel programs ([`loader::DataPlane`]);
+//! - [`events`]: the events they report ([`events::ConnectionEvent`]) and the async ring-buffer reader;
+//! - [`host`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
+//! - [`error`]: what can go wrong, with what to do about it.
+
+pub mod error;
+pub mod events;
+pub mod host;
+pub mod loader;
+pub mod tracepoint_format;
+
+pub use error::{Error, Result};
+pub use events::{ConnectionEvent, Direction, EventReader, Outcome, Protocol};
+pub use loader::{DataPlane, KernelCounters, LoadOptions};

@@ -1,0 +1,312 @@
+//! The records shared by the agent's eBPF programs (`agent-ebpf`, kernel side) and the agent (user side).
+//!
+//! Everything here is `#[repr(C)]` with explicit padding: the kernel writes these bytes into maps and the
+//! ring buffer, and user space reads them back with the same layout. The crate is `no_std` so the eBPF
+//! crate can use it; the `user` feature adds the `aya::Pod` impls user space needs.
+#![no_std]
+
+/// `AF_INET`, as the kernel reports it in `family`.
+pub const AF_INET: u16 = 2;
+/// `AF_INET6`, as the kernel reports it in `family`.
+pub const AF_INET6: u16 = 10;
+/// `IPPROTO_TCP`.
+pub const IPPROTO_TCP: u8 = 6;
+/// `IPPROTO_UDP`.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Name of the ring buffer map carrying [`FlowEvent`]s.
+pub const EVENTS_MAP: &str = "EVENTS";
+/// Name of the per-CPU `u64` array of [`Counter`]s.
+pub const COUNTERS_MAP: &str = "COUNTERS";
+/// Name of the global holding the [`Config`] patched in at load time.
+pub const CONFIG_GLOBAL: &str = "CONFIG";
+/// Name of the TCP state-change tracepoint program.
+pub const TCP_STATE_PROGRAM: &str = "inet_sock_set_state";
+
+/// Default size of the events ring buffer in bytes (a power of two, a multiple of the page size).
+pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 22;
+
+/// Which side opened the connection, seen from the local socket.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// The local socket connected to (or sent to) the remote address.
+    Outbound = 1,
+    /// The remote address connected to (or sent to) the local socket.
+    Inbound = 2,
+}
+
+impl Direction {
+    /// Decodes the byte the kernel wrote; `None` for an unknown value.
+    pub fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Outbound),
+            2 => Some(Self::Inbound),
+            _ => None,
+        }
+    }
+}
+
+/// What happened to the connection.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    /// The TCP handshake completed.
+    Established = 1,
+    /// An outbound TCP attempt ended before it was established (refused, timed out, reset, blocked).
+    /// [`FlowEvent::error`] holds the socket error when the kernel set one.
+    Failed = 2,
+    /// A UDP datagram was sent or received (UDP has no handshake).
+    Datagram = 3,
+}
+
+impl Outcome {
+    /// Decodes the byte the kernel wrote; `None` for an unknown value.
+    pub fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Established),
+            2 => Some(Self::Failed),
+            3 => Some(Self::Datagram),
+            _ => None,
+        }
+    }
+}
+
+/// One connection event, as the kernel writes it into the [`EVENTS_MAP`] ring buffer.
+///
+/// Addresses are in network byte order; an IPv4 address occupies the first 4 bytes (the rest are zero).
+/// Ports are in host byte order. "Local" is the socket the event is about, "remote" its peer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the kernel saw the event.
+    pub timestamp_ns: u64,
+    /// cgroup v2 id of the socket's cgroup; 0 when unknown.
+    pub cgroup_id: u64,
+    /// Inode number of the socket's network namespace (as in `/proc/PID/ns/net`); 0 when unknown.
+    pub netns_ino: u32,
+    /// Process (thread group) id of the task that opened the connection; 0 when unknown (e.g. an inbound
+    /// TCP connection is established in softirq context, before any task accepts it).
+    pub pid: u32,
+    /// Local address (network byte order).
+    pub local_addr: [u8; 16],
+    /// Remote address (network byte order).
+    pub remote_addr: [u8; 16],
+    /// Local port (host byte order).
+    pub local_port: u16,
+    /// Remote port (host byte order).
+    pub remote_port: u16,
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u16,
+    /// [`IPPROTO_TCP`] or [`IPPROTO_UDP`].
+    pub protocol: u8,
+    /// A [`Direction`] as `u8`.
+    pub direction: u8,
+    /// An [`Outcome`] as `u8`.
+    pub outcome: u8,
+    /// For [`Outcome::Failed`]: the socket error (errno, e.g. 111 ECONNREFUSED, 110 ETIMEDOUT); else 0.
+    pub error: u8,
+    /// Explicit padding to a multiple of 8 bytes, always zero.
+    pub _pad: [u8; 6],
+}
+
+impl FlowEvent {
+    /// An all-zero event, the starting point the kernel fills in.
+    pub const fn zeroed() -> Self {
+        Self {
+            timestamp_ns: 0,
+            cgroup_id: 0,
+            netns_ino: 0,
+            pid: 0,
+            local_addr: [0; 16],
+            remote_addr: [0; 16],
+            local_port: 0,
+            remote_port: 0,
+            family: 0,
+            protocol: 0,
+            direction: 0,
+            outcome: 0,
+            error: 0,
+            _pad: [0; 6],
+        }
+    }
+}
+
+/// Indexes into the per-CPU [`COUNTERS_MAP`]; the user side sums the per-CPU values.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// An event was dropped because the ring buffer had no room (user space is behind).
+    RingBufferFull = 0,
+    /// An event was not sent because the same edge was reported within the dedupe window.
+    DedupeHit = 1,
+    /// A TCP state change was seen for a family other than IPv4/IPv6 (should stay 0).
+    UnknownFamily = 2,
+}
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; COUNTER_SLOTS as usize] = [
+        Counter::RingBufferFull,
+        Counter::DedupeHit,
+        Counter::UnknownFamily,
+    ];
+}
+
+/// Number of slots in [`COUNTERS_MAP`].
+pub const COUNTER_SLOTS: u32 = 3;
+
+/// Offsets of the fields of the `sock/inet_sock_set_state` tracepoint record, read by user space from
+/// `events/sock/inet_sock_set_state/format` in tracefs so the program does not depend on one kernel's
+/// layout. All in bytes from the start of the record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpTracepointLayout {
+    /// `const void *skaddr`: the socket, used as the key of per-socket state.
+    pub skaddr: u16,
+    /// `int oldstate`.
+    pub oldstate: u16,
+    /// `int newstate`.
+    pub newstate: u16,
+    /// `__u16 sport` (host byte order).
+    pub sport: u16,
+    /// `__u16 dport` (host byte order).
+    pub dport: u16,
+    /// `__u16 family`.
+    pub family: u16,
+    /// `__u16 protocol`.
+    pub protocol: u16,
+    /// `__u8 saddr[4]`.
+    pub saddr: u16,
+    /// `__u8 daddr[4]`.
+    pub daddr: u16,
+    /// `__u8 saddr_v6[16]`.
+    pub saddr_v6: u16,
+    /// `__u8 daddr_v6[16]`.
+    pub daddr_v6: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+
+impl TcpTracepointLayout {
+    /// The layout of Linux 5.6 and later (x86_64), used when nothing else is known.
+    pub const DEFAULT: Self = Self {
+        skaddr: 8,
+        oldstate: 16,
+        newstate: 20,
+        sport: 24,
+        dport: 26,
+        family: 28,
+        protocol: 30,
+        saddr: 32,
+        daddr: 36,
+        saddr_v6: 40,
+        daddr_v6: 56,
+        _pad: 0,
+    };
+}
+
+/// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
+/// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.
+/// An offset of [`KernelOffsets::UNKNOWN`] means "not available on this kernel": the program then reports 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `struct sock` → `__sk_common.skc_net` (`possible_net_t`, a `struct net *`).
+    pub sock_net: u32,
+    /// `struct net` → `ns.inum` (the namespace inode number).
+    pub net_inum: u32,
+    /// `struct sock` → `sk_cgrp_data.cgroup` (`struct cgroup *`, cgroup v2).
+    pub sock_cgroup: u32,
+    /// `struct cgroup` → `kn` (`struct kernfs_node *`).
+    pub cgroup_kn: u32,
+    /// `struct kernfs_node` → `id` (u64: the cgroup id).
+    pub kernfs_node_id: u32,
+    /// `struct sock` → `sk_err` (int).
+    pub sock_err: u32,
+}
+
+impl KernelOffsets {
+    /// Marks an offset the kernel's BTF did not provide.
+    pub const UNKNOWN: u32 = u32::MAX;
+
+    /// Every offset unknown: the programs run but report no netns, cgroup or error.
+    pub const NONE: Self = Self {
+        sock_net: Self::UNKNOWN,
+        net_inum: Self::UNKNOWN,
+        sock_cgroup: Self::UNKNOWN,
+        cgroup_kn: Self::UNKNOWN,
+        kernfs_node_id: Self::UNKNOWN,
+        sock_err: Self::UNKNOWN,
+    };
+}
+
+/// Everything user space patches into the programs at load time (the [`CONFIG_GLOBAL`] global).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Where the tracepoint's fields are.
+    pub tcp_tracepoint: TcpTracepointLayout,
+    /// Where the kernel struct fields are.
+    pub kernel: KernelOffsets,
+    /// An edge already reported within this many nanoseconds is not reported again (0: report everything).
+    pub dedupe_window_ns: u64,
+}
+
+impl Config {
+    /// The values compiled into the programs before user space patches them.
+    pub const DEFAULT: Self = Self {
+        tcp_tracepoint: TcpTracepointLayout::DEFAULT,
+        kernel: KernelOffsets::NONE,
+        dedupe_window_ns: 0,
+    };
+}
+
+/// Linux TCP states (`include/net/tcp_states.h`) the programs look at.
+pub mod tcp_state {
+    /// `TCP_ESTABLISHED`.
+    pub const ESTABLISHED: i32 = 1;
+    /// `TCP_SYN_SENT`.
+    pub const SYN_SENT: i32 = 2;
+    /// `TCP_SYN_RECV`.
+    pub const SYN_RECV: i32 = 3;
+    /// `TCP_CLOSE`.
+    pub const CLOSE: i32 = 7;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: these are `#[repr(C)]`, `Copy`, made only of integers and byte arrays, with explicit
+    // padding fields, so every bit pattern is valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for super::FlowEvent {}
+    unsafe impl aya::Pod for super::Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<FlowEvent>(), 72);
+        assert_eq!(size_of::<TcpTracepointLayout>(), 24);
+        assert_eq!(size_of::<KernelOffsets>(), 24);
+        assert_eq!(size_of::<Config>(), 56);
+    }
+
+    #[test]
+    fn enums_round_trip_through_their_raw_bytes() {
+        for d in [Direction::Outbound, Direction::Inbound] {
+            assert_eq!(Direction::from_raw(d as u8), Some(d));
+        }
+        for o in [Outcome::Established, Outcome::Failed, Outcome::Datagram] {
+            assert_eq!(Outcome::from_raw(o as u8), Some(o));
+        }
+        assert_eq!(Direction::from_raw(0), None);
+        assert_eq!(Outcome::from_raw(9), None);
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The agent library's errors. Each variant says what failed and, where there is one, what to do about it.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading the kernel programs or reading their events.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The process may not load eBPF programs.
+    #[error(
+        "loading the eBPF programs needs root or the capabilities CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN \
+         (running as uid {uid} without them)"
+    )]
+    NotPrivileged {
+        /// The effective uid of this process.
+        uid: u32,
+    },
+
+    /// The kernel has no BTF, so kernel struct offsets cannot be computed.
+    #[error(
+        "the kernel exposes no BTF at {0}: network-enforcer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y \
+         (Linux 5.8 or later)"
+    )]
+    NoBtf(PathBuf),
+
+    /// A pseudo file system (bpffs, tracefs) is missing and could not be mounted.
+    #[error("mounting {fstype} at {path} failed: {source}")]
+    Mount {
+        /// The file system type, e.g. `tracefs`.
+        fstype: &'static str,
+        /// Where it should have been mounted.
+        path: PathBuf,
+        /// What mount(2) said.
+        source: std::io::Error,
+    },
+
+    /// A kernel interface file could not be read.
+    #[error("reading {path} failed: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
+    /// The tracepoint's format file lacks a field the programs need, or describes it differently.
+    #[error("tracepoint format {path}: {reason}")]
+    TracepointFormat {
+        /// The format file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The kernel rejected the programs or their maps.
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[from] aya::EbpfError),
+
+    /// A program could not be loaded into the verifier or attached.
+    #[error("program `{program}`: {source}")]
+    Program {
+        /// The program's name.
+        program: &'static str,
+        /// aya's error (with the verifier log when the verifier rejected it).
+        source: aya::programs::ProgramError,
+    },
+
+    /// A map could not be opened or read.
+    #[error("map `{map}`: {source}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// aya's error.
+        source: aya::maps::MapError,
+    },
+
+    /// The embedded object lacks a map or program the agent expects: the build is inconsistent.
+    #[error("the embedded eBPF object has no {kind} named `{name}`")]
+    Missing {
+        /// `map` or `program`.
+        kind: &'static str,
+        /// The name looked for.
+        name: &'static str,
+    },
+
+    /// Waiting on the ring buffer's file descriptor failed.
+    #[error("polling the events ring buffer failed: {0}")]
+    Poll(#[source] std::io::Error),
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

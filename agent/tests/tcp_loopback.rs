@@ -1,0 +1,150 @@
+//! Kernel test: the real eBPF programs on this machine's kernel see TCP connections made over loopback.
+//!
+//! Needs root (CI runs as root). Each test loads its own copy of the programs, makes its own connections
+//! and looks only at events for the ports it used, so other traffic on the machine does not disturb it.
+
+use network_enforcer_agent::{
+    ConnectionEvent, DataPlane, Direction, EventReader, LoadOptions, Outcome, Protocol,
+};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpSocket};
+
+/// Fails the test with a clear message when not root: these tests load eBPF programs.
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "this kernel test loads eBPF programs and must run as root (uid 0); it runs as uid {uid}. \
+         Run `sudo -E cargo test -p network-enforcer-agent` (CI runs as root)."
+    );
+}
+
+fn load() -> (DataPlane, EventReader) {
+    require_root();
+    let mut data_plane =
+        DataPlane::load(&LoadOptions::default()).expect("loading the eBPF programs");
+    let reader = data_plane.events().expect("taking the events reader");
+    (data_plane, reader)
+}
+
+/// Reads events until `wanted` of them touch `port` (as local or remote port), or fails after 5 s.
+async fn events_for_port(
+    reader: &mut EventReader,
+    port: u16,
+    wanted: usize,
+) -> Vec<ConnectionEvent> {
+    let mut seen = Vec::new();
+    let mut batch = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while seen.len() < wanted {
+        let read = tokio::time::timeout_at(deadline, reader.read_batch(&mut batch)).await;
+        match read {
+            Ok(result) => result.expect("reading events"),
+            Err(_) => panic!(
+                "timed out waiting for {wanted} events on port {port}; saw {}: {seen:#?}",
+                seen.len()
+            ),
+        }
+        seen.extend(
+            batch
+                .drain(..)
+                .filter(|e| e.local.port() == port || e.remote.port() == port),
+        );
+    }
+    // Give stray duplicates a moment to show up, so "exactly these events" is really checked.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while let Ok(Ok(())) =
+        tokio::time::timeout(Duration::from_millis(50), reader.read_batch(&mut batch)).await
+    {
+        seen.extend(
+            batch
+                .drain(..)
+                .filter(|e| e.local.port() == port || e.remote.port() == port),
+        );
+    }
+    seen
+}
+
+/// Connects a client bound to `client_ip` to a listener on `server_ip`, and checks the two events:
+/// the client's outbound establishment and the server's inbound one, with exact addresses and ports.
+async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
+    let (_data_plane, mut reader) = load();
+    let listener = TcpListener::bind((server_ip, 0)).await.unwrap();
+    let server: SocketAddr = listener.local_addr().unwrap();
+
+    let socket = if server.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .unwrap();
+    socket
+        .bind((client_ip.parse::<std::net::IpAddr>().unwrap(), 0).into())
+        .unwrap();
+    let client: SocketAddr = socket.local_addr().unwrap();
+    let (stream, accepted) = tokio::join!(socket.connect(server), listener.accept());
+    let (_stream, _accepted) = (stream.unwrap(), accepted.unwrap());
+
+    let mut events = events_for_port(&mut reader, server.port(), 2).await;
+    events.sort_by_key(|e| e.direction);
+    assert_eq!(events.len(), 2, "exactly one event per end: {events:#?}");
+
+    let outbound = &events[0];
+    assert_eq!(
+        (outbound.protocol, outbound.direction, outbound.outcome),
+        (Protocol::Tcp, Direction::Outbound, Outcome::Established)
+    );
+    assert_eq!((outbound.local, outbound.remote), (client, server));
+    assert_eq!(
+        outbound.pid,
+        Some(std::process::id()),
+        "pid captured at connect()"
+    );
+    assert_eq!(outbound.error, None);
+
+    let inbound = &events[1];
+    assert_eq!(
+        (inbound.protocol, inbound.direction, inbound.outcome),
+        (Protocol::Tcp, Direction::Inbound, Outcome::Established)
+    );
+    assert_eq!((inbound.local, inbound.remote), (server, client));
+    assert_eq!(inbound.error, None);
+}
+
+#[tokio::test]
+async fn sees_both_ends_of_an_ipv4_loopback_connection() {
+    // Distinct loopback addresses for client and server, so swapped fields would show.
+    sees_both_ends_of_a_connection("127.0.0.1", "127.0.0.2").await;
+}
+
+#[tokio::test]
+async fn sees_both_ends_of_an_ipv6_loopback_connection() {
+    sees_both_ends_of_a_connection("::1", "::1").await;
+}
+
+#[tokio::test]
+async fn reports_a_refused_connect_as_failed() {
+    let (_data_plane, mut reader) = load();
+    // A port nobody listens on: bind a listener to get a free port, then close it.
+    let closed: SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let client = socket.local_addr().unwrap();
+    let err = socket.connect(closed).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+
+    let events = events_for_port(&mut reader, closed.port(), 1).await;
+    assert_eq!(events.len(), 1, "one failed attempt: {events:#?}");
+    let failed = &events[0];
+    assert_eq!(
+        (failed.protocol, failed.direction, failed.outcome),
+        (Protocol::Tcp, Direction::Outbound, Outcome::Failed)
+    );
+    assert_eq!((failed.local, failed.remote), (client, closed));
+    assert_eq!(failed.pid, Some(std::process::id()));
+}
