@@ -118,7 +118,19 @@ impl PolicyMode {
 }
 
 /// The kinds of workload a policy can target.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
 pub enum WorkloadKind {
     Deployment,
     StatefulSet,

@@ -1,1 +1,13 @@
 //! The network-enforcer controller library.
+//!
+//! Pure decisions (what a promotion does, what a policy renders into, which policy wins a target)
+//! are plain functions over plain data in their own modules; [`reconcile`] is the thin Kubernetes
+//! layer that feeds them and writes their results.
+
+pub mod authorization_policy;
+pub mod conditions;
+pub mod promote;
+pub mod render;
+pub mod selector;
+pub mod uniqueness;
+pub mod workload;

@@ -1,0 +1,102 @@
+//! Which workload a pod belongs to (SPEC 4.4): a ReplicaSet named `<deployment>-<pod-template-hash>`
+//! means its Deployment; StatefulSet and DaemonSet own their pods directly.
+
+use k8s_openapi::api::core::v1::Pod;
+use network_enforcer_api::WorkloadKind;
+
+/// A workload: kind and name, in the pod's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Workload {
+    pub kind: WorkloadKind,
+    pub name: String,
+}
+
+/// The workload that controls `pod`, or `None` for pods of kinds we do not resolve (bare pods, Jobs).
+pub fn owner_of(pod: &Pod) -> Option<Workload> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    match owner.kind.as_str() {
+        "ReplicaSet" => {
+            // Only ReplicaSets a Deployment made carry the pod-template-hash suffix; a bare
+            // ReplicaSet is not a workload we target.
+            let hash = pod.metadata.labels.as_ref()?.get("pod-template-hash")?;
+            let deployment = owner.name.strip_suffix(hash)?.strip_suffix('-')?;
+            Some(Workload {
+                kind: WorkloadKind::Deployment,
+                name: deployment.to_string(),
+            })
+        }
+        "StatefulSet" => Some(Workload {
+            kind: WorkloadKind::StatefulSet,
+            name: owner.name.clone(),
+        }),
+        "DaemonSet" => Some(Workload {
+            kind: WorkloadKind::DaemonSet,
+            name: owner.name.clone(),
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(owner_kind: &str, owner_name: &str, hash: Option<&str>) -> Pod {
+        let mut labels = serde_json::Map::new();
+        if let Some(h) = hash {
+            labels.insert("pod-template-hash".into(), json!(h));
+        }
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "p",
+                "labels": labels,
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": owner_kind, "name": owner_name,
+                    "uid": "u", "controller": true
+                }]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn deployment_through_its_replicaset() {
+        assert_eq!(
+            owner_of(&pod(
+                "ReplicaSet",
+                "http-client-5d8f7c9b6",
+                Some("5d8f7c9b6")
+            )),
+            Some(Workload {
+                kind: WorkloadKind::Deployment,
+                name: "http-client".into()
+            })
+        );
+    }
+
+    #[test]
+    fn bare_replicaset_is_not_a_deployment() {
+        assert_eq!(owner_of(&pod("ReplicaSet", "rs", None)), None);
+        assert_eq!(owner_of(&pod("ReplicaSet", "rs-abc", Some("xyz"))), None);
+    }
+
+    #[test]
+    fn statefulset_daemonset_and_others() {
+        assert_eq!(
+            owner_of(&pod("StatefulSet", "db", None)).map(|w| w.kind),
+            Some(WorkloadKind::StatefulSet)
+        );
+        assert_eq!(
+            owner_of(&pod("DaemonSet", "agent", None)).map(|w| w.kind),
+            Some(WorkloadKind::DaemonSet)
+        );
+        assert_eq!(owner_of(&pod("Job", "j", None)), None);
+        assert_eq!(owner_of(&Pod::default()), None);
+    }
+}
