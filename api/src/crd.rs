@@ -4,6 +4,9 @@
 //! Both share the same spec payload. Admission rules are CEL `x-kubernetes-validations` so a bad object
 //! is refused by the API server with a message, before the controller ever sees it.
 
+// kube's `printcolumn(...)` repeats keys like `type_` by design; clippy reads that as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::api::networking::v1::NetworkPolicySpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
