@@ -1,7 +1,9 @@
-//! The local single-node Kubernetes cluster (`cargo xtask cluster up|down|status`).
+//! The local single-node Kubernetes cluster (`cargo xtask cluster up|down|status`). The cluster itself
+//! is a library in the tests crate (`network_enforcer_tests::cluster`), shared with the test fixture.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Subcommand;
+use network_enforcer_tests::cluster;
 
 /// What to do with the local cluster.
 #[derive(Subcommand)]
@@ -14,6 +16,28 @@ pub enum Action {
     Status,
 }
 
-pub fn run(_action: Action) -> Result<()> {
-    bail!("the local cluster is not built yet")
+/// Runs one cluster action.
+pub fn run(action: Action) -> Result<()> {
+    match action {
+        Action::Up => {
+            let info = cluster::up()?;
+            let kubectl = cluster::layout::kubernetes_bin("kubectl");
+            println!(
+                "The local cluster is up ({server}).\n\
+                 \n    export KUBECONFIG={kubeconfig}\n    {kubectl} get nodes\n\n\
+                 kubectl v1.20 from setup matches the server; a newer kubectl works for most commands.\n\
+                 Pods must use `imagePullPolicy: Never` with local images (`cargo xtask image <name>`).\n\
+                 `cargo xtask cluster down` removes everything.",
+                server = info.server,
+                kubeconfig = info.kubeconfig.display(),
+                kubectl = kubectl.display(),
+            );
+        }
+        Action::Down => {
+            cluster::down()?;
+            println!("The local cluster is down; everything it created is removed.");
+        }
+        Action::Status => print!("{}", cluster::status()?),
+    }
+    Ok(())
 }

@@ -1,7 +1,71 @@
 //! `cargo xtask image <name>`: local images for the local cluster (no container engine needed).
+//! `pause`, `dns`, `test`: the cluster's base images. `agent`, `controller`: our binaries (release
+//! build) plus the shared libraries they load, as `network-enforcer.local/<name>:dev`. `all`: both of ours.
+//! The image is written to `~/.cache/network-enforcer/images/<name>.tar` and, when the cluster runs,
+//! imported into its containerd (pods use it with `imagePullPolicy: Never`).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use network_enforcer_tests::cluster::{self, components, layout::State, process};
+use network_enforcer_tests::images;
+use std::path::Path;
 
+use crate::run;
+
+/// Builds image `name` (see the module docs) and imports it into the running cluster.
 pub fn build(name: &str) -> Result<()> {
-    bail!("image `{name}`: local image builds are not implemented yet")
+    match name {
+        "all" => {
+            build("agent")?;
+            build("controller")
+        }
+        "agent" | "controller" => {
+            let binary = format!("network-enforcer-{name}");
+            let root = run::workspace_root();
+            let env = crate::setup::tool_env()?;
+            run::step(
+                &format!("cargo build --release --bin {binary}"),
+                run::cargo(
+                    &root,
+                    &env,
+                    &["build", "--release", "--locked", "--bin", &binary],
+                ),
+            )?;
+            let path = root.join("target/release").join(&binary);
+            let spec = images::binary_image(name, &path)?;
+            write_and_import(name, &spec)
+        }
+        "pause" | "dns" | "test" => {
+            // Base images are built once; rebuild by removing the tar.
+            let _ = std::fs::remove_file(images::tar_path(name));
+            images::ensure_base_images()?;
+            import_if_running(name, &images::tar_path(name))
+        }
+        other => {
+            bail!("unknown image `{other}`: expected agent, controller, all, pause, dns or test")
+        }
+    }
+}
+
+fn write_and_import(name: &str, spec: &images::ImageSpec) -> Result<()> {
+    let tar = images::tar_path(name);
+    spec.write(&tar)
+        .with_context(|| format!("writing {}", tar.display()))?;
+    println!("    image {} -> {}", spec.reference, tar.display());
+    import_if_running(name, &tar)
+}
+
+fn import_if_running(name: &str, tar: &Path) -> Result<()> {
+    let state = State::new();
+    if process::running_pid(&state, "containerd").is_none() {
+        println!(
+            "    the local cluster is not running: `cargo xtask cluster up` imports {name} when it starts"
+        );
+        return Ok(());
+    }
+    components::import_image(&state, tar)?;
+    println!(
+        "    imported into the local cluster ({})",
+        cluster::server_url()
+    );
+    Ok(())
 }
