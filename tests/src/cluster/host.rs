@@ -25,13 +25,15 @@ pub fn create_bridge() -> Result<()> {
     Ok(())
 }
 
-/// Sysctls the cluster needs (`ip_forward`) and those kubelet sets on its own (`vm.overcommit_memory`,
-/// `kernel.panic`, `kernel.panic_on_oops`): their previous values are saved once and restored by `down`.
-const SYSCTLS: [(&str, &str); 4] = [
+/// Sysctls the cluster needs (`ip_forward`) and those its components set on their own (kubelet:
+/// `vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`; kube-proxy: `route_localnet`): their
+/// previous values are saved once and restored by `down`.
+const SYSCTLS: [(&str, &str); 5] = [
     ("net/ipv4/ip_forward", "1"),
     ("vm/overcommit_memory", ""),
     ("kernel/panic", ""),
     ("kernel/panic_on_oops", ""),
+    ("net/ipv4/conf/all/route_localnet", ""),
 ];
 
 /// Saves the host sysctls that the cluster will change and sets those it needs.
@@ -293,17 +295,20 @@ fn remove_chains(tool: &str) {
 }
 
 /// libcni keeps a result cache per attachment in /var/lib/cni/results (containerd 1.6 does not move
-/// it); ours are prefixed with our network name.
+/// it): ours are prefixed with our network name, and containerd's own loopback attachments with
+/// `cni-loopback-`. containerd-shim-runc-v2 keeps its sockets under /run/containerd/s whatever
+/// containerd's state directory is; that directory goes too when no other containerd runs.
 fn remove_cni_cache() {
     let dir = Path::new("/var/lib/cni/results");
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{CNI_NETWORK}-"))
-            {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("{CNI_NETWORK}-")) || name.starts_with("cni-loopback-") {
                 let _ = fs::remove_file(e.path());
             }
         }
+    }
+    if super::process::pids_mentioning("containerd").is_empty() {
+        let _ = fs::remove_dir_all("/run/containerd");
     }
 }
