@@ -7,6 +7,7 @@
 pub mod authorization_policy;
 pub mod conditions;
 pub mod promote;
+pub mod reconcile;
 pub mod render;
 pub mod selector;
 pub mod uniqueness;

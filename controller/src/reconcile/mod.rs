@@ -1,0 +1,141 @@
+//! The Kubernetes layer: two kube-runtime controllers that feed the pure decisions of [`crate::promote`],
+//! [`crate::render`] and [`crate::uniqueness`] and write their results.
+//!
+//! - [`proposal`]: promotion and leftover clean-up; also triggered by policy changes, so a leftover is
+//!   deleted as soon as it (or its policy) is seen, not only on the periodic resync.
+//! - [`policy`]: renders NetworkPolicies / AuthorizationPolicies, repairs drift, reports conditions.
+
+pub mod policy;
+pub mod proposal;
+
+use futures::StreamExt;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource};
+use network_enforcer_api::WorkloadNetworkPolicy;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of one reconcile; they are logged, counted and retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+/// Settings of the reconcilers.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch only this namespace (tests, single-tenant installs); `None` watches all.
+    pub namespace: Option<String>,
+    /// The name events are reported under (`reportingController`).
+    pub reporter: String,
+    /// The instance reporting events (`reportingInstance`), usually the pod name.
+    pub instance: Option<String>,
+    /// How often every object is reconciled even without changes (the reference's resync, 10h).
+    pub resync: Duration,
+    /// How often istio policies are re-checked: AuthorizationPolicies are not watched (their CRD may
+    /// be missing), so drift and a newly installed CRD are picked up by this requeue.
+    pub istio_recheck: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            reporter: "network-enforcer-controller".into(),
+            instance: None,
+            resync: Duration::from_secs(10 * 3600),
+            istio_recheck: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the reconcilers share.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    /// Every WorkloadNetworkPolicy in scope, kept current by the policy controller's watch.
+    pub policies: Store<WorkloadNetworkPolicy>,
+    pub settings: Settings,
+}
+
+impl Context {
+    /// An Api for `K` in `namespace`.
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// The policies in `namespace`, from the cache.
+    pub fn policies_in(&self, namespace: &str) -> Vec<Arc<WorkloadNetworkPolicy>> {
+        self.policies
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+}
+
+/// An Api over the watch scope of `settings`.
+pub fn scoped_api<K>(client: &Client, settings: &Settings) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match &settings.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs both controllers until the process is asked to stop.
+pub async fn run(client: Client, settings: Settings) {
+    let reporter = Reporter {
+        controller: settings.reporter.clone(),
+        instance: settings.instance.clone(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let (policy_controller, policies) = policy::controller(&client, &settings);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder,
+        policies,
+        settings: settings.clone(),
+    });
+    let policies = policy_controller
+        .shutdown_on_signal()
+        .run(policy::reconcile, policy::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let proposals = proposal::controller(&client, &settings)
+        .shutdown_on_signal()
+        .run(proposal::reconcile, proposal::error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::join!(policies, proposals);
+}
+
+/// Publishes an Event about `obj`; failures to publish are logged, never fatal.
+pub async fn publish<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    obj: &K,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+        tracing::warn!(error = %e, reason, "could not publish event");
+    }
+}

@@ -1,0 +1,357 @@
+//! The policy reconciler: renders each WorkloadNetworkPolicy (SPEC section 5), repairs drift of what it
+//! rendered, never touches objects it does not own, and reports all of it as conditions.
+
+use super::{Context, Error, Settings, scoped_api};
+use crate::authorization_policy::AuthorizationPolicy;
+use crate::conditions::{self, Desired as Condition};
+use crate::render::{self, Desired};
+use crate::{selector, uniqueness, workload};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::keys::FIELD_MANAGER;
+use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The policy controller and its cache of policies. It reconciles a policy when the policy, a
+/// NetworkPolicy it owns, or another policy with the same target changes (so a duplicate takes over
+/// when the winner goes away).
+pub fn controller(
+    client: &Client,
+    settings: &Settings,
+) -> (
+    Controller<WorkloadNetworkPolicy>,
+    Store<WorkloadNetworkPolicy>,
+) {
+    let policies = scoped_api::<WorkloadNetworkPolicy>(client, settings);
+    let controller = Controller::new(policies.clone(), watcher::Config::default());
+    let store = controller.store();
+    let siblings = store.clone();
+    let controller = controller
+        .owns(
+            scoped_api::<NetworkPolicy>(client, settings),
+            watcher::Config::default(),
+        )
+        .watches(policies, watcher::Config::default(), move |changed| {
+            siblings
+                .state()
+                .into_iter()
+                .filter(|p| {
+                    p.namespace() == changed.namespace()
+                        && p.spec.target_ref == changed.spec.target_ref
+                        && p.spec.direction == changed.spec.direction
+                        && p.uid() != changed.uid()
+                })
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        });
+    (controller, store)
+}
+
+/// Reconciles one policy.
+pub async fn reconcile(
+    policy: Arc<WorkloadNetworkPolicy>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let ns = policy.namespace().ok_or(Error::NoNamespace)?;
+    if policy.meta().deletion_timestamp.is_some() {
+        // Garbage collection removes what we rendered through the ownerReference.
+        return Ok(Action::await_change());
+    }
+    let siblings = ctx.policies_in(&ns);
+    let mut wanted: Vec<Condition> = Vec::new();
+    let mut requeue = ctx.settings.resync;
+
+    if let Some(winner) = uniqueness::winner_over(&policy, siblings.iter().map(|p| p.as_ref())) {
+        let message = format!(
+            "policy {} already governs {} {}/{} {}; this one renders nothing",
+            winner.name_any(),
+            policy.spec.target_ref.kind.as_str(),
+            ns,
+            policy.spec.target_ref.name,
+            policy.spec.direction.as_str()
+        );
+        remove_owned::<NetworkPolicy>(&ctx, &policy, &ns).await?;
+        if policy.spec.backend == Backend::Istio && authorization_policy_kind_exists(&ctx).await? {
+            remove_owned::<AuthorizationPolicy>(&ctx, &policy, &ns).await?;
+        }
+        wanted.push(Condition::new(
+            conditions::DUPLICATE_TARGET,
+            true,
+            "DuplicateTarget",
+            message.clone(),
+        ));
+        wanted.push(Condition::new(
+            conditions::READY,
+            false,
+            "DuplicateTarget",
+            message,
+        ));
+    } else {
+        wanted.push(Condition::new(
+            conditions::DUPLICATE_TARGET,
+            false,
+            "UniqueTarget",
+            "no other policy governs this target and direction",
+        ));
+        let (ready, again) = render_and_apply(&ctx, &policy, &ns).await?;
+        wanted.push(ready);
+        if let Some(again) = again {
+            requeue = requeue.min(again);
+        }
+    }
+    wanted.push(overlap_condition(&ctx, &policy, &ns).await?);
+    write_conditions(&ctx, &policy, &ns, &wanted).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Logs and backs off after a failed reconcile.
+pub fn error_policy(
+    policy: Arc<WorkloadNetworkPolicy>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(name = %policy.name_any(), namespace = ?policy.namespace(), %error, "policy reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Renders the policy and brings the cluster in line; returns the Ready condition and, when the
+/// result must be re-checked sooner than the resync, after how long.
+async fn render_and_apply(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<(Condition, Option<Duration>), Error> {
+    let desired = match render::desired(policy) {
+        Ok(desired) => desired,
+        Err(e) => {
+            return Ok((
+                Condition::new(conditions::READY, false, e.reason(), e.to_string()),
+                None,
+            ));
+        }
+    };
+    let outcome = match desired {
+        Desired::NetworkPolicy(np) => apply_owned(ctx, policy, ns, np.as_ref()).await?,
+        Desired::NoNetworkPolicy => {
+            remove_owned::<NetworkPolicy>(ctx, policy, ns).await?;
+            return Ok((
+                Condition::new(
+                    conditions::READY,
+                    true,
+                    "Monitoring",
+                    "monitor mode: no NetworkPolicy is rendered; violations are recorded",
+                ),
+                None,
+            ));
+        }
+        Desired::AuthorizationPolicy(ap) => {
+            if !authorization_policy_kind_exists(ctx).await? {
+                return Ok((
+                    Condition::new(
+                        conditions::READY,
+                        false,
+                        "AuthorizationPolicyCRDMissing",
+                        "security.istio.io/v1 AuthorizationPolicy is not served by this cluster; install \
+                         Istio; this is checked again periodically",
+                    ),
+                    Some(ctx.settings.istio_recheck),
+                ));
+            }
+            let outcome = apply_owned(ctx, policy, ns, ap.as_ref()).await?;
+            return Ok((outcome, Some(ctx.settings.istio_recheck)));
+        }
+    };
+    Ok((outcome, None))
+}
+
+/// Server-side applies `desired` unless an object of that name exists that we do not own.
+async fn apply_owned<K>(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+    desired: &K,
+) -> Result<Condition, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    let api: Api<K> = ctx.api(ns);
+    let name = policy.name_any();
+    let kind = K::kind(&());
+    if let Some(existing) = api.get_opt(&name).await? {
+        if !render::is_owned_by(existing.meta().owner_references.as_ref(), policy) {
+            return Ok(Condition::new(
+                conditions::READY,
+                false,
+                "NotOwned",
+                format!(
+                    "a {kind} named {name} exists that this policy does not own; it is left untouched. \
+                     Delete or rename it to let this policy render"
+                ),
+            ));
+        }
+    }
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(desired),
+    )
+    .await?;
+    Ok(Condition::new(
+        conditions::READY,
+        true,
+        "Rendered",
+        format!("{kind} {name} is in sync with the policy"),
+    ))
+}
+
+/// Deletes the object of the policy's name if, and only if, the policy owns it.
+async fn remove_owned<K>(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let api: Api<K> = ctx.api(ns);
+    let name = policy.name_any();
+    if let Some(existing) = api.get_opt(&name).await? {
+        if render::is_owned_by(existing.meta().owner_references.as_ref(), policy) {
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(namespace = ns, name, kind = %K::kind(&()), "deleted rendered object")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when the cluster serves `security.istio.io/v1` AuthorizationPolicies. Asked on each istio
+/// reconcile, so a CRD installed after start-up is used without a restart.
+async fn authorization_policy_kind_exists(ctx: &Context) -> Result<bool, Error> {
+    match ctx
+        .client
+        .list_api_group_resources("security.istio.io/v1")
+        .await
+    {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|r| r.name == "authorizationpolicies")),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The policy's pod selector, whichever backend it uses.
+fn pod_selector(policy: &WorkloadNetworkPolicy) -> Option<&LabelSelector> {
+    match policy.spec.backend {
+        Backend::Kubernetes => policy.spec.kubernetes.as_ref()?.pod_selector.as_ref(),
+        Backend::Istio => Some(&policy.spec.istio.as_ref()?.selector),
+    }
+}
+
+/// `SelectorOverlapsWorkload`: does the selector also pick pods that belong to another workload?
+async fn overlap_condition(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<Condition, Error> {
+    let Some(sel) = pod_selector(policy) else {
+        return Ok(Condition::new(
+            conditions::SELECTOR_OVERLAPS_WORKLOAD,
+            false,
+            "NoSelector",
+            "the policy has no selector",
+        ));
+    };
+    let pods = ctx.api::<Pod>(ns).list(&ListParams::default()).await?;
+    let target = &policy.spec.target_ref;
+    let others: BTreeSet<String> = pods
+        .items
+        .iter()
+        .filter(|pod| {
+            selector::matches(
+                sel,
+                pod.metadata.labels.as_ref().unwrap_or(&Default::default()),
+            )
+        })
+        .filter_map(|pod| match workload::owner_of(pod) {
+            Some(w) if w.kind == target.kind && w.name == target.name => None,
+            Some(w) => Some(format!("{} {}", w.kind.as_str(), w.name)),
+            None => Some(format!("Pod {}", pod.name_any())),
+        })
+        .collect();
+    Ok(if others.is_empty() {
+        Condition::new(
+            conditions::SELECTOR_OVERLAPS_WORKLOAD,
+            false,
+            "SelectsOnlyTarget",
+            "the selector selects only pods of the target workload",
+        )
+    } else {
+        let list: Vec<String> = others.into_iter().collect();
+        Condition::new(
+            conditions::SELECTOR_OVERLAPS_WORKLOAD,
+            true,
+            "SelectsOtherWorkloads",
+            format!(
+                "the selector also selects pods of {}; the rendered policy would govern them too",
+                list.join(", ")
+            ),
+        )
+    })
+}
+
+/// Merges `wanted` into the policy's conditions and patches the status only when something changed.
+async fn write_conditions(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+    wanted: &[Condition],
+) -> Result<(), Error> {
+    let mut current = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut changed = false;
+    for condition in wanted {
+        changed |= conditions::set(&mut current, condition, policy.metadata.generation, &now);
+    }
+    if !changed {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"status": {"conditions": current}});
+    ctx.api::<WorkloadNetworkPolicy>(ns)
+        .patch_status(
+            &policy.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}

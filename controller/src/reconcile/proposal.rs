@@ -1,0 +1,161 @@
+//! The proposal reconciler: promotion on the promote label, leftover clean-up, refusals as Events and
+//! a `Promoted` condition.
+
+use super::{Context, Error, Settings, publish, scoped_api};
+use crate::conditions::{self, Desired};
+use crate::promote::{self, Decision};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Client, ResourceExt};
+use network_enforcer_api::keys::FIELD_MANAGER;
+use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The proposal controller: proposals, plus the same-named proposal of every policy that changes (so a
+/// leftover is found as soon as either object is seen).
+pub fn controller(
+    client: &Client,
+    settings: &Settings,
+) -> Controller<WorkloadNetworkPolicyProposal> {
+    Controller::new(
+        scoped_api::<WorkloadNetworkPolicyProposal>(client, settings),
+        watcher::Config::default(),
+    )
+    .watches(
+        scoped_api::<WorkloadNetworkPolicy>(client, settings),
+        watcher::Config::default(),
+        |policy| {
+            let ns = policy.namespace()?;
+            Some(ObjectRef::new(&policy.name_any()).within(&ns))
+        },
+    )
+}
+
+/// Reconciles one proposal.
+pub async fn reconcile(
+    proposal: Arc<WorkloadNetworkPolicyProposal>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let ns = proposal.namespace().ok_or(Error::NoNamespace)?;
+    let name = proposal.name_any();
+    let policies = ctx.policies_in(&ns);
+    let decision = promote::decide(&proposal, policies.iter().map(|p| p.as_ref()));
+    let proposals = ctx.api::<WorkloadNetworkPolicyProposal>(&ns);
+    match decision {
+        Decision::Keep => {}
+        Decision::Promote(mode) => {
+            let policy = promote::policy_from(&proposal, mode);
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            };
+            match ctx
+                .api::<WorkloadNetworkPolicy>(&ns)
+                .create(&params, &policy)
+                .await
+            {
+                Ok(created) => {
+                    tracing::info!(namespace = %ns, name = %name, mode = mode.as_str(), "promoted proposal");
+                    publish(
+                        &ctx,
+                        &created,
+                        EventType::Normal,
+                        "Promoted",
+                        "Promote",
+                        format!("created from proposal {name} in {} mode", mode.as_str()),
+                    )
+                    .await;
+                }
+                // Our cache had not seen the policy yet; the next pass decides with it.
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            delete(&proposals, &name).await?;
+        }
+        Decision::DeleteLeftover => {
+            tracing::info!(namespace = %ns, name = %name, "deleting leftover proposal of a promoted policy");
+            delete(&proposals, &name).await?;
+        }
+        Decision::InvalidLabel(value) => {
+            let message = format!(
+                "label {}={value:?} is not monitor or protect; the proposal is not promoted",
+                network_enforcer_api::keys::PROMOTE_LABEL
+            );
+            refuse(&ctx, &proposal, "InvalidPromoteLabel", message).await?;
+        }
+        Decision::PolicyExists => {
+            let message = format!(
+                "a WorkloadNetworkPolicy named {name} already exists and was not promoted from this \
+                 proposal; delete or rename it, then promote again"
+            );
+            refuse(&ctx, &proposal, "PolicyExists", message).await?;
+        }
+    }
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Logs and backs off after a failed reconcile.
+pub fn error_policy(
+    proposal: Arc<WorkloadNetworkPolicyProposal>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(name = %proposal.name_any(), namespace = ?proposal.namespace(), %error, "proposal reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn delete(api: &kube::Api<WorkloadNetworkPolicyProposal>, name: &str) -> Result<(), Error> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reports a refused promotion as a Warning Event and a `Promoted=False` condition (written only when
+/// it changes, so a proposal left in this state does not produce a write per resync).
+async fn refuse(
+    ctx: &Context,
+    proposal: &WorkloadNetworkPolicyProposal,
+    reason: &str,
+    message: String,
+) -> Result<(), Error> {
+    let mut status = proposal.status.clone().unwrap_or_default();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let desired = Desired::new(conditions::PROMOTED, false, reason, message.clone());
+    if !conditions::set(
+        &mut status.conditions,
+        &desired,
+        proposal.metadata.generation,
+        &now,
+    ) {
+        return Ok(());
+    }
+    tracing::warn!(name = %proposal.name_any(), namespace = ?proposal.namespace(), reason, %message, "promotion refused");
+    publish(
+        ctx,
+        proposal,
+        EventType::Warning,
+        reason,
+        "Promote",
+        message,
+    )
+    .await;
+    let ns = proposal.namespace().ok_or(Error::NoNamespace)?;
+    let patch = serde_json::json!({"status": {"conditions": status.conditions}});
+    ctx.api::<WorkloadNetworkPolicyProposal>(&ns)
+        .patch_status(
+            &proposal.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,476 @@
+//! The promotion and policy reconcilers against the real local Kubernetes API server (SPEC section 5).
+//! Each test runs its own controller instance scoped to its own namespace.
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
+use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::authorization_policy::AuthorizationPolicy;
+use network_enforcer_controller::reconcile::{self, Settings};
+use network_enforcer_tests::fixture::TestNamespace;
+use serde_json::json;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A controller for one test namespace; stopped when dropped.
+struct RunningController(tokio::task::JoinHandle<()>);
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn start_controller(ns: &TestNamespace) -> RunningController {
+    let settings = Settings {
+        namespace: Some(ns.name.clone()),
+        istio_recheck: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    RunningController(tokio::spawn(reconcile::run(ns.client.clone(), settings)))
+}
+
+fn kubernetes_proposal(
+    ns: &str,
+    name: &str,
+    promote: Option<&str>,
+) -> WorkloadNetworkPolicyProposal {
+    let mut labels = serde_json::Map::new();
+    if let Some(v) = promote {
+        labels.insert(PROMOTE_LABEL.into(), json!(v));
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicyProposal",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "backend": "kubernetes", "direction": "Egress",
+            "targetRef": {"kind": "Deployment", "name": "http-client"},
+            "kubernetes": {
+                "podSelector": {"matchLabels": {"app": "http-client"}},
+                "policyTypes": ["Egress"],
+                "egress": [
+                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                             "podSelector": {"matchLabels": {"app": "http-server"}}}],
+                     "ports": [{"protocol": "TCP", "port": 18080}]},
+                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                     "ports": [{"protocol": "UDP", "port": 53}]}
+                ]
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn policy_from_json(ns: &str, name: &str, target: &str, mode: &str) -> WorkloadNetworkPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "backend": "kubernetes", "direction": "Ingress", "mode": mode,
+            "targetRef": {"kind": "Deployment", "name": target},
+            "kubernetes": {
+                "podSelector": {"matchLabels": {"app": target}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn condition(policy: &WorkloadNetworkPolicy, type_: &str) -> Option<(String, String)> {
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+async fn set_mode(api: &Api<WorkloadNetworkPolicy>, name: &str, mode: PolicyMode) -> Result<()> {
+    let patch = json!({"spec": {"mode": mode.as_str()}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("promote").await?;
+    let _controller = start_controller(&ns);
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let netpols = ns.api::<NetworkPolicy>();
+    let name = "deployment-http-client-egress";
+    let proposal = kubernetes_proposal(&ns.name, name, None);
+    proposals.create(&PostParams::default(), &proposal).await?;
+
+    // Learning owns an unlabelled proposal: nothing happens to it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(proposals.get_opt(name).await?.is_some());
+    assert!(policies.get_opt(name).await?.is_none());
+
+    // Promote to monitor: a policy with the same name, spec and the link; the proposal is gone.
+    let label = json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}});
+    proposals
+        .patch(name, &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    let policy = ns
+        .wait_for("the promoted policy", WAIT, || async {
+            Ok(policies.get_opt(name).await?)
+        })
+        .await?;
+    assert_eq!(policy.spec.mode, PolicyMode::Monitor);
+    assert_eq!(policy.labels()[PROMOTED_FROM_LABEL], name);
+    assert_eq!(policy.spec.kubernetes, proposal.spec.kubernetes);
+    assert_eq!(policy.spec.target_ref, proposal.spec.target_ref);
+    ns.wait_for("the proposal to be deleted", WAIT, || async {
+        Ok(proposals.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await?;
+    let ready = ns
+        .wait_for("Ready in monitor mode", WAIT, || async {
+            Ok(condition(&policies.get(name).await?, "Ready"))
+        })
+        .await?;
+    assert_eq!(ready, ("True".into(), "Monitoring".into()));
+    assert!(
+        netpols.get_opt(name).await?.is_none(),
+        "monitor renders no NetworkPolicy"
+    );
+
+    // A leftover re-created by learning is deleted as soon as it is seen.
+    proposals
+        .create(
+            &PostParams::default(),
+            &kubernetes_proposal(&ns.name, name, None),
+        )
+        .await?;
+    ns.wait_for("the leftover proposal to be deleted", WAIT, || async {
+        Ok(proposals.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await?;
+
+    // Protect: the NetworkPolicy equals spec.kubernetes and is controlled by the policy.
+    set_mode(&policies, name, PolicyMode::Protect).await?;
+    let np = ns
+        .wait_for("the NetworkPolicy", WAIT, || async {
+            Ok(netpols.get_opt(name).await?)
+        })
+        .await?;
+    let policy = policies.get(name).await?;
+    let spec = np.spec.clone().unwrap();
+    let want = policy.spec.kubernetes.clone().unwrap();
+    assert_eq!(spec.pod_selector, want.pod_selector);
+    assert_eq!(spec.policy_types, want.policy_types);
+    assert_eq!(spec.egress, want.egress);
+    let owners = np.owner_references();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].uid, policy.uid().unwrap());
+    assert_eq!(owners[0].controller, Some(true));
+    assert_eq!(owners[0].block_owner_deletion, Some(true));
+
+    // Drift: someone empties our NetworkPolicy's egress; it is repaired.
+    let drift = json!({"spec": {"egress": []}});
+    netpols
+        .patch(name, &PatchParams::default(), &Patch::Merge(&drift))
+        .await?;
+    ns.wait_for("the drift to be repaired", WAIT, || async {
+        let np = netpols.get(name).await?;
+        Ok((np.spec.and_then(|s| s.egress) == want.egress).then_some(()))
+    })
+    .await?;
+
+    // Back to monitor: our NetworkPolicy is deleted.
+    set_mode(&policies, name, PolicyMode::Monitor).await?;
+    ns.wait_for("the NetworkPolicy to be deleted", WAIT, || async {
+        Ok(netpols.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await?;
+
+    // Protect again, then delete the policy: garbage collection removes the NetworkPolicy.
+    set_mode(&policies, name, PolicyMode::Protect).await?;
+    ns.wait_for("the NetworkPolicy again", WAIT, || async {
+        Ok(netpols.get_opt(name).await?)
+    })
+    .await?;
+    policies.delete(name, &DeleteParams::foreground()).await?;
+    ns.wait_for(
+        "garbage collection of the NetworkPolicy",
+        Duration::from_secs(60),
+        || async { Ok(netpols.get_opt(name).await?.is_none().then_some(())) },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn refused_promotions_are_reported_and_keep_the_proposal() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("refuse").await?;
+    let _controller = start_controller(&ns);
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+
+    // An invalid label value (the admission policy is not on this test server) is ignored with a condition.
+    let bad = "deployment-bad-egress";
+    proposals
+        .create(
+            &PostParams::default(),
+            &kubernetes_proposal(&ns.name, bad, Some("enforce")),
+        )
+        .await?;
+    let promoted = ns
+        .wait_for("the Promoted condition", WAIT, || async {
+            let p = proposals.get(bad).await?;
+            Ok(p.status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Promoted")))
+        })
+        .await?;
+    assert_eq!(
+        (promoted.status.as_str(), promoted.reason.as_str()),
+        ("False", "InvalidPromoteLabel")
+    );
+    assert!(policies.get_opt(bad).await?.is_none());
+
+    // A hand-made policy of the same name: the proposal is not deleted, promotion is refused visibly.
+    let name = "deployment-http-client-egress";
+    let mut hand_made = policy_from_json(&ns.name, name, "http-client", "monitor");
+    hand_made.spec.direction = network_enforcer_api::Direction::Egress;
+    policies.create(&PostParams::default(), &hand_made).await?;
+    proposals
+        .create(
+            &PostParams::default(),
+            &kubernetes_proposal(&ns.name, name, None),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        proposals.get_opt(name).await?.is_some(),
+        "a hand-made policy does not remove the proposal"
+    );
+    let label = json!({"metadata": {"labels": {PROMOTE_LABEL: "protect"}}});
+    proposals
+        .patch(name, &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    let promoted = ns
+        .wait_for("the PolicyExists condition", WAIT, || async {
+            let p = proposals.get(name).await?;
+            Ok(p.status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Promoted")))
+        })
+        .await?;
+    assert_eq!(promoted.reason, "PolicyExists");
+    let policy = policies.get(name).await?;
+    assert_eq!(
+        policy.spec.mode,
+        PolicyMode::Monitor,
+        "the existing policy is untouched"
+    );
+    assert!(!policy.labels().contains_key(PROMOTED_FROM_LABEL));
+    Ok(())
+}
+
+#[tokio::test]
+async fn foreign_objects_duplicates_and_overlaps() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("owners").await?;
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let netpols = ns.api::<NetworkPolicy>();
+
+    // A NetworkPolicy we do not own, with the policy's name, is never touched.
+    let foreign: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "web-ingress", "namespace": ns.name},
+        "spec": {"podSelector": {"matchLabels": {"app": "other"}}, "policyTypes": ["Ingress"]}
+    }))?;
+    netpols.create(&PostParams::default(), &foreign).await?;
+    policies
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, "web-ingress", "web", "protect"),
+        )
+        .await?;
+    let ready = ns
+        .wait_for("Ready=False NotOwned", WAIT, || async {
+            Ok(condition(&policies.get("web-ingress").await?, "Ready")
+                .filter(|(_, r)| r == "NotOwned"))
+        })
+        .await?;
+    assert_eq!(ready.0, "False");
+    let still = netpols.get("web-ingress").await?;
+    assert!(still.owner_references().is_empty());
+    assert_eq!(
+        still
+            .spec
+            .unwrap()
+            .pod_selector
+            .unwrap()
+            .match_labels
+            .unwrap()["app"],
+        "other"
+    );
+
+    // A second policy for the same target and direction is a duplicate and renders nothing.
+    tokio::time::sleep(Duration::from_millis(1100)).await; // creation timestamps have 1 s resolution
+    policies
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, "web-ingress-2", "web", "protect"),
+        )
+        .await?;
+    let dup = ns
+        .wait_for("DuplicateTarget", WAIT, || async {
+            Ok(condition(
+                &policies.get("web-ingress-2").await?,
+                "DuplicateTarget",
+            ))
+        })
+        .await?;
+    assert_eq!(dup, ("True".into(), "DuplicateTarget".into()));
+    assert!(netpols.get_opt("web-ingress-2").await?.is_none());
+
+    // The first goes away: the duplicate takes over and renders.
+    policies
+        .delete("web-ingress", &DeleteParams::default())
+        .await?;
+    ns.wait_for("the former duplicate to render", WAIT, || async {
+        Ok(netpols.get_opt("web-ingress-2").await?)
+    })
+    .await?;
+    let p = policies.get("web-ingress-2").await?;
+    assert_eq!(condition(&p, "DuplicateTarget").unwrap().0, "False");
+
+    // A pod of another workload that the selector also picks is reported.
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stray", "namespace": ns.name, "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "never-pulled", "imagePullPolicy": "Never"}]}
+    }))?;
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &stray)
+        .await?;
+    // Any change to the policy reconciles it; the periodic resync would too.
+    let touch = json!({"metadata": {"annotations": {"touch": "1"}}});
+    policies
+        .patch(
+            "web-ingress-2",
+            &PatchParams::default(),
+            &Patch::Merge(&touch),
+        )
+        .await?;
+    let overlap = ns
+        .wait_for("SelectorOverlapsWorkload", WAIT, || async {
+            Ok(condition(
+                &policies.get("web-ingress-2").await?,
+                "SelectorOverlapsWorkload",
+            )
+            .filter(|(s, _)| s == "True"))
+        })
+        .await?;
+    assert_eq!(overlap.1, "SelectsOtherWorkloads");
+    Ok(())
+}
+
+/// A minimal stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here): same group, version,
+/// kind and plural, with an open schema.
+fn authorization_policy_crd() -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "authorizationpolicies.security.istio.io"},
+        "spec": {
+            "group": "security.istio.io",
+            "scope": "Namespaced",
+            "names": {"kind": "AuthorizationPolicy", "plural": "authorizationpolicies",
+                      "singular": "authorizationpolicy", "listKind": "AuthorizationPolicyList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn istio_policy_waits_for_the_crd_then_renders_dry_run_in_monitor() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("istio").await?;
+    let crds = Api::<CustomResourceDefinition>::all(ns.client.clone());
+    let crd_name = "authorizationpolicies.security.istio.io";
+    if crds.get_opt(crd_name).await?.is_some() {
+        crds.delete(crd_name, &DeleteParams::default()).await?;
+        ns.wait_for("the old CRD to go", Duration::from_secs(60), || async {
+            Ok(crds.get_opt(crd_name).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let name = "deployment-http-server-ingress";
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": name, "namespace": ns.name},
+        "spec": {
+            "backend": "istio", "direction": "Ingress", "mode": "monitor",
+            "targetRef": {"kind": "Deployment", "name": "http-server"},
+            "istio": {
+                "selector": {"matchLabels": {"app": "http-server"}},
+                "rules": [{"from": [{"source": {"principals": [format!("cluster.local/ns/{}/sa/http-client-sa", ns.name)]}}],
+                           "to": [{"operation": {"ports": ["18080"]}}]}]
+            }
+        }
+    }))?;
+    policies.create(&PostParams::default(), &policy).await?;
+    ns.wait_for(
+        "Ready=False AuthorizationPolicyCRDMissing",
+        WAIT,
+        || async {
+            Ok(condition(&policies.get(name).await?, "Ready")
+                .filter(|(s, r)| s == "False" && r == "AuthorizationPolicyCRDMissing"))
+        },
+    )
+    .await?;
+
+    // Istio gets installed after the controller started: no restart needed.
+    crds.create(&PostParams::default(), &authorization_policy_crd())
+        .await?;
+    let aps = ns.api::<AuthorizationPolicy>();
+    let ap = ns
+        .wait_for(
+            "the AuthorizationPolicy",
+            Duration::from_secs(60),
+            || async { Ok(aps.get_opt(name).await.ok().flatten()) },
+        )
+        .await?;
+    assert_eq!(
+        ap.annotations().get("istio.io/dry-run").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(ap.spec.action.as_deref(), Some("ALLOW"));
+    assert_eq!(
+        ap.spec.selector.as_ref().unwrap().match_labels["app"],
+        "http-server"
+    );
+    assert_eq!(ap.spec.rules, policy.spec.istio.as_ref().unwrap().rules);
+    assert_eq!(
+        ap.owner_references()[0].uid,
+        policies.get(name).await?.uid().unwrap()
+    );
+
+    // Protect removes the dry-run annotation.
+    set_mode(&policies, name, PolicyMode::Protect).await?;
+    ns.wait_for("the dry-run annotation to go", WAIT, || async {
+        let ap = aps.get(name).await?;
+        Ok((!ap.annotations().contains_key("istio.io/dry-run")).then_some(()))
+    })
+    .await?;
+    crds.delete(crd_name, &DeleteParams::default()).await?;
+    Ok(())
+}
