@@ -22,6 +22,15 @@ pub const COUNTERS_MAP: &str = "COUNTERS";
 pub const CONFIG_GLOBAL: &str = "CONFIG";
 /// Name of the TCP state-change tracepoint program.
 pub const TCP_STATE_PROGRAM: &str = "inet_sock_set_state";
+/// Names of the UDP cgroup `sock_addr` programs, attached at the cgroup v2 root.
+pub const UDP_PROGRAMS: [&str; 6] = [
+    "udp_connect4",
+    "udp_connect6",
+    "udp_sendmsg4",
+    "udp_sendmsg6",
+    "udp_recvmsg4",
+    "udp_recvmsg6",
+];
 
 /// Default size of the events ring buffer in bytes (a power of two, a multiple of the page size).
 pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 22;
@@ -106,8 +115,11 @@ pub struct FlowEvent {
     pub outcome: u8,
     /// For [`Outcome::Failed`]: the socket error (errno, e.g. 111 ECONNREFUSED, 110 ETIMEDOUT); else 0.
     pub error: u8,
-    /// Explicit padding to a multiple of 8 bytes, always zero.
-    pub _pad: [u8; 6],
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 2],
+    /// How many occurrences of this edge the event stands for: 1, plus the ones the kernel's dedupe
+    /// suppressed since it last reported the edge.
+    pub count: u32,
 }
 
 impl FlowEvent {
@@ -127,7 +139,8 @@ impl FlowEvent {
             direction: 0,
             outcome: 0,
             error: 0,
-            _pad: [0; 6],
+            _pad: [0; 2],
+            count: 1,
         }
     }
 }
@@ -224,6 +237,16 @@ pub struct KernelOffsets {
     pub kernfs_node_id: u32,
     /// `struct sock` → `sk_err` (int).
     pub sock_err: u32,
+    /// `struct task_struct` → `nsproxy` (`struct nsproxy *`).
+    pub task_nsproxy: u32,
+    /// `struct nsproxy` → `net_ns` (`struct net *`).
+    pub nsproxy_net_ns: u32,
+    /// `struct bpf_sock_addr_kern` (the real context of `sock_addr` programs) → `sk` (`struct sock *`).
+    /// The programs only use it when it is 0 (as in every kernel so far): they then read the socket
+    /// pointer from the start of their context.
+    pub sock_addr_kern_sk: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
 }
 
 impl KernelOffsets {
@@ -238,6 +261,10 @@ impl KernelOffsets {
         cgroup_kn: Self::UNKNOWN,
         kernfs_node_id: Self::UNKNOWN,
         sock_err: Self::UNKNOWN,
+        task_nsproxy: Self::UNKNOWN,
+        nsproxy_net_ns: Self::UNKNOWN,
+        sock_addr_kern_sk: Self::UNKNOWN,
+        _pad: 0,
     };
 }
 
@@ -291,8 +318,8 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<FlowEvent>(), 72);
         assert_eq!(size_of::<TcpTracepointLayout>(), 24);
-        assert_eq!(size_of::<KernelOffsets>(), 24);
-        assert_eq!(size_of::<Config>(), 56);
+        assert_eq!(size_of::<KernelOffsets>(), 40);
+        assert_eq!(size_of::<Config>(), 72);
     }
 
     #[test]

@@ -3,14 +3,29 @@
 //! - `inet_sock_set_state` (tracepoint `sock/inet_sock_set_state`) sees every TCP state change on the node,
 //!   in every network namespace, and reports three transitions:
 //!   SYN_SENT→ESTABLISHED (outbound connection), SYN_RECV→ESTABLISHED (inbound connection) and
-//!   SYN_SENT→CLOSE (an outbound attempt that failed: refused, timed out, reset, dropped).
+//!   SYN_SENT→CLOSE (an outbound attempt that failed: refused, timed out, reset, dropped; the socket error
+//!   tells which when the kernel set one).
+//! - `udp_{connect,sendmsg,recvmsg}{4,6}` (cgroup `sock_addr` hooks, attached at the cgroup v2 root so
+//!   they cover every pod) see UDP `connect()`, `sendto()`/`sendmsg()` with an address, and
+//!   `recvfrom()`/`recvmsg()` asking for the sender's address. They always allow the operation.
 //!
-//! Events go to the `EVENTS` ring buffer as `FlowEvent`s (see `network-enforcer-agent-common`). When the ring
-//! buffer is full the event is counted in the per-CPU `COUNTERS` array, never silently lost.
+//! Events go to the `EVENTS` ring buffer as `FlowEvent`s (see `network-enforcer-agent-common`). Two LRU maps
+//! keep the event rate bounded: `EDGES` reports each edge (local pod, peer, port, protocol, direction,
+//! outcome) at most once per dedupe window, carrying the number of suppressed occurrences in the next
+//! report; `UDP_PEERS` remembers, per socket and peer, who sent first, so a UDP reply is counted on the
+//! request's edge instead of looking like a new connection in the other direction.
 //!
-//! Why a map keyed by socket: the connecting task is only current when the socket enters SYN_SENT (inside
-//! `connect()`); the ESTABLISHED or CLOSE transition happens later in softirq context, where the current task
-//! can be any unrelated process. So the process id is captured at CLOSE→SYN_SENT and picked up later.
+//! Attribution context:
+//! - TCP: the network namespace and cgroup come from the socket itself (`sk->__sk_common.skc_net`,
+//!   `sk->sk_cgrp_data.cgroup`), set when the socket was created (an accepted socket inherits the
+//!   listener's), so they are right even though the ESTABLISHED/CLOSE transitions run in softirq context
+//!   where the current task can be any unrelated process. The process id is only known inside
+//!   `connect()`, so it is captured at CLOSE→SYN_SENT in `CONNECTING`, keyed by socket.
+//! - UDP: also from the socket (the hooks run in the calling task's system call, but that task may have
+//!   moved to another namespace or cgroup since it created the socket); the current task's namespace and
+//!   cgroup are the fallback when the socket cannot be read.
+//!
+//! Kernel struct offsets come from user space (BTF) in `CONFIG`; Rust eBPF has no CO-RE.
 //!
 //! The crate is also checked and built for the host (`cargo clippy --workspace`, `cargo build --workspace`),
 //! where it uses std and has a `main` that refuses to run: that keeps the real code linted with the rest of
@@ -19,14 +34,19 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
+    EbpfContext as _,
+    bindings::bpf_sock_addr,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_probe_read_kernel,
+    },
+    macros::{cgroup_sock_addr, map, tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{SockAddrContext, TracePointContext},
 };
 use network_enforcer_agent_common::{
     AF_INET, AF_INET6, COUNTER_SLOTS, Config, Counter, DEFAULT_RING_BUFFER_BYTES, Direction,
-    FlowEvent, IPPROTO_TCP, Outcome, tcp_state,
+    FlowEvent, IPPROTO_TCP, IPPROTO_UDP, KernelOffsets, Outcome, tcp_state,
 };
 
 /// Connection events for user space. User space may resize it at load time.
@@ -38,13 +58,58 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BUFFER_BYTES, 0);
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
 /// Sockets in SYN_SENT → the process that called `connect()`. LRU so sockets whose CLOSE we never see
-/// (should not happen, but a leak here would be silent) age out instead of filling the map.
+/// age out instead of filling the map.
 #[map(name = "CONNECTING")]
 static CONNECTING: LruHashMap<u64, u32> = LruHashMap::with_max_entries(65_536, 0);
+
+/// Edge → when it was last reported and how many occurrences were suppressed since (the dedupe).
+#[map(name = "EDGES")]
+static EDGES: LruHashMap<EdgeKey, EdgeState> = LruHashMap::with_max_entries(65_536, 0);
+
+/// (UDP socket, peer) → the direction of its first datagram, so replies join the request's edge.
+#[map(name = "UDP_PEERS")]
+static UDP_PEERS: LruHashMap<UdpPeerKey, u8> = LruHashMap::with_max_entries(65_536, 0);
 
 /// Patched by user space at load time (tracepoint layout, kernel offsets, dedupe window).
 #[unsafe(no_mangle)]
 static CONFIG: Config = Config::DEFAULT;
+
+/// The identity of an edge for the dedupe. Every byte is initialised (explicit padding): the map hashes
+/// the raw bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EdgeKey {
+    cgroup_id: u64,
+    netns_ino: u32,
+    /// The peer's port for outbound edges, the local port for inbound ones (the peer's ephemeral port
+    /// changes with every connection and is not part of the edge).
+    port: u16,
+    family: u16,
+    protocol: u8,
+    direction: u8,
+    outcome: u8,
+    _pad: u8,
+    peer: [u8; 16],
+    _pad2: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EdgeState {
+    last_reported_ns: u64,
+    suppressed: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UdpPeerKey {
+    socket_cookie: u64,
+    peer: [u8; 16],
+    port: u16,
+    family: u16,
+    _pad: u32,
+}
 
 /// Reads the load-time configuration. The volatile read keeps the compiler from folding the default
 /// values in: the real ones are only known when user space loads the program.
@@ -58,15 +123,59 @@ fn config() -> Config {
 #[inline(always)]
 fn count(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: the pointer is to this CPU's slot of the array; no other program runs on this CPU
-        // concurrently with us in this context.
+        // SAFETY: the pointer is to this CPU's slot of the array, and BPF programs are not preempted
+        // by other programs on the same CPU in these contexts.
         unsafe { *slot += 1 };
     }
 }
 
-/// Sends an event to user space, or counts it as lost when the ring buffer is full.
+/// Applies the dedupe, then sends the event to user space (or counts it as lost when the ring buffer
+/// is full).
 #[inline(always)]
-fn emit(event: &FlowEvent) {
+fn report(event: &mut FlowEvent, window_ns: u64) {
+    if window_ns != 0 {
+        let inbound = event.direction == Direction::Inbound as u8;
+        let key = EdgeKey {
+            cgroup_id: event.cgroup_id,
+            netns_ino: event.netns_ino,
+            port: if inbound {
+                event.local_port
+            } else {
+                event.remote_port
+            },
+            family: event.family,
+            protocol: event.protocol,
+            direction: event.direction,
+            outcome: event.outcome,
+            _pad: 0,
+            peer: event.remote_addr,
+            _pad2: 0,
+        };
+        match EDGES.get_ptr_mut(key) {
+            Some(state) => {
+                // SAFETY: the map value stays valid while the program runs. Two CPUs updating the same
+                // edge at once can lose an increment; the count is a rate hint, not an invoice.
+                let state = unsafe { &mut *state };
+                if event.timestamp_ns.wrapping_sub(state.last_reported_ns) < window_ns {
+                    state.suppressed = state.suppressed.saturating_add(1);
+                    count(Counter::DedupeHit);
+                    return;
+                }
+                event.count = state.suppressed.saturating_add(1);
+                state.last_reported_ns = event.timestamp_ns;
+                state.suppressed = 0;
+            }
+            None => {
+                let state = EdgeState {
+                    last_reported_ns: event.timestamp_ns,
+                    suppressed: 0,
+                    _pad: 0,
+                };
+                // A full LRU evicts its oldest edge, which is then simply reported again later.
+                let _ = EDGES.insert(key, state, 0);
+            }
+        }
+    }
     match EVENTS.reserve::<FlowEvent>(0) {
         Some(mut entry) => {
             entry.write(*event);
@@ -76,10 +185,38 @@ fn emit(event: &FlowEvent) {
     }
 }
 
+/// Reads a kernel value at `base + offset`, or `None` when the offset is unknown or the read faults.
+#[inline(always)]
+fn read_kernel<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 || offset == KernelOffsets::UNKNOWN {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address and fails instead of faulting.
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() }
+}
+
+/// The inode number of a `struct net`.
+#[inline(always)]
+fn netns_inode(net: u64, k: &KernelOffsets) -> u32 {
+    read_kernel::<u32>(net, k.net_inum).unwrap_or(0)
+}
+
+/// The network namespace inode and cgroup v2 id recorded in a `struct sock`.
+#[inline(always)]
+fn socket_context(sk: u64, k: &KernelOffsets) -> (u32, u64) {
+    let netns = read_kernel::<u64>(sk, k.sock_net)
+        .map(|net| netns_inode(net, k))
+        .unwrap_or(0);
+    let cgroup = read_kernel::<u64>(sk, k.sock_cgroup)
+        .and_then(|cgrp| read_kernel::<u64>(cgrp, k.cgroup_kn))
+        .and_then(|kn| read_kernel::<u64>(kn, k.kernfs_node_id))
+        .unwrap_or(0);
+    (netns, cgroup)
+}
+
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    // Errors here are failed reads of the tracepoint record, which the verifier-checked helper reports;
-    // there is nothing better to do than skip the event.
+    // A failed read of the tracepoint record means there is nothing reliable to report: skip it.
     let _ = on_tcp_state_change(&ctx);
     0
 }
@@ -122,11 +259,21 @@ fn on_tcp_state_change(ctx: &TracePointContext) -> Result<(), i32> {
     event.direction = direction as u8;
     event.outcome = outcome as u8;
     if direction == Direction::Outbound {
-        // SAFETY: lookup of a plain u32 value; copied out immediately.
+        // SAFETY: lookup of a plain u32 value, copied out immediately.
         if let Some(pid) = unsafe { CONNECTING.get(skaddr) } {
             event.pid = *pid;
         }
         let _ = CONNECTING.remove(skaddr);
+    }
+    (event.netns_ino, event.cgroup_id) = socket_context(skaddr, &cfg.kernel);
+    if outcome == Outcome::Failed {
+        // tcp_reset()/tcp_write_err() set sk_err before tcp_done() moves the socket to CLOSE.
+        let err = read_kernel::<i32>(skaddr, cfg.kernel.sock_err).unwrap_or(0);
+        event.error = if (0..=255).contains(&err) {
+            err as u8
+        } else {
+            0
+        };
     }
 
     // SAFETY: offsets from the format file, sizes as declared there.
@@ -151,8 +298,136 @@ fn on_tcp_state_change(ctx: &TracePointContext) -> Result<(), i32> {
             }
         }
     }
-    emit(&event);
+    report(&mut event, cfg.dedupe_window_ns);
     Ok(())
+}
+
+/// `SOCK_DGRAM`.
+const SOCK_DGRAM: u32 = 2;
+/// What a `sock_addr` program returns to let the system call proceed. Returning 0 would fail it with
+/// EPERM: these programs observe, they never block.
+const ALLOW: i32 = 1;
+
+#[cgroup_sock_addr(connect4)]
+pub fn udp_connect4(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET, Direction::Outbound);
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn udp_connect6(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET6, Direction::Outbound);
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn udp_sendmsg4(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET, Direction::Outbound);
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn udp_sendmsg6(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET6, Direction::Outbound);
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn udp_recvmsg4(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET, Direction::Inbound);
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn udp_recvmsg6(ctx: SockAddrContext) -> i32 {
+    on_udp(&ctx, AF_INET6, Direction::Inbound);
+    ALLOW
+}
+
+/// Reports one UDP exchange seen by a `sock_addr` hook. `direction` is what this hook means on its own
+/// (send: outbound, receive: inbound); a reply to an earlier datagram takes the earlier one's direction.
+#[inline(always)]
+fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
+    let addr: *const bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: ctx fields are read with loads the verifier rewrites to the kernel's `struct sock_addr`.
+    let (sock_type, user_port) = unsafe { ((*addr).type_, (*addr).user_port) };
+    if sock_type != SOCK_DGRAM {
+        return; // connect4/6 also fire for TCP, which the tracepoint covers
+    }
+    let cfg = config();
+    let mut event = FlowEvent::zeroed();
+    // SAFETY: helpers without preconditions.
+    unsafe {
+        event.timestamp_ns = bpf_ktime_get_ns();
+        event.cgroup_id = bpf_get_current_cgroup_id();
+    }
+    event.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    event.family = family;
+    event.protocol = IPPROTO_UDP;
+    event.outcome = Outcome::Datagram as u8;
+    // user_port holds the port in network byte order in its low 16 bits.
+    event.remote_port = u16::from_be(user_port as u16);
+    // SAFETY: as above; `sk` is the kernel's socket (never null in sock_addr programs).
+    unsafe {
+        let sk = (*addr).__bindgen_anon_1.sk;
+        event.local_port = (*sk).src_port as u16; // host byte order already
+        if family == AF_INET {
+            event.remote_addr[..4].copy_from_slice(&(*addr).user_ip4.to_ne_bytes());
+            event.local_addr[..4].copy_from_slice(&(*sk).src_ip4.to_ne_bytes());
+        } else {
+            for i in 0..4 {
+                let remote = (*addr).user_ip6[i].to_ne_bytes();
+                let local = (*sk).src_ip6[i].to_ne_bytes();
+                event.remote_addr[4 * i..4 * i + 4].copy_from_slice(&remote);
+                event.local_addr[4 * i..4 * i + 4].copy_from_slice(&local);
+            }
+        }
+    }
+    // The socket's network namespace and cgroup, as for TCP: the task may have entered another
+    // namespace (setns) or cgroup since it created the socket. The real context is the kernel's
+    // `struct bpf_sock_addr_kern`, whose first member is the `struct sock *` (checked against BTF in
+    // user space); reading it gives the socket address for probe reads.
+    let k = &cfg.kernel;
+    let sk = if k.sock_addr_kern_sk == 0 {
+        // SAFETY: bpf_probe_read_kernel checks the address; ctx points at bpf_sock_addr_kern.
+        unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const u64).unwrap_or(0) }
+    } else {
+        0
+    };
+    let (netns, cgroup) = socket_context(sk, k);
+    if netns != 0 {
+        event.netns_ino = netns;
+    } else {
+        // Fallback: the task's namespace, task->nsproxy->net_ns.
+        // SAFETY: helper without preconditions; the result is only used as an address for probe reads.
+        let task = unsafe { bpf_get_current_task() };
+        event.netns_ino = read_kernel::<u64>(task, k.task_nsproxy)
+            .and_then(|nsproxy| read_kernel::<u64>(nsproxy, k.nsproxy_net_ns))
+            .map(|net| netns_inode(net, k))
+            .unwrap_or(0);
+    }
+    if cgroup != 0 {
+        event.cgroup_id = cgroup;
+    }
+
+    // Who sent first on this socket to/from this peer decides the direction.
+    let peer_key = UdpPeerKey {
+        // SAFETY: helper valid for sock_addr programs.
+        socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        peer: event.remote_addr,
+        port: event.remote_port,
+        family,
+        _pad: 0,
+    };
+    // SAFETY: lookup of a plain u8 value, copied out immediately.
+    event.direction = match unsafe { UDP_PEERS.get(peer_key) } {
+        Some(first) => *first,
+        None => {
+            let _ = UDP_PEERS.insert(peer_key, hook_direction as u8, 0);
+            hook_direction as u8
+        }
+    };
+    report(&mut event, cfg.dedupe_window_ns);
 }
 
 #[cfg(target_arch = "bpf")]

@@ -42,6 +42,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The kernel's BTF could not be parsed.
+    #[error("reading the kernel's BTF: {0}")]
+    Btf(#[from] crate::btf::BtfError),
+
+    /// The cgroup v2 hierarchy is not mounted, so the UDP hooks have nowhere to attach.
+    #[error(
+        "no cgroup2 file system is mounted (see /proc/self/mountinfo): the UDP hooks need cgroup v2"
+    )]
+    NoCgroup2,
+
     /// The tracepoint's format file lacks a field the programs need, or describes it differently.
     #[error("tracepoint format {path}: {reason}")]
     TracepointFormat {

@@ -42,6 +42,9 @@ pub struct ConnectionEvent {
     pub pid: Option<u32>,
     /// For a failed attempt: the socket error (errno) when the kernel set one.
     pub error: Option<u8>,
+    /// How many occurrences this event stands for (1 + those the kernel's dedupe suppressed since the
+    /// edge was last reported).
+    pub count: u32,
 }
 
 /// Why a record from the kernel could not be decoded.
@@ -102,6 +105,7 @@ impl ConnectionEvent {
             cgroup_id: (raw.cgroup_id != 0).then_some(raw.cgroup_id),
             pid: (raw.pid != 0).then_some(raw.pid),
             error: (raw.error != 0).then_some(raw.error),
+            count: raw.count.max(1),
         })
     }
 }

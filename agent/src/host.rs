@@ -114,6 +114,16 @@ pub fn mounts() -> Result<Vec<Mount>> {
     Ok(parse_mountinfo(&text))
 }
 
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a pure v2 host, often
+/// `/sys/fs/cgroup/unified` on a hybrid one). The first cgroup2 mount wins; all show the same hierarchy.
+pub fn cgroup2_root() -> Result<PathBuf> {
+    mounts()?
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .map(|m| m.mount_point)
+        .ok_or(Error::NoCgroup2)
+}
+
 /// Mounts a `fstype` file system at `path` unless one is already mounted there.
 pub fn ensure_mounted(fstype: &'static str, path: &Path) -> Result<()> {
     if mounts()?

@@ -4,9 +4,10 @@
 //! (`agent-ebpf`), whatever the CNI. Reading order:
 //! - [`loader`]: checks the host, loads and attaches the kernel programs ([`loader::DataPlane`]);
 //! - [`events`]: the events they report ([`events::ConnectionEvent`]) and the async ring-buffer reader;
-//! - [`host`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
+//! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
+pub mod btf;
 pub mod error;
 pub mod events;
 pub mod host;

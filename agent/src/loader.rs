@@ -1,15 +1,17 @@
 //! Loading the kernel programs: checks the host, patches the load-time configuration into the object,
 //! attaches the programs, and hands out the event reader and the counters.
 
+use crate::btf::Btf;
 use crate::error::{Error, Result};
 use crate::events::EventReader;
 use crate::host;
 use crate::tracepoint_format;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
     CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM,
+    UDP_PROGRAMS,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -35,6 +37,18 @@ impl Default for LoadOptions {
             dedupe_window: Duration::from_secs(5),
         }
     }
+}
+
+/// Kernel struct offsets from the running kernel's BTF. A member this kernel lacks is logged and left
+/// unknown (the programs then report 0 for the netns, cgroup or error that depends on it).
+fn kernel_offsets() -> Result<KernelOffsets> {
+    let btf = Btf::from_kernel()?;
+    let (offsets, missing) = btf.kernel_offsets();
+    for err in &missing {
+        tracing::warn!(%err, "kernel struct member not found; attribution will be partial");
+    }
+    tracing::debug!(?offsets, "kernel struct offsets from BTF");
+    Ok(offsets)
 }
 
 /// The loaded and attached kernel programs. Dropping it detaches and unloads them.
@@ -63,9 +77,10 @@ impl DataPlane {
         host::ensure_mounted("bpf", Path::new(host::BPFFS_PATH))?;
         host::ensure_mounted("tracefs", Path::new(host::TRACEFS_PATH))?;
 
+        let kernel = kernel_offsets()?;
         let config = Config {
             tcp_tracepoint: tracepoint_format::read_tcp_layout(Path::new(host::TRACEFS_PATH))?,
-            kernel: KernelOffsets::NONE,
+            kernel,
             dedupe_window_ns: u64::try_from(options.dedupe_window.as_nanos()).unwrap_or(u64::MAX),
         };
         tracing::debug!(?config, "loading eBPF programs");
@@ -95,7 +110,40 @@ impl DataPlane {
                 program: TCP_STATE_PROGRAM,
                 source,
             })?;
-        tracing::info!("eBPF programs attached: tracepoint sock/inet_sock_set_state");
+
+        // The UDP hooks go on the cgroup v2 root: every process on the node, pods included, is below it.
+        // aya attaches with a bpf_link (kernel >= 5.7, and we need >= 5.8), which the kernel always adds in
+        // multi mode, leaving other programs attached there (Cilium's, another agent's) in place; the
+        // link API rejects any explicit flag, hence `Single` (= no flags).
+        let cgroup_root = host::cgroup2_root()?;
+        let cgroup = std::fs::File::open(&cgroup_root).map_err(|source| Error::Read {
+            path: cgroup_root.clone(),
+            source,
+        })?;
+        for name in UDP_PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing {
+                    kind: "program",
+                    name,
+                })?
+                .try_into()
+                .map_err(|source| Error::Program {
+                    program: name,
+                    source,
+                })?;
+            program
+                .load()
+                .and_then(|()| program.attach(&cgroup, CgroupAttachMode::Single).map(drop))
+                .map_err(|source| Error::Program {
+                    program: name,
+                    source,
+                })?;
+        }
+        tracing::info!(
+            cgroup_root = %cgroup_root.display(),
+            "eBPF programs attached: tracepoint sock/inet_sock_set_state, UDP sock_addr hooks"
+        );
         Ok(Self { ebpf })
     }
 

@@ -7,8 +7,27 @@ use network_enforcer_agent::{
     ConnectionEvent, DataPlane, Direction, EventReader, LoadOptions, Outcome, Protocol,
 };
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
+
+/// The inode of this process's network namespace, as the kernel reports it.
+fn own_netns() -> u32 {
+    std::fs::metadata("/proc/self/ns/net").unwrap().ino() as u32
+}
+
+/// The cgroup v2 id of this process: the inode of its cgroup directory in the cgroup2 file system.
+fn own_cgroup_id() -> u64 {
+    let root = network_enforcer_agent::host::cgroup2_root().unwrap();
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 entry in /proc/self/cgroup");
+    std::fs::metadata(root.join(path.trim_start_matches('/')))
+        .unwrap()
+        .ino()
+}
 
 /// Fails the test with a clear message when not root: these tests load eBPF programs.
 fn require_root() {
@@ -103,6 +122,9 @@ async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
         "pid captured at connect()"
     );
     assert_eq!(outbound.error, None);
+    assert_eq!(outbound.netns_ino, Some(own_netns()));
+    assert_eq!(outbound.cgroup_id, Some(own_cgroup_id()));
+    assert_eq!(outbound.count, 1);
 
     let inbound = &events[1];
     assert_eq!(
@@ -111,6 +133,9 @@ async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
     );
     assert_eq!((inbound.local, inbound.remote), (server, client));
     assert_eq!(inbound.error, None);
+    // The accepted socket carries the listener's namespace and cgroup (ours), not the softirq's task.
+    assert_eq!(inbound.netns_ino, Some(own_netns()));
+    assert_eq!(inbound.cgroup_id, Some(own_cgroup_id()));
 }
 
 #[tokio::test]
@@ -147,4 +172,10 @@ async fn reports_a_refused_connect_as_failed() {
     );
     assert_eq!((failed.local, failed.remote), (client, closed));
     assert_eq!(failed.pid, Some(std::process::id()));
+    assert_eq!(
+        failed.error,
+        Some(libc::ECONNREFUSED as u8),
+        "refused, not timed out"
+    );
+    assert_eq!(failed.netns_ino, Some(own_netns()));
 }

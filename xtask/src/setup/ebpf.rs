@@ -14,12 +14,15 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Debian packages: the Rust toolchain with the BPF `core`, and LLVM 22 for bpf-linker.
+/// Debian packages: the Rust toolchain with the BPF `core`, LLVM 22 for bpf-linker, and what the agent's
+/// kernel tests use to build "pods" (network namespaces, veth pairs) and to block traffic (nftables).
 const PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
     "llvm-22-dev",
+    "iproute2",
+    "nftables",
 ];
 
 /// The bpf-linker release we build; pinned so every machine links the same way.
