@@ -251,6 +251,12 @@ pub struct IstioOperation {
         description = "The target workload"
     ),
     printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Rendered and in sync"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -309,10 +315,16 @@ pub struct WorkloadNetworkPolicySpec {
         description = "The target workload"
     ),
     printcolumn(
-        name = "Rules",
+        name = "Peers",
         type_ = "integer",
-        json_path = ".status.ruleCount",
-        description = "Rules learned so far"
+        json_path = ".status.peerCount",
+        description = "Peers learned so far (one rule per peer)"
+    ),
+    printcolumn(
+        name = "Last Learned",
+        type_ = "date",
+        json_path = ".status.lastLearnedTime",
+        description = "When learning last added a peer or port"
     ),
     printcolumn(
         name = "Age",
@@ -462,9 +474,12 @@ pub struct WorkloadNetworkPolicyStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadNetworkPolicyProposalStatus {
-    /// Number of rules learned so far.
+    /// Number of peers learned so far; each peer is one rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_count: Option<i64>,
+    pub peer_count: Option<i64>,
+    /// When learning last added a peer or a port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_learned_time: Option<Time>,
     /// Learning progress and promotion problems (e.g. a policy of the same name already exists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

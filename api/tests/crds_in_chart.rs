@@ -39,7 +39,14 @@ fn crds_carry_the_keep_policy_names_and_columns() {
         match file {
             "workloadnetworkpolicies.yaml" => {
                 assert_eq!(short, "wnp");
-                for c in ["Mode", "Active Violations", "Age"] {
+                for c in [
+                    "Mode",
+                    "Active Violations",
+                    "Direction",
+                    "Target",
+                    "Ready",
+                    "Age",
+                ] {
                     assert!(columns.contains(&c), "{c} missing from {columns:?}");
                 }
                 let mode = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
@@ -49,7 +56,7 @@ fn crds_carry_the_keep_policy_names_and_columns() {
             }
             "workloadnetworkpolicyproposals.yaml" => {
                 assert_eq!(short, "wnpp");
-                for c in ["Direction", "Target", "Rules", "Age"] {
+                for c in ["Direction", "Target", "Peers", "Last Learned", "Age"] {
                     assert!(columns.contains(&c), "{c} missing from {columns:?}");
                 }
             }

@@ -80,9 +80,11 @@ fn install_kubernetes_validate(bin: &Path) -> Result<()> {
     let venv = super::cache_dir()?.join("venv");
     run::status(Command::new("python3").args(["-m", "venv"]).arg(&venv))
         .context("creating the tools venv")?;
-    run::status(
-        Command::new(venv.join("bin/pip")).args(["install", "--quiet", KUBERNETES_VALIDATE]),
-    )
+    run::status(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        KUBERNETES_VALIDATE,
+    ]))
     .context("installing kubernetes-validate from PyPI")?;
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(venv.join("bin/kubernetes-validate"), &link)?;

@@ -1,0 +1,143 @@
+//! The chart's promote-label ValidatingAdmissionPolicy (SPEC section 2), rendered with `helm template`
+//! and its CEL evaluated with the `cel` crate (the v1.20 test API server has no admission policies):
+//! `monitor`/`protect` admitted, anything else denied with the exact message, absent label admitted.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// helm from PATH, else where `cargo xtask setup` puts it.
+fn helm() -> PathBuf {
+    let on_path = Command::new("helm")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if on_path {
+        return PathBuf::from("helm");
+    }
+    let cached =
+        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/network-enforcer/bin/helm");
+    assert!(cached.exists(), "helm not found: run `cargo xtask setup`");
+    cached
+}
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/network-enforcer")
+}
+
+/// Every document `helm template` renders for the chart with default values.
+fn rendered() -> Vec<Value> {
+    let out = Command::new(helm())
+        .args(["template", "release"])
+        .arg(chart())
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+fn eval(expression: &str, object: &Value) -> bool {
+    let program = cel::Program::compile(expression).expect("the expression compiles");
+    let mut ctx = cel::Context::default();
+    ctx.add_variable_from_value("object", cel::to_value(object).unwrap());
+    match program.execute(&ctx).expect("the expression evaluates") {
+        cel::Value::Bool(b) => b,
+        other => panic!("{expression} returned {other:?}"),
+    }
+}
+
+/// What the API server would answer for a proposal with these labels: `Ok` or the denial message.
+fn admit(labels: Option<Value>) -> Result<(), String> {
+    let docs = rendered();
+    let policy = find(&docs, "ValidatingAdmissionPolicy");
+    let mut metadata = json!({"name": "deployment-web-ingress", "namespace": "shop"});
+    if let Some(l) = labels {
+        metadata["labels"] = l;
+    }
+    let object = json!({"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+                        "kind": "WorkloadNetworkPolicyProposal", "metadata": metadata});
+    let applies = policy["spec"]["matchConditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| eval(c["expression"].as_str().unwrap(), &object));
+    if !applies {
+        return Ok(());
+    }
+    for v in policy["spec"]["validations"].as_array().unwrap() {
+        if !eval(v["expression"].as_str().unwrap(), &object) {
+            return Err(v["message"].as_str().unwrap().to_string());
+        }
+    }
+    Ok(())
+}
+
+const PROMOTE: &str = "networkenforcer.kubewarden.io/promote";
+
+#[test]
+fn valid_promote_values_are_admitted() {
+    assert_eq!(admit(Some(json!({PROMOTE: "monitor"}))), Ok(()));
+    assert_eq!(admit(Some(json!({PROMOTE: "protect"}))), Ok(()));
+}
+
+#[test]
+fn other_values_are_denied_with_the_exact_message() {
+    for bad in ["enforce", "Monitor", "", "monitor "] {
+        assert_eq!(
+            admit(Some(json!({PROMOTE: bad, "app": "web"}))),
+            Err(network_enforcer_api::keys::PROMOTE_LABEL_MESSAGE.to_string()),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn absent_label_is_admitted() {
+    assert_eq!(admit(None), Ok(()));
+    assert_eq!(admit(Some(json!({}))), Ok(()));
+    assert_eq!(admit(Some(json!({"app": "web"}))), Ok(()));
+}
+
+#[test]
+fn policy_and_binding_match_the_spec() {
+    let docs = rendered();
+    let policy = find(&docs, "ValidatingAdmissionPolicy");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule["apiGroups"], json!(["networkenforcer.kubewarden.io"]));
+    assert_eq!(rule["operations"], json!(["CREATE", "UPDATE"]));
+    assert_eq!(rule["resources"], json!(["workloadnetworkpolicyproposals"]));
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+}
+
+#[test]
+fn chart_lints_cleanly() {
+    let out = Command::new(helm())
+        .args(["lint", "--strict"])
+        .arg(chart())
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
