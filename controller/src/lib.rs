@@ -10,5 +10,6 @@ pub mod promote;
 pub mod reconcile;
 pub mod render;
 pub mod selector;
+pub mod uninstall;
 pub mod uniqueness;
 pub mod workload;

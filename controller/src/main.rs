@@ -21,6 +21,13 @@ struct Cli {
 enum Command {
     /// Run the controller against the cluster of the in-cluster config or KUBECONFIG.
     Run(RunArgs),
+    /// Delete every NetworkPolicy and AuthorizationPolicy this controller rendered, so no enforcement
+    /// outlives an uninstall (the chart's pre-delete hook runs this). Policies are kept.
+    Cleanup {
+        /// Only this namespace (default: all namespaces).
+        #[arg(long, env = "WATCH_NAMESPACE")]
+        namespace: Option<String>,
+    },
     /// Print the CustomResourceDefinitions this controller serves, as YAML
     /// (e.g. `network-enforcer-controller crds | kubectl apply -f -`).
     Crds,
@@ -61,6 +68,19 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args).await,
+        Command::Cleanup { namespace } => {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+            let removed = network_enforcer_controller::uninstall::remove_rendered_objects(
+                &client,
+                namespace.as_deref(),
+            )
+            .await
+            .context("removing rendered NetworkPolicies and AuthorizationPolicies")?;
+            println!("removed {removed} rendered object(s)");
+            Ok(())
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::authorization_policy::AuthorizationPolicy;
 use network_enforcer_controller::reconcile::{self, Settings};
+use network_enforcer_controller::uninstall;
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
 use std::time::Duration;
@@ -197,12 +198,39 @@ async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
     })
     .await?;
 
-    // Protect again, then delete the policy: garbage collection removes the NetworkPolicy.
+    // Protect again.
     set_mode(&policies, name, PolicyMode::Protect).await?;
     ns.wait_for("the NetworkPolicy again", WAIT, || async {
         Ok(netpols.get_opt(name).await?)
     })
     .await?;
+
+    // Uninstall clean-up removes what we rendered (with no controller running to put it back), and
+    // nothing else.
+    drop(_controller);
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the aborted task stop
+    let foreign: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "not-ours", "namespace": ns.name,
+                     "labels": {"app.kubernetes.io/managed-by": "network-enforcer"}},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+    }))?;
+    netpols.create(&PostParams::default(), &foreign).await?;
+    let removed = uninstall::remove_rendered_objects(&ns.client, Some(&ns.name)).await?;
+    assert_eq!(removed, 1);
+    assert!(netpols.get_opt(name).await?.is_none());
+    assert!(
+        netpols.get_opt("not-ours").await?.is_some(),
+        "not controlled by a policy: kept"
+    );
+    let _controller = start_controller(&ns);
+    ns.wait_for(
+        "the reinstalled controller to render again",
+        WAIT,
+        || async { Ok(netpols.get_opt(name).await?) },
+    )
+    .await?;
+
+    // Deleting the policy garbage-collects the NetworkPolicy.
     policies.delete(name, &DeleteParams::foreground()).await?;
     ns.wait_for(
         "garbage collection of the NetworkPolicy",
@@ -427,7 +455,22 @@ async fn istio_policy_waits_for_the_crd_then_renders_dry_run_in_monitor() -> Res
             }
         }
     }))?;
-    policies.create(&PostParams::default(), &policy).await?;
+    // Promote an istio proposal with the same payload: the policy appears and waits for Istio.
+    let mut proposal = serde_json::to_value(&policy)?;
+    proposal["kind"] = json!("WorkloadNetworkPolicyProposal");
+    proposal["metadata"]["labels"] = json!({PROMOTE_LABEL: "monitor"});
+    proposal["spec"].as_object_mut().unwrap().remove("mode");
+    let proposal: WorkloadNetworkPolicyProposal = serde_json::from_value(proposal)?;
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    proposals.create(&PostParams::default(), &proposal).await?;
+    ns.wait_for("the proposal to be promoted", WAIT, || async {
+        Ok(proposals.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await?;
+    let promoted = policies.get(name).await?;
+    assert_eq!(promoted.spec.istio, policy.spec.istio);
+    assert_eq!(promoted.spec.mode, PolicyMode::Monitor);
+    assert_eq!(promoted.labels()[PROMOTED_FROM_LABEL], name);
     ns.wait_for(
         "Ready=False AuthorizationPolicyCRDMissing",
         WAIT,
@@ -464,12 +507,32 @@ async fn istio_policy_waits_for_the_crd_then_renders_dry_run_in_monitor() -> Res
         policies.get(name).await?.uid().unwrap()
     );
 
-    // Protect removes the dry-run annotation.
+    // Protect removes the dry-run annotation and changes nothing else; monitor puts it back.
     set_mode(&policies, name, PolicyMode::Protect).await?;
-    ns.wait_for("the dry-run annotation to go", WAIT, || async {
+    let protected = ns
+        .wait_for("the dry-run annotation to go", WAIT, || async {
+            let ap = aps.get(name).await?;
+            Ok((!ap.annotations().contains_key("istio.io/dry-run")).then_some(ap))
+        })
+        .await?;
+    assert_eq!(protected.spec, ap.spec);
+    set_mode(&policies, name, PolicyMode::Monitor).await?;
+    ns.wait_for("the dry-run annotation to return", WAIT, || async {
         let ap = aps.get(name).await?;
-        Ok((!ap.annotations().contains_key("istio.io/dry-run")).then_some(()))
+        Ok(ap
+            .annotations()
+            .contains_key("istio.io/dry-run")
+            .then_some(()))
     })
+    .await?;
+
+    // Deleting the policy garbage-collects the AuthorizationPolicy.
+    policies.delete(name, &DeleteParams::foreground()).await?;
+    ns.wait_for(
+        "garbage collection of the AuthorizationPolicy",
+        Duration::from_secs(60),
+        || async { Ok(aps.get_opt(name).await?.is_none().then_some(())) },
+    )
     .await?;
     crds.delete(crd_name, &DeleteParams::default()).await?;
     Ok(())
