@@ -4,12 +4,16 @@
 //! (`agent-ebpf`), whatever the CNI. Reading order:
 //! - [`loader`]: checks the host, loads and attaches the kernel programs ([`loader::DataPlane`]);
 //! - [`events`]: the events they report ([`events::ConnectionEvent`]) and the async ring-buffer reader;
+//! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
+//! - [`flows`]: the node-level `flows` view of those edges (filters, table, JSON);
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
+pub mod aggregate;
 pub mod btf;
 pub mod error;
 pub mod events;
+pub mod flows;
 pub mod host;
 pub mod loader;
 pub mod tracepoint_format;

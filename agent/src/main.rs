@@ -1,8 +1,10 @@
 //! `network-enforcer-agent`: the node agent binary. Run `network-enforcer-agent --help`.
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
-use network_enforcer_agent::{DataPlane, LoadOptions};
+use clap::{Parser, Subcommand, ValueEnum};
+use network_enforcer_agent::aggregate::{Aggregator, WallClock};
+use network_enforcer_agent::flows::{self, FlowFilter};
+use network_enforcer_agent::{DataPlane, Direction, LoadOptions, Outcome, Protocol};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
@@ -13,9 +15,10 @@ use tracing_subscriber::EnvFilter;
     about = "network-enforcer node agent: sees every TCP/UDP connection of the pods on this node with eBPF",
     long_about = "network-enforcer node agent.\n\n\
         It loads its own eBPF programs (needs root, or CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN, and a kernel \
-        with BTF), reports every TCP connection established or attempted and every UDP exchange, attributes \
-        them to local pods and aggregates them into edges.\n\n\
-        Log level: RUST_LOG (e.g. RUST_LOG=network_enforcer_agent=debug)."
+        with BTF), reports every TCP connection established or attempted and every UDP exchange on the \
+        node, in every network namespace, and aggregates them into edges.\n\n\
+        In a cluster: kubectl exec -n <namespace> ds/<agent-daemonset> -- network-enforcer-agent flows\n\n\
+        Log level: RUST_LOG (default info), e.g. RUST_LOG=network_enforcer_agent=debug."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,58 +27,227 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the eBPF programs and report connections until interrupted (Ctrl-C / SIGTERM).
+    /// Run the agent: load the eBPF programs, aggregate connections into edges and log each flushed
+    /// batch, until SIGINT/SIGTERM.
     Run(RunArgs),
+    /// Show the connections on this node as aggregated flows (loads its own copy of the programs).
+    Flows(FlowsArgs),
 }
 
+/// Kernel-side settings shared by the subcommands.
 #[derive(clap::Args)]
-struct RunArgs {
+struct KernelArgs {
     /// Size of the kernel's events ring buffer in bytes (a power of two, a multiple of the page size).
     #[arg(long, env = "NE_RING_BUFFER_BYTES")]
     ring_buffer_bytes: Option<u32>,
-    /// The kernel reports the same edge at most once per this many seconds.
+    /// The kernel reports the same edge at most once per this many seconds (0: report every event).
     #[arg(long, default_value_t = 5, env = "NE_DEDUPE_SECONDS")]
     dedupe_seconds: u64,
 }
 
+impl KernelArgs {
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            ring_buffer_bytes: self.ring_buffer_bytes,
+            dedupe_window: Duration::from_secs(self.dedupe_seconds),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Seconds between flushes of the aggregated edges.
+    #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
+    flush_seconds: u64,
+}
+
+#[derive(clap::Args)]
+struct FlowsArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Keep printing new flows every interval until interrupted, instead of printing once.
+    #[arg(short, long)]
+    follow: bool,
+    /// Seconds to collect before printing (each round, with --follow).
+    #[arg(long, default_value_t = 5)]
+    interval: u64,
+    /// Only flows to this service port (the peer's port when outbound, the local port when inbound).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Only this protocol.
+    #[arg(long, value_enum)]
+    protocol: Option<ProtocolArg>,
+    /// Only this direction.
+    #[arg(long, value_enum)]
+    direction: Option<DirectionArg>,
+    /// Only this outcome.
+    #[arg(long, value_enum)]
+    outcome: Option<OutcomeArg>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Table)]
+    output: Format,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProtocolArg {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DirectionArg {
+    Outbound,
+    Inbound,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutcomeArg {
+    Established,
+    Failed,
+    Datagram,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// Columns like `hubble observe`: time, source, destination, port, protocol, outcome, count.
+    Table,
+    /// One JSON object per flow per line.
+    Json,
+}
+
+impl FlowsArgs {
+    fn filter(&self) -> FlowFilter {
+        FlowFilter {
+            port: self.port,
+            protocol: self.protocol.map(|p| match p {
+                ProtocolArg::Tcp => Protocol::Tcp,
+                ProtocolArg::Udp => Protocol::Udp,
+            }),
+            direction: self.direction.map(|d| match d {
+                DirectionArg::Outbound => Direction::Outbound,
+                DirectionArg::Inbound => Direction::Inbound,
+            }),
+            outcome: self.outcome.map(|o| match o {
+                OutcomeArg::Established => Outcome::Established,
+                OutcomeArg::Failed => Outcome::Failed,
+                OutcomeArg::Datagram => Outcome::Datagram,
+            }),
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
+    let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Run(args) => run(args).await,
+        Command::Flows(args) => show_flows(args).await,
     }
 }
 
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
+async fn shutdown_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> Result<()> {
-    let options = LoadOptions {
-        ring_buffer_bytes: args.ring_buffer_bytes,
-        dedupe_window: Duration::from_secs(args.dedupe_seconds),
-    };
-    let mut data_plane = DataPlane::load(&options).context("starting the eBPF data plane")?;
+    let mut data_plane =
+        DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     let mut reader = data_plane.events()?;
+    let clock = WallClock::now();
+    let mut aggregator = Aggregator::new();
+    let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
         tokio::select! {
-            read = reader.read_batch(&mut batch) => read?,
-            _ = tokio::signal::ctrl_c() => break,
+            read = reader.read_batch(&mut batch) => {
+                read?;
+                batch.drain(..).for_each(|e| aggregator.add(&e));
+            }
+            _ = flush.tick() => {
+                let edges = aggregator.drain();
+                let counters = data_plane.counters()?;
+                tracing::info!(
+                    edges = edges.len(),
+                    lost = counters.ring_buffer_full,
+                    dedupe_hits = counters.dedupe_hits,
+                    decode_errors = reader.decode_errors(),
+                    "flush"
+                );
+                for line in flows::render_json(&edges, &clock).lines() {
+                    tracing::info!(edge = line, "edge");
+                }
+            }
+            r = &mut shutdown => {
+                r?;
+                break;
+            }
         }
-        for event in batch.drain(..) {
-            tracing::info!(
-                protocol = ?event.protocol,
-                direction = ?event.direction,
-                outcome = ?event.outcome,
-                local = %event.local,
-                remote = %event.remote,
-                pid = event.pid,
-                "connection"
-            );
+    }
+    tracing::info!(counters = ?data_plane.counters()?, "stopped");
+    Ok(())
+}
+
+async fn show_flows(args: FlowsArgs) -> Result<()> {
+    let filter = args.filter();
+    let mut data_plane =
+        DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
+    let mut reader = data_plane.events()?;
+    let clock = WallClock::now();
+    let mut aggregator = Aggregator::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut first = true;
+    loop {
+        let until = tokio::time::Instant::now() + Duration::from_secs(args.interval.max(1));
+        let mut batch = Vec::new();
+        let mut stop = false;
+        loop {
+            tokio::select! {
+                read = reader.read_batch(&mut batch) => {
+                    read?;
+                    batch
+                        .drain(..)
+                        .filter(|e| filter.matches(&network_enforcer_agent::aggregate::EdgeKey::of(e)))
+                        .for_each(|e| aggregator.add(&e));
+                }
+                _ = tokio::time::sleep_until(until) => break,
+                r = &mut shutdown => { r?; stop = true; break; }
+            }
+        }
+        let edges = aggregator.drain();
+        let text = match args.output {
+            Format::Table => flows::render_table(&edges, &clock, first),
+            Format::Json => flows::render_json(&edges, &clock),
+        };
+        print!("{text}");
+        first = false;
+        if stop || !args.follow {
+            break;
         }
     }
     let counters = data_plane.counters()?;
-    tracing::info!(?counters, "stopped");
+    if counters.ring_buffer_full > 0 {
+        tracing::warn!(
+            lost = counters.ring_buffer_full,
+            "events were lost (ring buffer full)"
+        );
+    }
     Ok(())
 }

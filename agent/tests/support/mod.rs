@@ -168,36 +168,15 @@ impl PodPair {
     pub fn new() -> Self {
         let a = Netns::new();
         let b = Netns::new();
-        // The subnet only has to be unique among this binary's concurrent tests: the namespaces are
-        // isolated from the host and from each other.
+        // Any subnet works (each pair is isolated from the host and from other pairs); a distinct one per
+        // pair only makes failure messages easier to read.
         let subnet = NEXT_ID.fetch_add(1, Ordering::Relaxed) % 250;
-        let tag = unique_tag();
-        let (va, vb) = (format!("nea{tag}"), format!("neb{tag}"));
-        sh(
-            "ip",
-            &[
-                "link", "add", &va, "netns", &a.name, "type", "veth", "peer", "name", &vb, "netns",
-                &b.name,
-            ],
+        link(
+            &a,
+            &b,
+            &format!("10.201.{subnet}"),
+            &format!("fd00:201:{subnet}:"),
         );
-        for (ns, dev, host) in [(&a, &va, 1), (&b, &vb, 2)] {
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("10.201.{subnet}.{host}/24"),
-                "dev",
-                dev,
-            ]);
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("fd00:201:{subnet}::{host}/64"),
-                "dev",
-                dev,
-                "nodad", // usable at once, no duplicate address detection delay
-            ]);
-            ns.ip(&["link", "set", dev, "up"]);
-        }
         Self { a, b, subnet }
     }
 
@@ -209,6 +188,32 @@ impl PodPair {
     /// The IPv6 address of host `::host` (1 = a, 2 = b).
     pub fn v6(&self, host: u8) -> std::net::IpAddr {
         format!("fd00:201:{}::{host}", self.subnet).parse().unwrap()
+    }
+}
+
+/// Joins two namespaces with a veth pair: `a` gets `<v4_prefix>.1/24` and `<v6_prefix>:1/64`, `b` gets
+/// `.2` and `:2` (e.g. prefixes `10.201.3` and `fd00:201:3:`). The link goes away with either namespace.
+pub fn link(a: &Netns, b: &Netns, v4_prefix: &str, v6_prefix: &str) {
+    let tag = unique_tag();
+    let (va, vb) = (format!("nea{tag}"), format!("neb{tag}"));
+    sh(
+        "ip",
+        &[
+            "link", "add", &va, "netns", &a.name, "type", "veth", "peer", "name", &vb, "netns",
+            &b.name,
+        ],
+    );
+    for (ns, dev, host) in [(a, &va, 1), (b, &vb, 2)] {
+        ns.ip(&["addr", "add", &format!("{v4_prefix}.{host}/24"), "dev", dev]);
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("{v6_prefix}:{host}/64"),
+            "dev",
+            dev,
+            "nodad", // usable at once, no duplicate address detection delay
+        ]);
+        ns.ip(&["link", "set", dev, "up"]);
     }
 }
 

@@ -1,0 +1,88 @@
+//! The `network-enforcer-agent` binary: help text, and `flows` showing real connections (root).
+
+mod support;
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_network-enforcer-agent"))
+}
+
+#[test]
+fn help_lists_the_subcommands_and_flows_options() {
+    let out = agent().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("run"), "{help}");
+    assert!(help.contains("flows"), "{help}");
+
+    let out = agent().args(["flows", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for option in [
+        "--follow",
+        "--port",
+        "--protocol",
+        "--direction",
+        "--outcome",
+        "--output",
+    ] {
+        assert!(help.contains(option), "flows --help lacks {option}: {help}");
+    }
+}
+
+#[test]
+fn flows_prints_the_connections_it_saw_as_json() {
+    support::require_root();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut child = agent()
+        .args([
+            "flows",
+            "--interval",
+            "3",
+            "-o",
+            "json",
+            "--dedupe-seconds",
+            "0",
+        ])
+        .arg("--port")
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::spawn(move || while let Ok((_stream, _)) = listener.accept() {});
+    // Connect until the command is done: the first connections may come before its programs attach.
+    let mut connections = 0;
+    while child.try_wait().unwrap().is_none() {
+        TcpStream::connect(("127.0.0.1", port)).unwrap();
+        connections += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let flows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(flows.len(), 2, "one outbound and one inbound flow: {text}");
+    for flow in &flows {
+        assert_eq!(flow["port"], port);
+        assert_eq!(flow["protocol"], "tcp");
+        assert_eq!(flow["outcome"], "established");
+        assert_eq!(flow["peer_ip"], "127.0.0.1");
+        let count = flow["count"].as_u64().unwrap();
+        assert!(
+            count >= 1 && count <= connections,
+            "count {count} of {connections}"
+        );
+    }
+    let mut directions: Vec<&str> = flows
+        .iter()
+        .map(|f| f["direction"].as_str().unwrap())
+        .collect();
+    directions.sort();
+    assert_eq!(directions, ["inbound", "outbound"]);
+}
