@@ -275,19 +275,20 @@ mod tests {
     }
 
     #[test]
-    fn wall_clock_is_boot_time_plus_monotonic() {
+    fn wall_clock_maps_kernel_time_to_now() {
         let clock = WallClock::now();
-        let now = clock.at(Duration::ZERO) + {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-            Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-        let skew = now
-            .duration_since(SystemTime::now())
-            .unwrap_or_else(|e| e.duration());
+        // SAFETY: clock_gettime writes into the valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let kernel_now = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+        let wall = clock.at(kernel_now);
+        let skew = match wall.duration_since(SystemTime::now()) {
+            Ok(ahead) => ahead,
+            Err(behind) => behind.duration(),
+        };
         assert!(skew < Duration::from_secs(1), "{skew:?}");
     }
 }

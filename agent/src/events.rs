@@ -88,9 +88,11 @@ impl ConnectionEvent {
         let outcome = Outcome::from_raw(raw.outcome).ok_or(bad("outcome", raw.outcome.into()))?;
         let (local_ip, remote_ip) = match raw.family {
             AF_INET => (ipv4(&raw.local_addr), ipv4(&raw.remote_addr)),
+            // A dual-stack IPv6 socket talking to an IPv4 peer shows IPv4-mapped addresses
+            // (::ffff:a.b.c.d); report them as the IPv4 addresses they are, so edges do not split.
             AF_INET6 => (
-                IpAddr::V6(Ipv6Addr::from(raw.local_addr)),
-                IpAddr::V6(Ipv6Addr::from(raw.remote_addr)),
+                IpAddr::V6(Ipv6Addr::from(raw.local_addr)).to_canonical(),
+                IpAddr::V6(Ipv6Addr::from(raw.remote_addr)).to_canonical(),
             ),
             other => return Err(bad("family", other.into())),
         };
@@ -226,6 +228,17 @@ mod tests {
         assert_eq!(event.protocol, Protocol::Udp);
         assert_eq!(event.direction, Direction::Inbound);
         assert_eq!(event.netns_ino, Some(4026531840));
+    }
+
+    #[test]
+    fn reports_ipv4_mapped_addresses_as_ipv4() {
+        let mut raw = raw_v4();
+        raw.family = AF_INET6;
+        raw.local_addr = "::ffff:10.0.0.1".parse::<Ipv6Addr>().unwrap().octets();
+        raw.remote_addr = "::ffff:10.0.0.2".parse::<Ipv6Addr>().unwrap().octets();
+        let event = ConnectionEvent::from_raw(&raw).unwrap();
+        assert_eq!(event.local, "10.0.0.1:40000".parse().unwrap());
+        assert_eq!(event.remote, "10.0.0.2:80".parse().unwrap());
     }
 
     #[test]

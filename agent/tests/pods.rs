@@ -20,11 +20,12 @@ fn deduping() -> LoadOptions {
     }
 }
 
-#[tokio::test]
-async fn tcp_between_pods_is_reported_at_both_ends_with_their_namespaces() {
+/// A TCP connection from pod a to pod b: one event per end, with exact addresses, ports, namespaces.
+async fn tcp_between_pods(ipv6: bool) {
     let (_data_plane, mut reader) = load(&deduping());
     let pods = PodPair::new();
-    let server: SocketAddr = (pods.v4(2), 8080).into();
+    let server_ip = if ipv6 { pods.v6(2) } else { pods.v4(2) };
+    let server: SocketAddr = (server_ip, 8080).into();
     let listener = pods.b.run(move || TcpListener::bind(server).unwrap());
     let client: SocketAddr = pods.a.run(move || {
         let stream = TcpStream::connect(server).unwrap();
@@ -64,6 +65,81 @@ async fn tcp_between_pods_is_reported_at_both_ends_with_their_namespaces() {
     assert_eq!((inb.local, inb.remote), (server, client));
     assert_eq!(inb.netns_ino, Some(ns_b), "the server's pod");
     assert_eq!(inb.cgroup_id, Some(own_cgroup_id()));
+}
+
+#[tokio::test]
+async fn tcp_ipv4_between_pods_is_reported_at_both_ends_with_their_namespaces() {
+    tcp_between_pods(false).await;
+}
+
+#[tokio::test]
+async fn tcp_ipv6_between_pods_is_reported_at_both_ends_with_their_namespaces() {
+    tcp_between_pods(true).await;
+}
+
+/// What the agent does and does not see of traffic that started before it:
+/// - a TCP connection established before the agent started is not reported (its handshake is over;
+///   data on it is not an event), only new connections are;
+/// - a connected UDP socket is not reported either (sends on it carry no address, the connect is
+///   over), while an unconnected UDP socket is reported at its next `sendto`.
+#[tokio::test]
+async fn traffic_that_started_before_the_agent_is_seen_only_where_the_kernel_shows_it() {
+    use std::io::{Read, Write};
+    let pods = PodPair::new();
+    let server: SocketAddr = (pods.v4(2), 8081).into();
+    let udp_server: SocketAddr = (pods.v4(2), 5300).into();
+    let (listener, udp_sink) = pods.b.run(move || {
+        (
+            TcpListener::bind(server).unwrap(),
+            UdpSocket::bind(udp_server).unwrap(),
+        )
+    });
+    let (a_bind, a_bind2): (SocketAddr, SocketAddr) =
+        ((pods.v4(1), 0).into(), (pods.v4(1), 0).into());
+    let (mut old_tcp, connected_udp, unconnected_udp) = pods.a.run(move || {
+        let tcp = TcpStream::connect(server).unwrap();
+        let connected = UdpSocket::bind(a_bind).unwrap();
+        connected.connect(udp_server).unwrap();
+        connected.send(b"before").unwrap();
+        let unconnected = UdpSocket::bind(a_bind2).unwrap();
+        unconnected.send_to(b"before", udp_server).unwrap();
+        (tcp, connected, unconnected)
+    });
+    let (mut old_peer, _) = listener.accept().unwrap();
+
+    // The agent starts now.
+    let (_data_plane, mut reader) = load(&deduping());
+    old_tcp.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    old_peer.read_exact(&mut buf).unwrap();
+    connected_udp.send(b"after").unwrap();
+    unconnected_udp.send_to(b"after", udp_server).unwrap();
+    // A new connection, to show the programs are attached and to bound the wait.
+    let new_client = pods
+        .a
+        .run(move || TcpStream::connect(server).unwrap().local_addr().unwrap());
+    listener.accept().unwrap();
+    drop(udp_sink);
+
+    let ns_a = pods.a.inode();
+    let events = collect(&mut reader, 2, |e| e.netns_ino == Some(ns_a)).await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let tcp = events.iter().find(|e| e.protocol == Protocol::Tcp).unwrap();
+    assert_eq!(
+        (tcp.local, tcp.remote),
+        (new_client, server),
+        "only the new TCP connection"
+    );
+    let udp = events.iter().find(|e| e.protocol == Protocol::Udp).unwrap();
+    assert_eq!(
+        (udp.local, udp.remote, udp.direction),
+        (
+            unconnected_udp.local_addr().unwrap(),
+            udp_server,
+            Direction::Outbound
+        ),
+        "only the unconnected UDP socket"
+    );
 }
 
 /// A UDP request and its reply: one event per end, the reply joins the request's edge (it is not a
