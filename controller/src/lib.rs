@@ -6,9 +6,12 @@
 
 pub mod authorization_policy;
 pub mod conditions;
+pub mod learn;
 pub mod promote;
+pub mod proposals;
 pub mod reconcile;
 pub mod render;
+pub mod resolve;
 pub mod selector;
 pub mod uninstall;
 pub mod uniqueness;

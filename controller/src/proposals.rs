@@ -1,0 +1,184 @@
+//! The proposal writer: collects learned edges and writes each proposal at most once per flush.
+//!
+//! Agents report the same connection many times (both ends, every replica, every window). Edges are
+//! merged in memory per proposal; a flush computes the full desired spec from the current object plus the
+//! new edges and writes only when that changes it, with optimistic concurrency (resourceVersion, retried on
+//! 409) and field manager `network-enforcer`. A proposal whose policy exists is left alone (SPEC 4.5). A
+//! failed write keeps its edges for the next flush: nothing learned is lost to an API hiccup.
+
+use crate::learn::{self, Edge, Observation, Target, Unresolved};
+use crate::resolve::Index;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use network_enforcer_api::keys::{FIELD_MANAGER, PROMOTED_FROM_LABEL};
+use network_enforcer_api::naming::promoted_from_value;
+use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+/// How many times a write is retried on a conflict within one flush.
+const CONFLICT_RETRIES: usize = 3;
+
+/// The outcome of one flush.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Proposals created or updated.
+    pub written: usize,
+    /// Proposals whose spec already held every edge.
+    pub unchanged: usize,
+    /// Proposals skipped because a policy was promoted from them.
+    pub promoted: usize,
+    /// Proposals whose write failed; their edges wait for the next flush.
+    pub failed: usize,
+    /// Conflicts (409) retried.
+    pub conflicts: usize,
+}
+
+/// See the module docs.
+pub struct ProposalWriter {
+    client: Client,
+    backend: Backend,
+    excluded_namespaces: BTreeSet<String>,
+    pending: Mutex<BTreeMap<Target, Vec<Edge>>>,
+}
+
+impl ProposalWriter {
+    /// A writer for `backend` that learns nothing for workloads in `excluded_namespaces` (they are still
+    /// resolved as peers of others).
+    pub fn new(client: Client, backend: Backend, excluded_namespaces: BTreeSet<String>) -> Self {
+        Self {
+            client,
+            backend,
+            excluded_namespaces,
+            pending: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
+    pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
+        let mut produced = 0;
+        let mut pending = self.pending.lock().expect("pending edges lock");
+        for flow in learn::flows(index, obs)? {
+            for (target, edge) in learn::edges(&flow, self.backend) {
+                if self
+                    .excluded_namespaces
+                    .contains(&target.workload.namespace)
+                {
+                    continue;
+                }
+                let edges = pending.entry(target).or_default();
+                if !edges.contains(&edge) {
+                    edges.push(edge);
+                }
+                produced += 1;
+            }
+        }
+        Ok(produced)
+    }
+
+    /// Number of proposals with edges waiting to be written.
+    pub fn pending_proposals(&self) -> usize {
+        self.pending.lock().expect("pending edges lock").len()
+    }
+
+    /// Writes every proposal with pending edges.
+    pub async fn flush(&self) -> FlushReport {
+        let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
+        let mut report = FlushReport::default();
+        for (target, edges) in batch {
+            match self.write(&target, &edges, &mut report).await {
+                Ok(()) => {}
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                        "writing a proposal failed; its edges are kept for the next flush");
+                    let mut pending = self.pending.lock().expect("pending edges lock");
+                    let kept = pending.entry(target).or_default();
+                    for e in edges {
+                        if !kept.contains(&e) {
+                            kept.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    async fn write(
+        &self,
+        target: &Target,
+        edges: &[Edge],
+        report: &mut FlushReport,
+    ) -> Result<(), kube::Error> {
+        let ns = &target.workload.namespace;
+        let name = target.name();
+        let proposals: Api<WorkloadNetworkPolicyProposal> =
+            Api::namespaced(self.client.clone(), ns);
+        let policies: Api<WorkloadNetworkPolicy> = Api::namespaced(self.client.clone(), ns);
+        if let Some(policy) = policies.get_opt(&name).await? {
+            if policy
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(PROMOTED_FROM_LABEL))
+                == Some(&promoted_from_value(&name))
+            {
+                report.promoted += 1;
+                return Ok(());
+            }
+        }
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let existing = proposals.get_opt(&name).await?;
+            let mut desired = existing
+                .clone()
+                .unwrap_or_else(|| learn::new_proposal(target, self.backend));
+            if desired.spec.backend != self.backend {
+                tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
+                return Ok(());
+            }
+            let mut changed = false;
+            for edge in edges {
+                changed |= learn::apply(&mut desired.spec, edge);
+            }
+            if !changed && existing.is_some() {
+                report.unchanged += 1;
+                return Ok(());
+            }
+            let written = match existing {
+                Some(_) => proposals.replace(&name, &params, &desired).await,
+                None => proposals.create(&params, &desired).await,
+            };
+            match written {
+                Ok(_) => {
+                    report.written += 1;
+                    let status = serde_json::json!({"status": {
+                        "peerCount": learn::peer_count(&desired.spec),
+                        "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
+                    }});
+                    proposals
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await?;
+                    return Ok(());
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => report.conflicts += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(kube::Error::Api(
+            kube::core::Status::failure(
+                &format!(
+                    "proposal {ns}/{name} kept changing under us ({CONFLICT_RETRIES} conflicts)"
+                ),
+                "Conflict",
+            )
+            .with_code(409)
+            .boxed(),
+        ))
+    }
+}

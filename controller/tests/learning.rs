@@ -1,0 +1,347 @@
+//! Learning into proposals against the real local cluster (SPEC section 4, section 10 up to step 2): real
+//! Deployments, Service and cluster DNS; observations as the agents report them.
+
+use anyhow::Result;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
+use network_enforcer_api::{
+    Backend, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+};
+use network_enforcer_controller::learn::{Observation, Opened};
+use network_enforcer_controller::proposals::ProposalWriter;
+use network_enforcer_controller::resolve::Index;
+use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::images::TEST_IMAGE;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+fn deployment(name: &str, replicas: i32, sa: &str) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "serviceAccountName": sa,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "sleep 3600"],
+                        "ports": [{"name": "http", "containerPort": 18080},
+                                  {"name": "echo-udp", "containerPort": 18081, "protocol": "UDP"}]
+                    }]
+                }
+            }
+        }
+    }))?)
+}
+
+/// The SPEC section 10 workloads; returns (client pod names and IPs, server pod name).
+async fn workloads(ns: &TestNamespace) -> Result<(Vec<(String, IpAddr)>, String)> {
+    for sa in ["http-client-sa", "http-server-sa"] {
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}}))?;
+        ns.api::<ServiceAccount>()
+            .create(&PostParams::default(), &sa)
+            .await?;
+    }
+    let deployments = ns.api::<Deployment>();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("http-server", 1, "http-server-sa")?,
+        )
+        .await?;
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("http-client", 3, "http-client-sa")?,
+        )
+        .await?;
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "http-service"},
+        "spec": {"selector": {"app": "http-server"}, "ports": [
+            {"name": "tcp", "port": 18080, "targetPort": 18080},
+            {"name": "tcp2", "port": 18082, "targetPort": 18082},
+            {"name": "udp", "port": 18083, "targetPort": "echo-udp", "protocol": "UDP"}]}
+    }))?;
+    ns.api::<Service>()
+        .create(&PostParams::default(), &svc)
+        .await?;
+    let pods = ns.api::<Pod>();
+    let running = ns
+        .wait_for(
+            "4 running pods with IPs",
+            Duration::from_secs(120),
+            || async {
+                let list = pods.list(&ListParams::default()).await?;
+                let running: Vec<(String, String, IpAddr)> = list
+                    .items
+                    .iter()
+                    .filter_map(|p| {
+                        let s = p.status.as_ref()?;
+                        (s.phase.as_deref() == Some("Running")).then_some(())?;
+                        Some((
+                            p.labels()["app"].clone(),
+                            p.name_any(),
+                            s.pod_ip.as_ref()?.parse().ok()?,
+                        ))
+                    })
+                    .collect();
+                Ok((running.len() == 4).then_some(running))
+            },
+        )
+        .await?;
+    let clients = running
+        .iter()
+        .filter(|(a, ..)| a == "http-client")
+        .map(|(_, n, ip)| (n.clone(), *ip))
+        .collect();
+    let server = running
+        .iter()
+        .find(|(a, ..)| a == "http-server")
+        .unwrap()
+        .1
+        .clone();
+    Ok((clients, server))
+}
+
+/// The index as the controller's watches would build it, from the cluster's current objects.
+async fn index(client: &kube::Client) -> Result<Index> {
+    let mut ix = Index::default();
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    for d in Api::<Deployment>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_deployment(&d);
+    }
+    for p in Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_pod(&p, now);
+    }
+    for s in Api::<Service>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_service(&s);
+    }
+    Ok(ix)
+}
+
+async fn cluster_ip(ns: &str, name: &str, client: &kube::Client) -> Result<IpAddr> {
+    let svc = Api::<Service>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?;
+    Ok(svc.spec.unwrap().cluster_ip.unwrap().parse()?)
+}
+
+fn observation(
+    ns: &str,
+    local: &str,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+    opened: Opened,
+) -> Observation {
+    Observation {
+        local: (ns.into(), local.into()),
+        peer,
+        port,
+        protocol,
+        opened,
+        at_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
+    }
+}
+
+async fn specs_in(ns: &TestNamespace) -> Result<Vec<(String, Value)>> {
+    let list = ns
+        .api::<WorkloadNetworkPolicyProposal>()
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .map(|p| (p.name_any(), serde_json::to_value(&p.spec).unwrap()))
+        .collect())
+}
+
+#[tokio::test]
+async fn spec_section_10_learning_both_backends() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("learn").await?;
+    let (clients, server) = workloads(&ns).await?;
+    let ix = index(&ns.client).await?;
+    let service = cluster_ip(&ns.name, "http-service", &ns.client).await?;
+    let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
+    let n = ns.name.as_str();
+    // What the agents report for one `nc` to the server and the DNS lookup before it.
+    let scenario = |client: &(String, IpAddr)| {
+        vec![
+            observation(
+                n,
+                &client.0,
+                service,
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            observation(n, &client.0, dns, 53, Protocol::UDP, Opened::Outbound),
+            observation(n, &server, client.1, 18080, Protocol::TCP, Opened::Inbound),
+        ]
+    };
+    // kube-system is shared by every test on this cluster: learn nothing there.
+    let excluded = BTreeSet::from(["kube-system".to_string()]);
+    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, excluded.clone());
+    for o in scenario(&clients[0]) {
+        writer.observe(&ix, &o)?;
+    }
+    let report = writer.flush().await;
+    assert_eq!((report.written, report.failed), (2, 0), "{report:?}");
+
+    let specs = specs_in(&ns).await?;
+    let names: Vec<&str> = specs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "deployment-http-client-egress",
+            "deployment-http-server-ingress"
+        ]
+    );
+    assert_eq!(
+        specs[0].1,
+        json!({
+            "backend": "kubernetes", "direction": "Egress",
+            "targetRef": {"kind": "Deployment", "name": "http-client"},
+            "kubernetes": {
+                "podSelector": {"matchLabels": {"app": "http-client"}},
+                "policyTypes": ["Egress"],
+                "egress": [
+                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}},
+                             "podSelector": {"matchLabels": {"app": "http-server"}}}],
+                     "ports": [{"protocol": "TCP", "port": 18080}]},
+                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                     "ports": [{"protocol": "UDP", "port": 53}]}
+                ]
+            }
+        })
+    );
+    assert_eq!(
+        specs[1].1,
+        json!({
+            "backend": "kubernetes", "direction": "Ingress",
+            "targetRef": {"kind": "Deployment", "name": "http-server"},
+            "kubernetes": {
+                "podSelector": {"matchLabels": {"app": "http-server"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}},
+                               "podSelector": {"matchLabels": {"app": "http-client"}}}],
+                     "ports": [{"protocol": "TCP", "port": 18080}]}
+                ]
+            }
+        })
+    );
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let ingress = proposals.get("deployment-http-server-ingress").await?;
+    let server_deployment = ns.api::<Deployment>().get("http-server").await?;
+    let owner = &ingress.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Deployment", Some(true))
+    );
+    assert_eq!(Some(owner.uid.clone()), server_deployment.uid());
+    assert_eq!(ingress.status.as_ref().and_then(|s| s.peer_count), Some(1));
+
+    // The same flows from all 3 replicas, 100 times: no new rule and no write.
+    for _ in 0..100 {
+        for client in &clients {
+            for o in scenario(client) {
+                writer.observe(&ix, &o)?;
+            }
+        }
+    }
+    let report = writer.flush().await;
+    assert_eq!((report.written, report.unchanged), (0, 2), "{report:?}");
+    assert_eq!(specs_in(&ns).await?, specs, "specs unchanged");
+
+    // Promoted: the egress proposal becomes a policy; learning leaves it alone (SPEC 4.5).
+    let egress = proposals.get("deployment-http-client-egress").await?;
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1", "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "deployment-http-client-egress", "labels": {PROMOTED_FROM_LABEL: "deployment-http-client-egress"}},
+        "spec": {"backend": "kubernetes", "direction": "Egress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "http-client"},
+                 "kubernetes": serde_json::to_value(&egress.spec.kubernetes)?}
+    }))?;
+    ns.api::<WorkloadNetworkPolicy>()
+        .create(&PostParams::default(), &policy)
+        .await?;
+    proposals
+        .delete("deployment-http-client-egress", &DeleteParams::default())
+        .await?;
+    writer.observe(
+        &ix,
+        &observation(
+            n,
+            &clients[0].0,
+            service,
+            18082,
+            Protocol::TCP,
+            Opened::Outbound,
+        ),
+    )?;
+    let report = writer.flush().await;
+    assert_eq!((report.promoted, report.written), (1, 1), "{report:?}");
+    assert!(
+        proposals
+            .get_opt("deployment-http-client-egress")
+            .await?
+            .is_none(),
+        "not re-created"
+    );
+
+    // Istio: one ingress proposal, principal rule, TCP only.
+    proposals
+        .delete("deployment-http-server-ingress", &DeleteParams::default())
+        .await?;
+    let istio = ProposalWriter::new(ns.client.clone(), Backend::Istio, excluded);
+    for o in scenario(&clients[0]) {
+        istio.observe(&ix, &o)?;
+    }
+    assert_eq!(istio.flush().await.written, 1);
+    let specs = specs_in(&ns).await?;
+    assert_eq!(specs.len(), 1);
+    assert_eq!(
+        specs[0].1["istio"],
+        json!({"selector": {"matchLabels": {"app": "http-server"}},
+               "rules": [{"from": [{"source": {"principals": [format!("cluster.local/ns/{n}/sa/http-client-sa")]}}],
+                          "to": [{"operation": {"ports": ["18080"]}}]}]})
+    );
+
+    // Deleting the workload garbage-collects its proposal (real GC through the ownerReference).
+    ns.api::<Deployment>()
+        .delete("http-server", &DeleteParams::foreground())
+        .await?;
+    ns.wait_for(
+        "GC of the server's proposal",
+        Duration::from_secs(90),
+        || async {
+            Ok(proposals
+                .get_opt("deployment-http-server-ingress")
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
