@@ -289,13 +289,11 @@ fn test_image() -> Result<ImageSpec> {
     Ok(spec)
 }
 
-/// An image of one of our binaries (`network-enforcer-<name>` built by cargo) with its libraries.
-pub fn binary_image(name: &str, binary: &Path) -> Result<ImageSpec> {
+/// An image of one of our binaries: the host file `binary` at `/usr/local/bin/<file_name>` (its
+/// entrypoint) with the shared libraries it loads.
+pub fn binary_image(name: &str, binary: &Path, file_name: &str) -> Result<ImageSpec> {
     let mut spec = ImageSpec::new(name);
-    let in_image = format!(
-        "/usr/local/bin/{}",
-        binary.file_name().unwrap_or_default().to_string_lossy()
-    );
+    let in_image = format!("/usr/local/bin/{file_name}");
     spec.add_binary_with_libraries(binary, &in_image)?;
     spec.entrypoint = vec![in_image];
     Ok(spec)

@@ -1,6 +1,8 @@
 //! `cargo xtask image <name>`: local images for the local cluster (no container engine needed).
-//! `pause`, `dns`, `test`: the cluster's base images. `agent`, `controller`: our binaries (release
-//! build) plus the shared libraries they load, as `network-enforcer.local/<name>:dev`. `all`: both of ours.
+//! `pause`, `dns`, `test`: the cluster's base images. `agent`, `controller`: our binaries (debug
+//! profile, or release with `NETWORK_ENFORCER_IMAGE_PROFILE=release`) plus the shared libraries they
+//! load, as `network-enforcer.local/<name>:dev` with the binary at `/usr/local/bin/network-enforcer-<name>`.
+//! `all`: both of ours.
 //! The image is written to `~/.cache/network-enforcer/images/<name>.tar` and, when the cluster runs,
 //! imported into its containerd (pods use it with `imagePullPolicy: Never`).
 
@@ -22,17 +24,34 @@ pub fn build(name: &str) -> Result<()> {
             let binary = format!("network-enforcer-{name}");
             let root = run::workspace_root();
             let env = crate::setup::tool_env()?;
+            // The debug profile by default: tests have usually built it already, and a release build
+            // of every dependency costs minutes on two cores. Debug info is stripped from the image.
+            let release =
+                std::env::var("NETWORK_ENFORCER_IMAGE_PROFILE").as_deref() == Ok("release");
+            let mut args = vec!["build", "--locked", "--bin", &binary];
+            if release {
+                args.push("--release");
+            }
             run::step(
-                &format!("cargo build --release --bin {binary}"),
-                run::cargo(
-                    &root,
-                    &env,
-                    &["build", "--release", "--locked", "--bin", &binary],
-                ),
+                &format!("cargo {}", args.join(" ")),
+                run::cargo(&root, &env, &args),
             )?;
-            let path = root.join("target/release").join(&binary);
-            let spec = images::binary_image(name, &path)?;
-            write_and_import(name, &spec)
+            let built = root
+                .join("target")
+                .join(if release { "release" } else { "debug" })
+                .join(&binary);
+            let stripped = images::tar_path(name).with_extension("bin");
+            run::status(
+                std::process::Command::new("strip")
+                    .arg("--strip-debug")
+                    .arg("-o")
+                    .arg(&stripped)
+                    .arg(&built),
+            )?;
+            let spec = images::binary_image(name, &stripped, &binary)?;
+            let result = write_and_import(name, &spec);
+            let _ = std::fs::remove_file(&stripped);
+            result
         }
         "pause" | "dns" | "test" => {
             // Base images are built once; rebuild by removing the tar.

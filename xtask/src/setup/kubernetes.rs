@@ -18,7 +18,7 @@ use std::time::Instant;
 use crate::run;
 
 /// Debian packages: the Go toolchain and reflect2 for the build, the node's runtime parts, the tools
-/// images are made from (busybox-static, socat, dnsmasq-base, gcc for pause).
+/// images are made from (busybox-static, socat, dnsmasq-base, gcc for pause, binutils to strip ours).
 const PACKAGES: &[&str] = &[
     "golang-1.19-go",
     "golang-github-modern-go-reflect2-dev",
@@ -35,6 +35,7 @@ const PACKAGES: &[&str] = &[
     "dnsmasq-base",
     "busybox-static",
     "gcc",
+    "binutils",
     "libc6-dev",
 ];
 
@@ -92,7 +93,7 @@ fn prepare_source() -> Result<()> {
 
     // The 1.20 build tools (and the vendor directory) expect GOPATH mode with the tree at
     // $GOPATH/src/k8s.io/kubernetes.
-    let link = gopath().join("src/k8s.io/kubernetes");
+    let link = tree_in_gopath();
     fs::create_dir_all(link.parent().unwrap())?;
     let _ = fs::remove_file(&link);
     std::os::unix::fs::symlink(&src, &link)?;
@@ -157,7 +158,8 @@ fn generate_openapi() -> Result<()> {
     let report = kubernetes_dir().join("tools/openapi-violations.report");
     run::status(
         Command::new(&tool)
-            .current_dir(gopath().join("src/k8s.io/kubernetes"))
+            .current_dir(tree_in_gopath())
+            .env("PWD", tree_in_gopath())
             .env("GOPATH", gopath())
             .env("GO111MODULE", "off")
             .arg("--logtostderr")
@@ -247,13 +249,21 @@ fn gopath() -> PathBuf {
     kubernetes_dir().join("gopath")
 }
 
+/// The source tree as GOPATH mode sees it (a symlink to [`kubernetes_src_dir`]).
+fn tree_in_gopath() -> PathBuf {
+    gopath().join("src/k8s.io/kubernetes")
+}
+
 /// Debian's Go 1.19 in GOPATH mode inside the tree, with the build cache in our cache directory, at low
 /// priority (the machine has two cores shared with everything else).
 fn go() -> Command {
     let path = std::env::var("PATH").unwrap_or_default();
     let mut cmd = Command::new("nice");
     cmd.args(["-n", "10", "/usr/lib/go-1.19/bin/go"])
-        .current_dir(gopath().join("src/k8s.io/kubernetes"))
+        .current_dir(tree_in_gopath())
+        // Go takes the working directory from $PWD when it names the same directory: without this it
+        // sees the symlink's target, outside GOPATH, and finds no vendored packages.
+        .env("PWD", tree_in_gopath())
         .env("PATH", format!("/usr/lib/go-1.19/bin:{path}"))
         .env("GOPATH", gopath())
         .env("GO111MODULE", "off")
