@@ -6,6 +6,7 @@
 
 pub mod authorization_policy;
 pub mod conditions;
+pub mod evaluate;
 pub mod learn;
 pub mod promote;
 pub mod proposals;
@@ -15,4 +16,5 @@ pub mod resolve;
 pub mod selector;
 pub mod uninstall;
 pub mod uniqueness;
+pub mod violations;
 pub mod workload;

@@ -1,0 +1,39 @@
+//! Semantic policy evaluation (SPEC section 6): does a policy allow a flow, and which policy records
+//! a violation for it. Monitor mode must report exactly what protect mode would block, so the
+//! evaluators implement the data plane's semantics; they never compare rule structure.
+//!
+//! - [`view`]: the plain-data cluster (namespaces, pods, NetworkPolicies in force) and the [`Flow`];
+//! - [`network_policy`]: the `networking.k8s.io/v1` NetworkPolicy evaluator, egress at the source and
+//!   ingress at the destination, also "as if" a WorkloadNetworkPolicy were rendered;
+//! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
+//! - [`attribution`]: SPEC 6's two steps (egress first, then ingress) deciding which
+//!   WorkloadNetworkPolicy records which violation.
+//!
+//! Everything here is pure: no I/O, no clock (timestamps come in with the observations).
+
+pub mod attribution;
+pub mod authorization_policy;
+pub mod network_policy;
+pub mod view;
+
+pub use network_policy::{
+    FlowVerdict, PolicyDecision, SideVerdict, evaluate, evaluate_as_if_rendered,
+};
+pub use view::{
+    ClusterView, ContainerPort, Endpoint, Flow, Labels, NamedPolicy, PodInfo, PodKey, PolicyRef,
+};
+
+/// Why a flow cannot be evaluated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EvalError {
+    /// The flow names a pod the view does not have (deleted, or not yet seen).
+    #[error("pod {0} is not in the cluster view")]
+    UnknownPod(PodKey),
+    /// A WorkloadNetworkPolicy has no payload for its backend (admission normally prevents this).
+    #[error("policy {namespace}/{name} has no spec.{payload} payload for its backend")]
+    MissingPayload {
+        namespace: String,
+        name: String,
+        payload: &'static str,
+    },
+}
