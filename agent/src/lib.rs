@@ -6,6 +6,7 @@
 //! - [`events`]: the events they report ([`events::ConnectionEvent`]) and the async ring-buffer reader;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
 //! - [`flows`]: the node-level `flows` view of those edges (filters, table, JSON);
+//! - [`pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
@@ -16,6 +17,7 @@ pub mod events;
 pub mod flows;
 pub mod host;
 pub mod loader;
+pub mod pod_identity;
 pub mod tracepoint_format;
 
 pub use error::{Error, Result};

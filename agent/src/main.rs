@@ -4,7 +4,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_agent::aggregate::{Aggregator, WallClock};
 use network_enforcer_agent::flows::{self, FlowFilter};
+use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
 use network_enforcer_agent::{DataPlane, Direction, LoadOptions, Outcome, Protocol};
+use std::path::Path;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
@@ -27,8 +29,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent: load the eBPF programs, aggregate connections into edges and log each flushed
-    /// batch, until SIGINT/SIGTERM.
+    /// Run the agent: load the eBPF programs, aggregate connections into edges, attribute them to the
+    /// node's pods (by network namespace, or cgroup for hostNetwork pods) and log each flushed batch,
+    /// until SIGINT/SIGTERM. Needs the host's /proc, network namespace and cgroup tree.
     Run(RunArgs),
     /// Show the connections on this node as aggregated flows (loads its own copy of the programs).
     Flows(FlowsArgs),
@@ -168,6 +171,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut data_plane =
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     let mut reader = data_plane.events()?;
+    let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
     let clock = WallClock::now();
     let mut aggregator = Aggregator::new();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
@@ -183,15 +187,27 @@ async fn run(args: RunArgs) -> Result<()> {
             _ = flush.tick() => {
                 let edges = aggregator.drain();
                 let counters = data_plane.counters()?;
+                // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
+                let identities = PodIdentities::scan(Path::new("/proc"), &cgroup_root)
+                    .context("scanning /proc and the cgroup tree for pods")?;
+                let unattributed = edges
+                    .iter()
+                    .filter(|e| {
+                        identities.attribute(e.key.netns_ino, e.key.cgroup_id) == Attribution::Unknown
+                    })
+                    .count();
                 tracing::info!(
                     edges = edges.len(),
+                    unattributed,
+                    pod_namespaces = identities.pod_namespaces(),
                     lost = counters.ring_buffer_full,
                     dedupe_hits = counters.dedupe_hits,
                     decode_errors = reader.decode_errors(),
                     "flush"
                 );
-                for line in flows::render_json(&edges, &clock).lines() {
-                    tracing::info!(edge = line, "edge");
+                for (edge, line) in edges.iter().zip(flows::render_json(&edges, &clock).lines()) {
+                    let owner = identities.attribute(edge.key.netns_ino, edge.key.cgroup_id);
+                    tracing::info!(edge = line, ?owner, "edge");
                 }
             }
             r = &mut shutdown => {
