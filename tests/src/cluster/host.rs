@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::layout::{BRIDGE, CNI_NETWORK, NODE_IP, POD_CIDR, State};
+use super::layout::{BRIDGE, CNI_NETWORK, NODE_IP, POD_CIDR, SERVICE_CIDR, State};
 use super::process::output;
 
 /// The bridge with the node address, created before the API server so it can bind to that address.
@@ -22,6 +22,18 @@ pub fn create_bridge() -> Result<()> {
         output(Command::new("ip").args(["addr", "add", &format!("{NODE_IP}/24"), "dev", BRIDGE]))?;
     }
     output(Command::new("ip").args(["link", "set", BRIDGE, "up"]))?;
+    // ClusterIPs are virtual: kube-proxy DNATs the known ones. Route the range to the bridge so that a
+    // packet to an unknown one dies here instead of following the default route off the machine.
+    // The route goes away with the bridge.
+    output(Command::new("ip").args([
+        "route",
+        "replace",
+        SERVICE_CIDR,
+        "dev",
+        BRIDGE,
+        "src",
+        NODE_IP,
+    ]))?;
     Ok(())
 }
 
