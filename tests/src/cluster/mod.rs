@@ -53,8 +53,7 @@ pub fn server_url() -> String {
 /// Starts the cluster, or does nothing when it is already healthy. A half-running cluster (a crash, a
 /// killed component) is torn down and started afresh.
 pub fn up() -> Result<ClusterInfo> {
-    let lock = Lock::exclusive()?;
-    let info = up_locked()?;
+    let (lock, info) = ensure_up()?;
     drop(lock);
     Ok(info)
 }
@@ -62,22 +61,26 @@ pub fn up() -> Result<ClusterInfo> {
 /// [`up`] for a test process: starts the cluster if needed, then keeps a shared lock until the process
 /// exits so that `cargo xtask cluster down` waits for the tests.
 pub fn up_for_tests() -> Result<ClusterInfo> {
-    // The common case (a healthy cluster, maybe used by another test binary right now) needs only the
-    // shared lock; starting or repairing takes the exclusive one.
-    let lock = Lock::shared()?;
-    let state = State::new();
-    let (lock, info) = if healthy(&state) {
-        (lock, info(&state))
-    } else {
-        drop(lock);
-        let lock = Lock::exclusive()?;
-        let info = up_locked()?;
-        lock.downgrade_to_shared()?;
-        (lock, info)
-    };
+    let (lock, info) = ensure_up()?;
     // Held for the life of the process: the lock is released when the process exits.
     std::mem::forget(lock);
     Ok(info)
+}
+
+/// Makes sure the cluster is up and returns it with a shared lock held. The common case (a healthy
+/// cluster, maybe in use by a test process right now) needs only the shared lock; starting or repairing
+/// takes the exclusive one, which waits for every other user.
+fn ensure_up() -> Result<(Lock, ClusterInfo)> {
+    let lock = Lock::shared()?;
+    let state = State::new();
+    if healthy(&state) {
+        return Ok((lock, info(&state)));
+    }
+    drop(lock);
+    let lock = Lock::exclusive()?;
+    let info = up_locked()?;
+    lock.downgrade_to_shared()?;
+    Ok((lock, info))
 }
 
 fn up_locked() -> Result<ClusterInfo> {
