@@ -37,3 +37,9 @@ pub fn crd_manifests() -> Vec<(&'static str, String)> {
         ),
     ]
 }
+
+/// The agent → controller flow protocol (`api/proto/networkenforcer/agent/v1/uplink.proto`).
+pub mod uplink {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("networkenforcer.agent.v1");
+}

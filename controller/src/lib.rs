@@ -7,6 +7,8 @@
 pub mod authorization_policy;
 pub mod conditions;
 pub mod evaluate;
+pub mod index_feed;
+pub mod ingest;
 pub mod learn;
 pub mod promote;
 pub mod proposals;

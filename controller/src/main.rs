@@ -3,7 +3,14 @@
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use network_enforcer_api::Backend;
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::ingest::{IngestService, Learning, Limits, TokenReviewAuthenticator};
+use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
 use network_enforcer_controller::reconcile::{self, Settings};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -50,6 +57,43 @@ struct RunArgs {
     /// This instance's name in Events (the pod name in the cluster).
     #[arg(long, env = "POD_NAME")]
     instance: Option<String>,
+    /// The flow provider: `istio` learns AuthorizationPolicies; `calico`, `cilium` and `ebpf` (eBPF flows
+    /// only, for any CNI that enforces NetworkPolicy) learn NetworkPolicies.
+    #[arg(long, env = "CONTROLLER_PROVIDER", value_enum, default_value_t = Provider::Istio)]
+    provider: Provider,
+    /// Where agents stream their flow batches (gRPC).
+    #[arg(long, env = "INGEST_ADDRESS", default_value = "0.0.0.0:9443")]
+    ingest_address: std::net::SocketAddr,
+    /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
+    #[arg(long, env = "AGENT_SERVICE_ACCOUNT", default_value = "network-enforcer/network-enforcer-agent")]
+    agent_service_account: String,
+    /// Namespaces whose workloads get no proposals (still resolved as peers of others). Default: the
+    /// controller's own namespace.
+    #[arg(long = "exclude-namespace", env = "EXCLUDE_NAMESPACES", value_delimiter = ',')]
+    exclude_namespaces: Vec<String>,
+    /// The controller's own namespace (set from the downward API in the cluster).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
+    pod_namespace: String,
+    /// How often learned edges are written to proposals, in seconds (at most one write per proposal).
+    #[arg(long, env = "FLUSH_INTERVAL_SECONDS", default_value_t = 2)]
+    flush_interval_seconds: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Provider {
+    Istio,
+    Calico,
+    Cilium,
+    Ebpf,
+}
+
+impl Provider {
+    fn backend(self) -> Backend {
+        match self {
+            Provider::Istio => Backend::Istio,
+            Provider::Calico | Provider::Cilium | Provider::Ebpf => Backend::Kubernetes,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -101,7 +145,46 @@ async fn run(args: RunArgs) -> Result<()> {
         resync: Duration::from_secs(args.resync_seconds),
         ..Settings::default()
     };
-    tracing::info!(namespace = ?settings.namespace, "starting controller");
-    reconcile::run(client, settings).await;
+    let (agent_ns, agent_name) = args
+        .agent_service_account
+        .split_once('/')
+        .context("--agent-service-account must be `namespace/name`")?;
+    let excluded: BTreeSet<String> = if args.exclude_namespaces.is_empty() {
+        BTreeSet::from([args.pod_namespace.clone()])
+    } else {
+        args.exclude_namespaces.iter().cloned().collect()
+    };
+    let backend = args.provider.backend();
+    tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
+
+    let index = Arc::new(SharedIndex::default());
+    let writer = Arc::new(ProposalWriter::new(client.clone(), backend, excluded));
+    let ingest = IngestService {
+        authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name)),
+        learning: Arc::new(Learning { index: index.clone(), writer: writer.clone() }),
+        limits: Limits::default(),
+    };
+    let grpc = tonic::transport::Server::builder()
+        .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024))
+        .serve_with_shutdown(args.ingest_address, async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+    let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
+    let flusher = async move {
+        let mut tick = tokio::time::interval(flush_every);
+        loop {
+            tick.tick().await;
+            let report = writer.flush().await;
+            if report != FlushReport::default() {
+                tracing::info!(?report, "flushed proposals");
+            }
+        }
+    };
+    tokio::select! {
+        () = reconcile::run(client.clone(), settings) => {}
+        () = index_feed::run(client, index) => {}
+        result = grpc => result.context("serving the agent ingest endpoint")?,
+        () = flusher => {}
+    }
     Ok(())
 }

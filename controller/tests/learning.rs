@@ -345,3 +345,326 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     .await?;
     Ok(())
 }
+
+mod grpc {
+    use super::*;
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
+    use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+    use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
+    use network_enforcer_controller::index_feed::{self, SharedIndex};
+    use network_enforcer_controller::ingest::{
+        AUDIENCE, IngestService, Learning, Limits, TokenReviewAuthenticator,
+    };
+    use std::sync::Arc;
+
+    const AGENT_SA: &str = "network-enforcer-agent";
+
+    /// A pod-bound token for `sa`, as the kubelet would project it into the agent pod.
+    async fn token(ns: &TestNamespace, sa: &str, pod: &Pod) -> Result<String> {
+        let request: TokenRequest = serde_json::from_value(json!({
+            "spec": {
+                "audiences": [AUDIENCE],
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()},
+                "expirationSeconds": 3600
+            }
+        }))?;
+        let created = ns
+            .api::<ServiceAccount>()
+            .create_token_request(sa, &PostParams::default(), &request)
+            .await?;
+        Ok(created
+            .status
+            .and_then(|s| s.token)
+            .expect("the API server issued a token"))
+    }
+
+    fn record(
+        ns: &str,
+        pod: &str,
+        peer: IpAddr,
+        port: u32,
+        protocol: uplink::Protocol,
+        direction: uplink::Direction,
+    ) -> FlowRecord {
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: ns.into(),
+                name: pod.into(),
+                uid: String::new(),
+            }),
+            peer_ip: match peer {
+                IpAddr::V4(v4) => v4.octets().to_vec(),
+                IpAddr::V6(v6) => v6.octets().to_vec(),
+            },
+            port,
+            protocol: protocol as i32,
+            direction: direction as i32,
+            outcome: uplink::Outcome::Established as i32,
+            first_seen_ms: now,
+            last_seen_ms: now,
+            count: 1,
+            source: uplink::Source::Ebpf as i32,
+        }
+    }
+
+    /// Sends `batches` on one stream with `token`; returns the acks, or the stream's error status.
+    async fn send(
+        addr: std::net::SocketAddr,
+        token: &str,
+        batches: Vec<FlowBatch>,
+    ) -> Result<Vec<uplink::BatchAck>, tonic::Status> {
+        let mut client = FlowUplinkClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connects");
+        let n = batches.len();
+        let mut request = tonic::Request::new(futures::stream::iter(batches));
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let mut acks = client.stream(request).await?.into_inner();
+        let mut out = Vec::new();
+        while out.len() < n {
+            match acks.message().await? {
+                Some(ack) => out.push(ack),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    fn pod_json(name: &str, sa: &str, node: Option<&str>) -> Result<Pod> {
+        let mut spec = json!({
+            "serviceAccountName": sa, "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]
+        });
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        Ok(serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {"app": name}}, "spec": spec}),
+        )?)
+    }
+
+    #[tokio::test]
+    async fn agents_stream_records_over_grpc_with_token_review() -> Result<()> {
+        let ns = TestNamespace::create_with_crds("ingest").await?;
+        let (clients, server) = workloads(&ns).await?;
+        let n = ns.name.clone();
+        for sa in [AGENT_SA, "intruder"] {
+            let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}}))?;
+            ns.api::<ServiceAccount>()
+                .create(&PostParams::default(), &sa)
+                .await?;
+        }
+        let pods = ns.api::<Pod>();
+        let agent = pods
+            .create(&PostParams::default(), &pod_json("agent", AGENT_SA, None)?)
+            .await?;
+        let intruder = pods
+            .create(
+                &PostParams::default(),
+                &pod_json("intruder", "intruder", None)?,
+            )
+            .await?;
+        // A pod placed on a node that does not exist: no agent on our node may speak for it.
+        pods.create(
+            &PostParams::default(),
+            &pod_json("elsewhere", "default", Some("other-node"))?,
+        )
+        .await?;
+        let agent = ns
+            .wait_for(
+                "the agent pod to be scheduled",
+                Duration::from_secs(60),
+                || async {
+                    let p = pods.get(&agent.name_any()).await?;
+                    Ok(p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .map(|node| (p, node)))
+                },
+            )
+            .await?;
+        let (agent, node) = agent;
+        let good = token(&ns, AGENT_SA, &agent).await?;
+        let bad = token(&ns, "intruder", &intruder).await?;
+
+        // The controller side: index fed by real watches, writer, gRPC server on loopback.
+        let shared = Arc::new(SharedIndex::default());
+        let feed = tokio::spawn(index_feed::run(ns.client.clone(), shared.clone()));
+        let writer = Arc::new(ProposalWriter::new(
+            ns.client.clone(),
+            Backend::Kubernetes,
+            BTreeSet::from(["kube-system".into()]),
+        ));
+        let service = IngestService {
+            authenticator: Arc::new(TokenReviewAuthenticator::new(
+                ns.client.clone(),
+                &n,
+                AGENT_SA,
+            )),
+            learning: Arc::new(Learning {
+                index: shared.clone(),
+                writer: writer.clone(),
+            }),
+            limits: Limits {
+                max_records_per_batch: 100,
+                max_batches_per_second: 1000,
+            },
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let grpc = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(FlowUplinkServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        ns.wait_for("the index to sync", Duration::from_secs(30), || async {
+            Ok(shared.ready().then_some(()))
+        })
+        .await?;
+        // The watch must also have seen this test's pods.
+        ns.wait_for(
+            "the index to see the pods",
+            Duration::from_secs(30),
+            || async {
+                Ok(shared
+                    .index
+                    .read()
+                    .unwrap()
+                    .pod(&n, &server)
+                    .is_some_and(|p| !p.ips.is_empty())
+                    .then_some(()))
+            },
+        )
+        .await?;
+
+        let service_ip = cluster_ip(&n, "http-service", &ns.client).await?;
+        let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
+        let batch = |sequence: u64, node: &str, records: Vec<FlowRecord>| FlowBatch {
+            sequence,
+            node: node.into(),
+            records,
+        };
+        let scenario = vec![
+            record(
+                &n,
+                &clients[0].0,
+                service_ip,
+                18080,
+                uplink::Protocol::Tcp,
+                uplink::Direction::Outbound,
+            ),
+            record(
+                &n,
+                &clients[0].0,
+                dns,
+                53,
+                uplink::Protocol::Udp,
+                uplink::Direction::Outbound,
+            ),
+            record(
+                &n,
+                &server,
+                clients[0].1,
+                18080,
+                uplink::Protocol::Tcp,
+                uplink::Direction::Inbound,
+            ),
+        ];
+
+        // Another ServiceAccount's token, and no token: refused, nothing learned.
+        let denied = send(addr, &bad, vec![batch(1, &node, scenario.clone())])
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        let denied = send(addr, "not-a-token", vec![batch(1, &node, scenario.clone())])
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::Unauthenticated, "{denied:?}");
+        // A batch claiming another node.
+        let denied = send(addr, &good, vec![batch(1, "other-node", scenario.clone())])
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        assert_eq!(
+            writer.pending_proposals(),
+            0,
+            "nothing from refused streams"
+        );
+
+        // The agent: the scenario is accepted; a record for a pod on another node and a malformed one are refused.
+        let mut malformed = record(
+            &n,
+            &clients[0].0,
+            service_ip,
+            18080,
+            uplink::Protocol::Tcp,
+            uplink::Direction::Outbound,
+        );
+        malformed.peer_ip = vec![1, 2, 3];
+        let foreign = record(
+            &n,
+            "elsewhere",
+            service_ip,
+            18080,
+            uplink::Protocol::Tcp,
+            uplink::Direction::Outbound,
+        );
+        let acks = send(
+            addr,
+            &good,
+            vec![
+                batch(7, &node, scenario.clone()),
+                batch(8, &node, vec![malformed, foreign]),
+            ],
+        )
+        .await
+        .expect("the agent's stream is accepted");
+        assert_eq!(
+            (acks[0].sequence, acks[0].accepted, acks[0].rejected),
+            (7, 3, 0)
+        );
+        assert_eq!(
+            (acks[1].sequence, acks[1].accepted, acks[1].rejected),
+            (8, 0, 2)
+        );
+        assert!(
+            acks[1].reason.contains("peer address has 3 bytes"),
+            "{}",
+            acks[1].reason
+        );
+
+        // Over the limit: a clear status, the stream ends.
+        let too_many = vec![scenario[0].clone(); 101];
+        let denied = send(addr, &good, vec![batch(9, &node, too_many)]).await;
+        let status = match denied {
+            Err(status) => status,
+            Ok(acks) => panic!("expected a refusal, got {acks:?}"),
+        };
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().contains("limit is 100"),
+            "{}",
+            status.message()
+        );
+
+        let report = writer.flush().await;
+        assert_eq!(report.written, 2, "{report:?}");
+        let names: Vec<String> = specs_in(&ns).await?.into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "deployment-http-client-egress",
+                "deployment-http-server-ingress"
+            ]
+        );
+        grpc.abort();
+        feed.abort();
+        Ok(())
+    }
+}

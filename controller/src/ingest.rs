@@ -1,0 +1,358 @@
+//! Ingest: the gRPC endpoint agents stream flow batches to.
+//!
+//! Every stream is authenticated before a record is read: the agent presents its projected ServiceAccount
+//! token (audience [`AUDIENCE`]), the controller checks it with a TokenReview, requires the agent's
+//! ServiceAccount, and learns the agent's node from the pod the token is bound to. Records are accepted
+//! only for pods the index places on that node, so a compromised agent cannot speak for other nodes.
+//! Limits (records per batch, batches per second per stream, message size) are answered with a clear
+//! status and counted; nothing an agent sends can crash the controller.
+
+use crate::index_feed::SharedIndex;
+use crate::learn::{Observation, Opened};
+use crate::proposals::ProposalWriter;
+use crate::resolve::Index;
+use futures::Stream;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use network_enforcer_api::Protocol;
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
+use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The audience agents' projected tokens must be issued for.
+pub const AUDIENCE: &str = "network-enforcer";
+
+/// Who is on the other end of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// The node the agent's pod runs on.
+    pub node: String,
+    /// The agent pod, `namespace/name`.
+    pub pod: String,
+}
+
+/// Checks an agent's bearer token.
+#[tonic::async_trait]
+pub trait Authenticate: Send + Sync + 'static {
+    async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status>;
+}
+
+/// Authenticates agents with a TokenReview against the API server.
+pub struct TokenReviewAuthenticator {
+    client: Client,
+    /// `system:serviceaccount:<namespace>:<name>` of the agent.
+    expected_user: String,
+}
+
+impl TokenReviewAuthenticator {
+    /// Accepts tokens of ServiceAccount `namespace/name` only.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Self {
+            client,
+            expected_user: format!("system:serviceaccount:{namespace}:{name}"),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Authenticate for TokenReviewAuthenticator {
+    async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_string(),
+                audiences: Some(vec![AUDIENCE.to_string()]),
+            },
+            ..TokenReview::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "TokenReview failed");
+                Status::unavailable("could not verify the token right now; retry")
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(Status::unauthenticated(format!(
+                "token rejected: {}",
+                status.error.unwrap_or_else(|| "not authenticated".into())
+            )));
+        }
+        let user = status.user.unwrap_or_default();
+        if user.username.as_deref() != Some(self.expected_user.as_str()) {
+            return Err(Status::permission_denied(format!(
+                "{} is not the agent ServiceAccount ({})",
+                user.username.unwrap_or_default(),
+                self.expected_user
+            )));
+        }
+        let claim = |key: &str| {
+            user.extra
+                .as_ref()
+                .and_then(|e| e.get(key))
+                .and_then(|v| v.first())
+                .cloned()
+        };
+        let pod_name = claim("authentication.kubernetes.io/pod-name").ok_or_else(|| {
+            Status::permission_denied("the token is not bound to a pod; mount a projected token")
+        })?;
+        // The ServiceAccount (and so the pod) lives in the namespace of the username.
+        let namespace = self
+            .expected_user
+            .split(':')
+            .nth(2)
+            .unwrap_or_default()
+            .to_string();
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &namespace)
+            .get_opt(&pod_name)
+            .await
+            .map_err(|_| Status::unavailable("could not look up the agent pod; retry"))?
+            .ok_or_else(|| {
+                Status::permission_denied(format!(
+                    "agent pod {namespace}/{pod_name} does not exist"
+                ))
+            })?;
+        let pod_uid = claim("authentication.kubernetes.io/pod-uid");
+        if pod_uid.is_some() && pod.metadata.uid != pod_uid {
+            return Err(Status::permission_denied("the token's pod was replaced"));
+        }
+        let node = pod
+            .spec
+            .and_then(|s| s.node_name)
+            .ok_or_else(|| Status::permission_denied("the agent pod is not scheduled on a node"))?;
+        Ok(AgentIdentity {
+            node,
+            pod: format!("{namespace}/{pod_name}"),
+        })
+    }
+}
+
+/// Limits on what one agent stream may send.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_records_per_batch: usize,
+    pub max_batches_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_records_per_batch: 10_000,
+            max_batches_per_second: 20,
+        }
+    }
+}
+
+/// Where accepted records go: the index to resolve them, the writer to learn from them.
+pub struct Learning {
+    pub index: Arc<SharedIndex>,
+    pub writer: Arc<ProposalWriter>,
+}
+
+/// Why one record was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("record has no local pod")]
+    NoLocalPod,
+    #[error("peer address has {0} bytes; expected 4 or 16")]
+    BadAddress(usize),
+    #[error("port {0} is out of range")]
+    BadPort(u32),
+    #[error("unknown protocol or direction")]
+    BadEnum,
+    #[error("pod {0} is not known on node {1}")]
+    NotOnNode(String, String),
+}
+
+/// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
+/// denials: those are violation evidence, not learning).
+pub fn observation(
+    record: &FlowRecord,
+    index: &Index,
+    node: &str,
+) -> Result<Option<Observation>, Refused> {
+    let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
+    let on_node = index
+        .pod(&local.namespace, &local.name)
+        .is_some_and(|p| p.node.as_deref() == Some(node));
+    if !on_node {
+        return Err(Refused::NotOnNode(
+            format!("{}/{}", local.namespace, local.name),
+            node.into(),
+        ));
+    }
+    let peer: IpAddr = match record.peer_ip.len() {
+        4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
+            .expect("4 bytes")
+            .into(),
+        16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
+            .expect("16 bytes")
+            .into(),
+        n => return Err(Refused::BadAddress(n)),
+    };
+    let port = u16::try_from(record.port).map_err(|_| Refused::BadPort(record.port))?;
+    let protocol = match uplink::Protocol::try_from(record.protocol) {
+        Ok(uplink::Protocol::Tcp) => Protocol::TCP,
+        Ok(uplink::Protocol::Udp) => Protocol::UDP,
+        _ => return Err(Refused::BadEnum),
+    };
+    let opened = match uplink::Direction::try_from(record.direction) {
+        Ok(uplink::Direction::Outbound) => Opened::Outbound,
+        Ok(uplink::Direction::Inbound) => Opened::Inbound,
+        _ => return Err(Refused::BadEnum),
+    };
+    let learns = matches!(
+        uplink::Outcome::try_from(record.outcome),
+        Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
+    );
+    Ok(learns.then(|| Observation {
+        local: (local.namespace.clone(), local.name.clone()),
+        peer,
+        port,
+        protocol,
+        opened,
+        at_ms: record.last_seen_ms,
+    }))
+}
+
+impl Learning {
+    /// Takes in a batch from the agent on `node`: returns the acknowledgement.
+    pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        let index = self.index.index.read().expect("index lock");
+        let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
+        for record in &batch.records {
+            let result = observation(record, &index, node).map(|obs| match obs {
+                Some(o) => self
+                    .writer
+                    .observe(&index, &o)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                None => Ok(()),
+            });
+            match result {
+                Ok(Ok(())) => accepted += 1,
+                Ok(Err(unresolved)) => {
+                    // Accepted (well-formed, authorized) but not resolvable yet: counted, not an error.
+                    accepted += 1;
+                    tracing::debug!(%unresolved, "record not resolvable");
+                }
+                Err(refused) => {
+                    rejected += 1;
+                    if reason.is_empty() {
+                        reason = refused.to_string();
+                    }
+                }
+            }
+        }
+        if rejected > 0 {
+            tracing::warn!(node, sequence = batch.sequence, rejected, %reason, "refused records");
+        }
+        BatchAck {
+            sequence: batch.sequence,
+            accepted,
+            rejected,
+            reason,
+        }
+    }
+}
+
+/// The gRPC service.
+pub struct IngestService {
+    pub authenticator: Arc<dyn Authenticate>,
+    pub learning: Arc<Learning>,
+    pub limits: Limits,
+}
+
+fn bearer<T>(request: &Request<T>) -> Result<String, Status> {
+    let value = request
+        .metadata()
+        .get("authorization")
+        .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer <token>`"))?
+        .to_str()
+        .map_err(|_| Status::unauthenticated("malformed authorization header"))?;
+    value
+        .strip_prefix("Bearer ")
+        .map(str::to_string)
+        .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))
+}
+
+#[tonic::async_trait]
+impl FlowUplink for IngestService {
+    type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchAck, Status>> + Send>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<FlowBatch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        if !self.learning.index.ready() {
+            return Err(Status::unavailable(
+                "the controller is still listing the cluster; retry shortly",
+            ));
+        }
+        let token = bearer(&request)?;
+        let agent = self.authenticator.authenticate(&token).await?;
+        tracing::info!(node = %agent.node, pod = %agent.pod, "agent connected");
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let learning = self.learning.clone();
+        let limits = self.limits.clone();
+        tokio::spawn(async move {
+            let mut window = (Instant::now(), 0u32);
+            loop {
+                let batch = match inbound.message().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::info!(node = %agent.node, %status, "agent stream ended");
+                        break;
+                    }
+                };
+                if window.0.elapsed() >= Duration::from_secs(1) {
+                    window = (Instant::now(), 0);
+                }
+                window.1 += 1;
+                let refusal = if batch.node != agent.node {
+                    Some(Status::permission_denied(format!(
+                        "batch claims node {:?} but the token belongs to a pod on node {:?}",
+                        batch.node, agent.node
+                    )))
+                } else if window.1 > limits.max_batches_per_second {
+                    Some(Status::resource_exhausted(format!(
+                        "more than {} batches per second; slow down and reconnect",
+                        limits.max_batches_per_second
+                    )))
+                } else if batch.records.len() > limits.max_records_per_batch {
+                    Some(Status::invalid_argument(format!(
+                        "batch {} has {} records; the limit is {}",
+                        batch.sequence,
+                        batch.records.len(),
+                        limits.max_records_per_batch
+                    )))
+                } else {
+                    None
+                };
+                let reply = match refusal {
+                    Some(status) => {
+                        tracing::warn!(node = %agent.node, %status, "agent stream refused");
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                    None => learning.accept(&agent.node, &batch),
+                };
+                if tx.send(Ok(reply)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
