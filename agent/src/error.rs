@@ -92,6 +92,15 @@ pub enum Error {
         name: &'static str,
     },
 
+    /// The debug API's unix socket could not be set up or reached.
+    #[error("debug socket {path}: {source}")]
+    DebugSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
     /// Waiting on the ring buffer's file descriptor failed.
     #[error("polling the events ring buffer failed: {0}")]
     Poll(#[source] std::io::Error),

@@ -6,12 +6,14 @@
 //! - [`events`]: the events they report ([`events::ConnectionEvent`]) and the async ring-buffer reader;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
 //! - [`flows`]: the node-level `flows` view of those edges (filters, table, JSON);
+//! - [`debug_api`]: the local unix socket streaming events to `flows`;
 //! - [`pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
 pub mod btf;
+pub mod debug_api;
 pub mod error;
 pub mod events;
 pub mod flows;

@@ -3,10 +3,12 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_agent::aggregate::{Aggregator, WallClock};
+use network_enforcer_agent::debug_api::{self, DebugClient, DebugServer};
+use network_enforcer_agent::events::EventReader;
 use network_enforcer_agent::flows::{self, FlowFilter};
 use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
 use network_enforcer_agent::{DataPlane, Direction, LoadOptions, Outcome, Protocol};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
@@ -33,7 +35,7 @@ enum Command {
     /// node's pods (by network namespace, or cgroup for hostNetwork pods) and log each flushed batch,
     /// until SIGINT/SIGTERM. Needs the host's /proc, network namespace and cgroup tree.
     Run(RunArgs),
-    /// Show the connections on this node as aggregated flows (loads its own copy of the programs).
+    /// Show the connections on this node as aggregated flows, live from the running agent's debug socket.
     Flows(FlowsArgs),
 }
 
@@ -64,10 +66,20 @@ struct RunArgs {
     /// Seconds between flushes of the aggregated edges.
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
+    /// Unix socket of the debug API that `flows` reads live events from.
+    #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
+    debug_socket: PathBuf,
 }
 
 #[derive(clap::Args)]
 struct FlowsArgs {
+    /// The running agent's debug socket. When no agent answers there, `flows` loads its own copy of
+    /// the programs (which needs the same privileges as the agent).
+    #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
+    socket: PathBuf,
+    /// Load the programs here even if an agent is running.
+    #[arg(long)]
+    local: bool,
     #[command(flatten)]
     kernel: KernelArgs,
     /// Keep printing new flows every interval until interrupted, instead of printing once.
@@ -172,6 +184,8 @@ async fn run(args: RunArgs) -> Result<()> {
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     let mut reader = data_plane.events()?;
     let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
+    let debug = DebugServer::bind(&args.debug_socket)?;
+    tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
     let clock = WallClock::now();
     let mut aggregator = Aggregator::new();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
@@ -182,6 +196,7 @@ async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             read = reader.read_batch(&mut batch) => {
                 read?;
+                debug.publish(&batch);
                 batch.drain(..).for_each(|e| aggregator.add(&e));
             }
             _ = flush.tick() => {
@@ -220,11 +235,56 @@ async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where `flows` gets its events: the running agent, or its own copy of the programs.
+enum EventSource {
+    Agent(DebugClient),
+    Local(Box<DataPlane>, EventReader),
+}
+
+impl EventSource {
+    async fn open(args: &FlowsArgs) -> Result<Self> {
+        if !args.local {
+            match DebugClient::connect(&args.socket).await {
+                Ok(client) => return Ok(Self::Agent(client)),
+                Err(err) => eprintln!("no running agent ({err}); loading the eBPF programs here"),
+            }
+        }
+        let mut data_plane =
+            DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
+        let reader = data_plane.events()?;
+        Ok(Self::Local(Box::new(data_plane), reader))
+    }
+
+    async fn read_batch(
+        &mut self,
+        out: &mut Vec<network_enforcer_agent::ConnectionEvent>,
+    ) -> Result<()> {
+        match self {
+            Self::Agent(client) => client
+                .read_batch(out)
+                .await
+                .context("reading from the agent")?,
+            Self::Local(_, reader) => reader.read_batch(out).await?,
+        }
+        Ok(())
+    }
+
+    /// Reports events that were lost on the way, if any.
+    fn warn_about_losses(&self) -> Result<()> {
+        let lost = match self {
+            Self::Agent(client) => client.lagged(),
+            Self::Local(data_plane, _) => data_plane.counters()?.ring_buffer_full,
+        };
+        if lost > 0 {
+            tracing::warn!(lost, "events were lost (this view fell behind)");
+        }
+        Ok(())
+    }
+}
+
 async fn show_flows(args: FlowsArgs) -> Result<()> {
     let filter = args.filter();
-    let mut data_plane =
-        DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
-    let mut reader = data_plane.events()?;
+    let mut source = EventSource::open(&args).await?;
     let clock = WallClock::now();
     let mut aggregator = Aggregator::new();
     let shutdown = shutdown_signal();
@@ -236,7 +296,7 @@ async fn show_flows(args: FlowsArgs) -> Result<()> {
         let mut stop = false;
         loop {
             tokio::select! {
-                read = reader.read_batch(&mut batch) => {
+                read = source.read_batch(&mut batch) => {
                     read?;
                     batch
                         .drain(..)
@@ -258,12 +318,5 @@ async fn show_flows(args: FlowsArgs) -> Result<()> {
             break;
         }
     }
-    let counters = data_plane.counters()?;
-    if counters.ring_buffer_full > 0 {
-        tracing::warn!(
-            lost = counters.ring_buffer_full,
-            "events were lost (ring buffer full)"
-        );
-    }
-    Ok(())
+    source.warn_about_losses()
 }

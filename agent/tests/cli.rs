@@ -32,21 +32,14 @@ fn help_lists_the_subcommands_and_flows_options() {
     }
 }
 
-#[test]
-fn flows_prints_the_connections_it_saw_as_json() {
-    support::require_root();
+/// Runs `flows` (with `extra` arguments) for one 3 s interval while making loopback connections, and
+/// checks that it printed exactly the outbound and inbound flow of those connections as JSON.
+fn flows_show_connections(extra: &[&str]) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut child = agent()
-        .args([
-            "flows",
-            "--interval",
-            "3",
-            "-o",
-            "json",
-            "--dedupe-seconds",
-            "0",
-        ])
+        .args(["flows", "--interval", "3", "-o", "json"])
+        .args(extra)
         .arg("--port")
         .arg(port.to_string())
         .stdout(Stdio::piped())
@@ -85,4 +78,51 @@ fn flows_prints_the_connections_it_saw_as_json() {
         .collect();
     directions.sort();
     assert_eq!(directions, ["inbound", "outbound"]);
+}
+
+#[test]
+fn flows_loads_its_own_programs_with_local() {
+    support::require_root();
+    flows_show_connections(&["--local", "--dedupe-seconds", "0"]);
+}
+
+#[test]
+fn flows_reads_a_running_agent_through_its_debug_socket() {
+    support::require_root();
+    let socket = std::env::temp_dir().join(format!("ne-cli-{}/agent.sock", std::process::id()));
+    let mut run = agent()
+        .env("RUST_LOG", "warn")
+        .args(["run", "--dedupe-seconds", "0", "--debug-socket"])
+        .arg(&socket)
+        .spawn()
+        .unwrap();
+    // Stops the agent even if an assertion fails.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: kill with a valid pid of our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let _ = self.0.wait();
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(run.try_wait().unwrap().is_none(), "the agent exited early");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no debug socket after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = Stop(run);
+    flows_show_connections(&["--socket", socket.to_str().unwrap()]);
+
+    // SIGTERM stops the agent cleanly and it removes its socket.
+    let mut run = run;
+    // SAFETY: as above.
+    unsafe { libc::kill(run.0.id() as i32, libc::SIGTERM) };
+    let status = run.0.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!socket.exists());
+    let _ = std::fs::remove_dir(socket.parent().unwrap());
 }
