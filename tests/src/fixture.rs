@@ -11,7 +11,8 @@
 //!   panics). Namespaces of test processes that were killed are deleted by the next run.
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::authentication::v1::TokenReview;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use kube::api::{Api, ListParams, LogParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -99,22 +100,50 @@ impl TestNamespace {
             name,
             kubeconfig: cluster()?.kubeconfig.clone(),
         };
-        // v1.20 refuses pods until the namespace's `default` ServiceAccount has its token Secret
-        // (created by the controller-manager a moment after the namespace).
-        let accounts = ns.api::<ServiceAccount>();
-        ns.wait_for(
-            "the default ServiceAccount's token",
+        ns.wait_for_default_token().await?;
+        Ok(ns)
+    }
+
+    /// v1.20 refuses pods until the namespace's `default` ServiceAccount has its token Secret (created
+    /// by the controller-manager a moment after the namespace), and the API server rejects that token
+    /// until its cache has the Secret. Waits for both, so pods can start and use the API at once.
+    async fn wait_for_default_token(&self) -> Result<()> {
+        let accounts = self.api::<ServiceAccount>();
+        let secrets = self.api::<Secret>();
+        let reviews = Api::<TokenReview>::all(self.client.clone());
+        self.wait_for(
+            "the default ServiceAccount's token to authenticate",
             Duration::from_secs(60),
             || async {
-                let sa = accounts.get_opt("default").await?;
-                Ok(sa
-                    .and_then(|sa| sa.secrets)
-                    .is_some_and(|s| !s.is_empty())
-                    .then_some(()))
+                let Some(sa) = accounts.get_opt("default").await? else {
+                    return Ok(None);
+                };
+                let Some(secret) = sa
+                    .secrets
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find_map(|r| r.name)
+                else {
+                    return Ok(None);
+                };
+                let token = secrets
+                    .get_opt(&secret)
+                    .await?
+                    .and_then(|s| s.data)
+                    .and_then(|mut d| d.remove("token"))
+                    .map(|t| String::from_utf8_lossy(&t.0).into_owned());
+                let Some(token) = token else {
+                    return Ok(None);
+                };
+                let review: TokenReview = serde_json::from_value(serde_json::json!({
+                    "spec": { "token": token }
+                }))?;
+                let result = reviews.create(&PostParams::default(), &review).await?;
+                let authenticated = result.status.and_then(|s| s.authenticated).unwrap_or(false);
+                Ok(authenticated.then_some(()))
             },
         )
-        .await?;
-        Ok(ns)
+        .await
     }
 
     /// A namespaced API in this namespace.
