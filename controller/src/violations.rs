@@ -24,6 +24,7 @@ use network_enforcer_api::{
     AcknowledgedViolation, Direction, PolicyMode, Protocol, ViolationRecord,
     WorkloadNetworkPolicyStatus, WorkloadRef,
 };
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 /// At most this many active records are kept (the oldest are dropped).
@@ -205,7 +206,7 @@ pub fn sync(
     // Newest first; among equal timestamps the later id first, so the order is total.
     status
         .violations
-        .sort_by(|a, b| (b.timestamp.0, b.id).cmp(&(a.timestamp.0, a.id)));
+        .sort_by_key(|r| Reverse((r.timestamp.0, r.id)));
     status.violations.truncate(MAX_VIOLATIONS);
 
     // 2. Clear.
@@ -251,10 +252,11 @@ pub fn sync(
         });
     }
     // Annotations come in key order ("-10" before "-9"); list the newest record first.
-    acknowledged.sort_by(|a, b| b.violation.id.cmp(&a.violation.id));
+    acknowledged.sort_by_key(|a| Reverse(a.violation.id));
     let mut acknowledged_list = acknowledged.clone();
     acknowledged_list.append(&mut status.acknowledged_violations);
-    acknowledged_list.sort_by(|a, b| b.acknowledged_at.0.cmp(&a.acknowledged_at.0));
+    // Stable: this sync's acknowledgements stay ahead of older ones with the same time.
+    acknowledged_list.sort_by_key(|a| Reverse(a.acknowledged_at.0));
     acknowledged_list.truncate(MAX_ACKNOWLEDGED);
     status.acknowledged_violations = acknowledged_list;
 
@@ -271,3 +273,6 @@ pub fn sync(
         cleared,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -315,3 +315,6 @@ fn endpoint_of(view: &ClusterView, workload: &WorkloadRef) -> Option<Endpoint> {
         None => workload.address.parse::<IpAddr>().ok().map(Endpoint::Ip),
     }
 }
+
+#[cfg(test)]
+mod tests;
