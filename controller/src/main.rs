@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_controller::index_feed::{self, SharedIndex};
-use network_enforcer_controller::ingest::{IngestService, Learning, Limits, TokenReviewAuthenticator};
+use network_enforcer_controller::ingest::{
+    IngestService, Learning, Limits, TokenReviewAuthenticator,
+};
 use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
 use network_enforcer_controller::reconcile::{self, Settings};
 use std::collections::BTreeSet;
@@ -65,11 +67,19 @@ struct RunArgs {
     #[arg(long, env = "INGEST_ADDRESS", default_value = "0.0.0.0:9443")]
     ingest_address: std::net::SocketAddr,
     /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
-    #[arg(long, env = "AGENT_SERVICE_ACCOUNT", default_value = "network-enforcer/network-enforcer-agent")]
+    #[arg(
+        long,
+        env = "AGENT_SERVICE_ACCOUNT",
+        default_value = "network-enforcer/network-enforcer-agent"
+    )]
     agent_service_account: String,
     /// Namespaces whose workloads get no proposals (still resolved as peers of others). Default: the
     /// controller's own namespace.
-    #[arg(long = "exclude-namespace", env = "EXCLUDE_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long = "exclude-namespace",
+        env = "EXCLUDE_NAMESPACES",
+        value_delimiter = ','
+    )]
     exclude_namespaces: Vec<String>,
     /// The controller's own namespace (set from the downward API in the cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
@@ -160,8 +170,15 @@ async fn run(args: RunArgs) -> Result<()> {
     let index = Arc::new(SharedIndex::default());
     let writer = Arc::new(ProposalWriter::new(client.clone(), backend, excluded));
     let ingest = IngestService {
-        authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name)),
-        learning: Arc::new(Learning { index: index.clone(), writer: writer.clone() }),
+        authenticator: Arc::new(TokenReviewAuthenticator::new(
+            client.clone(),
+            agent_ns,
+            agent_name,
+        )),
+        learning: Arc::new(Learning {
+            index: index.clone(),
+            writer: writer.clone(),
+        }),
         limits: Limits::default(),
     };
     let grpc = tonic::transport::Server::builder()
