@@ -6,7 +6,7 @@
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
@@ -113,6 +113,21 @@ async fn deployment_pods_run_with_ips_and_serve_tcp_and_udp_by_service_name() ->
             "pod {name} has IP {ip}, outside the pod range"
         );
     }
+
+    // Both backends behind the Service before the client starts, so that its connections can spread.
+    let endpoints = ns.api::<Endpoints>();
+    ns.wait_for("2 endpoints behind Service echo", TIMEOUT, || async {
+        let ready = endpoints
+            .get_opt("echo")
+            .await?
+            .and_then(|e| e.subsets)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+            .sum::<usize>();
+        Ok((ready == 2).then_some(()))
+    })
+    .await?;
 
     // By Service name (cluster DNS), to the ClusterIP port (kube-proxy DNAT to the target port).
     // Retries cover the moment before DNS and the endpoints know the Service.
