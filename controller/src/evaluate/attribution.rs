@@ -89,37 +89,47 @@ pub struct Attributed {
     pub observation: Observation,
 }
 
-/// The WorkloadNetworkPolicies in force, indexed by (namespace, target, direction).
+/// The WorkloadNetworkPolicies in force, indexed by namespace and target name so that a lookup per
+/// flow allocates nothing.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySet<'a> {
-    by_target: HashMap<(String, WorkloadKind, String, Direction), &'a WorkloadNetworkPolicy>,
+    /// namespace → target workload name → the policies of that name's kinds and directions.
+    by_target: HashMap<String, HashMap<String, Vec<&'a WorkloadNetworkPolicy>>>,
+    len: usize,
 }
 
 impl<'a> PolicySet<'a> {
     /// Indexes `policies`, keeping per target and direction the winner [`uniqueness::winner_over`]
     /// elects, and skipping policies being deleted.
     pub fn new(policies: impl IntoIterator<Item = &'a WorkloadNetworkPolicy>) -> Self {
-        let mut by_target: HashMap<_, &'a WorkloadNetworkPolicy> = HashMap::new();
+        let mut set = PolicySet::default();
         for policy in policies {
             if policy.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let key = (
-                policy.namespace().unwrap_or_default(),
-                policy.spec.target_ref.kind,
-                policy.spec.target_ref.name.clone(),
-                policy.spec.direction,
-            );
-            by_target
-                .entry(key)
-                .and_modify(|current| {
+            let same_target = set
+                .by_target
+                .entry(policy.namespace().unwrap_or_default())
+                .or_default()
+                .entry(policy.spec.target_ref.name.clone())
+                .or_default();
+            let rival = same_target.iter_mut().find(|p| {
+                p.spec.target_ref.kind == policy.spec.target_ref.kind
+                    && p.spec.direction == policy.spec.direction
+            });
+            match rival {
+                Some(current) => {
                     if uniqueness::winner_over(current, [policy]).is_some() {
                         *current = policy;
                     }
-                })
-                .or_insert(policy);
+                }
+                None => {
+                    same_target.push(policy);
+                    set.len += 1;
+                }
+            }
         }
-        PolicySet { by_target }
+        set
     }
 
     /// The policy governing `direction` of `workload`, if any.
@@ -130,23 +140,21 @@ impl<'a> PolicySet<'a> {
     ) -> Option<&'a WorkloadNetworkPolicy> {
         let kind = workload_kind(&workload.owner_kind)?;
         self.by_target
-            .get(&(
-                workload.namespace.clone(),
-                kind,
-                workload.owner_name.clone(),
-                direction,
-            ))
+            .get(&workload.namespace)?
+            .get(&workload.owner_name)?
+            .iter()
+            .find(|p| p.spec.target_ref.kind == kind && p.spec.direction == direction)
             .copied()
     }
 
     /// The number of policies in force.
     pub fn len(&self) -> usize {
-        self.by_target.len()
+        self.len
     }
 
     /// Whether no policy is in force.
     pub fn is_empty(&self) -> bool {
-        self.by_target.is_empty()
+        self.len == 0
     }
 }
 
@@ -218,12 +226,12 @@ pub fn policy_verdict(
     flow: &Flow,
     source_principal: Option<&str>,
 ) -> Result<PolicyVerdict, EvalError> {
-    let namespace = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
+    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
     let direction = policy.spec.direction;
     let missing = |payload| EvalError::MissingPayload {
-        namespace: namespace.clone(),
-        name: name.clone(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
         payload,
     };
     match policy.spec.backend {
@@ -234,12 +242,12 @@ pub fn policy_verdict(
                 .as_ref()
                 .ok_or_else(|| missing("kubernetes"))?;
             let rendered = PolicyRef {
-                namespace: &namespace,
-                name: &name,
+                namespace,
+                name,
                 spec,
             };
             let side = evaluate_side(view, Some(rendered), direction, flow)?;
-            Ok(if !side.isolated_by(&namespace, &name) {
+            Ok(if !side.isolated_by(namespace, name) {
                 PolicyVerdict::NotApplicable
             } else if side.allowed {
                 PolicyVerdict::Allows
