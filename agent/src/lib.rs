@@ -7,6 +7,7 @@
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
 //! - [`flows`]: the node-level `flows` view of those edges (filters, table, JSON);
 //! - [`debug_api`]: the local unix socket streaming events to `flows`;
+//! - [`metrics`]: Prometheus counters on `/metrics`;
 //! - [`pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
@@ -19,6 +20,7 @@ pub mod events;
 pub mod flows;
 pub mod host;
 pub mod loader;
+pub mod metrics;
 pub mod pod_identity;
 pub mod tracepoint_format;
 

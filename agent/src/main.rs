@@ -6,8 +6,11 @@ use network_enforcer_agent::aggregate::{Aggregator, WallClock};
 use network_enforcer_agent::debug_api::{self, DebugClient, DebugServer};
 use network_enforcer_agent::events::EventReader;
 use network_enforcer_agent::flows::{self, FlowFilter};
+use network_enforcer_agent::metrics::AgentMetrics;
 use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
-use network_enforcer_agent::{DataPlane, Direction, LoadOptions, Outcome, Protocol};
+use network_enforcer_agent::{
+    DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
+};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -69,6 +72,9 @@ struct RunArgs {
     /// Unix socket of the debug API that `flows` reads live events from.
     #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
     debug_socket: PathBuf,
+    /// Address of the Prometheus endpoint (`GET /metrics`).
+    #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
+    metrics_address: std::net::SocketAddr,
 }
 
 #[derive(clap::Args)]
@@ -186,6 +192,14 @@ async fn run(args: RunArgs) -> Result<()> {
     let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
     let debug = DebugServer::bind(&args.debug_socket)?;
     tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
+    let metrics = AgentMetrics::new();
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
+        .await
+        .with_context(|| format!("binding the metrics endpoint {}", args.metrics_address))?;
+    tracing::info!(address = %args.metrics_address, "metrics on /metrics");
+    tokio::spawn(metrics.clone().serve(metrics_listener));
+    let mut kernel_before = KernelCounters::default();
+    let mut decode_errors_before = 0;
     let clock = WallClock::now();
     let mut aggregator = Aggregator::new();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
@@ -196,6 +210,7 @@ async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             read = reader.read_batch(&mut batch) => {
                 read?;
+                metrics.events_read(batch.len());
                 debug.publish(&batch);
                 batch.drain(..).for_each(|e| aggregator.add(&e));
             }
@@ -211,6 +226,11 @@ async fn run(args: RunArgs) -> Result<()> {
                         identities.attribute(e.key.netns_ino, e.key.cgroup_id) == Attribution::Unknown
                     })
                     .count();
+                metrics.kernel(&kernel_before, &counters);
+                kernel_before = counters;
+                metrics.decode_errors(reader.decode_errors() - decode_errors_before);
+                decode_errors_before = reader.decode_errors();
+                metrics.flushed(edges.len(), unattributed);
                 tracing::info!(
                     edges = edges.len(),
                     unattributed,

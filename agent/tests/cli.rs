@@ -6,6 +6,33 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// A local address with a port nothing listens on right now.
+fn free_port() -> std::net::SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The value of a metric from the agent's `/metrics` (a plain HTTP/1.0 GET).
+fn metric(address: std::net::SocketAddr, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
+    response
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{response}"))
+}
+
 fn agent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_network-enforcer-agent"))
 }
@@ -90,10 +117,20 @@ fn flows_loads_its_own_programs_with_local() {
 fn flows_reads_a_running_agent_through_its_debug_socket() {
     support::require_root();
     let socket = std::env::temp_dir().join(format!("ne-cli-{}/agent.sock", std::process::id()));
+    let metrics_address = free_port();
     let mut run = agent()
         .env("RUST_LOG", "warn")
-        .args(["run", "--dedupe-seconds", "0", "--debug-socket"])
+        .args([
+            "run",
+            "--dedupe-seconds",
+            "0",
+            "--flush-seconds",
+            "1",
+            "--debug-socket",
+        ])
         .arg(&socket)
+        .arg("--metrics-address")
+        .arg(metrics_address.to_string())
         .spawn()
         .unwrap();
     // Stops the agent even if an assertion fails.
@@ -116,6 +153,11 @@ fn flows_reads_a_running_agent_through_its_debug_socket() {
     }
     let run = Stop(run);
     flows_show_connections(&["--socket", socket.to_str().unwrap()]);
+
+    // The agent counted those events on its metrics endpoint (updated continuously).
+    let events = metric(metrics_address, "network_enforcer_agent_events_total");
+    assert!(events >= 2, "events_total {events}");
+    assert!(metric(metrics_address, "network_enforcer_agent_events_lost_total") == 0);
 
     // SIGTERM stops the agent cleanly and it removes its socket.
     let mut run = run;
