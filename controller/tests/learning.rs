@@ -348,9 +348,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
 
 mod grpc {
     use super::*;
-    use k8s_openapi::api::authentication::v1::{
-        BoundObjectReference, TokenRequest, TokenRequestSpec,
-    };
+    use k8s_openapi::api::authentication::v1::TokenRequest;
     use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
     use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
     use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
