@@ -221,6 +221,30 @@ impl TestNamespace {
         )
     }
 
+    /// The admin kubeconfig of the cluster (for helm, kubectl, a controller under test).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Runs kubectl v1.20 (from setup) in this namespace with the admin kubeconfig; returns stdout.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let ns = format!("--namespace={}", self.name);
+        let mut all = vec![ns.as_str()];
+        all.extend_from_slice(args);
+        kubectl(&self.kubeconfig, &all)
+    }
+
+    /// `kubectl apply -f -` of `manifest` (YAML, several documents allowed) in this namespace.
+    pub fn apply(&self, manifest: &str) -> Result<String> {
+        process::output_with_input(
+            std::process::Command::new(cluster::layout::kubernetes_bin("kubectl"))
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .arg(format!("--namespace={}", self.name))
+                .args(["apply", "-f", "-"]),
+            manifest.as_bytes(),
+        )
+    }
+
     /// Pods of this namespace matching `selector` (a label selector).
     pub async fn pods(&self, selector: &str) -> Result<Vec<Pod>> {
         Ok(self

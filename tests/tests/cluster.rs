@@ -272,9 +272,8 @@ async fn a_cronjob_run_creates_a_job_and_a_pod() -> Result<()> {
 #[tokio::test]
 async fn pod_cgroup_paths_contain_the_pod_uid() -> Result<()> {
     let ns = TestNamespace::create("cluster-cgroup").await?;
-    ns.api::<Pod>()
-        .create(&PostParams::default(), &pod("sleeper", "sleep 3600")?)
-        .await?;
+    // Through kubectl, to exercise the fixture's manifest path as well.
+    ns.apply(&serde_json::to_string(&pod("sleeper", "sleep 3600")?)?)?;
     let uid = ns
         .wait_for("the pod to run", TIMEOUT, || async {
             let pod = ns.api::<Pod>().get("sleeper").await?;
