@@ -2,8 +2,9 @@
 //! container ports, and the NetworkPolicies in force per namespace. Plain data, filled by the caller
 //! (the controller's index, the `check` command's scenario file, a test), and a flow to evaluate.
 
-use crate::workload::Workload;
-use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+use crate::workload::{Workload, owner_of};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{Protocol, WorkloadKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -64,6 +65,54 @@ impl PodInfo {
     pub fn key(&self) -> PodKey {
         PodKey::new(&self.namespace, &self.name)
     }
+
+    /// What the evaluators need from a Pod object: its IPs (`status.podIPs`, else `status.podIP`),
+    /// every container's declared ports (protocol TCP when unset; SCTP and UDP as declared; unknown
+    /// protocols and out-of-range numbers skipped), and its workload. `None` without a name or
+    /// namespace.
+    pub fn from_pod(pod: &Pod) -> Option<Self> {
+        let status = pod.status.as_ref();
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip.ip.parse().ok())
+            .collect();
+        if ips.is_empty() {
+            ips.extend(
+                status
+                    .and_then(|s| s.pod_ip.as_deref())
+                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
+            );
+        }
+        let ports = pod
+            .spec
+            .iter()
+            .flat_map(|spec| spec.containers.iter())
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                let protocol = match p.protocol.as_deref() {
+                    None | Some("TCP") => Protocol::TCP,
+                    Some("UDP") => Protocol::UDP,
+                    Some("SCTP") => Protocol::SCTP,
+                    Some(_) => return None,
+                };
+                Some(ContainerPort {
+                    name: p.name.clone(),
+                    port: u16::try_from(p.container_port).ok()?,
+                    protocol,
+                })
+            })
+            .collect();
+        Some(PodInfo {
+            namespace: pod.metadata.namespace.clone()?,
+            name: pod.metadata.name.clone()?,
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            ips,
+            ports,
+            workload: owner_of(pod),
+        })
+    }
 }
 
 /// A NetworkPolicy in force: its namespace, name and spec.
@@ -81,6 +130,18 @@ pub struct PolicyRef<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub spec: &'a NetworkPolicySpec,
+}
+
+impl NamedPolicy {
+    /// A NetworkPolicy object as the evaluators see it; `None` without a name or namespace. A
+    /// missing spec is the empty spec (which isolates every pod of the namespace for ingress).
+    pub fn from_network_policy(policy: &NetworkPolicy) -> Option<Self> {
+        Some(NamedPolicy {
+            namespace: policy.metadata.namespace.clone()?,
+            name: policy.metadata.name.clone()?,
+            spec: policy.spec.clone().unwrap_or_default(),
+        })
+    }
 }
 
 impl<'a> From<&'a NamedPolicy> for PolicyRef<'a> {
@@ -309,6 +370,72 @@ mod tests {
         view.remove_pod(&PodKey::new("shop", "web-1"));
         assert_eq!(names(&view), Vec::<String>::new());
         assert_eq!(view.pod_count(), 2);
+    }
+
+    #[test]
+    fn pods_and_network_policies_from_their_objects() {
+        let object: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-5d8f7c9b6-abcde", "namespace": "shop",
+                         "labels": {"app": "web", "pod-template-hash": "5d8f7c9b6"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": "web-5d8f7c9b6", "uid": "u", "controller": true}]},
+            "spec": {"containers": [
+                {"name": "a", "ports": [{"name": "http", "containerPort": 8080},
+                                        {"name": "dns", "containerPort": 53, "protocol": "UDP"}]},
+                {"name": "b", "ports": [{"containerPort": 3868, "protocol": "SCTP"},
+                                        {"containerPort": 70000}]}
+            ]},
+            "status": {"podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}]}
+        }))
+        .unwrap();
+        let pod = PodInfo::from_pod(&object).unwrap();
+        assert_eq!(pod.key(), PodKey::new("shop", "web-5d8f7c9b6-abcde"));
+        assert_eq!(pod.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(
+            pod.ips,
+            [
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
+        );
+        let port = |name: Option<&str>, port, protocol| ContainerPort {
+            name: name.map(String::from),
+            port,
+            protocol,
+        };
+        assert_eq!(
+            pod.ports,
+            [
+                port(Some("http"), 8080, Protocol::TCP),
+                port(Some("dns"), 53, Protocol::UDP),
+                port(None, 3868, Protocol::SCTP)
+            ],
+            "the out-of-range port is skipped"
+        );
+        assert_eq!(
+            pod.workload,
+            Some(Workload {
+                kind: WorkloadKind::Deployment,
+                name: "web".into()
+            })
+        );
+        // Only podIP (older clusters), no spec: still a pod.
+        let mut bare = object.clone();
+        bare.spec = None;
+        bare.status.as_mut().unwrap().pod_ips = None;
+        let bare = PodInfo::from_pod(&bare).unwrap();
+        assert_eq!(bare.ips, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert!(bare.ports.is_empty());
+        assert!(PodInfo::from_pod(&Pod::default()).is_none());
+
+        let np: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "deny", "namespace": "shop"}
+        }))
+        .unwrap();
+        let np = NamedPolicy::from_network_policy(&np).unwrap();
+        assert_eq!((np.namespace.as_str(), np.name.as_str()), ("shop", "deny"));
+        assert_eq!(np.spec, NetworkPolicySpec::default());
+        assert!(NamedPolicy::from_network_policy(&NetworkPolicy::default()).is_none());
     }
 
     #[test]
