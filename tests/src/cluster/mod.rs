@@ -342,6 +342,9 @@ fn kubepods_memory_kib() -> u64 {
     .unwrap_or(0)
 }
 
+/// How long `up`/`down` wait for other users of the cluster.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
 /// A `flock` on a file next to the state directory (not inside it: `down` removes the state directory).
 struct Lock {
     file: fs::File,
@@ -375,18 +378,23 @@ impl Lock {
             .write(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        if !flock(&file, mode | libc::LOCK_NB) {
-            eprintln!(
-                "==> cluster: waiting for {} (another `up`/`down`, or tests using the cluster)",
-                path.display()
-            );
-            if !flock(&file, mode) {
+        if flock(&file, mode | libc::LOCK_NB) {
+            return Ok(Self { file });
+        }
+        eprintln!(
+            "==> cluster: waiting for {} (another `up`/`down`, or tests using the cluster)",
+            path.display()
+        );
+        // Bounded, so that a test waiting behind a hung process fails instead of hanging CI.
+        let deadline = Instant::now() + LOCK_TIMEOUT;
+        while !flock(&file, mode | libc::LOCK_NB) {
+            if Instant::now() > deadline {
                 bail!(
-                    "locking {}: {}",
-                    path.display(),
-                    std::io::Error::last_os_error()
+                    "waited {LOCK_TIMEOUT:?} for {} (`lslocks` shows which processes hold it)",
+                    path.display()
                 );
             }
+            std::thread::sleep(Duration::from_millis(500));
         }
         Ok(Self { file })
     }
