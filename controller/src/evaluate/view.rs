@@ -52,7 +52,8 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub labels: Labels,
-    /// The pod's IPs (one per family). NetworkPolicy ipBlocks see these, see [`ClusterView::set_ip_blocks_match_pods`].
+    /// The pod's IPs (one per family). An ipBlock peer matches the pod when it matches any of them
+    /// (a flow does not say which family it used); see [`ClusterView::set_ip_blocks_match_pods`].
     pub ips: Vec<IpAddr>,
     /// The container ports the pod declares, used to resolve named ports.
     pub ports: Vec<ContainerPort>,
@@ -158,9 +159,11 @@ impl<'a> From<&'a NamedPolicy> for PolicyRef<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Endpoint {
     /// A pod of the view. Policies select it by its labels and its namespace's labels; ipBlocks see its IPs.
+    /// Resolve pod IPs to this variant: as a bare [`Endpoint::Ip`] no selector would match it.
     Pod(PodKey),
     /// An address that is not a pod of the view: a node, the API server, the internet. Only ipBlocks
-    /// (and rules without peers) match it, and no NetworkPolicy isolates it.
+    /// (and rules without peers) match it, and no NetworkPolicy isolates it. hostNetwork pods belong
+    /// here too: NetworkPolicies do not apply to them, and they share their node's address.
     Ip(IpAddr),
 }
 

@@ -769,3 +769,97 @@ fn records_are_cleared_only_when_the_current_spec_allows_them() {
     );
     assert!(record_allowed_now(&view, &open_to_block, &from_outside));
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    fn egress_rule() -> impl Strategy<Value = Value> {
+        select(vec![
+            json!({}),
+            json!({"to": [{"podSelector": {"matchLabels": {"app": "http-server"}}}]}),
+            json!({"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP"}]}),
+            json!({"to": [{"ipBlock": {"cidr": "10.1.0.0/30"}}], "ports": [{"port": 18080, "endPort": 18082}]}),
+            json!({"ports": [{"protocol": "UDP", "port": "udp-echo"}]}),
+            json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]}),
+        ])
+    }
+
+    fn ingress_rule() -> impl Strategy<Value = Value> {
+        select(vec![
+            json!({}),
+            json!({"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}], "ports": [{"port": "tcp-alt"}]}),
+            json!({"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]}),
+            json!({"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]}),
+            json!({"ports": [{"protocol": "UDP", "port": 18081}]}),
+        ])
+    }
+
+    fn flow() -> impl Strategy<Value = ObservedFlow> {
+        let sides = || select(vec!["client", "server", "dns", "internet"]);
+        (
+            sides(),
+            sides(),
+            select(vec![
+                (Protocol::TCP, 18080u16),
+                (Protocol::TCP, 18082),
+                (Protocol::UDP, 18081),
+                (Protocol::UDP, 53),
+                (Protocol::TCP, 443),
+            ]),
+        )
+            .prop_map(|(from, to, (protocol, port))| {
+                let side = |s: &str| match s {
+                    "client" => client(),
+                    "server" => server(),
+                    "dns" => dns(),
+                    _ => external("203.0.113.5"),
+                };
+                observed(side(from), side(to), protocol, port)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// SPEC 6: protect records exactly what monitor records, except that a protect-mode egress
+        /// denial hides the flow from the destination's ingress policy. Each record names its policy
+        /// and that policy's direction and mode.
+        #[test]
+        fn protect_records_what_monitor_records_up_to_the_egress_stop(
+            egress in prop::collection::vec(egress_rule(), 0..3),
+            ingress in prop::collection::vec(ingress_rule(), 0..3),
+            flow in flow(),
+        ) {
+            let policies = |mode: &str| {
+                let mut e = client_egress_with(Value::Array(egress.clone()));
+                e.spec.mode = if mode == "protect" { PolicyMode::Protect } else { PolicyMode::Monitor };
+                [e, server_ingress_with(mode, Value::Array(ingress.clone()))]
+            };
+            let monitor = policies("monitor");
+            let in_monitor = attribute(&cluster(), &PolicySet::new(&monitor), &flow).unwrap();
+            let protect = policies("protect");
+            let mut view = cluster();
+            for p in &protect {
+                view.insert_policy(rendered(p));
+            }
+            let in_protect = attribute(&view, &PolicySet::new(&protect), &flow).unwrap();
+
+            let names = |a: &[Attributed]| a.iter().map(|a| (a.policy.name.clone(), a.observation.direction)).collect::<Vec<_>>();
+            let mut expected = names(&in_monitor);
+            if expected.first().is_some_and(|(_, d)| *d == Direction::Egress) {
+                expected.truncate(1);
+            }
+            prop_assert_eq!(names(&in_protect), expected);
+            for (a, mode) in in_monitor.iter().map(|a| (a, PolicyMode::Monitor))
+                .chain(in_protect.iter().map(|a| (a, PolicyMode::Protect)))
+            {
+                prop_assert_eq!(a.observation.action, mode);
+                prop_assert_eq!(&a.observation.denying_policy_name, &a.policy.name);
+                let expected_direction = if a.policy.name == egress_name() { Direction::Egress } else { Direction::Ingress };
+                prop_assert_eq!(a.observation.direction, expected_direction);
+            }
+        }
+    }
+}
