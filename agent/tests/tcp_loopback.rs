@@ -149,16 +149,21 @@ async fn sees_both_ends_of_an_ipv6_loopback_connection() {
     sees_both_ends_of_a_connection("::1", "::1").await;
 }
 
-#[tokio::test]
-async fn reports_a_refused_connect_as_failed() {
+/// A connect to a closed port on `ip` is one failed outbound attempt, with ECONNREFUSED.
+async fn reports_a_refused_connect_as_failed(ip: &str) {
     let (_data_plane, mut reader) = load();
     // A port nobody listens on: bind a listener to get a free port, then close it.
     let closed: SocketAddr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = std::net::TcpListener::bind((ip, 0)).unwrap();
         l.local_addr().unwrap()
     };
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let socket = if closed.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .unwrap();
+    socket.bind((closed.ip(), 0).into()).unwrap();
     let client = socket.local_addr().unwrap();
     let err = socket.connect(closed).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
@@ -178,4 +183,14 @@ async fn reports_a_refused_connect_as_failed() {
         "refused, not timed out"
     );
     assert_eq!(failed.netns_ino, Some(own_netns()));
+}
+
+#[tokio::test]
+async fn reports_a_refused_ipv4_connect_as_failed() {
+    reports_a_refused_connect_as_failed("127.0.0.1").await;
+}
+
+#[tokio::test]
+async fn reports_a_refused_ipv6_connect_as_failed() {
+    reports_a_refused_connect_as_failed("::1").await;
 }
