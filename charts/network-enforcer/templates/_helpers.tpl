@@ -25,3 +25,40 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
+
+{{/* Selector labels of one component (controller, agent). Call with (dict "root" $ "component" "agent"). */}}
+{{- define "network-enforcer.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "network-enforcer.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Names of the components' objects. */}}
+{{- define "network-enforcer.controllerName" -}}
+{{- printf "%s-controller" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "network-enforcer.agentName" -}}
+{{- printf "%s-agent" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "network-enforcer.cleanupName" -}}
+{{- printf "%s-cleanup" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* An image reference from {repository, tag}; the tag defaults to the chart's appVersion. */}}
+{{- define "network-enforcer.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* imagePullSecrets: each entry is a string or {name: ...}. */}}
+{{- define "network-enforcer.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+{{- if kindIs "string" . }}
+  - name: {{ . | quote }}
+{{- else }}
+  - name: {{ .name | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
