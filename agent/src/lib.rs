@@ -9,6 +9,7 @@
 //! - [`debug_api`]: the local unix socket streaming events to `flows`;
 //! - [`metrics`]: Prometheus counters on `/metrics`;
 //! - [`pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
+//! - [`uplink`]: records to the controller over a gRPC stream (resend buffer, reconnects, token rotation);
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
@@ -23,6 +24,7 @@ pub mod loader;
 pub mod metrics;
 pub mod pod_identity;
 pub mod tracepoint_format;
+pub mod uplink;
 
 pub use error::{Error, Result};
 pub use events::{ConnectionEvent, Direction, EventReader, Outcome, Protocol};

@@ -2,6 +2,7 @@
 //! read, decoded, aggregated and could not attribute.
 
 use crate::loader::KernelCounters;
+use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -17,6 +18,7 @@ pub struct AgentMetrics {
     decode_errors: Counter,
     edges: Counter,
     unattributed_edges: Counter,
+    uplink: UplinkCounters,
 }
 
 impl Default for AgentMetrics {
@@ -49,6 +51,45 @@ impl AgentMetrics {
             "unattributed_edges",
             "Flushed edges whose network namespace belongs to no known pod",
         );
+        let uplink = UplinkCounters::default();
+        let mut register = |name: &str, help: &str, metric: Counter| {
+            registry.register(name, help, metric);
+        };
+        register(
+            "uplink_batches_sent",
+            "Batches written to the controller stream, resends included",
+            uplink.batches_sent.clone(),
+        );
+        register(
+            "uplink_batches_acked",
+            "Batches the controller acknowledged",
+            uplink.batches_acked.clone(),
+        );
+        register(
+            "uplink_batches_dropped",
+            "Batches lost because the uplink queue or resend buffer was full",
+            uplink.batches_dropped.clone(),
+        );
+        register(
+            "uplink_reconnects",
+            "Reconnects to the controller after an error or the end of a stream",
+            uplink.reconnects.clone(),
+        );
+        register(
+            "uplink_records_accepted",
+            "Records the controller took in",
+            uplink.records_accepted.clone(),
+        );
+        register(
+            "uplink_records_rejected",
+            "Records the controller refused",
+            uplink.records_rejected.clone(),
+        );
+        registry.register(
+            "uplink_pending_batches",
+            "Batches waiting for the controller's acknowledgement",
+            uplink.pending_batches.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             events,
@@ -57,7 +98,13 @@ impl AgentMetrics {
             decode_errors,
             edges,
             unattributed_edges,
+            uplink,
         }
+    }
+
+    /// The uplink's counters, registered here; hand them to [`crate::uplink::spawn`].
+    pub fn uplink(&self) -> UplinkCounters {
+        self.uplink.clone()
     }
 
     /// Counts events read from the ring buffer.
@@ -135,6 +182,10 @@ mod tests {
         m.kernel(&first, &second);
         m.events_read(3);
         m.flushed(4, 1);
+        // The uplink task gets clones of the registered counters.
+        let uplink = m.uplink();
+        uplink.batches_acked.inc_by(2);
+        uplink.pending_batches.set(3);
         let text = m.encode();
         for line in [
             "network_enforcer_agent_events_lost_total 7",
@@ -143,6 +194,9 @@ mod tests {
             "network_enforcer_agent_edges_total 4",
             "network_enforcer_agent_unattributed_edges_total 1",
             "network_enforcer_agent_decode_errors_total 0",
+            "network_enforcer_agent_uplink_batches_acked_total 2",
+            "network_enforcer_agent_uplink_batches_dropped_total 0",
+            "network_enforcer_agent_uplink_pending_batches 3",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

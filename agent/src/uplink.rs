@@ -1,0 +1,751 @@
+//! The uplink: ships the agent's flow records to the controller over one long-lived gRPC stream
+//! (`FlowUplink.Stream`, `api/proto/networkenforcer/agent/v1/uplink.proto`).
+//!
+//! - The data path hands record batches to [`UplinkSender::send`], which never waits: when the queue to the
+//!   uplink task is full the batch is dropped and counted. Capturing connections matters more than shipping
+//!   every aggregate, and records are aggregates that recur, so a dropped batch costs counts, rarely edges.
+//! - The uplink task ([`spawn`]) numbers each batch, keeps it in a [`ResendBuffer`] until the controller
+//!   acknowledges that sequence number, and resends everything unacknowledged after each reconnect (the
+//!   controller merges records idempotently, so a batch delivered twice does no harm). When the buffer is
+//!   full the oldest batch is dropped and counted: recent flows are worth more than old ones.
+//! - Every (re)connect reads the token file again, because the kubelet rotates projected ServiceAccount
+//!   tokens; the token goes in `authorization: Bearer <token>` metadata.
+//! - Any error or end of the stream leads to a reconnect after a capped exponential backoff with jitter
+//!   ([`Backoff`]), so agents do not hammer a restarting controller in lockstep.
+//!
+//! [`UplinkCounters`] are Prometheus counters, registered by [`crate::metrics::AgentMetrics`].
+
+use crate::aggregate::{Edge, WallClock};
+use crate::events::{Direction, Outcome, Protocol};
+use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
+use network_enforcer_api::uplink::{self as proto, BatchAck, FlowBatch, FlowRecord, LocalPod};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+/// Converts an aggregated edge of a pod on this node into the record the controller takes in.
+/// Kernel times become milliseconds since the Unix epoch through `clock`.
+pub fn flow_record(edge: &Edge, local: LocalPod, clock: &WallClock) -> FlowRecord {
+    let key = &edge.key;
+    FlowRecord {
+        local: Some(local),
+        peer_ip: match key.peer_ip {
+            IpAddr::V4(v4) => v4.octets().to_vec(),
+            IpAddr::V6(v6) => v6.octets().to_vec(),
+        },
+        port: u32::from(key.port),
+        protocol: match key.protocol {
+            Protocol::Tcp => proto::Protocol::Tcp,
+            Protocol::Udp => proto::Protocol::Udp,
+        } as i32,
+        direction: match key.direction {
+            Direction::Outbound => proto::Direction::Outbound,
+            Direction::Inbound => proto::Direction::Inbound,
+        } as i32,
+        outcome: match key.outcome {
+            Outcome::Established => proto::Outcome::Established,
+            Outcome::Failed => proto::Outcome::Failed,
+            Outcome::Datagram => proto::Outcome::Datagram,
+        } as i32,
+        first_seen_ms: epoch_ms(clock.at(edge.stats.first_seen)),
+        last_seen_ms: epoch_ms(clock.at(edge.stats.last_seen)),
+        count: edge.stats.count,
+        source: proto::Source::Ebpf as i32,
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 for times before it, which only a wrong clock produces).
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What [`ResendBuffer::push`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pushed {
+    /// The sequence number given to the new batch.
+    pub sequence: u64,
+    /// The sequence number of the oldest batch, dropped to make room, if the buffer was full.
+    pub dropped: Option<u64>,
+}
+
+/// The batches sent (or still to send) that the controller has not acknowledged yet, oldest first, with
+/// at most `capacity` of them. Pure: no I/O, no clock.
+#[derive(Debug)]
+pub struct ResendBuffer {
+    capacity: usize,
+    next_sequence: u64,
+    /// Ordered by sequence number (pushes take increasing numbers; acks only remove).
+    pending: VecDeque<FlowBatch>,
+    dropped: u64,
+}
+
+impl ResendBuffer {
+    /// An empty buffer holding at most `capacity` batches (at least one). Sequence numbers start at 1.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            capacity,
+            next_sequence: 1,
+            pending: VecDeque::with_capacity(capacity),
+            dropped: 0,
+        }
+    }
+
+    /// Numbers `records` as the next batch of `node` and keeps it until acknowledged; drops the oldest
+    /// batch first when the buffer is full.
+    pub fn push(&mut self, node: &str, records: Vec<FlowRecord>) -> Pushed {
+        let dropped = (self.pending.len() >= self.capacity)
+            .then(|| self.pending.pop_front())
+            .flatten()
+            .map(|b| b.sequence);
+        if dropped.is_some() {
+            self.dropped += 1;
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.pending.push_back(FlowBatch {
+            sequence,
+            node: node.to_string(),
+            records,
+        });
+        Pushed { sequence, dropped }
+    }
+
+    /// Forgets the batch `sequence` once the controller took it in. Returns false when no such batch is
+    /// pending (already acknowledged, dropped, or never sent: a duplicate ack after a resend is normal).
+    pub fn ack(&mut self, sequence: u64) -> bool {
+        match self.pending.binary_search_by_key(&sequence, |b| b.sequence) {
+            Ok(i) => {
+                self.pending.remove(i);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The oldest pending batch numbered `from` or later: what to send next on a stream that has sent
+    /// everything below `from` (0 on a new stream: resend everything).
+    pub fn next_from(&self, from: u64) -> Option<&FlowBatch> {
+        let i = self.pending.partition_point(|b| b.sequence < from);
+        self.pending.get(i)
+    }
+
+    /// The unacknowledged batches, oldest first.
+    pub fn pending(&self) -> impl ExactSizeIterator<Item = &FlowBatch> {
+        self.pending.iter()
+    }
+
+    /// Number of unacknowledged batches.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether every batch has been acknowledged (or dropped).
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Batches dropped because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The most batches kept.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// Capped exponential backoff between reconnects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The wait before the first retry (before jitter).
+    pub initial: Duration,
+    /// The longest wait (before jitter).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before retry number `attempt` (0 for the first): `initial * 2^attempt` capped at `max`,
+    /// then scaled into `[1/2, 1)` of that by `jitter` in `[0, 1)` ("equal jitter"), so that agents cut
+    /// off together do not come back together, and a retry never comes sooner than half the nominal wait.
+    pub fn delay(&self, attempt: u32, jitter: f64) -> Duration {
+        let nominal = self
+            .initial
+            .checked_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX))
+            .unwrap_or(self.max)
+            .min(self.max);
+        nominal.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+    }
+}
+
+/// A number in `[0, 1)`, different at every call. `RandomState` is seeded randomly per thread and
+/// re-keyed at every construction, which is plenty for spreading reconnects without a random crate.
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The uplink's counters, as Prometheus metrics (cheap to clone: shared atomics).
+#[derive(Clone, Debug, Default)]
+pub struct UplinkCounters {
+    /// Batches written to a stream, resends included.
+    pub batches_sent: Counter,
+    /// Batches the controller acknowledged.
+    pub batches_acked: Counter,
+    /// Batches lost: the queue from the data path was full, or the resend buffer overflowed.
+    pub batches_dropped: Counter,
+    /// Reconnect attempts after an error or the end of a stream.
+    pub reconnects: Counter,
+    /// Records the controller took in.
+    pub records_accepted: Counter,
+    /// Records the controller refused (unknown pod, pod on another node, malformed).
+    pub records_rejected: Counter,
+    /// Batches waiting for an acknowledgement now.
+    pub pending_batches: Gauge,
+}
+
+/// Where and how to reach the controller.
+#[derive(Clone, Debug)]
+pub struct UplinkConfig {
+    /// The controller's ingest endpoint, `http://host:port`.
+    pub endpoint: String,
+    /// The projected ServiceAccount token (audience `network-enforcer`), read at every connect.
+    pub token_file: PathBuf,
+    /// This node's name, sent in every batch (the controller checks it against the token's pod).
+    pub node: String,
+    /// Unacknowledged batches kept for resending.
+    pub max_pending_batches: usize,
+    /// Batches the data path may hand over before the uplink task takes them.
+    pub queue_batches: usize,
+    /// Waits between reconnects.
+    pub backoff: Backoff,
+    /// How long a TCP connect to the controller may take.
+    pub connect_timeout: Duration,
+}
+
+impl UplinkConfig {
+    /// The defaults: 256 batches kept (about 40 minutes of 10-second flushes), a queue of 16, backoff
+    /// from 0.5 s up to 30 s, 5 s connect timeout.
+    pub fn new(
+        endpoint: impl Into<String>,
+        token_file: impl Into<PathBuf>,
+        node: impl Into<String>,
+    ) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            token_file: token_file.into(),
+            node: node.into(),
+            max_pending_batches: 256,
+            queue_batches: 16,
+            backoff: Backoff::default(),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the uplink could not start, or why a stream ended (then it reconnects).
+#[derive(Debug, thiserror::Error)]
+pub enum UplinkError {
+    /// The endpoint is not a URL tonic can connect to.
+    #[error("invalid controller URL {url:?}: {source}")]
+    Endpoint {
+        /// The URL given.
+        url: String,
+        /// What tonic said.
+        source: tonic::transport::Error,
+    },
+    /// Only plain HTTP/2 is supported by this build.
+    #[error("controller URL {0:?}: only http:// is supported (TLS is not built in yet)")]
+    Scheme(String),
+    /// The token file could not be read.
+    #[error("reading the token file {path}: {source}")]
+    Token {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The token file holds no token (yet).
+    #[error("the token file {0} is empty")]
+    EmptyToken(PathBuf),
+    /// The token has characters a header cannot carry.
+    #[error("the token in {0} is not printable ASCII, so it cannot be sent as a header")]
+    TokenHeader(PathBuf),
+    /// The TCP or HTTP/2 connection failed.
+    #[error("connecting to the controller: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    /// The controller answered the stream with an error (e.g. unauthenticated, not ready yet).
+    #[error("the controller refused the stream: {0}")]
+    Refused(#[source] tonic::Status),
+    /// The stream broke, or the controller ended it with an error (e.g. a limit).
+    #[error("the stream failed: {0}")]
+    Stream(#[source] tonic::Status),
+    /// The controller closed the stream.
+    #[error("the controller ended the stream")]
+    Ended,
+}
+
+/// The data path's handle to the uplink task. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct UplinkSender {
+    queue: mpsc::Sender<Vec<FlowRecord>>,
+    counters: UplinkCounters,
+}
+
+impl UplinkSender {
+    /// Hands a batch of records to the uplink task without ever waiting. Returns false, and counts the
+    /// batch as dropped, when the queue is full or the task has ended. An empty batch is not sent.
+    pub fn send(&self, records: Vec<FlowRecord>) -> bool {
+        if records.is_empty() {
+            return true;
+        }
+        match self.queue.try_send(records) {
+            Ok(()) => true,
+            Err(_) => {
+                self.counters.batches_dropped.inc();
+                false
+            }
+        }
+    }
+}
+
+/// Starts the uplink task. It runs until every [`UplinkSender`] is dropped and every batch has been
+/// acknowledged; while the controller is unreachable it keeps retrying (abort the handle to stop it).
+/// Fails only when the endpoint URL is unusable.
+pub fn spawn(
+    config: UplinkConfig,
+    counters: UplinkCounters,
+) -> Result<(UplinkSender, JoinHandle<()>), UplinkError> {
+    let endpoint = endpoint(&config)?;
+    let (queue, receiver) = mpsc::channel(config.queue_batches.max(1));
+    let sender = UplinkSender {
+        queue,
+        counters: counters.clone(),
+    };
+    let task = Task {
+        buffer: ResendBuffer::new(config.max_pending_batches),
+        config,
+        endpoint,
+        queue: receiver,
+        queue_open: true,
+        counters,
+    };
+    Ok((sender, tokio::spawn(task.run())))
+}
+
+fn endpoint(config: &UplinkConfig) -> Result<Endpoint, UplinkError> {
+    let endpoint =
+        Endpoint::from_shared(config.endpoint.clone()).map_err(|source| UplinkError::Endpoint {
+            url: config.endpoint.clone(),
+            source,
+        })?;
+    if endpoint.uri().scheme_str() != Some("http") {
+        return Err(UplinkError::Scheme(config.endpoint.clone()));
+    }
+    Ok(endpoint
+        .connect_timeout(config.connect_timeout)
+        // A controller that vanished without closing the connection (node lost, network partition)
+        // would otherwise leave the stream hanging, with acknowledgements never coming.
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true))
+}
+
+/// Reads the projected token. A small file on a tmpfs volume: a blocking read is fine here.
+fn read_token(path: &Path) -> Result<String, UplinkError> {
+    let token = std::fs::read_to_string(path).map_err(|source| UplinkError::Token {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(UplinkError::EmptyToken(path.to_path_buf()));
+    }
+    Ok(token.to_string())
+}
+
+/// How many batches may be written ahead of the transport. Small: the resend buffer holds the rest.
+const OUTBOUND_WINDOW: usize = 4;
+
+struct Task {
+    config: UplinkConfig,
+    endpoint: Endpoint,
+    buffer: ResendBuffer,
+    queue: mpsc::Receiver<Vec<FlowRecord>>,
+    /// False once every sender is gone: finish when everything is acknowledged.
+    queue_open: bool,
+    counters: UplinkCounters,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            let mut acknowledged = false;
+            let error = match self.session(&mut acknowledged).await {
+                Ok(()) => return,
+                Err(error) => error,
+            };
+            if !self.queue_open && self.buffer.is_empty() {
+                return;
+            }
+            // A stream that worked for a while was not part of the failures the backoff grows on.
+            if acknowledged || started.elapsed() >= self.config.backoff.max {
+                attempt = 0;
+            }
+            let delay = self.config.backoff.delay(attempt, jitter());
+            attempt = attempt.saturating_add(1);
+            tracing::warn!(
+                %error,
+                retry_in = ?delay,
+                pending = self.buffer.len(),
+                dropped = self.buffer.dropped(),
+                "uplink to the controller interrupted"
+            );
+            // Keep taking batches while waiting, so the data path's queue does not fill up because the
+            // controller is away: the resend buffer absorbs them, dropping its oldest when full.
+            let wait = tokio::time::sleep(delay);
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    _ = &mut wait => break,
+                    records = self.queue.recv(), if self.queue_open => self.take(records),
+                }
+            }
+            self.counters.reconnects.inc();
+        }
+    }
+
+    /// Moves a batch from the queue into the resend buffer (`None`: every sender is gone).
+    fn take(&mut self, records: Option<Vec<FlowRecord>>) {
+        let Some(records) = records else {
+            self.queue_open = false;
+            return;
+        };
+        let pushed = self.buffer.push(&self.config.node, records);
+        if let Some(dropped) = pushed.dropped {
+            self.counters.batches_dropped.inc();
+            tracing::debug!(
+                sequence = dropped,
+                "uplink buffer full: dropped the oldest batch"
+            );
+        }
+        self.counters.pending_batches.set(self.buffer.len() as i64);
+    }
+
+    fn acknowledge(&mut self, ack: &BatchAck) {
+        if self.buffer.ack(ack.sequence) {
+            self.counters.batches_acked.inc();
+        }
+        self.counters
+            .records_accepted
+            .inc_by(u64::from(ack.accepted));
+        self.counters
+            .records_rejected
+            .inc_by(u64::from(ack.rejected));
+        if ack.rejected > 0 {
+            tracing::debug!(
+                sequence = ack.sequence,
+                rejected = ack.rejected,
+                reason = %ack.reason,
+                "the controller refused records"
+            );
+        }
+        self.counters.pending_batches.set(self.buffer.len() as i64);
+    }
+
+    /// One stream: connect, resend what is unacknowledged, then send new batches and take acks until
+    /// something fails. `Ok` only when every sender is gone and every batch acknowledged.
+    async fn session(&mut self, acknowledged: &mut bool) -> Result<(), UplinkError> {
+        let token = read_token(&self.config.token_file)?;
+        let header = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| UplinkError::TokenHeader(self.config.token_file.clone()))?;
+        let channel: Channel = self
+            .endpoint
+            .connect()
+            .await
+            .map_err(UplinkError::Connect)?;
+        let mut client = FlowUplinkClient::new(channel);
+        let (outbound, outbound_rx) = mpsc::channel::<FlowBatch>(OUTBOUND_WINDOW);
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outbound_rx));
+        request.metadata_mut().insert("authorization", header);
+        let mut acks = client
+            .stream(request)
+            .await
+            .map_err(UplinkError::Refused)?
+            .into_inner();
+        tracing::info!(
+            endpoint = %self.config.endpoint,
+            pending = self.buffer.len(),
+            "uplink connected"
+        );
+        // Everything below `next` has been written to this stream. Starting at 0 resends every
+        // unacknowledged batch: the previous stream may have died with them in flight.
+        let mut next = 0u64;
+        loop {
+            if !self.queue_open && self.buffer.is_empty() {
+                // Dropping `outbound` ends our half of the stream; the controller then ends its half.
+                return Ok(());
+            }
+            let unsent = self.buffer.next_from(next).is_some();
+            tokio::select! {
+                // Reserve first, then pick the batch: whatever the buffer dropped meanwhile is skipped.
+                permit = outbound.reserve(), if unsent => {
+                    let permit = permit.map_err(|_| UplinkError::Ended)?;
+                    if let Some(batch) = self.buffer.next_from(next) {
+                        next = batch.sequence + 1;
+                        permit.send(batch.clone());
+                        self.counters.batches_sent.inc();
+                    }
+                }
+                records = self.queue.recv(), if self.queue_open => self.take(records),
+                ack = acks.message() => match ack {
+                    Ok(Some(ack)) => {
+                        *acknowledged = true;
+                        self.acknowledge(&ack);
+                    }
+                    Ok(None) => return Err(UplinkError::Ended),
+                    Err(status) => return Err(UplinkError::Stream(status)),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{EdgeKey, EdgeStats};
+
+    fn records(n: usize) -> Vec<FlowRecord> {
+        (0..n)
+            .map(|i| FlowRecord {
+                port: i as u32,
+                ..FlowRecord::default()
+            })
+            .collect()
+    }
+
+    fn sequences(buffer: &ResendBuffer) -> Vec<u64> {
+        buffer.pending().map(|b| b.sequence).collect()
+    }
+
+    #[test]
+    fn batches_are_numbered_from_one_and_carry_the_node() {
+        let mut buffer = ResendBuffer::new(4);
+        assert_eq!(
+            buffer.push("node-a", records(2)),
+            Pushed {
+                sequence: 1,
+                dropped: None
+            }
+        );
+        assert_eq!(buffer.push("node-a", records(1)).sequence, 2);
+        let first = buffer.pending().next().unwrap();
+        assert_eq!((first.node.as_str(), first.records.len()), ("node-a", 2));
+        assert_eq!(buffer.len(), 2);
+    }
+
+    #[test]
+    fn ack_removes_exactly_that_batch_and_ignores_unknown_sequences() {
+        let mut buffer = ResendBuffer::new(8);
+        for _ in 0..4 {
+            buffer.push("n", records(1));
+        }
+        assert!(buffer.ack(2));
+        assert_eq!(sequences(&buffer), [1, 3, 4]);
+        assert!(
+            !buffer.ack(2),
+            "a duplicate ack (after a resend) is a no-op"
+        );
+        assert!(!buffer.ack(9), "never sent");
+        assert!(buffer.ack(1) && buffer.ack(4) && buffer.ack(3));
+        assert!(buffer.is_empty());
+        assert_eq!(
+            buffer.push("n", records(1)).sequence,
+            5,
+            "numbers are never reused"
+        );
+    }
+
+    #[test]
+    fn a_full_buffer_drops_the_oldest_and_counts_it() {
+        let mut buffer = ResendBuffer::new(3);
+        for _ in 0..3 {
+            assert_eq!(buffer.push("n", records(1)).dropped, None);
+        }
+        assert_eq!(buffer.push("n", records(1)).dropped, Some(1));
+        assert_eq!(buffer.push("n", records(1)).dropped, Some(2));
+        assert_eq!(sequences(&buffer), [3, 4, 5]);
+        assert_eq!(buffer.dropped(), 2);
+        assert_eq!(buffer.len(), buffer.capacity());
+    }
+
+    #[test]
+    fn zero_capacity_still_keeps_the_newest_batch() {
+        let mut buffer = ResendBuffer::new(0);
+        buffer.push("n", records(1));
+        assert_eq!(buffer.push("n", records(1)).dropped, Some(1));
+        assert_eq!(sequences(&buffer), [2]);
+    }
+
+    #[test]
+    fn next_from_walks_the_pending_batches_for_a_resend() {
+        let mut buffer = ResendBuffer::new(8);
+        for _ in 0..5 {
+            buffer.push("n", records(1));
+        }
+        buffer.ack(1);
+        buffer.ack(3);
+        // A new stream starts at 0 and resends 2, 4, 5 in order.
+        let mut next = 0;
+        let mut resent = Vec::new();
+        while let Some(batch) = buffer.next_from(next) {
+            resent.push(batch.sequence);
+            next = batch.sequence + 1;
+        }
+        assert_eq!(resent, [2, 4, 5]);
+        assert!(buffer.next_from(6).is_none());
+        assert_eq!(buffer.next_from(3).map(|b| b.sequence), Some(4));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
+        let backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        let top = |attempt| backoff.delay(attempt, 1.0);
+        assert_eq!(top(0), Duration::from_millis(100));
+        assert_eq!(top(1), Duration::from_millis(200));
+        assert_eq!(top(4), Duration::from_millis(1600));
+        assert_eq!(top(5), Duration::from_secs(2), "capped");
+        assert_eq!(top(64), Duration::from_secs(2), "no overflow");
+        assert_eq!(top(u32::MAX), Duration::from_secs(2));
+        assert_eq!(backoff.delay(1, 0.0), Duration::from_millis(100));
+        assert_eq!(backoff.delay(1, 0.5), Duration::from_millis(150));
+    }
+
+    #[test]
+    fn jitter_stays_in_range_and_varies() {
+        let samples: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(samples.iter().all(|j| (0.0..1.0).contains(j)));
+        let distinct = samples
+            .iter()
+            .map(|j| j.to_bits())
+            .collect::<std::collections::BTreeSet<_>>();
+        assert!(distinct.len() > 32, "{distinct:?}");
+    }
+
+    #[test]
+    fn an_edge_becomes_a_record_with_enums_bytes_and_epoch_milliseconds() {
+        let clock = WallClock::now();
+        let edge = Edge {
+            key: EdgeKey {
+                netns_ino: Some(1),
+                cgroup_id: Some(2),
+                local_ip: "10.0.0.1".parse().unwrap(),
+                peer_ip: "10.0.0.2".parse().unwrap(),
+                port: 8080,
+                protocol: Protocol::Tcp,
+                direction: Direction::Outbound,
+                outcome: Outcome::Failed,
+            },
+            stats: EdgeStats {
+                first_seen: Duration::from_secs(100),
+                last_seen: Duration::from_millis(102_500),
+                count: 7,
+                last_error: Some(111),
+            },
+        };
+        let pod = LocalPod {
+            namespace: "shop".into(),
+            name: "client-1".into(),
+            uid: "0b0e2f6a-1111-2222-3333-444455556666".into(),
+        };
+        let record = flow_record(&edge, pod.clone(), &clock);
+        assert_eq!(record.local, Some(pod));
+        assert_eq!(record.peer_ip, [10, 0, 0, 2]);
+        assert_eq!(record.port, 8080);
+        assert_eq!(record.protocol, proto::Protocol::Tcp as i32);
+        assert_eq!(record.direction, proto::Direction::Outbound as i32);
+        assert_eq!(record.outcome, proto::Outcome::Failed as i32);
+        assert_eq!(record.source, proto::Source::Ebpf as i32);
+        assert_eq!(record.count, 7);
+        assert_eq!(record.last_seen_ms - record.first_seen_ms, 2500);
+        assert_eq!(
+            record.first_seen_ms,
+            epoch_ms(clock.at(Duration::from_secs(100)))
+        );
+
+        let mut v6 = edge;
+        v6.key.peer_ip = "fd00::2".parse().unwrap();
+        v6.key.protocol = Protocol::Udp;
+        v6.key.direction = Direction::Inbound;
+        v6.key.outcome = Outcome::Datagram;
+        let record = flow_record(&v6, LocalPod::default(), &clock);
+        assert_eq!(record.peer_ip.len(), 16);
+        assert_eq!(record.peer_ip[0], 0xfd);
+        assert_eq!(record.peer_ip[15], 2);
+        assert_eq!(record.protocol, proto::Protocol::Udp as i32);
+        assert_eq!(record.direction, proto::Direction::Inbound as i32);
+        assert_eq!(record.outcome, proto::Outcome::Datagram as i32);
+    }
+
+    #[test]
+    fn epoch_milliseconds_of_a_known_time() {
+        assert_eq!(epoch_ms(UNIX_EPOCH + Duration::from_millis(1_700)), 1_700);
+        assert_eq!(epoch_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn only_http_urls_are_accepted() {
+        let config = |url: &str| UplinkConfig::new(url, "/nonexistent", "n");
+        assert!(endpoint(&config("http://127.0.0.1:9443")).is_ok());
+        assert!(matches!(
+            endpoint(&config("https://controller:9443")),
+            Err(UplinkError::Scheme(_))
+        ));
+        assert!(matches!(
+            endpoint(&config("not a url")),
+            Err(UplinkError::Endpoint { .. })
+        ));
+    }
+
+    #[test]
+    fn the_token_is_read_trimmed_and_an_empty_file_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("ne-uplink-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "abc.def\n").unwrap();
+        assert_eq!(read_token(&path).unwrap(), "abc.def");
+        std::fs::write(&path, " \n").unwrap();
+        assert!(matches!(read_token(&path), Err(UplinkError::EmptyToken(_))));
+        assert!(matches!(
+            read_token(&dir.join("missing")),
+            Err(UplinkError::Token { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
