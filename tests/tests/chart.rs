@@ -473,6 +473,7 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     assert_eq!(agent["ports"][0]["containerPort"], 9464);
     assert_eq!(env_value(agent, "NE_METRICS_ADDRESS"), "0.0.0.0:9464");
 
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
     // Runs on every node, tainted ones included.
     assert_eq!(
         pod["tolerations"],
@@ -496,6 +497,10 @@ fn agent_values_reach_its_env_and_privileges() {
         strings(&agent["securityContext"]["capabilities"]["add"]),
         ["BPF", "PERFMON", "NET_ADMIN", "SYS_PTRACE"]
     );
+
+    let docs = render(&["agent.priorityClassName="]);
+    let pod = &find(&docs, "DaemonSet", AGENT)["spec"]["template"]["spec"];
+    assert!(pod.get("priorityClassName").is_none());
 
     let docs = render(&["agent.privileged=true"]);
     let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
