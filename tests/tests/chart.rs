@@ -446,6 +446,7 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
             .iter()
             .find(|v| v["name"] == m["name"])
             .expect("the mount's volume");
+        assert_eq!(m["readOnly"], true, "{mount} is mounted read-only");
         v["hostPath"]["path"].as_str().unwrap().to_owned()
     };
     assert_eq!(host_path("/sys/fs/bpf"), "/sys/fs/bpf");
