@@ -29,6 +29,15 @@ impl SharedIndex {
     pub fn ready(&self) -> bool {
         self.synced.load(Ordering::Acquire) >= KINDS
     }
+
+    /// An index that counts as fully listed from the start, for callers that fill it themselves instead
+    /// of running the watches (tests of the ingest endpoint without a cluster, offline tools).
+    pub fn listed(index: Index) -> Self {
+        Self {
+            index: Arc::new(RwLock::new(index)),
+            synced: AtomicUsize::new(KINDS),
+        }
+    }
 }
 
 fn now_ms() -> i64 {
