@@ -24,6 +24,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How often a duplicate checks whether it has become the winner.
+const DUPLICATE_RECHECK: Duration = Duration::from_secs(10);
+
 /// The policy controller and its cache of policies. It reconciles a policy when the policy, a
 /// NetworkPolicy it owns, or another policy with the same target changes (so a duplicate takes over
 /// when the winner goes away).
@@ -98,6 +101,9 @@ pub async fn reconcile(
             "DuplicateTarget",
             message,
         ));
+        // The winner's deletion reaches this policy through the sibling watch, possibly before the
+        // cache has dropped the winner; re-check soon rather than wait for the resync.
+        requeue = DUPLICATE_RECHECK;
     } else {
         wanted.push(Condition::new(
             conditions::DUPLICATE_TARGET,
