@@ -10,6 +10,9 @@
 //!   full the oldest batch is dropped and counted: recent flows are worth more than old ones.
 //! - Every (re)connect reads the token file again, because the kubelet rotates projected ServiceAccount
 //!   tokens; the token goes in `authorization: Bearer <token>` metadata.
+//! - The controller's limits are kept, since breaking one ends the stream and a resend would break it
+//!   again: batches are split to at most [`UplinkConfig::max_records_per_batch`] records and written at
+//!   most [`UplinkConfig::max_batches_per_second`] a second (also when resending after a reconnect).
 //! - Any error or end of the stream leads to a reconnect after a capped exponential backoff with jitter
 //!   ([`Backoff`]), so agents do not hammer a restarting controller in lockstep.
 //!
@@ -235,6 +238,12 @@ pub struct UplinkConfig {
     pub max_pending_batches: usize,
     /// Batches the data path may hand over before the uplink task takes them.
     pub queue_batches: usize,
+    /// Records per batch at most (the controller refuses a stream whose batch has more than its limit,
+    /// 10 000 by default).
+    pub max_records_per_batch: usize,
+    /// Batches written per second at most (the controller refuses a stream sending more than its limit,
+    /// 20 by default).
+    pub max_batches_per_second: u32,
     /// Waits between reconnects.
     pub backoff: Backoff,
     /// How long a TCP connect to the controller may take.
@@ -242,7 +251,8 @@ pub struct UplinkConfig {
 }
 
 impl UplinkConfig {
-    /// The defaults: 256 batches kept (about 40 minutes of 10-second flushes), a queue of 16, backoff
+    /// The defaults: 256 batches kept (about 40 minutes of 10-second flushes), a queue of 16, at most
+    /// 5000 records a batch and 10 batches a second (half the controller's default limits), backoff
     /// from 0.5 s up to 30 s, 5 s connect timeout.
     pub fn new(
         endpoint: impl Into<String>,
@@ -255,6 +265,8 @@ impl UplinkConfig {
             node: node.into(),
             max_pending_batches: 256,
             queue_batches: 16,
+            max_records_per_batch: 5000,
+            max_batches_per_second: 10,
             backoff: Backoff::default(),
             connect_timeout: Duration::from_secs(5),
         }
@@ -435,19 +447,25 @@ impl Task {
         }
     }
 
-    /// Moves a batch from the queue into the resend buffer (`None`: every sender is gone).
+    /// Moves records from the queue into the resend buffer as batches of at most
+    /// `max_records_per_batch` (`None`: every sender is gone).
     fn take(&mut self, records: Option<Vec<FlowRecord>>) {
-        let Some(records) = records else {
+        let Some(mut records) = records else {
             self.queue_open = false;
             return;
         };
-        let pushed = self.buffer.push(&self.config.node, records);
-        if let Some(dropped) = pushed.dropped {
-            self.counters.batches_dropped.inc();
-            tracing::debug!(
-                sequence = dropped,
-                "uplink buffer full: dropped the oldest batch"
-            );
+        let max = self.config.max_records_per_batch.max(1);
+        while !records.is_empty() {
+            let rest = records.split_off(records.len().min(max));
+            let pushed = self.buffer.push(&self.config.node, records);
+            if let Some(dropped) = pushed.dropped {
+                self.counters.batches_dropped.inc();
+                tracing::debug!(
+                    sequence = dropped,
+                    "uplink buffer full: dropped the oldest batch"
+                );
+            }
+            records = rest;
         }
         self.counters.pending_batches.set(self.buffer.len() as i64);
     }
@@ -503,6 +521,8 @@ impl Task {
         // Everything below `next` has been written to this stream. Starting at 0 resends every
         // unacknowledged batch: the previous stream may have died with them in flight.
         let mut next = 0u64;
+        let pace = Duration::from_secs(1) / self.config.max_batches_per_second.max(1);
+        let mut send_at = tokio::time::Instant::now();
         loop {
             if !self.queue_open && self.buffer.is_empty() {
                 // Dropping `outbound` ends our half of the stream; the controller then ends its half.
@@ -511,12 +531,16 @@ impl Task {
             let unsent = self.buffer.next_from(next).is_some();
             tokio::select! {
                 // Reserve first, then pick the batch: whatever the buffer dropped meanwhile is skipped.
-                permit = outbound.reserve(), if unsent => {
+                permit = async {
+                    tokio::time::sleep_until(send_at).await;
+                    outbound.reserve().await
+                }, if unsent => {
                     let permit = permit.map_err(|_| UplinkError::Ended)?;
                     if let Some(batch) = self.buffer.next_from(next) {
                         next = batch.sequence + 1;
                         permit.send(batch.clone());
                         self.counters.batches_sent.inc();
+                        send_at = tokio::time::Instant::now() + pace;
                     }
                 }
                 records = self.queue.recv(), if self.queue_open => self.take(records),

@@ -50,8 +50,20 @@ struct Controller {
 }
 
 impl Controller {
-    /// Starts on `addr` (port 0: any), retrying while the previous listener on that port closes.
+    /// Starts on `addr` (port 0: any) with generous limits.
     async fn start(addr: SocketAddr) -> Self {
+        Self::start_with(
+            addr,
+            Limits {
+                max_records_per_batch: 100,
+                max_batches_per_second: 1000,
+            },
+        )
+        .await
+    }
+
+    /// Starts on `addr`, retrying while the previous listener on that port closes.
+    async fn start_with(addr: SocketAddr, limits: Limits) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -88,10 +100,7 @@ impl Controller {
                         Default::default(),
                     )),
                 }),
-                limits: Limits {
-                    max_records_per_batch: 100,
-                    max_batches_per_second: 1000,
-                },
+                limits,
             };
             tonic::transport::Server::builder()
                 .add_service(FlowUplinkServer::new(service))
@@ -343,4 +352,48 @@ async fn the_sender_never_blocks_and_every_batch_is_either_held_or_counted_as_dr
     assert_eq!(counters.batches_acked.get(), 0);
     assert!(!task.is_finished());
     task.abort();
+}
+
+#[tokio::test]
+async fn batches_are_split_and_paced_to_stay_within_the_controllers_limits() {
+    // Breaking a limit ends the stream, and resending the same batch would break it again forever.
+    let controller = Controller::start_with(
+        "127.0.0.1:0".parse().unwrap(),
+        Limits {
+            max_records_per_batch: 100,
+            max_batches_per_second: 5,
+        },
+    )
+    .await;
+    let token = TokenFile::new("limits", TOKEN);
+    let counters = UplinkCounters::default();
+    let config = UplinkConfig {
+        max_records_per_batch: 100,
+        max_batches_per_second: 4,
+        ..config(controller.addr, &token)
+    };
+    let (sender, task) = uplink::spawn(config, counters.clone()).unwrap();
+    let started = Instant::now();
+    assert!(sender.send(records(250)), "split into 100 + 100 + 50");
+    for _ in 0..5 {
+        assert!(sender.send(records(1)));
+    }
+    eventually("eight acks", &counters, |c| c.batches_acked.get() == 8).await;
+    assert_eq!(counters.records_rejected.get(), 255, "every record arrived");
+    assert_eq!(
+        counters.reconnects.get(),
+        0,
+        "the controller never cut the stream: {}",
+        snapshot(&counters)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1700),
+        "8 batches at 4/s take at least 7 intervals of 250 ms, took {:?}",
+        started.elapsed()
+    );
+    drop(sender);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the uplink task ends")
+        .unwrap();
 }
