@@ -8,9 +8,11 @@ use network_enforcer_agent::events::EventReader;
 use network_enforcer_agent::flows::{self, FlowFilter};
 use network_enforcer_agent::metrics::AgentMetrics;
 use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
+use network_enforcer_agent::uplink::{self, UplinkConfig};
 use network_enforcer_agent::{
     DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
 };
+use network_enforcer_api::uplink::LocalPod;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -35,8 +37,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: load the eBPF programs, aggregate connections into edges, attribute them to the
-    /// node's pods (by network namespace, or cgroup for hostNetwork pods) and log each flushed batch,
-    /// until SIGINT/SIGTERM. Needs the host's /proc, network namespace and cgroup tree.
+    /// node's pods (by network namespace, or cgroup for hostNetwork pods), log each flushed batch and,
+    /// with --controller-url, stream it to the controller, until SIGINT/SIGTERM. Needs the host's /proc, network namespace and cgroup tree.
     Run(RunArgs),
     /// Show the connections on this node as aggregated flows, live from the running agent's debug socket.
     Flows(FlowsArgs),
@@ -75,6 +77,21 @@ struct RunArgs {
     /// Address of the Prometheus endpoint (`GET /metrics`).
     #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
     metrics_address: std::net::SocketAddr,
+    /// The controller's ingest endpoint (`http://host:port`) to stream flow records to. Without it the
+    /// uplink is off and flushed edges are only logged.
+    #[arg(long, env = "NE_CONTROLLER_URL")]
+    controller_url: Option<String>,
+    /// The projected ServiceAccount token (audience `network-enforcer`) the uplink presents; read again
+    /// at every connect, since the kubelet rotates it.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/network-enforcer/token",
+        env = "NE_TOKEN_FILE"
+    )]
+    token_file: PathBuf,
+    /// This node's name (downward API `spec.nodeName`); needed with --controller-url.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -186,13 +203,38 @@ async fn shutdown_signal() -> Result<()> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
+    // Checked before loading anything: a wrong flag should not need root to be reported.
+    let uplink_config = match &args.controller_url {
+        Some(url) => {
+            let node = args
+                .node_name
+                .clone()
+                .context("--controller-url needs the node name: --node-name or NODE_NAME")?;
+            Some(UplinkConfig::new(
+                url.clone(),
+                args.token_file.clone(),
+                node,
+            ))
+        }
+        None => None,
+    };
+    let metrics = AgentMetrics::new();
+    let uplink = match uplink_config {
+        Some(config) => {
+            tracing::info!(controller = %config.endpoint, node = %config.node, "uplink on");
+            Some(uplink::spawn(config, metrics.uplink()).context("starting the uplink")?)
+        }
+        None => {
+            tracing::info!("no --controller-url: uplink off");
+            None
+        }
+    };
     let mut data_plane =
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     let mut reader = data_plane.events()?;
     let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
     let debug = DebugServer::bind(&args.debug_socket)?;
     tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
-    let metrics = AgentMetrics::new();
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
         .with_context(|| format!("binding the metrics endpoint {}", args.metrics_address))?;
@@ -240,15 +282,39 @@ async fn run(args: RunArgs) -> Result<()> {
                     decode_errors = reader.decode_errors(),
                     "flush"
                 );
+                let mut records = Vec::new();
                 for (edge, line) in edges.iter().zip(flows::render_json(&edges, &clock).lines()) {
                     let owner = identities.attribute(edge.key.netns_ino, edge.key.cgroup_id);
                     tracing::info!(edge = line, ?owner, "edge");
+                    // Only pods' edges go up; the host's and unknown ones are counted above. Until the
+                    // pod watch names pods, records carry the UID only and the controller refuses them
+                    // (counted in network_enforcer_agent_uplink_records_rejected_total).
+                    if let (Some(_), Attribution::Pod { uid, .. }) = (&uplink, owner) {
+                        let pod = LocalPod { uid, ..LocalPod::default() };
+                        records.push(uplink::flow_record(edge, pod, &clock));
+                    }
+                }
+                if let Some((sender, _)) = &uplink {
+                    // Never waits: a full queue drops the batch and counts it.
+                    sender.send(records);
                 }
             }
             r = &mut shutdown => {
                 r?;
                 break;
             }
+        }
+    }
+    if let Some((sender, task)) = uplink {
+        // Give the last acknowledgements a moment; an unreachable controller must not hold up the stop.
+        drop(sender);
+        let abort = task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+            tracing::warn!("stopped with unacknowledged uplink batches");
         }
     }
     tracing::info!(counters = ?data_plane.counters()?, "stopped");

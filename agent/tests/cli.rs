@@ -168,3 +168,56 @@ fn flows_reads_a_running_agent_through_its_debug_socket() {
     assert!(!socket.exists());
     let _ = std::fs::remove_dir(socket.parent().unwrap());
 }
+
+/// Runs `command` to completion, killing it (and failing) after 20 s: a `run` that got past its flag
+/// checks would otherwise load the programs and run until stopped.
+fn output_within_20s(command: &mut Command) -> std::process::Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("still running after 20 s: {:?}", child.wait_with_output());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn run_checks_the_uplink_flags_before_loading_anything() {
+    let out = agent().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for option in [
+        "--controller-url",
+        "--token-file",
+        "--node-name",
+        "NODE_NAME",
+    ] {
+        assert!(help.contains(option), "run --help lacks {option}: {help}");
+    }
+
+    let out = output_within_20s(
+        agent()
+            .args(["run", "--controller-url", "http://127.0.0.1:1"])
+            .env_remove("NODE_NAME"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--node-name or NODE_NAME"), "{stderr}");
+
+    let out = output_within_20s(agent().args([
+        "run",
+        "--controller-url",
+        "https://controller:9443",
+        "--node-name",
+        "node-1",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("only http:// is supported"), "{stderr}");
+}
