@@ -1,14 +1,15 @@
 //! The uplink against the controller's real ingest service on loopback (no cluster, no root): batches
 //! are delivered and acknowledged, a batch sent while the controller is down arrives once it is back, a
-//! wrong token is retried (with the token file re-read) without the task ending, and the sender never
-//! blocks.
+//! wrong token is retried (with the token file re-read) without the task ending, batches stay within the
+//! controller's limits, and the sender never blocks. A stand-in server that reads but does not acknowledge
+//! shows batches in flight when a stream dies being resent on the next.
 //!
 //! The controller's index is empty, so it refuses every record as "not on the node": that refusal, counted
 //! in the acks, is the proof that the controller really read the records.
 
 use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters};
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
-use network_enforcer_api::uplink::{FlowRecord, LocalPod};
+use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
+use network_enforcer_api::uplink::{BatchAck, FlowBatch, FlowRecord, LocalPod};
 use network_enforcer_controller::index_feed::SharedIndex;
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
@@ -17,7 +18,7 @@ use network_enforcer_controller::proposals::ProposalWriter;
 use network_enforcer_controller::resolve::Index;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::Status;
 
@@ -38,6 +39,43 @@ impl Authenticate for FixedToken {
         } else {
             Err(Status::unauthenticated("unknown token"))
         }
+    }
+}
+
+/// A stand-in controller that records the sequence numbers it reads and acknowledges them only when
+/// `acks` is set: to lose acknowledgements on purpose, which the real one never does.
+struct Recorder {
+    seen: Arc<Mutex<Vec<u64>>>,
+    acks: bool,
+}
+
+#[tonic::async_trait]
+impl FlowUplink for Recorder {
+    type StreamStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchAck, Status>> + Send>>;
+
+    async fn stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<FlowBatch>>,
+    ) -> Result<tonic::Response<Self::StreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (seen, acks) = (self.seen.clone(), self.acks);
+        tokio::spawn(async move {
+            while let Ok(Some(batch)) = inbound.message().await {
+                seen.lock().unwrap().push(batch.sequence);
+                let ack = BatchAck {
+                    sequence: batch.sequence,
+                    ..BatchAck::default()
+                };
+                if acks && tx.send(Ok(ack)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }
 
@@ -62,8 +100,35 @@ impl Controller {
         .await
     }
 
-    /// Starts on `addr`, retrying while the previous listener on that port closes.
+    /// Starts the real ingest service on `addr` with `limits`.
     async fn start_with(addr: SocketAddr, limits: Limits) -> Self {
+        Self::serve(addr, move || {
+            // Nothing reaches the writer (every record is refused first); it needs a client all the same.
+            let client =
+                kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                    .unwrap();
+            IngestService {
+                authenticator: Arc::new(FixedToken),
+                learning: Arc::new(Learning {
+                    index: Arc::new(SharedIndex::listed(Index::default())),
+                    writer: Arc::new(ProposalWriter::new(
+                        client,
+                        network_enforcer_api::Backend::Kubernetes,
+                        Default::default(),
+                    )),
+                }),
+                limits,
+            }
+        })
+        .await
+    }
+
+    /// Serves what `service` makes (inside the server's runtime) on `addr`, retrying while the
+    /// previous listener on that port closes.
+    async fn serve<S: FlowUplink>(
+        addr: SocketAddr,
+        service: impl FnOnce() -> S + Send + 'static,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -86,24 +151,8 @@ impl Controller {
                 }
             };
             ready.send(listener.local_addr().unwrap()).unwrap();
-            // Nothing reaches the writer (every record is refused first); it needs a client all the same.
-            let client =
-                kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                    .unwrap();
-            let service = IngestService {
-                authenticator: Arc::new(FixedToken),
-                learning: Arc::new(Learning {
-                    index: Arc::new(SharedIndex::listed(Index::default())),
-                    writer: Arc::new(ProposalWriter::new(
-                        client,
-                        network_enforcer_api::Backend::Kubernetes,
-                        Default::default(),
-                    )),
-                }),
-                limits,
-            };
             tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service))
+                .add_service(FlowUplinkServer::new(service()))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await
                 .unwrap();
@@ -391,6 +440,48 @@ async fn batches_are_split_and_paced_to_stay_within_the_controllers_limits() {
         "8 batches at 4/s take at least 7 intervals of 250 ms, took {:?}",
         started.elapsed()
     );
+    drop(sender);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the uplink task ends")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
+    let silent_seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = silent_seen.clone();
+    let mut silent = Controller::serve("127.0.0.1:0".parse().unwrap(), move || Recorder {
+        seen,
+        acks: false,
+    })
+    .await;
+    let addr = silent.addr;
+    let token = TokenFile::new("in-flight", TOKEN);
+    let counters = UplinkCounters::default();
+    let (sender, task) = uplink::spawn(config(addr, &token), counters.clone()).unwrap();
+    assert!(sender.send(records(1)));
+    assert!(sender.send(records(1)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while silent_seen.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "{}", snapshot(&counters));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The controller read both batches and dies before acknowledging them.
+    silent.stop();
+    assert_eq!(*silent_seen.lock().unwrap(), [1, 2]);
+
+    let acking_seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = acking_seen.clone();
+    let _acking = Controller::serve(addr, move || Recorder { seen, acks: true }).await;
+    eventually("both acks", &counters, |c| c.batches_acked.get() == 2).await;
+    assert_eq!(
+        *acking_seen.lock().unwrap(),
+        [1, 2],
+        "the same batches again, same sequence numbers, in order"
+    );
+    assert_eq!(counters.batches_sent.get(), 4, "{}", snapshot(&counters));
+    assert_eq!(counters.pending_batches.get(), 0);
     drop(sender);
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
