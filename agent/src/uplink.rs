@@ -7,7 +7,8 @@
 //! - The uplink task ([`spawn`]) numbers each batch, keeps it in a [`ResendBuffer`] until the controller
 //!   acknowledges that sequence number, and resends everything unacknowledged after each reconnect (the
 //!   controller merges records idempotently, so a batch delivered twice does no harm). When the buffer is
-//!   full the oldest batch is dropped and counted: recent flows are worth more than old ones.
+//!   full (in batches, or in records: memory stays bounded whatever the batch sizes) the oldest batches are
+//!   dropped and counted: recent flows are worth more than old ones.
 //! - Every (re)connect reads the token file again, because the kubelet rotates projected ServiceAccount
 //!   tokens; the token goes in `authorization: Bearer <token>` metadata.
 //! - The controller's limits are kept, since breaking one ends the stream and a resend would break it
@@ -70,19 +71,23 @@ fn epoch_ms(t: SystemTime) -> i64 {
 }
 
 /// What [`ResendBuffer::push`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pushed {
     /// The sequence number given to the new batch.
     pub sequence: u64,
-    /// The sequence number of the oldest batch, dropped to make room, if the buffer was full.
-    pub dropped: Option<u64>,
+    /// The sequence numbers of the oldest batches, dropped to make room (empty when there was room).
+    pub dropped: Vec<u64>,
 }
 
 /// The batches sent (or still to send) that the controller has not acknowledged yet, oldest first, with
-/// at most `capacity` of them. Pure: no I/O, no clock.
+/// at most `capacity` of them and at most `max_records` records in all (except that the newest batch is
+/// always kept). Pure: no I/O, no clock.
 #[derive(Debug)]
 pub struct ResendBuffer {
     capacity: usize,
+    max_records: usize,
+    /// Records in `pending`.
+    records: usize,
     next_sequence: u64,
     /// Ordered by sequence number (pushes take increasing numbers; acks only remove).
     pending: VecDeque<FlowBatch>,
@@ -95,22 +100,35 @@ impl ResendBuffer {
         let capacity = capacity.max(1);
         Self {
             capacity,
+            max_records: usize::MAX,
+            records: 0,
             next_sequence: 1,
             pending: VecDeque::with_capacity(capacity),
             dropped: 0,
         }
     }
 
-    /// Numbers `records` as the next batch of `node` and keeps it until acknowledged; drops the oldest
-    /// batch first when the buffer is full.
+    /// The same buffer, also limited to `max_records` records in all.
+    pub fn with_max_records(mut self, max_records: usize) -> Self {
+        self.max_records = max_records;
+        self
+    }
+
+    /// Numbers `records` as the next batch of `node` and keeps it until acknowledged; first drops the
+    /// oldest batches until it fits.
     pub fn push(&mut self, node: &str, records: Vec<FlowRecord>) -> Pushed {
-        let dropped = (self.pending.len() >= self.capacity)
-            .then(|| self.pending.pop_front())
-            .flatten()
-            .map(|b| b.sequence);
-        if dropped.is_some() {
+        let mut dropped = Vec::new();
+        while self.pending.len() >= self.capacity
+            || self.records.saturating_add(records.len()) > self.max_records
+        {
+            let Some(oldest) = self.pending.pop_front() else {
+                break;
+            };
+            self.records -= oldest.records.len();
             self.dropped += 1;
+            dropped.push(oldest.sequence);
         }
+        self.records += records.len();
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         self.pending.push_back(FlowBatch {
@@ -126,7 +144,8 @@ impl ResendBuffer {
     pub fn ack(&mut self, sequence: u64) -> bool {
         match self.pending.binary_search_by_key(&sequence, |b| b.sequence) {
             Ok(i) => {
-                self.pending.remove(i);
+                let batch = self.pending.remove(i).expect("found");
+                self.records -= batch.records.len();
                 true
             }
             Err(_) => false,
@@ -148,6 +167,11 @@ impl ResendBuffer {
     /// Number of unacknowledged batches.
     pub fn len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Number of records in the unacknowledged batches.
+    pub fn records(&self) -> usize {
+        self.records
     }
 
     /// Whether every batch has been acknowledged (or dropped).
@@ -236,6 +260,8 @@ pub struct UplinkConfig {
     pub node: String,
     /// Unacknowledged batches kept for resending.
     pub max_pending_batches: usize,
+    /// Records in those batches at most (bounds the memory whatever the batch sizes).
+    pub max_pending_records: usize,
     /// Batches the data path may hand over before the uplink task takes them.
     pub queue_batches: usize,
     /// Records per batch at most (the controller refuses a stream whose batch has more than its limit,
@@ -251,7 +277,8 @@ pub struct UplinkConfig {
 }
 
 impl UplinkConfig {
-    /// The defaults: 256 batches kept (about 40 minutes of 10-second flushes), a queue of 16, at most
+    /// The defaults: 256 batches and 20 000 records kept (about 40 minutes of 10-second flushes, about
+    /// 5 MB), a queue of 16, at most
     /// 5000 records a batch and 10 batches a second (half the controller's default limits), backoff
     /// from 0.5 s up to 30 s, 5 s connect timeout.
     pub fn new(
@@ -264,6 +291,7 @@ impl UplinkConfig {
             token_file: token_file.into(),
             node: node.into(),
             max_pending_batches: 256,
+            max_pending_records: 20_000,
             queue_batches: 16,
             max_records_per_batch: 5000,
             max_batches_per_second: 10,
@@ -353,7 +381,8 @@ pub fn spawn(
         counters: counters.clone(),
     };
     let task = Task {
-        buffer: ResendBuffer::new(config.max_pending_batches),
+        buffer: ResendBuffer::new(config.max_pending_batches)
+            .with_max_records(config.max_pending_records),
         config,
         endpoint,
         queue: receiver,
@@ -458,11 +487,13 @@ impl Task {
         while !records.is_empty() {
             let rest = records.split_off(records.len().min(max));
             let pushed = self.buffer.push(&self.config.node, records);
-            if let Some(dropped) = pushed.dropped {
-                self.counters.batches_dropped.inc();
+            if !pushed.dropped.is_empty() {
+                self.counters
+                    .batches_dropped
+                    .inc_by(pushed.dropped.len() as u64);
                 tracing::debug!(
-                    sequence = dropped,
-                    "uplink buffer full: dropped the oldest batch"
+                    sequences = ?pushed.dropped,
+                    "uplink buffer full: dropped the oldest batches"
                 );
             }
             records = rest;
@@ -582,7 +613,7 @@ mod tests {
             buffer.push("node-a", records(2)),
             Pushed {
                 sequence: 1,
-                dropped: None
+                dropped: vec![]
             }
         );
         assert_eq!(buffer.push("node-a", records(1)).sequence, 2);
@@ -617,10 +648,10 @@ mod tests {
     fn a_full_buffer_drops_the_oldest_and_counts_it() {
         let mut buffer = ResendBuffer::new(3);
         for _ in 0..3 {
-            assert_eq!(buffer.push("n", records(1)).dropped, None);
+            assert_eq!(buffer.push("n", records(1)).dropped, [0u64; 0]);
         }
-        assert_eq!(buffer.push("n", records(1)).dropped, Some(1));
-        assert_eq!(buffer.push("n", records(1)).dropped, Some(2));
+        assert_eq!(buffer.push("n", records(1)).dropped, [1]);
+        assert_eq!(buffer.push("n", records(1)).dropped, [2]);
         assert_eq!(sequences(&buffer), [3, 4, 5]);
         assert_eq!(buffer.dropped(), 2);
         assert_eq!(buffer.len(), buffer.capacity());
@@ -630,8 +661,31 @@ mod tests {
     fn zero_capacity_still_keeps_the_newest_batch() {
         let mut buffer = ResendBuffer::new(0);
         buffer.push("n", records(1));
-        assert_eq!(buffer.push("n", records(1)).dropped, Some(1));
+        assert_eq!(buffer.push("n", records(1)).dropped, [1]);
         assert_eq!(sequences(&buffer), [2]);
+    }
+
+    #[test]
+    fn the_record_limit_drops_as_many_old_batches_as_needed_and_acks_free_room() {
+        let mut buffer = ResendBuffer::new(100).with_max_records(10);
+        buffer.push("n", records(4));
+        buffer.push("n", records(4));
+        assert_eq!(buffer.records(), 8);
+        assert_eq!(
+            buffer.push("n", records(2)).dropped,
+            [0u64; 0],
+            "exactly full"
+        );
+        assert_eq!(buffer.push("n", records(7)).dropped, [1, 2]);
+        assert_eq!(sequences(&buffer), [3, 4]);
+        assert_eq!(buffer.records(), 9);
+        assert!(buffer.ack(4));
+        assert_eq!(buffer.records(), 2);
+        assert_eq!(buffer.push("n", records(8)).dropped, [0u64; 0]);
+        // A batch bigger than the limit replaces everything but is kept: the newest is never lost here.
+        assert_eq!(buffer.push("n", records(30)).dropped, [3, 5]);
+        assert_eq!((sequences(&buffer), buffer.records()), (vec![6], 30));
+        assert_eq!(buffer.dropped(), 4);
     }
 
     #[test]
