@@ -179,15 +179,23 @@ pub fn observation(
     node: &str,
 ) -> Result<Option<Observation>, Refused> {
     let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
-    let on_node = index
-        .pod(&local.namespace, &local.name)
-        .is_some_and(|p| p.node.as_deref() == Some(node));
-    if !on_node {
-        return Err(Refused::NotOnNode(
-            format!("{}/{}", local.namespace, local.name),
-            node.into(),
-        ));
-    }
+    // Agents name the pod by namespace/name when they watch pods, or by uid alone (from the pod's
+    // cgroup path) when they do not; either way the index decides which pod it is and where it runs.
+    let pod = if local.name.is_empty() {
+        index.pod_by_uid(&local.uid)
+    } else {
+        index.pod(&local.namespace, &local.name)
+    };
+    let describe = || {
+        if local.name.is_empty() {
+            format!("uid {}", local.uid)
+        } else {
+            format!("{}/{}", local.namespace, local.name)
+        }
+    };
+    let pod = pod
+        .filter(|p| p.node.as_deref() == Some(node))
+        .ok_or_else(|| Refused::NotOnNode(describe(), node.into()))?;
     let peer: IpAddr = match record.peer_ip.len() {
         4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
             .expect("4 bytes")
@@ -213,7 +221,7 @@ pub fn observation(
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
     );
     Ok(learns.then(|| Observation {
-        local: (local.namespace.clone(), local.name.clone()),
+        local: (pod.namespace.clone(), pod.name.clone()),
         peer,
         port,
         protocol,
@@ -354,5 +362,89 @@ impl FlowUplink for IngestService {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::uplink::LocalPod;
+    use serde_json::json;
+
+    fn index_with_pod(node: &str) -> Index {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1"},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        index
+    }
+
+    fn record(namespace: &str, name: &str, uid: &str) -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }),
+            peer_ip: vec![10, 0, 0, 9],
+            port: 8080,
+            protocol: uplink::Protocol::Tcp as i32,
+            direction: uplink::Direction::Outbound as i32,
+            outcome: uplink::Outcome::Established as i32,
+            last_seen_ms: 2_000,
+            ..FlowRecord::default()
+        }
+    }
+
+    #[test]
+    fn records_name_the_pod_by_name_or_by_uid() {
+        let index = index_with_pod("node-a");
+        let by_name = observation(&record("shop", "web-1", ""), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        let by_uid = observation(&record("", "", "uid-web-1"), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        assert_eq!(by_name, by_uid);
+        assert_eq!(by_uid.local, ("shop".to_string(), "web-1".to_string()));
+    }
+
+    #[test]
+    fn records_for_pods_elsewhere_or_unknown_are_refused() {
+        let index = index_with_pod("node-a");
+        for r in [record("shop", "web-1", ""), record("", "", "uid-web-1")] {
+            assert!(matches!(
+                observation(&r, &index, "node-b"),
+                Err(Refused::NotOnNode(..))
+            ));
+        }
+        assert!(matches!(
+            observation(&record("", "", "uid-nope"), &index, "node-a"),
+            Err(Refused::NotOnNode(..))
+        ));
+        let mut failed = record("shop", "web-1", "");
+        failed.outcome = uplink::Outcome::Failed as i32;
+        assert_eq!(
+            observation(&failed, &index, "node-a"),
+            Ok(None),
+            "failed attempts teach nothing"
+        );
+    }
+
+    #[test]
+    fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
+        let mut index = index_with_pod("node-a");
+        index.delete_pod("shop", "web-1", 5_000);
+        assert!(
+            index.pod_by_uid("uid-web-1").is_some(),
+            "late records still resolve"
+        );
+        index.forget_expired(5_000 + crate::resolve::IP_HISTORY_MS + 1);
+        assert!(index.pod_by_uid("uid-web-1").is_none());
+        assert!(index.pod("shop", "web-1").is_none());
     }
 }

@@ -123,6 +123,10 @@ pub enum Resolved {
 #[derive(Default, Debug)]
 pub struct Index {
     pods: HashMap<PodKey, PodInfo>,
+    /// Pods by uid (agents that only know the uid from the pod's cgroup path report it).
+    uids: HashMap<String, PodKey>,
+    /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
+    deleted: HashMap<PodKey, i64>,
     leases: HashMap<IpAddr, Vec<IpLease>>,
     workloads: HashMap<(String, WorkloadKind, String), WorkloadInfo>,
     services: HashMap<IpAddr, ServiceInfo>,
@@ -211,8 +215,12 @@ impl Index {
                 .collect();
             self.release(&key, &released, now_ms);
         }
+        self.deleted.remove(&key);
+        if !info.uid.is_empty() {
+            self.uids.insert(info.uid.clone(), key.clone());
+        }
         self.pods.insert(key, info);
-        self.prune(now_ms);
+        self.forget_expired(now_ms);
     }
 
     /// Removes a pod; its IPs keep resolving to it for [`IP_HISTORY_MS`].
@@ -222,8 +230,9 @@ impl Index {
             let ips = old.ips.clone();
             self.release(&key, &ips, now_ms);
         }
-        // Keep the PodInfo while a lease references it, so late records still resolve.
-        self.prune(now_ms);
+        // Keep the PodInfo for the IP history window, so late records still resolve.
+        self.deleted.insert(key, now_ms);
+        self.forget_expired(now_ms);
     }
 
     fn release(&mut self, key: &PodKey, ips: &[IpAddr], now_ms: i64) {
@@ -236,11 +245,34 @@ impl Index {
         }
     }
 
-    fn prune(&mut self, now_ms: i64) {
+    /// Forgets IP history and deleted pods older than [`IP_HISTORY_MS`] (also done on every pod change).
+    pub fn forget_expired(&mut self, now_ms: i64) {
         self.leases.retain(|_, leases| {
             leases.retain(|l| l.until.is_none_or(|u| u + IP_HISTORY_MS >= now_ms));
             !leases.is_empty()
         });
+        let expired: Vec<PodKey> = self
+            .deleted
+            .iter()
+            .filter(|(_, at)| **at + IP_HISTORY_MS < now_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            self.deleted.remove(&key);
+            if let Some(pod) = self.pods.remove(&key) {
+                self.uids.remove(&pod.uid);
+            }
+        }
+    }
+
+    /// A pod by uid, as `(namespace, name)`.
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodInfo> {
+        self.uids.get(uid).and_then(|key| self.pods.get(key))
+    }
+
+    /// Number of pods held (live and recently deleted).
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
     }
 
     /// Adds or updates a workload.
@@ -452,11 +484,17 @@ impl Index {
             return none();
         };
         let mut backends: BTreeMap<WorkloadEndpoint, u16> = BTreeMap::new();
-        for pod in self.pods.values().filter(|p| {
-            p.namespace == svc.namespace
-                && !p.ips.is_empty()
-                && selector.iter().all(|(k, v)| p.labels.get(k) == Some(v))
-        }) {
+        for pod in self
+            .pods
+            .iter()
+            .filter(|(key, _)| !self.deleted.contains_key(*key))
+            .map(|(_, p)| p)
+            .filter(|p| {
+                p.namespace == svc.namespace
+                    && !p.ips.is_empty()
+                    && selector.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+            })
+        {
             let container_port = match target {
                 IntOrString::Int(n) => u16::try_from(*n).ok(),
                 IntOrString::String(name) => pod
