@@ -133,7 +133,7 @@ async fn deployment_pods_run_with_ips_and_serve_tcp_and_udp_by_service_name() ->
     // Retries cover the moment before DNS and the endpoints know the Service.
     let client = r#"
         for i in $(seq 1 60); do socat -t 2 - TCP:echo:80 </dev/null && break; sleep 1; done
-        for i in $(seq 1 30); do socat -t 2 - TCP:echo:80 </dev/null; done
+        for i in $(seq 1 60); do socat -t 2 - TCP:echo:80 </dev/null; sleep 0.2; done
         for i in $(seq 1 10); do echo ping | socat -t 2 - UDP:echo:53; done
     "#;
     ns.api::<Pod>()
@@ -149,8 +149,9 @@ async fn deployment_pods_run_with_ips_and_serve_tcp_and_udp_by_service_name() ->
     };
     let tcp = answered("tcp");
     let udp = answered("udp");
-    // 31 TCP connections spread by kube-proxy's random choice: both backends answer (a miss would be
-    // a 2^-30 chance).
+    // 61 TCP connections over ~15 s spread by kube-proxy's random choice: both backends answer (a miss
+    // would be a 2^-60 chance once kube-proxy has programmed both; the spread in time covers kube-proxy
+    // programming the second endpoint a little after the Endpoints object lists it).
     assert_eq!(
         tcp, names,
         "TCP answers came from {tcp:?}, backends are {names:?}; log:\n{log}"
