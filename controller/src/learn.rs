@@ -301,33 +301,28 @@ pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool 
                 return false;
             };
             let peers = vec![peer.clone()];
+            // Egress and ingress rules are different types with the same shape: (peers, ports).
             match spec.direction {
-                Direction::Egress => {
-                    let rules = np.egress.get_or_insert_with(Vec::new);
-                    match rules.iter_mut().find(|r| r.to.as_ref() == Some(&peers)) {
-                        Some(rule) => add_port(rule.ports.get_or_insert_with(Vec::new), port),
-                        None => {
-                            rules.push(NetworkPolicyEgressRule {
-                                to: Some(peers),
-                                ports: Some(vec![port.clone()]),
-                            });
-                            true
-                        }
-                    }
-                }
-                Direction::Ingress => {
-                    let rules = np.ingress.get_or_insert_with(Vec::new);
-                    match rules.iter_mut().find(|r| r.from.as_ref() == Some(&peers)) {
-                        Some(rule) => add_port(rule.ports.get_or_insert_with(Vec::new), port),
-                        None => {
-                            rules.push(NetworkPolicyIngressRule {
-                                from: Some(peers),
-                                ports: Some(vec![port.clone()]),
-                            });
-                            true
-                        }
-                    }
-                }
+                Direction::Egress => upsert_rule(
+                    np.egress.get_or_insert_with(Vec::new),
+                    |r| (r.to.as_ref(), &mut r.ports),
+                    peers,
+                    port,
+                    |to, ports| NetworkPolicyEgressRule {
+                        to: Some(to),
+                        ports: Some(ports),
+                    },
+                ),
+                Direction::Ingress => upsert_rule(
+                    np.ingress.get_or_insert_with(Vec::new),
+                    |r| (r.from.as_ref(), &mut r.ports),
+                    peers,
+                    port,
+                    |from, ports| NetworkPolicyIngressRule {
+                        from: Some(from),
+                        ports: Some(ports),
+                    },
+                ),
             }
         }
         Edge::Istio { principal, port } => {
@@ -366,6 +361,30 @@ pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool 
             }
         }
     }
+}
+
+/// Adds `port` to the rule whose peers are exactly `peers`, or appends a new rule; returns whether
+/// `rules` changed.
+fn upsert_rule<R>(
+    rules: &mut Vec<R>,
+    parts: impl Fn(
+        &mut R,
+    ) -> (
+        Option<&Vec<NetworkPolicyPeer>>,
+        &mut Option<Vec<NetworkPolicyPort>>,
+    ),
+    peers: Vec<NetworkPolicyPeer>,
+    port: &NetworkPolicyPort,
+    new_rule: impl FnOnce(Vec<NetworkPolicyPeer>, Vec<NetworkPolicyPort>) -> R,
+) -> bool {
+    for rule in rules.iter_mut() {
+        let (rule_peers, ports) = parts(rule);
+        if rule_peers == Some(&peers) {
+            return add_port(ports.get_or_insert_with(Vec::new), port);
+        }
+    }
+    rules.push(new_rule(peers, vec![port.clone()]));
+    true
 }
 
 fn add_port(ports: &mut Vec<NetworkPolicyPort>, port: &NetworkPolicyPort) -> bool {

@@ -458,6 +458,19 @@ mod grpc {
                 .create(&PostParams::default(), &sa)
                 .await?;
         }
+        // v1.20 refuses pods of a ServiceAccount until the controller-manager has made its token Secret.
+        let accounts = ns.api::<ServiceAccount>();
+        for sa in [AGENT_SA, "intruder"] {
+            ns.wait_for(
+                &format!("the token Secret of {sa}"),
+                Duration::from_secs(60),
+                || async {
+                    let account = accounts.get(sa).await?;
+                    Ok(account.secrets.is_some_and(|s| !s.is_empty()).then_some(()))
+                },
+            )
+            .await?;
+        }
         let pods = ns.api::<Pod>();
         let agent = pods
             .create(&PostParams::default(), &pod_json("agent", AGENT_SA, None)?)
