@@ -1,5 +1,6 @@
 //! Developer and CI tasks: `cargo xtask <command>`. Run `cargo xtask --help`.
 
+mod bench;
 mod cluster;
 mod gen_crds;
 mod image;
@@ -34,6 +35,11 @@ enum Command {
         /// `agent`, `controller`, or `all`.
         name: String,
     },
+    /// Run a benchmark; figures go to target/bench/<name>.json and a table on stdout.
+    Bench {
+        /// The benchmark's name (see `xtask/src/bench/`).
+        name: String,
+    },
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
 }
@@ -46,6 +52,7 @@ fn main() -> Result<()> {
         Command::Ci => ci(),
         Command::Cluster { action } => cluster::run(action),
         Command::Image { name } => image::build(&name),
+        Command::Bench { name } => bench::run(&name),
         Command::Demo => demo(),
     }
 }
