@@ -16,6 +16,7 @@ pub mod reconcile;
 pub mod render;
 pub mod resolve;
 pub mod selector;
+pub mod telemetry;
 pub mod uninstall;
 pub mod uniqueness;
 pub mod violations;
