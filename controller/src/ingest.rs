@@ -171,6 +171,19 @@ pub enum Refused {
     NotOnNode(String, String),
 }
 
+impl Refused {
+    /// The `reason` label of `records_rejected_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refused::NoLocalPod => "no_local_pod",
+            Refused::BadAddress(_) => "bad_address",
+            Refused::BadPort(_) => "bad_port",
+            Refused::BadEnum => "bad_enum",
+            Refused::NotOnNode(..) => "not_on_node",
+        }
+    }
+}
+
 /// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
 /// denials: those are violation evidence, not learning).
 pub fn observation(
@@ -234,6 +247,7 @@ impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
         let index = self.index.index.read().expect("index lock");
+        let metrics = self.writer.metrics();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         for record in &batch.records {
             let result = observation(record, &index, node).map(|obs| match obs {
@@ -242,7 +256,10 @@ impl Learning {
                     .observe(&index, &o)
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
-                None => Ok(()),
+                None => {
+                    metrics.resolved("not_learned", 1);
+                    Ok(())
+                }
             });
             match result {
                 Ok(Ok(())) => accepted += 1,
@@ -253,12 +270,14 @@ impl Learning {
                 }
                 Err(refused) => {
                     rejected += 1;
+                    metrics.record_rejected(refused.label());
                     if reason.is_empty() {
                         reason = refused.to_string();
                     }
                 }
             }
         }
+        metrics.records_received.inc_by(batch.records.len() as u64);
         if rejected > 0 {
             tracing::warn!(node, sequence = batch.sequence, rejected, %reason, "refused records");
         }
@@ -300,18 +319,38 @@ impl FlowUplink for IngestService {
         request: Request<Streaming<FlowBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         if !self.learning.index.ready() {
+            self.learning
+                .writer
+                .metrics()
+                .batch_refused("index_not_synced");
             return Err(Status::unavailable(
                 "the controller is still listing the cluster; retry shortly",
             ));
         }
-        let token = bearer(&request)?;
-        let agent = self.authenticator.authenticate(&token).await?;
+        let metrics = self.learning.writer.metrics().clone();
+        let token = bearer(&request).inspect_err(|_| metrics.token_review("unauthenticated"))?;
+        let agent = self
+            .authenticator
+            .authenticate(&token)
+            .await
+            .inspect_err(|status| {
+                metrics.token_review(match status.code() {
+                    tonic::Code::Unauthenticated => "unauthenticated",
+                    tonic::Code::PermissionDenied => "permission_denied",
+                    _ => "unavailable",
+                })
+            })?;
+        metrics.token_review("authenticated");
         tracing::info!(node = %agent.node, pod = %agent.pod, "agent connected");
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let learning = self.learning.clone();
         let limits = self.limits.clone();
         tokio::spawn(async move {
+            let metrics = learning.writer.metrics().clone();
+            metrics.agent_streams.inc();
+            // Decremented however the stream ends.
+            let _open = GaugeGuard(metrics.agent_streams.clone());
             let mut window = (Instant::now(), 0u32);
             loop {
                 let batch = match inbound.message().await {
@@ -327,27 +366,37 @@ impl FlowUplink for IngestService {
                 }
                 window.1 += 1;
                 let refusal = if batch.node != agent.node {
-                    Some(Status::permission_denied(format!(
-                        "batch claims node {:?} but the token belongs to a pod on node {:?}",
-                        batch.node, agent.node
-                    )))
+                    Some((
+                        "wrong_node",
+                        Status::permission_denied(format!(
+                            "batch claims node {:?} but the token belongs to a pod on node {:?}",
+                            batch.node, agent.node
+                        )),
+                    ))
                 } else if window.1 > limits.max_batches_per_second {
-                    Some(Status::resource_exhausted(format!(
-                        "more than {} batches per second; slow down and reconnect",
-                        limits.max_batches_per_second
-                    )))
+                    Some((
+                        "rate_limited",
+                        Status::resource_exhausted(format!(
+                            "more than {} batches per second; slow down and reconnect",
+                            limits.max_batches_per_second
+                        )),
+                    ))
                 } else if batch.records.len() > limits.max_records_per_batch {
-                    Some(Status::invalid_argument(format!(
-                        "batch {} has {} records; the limit is {}",
-                        batch.sequence,
-                        batch.records.len(),
-                        limits.max_records_per_batch
-                    )))
+                    Some((
+                        "too_many_records",
+                        Status::invalid_argument(format!(
+                            "batch {} has {} records; the limit is {}",
+                            batch.sequence,
+                            batch.records.len(),
+                            limits.max_records_per_batch
+                        )),
+                    ))
                 } else {
                     None
                 };
                 let reply = match refusal {
-                    Some(status) => {
+                    Some((reason, status)) => {
+                        metrics.batch_refused(reason);
                         tracing::warn!(node = %agent.node, %status, "agent stream refused");
                         let _ = tx.send(Err(status)).await;
                         break;
@@ -362,6 +411,15 @@ impl FlowUplink for IngestService {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+/// Decrements the gauge when dropped.
+struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -7,9 +7,11 @@
 pub mod authorization_policy;
 pub mod conditions;
 pub mod evaluate;
+pub mod http;
 pub mod index_feed;
 pub mod ingest;
 pub mod learn;
+pub mod metrics;
 pub mod promote;
 pub mod proposals;
 pub mod reconcile;

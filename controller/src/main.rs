@@ -5,10 +5,12 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_controller::http::Health;
 use network_enforcer_controller::index_feed::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     IngestService, Learning, Limits, TokenReviewAuthenticator,
 };
+use network_enforcer_controller::metrics::ControllerMetrics;
 use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
 use network_enforcer_controller::reconcile::{self, Settings};
 use std::collections::BTreeSet;
@@ -87,6 +89,10 @@ struct RunArgs {
     /// How often learned edges are written to proposals, in seconds (at most one write per proposal).
     #[arg(long, env = "FLUSH_INTERVAL_SECONDS", default_value_t = 2)]
     flush_interval_seconds: u64,
+    /// Where `/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness, JSON detail) are
+    /// served over HTTP.
+    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    metrics_address: std::net::SocketAddr,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -167,8 +173,35 @@ async fn run(args: RunArgs) -> Result<()> {
     let backend = args.provider.backend();
     tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
 
+    let metrics = ControllerMetrics::new();
+    let health = Health::default();
+    let http_listener = tokio::net::TcpListener::bind(args.metrics_address)
+        .await
+        .with_context(|| format!("binding --metrics-address {}", args.metrics_address))?;
+    tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
+    let http =
+        network_enforcer_controller::http::serve(http_listener, metrics.clone(), health.clone());
+
     let index = Arc::new(SharedIndex::default());
-    let writer = Arc::new(ProposalWriter::new(client.clone(), backend, excluded));
+    let index_health = health.component("index", true);
+    let index_watch = {
+        let index = index.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if index.ready() {
+                    index_health.ready("every watch has listed");
+                } else {
+                    index_health.not_ready("listing pods, Services, workloads and nodes");
+                }
+            }
+        }
+    };
+    let ingest_health = health.component("ingest", true);
+    let writer = Arc::new(
+        ProposalWriter::new(client.clone(), backend, excluded).with_metrics(metrics.clone()),
+    );
     let ingest = IngestService {
         authenticator: Arc::new(TokenReviewAuthenticator::new(
             client.clone(),
@@ -181,11 +214,18 @@ async fn run(args: RunArgs) -> Result<()> {
         }),
         limits: Limits::default(),
     };
+    let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
+        .await
+        .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
+    ingest_health.ready(format!("serving on {}", args.ingest_address));
     let grpc = tonic::transport::Server::builder()
         .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024))
-        .serve_with_shutdown(args.ingest_address, async {
-            let _ = tokio::signal::ctrl_c().await;
-        });
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(ingest_listener),
+            async {
+                let _ = tokio::signal::ctrl_c().await;
+            },
+        );
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
     let flusher = async move {
         let mut tick = tokio::time::interval(flush_every);
@@ -202,6 +242,8 @@ async fn run(args: RunArgs) -> Result<()> {
         () = index_feed::run(client, index) => {}
         result = grpc => result.context("serving the agent ingest endpoint")?,
         () = flusher => {}
+        () = index_watch => {}
+        result = http => result.context("serving /metrics, /healthz, /readyz")?,
     }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! failed write keeps its edges for the next flush: nothing learned is lost to an API hiccup.
 
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
-use crate::resolve::Index;
+use crate::metrics::ControllerMetrics;
+use crate::resolve::{Endpoint, Index};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -16,6 +17,7 @@ use network_enforcer_api::naming::promoted_from_value;
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// How many times a write is retried on a conflict within one flush.
 const CONFLICT_RETRIES: usize = 3;
@@ -25,6 +27,8 @@ const CONFLICT_RETRIES: usize = 3;
 pub struct FlushReport {
     /// Proposals created or updated.
     pub written: usize,
+    /// Of those, proposals created.
+    pub created: usize,
     /// Proposals whose spec already held every edge.
     pub unchanged: usize,
     /// Proposals skipped because a policy was promoted from them.
@@ -41,6 +45,7 @@ pub struct ProposalWriter {
     backend: Backend,
     excluded_namespaces: BTreeSet<String>,
     pending: Mutex<BTreeMap<Target, Vec<Edge>>>,
+    metrics: ControllerMetrics,
 }
 
 impl ProposalWriter {
@@ -52,14 +57,49 @@ impl ProposalWriter {
             backend,
             excluded_namespaces,
             pending: Mutex::new(BTreeMap::new()),
+            metrics: ControllerMetrics::new(),
         }
+    }
+
+    /// Counts into `metrics` (the process's registry) instead of a private one. The ingest service
+    /// counts into the same metrics through [`ProposalWriter::metrics`].
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this writer (and the ingest feeding it) counts into.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
     }
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
     pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
         let mut produced = 0;
+        let flows = learn::flows(index, obs).inspect_err(|e| {
+            self.metrics.resolved(
+                match e {
+                    Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
+                    Unresolved::ServiceWithoutBackends(..) => "service_without_backends",
+                },
+                1,
+            )
+        })?;
         let mut pending = self.pending.lock().expect("pending edges lock");
-        for flow in learn::flows(index, obs)? {
+        for flow in flows {
+            // The peer is the side that is not the local pod's workload.
+            let peer = match obs.opened {
+                learn::Opened::Outbound => &flow.destination,
+                learn::Opened::Inbound => &flow.source,
+            };
+            self.metrics.resolved(
+                match peer {
+                    Endpoint::Workload(_) => "workload",
+                    Endpoint::Node { .. } => "node",
+                    Endpoint::External(_) => "external",
+                },
+                1,
+            );
             for (target, edge) in learn::edges(&flow, self.backend) {
                 if self
                     .excluded_namespaces
@@ -70,10 +110,12 @@ impl ProposalWriter {
                 let edges = pending.entry(target).or_default();
                 if !edges.contains(&edge) {
                     edges.push(edge);
+                    self.metrics.pending_edges.inc();
                 }
                 produced += 1;
             }
         }
+        self.metrics.pending_proposals.set(pending.len() as i64);
         Ok(produced)
     }
 
@@ -87,7 +129,14 @@ impl ProposalWriter {
         let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
         let mut report = FlushReport::default();
         for (target, edges) in batch {
-            match self.write(&target, &edges, &mut report).await {
+            let started = Instant::now();
+            let before = report.clone();
+            let result = self.write(&target, &edges, &mut report).await;
+            self.metrics
+                .write_duration
+                .observe(started.elapsed().as_secs_f64());
+            self.count(&before, &report, result.is_err());
+            match result {
                 Ok(()) => {}
                 Err(error) => {
                     report.failed += 1;
@@ -103,7 +152,30 @@ impl ProposalWriter {
                 }
             }
         }
+        let pending = self.pending.lock().expect("pending edges lock");
+        self.metrics.pending_proposals.set(pending.len() as i64);
+        self.metrics
+            .pending_edges
+            .set(pending.values().map(Vec::len).sum::<usize>() as i64);
         report
+    }
+
+    /// Counts what one proposal's write did, from the report before and after it.
+    fn count(&self, before: &FlushReport, after: &FlushReport, failed: bool) {
+        for _ in before.conflicts..after.conflicts {
+            self.metrics.proposal_write("conflict");
+        }
+        if failed {
+            self.metrics.proposal_write("failed");
+        } else if after.created > before.created {
+            self.metrics.proposal_write("created");
+        } else if after.written > before.written {
+            self.metrics.proposal_write("updated");
+        } else if after.promoted > before.promoted {
+            self.metrics.proposal_write("promoted");
+        } else {
+            self.metrics.proposal_write("unchanged");
+        }
     }
 
     async fn write(
@@ -154,9 +226,11 @@ impl ProposalWriter {
                 Some(_) => proposals.replace(&name, &params, &desired).await,
                 None => proposals.create(&params, &desired).await,
             };
+            let created = existing.is_none();
             match written {
                 Ok(_) => {
                     report.written += 1;
+                    report.created += usize::from(created);
                     let status = serde_json::json!({"status": {
                         "peerCount": learn::peer_count(&desired.spec),
                         "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),

@@ -270,6 +270,12 @@ impl Index {
         self.uids.get(uid).and_then(|key| self.pods.get(key))
     }
 
+    /// Every pod held, live and recently deleted (see [`IP_HISTORY_MS`]): the violation evaluator's
+    /// view is derived from these, so the index stays the one source of truth about pods.
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values()
+    }
+
     /// Number of pods held (live and recently deleted).
     pub fn pod_count(&self) -> usize {
         self.pods.len()

@@ -274,5 +274,7 @@ pub fn sync(
     }
 }
 
+pub mod evidence;
+
 #[cfg(test)]
 mod tests;

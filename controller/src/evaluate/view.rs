@@ -116,6 +116,30 @@ impl PodInfo {
     }
 }
 
+impl From<&crate::resolve::PodInfo> for PodInfo {
+    /// The evaluator's view of a pod the controller's [`crate::resolve::Index`] holds: derived, never
+    /// kept apart, so the index stays the one source of truth. The index keeps only named container
+    /// ports, which are all that named-port resolution needs.
+    fn from(pod: &crate::resolve::PodInfo) -> Self {
+        PodInfo {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            labels: pod.labels.clone(),
+            ips: pod.ips.clone(),
+            ports: pod
+                .ports
+                .iter()
+                .map(|(name, port, protocol)| ContainerPort {
+                    name: Some(name.clone()),
+                    port: *port,
+                    protocol: *protocol,
+                })
+                .collect(),
+            workload: pod.owner.clone(),
+        }
+    }
+}
+
 /// A NetworkPolicy in force: its namespace, name and spec.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedPolicy {
@@ -306,6 +330,27 @@ impl ClusterView {
             .into_iter()
             .flatten()
             .filter_map(move |pod| self.pods.get(&PodKey::new(namespace, pod.as_str())))
+    }
+
+    /// The view of the controller's index: every pod it holds except hostNetwork ones (NetworkPolicies
+    /// do not apply to them; flows name them by address), the `namespaces` with their labels, and the
+    /// NetworkPolicies in force.
+    pub fn from_index(
+        index: &crate::resolve::Index,
+        namespaces: impl IntoIterator<Item = (String, Labels)>,
+        policies: impl IntoIterator<Item = NamedPolicy>,
+    ) -> Self {
+        let mut view = ClusterView::new();
+        for (name, labels) in namespaces {
+            view.insert_namespace(name, labels);
+        }
+        for pod in index.pods().filter(|p| !p.host_network) {
+            view.insert_pod(PodInfo::from(pod));
+        }
+        for policy in policies {
+            view.insert_policy(policy);
+        }
+        view
     }
 
     /// The number of pods in the view.

@@ -128,6 +128,27 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
     action: &str,
     note: String,
 ) {
+    publish_with(
+        &ctx.recorder,
+        &obj.object_ref(&()),
+        type_,
+        reason,
+        action,
+        note,
+    )
+    .await
+}
+
+/// Publishes an Event about the object `regarding` with `recorder` (for loops outside the
+/// reconcilers, such as the status sync); failures to publish are logged, never fatal.
+pub async fn publish_with(
+    recorder: &Recorder,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let event = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
@@ -135,7 +156,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, regarding).await {
         tracing::warn!(error = %e, reason, "could not publish event");
     }
 }
