@@ -23,6 +23,7 @@ pub mod host;
 pub mod loader;
 pub mod metrics;
 pub mod pod_identity;
+pub mod sources;
 pub mod tracepoint_format;
 pub mod uplink;
 

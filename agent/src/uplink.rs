@@ -61,6 +61,7 @@ pub fn flow_record(edge: &Edge, local: LocalPod, clock: &WallClock) -> FlowRecor
         last_seen_ms: epoch_ms(clock.at(edge.stats.last_seen)),
         count: edge.stats.count,
         source: proto::Source::Ebpf as i32,
+        ..FlowRecord::default()
     }
 }
 
@@ -224,7 +225,7 @@ impl Backoff {
 
 /// A number in `[0, 1)`, different at every call. `RandomState` is seeded randomly per thread and
 /// re-keyed at every construction, which is plenty for spreading reconnects without a random crate.
-fn jitter() -> f64 {
+pub fn jitter() -> f64 {
     use std::hash::BuildHasher;
     let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
     (bits >> 11) as f64 / (1u64 << 53) as f64

@@ -43,3 +43,15 @@ pub mod uplink {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("networkenforcer.agent.v1");
 }
+
+/// Our subset of Cilium Hubble's observer API (`proto/hubble/observer.proto`): `observer.Observer/GetFlows`.
+pub mod hubble {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("observer");
+}
+
+/// Our subset of Calico Goldmane's flow API (`proto/goldmane/goldmane.proto`): `goldmane.Flows/Stream`.
+pub mod goldmane {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("goldmane");
+}

@@ -406,6 +406,7 @@ mod grpc {
             last_seen_ms: now,
             count: 1,
             source: uplink::Source::Ebpf as i32,
+            ..FlowRecord::default()
         }
     }
 

@@ -1,0 +1,451 @@
+//! Flow sources other than the agent's own eBPF programs (SPEC section 8): what a CNI or mesh on this
+//! node already knows about its flows, turned into the same [`FlowRecord`]s the eBPF edges become.
+//!
+//! - [`hubble`]: Cilium Hubble's `observer.Observer/GetFlows` (local socket or Relay with TLS);
+//! - [`ztunnel`]: the JSON lines of Istio ambient's ztunnel logs, and the correlation of its
+//!   authorization messages with its access logs;
+//! - [`tail`]: the container-log tailer (CRI format, rotation, truncation, positions kept on disk) that
+//!   feeds the ztunnel parser.
+//!
+//! Every source folds its records into one [`RecordSink`]; the agent's flush drains it next to the eBPF
+//! edges and hands everything to the uplink, so there is one path to the controller. Every source
+//! reports its health in [`SourceMetrics`], retries with [`crate::uplink::Backoff`] and never ends the
+//! process.
+
+pub mod hubble;
+pub mod tail;
+pub mod ztunnel;
+
+use network_enforcer_api::uplink::{FlowRecord, LocalPod, Peer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What makes two source records the same aggregate: everything but the times and the count.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RecordKey {
+    local: (String, String, String),
+    peer_ip: Vec<u8>,
+    port: u32,
+    protocol: i32,
+    direction: i32,
+    outcome: i32,
+    source: i32,
+    peer: Option<(String, String, String)>,
+    policy: String,
+    dry_run: bool,
+}
+
+impl RecordKey {
+    fn of(r: &FlowRecord) -> Self {
+        let pod = |p: &LocalPod| (p.namespace.clone(), p.name.clone(), p.uid.clone());
+        let peer = |p: &Peer| (p.namespace.clone(), p.pod.clone(), p.principal.clone());
+        Self {
+            local: r.local.as_ref().map(pod).unwrap_or_default(),
+            peer_ip: r.peer_ip.clone(),
+            port: r.port,
+            protocol: r.protocol,
+            direction: r.direction,
+            outcome: r.outcome,
+            source: r.source,
+            peer: r.peer.as_ref().map(peer),
+            policy: r.policy.clone(),
+            dry_run: r.dry_run,
+        }
+    }
+}
+
+/// Folds source records with the same key into one (count added up, first/last seen widened) until the
+/// agent's flush drains them. Bounded: past `capacity` distinct keys new records are dropped and counted,
+/// so a flood from a source cannot grow the agent's memory.
+#[derive(Debug)]
+pub struct RecordAggregator {
+    records: HashMap<RecordKey, FlowRecord>,
+    capacity: usize,
+    dropped: u64,
+}
+
+impl Default for RecordAggregator {
+    fn default() -> Self {
+        Self::new(50_000)
+    }
+}
+
+impl RecordAggregator {
+    /// An empty aggregator holding at most `capacity` distinct records.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            records: HashMap::new(),
+            capacity,
+            dropped: 0,
+        }
+    }
+
+    /// Adds a record; returns false when it was dropped for lack of room.
+    pub fn add(&mut self, record: FlowRecord) -> bool {
+        let key = RecordKey::of(&record);
+        if let Some(held) = self.records.get_mut(&key) {
+            held.count += record.count.max(1);
+            held.first_seen_ms = held.first_seen_ms.min(record.first_seen_ms);
+            held.last_seen_ms = held.last_seen_ms.max(record.last_seen_ms);
+            return true;
+        }
+        if self.records.len() >= self.capacity {
+            self.dropped += 1;
+            return false;
+        }
+        let mut record = record;
+        record.count = record.count.max(1);
+        self.records.insert(key, record);
+        true
+    }
+
+    /// Takes every record, oldest first.
+    pub fn drain(&mut self) -> Vec<FlowRecord> {
+        let mut out: Vec<FlowRecord> = self.records.drain().map(|(_, r)| r).collect();
+        out.sort_by_key(|r| (r.first_seen_ms, r.port));
+        out
+    }
+
+    /// Distinct records held.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records dropped because the aggregator was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// The sources' shared handle to the aggregator the flush drains. Cheap to clone; `add` holds the lock
+/// only for a hash-map update, so it never blocks a source for long.
+#[derive(Clone, Debug, Default)]
+pub struct RecordSink {
+    inner: Arc<Mutex<RecordAggregator>>,
+}
+
+impl RecordSink {
+    /// A sink with room for `capacity` distinct records between flushes.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(RecordAggregator::new(capacity))),
+        }
+    }
+
+    /// Adds a record; false when dropped for lack of room.
+    pub fn add(&self, record: FlowRecord) -> bool {
+        self.inner.lock().expect("record sink lock").add(record)
+    }
+
+    /// Takes every record held.
+    pub fn drain(&self) -> Vec<FlowRecord> {
+        self.inner.lock().expect("record sink lock").drain()
+    }
+}
+
+/// The label of every per-source metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `hubble`, `ztunnel` (the controller has `goldmane`).
+    pub source: String,
+}
+
+/// Per-source health, as Prometheus metrics labelled `source`.
+#[derive(Clone, Debug, Default)]
+pub struct SourceMetrics {
+    connected: Family<SourceLabel, Gauge>,
+    messages: Family<SourceLabel, Counter>,
+    errors: Family<SourceLabel, Counter>,
+    last_message: Family<SourceLabel, Gauge<f64, AtomicU64>>,
+    records: Family<SourceLabel, Counter>,
+    skipped: Family<SourceLabel, Counter>,
+    lost_events: Family<SourceLabel, Counter>,
+}
+
+impl SourceMetrics {
+    /// Registers the families in `registry` (under its prefix, e.g. `network_enforcer_agent_source_*`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "source_connected",
+            "1 while the flow source is connected (Hubble) or its files are being read (ztunnel)",
+            self.connected.clone(),
+        );
+        registry.register(
+            "source_messages",
+            "Messages (flows, log lines) read from the flow source",
+            self.messages.clone(),
+        );
+        registry.register(
+            "source_errors",
+            "Connection failures, stream errors and malformed messages of the flow source",
+            self.errors.clone(),
+        );
+        registry.register(
+            "source_last_message_timestamp_seconds",
+            "Unix time of the last message read from the flow source",
+            self.last_message.clone(),
+        );
+        registry.register(
+            "source_records",
+            "Flow records the source produced for the uplink",
+            self.records.clone(),
+        );
+        registry.register(
+            "source_skipped",
+            "Messages that produced no record (replies, other nodes, other drop reasons, allowed outcomes)",
+            self.skipped.clone(),
+        );
+        registry.register(
+            "source_lost_events",
+            "Events the peer reported lost before they reached us (Hubble lost_events)",
+            self.lost_events.clone(),
+        );
+    }
+
+    /// The handle of one source.
+    pub fn source(&self, name: &str) -> SourceHealth {
+        let label = SourceLabel {
+            source: name.to_string(),
+        };
+        SourceHealth {
+            connected: self.connected.get_or_create(&label).clone(),
+            messages: self.messages.get_or_create(&label).clone(),
+            errors: self.errors.get_or_create(&label).clone(),
+            last_message: self.last_message.get_or_create(&label).clone(),
+            records: self.records.get_or_create(&label).clone(),
+            skipped: self.skipped.get_or_create(&label).clone(),
+            lost_events: self.lost_events.get_or_create(&label).clone(),
+        }
+    }
+}
+
+/// One source's metrics. Cheap to clone (shared atomics).
+#[derive(Clone, Debug, Default)]
+pub struct SourceHealth {
+    /// 1 while connected.
+    pub connected: Gauge,
+    /// Messages read.
+    pub messages: Counter,
+    /// Errors of any kind.
+    pub errors: Counter,
+    /// Unix seconds of the last message.
+    pub last_message: Gauge<f64, AtomicU64>,
+    /// Records produced.
+    pub records: Counter,
+    /// Messages that produced no record.
+    pub skipped: Counter,
+    /// Events the peer lost.
+    pub lost_events: Counter,
+}
+
+impl SourceHealth {
+    /// Counts one message read now.
+    pub fn message(&self) {
+        self.messages.inc();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.last_message.set(now);
+    }
+}
+
+/// Parses an RFC 3339 UTC time (`2026-08-21T10:15:30.123456Z`, also with `+00:00`) into milliseconds
+/// since the Unix epoch. Other offsets are applied. `None` for anything else.
+pub fn rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut ms = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let first3: String = frac[..digits]
+            .chars()
+            .chain("000".chars())
+            .take(3)
+            .collect();
+        ms = first3.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && matches!(&rest[..1], "+" | "-") && &rest[3..4] == ":" => {
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            sign * (rest[1..3].parse::<i64>().ok()? * 60 + rest[4..6].parse::<i64>().ok()?)
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
+    Some(secs * 1000 + ms)
+}
+
+/// Milliseconds since the Unix epoch now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Logs at most once per `every` (per limiter), counting what it held back in between, so a source that
+/// sends garbage in a loop cannot flood the agent's log.
+#[derive(Debug)]
+pub struct RateLimitedLog {
+    every: std::time::Duration,
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    /// At most one line per `every`.
+    pub fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// Returns `Some(suppressed since the last line)` when a line may be written now.
+    pub fn allow(&mut self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        match self.last {
+            Some(last) if now.duration_since(last) < self.every => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::uplink::{Outcome, Source};
+
+    fn record(port: u32, first: i64, last: i64, count: u64) -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: "shop".into(),
+                name: "web-1".into(),
+                uid: String::new(),
+            }),
+            peer_ip: vec![10, 0, 0, 2],
+            port,
+            outcome: Outcome::Established as i32,
+            source: Source::Hubble as i32,
+            first_seen_ms: first,
+            last_seen_ms: last,
+            count,
+            ..FlowRecord::default()
+        }
+    }
+
+    #[test]
+    fn same_records_fold_and_different_ones_stay_apart() {
+        let mut agg = RecordAggregator::new(10);
+        agg.add(record(80, 5, 6, 1));
+        agg.add(record(80, 2, 3, 0));
+        agg.add(record(443, 9, 9, 2));
+        let mut denied = record(80, 1, 1, 1);
+        denied.outcome = Outcome::Denied as i32;
+        denied.policy = "shop/deny".into();
+        agg.add(denied);
+        let out = agg.drain();
+        assert_eq!(out.len(), 3);
+        let folded = out
+            .iter()
+            .find(|r| r.port == 80 && r.policy.is_empty())
+            .unwrap();
+        assert_eq!(
+            (folded.first_seen_ms, folded.last_seen_ms, folded.count),
+            (2, 6, 2)
+        );
+        assert!(agg.is_empty());
+    }
+
+    #[test]
+    fn a_full_aggregator_drops_new_keys_but_still_folds_known_ones() {
+        let mut agg = RecordAggregator::new(1);
+        assert!(agg.add(record(80, 1, 1, 1)));
+        assert!(!agg.add(record(81, 1, 1, 1)));
+        assert!(agg.add(record(80, 2, 2, 1)));
+        assert_eq!(agg.dropped(), 1);
+        assert_eq!(agg.drain()[0].count, 2);
+    }
+
+    #[test]
+    fn rfc3339_times_parse_to_epoch_milliseconds() {
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            rfc3339_ms("2026-08-21T10:15:30.123456Z"),
+            Some(1_787_307_330_123)
+        );
+        assert_eq!(
+            rfc3339_ms("2026-08-21T12:15:30.5+02:00"),
+            Some(1_787_307_330_500)
+        );
+        assert_eq!(rfc3339_ms("2000-02-29T00:00:00Z"), Some(951_782_400_000));
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-08-21T10:15:30",
+        ] {
+            assert_eq!(rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn metrics_are_labelled_by_source() {
+        let metrics = SourceMetrics::default();
+        let mut registry = Registry::with_prefix("t");
+        metrics.register(&mut registry);
+        let h = metrics.source("hubble");
+        h.message();
+        h.connected.set(1);
+        h.lost_events.inc_by(7);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "t_source_messages_total{source=\"hubble\"} 1",
+            "t_source_connected{source=\"hubble\"} 1",
+            "t_source_lost_events_total{source=\"hubble\"} 7",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+    }
+}
