@@ -5,6 +5,7 @@
 //! layer that feeds them and writes their results.
 
 pub mod authorization_policy;
+pub mod check;
 pub mod conditions;
 pub mod evaluate;
 pub mod http;
