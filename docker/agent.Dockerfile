@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+# The node agent image, for users' own builds (the local test cluster uses `cargo xtask image agent`, no
+# container engine needed). Build from the repository root:
+#
+#   docker build -f docker/agent.Dockerfile -t <registry>/network-enforcer/agent:<tag> .
+#
+# Three stages:
+#   ebpf-toolchain  what `cargo xtask setup` installs (xtask/src/setup/ebpf.rs): Debian's Rust with the
+#                   prebuilt `core` for bpfel-unknown-none, LLVM 22, bpf-linker 0.13.0 built against it,
+#                   and Debian's toolchain linked into rustup as `debian-bpf` (aya-build runs
+#                   `rustup run debian-bpf cargo build` for the kernel programs; .cargo/config.toml names it).
+#   build           the release agent; its build script compiles agent-ebpf and embeds the ELF.
+#   runtime         distroless (glibc + libgcc only, no shell). The agent runs as root with only the
+#                   capabilities the chart grants (BPF, PERFMON, NET_ADMIN): loading eBPF programs and
+#                   reading the host's /proc need uid 0 plus those capabilities.
+
+ARG RUST_VERSION=1.95
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12
+
+FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS ebpf-toolchain
+ARG BPF_LINKER_VERSION=0.13.0
+# rustc-web/cargo-web and LLVM 22 come from bookworm-security, which the base image's sources include.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+       rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev zlib1g-dev libzstd-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && ls /usr/lib/rustlib/bpfel-unknown-none/lib/libcore-*.rlib
+ENV LLVM_PREFIX=/usr/lib/llvm-22
+RUN cargo install --locked "bpf-linker@${BPF_LINKER_VERSION}" --no-default-features --features llvm-22 \
+    && rustup toolchain link debian-bpf /usr
+
+FROM ebpf-toolchain AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --locked --release --package network-enforcer-agent --bin network-enforcer-agent \
+    && install -D -m 0755 target/release/network-enforcer-agent /out/network-enforcer-agent
+
+FROM ${RUNTIME_IMAGE} AS runtime
+COPY --from=build /out/network-enforcer-agent /usr/local/bin/network-enforcer-agent
+USER 0:0
+# Prometheus /metrics on the node (the agent uses the host network).
+EXPOSE 9464
+ENTRYPOINT ["/usr/local/bin/network-enforcer-agent"]
+CMD ["run"]
