@@ -111,6 +111,7 @@ impl Controller {
                 authenticator: Arc::new(FixedToken),
                 learning: Arc::new(Learning {
                     index: Arc::new(SharedIndex::listed(Index::default())),
+                    evidence: None,
                     writer: Arc::new(ProposalWriter::new(
                         client,
                         network_enforcer_api::Backend::Kubernetes,

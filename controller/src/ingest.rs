@@ -150,10 +150,13 @@ impl Default for Limits {
     }
 }
 
-/// Where accepted records go: the index to resolve them, the writer to learn from them.
+/// Where accepted records go: the index to resolve them, the writer to learn from them, and the
+/// status sync that turns them into violation evidence (SPEC 6).
 pub struct Learning {
     pub index: Arc<SharedIndex>,
     pub writer: Arc<ProposalWriter>,
+    /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
+    pub evidence: Option<Arc<dyn crate::status_sync::EvidenceSink>>,
 }
 
 /// Why one record was refused.
@@ -261,6 +264,9 @@ impl Learning {
                     Ok(())
                 }
             });
+            if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
+                evidence.accepted(record);
+            }
             match result {
                 Ok(Ok(())) => accepted += 1,
                 Ok(Err(unresolved)) => {

@@ -13,6 +13,7 @@ use network_enforcer_controller::ingest::{
 use network_enforcer_controller::metrics::ControllerMetrics;
 use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
 use network_enforcer_controller::reconcile::{self, Settings};
+use network_enforcer_controller::status_sync::{self, StatusSync};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,10 @@ struct RunArgs {
     /// served over HTTP.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: std::net::SocketAddr,
+    /// How often violation records are written to policy statuses (Go-style duration: 30s, 1m, 500ms).
+    #[arg(long, env = "WNP_STATUS_UPDATE_INTERVAL", default_value = "30s",
+          value_parser = network_enforcer_controller::status_sync::parse_duration)]
+    status_update_interval: Duration,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -202,6 +207,19 @@ async fn run(args: RunArgs) -> Result<()> {
     let writer = Arc::new(
         ProposalWriter::new(client.clone(), backend, excluded).with_metrics(metrics.clone()),
     );
+    let status_sync = StatusSync::new(
+        client.clone(),
+        index.clone(),
+        status_sync::Settings {
+            namespace: settings.namespace.clone(),
+            interval: args.status_update_interval,
+            // Cilium gives in-cluster pods identities that CIDR rules do not match.
+            ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
+            instance: settings.instance.clone(),
+            ..status_sync::Settings::default()
+        },
+        Arc::new(network_enforcer_controller::telemetry::Disabled),
+    );
     let ingest = IngestService {
         authenticator: Arc::new(TokenReviewAuthenticator::new(
             client.clone(),
@@ -211,6 +229,7 @@ async fn run(args: RunArgs) -> Result<()> {
         learning: Arc::new(Learning {
             index: index.clone(),
             writer: writer.clone(),
+            evidence: Some(status_sync.evidence()),
         }),
         limits: Limits::default(),
     };
@@ -242,6 +261,7 @@ async fn run(args: RunArgs) -> Result<()> {
         () = index_feed::run(client, index) => {}
         result = grpc => result.context("serving the agent ingest endpoint")?,
         () = flusher => {}
+        () = status_sync.run() => {}
         () = index_watch => {}
         result = http => result.context("serving /metrics, /healthz, /readyz")?,
     }

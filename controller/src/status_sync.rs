@@ -349,6 +349,12 @@ impl StatusSync {
             })
     }
 
+    /// The evaluator's view now (what [`StatusSync::sync_policy`] evaluates against).
+    pub fn current_view(&self) -> ClusterView {
+        let index = self.index.index.read().expect("index lock");
+        self.view(&index)
+    }
+
     /// The evaluator's view now: the index's pods, the watched namespaces and NetworkPolicies.
     fn view(&self, index: &Index) -> ClusterView {
         let namespaces = self.namespaces.state();
@@ -443,10 +449,7 @@ impl StatusSync {
                 "dropped observations of deleted policies"
             );
         }
-        let view = {
-            let index = self.index.index.read().expect("index lock");
-            self.view(&index)
-        };
+        let view = self.current_view();
         let mut report = PassReport::default();
         for policy in policies
             .iter()

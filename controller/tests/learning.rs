@@ -14,103 +14,11 @@ use network_enforcer_controller::learn::{Observation, Opened};
 use network_enforcer_controller::proposals::ProposalWriter;
 use network_enforcer_controller::resolve::Index;
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::images::TEST_IMAGE;
+use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
-
-fn deployment(name: &str, replicas: i32, sa: &str) -> Result<Deployment> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "serviceAccountName": sa,
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{
-                        "name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", "sleep 3600"],
-                        "ports": [{"name": "http", "containerPort": 18080},
-                                  {"name": "echo-udp", "containerPort": 18081, "protocol": "UDP"}]
-                    }]
-                }
-            }
-        }
-    }))?)
-}
-
-/// The SPEC section 10 workloads; returns (client pod names and IPs, server pod name).
-async fn workloads(ns: &TestNamespace) -> Result<(Vec<(String, IpAddr)>, String)> {
-    for sa in ["http-client-sa", "http-server-sa"] {
-        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}}))?;
-        ns.api::<ServiceAccount>()
-            .create(&PostParams::default(), &sa)
-            .await?;
-    }
-    let deployments = ns.api::<Deployment>();
-    deployments
-        .create(
-            &PostParams::default(),
-            &deployment("http-server", 1, "http-server-sa")?,
-        )
-        .await?;
-    deployments
-        .create(
-            &PostParams::default(),
-            &deployment("http-client", 3, "http-client-sa")?,
-        )
-        .await?;
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "http-service"},
-        "spec": {"selector": {"app": "http-server"}, "ports": [
-            {"name": "tcp", "port": 18080, "targetPort": 18080},
-            {"name": "tcp2", "port": 18082, "targetPort": 18082},
-            {"name": "udp", "port": 18083, "targetPort": "echo-udp", "protocol": "UDP"}]}
-    }))?;
-    ns.api::<Service>()
-        .create(&PostParams::default(), &svc)
-        .await?;
-    let pods = ns.api::<Pod>();
-    let running = ns
-        .wait_for(
-            "4 running pods with IPs",
-            Duration::from_secs(120),
-            || async {
-                let list = pods.list(&ListParams::default()).await?;
-                let running: Vec<(String, String, IpAddr)> = list
-                    .items
-                    .iter()
-                    .filter_map(|p| {
-                        let s = p.status.as_ref()?;
-                        (s.phase.as_deref() == Some("Running")).then_some(())?;
-                        Some((
-                            p.labels()["app"].clone(),
-                            p.name_any(),
-                            s.pod_ip.as_ref()?.parse().ok()?,
-                        ))
-                    })
-                    .collect();
-                Ok((running.len() == 4).then_some(running))
-            },
-        )
-        .await?;
-    let clients = running
-        .iter()
-        .filter(|(a, ..)| a == "http-client")
-        .map(|(_, n, ip)| (n.clone(), *ip))
-        .collect();
-    let server = running
-        .iter()
-        .find(|(a, ..)| a == "http-server")
-        .unwrap()
-        .1
-        .clone();
-    Ok((clients, server))
-}
 
 /// The index as the controller's watches would build it, from the cluster's current objects.
 async fn index(client: &kube::Client) -> Result<Index> {
@@ -135,13 +43,6 @@ async fn index(client: &kube::Client) -> Result<Index> {
         ix.apply_service(&s);
     }
     Ok(ix)
-}
-
-async fn cluster_ip(ns: &str, name: &str, client: &kube::Client) -> Result<IpAddr> {
-    let svc = Api::<Service>::namespaced(client.clone(), ns)
-        .get(name)
-        .await?;
-    Ok(svc.spec.unwrap().cluster_ip.unwrap().parse()?)
 }
 
 fn observation(
@@ -177,7 +78,7 @@ async fn specs_in(ns: &TestNamespace) -> Result<Vec<(String, Value)>> {
 #[tokio::test]
 async fn spec_section_10_learning_both_backends() -> Result<()> {
     let ns = TestNamespace::create_with_crds("learn").await?;
-    let (clients, server) = workloads(&ns).await?;
+    let Workloads { clients, server } = create_workloads(&ns, 3).await?;
     let ix = index(&ns.client).await?;
     let service = cluster_ip(&ns.name, "http-service", &ns.client).await?;
     let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
@@ -348,37 +249,22 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
 
 mod grpc {
     use super::*;
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
     use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
-    use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
+    use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
     use network_enforcer_controller::index_feed::{self, SharedIndex};
     use network_enforcer_controller::ingest::{
-        AUDIENCE, IngestService, Learning, Limits, TokenReviewAuthenticator,
+        IngestService, Learning, Limits, TokenReviewAuthenticator,
+    };
+    use network_enforcer_tests::section10::{
+        AGENT_SA, agent_token, flow_record, pod_json, send_batches as send,
     };
     use std::sync::Arc;
 
-    const AGENT_SA: &str = "network-enforcer-agent";
-
-    /// A pod-bound token for `sa`, as the kubelet would project it into the agent pod.
     async fn token(ns: &TestNamespace, sa: &str, pod: &Pod) -> Result<String> {
-        let request: TokenRequest = serde_json::from_value(json!({
-            "spec": {
-                "audiences": [AUDIENCE],
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()},
-                "expirationSeconds": 3600
-            }
-        }))?;
-        let created = ns
-            .api::<ServiceAccount>()
-            .create_token_request(sa, &PostParams::default(), &request)
-            .await?;
-        Ok(created
-            .status
-            .and_then(|s| s.token)
-            .expect("the API server issued a token"))
+        agent_token(ns, sa, pod).await
     }
 
+    /// An established connection as the agent reports it.
     fn record(
         ns: &str,
         pod: &str,
@@ -387,71 +273,21 @@ mod grpc {
         protocol: uplink::Protocol,
         direction: uplink::Direction,
     ) -> FlowRecord {
-        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-        FlowRecord {
-            local: Some(LocalPod {
-                namespace: ns.into(),
-                name: pod.into(),
-                uid: String::new(),
-            }),
-            peer_ip: match peer {
-                IpAddr::V4(v4) => v4.octets().to_vec(),
-                IpAddr::V6(v6) => v6.octets().to_vec(),
-            },
+        flow_record(
+            ns,
+            pod,
+            peer,
             port,
-            protocol: protocol as i32,
-            direction: direction as i32,
-            outcome: uplink::Outcome::Established as i32,
-            first_seen_ms: now,
-            last_seen_ms: now,
-            count: 1,
-            source: uplink::Source::Ebpf as i32,
-            ..FlowRecord::default()
-        }
-    }
-
-    /// Sends `batches` on one stream with `token`; returns the acks, or the stream's error status.
-    async fn send(
-        addr: std::net::SocketAddr,
-        token: &str,
-        batches: Vec<FlowBatch>,
-    ) -> Result<Vec<uplink::BatchAck>, tonic::Status> {
-        let mut client = FlowUplinkClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connects");
-        let n = batches.len();
-        let mut request = tonic::Request::new(futures::stream::iter(batches));
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        let mut acks = client.stream(request).await?.into_inner();
-        let mut out = Vec::new();
-        while out.len() < n {
-            match acks.message().await? {
-                Some(ack) => out.push(ack),
-                None => break,
-            }
-        }
-        Ok(out)
-    }
-
-    fn pod_json(name: &str, sa: &str, node: Option<&str>) -> Result<Pod> {
-        let mut spec = json!({
-            "serviceAccountName": sa, "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]
-        });
-        if let Some(node) = node {
-            spec["nodeName"] = json!(node);
-        }
-        Ok(serde_json::from_value(
-            json!({"metadata": {"name": name, "labels": {"app": name}}, "spec": spec}),
-        )?)
+            protocol,
+            direction,
+            uplink::Outcome::Established,
+        )
     }
 
     #[tokio::test]
     async fn agents_stream_records_over_grpc_with_token_review() -> Result<()> {
         let ns = TestNamespace::create_with_crds("ingest").await?;
-        let (clients, server) = workloads(&ns).await?;
+        let Workloads { clients, server } = create_workloads(&ns, 3).await?;
         let n = ns.name.clone();
         for sa in [AGENT_SA, "intruder"] {
             let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}}))?;
@@ -522,6 +358,7 @@ mod grpc {
             learning: Arc::new(Learning {
                 index: shared.clone(),
                 writer: writer.clone(),
+                evidence: None,
             }),
             limits: Limits {
                 max_records_per_batch: 100,

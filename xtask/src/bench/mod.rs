@@ -10,13 +10,15 @@ use anyhow::{Context, Result, bail};
 
 use crate::run;
 
+mod evaluate;
+
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &[];
+const KNOWN: &[&str] = &["evaluate"];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
-    #[allow(clippy::match_single_binding)] // arms are added as benchmarks land
     match name {
+        "evaluate" => evaluate::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
     }
 }

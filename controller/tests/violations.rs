@@ -1,0 +1,523 @@
+//! Violations against the real local API server (SPEC section 6, section 10 Kubernetes scenario from
+//! promotion on): records go through a real gRPC stream with a real pod-bound token into the real
+//! ingest service; the index is fed by real watches; the reconcilers promote and render; the status
+//! sync runs with a 1 s interval and patches the real status subresource.
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
+use kube::api::{ListParams, Patch, PatchParams};
+use network_enforcer_api::crd::{AcknowledgedViolation, Backend};
+use network_enforcer_api::keys::{ACKNOWLEDGE_ANNOTATION_PREFIX, PROMOTE_LABEL};
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_api::{
+    Direction, PolicyMode, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+    WorkloadNetworkPolicyStatus,
+};
+use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::ingest::{
+    IngestService, Learning, Limits, TokenReviewAuthenticator,
+};
+use network_enforcer_controller::proposals::ProposalWriter;
+use network_enforcer_controller::reconcile;
+use network_enforcer_controller::status_sync::{self, StatusSync, SyncError};
+use network_enforcer_controller::telemetry::ViolationSink;
+use network_enforcer_controller::violations::Observation;
+use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::section10::{
+    AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
+    send_batches, service_account_with_token,
+};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const EGRESS: &str = "deployment-http-client-egress";
+const INGRESS: &str = "deployment-http-server-ingress";
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A telemetry sink that remembers every event (SPEC 7's observed / acknowledged).
+#[derive(Default)]
+struct Recorded {
+    observed: Mutex<Vec<(Backend, Observation)>>,
+    acknowledged: Mutex<Vec<AcknowledgedViolation>>,
+}
+
+impl ViolationSink for Recorded {
+    fn observed(&self, backend: Backend, observation: &Observation) {
+        self.observed
+            .lock()
+            .unwrap()
+            .push((backend, observation.clone()));
+    }
+
+    fn acknowledged(&self, acknowledged: &AcknowledgedViolation) {
+        self.acknowledged.lock().unwrap().push(acknowledged.clone());
+    }
+}
+
+/// An agent on the cluster's node: its token and node, and where it sends.
+struct Agent {
+    address: SocketAddr,
+    token: String,
+    node: String,
+    sequence: u64,
+}
+
+impl Agent {
+    /// Sends one batch and requires every record accepted.
+    async fn send(&mut self, records: Vec<FlowRecord>) -> Result<()> {
+        self.sequence += 1;
+        let n = records.len() as u32;
+        let acks = send_batches(
+            self.address,
+            &self.token,
+            vec![FlowBatch {
+                sequence: self.sequence,
+                node: self.node.clone(),
+                records,
+            }],
+        )
+        .await?;
+        ensure!(
+            acks.len() == 1 && acks[0].accepted == n && acks[0].rejected == 0,
+            "{acks:?}"
+        );
+        Ok(())
+    }
+}
+
+fn status(policy: &WorkloadNetworkPolicy) -> WorkloadNetworkPolicyStatus {
+    policy.status.clone().unwrap_or_default()
+}
+
+fn acknowledge_annotations(policy: &WorkloadNetworkPolicy) -> Vec<String> {
+    policy
+        .annotations()
+        .keys()
+        .filter(|k| k.starts_with(ACKNOWLEDGE_ANNOTATION_PREFIX))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("violations").await?;
+    let n = ns.name.clone();
+    let client = ns.client.clone();
+    let workloads = create_workloads(&ns, 1).await?;
+    let (client_pod, client_ip) = workloads.clients[0].clone();
+    let server_pod = workloads.server.clone();
+    service_account_with_token(&ns, AGENT_SA).await?;
+    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
+    let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
+
+    // The controller, in process: index watches, reconcilers, status sync (1 s), ingest on loopback.
+    let shared = Arc::new(SharedIndex::default());
+    let feed = tokio::spawn(index_feed::run(client.clone(), shared.clone()));
+    let reconcilers = tokio::spawn(reconcile::run(
+        client.clone(),
+        reconcile::Settings {
+            namespace: Some(n.clone()),
+            ..reconcile::Settings::default()
+        },
+    ));
+    let telemetry = Arc::new(Recorded::default());
+    let sync = StatusSync::new(
+        client.clone(),
+        shared.clone(),
+        status_sync::Settings {
+            namespace: Some(n.clone()),
+            interval: Duration::from_secs(1),
+            evidence_interval: Duration::from_millis(250),
+            ..status_sync::Settings::default()
+        },
+        telemetry.clone(),
+    );
+    let watches = tokio::spawn(sync.clone().watches());
+    let passes = tokio::spawn(sync.clone().passes_forever());
+    let writer = Arc::new(ProposalWriter::new(
+        client.clone(),
+        Backend::Kubernetes,
+        BTreeSet::from(["kube-system".to_string()]),
+    ));
+    let service = IngestService {
+        authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
+        learning: Arc::new(Learning {
+            index: shared.clone(),
+            writer: writer.clone(),
+            evidence: Some(sync.evidence()),
+        }),
+        limits: Limits::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(FlowUplinkServer::new(service))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    ns.wait_for("the index to see the pods", WAIT, || async {
+        let index = shared.index.read().unwrap();
+        Ok((shared.ready()
+            && index
+                .pod(&n, &server_pod)
+                .is_some_and(|p| !p.ips.is_empty())
+            && index.pod(&n, &client_pod).is_some())
+        .then_some(()))
+    })
+    .await?;
+    let mut agent = Agent {
+        address,
+        token,
+        node,
+        sequence: 0,
+    };
+    let service_ip = cluster_ip(&n, "http-service", &client).await?;
+    let dns = cluster_ip("kube-system", "kube-dns", &client).await?;
+    use uplink::Direction::{Inbound, Outbound};
+    use uplink::Outcome::{Datagram, Established, Failed};
+    use uplink::Protocol::{Tcp, Udp};
+    let record = |pod: &str, peer, port, protocol, direction, outcome| {
+        flow_record(&n, pod, peer, port, protocol, direction, outcome)
+    };
+    // TCP 18080 through the Service, seen by both ends, and the client's DNS lookup: allowed.
+    let allowed = vec![
+        record(&client_pod, service_ip, 18080, Tcp, Outbound, Established),
+        record(&client_pod, dns, 53, Udp, Outbound, Datagram),
+        record(&server_pod, client_ip, 18080, Tcp, Inbound, Established),
+    ];
+
+    // Step 2 (learning) and 3 (promotion to monitor).
+    agent.send(allowed.clone()).await?;
+    let report = writer.flush().await;
+    ensure!(report.written == 2, "{report:?}");
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    for name in [EGRESS, INGRESS] {
+        proposals
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
+            )
+            .await?;
+    }
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    ns.wait_for("both policies in monitor mode", WAIT, || async {
+        let list = policies.list(&ListParams::default()).await?;
+        let names: BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|p| p.spec.mode == PolicyMode::Monitor)
+            .map(|p| p.name_any())
+            .collect();
+        Ok((names.len() == 2).then_some(()))
+    })
+    .await?;
+
+    // Step 4: UDP to 18083 echoes; both agents see the datagram. Allowed flows keep flowing.
+    let udp = vec![
+        record(&client_pod, service_ip, 18083, Udp, Outbound, Datagram),
+        record(&server_pod, client_ip, 18081, Udp, Inbound, Datagram),
+    ];
+    agent.send([allowed.clone(), udp.clone()].concat()).await?;
+    for name in [EGRESS, INGRESS] {
+        let policy = ns
+            .wait_for(&format!("a violation on {name}"), WAIT, || async {
+                let p = policies.get(name).await?;
+                Ok((status(&p).violation_count > 0).then_some(p))
+            })
+            .await?;
+        let s = status(&policy);
+        assert_eq!(
+            (s.violation_count, s.active_violation_count),
+            (1, 1),
+            "{name}: one nc is one observation, whichever agents report it: {s:#?}"
+        );
+        let v = &s.violations[0];
+        assert_eq!(
+            (
+                v.source.owner_name.as_str(),
+                v.dest.owner_name.as_str(),
+                v.protocol,
+                v.dst_port,
+                v.action
+            ),
+            (
+                "http-client",
+                "http-server",
+                Protocol::UDP,
+                Some(18081),
+                PolicyMode::Monitor
+            ),
+            "{name}: {v:#?}"
+        );
+        assert_eq!(
+            (
+                v.denying_policy_namespace.as_str(),
+                v.denying_policy_name.as_str()
+            ),
+            (n.as_str(), name)
+        );
+        let direction = if name == EGRESS {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        };
+        assert_eq!(v.direction, Some(direction));
+        assert_eq!(
+            v.source.identity,
+            format!("cluster.local/ns/{n}/sa/http-client-sa")
+        );
+        assert_eq!(s.observed_generation, policy.metadata.generation);
+    }
+    // Proposals are not re-created by what the policies now govern.
+    writer.flush().await;
+    assert!(
+        proposals
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+    );
+
+    // Step 5: protect. The egress policy denies the UDP send: recorded there only.
+    for name in [EGRESS, INGRESS] {
+        policies
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"mode": "protect"}})),
+            )
+            .await?;
+    }
+    let network_policies = ns.api::<NetworkPolicy>();
+    for name in [EGRESS, INGRESS] {
+        ns.wait_for(
+            &format!("NetworkPolicy {name}, and the sync seeing protect"),
+            WAIT,
+            || async {
+                let p = policies.get(name).await?;
+                let synced = status(&p).observed_generation == p.metadata.generation;
+                Ok((synced && network_policies.get_opt(name).await?.is_some()).then_some(()))
+            },
+        )
+        .await?;
+    }
+    agent
+        .send(vec![
+            record(&client_pod, service_ip, 18083, Udp, Outbound, Datagram),
+            record(&client_pod, service_ip, 18080, Tcp, Outbound, Established),
+            record(&server_pod, client_ip, 18080, Tcp, Inbound, Established),
+        ])
+        .await?;
+    let egress = ns
+        .wait_for("the protect violation on egress", WAIT, || async {
+            let p = policies.get(EGRESS).await?;
+            Ok((status(&p).violation_count >= 2).then_some(p))
+        })
+        .await?;
+    // Two more complete passes: anything the ingress policy would record is in by then.
+    let seen = sync.passes();
+    ns.wait_for("two more status passes", WAIT, || async {
+        Ok((sync.passes() >= seen + 2).then_some(()))
+    })
+    .await?;
+    let s = status(&egress);
+    assert_eq!(
+        (s.violation_count, s.active_violation_count),
+        (2, 2),
+        "{s:#?}"
+    );
+    let actions: Vec<_> = s.violations.iter().map(|v| (v.action, v.id)).collect();
+    assert_eq!(
+        actions,
+        [(PolicyMode::Protect, 1), (PolicyMode::Monitor, 0)],
+        "newest first"
+    );
+    assert_eq!(s.violations[0].dst_port, Some(18081));
+    let s = status(&policies.get(INGRESS).await?);
+    assert_eq!(
+        (s.violation_count, s.active_violation_count),
+        (1, 1),
+        "the blocked flow never reached the server: {s:#?}"
+    );
+    {
+        let observed = telemetry.observed.lock().unwrap();
+        let summary: Vec<_> = observed
+            .iter()
+            .map(|(b, o)| (*b, o.denying_policy_name.as_str(), o.action))
+            .collect();
+        assert_eq!(summary.len(), 3, "{summary:?}");
+        for expected in [
+            (Backend::Kubernetes, EGRESS, PolicyMode::Monitor),
+            (Backend::Kubernetes, INGRESS, PolicyMode::Monitor),
+            (Backend::Kubernetes, EGRESS, PolicyMode::Protect),
+        ] {
+            assert!(summary.contains(&expected), "{summary:?}");
+        }
+    }
+
+    // Acknowledge the monitor record, and an id that does not exist.
+    let ack = format!("{ACKNOWLEDGE_ANNOTATION_PREFIX}0");
+    let unknown = format!("{ACKNOWLEDGE_ANNOTATION_PREFIX}999");
+    policies
+        .patch(
+            EGRESS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                &ack: "expected during the rollout", &unknown: "typo"}}})),
+        )
+        .await?;
+    let egress = ns
+        .wait_for("the annotations consumed", WAIT, || async {
+            let p = policies.get(EGRESS).await?;
+            Ok(acknowledge_annotations(&p).is_empty().then_some(p))
+        })
+        .await?;
+    let s = status(&egress);
+    assert_eq!(s.acknowledged_violations.len(), 1, "{s:#?}");
+    let acknowledged = &s.acknowledged_violations[0];
+    assert_eq!(
+        (
+            acknowledged.violation.id,
+            acknowledged.violation.action,
+            acknowledged.reason.as_str()
+        ),
+        (0, PolicyMode::Monitor, "expected during the rollout")
+    );
+    assert_eq!(
+        (
+            s.violation_count,
+            s.active_violation_count,
+            s.violations.len()
+        ),
+        (2, 1, 1)
+    );
+    assert_eq!(s.violations[0].id, 1);
+    let events = ns.api::<Event>();
+    let reasons = || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok::<_, anyhow::Error>(
+            list.items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(EGRESS))
+                .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let found = ns
+        .wait_for("the acknowledgement Events", WAIT, || async {
+            let found = reasons().await?;
+            let has = |r: &str| found.iter().any(|(reason, _)| reason == r);
+            Ok(
+                (has("ViolationAcknowledged") && has("UnknownViolationAcknowledgement"))
+                    .then_some(found),
+            )
+        })
+        .await?;
+    // A few more passes: nothing is acknowledged or reported twice.
+    let seen = sync.passes();
+    ns.wait_for("three more status passes", WAIT, || async {
+        Ok((sync.passes() >= seen + 3).then_some(()))
+    })
+    .await?;
+    let count = |found: &[(String, String)], reason: &str| {
+        found.iter().filter(|(r, _)| r == reason).count()
+    };
+    let found_later = reasons().await?;
+    for found in [&found, &found_later] {
+        assert_eq!(count(found, "ViolationAcknowledged"), 1, "{found:?}");
+        assert_eq!(
+            count(found, "UnknownViolationAcknowledgement"),
+            1,
+            "{found:?}"
+        );
+    }
+    let unknown_note = &found
+        .iter()
+        .find(|(r, _)| r == "UnknownViolationAcknowledgement")
+        .unwrap()
+        .1;
+    assert!(unknown_note.contains("acknowledge-999"), "{unknown_note}");
+    {
+        let acknowledged = telemetry.acknowledged.lock().unwrap();
+        assert_eq!(acknowledged.len(), 1, "acknowledged once: {acknowledged:?}");
+        assert_eq!(acknowledged[0].violation.id, 0);
+    }
+    assert_eq!(
+        status(&policies.get(EGRESS).await?),
+        s,
+        "nothing changed since"
+    );
+
+    // A failed status patch loses nothing. Stop the passes and drive them by hand; the egress policy
+    // is copied, then changed on the server, so a patch computed from the copy is refused (409) by
+    // its resourceVersion precondition — an honest API-side failure.
+    passes.abort();
+    let _ = passes.await;
+    let stale = policies.get(EGRESS).await?;
+    policies
+        .patch(
+            EGRESS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await?;
+    // A TCP attempt to 18082 that never establishes: protect evidence the egress policy denies.
+    agent
+        .send(vec![record(
+            &client_pod,
+            service_ip,
+            18082,
+            Tcp,
+            Outbound,
+            Failed,
+        )])
+        .await?;
+    assert_eq!(sync.attribute_evidence(), 1);
+    assert_eq!(sync.pending(&n, EGRESS), 1);
+    let refused = sync.sync_policy(&stale, &sync.current_view()).await;
+    match &refused {
+        Err(SyncError::Patch(kube::Error::Api(e))) if e.code == 409 => {}
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(sync.pending(&n, EGRESS), 1, "kept for the retry");
+    assert_eq!(status(&policies.get(EGRESS).await?).violation_count, 2);
+    // The next passes (from the watch's fresher copy) record it, exactly once.
+    let egress = ns
+        .wait_for("the retried observation", WAIT, || async {
+            sync.sync_all().await;
+            let p = policies.get(EGRESS).await?;
+            Ok((status(&p).violation_count > 2).then_some(p))
+        })
+        .await?;
+    let s = status(&egress);
+    assert_eq!(
+        (s.violation_count, s.active_violation_count),
+        (3, 2),
+        "{s:#?}"
+    );
+    assert_eq!(
+        (
+            s.violations[0].id,
+            s.violations[0].protocol,
+            s.violations[0].dst_port,
+            s.violations[0].action
+        ),
+        (2, Protocol::TCP, Some(18082), PolicyMode::Protect)
+    );
+    assert_eq!(sync.pending(&n, EGRESS), 0);
+    sync.sync_all().await;
+    assert_eq!(status(&policies.get(EGRESS).await?).violation_count, 3);
+
+    for task in [feed, reconcilers, watches] {
+        task.abort();
+    }
+    grpc.abort();
+    Ok(())
+}
