@@ -66,6 +66,18 @@ pub struct EdgeStats {
     pub last_error: Option<u8>,
 }
 
+impl EdgeStats {
+    /// Folds `other` (the same edge, seen elsewhere or later) into these.
+    pub fn merge(&mut self, other: &EdgeStats) {
+        self.first_seen = self.first_seen.min(other.first_seen);
+        if other.last_seen >= self.last_seen {
+            self.last_error = other.last_error.or(self.last_error);
+        }
+        self.last_seen = self.last_seen.max(other.last_seen);
+        self.count = self.count.saturating_add(other.count);
+    }
+}
+
 /// One aggregated edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Edge {
@@ -106,6 +118,14 @@ impl Aggregator {
             });
     }
 
+    /// Adds an already aggregated edge (e.g. from the agent's recent-records buffer).
+    pub fn add_edge(&mut self, key: EdgeKey, stats: EdgeStats) {
+        self.edges
+            .entry(key)
+            .and_modify(|s| s.merge(&stats))
+            .or_insert(stats);
+    }
+
     /// Number of distinct edges held.
     pub fn len(&self) -> usize {
         self.edges.len()
@@ -128,6 +148,17 @@ impl Aggregator {
     }
 }
 
+/// The kernel's CLOCK_MONOTONIC now: the clock event timestamps (`bpf_ktime_get_ns`) use.
+pub fn monotonic_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Converts kernel CLOCK_MONOTONIC times to wall-clock time, using the offset between the two clocks
 /// measured when it is created (good to the millisecond while the clock is not stepped).
 #[derive(Clone, Copy, Debug)]
@@ -138,15 +169,8 @@ pub struct WallClock {
 impl WallClock {
     /// Measures the offset now.
     pub fn now() -> Self {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes into the valid timespec; CLOCK_MONOTONIC always exists.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        let monotonic = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
         Self {
-            boot: SystemTime::now() - monotonic,
+            boot: SystemTime::now() - monotonic_now(),
         }
     }
 

@@ -3,12 +3,19 @@
 
 use crate::aggregate::{Edge, EdgeKey, WallClock};
 use crate::events::{Direction, Outcome, Protocol};
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Which edges to show; `None` matches anything.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowFilter {
+    /// The local pod's namespace.
+    pub namespace: Option<String>,
+    /// The local pod's name (`name`, or `namespace/name`).
+    pub pod: Option<String>,
     /// The service port (peer port of outbound edges, local port of inbound ones).
     pub port: Option<u16>,
     /// TCP or UDP.
@@ -20,13 +27,86 @@ pub struct FlowFilter {
 }
 
 impl FlowFilter {
-    /// Whether `key` passes every set criterion.
-    pub fn matches(&self, key: &EdgeKey) -> bool {
-        self.port.is_none_or(|p| p == key.port)
+    /// Whether `key` passes every set criterion; `pod` is the local pod's label (`namespace/name`, or
+    /// `uid:<UID>` when only the UID is known), if the local side is a pod.
+    pub fn matches(&self, key: &EdgeKey, pod: Option<&str>) -> bool {
+        let split = pod.and_then(|p| p.split_once('/'));
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| split.is_some_and(|(n, _)| n == ns))
+            && self
+                .pod
+                .as_deref()
+                .is_none_or(|want| pod == Some(want) || split.is_some_and(|(_, name)| name == want))
+            && self.port.is_none_or(|p| p == key.port)
             && self.protocol.is_none_or(|p| p == key.protocol)
             && self.direction.is_none_or(|d| d == key.direction)
             && self.outcome.is_none_or(|o| o == key.outcome)
     }
+}
+
+/// The local side of an edge without its peer: what names a pod.
+pub type LocalKey = (Option<u32>, Option<u64>, IpAddr);
+
+/// The local side of `key`.
+pub fn local_key(key: &EdgeKey) -> LocalKey {
+    (key.netns_ino, key.cgroup_id, key.local_ip)
+}
+
+/// Pod labels of local sides, as the agent reported them (`flows` keeps them beside the edges).
+#[derive(Clone, Debug, Default)]
+pub struct PodNames(HashMap<LocalKey, Arc<str>>);
+
+impl PodNames {
+    /// Remembers the pod label of `key`'s local side.
+    pub fn insert(&mut self, key: &EdgeKey, label: Arc<str>) {
+        self.0.insert(local_key(key), label);
+    }
+
+    /// The pod label of `key`'s local side.
+    pub fn get(&self, key: &EdgeKey) -> Option<&str> {
+        self.0.get(&local_key(key)).map(|l| &**l)
+    }
+}
+
+/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let number: u64 = number.parse().map_err(|_| {
+            format!("{text:?}: expected a number before each unit (e.g. 5m, 1h30m)")
+        })?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        total += match unit {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.saturating_mul(60)),
+            "h" => Duration::from_secs(number.saturating_mul(3600)),
+            "d" => Duration::from_secs(number.saturating_mul(86_400)),
+            other => {
+                return Err(format!(
+                    "{text:?}: unknown unit {other:?} (use ms, s, m, h, d)"
+                ));
+            }
+        };
+        rest = next;
+    }
+    Ok(total)
 }
 
 /// Lower-case name of a protocol, as shown and as accepted by `--protocol`.
@@ -66,19 +146,21 @@ fn error_name(errno: u8) -> String {
     }
 }
 
-/// The local side as text: its address and, when known, its network namespace.
-fn local_side(key: &EdgeKey) -> String {
-    match key.netns_ino {
-        Some(ns) => format!("{} [netns {ns}]", key.local_ip),
-        None => key.local_ip.to_string(),
+/// The local side as text: its pod and address when the pod is known, else its address and network
+/// namespace.
+fn local_side(key: &EdgeKey, names: &PodNames) -> String {
+    match (names.get(key), key.netns_ino) {
+        (Some(pod), _) => format!("{pod} ({})", key.local_ip),
+        (None, Some(ns)) => format!("{} [netns {ns}]", key.local_ip),
+        (None, None) => key.local_ip.to_string(),
     }
 }
 
 /// (source, destination) from the connection opener's point of view.
-fn ends(key: &EdgeKey) -> (String, String) {
+fn ends(key: &EdgeKey, names: &PodNames) -> (String, String) {
     match key.direction {
-        Direction::Outbound => (local_side(key), key.peer_ip.to_string()),
-        Direction::Inbound => (key.peer_ip.to_string(), local_side(key)),
+        Direction::Outbound => (local_side(key, names), key.peer_ip.to_string()),
+        Direction::Inbound => (key.peer_ip.to_string(), local_side(key, names)),
     }
 }
 
@@ -114,11 +196,11 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 /// A table: TIME (last seen), SOURCE, DESTINATION, PORT, PROTOCOL, OUTCOME, COUNT.
-pub fn render_table(edges: &[Edge], clock: &WallClock, header: bool) -> String {
+pub fn render_table(edges: &[Edge], clock: &WallClock, names: &PodNames, header: bool) -> String {
     let rows: Vec<[String; 7]> = edges
         .iter()
         .map(|e| {
-            let (src, dst) = ends(&e.key);
+            let (src, dst) = ends(&e.key, names);
             [
                 rfc3339(clock.at(e.stats.last_seen)),
                 src,
@@ -163,13 +245,14 @@ pub fn render_table(edges: &[Edge], clock: &WallClock, header: bool) -> String {
     out
 }
 
-/// One JSON object per edge, one per line.
-pub fn render_json(edges: &[Edge], clock: &WallClock) -> String {
+/// One JSON object per edge, one per line (`pod`: the local pod's label, or null).
+pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> String {
     let mut out = String::new();
     for e in edges {
         let value = serde_json::json!({
             "first_seen": rfc3339(clock.at(e.stats.first_seen)),
             "last_seen": rfc3339(clock.at(e.stats.last_seen)),
+            "pod": names.get(&e.key),
             "netns_ino": e.key.netns_ino,
             "cgroup_id": e.key.cgroup_id,
             "local_ip": e.key.local_ip.to_string(),
@@ -190,7 +273,6 @@ pub fn render_json(edges: &[Edge], clock: &WallClock) -> String {
 mod tests {
     use super::*;
     use crate::aggregate::EdgeStats;
-    use std::time::Duration;
 
     fn edge(direction: Direction, outcome: Outcome, error: Option<u8>) -> Edge {
         Edge {
@@ -227,43 +309,92 @@ mod tests {
     #[test]
     fn filters_on_every_criterion() {
         let e = edge(Direction::Outbound, Outcome::Established, None);
-        assert!(FlowFilter::default().matches(&e.key));
+        assert!(FlowFilter::default().matches(&e.key, None));
         assert!(
             FlowFilter {
                 port: Some(80),
                 protocol: Some(Protocol::Tcp),
                 ..Default::default()
             }
-            .matches(&e.key)
+            .matches(&e.key, None)
         );
         assert!(
             !FlowFilter {
                 port: Some(81),
                 ..Default::default()
             }
-            .matches(&e.key)
+            .matches(&e.key, None)
         );
         assert!(
             !FlowFilter {
                 protocol: Some(Protocol::Udp),
                 ..Default::default()
             }
-            .matches(&e.key)
+            .matches(&e.key, None)
         );
         assert!(
             !FlowFilter {
                 direction: Some(Direction::Inbound),
                 ..Default::default()
             }
-            .matches(&e.key)
+            .matches(&e.key, None)
         );
         assert!(
             !FlowFilter {
                 outcome: Some(Outcome::Failed),
                 ..Default::default()
             }
-            .matches(&e.key)
+            .matches(&e.key, None)
         );
+    }
+
+    #[test]
+    fn parses_durations() {
+        let d = |s| parse_duration(s);
+        assert_eq!(d("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(d("250ms"), Ok(Duration::from_millis(250)));
+        assert!(d("").is_err());
+        assert!(d("m").is_err());
+        assert!(d("5x").is_err());
+        assert!(d("-5m").is_err());
+    }
+
+    #[test]
+    fn filters_on_the_local_pod() {
+        let e = edge(Direction::Outbound, Outcome::Established, None);
+        let ns = |n: &str| FlowFilter {
+            namespace: Some(n.into()),
+            ..Default::default()
+        };
+        let pod = |p: &str| FlowFilter {
+            pod: Some(p.into()),
+            ..Default::default()
+        };
+        assert!(ns("shop").matches(&e.key, Some("shop/web")));
+        assert!(!ns("shop").matches(&e.key, Some("bank/web")));
+        assert!(!ns("shop").matches(&e.key, None), "not a pod: no namespace");
+        assert!(!ns("shop").matches(&e.key, Some("uid:1234")));
+        assert!(pod("web").matches(&e.key, Some("shop/web")));
+        assert!(pod("shop/web").matches(&e.key, Some("shop/web")));
+        assert!(!pod("bank/web").matches(&e.key, Some("shop/web")));
+        assert!(!pod("web").matches(&e.key, None));
+        assert!(pod("uid:1234").matches(&e.key, Some("uid:1234")));
+    }
+
+    #[test]
+    fn named_pods_replace_the_namespace_inode() {
+        let e = edge(Direction::Outbound, Outcome::Established, None);
+        let mut names = PodNames::default();
+        names.insert(&e.key, "shop/web".into());
+        let clock = WallClock::now();
+        let table = render_table(&[e], &clock, &names, false);
+        assert!(table.contains("shop/web (10.0.0.1)"), "{table}");
+        let json: serde_json::Value =
+            serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
+        assert_eq!(json["pod"], "shop/web");
     }
 
     #[test]
@@ -279,6 +410,7 @@ mod tests {
                 edge(Direction::Inbound, Outcome::Established, None),
             ],
             &clock,
+            &PodNames::default(),
             true,
         );
         let lines: Vec<&str> = out.lines().collect();
@@ -321,6 +453,7 @@ mod tests {
         let out = render_json(
             &[edge(Direction::Outbound, Outcome::Failed, Some(111))],
             &clock,
+            &PodNames::default(),
         );
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(v["peer_ip"], "10.0.0.2");

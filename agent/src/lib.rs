@@ -9,11 +9,13 @@
 //! - [`debug_api`]: the local unix socket streaming events to `flows`;
 //! - [`metrics`]: Prometheus counters on `/metrics`;
 //! - [`pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
+//! - [`attribution`] and [`pod_watch`]: pod UIDs, IPs and scans → namespace/name (pure state + the watch);
 //! - [`uplink`]: records to the controller over a gRPC stream (resend buffer, reconnects, token rotation);
 //! - [`host`], [`btf`] and [`tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
+pub mod attribution;
 pub mod btf;
 pub mod debug_api;
 pub mod error;
@@ -23,6 +25,7 @@ pub mod host;
 pub mod loader;
 pub mod metrics;
 pub mod pod_identity;
+pub mod pod_watch;
 pub mod sources;
 pub mod tracepoint_format;
 pub mod uplink;

@@ -2,18 +2,21 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use network_enforcer_agent::aggregate::{Aggregator, WallClock};
+use network_enforcer_agent::aggregate::{Aggregator, WallClock, monotonic_now};
+use network_enforcer_agent::attribution::{Attributor, Owner};
 use network_enforcer_agent::debug_api::{self, DebugClient, DebugServer};
 use network_enforcer_agent::events::EventReader;
-use network_enforcer_agent::flows::{self, FlowFilter};
+use network_enforcer_agent::flows::{self, FlowFilter, PodNames};
 use network_enforcer_agent::metrics::AgentMetrics;
-use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
+use network_enforcer_agent::pod_identity::PodIdentities;
+use network_enforcer_agent::pod_watch::{self, SharedAttributor};
 use network_enforcer_agent::uplink::{self, UplinkConfig};
 use network_enforcer_agent::{
     DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
 };
 use network_enforcer_api::uplink::LocalPod;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
@@ -35,6 +38,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start
 enum Command {
     /// Run the agent: load the eBPF programs, aggregate connections into edges, attribute them to the
     /// node's pods (by network namespace, or cgroup for hostNetwork pods), log each flushed batch and,
@@ -74,6 +78,10 @@ struct RunArgs {
     /// Unix socket of the debug API that `flows` reads live events from.
     #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
     debug_socket: PathBuf,
+    /// Edges the debug API keeps for `flows --since` (the longest ago seen are evicted first; about
+    /// 200 bytes each).
+    #[arg(long, default_value_t = debug_api::RECENT_EDGES, env = "NE_RECENT_EDGES")]
+    recent_edges: usize,
     /// Address of the Prometheus endpoint (`GET /metrics`).
     #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
     metrics_address: std::net::SocketAddr,
@@ -89,9 +97,14 @@ struct RunArgs {
         env = "NE_TOKEN_FILE"
     )]
     token_file: PathBuf,
-    /// This node's name (downward API `spec.nodeName`); needed with --controller-url.
+    /// This node's name (downward API `spec.nodeName`); needed with --controller-url, and turns on the
+    /// pod watch (this node's pods, to name them) when a Kubernetes API configuration is found
+    /// (in-cluster ServiceAccount, KUBECONFIG or ~/.kube/config). Without it pods are named by UID.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// Flow sources besides eBPF (Hubble, ztunnel): their records join the eBPF ones at each flush.
+    #[command(flatten)]
+    sources: Box<network_enforcer_agent::sources::SourceArgs>,
 }
 
 #[derive(clap::Args)]
@@ -111,6 +124,16 @@ struct FlowsArgs {
     /// Seconds to collect before printing (each round, with --follow).
     #[arg(long, default_value_t = 5)]
     interval: u64,
+    /// First print the flows the running agent saw within this window (e.g. 30s, 5m, 1h) from its
+    /// recent-records buffer, at once; with --follow, live rounds follow.
+    #[arg(long, value_parser = flows::parse_duration)]
+    since: Option<Duration>,
+    /// Only flows of pods in this namespace.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Only flows of this pod (`name` or `namespace/name`).
+    #[arg(long)]
+    pod: Option<String>,
     /// Only flows to this service port (the peer's port when outbound, the local port when inbound).
     #[arg(long)]
     port: Option<u16>,
@@ -158,6 +181,8 @@ enum Format {
 impl FlowsArgs {
     fn filter(&self) -> FlowFilter {
         FlowFilter {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
             port: self.port,
             protocol: self.protocol.map(|p| match p {
                 ProtocolArg::Tcp => Protocol::Tcp,
@@ -229,11 +254,21 @@ async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
+    let source_records = args
+        .sources
+        .start(args.node_name.clone(), &metrics.sources());
+    let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
+    let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
     let mut data_plane =
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     let mut reader = data_plane.events()?;
-    let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
-    let debug = DebugServer::bind(&args.debug_socket)?;
+    let mut scans = Scanner {
+        cgroup_root: network_enforcer_agent::host::cgroup2_root()?,
+        attributor: attributor.clone(),
+        last: None,
+    };
+    scans.scan()?;
+    let debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
     tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
@@ -253,45 +288,92 @@ async fn run(args: RunArgs) -> Result<()> {
             read = reader.read_batch(&mut batch) => {
                 read?;
                 metrics.events_read(batch.len());
-                debug.publish(&batch);
+                // A namespace no scan knows is a pod that started since the last one: look again
+                // (at most once a second), so its events are named.
+                scans.rescan_for(&batch)?;
+                {
+                    let state = attributor.lock().unwrap_or_else(|p| p.into_inner());
+                    debug.publish(&batch, |e| {
+                        match state.resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic) {
+                            Owner::Pod(pod) => Some(pod.label().into()),
+                            Owner::Host | Owner::Unknown => None,
+                        }
+                    });
+                }
                 batch.drain(..).for_each(|e| aggregator.add(&e));
             }
             _ = flush.tick() => {
                 let edges = aggregator.drain();
                 let counters = data_plane.counters()?;
                 // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
-                let identities = PodIdentities::scan(Path::new("/proc"), &cgroup_root)
-                    .context("scanning /proc and the cgroup tree for pods")?;
-                let unattributed = edges
-                    .iter()
-                    .filter(|e| {
-                        identities.attribute(e.key.netns_ino, e.key.cgroup_id) == Attribution::Unknown
-                    })
-                    .count();
+                scans.scan()?;
+                let owners: Vec<Owner> = {
+                    let mut state = attributor.lock().unwrap_or_else(|p| p.into_inner());
+                    state.expire(monotonic_now());
+                    edges
+                        .iter()
+                        .map(|e| {
+                            state.resolve(
+                                e.key.netns_ino,
+                                e.key.cgroup_id,
+                                e.key.local_ip,
+                                e.stats.first_seen,
+                            )
+                        })
+                        .collect()
+                };
+                let unattributed = owners.iter().filter(|o| **o == Owner::Unknown).count();
                 metrics.kernel(&kernel_before, &counters);
                 kernel_before = counters;
                 metrics.decode_errors(reader.decode_errors() - decode_errors_before);
                 decode_errors_before = reader.decode_errors();
                 metrics.flushed(edges.len(), unattributed);
+                let (recent, evicted) = debug.recent_edges();
                 tracing::info!(
                     edges = edges.len(),
                     unattributed,
-                    pod_namespaces = identities.pod_namespaces(),
                     lost = counters.ring_buffer_full,
                     dedupe_hits = counters.dedupe_hits,
                     decode_errors = reader.decode_errors(),
+                    recent_edges = recent,
+                    recent_edges_evicted = evicted,
                     "flush"
                 );
+                let mut names = PodNames::default();
+                for (edge, owner) in edges.iter().zip(&owners) {
+                    if let Owner::Pod(pod) = owner {
+                        names.insert(&edge.key, pod.label().into());
+                    }
+                }
                 let mut records = Vec::new();
-                for (edge, line) in edges.iter().zip(flows::render_json(&edges, &clock).lines()) {
-                    let owner = identities.attribute(edge.key.netns_ino, edge.key.cgroup_id);
-                    tracing::info!(edge = line, ?owner, "edge");
-                    // Only pods' edges go up; the host's and unknown ones are counted above. Until the
-                    // pod watch names pods, records carry the UID only and the controller refuses them
-                    // (counted in network_enforcer_agent_uplink_records_rejected_total).
-                    if let (Some(_), Attribution::Pod { uid, .. }) = (&uplink, owner) {
-                        let pod = LocalPod { uid, ..LocalPod::default() };
-                        records.push(uplink::flow_record(edge, pod, &clock));
+                for ((edge, line), owner) in edges
+                    .iter()
+                    .zip(flows::render_json(&edges, &clock, &names).lines())
+                    .zip(&owners)
+                {
+                    tracing::info!(edge = line, "edge");
+                    // Only pods' edges go up; the host's and unknown ones are counted above. Without
+                    // the pod watch, records carry the UID only (the controller accepts that).
+                    if let (Some(_), Owner::Pod(pod)) = (&uplink, owner) {
+                        let (namespace, name) = pod
+                            .name
+                            .as_ref()
+                            .map(|(ns, n)| (ns.to_string(), n.to_string()))
+                            .unwrap_or_default();
+                        let local = LocalPod {
+                            uid: pod.uid.to_string(),
+                            namespace,
+                            name,
+                        };
+                        records.push(uplink::flow_record(edge, local, &clock));
+                    }
+                }
+                if let Some(sink) = &source_records {
+                    // Hubble and ztunnel records are already named by pod: they go up as they are.
+                    let from_sources = sink.drain();
+                    tracing::info!(records = from_sources.len(), "flow source records");
+                    if uplink.is_some() {
+                        records.extend(from_sources);
                     }
                 }
                 if let Some((sender, _)) = &uplink {
@@ -304,6 +386,9 @@ async fn run(args: RunArgs) -> Result<()> {
                 break;
             }
         }
+    }
+    if let Some(watch) = pod_watch {
+        watch.abort();
     }
     if let Some((sender, task)) = uplink {
         // Give the last acknowledgements a moment; an unreachable controller must not hold up the stop.
@@ -321,6 +406,77 @@ async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// Starts the pod watch when this node's name and a Kubernetes API configuration are known; otherwise
+/// says why pods will be named by UID only.
+async fn start_pod_watch(
+    node: Option<&str>,
+    attributor: &SharedAttributor,
+    metrics: &AgentMetrics,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let Some(node) = node else {
+        tracing::info!("no --node-name/NODE_NAME: no pod watch; pods are attributed by UID only");
+        return None;
+    };
+    match pod_watch::client().await {
+        Ok(client) => {
+            tracing::info!(%node, "pod watch on (spec.nodeName={node})");
+            Some(pod_watch::spawn(
+                client,
+                node.to_string(),
+                attributor.clone(),
+                metrics.pod_watch(),
+            ))
+        }
+        Err(err) => {
+            tracing::warn!(
+                %err,
+                "no Kubernetes API configuration (in-cluster or kubeconfig): no pod watch; pods are attributed by UID only"
+            );
+            None
+        }
+    }
+}
+
+/// Scans /proc and the cgroup tree for pods' namespaces and cgroups into the attribution state.
+struct Scanner {
+    cgroup_root: PathBuf,
+    attributor: SharedAttributor,
+    last: Option<tokio::time::Instant>,
+}
+
+impl Scanner {
+    fn scan(&mut self) -> Result<()> {
+        let ids = PodIdentities::scan(Path::new("/proc"), &self.cgroup_root)
+            .context("scanning /proc and the cgroup tree for pods")?;
+        self.attributor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe_scan(
+                ids.host_netns(),
+                ids.netns_pods(),
+                ids.cgroup_pods(),
+                monotonic_now(),
+            );
+        self.last = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+
+    /// Scans again if `events` come from a namespace no scan knows and the last scan is 1 s old.
+    fn rescan_for(&mut self, events: &[network_enforcer_agent::ConnectionEvent]) -> Result<()> {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return Ok(());
+        }
+        let unknown = {
+            let state = self.attributor.lock().unwrap_or_else(|p| p.into_inner());
+            events.iter().any(|e| !state.knows_netns(e.netns_ino))
+        };
+        if unknown { self.scan() } else { Ok(()) }
+    }
+}
+
 /// Where `flows` gets its events: the running agent, or its own copy of the programs.
 enum EventSource {
     Agent(DebugClient),
@@ -330,10 +486,20 @@ enum EventSource {
 impl EventSource {
     async fn open(args: &FlowsArgs) -> Result<Self> {
         if !args.local {
-            match DebugClient::connect(&args.socket).await {
+            match DebugClient::connect(&args.socket, args.since).await {
                 Ok(client) => return Ok(Self::Agent(client)),
+                Err(err) if args.since.is_some() => {
+                    anyhow::bail!(
+                        "--since needs the running agent's recent-records buffer, and no agent answers on {}: {err}",
+                        args.socket.display()
+                    )
+                }
                 Err(err) => eprintln!("no running agent ({err}); loading the eBPF programs here"),
             }
+        } else if args.since.is_some() {
+            anyhow::bail!(
+                "--since needs the running agent's recent-records buffer; it cannot be used with --local"
+            );
         }
         let mut data_plane =
             DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
@@ -353,6 +519,15 @@ impl EventSource {
             Self::Local(_, reader) => reader.read_batch(out).await?,
         }
         Ok(())
+    }
+
+    /// The pod labels the agent sent (none when the programs run here: no attribution then).
+    fn names(&self) -> &PodNames {
+        static NONE: std::sync::LazyLock<PodNames> = std::sync::LazyLock::new(PodNames::default);
+        match self {
+            Self::Agent(client) => client.names(),
+            Self::Local(..) => &NONE,
+        }
     }
 
     /// Reports events that were lost on the way, if any.
@@ -376,6 +551,36 @@ async fn show_flows(args: FlowsArgs) -> Result<()> {
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut first = true;
+    let print =
+        |edges: &[network_enforcer_agent::aggregate::Edge], names: &PodNames, header: bool| {
+            let text = match args.output {
+                Format::Table => flows::render_table(edges, &clock, names, header),
+                Format::Json => flows::render_json(edges, &clock, names),
+            };
+            print!("{text}");
+        };
+    if let (Some(window), EventSource::Agent(client)) = (args.since, &mut source) {
+        let history = client
+            .read_history()
+            .await
+            .context("reading the agent's recent flows")?;
+        if !history.complete {
+            tracing::warn!(
+                ?window,
+                "the agent's recent-records buffer no longer holds all flows of this window (raise --recent-edges)"
+            );
+        }
+        for (key, stats) in history.edges {
+            if filter.matches(&key, client.names().get(&key)) {
+                aggregator.add_edge(key, stats);
+            }
+        }
+        print(&aggregator.drain(), client.names(), true);
+        first = false;
+        if !args.follow {
+            return source.warn_about_losses();
+        }
+    }
     loop {
         let until = tokio::time::Instant::now() + Duration::from_secs(args.interval.max(1));
         let mut batch = Vec::new();
@@ -384,21 +589,20 @@ async fn show_flows(args: FlowsArgs) -> Result<()> {
             tokio::select! {
                 read = source.read_batch(&mut batch) => {
                     read?;
+                    let names = source.names();
                     batch
                         .drain(..)
-                        .filter(|e| filter.matches(&network_enforcer_agent::aggregate::EdgeKey::of(e)))
+                        .filter(|e| {
+                            let key = network_enforcer_agent::aggregate::EdgeKey::of(e);
+                            filter.matches(&key, names.get(&key))
+                        })
                         .for_each(|e| aggregator.add(&e));
                 }
                 _ = tokio::time::sleep_until(until) => break,
                 r = &mut shutdown => { r?; stop = true; break; }
             }
         }
-        let edges = aggregator.drain();
-        let text = match args.output {
-            Format::Table => flows::render_table(&edges, &clock, first),
-            Format::Json => flows::render_json(&edges, &clock),
-        };
-        print!("{text}");
+        print(&aggregator.drain(), source.names(), first);
         first = false;
         if stop || !args.follow {
             break;

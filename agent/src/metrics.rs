@@ -2,6 +2,7 @@
 //! read, decoded, aggregated and could not attribute.
 
 use crate::loader::KernelCounters;
+use crate::pod_watch::PodWatchCounters;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -19,6 +20,8 @@ pub struct AgentMetrics {
     edges: Counter,
     unattributed_edges: Counter,
     uplink: UplinkCounters,
+    sources: crate::sources::SourceMetrics,
+    pod_watch: PodWatchCounters,
 }
 
 impl Default for AgentMetrics {
@@ -90,8 +93,28 @@ impl AgentMetrics {
             "Batches waiting for the controller's acknowledgement",
             uplink.pending_batches.clone(),
         );
+        let pod_watch = PodWatchCounters::default();
+        registry.register(
+            "pod_watch_errors",
+            "Pod watch or list errors (each retried with backoff)",
+            pod_watch.errors.clone(),
+        );
+        registry.register(
+            "pod_watch_events",
+            "Pod events applied from the watch",
+            pod_watch.events.clone(),
+        );
+        registry.register(
+            "pods",
+            "Pods of this node known from the watch",
+            pod_watch.pods.clone(),
+        );
+        let sources = crate::sources::SourceMetrics::default();
+        sources.register(&mut registry);
         Self {
             registry: Arc::new(registry),
+            sources,
+            pod_watch,
             events,
             events_lost,
             dedupe_hits,
@@ -105,6 +128,16 @@ impl AgentMetrics {
     /// The uplink's counters, registered here; hand them to [`crate::uplink::spawn`].
     pub fn uplink(&self) -> UplinkCounters {
         self.uplink.clone()
+    }
+
+    /// The pod watch's counters, registered here; hand them to [`crate::pod_watch::spawn`].
+    pub fn pod_watch(&self) -> PodWatchCounters {
+        self.pod_watch.clone()
+    }
+
+    /// The flow sources' metrics (Hubble, ztunnel), registered here.
+    pub fn sources(&self) -> crate::sources::SourceMetrics {
+        self.sources.clone()
     }
 
     /// Counts events read from the ring buffer.

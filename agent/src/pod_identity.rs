@@ -13,7 +13,7 @@
 //!
 //! The agent needs the host's `/proc` (DaemonSet `hostPID: true`), the host network namespace
 //! (`hostNetwork: true`) and the cgroup tree for this; a process whose namespace it may not read is skipped. Pod UIDs are
-//! mapped to names and workloads by the pod watch (not here).
+//! mapped to namespaces and names by the pod watch ([`crate::pod_watch`], [`crate::attribution`]).
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -145,6 +145,21 @@ impl PodIdentities {
                 None => Attribution::Host,
             },
         }
+    }
+
+    /// The host's network namespace inode.
+    pub fn host_netns(&self) -> u32 {
+        self.host_netns
+    }
+
+    /// Pod network namespaces found: (namespace inode, pod UID).
+    pub fn netns_pods(&self) -> impl Iterator<Item = (u32, &str)> {
+        self.by_netns.iter().map(|(ns, uid)| (*ns, uid.as_str()))
+    }
+
+    /// Pod cgroups found: (cgroup id, pod UID).
+    pub fn cgroup_pods(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.by_cgroup.iter().map(|(cg, uid)| (*cg, uid.as_str()))
     }
 
     /// Number of pod network namespaces found.
