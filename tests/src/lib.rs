@@ -4,8 +4,10 @@
 //! - [`images`]: local container images as docker-archive tars (no registry, no container engine).
 //! - [`fixture`]: the async test fixture: one shared cluster, one namespace per test, clean-up on drop.
 //! - [`section10`]: the SPEC section 10 workload and an agent's side of the uplink (tokens, records).
+//! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
 
 pub mod cluster;
+pub mod e2e;
 pub mod fixture;
 pub mod images;
 pub mod section10;

@@ -345,6 +345,7 @@ fn rbac_is_exactly_least_privilege() {
             ("", "pods", READ),
             ("", "services", READ),
             ("", "nodes", READ),
+            ("", "namespaces", READ),
             ("apps", "deployments", READ),
             ("apps", "statefulsets", READ),
             ("apps", "daemonsets", READ),

@@ -6,9 +6,9 @@
 //! The image is written to `~/.cache/network-enforcer/images/<name>.tar` and, when the cluster runs,
 //! imported into its containerd (pods use it with `imagePullPolicy: Never`).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use network_enforcer_tests::cluster::{self, components, layout::State, process};
-use network_enforcer_tests::images;
+use network_enforcer_tests::{e2e, images};
 use std::path::Path;
 
 use crate::run;
@@ -40,18 +40,15 @@ pub fn build(name: &str) -> Result<()> {
                 .join("target")
                 .join(if release { "release" } else { "debug" })
                 .join(&binary);
-            let stripped = images::tar_path(name).with_extension("bin");
-            run::status(
-                std::process::Command::new("strip")
-                    .arg("--strip-debug")
-                    .arg("-o")
-                    .arg(&stripped)
-                    .arg(&built),
-            )?;
-            let spec = images::binary_image(name, &stripped, &binary)?;
-            let result = write_and_import(name, &spec);
-            let _ = std::fs::remove_file(&stripped);
-            result
+            let tar = e2e::release::build_image(name, &built)?;
+            println!(
+                "    image {}/{name}:{} -> {}",
+                images::REGISTRY,
+                images::TAG,
+                tar.display()
+            );
+            report_import(name);
+            Ok(())
         }
         "pause" | "dns" | "test" => {
             // Base images are built once; rebuild by removing the tar.
@@ -65,12 +62,18 @@ pub fn build(name: &str) -> Result<()> {
     }
 }
 
-fn write_and_import(name: &str, spec: &images::ImageSpec) -> Result<()> {
-    let tar = images::tar_path(name);
-    spec.write(&tar)
-        .with_context(|| format!("writing {}", tar.display()))?;
-    println!("    image {} -> {}", spec.reference, tar.display());
-    import_if_running(name, &tar)
+/// [`e2e::release::build_image`] imports when the cluster runs; say which happened.
+fn report_import(name: &str) {
+    if process::running_pid(&State::new(), "containerd").is_none() {
+        println!(
+            "    the local cluster is not running: `cargo xtask cluster up` imports {name} when it starts"
+        );
+    } else {
+        println!(
+            "    imported into the local cluster ({})",
+            cluster::server_url()
+        );
+    }
 }
 
 fn import_if_running(name: &str, tar: &Path) -> Result<()> {

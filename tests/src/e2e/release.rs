@@ -1,0 +1,489 @@
+//! Our images and our chart in the local cluster.
+//!
+//! - [`build_image`] / [`images_from_debug_build`]: `network-enforcer.local/{agent,controller}:dev` from the
+//!   workspace's binaries (debug info stripped), imported into the cluster's containerd. Tests use the
+//!   debug binaries `cargo test --workspace` has already built (cargo builds every package's binaries for
+//!   its integration tests, and a test cannot run cargo itself: cargo holds the target directory's lock
+//!   while tests run).
+//! - [`Release`]: `helm install` with those images, the admission policy off (v1.20 has no
+//!   ValidatingAdmissionPolicy) and no collector; waits until the controller and every agent are ready.
+//!   Dropping it (also on panic) runs `helm uninstall`, deletes the release namespace and checks that
+//!   nothing labelled with the release is left. A release left over by a killed run is removed first.
+
+use anyhow::{Context, Result, bail};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use super::poll;
+use crate::cluster::components::{self, kubectl};
+use crate::cluster::layout::{State, cache_dir};
+use crate::cluster::process::{self, output};
+use crate::images;
+
+/// Our two components: image `network-enforcer.local/<name>:dev`, binary `network-enforcer-<name>`.
+pub const COMPONENTS: [&str; 2] = ["agent", "controller"];
+
+/// Generous: two cores shared with builds, and pods of a new ServiceAccount are refused until its token
+/// Secret exists (v1.20), after which controllers retry with backoff.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// helm v4 from `cargo xtask setup`.
+pub fn helm_bin() -> PathBuf {
+    cache_dir().join("bin/helm")
+}
+
+/// The chart in this workspace.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/network-enforcer")
+}
+
+/// The workspace's target directory (`CARGO_TARGET_DIR` if set).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// The debug binary of `component` (`agent` or `controller`) under [`target_dir`].
+pub fn debug_binary(component: &str) -> PathBuf {
+    target_dir()
+        .join("debug")
+        .join(format!("network-enforcer-{component}"))
+}
+
+/// Builds image `network-enforcer.local/<component>:dev` from `binary` (debug info stripped, plus the
+/// shared libraries it loads) into the image cache and imports it into the cluster's containerd when
+/// the cluster runs. The tar is rewritten only when the binary is newer. Returns the tar's path.
+pub fn build_image(component: &str, binary: &Path) -> Result<PathBuf> {
+    let tar = images::tar_path(component);
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let binary_time = modified(binary).with_context(|| {
+        format!(
+            "{} is missing: build it first (`cargo build --bins`; `cargo test --workspace` does)",
+            binary.display()
+        )
+    })?;
+    if modified(&tar).is_none_or(|t| t < binary_time) {
+        let file_name = binary
+            .file_name()
+            .context("binary path without a file name")?
+            .to_string_lossy()
+            .into_owned();
+        let stripped = tar.with_extension("bin");
+        if let Some(dir) = stripped.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        output(
+            Command::new("strip")
+                .arg("--strip-debug")
+                .arg("-o")
+                .arg(&stripped)
+                .arg(binary),
+        )?;
+        let spec = images::binary_image(component, &stripped, &file_name);
+        let written = spec.and_then(|spec| spec.write(&tar));
+        let _ = std::fs::remove_file(&stripped);
+        written.with_context(|| format!("writing {}", tar.display()))?;
+    }
+    let state = State::new();
+    if process::running_pid(&state, "containerd").is_some() {
+        components::import_image(&state, &tar)?;
+    }
+    Ok(tar)
+}
+
+/// Warns when a source file of `component` (or the crates it shares) is newer than its debug binary:
+/// the test would run yesterday's code. Not an error: someone may be editing while tests run.
+fn warn_if_stale(component: &str, binary: &Path) {
+    let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newest: Option<(SystemTime, PathBuf)> = None;
+    let mut stack: Vec<PathBuf> = [component, "api", "agent-common", "agent-ebpf"]
+        .iter()
+        .map(|c| root.join(c).join("src"))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(t) = entry.metadata().and_then(|m| m.modified()) {
+                if newest.as_ref().is_none_or(|(n, _)| t > *n) {
+                    newest = Some((t, path));
+                }
+            }
+        }
+    }
+    if let Some((t, path)) = newest.filter(|(t, _)| *t > built) {
+        let _ = t;
+        eprintln!(
+            "warning: {} is newer than {}: run `cargo build --bins` to test the current code",
+            path.display(),
+            binary.display()
+        );
+    }
+}
+
+/// [`build_image`] for both components from their debug binaries.
+pub fn images_from_debug_build() -> Result<()> {
+    for component in COMPONENTS {
+        let binary = debug_binary(component);
+        warn_if_stale(component, &binary);
+        build_image(component, &binary)?;
+    }
+    Ok(())
+}
+
+/// The chart's `uplink.tls.mode` in local installs: the agent's uplink speaks plain HTTP/2 only so far.
+pub const UPLINK_TLS_MODE: &str = "insecure";
+
+/// `--set` values every local install needs: our local images (never pulled), no admission policy (the
+/// v1.20 API server has no ValidatingAdmissionPolicy), no collector (none is shipped as an image here),
+/// the uplink's TLS mode ([`UPLINK_TLS_MODE`]).
+pub fn local_values() -> Vec<String> {
+    let mut sets = Vec::new();
+    for component in COMPONENTS {
+        sets.push(format!(
+            "{component}.image.repository={}/{component}",
+            images::REGISTRY
+        ));
+        sets.push(format!("{component}.image.tag={}", images::TAG));
+        sets.push(format!("{component}.image.pullPolicy=Never"));
+    }
+    sets.push("admissionPolicy.enabled=false".into());
+    sets.push("telemetry.collectorStrategy=none".into());
+    sets.push(format!("uplink.tls.mode={UPLINK_TLS_MODE}"));
+    sets
+}
+
+/// One installed release of our chart; uninstalled on drop.
+pub struct Release {
+    /// The release name.
+    pub name: String,
+    /// The release namespace (created and deleted by us).
+    pub namespace: String,
+    kubeconfig: PathBuf,
+    removed: bool,
+}
+
+impl Release {
+    /// Installs the chart as `name` in a fresh namespace `namespace` with [`local_values`] plus `sets`
+    /// (later ones win), after removing what a killed run may have left, and waits until the controller
+    /// Deployment is available and every agent pod is ready. The CRDs must be installed already (the
+    /// fixture installs them without the CEL rules v1.20 rejects), so helm skips `crds/`.
+    pub fn install(
+        kubeconfig: &Path,
+        name: &str,
+        namespace: &str,
+        sets: &[String],
+    ) -> Result<Self> {
+        let release = Self {
+            name: name.into(),
+            namespace: namespace.into(),
+            kubeconfig: kubeconfig.into(),
+            removed: false,
+        };
+        release.remove_leftovers()?;
+        kubectl(kubeconfig, &["create", "namespace", namespace])?;
+        let mut cmd = release.helm();
+        cmd.args(["install", name]).arg(chart_dir()).args([
+            "--namespace",
+            namespace,
+            "--skip-crds",
+        ]);
+        for set in local_values().iter().chain(sets) {
+            cmd.arg("--set").arg(set);
+        }
+        output(&mut cmd).context("helm install")?;
+        release.wait_ready()?;
+        Ok(release)
+    }
+
+    fn helm(&self) -> Command {
+        let mut cmd = Command::new(helm_bin());
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// kubectl with the admin kubeconfig in the release namespace.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let ns = format!("--namespace={}", self.namespace);
+        let mut all = vec![ns.as_str()];
+        all.extend_from_slice(args);
+        kubectl(&self.kubeconfig, &all)
+    }
+
+    /// The label selector of one component's pods (`controller`, `agent`).
+    pub fn selector(&self, component: &str) -> String {
+        format!(
+            "app.kubernetes.io/instance={},app.kubernetes.io/component={component}",
+            self.name
+        )
+    }
+
+    /// The name of the chart's object for `component` (`<release>-network-enforcer-<component>`, or
+    /// `<release>-<component>` when the release name contains the chart name).
+    pub fn object_name(&self, component: &str) -> String {
+        if self.name.contains("network-enforcer") {
+            format!("{}-{component}", self.name)
+        } else {
+            format!("{}-network-enforcer-{component}", self.name)
+        }
+    }
+
+    /// Names of the running pods of `component`.
+    pub fn pods(&self, component: &str) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            &self.selector(component),
+            "--field-selector=status.phase=Running",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        Ok(out.split_whitespace().map(String::from).collect())
+    }
+
+    /// The one agent pod of this single-node cluster.
+    pub fn agent_pod(&self) -> Result<String> {
+        let pods = self.pods("agent")?;
+        match pods.as_slice() {
+            [one] => Ok(one.clone()),
+            other => bail!("expected one running agent pod, found {other:?}"),
+        }
+    }
+
+    /// The log of `component`'s pods (all containers, with a prefix per pod).
+    pub fn logs(&self, component: &str) -> Result<String> {
+        self.kubectl(&[
+            "logs",
+            "-l",
+            &self.selector(component),
+            "--prefix",
+            "--tail=-1",
+        ])
+    }
+
+    /// `kubectl exec` in the agent pod.
+    pub fn exec_agent(&self, command: &[&str]) -> Result<String> {
+        let pod = self.agent_pod()?;
+        let mut args = vec!["exec", pod.as_str(), "--"];
+        args.extend_from_slice(command);
+        self.kubectl(&args)
+    }
+
+    /// Waits until the controller Deployment has an available replica and the agent DaemonSet has every
+    /// scheduled pod ready.
+    pub fn wait_ready(&self) -> Result<()> {
+        let controller = self.object_name("controller");
+        let agent = self.object_name("agent");
+        poll(
+            "the controller Deployment and the agent DaemonSet to be ready",
+            READY_TIMEOUT,
+            Duration::from_millis(500),
+            || {
+                let available = self.kubectl(&[
+                    "get",
+                    "deployment",
+                    &controller,
+                    "-o",
+                    "jsonpath={.status.availableReplicas}",
+                ])?;
+                let agents = self.kubectl(&[
+                    "get",
+                    "daemonset",
+                    &agent,
+                    "-o",
+                    "jsonpath={.status.desiredNumberScheduled} {.status.numberReady} {.status.updatedNumberScheduled}",
+                ])?;
+                let counts: Vec<u32> = agents
+                    .split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect();
+                let agents_ready = matches!(counts.as_slice(), [want, ready, updated] if *want > 0 && ready == want && updated == want);
+                Ok(
+                    (available.trim().parse::<u32>().unwrap_or(0) >= 1 && agents_ready)
+                        .then_some(()),
+                )
+            },
+            || self.describe(),
+        )
+    }
+
+    /// The release namespace's objects, events and our pods' logs (for failure messages).
+    pub fn describe(&self) -> String {
+        let show = |args: &[&str]| self.kubectl(args).unwrap_or_else(|e| format!("{e:#}\n"));
+        let mut text = format!(
+            "--- kubectl get all -n {0} ---\n{1}--- events in {0} ---\n{2}",
+            self.namespace,
+            show(&["get", "all", "-o", "wide"]),
+            show(&["get", "events", "--sort-by=.lastTimestamp"]),
+        );
+        for component in COMPONENTS {
+            let log = self.logs(component).unwrap_or_else(|e| format!("{e:#}"));
+            let lines: Vec<&str> = log.lines().collect();
+            text += &format!(
+                "--- {component} log (last 40 lines) ---\n{}\n",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        text
+    }
+
+    /// Objects of this release that still exist: cluster-scoped ones with its instance label, and the
+    /// namespace with whatever is in it.
+    pub fn leftovers(&self) -> Result<Vec<String>> {
+        Self::leftover_objects(&self.kubeconfig, &self.name, &self.namespace)
+    }
+
+    /// [`Release::leftovers`] of release `name` in `namespace`, without a handle.
+    pub fn leftover_objects(kubeconfig: &Path, name: &str, namespace: &str) -> Result<Vec<String>> {
+        let selector = format!("app.kubernetes.io/instance={name}");
+        let mut left: Vec<String> = kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "clusterroles,clusterrolebindings",
+                "-l",
+                &selector,
+                "-o",
+                "name",
+            ],
+        )?
+        .lines()
+        .map(String::from)
+        .collect();
+        let found = kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "namespace",
+                namespace,
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ],
+        )?;
+        if !found.trim().is_empty() {
+            left.push(found.trim().to_string());
+            let ns = format!("--namespace={namespace}");
+            left.extend(
+                kubectl(
+                    kubeconfig,
+                    &[&ns, "get", "all,serviceaccounts,secrets", "-o", "name"],
+                )
+                .unwrap_or_default()
+                .lines()
+                .map(String::from),
+            );
+        }
+        Ok(left)
+    }
+
+    /// `helm uninstall` (its pre-delete hook removes rendered NetworkPolicies), then deletes the release
+    /// namespace and waits until nothing of the release is left.
+    pub fn uninstall(mut self) -> Result<()> {
+        self.removed = true;
+        self.remove()
+    }
+
+    fn remove(&self) -> Result<()> {
+        let status = self
+            .helm()
+            .args(["status", &self.name, "--namespace", &self.namespace])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        if status.success() {
+            output(self.helm().args([
+                "uninstall",
+                &self.name,
+                "--namespace",
+                &self.namespace,
+                "--wait",
+                "--timeout=3m",
+            ]))
+            .context("helm uninstall")?;
+        }
+        kubectl(
+            &self.kubeconfig,
+            &[
+                "delete",
+                "namespace",
+                &self.namespace,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+        )?;
+        // Cluster-scoped objects of a release whose record went with its namespace (a killed run).
+        kubectl(
+            &self.kubeconfig,
+            &[
+                "delete",
+                "clusterroles,clusterrolebindings",
+                "-l",
+                &format!("app.kubernetes.io/instance={}", self.name),
+                "--ignore-not-found",
+            ],
+        )?;
+        poll(
+            "the release's objects and namespace to be gone",
+            Duration::from_secs(180),
+            Duration::from_millis(500),
+            || Ok(self.leftovers()?.is_empty().then_some(())),
+            || format!("left: {:?}", self.leftovers()),
+        )
+    }
+
+    /// Removes a release of the same name and its namespace left by a run that was killed.
+    fn remove_leftovers(&self) -> Result<()> {
+        if self.leftovers()?.is_empty() {
+            return Ok(());
+        }
+        eprintln!(
+            "removing release {} in {} left by an earlier run",
+            self.name, self.namespace
+        );
+        self.remove()
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if !self.removed {
+            self.removed = true;
+            if let Err(e) = self.remove() {
+                eprintln!("warning: removing release {}: {e:#}", self.name);
+            }
+        }
+    }
+}
+
+/// `GET http://<address>/metrics` (HTTP/1.0, no client library needed) and returns the body.
+pub fn http_get(address: &str, path: &str) -> Result<String> {
+    let mut stream = std::net::TcpStream::connect(address)
+        .with_context(|| format!("connecting to {address}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("HTTP response without a header end")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("GET {path} from {address}: {head}");
+    }
+    Ok(body.to_string())
+}
+
+/// The value of the unlabelled Prometheus sample `name` in `text`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

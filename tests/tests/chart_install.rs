@@ -1,0 +1,77 @@
+//! `helm install` of our chart into the local cluster (issue 9): our images (built from the workspace's
+//! debug binaries), the admission policy off (v1.20 has none). The controller Deployment and the agent
+//! DaemonSet become ready, the agent loads and attaches its eBPF programs and serves its metrics, and
+//! `helm uninstall` leaves nothing of the release behind. Needs root, `cargo xtask setup` and the
+//! binaries (`cargo build --bins`; `cargo test --workspace` builds them).
+
+use anyhow::{Result, ensure};
+use network_enforcer_tests::e2e::poll;
+use network_enforcer_tests::e2e::release::{self, Release, http_get, metric};
+use network_enforcer_tests::fixture;
+use std::time::Duration;
+
+/// Not the agent's default (9464): agents of other test binaries may hold that port on the host.
+const METRICS_PORT: u16 = 19464;
+
+#[test]
+fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uninstall_leaves_nothing()
+-> Result<()> {
+    let cluster = fixture::cluster_with_crds()?;
+    release::images_from_debug_build()?;
+    let release = Release::install(
+        &cluster.kubeconfig,
+        "ne-chart",
+        "ne-chart-install",
+        &[
+            "controller.provider.name=ebpf".into(),
+            format!("agent.metricsPort={METRICS_PORT}"),
+        ],
+    )?;
+
+    // The programs are loaded before the agent logs this, and a failed load ends the process (the pod
+    // would not stay ready).
+    poll(
+        "the agent to log that its eBPF programs are attached",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let log = release.logs("agent")?;
+            Ok(log.contains("eBPF programs attached").then_some(()))
+        },
+        || release.describe(),
+    )?;
+    // hostNetwork: the agent's metrics endpoint is on the node, i.e. here.
+    let metrics = poll(
+        "the agent's metrics endpoint",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let text = http_get(&format!("127.0.0.1:{METRICS_PORT}"), "/metrics")?;
+            Ok(metric(&text, "network_enforcer_agent_events_total").map(|_| text))
+        },
+        || release.describe(),
+    )?;
+    ensure!(
+        metric(&metrics, "network_enforcer_agent_decode_errors_total") == Some(0.0),
+        "the agent could not decode kernel records:\n{metrics}"
+    );
+    let controller_log = release.logs("controller")?;
+    ensure!(
+        controller_log.contains("starting controller"),
+        "the controller did not start:\n{controller_log}"
+    );
+    ensure!(
+        release.pods("controller")?.len() == 1,
+        "expected one controller pod\n{}",
+        release.describe()
+    );
+
+    let name = release.name.clone();
+    let namespace = release.namespace.clone();
+    let kubeconfig = cluster.kubeconfig.clone();
+    release.uninstall()?;
+    // Uninstall waited for this; look once more with a fresh handle, as a user would.
+    let left = Release::leftover_objects(&kubeconfig, &name, &namespace)?;
+    ensure!(left.is_empty(), "left after helm uninstall: {left:?}");
+    Ok(())
+}
