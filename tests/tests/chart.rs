@@ -549,8 +549,8 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
                     "/var/log/containers/ztunnel-*_istio-system_istio-proxy-*.log"
                 );
                 assert_eq!(
-                    env_value(agent, "NE_STATE_DIR"),
-                    "/var/lib/network-enforcer"
+                    env_value(agent, "NE_ZTUNNEL_STATE_FILE"),
+                    "/var/lib/network-enforcer/ztunnel-positions.json"
                 );
             }
             _ => {}
@@ -895,7 +895,7 @@ fn every_provider_tls_mode_and_collector_strategy_renders_and_validates_for_kube
             }
         }
 
-        // Goldmane (calico only): mutual TLS files mounted read-only.
+        // Goldmane (calico only).
         assert_eq!(
             env(controller, "GOLDMANE_ADDRESS").is_some(),
             *provider == "calico",
@@ -961,8 +961,11 @@ fn uncommon_values_validate_for_kubernetes_1_31() {
         "controller.podLabels.team=net",
         "controller.podAnnotations.note=x",
         "controller.nodeSelector.role=infra",
-        "controller.provider.name=calico",
-        "controller.provider.calico.tls.existingSecret.namespace=ne-system",
+        "controller.provider.name=cilium",
+        "agent.hubble.source=relay",
+        "controller.provider.cilium.tls.mode=existingSecret",
+        "controller.provider.cilium.tls.existingSecret.name=relay-client",
+        "controller.provider.cilium.tls.existingSecret.caBundleConfigMap=relay-ca",
         "telemetry.collector.nodeSelector.role=infra",
     ];
     let file = std::env::temp_dir().join(format!("ne-chart-uncommon-{}.yaml", std::process::id()));
@@ -1413,66 +1416,100 @@ fn external_collector_gets_the_standard_otlp_env_and_its_secrets() {
     assert!(!c["env"].to_string().contains("OTEL_"));
 }
 
-/// provider calico: the controller dials Goldmane with the client key pair and CA bundle, mounted
-/// read-only in one directory, from the Calico operator's Secret/ConfigMap or a cert-manager Certificate.
+/// provider calico: the controller dials Goldmane with the client key pair (Secret) and CA bundle
+/// (ConfigMap key), read through the API wherever they live; RBAC grants `get` on exactly those two.
 #[test]
 fn calico_goldmane_mutual_tls_values_reach_the_controller() {
-    let goldmane_env = |c: &Value| {
-        for (var, file) in [
-            ("GOLDMANE_CA_FILE", "ca.crt"),
-            ("GOLDMANE_CERT_FILE", "tls.crt"),
-            ("GOLDMANE_KEY_FILE", "tls.key"),
-        ] {
+    /// (namespace, resource, name) of every Role rule bound to the controller for Goldmane.
+    fn goldmane_grants(docs: &[Value]) -> BTreeSet<(String, String, String)> {
+        let name = format!("{CONTROLLER}-goldmane-tls");
+        let mut out = BTreeSet::new();
+        for role in docs
+            .iter()
+            .filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == name.as_str())
+        {
+            let ns = role["metadata"]["namespace"].as_str().unwrap().to_owned();
+            let binding = docs
+                .iter()
+                .find(|d| {
+                    d["kind"] == "RoleBinding"
+                        && d["metadata"]["name"] == name.as_str()
+                        && d["metadata"]["namespace"] == ns.as_str()
+                })
+                .expect("each Role is bound");
             assert_eq!(
-                env_value(c, var),
-                format!("/etc/network-enforcer/goldmane-tls/{file}")
+                binding["subjects"],
+                serde_json::json!([{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": "ne-system"}])
             );
+            for rule in role["rules"].as_array().unwrap() {
+                assert_eq!(strings(&rule["verbs"]), ["get"]);
+                assert_eq!(strings(&rule["apiGroups"]), [""]);
+                let names = strings(&rule["resourceNames"]);
+                assert_eq!(names.len(), 1, "exactly one object per rule");
+                for resource in strings(&rule["resources"]) {
+                    out.insert((ns.clone(), resource, names[0].clone()));
+                }
+            }
         }
-        assert_eq!(
-            mount_path(c, "goldmane-tls"),
-            Some("/etc/network-enforcer/goldmane-tls")
-        );
+        out
+    }
+    let grants = |v: &[(&str, &str, &str)]| -> BTreeSet<(String, String, String)> {
+        v.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
     };
-    // Default: the operator's objects in calico-system, copied (lookup) since they cannot be mounted
-    // across namespaces; `helm template` has no cluster, so only the optional volume renders.
+
+    // Default: the Calico operator's objects in calico-system (SPEC section 8).
     let docs = render(&["controller.provider.name=calico"]);
-    let deploy = find(&docs, "Deployment", CONTROLLER);
-    let c = container(deploy, "controller");
-    goldmane_env(c);
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
     assert_eq!(
         env_value(c, "GOLDMANE_ADDRESS"),
         "goldmane.calico-system.svc:7443"
     );
-    assert!(env(c, "GOLDMANE_SERVER_NAME").is_none());
-    let v = volume(deploy, "goldmane-tls").unwrap();
     assert_eq!(
-        v["secret"]["secretName"],
-        "release-network-enforcer-goldmane-tls"
+        env_value(c, "GOLDMANE_TLS_SECRET"),
+        "calico-system/goldmane-key-pair"
     );
-    assert_eq!(v["secret"]["optional"], true);
+    assert_eq!(
+        env_value(c, "GOLDMANE_CA_CONFIGMAP"),
+        "calico-system/goldmane-ca-bundle"
+    );
+    assert_eq!(env_value(c, "GOLDMANE_CA_KEY"), "tigera-ca-bundle.crt");
+    assert!(env(c, "GOLDMANE_SERVER_NAME").is_none());
+    assert_eq!(
+        goldmane_grants(&docs),
+        grants(&[
+            ("calico-system", "secrets", "goldmane-key-pair"),
+            ("calico-system", "configmaps", "goldmane-ca-bundle"),
+        ])
+    );
+    // The controller's cluster-wide role still reads no Secrets.
+    let cluster_role = find(&docs, "ClusterRole", CONTROLLER);
+    assert!(!cluster_role["rules"].to_string().contains("secrets"));
 
-    // In the release namespace: mounted directly, the CA from the ConfigMap key.
+    // Objects in the release namespace (namespace empty), a server name.
     let docs = render(&[
         "controller.provider.name=calico",
-        "controller.provider.calico.tls.existingSecret.namespace=ne-system",
+        "controller.provider.calico.tls.existingSecret.namespace=",
+        "controller.provider.calico.tls.existingSecret.name=gm-client",
+        "controller.provider.calico.tls.existingSecret.caBundleConfigMap=gm-ca",
+        "controller.provider.calico.tls.existingSecret.caBundleKey=",
         "controller.provider.calico.tls.serverName=goldmane",
     ]);
-    let deploy = find(&docs, "Deployment", CONTROLLER);
-    let c = container(deploy, "controller");
-    goldmane_env(c);
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "GOLDMANE_TLS_SECRET"), "ne-system/gm-client");
+    assert_eq!(env_value(c, "GOLDMANE_CA_CONFIGMAP"), "ne-system/gm-ca");
+    assert_eq!(env_value(c, "GOLDMANE_CA_KEY"), "ca.crt");
     assert_eq!(env_value(c, "GOLDMANE_SERVER_NAME"), "goldmane");
-    let sources = &volume(deploy, "goldmane-tls").unwrap()["projected"]["sources"];
     assert_eq!(
-        sources,
-        &serde_json::json!([
-            {"secret": {"name": "goldmane-key-pair", "items": [
-                {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}},
-            {"configMap": {"name": "goldmane-ca-bundle", "items": [
-                {"key": "tigera-ca-bundle.crt", "path": "ca.crt"}]}}
+        goldmane_grants(&docs),
+        grants(&[
+            ("ne-system", "secrets", "gm-client"),
+            ("ne-system", "configmaps", "gm-ca"),
         ])
     );
 
-    // issuer: a client certificate from cert-manager.
+    // issuer: the client certificate from cert-manager in the release namespace; the CA still Calico's.
     let docs = render(&[
         "controller.provider.name=calico",
         "controller.provider.calico.tls.mode=issuer",
@@ -1486,22 +1523,149 @@ fn calico_goldmane_mutual_tls_values_reach_the_controller() {
     );
     assert_eq!(strings(&cert["spec"]["usages"])[0], "client auth");
     assert_eq!(cert["spec"]["issuerRef"]["kind"], "ClusterIssuer");
-    let deploy = find(&docs, "Deployment", CONTROLLER);
-    goldmane_env(container(deploy, "controller"));
+    let secret = cert["spec"]["secretName"].as_str().unwrap();
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
     assert_eq!(
-        volume(deploy, "goldmane-tls").unwrap()["secret"]["secretName"],
-        cert["spec"]["secretName"]
+        env_value(c, "GOLDMANE_TLS_SECRET"),
+        format!("ne-system/{secret}")
+    );
+    assert_eq!(
+        env_value(c, "GOLDMANE_CA_CONFIGMAP"),
+        "calico-system/goldmane-ca-bundle"
+    );
+    assert_eq!(
+        goldmane_grants(&docs),
+        grants(&[
+            ("ne-system", "secrets", secret),
+            ("calico-system", "configmaps", "goldmane-ca-bundle"),
+        ])
     );
 
-    // Other providers dial nothing from the controller.
+    // Other providers: no Goldmane, no extra grants.
     for provider in ["istio", "cilium", "ebpf"] {
         let docs = render(&[&format!("controller.provider.name={provider}")]);
-        let deploy = find(&docs, "Deployment", CONTROLLER);
-        assert!(volume(deploy, "goldmane-tls").is_none(), "{provider}");
+        let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+        assert!(!c["env"].to_string().contains("GOLDMANE"), "{provider}");
+        assert!(goldmane_grants(&docs).is_empty(), "{provider}");
         assert!(
             !docs.iter().any(|d| d["kind"] == "Certificate"),
             "{provider}"
         );
+    }
+}
+
+/// provider cilium: the node's Hubble socket by default; Hubble Relay with the provider's TLS values on
+/// request (the agents mount the client key pair and CA).
+#[test]
+fn cilium_hubble_socket_or_relay_with_tls() {
+    let docs = render(&["controller.provider.name=cilium"]);
+    let ds = find(&docs, "DaemonSet", AGENT);
+    let agent = container(ds, "agent");
+    assert_eq!(
+        env_value(agent, "NE_HUBBLE_SOCKET"),
+        "/var/run/cilium/hubble.sock"
+    );
+    assert!(env(agent, "NE_HUBBLE_RELAY_ADDRESS").is_none());
+
+    let relay = |extra: &[&str]| {
+        let mut sets = vec![
+            "controller.provider.name=cilium",
+            "agent.hubble.source=relay",
+        ];
+        sets.extend_from_slice(extra);
+        render(&sets)
+    };
+    let tls_env = |agent: &Value| {
+        for (var, file) in [
+            ("NE_HUBBLE_RELAY_CA_FILE", "ca.crt"),
+            ("NE_HUBBLE_RELAY_CLIENT_CERT_FILE", "tls.crt"),
+            ("NE_HUBBLE_RELAY_CLIENT_KEY_FILE", "tls.key"),
+        ] {
+            assert_eq!(
+                env_value(agent, var),
+                format!("/etc/network-enforcer/hubble-relay-tls/{file}")
+            );
+        }
+        assert_eq!(
+            mount_path(agent, "hubble-relay-tls"),
+            Some("/etc/network-enforcer/hubble-relay-tls")
+        );
+        assert_eq!(
+            env_value(agent, "NE_HUBBLE_RELAY_SERVER_NAME"),
+            "ui.hubble-relay.cilium.io"
+        );
+        assert!(env(agent, "NE_HUBBLE_SOCKET").is_none());
+    };
+
+    let docs = relay(&["controller.provider.cilium.tls.issuerRef.name=cilium-ca"]);
+    let ds = find(&docs, "DaemonSet", AGENT);
+    let agent = container(ds, "agent");
+    assert_eq!(
+        env_value(agent, "NE_HUBBLE_RELAY_ADDRESS"),
+        "hubble-relay.kube-system.svc:443"
+    );
+    tls_env(agent);
+    let cert = find(
+        &docs,
+        "Certificate",
+        "release-network-enforcer-hubble-relay-client",
+    );
+    assert_eq!(strings(&cert["spec"]["usages"])[0], "client auth");
+    assert_eq!(
+        volume(ds, "hubble-relay-tls").unwrap()["secret"]["secretName"],
+        cert["spec"]["secretName"]
+    );
+    // No host socket mount in relay mode.
+    assert!(
+        !host_mounts(ds)
+            .iter()
+            .any(|(m, _, _)| m == "/var/run/cilium")
+    );
+
+    let docs = relay(&[
+        "controller.provider.cilium.tls.mode=existingSecret",
+        "controller.provider.cilium.tls.existingSecret.name=relay-client",
+        "controller.provider.cilium.tls.existingSecret.caBundleConfigMap=relay-ca",
+    ]);
+    let ds = find(&docs, "DaemonSet", AGENT);
+    tls_env(container(ds, "agent"));
+    assert_eq!(
+        volume(ds, "hubble-relay-tls").unwrap()["projected"]["sources"],
+        serde_json::json!([
+            {"secret": {"name": "relay-client", "items": [
+                {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}},
+            {"configMap": {"name": "relay-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+        ])
+    );
+
+    let docs = relay(&["controller.provider.cilium.tls.mode=insecure"]);
+    let ds = find(&docs, "DaemonSet", AGENT);
+    let agent = container(ds, "agent");
+    assert!(env(agent, "NE_HUBBLE_RELAY_ADDRESS").is_some());
+    assert!(env(agent, "NE_HUBBLE_RELAY_CA_FILE").is_none());
+    assert!(volume(ds, "hubble-relay-tls").is_none());
+
+    for (sets, expected) in [
+        (
+            vec![
+                "controller.provider.name=cilium",
+                "agent.hubble.source=relay",
+            ],
+            "controller.provider.cilium.tls.mode=issuer needs controller.provider.cilium.tls.issuerRef.name",
+        ),
+        (
+            vec![
+                "controller.provider.name=cilium",
+                "agent.hubble.source=relay",
+                "controller.provider.cilium.tls.mode=existingSecret",
+                "controller.provider.cilium.tls.existingSecret.name=hubble-relay-client-certs",
+                "controller.provider.cilium.tls.existingSecret.namespace=kube-system",
+            ],
+            "must be in the release namespace ne-system",
+        ),
+    ] {
+        let message = rejected(&sets);
+        assert!(message.contains(expected), "{sets:?}: {message}");
     }
 }
 

@@ -167,51 +167,63 @@ spec:
 {{- end }}
 
 {{- /*
-Goldmane's client certificate and CA (provider calico), as the controller sees them: one directory with
-tls.crt, tls.key and ca.crt. existingSecret in another namespace cannot be mounted, so it is copied into
-the release namespace (goldmaneCopyName) at install/upgrade.
+Goldmane (provider calico): the controller reads the client key pair (Secret: tls.crt, tls.key) and the CA
+bundle (ConfigMap key) through the API, so they may stay in calico-system where the Calico operator
+rotates them. goldmaneRefs returns {secret: {namespace, name}, configMap: {namespace, name, key}}.
 */ -}}
-{{- define "network-enforcer.goldmaneCopyName" -}}
-{{- printf "%s-goldmane-tls" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
-{{- end }}
 {{- define "network-enforcer.goldmaneIssuedName" -}}
 {{- printf "%s-goldmane-client" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
-{{- define "network-enforcer.goldmaneCrossNamespace" -}}
-{{- $s := .Values.controller.provider.calico.tls.existingSecret }}
-{{- if and (eq .Values.controller.provider.calico.tls.mode "existingSecret") $s.namespace (ne $s.namespace .Release.Namespace) }}true{{- end }}
-{{- end }}
-{{- define "network-enforcer.goldmaneVolume" -}}
+{{- define "network-enforcer.goldmaneRefs" -}}
 {{- $tls := .Values.controller.provider.calico.tls }}
+{{- $s := $tls.existingSecret }}
+{{- $ns := $s.namespace | default .Release.Namespace }}
+{{- $secret := dict }}
+{{- if eq $tls.mode "issuer" }}
+{{- $secret = dict "namespace" .Release.Namespace "name" (printf "%s-tls" (include "network-enforcer.goldmaneIssuedName" .)) }}
+{{- else }}
+{{- $secret = dict "namespace" $ns "name" (required "controller.provider.calico.tls.mode=existingSecret needs controller.provider.calico.tls.existingSecret.name (the Secret with Goldmane's client tls.crt/tls.key, e.g. goldmane-key-pair)" $s.name) }}
+{{- end }}
+{{- $cm := required "provider calico needs controller.provider.calico.tls.existingSecret.caBundleConfigMap (the ConfigMap with the CA of Goldmane's server certificate, e.g. goldmane-ca-bundle)" $s.caBundleConfigMap }}
+{{- dict "secret" $secret "configMap" (dict "namespace" $ns "name" $cm "key" ($s.caBundleKey | default "ca.crt")) | toJson }}
+{{- end }}
+
+{{- /*
+Hubble Relay client TLS (agent.hubble.source=relay, controller.provider.cilium.tls): one directory with
+tls.crt, tls.key and ca.crt in every agent. The agents mount it, so an existingSecret must live in the
+release namespace.
+*/ -}}
+{{- define "network-enforcer.hubbleRelayIssuedName" -}}
+{{- printf "%s-hubble-relay-client" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "network-enforcer.hubbleRelayVolume" -}}
+{{- $tls := .Values.controller.provider.cilium.tls }}
 {{- if eq $tls.mode "issuer" }}
 secret:
-  secretName: {{ printf "%s-tls" (include "network-enforcer.goldmaneIssuedName" .) }}
-{{- else if include "network-enforcer.goldmaneCrossNamespace" . }}
-# A copy of {{ $tls.existingSecret.namespace }}/{{ $tls.existingSecret.name }}; optional, so a missing source
-# leaves only the Goldmane source down (reported on /readyz), not the controller.
-secret:
-  secretName: {{ include "network-enforcer.goldmaneCopyName" . }}
-  optional: true
+  secretName: {{ printf "%s-tls" (include "network-enforcer.hubbleRelayIssuedName" .) }}
 {{- else }}
-{{- $name := required "controller.provider.calico.tls.mode=existingSecret needs controller.provider.calico.tls.existingSecret.name" $tls.existingSecret.name }}
+{{- $s := $tls.existingSecret }}
+{{- if and $s.namespace (ne $s.namespace .Release.Namespace) }}
+{{- fail (printf "controller.provider.cilium.tls.existingSecret.namespace=%s: the agents mount the Hubble Relay client Secret, so it must be in the release namespace %s (copy it there, e.g. kube-system/hubble-relay-client-certs)" $s.namespace .Release.Namespace) }}
+{{- end }}
 projected:
   sources:
     - secret:
-        name: {{ $name }}
+        name: {{ required "controller.provider.cilium.tls.mode=existingSecret needs controller.provider.cilium.tls.existingSecret.name (a Secret with tls.crt, tls.key and ca.crt)" $s.name }}
         items:
           - key: tls.crt
             path: tls.crt
           - key: tls.key
             path: tls.key
-          {{- if not $tls.existingSecret.caBundleConfigMap }}
+          {{- if not $s.caBundleConfigMap }}
           - key: ca.crt
             path: ca.crt
           {{- end }}
-    {{- with $tls.existingSecret.caBundleConfigMap }}
+    {{- with $s.caBundleConfigMap }}
     - configMap:
         name: {{ . }}
         items:
-          - key: {{ $tls.existingSecret.caBundleKey | default "ca.crt" }}
+          - key: {{ $s.caBundleKey | default "ca.crt" }}
             path: ca.crt
     {{- end }}
 {{- end }}
