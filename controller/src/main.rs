@@ -43,6 +43,29 @@ enum Command {
     /// Print the CustomResourceDefinitions this controller serves, as YAML
     /// (e.g. `network-enforcer-controller crds | kubectl apply -f -`).
     Crds,
+    /// Evaluate flows against policies offline ("what would protect block?"): a scenario file of
+    /// namespaces, pods, NetworkPolicies / WorkloadNetworkPolicies and flows, JSON or YAML.
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// The scenario: `namespaces`, `pods`, `policies`, `flows` (JSON or YAML; `-` for stdin).
+    #[arg(long)]
+    scenario: std::path::PathBuf,
+    /// Also replay recorded agent records (JSON lines of `network-enforcer-agent flows -o json`)
+    /// against the scenario's policies and print the would-deny diff.
+    #[arg(long)]
+    flows_from: Option<std::path::PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
+    output: OutputFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Json,
+    Table,
 }
 
 #[derive(clap::Args)]
@@ -133,6 +156,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(*args).await,
+        Command::Check(args) => check(&args),
         Command::Cleanup { namespace } => {
             let client = kube::Client::try_default()
                 .await
@@ -147,6 +171,48 @@ async fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `check`: evaluate the scenario's flows (and replay records), print the report; invalid input is
+/// an error naming the field.
+fn check(args: &CheckArgs) -> Result<()> {
+    use network_enforcer_controller::check::{Checker, parse_records, parse_scenario};
+    let read = |path: &std::path::Path| -> Result<String> {
+        if path == std::path::Path::new("-") {
+            return std::io::read_to_string(std::io::stdin()).context("reading stdin");
+        }
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    };
+    let scenario = parse_scenario(&read(&args.scenario)?)
+        .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
+    let checker = Checker::new(scenario)
+        .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
+    let report = checker.run();
+    let replay = match &args.flows_from {
+        Some(path) => {
+            let records = parse_records(&read(path)?)
+                .with_context(|| format!("invalid records file {}", path.display()))?;
+            Some(checker.replay(&records))
+        }
+        None => None,
+    };
+    match args.output {
+        OutputFormat::Json => {
+            let mut value = serde_json::to_value(&report)?;
+            if let Some(replay) = &replay {
+                value["replay"] = serde_json::to_value(replay)?;
+            }
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        OutputFormat::Table => {
+            print!("{}", report.render_table());
+            if let Some(replay) = &replay {
+                println!();
+                print!("{}", replay.render_table());
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn run(args: RunArgs) -> Result<()> {
@@ -218,7 +284,8 @@ async fn run(args: RunArgs) -> Result<()> {
             instance: settings.instance.clone(),
             ..status_sync::Settings::default()
         },
-        Arc::new(network_enforcer_controller::telemetry::Disabled),
+        network_enforcer_controller::telemetry::from_env(&metrics)
+            .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?,
     );
     let ingest = IngestService {
         authenticator: Arc::new(TokenReviewAuthenticator::new(
