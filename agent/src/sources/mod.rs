@@ -27,6 +27,116 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The flow-source flags of `network-enforcer-agent run`. Every source is off unless configured.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SourceArgs {
+    /// Read Cilium Hubble flows from this node's Hubble socket (e.g. `/var/run/cilium/hubble.sock`,
+    /// mounted from the host).
+    #[arg(long, env = "NE_HUBBLE_SOCKET")]
+    pub hubble_socket: Option<std::path::PathBuf>,
+    /// Read Cilium Hubble flows from Hubble Relay at `host:port` instead (only this node's flows are
+    /// taken), e.g. `hubble-relay.kube-system.svc:443`.
+    #[arg(
+        long,
+        env = "NE_HUBBLE_RELAY_ADDRESS",
+        conflicts_with = "hubble_socket"
+    )]
+    pub hubble_relay_address: Option<String>,
+    /// PEM CA bundle of the Relay's server certificate; turns TLS on.
+    #[arg(long, env = "NE_HUBBLE_RELAY_CA_FILE")]
+    pub hubble_relay_ca_file: Option<std::path::PathBuf>,
+    /// The name the Relay's certificate must carry; turns TLS on.
+    #[arg(long, env = "NE_HUBBLE_RELAY_SERVER_NAME")]
+    pub hubble_relay_server_name: Option<String>,
+    /// PEM client certificate for a Relay that requires mutual TLS (with --hubble-relay-client-key-file).
+    #[arg(
+        long,
+        env = "NE_HUBBLE_RELAY_CLIENT_CERT_FILE",
+        requires = "hubble_relay_client_key_file"
+    )]
+    pub hubble_relay_client_cert_file: Option<std::path::PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(
+        long,
+        env = "NE_HUBBLE_RELAY_CLIENT_KEY_FILE",
+        requires = "hubble_relay_client_cert_file"
+    )]
+    pub hubble_relay_client_key_file: Option<std::path::PathBuf>,
+    /// Tail Istio ztunnel's JSON logs matching this glob (`*`/`?` in any path component), e.g.
+    /// `/var/log/containers/*ztunnel*.log`.
+    #[arg(long, env = "NE_ZTUNNEL_LOG_GLOB")]
+    pub ztunnel_log_glob: Option<String>,
+    /// Where the ztunnel log read positions are kept across agent restarts (a small JSON file on a
+    /// writable host path; empty: not kept).
+    #[arg(
+        long,
+        env = "NE_ZTUNNEL_STATE_FILE",
+        default_value = "/var/lib/network-enforcer/ztunnel-positions.json"
+    )]
+    pub ztunnel_state_file: std::path::PathBuf,
+    /// Milliseconds between polls of the ztunnel logs.
+    #[arg(long, env = "NE_ZTUNNEL_POLL_MS", default_value_t = 1000)]
+    pub ztunnel_poll_ms: u64,
+}
+
+impl SourceArgs {
+    /// The Hubble client's settings, if Hubble is configured.
+    pub fn hubble(&self, node: Option<String>) -> Option<hubble::HubbleConfig> {
+        let target = if let Some(path) = &self.hubble_socket {
+            hubble::Target::Socket(path.clone())
+        } else {
+            let address = self.hubble_relay_address.clone()?;
+            let tls_on = self.hubble_relay_ca_file.is_some()
+                || self.hubble_relay_server_name.is_some()
+                || self.hubble_relay_client_cert_file.is_some();
+            hubble::Target::Relay {
+                address,
+                tls: tls_on.then(|| hubble::RelayTls {
+                    ca: self.hubble_relay_ca_file.clone(),
+                    server_name: self.hubble_relay_server_name.clone(),
+                    client_cert: self.hubble_relay_client_cert_file.clone(),
+                    client_key: self.hubble_relay_client_key_file.clone(),
+                }),
+            }
+        };
+        Some(hubble::HubbleConfig::new(target, node))
+    }
+
+    /// The ztunnel reader's settings, if configured.
+    pub fn ztunnel(&self) -> Option<ztunnel::ZtunnelConfig> {
+        let glob = self.ztunnel_log_glob.clone()?;
+        Some(ztunnel::ZtunnelConfig {
+            glob,
+            state_file: Some(self.ztunnel_state_file.clone()).filter(|p| !p.as_os_str().is_empty()),
+            poll: std::time::Duration::from_millis(self.ztunnel_poll_ms),
+        })
+    }
+
+    /// Starts the configured sources; returns the sink the flush drains (`None`: no source on).
+    /// Must be called inside the Tokio runtime.
+    pub fn start(&self, node: Option<String>, metrics: &SourceMetrics) -> Option<RecordSink> {
+        let hubble = self.hubble(node);
+        let ztunnel = self.ztunnel();
+        if hubble.is_none() && ztunnel.is_none() {
+            return None;
+        }
+        let sink = RecordSink::default();
+        if let Some(config) = hubble {
+            tracing::info!(target = ?config.target, node = ?config.node, "Hubble source on");
+            tokio::spawn(hubble::run(config, sink.clone(), metrics.source("hubble")));
+        }
+        if let Some(config) = ztunnel {
+            tracing::info!(glob = %config.glob, state = ?config.state_file, "ztunnel source on");
+            tokio::spawn(ztunnel::run(
+                config,
+                sink.clone(),
+                metrics.source("ztunnel"),
+            ));
+        }
+        Some(sink)
+    }
+}
+
 /// What makes two source records the same aggregate: everything but the times and the count.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RecordKey {

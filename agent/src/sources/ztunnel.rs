@@ -359,26 +359,46 @@ pub struct ZtunnelConfig {
 /// The default log glob: the kubelet's symlinks to the ztunnel containers' logs.
 pub const DEFAULT_GLOB: &str = "/var/log/containers/*ztunnel*.log";
 
-/// Tails the ztunnel logs into `sink` forever: malformed lines are counted and logged (at most one log
-/// line a minute per kind), missing files are waited for. Never returns.
-pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::SourceHealth) {
-    use super::RateLimitedLog;
-    use std::time::Duration;
-    let mut tailer = super::tail::Tailer::new(config.glob.clone(), config.state_file.clone());
-    let mut correlator = Correlator::default();
-    let minute = Duration::from_secs(60);
-    let (mut malformed_log, mut unsupported_log, mut missing_log) = (
-        RateLimitedLog::new(minute),
-        RateLimitedLog::new(minute),
-        RateLimitedLog::new(Duration::from_secs(600)),
-    );
-    let mut tick = tokio::time::interval(config.poll.max(Duration::from_millis(50)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
+/// The ztunnel log reader: the tailer, the parser and the correlator, polled by [`run`] (and by tests).
+pub struct Reader {
+    config: ZtunnelConfig,
+    tailer: super::tail::Tailer,
+    correlator: Correlator,
+    health: super::SourceHealth,
+    malformed_log: super::RateLimitedLog,
+    unsupported_log: super::RateLimitedLog,
+    missing_log: super::RateLimitedLog,
+}
+
+impl Reader {
+    /// A reader of the files of `config`, counting into `health`.
+    pub fn new(config: ZtunnelConfig, health: super::SourceHealth) -> Self {
+        use super::RateLimitedLog;
+        use std::time::Duration;
+        let minute = Duration::from_secs(60);
+        Self {
+            tailer: super::tail::Tailer::new(config.glob.clone(), config.state_file.clone()),
+            config,
+            correlator: Correlator::default(),
+            health,
+            malformed_log: RateLimitedLog::new(minute),
+            unsupported_log: RateLimitedLog::new(minute),
+            missing_log: RateLimitedLog::new(Duration::from_secs(600)),
+        }
+    }
+
+    /// Files being read.
+    pub fn files(&self) -> usize {
+        self.tailer.files()
+    }
+
+    /// Reads what was appended since the last poll; returns the records it completed. Malformed
+    /// lines are counted in `errors` and logged (at most once a minute), unsupported ones in `skipped`.
+    pub fn poll(&mut self) -> Vec<FlowRecord> {
         let mut records = Vec::new();
-        // File I/O is blocking but short (only what was appended since the last poll).
-        tailer.poll(&mut |file, framed| {
+        let (health, correlator) = (&self.health, &mut self.correlator);
+        let (malformed_log, unsupported_log) = (&mut self.malformed_log, &mut self.unsupported_log);
+        self.tailer.poll(&mut |file, framed| {
             health.message();
             let event = framed
                 .map_err(|e| e.to_string())
@@ -407,15 +427,30 @@ pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::
         });
         // Decisions whose access line never came, also when the logs went quiet.
         records.extend(correlator.expire(super::now_ms() - 2 * Correlator::PENDING_MS));
-        health.connected.set(i64::from(tailer.files() > 0));
-        if tailer.files() == 0 {
-            if let Some(suppressed) = missing_log.allow() {
-                tracing::warn!(glob = %config.glob, suppressed,
+        self.health
+            .connected
+            .set(i64::from(self.tailer.files() > 0));
+        if self.tailer.files() == 0 {
+            if let Some(suppressed) = self.missing_log.allow() {
+                tracing::warn!(glob = %self.config.glob, suppressed,
                     "no ztunnel log file matches; is Istio ambient running on this node and /var/log mounted?");
             }
         }
-        for record in records {
-            health.records.inc();
+        self.health.records.inc_by(records.len() as u64);
+        records
+    }
+}
+
+/// Tails the ztunnel logs into `sink` forever (see [`Reader`]). Never returns.
+pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::SourceHealth) {
+    let poll = config.poll.max(std::time::Duration::from_millis(50));
+    let mut reader = Reader::new(config, health);
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // File I/O is blocking but short (only what was appended since the last poll).
+        for record in reader.poll() {
             sink.add(record);
         }
     }

@@ -1,0 +1,474 @@
+//! The Hubble source against an in-process Hubble: a tonic server implementing `observer.Observer`
+//! from our own proto, streaming scripted flows (replies, drops for other reasons, unknown enum values,
+//! lost events, a disconnect mid-stream), over a unix socket in a temp dir as on a node, and over TCP
+//! with TLS (with and without client certificates) as Hubble Relay. No real Hubble exists here.
+
+use network_enforcer_agent::sources::hubble::{self, HubbleConfig, RelayTls, Target};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
+use network_enforcer_agent::uplink::Backoff;
+use network_enforcer_api::hubble::observer_server::{Observer, ObserverServer};
+use network_enforcer_api::hubble::{
+    Endpoint, Flow, GetFlowsRequest, GetFlowsResponse, Ip, Layer4, LostEvent, Policy, Tcp,
+    TrafficDirection, Verdict, get_flows_response::ResponseTypes, layer4,
+};
+use network_enforcer_api::uplink::{FlowRecord, Outcome};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+/// How a scripted session ends after its responses.
+#[derive(Clone, Copy)]
+enum End {
+    /// The stream breaks (Hubble restarted, connection lost).
+    Fail,
+    /// The stream stays open (follow).
+    Hang,
+}
+
+#[derive(Default)]
+struct Script {
+    sessions: Mutex<VecDeque<(Vec<GetFlowsResponse>, End)>>,
+    requests: Mutex<Vec<GetFlowsRequest>>,
+}
+
+#[derive(Clone)]
+struct FakeHubble(Arc<Script>);
+
+type FlowStream = Pin<Box<dyn Stream<Item = Result<GetFlowsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Observer for FakeHubble {
+    type GetFlowsStream = FlowStream;
+
+    async fn get_flows(
+        &self,
+        request: Request<GetFlowsRequest>,
+    ) -> Result<Response<FlowStream>, Status> {
+        self.0.requests.lock().unwrap().push(request.into_inner());
+        let (responses, end) = self
+            .0
+            .sessions
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or((vec![], End::Hang));
+        let head = tokio_stream::iter(responses.into_iter().map(Ok));
+        let stream: FlowStream = match end {
+            End::Fail => Box::pin(head.chain(tokio_stream::once(Err(Status::unavailable(
+                "hubble went away",
+            ))))),
+            End::Hang => Box::pin(head.chain(tokio_stream::pending())),
+        };
+        Ok(Response::new(stream))
+    }
+}
+
+fn endpoint(ns: &str, pod: &str) -> Endpoint {
+    Endpoint {
+        namespace: ns.into(),
+        pod_name: pod.into(),
+        ..Endpoint::default()
+    }
+}
+
+/// A TCP flow web-1 → catalog-1:port seen at `secs`.
+fn flow(uuid: &str, secs: i64, port: u32, verdict: i32, node: &str) -> Flow {
+    Flow {
+        time: Some(prost_types::Timestamp {
+            seconds: secs,
+            nanos: 0,
+        }),
+        uuid: uuid.into(),
+        verdict,
+        ip: Some(Ip {
+            source: "10.0.0.1".into(),
+            destination: "10.0.0.2".into(),
+            ..Ip::default()
+        }),
+        l4: Some(Layer4 {
+            protocol: Some(layer4::Protocol::Tcp(Tcp {
+                source_port: 40_000,
+                destination_port: port,
+                flags: None,
+            })),
+        }),
+        source: Some(endpoint("shop", "web-1")),
+        destination: Some(endpoint("shop", "catalog-1")),
+        traffic_direction: TrafficDirection::Egress as i32,
+        node_name: node.into(),
+        ..Flow::default()
+    }
+}
+
+fn respond(flow: Flow) -> GetFlowsResponse {
+    GetFlowsResponse {
+        response_types: Some(ResponseTypes::Flow(flow)),
+        ..GetFlowsResponse::default()
+    }
+}
+
+fn config(target: Target, node: Option<&str>) -> HubbleConfig {
+    let mut c = HubbleConfig::new(target, node.map(str::to_string));
+    c.backoff = Backoff {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+    };
+    c
+}
+
+/// Waits (bounded) until `sink` has produced `n` records in all; returns them.
+async fn collect(sink: &RecordSink, n: usize) -> Vec<FlowRecord> {
+    let mut all = Vec::new();
+    for _ in 0..1000 {
+        all.extend(sink.drain());
+        if all.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    all
+}
+
+fn metric(metrics: &SourceMetrics, line_prefix: &str) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn socket_stream_skips_replies_and_other_drops_and_resumes_without_loss_or_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("hubble.sock");
+    let script = Arc::new(Script::default());
+    let mut reply = flow("r", 11, 8080, Verdict::Forwarded as i32, "");
+    reply.is_reply = Some(true);
+    let mut stale_drop = flow("s", 12, 8080, Verdict::Dropped as i32, "");
+    stale_drop.drop_reason_desc = 151;
+    let mut unknown_reason = flow("u", 13, 8080, Verdict::Dropped as i32, "");
+    unknown_reason.drop_reason_desc = 9_999;
+    let unknown_verdict = flow("v", 14, 8080, 42, "");
+    let mut denied = flow("d", 15, 9090, Verdict::Dropped as i32, "");
+    denied.drop_reason_desc = 133;
+    denied.egress_denied_by = vec![Policy {
+        name: "web-egress".into(),
+        namespace: "shop".into(),
+        ..Policy::default()
+    }];
+    let lost = GetFlowsResponse {
+        response_types: Some(ResponseTypes::LostEvents(LostEvent {
+            source: 3,
+            num_events_lost: 7,
+            ..LostEvent::default()
+        })),
+        ..GetFlowsResponse::default()
+    };
+    let first = vec![
+        respond(flow("a", 10, 8080, Verdict::Forwarded as i32, "")),
+        respond(reply),
+        respond(stale_drop),
+        respond(unknown_reason),
+        respond(unknown_verdict),
+        lost,
+        respond(denied.clone()),
+    ];
+    // After the reconnect Hubble sends again what it has since the `since` asked for (inclusive: the
+    // denied flow at 15), then the new flow.
+    let mut new_flow = flow("b", 16, 8443, Verdict::Forwarded as i32, "");
+    new_flow.destination = Some(endpoint("shop", "payments-1"));
+    let second = vec![respond(denied), respond(new_flow)];
+    script
+        .sessions
+        .lock()
+        .unwrap()
+        .extend([(first, End::Fail), (second, End::Hang)]);
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(ObserverServer::new(FakeHubble(script.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let metrics = SourceMetrics::default();
+    let sink = RecordSink::default();
+    let client = tokio::spawn(hubble::run(
+        config(Target::Socket(socket.clone()), None),
+        sink.clone(),
+        metrics.source("hubble"),
+    ));
+    let mut records = collect(&sink, 3).await;
+    // The repeat of the denied flow comes before the new flow in the second session, so it has been
+    // handled by now: had it been taken, the denied record would count 2.
+    records.sort_by_key(|r| r.port);
+    let summary: Vec<(u32, i32, &str)> = records
+        .iter()
+        .map(|r| (r.port, r.outcome, r.policy.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (8080, Outcome::Established as i32, ""),
+            (8443, Outcome::Established as i32, ""),
+            (9090, Outcome::Denied as i32, "shop/web-egress"),
+        ],
+        "each flow once: no reply, no non-policy drop, no unknown verdict, the repeat after the reconnect dropped"
+    );
+    assert!(records.iter().all(|r| r.count == 1));
+    let requests = script.requests.lock().unwrap().clone();
+    assert!(requests.len() >= 2);
+    assert!(requests[0].follow && requests[0].since.is_none());
+    assert_eq!(
+        requests[1].since.map(|t| t.seconds),
+        Some(15),
+        "resumed from the last flow"
+    );
+    assert_eq!(
+        metric(&metrics, "source_lost_events_total"),
+        "source_lost_events_total{source=\"hubble\"} 7"
+    );
+    assert_eq!(
+        metric(&metrics, "source_connected"),
+        "source_connected{source=\"hubble\"} 1"
+    );
+    assert!(
+        !metric(&metrics, "source_errors_total").ends_with(" 0"),
+        "the disconnect is counted"
+    );
+    client.abort();
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_missing_socket_is_retried_until_hubble_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("hubble.sock");
+    let metrics = SourceMetrics::default();
+    let sink = RecordSink::default();
+    let client = tokio::spawn(hubble::run(
+        config(Target::Socket(socket.clone()), None),
+        sink.clone(),
+        metrics.source("hubble"),
+    ));
+    // Several failed attempts, and the task is still there.
+    for _ in 0..500 {
+        if metric(&metrics, "source_errors_total") != "source_errors_total{source=\"hubble\"} 0"
+            && !metric(&metrics, "source_errors_total").ends_with(" 1")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !client.is_finished(),
+        "a missing peer never ends the source"
+    );
+    let script = Arc::new(Script::default());
+    script.sessions.lock().unwrap().push_back((
+        vec![respond(flow("a", 10, 8080, Verdict::Forwarded as i32, ""))],
+        End::Hang,
+    ));
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(ObserverServer::new(FakeHubble(script)))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let records = collect(&sink, 1).await;
+    assert_eq!(records.len(), 1);
+    client.abort();
+    server.abort();
+}
+
+struct Pki {
+    ca: String,
+    server: Identity,
+    dir: tempfile::TempDir,
+}
+
+const RELAY_NAME: &str = "ui.hubble-relay.cilium.io";
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "hubble-test-ca");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let ca = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec![RELAY_NAME.to_string()])
+        .unwrap()
+        .signed_by(&server_key, &ca)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "network-enforcer-agent");
+    let client = client.signed_by(&client_key, &ca).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.path().join("client.crt"), client.pem()).unwrap();
+    std::fs::write(dir.path().join("client.key"), client_key.serialize_pem()).unwrap();
+    Pki {
+        ca: ca_cert.pem(),
+        server: Identity::from_pem(server.pem(), server_key.serialize_pem()),
+        dir,
+    }
+}
+
+/// A TLS Relay on loopback streaming one flow of node-a and one of node-b; `require_client_cert`
+/// makes it refuse clients without a certificate signed by the CA.
+async fn relay(pki: &Pki, require_client_cert: bool) -> (String, tokio::task::JoinHandle<()>) {
+    let script = Arc::new(Script::default());
+    let mut other_node = flow("b", 11, 9999, Verdict::Forwarded as i32, "kind/node-b");
+    other_node.uuid = "b".into();
+    script.sessions.lock().unwrap().push_back((
+        vec![
+            respond(flow(
+                "a",
+                10,
+                8080,
+                Verdict::Forwarded as i32,
+                "kind/node-a",
+            )),
+            respond(other_node),
+        ],
+        End::Hang,
+    ));
+    let mut tls = ServerTlsConfig::new().identity(pki.server.clone());
+    if require_client_cert {
+        tls = tls.client_ca_root(Certificate::from_pem(&pki.ca));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(async move {
+        Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(ObserverServer::new(FakeHubble(script)))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (address, server)
+}
+
+fn relay_tls(pki: &Pki, client_cert: bool) -> RelayTls {
+    RelayTls {
+        ca: Some(pki.dir.path().join("ca.crt")),
+        server_name: Some(RELAY_NAME.into()),
+        client_cert: client_cert.then(|| pki.dir.path().join("client.crt")),
+        client_key: client_cert.then(|| pki.dir.path().join("client.key")),
+    }
+}
+
+#[tokio::test]
+async fn relay_with_mutual_tls_streams_only_this_nodes_flows() {
+    let pki = pki();
+    let (address, server) = relay(&pki, true).await;
+    let sink = RecordSink::default();
+    let metrics = SourceMetrics::default();
+    let target = Target::Relay {
+        address,
+        tls: Some(relay_tls(&pki, true)),
+    };
+    let client = tokio::spawn(hubble::run(
+        config(target, Some("node-a")),
+        sink.clone(),
+        metrics.source("hubble"),
+    ));
+    let records = collect(&sink, 1).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].port, 8080, "node-b's flow is not this agent's");
+    // Both flows were read; node-b's was skipped.
+    for _ in 0..500 {
+        if metric(&metrics, "source_skipped_total").ends_with(" 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        metric(&metrics, "source_skipped_total"),
+        "source_skipped_total{source=\"hubble\"} 1"
+    );
+    client.abort();
+    server.abort();
+}
+
+#[tokio::test]
+async fn relay_requiring_client_certs_refuses_a_client_without_one() {
+    let pki = pki();
+    let (address, server) = relay(&pki, true).await;
+    let sink = RecordSink::default();
+    let metrics = SourceMetrics::default();
+    let target = Target::Relay {
+        address,
+        tls: Some(relay_tls(&pki, false)),
+    };
+    let client = tokio::spawn(hubble::run(
+        config(target, None),
+        sink.clone(),
+        metrics.source("hubble"),
+    ));
+    // Wait for a few failed attempts.
+    for _ in 0..1000 {
+        let errors = metric(&metrics, "source_errors_total");
+        let n: u64 = errors
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if n >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let errors = metric(&metrics, "source_errors_total");
+    assert!(
+        !errors.ends_with(" 0") && !errors.ends_with(" 1") && !errors.ends_with(" 2"),
+        "{errors}"
+    );
+    assert!(sink.drain().is_empty(), "nothing from a refused connection");
+    assert_eq!(
+        metric(&metrics, "source_connected"),
+        "source_connected{source=\"hubble\"} 0"
+    );
+    assert!(!client.is_finished());
+    client.abort();
+    server.abort();
+}
+
+#[tokio::test]
+async fn relay_with_server_tls_only_accepts_a_client_without_a_certificate() {
+    let pki = pki();
+    let (address, server) = relay(&pki, false).await;
+    let sink = RecordSink::default();
+    let target = Target::Relay {
+        address,
+        tls: Some(relay_tls(&pki, false)),
+    };
+    let client = tokio::spawn(hubble::run(
+        config(target, None),
+        sink.clone(),
+        SourceMetrics::default().source("hubble"),
+    ));
+    let mut records = collect(&sink, 2).await;
+    records.sort_by_key(|r| r.port);
+    assert_eq!(
+        records.iter().map(|r| r.port).collect::<Vec<_>>(),
+        vec![8080, 9999],
+        "without a node filter every node's flows are taken"
+    );
+    client.abort();
+    server.abort();
+}

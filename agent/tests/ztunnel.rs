@@ -1,0 +1,269 @@
+//! The ztunnel source end to end on real files: fixture lines (WIRE.md section 3 shapes) written in the
+//! container runtime's CRI framing into a temp `/var/log/containers`-like directory, read by the
+//! [`Reader`] (tailer → parser → correlator) as the agent runs it, through rotation mid-read,
+//! truncation, malformed and pre-1.30 lines, and an agent restart with the saved positions.
+
+use network_enforcer_agent::sources::SourceMetrics;
+use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
+use network_enforcer_api::uplink::{FlowRecord, Outcome};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ztunnel");
+
+fn fixture(name: &str) -> Vec<String> {
+    std::fs::read_to_string(Path::new(FIXTURES).join(name))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// One application line in CRI framing; long lines are split into a `P` part and an `F` part, as
+/// containerd does past its buffer size.
+fn cri(line: &str) -> String {
+    let time = "2026-08-21T10:15:30.123456789Z";
+    if line.len() > 200 {
+        let mut cut = line.len() / 2;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!(
+            "{time} stdout P {}\n{time} stdout F {}\n",
+            &line[..cut],
+            &line[cut..]
+        )
+    } else {
+        format!("{time} stdout F {line}\n")
+    }
+}
+
+fn append(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    for l in lines {
+        f.write_all(cri(l).as_bytes()).unwrap();
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    logs: PathBuf,
+    state: PathBuf,
+    metrics: SourceMetrics,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("containers");
+        std::fs::create_dir_all(&logs).unwrap();
+        Self {
+            state: dir.path().join("state/positions.json"),
+            logs,
+            _dir: dir,
+            metrics: SourceMetrics::default(),
+        }
+    }
+
+    fn reader(&self) -> Reader {
+        Reader::new(
+            ZtunnelConfig {
+                glob: format!("{}/*ztunnel*.log", self.logs.display()),
+                state_file: Some(self.state.clone()),
+                poll: Duration::from_millis(50),
+            },
+            self.metrics.source("ztunnel"),
+        )
+    }
+
+    fn log(&self) -> PathBuf {
+        self.logs
+            .join("ztunnel-x7k2p_istio-system_istio-proxy-0123456789abcdef.log")
+    }
+}
+
+fn summary(records: &[FlowRecord]) -> Vec<(i32, u32, String, bool)> {
+    let mut v: Vec<_> = records
+        .iter()
+        .map(|r| (r.outcome, r.port, r.policy.clone(), r.dry_run))
+        .collect();
+    v.sort();
+    v
+}
+
+fn all_fixture_records() -> Vec<(i32, u32, String, bool)> {
+    let est = Outcome::Established as i32;
+    let denied = Outcome::Denied as i32;
+    let mut v = vec![
+        (est, 8080, String::new(), false),
+        (est, 9090, String::new(), false),
+        (denied, 9090, "shop/deny-legacy-dryrun".into(), true),
+        (denied, 8080, "shop/deny-legacy".into(), false),
+        (denied, 8080, String::new(), false),
+    ];
+    v.sort();
+    v
+}
+
+#[test]
+fn every_message_kind_of_the_fixture_gives_its_record_once() {
+    let s = Setup::new();
+    // A file that exists before the agent starts is read from its end: old history is not replayed.
+    append(&s.log(), &fixture("access-and-authz.jsonl")[..1]);
+    let mut reader = s.reader();
+    assert!(reader.poll().is_empty(), "started at the end of the file");
+    assert_eq!(reader.files(), 1);
+    append(&s.log(), &fixture("access-and-authz.jsonl"));
+    let records = reader.poll();
+    assert_eq!(summary(&records), all_fixture_records());
+    let learned = records
+        .iter()
+        .find(|r| r.outcome == Outcome::Established as i32 && r.port == 8080)
+        .unwrap();
+    let local = learned.local.as_ref().unwrap();
+    assert_eq!(
+        (local.namespace.as_str(), local.name.as_str()),
+        ("shop", "catalog-5d4b8c7f9-q7r2m")
+    );
+    assert_eq!(
+        learned.peer.as_ref().unwrap().principal,
+        "cluster.local/ns/shop/sa/web-client"
+    );
+    assert!(reader.poll().is_empty(), "nothing is delivered twice");
+}
+
+#[test]
+fn malformed_and_old_lines_are_counted_and_skipped_without_losing_the_good_ones() {
+    let s = Setup::new();
+    let mut reader = s.reader();
+    reader.poll();
+    let mut lines = fixture("malformed.txt");
+    lines.extend(fixture("old-1.29.jsonl"));
+    lines.extend(fixture("access-and-authz.jsonl"));
+    append(&s.log(), &lines);
+    // A line without CRI framing at all.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.log())
+        .unwrap()
+        .write_all(b"no framing here\n")
+        .unwrap();
+    let records = reader.poll();
+    assert_eq!(summary(&records), all_fixture_records());
+    let mut text = String::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    s.metrics.register(&mut registry);
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("source_errors_total{source=\"ztunnel\"} 5"),
+        "4 malformed + 1 unframed:\n{text}"
+    );
+    assert!(text.contains("source_connected{source=\"ztunnel\"} 1"));
+}
+
+#[test]
+fn rotation_mid_read_finishes_the_old_file_then_reads_the_new_one() {
+    let s = Setup::new();
+    let mut reader = s.reader();
+    reader.poll();
+    let lines = fixture("access-and-authz.jsonl");
+    append(&s.log(), &lines[..4]);
+    // Half a line at the end of the old file, not yet terminated.
+    let partial = cri(&lines[4]);
+    let (head, tail) = partial.split_at(partial.len() / 2);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.log())
+        .unwrap()
+        .write_all(head.as_bytes())
+        .unwrap();
+    let first = reader.poll();
+    assert_eq!(first.len(), 3, "{first:?}");
+    // The runtime finishes the line, then the kubelet renames the file and starts a new one; more
+    // lines land in the old file after our read and before the rename.
+    let mut old = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.log())
+        .unwrap();
+    old.write_all(tail.as_bytes()).unwrap();
+    old.write_all(cri(&lines[5]).as_bytes()).unwrap();
+    drop(old);
+    std::fs::rename(s.log(), s.log().with_extension("log.20260821-101800")).unwrap();
+    append(&s.log(), &lines[6..]);
+    let second = reader.poll();
+    let mut all = first;
+    all.extend(second);
+    assert_eq!(summary(&all), all_fixture_records());
+}
+
+#[test]
+fn truncation_restarts_at_the_beginning() {
+    let s = Setup::new();
+    let mut reader = s.reader();
+    reader.poll();
+    let lines = fixture("access-and-authz.jsonl");
+    append(&s.log(), &lines);
+    assert_eq!(reader.poll().len(), 5);
+    // copytruncate: the same file, emptied, then written again.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(s.log())
+        .unwrap();
+    append(&s.log(), &lines[..1]);
+    let again = reader.poll();
+    assert_eq!(
+        summary(&again),
+        vec![(Outcome::Established as i32, 8080, String::new(), false)]
+    );
+}
+
+#[test]
+fn positions_survive_an_agent_restart() {
+    let s = Setup::new();
+    let lines = fixture("access-and-authz.jsonl");
+    {
+        let mut reader = s.reader();
+        reader.poll();
+        append(&s.log(), &lines[..1]);
+        assert_eq!(reader.poll().len(), 1);
+    }
+    assert!(s.state.exists(), "positions saved");
+    // Written while the agent was down: read after the restart, and only that.
+    append(&s.log(), &lines[1..4]);
+    let mut restarted = s.reader();
+    let records = restarted.poll();
+    assert_eq!(
+        summary(&records),
+        vec![
+            (Outcome::Established as i32, 9090, String::new(), false),
+            (
+                Outcome::Denied as i32,
+                9090,
+                "shop/deny-legacy-dryrun".into(),
+                true
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_new_file_appearing_later_is_read_from_its_start() {
+    let s = Setup::new();
+    let mut reader = s.reader();
+    assert!(reader.poll().is_empty());
+    assert_eq!(reader.files(), 0, "nothing matches yet");
+    // Unrelated containers' logs are not read.
+    append(
+        &s.logs.join("web-abc_shop_web-1.log"),
+        &fixture("access-and-authz.jsonl"),
+    );
+    append(&s.log(), &fixture("access-and-authz.jsonl"));
+    assert_eq!(summary(&reader.poll()), all_fixture_records());
+    assert_eq!(reader.files(), 1);
+}
