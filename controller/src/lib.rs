@@ -19,6 +19,7 @@ pub mod reconcile;
 pub mod render;
 pub mod resolve;
 pub mod selector;
+pub mod sources;
 pub mod status_sync;
 pub mod telemetry;
 pub mod uninstall;

@@ -113,6 +113,9 @@ struct RunArgs {
     /// How often learned edges are written to proposals, in seconds (at most one write per proposal).
     #[arg(long, env = "FLUSH_INTERVAL_SECONDS", default_value_t = 2)]
     flush_interval_seconds: u64,
+    /// Calico Goldmane as a flow source (off without --goldmane-address).
+    #[command(flatten)]
+    goldmane: network_enforcer_controller::sources::goldmane::GoldmaneArgs,
     /// Where `/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness, JSON detail) are
     /// served over HTTP.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
@@ -287,17 +290,24 @@ async fn run(args: RunArgs) -> Result<()> {
         network_enforcer_controller::telemetry::from_env(&metrics)
             .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?,
     );
+    // Agents' batches and Goldmane's flows share one learning and evidence path.
+    let learning = Arc::new(Learning {
+        index: index.clone(),
+        writer: writer.clone(),
+        evidence: Some(status_sync.evidence()),
+    });
+    let goldmane = args
+        .goldmane
+        .run(client.clone(), learning.clone(), &metrics, || {
+            health.component("goldmane", false)
+        });
     let ingest = IngestService {
         authenticator: Arc::new(TokenReviewAuthenticator::new(
             client.clone(),
             agent_ns,
             agent_name,
         )),
-        learning: Arc::new(Learning {
-            index: index.clone(),
-            writer: writer.clone(),
-            evidence: Some(status_sync.evidence()),
-        }),
+        learning: learning.clone(),
         limits: Limits::default(),
     };
     let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
@@ -330,6 +340,7 @@ async fn run(args: RunArgs) -> Result<()> {
         () = flusher => {}
         () = status_sync.run() => {}
         () = index_watch => {}
+        () = goldmane => {}
         result = http => result.context("serving /metrics, /healthz, /readyz")?,
     }
     Ok(())

@@ -1,0 +1,1024 @@
+//! Calico Goldmane as a flow source (SPEC section 8, wire format in WIRE.md section 2): the
+//! cluster-wide, server-streaming `goldmane.Flows/Stream`, over mutual TLS.
+//!
+//! - **What is taken.** Live flows (`start_time_gte = 0`) with actions Allow and Deny, aggregation
+//!   interval 15 s. Only workload endpoints on both sides. `Allow` reported by the destination
+//!   (reporter `Dst`) is learned (the source's report of the same flow is skipped, so one flow is not
+//!   counted twice); `Deny` is protect evidence, egress when reported by the source, ingress when
+//!   reported by the destination, naming the denying policy from the enforced trace (the hit itself,
+//!   or the policy an end-of-tier hit's `trigger` names: the implicit default deny of a NetworkPolicy).
+//! - **Where it goes.** Each flow becomes the same [`FlowRecord`] an agent would send for the pod on
+//!   its node ([`convert`]), and [`feed`] hands it to [`Learning::accept`] under that pod's node: the
+//!   very path of agent batches, so learning and the violation evidence of the status sync see
+//!   Goldmane flows exactly like eBPF ones.
+//! - **Names.** Goldmane names a workload pod by its `generateName` followed by `*`
+//!   (`http-client-5f7d9c-*`). [`NameIndex`] maps `(namespace, generateName)` to the pods carrying it,
+//!   fed by a metadata-only pod watch; any live pod of that set stands for its workload (the replicas
+//!   of a ReplicaSet share labels and owner). No pod is listed per flow.
+//! - **Re-sends.** Goldmane pushes every flow of the last complete 15 s window at each rollover, so a
+//!   long-lived or repeated connection comes back every 15 s under the same key. [`Dedupe`] lets one
+//!   flow key through at most once per [`Dedupe::WINDOW`] (of the flows' own times), so
+//!   `violationCount` counts observations, not re-sends.
+//! - **TLS.** Goldmane requires client certificates. The client certificate and key come from a
+//!   Secret (`tls.crt`/`tls.key`, default `calico-system/goldmane-key-pair`) and the CA from a ConfigMap
+//!   (default `calico-system/goldmane-ca-bundle`, key `tigera-ca-bundle.crt`), read through the API at
+//!   every (re)connect, so a rotated certificate is picked up by the next connection.
+//! - **Failures.** Every failure is logged with a hint and counted; reconnects follow a capped
+//!   exponential backoff with jitter; the task never ends.
+
+use crate::ingest::Learning;
+use crate::resolve::{Index, PodInfo};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::Client;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use network_enforcer_api::goldmane::flows_client::FlowsClient;
+use network_enforcer_api::goldmane::{
+    Action, EndpointType, Filter, Flow, FlowStreamRequest, PolicyHit, PolicyKind, Reporter,
+};
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod, Peer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// The address the Calico operator gives Goldmane.
+pub const DEFAULT_ADDRESS: &str = "goldmane.calico-system.svc:7443";
+
+/// `(namespace, generateName)` → the pods carrying it, and back. Pure state fed by pod events.
+#[derive(Debug, Default)]
+pub struct NameIndex {
+    sets: HashMap<(String, String), BTreeSet<String>>,
+    of: HashMap<(String, String), String>,
+}
+
+impl NameIndex {
+    /// Records a pod's generateName (`None`: it has none).
+    pub fn apply(&mut self, namespace: &str, name: &str, generate_name: Option<&str>) {
+        self.delete(namespace, name);
+        if let Some(g) = generate_name.filter(|g| !g.is_empty()) {
+            self.sets
+                .entry((namespace.to_string(), g.to_string()))
+                .or_default()
+                .insert(name.to_string());
+            self.of
+                .insert((namespace.to_string(), name.to_string()), g.to_string());
+        }
+    }
+
+    /// Forgets a pod.
+    pub fn delete(&mut self, namespace: &str, name: &str) {
+        if let Some(g) = self.of.remove(&(namespace.to_string(), name.to_string())) {
+            let key = (namespace.to_string(), g);
+            if let Some(set) = self.sets.get_mut(&key) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.sets.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The pods whose generateName is `generate_name`, in name order.
+    pub fn pods<'a>(
+        &'a self,
+        namespace: &str,
+        generate_name: &str,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        self.sets
+            .get(&(namespace.to_string(), generate_name.to_string()))
+            .into_iter()
+            .flatten()
+    }
+}
+
+/// The pod a Goldmane endpoint name stands for: `<generateName>*` → a pod of that set the index knows
+/// with an address (the first by name, so the choice is stable); a plain name → that pod.
+pub fn resolve_name<'a>(
+    names: &NameIndex,
+    index: &'a Index,
+    namespace: &str,
+    name: &str,
+) -> Option<&'a PodInfo> {
+    match name.strip_suffix('*') {
+        Some(generate_name) => names
+            .pods(namespace, generate_name)
+            .filter_map(|pod| index.pod(namespace, pod))
+            .find(|p| !p.ips.is_empty()),
+        None => index.pod(namespace, name).filter(|p| !p.ips.is_empty()),
+    }
+}
+
+/// Why a Goldmane flow produced no record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Skip {
+    /// One side is not a workload endpoint (host endpoint, network set, network).
+    #[error("not workload endpoints on both sides")]
+    NotWorkloads,
+    /// An allowed flow reported by its source: its destination's report is the one learned.
+    #[error("allowed flow reported by the source")]
+    AllowFromSource,
+    /// Neither Allow nor Deny (Pass, unknown values), or an unknown reporter.
+    #[error("action {0}, reporter {1}")]
+    Action(i32, i32),
+    /// Not TCP or UDP.
+    #[error("protocol {0:?}")]
+    Protocol(String),
+    /// A port outside 1..=65535.
+    #[error("port {0}")]
+    Port(i64),
+    /// A side names no pod the index knows (yet).
+    #[error("no known pod for {0}/{1}")]
+    UnknownPod(String, String),
+    /// The pod the record belongs to is not scheduled.
+    #[error("pod {0}/{1} has no node")]
+    NoNode(String, String),
+    /// The flow has no key.
+    #[error("flow without a key")]
+    NoKey,
+}
+
+/// The denying policy a trace names, `<namespace>/<name>` (name alone for global kinds).
+pub fn denying_policy(hits: &[PolicyHit]) -> Option<String> {
+    let hit = hits.iter().find(|h| h.action == Action::Deny as i32)?;
+    let named = if hit.kind == PolicyKind::EndOfTier as i32 {
+        hit.trigger.as_deref()?
+    } else {
+        hit
+    };
+    if named.name.is_empty() {
+        return None;
+    }
+    Some(if named.namespace.is_empty() {
+        named.name.clone()
+    } else {
+        format!("{}/{}", named.namespace, named.name)
+    })
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// Converts one Goldmane flow into the record the agent on the reporting pod's node would send, and
+/// that node. `pod` resolves a Goldmane endpoint name (see [`resolve_name`]). Pure.
+pub fn convert<'a>(
+    flow: &Flow,
+    pod: impl Fn(&str, &str) -> Option<&'a PodInfo>,
+) -> Result<(String, FlowRecord), Skip> {
+    let key = flow.key.as_ref().ok_or(Skip::NoKey)?;
+    let workload = EndpointType::WorkloadEndpoint as i32;
+    if key.source_type != workload || key.dest_type != workload {
+        return Err(Skip::NotWorkloads);
+    }
+    let action = Action::try_from(key.action).ok();
+    let reporter = Reporter::try_from(key.reporter).ok();
+    let (denied, outbound) = match (action, reporter) {
+        (Some(Action::Allow), Some(Reporter::Dst)) => (false, false),
+        (Some(Action::Allow), Some(Reporter::Src)) => return Err(Skip::AllowFromSource),
+        (Some(Action::Deny), Some(Reporter::Src)) => (true, true),
+        (Some(Action::Deny), Some(Reporter::Dst)) => (true, false),
+        _ => return Err(Skip::Action(key.action, key.reporter)),
+    };
+    let protocol = match key.proto.as_str() {
+        "tcp" | "TCP" | "6" => uplink::Protocol::Tcp,
+        "udp" | "UDP" | "17" => uplink::Protocol::Udp,
+        other => return Err(Skip::Protocol(other.to_string())),
+    };
+    let port = u16::try_from(key.dest_port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or(Skip::Port(key.dest_port))?;
+    let find = |ns: &str, name: &str| {
+        pod(ns, name).ok_or_else(|| Skip::UnknownPod(ns.to_string(), name.to_string()))
+    };
+    let source = find(&key.source_namespace, &key.source_name)?;
+    let destination = find(&key.dest_namespace, &key.dest_name)?;
+    let (local, peer) = if outbound {
+        (source, destination)
+    } else {
+        (destination, source)
+    };
+    let node = local
+        .node
+        .clone()
+        .ok_or_else(|| Skip::NoNode(local.namespace.clone(), local.name.clone()))?;
+    let outcome = match (denied, protocol) {
+        (true, _) => uplink::Outcome::Denied,
+        (false, uplink::Protocol::Udp) => uplink::Outcome::Datagram,
+        (false, _) => uplink::Outcome::Established,
+    };
+    let (first, last) = (flow.start_time * 1000, flow.end_time * 1000);
+    let record = FlowRecord {
+        local: Some(LocalPod {
+            namespace: local.namespace.clone(),
+            name: local.name.clone(),
+            uid: local.uid.clone(),
+        }),
+        peer_ip: ip_bytes(peer.ips[0]),
+        port: u32::from(port),
+        protocol: protocol as i32,
+        direction: if outbound {
+            uplink::Direction::Outbound
+        } else {
+            uplink::Direction::Inbound
+        } as i32,
+        outcome: outcome as i32,
+        first_seen_ms: first,
+        last_seen_ms: last.max(first),
+        count: u64::try_from(flow.num_connections_started.max(1)).unwrap_or(1),
+        source: uplink::Source::Goldmane as i32,
+        peer: Some(Peer {
+            namespace: peer.namespace.clone(),
+            pod: peer.name.clone(),
+            principal: String::new(),
+        }),
+        policy: if denied {
+            key.policies
+                .as_ref()
+                .and_then(|t| denying_policy(&t.enforced_policies))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        },
+        dry_run: false,
+    };
+    Ok((node, record))
+}
+
+/// Lets each flow key through at most once per [`Dedupe::WINDOW`] of flow time. Pure.
+#[derive(Debug, Default)]
+pub struct Dedupe {
+    /// Flow key (encoded) → start time (unix seconds) of the flow last let through.
+    seen: HashMap<Vec<u8>, i64>,
+}
+
+impl Dedupe {
+    /// Re-sends of a key within this many seconds of the one let through are dropped.
+    pub const WINDOW: i64 = 60;
+
+    /// Whether `flow` is a new observation (and records it).
+    pub fn admit(&mut self, flow: &Flow) -> bool {
+        use prost::Message;
+        let key = flow
+            .key
+            .as_ref()
+            .map(|k| k.encode_to_vec())
+            .unwrap_or_default();
+        let at = flow.start_time;
+        match self.seen.get(&key) {
+            Some(last) if at < last + Self::WINDOW => false,
+            _ => {
+                self.seen.insert(key, at);
+                if self.seen.len() > 100_000 {
+                    self.forget_before(at - Self::WINDOW);
+                }
+                true
+            }
+        }
+    }
+
+    /// Forgets keys last let through before `before` (unix seconds).
+    pub fn forget_before(&mut self, before: i64) {
+        self.seen.retain(|_, at| *at >= before);
+    }
+
+    /// Keys remembered.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+/// Hands converted records to the ingest path under the nodes of their pods: learning and violation
+/// evidence take them exactly like an agent's batch (see [`Learning::accept`]). Returns (accepted,
+/// rejected).
+pub fn feed(learning: &Learning, records: Vec<(String, FlowRecord)>) -> (u32, u32) {
+    let mut by_node: BTreeMap<String, Vec<FlowRecord>> = BTreeMap::new();
+    for (node, record) in records {
+        by_node.entry(node).or_default().push(record);
+    }
+    let (mut accepted, mut rejected) = (0, 0);
+    for (node, records) in by_node {
+        let ack = learning.accept(
+            &node,
+            &FlowBatch {
+                sequence: 0,
+                node: node.clone(),
+                records,
+            },
+        );
+        accepted += ack.accepted;
+        rejected += ack.rejected;
+        if ack.rejected > 0 {
+            tracing::debug!(node, reason = %ack.reason, "Goldmane records refused");
+        }
+    }
+    (accepted, rejected)
+}
+
+/// The Goldmane flags of `network-enforcer-controller run`. Goldmane is read only with an address.
+#[derive(clap::Args, Clone, Debug)]
+pub struct GoldmaneArgs {
+    /// Read Calico Goldmane's flows at `host:port` (e.g. `goldmane.calico-system.svc:7443`).
+    #[arg(long, env = "GOLDMANE_ADDRESS")]
+    pub goldmane_address: Option<String>,
+    /// The Secret with Goldmane's client certificate (`tls.crt`, `tls.key`), `namespace/name`.
+    #[arg(
+        long,
+        env = "GOLDMANE_TLS_SECRET",
+        default_value = "calico-system/goldmane-key-pair"
+    )]
+    pub goldmane_tls_secret: ObjectRef,
+    /// The ConfigMap with the CA bundle Goldmane's certificate is checked against, `namespace/name`.
+    #[arg(
+        long,
+        env = "GOLDMANE_CA_CONFIGMAP",
+        default_value = "calico-system/goldmane-ca-bundle"
+    )]
+    pub goldmane_ca_configmap: ObjectRef,
+    /// The CA bundle's key in that ConfigMap.
+    #[arg(long, env = "GOLDMANE_CA_KEY", default_value = "tigera-ca-bundle.crt")]
+    pub goldmane_ca_key: String,
+    /// The name Goldmane's certificate must carry (default: the address's host).
+    #[arg(long, env = "GOLDMANE_SERVER_NAME")]
+    pub goldmane_server_name: Option<String>,
+}
+
+impl GoldmaneArgs {
+    /// The client's settings, if an address is configured.
+    pub fn config(&self) -> Option<GoldmaneConfig> {
+        let mut config = GoldmaneConfig::new(self.goldmane_address.clone()?);
+        config.tls_secret = self.goldmane_tls_secret.clone();
+        config.ca_config_map = self.goldmane_ca_configmap.clone();
+        config.ca_key = self.goldmane_ca_key.clone();
+        config.server_name = self.goldmane_server_name.clone();
+        Some(config)
+    }
+
+    /// Starts the Goldmane source (and its pod-name watch) if configured; never returns while it runs,
+    /// and stays pending forever when Goldmane is not configured, so it can sit in a `select!`.
+    pub async fn run(
+        &self,
+        client: Client,
+        learning: Arc<Learning>,
+        metrics: &crate::metrics::ControllerMetrics,
+        readiness: impl FnOnce() -> crate::http::Component,
+    ) {
+        let Some(config) = self.config() else {
+            return std::future::pending().await;
+        };
+        tracing::info!(address = %config.address, secret = %config.tls_secret,
+            ca = %config.ca_config_map, "Goldmane source on");
+        let health = GoldmaneHealth::default();
+        health.register(metrics);
+        let names = Arc::new(RwLock::new(NameIndex::default()));
+        let source = Goldmane {
+            config,
+            client: client.clone(),
+            learning,
+            names: names.clone(),
+            health,
+            readiness: Some(readiness()),
+        };
+        tokio::join!(watch_names(client, names), source.run());
+    }
+}
+
+/// `namespace/name` of a Secret or ConfigMap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::str::FromStr for ObjectRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() => Ok(Self {
+                namespace: ns.into(),
+                name: name.into(),
+            }),
+            _ => Err(format!("{s:?}: expected `namespace/name`")),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The Goldmane client's settings.
+#[derive(Clone, Debug)]
+pub struct GoldmaneConfig {
+    /// `host:port` of Goldmane.
+    pub address: String,
+    /// The name Goldmane's certificate must carry (default: the address's host).
+    pub server_name: Option<String>,
+    /// Secret with the client certificate (`tls.crt`) and key (`tls.key`).
+    pub tls_secret: ObjectRef,
+    /// ConfigMap with the CA bundle.
+    pub ca_config_map: ObjectRef,
+    /// The CA bundle's key in the ConfigMap.
+    pub ca_key: String,
+    /// Waits between reconnects.
+    pub backoff_initial: Duration,
+    /// The longest wait between reconnects.
+    pub backoff_max: Duration,
+}
+
+impl GoldmaneConfig {
+    /// The SPEC 8 defaults for `address`.
+    pub fn new(address: impl Into<String>) -> Self {
+        Self {
+            address: address.into(),
+            server_name: None,
+            tls_secret: ObjectRef {
+                namespace: "calico-system".into(),
+                name: "goldmane-key-pair".into(),
+            },
+            ca_config_map: ObjectRef {
+                namespace: "calico-system".into(),
+                name: "goldmane-ca-bundle".into(),
+            },
+            ca_key: "tigera-ca-bundle.crt".into(),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(60),
+        }
+    }
+
+    /// The TLS server name: the configured one, else the address's host.
+    pub fn server_name(&self) -> String {
+        self.server_name.clone().unwrap_or_else(|| {
+            self.address
+                .rsplit_once(':')
+                .map_or(self.address.as_str(), |(host, _)| host)
+                .trim_matches(['[', ']'])
+                .to_string()
+        })
+    }
+}
+
+/// Why a connection to Goldmane failed or ended.
+#[derive(Debug, thiserror::Error)]
+pub enum GoldmaneError {
+    /// The certificate material could not be read through the API.
+    #[error("reading {what} {object}: {source}")]
+    Api {
+        /// Secret or ConfigMap.
+        what: &'static str,
+        /// Which one.
+        object: ObjectRef,
+        /// The API error.
+        source: Box<kube::Error>,
+    },
+    /// A key is missing from the Secret or ConfigMap.
+    #[error("{what} {object} has no key {key:?}")]
+    MissingKey {
+        /// Secret or ConfigMap.
+        what: &'static str,
+        /// Which one.
+        object: ObjectRef,
+        /// The key.
+        key: String,
+    },
+    /// The address or TLS settings are unusable.
+    #[error("invalid Goldmane address or TLS settings {0}: {1}")]
+    Config(String, String),
+    /// Connecting failed (no route, refused, TLS handshake failed).
+    #[error("connecting: {0:?}")]
+    Connect(tonic::transport::Error),
+    /// Goldmane refused the call or the stream broke.
+    #[error("{0}")]
+    Status(#[from] tonic::Status),
+    /// Goldmane ended the stream.
+    #[error("the stream ended")]
+    Ended,
+}
+
+/// The client's TLS material, as read from the cluster.
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    /// PEM CA bundle.
+    pub ca: Vec<u8>,
+    /// PEM client certificate.
+    pub cert: Vec<u8>,
+    /// PEM client key.
+    pub key: Vec<u8>,
+}
+
+/// Reads the client certificate Secret and the CA ConfigMap through the API.
+pub async fn read_tls(
+    client: &Client,
+    config: &GoldmaneConfig,
+) -> Result<TlsMaterial, GoldmaneError> {
+    let s = &config.tls_secret;
+    let secret = Api::<Secret>::namespaced(client.clone(), &s.namespace)
+        .get(&s.name)
+        .await
+        .map_err(|source| GoldmaneError::Api {
+            what: "Secret",
+            object: s.clone(),
+            source: Box::new(source),
+        })?;
+    let data = secret.data.unwrap_or_default();
+    let field = |key: &str| {
+        data.get(key)
+            .map(|b| b.0.clone())
+            .ok_or_else(|| GoldmaneError::MissingKey {
+                what: "Secret",
+                object: s.clone(),
+                key: key.into(),
+            })
+    };
+    let (cert, key) = (field("tls.crt")?, field("tls.key")?);
+    let c = &config.ca_config_map;
+    let map = Api::<ConfigMap>::namespaced(client.clone(), &c.namespace)
+        .get(&c.name)
+        .await
+        .map_err(|source| GoldmaneError::Api {
+            what: "ConfigMap",
+            object: c.clone(),
+            source: Box::new(source),
+        })?;
+    let ca = map
+        .data
+        .unwrap_or_default()
+        .get(&config.ca_key)
+        .map(|s| s.clone().into_bytes())
+        .ok_or_else(|| GoldmaneError::MissingKey {
+            what: "ConfigMap",
+            object: c.clone(),
+            key: config.ca_key.clone(),
+        })?;
+    Ok(TlsMaterial { ca, cert, key })
+}
+
+/// The request: live flows (no backfill), Allow and Deny, 15 s windows.
+pub fn request() -> FlowStreamRequest {
+    FlowStreamRequest {
+        start_time_gte: 0,
+        filter: Some(Filter {
+            actions: vec![Action::Allow as i32, Action::Deny as i32],
+            ..Filter::default()
+        }),
+        aggregation_interval: 15,
+    }
+}
+
+/// Opens a mutual-TLS stream to Goldmane with `tls`.
+pub async fn open(
+    config: &GoldmaneConfig,
+    tls: TlsMaterial,
+) -> Result<tonic::Streaming<network_enforcer_api::goldmane::FlowResult>, GoldmaneError> {
+    let bad = |e: String| GoldmaneError::Config(config.address.clone(), e);
+    let endpoint = Endpoint::from_shared(format!("https://{}", config.address))
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(tls.ca))
+                .identity(Identity::from_pem(tls.cert, tls.key))
+                .domain_name(config.server_name()),
+        )
+        .map_err(|e| bad(format!("{e:?}")))?;
+    let channel = endpoint.connect().await.map_err(GoldmaneError::Connect)?;
+    let mut client = FlowsClient::new(channel).max_decoding_message_size(16 * 1024 * 1024);
+    Ok(client.stream(request()).await?.into_inner())
+}
+
+/// The Goldmane source's metrics (registered by the caller).
+#[derive(Clone, Debug, Default)]
+pub struct GoldmaneHealth {
+    /// 1 while a stream is open.
+    pub connected: Gauge,
+    /// Flows received.
+    pub messages: Counter,
+    /// Connection failures and stream errors.
+    pub errors: Counter,
+    /// Unix seconds of the last flow.
+    pub last_message: Gauge<f64, AtomicU64>,
+    /// Flows dropped as 15-s re-sends of a key already taken.
+    pub resends: Counter,
+    /// Flows that produced no record (see [`Skip`]).
+    pub skipped: Counter,
+    /// Records handed to learning and evidence.
+    pub records: Counter,
+}
+
+impl GoldmaneHealth {
+    /// Registers every metric as `source_*{source="goldmane"}`-like names with a `goldmane_` prefix.
+    pub fn register(&self, metrics: &crate::metrics::ControllerMetrics) {
+        metrics.register(
+            "goldmane_connected",
+            "1 while the Goldmane stream is open",
+            self.connected.clone(),
+        );
+        metrics.register(
+            "goldmane_messages",
+            "Flows received from Goldmane",
+            self.messages.clone(),
+        );
+        metrics.register(
+            "goldmane_errors",
+            "Goldmane connection failures and stream errors",
+            self.errors.clone(),
+        );
+        metrics.register(
+            "goldmane_last_message_timestamp_seconds",
+            "Unix time of the last flow received from Goldmane",
+            self.last_message.clone(),
+        );
+        metrics.register(
+            "goldmane_resends",
+            "Goldmane flows dropped as re-sends of a flow key already taken",
+            self.resends.clone(),
+        );
+        metrics.register(
+            "goldmane_skipped",
+            "Goldmane flows that gave no record (not workloads, allowed at the source, unknown pod, ...)",
+            self.skipped.clone(),
+        );
+        metrics.register(
+            "goldmane_records",
+            "Records from Goldmane handed to learning and violation evidence",
+            self.records.clone(),
+        );
+    }
+}
+
+/// Keeps a [`NameIndex`] current from a metadata-only watch of all pods. Runs forever.
+pub async fn watch_names(client: Client, names: Arc<RwLock<NameIndex>>) {
+    let api = Api::<PartialObjectMeta<Pod>>::all(client);
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        let apply = |names: &mut NameIndex, pod: &PartialObjectMeta<Pod>| {
+            let m = &pod.metadata;
+            names.apply(
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+                m.generate_name.as_deref(),
+            );
+        };
+        match event {
+            Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
+                apply(&mut names.write().expect("names lock"), &pod)
+            }
+            Ok(Event::Delete(pod)) => names.write().expect("names lock").delete(
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "pod name watch failed; retrying with backoff"),
+        }
+    }
+}
+
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The wait before retry `attempt`: `initial * 2^attempt` capped at `max`, scaled into [1/2, 1).
+pub fn backoff(config: &GoldmaneConfig, attempt: u32) -> Duration {
+    let nominal = config
+        .backoff_initial
+        .checked_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX))
+        .unwrap_or(config.backoff_max)
+        .min(config.backoff_max);
+    nominal.mul_f64(0.5 + jitter() / 2.0)
+}
+
+/// Everything [`run`] needs.
+pub struct Goldmane {
+    /// Settings.
+    pub config: GoldmaneConfig,
+    /// For the TLS material.
+    pub client: Client,
+    /// Where records go.
+    pub learning: Arc<Learning>,
+    /// `generateName` index (kept current by [`watch_names`]).
+    pub names: Arc<RwLock<NameIndex>>,
+    /// Metrics.
+    pub health: GoldmaneHealth,
+    /// `/readyz` detail (not required for readiness: Goldmane being down must not stop the controller).
+    pub readiness: Option<crate::http::Component>,
+}
+
+impl Goldmane {
+    /// Takes one flow: dedupe, convert, feed. Returns whether it produced a record.
+    pub fn take(&self, dedupe: &mut Dedupe, flow: &Flow) -> bool {
+        if !dedupe.admit(flow) {
+            self.health.resends.inc();
+            return false;
+        }
+        let converted = {
+            let index = self.learning.index.index.read().expect("index lock");
+            let names = self.names.read().expect("names lock");
+            convert(flow, |ns, name| resolve_name(&names, &index, ns, name))
+        };
+        match converted {
+            Ok(record) => {
+                self.health.records.inc();
+                feed(&self.learning, vec![record]);
+                true
+            }
+            Err(skip) => {
+                self.health.skipped.inc();
+                tracing::debug!(%skip, "Goldmane flow skipped");
+                false
+            }
+        }
+    }
+
+    async fn stream_once(&self, dedupe: &mut Dedupe) -> Result<(), GoldmaneError> {
+        let tls = read_tls(&self.client, &self.config).await?;
+        let mut stream = open(&self.config, tls).await?;
+        self.health.connected.set(1);
+        if let Some(r) = &self.readiness {
+            r.ready(format!("streaming from {}", self.config.address));
+        }
+        tracing::info!(address = %self.config.address, "Goldmane connected");
+        while let Some(result) = stream.message().await? {
+            self.health.messages.inc();
+            self.health.last_message.set(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+            );
+            if let Some(flow) = result.flow {
+                self.take(dedupe, &flow);
+            }
+        }
+        Err(GoldmaneError::Ended)
+    }
+
+    /// Streams Goldmane's flows into learning and evidence forever. Never returns.
+    pub async fn run(self) {
+        let mut dedupe = Dedupe::default();
+        let mut attempt = 0u32;
+        loop {
+            let received = self.health.messages.get();
+            let error = self
+                .stream_once(&mut dedupe)
+                .await
+                .err()
+                .unwrap_or(GoldmaneError::Ended);
+            self.health.connected.set(0);
+            self.health.errors.inc();
+            if self.health.messages.get() > received {
+                attempt = 0;
+            }
+            let delay = backoff(&self.config, attempt);
+            attempt = attempt.saturating_add(1);
+            let hint = match &error {
+                GoldmaneError::Api { .. } | GoldmaneError::MissingKey { .. } => {
+                    "is Calico's Goldmane installed, and may the controller read that object?"
+                }
+                GoldmaneError::Connect(_) => {
+                    "is Goldmane running at that address, and do its CA and server name match?"
+                }
+                GoldmaneError::Status(s) if s.code() == tonic::Code::Unavailable => {
+                    "Goldmane is unreachable or refused the client certificate"
+                }
+                _ => "",
+            };
+            if let Some(r) = &self.readiness {
+                r.not_ready(format!("{error}; {hint}"));
+            }
+            tracing::warn!(address = %self.config.address, %error, hint, retry_in = ?delay,
+                "Goldmane stream failed");
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::goldmane::{FlowKey, PolicyTrace};
+    use serde_json::json;
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        for (name, node, ip) in [
+            ("client-5f7d9c-abcde", "node-a", "10.0.0.1"),
+            ("server-77f-xyz12", "node-b", "10.0.0.2"),
+            ("lonely", "node-b", "10.0.0.3"),
+        ] {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
+                "spec": {"nodeName": node, "containers": []},
+                "status": {"phase": "Running", "podIP": ip}
+            }))
+            .unwrap();
+            index.apply_pod(&pod, 1_000);
+        }
+        index
+    }
+
+    fn names() -> NameIndex {
+        let mut n = NameIndex::default();
+        n.apply("shop", "client-5f7d9c-abcde", Some("client-5f7d9c-"));
+        n.apply("shop", "server-77f-xyz12", Some("server-77f-"));
+        n.apply("shop", "lonely", None);
+        n
+    }
+
+    fn flow(action: Action, reporter: Reporter) -> Flow {
+        Flow {
+            key: Some(FlowKey {
+                source_name: "client-5f7d9c-*".into(),
+                source_namespace: "shop".into(),
+                source_type: EndpointType::WorkloadEndpoint as i32,
+                dest_name: "server-77f-*".into(),
+                dest_namespace: "shop".into(),
+                dest_type: EndpointType::WorkloadEndpoint as i32,
+                dest_port: 8080,
+                proto: "tcp".into(),
+                reporter: reporter as i32,
+                action: action as i32,
+                ..FlowKey::default()
+            }),
+            start_time: 1_700_000_000,
+            end_time: 1_700_000_015,
+            num_connections_started: 3,
+            ..Flow::default()
+        }
+    }
+
+    fn run(f: &Flow) -> Result<(String, FlowRecord), Skip> {
+        let (index, names) = (index(), names());
+        convert(f, |ns, n| resolve_name(&names, &index, ns, n))
+    }
+
+    #[test]
+    fn allow_reported_by_the_destination_is_an_inbound_record_of_a_destination_pod() {
+        let (node, r) = run(&flow(Action::Allow, Reporter::Dst)).unwrap();
+        assert_eq!(node, "node-b");
+        assert_eq!(r.local.as_ref().unwrap().name, "server-77f-xyz12");
+        assert_eq!(r.peer_ip, vec![10, 0, 0, 1]);
+        assert_eq!(r.port, 8080);
+        assert_eq!(r.direction, uplink::Direction::Inbound as i32);
+        assert_eq!(r.outcome, uplink::Outcome::Established as i32);
+        assert_eq!(r.source, uplink::Source::Goldmane as i32);
+        assert_eq!(
+            (r.first_seen_ms, r.last_seen_ms, r.count),
+            (1_700_000_000_000, 1_700_000_015_000, 3)
+        );
+        assert_eq!(
+            run(&flow(Action::Allow, Reporter::Src)),
+            Err(Skip::AllowFromSource),
+            "the same flow is not learned twice"
+        );
+    }
+
+    #[test]
+    fn deny_by_the_source_is_egress_by_the_destination_ingress_with_the_policy() {
+        let mut f = flow(Action::Deny, Reporter::Src);
+        f.key.as_mut().unwrap().policies = Some(PolicyTrace {
+            enforced_policies: vec![PolicyHit {
+                kind: PolicyKind::EndOfTier as i32,
+                tier: "default".into(),
+                action: Action::Deny as i32,
+                rule_index: -1,
+                trigger: Some(Box::new(PolicyHit {
+                    kind: PolicyKind::NetworkPolicy as i32,
+                    namespace: "shop".into(),
+                    name: "client-egress".into(),
+                    ..PolicyHit::default()
+                })),
+                ..PolicyHit::default()
+            }],
+            pending_policies: vec![],
+        });
+        let (node, r) = run(&f).unwrap();
+        assert_eq!(node, "node-a");
+        assert_eq!(r.local.as_ref().unwrap().name, "client-5f7d9c-abcde");
+        assert_eq!(r.direction, uplink::Direction::Outbound as i32);
+        assert_eq!(r.outcome, uplink::Outcome::Denied as i32);
+        assert_eq!(r.policy, "shop/client-egress", "the end-of-tier trigger");
+        let (node, r) = run(&flow(Action::Deny, Reporter::Dst)).unwrap();
+        assert_eq!(
+            (node.as_str(), r.direction),
+            ("node-b", uplink::Direction::Inbound as i32)
+        );
+        assert_eq!(r.policy, "", "no trace, no policy");
+    }
+
+    #[test]
+    fn policy_names_come_from_direct_hits_and_unknown_kinds_still_work() {
+        let hit = PolicyHit {
+            kind: 7, // AdminNetworkPolicy up to v3.31, reserved since
+            name: "global-deny".into(),
+            action: Action::Deny as i32,
+            ..PolicyHit::default()
+        };
+        assert_eq!(denying_policy(&[hit]).as_deref(), Some("global-deny"));
+        let allow = PolicyHit {
+            action: Action::Allow as i32,
+            name: "x".into(),
+            ..PolicyHit::default()
+        };
+        assert_eq!(denying_policy(&[allow]), None);
+    }
+
+    #[test]
+    fn non_workloads_other_actions_protocols_and_unknown_pods_are_skipped() {
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.key.as_mut().unwrap().source_type = EndpointType::Network as i32;
+        assert_eq!(run(&f), Err(Skip::NotWorkloads));
+        let pass = flow(Action::Pass, Reporter::Dst);
+        assert!(matches!(run(&pass), Err(Skip::Action(3, 2))));
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.key.as_mut().unwrap().action = 42;
+        assert!(matches!(run(&f), Err(Skip::Action(42, _))));
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.key.as_mut().unwrap().proto = "icmp".into();
+        assert_eq!(run(&f), Err(Skip::Protocol("icmp".into())));
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.key.as_mut().unwrap().dest_name = "gone-123-*".into();
+        assert!(matches!(run(&f), Err(Skip::UnknownPod(..))));
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.key.as_mut().unwrap().dest_name = "lonely".into();
+        assert_eq!(
+            run(&f).unwrap().1.local.unwrap().name,
+            "lonely",
+            "full names without generateName"
+        );
+    }
+
+    #[test]
+    fn the_name_index_follows_pods() {
+        let mut n = names();
+        n.apply("shop", "client-5f7d9c-zzzzz", Some("client-5f7d9c-"));
+        assert_eq!(n.pods("shop", "client-5f7d9c-").count(), 2);
+        n.delete("shop", "client-5f7d9c-abcde");
+        n.delete("shop", "client-5f7d9c-zzzzz");
+        assert_eq!(n.pods("shop", "client-5f7d9c-").count(), 0);
+        assert_eq!(
+            (n.sets.len(), n.of.len()),
+            (1, 1),
+            "the emptied set is gone; only the server pod is left"
+        );
+    }
+
+    #[test]
+    fn resends_of_a_key_count_once_per_window() {
+        let mut d = Dedupe::default();
+        let mut f = flow(Action::Deny, Reporter::Src);
+        assert!(d.admit(&f));
+        assert!(!d.admit(&f), "the same window again");
+        f.start_time += 15;
+        assert!(!d.admit(&f), "the next window of the same key");
+        f.start_time += 45;
+        assert!(d.admit(&f), "a window later");
+        let other = flow(Action::Deny, Reporter::Dst);
+        assert!(d.admit(&other), "another key");
+        d.forget_before(i64::MAX);
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn server_name_defaults_to_the_host() {
+        assert_eq!(
+            GoldmaneConfig::new(DEFAULT_ADDRESS).server_name(),
+            "goldmane.calico-system.svc"
+        );
+        assert_eq!(
+            "calico-system/goldmane-key-pair"
+                .parse::<ObjectRef>()
+                .unwrap()
+                .name,
+            "goldmane-key-pair"
+        );
+        assert!("nope".parse::<ObjectRef>().is_err());
+        let r = request();
+        assert_eq!((r.start_time_gte, r.aggregation_interval), (0, 15));
+        assert_eq!(r.filter.unwrap().actions, vec![1, 2]);
+    }
+}

@@ -1,0 +1,421 @@
+//! The Goldmane source against an in-process Goldmane (a tonic server implementing `goldmane.Flows`
+//! from our own proto, requiring client certificates as the real one does) and the real API server,
+//! which holds the client certificate Secret and the CA ConfigMap the source reads at every connect.
+//! No real Goldmane exists here.
+//!
+//! Checked: the mutual-TLS connect with material read through the API; a wrong client certificate is
+//! refused and the source recovers once the Secret is fixed (re-read on reconnect); a disconnect
+//! mid-stream; 15-s re-sends counted once; `Allow` reported by the destination reaching learning
+//! (pending proposal edges) and `Deny` reaching the violation evidence queue with its direction and
+//! policy, under the reporting pod's node, the same path as agent batches.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Patch, PatchParams, PostParams};
+use network_enforcer_api::Backend;
+use network_enforcer_api::goldmane::flows_server::{Flows, FlowsServer};
+use network_enforcer_api::goldmane::{
+    Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, PolicyHit, PolicyKind,
+    PolicyTrace, Reporter,
+};
+use network_enforcer_api::uplink::{Direction, Outcome};
+use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::ingest::Learning;
+use network_enforcer_controller::proposals::ProposalWriter;
+use network_enforcer_controller::resolve::Index;
+use network_enforcer_controller::sources::goldmane::{
+    Goldmane, GoldmaneConfig, GoldmaneHealth, NameIndex, ObjectRef,
+};
+use network_enforcer_controller::status_sync::EvidenceQueue;
+use network_enforcer_tests::fixture::TestNamespace;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+const SERVER_NAME: &str = "goldmane.calico-system.svc";
+
+#[derive(Default)]
+struct Script {
+    sessions: Mutex<VecDeque<(Vec<FlowResult>, bool)>>,
+    requests: Mutex<Vec<FlowStreamRequest>>,
+}
+
+#[derive(Clone)]
+struct FakeGoldmane(Arc<Script>);
+
+type Results = Pin<Box<dyn Stream<Item = Result<FlowResult, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Flows for FakeGoldmane {
+    type StreamStream = Results;
+
+    async fn stream(
+        &self,
+        request: Request<FlowStreamRequest>,
+    ) -> Result<Response<Results>, Status> {
+        self.0.requests.lock().unwrap().push(request.into_inner());
+        let (results, fail) = self
+            .0
+            .sessions
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or((vec![], false));
+        let head = tokio_stream::iter(results.into_iter().map(Ok));
+        Ok(Response::new(if fail {
+            Box::pin(head.chain(tokio_stream::once(Err(Status::unavailable("restarting")))))
+        } else {
+            Box::pin(head.chain(tokio_stream::pending()))
+        }))
+    }
+}
+
+struct Pki {
+    ca: String,
+    server: Identity,
+    good: (String, String),
+    foreign: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let authority = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), Issuer::new(params, key))
+    };
+    let (ca_pem, ca) = authority("tigera-operator-test-ca");
+    let (_, other) = authority("someone-else");
+    let leaf = |names: Vec<String>, issuer: &Issuer<'_, KeyPair>| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec![SERVER_NAME.into()], &ca);
+    Pki {
+        ca: ca_pem,
+        server: Identity::from_pem(server_cert, server_key),
+        good: leaf(vec!["goldmane-key-pair".into()], &ca),
+        foreign: leaf(vec!["intruder".into()], &other),
+    }
+}
+
+fn key(action: Action, reporter: Reporter) -> FlowKey {
+    FlowKey {
+        source_name: "client-5f7d9c-*".into(),
+        source_namespace: "shop".into(),
+        source_type: EndpointType::WorkloadEndpoint as i32,
+        dest_name: "server-77f9b-*".into(),
+        dest_namespace: "shop".into(),
+        dest_type: EndpointType::WorkloadEndpoint as i32,
+        dest_port: 8080,
+        proto: "tcp".into(),
+        reporter: reporter as i32,
+        action: action as i32,
+        ..FlowKey::default()
+    }
+}
+
+fn result(id: i64, key: FlowKey, start: i64) -> FlowResult {
+    FlowResult {
+        id,
+        flow: Some(Flow {
+            key: Some(key),
+            start_time: start,
+            end_time: start + 15,
+            num_connections_started: 1,
+            ..Flow::default()
+        }),
+    }
+}
+
+/// The index as the controller's watches would build it: two Deployments' pods on two nodes.
+fn index() -> Index {
+    let mut index = Index::default();
+    for (deployment, hash, pod, node, ip) in [
+        (
+            "client",
+            "5f7d9c",
+            "client-5f7d9c-abcde",
+            "node-a",
+            "10.1.0.1",
+        ),
+        (
+            "server",
+            "77f9b",
+            "server-77f9b-xyz12",
+            "node-b",
+            "10.1.0.2",
+        ),
+    ] {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": pod, "namespace": "shop", "uid": format!("uid-{pod}"),
+                "generateName": format!("{deployment}-{hash}-"),
+                "labels": {"app": deployment, "pod-template-hash": hash},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": format!("{deployment}-{hash}"), "uid": "rs", "controller": true}]
+            },
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap();
+        index.apply_pod(&p, 1_000);
+    }
+    index
+}
+
+#[tokio::test]
+async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated_material() {
+    let ns = TestNamespace::create("goldmane").await.unwrap();
+    let pki = pki();
+    // The client certificate Secret starts out wrong (another CA): Goldmane refuses it.
+    let secret = |(cert, key): &(String, String)| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("goldmane-key-pair".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("tls.crt".to_string(), ByteString(cert.clone().into_bytes())),
+            ("tls.key".to_string(), ByteString(key.clone().into_bytes())),
+        ])),
+        ..Default::default()
+    };
+    let secrets = ns.api::<Secret>();
+    secrets
+        .create(&PostParams::default(), &secret(&pki.foreign))
+        .await
+        .unwrap();
+    ns.api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("goldmane-ca-bundle".into()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(
+                    "tigera-ca-bundle.crt".to_string(),
+                    pki.ca.clone(),
+                )])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let mut denied_trace = key(Action::Deny, Reporter::Src);
+    denied_trace.policies = Some(PolicyTrace {
+        enforced_policies: vec![PolicyHit {
+            kind: PolicyKind::EndOfTier as i32,
+            tier: "default".into(),
+            action: Action::Deny as i32,
+            rule_index: -1,
+            trigger: Some(Box::new(PolicyHit {
+                kind: PolicyKind::NetworkPolicy as i32,
+                namespace: "shop".into(),
+                name: "client-egress".into(),
+                ..PolicyHit::default()
+            })),
+            ..PolicyHit::default()
+        }],
+        pending_policies: vec![],
+    });
+    let mut host = key(Action::Allow, Reporter::Dst);
+    host.source_type = EndpointType::HostEndpoint as i32;
+    let script = Arc::new(Script::default());
+    script.sessions.lock().unwrap().extend([
+        // The first window, then Goldmane restarts mid-stream.
+        (
+            vec![
+                result(1, key(Action::Allow, Reporter::Src), 1_000),
+                result(2, key(Action::Allow, Reporter::Dst), 1_000),
+                result(3, denied_trace.clone(), 1_000),
+                result(4, host, 1_000),
+            ],
+            true,
+        ),
+        // After the reconnect: the next 15-s window re-sends the same keys, then a denial at ingress.
+        (
+            vec![
+                result(2, key(Action::Allow, Reporter::Dst), 1_015),
+                result(3, denied_trace, 1_015),
+                result(5, key(Action::Deny, Reporter::Dst), 1_015),
+            ],
+            false,
+        ),
+    ]);
+    let tls = ServerTlsConfig::new()
+        .identity(pki.server.clone())
+        .client_ca_root(Certificate::from_pem(&pki.ca));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn({
+        let script = script.clone();
+        async move {
+            Server::builder()
+                .tls_config(tls)
+                .unwrap()
+                .add_service(FlowsServer::new(FakeGoldmane(script)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        }
+    });
+
+    let mut names = NameIndex::default();
+    names.apply("shop", "client-5f7d9c-abcde", Some("client-5f7d9c-"));
+    names.apply("shop", "server-77f9b-xyz12", Some("server-77f9b-"));
+    let evidence = Arc::new(EvidenceQueue::default());
+    let writer = Arc::new(ProposalWriter::new(
+        ns.client.clone(),
+        Backend::Kubernetes,
+        BTreeSet::new(),
+    ));
+    let learning = Arc::new(Learning {
+        index: Arc::new(SharedIndex::listed(index())),
+        writer: writer.clone(),
+        evidence: Some(evidence.clone()),
+    });
+    let mut config = GoldmaneConfig::new(address);
+    config.server_name = Some(SERVER_NAME.into());
+    config.tls_secret = ObjectRef {
+        namespace: ns.name.clone(),
+        name: "goldmane-key-pair".into(),
+    };
+    config.ca_config_map = ObjectRef {
+        namespace: ns.name.clone(),
+        name: "goldmane-ca-bundle".into(),
+    };
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(300);
+    let health = GoldmaneHealth::default();
+    let source = tokio::spawn(
+        Goldmane {
+            config,
+            client: ns.client.clone(),
+            learning,
+            names: Arc::new(RwLock::new(names)),
+            health: health.clone(),
+            readiness: None,
+        }
+        .run(),
+    );
+
+    // Refused while the Secret holds the foreign certificate.
+    for _ in 0..1000 {
+        if health.errors.get() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(health.errors.get() >= 2, "refused attempts are counted");
+    assert_eq!(
+        health.messages.get(),
+        0,
+        "nothing read with a refused certificate"
+    );
+    assert!(script.requests.lock().unwrap().is_empty());
+    // The certificate is rotated in the cluster; the next reconnect reads it.
+    secrets
+        .patch(
+            "goldmane-key-pair",
+            &PatchParams::default(),
+            &Patch::Merge(secret(&pki.good)),
+        )
+        .await
+        .unwrap();
+
+    let mut records = Vec::new();
+    for _ in 0..2000 {
+        if health.messages.get() >= 7 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    records.extend(evidence.drain());
+    assert_eq!(health.messages.get(), 7, "both sessions read in full");
+    let requests = script.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests.len(),
+        2,
+        "one stream, then one after the disconnect"
+    );
+    assert!(requests.iter().all(|r| r.start_time_gte == 0
+        && r.aggregation_interval == 15
+        && r.filter.as_ref().unwrap().actions == vec![1, 2]));
+    assert_eq!(
+        health.resends.get(),
+        2,
+        "the next window's re-sends of two keys"
+    );
+    assert_eq!(
+        health.skipped.get(),
+        2,
+        "the source's Allow and the host endpoint"
+    );
+    let mut summary: Vec<(i32, i32, String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.outcome,
+                r.direction,
+                r.local.as_ref().unwrap().name.clone(),
+                r.policy.clone(),
+            )
+        })
+        .collect();
+    summary.sort();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                Outcome::Established as i32,
+                Direction::Inbound as i32,
+                "server-77f9b-xyz12".into(),
+                String::new()
+            ),
+            (
+                Outcome::Denied as i32,
+                Direction::Outbound as i32,
+                "client-5f7d9c-abcde".into(),
+                "shop/client-egress".into()
+            ),
+            (
+                Outcome::Denied as i32,
+                Direction::Inbound as i32,
+                "server-77f9b-xyz12".into(),
+                String::new()
+            ),
+        ]
+    );
+    let allowed = records
+        .iter()
+        .find(|r| r.outcome == Outcome::Established as i32)
+        .unwrap();
+    assert_eq!(
+        allowed.peer_ip,
+        vec![10, 1, 0, 1],
+        "the client pod's address"
+    );
+    assert_eq!(allowed.port, 8080);
+    assert_eq!(
+        writer.pending_proposals(),
+        2,
+        "learned: client egress and server ingress"
+    );
+    assert_eq!(health.connected.get(), 1);
+    source.abort();
+    server.abort();
+}
