@@ -10,14 +10,18 @@ use anyhow::{Context, Result, bail};
 
 use crate::run;
 
+mod agent;
+mod e2e;
 mod evaluate;
 
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &["evaluate"];
+const KNOWN: &[&str] = &["agent", "evaluate", "e2e"];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
     match name {
+        "agent" => agent::run(),
+        "e2e" => e2e::run(),
         "evaluate" => evaluate::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
     }

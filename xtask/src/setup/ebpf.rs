@@ -23,6 +23,8 @@ const PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "iproute2",
     "nftables",
+    // tcplife, the peer observer of `cargo xtask bench agent`.
+    "libbpf-tools",
 ];
 
 /// The bpf-linker release we build; pinned so every machine links the same way.

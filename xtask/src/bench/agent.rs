@@ -1,0 +1,516 @@
+//! `cargo xtask bench agent`: the agent under a connection storm (root; issue 4 item 6).
+//!
+//! Two network namespaces joined by a veth pair stand in for pods. A server thread pool in one accepts
+//! TCP connections and reads UDP datagrams; client threads in the other open short-lived TCP connections
+//! (closed with RST, so no TIME_WAIT runs out the ports) and, every 8th connection, send a UDP datagram
+//! from a fresh unconnected socket. Each phase runs [`PHASE`] with the same load:
+//!
+//! 1. no observer (the baseline connection rate);
+//! 2. our agent (`network-enforcer-agent run --dedupe-seconds 0`, release build: every connection is two
+//!    kernel events, the worst case), with its CPU time, peak RSS and its lost-event counter;
+//! 3. libbpf-tools `tcplife` (Debian `libbpf-tools`, from `cargo xtask setup`), output to /dev/null.
+//!
+//! Then the user-space pipeline alone (`agent/benches/pipeline.rs`, release) for events/s on one core.
+//! Figures go to `target/bench/agent.json`.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Figure, report};
+use crate::run;
+
+/// How long each phase generates load.
+const PHASE: Duration = Duration::from_secs(10);
+/// Client threads (the machine has two cores; more threads only queue).
+const CLIENTS: usize = 2;
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 2);
+const TCP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 5353;
+/// Every this many TCP connections, a client also sends one UDP datagram.
+const UDP_EVERY: u64 = 8;
+
+unsafe extern "C" {
+    fn setns(fd: i32, nstype: i32) -> i32;
+    fn setsockopt(fd: i32, level: i32, name: i32, value: *const std::ffi::c_void, len: u32) -> i32;
+    fn geteuid() -> u32;
+}
+const CLONE_NEWNET: i32 = 0x4000_0000;
+const SOL_SOCKET: i32 = 1;
+const SO_LINGER: i32 = 13;
+
+pub fn run() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { geteuid() } != 0 {
+        bail!("the agent bench loads eBPF programs and creates network namespaces: run it as root");
+    }
+    let root = run::workspace_root();
+    run::step(
+        "build the agent (release)",
+        run::cargo(
+            &root,
+            &[],
+            &[
+                "build",
+                "--release",
+                "--locked",
+                "-p",
+                "network-enforcer-agent",
+            ],
+        ),
+    )?;
+    let agent_bin = root.join("target/release/network-enforcer-agent");
+    let tcplife = which("tcplife")
+        .context("tcplife not found: install Debian's libbpf-tools (`cargo xtask setup` does)")?;
+
+    let pods = Pods::create()?;
+    println!("==> phase 1/3: no observer ({}s)", PHASE.as_secs());
+    let baseline = storm(&pods)?;
+    println!("    {baseline}");
+
+    println!("==> phase 2/3: our agent");
+    let agent = Agent::start(&agent_bin)?;
+    let cpu_before = agent.cpu_seconds()?;
+    let events_before = agent.metric("network_enforcer_agent_events_total")?;
+    let with_agent = storm(&pods)?;
+    // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu = agent.cpu_seconds()? - cpu_before;
+    let events_read = agent.metric("network_enforcer_agent_events_total")? - events_before;
+    let lost = agent.metric("network_enforcer_agent_events_lost_total")?;
+    let rss = agent.peak_rss_mib()?;
+    drop(agent);
+    println!(
+        "    {with_agent}; agent {cpu:.2} s CPU, {events_read} events read, {lost} lost, peak RSS {rss:.1} MiB"
+    );
+
+    println!("==> phase 3/3: tcplife");
+    let observer = Observer::start(Command::new(&tcplife))?;
+    let with_tcplife = storm(&pods)?;
+    drop(observer);
+    println!("    {with_tcplife}");
+    drop(pods);
+
+    println!("==> pipeline alone (release, one core)");
+    let pipeline = pipeline_rate(&root)?;
+
+    // Every TCP connection is an outbound and an inbound event; every datagram a send and a receive.
+    let expected = 2 * (with_agent.tcp + with_agent.udp);
+    let figures = [
+        Figure::new("conn_rate_baseline", baseline.rate(), "conn/s"),
+        Figure::new("conn_rate_agent", with_agent.rate(), "conn/s"),
+        Figure::new("conn_rate_tcplife", with_tcplife.rate(), "conn/s"),
+        Figure::new(
+            "conn_rate_ratio_agent",
+            with_agent.rate() / baseline.rate(),
+            "of baseline",
+        ),
+        Figure::new(
+            "conn_rate_ratio_tcplife",
+            with_tcplife.rate() / baseline.rate(),
+            "of baseline",
+        ),
+        Figure::new("events_expected", expected as f64, "events"),
+        Figure::new(
+            "events_read",
+            events_read as f64,
+            "events (incl. other node traffic)",
+        ),
+        Figure::new("events_lost", lost as f64, "events"),
+        Figure::new(
+            "cpu_s_per_million_conn",
+            cpu / (with_agent.tcp as f64 / 1e6),
+            "CPU s",
+        ),
+        Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/s"),
+        Figure::new("agent_peak_rss_mib", rss, "MiB"),
+    ];
+    report("agent", &figures)?;
+    Ok(())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+}
+
+/// Two namespaces joined by a veth pair; removed on drop.
+struct Pods {
+    server: String,
+    client: String,
+}
+
+impl Pods {
+    fn create() -> Result<Self> {
+        let tag = std::process::id() % 100_000;
+        let pods = Self {
+            server: format!("nebench-s{tag}"),
+            client: format!("nebench-c{tag}"),
+        };
+        let (s, c) = (&pods.server, &pods.client);
+        let veth_s = format!("nbs{tag}");
+        let veth_c = format!("nbc{tag}");
+        let sip = format!("{SERVER_IP}/24");
+        let cip = format!("{CLIENT_IP}/24");
+        for args in [
+            vec!["netns", "add", s],
+            vec!["netns", "add", c],
+            vec![
+                "link", "add", &veth_s, "type", "veth", "peer", "name", &veth_c,
+            ],
+            vec!["link", "set", &veth_s, "netns", s],
+            vec!["link", "set", &veth_c, "netns", c],
+            vec!["-n", s, "addr", "add", &sip, "dev", &veth_s],
+            vec!["-n", c, "addr", "add", &cip, "dev", &veth_c],
+            vec!["-n", s, "link", "set", &veth_s, "up"],
+            vec!["-n", c, "link", "set", &veth_c, "up"],
+            vec!["-n", s, "link", "set", "lo", "up"],
+            vec!["-n", c, "link", "set", "lo", "up"],
+        ] {
+            run::output(Command::new("ip").args(&args))?;
+        }
+        // A deep accept queue: the clients outrun the server in bursts.
+        run::output(Command::new("ip").args([
+            "netns",
+            "exec",
+            s,
+            "sysctl",
+            "-qw",
+            "net.core.somaxconn=65535",
+        ]))?;
+        Ok(pods)
+    }
+}
+
+impl Drop for Pods {
+    fn drop(&mut self) {
+        for ns in [&self.server, &self.client] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// Moves the calling thread into the named network namespace.
+fn enter(netns: &str) -> std::io::Result<()> {
+    let file = std::fs::File::open(format!("/run/netns/{netns}"))?;
+    // SAFETY: a valid namespace file descriptor; setns only affects this thread.
+    if unsafe { setns(file.as_raw_fd(), CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes with RST instead of FIN, so neither end keeps the connection in TIME_WAIT.
+fn linger_zero(fd: i32) {
+    let linger: [i32; 2] = [1, 0];
+    // SAFETY: a valid socket and a `struct linger` of the right size.
+    unsafe {
+        setsockopt(
+            fd,
+            SOL_SOCKET,
+            SO_LINGER,
+            linger.as_ptr().cast(),
+            std::mem::size_of_val(&linger) as u32,
+        )
+    };
+}
+
+struct Storm {
+    tcp: u64,
+    udp: u64,
+    failed: u64,
+    secs: f64,
+}
+
+impl Storm {
+    fn rate(&self) -> f64 {
+        self.tcp as f64 / self.secs
+    }
+}
+
+impl std::fmt::Display for Storm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} TCP connections ({:.0}/s), {} UDP datagrams, {} failed connects in {:.1} s",
+            self.tcp,
+            self.rate(),
+            self.udp,
+            self.failed,
+            self.secs
+        )
+    }
+}
+
+/// One phase of load: servers and clients for [`PHASE`].
+fn storm(pods: &Pods) -> Result<Storm> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tcp, udp, failed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<std::io::Result<()>>();
+    let mut threads = Vec::new();
+    {
+        let (server, stop, ready) = (pods.server.clone(), stop.clone(), ready_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let listener = enter(&server)
+                .and_then(|()| TcpListener::bind(SocketAddr::from((SERVER_IP, TCP_PORT))))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l));
+            let listener = match listener {
+                Ok(l) => {
+                    let _ = ready.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => linger_zero(stream.as_raw_fd()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    Err(_) => {}
+                }
+            }
+        }));
+    }
+    {
+        let (server, stop, ready) = (pods.server.clone(), stop.clone(), ready_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let socket = enter(&server)
+                .and_then(|()| UdpSocket::bind(SocketAddr::from((SERVER_IP, UDP_PORT))))
+                .and_then(|s| {
+                    s.set_read_timeout(Some(Duration::from_millis(100)))
+                        .map(|()| s)
+                });
+            let socket = match socket {
+                Ok(s) => {
+                    let _ = ready.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::Relaxed) {
+                // recv_from asks for the sender's address: the agent's recvmsg hook sees it.
+                let _ = socket.recv_from(&mut buf);
+            }
+        }));
+    }
+    for _ in 0..2 {
+        ready_rx
+            .recv()
+            .context("a server thread died")?
+            .context("starting the bench servers")?;
+    }
+    let started = Instant::now();
+    for _ in 0..CLIENTS {
+        let (client, stop) = (pods.client.clone(), stop.clone());
+        let (tcp, udp, failed) = (tcp.clone(), udp.clone(), failed.clone());
+        threads.push(std::thread::spawn(move || {
+            if enter(&client).is_err() {
+                return;
+            }
+            let target = SocketAddr::from((SERVER_IP, TCP_PORT));
+            let udp_target = SocketAddr::from((SERVER_IP, UDP_PORT));
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match TcpStream::connect(target) {
+                    Ok(stream) => {
+                        linger_zero(stream.as_raw_fd());
+                        tcp.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                n += 1;
+                if n.is_multiple_of(UDP_EVERY) {
+                    if let Ok(socket) = UdpSocket::bind(SocketAddr::from((CLIENT_IP, 0))) {
+                        if socket.send_to(b"bench", udp_target).is_ok() {
+                            udp.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    std::thread::sleep(PHASE);
+    stop.store(true, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(Storm {
+        tcp: tcp.load(Ordering::Relaxed),
+        udp: udp.load(Ordering::Relaxed),
+        failed: failed.load(Ordering::Relaxed),
+        secs,
+    })
+}
+
+/// Our agent, running for one phase; stopped (SIGTERM) on drop.
+struct Agent {
+    child: Child,
+    metrics: SocketAddr,
+    socket_dir: PathBuf,
+}
+
+impl Agent {
+    fn start(bin: &Path) -> Result<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let socket_dir = std::env::temp_dir().join(format!("ne-bench-{}", std::process::id()));
+        let child = Command::new(bin)
+            .env("RUST_LOG", "warn")
+            .env_remove("NODE_NAME")
+            .args(["run", "--dedupe-seconds", "0", "--flush-seconds", "1"])
+            .arg("--metrics-address")
+            .arg(metrics.to_string())
+            .arg("--debug-socket")
+            .arg(socket_dir.join("agent.sock"))
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let agent = Self {
+            child,
+            metrics,
+            socket_dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.metric("network_enforcer_agent_events_total").is_err() {
+            if Instant::now() > deadline {
+                bail!("the agent did not serve metrics within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(agent)
+    }
+
+    fn proc_file(&self, name: &str) -> Result<String> {
+        let path = format!("/proc/{}/{name}", self.child.id());
+        std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))
+    }
+
+    /// utime + stime of the agent process, in seconds.
+    fn cpu_seconds(&self) -> Result<f64> {
+        let stat = self.proc_file("stat")?;
+        // Fields after the command name (which may contain spaces) start at ") ".
+        let rest = stat
+            .rsplit_once(") ")
+            .context("unexpected /proc/PID/stat")?
+            .1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        Ok(ticks / 100.0) // USER_HZ is 100 on Linux
+    }
+
+    /// Peak resident set size (VmHWM) in MiB.
+    fn peak_rss_mib(&self) -> Result<f64> {
+        let status = self.proc_file("status")?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .context("no VmHWM")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kib / 1024.0)
+    }
+
+    /// A counter from the agent's /metrics.
+    fn metric(&self, name: &str) -> Result<u64> {
+        let mut stream = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.metrics
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .context(format!("{name} not in /metrics"))?
+            .trim()
+            .parse::<f64>()
+            .map(|v| v as u64)
+            .context("parsing a metric")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.socket_dir);
+    }
+}
+
+/// A peer observer running for one phase; stopped on drop.
+struct Observer(Child);
+
+impl Observer {
+    fn start(mut cmd: Command) -> Result<Self> {
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the observer")?;
+        // Its programs take a moment to load and attach.
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `agent/benches/pipeline.rs` in release mode and reads its figure.
+fn pipeline_rate(root: &Path) -> Result<f64> {
+    let out = run::output(&mut run::cargo(
+        root,
+        &[],
+        &[
+            "bench",
+            "--locked",
+            "-p",
+            "network-enforcer-agent",
+            "--bench",
+            "pipeline",
+        ],
+    ))?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("pipeline_events_per_sec_per_core="))
+        .context("the pipeline bench printed no figure")?
+        .trim()
+        .parse()
+        .context("parsing the pipeline figure")
+}
