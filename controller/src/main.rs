@@ -46,6 +46,9 @@ enum Command {
     /// Evaluate flows against policies offline ("what would protect block?"): a scenario file of
     /// namespaces, pods, NetworkPolicies / WorkloadNetworkPolicies and flows, JSON or YAML.
     Check(CheckArgs),
+    /// Draw the learned workload graph (proposals, policies and their modes, violations in red) as
+    /// Graphviz DOT, or SVG through `dot`.
+    Graph(GraphArgs),
 }
 
 #[derive(clap::Args)]
@@ -66,6 +69,29 @@ struct CheckArgs {
 enum OutputFormat {
     Json,
     Table,
+}
+
+#[derive(clap::Args)]
+struct GraphArgs {
+    /// Only this namespace's proposals and policies (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// `dot` (Graphviz source) or `svg` (needs Graphviz's `dot` on PATH).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = GraphFormat::Dot)]
+    output: GraphFormat,
+    /// Write here instead of stdout.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Read WorkloadNetworkPolicy / WorkloadNetworkPolicyProposal objects from this YAML or JSON file
+    /// (a list, a `kind: List`, or `---` documents) instead of the cluster.
+    #[arg(long)]
+    from_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GraphFormat {
+    Dot,
+    Svg,
 }
 
 #[derive(clap::Args)]
@@ -160,6 +186,7 @@ async fn main() -> Result<()> {
         }
         Command::Run(args) => run(*args).await,
         Command::Check(args) => check(&args),
+        Command::Graph(args) => graph(&args).await,
         Command::Cleanup { namespace } => {
             let client = kube::Client::try_default()
                 .await
@@ -174,6 +201,42 @@ async fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `graph`: the workload graph from a file or the cluster, as DOT or SVG.
+async fn graph(args: &GraphArgs) -> Result<()> {
+    use network_enforcer_controller::graph;
+    let input = match &args.from_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            graph::parse_objects(&text)
+                .with_context(|| format!("invalid objects in {}", path.display()))?
+        }
+        None => {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+            graph::load_from_cluster(&client, args.namespace.as_deref())
+                .await
+                .context("listing WorkloadNetworkPolicies and proposals")?
+        }
+    };
+    let dot = graph::render_dot(&input, args.namespace.as_deref());
+    let bytes = match args.output {
+        GraphFormat::Dot => dot.into_bytes(),
+        GraphFormat::Svg => graph::to_svg(&dot)?,
+    };
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => {
+            use std::io::Write as _;
+            std::io::stdout().write_all(&bytes)?;
+        }
+    }
+    Ok(())
 }
 
 /// `check`: evaluate the scenario's flows (and replay records), print the report; invalid input is

@@ -15,7 +15,8 @@ const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 pub fn install() -> Result<()> {
     let bin = bin_dir()?;
     std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
-    crate::setup::apt_install(&["python3-venv", "unzip"])?;
+    // graphviz: `network-enforcer-controller graph -o svg` and its test.
+    crate::setup::apt_install(&["python3-venv", "unzip", "graphviz"])?;
     install_helm(&bin)?;
     install_kubernetes_validate(&bin)?;
     Ok(())

@@ -1,0 +1,754 @@
+//! The learned workload graph as Graphviz DOT, for `network-enforcer-controller graph`.
+//!
+//! Input: WorkloadNetworkPolicyProposals (what learning saw) and WorkloadNetworkPolicies (what is
+//! in force, with their violations). Output:
+//!
+//! - a node per workload (`Deployment demo/http-client`), grouped in a cluster per namespace, with
+//!   what governs it: a proposal per direction (dashed, "learning") or a policy and its mode
+//!   (orange "monitor", blue bold "protect");
+//! - a node per peer that is no known workload: a selector (`kube-system {k8s-app=kube-dns}`), a
+//!   CIDR, a mesh identity (`cluster.local/ns/x/sa/y`), an address of a violation;
+//! - an edge per allowed connection, labelled with its ports (`TCP 18080`), from both directions'
+//!   rules merged (the client's egress rule and the server's ingress rule are one edge);
+//! - an edge in red per active violation (`UDP 18081 monitor`).
+//!
+//! Pure: objects in, text out; the CLI reads the objects and runs `dot`.
+
+use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
+use network_enforcer_api::{
+    Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
+    WorkloadNetworkPolicyProposal, WorkloadRef,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+/// The objects a graph is drawn from.
+#[derive(Clone, Debug, Default)]
+pub struct GraphInput {
+    pub proposals: Vec<WorkloadNetworkPolicyProposal>,
+    pub policies: Vec<WorkloadNetworkPolicy>,
+}
+
+/// A node of the graph.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Node {
+    /// A workload: namespace, kind, name.
+    Workload(String, String, String),
+    /// Pods selected by labels in a namespace (`None`: any namespace matching a selector).
+    Selector(String, String),
+    /// An IP block or address.
+    External(String),
+    /// A mesh identity.
+    Identity(String),
+}
+
+impl Node {
+    fn id(&self) -> String {
+        match self {
+            Node::Workload(ns, kind, name) => format!("w:{ns}/{kind}/{name}"),
+            Node::Selector(ns, sel) => format!("s:{ns}/{sel}"),
+            Node::External(a) => format!("x:{a}"),
+            Node::Identity(i) => format!("i:{i}"),
+        }
+    }
+}
+
+/// What governs one workload, per direction.
+#[derive(Clone, Debug, Default)]
+struct Governance {
+    /// direction → (policy name, mode); `None` mode for a proposal.
+    by_direction: BTreeMap<Direction, (String, Option<PolicyMode>)>,
+}
+
+/// A workload that rules target, with the selector that identifies its pods.
+struct Target {
+    node: Node,
+    namespace: String,
+    selector: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Default)]
+struct Builder {
+    nodes: BTreeSet<Node>,
+    governance: BTreeMap<Node, Governance>,
+    /// (from, to) → port labels.
+    edges: BTreeMap<(Node, Node), BTreeSet<String>>,
+    /// (from, to) → violation labels.
+    violations: BTreeMap<(Node, Node), BTreeSet<String>>,
+}
+
+/// A rule's peers and ports.
+type Rule<'a> = (
+    Option<&'a Vec<NetworkPolicyPeer>>,
+    Option<&'a Vec<NetworkPolicyPort>>,
+);
+
+/// One payload to draw: a policy or a proposal.
+struct Payload<'a> {
+    namespace: String,
+    name: String,
+    mode: Option<PolicyMode>,
+    kind: &'a str,
+    target: &'a str,
+    direction: Direction,
+    kubernetes: Option<&'a NetworkPolicySpec>,
+    istio: Option<&'a IstioPolicy>,
+}
+
+/// Renders the graph of `input`, restricted to objects of `namespace` when given (their peers in
+/// other namespaces still appear).
+pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
+    let mut payloads = Vec::new();
+    for p in &input.policies {
+        payloads.push(Payload {
+            namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            mode: Some(p.spec.mode),
+            kind: p.spec.target_ref.kind.as_str(),
+            target: &p.spec.target_ref.name,
+            direction: p.spec.direction,
+            kubernetes: p.spec.kubernetes.as_ref(),
+            istio: p.spec.istio.as_ref(),
+        });
+    }
+    for p in &input.proposals {
+        payloads.push(Payload {
+            namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            mode: None,
+            kind: p.spec.target_ref.kind.as_str(),
+            target: &p.spec.target_ref.name,
+            direction: p.spec.direction,
+            kubernetes: p.spec.kubernetes.as_ref(),
+            istio: p.spec.istio.as_ref(),
+        });
+    }
+    payloads.retain(|p| namespace.is_none_or(|ns| p.namespace == ns));
+    // A policy and the proposal it was promoted from describe the same thing: the policy wins.
+    let governed: BTreeSet<(String, String, String, Direction)> = payloads
+        .iter()
+        .filter(|p| p.mode.is_some())
+        .map(|p| {
+            (
+                p.namespace.clone(),
+                p.kind.to_string(),
+                p.target.to_string(),
+                p.direction,
+            )
+        })
+        .collect();
+    payloads.retain(|p| {
+        p.mode.is_some()
+            || !governed.contains(&(
+                p.namespace.clone(),
+                p.kind.to_string(),
+                p.target.to_string(),
+                p.direction,
+            ))
+    });
+
+    // Targets first, so that peers given by selector resolve to the workload they select.
+    let targets: Vec<Target> = payloads
+        .iter()
+        .map(|p| Target {
+            node: Node::Workload(
+                p.namespace.clone(),
+                p.kind.to_string(),
+                p.target.to_string(),
+            ),
+            namespace: p.namespace.clone(),
+            selector: p
+                .kubernetes
+                .and_then(|k| k.pod_selector.as_ref())
+                .or(p.istio.map(|i| &i.selector))
+                .and_then(plain_labels),
+        })
+        .collect();
+
+    let mut b = Builder::default();
+    for (payload, target) in payloads.iter().zip(&targets) {
+        b.nodes.insert(target.node.clone());
+        b.governance
+            .entry(target.node.clone())
+            .or_default()
+            .by_direction
+            .insert(payload.direction, (payload.name.clone(), payload.mode));
+        if let Some(spec) = payload.kubernetes {
+            let rules: Vec<Rule<'_>> = match payload.direction {
+                Direction::Egress => spec
+                    .egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+                    .collect(),
+                Direction::Ingress => spec
+                    .ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+                    .collect(),
+            };
+            for (peers, ports) in rules {
+                let ports = port_labels(ports);
+                let peers: Vec<Node> = match peers {
+                    None => vec![Node::External("any".into())],
+                    Some(peers) if peers.is_empty() => vec![Node::External("any".into())],
+                    Some(peers) => peers
+                        .iter()
+                        .map(|peer| peer_node(peer, &target.namespace, &targets))
+                        .collect(),
+                };
+                for peer in peers {
+                    b.add_edge(&target.node, peer, payload.direction, &ports);
+                }
+            }
+        }
+        if let Some(istio) = payload.istio {
+            for rule in &istio.rules {
+                let ports: BTreeSet<String> = if rule.to.is_empty() {
+                    BTreeSet::from(["any port".to_string()])
+                } else {
+                    rule.to
+                        .iter()
+                        .flat_map(|t| &t.operation.ports)
+                        .map(|p| format!("TCP {p}"))
+                        .collect()
+                };
+                let principals: Vec<&String> = rule
+                    .from
+                    .iter()
+                    .flat_map(|f| &f.source.principals)
+                    .collect();
+                let peers: Vec<Node> = if principals.is_empty() {
+                    vec![Node::Identity("*".into())]
+                } else {
+                    principals
+                        .into_iter()
+                        .map(|p| Node::Identity(p.clone()))
+                        .collect()
+                };
+                for peer in peers {
+                    b.add_edge(&target.node, peer, Direction::Ingress, &ports);
+                }
+            }
+        }
+    }
+    for policy in &input.policies {
+        if namespace.is_some_and(|ns| policy.metadata.namespace.as_deref() != Some(ns)) {
+            continue;
+        }
+        for v in policy.status.iter().flat_map(|s| &s.violations) {
+            let from = workload_node(&v.source);
+            let to = workload_node(&v.dest);
+            let port = v.dst_port.map(|p| format!(" {p}")).unwrap_or_default();
+            let label = format!("{}{port} {}", protocol_name(v.protocol), v.action.as_str());
+            b.nodes.insert(from.clone());
+            b.nodes.insert(to.clone());
+            b.violations.entry((from, to)).or_default().insert(label);
+        }
+    }
+    b.dot()
+}
+
+impl Builder {
+    fn add_edge(
+        &mut self,
+        target: &Node,
+        peer: Node,
+        direction: Direction,
+        ports: &BTreeSet<String>,
+    ) {
+        self.nodes.insert(peer.clone());
+        let key = match direction {
+            Direction::Egress => (target.clone(), peer),
+            Direction::Ingress => (peer, target.clone()),
+        };
+        self.edges
+            .entry(key)
+            .or_default()
+            .extend(ports.iter().cloned());
+    }
+
+    fn dot(&self) -> String {
+        let mut out = String::new();
+        out.push_str("digraph workloads {\n");
+        out.push_str("  rankdir=LR;\n");
+        out.push_str("  node [shape=box, style=rounded, fontname=\"Helvetica\"];\n");
+        out.push_str("  edge [fontname=\"Helvetica\", fontsize=10];\n");
+        // Workloads grouped by namespace.
+        let mut by_namespace: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
+        let mut others = Vec::new();
+        for node in &self.nodes {
+            match node {
+                Node::Workload(ns, _, _) | Node::Selector(ns, _) if !ns.is_empty() => {
+                    by_namespace.entry(ns).or_default().push(node)
+                }
+                _ => others.push(node),
+            }
+        }
+        for (i, (ns, nodes)) in by_namespace.iter().enumerate() {
+            let _ = writeln!(out, "  subgraph cluster_{i} {{");
+            let _ = writeln!(out, "    label={};", quote(&format!("namespace {ns}")));
+            out.push_str("    style=dashed; color=gray50;\n");
+            for node in nodes {
+                let _ = writeln!(out, "    {}", self.node_line(node));
+            }
+            out.push_str("  }\n");
+        }
+        for node in others {
+            let _ = writeln!(out, "  {}", self.node_line(node));
+        }
+        for ((from, to), ports) in &self.edges {
+            let label = ports.iter().cloned().collect::<Vec<_>>().join("\\n");
+            let _ = writeln!(
+                out,
+                "  {} -> {} [label={}];",
+                quote(&from.id()),
+                quote(&to.id()),
+                quote_label(&label)
+            );
+        }
+        for ((from, to), labels) in &self.violations {
+            let label = labels.iter().cloned().collect::<Vec<_>>().join("\\n");
+            let _ = writeln!(
+                out,
+                "  {} -> {} [label={}, color=red, fontcolor=red, penwidth=2, style=bold];",
+                quote(&from.id()),
+                quote(&to.id()),
+                quote_label(&format!("violation: {label}"))
+            );
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    fn node_line(&self, node: &Node) -> String {
+        let (label, attrs) = match node {
+            Node::Workload(_, kind, name) => {
+                let mut label = format!("{kind}\\n{}", escape(name));
+                let mut color = "black";
+                let mut style = "rounded";
+                if let Some(g) = self.governance.get(node) {
+                    for (direction, (policy, mode)) in &g.by_direction {
+                        let state = match mode {
+                            None => "learning",
+                            Some(m) => m.as_str(),
+                        };
+                        let _ = write!(
+                            label,
+                            "\\n{}: {} ({})",
+                            direction.as_str().to_lowercase(),
+                            state,
+                            escape(policy)
+                        );
+                    }
+                    let modes: Vec<Option<PolicyMode>> =
+                        g.by_direction.values().map(|(_, m)| *m).collect();
+                    if modes.contains(&Some(PolicyMode::Protect)) {
+                        color = "blue";
+                        style = "rounded,bold";
+                    } else if modes.contains(&Some(PolicyMode::Monitor)) {
+                        color = "orange";
+                    } else if !modes.is_empty() {
+                        style = "rounded,dashed";
+                    }
+                }
+                (label, format!("color={color}, style=\"{style}\""))
+            }
+            Node::Selector(_, selector) => (
+                format!("pods {}", escape(selector)),
+                "shape=box, style=\"rounded,dotted\"".to_string(),
+            ),
+            Node::External(address) => (escape(address), "shape=ellipse".to_string()),
+            Node::Identity(identity) => (
+                format!("identity\\n{}", escape(identity)),
+                "shape=ellipse, style=dotted".to_string(),
+            ),
+        };
+        format!("{} [label=\"{label}\", {attrs}];", quote(&node.id()))
+    }
+}
+
+/// A DOT string literal.
+fn quote(s: &str) -> String {
+    format!("\"{}\"", escape(s))
+}
+
+/// A label whose `\n` line breaks are already DOT escapes.
+fn quote_label(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\\\""))
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::TCP => "TCP",
+        Protocol::UDP => "UDP",
+        Protocol::SCTP => "SCTP",
+    }
+}
+
+/// `matchLabels` of a selector without expressions, else `None`.
+fn plain_labels(selector: &LabelSelector) -> Option<BTreeMap<String, String>> {
+    if selector
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return None;
+    }
+    selector.match_labels.clone().filter(|l| !l.is_empty())
+}
+
+fn selector_text(selector: &LabelSelector) -> String {
+    let mut parts: Vec<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in selector.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(format!("{} {} ({values})", e.key, e.operator));
+    }
+    if parts.is_empty() {
+        "all".into()
+    } else {
+        format!("{{{}}}", parts.join(", "))
+    }
+}
+
+/// The node a rule's peer stands for: the target workload its selectors pick, else the selector.
+fn peer_node(peer: &NetworkPolicyPeer, own_namespace: &str, targets: &[Target]) -> Node {
+    if let Some(block) = &peer.ip_block {
+        let except = block.except.clone().unwrap_or_default();
+        return Node::External(if except.is_empty() {
+            block.cidr.clone()
+        } else {
+            format!("{} except {}", block.cidr, except.join(", "))
+        });
+    }
+    // The namespace: the policy's own for a bare podSelector, the metadata.name label's value when
+    // the namespaceSelector names one, else a selector over namespaces.
+    let namespace = match &peer.namespace_selector {
+        None => Some(own_namespace.to_string()),
+        Some(s) => match plain_labels(s) {
+            Some(labels) if labels.len() == 1 => labels.get(NAMESPACE_NAME_LABEL).cloned(),
+            _ => None,
+        },
+    };
+    let labels = peer.pod_selector.as_ref().and_then(plain_labels);
+    if let (Some(ns), Some(labels)) = (&namespace, &labels) {
+        if let Some(t) = targets
+            .iter()
+            .find(|t| &t.namespace == ns && t.selector.as_ref() == Some(labels))
+        {
+            return t.node.clone();
+        }
+    }
+    let pods = peer
+        .pod_selector
+        .as_ref()
+        .map(selector_text)
+        .unwrap_or_else(|| "all".into());
+    match namespace {
+        Some(ns) => Node::Selector(ns, pods),
+        None => Node::Selector(
+            String::new(),
+            format!(
+                "namespaces {} / {pods}",
+                peer.namespace_selector
+                    .as_ref()
+                    .map(selector_text)
+                    .unwrap_or_default()
+            ),
+        ),
+    }
+}
+
+fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<String> {
+    let Some(ports) = ports.filter(|p| !p.is_empty()) else {
+        return BTreeSet::from(["any port".to_string()]);
+    };
+    ports
+        .iter()
+        .map(|p| {
+            let protocol = p.protocol.as_deref().unwrap_or("TCP");
+            match (&p.port, p.end_port) {
+                (None, _) => format!("{protocol} any"),
+                (Some(IntOrString::Int(port)), Some(end)) => format!("{protocol} {port}-{end}"),
+                (Some(IntOrString::Int(port)), None) => format!("{protocol} {port}"),
+                (Some(IntOrString::String(name)), _) => format!("{protocol} {name}"),
+            }
+        })
+        .collect()
+}
+
+/// The node of one side of a violation record.
+fn workload_node(w: &WorkloadRef) -> Node {
+    if !w.owner_name.is_empty() && !w.owner_kind.is_empty() {
+        Node::Workload(
+            w.namespace.clone(),
+            w.owner_kind.clone(),
+            w.owner_name.clone(),
+        )
+    } else if !w.address.is_empty() {
+        Node::External(w.address.clone())
+    } else if !w.identity.is_empty() {
+        Node::Identity(w.identity.clone())
+    } else {
+        Node::External("unknown".into())
+    }
+}
+
+/// Why a `--from-file` document cannot be drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct GraphInputError {
+    pub field: String,
+    pub message: String,
+}
+
+/// Reads WorkloadNetworkPolicy and WorkloadNetworkPolicyProposal objects from YAML or JSON: a list
+/// of objects, a `kind: List` with `items`, or several `---` documents. Other kinds are an error.
+pub fn parse_objects(text: &str) -> Result<GraphInput, GraphInputError> {
+    use serde::Deserialize as _;
+    let mut objects = Vec::new();
+    for (d, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_json::Value::deserialize(document).map_err(|e| GraphInputError {
+            field: format!("document {}", d + 1),
+            message: format!("invalid YAML: {e}"),
+        })?;
+        match value {
+            serde_json::Value::Null => {}
+            serde_json::Value::Array(items) => objects.extend(items),
+            serde_json::Value::Object(ref map) if map.contains_key("items") => {
+                objects.extend(map["items"].as_array().cloned().unwrap_or_default())
+            }
+            other => objects.push(other),
+        }
+    }
+    let mut input = GraphInput::default();
+    for (i, object) in objects.into_iter().enumerate() {
+        let field = format!("items[{i}]");
+        let kind = object
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let error = |e: serde_path_to_error::Error<serde_json::Error>| GraphInputError {
+            field: format!("{field}.{}", e.path()),
+            message: e.into_inner().to_string(),
+        };
+        match kind.as_str() {
+            "WorkloadNetworkPolicy" => input
+                .policies
+                .push(serde_path_to_error::deserialize(object).map_err(error)?),
+            "WorkloadNetworkPolicyProposal" => input
+                .proposals
+                .push(serde_path_to_error::deserialize(object).map_err(error)?),
+            other => {
+                return Err(GraphInputError {
+                    field: format!("{field}.kind"),
+                    message: format!(
+                        "{other:?}: expected WorkloadNetworkPolicy or WorkloadNetworkPolicyProposal"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(input)
+}
+
+/// Lists the proposals and policies of `namespace` (all namespaces when `None`) from the cluster.
+pub async fn load_from_cluster(
+    client: &kube::Client,
+    namespace: Option<&str>,
+) -> Result<GraphInput, kube::Error> {
+    use kube::api::{Api, ListParams};
+    let (policies, proposals): (
+        Api<WorkloadNetworkPolicy>,
+        Api<WorkloadNetworkPolicyProposal>,
+    ) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    Ok(GraphInput {
+        policies: policies.list(&ListParams::default()).await?.items,
+        proposals: proposals.list(&ListParams::default()).await?.items,
+    })
+}
+
+/// Why `dot` could not render SVG.
+#[derive(Debug, thiserror::Error)]
+pub enum SvgError {
+    #[error(
+        "Graphviz `dot` is not installed (Debian: apt-get install graphviz); use `-o dot` for the DOT source"
+    )]
+    DotMissing,
+    #[error("running dot: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("dot failed: {0}")]
+    Failed(String),
+}
+
+/// Renders DOT source to SVG with Graphviz (`dot -Tsvg`), `dot` found on PATH.
+pub fn to_svg(dot: &str) -> Result<Vec<u8>, SvgError> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = match Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SvgError::DotMissing),
+        Err(e) => return Err(SvgError::Io(e)),
+    };
+    // Written from a thread so a large graph cannot deadlock against dot's full stdout pipe.
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let source = dot.to_string();
+    let writer = std::thread::spawn(move || stdin.write_all(source.as_bytes()));
+    let output = child.wait_with_output()?;
+    writer.join().expect("writer thread")?;
+    if !output.status.success() {
+        return Err(SvgError::Failed(
+            String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        ));
+    }
+    Ok(output.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURE: &str = r#"
+- apiVersion: networkenforcer.kubewarden.io/v1alpha1
+  kind: WorkloadNetworkPolicy
+  metadata: {name: deployment-http-client-egress, namespace: demo}
+  spec:
+    backend: kubernetes
+    mode: protect
+    direction: Egress
+    targetRef: {kind: Deployment, name: http-client}
+    kubernetes:
+      podSelector: {matchLabels: {app: http-client}}
+      policyTypes: [Egress]
+      egress:
+        - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: demo}}, podSelector: {matchLabels: {app: http-server}}}]
+          ports: [{protocol: TCP, port: 18080}]
+        - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]
+          ports: [{protocol: UDP, port: 53}]
+  status:
+    violationCount: 2
+    activeViolationCount: 1
+    violations:
+      - id: 1
+        timestamp: "2026-11-29T16:00:00Z"
+        source: {namespace: demo, ownerKind: Deployment, ownerName: http-client}
+        dest: {namespace: demo, ownerKind: Deployment, ownerName: http-server}
+        protocol: UDP
+        dstPort: 18081
+        action: protect
+        direction: Egress
+- apiVersion: networkenforcer.kubewarden.io/v1alpha1
+  kind: WorkloadNetworkPolicyProposal
+  metadata: {name: deployment-http-server-ingress, namespace: demo}
+  spec:
+    backend: kubernetes
+    direction: Ingress
+    targetRef: {kind: Deployment, name: http-server}
+    kubernetes:
+      podSelector: {matchLabels: {app: http-server}}
+      policyTypes: [Ingress]
+      ingress:
+        - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: demo}}, podSelector: {matchLabels: {app: http-client}}}]
+          ports: [{protocol: TCP, port: 18080}]
+        - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
+          ports: [{port: http}]
+"#;
+
+    #[test]
+    fn renders_workloads_modes_edges_and_violations() {
+        let input = parse_objects(FIXTURE).unwrap();
+        assert_eq!((input.policies.len(), input.proposals.len()), (1, 1));
+        let dot = render_dot(&input, None);
+        let client = "\"w:demo/Deployment/http-client\"";
+        let server = "\"w:demo/Deployment/http-server\"";
+        // Both rules for client → server merge into one edge with its port.
+        assert!(
+            dot.contains(&format!("{client} -> {server} [label=\"TCP 18080\"];")),
+            "{dot}"
+        );
+        assert_eq!(
+            dot.matches(&format!("{client} -> {server} [label=\"TCP"))
+                .count(),
+            1
+        );
+        assert!(
+            dot.contains(
+                "\"w:demo/Deployment/http-client\" -> \"s:kube-system/{k8s-app=kube-dns}\" [label=\"UDP 53\"];"
+            ),
+            "{dot}"
+        );
+        assert!(
+            dot.contains("\"x:10.0.0.0/8 except 10.1.0.0/16\" -> \"w:demo/Deployment/http-server\" [label=\"TCP http\"];"),
+            "{dot}"
+        );
+        // Modes on the nodes.
+        assert!(
+            dot.contains("label=\"Deployment\\nhttp-client\\negress: protect (deployment-http-client-egress)\", color=blue, style=\"rounded,bold\""),
+            "{dot}"
+        );
+        assert!(
+            dot.contains("label=\"Deployment\\nhttp-server\\ningress: learning (deployment-http-server-ingress)\", color=black, style=\"rounded,dashed\""),
+            "{dot}"
+        );
+        // The violation in red.
+        assert!(
+            dot.contains(&format!(
+                "{client} -> {server} [label=\"violation: UDP 18081 protect\", color=red"
+            )),
+            "{dot}"
+        );
+        // Namespaces are clusters.
+        assert!(dot.contains("label=\"namespace demo\""), "{dot}");
+        assert!(dot.contains("label=\"namespace kube-system\""), "{dot}");
+        assert!(dot.starts_with("digraph workloads {") && dot.ends_with("}\n"));
+    }
+
+    #[test]
+    fn namespace_filter_and_promoted_proposals() {
+        let input = parse_objects(FIXTURE).unwrap();
+        assert!(!render_dot(&input, Some("other")).contains("->"));
+        // A proposal of the same target and direction as a policy is hidden behind it.
+        let mut input = input;
+        let mut promoted = input.proposals[0].clone();
+        promoted.spec.target_ref.name = "http-client".into();
+        promoted.spec.direction = Direction::Egress;
+        promoted.metadata.name = Some("stale".into());
+        input.proposals.push(promoted);
+        let dot = render_dot(&input, Some("demo"));
+        assert!(!dot.contains("stale"), "{dot}");
+    }
+
+    #[test]
+    fn other_kinds_are_refused_with_the_item() {
+        let err = parse_objects("- {kind: Service, metadata: {name: x}}\n").unwrap_err();
+        assert_eq!(err.field, "items[0].kind");
+        let err = parse_objects("kind: List\nitems:\n- kind: WorkloadNetworkPolicy\n  metadata: {name: x}\n  spec: {backend: nope}\n").unwrap_err();
+        assert!(err.field.starts_with("items[0].spec"), "{err}");
+    }
+}
