@@ -1726,22 +1726,41 @@ fn metrics_services_select_their_pods() {
 }
 
 #[test]
-fn lint_strict_with_non_default_values() {
-    let out = Command::new(helm())
-        .args(["lint", "--strict"])
-        .arg(chart())
-        .args([
-            "--set",
+fn lint_strict_with_default_and_non_default_values() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &[
             "controller.provider.name=calico",
-            "--set",
             "telemetry.collectorStrategy=none",
-        ])
-        .output()
-        .expect("helm runs");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        ],
+        &[
+            "controller.provider.name=cilium",
+            "agent.hubble.source=relay",
+            "controller.provider.cilium.tls.issuerRef.name=cilium-ca",
+            "uplink.tls.mode=issuer",
+            "uplink.tls.issuerRef.name=corp-ca",
+            "telemetry.collectorStrategy=external",
+            "telemetry.externalCollector.endpoint=https://otel.example:4317",
+        ],
+        &["uplink.tls.mode=insecure", "controller.provider.name=ebpf"],
+    ];
+    for sets in cases {
+        let mut cmd = Command::new(helm());
+        cmd.args(["lint", "--strict"]).arg(chart());
+        for s in *sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().expect("helm runs");
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{sets:?}: {report}");
+        assert!(report.contains("0 chart(s) failed"), "{sets:?}: {report}");
+        assert!(
+            !report.contains("[WARNING]") && !report.contains("[ERROR]"),
+            "{sets:?}: {report}"
+        );
+    }
 }
