@@ -401,6 +401,190 @@ mod tests {
         }
     }
 
+    fn pod(
+        name: &str,
+        app: &str,
+        sa: &str,
+        ip: &str,
+        host_network: bool,
+    ) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "n", "uid": format!("uid-{name}"), "labels": {"app": app, "pod-template-hash": "5d8f7c9b6"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": format!("{app}-5d8f7c9b6"), "uid": "u", "controller": true}]},
+            "spec": {"serviceAccountName": sa, "nodeName": "node-a", "hostNetwork": host_network,
+                     "containers": [{"name": "main", "ports": [
+                         {"name": "echo-udp", "containerPort": 18081, "protocol": "UDP"}]}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn cluster() -> (Index, ClusterView) {
+        let mut index = Index::default();
+        for p in [
+            pod(
+                "client-5d8f7c9b6-a",
+                "client",
+                "client-sa",
+                "10.0.0.1",
+                false,
+            ),
+            pod(
+                "server-5d8f7c9b6-a",
+                "server",
+                "server-sa",
+                "10.0.0.2",
+                false,
+            ),
+            pod(
+                "agent-5d8f7c9b6-a",
+                "agent",
+                "agent-sa",
+                "192.168.1.1",
+                true,
+            ),
+        ] {
+            index.apply_pod(&p, 1_000);
+        }
+        for app in ["client", "server", "agent"] {
+            let selector = serde_json::from_value(serde_json::json!({"matchLabels": {"app": app}}));
+            index.apply_workload(
+                "n",
+                network_enforcer_api::WorkloadKind::Deployment,
+                app,
+                &format!("uid-{app}"),
+                selector.unwrap(),
+            );
+        }
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "server", "namespace": "n"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "server"},
+                     "ports": [{"port": 18083, "protocol": "UDP", "targetPort": "echo-udp"}]}
+        }))
+        .unwrap();
+        index.apply_service(&svc);
+        let view = ClusterView::from_index(&index, std::iter::empty(), std::iter::empty());
+        (index, view)
+    }
+
+    fn sent(local: &str, peer: [u8; 4], port: u32, direction: uplink::Direction) -> FlowRecord {
+        FlowRecord {
+            local: Some(uplink::LocalPod {
+                namespace: "n".into(),
+                name: local.into(),
+                uid: String::new(),
+            }),
+            peer_ip: peer.to_vec(),
+            port,
+            protocol: uplink::Protocol::Udp as i32,
+            direction: direction as i32,
+            outcome: uplink::Outcome::Datagram as i32,
+            last_seen_ms: 1_800_000_000_000,
+            ..FlowRecord::default()
+        }
+    }
+
+    #[test]
+    fn records_become_flows_between_pods_on_container_ports() {
+        let (index, view) = cluster();
+        assert_eq!(view.pod_count(), 2, "hostNetwork pods are addresses");
+        let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        let endpoints = |flows: Vec<ObservedFlow>| {
+            flows
+                .into_iter()
+                .map(|f| (f.source.endpoint, f.destination.endpoint, f.port, f.seen_at))
+                .collect::<Vec<_>>()
+        };
+        let client = Endpoint::Pod(PodKey::new("n", "client-5d8f7c9b6-a"));
+        let server = Endpoint::Pod(PodKey::new("n", "server-5d8f7c9b6-a"));
+        let seen = Time(Timestamp::from_millisecond(1_800_000_000_000).unwrap());
+        // Through the Service: its backend pod, on the named target (container) port.
+        let via_service = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 10],
+            18083,
+            uplink::Direction::Outbound,
+        );
+        let flows = observed_flows(&index, &view, &via_service, &now).unwrap();
+        assert_eq!(flows[0].source.workload.owner_name, "client");
+        assert_eq!(flows[0].source.workload.owner_kind, "Deployment");
+        assert_eq!(
+            flows[0].source.workload.identity,
+            "cluster.local/ns/n/sa/client-sa"
+        );
+        assert_eq!(flows[0].destination.workload.selector, "app=server");
+        assert_eq!(
+            endpoints(flows),
+            [(client.clone(), server.clone(), 18081, seen.clone())]
+        );
+        // The server's agent saw the same datagram arrive: the same flow.
+        let received = sent(
+            "server-5d8f7c9b6-a",
+            [10, 0, 0, 1],
+            18081,
+            uplink::Direction::Inbound,
+        );
+        assert_eq!(
+            endpoints(observed_flows(&index, &view, &received, &now).unwrap()),
+            [(client.clone(), server.clone(), 18081, seen.clone())]
+        );
+        // Outside addresses and hostNetwork pods are bare IPs; a record without a time is "now".
+        let mut outside = sent(
+            "client-5d8f7c9b6-a",
+            [1, 1, 1, 1],
+            53,
+            uplink::Direction::Outbound,
+        );
+        outside.last_seen_ms = 0;
+        let flows = observed_flows(&index, &view, &outside, &now).unwrap();
+        assert_eq!(flows[0].destination.workload.address, "1.1.1.1");
+        assert_eq!(
+            endpoints(flows),
+            [(
+                client.clone(),
+                Endpoint::Ip("1.1.1.1".parse().unwrap()),
+                53,
+                now.clone()
+            )]
+        );
+        let host = sent(
+            "client-5d8f7c9b6-a",
+            [192, 168, 1, 1],
+            9000,
+            uplink::Direction::Outbound,
+        );
+        let flows = observed_flows(&index, &view, &host, &now).unwrap();
+        // hostNetwork pods share their node's address and never claim it in the index.
+        assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
+        assert_eq!(
+            flows[0].destination.endpoint,
+            Endpoint::Ip("192.168.1.1".parse().unwrap())
+        );
+        // What cannot be resolved says why.
+        let unknown = sent("gone", [10, 0, 0, 2], 1, uplink::Direction::Outbound);
+        assert_eq!(
+            observed_flows(&index, &view, &unknown, &now),
+            Err(Unresolved::UnknownLocalPod)
+        );
+        let mut bad = via_service.clone();
+        bad.peer_ip = vec![1, 2, 3];
+        assert_eq!(
+            observed_flows(&index, &view, &bad, &now),
+            Err(Unresolved::BadAddress(3))
+        );
+        let no_port = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 10],
+            9999,
+            uplink::Direction::Outbound,
+        );
+        assert!(matches!(
+            observed_flows(&index, &view, &no_port, &now),
+            Err(Unresolved::ServiceWithoutBackends(..))
+        ));
+    }
+
     #[test]
     fn evidence_kinds_and_the_modes_they_count_for() {
         use uplink::Direction::{Inbound, Outbound};
