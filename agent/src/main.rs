@@ -85,10 +85,20 @@ struct RunArgs {
     /// Address of the Prometheus endpoint (`GET /metrics`).
     #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
     metrics_address: std::net::SocketAddr,
-    /// The controller's ingest endpoint (`http://host:port`) to stream flow records to. Without it the
-    /// uplink is off and flushed edges are only logged.
+    /// The controller's ingest endpoint (`https://host:port`, or `http://` with --controller-insecure)
+    /// to stream flow records to. Without it the uplink is off and flushed edges are only logged.
     #[arg(long, env = "NE_CONTROLLER_URL")]
     controller_url: Option<String>,
+    /// The CA bundle (PEM) that signed the controller's ingest certificate; needed for `https://`.
+    /// Read again at every connect.
+    #[arg(long, env = "NE_CONTROLLER_CA_FILE")]
+    controller_ca_file: Option<PathBuf>,
+    /// The name the controller's certificate must carry, when it is not the URL's host.
+    #[arg(long, env = "NE_CONTROLLER_SERVER_NAME")]
+    controller_server_name: Option<String>,
+    /// Allow a plaintext `http://` controller URL (tokens and flows travel unencrypted).
+    #[arg(long, env = "NE_CONTROLLER_INSECURE")]
+    controller_insecure: bool,
     /// The projected ServiceAccount token (audience `network-enforcer`) the uplink presents; read again
     /// at every connect, since the kubelet rotates it.
     #[arg(
@@ -235,11 +245,18 @@ async fn run(args: RunArgs) -> Result<()> {
                 .node_name
                 .clone()
                 .context("--controller-url needs the node name: --node-name or NODE_NAME")?;
-            Some(UplinkConfig::new(
-                url.clone(),
-                args.token_file.clone(),
-                node,
-            ))
+            let mut config = UplinkConfig::new(url.clone(), args.token_file.clone(), node);
+            if let Some(ca) = &args.controller_ca_file {
+                config = config.tls(ca.clone(), args.controller_server_name.clone());
+            }
+            if args.controller_insecure {
+                tracing::warn!(controller = %url,
+                    "INSECURE: --controller-insecure allows a plaintext uplink; the token and flows travel unencrypted");
+                config = config.insecure();
+            }
+            // A wrong URL, scheme or CA file is reported now, before anything is loaded.
+            uplink::check(&config).context("checking the controller URL")?;
+            Some(config)
         }
         None => None,
     };

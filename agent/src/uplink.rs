@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Converts an aggregated edge of a pod on this node into the record the controller takes in.
 /// Kernel times become milliseconds since the Unix epoch through `clock`.
@@ -253,8 +253,17 @@ pub struct UplinkCounters {
 /// Where and how to reach the controller.
 #[derive(Clone, Debug)]
 pub struct UplinkConfig {
-    /// The controller's ingest endpoint, `http://host:port`.
+    /// The controller's ingest endpoint: `https://host:port` (with [`UplinkConfig::ca_file`]), or
+    /// `http://host:port` only with [`UplinkConfig::insecure`].
     pub endpoint: String,
+    /// The CA bundle (PEM) the controller's certificate must chain to; read again at every connect, so a
+    /// rotated CA is picked up. Required for `https://`.
+    pub ca_file: Option<PathBuf>,
+    /// The name to check the controller's certificate against, when it differs from the URL's host
+    /// (e.g. the URL names a node IP).
+    pub server_name: Option<String>,
+    /// Allow plaintext `http://` (tokens and flows travel unencrypted).
+    pub insecure: bool,
     /// The projected ServiceAccount token (audience `network-enforcer`), read at every connect.
     pub token_file: PathBuf,
     /// This node's name, sent in every batch (the controller checks it against the token's pod).
@@ -289,6 +298,9 @@ impl UplinkConfig {
     ) -> Self {
         Self {
             endpoint: endpoint.into(),
+            ca_file: None,
+            server_name: None,
+            insecure: false,
             token_file: token_file.into(),
             node: node.into(),
             max_pending_batches: 256,
@@ -302,6 +314,37 @@ impl UplinkConfig {
     }
 }
 
+impl UplinkConfig {
+    /// Allows a plaintext `http://` endpoint.
+    pub fn insecure(mut self) -> Self {
+        self.insecure = true;
+        self
+    }
+
+    /// TLS: trust the CA bundle in `ca_file`, check the certificate against `server_name` when given.
+    pub fn tls(mut self, ca_file: impl Into<PathBuf>, server_name: Option<String>) -> Self {
+        self.ca_file = Some(ca_file.into());
+        self.server_name = server_name;
+        self
+    }
+}
+
+/// An error with its causes, `a: b: c` (tonic's transport errors say little on their own; the cause
+/// names the certificate problem).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Why the uplink could not start, or why a stream ended (then it reconnects).
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkError {
@@ -313,9 +356,29 @@ pub enum UplinkError {
         /// What tonic said.
         source: tonic::transport::Error,
     },
-    /// Only plain HTTP/2 is supported by this build.
-    #[error("controller URL {0:?}: only http:// is supported (TLS is not built in yet)")]
+    /// Neither `https://` nor `http://`.
+    #[error("controller URL {0:?}: use https:// (or http:// with --controller-insecure)")]
     Scheme(String),
+    /// `http://` without the explicit insecure flag.
+    #[error(
+        "controller URL {0:?} is plaintext: use https:// with --controller-ca-file \
+         (NE_CONTROLLER_CA_FILE), or allow plaintext with --controller-insecure (NE_CONTROLLER_INSECURE=true)"
+    )]
+    Plaintext(String),
+    /// `https://` without a CA to check the controller against.
+    #[error(
+        "controller URL {0:?} needs the CA that signed the controller's certificate: \
+         --controller-ca-file (NE_CONTROLLER_CA_FILE)"
+    )]
+    NoCa(String),
+    /// The CA file could not be used.
+    #[error("the controller CA file {path}: {detail}")]
+    Ca {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
     /// The token file could not be read.
     #[error("reading the token file {path}: {source}")]
     Token {
@@ -331,7 +394,7 @@ pub enum UplinkError {
     #[error("the token in {0} is not printable ASCII, so it cannot be sent as a header")]
     TokenHeader(PathBuf),
     /// The TCP or HTTP/2 connection failed.
-    #[error("connecting to the controller: {0}")]
+    #[error("connecting to the controller: {}", chain(.0))]
     Connect(#[source] tonic::transport::Error),
     /// The controller answered the stream with an error (e.g. unauthenticated, not ready yet).
     #[error("the controller refused the stream: {0}")]
@@ -375,7 +438,8 @@ pub fn spawn(
     config: UplinkConfig,
     counters: UplinkCounters,
 ) -> Result<(UplinkSender, JoinHandle<()>), UplinkError> {
-    let endpoint = endpoint(&config)?;
+    // Checked now so a wrong flag fails the start; rebuilt at every connect (the CA file may rotate).
+    endpoint(&config)?;
     let (queue, receiver) = mpsc::channel(config.queue_batches.max(1));
     let sender = UplinkSender {
         queue,
@@ -385,12 +449,27 @@ pub fn spawn(
         buffer: ResendBuffer::new(config.max_pending_batches)
             .with_max_records(config.max_pending_records),
         config,
-        endpoint,
         queue: receiver,
         queue_open: true,
         counters,
     };
     Ok((sender, tokio::spawn(task.run())))
+}
+
+/// Checks that `config` describes a usable endpoint (URL, scheme, insecure flag, CA file) without
+/// connecting.
+pub fn check(config: &UplinkConfig) -> Result<(), UplinkError> {
+    endpoint(config).map(drop)
+}
+
+/// Opens the connection (TCP, TLS handshake when `https://`, HTTP/2) the uplink streams over. The
+/// uplink task calls it at every reconnect; on its own it checks that the controller is reachable and
+/// trusted.
+pub async fn connect(config: &UplinkConfig) -> Result<Channel, UplinkError> {
+    endpoint(config)?
+        .connect()
+        .await
+        .map_err(UplinkError::Connect)
 }
 
 fn endpoint(config: &UplinkConfig) -> Result<Endpoint, UplinkError> {
@@ -399,9 +478,30 @@ fn endpoint(config: &UplinkConfig) -> Result<Endpoint, UplinkError> {
             url: config.endpoint.clone(),
             source,
         })?;
-    if endpoint.uri().scheme_str() != Some("http") {
-        return Err(UplinkError::Scheme(config.endpoint.clone()));
-    }
+    let endpoint = match endpoint.uri().scheme_str() {
+        Some("http") if config.insecure => endpoint,
+        Some("http") => return Err(UplinkError::Plaintext(config.endpoint.clone())),
+        Some("https") => {
+            let path = config
+                .ca_file
+                .as_ref()
+                .ok_or_else(|| UplinkError::NoCa(config.endpoint.clone()))?;
+            let ca_error = |detail: String| UplinkError::Ca {
+                path: path.clone(),
+                detail,
+            };
+            let pem = std::fs::read(path).map_err(|e| ca_error(e.to_string()))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(ca_error("holds no PEM certificate".into()));
+            }
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+            if let Some(name) = &config.server_name {
+                tls = tls.domain_name(name.clone());
+            }
+            endpoint.tls_config(tls).map_err(|e| ca_error(chain(&e)))?
+        }
+        _ => return Err(UplinkError::Scheme(config.endpoint.clone())),
+    };
     Ok(endpoint
         .connect_timeout(config.connect_timeout)
         // A controller that vanished without closing the connection (node lost, network partition)
@@ -429,7 +529,6 @@ const OUTBOUND_WINDOW: usize = 4;
 
 struct Task {
     config: UplinkConfig,
-    endpoint: Endpoint,
     buffer: ResendBuffer,
     queue: mpsc::Receiver<Vec<FlowRecord>>,
     /// False once every sender is gone: finish when everything is acknowledged.
@@ -530,11 +629,7 @@ impl Task {
         let header = format!("Bearer {token}")
             .parse()
             .map_err(|_| UplinkError::TokenHeader(self.config.token_file.clone()))?;
-        let channel: Channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(UplinkError::Connect)?;
+        let channel = connect(&self.config).await?;
         let mut client = FlowUplinkClient::new(channel);
         let (outbound, outbound_rx) = mpsc::channel::<FlowBatch>(OUTBOUND_WINDOW);
         let mut request =
@@ -799,11 +894,26 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_are_accepted() {
+    fn plaintext_needs_the_insecure_flag_and_tls_needs_a_ca() {
         let config = |url: &str| UplinkConfig::new(url, "/nonexistent", "n");
-        assert!(endpoint(&config("http://127.0.0.1:9443")).is_ok());
+        assert!(endpoint(&config("http://127.0.0.1:9443").insecure()).is_ok());
+        let plaintext = endpoint(&config("http://127.0.0.1:9443")).unwrap_err();
+        assert!(matches!(plaintext, UplinkError::Plaintext(_)));
+        assert!(
+            plaintext
+                .to_string()
+                .contains("NE_CONTROLLER_INSECURE=true")
+        );
         assert!(matches!(
             endpoint(&config("https://controller:9443")),
+            Err(UplinkError::NoCa(_))
+        ));
+        assert!(matches!(
+            endpoint(&config("https://controller:9443").tls("/nonexistent/ca.crt", None)),
+            Err(UplinkError::Ca { .. })
+        ));
+        assert!(matches!(
+            endpoint(&config("ftp://controller:9443").insecure()),
             Err(UplinkError::Scheme(_))
         ));
         assert!(matches!(

@@ -60,8 +60,9 @@ fn help_lists_the_subcommands_and_flows_options() {
 }
 
 /// Runs `flows` (with `extra` arguments) for one 3 s interval while making loopback connections, and
-/// checks that it printed exactly the outbound and inbound flow of those connections as JSON.
-fn flows_show_connections(extra: &[&str]) {
+/// checks that it printed exactly the outbound and inbound flow of those connections as JSON. Returns
+/// the port and how many connections were made.
+fn flows_show_connections(extra: &[&str]) -> (u16, u64) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut child = agent()
@@ -105,6 +106,7 @@ fn flows_show_connections(extra: &[&str]) {
         .collect();
     directions.sort();
     assert_eq!(directions, ["inbound", "outbound"]);
+    (port, connections)
 }
 
 #[test]
@@ -152,7 +154,50 @@ fn flows_reads_a_running_agent_through_its_debug_socket() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let run = Stop(run);
-    flows_show_connections(&["--socket", socket.to_str().unwrap()]);
+    let (port, connections) = flows_show_connections(&["--socket", socket.to_str().unwrap()]);
+
+    // --since answers at once from the agent's recent-records buffer: the agent ran before the first
+    // connection and reports every one (--dedupe-seconds 0), so each end counts all of them.
+    let out = output_within_20s(
+        agent()
+            .args(["flows", "--since", "5m", "-o", "json", "--port"])
+            .arg(port.to_string())
+            .arg("--socket")
+            .arg(&socket),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut flows: Vec<(String, u64)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|f| {
+            assert_eq!(f["port"], port);
+            assert_eq!(f["peer_ip"], "127.0.0.1");
+            (
+                f["direction"].as_str().unwrap().to_string(),
+                f["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    flows.sort();
+    assert_eq!(
+        flows,
+        [
+            ("inbound".to_string(), connections),
+            ("outbound".to_string(), connections)
+        ],
+        "{text}"
+    );
+    // A window that ended before the connections shows none of them.
+    let out = output_within_20s(
+        agent()
+            .args(["flows", "--since", "1ms", "-o", "json", "--port"])
+            .arg(port.to_string())
+            .arg("--socket")
+            .arg(&socket),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
 
     // The agent counted those events on its metrics endpoint (updated continuously).
     let events = metric(metrics_address, "network_enforcer_agent_events_total");
@@ -189,6 +234,18 @@ fn output_within_20s(command: &mut Command) -> std::process::Output {
 }
 
 #[test]
+fn flows_since_needs_a_running_agent() {
+    let out = output_within_20s(agent().args(["flows", "--local", "--since", "5m"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--since needs the running agent"), "{stderr}");
+    let out = output_within_20s(agent().args(["flows", "--since", "5x"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("unknown unit"), "{stderr}");
+}
+
+#[test]
 fn run_checks_the_uplink_flags_before_loading_anything() {
     let out = agent().args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
@@ -197,6 +254,9 @@ fn run_checks_the_uplink_flags_before_loading_anything() {
         "--token-file",
         "--node-name",
         "NODE_NAME",
+        "--controller-ca-file",
+        "--controller-server-name",
+        "--controller-insecure",
     ] {
         assert!(help.contains(option), "run --help lacks {option}: {help}");
     }
@@ -219,5 +279,17 @@ fn run_checks_the_uplink_flags_before_loading_anything() {
     ]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("only http:// is supported"), "{stderr}");
+    assert!(stderr.contains("--controller-ca-file"), "{stderr}");
+
+    // Plaintext only when asked for.
+    let out = output_within_20s(agent().args([
+        "run",
+        "--controller-url",
+        "http://controller:9443",
+        "--node-name",
+        "node-1",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("NE_CONTROLLER_INSECURE=true"), "{stderr}");
 }

@@ -14,6 +14,7 @@ use network_enforcer_controller::index_feed::SharedIndex;
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
+use network_enforcer_controller::ingest_tls::{self, TlsServerConfig};
 use network_enforcer_controller::proposals::ProposalWriter;
 use network_enforcer_controller::resolve::Index;
 use std::net::SocketAddr;
@@ -102,7 +103,28 @@ impl Controller {
 
     /// Starts the real ingest service on `addr` with `limits`.
     async fn start_with(addr: SocketAddr, limits: Limits) -> Self {
-        Self::serve(addr, move || {
+        Self::start_serving(addr, limits, None).await
+    }
+
+    /// Starts the real ingest service over TLS, as the controller serves it with certificate files.
+    async fn start_tls(tls: Arc<TlsServerConfig>) -> Self {
+        Self::start_serving(
+            "127.0.0.1:0".parse().unwrap(),
+            Limits {
+                max_records_per_batch: 100,
+                max_batches_per_second: 1000,
+            },
+            Some(tls),
+        )
+        .await
+    }
+
+    async fn start_serving(
+        addr: SocketAddr,
+        limits: Limits,
+        tls: Option<Arc<TlsServerConfig>>,
+    ) -> Self {
+        Self::serve(addr, tls, move || {
             // Nothing reaches the writer (every record is refused first); it needs a client all the same.
             let client =
                 kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
@@ -128,6 +150,7 @@ impl Controller {
     /// previous listener on that port closes.
     async fn serve<S: FlowUplink>(
         addr: SocketAddr,
+        tls: Option<Arc<TlsServerConfig>>,
         service: impl FnOnce() -> S + Send + 'static,
     ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -152,11 +175,18 @@ impl Controller {
                 }
             };
             ready.send(listener.local_addr().unwrap()).unwrap();
-            tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service()))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-                .unwrap();
+            let router =
+                tonic::transport::Server::builder().add_service(FlowUplinkServer::new(service()));
+            match tls {
+                Some(tls) => router
+                    .serve_with_incoming(ingest_tls::incoming(listener, tls, || {}))
+                    .await
+                    .unwrap(),
+                None => router
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                    .await
+                    .unwrap(),
+            }
         });
         let addr = bound.await.expect("the controller binds");
         Self {
@@ -207,7 +237,7 @@ fn config(addr: SocketAddr, token: &TokenFile) -> UplinkConfig {
             initial: Duration::from_millis(20),
             max: Duration::from_millis(300),
         },
-        ..UplinkConfig::new(format!("http://{addr}"), &token.0, NODE)
+        ..UplinkConfig::new(format!("http://{addr}"), &token.0, NODE).insecure()
     }
 }
 
@@ -452,7 +482,7 @@ async fn batches_are_split_and_paced_to_stay_within_the_controllers_limits() {
 async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
     let silent_seen = Arc::new(Mutex::new(Vec::new()));
     let seen = silent_seen.clone();
-    let mut silent = Controller::serve("127.0.0.1:0".parse().unwrap(), move || Recorder {
+    let mut silent = Controller::serve("127.0.0.1:0".parse().unwrap(), None, move || Recorder {
         seen,
         acks: false,
     })
@@ -474,7 +504,7 @@ async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
 
     let acking_seen = Arc::new(Mutex::new(Vec::new()));
     let seen = acking_seen.clone();
-    let _acking = Controller::serve(addr, move || Recorder { seen, acks: true }).await;
+    let _acking = Controller::serve(addr, None, move || Recorder { seen, acks: true }).await;
     eventually("both acks", &counters, |c| c.batches_acked.get() == 2).await;
     assert_eq!(
         *acking_seen.lock().unwrap(),
@@ -488,4 +518,208 @@ async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
         .await
         .expect("the uplink task ends")
         .unwrap();
+}
+
+/// A CA and a controller certificate it signed for `name`, as PEM files in a directory of their own.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ne-uplink-tls-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// Writes `<prefix>ca.crt`, and `tls.crt` / `tls.key` for `name` signed by that CA.
+    fn issue(&self, prefix: &str, name: &str) {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{prefix}test CA"));
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        std::fs::write(self.path(&format!("{prefix}ca.crt")), ca.pem()).unwrap();
+        // Key first: a reload between the two writes sees a mismatched pair and keeps the old one.
+        std::fs::write(self.path("tls.key"), key.serialize_pem()).unwrap();
+        std::fs::write(self.path("tls.crt"), cert.pem()).unwrap();
+    }
+
+    /// The controller's TLS configuration from `tls.crt` / `tls.key`, reloaded when they change.
+    fn server(&self) -> Arc<TlsServerConfig> {
+        let cert =
+            ingest_tls::ReloadingCert::new(self.path("tls.crt"), self.path("tls.key"), |_| {})
+                .unwrap();
+        ingest_tls::server_config(Arc::new(cert)).unwrap()
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The name in the controller's certificate: the Service's DNS name, not the address dialled.
+const SERVER_NAME: &str = "network-enforcer-controller.network-enforcer.svc";
+
+fn tls_config(addr: SocketAddr, token: &TokenFile, ca: PathBuf) -> UplinkConfig {
+    UplinkConfig {
+        backoff: Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(300),
+        },
+        ..UplinkConfig::new(format!("https://{addr}"), &token.0, NODE)
+            .tls(ca, Some(SERVER_NAME.into()))
+    }
+}
+
+#[tokio::test]
+async fn over_tls_batches_are_delivered_and_acknowledged() {
+    let pki = Pki::new("delivered");
+    pki.issue("", SERVER_NAME);
+    let controller = Controller::start_tls(pki.server()).await;
+    let token = TokenFile::new("tls-delivered", TOKEN);
+    let counters = UplinkCounters::default();
+    let config = tls_config(controller.addr, &token, pki.path("ca.crt"));
+    let (sender, task) = uplink::spawn(config, counters.clone()).unwrap();
+    for n in [1, 2] {
+        assert!(sender.send(records(n)));
+    }
+    eventually("two acks over TLS", &counters, |c| {
+        c.batches_acked.get() == 2
+    })
+    .await;
+    assert_eq!(
+        counters.records_rejected.get(),
+        3,
+        "the controller read the records"
+    );
+    assert_eq!(counters.reconnects.get(), 0);
+    drop(sender);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the uplink task ends once everything is acknowledged")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_controller_certificate_from_another_ca_is_refused_with_a_clear_error() {
+    let pki = Pki::new("wrong-ca");
+    pki.issue("other-", "somewhere-else");
+    pki.issue("", SERVER_NAME);
+    let controller = Controller::start_tls(pki.server()).await;
+    let token = TokenFile::new("tls-wrong-ca", TOKEN);
+    let wrong = tls_config(controller.addr, &token, pki.path("other-ca.crt"));
+    let error = uplink::connect(&wrong).await.unwrap_err().to_string();
+    assert!(
+        error.contains("invalid peer certificate") && error.contains("UnknownIssuer"),
+        "{error}"
+    );
+    // The right CA but a name the certificate does not carry: refused too.
+    let mut wrong_name = tls_config(controller.addr, &token, pki.path("ca.crt"));
+    wrong_name.server_name = Some("impostor.example".into());
+    let error = uplink::connect(&wrong_name).await.unwrap_err().to_string();
+    assert!(error.contains("invalid peer certificate"), "{error}");
+    // The uplink keeps retrying and delivers nothing.
+    let counters = UplinkCounters::default();
+    let (sender, task) = uplink::spawn(wrong, counters.clone()).unwrap();
+    assert!(sender.send(records(1)));
+    eventually("two failed connects", &counters, |c| {
+        c.reconnects.get() >= 2
+    })
+    .await;
+    assert_eq!(counters.batches_acked.get(), 0);
+    assert_eq!(
+        counters.batches_sent.get(),
+        0,
+        "nothing crossed an untrusted connection"
+    );
+    task.abort();
+    // The right CA connects.
+    let right = tls_config(controller.addr, &token, pki.path("ca.crt"));
+    uplink::connect(&right).await.unwrap();
+}
+
+#[tokio::test]
+async fn plaintext_is_refused_without_the_insecure_flag_and_does_not_reach_a_tls_controller() {
+    let pki = Pki::new("plaintext");
+    pki.issue("", SERVER_NAME);
+    let controller = Controller::start_tls(pki.server()).await;
+    let token = TokenFile::new("tls-plaintext", TOKEN);
+    let url = format!("http://{}", controller.addr);
+    let refused = uplink::spawn(
+        UplinkConfig::new(url.clone(), &token.0, NODE),
+        UplinkCounters::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(refused, uplink::UplinkError::Plaintext(_)),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("--controller-insecure"),
+        "{refused}"
+    );
+    // Even when allowed, plaintext gets nowhere with a TLS controller.
+    let insecure = UplinkConfig::new(url, &token.0, NODE).insecure();
+    let counters = UplinkCounters::default();
+    let (sender, task) = uplink::spawn(insecure, counters.clone()).unwrap();
+    assert!(sender.send(records(1)));
+    eventually("two failed attempts", &counters, |c| {
+        c.reconnects.get() >= 2
+    })
+    .await;
+    assert_eq!(counters.batches_acked.get(), 0);
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_restarting_the_listener() {
+    let pki = Pki::new("rotated");
+    pki.issue("first-", SERVER_NAME);
+    let controller = Controller::start_tls(pki.server()).await;
+    let token = TokenFile::new("tls-rotated", TOKEN);
+    let first = tls_config(controller.addr, &token, pki.path("first-ca.crt"));
+    // A stream opened before the rotation...
+    let counters = UplinkCounters::default();
+    let (sender, task) = uplink::spawn(first.clone(), counters.clone()).unwrap();
+    assert!(sender.send(records(1)));
+    eventually("the first ack", &counters, |c| c.batches_acked.get() == 1).await;
+    // ...cert-manager rotates to a certificate of a new CA.
+    pki.issue("second-", SERVER_NAME);
+    let second = tls_config(controller.addr, &token, pki.path("second-ca.crt"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match uplink::connect(&second).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the new certificate never served: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    // New connections present the new certificate only; the old stream still works.
+    assert!(uplink::connect(&first).await.is_err());
+    assert!(sender.send(records(1)));
+    eventually("the second ack on the old stream", &counters, |c| {
+        c.batches_acked.get() == 2
+    })
+    .await;
+    assert_eq!(counters.reconnects.get(), 0);
+    task.abort();
 }

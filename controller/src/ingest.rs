@@ -334,6 +334,10 @@ impl FlowUplink for IngestService {
             ));
         }
         let metrics = self.learning.writer.metrics().clone();
+        if let Some(status) = not_leader(&self.learning.writer) {
+            metrics.batch_refused("not_leader");
+            return Err(status);
+        }
         let token = bearer(&request).inspect_err(|_| metrics.token_review("unauthenticated"))?;
         let agent = self
             .authenticator
@@ -371,7 +375,9 @@ impl FlowUplink for IngestService {
                     window = (Instant::now(), 0);
                 }
                 window.1 += 1;
-                let refusal = if batch.node != agent.node {
+                let refusal = if let Some(status) = not_leader(&learning.writer) {
+                    Some(("not_leader", status))
+                } else if batch.node != agent.node {
                     Some((
                         "wrong_node",
                         Status::permission_denied(format!(
@@ -418,6 +424,18 @@ impl FlowUplink for IngestService {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+}
+
+/// `UNAVAILABLE` with a hint when this replica does not lead: agents reconnect (with backoff) through the
+/// Service, whose endpoints are the ready replicas, and readiness follows leadership.
+fn not_leader(writer: &ProposalWriter) -> Option<Status> {
+    if writer.is_leader() {
+        return None;
+    }
+    Some(Status::unavailable(format!(
+        "this controller replica is not the leader (leader: {}); reconnect through the Service",
+        writer.leader_hint().unwrap_or_else(|| "unknown".into())
+    )))
 }
 
 /// Decrements the gauge when dropped.

@@ -12,6 +12,8 @@ pub mod graph;
 pub mod http;
 pub mod index_feed;
 pub mod ingest;
+pub mod ingest_tls;
+pub mod leader;
 pub mod learn;
 pub mod metrics;
 pub mod promote;

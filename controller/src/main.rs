@@ -10,6 +10,8 @@ use network_enforcer_controller::index_feed::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     IngestService, Learning, Limits, TokenReviewAuthenticator,
 };
+use network_enforcer_controller::ingest_tls;
+use network_enforcer_controller::leader;
 use network_enforcer_controller::metrics::ControllerMetrics;
 use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
 use network_enforcer_controller::reconcile::{self, Settings};
@@ -146,6 +148,27 @@ struct RunArgs {
     /// served over HTTP.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: std::net::SocketAddr,
+    /// Elect a leader among replicas with a Lease (only the leader learns, writes and reconciles;
+    /// followers are not ready). `--leader-elect=false` for a single replica without the Lease.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// The Lease's name, in the controller's namespace (POD_NAMESPACE); identity: POD_NAME.
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_LEASE",
+        default_value = "network-enforcer-controller"
+    )]
+    leader_election_lease: String,
+    /// The ingest endpoint's TLS certificate chain (PEM); reloaded when the file changes.
+    #[arg(long, env = "INGEST_TLS_CERT_FILE")]
+    ingest_tls_cert_file: Option<std::path::PathBuf>,
+    /// The key of --ingest-tls-cert-file (PEM: PKCS#8, PKCS#1 or SEC1); reloaded when the file changes.
+    #[arg(long, env = "INGEST_TLS_KEY_FILE")]
+    ingest_tls_key_file: Option<std::path::PathBuf>,
+    /// Serve the ingest endpoint in plaintext (agents' tokens travel unencrypted). Needed when no TLS
+    /// files are given; tests and debugging only.
+    #[arg(long, env = "INGEST_INSECURE")]
+    ingest_insecure: bool,
     /// How often violation records are written to policy statuses (Go-style duration: 30s, 1m, 500ms).
     #[arg(long, env = "WNP_STATUS_UPDATE_INTERVAL", default_value = "30s",
           value_parser = network_enforcer_controller::status_sync::parse_duration)]
@@ -308,6 +331,12 @@ async fn run(args: RunArgs) -> Result<()> {
         args.exclude_namespaces.iter().cloned().collect()
     };
     let backend = args.provider.backend();
+    // Decided before anything starts: a missing certificate is a startup error, not a silent plaintext.
+    let transport = ingest_tls::transport(
+        args.ingest_tls_cert_file.clone(),
+        args.ingest_tls_key_file.clone(),
+        args.ingest_insecure,
+    )?;
     tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
 
     let metrics = ControllerMetrics::new();
@@ -336,9 +365,31 @@ async fn run(args: RunArgs) -> Result<()> {
         }
     };
     let ingest_health = health.component("ingest", true);
-    let writer = Arc::new(
-        ProposalWriter::new(client.clone(), backend, excluded).with_metrics(metrics.clone()),
-    );
+    let election = if args.leader_elect {
+        let identity = settings
+            .instance
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .context("leader election needs this replica's name: --instance / POD_NAME")?;
+        let lease =
+            leader::Settings::new(&args.pod_namespace, &args.leader_election_lease, &identity);
+        let elector = leader::Elector::new(client.clone(), lease.clone());
+        let leadership = elector.subscribe();
+        tokio::spawn(elector.run());
+        tracing::info!(lease = %lease.name, namespace = %lease.namespace, %identity, "leader election on");
+        Some((leadership, lease))
+    } else {
+        metrics.leader.set(1);
+        None
+    };
+    let writer = {
+        let writer =
+            ProposalWriter::new(client.clone(), backend, excluded).with_metrics(metrics.clone());
+        Arc::new(match &election {
+            Some((leadership, _)) => writer.with_leader(leadership.clone()),
+            None => writer,
+        })
+    };
     let status_sync = StatusSync::new(
         client.clone(),
         index.clone(),
@@ -376,15 +427,76 @@ async fn run(args: RunArgs) -> Result<()> {
     let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
         .await
         .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
-    ingest_health.ready(format!("serving on {}", args.ingest_address));
-    let grpc = tonic::transport::Server::builder()
-        .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(ingest_listener),
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        );
+    let serving = format!("serving on {}", args.ingest_address);
+    // Readiness follows leadership, so the ingest Service routes agents to the leader only.
+    let readiness = {
+        let (leadership, metrics) = (election.as_ref().map(|(l, _)| l.clone()), metrics.clone());
+        async move {
+            let Some(mut leadership) = leadership else {
+                ingest_health.ready(serving);
+                return std::future::pending().await;
+            };
+            loop {
+                let now = leadership.borrow_and_update().clone();
+                metrics.leader.set(i64::from(now.leader));
+                if now.leader {
+                    ingest_health.ready(format!("leader; {serving}"));
+                } else {
+                    ingest_health.not_ready(format!(
+                        "not the leader (leader: {}); agent streams are refused with UNAVAILABLE",
+                        now.holder.as_deref().unwrap_or("unknown")
+                    ));
+                }
+                if leadership.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    };
+    let router = tonic::transport::Server::builder()
+        .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let grpc: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match transport {
+        ingest_tls::Transport::Tls { cert, key } => {
+            let reload_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
+            metrics.register(
+                "ingest_tls_reload_failures",
+                "Rotated ingest certificate files that did not load (the previous pair stays in use)",
+                reload_failures.clone(),
+            );
+            let handshake_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
+            metrics.register(
+                "ingest_tls_handshake_failures",
+                "Agent connections whose TLS handshake failed or timed out",
+                handshake_failures.clone(),
+            );
+            let cert = ingest_tls::ReloadingCert::new(&cert, &key, move |_| {
+                reload_failures.inc();
+            })
+            .context("loading the ingest TLS certificate (--ingest-tls-cert-file / --ingest-tls-key-file)")?;
+            let config = ingest_tls::server_config(Arc::new(cert))?;
+            tracing::info!(address = %args.ingest_address, "ingest endpoint serving TLS");
+            Box::pin(router.serve_with_incoming_shutdown(
+                ingest_tls::incoming(ingest_listener, config, move || {
+                    handshake_failures.inc();
+                }),
+                shutdown,
+            ))
+        }
+        ingest_tls::Transport::Insecure => {
+            tracing::warn!(address = %args.ingest_address,
+                "INSECURE: the ingest endpoint serves PLAINTEXT (--ingest-insecure); agents' tokens and \
+                 flows travel unencrypted. Set --ingest-tls-cert-file/--ingest-tls-key-file in production");
+            Box::pin(router.serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(ingest_listener),
+                shutdown,
+            ))
+        }
+    };
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
     let flusher = async move {
         let mut tick = tokio::time::interval(flush_every);
@@ -396,15 +508,42 @@ async fn run(args: RunArgs) -> Result<()> {
             }
         }
     };
-    tokio::select! {
-        () = reconcile::run(client.clone(), settings) => {}
-        () = index_feed::run(client, index) => {}
-        result = grpc => result.context("serving the agent ingest endpoint")?,
-        () = flusher => {}
-        () = status_sync.run() => {}
-        () = index_watch => {}
-        () = goldmane => {}
-        result = http => result.context("serving /metrics, /healthz, /readyz")?,
+    // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
+    // restarts as a clean follower instead of stopping its tasks halfway.
+    let mut leadership = election.as_ref().map(|(l, _)| l.clone());
+    let leading = async {
+        if let Some(l) = leadership.as_mut() {
+            let _ = l.wait_for(|l| l.leader).await;
+        }
+        tokio::select! {
+            () = reconcile::run(client.clone(), settings) => {}
+            () = flusher => {}
+            () = status_sync.run() => {}
+            () = goldmane => {}
+        }
+    };
+    let mut watched = election.as_ref().map(|(l, _)| l.clone());
+    let lost = async {
+        match watched.as_mut() {
+            Some(l) => {
+                let _ = l.wait_for(|l| l.leader).await;
+                let _ = l.wait_for(|l| !l.leader).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        () = leading => Ok(()),
+        () = index_feed::run(client.clone(), index) => Ok(()),
+        result = grpc => result.context("serving the agent ingest endpoint"),
+        () = index_watch => Ok(()),
+        () = readiness => Ok(()),
+        () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
+        result = http => result.context("serving /metrics, /healthz, /readyz"),
+    };
+    if let Some((_, lease)) = &election {
+        // Stopping (or failing): let a successor take over without waiting for the Lease to expire.
+        leader::release(client, lease).await;
     }
-    Ok(())
+    result
 }

@@ -46,6 +46,8 @@ pub struct ProposalWriter {
     excluded_namespaces: BTreeSet<String>,
     pending: Mutex<BTreeMap<Target, Vec<Edge>>>,
     metrics: ControllerMetrics,
+    /// Leadership, when replicas elect a leader; `None`: this replica always writes.
+    leader: Option<tokio::sync::watch::Receiver<crate::leader::Leadership>>,
 }
 
 impl ProposalWriter {
@@ -58,7 +60,28 @@ impl ProposalWriter {
             excluded_namespaces,
             pending: Mutex::new(BTreeMap::new()),
             metrics: ControllerMetrics::new(),
+            leader: None,
         }
+    }
+
+    /// Writes only while `leadership` says this replica leads; the ingest feeding this writer refuses
+    /// agents' streams otherwise (they reconnect through the Service and land on the leader).
+    pub fn with_leader(
+        mut self,
+        leadership: tokio::sync::watch::Receiver<crate::leader::Leadership>,
+    ) -> Self {
+        self.leader = Some(leadership);
+        self
+    }
+
+    /// Whether this replica may write (always, without leader election).
+    pub fn is_leader(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| l.borrow().leader)
+    }
+
+    /// The leader last seen, for the hint in refusals.
+    pub fn leader_hint(&self) -> Option<String> {
+        self.leader.as_ref().and_then(|l| l.borrow().holder.clone())
     }
 
     /// Counts into `metrics` (the process's registry) instead of a private one. The ingest service
@@ -126,6 +149,11 @@ impl ProposalWriter {
 
     /// Writes every proposal with pending edges.
     pub async fn flush(&self) -> FlushReport {
+        if !self.is_leader() {
+            // A follower learns nothing (its ingest refuses streams); anything left from before it lost
+            // the lead waits, and is written if it leads again.
+            return FlushReport::default();
+        }
         let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
         let mut report = FlushReport::default();
         for (target, edges) in batch {
