@@ -138,3 +138,82 @@ fn other_objects_are_refused_naming_the_item() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("items[1].kind"), "{stderr}");
 }
+
+/// The same objects created in a namespace of the local cluster (status patched in), drawn by
+/// `graph --namespace` through the kubeconfig.
+#[tokio::test]
+async fn reads_policies_proposals_and_violations_from_the_cluster() -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams, PostParams};
+    use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+    use network_enforcer_tests::fixture::TestNamespace;
+
+    let ns = TestNamespace::create_with_crds("graph").await?;
+    let text = std::fs::read_to_string(data("graph-spec10.yaml"))?.replace(
+        "namespace: demo, ownerKind",
+        &format!("namespace: {}, ownerKind", ns.name),
+    );
+    let mut input = network_enforcer_controller::graph::parse_objects(&text)?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    for policy in &mut input.policies {
+        let status = policy.status.take();
+        policy.metadata.namespace = Some(ns.name.clone());
+        // The peers name namespace `demo`: point them at the test namespace.
+        let spec =
+            serde_json::to_string(&policy.spec)?.replace("\"demo\"", &format!("\"{}\"", ns.name));
+        policy.spec = serde_json::from_str(&spec)?;
+        let name = policy.metadata.name.clone().unwrap();
+        policies.create(&PostParams::default(), policy).await?;
+        if let Some(status) = status {
+            policies
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({ "status": status })),
+                )
+                .await?;
+        }
+    }
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    for proposal in &mut input.proposals {
+        proposal.metadata.namespace = Some(ns.name.clone());
+        proposals.create(&PostParams::default(), proposal).await?;
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+        .args(["graph", "--namespace", &ns.name])
+        .env("KUBECONFIG", ns.kubeconfig())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dot = String::from_utf8(out.stdout)?;
+    let n = &ns.name;
+    let client = format!("\"w:{n}/Deployment/http-client\"");
+    let server = format!("\"w:{n}/Deployment/http-server\"");
+    let db = format!("\"w:{n}/StatefulSet/db\"");
+    assert!(
+        dot.contains(&format!("{client} -> {server} [label=\"TCP 18080\"];")),
+        "{dot}"
+    );
+    assert!(
+        dot.contains(&format!("{server} -> {db} [label=\"TCP 5432\"];")),
+        "{dot}"
+    );
+    assert!(
+        dot.contains(&format!(
+            "{client} -> {server} [label=\"violation: UDP 18081 monitor\\nUDP 18081 protect\", color=red"
+        )),
+        "{dot}"
+    );
+    assert!(
+        dot.contains("ingress: learning (statefulset-db-ingress)"),
+        "{dot}"
+    );
+    assert!(
+        dot.contains("egress: protect (deployment-http-client-egress)"),
+        "{dot}"
+    );
+    Ok(())
+}
