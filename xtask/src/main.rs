@@ -2,6 +2,7 @@
 
 mod bench;
 mod cluster;
+mod demo;
 mod gen_crds;
 mod image;
 mod run;
@@ -53,7 +54,7 @@ fn main() -> Result<()> {
         Command::Cluster { action } => cluster::run(action),
         Command::Image { name } => image::build(&name),
         Command::Bench { name } => bench::run(&name),
-        Command::Demo => demo(),
+        Command::Demo => demo::run(),
     }
 }
 
@@ -96,19 +97,4 @@ fn ci() -> Result<()> {
         }
     }
     tests
-}
-
-fn demo() -> Result<()> {
-    println!(
-        "The one-command demo (chart installed, agents learning a multi-tier app) is not assembled yet.\n\
-         What runs today, by hand:\n\
-         \x20 cargo xtask setup && cargo xtask cluster up      # a real single-node cluster\n\
-         \x20 export KUBECONFIG=/var/lib/network-enforcer/cluster/kubeconfig\n\
-         \x20 cargo run -p network-enforcer-controller -- crds | ~/.cache/network-enforcer/kubernetes/bin/kubectl apply -f -\n\
-         \x20 cargo run -p network-enforcer-controller -- run --log-format text --provider ebpf\n\
-         \x20 cargo run -p network-enforcer-agent -- flows --help   # live flows on this node (as root)\n\
-         Then create a proposal and label it networkenforcer.kubewarden.io/promote=monitor to watch a\n\
-         WorkloadNetworkPolicy appear (kubectl get wnpp,wnp -A)."
-    );
-    Ok(())
 }

@@ -143,7 +143,7 @@ pub const UPLINK_TLS_MODE: &str = "insecure";
 
 /// `--set` values every local install needs: our local images (never pulled), no admission policy (the
 /// v1.20 API server has no ValidatingAdmissionPolicy), no collector (none is shipped as an image here),
-/// the uplink's TLS mode ([`UPLINK_TLS_MODE`]).
+/// the uplink's TLS mode ([`UPLINK_TLS_MODE`]), CAP_SYS_PTRACE for the agent (see below).
 pub fn local_values() -> Vec<String> {
     let mut sets = Vec::new();
     for component in COMPONENTS {
@@ -157,6 +157,10 @@ pub fn local_values() -> Vec<String> {
     sets.push("admissionPolicy.enabled=false".into());
     sets.push("telemetry.collectorStrategy=none".into());
     sets.push(format!("uplink.tls.mode={UPLINK_TLS_MODE}"));
+    // Reading other processes' /proc/PID/ns/net needs CAP_SYS_PTRACE under this runtime; without it
+    // the agent knows pods' network namespaces only by local IP, and a UDP socket's local address is
+    // 0.0.0.0: DNS lookups (step 2's UDP 53 rule) would go unattributed.
+    sets.push("agent.extraCapabilities={SYS_PTRACE}".into());
     sets
 }
 

@@ -1,0 +1,697 @@
+//! SPEC section 10, Kubernetes backend with the eBPF-only provider, against our chart installed in the
+//! local cluster: every step and assertion of the reference's end-to-end suite. Every flow comes from
+//! the agent's eBPF programs seeing real socat traffic from inside the pods.
+//!
+//! No CNI here enforces NetworkPolicy, so when the scenario says a flow becomes blocked (step 5: UDP
+//! from `http-client` to `http-service:18083`), [`NftDrop`] drops exactly that flow on the node, as the
+//! enforcing CNI would; which flow is blocked comes from the scenario, never from our evaluator.
+
+use anyhow::{Context, Result, bail, ensure};
+use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
+use network_enforcer_api::{
+    Direction, PolicyMode, Protocol as CrdProtocol, WorkloadNetworkPolicy,
+    WorkloadNetworkPolicyProposal,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::poll;
+use super::release::Release;
+use super::workload::{self, Namespace, Protocol, send};
+use crate::cluster::process::output;
+
+/// The proposal learned for the client's egress.
+pub const EGRESS: &str = "deployment-http-client-egress";
+/// The proposal learned for the server's ingress.
+pub const INGRESS: &str = "deployment-http-server-ingress";
+/// The scenario's Service.
+pub const SERVICE: &str = "http-service";
+/// SPEC 10 step 2: "within 2 minutes".
+pub const LEARN_TIMEOUT: Duration = Duration::from_secs(120);
+/// Promotion, rendering and status sync each take a few controller passes.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often the controller writes WorkloadNetworkPolicy status in these installs (chart value
+/// `controller.wnpStatusUpdateInterval`; the reference's default is 30 s).
+pub const STATUS_INTERVAL_SECONDS: u64 = 5;
+
+/// `--set` values of the release (in `release_namespace`) the scenario runs against, besides the
+/// local ones.
+pub fn release_values(release_namespace: &str) -> Vec<String> {
+    vec![
+        "controller.provider.name=ebpf".into(),
+        format!("controller.wnpStatusUpdateInterval={STATUS_INTERVAL_SECONDS}s"),
+        // Our own namespace (the default), and kube-system, shared with every other test on this
+        // cluster: learn nothing there.
+        format!("controller.excludeNamespaces={{kube-system,{release_namespace}}}"),
+    ]
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct Timings {
+    /// From creating the namespace to the last assertion.
+    pub scenario: Duration,
+    /// From the first packet of step 1 to each proposal existing (one sample per proposal).
+    pub first_packet_to_proposal: Vec<Duration>,
+}
+
+/// Step progress, for the demo and test output.
+pub fn say(step: &str) {
+    eprintln!("[e2e] {step}");
+}
+
+/// The running workload of the scenario.
+pub struct Workload {
+    /// Its namespace (deleted on drop).
+    pub ns: Namespace,
+    /// The `http-client` pod: name and IP.
+    pub client: (String, String),
+    /// The `http-server` pod: name and IP.
+    pub server: (String, String),
+    /// `http-service`'s ClusterIP.
+    pub service_ip: String,
+}
+
+/// Creates the scenario's workload in a fresh namespace `name`: ServiceAccounts `http-client-sa` and
+/// `http-server-sa`, Service `http-service` (TCP 18080→18080, TCP 18082→18082, UDP 18083→18081),
+/// Deployment `http-server` echoing on TCP 18080, TCP 18082 and UDP 18081, Deployment `http-client`.
+pub fn create_workload(kubeconfig: &Path, name: &str) -> Result<Workload> {
+    let ns = Namespace::create(kubeconfig, name)?;
+    ns.service_account("http-client-sa")?;
+    ns.service_account("http-server-sa")?;
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SERVICE},
+        "spec": {"selector": {"app": "http-server"}, "ports": [
+            {"name": "tcp-18080", "port": 18080, "targetPort": 18080, "protocol": "TCP"},
+            {"name": "tcp-18082", "port": 18082, "targetPort": 18082, "protocol": "TCP"},
+            {"name": "udp-18083", "port": 18083, "targetPort": 18081, "protocol": "UDP"}]}
+    });
+    ns.apply(&service.to_string())?;
+    ns.apply(&workload::deployment(
+        "http-server",
+        "http-server-sa",
+        &workload::echo_server_script(&[18080, 18082], &[18081]),
+        &[(18080, "TCP"), (18082, "TCP"), (18081, "UDP")],
+    ))?;
+    ns.apply(&workload::deployment(
+        "http-client",
+        "http-client-sa",
+        "sleep 100000",
+        &[],
+    ))?;
+    let server = ns.wait_for_deployment("http-server")?.remove(0);
+    let client = ns.wait_for_deployment("http-client")?.remove(0);
+    ns.wait_for_endpoints(SERVICE, 1)?;
+    let service_ip = ns.cluster_ip(SERVICE)?;
+    Ok(Workload {
+        ns,
+        client,
+        server,
+        service_ip,
+    })
+}
+
+impl Workload {
+    /// Sends `payload` from the client pod to `http-service:port` (the name resolved through the
+    /// cluster DNS); returns whether it was echoed.
+    pub fn send(&self, protocol: Protocol, port: u16, payload: &str) -> Result<bool> {
+        send(&self.ns, &self.client.0, protocol, SERVICE, port, payload)
+    }
+
+    /// Sends until the echo comes back (a Service is programmed into kube-proxy and the DNS a moment
+    /// after its endpoints exist). Fails after `timeout`.
+    pub fn send_until_echoed(
+        &self,
+        protocol: Protocol,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<()> {
+        poll(
+            &format!("{protocol:?} {SERVICE}:{port} to echo"),
+            timeout,
+            Duration::from_millis(500),
+            || Ok(self.send(protocol, port, "hello")?.then_some(())),
+            || self.ns.describe(),
+        )
+    }
+
+    /// The proposals in the namespace, by name.
+    pub fn proposals(&self) -> Result<BTreeMap<String, WorkloadNetworkPolicyProposal>> {
+        list(&self.ns, "workloadnetworkpolicyproposals")
+    }
+
+    /// The policies in the namespace, by name.
+    pub fn policies(&self) -> Result<BTreeMap<String, WorkloadNetworkPolicy>> {
+        list(&self.ns, "workloadnetworkpolicies")
+    }
+
+    /// Sets label `promote=<mode>` on proposal `name`.
+    pub fn promote(&self, name: &str, mode: &str) -> Result<()> {
+        self.ns
+            .kubectl(&[
+                "label",
+                "workloadnetworkpolicyproposal",
+                name,
+                &format!("{PROMOTE_LABEL}={mode}"),
+            ])
+            .map(drop)
+    }
+
+    /// Sets `spec.mode` of policy `name`.
+    pub fn set_mode(&self, name: &str, mode: &str) -> Result<()> {
+        self.ns
+            .kubectl(&[
+                "patch",
+                "workloadnetworkpolicy",
+                name,
+                "--type=merge",
+                "-p",
+                &json!({"spec": {"mode": mode}}).to_string(),
+            ])
+            .map(drop)
+    }
+}
+
+/// `kubectl get <resource> -o json` in `ns`, by name.
+pub fn list<T: serde::de::DeserializeOwned>(
+    ns: &Namespace,
+    resource: &str,
+) -> Result<BTreeMap<String, T>> {
+    let text = ns.kubectl(&["get", resource, "-o", "json"])?;
+    let list: Value = serde_json::from_str(&text)?;
+    let mut out = BTreeMap::new();
+    for item in list["items"].as_array().into_iter().flatten() {
+        let name = item["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let object = serde_json::from_value(item.clone())
+            .with_context(|| format!("reading {resource} {name}"))?;
+        out.insert(name, object);
+    }
+    Ok(out)
+}
+
+/// The spec of step 2's two proposals, from the SPEC text: the client's egress to the server's pods on
+/// TCP 18080 and to the cluster DNS on UDP 53; the server's ingress from the client's pods on TCP 18080.
+pub fn expected_proposal_specs(namespace: &str) -> BTreeMap<String, Value> {
+    expected_proposal_specs_as_written(namespace)
+        .into_iter()
+        .map(|(name, spec)| (name, rules_sorted(spec)))
+        .collect()
+}
+
+/// [`expected_proposal_specs`] in the SPEC's order.
+fn expected_proposal_specs_as_written(namespace: &str) -> BTreeMap<String, Value> {
+    let peer = |ns: &str, key: &str, value: &str| {
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+               "podSelector": {"matchLabels": {key: value}}})
+    };
+    BTreeMap::from([
+        (
+            EGRESS.to_string(),
+            json!({
+                "backend": "kubernetes", "direction": "Egress",
+                "targetRef": {"kind": "Deployment", "name": "http-client"},
+                "kubernetes": {
+                    "podSelector": {"matchLabels": {"app": "http-client"}},
+                    "policyTypes": ["Egress"],
+                    "egress": [
+                        {"to": [peer(namespace, "app", "http-server")],
+                         "ports": [{"protocol": "TCP", "port": 18080}]},
+                        {"to": [peer("kube-system", "k8s-app", "kube-dns")],
+                         "ports": [{"protocol": "UDP", "port": 53}]}
+                    ]
+                }
+            }),
+        ),
+        (
+            INGRESS.to_string(),
+            json!({
+                "backend": "kubernetes", "direction": "Ingress",
+                "targetRef": {"kind": "Deployment", "name": "http-server"},
+                "kubernetes": {
+                    "podSelector": {"matchLabels": {"app": "http-server"}},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {"from": [peer(namespace, "app", "http-client")],
+                         "ports": [{"protocol": "TCP", "port": 18080}]}
+                    ]
+                }
+            }),
+        ),
+    ])
+}
+
+/// The proposals' specs as JSON, by name, with their rules in a canonical order ([`rules_sorted`]).
+fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
+    w.proposals()?
+        .into_iter()
+        .map(|(name, p)| Ok((name, rules_sorted(serde_json::to_value(&p.spec)?))))
+        .collect()
+}
+
+/// `spec` with its `kubernetes.egress` / `kubernetes.ingress` rules sorted: the order of a
+/// NetworkPolicy's rules carries no meaning, and a proposal lists them in the order they were learned
+/// (here the DNS lookup comes before the TCP connection it resolves for).
+pub fn rules_sorted(mut spec: Value) -> Value {
+    for key in ["egress", "ingress"] {
+        if let Some(rules) = spec["kubernetes"][key].as_array_mut() {
+            rules.sort_by_key(|r| r.to_string());
+        }
+    }
+    spec
+}
+
+/// A policy's spec without `mode`: what it took over from its proposal.
+fn spec_without_mode(policy: &WorkloadNetworkPolicy) -> Result<Value> {
+    let mut spec = serde_json::to_value(&policy.spec)?;
+    if let Some(map) = spec.as_object_mut() {
+        map.remove("mode");
+    }
+    Ok(spec)
+}
+
+/// An nftables table dropping one flow on the node, removed on drop: what an enforcing CNI does for
+/// a denied egress. The rule sits in `prerouting` before conntrack and NAT, so it sees the packet as
+/// the client sent it (to the Service's ClusterIP and port).
+pub struct NftDrop {
+    table: String,
+}
+
+impl NftDrop {
+    /// Drops UDP from `source` to `destination:port`.
+    pub fn udp(source: &str, destination: &str, port: u16) -> Result<Self> {
+        Self::new("udp", source, destination, port)
+    }
+
+    /// Drops TCP from `source` to `destination:port` (connection attempts time out).
+    pub fn tcp(source: &str, destination: &str, port: u16) -> Result<Self> {
+        Self::new("tcp", source, destination, port)
+    }
+
+    fn new(protocol: &str, source: &str, destination: &str, port: u16) -> Result<Self> {
+        let table = format!("ne_e2e_{}", std::process::id());
+        let _ = Command::new("nft")
+            .args(["delete", "table", "ip", &table])
+            .output();
+        let script = format!(
+            "table ip {table} {{\n  chain prerouting {{\n    type filter hook prerouting priority -400; policy accept;\n    ip saddr {source} ip daddr {destination} {protocol} dport {port} counter drop\n  }}\n}}\n"
+        );
+        crate::cluster::process::output_with_input(
+            Command::new("nft").args(["-f", "-"]),
+            script.as_bytes(),
+        )
+        .context("installing the nftables drop (needs root and nft)")?;
+        Ok(Self { table })
+    }
+
+    /// Packets the rule has dropped so far.
+    pub fn dropped(&self) -> Result<u64> {
+        let text = output(Command::new("nft").args(["list", "table", "ip", &self.table]))?;
+        let packets = text
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .context("no counter in the nftables rule")?;
+        Ok(packets.parse()?)
+    }
+}
+
+impl Drop for NftDrop {
+    fn drop(&mut self) {
+        if let Err(e) = output(Command::new("nft").args(["delete", "table", "ip", &self.table])) {
+            eprintln!("warning: removing nftables table {}: {e:#}", self.table);
+        }
+    }
+}
+
+/// Removes drop tables of earlier runs that were killed (their pid is gone).
+pub fn remove_stale_nft_tables() {
+    let Ok(tables) = output(Command::new("nft").args(["list", "tables", "ip"])) else {
+        return;
+    };
+    for table in tables.lines().filter_map(|l| l.strip_prefix("table ip ")) {
+        let pid = table
+            .strip_prefix("ne_e2e_")
+            .and_then(|p| p.trim().parse().ok());
+        if pid.is_some_and(|pid| !crate::cluster::process::alive(pid)) {
+            let _ = Command::new("nft")
+                .args(["delete", "table", "ip", table.trim()])
+                .output();
+        }
+    }
+}
+
+/// One JSON flow line of the agent's `flows -o json`.
+fn agent_flows(release: &Release, namespace: &str, since: Duration) -> Result<Vec<Value>> {
+    let since = format!("{}s", since.as_secs().max(1));
+    let out = release.exec_agent(&[
+        "network-enforcer-agent",
+        "flows",
+        "--since",
+        &since,
+        "--interval",
+        "1",
+        "--namespace",
+        namespace,
+        "--output",
+        "json",
+    ])?;
+    out.lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| Ok(serde_json::from_str(l)?))
+        .collect()
+}
+
+/// Runs the whole Kubernetes-backend scenario in namespace `name` against `release` (installed with
+/// [`release_values`]) and returns what it measured. Fails at the first step that does not hold.
+pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> {
+    let started = Instant::now();
+    remove_stale_nft_tables();
+    say("creating the workload (http-client, http-server, http-service)");
+    let w = create_workload(kubeconfig, name)?;
+    let n = w.ns.name.clone();
+
+    // Step 1: TCP to 18080 works.
+    say("step 1: TCP http-service:18080 from the client");
+    let first_packet = Instant::now();
+    w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(60))?;
+
+    // Step 2: within 2 minutes exactly the two proposals, as the SPEC words them.
+    say("step 2: waiting for the two proposals");
+    let mut appeared: BTreeMap<String, Duration> = BTreeMap::new();
+    let expected = expected_proposal_specs(&n);
+    let learned = poll(
+        "exactly the two proposals of step 2",
+        LEARN_TIMEOUT,
+        Duration::from_millis(200),
+        || {
+            let specs = proposal_specs(&w)?;
+            for name in specs.keys() {
+                appeared
+                    .entry(name.clone())
+                    .or_insert_with(|| first_packet.elapsed());
+            }
+            Ok((specs == expected).then_some(specs))
+        },
+        || {
+            format!(
+                "proposals: {:#?}\nexpected: {expected:#?}\n{}\n{}",
+                proposal_specs(&w),
+                w.ns.describe(),
+                release.describe()
+            )
+        },
+    )?;
+    ensure!(learned.len() == 2, "exactly two proposals: {learned:#?}");
+    let first_packet_to_proposal: Vec<Duration> = appeared.values().copied().collect();
+    say(&format!(
+        "step 2: proposals {EGRESS} and {INGRESS} after {:?}",
+        first_packet_to_proposal
+    ));
+
+    // Step 3: promote both to monitor.
+    say("step 3: promote=monitor on both proposals");
+    for name in [EGRESS, INGRESS] {
+        w.promote(name, "monitor")?;
+    }
+    let policies = poll(
+        "two monitor policies and no proposals",
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let policies = w.policies()?;
+            let monitor = policies
+                .values()
+                .filter(|p| p.spec.mode == PolicyMode::Monitor)
+                .count();
+            Ok((monitor == 2 && w.proposals()?.is_empty()).then_some(policies))
+        },
+        || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
+    )?;
+    let mut promoted_specs = BTreeMap::new();
+    for name in [EGRESS, INGRESS] {
+        let policy = policies.get(name).context("policy missing")?;
+        let from = policy
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PROMOTED_FROM_LABEL));
+        ensure!(
+            from.map(String::as_str) == Some(name),
+            "{name}: label {PROMOTED_FROM_LABEL} is {from:?}"
+        );
+        let spec = rules_sorted(spec_without_mode(policy)?);
+        ensure!(
+            spec == learned[name],
+            "{name}: the policy's spec differs from its proposal's: {spec:#} vs {:#}",
+            learned[name]
+        );
+        promoted_specs.insert(name, serde_json::to_value(&policy.spec)?);
+    }
+
+    // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
+    say("step 4: UDP http-service:18083 (not in either policy) still echoes");
+    w.send_until_echoed(Protocol::Udp, 18083, Duration::from_secs(30))?;
+    let (client_pod, server_pod) = (&w.client.0, &w.server.0);
+    for name in [EGRESS, INGRESS] {
+        let policy = poll(
+            &format!("a violation on {name}"),
+            STEP_TIMEOUT,
+            Duration::from_millis(250),
+            || {
+                let p = w.policies()?.remove(name);
+                Ok(p.filter(|p| status_counts(p).0 > 0))
+            },
+            || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
+        )?;
+        let s = policy.status.clone().unwrap_or_default();
+        ensure!(
+            (s.violation_count, s.active_violation_count) == (1, 1),
+            "{name}: expected exactly one violation: {s:#?}"
+        );
+        let v = &s.violations[0];
+        ensure!(
+            (
+                v.source.owner_name.as_str(),
+                v.dest.owner_name.as_str(),
+                v.protocol,
+                v.dst_port,
+                v.action
+            ) == (
+                "http-client",
+                "http-server",
+                CrdProtocol::UDP,
+                Some(18081),
+                PolicyMode::Monitor
+            ),
+            "{name}: {v:#?}"
+        );
+        ensure!(
+            (
+                v.denying_policy_namespace.as_str(),
+                v.denying_policy_name.as_str()
+            ) == (n.as_str(), name),
+            "{name}: denying policy: {v:#?}"
+        );
+        let direction = if name == EGRESS {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        };
+        ensure!(v.direction == Some(direction), "{name}: {v:#?}");
+    }
+    say("step 4: one monitor violation on each policy");
+    // Proposals are not re-created, specs unchanged: watch for one agent flush and one controller
+    // flush after fresh traffic of both kinds.
+    w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(30))?;
+    let settle = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < settle {
+        let proposals = w.proposals()?;
+        ensure!(
+            proposals.is_empty(),
+            "proposals re-created after promotion: {:?}",
+            proposals.keys().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (name, policy) in w.policies()? {
+        let spec = serde_json::to_value(&policy.spec)?;
+        ensure!(
+            Some(&spec) == promoted_specs.get(name.as_str()),
+            "{name}: spec changed after monitor violations: {spec:#}"
+        );
+    }
+
+    // Step 5: protect.
+    say("step 5: mode protect on both policies");
+    for name in [EGRESS, INGRESS] {
+        w.set_mode(name, "protect")?;
+    }
+    for name in [EGRESS, INGRESS] {
+        let policy = poll(
+            &format!("NetworkPolicy {name}"),
+            STEP_TIMEOUT,
+            Duration::from_millis(250),
+            || {
+                let out = w.ns.kubectl(&[
+                    "get",
+                    "networkpolicy",
+                    name,
+                    "--ignore-not-found",
+                    "-o",
+                    "json",
+                ])?;
+                if out.trim().is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(serde_json::from_str::<Value>(&out)?))
+            },
+            || release.describe(),
+        )?;
+        let wnp = w.policies()?.remove(name).context("policy gone")?;
+        let want = serde_json::to_value(&wnp.spec.kubernetes)?;
+        ensure!(
+            policy["spec"] == want,
+            "{name}: NetworkPolicy spec {:#} differs from spec.kubernetes {want:#}",
+            policy["spec"]
+        );
+        let owners = policy["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let controllers: Vec<&Value> = owners
+            .iter()
+            .filter(|o| o["controller"] == json!(true))
+            .collect();
+        ensure!(
+            controllers.len() == 1
+                && controllers[0]["kind"] == json!("WorkloadNetworkPolicy")
+                && controllers[0]["name"] == json!(name),
+            "{name}: ownerReferences {owners:#?}"
+        );
+    }
+    // What the enforcing CNI would now do for the egress policy, which does not allow the client's
+    // UDP to http-service:18083: drop it as it leaves the client.
+    let (client_ip, service_ip) = (&w.client.1, &w.service_ip);
+    let blocked = NftDrop::udp(client_ip, service_ip, 18083)?;
+    let block_started = Instant::now();
+    say("step 5: UDP 18083 is now dropped on the node (standing in for the CNI)");
+    for attempt in 0..3 {
+        ensure!(
+            !w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?,
+            "UDP 18083 still echoes after the drop"
+        );
+    }
+    ensure!(
+        blocked.dropped()? >= 3,
+        "the drop rule saw no packets: {}",
+        blocked.dropped()?
+    );
+    let egress = poll(
+        &format!("the protect violation on {EGRESS}"),
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let p = w.policies()?.remove(EGRESS);
+            Ok(p.filter(|p| status_counts(p).0 >= 2))
+        },
+        || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
+    )?;
+    // Two more status intervals: whatever the ingress policy would record is in by then.
+    std::thread::sleep(Duration::from_secs(2 * STATUS_INTERVAL_SECONDS + 1));
+    let s = egress.status.clone().unwrap_or_default();
+    ensure!(
+        (s.violation_count, s.active_violation_count) == (2, 2),
+        "{EGRESS}: expected the monitor and the protect violation: {s:#?}"
+    );
+    let newest = &s.violations[0];
+    ensure!(
+        newest.action == PolicyMode::Protect
+            && newest.dst_port == Some(18081)
+            && newest.protocol == CrdProtocol::UDP
+            && newest.dest.owner_name == "http-server",
+        "{EGRESS}: the newest violation is not the blocked UDP flow: {newest:#?}"
+    );
+    let policies = w.policies()?;
+    let egress_now = status_counts(policies.get(EGRESS).context("egress gone")?);
+    ensure!(
+        egress_now == (2, 2),
+        "{EGRESS} after two more status intervals: {egress_now:?}"
+    );
+    let ingress = status_counts(policies.get(INGRESS).context("ingress gone")?);
+    ensure!(
+        ingress == (1, 1),
+        "{INGRESS}: the blocked flow never reached the server, yet: {ingress:?}"
+    );
+    w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(30))?;
+    say("step 5: egress policy 2 violations, ingress 1, TCP 18080 still works");
+
+    // The agent saw the blocked attempts: the client's datagrams to 18083 went out, none arrived.
+    let window = block_started.elapsed() + Duration::from_secs(1);
+    let flows = agent_flows(release, &n, window)?;
+    let sent: u64 = flows
+        .iter()
+        .filter(|f| {
+            f["pod"]
+                .as_str()
+                .is_some_and(|p| p.ends_with(client_pod.as_str()))
+                && f["protocol"] == json!("udp")
+                && f["direction"] == json!("outbound")
+                && f["port"] == json!(18083)
+        })
+        .map(|f| f["count"].as_u64().unwrap_or(0))
+        .sum();
+    let received = flows.iter().any(|f| {
+        f["pod"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(server_pod.as_str()))
+            && f["protocol"] == json!("udp")
+            && f["direction"] == json!("inbound")
+    });
+    ensure!(
+        sent >= 1 && !received,
+        "the agent should see the client's blocked UDP sends and no arrival at the server: {flows:#?}"
+    );
+    drop(blocked);
+    let timings = Timings {
+        scenario: started.elapsed(),
+        first_packet_to_proposal,
+    };
+    say(&format!("done in {:.1}s", timings.scenario.as_secs_f64()));
+    w.ns.delete_and_wait()?;
+    Ok(timings)
+}
+
+/// (violationCount, activeViolationCount) of a policy.
+fn status_counts(policy: &WorkloadNetworkPolicy) -> (i64, i64) {
+    policy
+        .status
+        .as_ref()
+        .map(|s| (s.violation_count, s.active_violation_count))
+        .unwrap_or_default()
+}
+
+/// The p-th percentile (0..=100) of `samples` in milliseconds, nearest rank.
+pub fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * ms.len() as f64).ceil().max(1.0) as usize;
+    ms[rank.min(ms.len()) - 1]
+}
+
+/// Fails when `samples` is empty (nothing measured is not a figure).
+pub fn require_samples(samples: &[Duration]) -> Result<()> {
+    if samples.is_empty() {
+        bail!("no first-packet-to-proposal samples");
+    }
+    Ok(())
+}
