@@ -472,3 +472,67 @@ async fn relay_with_server_tls_only_accepts_a_client_without_a_certificate() {
     client.abort();
     server.abort();
 }
+
+/// Property test of the Hubble conversion: any flow (arbitrary enum values, addresses, names) converts
+/// or is skipped without panicking, and a record is always well-formed.
+mod properties {
+    use super::*;
+    use network_enforcer_agent::sources::hubble::convert;
+    use network_enforcer_api::uplink::{Direction, Source};
+    use proptest::prelude::*;
+
+    fn side() -> impl Strategy<Value = Option<Endpoint>> {
+        prop::option::of(("[a-z]{0,3}", "[a-z0-9-]{0,5}").prop_map(|(ns, pod)| endpoint(&ns, &pod)))
+    }
+
+    fn address() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("10.0.0.1".to_string()),
+            Just("fd00::2".to_string()),
+            ".{0,8}"
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_flow_converts_or_is_skipped(
+            verdict in -2i32..12,
+            reason in prop_oneof![Just(133i32), Just(181), any::<i32>()],
+            old_reason in prop_oneof![Just(0u32), Just(133), any::<u32>()],
+            direction in -1i32..4,
+            reply in prop::option::of(any::<bool>()),
+            source in side(),
+            destination in side(),
+            src_ip in address(),
+            dst_ip in address(),
+            port in any::<u32>(),
+            udp in any::<bool>(),
+            node in "[a-z/-]{0,8}",
+        ) {
+            let mut f = flow("x", 10, 0, verdict, &node);
+            f.drop_reason_desc = reason;
+            f.drop_reason = old_reason;
+            f.traffic_direction = direction;
+            f.is_reply = reply;
+            f.source = source;
+            f.destination = destination;
+            f.ip = Some(Ip { source: src_ip, destination: dst_ip, ..Ip::default() });
+            f.l4 = Some(Layer4 {
+                protocol: Some(if udp {
+                    layer4::Protocol::Udp(network_enforcer_api::hubble::Udp { source_port: 1, destination_port: port })
+                } else {
+                    layer4::Protocol::Tcp(Tcp { source_port: 1, destination_port: port, flags: None })
+                }),
+            });
+            if let Ok(r) = convert(&f, Some("node-a")) {
+                prop_assert!(reply != Some(true));
+                prop_assert!(r.peer_ip.len() == 4 || r.peer_ip.len() == 16);
+                prop_assert_eq!(r.source, Source::Hubble as i32);
+                prop_assert!(r.direction == Direction::Inbound as i32 || r.direction == Direction::Outbound as i32);
+                let denied = r.outcome == Outcome::Denied as i32;
+                prop_assert_eq!(denied, verdict == Verdict::Dropped as i32);
+                prop_assert!(!r.local.as_ref().unwrap().name.is_empty());
+            }
+        }
+    }
+}

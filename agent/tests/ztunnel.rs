@@ -267,3 +267,142 @@ fn a_new_file_appearing_later_is_read_from_its_start() {
     assert_eq!(summary(&reader.poll()), all_fixture_records());
     assert_eq!(reader.files(), 1);
 }
+
+/// Property tests (the fuzz target of the ztunnel line parser, the CRI framing and the record
+/// conversion): arbitrary input never panics, and what comes out is always well-formed.
+mod properties {
+    use network_enforcer_agent::sources::tail::Assembler;
+    use network_enforcer_agent::sources::ztunnel::{Correlator, Event, parse_line};
+    use network_enforcer_api::uplink::{Direction, Outcome, Protocol, Source};
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    const KEYS: &[&str] = &[
+        "level",
+        "time",
+        "scope",
+        "message",
+        "src.addr",
+        "src.workload",
+        "src.namespace",
+        "src.identity",
+        "dst.addr",
+        "dst.hbone_addr",
+        "dst.workload",
+        "dst.namespace",
+        "dst.identity",
+        "direction",
+        "error",
+        "policy",
+        "proxy",
+        "inbound",
+    ];
+
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!("access")),
+            Just(json!("ztunnel::state")),
+            Just(json!("connection complete")),
+            Just(json!("deny policy match")),
+            Just(json!("dry-run: deny policy match")),
+            Just(json!("dry-run: no allow policies match")),
+            Just(json!("no allow policies matched")),
+            Just(json!("dry-run deny policy match")),
+            Just(json!("inbound")),
+            Just(json!("outbound")),
+            Just(json!("10.0.0.1:8080")),
+            Just(json!("[fd00::1]:15008")),
+            Just(json!("shop/catalog-1")),
+            Just(json!("spiffe://cluster.local/ns/shop/sa/web")),
+            Just(json!(
+                "connection closed due to policy rejection: explicitly denied by: a/b"
+            )),
+            Just(json!({"wl": "shop/catalog-1", "peer": "10.0.0.9:5000"})),
+            Just(json!({"wl": 7})),
+            Just(json!("2026-08-21T10:15:30.123456Z")),
+            any::<i64>().prop_map(Value::from),
+            ".{0,20}".prop_map(Value::from),
+            Just(Value::Null),
+        ]
+    }
+
+    fn line() -> impl Strategy<Value = String> {
+        prop::collection::vec((prop::sample::select(KEYS), value()), 0..14).prop_map(|kvs| {
+            let mut m = Map::new();
+            for (k, v) in kvs {
+                // The span objects under both their span keys.
+                m.insert(k.to_string(), v);
+            }
+            Value::Object(m).to_string()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_fails_cleanly(s in ".{0,300}") {
+            let _ = parse_line(&s);
+        }
+
+        #[test]
+        fn records_from_any_line_sequence_are_well_formed(lines in prop::collection::vec(line(), 0..40)) {
+            let mut c = Correlator::default();
+            let mut records = Vec::new();
+            let mut decisions = 0usize;
+            let mut accesses = 0usize;
+            for l in &lines {
+                if let Ok(event) = parse_line(l) {
+                    match &event {
+                        Event::Decision(_) => decisions += 1,
+                        Event::Access(_) => accesses += 1,
+                        _ => {}
+                    }
+                    records.extend(c.push(event));
+                }
+            }
+            records.extend(c.expire(i64::MAX));
+            prop_assert_eq!(c.pending(), 0);
+            // Each decision gives at most one record, each access line at most one of its own.
+            prop_assert!(records.len() <= decisions + accesses);
+            for r in &records {
+                let local = r.local.as_ref().expect("a local pod");
+                prop_assert!(!local.namespace.is_empty() && !local.name.is_empty());
+                prop_assert!(r.peer_ip.len() == 4 || r.peer_ip.len() == 16);
+                prop_assert!(r.port <= u32::from(u16::MAX));
+                prop_assert_eq!(r.source, Source::Ztunnel as i32);
+                prop_assert_eq!(r.protocol, Protocol::Tcp as i32);
+                prop_assert_eq!(r.direction, Direction::Inbound as i32);
+                prop_assert!(r.outcome == Outcome::Established as i32 || r.outcome == Outcome::Denied as i32);
+                prop_assert!(!r.dry_run || r.outcome == Outcome::Denied as i32);
+                if r.outcome == Outcome::Established as i32 {
+                    prop_assert!(r.policy.is_empty());
+                    prop_assert!(!r.peer.as_ref().expect("learned records name the peer").principal.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn cri_partial_lines_reassemble_to_the_original(content in "[^\n]{0,400}", cuts in prop::collection::vec(0usize..400, 0..5)) {
+            let mut points: Vec<usize> = cuts
+                .into_iter()
+                .map(|c| c.min(content.len()))
+                .filter(|c| *c < content.len() && content.is_char_boundary(*c))
+                .collect();
+            points.sort();
+            points.dedup();
+            let mut a = Assembler::default();
+            let mut last = 0;
+            let mut out = None;
+            for p in points.iter().chain(std::iter::once(&content.len())) {
+                let tag = if *p == content.len() { "F" } else { "P" };
+                let got = a.push(&format!("2026-08-21T10:15:30Z stdout {tag} {}", &content[last..*p])).unwrap();
+                if tag == "P" {
+                    prop_assert!(got.is_none());
+                } else {
+                    out = got;
+                }
+                last = *p;
+            }
+            prop_assert_eq!(out, Some(content));
+        }
+    }
+}
