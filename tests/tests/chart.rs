@@ -402,7 +402,10 @@ fn rbac_is_exactly_least_privilege() {
     }
     assert!(!text.contains("cluster-admin"));
 
-    // Leader election: the Lease in the release namespace only.
+    // Leader election: the Lease in the release namespace only, named after the Deployment.
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "LEADER_ELECT"), "true");
+    assert_eq!(env_value(c, "LEADER_ELECTION_LEASE"), CONTROLLER);
     let election = format!("{CONTROLLER}-leader-election");
     let role = find(&docs, "Role", &election);
     assert_eq!(role["metadata"]["namespace"], "ne-system");
@@ -422,6 +425,16 @@ fn rbac_is_exactly_least_privilege() {
         binding["subjects"],
         serde_json::json!([{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": "ne-system"}])
     );
+    // Without leader election: no Lease access, and only one replica.
+    let docs = render(&["controller.leaderElection.enabled=false"]);
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["metadata"]["name"] == election.as_str())
+    );
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "LEADER_ELECT"), "false");
+    assert!(env(c, "LEADER_ELECTION_LEASE").is_none());
 }
 
 #[test]
@@ -1238,6 +1251,13 @@ fn inconsistent_values_fail_with_clear_messages() {
                 "controller.provider.calico.tls.mode=insecure",
             ],
             "controller.provider.calico.tls.mode=insecure is not allowed: Goldmane requires mutual TLS",
+        ),
+        (
+            &[
+                "controller.leaderElection.enabled=false",
+                "controller.replicas=2",
+            ],
+            "controller.replicas > 1 needs controller.leaderElection.enabled=true",
         ),
         (
             &["--kube-version=1.20.0"],
