@@ -417,11 +417,17 @@ pub async fn run(config: HubbleConfig, sink: RecordSink, health: SourceHealth) {
     let mut attempt = 0u32;
     let mut connected_once = false;
     loop {
+        let received = health.messages.get();
         let result = stream_once(&config, &mut resume, &sink, &health, &mut connected_once).await;
         health.connected.set(0);
         health.errors.inc();
         let error = result.err().unwrap_or(HubbleError::Ended);
+        // A stream that delivered something resets the backoff: the peer was healthy.
+        if health.messages.get() > received {
+            attempt = 0;
+        }
         let delay = config.backoff.delay(attempt, jitter());
+        attempt = attempt.saturating_add(1);
         let hint = match (&error, &config.target) {
             (HubbleError::Connect(_), Target::Socket(path)) => format!(
                 "is Cilium running with Hubble enabled on this node and {} mounted?",
@@ -436,14 +442,6 @@ pub async fn run(config: HubbleConfig, sink: RecordSink, health: SourceHealth) {
             _ => String::new(),
         };
         tracing::warn!(target = ?config.target, %error, hint, retry_in = ?delay, "Hubble stream failed");
-        // A stream that delivered something resets the backoff: the peer was healthy.
-        attempt = if health.messages.get() > 0
-            && matches!(error, HubbleError::Ended | HubbleError::Status(_))
-        {
-            0
-        } else {
-            attempt.saturating_add(1)
-        };
         tokio::time::sleep(delay).await;
     }
 }
