@@ -275,6 +275,7 @@ fn image_pull_secrets_as_strings_or_names() {
         ("Deployment", CONTROLLER),
         ("DaemonSet", AGENT),
         ("Job", CLEANUP),
+        ("Deployment", COLLECTOR),
     ] {
         let w = find(&docs, kind, name);
         assert_eq!(
