@@ -238,7 +238,10 @@ fn flows_since_needs_a_running_agent() {
     let out = output_within_20s(agent().args(["flows", "--local", "--since", "5m"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("--since needs the running agent"), "{stderr}");
+    assert!(
+        stderr.contains("--since needs the running agent"),
+        "{stderr}"
+    );
     let out = output_within_20s(agent().args(["flows", "--since", "5x"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
