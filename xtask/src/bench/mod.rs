@@ -11,16 +11,18 @@ use anyhow::{Context, Result, bail};
 use crate::run;
 
 mod agent;
+mod controller;
 mod e2e;
 mod evaluate;
 
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &["agent", "evaluate", "e2e"];
+const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e"];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
     match name {
         "agent" => agent::run(),
+        "controller" => controller::run(),
         "e2e" => e2e::run(),
         "evaluate" => evaluate::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),

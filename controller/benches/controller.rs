@@ -1,0 +1,339 @@
+//! Controller ingest and learning figures (issue 5):
+//!
+//! - `records_merged_per_sec_per_core`: agent records taken in by `Learning::accept` (validation, node
+//!   check, resolution through the index, merge into pending proposal edges) on one thread, with the
+//!   SPEC 10 mix (client → Service ClusterIP, client → pod IP, inbound from a pod, external peers).
+//! - `bytes_per_pod`: heap held by the index per pod (10k pods, 1k Deployments, 100 Services), measured
+//!   with a counting global allocator.
+//! - `bytes_per_edge`: heap held by pending edges per distinct edge (100k external /32 edges).
+//! - `writes_per_proposal_per_flush` and `api_writes_per_sec`: a steady load against the real API server
+//!   (the local cluster, CRDs installed by the test fixture): every flush interval, new edges for 20
+//!   proposals arrive from many repeated records; writes are counted from the writer's metrics.
+//!
+//! A plain `harness = false` bench: it prints its figures and writes them to the file `BENCH_FIGURES`
+//! names (`cargo xtask bench controller`), or to `target/bench/controller.json`.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use network_enforcer_api::Backend;
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
+use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::ingest::Learning;
+use network_enforcer_controller::metrics::ControllerMetrics;
+use network_enforcer_controller::proposals::ProposalWriter;
+use network_enforcer_controller::resolve::Index;
+use serde_json::json;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Counts live heap bytes.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+const NAMESPACES: usize = 100;
+const DEPLOYMENTS_PER_NAMESPACE: usize = 10;
+const PODS_PER_DEPLOYMENT: usize = 10;
+const NODE: &str = "node-1";
+
+fn pod_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 1, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+fn service_ip(ns: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 96, 0, (ns + 1) as u8)
+}
+
+/// 10k pods in 1k Deployments across 100 namespaces, one Service per namespace selecting workload 0.
+fn objects() -> (Vec<Deployment>, Vec<Pod>, Vec<Service>) {
+    let (mut deployments, mut pods, mut services) = (vec![], vec![], vec![]);
+    let mut i = 0;
+    for n in 0..NAMESPACES {
+        let ns = format!("ns-{n}");
+        for d in 0..DEPLOYMENTS_PER_NAMESPACE {
+            let app = format!("app-{d}");
+            deployments.push(
+                serde_json::from_value(json!({
+                    "metadata": {"name": app, "namespace": ns, "uid": format!("uid-{n}-{d}")},
+                    "spec": {"selector": {"matchLabels": {"app": app}},
+                             "template": {"metadata": {"labels": {"app": app}}, "spec": {"containers": []}}}
+                }))
+                .unwrap(),
+            );
+            for p in 0..PODS_PER_DEPLOYMENT {
+                pods.push(serde_json::from_value(json!({
+                    "metadata": {"name": format!("{app}-5d8f7c9b4-{p:05}"), "namespace": ns,
+                                 "uid": format!("pod-uid-{i}"),
+                                 "labels": {"app": app, "pod-template-hash": "5d8f7c9b4"},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                     "name": format!("{app}-5d8f7c9b4"), "uid": "rs", "controller": true}]},
+                    "spec": {"nodeName": NODE, "serviceAccountName": format!("{app}-sa"),
+                             "containers": [{"name": "main", "ports": [{"name": "http", "containerPort": 8080}]}]},
+                    "status": {"phase": "Running", "podIP": pod_ip(i).to_string(),
+                               "podIPs": [{"ip": pod_ip(i).to_string()}]}
+                }))
+                .unwrap());
+                i += 1;
+            }
+        }
+        services.push(
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": ns},
+                "spec": {"clusterIP": service_ip(n).to_string(), "selector": {"app": "app-0"},
+                         "ports": [{"port": 80, "targetPort": "http"}]}
+            }))
+            .unwrap(),
+        );
+    }
+    (deployments, pods, services)
+}
+
+fn record(ns: usize, d: usize, p: usize, peer: Ipv4Addr, port: u32, inbound: bool) -> FlowRecord {
+    FlowRecord {
+        local: Some(LocalPod {
+            namespace: format!("ns-{ns}"),
+            name: format!("app-{d}-5d8f7c9b4-{p:05}"),
+            uid: String::new(),
+        }),
+        peer_ip: peer.octets().to_vec(),
+        port,
+        protocol: uplink::Protocol::Tcp as i32,
+        direction: if inbound {
+            uplink::Direction::Inbound
+        } else {
+            uplink::Direction::Outbound
+        } as i32,
+        outcome: uplink::Outcome::Established as i32,
+        last_seen_ms: 2_000,
+        count: 1,
+        ..FlowRecord::default()
+    }
+}
+
+/// The SPEC 10 mix: clients of every workload call their namespace's Service and a pod of workload 1,
+/// workload 0's pods see them inbound, and a few external peers.
+fn batches(count: usize, size: usize) -> Vec<FlowBatch> {
+    let mut out = Vec::with_capacity(count);
+    let mut k = 0usize;
+    for b in 0..count {
+        let mut records = Vec::with_capacity(size);
+        for _ in 0..size {
+            let ns = k % NAMESPACES;
+            let d = 1 + (k / NAMESPACES) % (DEPLOYMENTS_PER_NAMESPACE - 1);
+            let p = (k / 7) % PODS_PER_DEPLOYMENT;
+            let r = match k % 4 {
+                0 => record(ns, d, p, service_ip(ns), 80, false),
+                1 => {
+                    let target = ns * 100 + 10 + p; // a pod of workload 1 in the same namespace
+                    record(ns, d, p, pod_ip(target), 8080, false)
+                }
+                2 => {
+                    let client = ns * 100 + d * 10 + p;
+                    record(ns, 0, p, pod_ip(client), 8080, true)
+                }
+                _ => record(
+                    ns,
+                    d,
+                    p,
+                    Ipv4Addr::new(203, 0, 113, (k % 16) as u8),
+                    443,
+                    false,
+                ),
+            };
+            records.push(r);
+            k += 1;
+        }
+        out.push(FlowBatch {
+            sequence: b as u64 + 1,
+            node: NODE.into(),
+            records,
+        });
+    }
+    out
+}
+
+fn offline_client() -> kube::Client {
+    kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+
+    // Memory per pod: the index's heap for 10k pods (objects built outside the measurement).
+    let (deployments, pods, services) = objects();
+    let before = live();
+    let mut ix = Index::default();
+    for d in &deployments {
+        ix.apply_deployment(d);
+    }
+    for p in &pods {
+        ix.apply_pod(p, 1_000);
+    }
+    for s in &services {
+        ix.apply_service(s);
+    }
+    let bytes_per_pod = (live() - before) as f64 / pods.len() as f64;
+    drop((deployments, pods, services));
+
+    // Merge throughput on one thread.
+    let writer = Arc::new(ProposalWriter::new(
+        offline_client(),
+        Backend::Kubernetes,
+        BTreeSet::new(),
+    ));
+    let learning = Learning {
+        index: Arc::new(SharedIndex::listed(ix)),
+        writer: writer.clone(),
+        evidence: None,
+    };
+    let input = batches(200, 5_000);
+    let total: usize = input.iter().map(|b| b.records.len()).sum();
+    // Warm up (the first pass creates the pending entries; steady state repeats known edges).
+    for b in input.iter().take(20) {
+        learning.accept(NODE, b);
+    }
+    let started = Instant::now();
+    let mut accepted = 0u64;
+    for b in &input {
+        accepted += u64::from(learning.accept(NODE, b).accepted);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(accepted as usize, total, "every record is accepted");
+    let records_per_sec = total as f64 / elapsed;
+    eprintln!(
+        "merged {total} records in {elapsed:.3}s into {} proposals",
+        writer.pending_proposals()
+    );
+
+    // Memory per edge: 100k distinct external /32 peers of one workload.
+    let edges_writer = ProposalWriter::new(offline_client(), Backend::Kubernetes, BTreeSet::new());
+    let ix = learning.index.index.read().unwrap();
+    let before = live();
+    let n_edges = 100_000usize;
+    for e in 0..n_edges {
+        let obs = network_enforcer_controller::learn::Observation {
+            local: ("ns-0".into(), "app-1-5d8f7c9b4-00000".into()),
+            peer: Ipv4Addr::new(100, 64 + (e >> 16) as u8, (e >> 8) as u8, e as u8).into(),
+            port: 443,
+            protocol: network_enforcer_api::Protocol::TCP,
+            opened: network_enforcer_controller::learn::Opened::Outbound,
+            at_ms: 2_000,
+        };
+        edges_writer.observe(&ix, &obs).unwrap();
+    }
+    let bytes_per_edge = (live() - before) as f64 / n_edges as f64;
+    drop(ix);
+
+    // Steady load against the API server.
+    let (writes_per_proposal_per_flush, api_writes_per_sec) = runtime.block_on(steady_load());
+
+    let figures = json!({
+        "records_merged_per_sec_per_core": records_per_sec,
+        "writes_per_proposal_per_flush": writes_per_proposal_per_flush,
+        "bytes_per_pod": bytes_per_pod,
+        "bytes_per_edge": bytes_per_edge,
+        "api_writes_per_sec": api_writes_per_sec,
+    });
+    println!("{}", serde_json::to_string_pretty(&figures).unwrap());
+    let path = std::env::var("BENCH_FIGURES").unwrap_or_else(|_| {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
+        std::fs::create_dir_all(dir).unwrap();
+        format!("{dir}/controller.json")
+    });
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&figures).unwrap() + "\n",
+    )
+    .unwrap();
+}
+
+/// 20 workloads in a real namespace; every flush interval each gets a new external peer, reported by
+/// 1,000 records (repeats, as many agents and windows send them). Returns (writes per proposal per
+/// flush, API writes per second).
+async fn steady_load() -> (f64, f64) {
+    use network_enforcer_tests::fixture::TestNamespace;
+    let ns = TestNamespace::create_with_crds("bench-ctl")
+        .await
+        .expect("the local cluster (cargo xtask cluster up)");
+    let workloads = 20usize;
+    let mut ix = Index::default();
+    for w in 0..workloads {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("w{w}-5d8f7c9b4-00000"), "namespace": ns.name, "uid": format!("u{w}"),
+                         "labels": {"app": format!("w{w}"), "pod-template-hash": "5d8f7c9b4"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": format!("w{w}-5d8f7c9b4"), "uid": "rs", "controller": true}]},
+            "spec": {"nodeName": NODE, "containers": []},
+            "status": {"phase": "Running", "podIP": format!("10.2.0.{}", w + 1)}
+        }))
+        .unwrap();
+        ix.apply_pod(&pod, 1_000);
+    }
+    let metrics = ControllerMetrics::new();
+    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new())
+        .with_metrics(metrics.clone());
+    let flushes = 10usize;
+    let interval = Duration::from_secs(1);
+    let started = Instant::now();
+    for f in 0..flushes {
+        let tick = Instant::now();
+        for w in 0..workloads {
+            for _ in 0..1_000 {
+                let obs = network_enforcer_controller::learn::Observation {
+                    local: (ns.name.clone(), format!("w{w}-5d8f7c9b4-00000")),
+                    peer: Ipv4Addr::new(198, 51, 100, f as u8 + 1).into(),
+                    port: 443,
+                    protocol: network_enforcer_api::Protocol::TCP,
+                    opened: network_enforcer_controller::learn::Opened::Outbound,
+                    at_ms: 2_000,
+                };
+                writer.observe(&ix, &obs).unwrap();
+            }
+        }
+        let report = writer.flush().await;
+        assert_eq!(report.failed, 0, "{report:?}");
+        if let Some(rest) = interval.checked_sub(tick.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let writes =
+        metrics.count("proposal_writes", "created") + metrics.count("proposal_writes", "updated");
+    let per_proposal_per_flush = writes as f64 / (workloads * flushes) as f64;
+    eprintln!("{writes} writes for {workloads} proposals x {flushes} flushes in {elapsed:.1}s");
+    (per_proposal_per_flush, writes as f64 / elapsed)
+}
