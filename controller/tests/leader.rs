@@ -1,0 +1,269 @@
+//! Leader election between two controller replicas (in-process, the real API server and a real Lease):
+//! exactly one leads and writes proposals; the follower refuses agent streams with UNAVAILABLE naming the
+//! leader; when the leader dies without a word, the follower takes over once the Lease expires, learning
+//! continues there without duplicates, and agents' streams are accepted; a released Lease is taken over
+//! at once.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use network_enforcer_api::uplink::FlowBatch;
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_api::{Backend, Protocol, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::ingest::{
+    AgentIdentity, Authenticate, IngestService, Learning, Limits,
+};
+use network_enforcer_controller::leader::{self, Elector, Leadership, Settings};
+use network_enforcer_controller::learn::{Observation, Opened};
+use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
+use network_enforcer_controller::resolve::Index;
+use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, send_batches};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The index as the watches would build it.
+async fn index(client: &kube::Client) -> Result<Index> {
+    let mut ix = Index::default();
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    for d in Api::<Deployment>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_deployment(&d);
+    }
+    for p in Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_pod(&p, now);
+    }
+    for s in Api::<Service>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        ix.apply_service(&s);
+    }
+    Ok(ix)
+}
+
+/// Accepts any token as an agent on `node-1` (authentication is not what this test is about).
+struct AnyToken;
+
+#[tonic::async_trait]
+impl Authenticate for AnyToken {
+    async fn authenticate(&self, _token: &str) -> Result<AgentIdentity, tonic::Status> {
+        Ok(AgentIdentity {
+            node: "node-1".into(),
+            pod: "network-enforcer/agent".into(),
+        })
+    }
+}
+
+/// One controller replica: its elector, its writer (gated by leadership) and its ingest endpoint.
+struct Replica {
+    elector: tokio::task::JoinHandle<()>,
+    leadership: watch::Receiver<Leadership>,
+    writer: Arc<ProposalWriter>,
+    ingest: SocketAddr,
+    settings: Settings,
+}
+
+impl Replica {
+    async fn start(ns: &TestNamespace, identity: &str) -> Result<Self> {
+        // Short timings so the test does not wait 15 s for an expiry; the logic is the same.
+        let settings = Settings {
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
+            retry_period: Duration::from_millis(300),
+            ..Settings::new(&ns.name, "network-enforcer-controller", identity)
+        };
+        let elector = Elector::new(ns.client.clone(), settings.clone());
+        let leadership = elector.subscribe();
+        let elector = tokio::spawn(elector.run());
+        let writer = Arc::new(
+            ProposalWriter::new(
+                ns.client.clone(),
+                Backend::Kubernetes,
+                BTreeSet::from(["kube-system".to_string()]),
+            )
+            .with_leader(leadership.clone()),
+        );
+        let service = IngestService {
+            authenticator: Arc::new(AnyToken),
+            learning: Arc::new(Learning {
+                index: Arc::new(SharedIndex::listed(Index::default())),
+                writer: writer.clone(),
+                evidence: None,
+            }),
+            limits: Limits::default(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let ingest = listener.local_addr()?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(FlowUplinkServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        Ok(Self {
+            elector,
+            leadership,
+            writer,
+            ingest,
+            settings,
+        })
+    }
+
+    async fn wait_until(&mut self, what: &str, f: impl Fn(&Leadership) -> bool) -> Result<()> {
+        tokio::time::timeout(Duration::from_secs(60), self.leadership.wait_for(f))
+            .await
+            .with_context(|| format!("{} waiting for {what}", self.settings.identity))??;
+        Ok(())
+    }
+
+    /// Opens an agent stream and sends one empty batch: the ack, or the refusal.
+    async fn agent_stream(&self) -> Result<(), tonic::Status> {
+        send_batches(
+            self.ingest,
+            "token",
+            vec![FlowBatch {
+                sequence: 1,
+                node: "node-1".into(),
+                records: vec![],
+            }],
+        )
+        .await
+        .map(drop)
+    }
+}
+
+fn observation(ns: &str, local: &str, peer: IpAddr, port: u16, protocol: Protocol) -> Observation {
+    Observation {
+        local: (ns.into(), local.into()),
+        peer,
+        port,
+        protocol,
+        opened: Opened::Outbound,
+        at_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
+    }
+}
+
+/// Proposal name → number of rules.
+async fn rules(ns: &TestNamespace) -> Result<Vec<(String, usize)>> {
+    Ok(ns
+        .api::<WorkloadNetworkPolicyProposal>()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| {
+            let np = p.spec.kubernetes.as_ref();
+            let n = np.and_then(|n| n.egress.as_ref()).map_or(0, Vec::len)
+                + np.and_then(|n| n.ingress.as_ref()).map_or(0, Vec::len);
+            (p.name_any(), n)
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("leader").await?;
+    let Workloads { clients, .. } = create_workloads(&ns, 1).await?;
+    let ix = index(&ns.client).await?;
+    let service = cluster_ip(&ns.name, "http-service", &ns.client).await?;
+    let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
+    let client = clients[0].0.as_str();
+    let to_server = observation(&ns.name, client, service, 18080, Protocol::TCP);
+    let to_dns = observation(&ns.name, client, dns, 53, Protocol::UDP);
+
+    let mut a = Replica::start(&ns, "controller-a").await?;
+    a.wait_until("leadership", |l| l.leader).await?;
+    let mut b = Replica::start(&ns, "controller-b").await?;
+    b.wait_until("seeing the leader", |l| {
+        l.holder.as_deref() == Some("controller-a")
+    })
+    .await?;
+    assert!(!b.leadership.borrow().leader);
+    assert!(a.leadership.borrow().leader, "still the leader");
+
+    // Both replicas see the same flow (agents of both nodes, or a replay): only the leader writes.
+    for r in [&a, &b] {
+        r.writer.observe(&ix, &to_server)?;
+    }
+    let report_b = b.writer.flush().await;
+    assert_eq!(
+        report_b,
+        FlushReport::default(),
+        "the follower writes nothing"
+    );
+    let report_a = a.writer.flush().await;
+    assert_eq!((report_a.written, report_a.failed), (2, 0), "{report_a:?}");
+    assert_eq!(
+        rules(&ns).await?,
+        [
+            ("deployment-http-client-egress".to_string(), 1),
+            ("deployment-http-server-ingress".to_string(), 1)
+        ]
+    );
+
+    // Agents that land on the follower are sent away with a hint; the leader takes them.
+    let refused = b.agent_stream().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("not the leader (leader: controller-a)"),
+        "{refused:?}"
+    );
+    a.agent_stream().await.expect("the leader accepts streams");
+
+    // The leader dies without releasing the Lease: the follower takes over once it expires.
+    a.elector.abort();
+    b.wait_until("taking over", |l| l.leader).await?;
+    let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .get("network-enforcer-controller")
+        .await?;
+    let spec = lease.spec.unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("controller-b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+
+    // Learning continues on the new leader: its pending edge is written (already there: unchanged),
+    // the new one added, nothing duplicated.
+    b.writer.observe(&ix, &to_dns)?;
+    let report = b.writer.flush().await;
+    assert_eq!((report.written, report.failed), (1, 0), "{report:?}");
+    assert_eq!(report.unchanged, 1, "{report:?}");
+    assert_eq!(
+        rules(&ns).await?,
+        [
+            ("deployment-http-client-egress".to_string(), 2),
+            ("deployment-http-server-ingress".to_string(), 1)
+        ]
+    );
+    b.agent_stream()
+        .await
+        .expect("agents reconnect to the new leader");
+
+    // A leader that stops cleanly releases the Lease: a successor need not wait for the expiry.
+    b.elector.abort();
+    leader::release(ns.client.clone(), &b.settings).await;
+    let mut c = Replica::start(&ns, "controller-c").await?;
+    c.wait_until("taking over a released Lease", |l| l.leader)
+        .await?;
+    let spec = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .get("network-enforcer-controller")
+        .await?
+        .spec
+        .unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("controller-c"));
+    assert_eq!(spec.lease_transitions, Some(2));
+    c.elector.abort();
+    Ok(())
+}
