@@ -404,15 +404,29 @@ impl Release {
             .stderr(std::process::Stdio::null())
             .status()?;
         if status.success() {
-            output(self.helm().args([
-                "uninstall",
-                &self.name,
-                "--namespace",
-                &self.namespace,
-                "--wait",
-                "--timeout=3m",
-            ]))
-            .context("helm uninstall")?;
+            let uninstall = |extra: &[&str]| {
+                output(
+                    self.helm()
+                        .args([
+                            "uninstall",
+                            &self.name,
+                            "--namespace",
+                            &self.namespace,
+                            "--wait",
+                            "--timeout=3m",
+                        ])
+                        .args(extra),
+                )
+            };
+            // A pre-delete hook that cannot run (its pod unschedulable, say) must not leave the
+            // release behind: the objects go without it, and the failure is reported.
+            if let Err(e) = uninstall(&[]) {
+                eprintln!(
+                    "warning: helm uninstall {}: {e:#}; again without hooks",
+                    self.name
+                );
+                uninstall(&["--no-hooks"]).context("helm uninstall --no-hooks")?;
+            }
         }
         kubectl(
             &self.kubeconfig,
