@@ -135,6 +135,14 @@ struct RunArgs {
         value_delimiter = ','
     )]
     exclude_namespaces: Vec<String>,
+    /// Workloads that get no proposals (still resolved as peers of others), `namespace/kind/name`,
+    /// e.g. `shop/deployment/web`; comma-separated in the variable.
+    #[arg(
+        long = "exclude-workload",
+        env = "EXCLUDE_WORKLOADS",
+        value_delimiter = ','
+    )]
+    exclude_workloads: Vec<network_enforcer_controller::proposals::ExcludedWorkload>,
     /// The controller's own namespace (set from the downward API in the cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
     pod_namespace: String,
@@ -383,8 +391,9 @@ async fn run(args: RunArgs) -> Result<()> {
         None
     };
     let writer = {
-        let writer =
-            ProposalWriter::new(client.clone(), backend, excluded).with_metrics(metrics.clone());
+        let writer = ProposalWriter::new(client.clone(), backend, excluded)
+            .with_excluded_workloads(args.exclude_workloads.clone())
+            .with_metrics(metrics.clone());
         Arc::new(match &election {
             Some((leadership, _)) => writer.with_leader(leadership.clone()),
             None => writer,

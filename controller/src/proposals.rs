@@ -39,11 +39,49 @@ pub struct FlushReport {
     pub conflicts: usize,
 }
 
+/// A workload excluded from learning (`--exclude-workload namespace/kind/name`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExcludedWorkload {
+    pub namespace: String,
+    /// Lowercase kind: `deployment`, `statefulset`, `daemonset`.
+    pub kind: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ExcludedWorkload {
+    type Err = String;
+
+    /// `namespace/kind/name`, kind case-insensitive (`shop/Deployment/web`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let [namespace, kind, name] = parts.as_slice() else {
+            return Err(format!(
+                "{s:?}: expected namespace/kind/name, e.g. shop/deployment/web"
+            ));
+        };
+        let kind = kind.to_ascii_lowercase();
+        if !["deployment", "statefulset", "daemonset"].contains(&kind.as_str()) {
+            return Err(format!(
+                "{s:?}: kind {kind:?} is not one of deployment, statefulset, daemonset"
+            ));
+        }
+        if namespace.is_empty() || name.is_empty() {
+            return Err(format!("{s:?}: namespace and name must not be empty"));
+        }
+        Ok(Self {
+            namespace: namespace.to_string(),
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
 /// See the module docs.
 pub struct ProposalWriter {
     client: Client,
     backend: Backend,
     excluded_namespaces: BTreeSet<String>,
+    excluded_workloads: BTreeSet<ExcludedWorkload>,
     pending: Mutex<BTreeMap<Target, Vec<Edge>>>,
     metrics: ControllerMetrics,
     /// Leadership, when replicas elect a leader; `None`: this replica always writes.
@@ -58,6 +96,7 @@ impl ProposalWriter {
             client,
             backend,
             excluded_namespaces,
+            excluded_workloads: BTreeSet::new(),
             pending: Mutex::new(BTreeMap::new()),
             metrics: ControllerMetrics::new(),
             leader: None,
@@ -82,6 +121,25 @@ impl ProposalWriter {
     /// The leader last seen, for the hint in refusals.
     pub fn leader_hint(&self) -> Option<String> {
         self.leader.as_ref().and_then(|l| l.borrow().holder.clone())
+    }
+
+    /// Learns nothing for these workloads either (they are still resolved as peers of others).
+    pub fn with_excluded_workloads(
+        mut self,
+        workloads: impl IntoIterator<Item = ExcludedWorkload>,
+    ) -> Self {
+        self.excluded_workloads.extend(workloads);
+        self
+    }
+
+    fn excluded(&self, target: &Target) -> bool {
+        self.excluded_namespaces
+            .contains(&target.workload.namespace)
+            || self.excluded_workloads.contains(&ExcludedWorkload {
+                namespace: target.workload.namespace.clone(),
+                kind: target.kind.as_str().to_ascii_lowercase(),
+                name: target.workload.name.clone(),
+            })
     }
 
     /// Counts into `metrics` (the process's registry) instead of a private one. The ingest service
@@ -124,10 +182,7 @@ impl ProposalWriter {
                 1,
             );
             for (target, edge) in learn::edges(&flow, self.backend) {
-                if self
-                    .excluded_namespaces
-                    .contains(&target.workload.namespace)
-                {
+                if self.excluded(&target) {
                     continue;
                 }
                 let edges = pending.entry(target).or_default();
@@ -282,5 +337,26 @@ impl ProposalWriter {
             .with_code(409)
             .boxed(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excluded_workloads_parse_and_refuse_bad_input() {
+        let w: ExcludedWorkload = "shop/Deployment/web".parse().unwrap();
+        assert_eq!(
+            w,
+            ExcludedWorkload {
+                namespace: "shop".into(),
+                kind: "deployment".into(),
+                name: "web".into()
+            }
+        );
+        assert!("shop/web".parse::<ExcludedWorkload>().is_err());
+        assert!("shop/job/web".parse::<ExcludedWorkload>().is_err());
+        assert!("/deployment/web".parse::<ExcludedWorkload>().is_err());
     }
 }
