@@ -5,7 +5,8 @@
 //!   SPEC 10 mix (client → Service ClusterIP, client → pod IP, inbound from a pod, external peers).
 //! - `bytes_per_pod`: heap held by the index per pod (10k pods, 1k Deployments, 100 Services), measured
 //!   with a counting global allocator.
-//! - `bytes_per_edge`: heap held by pending edges per distinct edge (100k external /32 edges).
+//! - `bytes_per_edge`: heap held by pending edges per distinct edge (10k external /32 edges of one
+//!   workload; pending edges are a Vec per proposal, so this is quadratic in edges per proposal).
 //! - `writes_per_proposal_per_flush` and `api_writes_per_sec`: a steady load against the real API server
 //!   (the local cluster, CRDs installed by the test fixture): every flush interval, new edges for 20
 //!   proposals arrive from many repeated records; writes are counted from the writer's metrics.
@@ -220,10 +221,10 @@ fn main() {
         writer: writer.clone(),
         evidence: None,
     };
-    let input = batches(200, 5_000);
+    let input = batches(40, 5_000);
     let total: usize = input.iter().map(|b| b.records.len()).sum();
     // Warm up (the first pass creates the pending entries; steady state repeats known edges).
-    for b in input.iter().take(20) {
+    for b in input.iter().take(4) {
         learning.accept(NODE, b);
     }
     let started = Instant::now();
@@ -243,7 +244,7 @@ fn main() {
     let edges_writer = ProposalWriter::new(offline_client(), Backend::Kubernetes, BTreeSet::new());
     let ix = learning.index.index.read().unwrap();
     let before = live();
-    let n_edges = 100_000usize;
+    let n_edges = 10_000usize;
     for e in 0..n_edges {
         let obs = network_enforcer_controller::learn::Observation {
             local: ("ns-0".into(), "app-1-5d8f7c9b4-00000".into()),

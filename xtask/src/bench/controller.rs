@@ -56,7 +56,7 @@ pub fn run() -> Result<()> {
                 "bytes_per_pod",
                 "heap bytes per pod in the index (10k pods)",
             )?,
-            figure("bytes_per_edge", "heap bytes per pending edge (100k edges)")?,
+            figure("bytes_per_edge", "heap bytes per pending edge (10k edges)")?,
             figure("api_writes_per_sec", "spec writes/s under steady load")?,
         ],
     )?;
