@@ -55,6 +55,8 @@ impl EvidenceKind {
             uplink::Outcome::Established => Some(EvidenceKind::WentThrough),
             uplink::Outcome::Datagram if outbound => Some(EvidenceKind::Sent),
             uplink::Outcome::Datagram => Some(EvidenceKind::WentThrough),
+            // A dry-run denial (ztunnel, Hubble audit) let the connection through: monitor evidence.
+            uplink::Outcome::Denied if record.dry_run => Some(EvidenceKind::WentThrough),
             uplink::Outcome::Failed | uplink::Outcome::Denied => Some(EvidenceKind::Blocked),
             uplink::Outcome::Unspecified => None,
         }
@@ -605,6 +607,11 @@ mod tests {
                 "{outcome:?} {direction:?}"
             );
         }
+        let dry_run = FlowRecord {
+            dry_run: true,
+            ..record(Denied, Inbound)
+        };
+        assert_eq!(EvidenceKind::of(&dry_run), Some(EvidenceKind::WentThrough));
         let counts = |kind: EvidenceKind| {
             (
                 kind.counts_for(PolicyMode::Monitor),
