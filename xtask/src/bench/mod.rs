@@ -29,7 +29,6 @@ pub fn run(name: &str) -> Result<()> {
     }
 }
 
-#[allow(dead_code)] // used by the benchmark modules as they land
 /// One measured figure: a key from the issue, its value, and a unit for the table.
 pub struct Figure {
     pub key: &'static str,
@@ -37,14 +36,12 @@ pub struct Figure {
     pub unit: &'static str,
 }
 
-#[allow(dead_code)]
 impl Figure {
     pub fn new(key: &'static str, value: f64, unit: &'static str) -> Self {
         Self { key, value, unit }
     }
 }
 
-#[allow(dead_code)]
 /// Writes `target/bench/<name>.json` (a flat object of the figures) and prints them as a table.
 pub fn report(name: &str, figures: &[Figure]) -> Result<PathBuf> {
     let dir = run::workspace_root().join("target").join("bench");
@@ -64,4 +61,45 @@ pub fn report(name: &str, figures: &[Figure]) -> Result<PathBuf> {
     }
     println!("  -> {}", path.display());
     Ok(path)
+}
+
+/// Runs `cargo bench -p <package> --bench <bench>` in the release (bench) profile with
+/// `BENCH_FIGURES` naming a file the bench writes its figures to as a JSON object, then [`report`]s
+/// the figures named by `keys` (`(key, unit)`) under `name`.
+pub fn cargo_bench_figures(
+    name: &str,
+    package: &str,
+    bench: &str,
+    keys: &[(&'static str, &'static str)],
+) -> Result<()> {
+    let root = run::workspace_root();
+    let raw = root
+        .join("target")
+        .join("bench")
+        .join(format!("{name}.raw.json"));
+    let _ = std::fs::remove_file(&raw);
+    run::step(
+        &format!("cargo bench --bench {bench} (release)"),
+        run::cargo(
+            &root,
+            &[("BENCH_FIGURES".into(), raw.display().to_string())],
+            &["bench", "--locked", "-p", package, "--bench", bench],
+        ),
+    )?;
+    let text = std::fs::read_to_string(&raw)
+        .with_context(|| format!("the bench wrote no figures to {}", raw.display()))?;
+    let values: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", raw.display()))?;
+    let figures = keys
+        .iter()
+        .map(|&(key, unit)| {
+            let value = values[key]
+                .as_f64()
+                .with_context(|| format!("{} has no number `{key}`", raw.display()))?;
+            Ok(Figure::new(key, value, unit))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    report(name, &figures)?;
+    std::fs::remove_file(&raw).ok();
+    Ok(())
 }
