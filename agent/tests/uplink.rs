@@ -141,6 +141,7 @@ impl Controller {
                     )),
                 }),
                 limits,
+                written: None,
             }
         })
         .await

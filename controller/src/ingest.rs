@@ -6,24 +6,35 @@
 //! only for pods the index places on that node, so a compromised agent cannot speak for other nodes.
 //! Limits (records per batch, batches per second per stream, message size) are answered with a clear
 //! status and counted; nothing an agent sends can crash the controller.
+//!
+//! **Acknowledged means written.** Learned edges wait in the [`ProposalWriter`] until its next flush.
+//! A batch acknowledged before then would be lost if the controller stopped in between (crash,
+//! rollout, lost Lease): the agent has already forgotten it. So, with [`IngestService::written`] set
+//! (the controller binary always sets it), a batch that taught anything is acknowledged only once a
+//! flush that started after it was merged has written every pending proposal ([`Flushes`]); until then
+//! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
+//! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
+//! duplicated rule. Batches that teach nothing (refused records, failed attempts) are acknowledged at
+//! once.
 
+use crate::flow_record::{self, BadField, PeerFrom};
 use crate::index_feed::SharedIndex;
 use crate::learn::{Observation, Opened};
-use crate::proposals::ProposalWriter;
+use crate::proposals::{FlushReport, ProposalWriter};
 use crate::resolve::Index;
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
-use std::net::IpAddr;
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 /// The audience agents' projected tokens must be issued for.
@@ -194,39 +205,25 @@ pub fn observation(
     index: &Index,
     node: &str,
 ) -> Result<Option<Observation>, Refused> {
+    read(record, index, node).map(|o| o.map(|(o, _)| o))
+}
+
+/// [`observation`], also saying which address stands for the peer ([`flow_record::peer_address`]).
+fn read(
+    record: &FlowRecord,
+    index: &Index,
+    node: &str,
+) -> Result<Option<(Observation, PeerFrom)>, Refused> {
     let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
-    // Agents name the pod by namespace/name when they watch pods, or by uid alone (from the pod's
-    // cgroup path) when they do not; either way the index decides which pod it is and where it runs.
-    let pod = if local.name.is_empty() {
-        index.pod_by_uid(&local.uid)
-    } else {
-        index.pod(&local.namespace, &local.name)
-    };
-    let describe = || {
-        if local.name.is_empty() {
-            format!("uid {}", local.uid)
-        } else {
-            format!("{}/{}", local.namespace, local.name)
-        }
-    };
-    let pod = pod
+    // Either way of naming the pod, the index decides which pod it is and where it runs.
+    let pod = flow_record::local_pod(record, index)
         .filter(|p| p.node.as_deref() == Some(node))
-        .ok_or_else(|| Refused::NotOnNode(describe(), node.into()))?;
-    let peer: IpAddr = match record.peer_ip.len() {
-        4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
-            .expect("4 bytes")
-            .into(),
-        16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
-            .expect("16 bytes")
-            .into(),
-        n => return Err(Refused::BadAddress(n)),
-    };
-    let port = u16::try_from(record.port).map_err(|_| Refused::BadPort(record.port))?;
-    let protocol = match uplink::Protocol::try_from(record.protocol) {
-        Ok(uplink::Protocol::Tcp) => Protocol::TCP,
-        Ok(uplink::Protocol::Udp) => Protocol::UDP,
-        _ => return Err(Refused::BadEnum),
-    };
+        .ok_or_else(|| Refused::NotOnNode(flow_record::describe_local(local), node.into()))?;
+    let fields = flow_record::fields(record).map_err(|e| match e {
+        BadField::Address(n) => Refused::BadAddress(n),
+        BadField::Port(p) => Refused::BadPort(p),
+        BadField::Enum => Refused::BadEnum,
+    })?;
     let opened = match uplink::Direction::try_from(record.direction) {
         Ok(uplink::Direction::Outbound) => Opened::Outbound,
         Ok(uplink::Direction::Inbound) => Opened::Inbound,
@@ -236,29 +233,47 @@ pub fn observation(
         uplink::Outcome::try_from(record.outcome),
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
     );
-    Ok(learns.then(|| Observation {
-        local: (pod.namespace.clone(), pod.name.clone()),
-        peer,
-        port,
-        protocol,
-        opened,
-        at_ms: record.last_seen_ms,
-    }))
+    if !learns {
+        return Ok(None);
+    }
+    let (peer, from) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
+    Ok(Some((
+        Observation {
+            local: (pod.namespace.clone(), pod.name.clone()),
+            peer,
+            port: fields.port,
+            protocol: fields.protocol,
+            opened,
+            at_ms: record.last_seen_ms,
+        },
+        from,
+    )))
 }
 
 impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        self.take_in(node, batch).0
+    }
+
+    /// [`Learning::accept`], also saying how many edges the batch added to the writer's pending ones
+    /// (0: nothing waits for a flush, the acknowledgement may go at once).
+    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, usize) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.writer.metrics();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
+        let mut learned = 0usize;
         for record in &batch.records {
-            let result = observation(record, &index, node).map(|obs| match obs {
-                Some(o) => self
-                    .writer
-                    .observe(&index, &o)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
+            let result = read(record, &index, node).map(|obs| match obs {
+                Some((o, from)) => {
+                    if from != PeerFrom::Address {
+                        metrics.resolved(from.label(), 1);
+                    }
+                    self.writer
+                        .observe(&index, &o)
+                        .map(|edges| learned += edges)
+                        .map_err(|e| e.to_string())
+                }
                 None => {
                     metrics.resolved("not_learned", 1);
                     Ok(())
@@ -287,20 +302,95 @@ impl Learning {
         if rejected > 0 {
             tracing::warn!(node, sequence = batch.sequence, rejected, %reason, "refused records");
         }
-        BatchAck {
-            sequence: batch.sequence,
-            accepted,
-            rejected,
-            reason,
+        (
+            BatchAck {
+                sequence: batch.sequence,
+                accepted,
+                rejected,
+                reason,
+            },
+            learned,
+        )
+    }
+}
+
+/// Counts the writer's flushes so the ingest can tell when what it merged has been written (see the
+/// module docs). The controller's flush loop goes through [`Flushes::flush`]; share one per writer.
+#[derive(Debug)]
+pub struct Flushes {
+    /// Flushes started so far.
+    started: AtomicU64,
+    /// The number of the newest flush that wrote every pending proposal (0: none yet). Everything
+    /// merged before that flush started is in the API server.
+    written: watch::Sender<u64>,
+}
+
+impl Default for Flushes {
+    fn default() -> Self {
+        Self {
+            started: AtomicU64::new(0),
+            written: watch::channel(0).0,
         }
     }
 }
+
+impl Flushes {
+    /// A counter with no flush yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Flushes `writer`, and when every proposal was written (none failed, and this replica leads, so
+    /// the flush really wrote), marks everything merged before it as written.
+    ///
+    /// Why that suffices: a flush takes every pending edge at its start; a failed proposal's edges go
+    /// back to pending before the next flush starts (flushes run one after another), so a flush without
+    /// failures has written everything merged before it started, including earlier failures.
+    pub async fn flush(&self, writer: &ProposalWriter) -> FlushReport {
+        let leading = writer.is_leader();
+        let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let report = writer.flush().await;
+        if leading && report.failed == 0 {
+            self.written.send_if_modified(|w| {
+                let newer = number > *w;
+                if newer {
+                    *w = number;
+                }
+                newer
+            });
+        }
+        report
+    }
+
+    /// The mark of something merged just now (call it after merging): it is written once
+    /// [`Flushes::written_after`] says so for this mark.
+    pub fn mark(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Whether everything merged before `mark` was taken has been written.
+    pub fn written_after(&self, mark: u64) -> bool {
+        *self.written.borrow() > mark
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+}
+
+/// Acknowledgements of one stream that wait for a flush, oldest first, with the mark of each.
+/// Bounded: an agent that keeps sending while nothing gets written is told to back off.
+const MAX_WAITING_ACKS: usize = 4096;
 
 /// The gRPC service.
 pub struct IngestService {
     pub authenticator: Arc<dyn Authenticate>,
     pub learning: Arc<Learning>,
     pub limits: Limits,
+    /// `Some`: acknowledge a batch that taught something only once a flush counted here has written
+    /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
+    /// (for tests that flush by hand).
+    pub written: Option<Arc<Flushes>>,
 }
 
 fn bearer<T>(request: &Request<T>) -> Result<String, Status> {
@@ -356,19 +446,58 @@ impl FlowUplink for IngestService {
         let (tx, rx) = mpsc::channel(16);
         let learning = self.learning.clone();
         let limits = self.limits.clone();
+        let written = self.written.clone();
         tokio::spawn(async move {
             let metrics = learning.writer.metrics().clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.
             let _open = GaugeGuard(metrics.agent_streams.clone());
             let mut window = (Instant::now(), 0u32);
-            loop {
-                let batch = match inbound.message().await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::info!(node = %agent.node, %status, "agent stream ended");
-                        break;
+            // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
+            let mut waiting: VecDeque<(u64, BatchAck)> = VecDeque::new();
+            let mut flushed = written.as_ref().map(|w| w.subscribe());
+            let mut inbound_open = true;
+            'stream: loop {
+                if let Some(w) = &written {
+                    while waiting
+                        .front()
+                        .is_some_and(|(mark, _)| w.written_after(*mark))
+                    {
+                        let (_, ack) = waiting.pop_front().expect("front exists");
+                        metrics.acks_waiting.dec();
+                        if tx.send(Ok(ack)).await.is_err() {
+                            break 'stream;
+                        }
+                    }
+                }
+                if !inbound_open && waiting.is_empty() {
+                    break;
+                }
+                let batch = tokio::select! {
+                    message = inbound.message(), if inbound_open => match message {
+                        Ok(Some(batch)) => batch,
+                        // The agent is done sending; its last acks still go out once written.
+                        Ok(None) => {
+                            inbound_open = false;
+                            continue;
+                        }
+                        Err(status) => {
+                            tracing::info!(node = %agent.node, %status, "agent stream ended");
+                            break;
+                        }
+                    },
+                    changed = async {
+                        match flushed.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    }, if !waiting.is_empty() => {
+                        if changed.is_err() {
+                            // The flush counter is gone: the controller is stopping. The agent
+                            // resends what was not acknowledged.
+                            break;
+                        }
+                        continue;
                     }
                 };
                 if window.0.elapsed() >= Duration::from_secs(1) {
@@ -403,22 +532,39 @@ impl FlowUplink for IngestService {
                             limits.max_records_per_batch
                         )),
                     ))
+                } else if waiting.len() >= MAX_WAITING_ACKS {
+                    Some((
+                        "writes_behind",
+                        Status::unavailable(format!(
+                            "{} batches wait for their proposals to be written; reconnect later \
+                             (the unacknowledged batches are still to be resent)",
+                            waiting.len()
+                        )),
+                    ))
                 } else {
                     None
                 };
-                let reply = match refusal {
-                    Some((reason, status)) => {
-                        metrics.batch_refused(reason);
-                        tracing::warn!(node = %agent.node, %status, "agent stream refused");
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                    None => learning.accept(&agent.node, &batch),
-                };
-                if tx.send(Ok(reply)).await.is_err() {
+                if let Some((reason, status)) = refusal {
+                    metrics.batch_refused(reason);
+                    tracing::warn!(node = %agent.node, %status, "agent stream refused");
+                    let _ = tx.send(Err(status)).await;
                     break;
                 }
+                let (reply, learned) = learning.take_in(&agent.node, &batch);
+                match &written {
+                    Some(w) if learned > 0 => {
+                        // Marked after merging: a flush that starts later takes these edges.
+                        waiting.push_back((w.mark(), reply));
+                        metrics.acks_waiting.inc();
+                    }
+                    _ => {
+                        if tx.send(Ok(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
             }
+            metrics.acks_waiting.dec_by(waiting.len() as i64);
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

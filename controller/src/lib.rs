@@ -8,6 +8,7 @@ pub mod authorization_policy;
 pub mod check;
 pub mod conditions;
 pub mod evaluate;
+pub mod flow_record;
 pub mod graph;
 pub mod http;
 pub mod index_feed;

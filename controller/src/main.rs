@@ -8,7 +8,7 @@ use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_controller::http::Health;
 use network_enforcer_controller::index_feed::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
-    IngestService, Learning, Limits, TokenReviewAuthenticator,
+    Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator,
 };
 use network_enforcer_controller::ingest_tls;
 use network_enforcer_controller::leader;
@@ -424,6 +424,7 @@ async fn run(args: RunArgs) -> Result<()> {
         .run(client.clone(), learning.clone(), &metrics, || {
             health.component("goldmane", false)
         });
+    let flushes = Arc::new(Flushes::new());
     let ingest = IngestService {
         authenticator: Arc::new(TokenReviewAuthenticator::new(
             client.clone(),
@@ -432,6 +433,8 @@ async fn run(args: RunArgs) -> Result<()> {
         )),
         learning: learning.clone(),
         limits: Limits::default(),
+        // Agents' batches are acknowledged once written (they resend them after a restart otherwise).
+        written: Some(flushes.clone()),
     };
     let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
         .await
@@ -511,7 +514,7 @@ async fn run(args: RunArgs) -> Result<()> {
         let mut tick = tokio::time::interval(flush_every);
         loop {
             tick.tick().await;
-            let report = writer.flush().await;
+            let report = flushes.flush(&writer).await;
             if report != FlushReport::default() {
                 tracing::info!(?report, "flushed proposals");
             }

@@ -16,6 +16,7 @@
 //! | `pending_proposals` / `pending_edges` | | the write queue: proposals and edges waiting for a flush |
 //! | `token_reviews_total` | `result` | agent authentication results |
 //! | `agent_streams` | | agent streams currently open |
+//! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
 //! | `leader` | | 1 while this replica holds the leader Lease |
 //!
 //! Other modules register their own metrics with [`ControllerMetrics::register`].
@@ -62,6 +63,8 @@ pub struct ControllerMetrics {
     pub pending_edges: Gauge,
     token_reviews: Family<ResultLabel, Counter>,
     pub agent_streams: Gauge,
+    /// Batch acknowledgements held until a flush has written what the batch taught.
+    pub acks_waiting: Gauge,
     pub leader: Gauge,
 }
 
@@ -140,6 +143,13 @@ impl ControllerMetrics {
             "Agent streams currently open",
             agent_streams.clone(),
         );
+        let acks_waiting = Gauge::default();
+        registry.register(
+            "acks_waiting",
+            "Batch acknowledgements held until the flush that writes their edges (agents resend \
+             unacknowledged batches after a controller restart)",
+            acks_waiting.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -158,6 +168,7 @@ impl ControllerMetrics {
             pending_edges,
             token_reviews,
             agent_streams,
+            acks_waiting,
             leader,
         }
     }

@@ -104,6 +104,7 @@ impl Replica {
                 evidence: None,
             }),
             limits: Limits::default(),
+            written: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let ingest = listener.local_addr()?;

@@ -364,6 +364,7 @@ mod grpc {
                 max_records_per_batch: 100,
                 max_batches_per_second: 1000,
             },
+            written: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

@@ -153,6 +153,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
             evidence: Some(sync.evidence()),
         }),
         limits: Limits::default(),
+        written: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;

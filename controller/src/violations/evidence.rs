@@ -20,6 +20,7 @@
 use super::Observation;
 use crate::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
 use crate::evaluate::view::{ClusterView, Endpoint, PodKey};
+use crate::flow_record::{self, BadField};
 use crate::learn::principal;
 use crate::resolve::{self, Index, Resolved, WorkloadEndpoint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -96,28 +97,15 @@ pub fn observed_flows(
     record: &FlowRecord,
     now: &Time,
 ) -> Result<Vec<ObservedFlow>, Unresolved> {
-    let local = record.local.as_ref().ok_or(Unresolved::UnknownLocalPod)?;
-    let local = if local.name.is_empty() {
-        index.pod_by_uid(&local.uid)
-    } else {
-        index.pod(&local.namespace, &local.name)
-    }
-    .ok_or(Unresolved::UnknownLocalPod)?;
-    let peer: IpAddr = match record.peer_ip.len() {
-        4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
-            .expect("4 bytes")
-            .into(),
-        16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
-            .expect("16 bytes")
-            .into(),
-        n => return Err(Unresolved::BadAddress(n)),
-    };
-    let port = u16::try_from(record.port).map_err(|_| Unresolved::BadPort(record.port))?;
-    let protocol = match uplink::Protocol::try_from(record.protocol) {
-        Ok(uplink::Protocol::Tcp) => Protocol::TCP,
-        Ok(uplink::Protocol::Udp) => Protocol::UDP,
-        _ => return Err(Unresolved::BadEnum),
-    };
+    let local = flow_record::local_pod(record, index).ok_or(Unresolved::UnknownLocalPod)?;
+    let fields = flow_record::fields(record).map_err(|e| match e {
+        BadField::Address(n) => Unresolved::BadAddress(n),
+        BadField::Port(p) => Unresolved::BadPort(p),
+        BadField::Enum => Unresolved::BadEnum,
+    })?;
+    let (port, protocol) = (fields.port, fields.protocol);
+    // The source's own naming of the peer stands in when the address leads to no pod or Service.
+    let (peer, _) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
     let seen_at = k8s_openapi::jiff::Timestamp::from_millisecond(record.last_seen_ms)
         .ok()
         .filter(|_| record.last_seen_ms > 0)

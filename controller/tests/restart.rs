@@ -1,0 +1,412 @@
+//! A controller restart in the middle of an agent's stream loses nothing and duplicates nothing
+//! (issue 5): the real agent uplink (resend buffer, reconnect with backoff) streams to the real ingest
+//! service, which learns into proposals on the real API server through index watches of its own.
+//!
+//! The first controller receives a batch, and is killed (its runtime dropped with every connection,
+//! as a crashed process) before its next flush. A batch it had already acknowledged would be gone
+//! for good; because the controller acknowledges only what a flush has written, the agent still holds
+//! it and resends it to the second controller on the same address. The proposals end up with exactly
+//! the rules the flows teach, each once, although some records arrived twice.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters};
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_api::uplink::{Direction, FlowRecord, Outcome, Protocol};
+use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::ingest::{
+    AgentIdentity, Authenticate, Flushes, IngestService, Learning, Limits,
+};
+use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
+use network_enforcer_tests::fixture::{self, TestNamespace};
+use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Accepts any token as the agent on `node` (authentication has its own tests in `learning.rs`).
+struct AgentOn(String);
+
+#[tonic::async_trait]
+impl Authenticate for AgentOn {
+    async fn authenticate(&self, _token: &str) -> Result<AgentIdentity, tonic::Status> {
+        Ok(AgentIdentity {
+            node: self.0.clone(),
+            pod: "network-enforcer/agent".into(),
+        })
+    }
+}
+
+/// One controller process: index watches, proposal writer, flush counter and ingest endpoint on a
+/// runtime of its own, so that stopping it kills every task and connection at once.
+struct Controller {
+    runtime: Option<tokio::runtime::Runtime>,
+    addr: SocketAddr,
+    index: Arc<SharedIndex>,
+    writer: Arc<ProposalWriter>,
+    flushes: Arc<Flushes>,
+}
+
+impl Controller {
+    /// Starts on `addr` (port 0: any) as the agent on `node`'s controller; flushes every
+    /// `flush_every`, or only when the test says so ([`Controller::flush`]) with `None`.
+    async fn start(addr: SocketAddr, node: &str, flush_every: Option<Duration>) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let node = node.to_string();
+        let (ready, started) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let started = async {
+                let client = fixture::client().await?;
+                let index = Arc::new(SharedIndex::default());
+                tokio::spawn(index_feed::run(client.clone(), index.clone()));
+                let writer = Arc::new(ProposalWriter::new(
+                    client,
+                    Backend::Kubernetes,
+                    // Shared by every test on this cluster: learn nothing there.
+                    BTreeSet::from(["kube-system".to_string()]),
+                ));
+                let flushes = Arc::new(Flushes::new());
+                let service = IngestService {
+                    authenticator: Arc::new(AgentOn(node)),
+                    learning: Arc::new(Learning {
+                        index: index.clone(),
+                        writer: writer.clone(),
+                        evidence: None,
+                    }),
+                    limits: Limits::default(),
+                    written: Some(flushes.clone()),
+                };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let listener = loop {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    // The killed controller's connections linger in TIME_WAIT on this port.
+                    socket.set_reuseaddr(true)?;
+                    match socket.bind(addr).and_then(|()| socket.listen(64)) {
+                        Ok(listener) => break listener,
+                        Err(e) if Instant::now() < deadline => {
+                            eprintln!("binding {addr}: {e}; retrying");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::new(e).context(format!("binding {addr}")));
+                        }
+                    }
+                };
+                let bound = listener.local_addr()?;
+                tokio::spawn(
+                    tonic::transport::Server::builder()
+                        .add_service(FlowUplinkServer::new(service))
+                        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                            listener,
+                        )),
+                );
+                if let Some(every) = flush_every {
+                    let (writer, flushes) = (writer.clone(), flushes.clone());
+                    tokio::spawn(async move {
+                        let mut tick = tokio::time::interval(every);
+                        loop {
+                            tick.tick().await;
+                            flushes.flush(&writer).await;
+                        }
+                    });
+                }
+                anyhow::Ok((bound, index, writer, flushes))
+            };
+            let _ = ready.send(started.await);
+        });
+        let (addr, index, writer, flushes) = started.await.context("the controller starts")??;
+        Ok(Self {
+            runtime: Some(runtime),
+            addr,
+            index,
+            writer,
+            flushes,
+        })
+    }
+
+    /// One flush, on the controller's runtime (its client lives there).
+    async fn flush(&self) -> Result<FlushReport> {
+        let (writer, flushes) = (self.writer.clone(), self.flushes.clone());
+        let runtime = self.runtime.as_ref().context("stopped")?;
+        Ok(runtime
+            .spawn(async move { flushes.flush(&writer).await })
+            .await?)
+    }
+
+    /// Records this controller has received.
+    fn received(&self) -> u64 {
+        self.writer.metrics().records_received.get()
+    }
+
+    /// Kills the controller: no final flush, no goodbye on the streams.
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits up to 90 s for `done`, failing with `state`.
+async fn eventually(what: &str, done: impl Fn() -> bool, state: impl Fn() -> String) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !done() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {}",
+            state()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn agent_state(c: &UplinkCounters) -> String {
+    format!(
+        "sent {} acked {} dropped {} reconnects {} accepted {} rejected {} pending {}",
+        c.batches_sent.get(),
+        c.batches_acked.get(),
+        c.batches_dropped.get(),
+        c.reconnects.get(),
+        c.records_accepted.get(),
+        c.records_rejected.get(),
+        c.pending_batches.get()
+    )
+}
+
+/// Waits until `controller`'s index is listed and knows `pods` with their IPs.
+async fn wait_for_index(
+    ns: &TestNamespace,
+    controller: &Controller,
+    pods: &[String],
+) -> Result<()> {
+    ns.wait_for(
+        "the controller's index to list this test's pods",
+        Duration::from_secs(60),
+        || async {
+            let index = controller.index.index.read().unwrap();
+            Ok((controller.index.ready()
+                && pods
+                    .iter()
+                    .all(|p| index.pod(&ns.name, p).is_some_and(|p| !p.ips.is_empty())))
+            .then_some(()))
+        },
+    )
+    .await
+}
+
+/// Every (proposal, direction, peer, protocol, port) the proposals allow, one entry per rule peer and
+/// port, sorted but not deduplicated: a rule learned twice shows up twice.
+async fn rules(ns: &TestNamespace) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for p in ns
+        .api::<WorkloadNetworkPolicyProposal>()
+        .list(&ListParams::default())
+        .await?
+    {
+        let spec = serde_json::to_value(&p.spec)?;
+        for (direction, peers) in [("egress", "to"), ("ingress", "from")] {
+            for rule in spec["kubernetes"][direction]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                for peer in rule[peers].as_array().into_iter().flatten() {
+                    let namespace =
+                        &peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"];
+                    let labels = peer["podSelector"]["matchLabels"]
+                        .as_object()
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_else(|| peer.to_string());
+                    for port in rule["ports"].as_array().into_iter().flatten() {
+                        out.push(format!(
+                            "{} {direction} {}/{labels} {}/{}",
+                            p.name_any(),
+                            namespace.as_str().unwrap_or("?"),
+                            port["protocol"].as_str().unwrap_or("?"),
+                            port["port"]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A token file of its own, removed on drop.
+struct TokenFile(PathBuf);
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("restart").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 2).await?;
+    let n = ns.name.clone();
+    let node = Api::<Pod>::namespaced(ns.client.clone(), &n)
+        .get(&server)
+        .await?
+        .spec
+        .and_then(|s| s.node_name)
+        .context("the server pod is scheduled")?;
+    let service = cluster_ip(&n, "http-service", &ns.client).await?;
+    let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
+    let mut pods: Vec<String> = clients.iter().map(|(name, _)| name.clone()).collect();
+    pods.push(server.clone());
+    let (c0, c1) = (&clients[0], &clients[1]);
+    let out = |pod: &str, peer: IpAddr, port: u32, protocol: Protocol| {
+        flow_record(
+            &n,
+            pod,
+            peer,
+            port,
+            protocol,
+            Direction::Outbound,
+            Outcome::Established,
+        )
+    };
+    let into_server = |peer: IpAddr, port: u32| {
+        flow_record(
+            &n,
+            &server,
+            peer,
+            port,
+            Protocol::Tcp,
+            Direction::Inbound,
+            Outcome::Established,
+        )
+    };
+    // Written before the kill.
+    let first: Vec<FlowRecord> = vec![
+        out(&c0.0, service, 18080, Protocol::Tcp),
+        into_server(c0.1, 18080),
+    ];
+    // Received by the first controller but not yet written when it dies.
+    let second: Vec<FlowRecord> = vec![
+        out(&c0.0, dns, 53, Protocol::Udp),
+        out(&c0.0, service, 18082, Protocol::Tcp),
+        into_server(c0.1, 18082),
+    ];
+    // Sent to the second controller: the same flows from the other replica, and one new edge.
+    let third: Vec<FlowRecord> = vec![
+        out(&c1.0, service, 18080, Protocol::Tcp),
+        out(&c1.0, service, 18082, Protocol::Tcp),
+        into_server(c1.1, 18080),
+        out(&server, dns, 53, Protocol::Udp),
+    ];
+
+    let mut a = Controller::start("127.0.0.1:0".parse()?, &node, None).await?;
+    wait_for_index(&ns, &a, &pods).await?;
+    let token = TokenFile(
+        std::env::temp_dir().join(format!("ne-restart-{}-{n}.token", std::process::id())),
+    );
+    std::fs::write(&token.0, "agent-token")?;
+    let counters = UplinkCounters::default();
+    let (agent, uplink_task) = uplink::spawn(
+        UplinkConfig {
+            backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(500),
+            },
+            ..UplinkConfig::new(format!("http://{}", a.addr), &token.0, &node).insecure()
+        },
+        counters.clone(),
+    )?;
+    let state = || format!("agent: {}", agent_state(&counters));
+
+    // The first batch is merged, held unacknowledged until a flush writes it, then acknowledged.
+    assert!(agent.send(first.clone()));
+    eventually("the first batch to arrive", || a.received() == 2, state).await?;
+    assert_eq!(
+        counters.batches_acked.get(),
+        0,
+        "not acknowledged before it is written"
+    );
+    let report = a.flush().await?;
+    assert_eq!((report.written, report.failed), (2, 0), "{report:?}");
+    eventually(
+        "the written batch to be acknowledged",
+        || counters.batches_acked.get() == 1 && counters.pending_batches.get() == 0,
+        state,
+    )
+    .await?;
+
+    // The second batch arrives, is merged, and the controller dies before its next flush.
+    assert!(agent.send(second.clone()));
+    eventually("the second batch to arrive", || a.received() == 5, state).await?;
+    assert_eq!(
+        (counters.batches_acked.get(), counters.pending_batches.get()),
+        (1, 1),
+        "the agent still holds the unwritten batch: {}",
+        state()
+    );
+    let addr = a.addr;
+    a.kill();
+
+    // A new controller on the same address: the agent reconnects and resends; new flows keep coming.
+    let b = Controller::start(addr, &node, Some(Duration::from_millis(300))).await?;
+    wait_for_index(&ns, &b, &pods).await?;
+    assert!(agent.send(third.clone()));
+    eventually(
+        "every batch to be written and acknowledged",
+        || counters.batches_acked.get() == 3 && counters.pending_batches.get() == 0,
+        || format!("{}; second controller received {}", state(), b.received()),
+    )
+    .await?;
+    assert!(
+        counters.reconnects.get() >= 1,
+        "the agent reconnected: {}",
+        state()
+    );
+    assert_eq!(
+        b.received(),
+        (second.len() + third.len()) as u64,
+        "the unacknowledged batch was resent, the acknowledged one was not"
+    );
+    assert_eq!(counters.batches_dropped.get(), 0, "{}", state());
+
+    let want = |proposal: &str, direction: &str, peer: &str, port: &str| {
+        format!("deployment-{proposal} {direction} {peer} {port}")
+    };
+    let server_pods = format!("{n}/app=http-server");
+    let client_pods = format!("{n}/app=http-client");
+    let kube_dns = "kube-system/k8s-app=kube-dns";
+    let mut expected = vec![
+        want("http-client-egress", "egress", &server_pods, "TCP/18080"),
+        want("http-client-egress", "egress", &server_pods, "TCP/18082"),
+        want("http-client-egress", "egress", kube_dns, "UDP/53"),
+        want("http-server-ingress", "ingress", &client_pods, "TCP/18080"),
+        want("http-server-ingress", "ingress", &client_pods, "TCP/18082"),
+        want("http-server-egress", "egress", kube_dns, "UDP/53"),
+    ];
+    expected.sort();
+    assert_eq!(rules(&ns).await?, expected);
+
+    drop(agent);
+    uplink_task.abort();
+    Ok(())
+}
