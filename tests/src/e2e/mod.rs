@@ -8,6 +8,7 @@
 
 pub mod release;
 pub mod scenario;
+pub mod sources;
 pub mod workload;
 
 use anyhow::{Result, bail};

@@ -248,7 +248,7 @@ fn expected_proposal_specs_as_written(namespace: &str) -> BTreeMap<String, Value
 }
 
 /// The proposals' specs as JSON, by name, with their rules in a canonical order ([`rules_sorted`]).
-fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
+pub fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
     w.proposals()?
         .into_iter()
         .map(|(name, p)| Ok((name, rules_sorted(serde_json::to_value(&p.spec)?))))
@@ -268,7 +268,7 @@ pub fn rules_sorted(mut spec: Value) -> Value {
 }
 
 /// A policy's spec without `mode`: what it took over from its proposal.
-fn spec_without_mode(policy: &WorkloadNetworkPolicy) -> Result<Value> {
+pub fn spec_without_mode(policy: &WorkloadNetworkPolicy) -> Result<Value> {
     let mut spec = serde_json::to_value(&policy.spec)?;
     if let Some(map) = spec.as_object_mut() {
         map.remove("mode");
@@ -669,7 +669,7 @@ pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> 
 }
 
 /// (violationCount, activeViolationCount) of a policy.
-fn status_counts(policy: &WorkloadNetworkPolicy) -> (i64, i64) {
+pub fn status_counts(policy: &WorkloadNetworkPolicy) -> (i64, i64) {
     policy
         .status
         .as_ref()

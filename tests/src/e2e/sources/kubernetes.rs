@@ -1,0 +1,351 @@
+//! SPEC section 10, Kubernetes backend, driven through a CNI's flow source (Cilium's Hubble, Calico's
+//! Goldmane): the scenario's steps and assertions, with every flow reported by a [`DataPlane`] (the
+//! fake CNI) instead of sent between the pods. The assertions are the eBPF scenario's
+//! (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
+
+use anyhow::{Context, Result, ensure};
+use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
+use network_enforcer_api::{
+    Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord, WorkloadNetworkPolicy,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::super::poll;
+use super::super::release::Release;
+use super::super::scenario::{
+    self, EGRESS, INGRESS, LEARN_TIMEOUT, STATUS_INTERVAL_SECONDS, STEP_TIMEOUT, Workload,
+    expected_proposal_specs, proposal_specs, rules_sorted, say, spec_without_mode, status_counts,
+};
+use super::{PodInfo, dns_pod, node_name};
+
+/// The scenario's pods as the data plane sees them.
+#[derive(Clone, Debug)]
+pub struct Pods {
+    /// The `http-client` pod.
+    pub client: PodInfo,
+    /// The `http-server` pod.
+    pub server: PodInfo,
+    /// The cluster DNS pod the client's lookups go to.
+    pub dns: PodInfo,
+    /// `http-service`'s ClusterIP.
+    pub service_ip: String,
+    /// The node everything runs on.
+    pub node: String,
+}
+
+/// What happens on the wire in the scenario, as the CNI would see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The client resolves `http-service` (UDP 53 to the DNS pod), answered.
+    Dns,
+    /// The client connects to `http-service:18080` (TCP to the server pod's 18080), echoed.
+    Tcp18080,
+    /// The client sends a datagram to `http-service:18083` (UDP to the server pod's 18081), echoed.
+    Udp18083,
+    /// The same datagram dropped at the client by its egress NetworkPolicy (three attempts).
+    Udp18083Denied,
+}
+
+/// A CNI's flow source: reports what the network saw.
+pub trait DataPlane {
+    /// Reports `event` between `pods`. `egress_policy` is the NetworkPolicy (namespace, name) that
+    /// denies a dropped flow, for data planes that name it.
+    fn report(&mut self, pods: &Pods, event: Event, egress_policy: (&str, &str)) -> Result<()>;
+
+    /// Waits until everything reported so far has been delivered to the open streams (a data plane
+    /// that aggregates, like Goldmane, pushes at its rollover).
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// What the fake saw of its client (requests, connections), for failure messages.
+    fn describe(&self) -> String;
+}
+
+/// Checks one violation record of the scenario: the client's UDP to the server's 18081 with `action`
+/// on policy `name` in `namespace`, in `direction`.
+pub fn check_udp_violation(
+    v: &ViolationRecord,
+    namespace: &str,
+    name: &str,
+    action: PolicyMode,
+    direction: Direction,
+) -> Result<()> {
+    ensure!(
+        (
+            v.source.owner_name.as_str(),
+            v.dest.owner_name.as_str(),
+            v.protocol,
+            v.dst_port,
+            v.action
+        ) == (
+            "http-client",
+            "http-server",
+            CrdProtocol::UDP,
+            Some(18081),
+            action
+        ),
+        "{name}: {v:#?}"
+    );
+    ensure!(
+        (
+            v.denying_policy_namespace.as_str(),
+            v.denying_policy_name.as_str()
+        ) == (namespace, name),
+        "{name}: denying policy: {v:#?}"
+    );
+    ensure!(v.direction == Some(direction), "{name}: {v:#?}");
+    Ok(())
+}
+
+/// Runs the Kubernetes-backend scenario in a new namespace `name` against `release` (installed with
+/// `controller.watchNamespace=<name>` and the provider of `plane`), every flow reported by `plane`.
+/// Returns the scenario's duration.
+pub fn run(
+    kubeconfig: &Path,
+    release: &Release,
+    name: &str,
+    plane: &mut dyn DataPlane,
+) -> Result<Duration> {
+    let started = Instant::now();
+    say("creating the workload (http-client, http-server, http-service)");
+    let w = scenario::create_workload(kubeconfig, name)?;
+    let n = w.ns.name.clone();
+    let pods = Pods {
+        client: PodInfo::get(kubeconfig, &n, &w.client.0)?,
+        server: PodInfo::get(kubeconfig, &n, &w.server.0)?,
+        dns: dns_pod(kubeconfig)?,
+        service_ip: w.service_ip.clone(),
+        node: node_name(kubeconfig)?,
+    };
+    let describe = |w: &Workload, plane_text: String| {
+        format!(
+            "proposals: {:#?}\npolicies: {:#?}\n--- data plane ---\n{plane_text}\n{}\n{}",
+            proposal_specs(w),
+            w.policies(),
+            w.ns.describe(),
+            release.describe()
+        )
+    };
+    let egress_policy = (n.as_str(), EGRESS);
+
+    // Step 1: TCP to 18080 works (as the CNI reports it, with the DNS lookup before it).
+    say("step 1: the data plane reports the client's DNS lookup and TCP http-service:18080");
+    plane.report(&pods, Event::Dns, egress_policy)?;
+    plane.report(&pods, Event::Tcp18080, egress_policy)?;
+
+    // Step 2: within 2 minutes exactly the two proposals, as the SPEC words them.
+    say("step 2: waiting for the two proposals");
+    let expected = expected_proposal_specs(&n);
+    let learned = poll(
+        "exactly the two proposals of step 2",
+        LEARN_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let specs = proposal_specs(&w)?;
+            Ok((specs == expected).then_some(specs))
+        },
+        || {
+            format!(
+                "expected: {expected:#?}\n{}",
+                describe(&w, plane.describe())
+            )
+        },
+    )?;
+    say("step 2: proposals learned through the source");
+
+    // Step 3: promote both to monitor.
+    say("step 3: promote=monitor on both proposals");
+    for name in [EGRESS, INGRESS] {
+        w.promote(name, "monitor")?;
+    }
+    let policies = poll(
+        "two monitor policies and no proposals",
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let policies = w.policies()?;
+            let monitor = policies
+                .values()
+                .filter(|p| p.spec.mode == PolicyMode::Monitor)
+                .count();
+            Ok((monitor == 2 && w.proposals()?.is_empty()).then_some(policies))
+        },
+        || describe(&w, plane.describe()),
+    )?;
+    let mut promoted_specs = BTreeMap::new();
+    for name in [EGRESS, INGRESS] {
+        let policy = policies.get(name).context("policy missing")?;
+        let from = policy
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PROMOTED_FROM_LABEL));
+        ensure!(
+            from.map(String::as_str) == Some(name),
+            "{name}: label {PROMOTED_FROM_LABEL} is {from:?}"
+        );
+        let spec = rules_sorted(spec_without_mode(policy)?);
+        ensure!(
+            spec == learned[name],
+            "{name}: the policy's spec differs from its proposal's: {spec:#} vs {:#}",
+            learned[name]
+        );
+        promoted_specs.insert(name, serde_json::to_value(&policy.spec)?);
+    }
+
+    // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
+    say("step 4: the data plane reports UDP http-service:18083 forwarded");
+    plane.report(&pods, Event::Udp18083, egress_policy)?;
+    for name in [EGRESS, INGRESS] {
+        let policy = poll(
+            &format!("a violation on {name}"),
+            STEP_TIMEOUT,
+            Duration::from_millis(250),
+            || {
+                let p = w.policies()?.remove(name);
+                Ok(p.filter(|p| status_counts(p).0 > 0))
+            },
+            || describe(&w, plane.describe()),
+        )?;
+        let s = policy.status.clone().unwrap_or_default();
+        ensure!(
+            (s.violation_count, s.active_violation_count) == (1, 1),
+            "{name}: expected exactly one violation: {s:#?}"
+        );
+        let direction = if name == EGRESS {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        };
+        check_udp_violation(&s.violations[0], &n, name, PolicyMode::Monitor, direction)?;
+    }
+    say("step 4: one monitor violation on each policy");
+    // Proposals are not re-created, specs unchanged: an allowed flow again, then one agent flush and
+    // a few controller flushes.
+    plane.report(&pods, Event::Tcp18080, egress_policy)?;
+    plane.flush()?;
+    let settle = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < settle {
+        let proposals = w.proposals()?;
+        ensure!(
+            proposals.is_empty(),
+            "proposals re-created after promotion: {:?}",
+            proposals.keys().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (name, policy) in w.policies()? {
+        let spec = serde_json::to_value(&policy.spec)?;
+        ensure!(
+            Some(&spec) == promoted_specs.get(name.as_str()),
+            "{name}: spec changed after monitor violations: {spec:#}"
+        );
+        ensure!(
+            status_counts(&policy) == (1, 1),
+            "{name}: the allowed TCP 18080 connection added a violation: {:#?}",
+            policy.status
+        );
+    }
+
+    // Step 5: protect.
+    say("step 5: mode protect on both policies");
+    for name in [EGRESS, INGRESS] {
+        w.set_mode(name, "protect")?;
+    }
+    for name in [EGRESS, INGRESS] {
+        check_network_policy(&w, release, name)?;
+    }
+    say("step 5: the data plane reports UDP http-service:18083 dropped by the egress policy");
+    plane.report(&pods, Event::Udp18083Denied, egress_policy)?;
+    poll(
+        &format!("the protect violation on {EGRESS}"),
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let p = w.policies()?.remove(EGRESS);
+            Ok(p.filter(|p| status_counts(p).0 >= 2))
+        },
+        || describe(&w, plane.describe()),
+    )?;
+    // TCP 18080 keeps working: an allowed connection, which records nothing.
+    plane.report(&pods, Event::Tcp18080, egress_policy)?;
+    plane.flush()?;
+    // Two more status intervals (after an agent flush): whatever else would be recorded is in by then.
+    std::thread::sleep(Duration::from_secs(2 * STATUS_INTERVAL_SECONDS + 3));
+    let policies = w.policies()?;
+    let egress = policies.get(EGRESS).context("egress policy gone")?;
+    let s = egress.status.clone().unwrap_or_default();
+    ensure!(
+        (s.violation_count, s.active_violation_count) == (2, 2),
+        "{EGRESS}: expected the monitor and the protect violation: {s:#?}"
+    );
+    check_udp_violation(
+        &s.violations[0],
+        &n,
+        EGRESS,
+        PolicyMode::Protect,
+        Direction::Egress,
+    )
+    .context("the newest egress violation is not the blocked UDP flow")?;
+    let ingress = status_counts(policies.get(INGRESS).context("ingress gone")?);
+    ensure!(
+        ingress == (1, 1),
+        "{INGRESS}: the blocked flow never reached the server, yet: {ingress:?}"
+    );
+    say("step 5: egress policy 2 violations, ingress 1, TCP 18080 records nothing");
+    let took = started.elapsed();
+    say(&format!("done in {:.1}s", took.as_secs_f64()));
+    w.ns.delete_and_wait()?;
+    Ok(took)
+}
+
+/// Waits for the NetworkPolicy `name` rendered from the protect-mode policy: spec equal to
+/// `spec.kubernetes`, one controller ownerReference to the policy.
+fn check_network_policy(w: &Workload, release: &Release, name: &str) -> Result<()> {
+    let policy = poll(
+        &format!("NetworkPolicy {name}"),
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let out = w.ns.kubectl(&[
+                "get",
+                "networkpolicy",
+                name,
+                "--ignore-not-found",
+                "-o",
+                "json",
+            ])?;
+            if out.trim().is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(serde_json::from_str::<Value>(&out)?))
+        },
+        || release.describe(),
+    )?;
+    let wnp: WorkloadNetworkPolicy = w.policies()?.remove(name).context("policy gone")?;
+    let want = serde_json::to_value(&wnp.spec.kubernetes)?;
+    ensure!(
+        policy["spec"] == want,
+        "{name}: NetworkPolicy spec {:#} differs from spec.kubernetes {want:#}",
+        policy["spec"]
+    );
+    let owners = policy["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let controllers: Vec<&Value> = owners
+        .iter()
+        .filter(|o| o["controller"] == json!(true))
+        .collect();
+    ensure!(
+        controllers.len() == 1
+            && controllers[0]["kind"] == json!("WorkloadNetworkPolicy")
+            && controllers[0]["name"] == json!(name),
+        "{name}: ownerReferences {owners:#?}"
+    );
+    Ok(())
+}
