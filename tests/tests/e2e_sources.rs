@@ -10,7 +10,8 @@ use anyhow::Result;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::say;
 use network_enforcer_tests::e2e::sources::hubble::{FakeHubble, HubbleDataPlane};
-use network_enforcer_tests::e2e::sources::{common_values, kubernetes};
+use network_enforcer_tests::e2e::sources::{common_values, kubernetes, ztunnel};
+use network_enforcer_tests::e2e::workload::Namespace;
 use network_enforcer_tests::fixture;
 use std::path::Path;
 
@@ -40,4 +41,36 @@ fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
     );
     say(&format!("cilium: scenario {:.1}s", took.as_secs_f64()));
     release.uninstall()
+}
+
+#[test]
+fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
+    let cluster = fixture::cluster_with_crds()?;
+    release::images_from_debug_build()?;
+    ztunnel::ensure_authorization_policy_crd(&cluster.kubeconfig)?;
+    let pid = std::process::id();
+    let namespace = "ne-src-istio-system";
+    let scenario_ns = format!("src-istio-{pid}");
+    // The fake ztunnel pod's namespace: its container logs are what the agent tails.
+    let ztunnel_ns = format!("src-ztunnel-{pid}");
+    let mut values = common_values(namespace, &scenario_ns, 19_465);
+    values.extend([
+        "controller.provider.name=istio".to_string(),
+        format!("agent.ztunnel.logGlob={}", ztunnel::log_glob(&ztunnel_ns)),
+        // Read positions of this release only.
+        format!("agent.stateDir=/var/lib/ne-src-istio-{pid}"),
+    ]);
+    let release = Release::install(&cluster.kubeconfig, "ne-src-istio", namespace, &values)?;
+    let ztunnel_namespace = Namespace::create(&cluster.kubeconfig, &ztunnel_ns)?;
+    let took = ztunnel::run(
+        &cluster.kubeconfig,
+        &release,
+        &scenario_ns,
+        &ztunnel_namespace,
+    )?;
+    say(&format!("istio: scenario {:.1}s", took.as_secs_f64()));
+    ztunnel_namespace.delete_and_wait()?;
+    release.uninstall()?;
+    let _ = std::fs::remove_dir_all(format!("/var/lib/ne-src-istio-{pid}"));
+    Ok(())
 }
