@@ -394,6 +394,12 @@ impl Attributor {
                 if let Some(seen) = self.netns.get(&ns) {
                     return Owner::Pod(self.pod_ref(&seen.uid, false));
                 }
+                // A namespace the /proc scan could not read (without CAP_SYS_PTRACE, only processes
+                // with no more capabilities than the agent's): the socket's cgroup is its creator's
+                // container. A host process in a pod's namespace (a CNI plugin) has no pod cgroup.
+                if let Some(seen) = cgroup.and_then(|c| self.cgroups.get(&c)) {
+                    return Owner::Pod(self.pod_ref(&seen.uid, false));
+                }
                 if local_ip.is_unspecified() || local_ip.is_loopback() {
                     return Owner::Unknown;
                 }
@@ -515,6 +521,32 @@ mod tests {
         assert_eq!(
             at.resolve(Some(77), None, ip("127.0.0.1"), s(12)),
             Owner::Unknown
+        );
+    }
+
+    #[test]
+    fn an_unscanned_namespace_is_named_by_the_sockets_pod_cgroup_before_its_ip() {
+        // Without CAP_SYS_PTRACE the scan sees no pod namespaces, only the pods' cgroups; a UDP socket
+        // bound to 0.0.0.0 has no local IP to go by.
+        let mut at = Attributor::default();
+        at.observe_scan(HOST_NS, [], [(500, A)], s(0));
+        at.apply(pod(A, "web", "10.1.0.5"), s(0));
+        at.apply(pod(B, "db", "10.1.0.6"), s(0));
+        let owner = at.resolve(Some(77), Some(500), ip("0.0.0.0"), s(1));
+        assert_eq!(name_of(&owner).as_deref(), Some("shop/web"));
+        assert!(
+            matches!(&owner, Owner::Pod(p) if !p.host_network),
+            "its own namespace, not the host's: {owner:?}"
+        );
+        assert_eq!(
+            name_of(&at.resolve(Some(77), Some(500), ip("10.1.0.6"), s(1))).as_deref(),
+            Some("shop/web"),
+            "the creator's cgroup wins over a local IP"
+        );
+        assert_eq!(
+            at.resolve(Some(77), Some(999), ip("0.0.0.0"), s(1)),
+            Owner::Unknown,
+            "a cgroup that is no pod's names nothing"
         );
     }
 

@@ -5,7 +5,9 @@
 //!
 //! - cgroup id → pod UID: walk the cgroup v2 tree; a cgroup's id is its directory's inode number;
 //! - network namespace → pod UID: for each process in a pod cgroup, `/proc/PID/ns/net` names its pod's
-//!   namespace (all containers of a pod share it).
+//!   namespace (all containers of a pod share it). Where that link may not be read (it needs
+//!   CAP_SYS_PTRACE when the target holds capabilities the agent lacks), the socket's own cgroup names
+//!   the pod.
 //!
 //! A socket in a pod's own namespace belongs to that pod; a socket in the host namespace belongs to a
 //! hostNetwork pod when its cgroup is a pod's, else to the host. Anything else (a namespace no pod
@@ -130,7 +132,17 @@ impl PodIdentities {
     /// Who a socket with this network namespace and cgroup belongs to.
     pub fn attribute(&self, netns: Option<u32>, cgroup: Option<u64>) -> Attribution {
         match netns {
-            Some(ns) if ns != self.host_netns => match self.by_netns.get(&ns) {
+            // A pod's own namespace: named by the scan of /proc, or else by the socket's cgroup. The
+            // fallback matters where the agent may not read other processes' /proc/PID/ns/net (the
+            // target's capabilities are not a subset of the agent's: that check wants CAP_SYS_PTRACE,
+            // which the agent does not ask for). A socket's cgroup is its creator's, a pod container;
+            // a host process that entered a pod's namespace (a CNI plugin) has no pod cgroup and stays
+            // unknown.
+            Some(ns) if ns != self.host_netns => match self
+                .by_netns
+                .get(&ns)
+                .or_else(|| cgroup.and_then(|c| self.by_cgroup.get(&c)))
+            {
                 Some(uid) => Attribution::Pod {
                     uid: uid.clone(),
                     host_network: false,
@@ -222,8 +234,18 @@ mod tests {
         assert_eq!(ids.attribute(None, None), Attribution::Host);
         assert_eq!(
             ids.attribute(Some(11), Some(99)),
+            pod("pod-h", false),
+            "a namespace the scan could not read is the pod whose cgroup created the socket"
+        );
+        assert_eq!(
+            ids.attribute(Some(10), Some(99)),
+            pod("pod-a", false),
+            "the scanned namespace wins over the cgroup"
+        );
+        assert_eq!(
+            ids.attribute(Some(11), Some(5)),
             Attribution::Unknown,
-            "an unknown namespace is not guessed from the cgroup"
+            "a foreign namespace with a cgroup that is no pod's is not guessed"
         );
     }
 }

@@ -187,6 +187,9 @@ fn rules(spec: &Value) -> Vec<String> {
                 .into_iter()
                 .flatten()
                 .map(|p| {
+                    if let Some(cidr) = p["ipBlock"]["cidr"].as_str() {
+                        return cidr.to_string();
+                    }
                     let ns = p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
                         .as_str()
                         .unwrap_or("*");
