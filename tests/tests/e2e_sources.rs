@@ -9,6 +9,7 @@
 use anyhow::Result;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::say;
+use network_enforcer_tests::e2e::sources::goldmane::{self, FakeGoldmane, GoldmaneDataPlane, Pki};
 use network_enforcer_tests::e2e::sources::hubble::{FakeHubble, HubbleDataPlane};
 use network_enforcer_tests::e2e::sources::{common_values, kubernetes, ztunnel};
 use network_enforcer_tests::e2e::workload::Namespace;
@@ -73,4 +74,53 @@ fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
     release.uninstall()?;
     let _ = std::fs::remove_dir_all(format!("/var/lib/ne-src-istio-{pid}"));
     Ok(())
+}
+
+#[test]
+fn spec_section_10_kubernetes_backend_through_calico_goldmane() -> Result<()> {
+    let cluster = fixture::cluster_with_crds()?;
+    release::images_from_debug_build()?;
+    let pid = std::process::id();
+    let namespace = "ne-src-calico-system";
+    let scenario_ns = format!("src-calico-{pid}");
+    // Where the operator's objects would be (calico-system): Service goldmane, its key pair and CA.
+    let goldmane_ns = Namespace::create(&cluster.kubeconfig, &format!("src-goldmane-{pid}"))?;
+    let pki = Pki::new(&goldmane_ns.name)?;
+    let server = FakeGoldmane::start(&pki)?;
+    goldmane::publish(
+        &goldmane_ns,
+        &pki,
+        &goldmane::node_ip(&cluster.kubeconfig)?,
+        server.port,
+    )?;
+    let mut values = common_values(namespace, &scenario_ns, 19_466);
+    let tls = "controller.provider.calico.tls";
+    values.extend([
+        "controller.provider.name=calico".to_string(),
+        format!(
+            "controller.provider.calico.endpoint=goldmane.{}.svc:{}",
+            goldmane_ns.name,
+            goldmane::SERVICE_PORT
+        ),
+        format!("{tls}.mode=existingSecret"),
+        format!("{tls}.existingSecret.namespace={}", goldmane_ns.name),
+        format!("{tls}.existingSecret.name={}", goldmane::SECRET),
+        format!(
+            "{tls}.existingSecret.caBundleConfigMap={}",
+            goldmane::CA_CONFIGMAP
+        ),
+        format!("{tls}.existingSecret.caBundleKey={}", goldmane::CA_KEY),
+    ]);
+    let release = Release::install(&cluster.kubeconfig, "ne-src-calico", namespace, &values)?;
+    let mut plane = GoldmaneDataPlane::new(server);
+    let took = kubernetes::run(&cluster.kubeconfig, &release, &scenario_ns, &mut plane)?;
+    let requests = plane.goldmane.requests();
+    anyhow::ensure!(
+        !requests.is_empty() && plane.goldmane.open_streams() >= 1,
+        "the controller never kept a Goldmane stream open: {}",
+        plane.goldmane.describe()
+    );
+    say(&format!("calico: scenario {:.1}s", took.as_secs_f64()));
+    release.uninstall()?;
+    goldmane_ns.delete_and_wait()
 }
