@@ -264,6 +264,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let uplink = match uplink_config {
         Some(config) => {
             tracing::info!(controller = %config.endpoint, node = %config.node, "uplink on");
+            metrics.uplink_enabled();
             Some(uplink::spawn(config, metrics.uplink()).context("starting the uplink")?)
         }
         None => {
@@ -274,10 +275,17 @@ async fn run(args: RunArgs) -> Result<()> {
     let source_records = args
         .sources
         .start(args.node_name.clone(), &metrics.sources());
+    if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
+        metrics.source_enabled("hubble");
+    }
+    if args.sources.ztunnel_log_glob.is_some() {
+        metrics.source_enabled("ztunnel");
+    }
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
     let mut data_plane =
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
+    metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
     let mut scans = Scanner {
         cgroup_root: network_enforcer_agent::host::cgroup2_root()?,
@@ -290,7 +298,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
         .with_context(|| format!("binding the metrics endpoint {}", args.metrics_address))?;
-    tracing::info!(address = %args.metrics_address, "metrics on /metrics");
+    tracing::info!(address = %args.metrics_address, "metrics on /metrics, probes on /healthz and /readyz");
     tokio::spawn(metrics.clone().serve(metrics_listener));
     let mut kernel_before = KernelCounters::default();
     let mut decode_errors_before = 0;
@@ -437,6 +445,7 @@ async fn start_pod_watch(
     match pod_watch::client().await {
         Ok(client) => {
             tracing::info!(%node, "pod watch on (spec.nodeName={node})");
+            metrics.pod_watch_enabled();
             Some(pod_watch::spawn(
                 client,
                 node.to_string(),

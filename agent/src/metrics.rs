@@ -1,13 +1,27 @@
 //! Prometheus metrics of the agent, served on `/metrics`: what the kernel lost or deduped, what user space
-//! read, decoded, aggregated and could not attribute.
+//! read, decoded, aggregated and could not attribute. The same endpoint serves the probes:
+//!
+//! - `GET /healthz`: liveness, 200 while the process serves HTTP (a missing controller or flow source is
+//!   not cured by a restart), with the component detail below as its body.
+//! - `GET /readyz`: 200 when every *required* component is ready, 503 otherwise; the body is JSON with
+//!   every enabled component: `{"ready":true,"components":{"ebpf":{"ready":true,"required":true,...},
+//!   "pod_watch":{...},"uplink":{"ready":false,"required":false,"connected":false,...},
+//!   "source/ztunnel":{"connected":true,"messages":12,"errors":0,"last_message_time":"..."}}}`.
+//!   Required: the eBPF programs attached, and (when on) the pod watch synced, because until then the
+//!   agent captures nothing or cannot name pods. The uplink and the flow sources are reported but not
+//!   required: the data path keeps capturing and buffering while the controller or a CNI is away, and
+//!   an agent taken out of readiness for that would only stall rollouts.
 
 use crate::loader::KernelCounters;
 use crate::pod_watch::PodWatchCounters;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// The agent's metrics. Cheap to clone (the counters are shared atomics).
 #[derive(Clone)]
@@ -22,6 +36,18 @@ pub struct AgentMetrics {
     uplink: UplinkCounters,
     sources: crate::sources::SourceMetrics,
     pod_watch: PodWatchCounters,
+    /// 1 once the eBPF programs are loaded and attached.
+    ebpf_attached: Gauge,
+    /// Which optional parts run, for `/readyz`.
+    enabled: Arc<Mutex<Enabled>>,
+}
+
+/// The parts of the agent that are switched on (the eBPF data path always is).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Enabled {
+    pod_watch: bool,
+    uplink: bool,
+    sources: Vec<String>,
 }
 
 impl Default for AgentMetrics {
@@ -109,9 +135,28 @@ impl AgentMetrics {
             "Pods of this node known from the watch",
             pod_watch.pods.clone(),
         );
+        registry.register(
+            "pod_watch_synced",
+            "1 once the first list of this node's pods is complete",
+            pod_watch.synced.clone(),
+        );
+        registry.register(
+            "uplink_connected",
+            "1 while a stream to the controller is open",
+            uplink.connected.clone(),
+        );
+        let ebpf_attached = Gauge::default();
+        registry.register(
+            "ebpf_attached",
+            "1 once the eBPF programs are loaded and attached",
+            ebpf_attached.clone(),
+        );
         let sources = crate::sources::SourceMetrics::default();
         sources.register(&mut registry);
+        crate::sources::ztunnel::register_metrics(&mut registry);
         Self {
+            ebpf_attached,
+            enabled: Arc::default(),
             registry: Arc::new(registry),
             sources,
             pod_watch,
@@ -138,6 +183,120 @@ impl AgentMetrics {
     /// The flow sources' metrics (Hubble, ztunnel), registered here.
     pub fn sources(&self) -> crate::sources::SourceMetrics {
         self.sources.clone()
+    }
+
+    /// Records that the eBPF programs are attached (required for readiness).
+    pub fn ebpf_attached(&self) {
+        self.ebpf_attached.set(1);
+    }
+
+    /// Records that the pod watch runs: readiness then waits for its first list.
+    pub fn pod_watch_enabled(&self) {
+        self.enabled.lock().expect("enabled lock").pod_watch = true;
+    }
+
+    /// Records that the uplink runs: `/readyz` reports its connection.
+    pub fn uplink_enabled(&self) {
+        self.enabled.lock().expect("enabled lock").uplink = true;
+    }
+
+    /// Records that flow source `name` (`hubble`, `ztunnel`) runs: `/readyz` reports its health.
+    pub fn source_enabled(&self, name: &str) {
+        let mut enabled = self.enabled.lock().expect("enabled lock");
+        if !enabled.sources.iter().any(|s| s == name) {
+            enabled.sources.push(name.to_string());
+        }
+    }
+
+    /// What `/readyz` says now.
+    pub fn readiness(&self) -> Readiness {
+        let enabled = self.enabled.lock().expect("enabled lock").clone();
+        let mut components = BTreeMap::new();
+        let attached = self.ebpf_attached.get() == 1;
+        components.insert(
+            "ebpf".to_string(),
+            ComponentState {
+                ready: attached,
+                required: true,
+                detail: if attached {
+                    "programs attached".into()
+                } else {
+                    "loading the eBPF programs".into()
+                },
+                ..ComponentState::default()
+            },
+        );
+        if enabled.pod_watch {
+            let synced = self.pod_watch.synced.get() == 1;
+            components.insert(
+                "pod_watch".to_string(),
+                ComponentState {
+                    ready: synced,
+                    required: true,
+                    detail: if synced {
+                        format!("synced; {} pods on this node", self.pod_watch.pods.get())
+                    } else {
+                        format!(
+                            "listing this node's pods ({} errors so far)",
+                            self.pod_watch.errors.get()
+                        )
+                    },
+                    errors: Some(self.pod_watch.errors.get()),
+                    ..ComponentState::default()
+                },
+            );
+        }
+        if enabled.uplink {
+            let u = &self.uplink;
+            let connected = u.connected.get() == 1;
+            components.insert(
+                "uplink".to_string(),
+                ComponentState {
+                    ready: connected,
+                    required: false,
+                    detail: format!(
+                        "{}; {} batches waiting for an acknowledgement, {} acknowledged, {} dropped, \
+                         {} reconnects",
+                        if connected {
+                            "connected to the controller"
+                        } else {
+                            "not connected to the controller (retrying with backoff)"
+                        },
+                        u.pending_batches.get(),
+                        u.batches_acked.get(),
+                        u.batches_dropped.get(),
+                        u.reconnects.get()
+                    ),
+                    connected: Some(connected),
+                    ..ComponentState::default()
+                },
+            );
+        }
+        for name in &enabled.sources {
+            let h = self.sources.source(name);
+            let connected = h.connected.get() == 1;
+            let last = h.last_message.get();
+            components.insert(
+                format!("source/{name}"),
+                ComponentState {
+                    ready: connected,
+                    required: false,
+                    detail: if connected {
+                        "connected".into()
+                    } else {
+                        "not connected (retrying with backoff)".into()
+                    },
+                    connected: Some(connected),
+                    messages: Some(h.messages.get()),
+                    errors: Some(h.errors.get()),
+                    last_message_time: (last > 0.0).then(|| rfc3339(last)),
+                },
+            );
+        }
+        Readiness {
+            ready: components.values().all(|c| c.ready || !c.required),
+            components,
+        }
     }
 
     /// Counts events read from the ring buffer.
@@ -172,30 +331,219 @@ impl AgentMetrics {
         out
     }
 
-    /// Serves `GET /metrics` on `listener` until the process ends.
+    /// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
     pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let metrics = self.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        );
-        axum::serve(listener, app).await
+        axum::serve(listener, self.router()).await
     }
+
+    /// The HTTP routes (see the module docs).
+    pub fn router(self) -> axum::Router {
+        use axum::http::{StatusCode, header};
+        let json = |status: StatusCode, readiness: &Readiness| {
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_string(readiness).unwrap_or_default(),
+            )
+        };
+        let (metrics, health, ready) = (self.clone(), self.clone(), self);
+        axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let metrics = metrics.clone();
+                    async move {
+                        (
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            metrics.encode(),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/healthz",
+                axum::routing::get(move || {
+                    let readiness = health.readiness();
+                    async move { json(StatusCode::OK, &readiness) }
+                }),
+            )
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let readiness = ready.readiness();
+                    let status = if readiness.ready {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    async move { json(status, &readiness) }
+                }),
+            )
+    }
+}
+
+/// One component in the `/readyz` body.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ComponentState {
+    pub ready: bool,
+    /// Required components decide readiness; the others are only reported.
+    pub required: bool,
+    /// Why it is (not) ready, for people.
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected: Option<bool>,
+    /// Messages read (flow sources).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<u64>,
+    /// RFC 3339 UTC time of the last message (flow sources that have read one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_message_time: Option<String>,
+}
+
+/// The `/readyz` (and `/healthz`) body.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub components: BTreeMap<String, ComponentState>,
+}
+
+/// Unix seconds as an RFC 3339 UTC time with milliseconds (`2026-08-21T10:15:30.123Z`).
+fn rfc3339(unix_seconds: f64) -> String {
+    let ms = (unix_seconds * 1000.0).round() as i64;
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s, milli) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt;
+
+    async fn get(m: &AgentMetrics, path: &str) -> (u16, serde_json::Value) {
+        let response = m
+            .clone()
+            .router()
+            .oneshot(
+                axum::http::Request::get(path)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readyz_waits_for_the_required_parts_and_reports_the_others() {
+        let m = AgentMetrics::new();
+        m.pod_watch_enabled();
+        m.uplink_enabled();
+        m.source_enabled("ztunnel");
+        m.source_enabled("ztunnel");
+        let (status, body) = get(&m, "/readyz").await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["ready"], false);
+        assert_eq!(body["components"]["ebpf"]["ready"], false);
+        assert_eq!(body["components"]["pod_watch"]["required"], true);
+        assert_eq!(
+            body["components"].as_object().unwrap().len(),
+            4,
+            "ebpf, pod_watch, uplink, one ztunnel: {body}"
+        );
+        // Liveness does not depend on it.
+        assert_eq!(get(&m, "/healthz").await.0, 200);
+
+        m.ebpf_attached();
+        assert_eq!(
+            get(&m, "/readyz").await.0,
+            503,
+            "the pod watch has not listed yet"
+        );
+        m.pod_watch().synced.set(1);
+        m.pod_watch().pods.set(3);
+        let (status, body) = get(&m, "/readyz").await;
+        assert_eq!(status, 200, "uplink and sources are not required: {body}");
+        assert_eq!(
+            body["components"]["pod_watch"]["detail"],
+            "synced; 3 pods on this node"
+        );
+        assert_eq!(body["components"]["uplink"]["connected"], false);
+
+        m.uplink().connected.set(1);
+        m.uplink().pending_batches.set(2);
+        let source = m.sources().source("ztunnel");
+        source.connected.set(1);
+        source.messages.inc_by(12);
+        source.errors.inc();
+        source.last_message.set(1_787_307_330.123);
+        let (_, body) = get(&m, "/readyz").await;
+        let uplink = &body["components"]["uplink"];
+        assert_eq!(
+            (&uplink["ready"], &uplink["connected"]),
+            (&true.into(), &true.into())
+        );
+        assert!(
+            uplink["detail"]
+                .as_str()
+                .unwrap()
+                .contains("2 batches waiting"),
+            "{uplink}"
+        );
+        let z = &body["components"]["source/ztunnel"];
+        assert_eq!(
+            (
+                &z["connected"],
+                &z["messages"],
+                &z["errors"],
+                &z["last_message_time"]
+            ),
+            (
+                &true.into(),
+                &12.into(),
+                &1.into(),
+                &"2026-08-21T10:15:30.123Z".into()
+            ),
+            "{z}"
+        );
+        assert_eq!(body["components"].get("source/hubble"), None, "not enabled");
+    }
+
+    #[test]
+    fn unix_seconds_print_as_rfc3339() {
+        assert_eq!(rfc3339(0.0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400.5), "2000-02-29T00:00:00.500Z");
+        assert_eq!(rfc3339(1_787_307_330.123), "2026-08-21T10:15:30.123Z");
+        // Round trip through the sources' parser.
+        assert_eq!(
+            crate::sources::rfc3339_ms(&rfc3339(1_700_000_000.25)),
+            Some(1_700_000_000_250)
+        );
+    }
 
     #[test]
     fn kernel_counters_are_added_as_deltas() {

@@ -31,6 +31,8 @@ pub struct PodWatchCounters {
     pub events: Counter,
     /// Pods of this node known now.
     pub pods: Gauge,
+    /// 1 once the first list of this node's pods is complete (for `/readyz`).
+    pub synced: Gauge,
 }
 
 /// What the attribution needs of a pod; `None` for a pod without a UID (never sent by an API server).
@@ -122,6 +124,7 @@ async fn watch(
                 state.relist_done(now);
                 if !synced {
                     synced = true;
+                    counters.synced.set(1);
                     tracing::info!(%node, pods = state.live_pods(), "pod watch synced");
                 }
             }

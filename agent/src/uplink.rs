@@ -248,6 +248,8 @@ pub struct UplinkCounters {
     pub records_rejected: Counter,
     /// Batches waiting for an acknowledgement now.
     pub pending_batches: Gauge,
+    /// 1 while a stream to the controller is open (for `/readyz`).
+    pub connected: Gauge,
 }
 
 /// Where and how to reach the controller.
@@ -524,6 +526,15 @@ fn read_token(path: &Path) -> Result<String, UplinkError> {
     Ok(token.to_string())
 }
 
+/// Sets the `connected` gauge back to 0 when the session ends.
+struct Connected(Gauge);
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.set(0);
+    }
+}
+
 /// How many batches may be written ahead of the transport. Small: the resend buffer holds the rest.
 const OUTBOUND_WINDOW: usize = 4;
 
@@ -645,6 +656,9 @@ impl Task {
             pending = self.buffer.len(),
             "uplink connected"
         );
+        self.counters.connected.set(1);
+        // Back to 0 however the session ends.
+        let _connected = Connected(self.counters.connected.clone());
         // Everything below `next` has been written to this stream. Starting at 0 resends every
         // unacknowledged batch: the previous stream may have died with them in flight.
         let mut next = 0u64;

@@ -406,3 +406,53 @@ mod properties {
         }
     }
 }
+
+/// `connection failed` (ztunnel's early deny, WIRE.md 3.3) names no workload: each line is counted by
+/// direction and reason, none becomes a record, a malformed one is an error, and the good lines around
+/// them still give their records.
+#[test]
+fn early_denies_are_counted_by_direction_and_reason_without_records() {
+    let s = Setup::new();
+    let mut reader = s.reader();
+    reader.poll();
+    let mut lines = fixture("connection-failed.jsonl");
+    lines.extend(fixture("access-and-authz.jsonl"));
+    append(&s.log(), &lines);
+    let records = reader.poll();
+    assert_eq!(
+        summary(&records),
+        all_fixture_records(),
+        "nothing more, nothing lost"
+    );
+    let counted: Vec<((&str, &str), u64)> = reader
+        .connections_failed()
+        .iter()
+        .map(|((d, r), n)| ((d.as_str(), r.as_str()), *n))
+        .collect();
+    assert_eq!(
+        counted,
+        [
+            (("inbound", "policy_rejection"), 2),
+            (("outbound", "other"), 1)
+        ]
+    );
+    // Through the agent's registry (the family is process-wide: at least this reader's counts).
+    let text = network_enforcer_agent::metrics::AgentMetrics::new().encode();
+    let inbound = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "network_enforcer_agent_source_ztunnel_connections_failed_total{direction=\"inbound\",reason=\"policy_rejection\"} ",
+            )
+        })
+        .unwrap_or_else(|| panic!("no early-deny metric in:\n{text}"));
+    assert!(inbound.parse::<u64>().unwrap() >= 2, "{inbound}");
+    let mut registry = prometheus_client::registry::Registry::default();
+    s.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("source_errors_total{source=\"ztunnel\"} 1"),
+        "the line without src.addr:\n{text}"
+    );
+}

@@ -364,8 +364,15 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
         "the agent still holds the unwritten batch: {}",
         state()
     );
+    assert_eq!(counters.connected.get(), 1, "{}", state());
     let addr = a.addr;
     a.kill();
+    eventually(
+        "the agent to see the stream gone",
+        || counters.connected.get() == 0,
+        state,
+    )
+    .await?;
 
     // A new controller on the same address: the agent reconnects and resends; new flows keep coming.
     let b = Controller::start(addr, &node, Some(Duration::from_millis(300))).await?;
@@ -377,6 +384,7 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
         || format!("{}; second controller received {}", state(), b.received()),
     )
     .await?;
+    assert_eq!(counters.connected.get(), 1, "{}", state());
     assert!(
         counters.reconnects.get() >= 1,
         "the agent reconnected: {}",

@@ -1785,3 +1785,21 @@ fn lint_strict_with_default_and_non_default_values() {
         );
     }
 }
+
+#[test]
+fn agent_probes_use_its_health_endpoints_on_the_metrics_port() {
+    let docs = render(&[]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert!(
+        agent["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "metrics"),
+        "{agent}"
+    );
+    assert_eq!(agent["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(agent["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(agent["readinessProbe"]["httpGet"]["port"], "metrics");
+}

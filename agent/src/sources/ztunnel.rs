@@ -11,6 +11,11 @@
 //!   come within [`Correlator::PENDING_MS`] is reported without a port;
 //! - an inbound access line rejected by policy with no decision line before it (decision logging off)
 //!   is protect evidence on its own, with the policy from the error text;
+//! - `connection failed` (scope `access`, WARN) is ztunnel's early deny, before it knows the workload
+//!   (WIRE.md 3.3): it names only addresses, so no record can name the local pod or a policy, and SPEC 8
+//!   does not count it as evidence. It is counted instead ([`Reader::connections_failed`] and the
+//!   `source_ztunnel_connections_failed_total{direction,reason}` metric, reason `policy_rejection` when
+//!   the error is a policy rejection), and logged at most once a minute;
 //! - allowed outcomes, outbound halves and other scopes are ignored;
 //! - ztunnel < 1.30 dry-run messages (`dry-run deny policy match`, no colon, DEBUG only) are reported as
 //!   unsupported rather than misread.
@@ -59,9 +64,28 @@ pub struct Access {
     pub at_ms: i64,
 }
 
+/// A `connection failed` access line: ztunnel refused a connection before it knew the workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// `inbound`, `outbound`, or `unknown` when the line has no `direction`.
+    pub direction: &'static str,
+    /// `src.addr`.
+    pub src: SocketAddr,
+    /// `dst.addr`.
+    pub dst: SocketAddr,
+    /// The error is a policy rejection (`connection closed due to policy rejection: ...`).
+    pub policy_rejection: bool,
+    /// The `error` text.
+    pub error: String,
+    /// The line's time, ms since the epoch.
+    pub at_ms: i64,
+}
+
 /// What one log line is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// An early deny (`connection failed`): counted, no record (see the module docs).
+    Failed(Failure),
     /// An authorization decision that reports a (would-be) denial.
     Decision(Decision),
     /// An inbound access line.
@@ -188,8 +212,71 @@ pub fn parse_line(line: &str) -> Result<Event, LineError> {
                 at_ms,
             }))
         }
+        ("access", "connection failed") => {
+            let addr = |key: &'static str| {
+                text(obj, key)
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                    .ok_or_else(|| missing(key))
+            };
+            let error = text(obj, "error").unwrap_or_default();
+            Ok(Event::Failed(Failure {
+                direction: match text(obj, "direction") {
+                    Some("inbound") => "inbound",
+                    Some("outbound") => "outbound",
+                    _ => "unknown",
+                },
+                src: addr("src.addr")?,
+                dst: addr("dst.addr")?,
+                policy_rejection: error.starts_with(REJECTION),
+                error: error.to_string(),
+                at_ms,
+            }))
+        }
         _ => Ok(Event::Ignored("other message")),
     }
+}
+
+/// The labels of `source_ztunnel_connections_failed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct FailureLabels {
+    /// `inbound`, `outbound`, `unknown`.
+    pub direction: String,
+    /// `policy_rejection` or `other`.
+    pub reason: String,
+}
+
+impl FailureLabels {
+    fn of(f: &Failure) -> Self {
+        Self {
+            direction: f.direction.to_string(),
+            reason: if f.policy_rejection {
+                "policy_rejection"
+            } else {
+                "other"
+            }
+            .to_string(),
+        }
+    }
+}
+
+/// Early denies of every ztunnel reader in the process. A process-wide family because the readers are
+/// started by the sources module with nothing but their [`super::SourceHealth`]; the agent's registry
+/// takes it through [`register_metrics`].
+static CONNECTIONS_FAILED: std::sync::LazyLock<
+    prometheus_client::metrics::family::Family<
+        FailureLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Registers the ztunnel-specific metrics (under the registry's prefix).
+pub fn register_metrics(registry: &mut prometheus_client::registry::Registry) {
+    registry.register(
+        "source_ztunnel_connections_failed",
+        "Connections ztunnel refused before it knew the workload (`connection failed`, an early \
+         deny): counted, not attributed to a pod or policy",
+        CONNECTIONS_FAILED.clone(),
+    );
 }
 
 fn ip_bytes(ip: IpAddr) -> Vec<u8> {
@@ -316,7 +403,7 @@ impl Correlator {
                     None => {}
                 }
             }
-            Event::Ignored(_) | Event::Unsupported(_) => {}
+            Event::Failed(_) | Event::Ignored(_) | Event::Unsupported(_) => {}
         }
         out.extend(self.expire(self.now_ms - Self::PENDING_MS));
         out
@@ -368,6 +455,9 @@ pub struct Reader {
     malformed_log: super::RateLimitedLog,
     unsupported_log: super::RateLimitedLog,
     missing_log: super::RateLimitedLog,
+    failed_log: super::RateLimitedLog,
+    /// Early denies read by this reader, by labels.
+    failed: BTreeMap<(String, String), u64>,
 }
 
 impl Reader {
@@ -384,7 +474,14 @@ impl Reader {
             malformed_log: RateLimitedLog::new(minute),
             unsupported_log: RateLimitedLog::new(minute),
             missing_log: RateLimitedLog::new(Duration::from_secs(600)),
+            failed_log: RateLimitedLog::new(minute),
+            failed: BTreeMap::new(),
         }
+    }
+
+    /// Early denies (`connection failed`) this reader has read, by (direction, reason).
+    pub fn connections_failed(&self) -> &BTreeMap<(String, String), u64> {
+        &self.failed
     }
 
     /// Files being read.
@@ -398,6 +495,7 @@ impl Reader {
         let mut records = Vec::new();
         let (health, correlator) = (&self.health, &mut self.correlator);
         let (malformed_log, unsupported_log) = (&mut self.malformed_log, &mut self.unsupported_log);
+        let (failed_log, failed) = (&mut self.failed_log, &mut self.failed);
         self.tailer.poll(&mut |file, framed| {
             health.message();
             let event = framed
@@ -408,6 +506,17 @@ impl Reader {
                     health.skipped.inc();
                     if let Some(suppressed) = unsupported_log.allow() {
                         tracing::warn!(file = %file.display(), why, suppressed, "unsupported ztunnel log line");
+                    }
+                }
+                Ok(Event::Failed(failure)) => {
+                    health.skipped.inc();
+                    let labels = FailureLabels::of(&failure);
+                    CONNECTIONS_FAILED.get_or_create(&labels).inc();
+                    *failed.entry((labels.direction, labels.reason)).or_default() += 1;
+                    if let Some(suppressed) = failed_log.allow() {
+                        tracing::info!(file = %file.display(), direction = failure.direction,
+                            src = %failure.src, dst = %failure.dst, error = %failure.error, suppressed,
+                            "ztunnel refused a connection before knowing its workload; counted, not attributed");
                     }
                 }
                 Ok(event) => {
@@ -594,6 +703,43 @@ mod tests {
         assert_eq!(parse_line(other), Ok(Event::Ignored("other message")));
         let reeval = r#"{"level":"info","time":"2026-08-21T10:16:05Z","scope":"ztunnel::state","message":"deny policy match","policy":"a/b","proxy":{"wl":"shop/c"}}"#;
         assert!(matches!(parse_line(reeval), Ok(Event::Ignored(_))));
+    }
+
+    #[test]
+    fn connection_failed_is_an_early_deny_without_a_record() {
+        let line = r#"{"level":"warn","time":"2026-08-21T10:19:00.000001Z","scope":"access","message":"connection failed","src.addr":"10.244.4.2:39010","dst.addr":"10.244.2.9:15008","direction":"inbound","error":"connection closed due to policy rejection: allow policies exist, but none allowed"}"#;
+        let event = parse_line(line).unwrap();
+        assert_eq!(
+            event,
+            Event::Failed(Failure {
+                direction: "inbound",
+                src: "10.244.4.2:39010".parse().unwrap(),
+                dst: "10.244.2.9:15008".parse().unwrap(),
+                policy_rejection: true,
+                error: "connection closed due to policy rejection: allow policies exist, but none allowed"
+                    .into(),
+                at_ms: 1_787_307_540_000,
+            })
+        );
+        assert!(Correlator::default().push(event).is_empty());
+        let other = line
+            .replace(
+                "connection closed due to policy rejection: allow policies exist, but none allowed",
+                "connection refused",
+            )
+            .replace(r#""direction":"inbound","#, "");
+        match parse_line(&other).unwrap() {
+            Event::Failed(f) => assert_eq!((f.direction, f.policy_rejection), ("unknown", false)),
+            e => panic!("{e:?}"),
+        }
+        let no_src = line.replace(r#""src.addr":"10.244.4.2:39010","#, "");
+        assert!(matches!(
+            parse_line(&no_src),
+            Err(LineError::Field {
+                field: "src.addr",
+                ..
+            })
+        ));
     }
 
     #[test]
