@@ -47,9 +47,10 @@ pub mod rules {
     pub const BACKEND_IMMUTABLE: &str = "self == oldSelf";
     pub const BACKEND_IMMUTABLE_MSG: &str = "backend is immutable";
     /// The target kinds the product resolves workloads to.
-    pub const TARGET_KIND: &str = "self.kind in ['Deployment', 'StatefulSet', 'DaemonSet']";
+    pub const TARGET_KIND: &str =
+        "self.kind in ['Deployment', 'StatefulSet', 'DaemonSet', 'CronJob', 'Job', 'Pod']";
     pub const TARGET_KIND_MSG: &str =
-        "spec.targetRef.kind must be one of Deployment, StatefulSet, DaemonSet";
+        "spec.targetRef.kind must be one of Deployment, StatefulSet, DaemonSet, CronJob, Job, Pod";
     /// A workload name is a DNS-1123 subdomain.
     pub const TARGET_NAME: &str = "size(self.name) >= 1 && size(self.name) <= 253 && \
         self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
@@ -138,16 +139,40 @@ pub enum WorkloadKind {
     Deployment,
     StatefulSet,
     DaemonSet,
+    /// The unit for the Jobs a CronJob creates (learned per CronJob, not per run).
+    CronJob,
+    /// A Job no CronJob created.
+    Job,
+    /// A bare pod (no controller owner), its own unit.
+    Pod,
 }
 
 impl WorkloadKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [WorkloadKind; 6] = [
+        WorkloadKind::Deployment,
+        WorkloadKind::StatefulSet,
+        WorkloadKind::DaemonSet,
+        WorkloadKind::CronJob,
+        WorkloadKind::Job,
+        WorkloadKind::Pod,
+    ];
+
     /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {
             WorkloadKind::Deployment => "Deployment",
             WorkloadKind::StatefulSet => "StatefulSet",
             WorkloadKind::DaemonSet => "DaemonSet",
+            WorkloadKind::CronJob => "CronJob",
+            WorkloadKind::Job => "Job",
+            WorkloadKind::Pod => "Pod",
         }
+    }
+
+    /// The kind named `name` (exact Kubernetes spelling), if it is one.
+    pub fn from_kind(name: &str) -> Option<WorkloadKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -156,7 +181,8 @@ impl WorkloadKind {
 #[x_kube(validation = Rule::new(rules::TARGET_KIND).message(rules::TARGET_KIND_MSG))]
 #[x_kube(validation = Rule::new(rules::TARGET_NAME).message(rules::TARGET_NAME_MSG))]
 pub struct TargetRef {
-    /// Kind of the workload: Deployment, StatefulSet or DaemonSet.
+    /// Kind of the workload: Deployment, StatefulSet, DaemonSet, CronJob (the unit for the Jobs it
+    /// creates), Job (one no CronJob created) or Pod (a bare pod).
     pub kind: WorkloadKind,
     /// Name of the workload in the same namespace.
     #[schemars(length(min = 1, max = 253))]

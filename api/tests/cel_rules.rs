@@ -215,7 +215,7 @@ fn missing_target_ref_or_direction() {
 
 #[test]
 fn target_kind_not_allowed() {
-    for kind in ["ReplicaSet", "Pod", "deployment"] {
+    for kind in ["ReplicaSet", "Service", "deployment"] {
         let spec = with(kubernetes_egress(), |s| {
             s["targetRef"]["kind"] = json!(kind)
         });

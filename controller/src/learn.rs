@@ -4,7 +4,7 @@
 //! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure: the
 //! writer in [`crate::proposals`] only batches edges and writes the result.
 
-use crate::resolve::{Endpoint, Index, PodKey, Resolved, WorkloadEndpoint};
+use crate::resolve::{Endpoint, Index, PodKey, ResolvedRef, WorkloadEndpoint};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -18,8 +18,9 @@ use network_enforcer_api::{
     Protocol, TargetRef, WorkloadKind, WorkloadNetworkPolicyProposal,
     WorkloadNetworkPolicyProposalSpec,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Who opened the connection, seen from the local pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,33 +68,40 @@ pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> 
     let local = index
         .pod(&obs.local.0, &obs.local.1)
         .ok_or_else(|| Unresolved::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
-    let local = Endpoint::Workload(index.endpoint_of(local));
+    let local = Endpoint::Workload(local.endpoint.clone());
     match obs.opened {
-        Opened::Outbound => match index.resolve(obs.peer, obs.port, obs.protocol, obs.at_ms) {
-            Resolved::Workloads(backends) => Ok(backends
-                .into_iter()
+        Opened::Outbound => match index.resolve_ref(obs.peer, obs.port, obs.protocol, obs.at_ms) {
+            ResolvedRef::Pod(w, port) => Ok(vec![Flow {
+                source: local,
+                destination: Endpoint::Workload(w.clone()),
+                protocol: obs.protocol,
+                port,
+            }]),
+            ResolvedRef::Backends(backends) => Ok(backends
+                .iter()
                 .map(|(w, port)| Flow {
                     source: local.clone(),
-                    destination: Endpoint::Workload(w),
+                    destination: Endpoint::Workload(w.clone()),
                     protocol: obs.protocol,
-                    port,
+                    port: *port,
                 })
                 .collect()),
-            Resolved::Address(peer, port) => Ok(vec![Flow {
+            ResolvedRef::Address(peer, port) => Ok(vec![Flow {
                 source: local,
                 destination: peer,
                 protocol: obs.protocol,
                 port,
             }]),
-            Resolved::ServiceWithoutBackends { namespace, name } => {
-                Err(Unresolved::ServiceWithoutBackends(namespace, name))
-            }
+            ResolvedRef::ServiceWithoutBackends(svc) => Err(Unresolved::ServiceWithoutBackends(
+                svc.namespace.clone(),
+                svc.name.clone(),
+            )),
         },
         Opened::Inbound => {
             // An inbound peer is never a ClusterIP (kube-proxy preserves the client IP).
-            let source = match index.resolve(obs.peer, 0, obs.protocol, obs.at_ms) {
-                Resolved::Workloads(mut w) if w.len() == 1 => Endpoint::Workload(w.remove(0).0),
-                Resolved::Address(peer, _) => peer,
+            let source = match index.resolve_ref(obs.peer, 0, obs.protocol, obs.at_ms) {
+                ResolvedRef::Pod(w, _) => Endpoint::Workload(w.clone()),
+                ResolvedRef::Address(peer, _) => peer,
                 _ => Endpoint::External(obs.peer),
             };
             Ok(vec![Flow {
@@ -109,7 +117,8 @@ pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> 
 /// The proposal an edge goes to: one per (workload, direction).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Target {
-    pub workload: WorkloadEndpoint,
+    pub workload: Arc<WorkloadEndpoint>,
+    /// The workload's kind ([`WorkloadKind::Pod`] for a bare pod).
     pub kind: WorkloadKind,
     pub direction: Direction,
 }
@@ -121,33 +130,75 @@ impl Target {
     }
 }
 
-/// What one flow adds to one proposal.
-#[derive(Clone, Debug, PartialEq)]
+/// What one flow adds to one proposal: hashable and cheap to clone (the writer deduplicates the edges of
+/// every record with it); the rule it stands for is built only when a proposal is written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Edge {
+    /// kubernetes backend: the peer, on the destination (container) port.
     Kubernetes {
-        peer: NetworkPolicyPeer,
-        port: NetworkPolicyPort,
+        peer: Endpoint,
+        protocol: Protocol,
+        port: u16,
     },
+    /// istio backend: the source workload (its principal is the rule), on the destination port.
     Istio {
-        principal: String,
-        port: String,
+        source: Arc<WorkloadEndpoint>,
+        port: u16,
     },
+}
+
+impl Edge {
+    /// The external address (outside the cluster's pods and nodes) this edge adds, if any: the kind of
+    /// peer whose fan-out is capped.
+    pub fn external(&self) -> Option<IpAddr> {
+        match self {
+            Edge::Kubernetes {
+                peer: Endpoint::External(ip),
+                ..
+            } => Some(*ip),
+            _ => None,
+        }
+    }
+
+    /// (protocol, port) of the edge.
+    pub fn port(&self) -> (Protocol, u16) {
+        match self {
+            Edge::Kubernetes { protocol, port, .. } => (*protocol, *port),
+            Edge::Istio { port, .. } => (Protocol::TCP, *port),
+        }
+    }
+}
+
+/// The workload kind of an endpoint's proposals: its controller's, or [`WorkloadKind::Pod`] for a bare
+/// pod. `None` when no NetworkPolicy can select exactly its pods (see [`WorkloadEndpoint::selectable`]).
+fn proposal_kind(w: &WorkloadEndpoint) -> Option<WorkloadKind> {
+    w.selectable().then(|| w.kind.unwrap_or(WorkloadKind::Pod))
+}
+
+/// Whether an endpoint can be written as a peer: not an unselectable workload.
+fn usable_peer(e: &Endpoint) -> bool {
+    match e {
+        Endpoint::Workload(w) => w.selectable(),
+        _ => true,
+    }
+}
+
+/// Whether a flow has a workload side no selector can name exactly (a bare pod without labels, a
+/// CronJob whose runs share no label): what it teaches about that side is skipped.
+pub fn has_unselectable_side(flow: &Flow) -> bool {
+    !usable_peer(&flow.source) || !usable_peer(&flow.destination)
 }
 
 /// The proposal edges a flow produces for `backend` (SPEC 4.1): kubernetes → the source's egress and
 /// the destination's ingress; istio → the destination's ingress only, TCP only, from a workload with an
-/// identity. Bare pods (no workload kind) are peers but get no proposal of their own.
+/// identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
+/// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer.
 pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
     let mut out = Vec::new();
     match backend {
         Backend::Kubernetes => {
-            let port = NetworkPolicyPort {
-                protocol: Some(protocol_name(flow.protocol).into()),
-                port: Some(IntOrString::Int(i32::from(flow.port))),
-                end_port: None,
-            };
             if let Endpoint::Workload(src) = &flow.source {
-                if let Some(kind) = src.kind {
+                if let (Some(kind), true) = (proposal_kind(src), usable_peer(&flow.destination)) {
                     out.push((
                         Target {
                             workload: src.clone(),
@@ -155,14 +206,15 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
                             direction: Direction::Egress,
                         },
                         Edge::Kubernetes {
-                            peer: peer_of(&flow.destination),
-                            port: port.clone(),
+                            peer: flow.destination.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
                         },
                     ));
                 }
             }
             if let Endpoint::Workload(dst) = &flow.destination {
-                if let Some(kind) = dst.kind {
+                if let (Some(kind), true) = (proposal_kind(dst), usable_peer(&flow.source)) {
                     out.push((
                         Target {
                             workload: dst.clone(),
@@ -170,8 +222,9 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
                             direction: Direction::Ingress,
                         },
                         Edge::Kubernetes {
-                            peer: peer_of(&flow.source),
-                            port,
+                            peer: flow.source.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
                         },
                     ));
                 }
@@ -181,7 +234,7 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
             if let (Endpoint::Workload(src), Endpoint::Workload(dst), Protocol::TCP) =
                 (&flow.source, &flow.destination, flow.protocol)
             {
-                if let Some(kind) = dst.kind {
+                if let Some(kind) = proposal_kind(dst) {
                     out.push((
                         Target {
                             workload: dst.clone(),
@@ -189,8 +242,8 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
                             direction: Direction::Ingress,
                         },
                         Edge::Istio {
-                            principal: principal(src),
-                            port: flow.port.to_string(),
+                            source: src.clone(),
+                            port: flow.port,
                         },
                     ));
                 }
@@ -241,12 +294,13 @@ pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
     }
 }
 
-/// A new, empty proposal for `target`, owned by its workload when the workload's uid is known.
+/// A new, empty proposal for `target`, owned by its workload (a bare pod: by the pod) when its uid is
+/// known.
 pub fn new_proposal(target: &Target, backend: Backend) -> WorkloadNetworkPolicyProposal {
     let selector = target.workload.label_selector();
     let owner_references = target.workload.uid.as_ref().map(|uid| {
         vec![OwnerReference {
-            api_version: "apps/v1".into(),
+            api_version: target.workload.api_version.clone(),
             kind: target.kind.as_str().into(),
             name: target.workload.name.clone(),
             uid: uid.clone(),
@@ -292,80 +346,136 @@ pub fn new_proposal(target: &Target, backend: Backend) -> WorkloadNetworkPolicyP
     }
 }
 
+/// What merging edges into a spec did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// Whether the spec changed.
+    pub changed: bool,
+    /// External peers not added, per (protocol, port), because that port already allows
+    /// `max_external_peers` single addresses (the fan-out cap).
+    pub capped: BTreeMap<(Protocol, u16), usize>,
+}
+
 /// Merges `edge` into `spec` (SPEC 4.3): the rule whose single peer equals the edge's peer gets the port
 /// if missing; otherwise a rule is appended. Never removes anything. Returns whether `spec` changed.
 pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool {
-    match edge {
-        Edge::Kubernetes { peer, port } => {
-            let Some(np) = spec.kubernetes.as_mut() else {
-                return false;
-            };
-            let peers = vec![peer.clone()];
-            // Egress and ingress rules are different types with the same shape: (peers, ports).
-            match spec.direction {
-                Direction::Egress => upsert_rule(
-                    np.egress.get_or_insert_with(Vec::new),
-                    |r| (r.to.as_ref(), &mut r.ports),
-                    peers,
-                    port,
-                    |to, ports| NetworkPolicyEgressRule {
-                        to: Some(to),
-                        ports: Some(ports),
-                    },
-                ),
-                Direction::Ingress => upsert_rule(
-                    np.ingress.get_or_insert_with(Vec::new),
-                    |r| (r.from.as_ref(), &mut r.ports),
-                    peers,
-                    port,
-                    |from, ports| NetworkPolicyIngressRule {
-                        from: Some(from),
-                        ports: Some(ports),
-                    },
-                ),
-            }
-        }
-        Edge::Istio { principal, port } => {
-            let Some(istio) = spec.istio.as_mut() else {
-                return false;
-            };
-            let from = vec![IstioFrom {
-                source: IstioSource {
-                    principals: vec![principal.clone()],
+    merge(spec, [edge], usize::MAX).changed
+}
+
+/// A hashable key for a rule's peers (their JSON: equal peers, equal keys).
+fn peers_key<T: serde::Serialize>(peers: &T) -> String {
+    serde_json::to_string(peers).unwrap_or_default()
+}
+
+/// Whether `peers` is one single-address ipBlock (a /32 or /128, no exceptions): what an external or
+/// node peer becomes, and what the fan-out cap counts.
+fn single_address(peers: Option<&Vec<NetworkPolicyPeer>>) -> bool {
+    match peers.map(Vec::as_slice) {
+        Some(
+            [
+                NetworkPolicyPeer {
+                    ip_block: Some(block),
+                    namespace_selector: None,
+                    pod_selector: None,
                 },
-            }];
-            match istio.rules.iter_mut().find(|r| r.from == from) {
-                Some(rule) => {
+            ],
+        ) => {
+            block.except.as_ref().is_none_or(Vec::is_empty)
+                && (block.cidr.ends_with("/32") || block.cidr.ends_with("/128"))
+        }
+        _ => false,
+    }
+}
+
+/// Merges `edges` into `spec`, in order, as [`apply`] does for each, in time linear in rules + edges
+/// (rules are found by a hash of their peers, not a scan per edge). An external peer is not added when
+/// its (protocol, port) already has `max_external_peers` single-address rules (nodes count towards it
+/// too, they are single addresses as well); those are counted in [`Merged::capped`].
+pub fn merge<'e>(
+    spec: &mut WorkloadNetworkPolicyProposalSpec,
+    edges: impl IntoIterator<Item = &'e Edge>,
+    max_external_peers: usize,
+) -> Merged {
+    let mut merged = Merged::default();
+    if let Some(np) = spec.kubernetes.as_mut() {
+        // Egress and ingress rules are different types with the same shape: (peers, ports).
+        match spec.direction {
+            Direction::Egress => merge_rules(
+                np.egress.get_or_insert_with(Vec::new),
+                |r| (r.to.as_ref(), &mut r.ports),
+                |to, ports| NetworkPolicyEgressRule {
+                    to: Some(to),
+                    ports: Some(ports),
+                },
+                edges,
+                max_external_peers,
+                &mut merged,
+            ),
+            Direction::Ingress => merge_rules(
+                np.ingress.get_or_insert_with(Vec::new),
+                |r| (r.from.as_ref(), &mut r.ports),
+                |from, ports| NetworkPolicyIngressRule {
+                    from: Some(from),
+                    ports: Some(ports),
+                },
+                edges,
+                max_external_peers,
+                &mut merged,
+            ),
+        }
+    } else if let Some(istio) = spec.istio.as_mut() {
+        let mut by_principal: HashMap<String, usize> = istio
+            .rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r.from.as_slice() {
+                [IstioFrom { source }] if source.principals.len() == 1 => {
+                    Some((source.principals[0].clone(), i))
+                }
+                _ => None,
+            })
+            .collect();
+        for edge in edges {
+            let Edge::Istio { source, port } = edge else {
+                continue;
+            };
+            let principal = principal(source);
+            let port = port.to_string();
+            match by_principal.get(&principal) {
+                Some(&i) => {
+                    let rule = &mut istio.rules[i];
                     if rule.to.is_empty() {
                         rule.to.push(IstioTo::default());
                     }
                     let ports = &mut rule.to[0].operation.ports;
-                    if ports.contains(port) {
-                        false
-                    } else {
-                        ports.push(port.clone());
-                        true
+                    if !ports.contains(&port) {
+                        ports.push(port);
+                        merged.changed = true;
                     }
                 }
                 None => {
+                    by_principal.insert(principal.clone(), istio.rules.len());
                     istio.rules.push(IstioRule {
-                        from,
-                        to: vec![IstioTo {
-                            operation: IstioOperation {
-                                ports: vec![port.clone()],
+                        from: vec![IstioFrom {
+                            source: IstioSource {
+                                principals: vec![principal],
                             },
                         }],
+                        to: vec![IstioTo {
+                            operation: IstioOperation { ports: vec![port] },
+                        }],
                     });
-                    true
+                    merged.changed = true;
                 }
             }
         }
     }
+    merged
 }
 
-/// Adds `port` to the rule whose peers are exactly `peers`, or appends a new rule; returns whether
-/// `rules` changed.
-fn upsert_rule<R>(
+/// Adds each kubernetes edge's port to the rule whose peers are exactly the edge's peer, or appends a
+/// new rule, with the fan-out cap of [`merge`].
+fn merge_rules<'e, R>(
     rules: &mut Vec<R>,
     parts: impl Fn(
         &mut R,
@@ -373,26 +483,74 @@ fn upsert_rule<R>(
         Option<&Vec<NetworkPolicyPeer>>,
         &mut Option<Vec<NetworkPolicyPort>>,
     ),
-    peers: Vec<NetworkPolicyPeer>,
-    port: &NetworkPolicyPort,
-    new_rule: impl FnOnce(Vec<NetworkPolicyPeer>, Vec<NetworkPolicyPort>) -> R,
-) -> bool {
-    for rule in rules.iter_mut() {
-        let (rule_peers, ports) = parts(rule);
-        if rule_peers == Some(&peers) {
-            return add_port(ports.get_or_insert_with(Vec::new), port);
+    new_rule: impl Fn(Vec<NetworkPolicyPeer>, Vec<NetworkPolicyPort>) -> R,
+    edges: impl IntoIterator<Item = &'e Edge>,
+    max_external_peers: usize,
+    merged: &mut Merged,
+) {
+    // Rules by their peers, and single-address rules per (protocol, port).
+    let mut by_peers: HashMap<String, usize> = HashMap::with_capacity(rules.len());
+    let mut addresses: HashMap<(String, i32), usize> = HashMap::new();
+    for (i, rule) in rules.iter_mut().enumerate() {
+        let (peers, ports) = parts(rule);
+        let single = single_address(peers);
+        by_peers.entry(peers_key(&peers)).or_insert(i);
+        if single {
+            for p in ports.iter().flatten() {
+                if let Some(IntOrString::Int(n)) = p.port {
+                    let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                    *addresses.entry((proto, n)).or_default() += 1;
+                }
+            }
         }
     }
-    rules.push(new_rule(peers, vec![port.clone()]));
-    true
-}
-
-fn add_port(ports: &mut Vec<NetworkPolicyPort>, port: &NetworkPolicyPort) -> bool {
-    if ports.contains(port) {
-        return false;
+    for edge in edges {
+        let Edge::Kubernetes {
+            peer,
+            protocol,
+            port,
+        } = edge
+        else {
+            continue;
+        };
+        let peers = vec![peer_of(peer)];
+        let np_port = NetworkPolicyPort {
+            protocol: Some(protocol_name(*protocol).into()),
+            port: Some(IntOrString::Int(i32::from(*port))),
+            end_port: None,
+        };
+        let address_key = (protocol_name(*protocol).to_string(), i32::from(*port));
+        let single = !matches!(peer, Endpoint::Workload(_));
+        let count = addresses.get(&address_key).copied().unwrap_or(0);
+        let capped = edge.external().is_some() && count >= max_external_peers;
+        let key = peers_key(&Some(&peers));
+        match by_peers.get(&key) {
+            Some(&i) => {
+                let (_, ports) = parts(&mut rules[i]);
+                let ports = ports.get_or_insert_with(Vec::new);
+                if ports.contains(&np_port) {
+                    continue;
+                }
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                ports.push(np_port);
+            }
+            None => {
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                by_peers.insert(key, rules.len());
+                rules.push(new_rule(peers, vec![np_port]));
+            }
+        }
+        if single {
+            *addresses.entry(address_key).or_default() += 1;
+        }
+        merged.changed = true;
     }
-    ports.push(port.clone());
-    true
 }
 
 /// Number of peers (rules) in a proposal spec.
@@ -786,5 +944,250 @@ mod tests {
             ix.pod_at("10.0.0.2".parse().unwrap(), T + 5).unwrap().name,
             "other-1"
         );
+    }
+    fn flow_to(ix: &Index, local: &str, peer: &str, port: u16) -> Flow {
+        flows(ix, &obs(local, peer, port, Protocol::TCP, Opened::Outbound))
+            .unwrap()
+            .remove(0)
+    }
+
+    #[test]
+    fn merging_many_edges_at_once_equals_merging_them_one_by_one() {
+        let ix = index();
+        let client = Endpoint::Workload(
+            ix.pod("shop", "http-client-aaa-1")
+                .unwrap()
+                .endpoint
+                .clone(),
+        );
+        let target = Target {
+            workload: match &client {
+                Endpoint::Workload(w) => w.clone(),
+                _ => unreachable!(),
+            },
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let server = flow_to(&ix, "http-client-aaa-1", "10.0.0.2", 18080).destination;
+        let mut all = Vec::new();
+        for i in 0..300u32 {
+            let peer = match i % 3 {
+                0 => server.clone(),
+                1 => Endpoint::External(IpAddr::from([198, 51, (i / 256) as u8, i as u8])),
+                _ => Endpoint::External(IpAddr::from([198, 51, 0, (i % 7) as u8])),
+            };
+            all.push(Edge::Kubernetes {
+                peer,
+                protocol: if i % 2 == 0 {
+                    Protocol::TCP
+                } else {
+                    Protocol::UDP
+                },
+                port: 1000 + (i % 5) as u16,
+            });
+        }
+        let mut one_by_one = new_proposal(&target, Backend::Kubernetes).spec;
+        for e in &all {
+            apply(&mut one_by_one, e);
+        }
+        let mut at_once = new_proposal(&target, Backend::Kubernetes).spec;
+        let merged = merge(&mut at_once, &all, usize::MAX);
+        assert!(merged.changed && merged.capped.is_empty());
+        assert_eq!(at_once, one_by_one);
+        // And again: nothing changes.
+        assert!(!merge(&mut at_once, &all, usize::MAX).changed);
+    }
+
+    #[test]
+    fn external_fan_out_is_capped_per_port_and_counted() {
+        let ix = index();
+        let client = ix
+            .pod("shop", "http-client-aaa-1")
+            .unwrap()
+            .endpoint
+            .clone();
+        let target = Target {
+            workload: client,
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let external = |i: u8, port: u16| Edge::Kubernetes {
+            peer: Endpoint::External(IpAddr::from([203, 0, 113, i])),
+            protocol: Protocol::TCP,
+            port,
+        };
+        let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+        let first: Vec<Edge> = (0..5).map(|i| external(i, 443)).collect();
+        assert!(merge(&mut spec, &first, 3).changed);
+        assert_eq!(peer_count(&spec), 3);
+        // The cap counts what the spec already holds: later flushes add nothing more on 443...
+        let later: Vec<Edge> = (10..12)
+            .map(|i| external(i, 443))
+            .chain([external(0, 80), external(50, 80)])
+            .collect();
+        let merged = merge(&mut spec, &later, 3);
+        assert_eq!(
+            merged.capped,
+            BTreeMap::from([((Protocol::TCP, 443), 2)]),
+            "two more on 443 refused"
+        );
+        // ...while another port has its own budget (0 joins its existing rule, 50 gets a rule).
+        assert!(merged.changed);
+        assert_eq!(peer_count(&spec), 4);
+        // In-cluster peers are never capped.
+        let server = flow_to(&ix, "http-client-aaa-1", "10.0.0.2", 18080).destination;
+        let merged = merge(
+            &mut spec,
+            &[Edge::Kubernetes {
+                peer: server,
+                protocol: Protocol::TCP,
+                port: 443,
+            }],
+            3,
+        );
+        assert!(merged.changed && merged.capped.is_empty());
+    }
+
+    #[test]
+    fn bare_pods_and_jobs_get_proposals_of_their_kind() {
+        let mut ix = index();
+        let mut bare = pod("shop", "debug", "10.0.0.9", "debug", None, "default");
+        bare.metadata.labels = Some(BTreeMap::from([("run".into(), "debug".into())]));
+        ix.apply_pod(&bare, T);
+        let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+            "metadata": {"name": "report-29000", "namespace": "shop", "uid": "uid-job",
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "report",
+                                              "uid": "uid-cron", "controller": true}]},
+            "spec": {"template": {"metadata": {"labels": {"app": "report", "job-name": "report-29000"}},
+                                  "spec": {"containers": []}}}
+        }))
+        .unwrap();
+        ix.apply_job(&job);
+        let mut run = pod(
+            "shop",
+            "report-29000-q",
+            "10.0.0.10",
+            "report",
+            None,
+            "default",
+        );
+        run.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: "report-29000".into(),
+            uid: "uid-job".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        ix.apply_pod(&run, T);
+        let mut learned: BTreeMap<String, WorkloadNetworkPolicyProposal> = BTreeMap::new();
+        for o in [
+            obs(
+                "debug",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            obs(
+                "report-29000-q",
+                "10.0.0.9",
+                8080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+        ] {
+            for flow in flows(&ix, &o).unwrap() {
+                for (target, edge) in edges(&flow, Backend::Kubernetes) {
+                    let p = learned
+                        .entry(target.name())
+                        .or_insert_with(|| new_proposal(&target, Backend::Kubernetes));
+                    apply(&mut p.spec, &edge);
+                }
+            }
+        }
+        let names: Vec<&str> = learned.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "cronjob-report-egress",
+                "deployment-http-server-ingress",
+                "pod-debug-egress",
+                "pod-debug-ingress"
+            ]
+        );
+        let debug = &learned["pod-debug-egress"];
+        assert_eq!(debug.spec.target_ref.kind, WorkloadKind::Pod);
+        let owner = &debug.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.uid.as_str()
+            ),
+            ("v1", "Pod", "uid-debug")
+        );
+        assert_eq!(
+            serde_json::to_value(&debug.spec.kubernetes.as_ref().unwrap().pod_selector).unwrap(),
+            json!({"matchLabels": {"run": "debug"}})
+        );
+        let cron = &learned["cronjob-report-egress"];
+        let owner = &cron.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str()
+            ),
+            ("batch/v1", "CronJob", "report", "uid-cron")
+        );
+        assert_eq!(
+            serde_json::to_value(&cron.spec.kubernetes.as_ref().unwrap().pod_selector).unwrap(),
+            json!({"matchLabels": {"app": "report"}})
+        );
+        // The server's ingress names the bare pod by its labels.
+        assert_eq!(
+            serde_json::to_value(
+                &learned["deployment-http-server-ingress"]
+                    .spec
+                    .kubernetes
+                    .as_ref()
+                    .unwrap()
+                    .ingress
+            )
+            .unwrap(),
+            json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
+                              "podSelector": {"matchLabels": {"run": "debug"}}}],
+                    "ports": [{"protocol": "TCP", "port": 18080}]}])
+        );
+    }
+
+    #[test]
+    fn unselectable_workloads_get_no_proposal_and_are_no_peer() {
+        let mut ix = index();
+        let mut naked = pod("shop", "naked", "10.0.0.9", "x", None, "default");
+        naked.metadata.labels = Some(BTreeMap::new());
+        ix.apply_pod(&naked, T);
+        for o in [
+            obs(
+                "naked",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            obs(
+                "http-client-aaa-1",
+                "10.0.0.9",
+                80,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+        ] {
+            let f = flows(&ix, &o).unwrap();
+            assert!(has_unselectable_side(&f[0]));
+            assert_eq!(edges(&f[0], Backend::Kubernetes), vec![], "{o:?}");
+        }
     }
 }

@@ -5,19 +5,32 @@
 //! new edges and writes only when that changes it, with optimistic concurrency (resourceVersion, retried on
 //! 409) and field manager `network-enforcer`. A proposal whose policy exists is left alone (SPEC 4.5). A
 //! failed write keeps its edges for the next flush: nothing learned is lost to an API hiccup.
+//!
+//! Pending edges are a hash set per proposal (the same edge arrives from every replica and window), kept
+//! in arrival order for the write; the write merges them in time linear in rules + edges
+//! ([`learn::merge`]). External peers are capped per proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]):
+//! past the cap they are counted (`resolutions_total{outcome="external_capped"}`), logged, and reported
+//! with an `ExternalPeersCapped` Event on the proposal, never silently widened to a larger CIDR.
 
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
 use crate::metrics::ControllerMetrics;
 use crate::resolve::{Endpoint, Index};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
 use network_enforcer_api::keys::{FIELD_MANAGER, PROMOTED_FROM_LABEL};
 use network_enforcer_api::naming::promoted_from_value;
-use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
-use std::collections::{BTreeMap, BTreeSet};
+use network_enforcer_api::{
+    Backend, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Default cap on distinct external addresses learned per proposal and (protocol, port)
+/// (`--max-external-peers-per-port`).
+pub const DEFAULT_MAX_EXTERNAL_PEERS: usize = 50;
 
 /// How many times a write is retried on a conflict within one flush.
 const CONFLICT_RETRIES: usize = 3;
@@ -37,13 +50,71 @@ pub struct FlushReport {
     pub failed: usize,
     /// Conflicts (409) retried.
     pub conflicts: usize,
+    /// External peers not learned because their proposal and port had reached the cap.
+    pub capped: usize,
+}
+
+/// What [`PendingEdges::add`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Added {
+    New,
+    /// Already pending.
+    Known,
+    /// Refused: the port's pending external addresses are at the cap.
+    Capped,
+}
+
+/// The edges waiting for one proposal's next write.
+#[derive(Debug, Default)]
+pub struct PendingEdges {
+    /// Each edge with its arrival number (the write keeps arrival order: rules appear as first seen).
+    edges: HashMap<Edge, u32>,
+    /// External edges pending per (protocol, port), for the cap.
+    external: HashMap<(Protocol, u16), usize>,
+}
+
+impl PendingEdges {
+    /// Adds `edge` unless it is already pending or would take its port's pending external addresses
+    /// past `max_external`.
+    pub fn add(&mut self, edge: Edge, max_external: usize) -> Added {
+        if self.edges.contains_key(&edge) {
+            return Added::Known;
+        }
+        if edge.external().is_some() {
+            let count = self.external.entry(edge.port()).or_default();
+            if *count >= max_external {
+                return Added::Capped;
+            }
+            *count += 1;
+        }
+        let n = self.edges.len() as u32;
+        self.edges.insert(edge, n);
+        Added::New
+    }
+
+    /// Number of edges.
+    pub fn len(&self) -> usize {
+        self.edges.len()
+    }
+
+    /// Whether no edge is pending.
+    pub fn is_empty(&self) -> bool {
+        self.edges.is_empty()
+    }
+
+    /// The edges in arrival order.
+    pub fn into_ordered(self) -> Vec<Edge> {
+        let mut edges: Vec<(Edge, u32)> = self.edges.into_iter().collect();
+        edges.sort_unstable_by_key(|(_, n)| *n);
+        edges.into_iter().map(|(e, _)| e).collect()
+    }
 }
 
 /// A workload excluded from learning (`--exclude-workload namespace/kind/name`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ExcludedWorkload {
     pub namespace: String,
-    /// Lowercase kind: `deployment`, `statefulset`, `daemonset`.
+    /// Lowercase kind: `deployment`, `statefulset`, `daemonset`, `cronjob`, `job`, `pod`.
     pub kind: String,
     pub name: String,
 }
@@ -60,9 +131,14 @@ impl std::str::FromStr for ExcludedWorkload {
             ));
         };
         let kind = kind.to_ascii_lowercase();
-        if !["deployment", "statefulset", "daemonset"].contains(&kind.as_str()) {
+        let kinds: Vec<String> = WorkloadKind::ALL
+            .iter()
+            .map(|k| k.as_str().to_ascii_lowercase())
+            .collect();
+        if !kinds.contains(&kind) {
             return Err(format!(
-                "{s:?}: kind {kind:?} is not one of deployment, statefulset, daemonset"
+                "{s:?}: kind {kind:?} is not one of {}",
+                kinds.join(", ")
             ));
         }
         if namespace.is_empty() || name.is_empty() {
@@ -82,7 +158,9 @@ pub struct ProposalWriter {
     backend: Backend,
     excluded_namespaces: BTreeSet<String>,
     excluded_workloads: BTreeSet<ExcludedWorkload>,
-    pending: Mutex<BTreeMap<Target, Vec<Edge>>>,
+    pending: Mutex<HashMap<Target, PendingEdges>>,
+    max_external_peers: usize,
+    recorder: Recorder,
     metrics: ControllerMetrics,
     /// Leadership, when replicas elect a leader; `None`: this replica always writes.
     leader: Option<tokio::sync::watch::Receiver<crate::leader::Leadership>>,
@@ -92,12 +170,21 @@ impl ProposalWriter {
     /// A writer for `backend` that learns nothing for workloads in `excluded_namespaces` (they are still
     /// resolved as peers of others).
     pub fn new(client: Client, backend: Backend, excluded_namespaces: BTreeSet<String>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: None,
+            },
+        );
         Self {
             client,
             backend,
             excluded_namespaces,
             excluded_workloads: BTreeSet::new(),
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            max_external_peers: DEFAULT_MAX_EXTERNAL_PEERS,
+            recorder,
             metrics: ControllerMetrics::new(),
             leader: None,
         }
@@ -132,13 +219,22 @@ impl ProposalWriter {
         self
     }
 
+    /// Learns at most `max` distinct external addresses per proposal and (protocol, port); past that,
+    /// further ones are counted, logged and reported with an Event instead (`0`: no external peer is
+    /// learned).
+    pub fn with_max_external_peers(mut self, max: usize) -> Self {
+        self.max_external_peers = max;
+        self
+    }
+
     fn excluded(&self, target: &Target) -> bool {
+        // No allocation: this runs for every edge of every record.
         self.excluded_namespaces
             .contains(&target.workload.namespace)
-            || self.excluded_workloads.contains(&ExcludedWorkload {
-                namespace: target.workload.namespace.clone(),
-                kind: target.kind.as_str().to_ascii_lowercase(),
-                name: target.workload.name.clone(),
+            || self.excluded_workloads.iter().any(|w| {
+                w.namespace == target.workload.namespace
+                    && w.name == target.workload.name
+                    && w.kind.eq_ignore_ascii_case(target.kind.as_str())
             })
     }
 
@@ -166,6 +262,7 @@ impl ProposalWriter {
                 1,
             )
         })?;
+        let (mut added, mut capped) = (0i64, 0u64);
         let mut pending = self.pending.lock().expect("pending edges lock");
         for flow in flows {
             // The peer is the side that is not the local pod's workload.
@@ -181,19 +278,33 @@ impl ProposalWriter {
                 },
                 1,
             );
+            if learn::has_unselectable_side(&flow) {
+                self.metrics.resolved("unselectable_workload", 1);
+            }
             for (target, edge) in learn::edges(&flow, self.backend) {
                 if self.excluded(&target) {
                     continue;
                 }
-                let edges = pending.entry(target).or_default();
-                if !edges.contains(&edge) {
-                    edges.push(edge);
-                    self.metrics.pending_edges.inc();
+                let edges = match pending.get_mut(&target) {
+                    Some(edges) => edges,
+                    None => pending.entry(target).or_default(),
+                };
+                match edges.add(edge, self.max_external_peers) {
+                    Added::New => added += 1,
+                    Added::Known => {}
+                    Added::Capped => capped += 1,
                 }
                 produced += 1;
             }
         }
-        self.metrics.pending_proposals.set(pending.len() as i64);
+        if added > 0 {
+            self.metrics.pending_edges.inc_by(added);
+            self.metrics.pending_proposals.set(pending.len() as i64);
+        }
+        if capped > 0 {
+            // Reported with the proposal's Event when the pending ones are written.
+            self.metrics.resolved("external_capped", capped);
+        }
         Ok(produced)
     }
 
@@ -212,6 +323,7 @@ impl ProposalWriter {
         let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
         let mut report = FlushReport::default();
         for (target, edges) in batch {
+            let edges = edges.into_ordered();
             let started = Instant::now();
             let before = report.clone();
             let result = self.write(&target, &edges, &mut report).await;
@@ -228,9 +340,8 @@ impl ProposalWriter {
                     let mut pending = self.pending.lock().expect("pending edges lock");
                     let kept = pending.entry(target).or_default();
                     for e in edges {
-                        if !kept.contains(&e) {
-                            kept.push(e);
-                        }
+                        // Kept edges already passed the cap once; only the merge decides again.
+                        let _ = kept.add(e, usize::MAX);
                     }
                 }
             }
@@ -239,7 +350,7 @@ impl ProposalWriter {
         self.metrics.pending_proposals.set(pending.len() as i64);
         self.metrics
             .pending_edges
-            .set(pending.values().map(Vec::len).sum::<usize>() as i64);
+            .set(pending.values().map(PendingEdges::len).sum::<usize>() as i64);
         report
     }
 
@@ -258,6 +369,45 @@ impl ProposalWriter {
             self.metrics.proposal_write("promoted");
         } else {
             self.metrics.proposal_write("unchanged");
+        }
+    }
+
+    /// Counts, logs and reports with an Event on `proposal` the external peers the merge left out.
+    async fn report_capped(
+        &self,
+        target: &Target,
+        proposal: Option<&WorkloadNetworkPolicyProposal>,
+        capped: &BTreeMap<(Protocol, u16), usize>,
+        report: &mut FlushReport,
+    ) {
+        if capped.is_empty() {
+            return;
+        }
+        let total: usize = capped.values().sum();
+        report.capped += total;
+        self.metrics.resolved("external_capped", total as u64);
+        let ports: Vec<String> = capped
+            .iter()
+            .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
+            .collect();
+        let note = format!(
+            "external peers not learned: {} (at most {} addresses per port; raise \
+             --max-external-peers-per-port, or add a CIDR rule to the policy)",
+            ports.join(", "),
+            self.max_external_peers
+        );
+        tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note,
+            "external fan-out capped");
+        if let Some(p) = proposal {
+            crate::reconcile::publish_with(
+                &self.recorder,
+                &p.object_ref(&()),
+                EventType::Warning,
+                "ExternalPeersCapped",
+                "Learn",
+                note,
+            )
+            .await;
         }
     }
 
@@ -297,12 +447,11 @@ impl ProposalWriter {
                 tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
                 return Ok(());
             }
-            let mut changed = false;
-            for edge in edges {
-                changed |= learn::apply(&mut desired.spec, edge);
-            }
-            if !changed && existing.is_some() {
+            let merged = learn::merge(&mut desired.spec, edges, self.max_external_peers);
+            if !merged.changed && existing.is_some() {
                 report.unchanged += 1;
+                self.report_capped(target, existing.as_ref(), &merged.capped, report)
+                    .await;
                 return Ok(());
             }
             let written = match existing {
@@ -311,9 +460,11 @@ impl ProposalWriter {
             };
             let created = existing.is_none();
             match written {
-                Ok(_) => {
+                Ok(object) => {
                     report.written += 1;
                     report.created += usize::from(created);
+                    self.report_capped(target, Some(&object), &merged.capped, report)
+                        .await;
                     let status = serde_json::json!({"status": {
                         "peerCount": learn::peer_count(&desired.spec),
                         "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
@@ -340,6 +491,14 @@ impl ProposalWriter {
     }
 }
 
+fn proto_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::TCP => "TCP",
+        Protocol::UDP => "UDP",
+        Protocol::SCTP => "SCTP",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,7 +515,14 @@ mod tests {
             }
         );
         assert!("shop/web".parse::<ExcludedWorkload>().is_err());
-        assert!("shop/job/web".parse::<ExcludedWorkload>().is_err());
+        assert!("shop/replicaset/web".parse::<ExcludedWorkload>().is_err());
+        assert_eq!(
+            "shop/CronJob/backup"
+                .parse::<ExcludedWorkload>()
+                .unwrap()
+                .kind,
+            "cronjob"
+        );
         assert!("/deployment/web".parse::<ExcludedWorkload>().is_err());
     }
 }

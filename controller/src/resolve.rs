@@ -3,25 +3,51 @@
 //! The index is a pure state machine fed by watch events (`apply_*` / `delete_*`), in the manner of
 //! Linkerd's policy index: ingest and learning read it and never list the API per flow. It keeps only what
 //! resolution needs: pods (IPs with a short history for IP reuse, labels, owner, node, service account,
-//! named container ports), workloads (uid and selector), Services (ClusterIPs, selector, ports) and node
-//! IPs. EndpointSlices are not used (the test API server, v1.20, lacks v1); Service backends are the pods
-//! its selector picks, as kube-proxy would.
+//! named container ports), workloads (uid and selector), Jobs (for the Job → CronJob owner chain),
+//! Services (ClusterIPs, selector, ports) and node IPs. EndpointSlices are not used (the test API server,
+//! v1.20, lacks v1); Service backends are the pods its selector picks, as kube-proxy would.
+//!
+//! Resolution is on the ingest hot path (every record, every replica), so the index does its work when
+//! the cluster changes, not when a record arrives:
+//! - every pod carries its workload endpoint, computed on change and shared ([`Arc`], interned: the
+//!   pods of one workload hold the same endpoint);
+//! - every Service keeps its backend pods and, per service port, the backend workloads with their
+//!   container ports (named target ports resolved per backend pod), updated on pod, Service and workload
+//!   changes. A ClusterIP record is then two hash lookups instead of a scan of every pod.
 
 use crate::workload::{self, Workload};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use network_enforcer_api::{Protocol, WorkloadKind};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A pod, by namespace and name.
 pub type PodKey = (String, String);
 
+/// A workload, by namespace, kind and name.
+pub type WorkloadKey = (String, WorkloadKind, String);
+
+/// A Service, by namespace and name.
+type ServiceKey = (String, String);
+
 /// How long a released pod IP still resolves to its former pod, for records that arrive late.
 pub const IP_HISTORY_MS: i64 = 5 * 60 * 1000;
+
+/// Labels the Job controller adds to every pod of a Job (legacy and `batch.kubernetes.io/` forms). They
+/// name one Job run, so a CronJob's selector leaves them out; a Job's own selector is its controller-uid.
+pub const JOB_POD_LABELS: [&str; 4] = [
+    "controller-uid",
+    "job-name",
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+];
 
 /// What the index keeps of a pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,17 +59,41 @@ pub struct PodInfo {
     pub ips: Vec<IpAddr>,
     pub node: Option<String>,
     pub service_account: String,
+    /// The workload the pod belongs to (for a Job's pod: the Job's CronJob when it has one, else the
+    /// Job); `None` for a bare pod.
     pub owner: Option<Workload>,
+    /// The Job controlling the pod, if any, from its ownerReference.
+    pub job: Option<OwnerRef>,
     /// Named container ports: (name, port, protocol).
     pub ports: Vec<(String, u16, Protocol)>,
     pub host_network: bool,
+    /// Succeeded or Failed: holds no IP and backs no Service.
+    pub terminated: bool,
+    /// The pod as a flow endpoint (shared by the pods of one workload).
+    pub endpoint: Arc<WorkloadEndpoint>,
 }
 
-/// What the index keeps of a workload (Deployment, StatefulSet, DaemonSet).
+/// An ownerReference, as far as the index needs it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OwnerRef {
+    pub api_version: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// What the index keeps of a workload (Deployment, StatefulSet, DaemonSet, Job, CronJob).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkloadInfo {
     pub uid: String,
     pub selector: LabelSelector,
+    /// The apiVersion of its kind, for ownerReferences (`batch/v1beta1` CronJobs on older clusters).
+    pub api_version: String,
+}
+
+/// What the index keeps of a Job: the CronJob that created it, if any.
+#[derive(Clone, Debug, PartialEq)]
+struct JobInfo {
+    cronjob: Option<OwnerRef>,
 }
 
 /// What the index keeps of a Service.
@@ -55,6 +105,21 @@ pub struct ServiceInfo {
     pub selector: Option<BTreeMap<String, String>>,
     /// (service port, protocol, target port).
     pub ports: Vec<(u16, Protocol, IntOrString)>,
+    /// ClusterIPs.
+    pub ips: Vec<IpAddr>,
+}
+
+/// A backend workload of a Service and the container port it is reached on.
+pub type Backend = (Arc<WorkloadEndpoint>, u16);
+
+/// The backends of one Service, kept up to date by the index.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Backends {
+    /// The live pods its selector picks.
+    pods: BTreeSet<String>,
+    /// Per service port: the backend workloads and their container ports, sorted and deduplicated (one
+    /// workload appears once per distinct container port, e.g. while a rollout changes a named port).
+    by_port: HashMap<(u16, Protocol), Vec<Backend>>,
 }
 
 /// Who held an IP, and when (ms since the epoch).
@@ -69,7 +134,7 @@ struct IpLease {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Endpoint {
     /// Pods of a workload (or a bare pod, whose `kind` is `None`).
-    Workload(WorkloadEndpoint),
+    Workload(Arc<WorkloadEndpoint>),
     /// A node of the cluster (host network), by IP.
     Node { ip: IpAddr, name: String },
     /// Anything else: the internet, hosts outside the cluster.
@@ -77,20 +142,33 @@ pub enum Endpoint {
 }
 
 /// A workload as a flow endpoint.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct WorkloadEndpoint {
     pub namespace: String,
-    /// `None` for a pod without a supported controller (bare pod, Job).
+    /// `None` for a bare pod (no controller owner); its `name` is the pod's.
     pub kind: Option<WorkloadKind>,
     /// Workload name (the pod name for bare pods).
     pub name: String,
-    /// The workload's uid, for ownerReferences (`None` when the workload object is not in the index).
+    /// The uid ownerReferences name: the workload's (`None` when the workload object is not in the
+    /// index), or the pod's for a bare pod.
     pub uid: Option<String>,
+    /// The apiVersion of the owner ownerReferences name (`apps/v1`, `batch/v1`, `v1` for a pod).
+    pub api_version: String,
     /// The workload's `spec.selector` (the pod's labels for bare pods), as `key=value` pairs.
     pub selector: BTreeMap<String, String>,
     /// Full selector including matchExpressions, serialized, so equal workloads compare equal.
     pub selector_expressions: String,
     pub service_account: String,
+}
+
+/// Hashes the identity only (namespace, kind, name): consistent with `Eq` (equal endpoints have equal
+/// identities) and cheap, since endpoints key the learning maps of every record.
+impl Hash for WorkloadEndpoint {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace.hash(state);
+        self.kind.hash(state);
+        self.name.hash(state);
+    }
 }
 
 impl WorkloadEndpoint {
@@ -104,6 +182,13 @@ impl WorkloadEndpoint {
         } else {
             serde_json::from_str(&self.selector_expressions).unwrap_or_default()
         }
+    }
+
+    /// Whether a NetworkPolicy can select exactly these pods: an empty selector would select every pod
+    /// of the namespace (a bare pod without labels, a CronJob whose pod template has none), so such an
+    /// endpoint gets no proposal and is not learned as a peer.
+    pub fn selectable(&self) -> bool {
+        !self.selector.is_empty() || !self.selector_expressions.is_empty()
     }
 }
 
@@ -119,6 +204,38 @@ pub enum Resolved {
     Address(Endpoint, u16),
 }
 
+/// [`Resolved`], borrowed from the index: what the learning hot path uses (no copies per record).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedRef<'a> {
+    /// A pod's workload, on the port as seen.
+    Pod(&'a Arc<WorkloadEndpoint>, u16),
+    /// A Service's backend workloads and their container ports.
+    Backends(&'a [Backend]),
+    /// A Service with no ready backend on that port.
+    ServiceWithoutBackends(&'a ServiceInfo),
+    /// A node or an external address, on the port as seen.
+    Address(Endpoint, u16),
+}
+
+impl ResolvedRef<'_> {
+    /// The owned form.
+    pub fn to_owned(&self) -> Resolved {
+        match self {
+            ResolvedRef::Pod(w, port) => {
+                Resolved::Workloads(vec![(WorkloadEndpoint::clone(w), *port)])
+            }
+            ResolvedRef::Backends(b) => {
+                Resolved::Workloads(b.iter().map(|(w, p)| ((**w).clone(), *p)).collect())
+            }
+            ResolvedRef::ServiceWithoutBackends(svc) => Resolved::ServiceWithoutBackends {
+                namespace: svc.namespace.clone(),
+                name: svc.name.clone(),
+            },
+            ResolvedRef::Address(e, port) => Resolved::Address(e.clone(), *port),
+        }
+    }
+}
+
 /// The index. See the module docs.
 #[derive(Default, Debug)]
 pub struct Index {
@@ -128,9 +245,24 @@ pub struct Index {
     /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
     deleted: HashMap<PodKey, i64>,
     leases: HashMap<IpAddr, Vec<IpLease>>,
-    workloads: HashMap<(String, WorkloadKind, String), WorkloadInfo>,
-    services: HashMap<IpAddr, ServiceInfo>,
+    workloads: HashMap<WorkloadKey, WorkloadInfo>,
+    /// Pod names per namespace (live and recently deleted), for Service selection.
+    pods_in_namespace: HashMap<String, BTreeSet<String>>,
+    /// Pod names per owner workload, to refresh their endpoints when the workload changes.
+    pods_of_workload: HashMap<WorkloadKey, BTreeSet<String>>,
+    /// Pod names per Job (namespace, name), to re-resolve their owner when the Job is seen.
+    pods_of_job: HashMap<(String, String), BTreeSet<String>>,
+    jobs: HashMap<(String, String), JobInfo>,
+    services: HashMap<ServiceKey, ServiceInfo>,
+    service_ips: HashMap<IpAddr, ServiceKey>,
+    /// Service names per namespace.
+    services_in_namespace: HashMap<String, BTreeSet<String>>,
+    backends: HashMap<ServiceKey, Backends>,
     nodes: HashMap<IpAddr, String>,
+    /// Interned endpoints: the pods of one workload share one [`Arc`].
+    interned: HashSet<Arc<WorkloadEndpoint>>,
+    /// Interner size after its last sweep (see [`Index::sweep_interned`]).
+    interned_swept: usize,
 }
 
 fn protocol(p: Option<&str>) -> Protocol {
@@ -141,42 +273,131 @@ fn protocol(p: Option<&str>) -> Protocol {
     }
 }
 
+/// The controller ownerReference of an object, as (kind, reference).
+fn controller_ref(
+    refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+) -> Option<(&str, OwnerRef)> {
+    let o = refs?.iter().find(|o| o.controller == Some(true))?;
+    Some((
+        o.kind.as_str(),
+        OwnerRef {
+            api_version: o.api_version.clone(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+        },
+    ))
+}
+
+/// The apiVersion of a kind when no object told us (ownerReferences need one).
+fn default_api_version(kind: WorkloadKind) -> &'static str {
+    match kind {
+        WorkloadKind::Deployment | WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => "apps/v1",
+        WorkloadKind::Job | WorkloadKind::CronJob => "batch/v1",
+        WorkloadKind::Pod => "v1",
+    }
+}
+
+/// `labels` without the per-run Job labels ([`JOB_POD_LABELS`]): what all the runs of a CronJob share.
+pub fn cronjob_selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| !JOB_POD_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The selector of a Job known only from its pod: the controller-uid label the Job controller sets (the
+/// Job's own default selector).
+fn job_selector_from_pod(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    ["batch.kubernetes.io/controller-uid", "controller-uid"]
+        .iter()
+        .find_map(|k| {
+            labels
+                .get(*k)
+                .map(|v| BTreeMap::from([(k.to_string(), v.clone())]))
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pod` backs `svc`: a live, running pod with an IP in the Service's namespace that its selector
+/// picks.
+fn backs(svc: &ServiceInfo, pod: &PodInfo, deleted: bool) -> bool {
+    let Some(selector) = &svc.selector else {
+        return false;
+    };
+    !deleted
+        && !pod.terminated
+        && !pod.ips.is_empty()
+        && pod.namespace == svc.namespace
+        && selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+}
+
+/// The container port `target` names on `pod` for `proto`.
+fn container_port(target: &IntOrString, pod: &PodInfo, proto: Protocol) -> Option<u16> {
+    match target {
+        IntOrString::Int(n) => u16::try_from(*n).ok(),
+        IntOrString::String(name) => pod
+            .ports
+            .iter()
+            .find(|(n, _, pr)| n == name && *pr == proto)
+            .map(|(_, p, _)| *p),
+    }
+}
+
+fn remove_from<K: Eq + Hash>(map: &mut HashMap<K, BTreeSet<String>>, key: &K, name: &str) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(name);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
 impl Index {
     /// Adds or updates a pod, at time `now_ms`.
     pub fn apply_pod(&mut self, pod: &Pod, now_ms: i64) {
-        let spec = pod.spec.clone().unwrap_or_default();
-        let status = pod.status.clone().unwrap_or_default();
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         let mut ips: Vec<IpAddr> = status
-            .pod_ips
-            .iter()
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
             .flatten()
             .filter_map(|p| p.ip.parse().ok())
             .collect();
         if ips.is_empty() {
             ips.extend(
                 status
-                    .pod_ip
-                    .as_deref()
+                    .and_then(|s| s.pod_ip.as_deref())
                     .and_then(|ip| ip.parse::<IpAddr>().ok()),
             );
         }
-        let host_network = spec.host_network.unwrap_or(false);
-        let info = PodInfo {
+        let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+        let terminated = matches!(
+            status.and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        let job = match controller_ref(pod.metadata.owner_references.as_ref()) {
+            Some(("Job", r)) => Some(r),
+            _ => None,
+        };
+        let owner = workload::owner_of(pod)
+            .or_else(|| job.as_ref().map(|j| self.job_owner(&key.0, &j.name)));
+        let mut info = PodInfo {
             namespace: key.0.clone(),
             name: key.1.clone(),
             uid: pod.uid().unwrap_or_default(),
             labels: pod.labels().clone(),
             ips: ips.clone(),
-            node: spec.node_name.clone(),
+            node: spec.and_then(|s| s.node_name.clone()),
             service_account: spec
-                .service_account_name
-                .clone()
+                .and_then(|s| s.service_account_name.clone())
                 .unwrap_or_else(|| "default".into()),
-            owner: workload::owner_of(pod),
+            owner,
+            job,
             ports: spec
-                .containers
-                .iter()
+                .into_iter()
+                .flat_map(|s| s.containers.iter())
                 .flat_map(|c| c.ports.iter().flatten())
                 .filter_map(|p| {
                     Some((
@@ -187,8 +408,11 @@ impl Index {
                 })
                 .collect(),
             host_network,
+            terminated,
+            endpoint: Arc::default(),
         };
-        let terminated = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
+        let endpoint = self.compute_endpoint(&info);
+        info.endpoint = self.intern(endpoint);
         // Host-network pods share the node's IP: the IP says nothing about which pod it is.
         if !host_network && !terminated {
             for ip in &ips {
@@ -206,7 +430,8 @@ impl Index {
                 }
             }
         }
-        if let Some(old) = self.pods.get(&key) {
+        let old = self.pods.remove(&key);
+        if let Some(old) = &old {
             let released: Vec<IpAddr> = old
                 .ips
                 .iter()
@@ -214,24 +439,28 @@ impl Index {
                 .copied()
                 .collect();
             self.release(&key, &released, now_ms);
+            self.unlink(old);
         }
         self.deleted.remove(&key);
         if !info.uid.is_empty() {
             self.uids.insert(info.uid.clone(), key.clone());
         }
-        self.pods.insert(key, info);
+        self.link(&info);
+        self.pods.insert(key.clone(), info);
+        self.update_backends_of(&key, old.as_ref());
         self.forget_expired(now_ms);
     }
 
     /// Removes a pod; its IPs keep resolving to it for [`IP_HISTORY_MS`].
     pub fn delete_pod(&mut self, namespace: &str, name: &str, now_ms: i64) {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(old) = self.pods.get(&key) {
-            let ips = old.ips.clone();
-            self.release(&key, &ips, now_ms);
+        let old = self.pods.get(&key).cloned();
+        if let Some(old) = &old {
+            self.release(&key, &old.ips, now_ms);
         }
         // Keep the PodInfo for the IP history window, so late records still resolve.
-        self.deleted.insert(key, now_ms);
+        self.deleted.insert(key.clone(), now_ms);
+        self.update_backends_of(&key, old.as_ref());
         self.forget_expired(now_ms);
     }
 
@@ -242,6 +471,39 @@ impl Index {
                     l.until = Some(now_ms);
                 }
             }
+        }
+    }
+
+    /// Records `pod` in the per-namespace, per-workload and per-Job sets.
+    fn link(&mut self, pod: &PodInfo) {
+        self.pods_in_namespace
+            .entry(pod.namespace.clone())
+            .or_default()
+            .insert(pod.name.clone());
+        if let Some(w) = &pod.owner {
+            self.pods_of_workload
+                .entry((pod.namespace.clone(), w.kind, w.name.clone()))
+                .or_default()
+                .insert(pod.name.clone());
+        }
+        if let Some(j) = &pod.job {
+            self.pods_of_job
+                .entry((pod.namespace.clone(), j.name.clone()))
+                .or_default()
+                .insert(pod.name.clone());
+        }
+    }
+
+    /// Undoes [`Index::link`].
+    fn unlink(&mut self, pod: &PodInfo) {
+        remove_from(&mut self.pods_in_namespace, &pod.namespace, &pod.name);
+        if let Some(w) = &pod.owner {
+            let key = (pod.namespace.clone(), w.kind, w.name.clone());
+            remove_from(&mut self.pods_of_workload, &key, &pod.name);
+        }
+        if let Some(j) = &pod.job {
+            let key = (pod.namespace.clone(), j.name.clone());
+            remove_from(&mut self.pods_of_job, &key, &pod.name);
         }
     }
 
@@ -261,6 +523,196 @@ impl Index {
             self.deleted.remove(&key);
             if let Some(pod) = self.pods.remove(&key) {
                 self.uids.remove(&pod.uid);
+                self.unlink(&pod);
+            }
+        }
+        self.sweep_interned();
+    }
+
+    /// The shared, interned form of `endpoint`. The interner is swept of endpoints nobody else holds
+    /// whenever it has doubled since the last sweep, so its size stays proportional to the live ones.
+    fn intern(&mut self, endpoint: WorkloadEndpoint) -> Arc<WorkloadEndpoint> {
+        if let Some(shared) = self.interned.get(&endpoint) {
+            return shared.clone();
+        }
+        let shared = Arc::new(endpoint);
+        self.interned.insert(shared.clone());
+        self.sweep_interned();
+        shared
+    }
+
+    /// Drops interned endpoints nobody else holds, once the interner has grown past twice the pods (each
+    /// pod holds one) and twice its size after the last sweep (endpoints pending in the writer may keep
+    /// it from shrinking): amortized constant per pod change.
+    fn sweep_interned(&mut self) {
+        if self.interned.len() > 2 * self.pods.len().max(self.interned_swept) + 64 {
+            self.interned.retain(|e| Arc::strong_count(e) > 1);
+            self.interned_swept = self.interned.len();
+        }
+    }
+
+    /// The workload a Job's pod belongs to: the Job's CronJob when the index knows the Job has one, else
+    /// the Job itself.
+    fn job_owner(&self, namespace: &str, job: &str) -> Workload {
+        match self
+            .jobs
+            .get(&(namespace.to_string(), job.to_string()))
+            .and_then(|j| j.cronjob.as_ref())
+        {
+            Some(cronjob) => Workload {
+                kind: WorkloadKind::CronJob,
+                name: cronjob.name.clone(),
+            },
+            None => Workload {
+                kind: WorkloadKind::Job,
+                name: job.to_string(),
+            },
+        }
+    }
+
+    /// The workload endpoint of a pod, from its owner and what the index knows of that owner.
+    fn compute_endpoint(&self, pod: &PodInfo) -> WorkloadEndpoint {
+        let Some(owner) = &pod.owner else {
+            // A bare pod is its own unit: named after itself, owned by itself, selected by its labels
+            // (NetworkPolicies select by label only; all of its labels is the narrowest selector there is).
+            return WorkloadEndpoint {
+                namespace: pod.namespace.clone(),
+                kind: None,
+                name: pod.name.clone(),
+                uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+                api_version: "v1".into(),
+                selector: pod.labels.clone(),
+                selector_expressions: String::new(),
+                service_account: pod.service_account.clone(),
+            };
+        };
+        let info = self
+            .workloads
+            .get(&(pod.namespace.clone(), owner.kind, owner.name.clone()));
+        let (selector, expressions) = match info {
+            Some(w) => {
+                let has_expressions = w
+                    .selector
+                    .match_expressions
+                    .as_ref()
+                    .is_some_and(|e| !e.is_empty());
+                (
+                    w.selector.match_labels.clone().unwrap_or_default(),
+                    if has_expressions {
+                        serde_json::to_string(&w.selector).unwrap_or_default()
+                    } else {
+                        String::new()
+                    },
+                )
+            }
+            // Not (yet) in the index: the best selector the pod itself tells.
+            None => (
+                match owner.kind {
+                    WorkloadKind::Job => job_selector_from_pod(&pod.labels),
+                    WorkloadKind::CronJob => cronjob_selector(&pod.labels),
+                    _ => pod.labels.clone(),
+                },
+                String::new(),
+            ),
+        };
+        let job_ref = pod.job.as_ref().filter(|_| owner.kind == WorkloadKind::Job);
+        WorkloadEndpoint {
+            namespace: pod.namespace.clone(),
+            kind: Some(owner.kind),
+            name: owner.name.clone(),
+            uid: info
+                .map(|w| w.uid.clone())
+                .or_else(|| job_ref.map(|j| j.uid.clone()))
+                .filter(|u| !u.is_empty()),
+            api_version: info
+                .map(|w| w.api_version.clone())
+                .or_else(|| job_ref.map(|j| j.api_version.clone()))
+                .unwrap_or_else(|| default_api_version(owner.kind).into()),
+            selector,
+            selector_expressions: expressions,
+            service_account: pod.service_account.clone(),
+        }
+    }
+
+    /// Recomputes the owner and endpoint of the pods `names` in `namespace` (their workload or Job
+    /// changed), and the backends of the Services they are in.
+    fn refresh_pods(&mut self, namespace: &str, names: Vec<String>) {
+        for name in names {
+            let key = (namespace.to_string(), name);
+            let Some(before) = self.pods.get(&key).cloned() else {
+                continue;
+            };
+            let mut pod = before.clone();
+            if let Some(job) = &pod.job {
+                pod.owner = Some(self.job_owner(namespace, &job.name));
+            }
+            let endpoint = self.compute_endpoint(&pod);
+            pod.endpoint = self.intern(endpoint);
+            if pod == before {
+                continue;
+            }
+            self.unlink(&before);
+            self.link(&pod);
+            self.pods.insert(key.clone(), pod);
+            self.update_backends_of(&key, Some(&before));
+        }
+    }
+
+    /// Updates the Services of the pod `key`'s namespace after it changed from `before`: membership, and
+    /// the per-port backends of every Service it joined, left or changed in.
+    fn update_backends_of(&mut self, key: &PodKey, before: Option<&PodInfo>) {
+        let Some(names) = self.services_in_namespace.get(&key.0) else {
+            return;
+        };
+        let pod = self.pods.get(key);
+        let deleted = self.deleted.contains_key(key);
+        let changed =
+            before.map(|b| (&b.endpoint, &b.ports)) != pod.map(|p| (&p.endpoint, &p.ports));
+        let mut dirty = Vec::new();
+        for name in names {
+            let service_key = (key.0.clone(), name.clone());
+            let Some(svc) = self.services.get(&service_key) else {
+                continue;
+            };
+            let member = pod.is_some_and(|p| backs(svc, p, deleted));
+            let backends = self.backends.entry(service_key.clone()).or_default();
+            let was = backends.pods.contains(&key.1);
+            if member && !was {
+                backends.pods.insert(key.1.clone());
+            } else if !member && was {
+                backends.pods.remove(&key.1);
+            }
+            if member != was || (member && changed) {
+                dirty.push(service_key);
+            }
+        }
+        for service_key in dirty {
+            self.recompute_backends(&service_key);
+        }
+    }
+
+    /// Recomputes the per-port backend workloads of a Service from its backend pods.
+    fn recompute_backends(&mut self, key: &ServiceKey) {
+        let Some(svc) = self.services.get(key) else {
+            self.backends.remove(key);
+            return;
+        };
+        let backends = self.backends.entry(key.clone()).or_default();
+        backends.by_port.clear();
+        for (port, proto, target) in &svc.ports {
+            let mut found: BTreeSet<(Arc<WorkloadEndpoint>, u16)> = BTreeSet::new();
+            for name in &backends.pods {
+                let Some(pod) = self.pods.get(&(key.0.clone(), name.clone())) else {
+                    continue;
+                };
+                if let Some(p) = container_port(target, pod, *proto) {
+                    found.insert((pod.endpoint.clone(), p));
+                }
+            }
+            if !found.is_empty() {
+                backends
+                    .by_port
+                    .insert((*port, *proto), found.into_iter().collect());
             }
         }
     }
@@ -281,7 +733,7 @@ impl Index {
         self.pods.len()
     }
 
-    /// Adds or updates a workload.
+    /// Adds or updates a workload (its apiVersion: `apps/v1` for the apps kinds, else `batch/v1`).
     pub fn apply_workload(
         &mut self,
         namespace: &str,
@@ -290,19 +742,45 @@ impl Index {
         uid: &str,
         selector: LabelSelector,
     ) {
-        self.workloads.insert(
+        self.set_workload(
             (namespace.to_string(), kind, name.to_string()),
-            WorkloadInfo {
+            Some(WorkloadInfo {
                 uid: uid.to_string(),
                 selector,
-            },
+                api_version: default_api_version(kind).into(),
+            }),
         );
     }
 
     /// Removes a workload.
     pub fn delete_workload(&mut self, namespace: &str, kind: WorkloadKind, name: &str) {
+        self.set_workload((namespace.to_string(), kind, name.to_string()), None);
+    }
+
+    /// What the index knows of a workload.
+    pub fn workload(
+        &self,
+        namespace: &str,
+        kind: WorkloadKind,
+        name: &str,
+    ) -> Option<&WorkloadInfo> {
         self.workloads
-            .remove(&(namespace.to_string(), kind, name.to_string()));
+            .get(&(namespace.to_string(), kind, name.to_string()))
+    }
+
+    fn set_workload(&mut self, key: WorkloadKey, info: Option<WorkloadInfo>) {
+        let changed = match info {
+            Some(info) => self.workloads.insert(key.clone(), info.clone()) != Some(info),
+            None => self.workloads.remove(&key).is_some(),
+        };
+        if changed {
+            let names: Vec<String> = self
+                .pods_of_workload
+                .get(&key)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            self.refresh_pods(&key.0, names);
+        }
     }
 
     /// Adds or updates a Deployment, StatefulSet or DaemonSet.
@@ -339,15 +817,91 @@ impl Index {
         );
     }
 
+    /// Adds or updates a Job. A Job a CronJob created makes its pods part of the CronJob (whose selector
+    /// is the Job's pod template labels without the per-run Job labels, [`cronjob_selector`]: the
+    /// CronJob's own object is not needed, and `batch/v1` CronJobs do not exist on older API servers); a
+    /// Job of its own is the unit, selected by its own `spec.selector`.
+    pub fn apply_job(&mut self, job: &Job) {
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let cronjob = match controller_ref(job.metadata.owner_references.as_ref()) {
+            Some(("CronJob", r)) => Some(r),
+            _ => None,
+        };
+        let spec = job.spec.as_ref();
+        match &cronjob {
+            Some(c) => {
+                let template_labels = spec
+                    .and_then(|s| s.template.metadata.as_ref())
+                    .and_then(|m| m.labels.clone())
+                    .unwrap_or_default();
+                self.set_workload(
+                    (namespace.clone(), WorkloadKind::CronJob, c.name.clone()),
+                    Some(WorkloadInfo {
+                        uid: c.uid.clone(),
+                        selector: LabelSelector {
+                            match_labels: Some(cronjob_selector(&template_labels)),
+                            match_expressions: None,
+                        },
+                        api_version: c.api_version.clone(),
+                    }),
+                );
+            }
+            None => {
+                if let Some(selector) = spec.and_then(|s| s.selector.clone()) {
+                    self.set_workload(
+                        (namespace.clone(), WorkloadKind::Job, name.clone()),
+                        Some(WorkloadInfo {
+                            uid: job.uid().unwrap_or_default(),
+                            selector,
+                            api_version: "batch/v1".into(),
+                        }),
+                    );
+                }
+            }
+        }
+        let info = JobInfo { cronjob };
+        let job_key = (namespace.clone(), name);
+        if self.jobs.insert(job_key.clone(), info.clone()) != Some(info) {
+            let names: Vec<String> = self
+                .pods_of_job
+                .get(&job_key)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            self.refresh_pods(&namespace, names);
+        }
+    }
+
+    /// Removes a Job (its CronJob, if any, stays known: its other runs still refer to it).
+    pub fn delete_job(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(job) = self.jobs.remove(&key) {
+            if job.cronjob.is_none() {
+                self.delete_workload(namespace, WorkloadKind::Job, name);
+            }
+        }
+    }
+
     /// Adds or updates a Service (by its ClusterIPs; headless Services have none and resolve as pods).
     pub fn apply_service(&mut self, svc: &Service) {
-        self.delete_service(&svc.namespace().unwrap_or_default(), &svc.name_any());
+        let namespace = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        self.delete_service(&namespace, &name);
         let Some(spec) = svc.spec.as_ref() else {
             return;
         };
+        let ips: Vec<IpAddr> = spec
+            .cluster_ips
+            .iter()
+            .flatten()
+            .chain(spec.cluster_ip.iter())
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let info = ServiceInfo {
-            namespace: svc.namespace().unwrap_or_default(),
-            name: svc.name_any(),
+            namespace: namespace.clone(),
+            name: name.clone(),
             selector: spec.selector.clone().filter(|s| !s.is_empty()),
             ports: spec
                 .ports
@@ -359,22 +913,52 @@ impl Index {
                     Some((port, protocol(p.protocol.as_deref()), target))
                 })
                 .collect(),
+            ips,
         };
-        let ips = spec
-            .cluster_ips
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .chain(spec.cluster_ip.clone());
-        for ip in ips.filter_map(|ip| ip.parse::<IpAddr>().ok()) {
-            self.services.insert(ip, info.clone());
+        let key = (namespace.clone(), name.clone());
+        for ip in &info.ips {
+            self.service_ips.insert(*ip, key.clone());
         }
+        let members: BTreeSet<String> = self
+            .pods_in_namespace
+            .get(&namespace)
+            .into_iter()
+            .flatten()
+            .filter(|pod| {
+                let pod_key = (namespace.clone(), (*pod).clone());
+                self.pods
+                    .get(&pod_key)
+                    .is_some_and(|p| backs(&info, p, self.deleted.contains_key(&pod_key)))
+            })
+            .cloned()
+            .collect();
+        self.services_in_namespace
+            .entry(namespace)
+            .or_default()
+            .insert(name);
+        self.services.insert(key.clone(), info);
+        self.backends.insert(
+            key.clone(),
+            Backends {
+                pods: members,
+                by_port: HashMap::new(),
+            },
+        );
+        self.recompute_backends(&key);
     }
 
     /// Removes a Service.
     pub fn delete_service(&mut self, namespace: &str, name: &str) {
-        self.services
-            .retain(|_, s| !(s.namespace == namespace && s.name == name));
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(old) = self.services.remove(&key) {
+            for ip in &old.ips {
+                if self.service_ips.get(ip) == Some(&key) {
+                    self.service_ips.remove(ip);
+                }
+            }
+        }
+        self.backends.remove(&key);
+        remove_from(&mut self.services_in_namespace, &key.0, name);
     }
 
     /// Adds or updates a node's addresses.
@@ -415,55 +999,42 @@ impl Index {
 
     /// The workload endpoint of a pod.
     pub fn endpoint_of(&self, pod: &PodInfo) -> WorkloadEndpoint {
-        let (kind, name, workload) = match &pod.owner {
-            Some(w) => (
-                Some(w.kind),
-                w.name.clone(),
-                self.workloads
-                    .get(&(pod.namespace.clone(), w.kind, w.name.clone())),
-            ),
-            None => (None, pod.name.clone(), None),
-        };
-        let (selector, expressions) = match workload {
-            Some(w) => {
-                let has_expressions = w
-                    .selector
-                    .match_expressions
-                    .as_ref()
-                    .is_some_and(|e| !e.is_empty());
-                (
-                    w.selector.match_labels.clone().unwrap_or_default(),
-                    if has_expressions {
-                        serde_json::to_string(&w.selector).unwrap_or_default()
-                    } else {
-                        String::new()
-                    },
-                )
-            }
-            None => (pod.labels.clone(), String::new()),
-        };
-        WorkloadEndpoint {
-            namespace: pod.namespace.clone(),
-            kind,
-            name,
-            uid: workload.map(|w| w.uid.clone()),
-            selector,
-            selector_expressions: expressions,
-            service_account: pod.service_account.clone(),
-        }
+        (*pod.endpoint).clone()
     }
 
     /// Resolves a peer address and port as seen by a socket at `at_ms`: a pod IP, a Service ClusterIP
     /// (to its backend workloads and target container port), a node IP, or external.
     pub fn resolve(&self, ip: IpAddr, port: u16, proto: Protocol, at_ms: i64) -> Resolved {
+        self.resolve_ref(ip, port, proto, at_ms).to_owned()
+    }
+
+    /// [`Index::resolve`], borrowing from the index (no copies: the learning hot path).
+    pub fn resolve_ref(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        proto: Protocol,
+        at_ms: i64,
+    ) -> ResolvedRef<'_> {
         if let Some(pod) = self.pod_at(ip, at_ms) {
-            return Resolved::Workloads(vec![(self.endpoint_of(pod), port)]);
+            return ResolvedRef::Pod(&pod.endpoint, port);
         }
-        if let Some(svc) = self.services.get(&ip) {
-            return self.resolve_service(svc, port, proto);
+        if let Some((key, svc)) = self
+            .service_ips
+            .get(&ip)
+            .and_then(|k| Some((k, self.services.get(k)?)))
+        {
+            let backends = self
+                .backends
+                .get(key)
+                .and_then(|b| b.by_port.get(&(port, proto)));
+            return match backends {
+                Some(b) if !b.is_empty() => ResolvedRef::Backends(b),
+                _ => ResolvedRef::ServiceWithoutBackends(svc),
+            };
         }
         if let Some(node) = self.nodes.get(&ip) {
-            return Resolved::Address(
+            return ResolvedRef::Address(
                 Endpoint::Node {
                     ip,
                     name: node.clone(),
@@ -471,51 +1042,321 @@ impl Index {
                 port,
             );
         }
-        Resolved::Address(Endpoint::External(ip), port)
+        ResolvedRef::Address(Endpoint::External(ip), port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const T: i64 = 1_000_000;
+
+    fn pod(name: &str, ip: &str, labels: serde_json::Value, owner: Option<(&str, &str)>) -> Pod {
+        let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "labels": labels});
+        if let Some((kind, owner_name)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": if kind == "Job" { "batch/v1" } else { "apps/v1" },
+                "kind": kind, "name": owner_name, "uid": format!("uid-{owner_name}"), "controller": true}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"serviceAccountName": "sa", "containers": [{"name": "c", "ports": [
+                {"name": "http", "containerPort": if name.starts_with("new") { 9090 } else { 8080 }}]}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
     }
 
-    fn resolve_service(&self, svc: &ServiceInfo, port: u16, proto: Protocol) -> Resolved {
-        let none = || Resolved::ServiceWithoutBackends {
-            namespace: svc.namespace.clone(),
-            name: svc.name.clone(),
-        };
-        let Some(selector) = &svc.selector else {
-            return none();
-        };
-        let Some((_, _, target)) = svc
-            .ports
-            .iter()
-            .find(|(p, pr, _)| *p == port && *pr == proto)
-        else {
-            return none();
-        };
-        let mut backends: BTreeMap<WorkloadEndpoint, u16> = BTreeMap::new();
-        for pod in self
-            .pods
-            .iter()
-            .filter(|(key, _)| !self.deleted.contains_key(*key))
-            .map(|(_, p)| p)
-            .filter(|p| {
-                p.namespace == svc.namespace
-                    && !p.ips.is_empty()
-                    && selector.iter().all(|(k, v)| p.labels.get(k) == Some(v))
-            })
-        {
-            let container_port = match target {
-                IntOrString::Int(n) => u16::try_from(*n).ok(),
-                IntOrString::String(name) => pod
-                    .ports
-                    .iter()
-                    .find(|(n, _, pr)| n == name && *pr == proto)
-                    .map(|(_, p, _)| *p),
-            };
-            if let Some(p) = container_port {
-                backends.entry(self.endpoint_of(pod)).or_insert(p);
+    fn deployment_pod(name: &str, ip: &str, app: &str) -> Pod {
+        pod(
+            name,
+            ip,
+            json!({"app": app, "pod-template-hash": "h"}),
+            Some(("ReplicaSet", &format!("{app}-h"))),
+        )
+    }
+
+    fn service(selector: serde_json::Value, target: serde_json::Value) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.1", "selector": selector,
+                     "ports": [{"port": 80, "targetPort": target}]}
+        }))
+        .unwrap()
+    }
+
+    fn deployment(name: &str, selector: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-deploy-{name}")},
+            "spec": {"selector": {"matchLabels": selector}, "template": {}}
+        }))
+        .unwrap()
+    }
+
+    fn backends(ix: &Index) -> Vec<(String, u16)> {
+        match ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
+            Resolved::Workloads(w) => w.into_iter().map(|(w, p)| (w.name, p)).collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Resolution of a ClusterIP by scanning every pod, as the index did before keeping backends: the
+    /// reference the kept backends must agree with.
+    fn scanned(ix: &Index, port: u16) -> Vec<(String, u16)> {
+        let svc = ix.services.values().next().unwrap();
+        let (_, proto, target) = svc.ports.iter().find(|(p, _, _)| *p == port).unwrap();
+        let mut out: BTreeSet<(String, u16)> = BTreeSet::new();
+        for (key, pod) in &ix.pods {
+            if backs(svc, pod, ix.deleted.contains_key(key)) {
+                if let Some(p) = container_port(target, pod, *proto) {
+                    out.insert((pod.endpoint.name.clone(), p));
+                }
             }
         }
-        if backends.is_empty() {
-            return none();
+        out.into_iter().collect()
+    }
+
+    #[test]
+    fn service_backends_follow_pods_in_any_order() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"tier": "web"}), json!("http")));
+        assert_eq!(backends(&ix), vec![], "no backend yet");
+        assert!(matches!(
+            ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T),
+            Resolved::ServiceWithoutBackends { .. }
+        ));
+        let mut a = deployment_pod("a-h-1", "10.0.0.1", "a");
+        a.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&a, T);
+        assert_eq!(backends(&ix), [("a".to_string(), 8080)]);
+        // A second workload whose pods name the port differently: each backend on its own port.
+        let mut b = deployment_pod("new-b-h-1", "10.0.0.2", "b");
+        b.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&b, T);
+        assert_eq!(
+            backends(&ix),
+            [("a".to_string(), 8080), ("b".to_string(), 9090)]
+        );
+        assert_eq!(backends(&ix), scanned(&ix, 80));
+        // A relabelled pod leaves; a deleted pod leaves.
+        b.metadata.labels.as_mut().unwrap().remove("tier");
+        ix.apply_pod(&b, T + 1);
+        assert_eq!(backends(&ix), [("a".to_string(), 8080)]);
+        ix.delete_pod("ns", "a-h-1", T + 2);
+        assert_eq!(backends(&ix), vec![]);
+        assert_eq!(backends(&ix), scanned(&ix, 80));
+        // Re-applying the Service keeps what the pods say.
+        b.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&b, T + 3);
+        ix.apply_service(&service(json!({"tier": "web"}), json!(80)));
+        assert_eq!(backends(&ix), [("b".to_string(), 80)]);
+        ix.delete_service("ns", "web");
+        assert!(matches!(
+            ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T),
+            Resolved::Address(Endpoint::External(_), 80)
+        ));
+    }
+
+    #[test]
+    fn terminated_pods_back_no_service() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"app": "a"}), json!(8080)));
+        let mut a = deployment_pod("a-h-1", "10.0.0.1", "a");
+        ix.apply_pod(&a, T);
+        assert_eq!(backends(&ix).len(), 1);
+        a.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        ix.apply_pod(&a, T + 1);
+        assert_eq!(backends(&ix), vec![]);
+    }
+
+    #[test]
+    fn a_workload_change_reaches_its_pods_and_service_backends() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"app": "a"}), json!(8080)));
+        ix.apply_pod(&deployment_pod("a-h-1", "10.0.0.1", "a"), T);
+        ix.apply_pod(&deployment_pod("a-h-2", "10.0.0.2", "a"), T);
+        let before = ix.pod("ns", "a-h-1").unwrap().endpoint.clone();
+        assert_eq!(before.uid, None, "the Deployment is not known yet");
+        assert!(
+            before.selector.contains_key("pod-template-hash"),
+            "until then the pod's labels stand for the selector"
+        );
+        ix.apply_deployment(&deployment("a", json!({"app": "a"})));
+        let after = ix.pod("ns", "a-h-1").unwrap().endpoint.clone();
+        assert_eq!(after.uid.as_deref(), Some("uid-deploy-a"));
+        assert_eq!(after.selector, BTreeMap::from([("app".into(), "a".into())]));
+        assert!(
+            Arc::ptr_eq(&after, &ix.pod("ns", "a-h-2").unwrap().endpoint),
+            "the pods of one workload share one endpoint"
+        );
+        match ix.resolve_ref("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
+            ResolvedRef::Backends(b) => assert!(Arc::ptr_eq(&b[0].0, &after)),
+            other => panic!("{other:?}"),
         }
-        Resolved::Workloads(backends.into_iter().collect())
+        ix.delete_workload("ns", WorkloadKind::Deployment, "a");
+        assert_eq!(ix.pod("ns", "a-h-1").unwrap().endpoint.uid, None);
+    }
+
+    fn job(name: &str, cronjob: Option<&str>, template_labels: serde_json::Value) -> Job {
+        let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}")});
+        if let Some(c) = cronjob {
+            meta["ownerReferences"] = json!([{"apiVersion": "batch/v1beta1", "kind": "CronJob",
+                "name": c, "uid": format!("uid-{c}"), "controller": true}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"selector": {"matchLabels": {"controller-uid": format!("uid-{name}")}},
+                     "template": {"metadata": {"labels": template_labels}, "spec": {"containers": []}}}
+        }))
+        .unwrap()
+    }
+
+    fn job_pod(name: &str, job: &str, ip: &str) -> Pod {
+        pod(
+            name,
+            ip,
+            json!({"app": "backup", "controller-uid": format!("uid-{job}"), "job-name": job}),
+            Some(("Job", job)),
+        )
+    }
+
+    #[test]
+    fn jobs_of_a_cronjob_are_the_cronjob_whatever_the_order() {
+        let mut ix = Index::default();
+        // The pod of the first run arrives before its Job: a Job for now, by its controller-uid.
+        ix.apply_pod(&job_pod("backup-100-x", "backup-100", "10.0.0.5"), T);
+        let e = ix.pod("ns", "backup-100-x").unwrap().endpoint.clone();
+        assert_eq!(
+            (
+                e.kind,
+                e.name.as_str(),
+                e.uid.as_deref(),
+                e.api_version.as_str()
+            ),
+            (
+                Some(WorkloadKind::Job),
+                "backup-100",
+                Some("uid-backup-100"),
+                "batch/v1"
+            )
+        );
+        assert_eq!(
+            e.selector,
+            BTreeMap::from([("controller-uid".into(), "uid-backup-100".into())])
+        );
+        let labels = json!({"app": "backup", "controller-uid": "x", "job-name": "x"});
+        ix.apply_job(&job("backup-100", Some("backup"), labels.clone()));
+        ix.apply_job(&job("backup-160", Some("backup"), labels));
+        ix.apply_pod(&job_pod("backup-160-y", "backup-160", "10.0.0.6"), T);
+        for pod in ["backup-100-x", "backup-160-y"] {
+            let e = ix.pod("ns", pod).unwrap().endpoint.clone();
+            assert_eq!(
+                (
+                    e.kind,
+                    e.name.as_str(),
+                    e.uid.as_deref(),
+                    e.api_version.as_str()
+                ),
+                (
+                    Some(WorkloadKind::CronJob),
+                    "backup",
+                    Some("uid-backup"),
+                    "batch/v1beta1"
+                ),
+                "{pod}"
+            );
+            assert_eq!(
+                e.selector,
+                BTreeMap::from([("app".into(), "backup".into())]),
+                "template labels without the per-run ones"
+            );
+        }
+        assert_eq!(
+            ix.pod("ns", "backup-100-x").unwrap().owner,
+            Some(Workload {
+                kind: WorkloadKind::CronJob,
+                name: "backup".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_job_of_its_own_is_the_unit_and_a_cronjob_without_labels_is_unselectable() {
+        let mut ix = Index::default();
+        ix.apply_job(&job("migrate", None, json!({})));
+        ix.apply_pod(&job_pod("migrate-z", "migrate", "10.0.0.7"), T);
+        let e = ix.pod("ns", "migrate-z").unwrap().endpoint.clone();
+        assert_eq!(
+            (e.kind, e.name.as_str()),
+            (Some(WorkloadKind::Job), "migrate")
+        );
+        assert_eq!(
+            e.selector,
+            BTreeMap::from([("controller-uid".into(), "uid-migrate".into())])
+        );
+        assert!(e.selectable());
+        ix.delete_job("ns", "migrate");
+        assert!(ix.workload("ns", WorkloadKind::Job, "migrate").is_none());
+
+        ix.apply_job(&job("tick-1", Some("tick"), json!({"job-name": "tick-1"})));
+        ix.apply_pod(&job_pod("tick-1-a", "tick-1", "10.0.0.8"), T);
+        let e = ix.pod("ns", "tick-1-a").unwrap().endpoint.clone();
+        assert_eq!(e.kind, Some(WorkloadKind::CronJob));
+        assert!(
+            !e.selectable(),
+            "no label shared by all runs: nothing selects exactly its pods"
+        );
+    }
+
+    #[test]
+    fn a_bare_pod_is_its_own_unit() {
+        let mut ix = Index::default();
+        ix.apply_pod(&pod("debug", "10.0.0.9", json!({"run": "debug"}), None), T);
+        let e = ix.pod("ns", "debug").unwrap().endpoint.clone();
+        assert_eq!(
+            (
+                e.kind,
+                e.name.as_str(),
+                e.uid.as_deref(),
+                e.api_version.as_str()
+            ),
+            (None, "debug", Some("uid-debug"), "v1")
+        );
+        assert_eq!(e.selector, BTreeMap::from([("run".into(), "debug".into())]));
+        ix.apply_pod(&pod("naked", "10.0.0.10", json!({}), None), T);
+        assert!(!ix.pod("ns", "naked").unwrap().endpoint.selectable());
+    }
+
+    #[test]
+    fn the_interner_forgets_endpoints_nobody_holds() {
+        let mut ix = Index::default();
+        for i in 0..1_000 {
+            let name = format!("p{i}");
+            ix.apply_pod(
+                &pod(&name, "10.0.0.1", json!({"i": i.to_string()}), None),
+                T,
+            );
+            ix.delete_pod("ns", &name, T);
+        }
+        ix.forget_expired(T + IP_HISTORY_MS + 1);
+        assert_eq!(ix.pod_count(), 0);
+        ix.apply_pod(
+            &pod("last", "10.0.0.1", json!({}), None),
+            T + IP_HISTORY_MS + 2,
+        );
+        assert!(ix.interned.len() < 300, "{} interned", ix.interned.len());
     }
 }

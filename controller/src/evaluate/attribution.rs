@@ -159,13 +159,7 @@ impl<'a> PolicySet<'a> {
 }
 
 fn workload_kind(kind: &str) -> Option<WorkloadKind> {
-    [
-        WorkloadKind::Deployment,
-        WorkloadKind::StatefulSet,
-        WorkloadKind::DaemonSet,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == kind)
+    WorkloadKind::from_kind(kind)
 }
 
 /// The violations `flow` causes, in SPEC 6 order: the source's egress policy first, then (unless
