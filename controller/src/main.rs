@@ -399,6 +399,9 @@ async fn run(args: RunArgs) -> Result<()> {
             None => writer,
         })
     };
+    // Kept to flush queued events on the way out.
+    let violation_sink = network_enforcer_controller::telemetry::from_env(&metrics)
+        .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
     let status_sync = StatusSync::new(
         client.clone(),
         index.clone(),
@@ -410,9 +413,9 @@ async fn run(args: RunArgs) -> Result<()> {
             instance: settings.instance.clone(),
             ..status_sync::Settings::default()
         },
-        network_enforcer_controller::telemetry::from_env(&metrics)
-            .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?,
+        violation_sink.clone(),
     );
+    status_sync.register_metrics(&metrics);
     // Agents' batches and Goldmane's flows share one learning and evidence path.
     let learning = Arc::new(Learning {
         index: index.clone(),
@@ -509,6 +512,9 @@ async fn run(args: RunArgs) -> Result<()> {
             ))
         }
     };
+    // For the last flush on the way out.
+    let (last_writer, last_flushes, last_sync) =
+        (writer.clone(), flushes.clone(), status_sync.clone());
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
     let flusher = async move {
         let mut tick = tokio::time::interval(flush_every);
@@ -544,7 +550,19 @@ async fn run(args: RunArgs) -> Result<()> {
             None => std::future::pending().await,
         }
     };
+    // SIGTERM (Kubernetes) or Ctrl-C: stop serving at once (agents' streams never end on their own,
+    // so a graceful gRPC shutdown would wait for the kill), then write what is pending.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let stop = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("stopping: writing pending proposals and violations, flushing OTLP events");
+    };
     let result = tokio::select! {
+        () = stop => Ok(()),
         () = leading => Ok(()),
         () = index_feed::run(client.clone(), index) => Ok(()),
         result = grpc => result.context("serving the agent ingest endpoint"),
@@ -553,6 +571,28 @@ async fn run(args: RunArgs) -> Result<()> {
         () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
         result = http => result.context("serving /metrics, /healthz, /readyz"),
     };
+    if last_writer.is_leader() {
+        // Unacknowledged agent batches would be resent to the next leader anyway; Goldmane's flows and
+        // violation observations would not.
+        let last = async {
+            let report = last_flushes.flush(&last_writer).await;
+            // Only a sync that has run before has listed the policies the observations belong to.
+            let synced = if last_sync.passes() > 0 {
+                last_sync.attribute_evidence();
+                Some(last_sync.sync_all().await)
+            } else {
+                None
+            };
+            tracing::info!(?report, ?synced, "last flush before exit");
+        };
+        if tokio::time::timeout(Duration::from_secs(10), last)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the last flush did not finish within 10 s");
+        }
+    }
+    violation_sink.shutdown(Duration::from_secs(5)).await;
     if let Some((_, lease)) = &election {
         // Stopping (or failing): let a successor take over without waiting for the Lease to expire.
         leader::release(client, lease).await;

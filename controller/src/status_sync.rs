@@ -23,6 +23,7 @@
 use crate::evaluate::attribution::{self, PolicyKey, PolicySet, record_allowed_now};
 use crate::evaluate::view::{ClusterView, NamedPolicy};
 use crate::index_feed::SharedIndex;
+use crate::metrics::{ControllerMetrics, Reason};
 use crate::reconcile::publish_with;
 use crate::resolve::Index;
 use crate::telemetry::ViolationSink;
@@ -41,6 +42,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::uplink::FlowRecord;
 use network_enforcer_api::{AcknowledgedViolation, Backend, WorkloadNetworkPolicy};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
@@ -61,22 +65,23 @@ pub trait EvidenceSink: Send + Sync {
 #[derive(Debug, Default)]
 pub struct EvidenceQueue {
     records: Mutex<VecDeque<FlowRecord>>,
-    dropped: AtomicU64,
+    /// Records dropped because the queue was full (`evidence_records_dropped_total`).
+    dropped: Counter,
+    /// Records queued now (`evidence_queue_records`).
+    queued: Gauge,
 }
 
 impl EvidenceQueue {
     /// Takes every queued record.
     pub fn drain(&self) -> Vec<FlowRecord> {
-        self.records
-            .lock()
-            .expect("evidence lock")
-            .drain(..)
-            .collect()
+        let mut records = self.records.lock().expect("evidence lock");
+        self.queued.set(0);
+        records.drain(..).collect()
     }
 
     /// Records dropped because the queue was full.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
     }
 }
 
@@ -85,9 +90,10 @@ impl EvidenceSink for EvidenceQueue {
         let mut records = self.records.lock().expect("evidence lock");
         if records.len() >= MAX_QUEUED_RECORDS {
             records.pop_front();
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
         records.push_back(record.clone());
+        self.queued.set(records.len() as i64);
     }
 }
 
@@ -203,6 +209,37 @@ struct Writers {
 struct State {
     pending: Pending,
     repeats: RepeatFilter,
+    /// [`Pending::dropped`] as last counted into the metrics.
+    pending_dropped_counted: u64,
+}
+
+/// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
+/// registry. Every loss of evidence is counted somewhere here.
+#[derive(Clone, Debug, Default)]
+pub struct SyncMetrics {
+    /// Accepted records dropped before evaluation because the evidence queue was full.
+    pub evidence_dropped: Counter,
+    /// Records waiting for the next evidence pass.
+    pub evidence_queued: Gauge,
+    /// Records that resolved to no flow (unknown local pod, Service without backends, malformed).
+    pub evidence_unresolved: Counter,
+    /// Observations dropped before a status patch recorded them, by reason: `policy_queue_full`
+    /// ([`crate::violations::evidence::MAX_PENDING_PER_POLICY`]) or `policy_deleted`.
+    pub observations_dropped: Family<Reason, Counter>,
+    /// Observations waiting for the status patch that records them.
+    pub pending_observations: Gauge,
+}
+
+impl SyncMetrics {
+    fn dropped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.observations_dropped
+                .get_or_create(&Reason {
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
+    }
 }
 
 /// The status sync. See the module docs.
@@ -219,6 +256,7 @@ pub struct StatusSync {
     writers: Mutex<Option<Writers>>,
     state: Mutex<State>,
     passes: AtomicU64,
+    metrics: SyncMetrics,
 }
 
 impl StatusSync {
@@ -240,15 +278,23 @@ impl StatusSync {
                 instance: settings.instance.clone(),
             },
         );
+        let queue = EvidenceQueue::default();
+        let metrics = SyncMetrics {
+            evidence_dropped: queue.dropped.clone(),
+            evidence_queued: queue.queued.clone(),
+            ..SyncMetrics::default()
+        };
         Arc::new(StatusSync {
             client,
             index,
-            queue: Arc::new(EvidenceQueue::default()),
+            queue: Arc::new(queue),
+            metrics,
             sink,
             recorder,
             state: Mutex::new(State {
                 pending: Pending::default(),
                 repeats: RepeatFilter::new(settings.repeat_window),
+                pending_dropped_counted: 0,
             }),
             settings,
             policies,
@@ -266,6 +312,56 @@ impl StatusSync {
     /// Where ingest hands accepted records ([`crate::ingest::Learning::evidence`]).
     pub fn evidence(&self) -> Arc<dyn EvidenceSink> {
         self.queue.clone()
+    }
+
+    /// This sync's metrics (shared atomics).
+    pub fn metrics(&self) -> &SyncMetrics {
+        &self.metrics
+    }
+
+    /// Registers this sync's metrics on the process's registry.
+    pub fn register_metrics(&self, metrics: &ControllerMetrics) {
+        let m = &self.metrics;
+        metrics.register(
+            "evidence_records_dropped",
+            "Accepted flow records dropped before evaluation because the evidence queue was full",
+            m.evidence_dropped.clone(),
+        );
+        metrics.register(
+            "evidence_queue_records",
+            "Flow records waiting for the next evidence pass",
+            m.evidence_queued.clone(),
+        );
+        metrics.register(
+            "evidence_records_unresolved",
+            "Flow records that resolved to no flow to evaluate (unknown local pod, Service without \
+             backends, malformed)",
+            m.evidence_unresolved.clone(),
+        );
+        metrics.register(
+            "violation_observations_dropped",
+            "Violation observations dropped before a status patch recorded them: policy_queue_full \
+             (too many waiting for one policy) or policy_deleted",
+            m.observations_dropped.clone(),
+        );
+        metrics.register(
+            "pending_violation_observations",
+            "Violation observations waiting for the status patch that records them",
+            m.pending_observations.clone(),
+        );
+    }
+
+    /// Brings the pending-observation gauge and the queue-full drop counter up to date.
+    fn count_pending(&self, state: &mut State) {
+        let dropped = state.pending.dropped();
+        self.metrics.dropped(
+            "policy_queue_full",
+            dropped.saturating_sub(state.pending_dropped_counted),
+        );
+        state.pending_dropped_counted = dropped;
+        self.metrics
+            .pending_observations
+            .set(state.pending.len() as i64);
     }
 
     /// Runs the watches and the passes until the process stops.
@@ -400,6 +496,7 @@ impl StatusSync {
             let flows = match observed_flows(&index, &view, record, &now) {
                 Ok(flows) => flows,
                 Err(unresolved) => {
+                    self.metrics.evidence_unresolved.inc();
                     tracing::debug!(%unresolved, "evidence not resolvable");
                     continue;
                 }
@@ -430,6 +527,7 @@ impl StatusSync {
             }
         }
         state.repeats.forget_before(now.0.as_millisecond());
+        self.count_pending(&mut state);
         queued
     }
 
@@ -437,12 +535,13 @@ impl StatusSync {
     pub async fn sync_all(&self) -> PassReport {
         let policies = self.policies.state();
         let keys: HashSet<PolicyKey> = policies.iter().map(|p| policy_key(p)).collect();
-        let gone = self
-            .state
-            .lock()
-            .expect("state lock")
-            .pending
-            .retain_policies(|k| keys.contains(k));
+        let gone = {
+            let mut state = self.state.lock().expect("state lock");
+            let gone = state.pending.retain_policies(|k| keys.contains(k));
+            self.metrics.dropped("policy_deleted", gone as u64);
+            self.count_pending(&mut state);
+            gone
+        };
         if gone > 0 {
             tracing::info!(
                 observations = gone,
@@ -512,11 +611,11 @@ impl StatusSync {
             .await
             .map_err(SyncError::Patch)?;
         }
-        self.state
-            .lock()
-            .expect("state lock")
-            .pending
-            .commit(&key, observations.len());
+        {
+            let mut state = self.state.lock().expect("state lock");
+            state.pending.commit(&key, observations.len());
+            self.count_pending(&mut state);
+        }
         let regarding = policy.object_ref(&());
         for acknowledged in &outcome.acknowledged {
             self.sink.acknowledged(acknowledged);
@@ -668,5 +767,100 @@ mod tests {
         assert_eq!(records.len(), MAX_QUEUED_RECORDS);
         assert_eq!(records[0].port, 2);
         assert!(queue.drain().is_empty());
+    }
+
+    fn observation(port: i32) -> crate::violations::Observation {
+        crate::violations::Observation {
+            timestamp: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            source: network_enforcer_api::WorkloadRef::default(),
+            dest: network_enforcer_api::WorkloadRef::default(),
+            protocol: network_enforcer_api::Protocol::TCP,
+            dst_port: Some(port),
+            action: network_enforcer_api::PolicyMode::Protect,
+            direction: network_enforcer_api::Direction::Ingress,
+            denying_policy_namespace: "shop".into(),
+            denying_policy_name: "web".into(),
+        }
+    }
+
+    /// The line of `name` (with labels) in the metrics text, as a number.
+    fn metric(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test]
+    async fn dropped_evidence_and_pending_observations_are_metrics() {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client that is never used");
+        let sync = StatusSync::new(
+            client,
+            Arc::new(SharedIndex::default()),
+            Settings::default(),
+            Arc::new(crate::telemetry::Disabled),
+        );
+        let registry = ControllerMetrics::new();
+        sync.register_metrics(&registry);
+        let evidence = sync.evidence();
+        for port in 0..(MAX_QUEUED_RECORDS as u32 + 3) {
+            evidence.accepted(&FlowRecord {
+                port,
+                ..FlowRecord::default()
+            });
+        }
+        let text = registry.encode();
+        let p = "network_enforcer_controller_";
+        assert_eq!(
+            metric(&text, &format!("{p}evidence_records_dropped_total")),
+            Some(3.0)
+        );
+        assert_eq!(
+            metric(&text, &format!("{p}evidence_queue_records")),
+            Some(MAX_QUEUED_RECORDS as f64)
+        );
+        assert_eq!(sync.queue.drain().len(), MAX_QUEUED_RECORDS);
+        assert_eq!(
+            metric(&registry.encode(), &format!("{p}evidence_queue_records")),
+            Some(0.0)
+        );
+
+        // One policy's queue overflows by 2, then the policy is gone (no policy is in the store).
+        {
+            let mut state = sync.state.lock().unwrap();
+            let key = PolicyKey {
+                namespace: "shop".into(),
+                name: "web".into(),
+            };
+            for port in 0..(crate::violations::evidence::MAX_PENDING_PER_POLICY as i32 + 2) {
+                state.pending.push(key.clone(), observation(port));
+            }
+            sync.count_pending(&mut state);
+        }
+        let text = registry.encode();
+        let max = crate::violations::evidence::MAX_PENDING_PER_POLICY as f64;
+        assert_eq!(
+            metric(&text, &format!("{p}pending_violation_observations")),
+            Some(max)
+        );
+        let dropped = |text: &str, reason: &str| {
+            metric(
+                text,
+                &format!("{p}violation_observations_dropped_total{{reason=\"{reason}\"}}"),
+            )
+        };
+        assert_eq!(dropped(&text, "policy_queue_full"), Some(2.0));
+        let report = sync.sync_all().await;
+        assert_eq!(report.policies, 0);
+        let text = registry.encode();
+        assert_eq!(dropped(&text, "policy_deleted"), Some(max));
+        assert_eq!(
+            dropped(&text, "policy_queue_full"),
+            Some(2.0),
+            "counted once"
+        );
+        assert_eq!(
+            metric(&text, &format!("{p}pending_violation_observations")),
+            Some(0.0)
+        );
     }
 }

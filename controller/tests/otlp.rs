@@ -521,3 +521,27 @@ fn a_missing_certificate_file_fails_at_start() {
     let err = Otlp::start(config).err().expect("refused");
     assert!(err.to_string().contains("/nonexistent/ca.crt"), "{err}");
 }
+
+/// The controller holds the sink as `Arc<dyn ViolationSink>` and shuts it down on its way out: through
+/// the trait object, shutdown waits until the queued events have been exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_through_the_sink_trait_exports_the_queued_events_first() {
+    let (addr, mut receiver) = grpc_receiver(None).await;
+    let config = OtlpConfig::new(format!("http://{addr}"), OtlpProtocol::Grpc);
+    let service_name = config.service_name.clone();
+    let otlp = Otlp::start(config).unwrap();
+    let stats = otlp.stats().clone();
+    let sink: std::sync::Arc<dyn ViolationSink> = std::sync::Arc::new(otlp);
+    emit_both(sink.as_ref());
+    sink.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(
+        (stats.exported.get(), stats.dropped.get()),
+        (2, 0),
+        "exported before shutdown returned"
+    );
+    let (records, _) = collect(&mut receiver, 2, &service_name).await;
+    assert_events(&records);
+    // After shutdown an event neither blocks nor fails; it is not exported.
+    sink.observed(Backend::Kubernetes, &observation());
+    assert_eq!(stats.exported.get(), 2);
+}

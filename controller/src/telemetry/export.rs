@@ -179,6 +179,13 @@ impl ViolationSink for Otlp {
     fn acknowledged(&self, acknowledged: &AcknowledgedViolation) {
         self.emit(acknowledged_event(acknowledged));
     }
+
+    fn shutdown(
+        &self,
+        timeout: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(Otlp::shutdown(self, timeout))
+    }
 }
 
 /// Hands records to the export task without waiting: a full queue drops the record.

@@ -35,6 +35,17 @@ pub trait ViolationSink: Send + Sync {
 
     /// A record was acknowledged and the status patch that moved it succeeded. Call once per record.
     fn acknowledged(&self, acknowledged: &AcknowledgedViolation);
+
+    /// Stops taking events and waits, at most `timeout`, for the queued ones to leave: the controller
+    /// calls it on its way out so the last events are not lost with the process. Nothing to wait for
+    /// by default.
+    fn shutdown(
+        &self,
+        timeout: std::time::Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        let _ = timeout;
+        Box::pin(async {})
+    }
 }
 
 /// The sink when no OTLP endpoint is configured: drops every event.

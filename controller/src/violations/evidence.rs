@@ -348,6 +348,16 @@ impl Pending {
         self.by_policy.keys()
     }
 
+    /// Observations waiting, over every policy.
+    pub fn len(&self) -> usize {
+        self.by_policy.values().map(VecDeque::len).sum()
+    }
+
+    /// Whether no observation waits.
+    pub fn is_empty(&self) -> bool {
+        self.by_policy.values().all(VecDeque::is_empty)
+    }
+
     /// Observations dropped because a policy's queue was full.
     pub fn dropped(&self) -> u64 {
         self.dropped
