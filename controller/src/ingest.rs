@@ -664,6 +664,36 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_peer_address_falls_back_to_the_pod_the_source_named() {
+        let mut index = index_with_pod("node-a");
+        let peer: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "db-0", "namespace": "shop", "uid": "uid-db-0"},
+            "spec": {"nodeName": "node-b", "serviceAccountName": "db", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.20"}
+        }))
+        .unwrap();
+        index.apply_pod(&peer, 1_000);
+        // The address (e.g. after SNAT) is no pod; Hubble named the peer pod.
+        let mut r = record("shop", "web-1", "");
+        r.peer_ip = vec![192, 0, 2, 1];
+        let plain = observation(&r, &index, "node-a").unwrap().unwrap();
+        assert_eq!(plain.peer, "192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+        r.peer = Some(uplink::Peer {
+            namespace: "shop".into(),
+            pod: "db-0".into(),
+            principal: String::new(),
+        });
+        let named = observation(&r, &index, "node-a").unwrap().unwrap();
+        assert_eq!(named.peer, "10.0.0.20".parse::<std::net::IpAddr>().unwrap());
+        // ztunnel names it by principal only.
+        r.peer = Some(uplink::Peer {
+            principal: "cluster.local/ns/shop/sa/db".into(),
+            ..uplink::Peer::default()
+        });
+        assert_eq!(observation(&r, &index, "node-a").unwrap().unwrap(), named);
+    }
+
+    #[test]
     fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
         let mut index = index_with_pod("node-a");
         index.delete_pod("shop", "web-1", 5_000);

@@ -418,3 +418,166 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
     uplink_task.abort();
     Ok(())
 }
+
+/// A child process killed when dropped (a failed test leaves no controller behind).
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `GET path` on `127.0.0.1:port`: the body, or `None` while nothing answers.
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+}
+
+/// The real controller binary, stopped with SIGTERM while an agent's batch waits for the next flush
+/// (an hour away): it writes the proposals on its way out, exits cleanly and releases its Lease.
+#[tokio::test]
+async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use network_enforcer_tests::section10::{
+        AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
+    };
+    let ns = TestNamespace::create_with_crds("sigterm").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    service_account_with_token(&ns, AGENT_SA).await?;
+    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
+    let token = TokenFile(
+        std::env::temp_dir().join(format!("ne-sigterm-{}-{n}.token", std::process::id())),
+    );
+    std::fs::write(&token.0, agent_token(&ns, AGENT_SA, &agent_pod).await?)?;
+    let (ingest, metrics) = (free_port()?, free_port()?);
+    let controller = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+        .arg("run")
+        .env("KUBECONFIG", ns.kubeconfig())
+        .env("WATCH_NAMESPACE", &n)
+        .env("POD_NAMESPACE", &n)
+        .env("POD_NAME", "controller-0")
+        .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
+        .env("CONTROLLER_PROVIDER", "ebpf")
+        .env("EXCLUDE_NAMESPACES", "kube-system")
+        .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
+        .env("INGEST_INSECURE", "true")
+        .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
+        .env("FLUSH_INTERVAL_SECONDS", "3600")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut controller = Running(Some(controller));
+    let service = cluster_ip(&n, "http-service", &ns.client).await?;
+    let counters = UplinkCounters::default();
+    let (agent, uplink_task) = uplink::spawn(
+        UplinkConfig {
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(1000),
+            },
+            ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node).insecure()
+        },
+        counters.clone(),
+    )?;
+    assert!(agent.send(vec![
+        flow_record(
+            &n,
+            &clients[0].0,
+            service,
+            18080,
+            Protocol::Tcp,
+            Direction::Outbound,
+            Outcome::Established,
+        ),
+        flow_record(
+            &n,
+            &server,
+            clients[0].1,
+            18080,
+            Protocol::Tcp,
+            Direction::Inbound,
+            Outcome::Established,
+        ),
+    ]));
+    // Merged and waiting for a flush: its acknowledgement is held.
+    ns.wait_for(
+        "the controller to hold the batch's acknowledgement",
+        Duration::from_secs(90),
+        || async {
+            let text = http_get(metrics, "/metrics").await.unwrap_or_default();
+            Ok(text
+                .lines()
+                .any(|l| l == "network_enforcer_controller_acks_waiting 1")
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert_eq!(
+        counters.batches_acked.get(),
+        0,
+        "{}",
+        agent_state(&counters)
+    );
+
+    let child = controller.0.take().context("the controller runs")?;
+    let pid = child.id();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(killed.success(), "kill -TERM {pid}");
+    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .context("the controller exits after SIGTERM")???;
+    let (status, logs) = (output.status, String::from_utf8_lossy(&output.stdout));
+    assert!(status.success(), "{status}\n{logs}");
+    let last = logs
+        .lines()
+        .find(|l| l.contains("last flush before exit"))
+        .with_context(|| format!("no last flush in:\n{logs}"))?;
+    assert!(last.contains("written: 2"), "{last}");
+
+    let server_pods = format!("{n}/app=http-server");
+    let client_pods = format!("{n}/app=http-client");
+    assert_eq!(
+        rules(&ns).await?,
+        [
+            format!("deployment-http-client-egress egress {server_pods} TCP/18080"),
+            format!("deployment-http-server-ingress ingress {client_pods} TCP/18080"),
+        ]
+    );
+    let lease = Api::<Lease>::namespaced(ns.client.clone(), &n)
+        .get("network-enforcer-controller")
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        None,
+        "released on the way out"
+    );
+    drop(agent);
+    uplink_task.abort();
+    Ok(())
+}
