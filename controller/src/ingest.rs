@@ -693,6 +693,70 @@ mod tests {
         assert_eq!(observation(&r, &index, "node-a").unwrap().unwrap(), named);
     }
 
+    /// A writer whose API server refuses connections.
+    fn unreachable_writer() -> ProposalWriter {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client");
+        ProposalWriter::new(
+            client,
+            network_enforcer_api::Backend::Kubernetes,
+            Default::default(),
+        )
+    }
+
+    #[tokio::test]
+    async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
+        // A pod of Deployment web (through its ReplicaSet), so its flows make proposals.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
+                         "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        let writer = unreachable_writer();
+        let flushes = Flushes::new();
+        let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        let mark = flushes.mark();
+        assert!(!flushes.written_after(mark), "nothing flushed yet");
+        let report = flushes.flush(&writer).await;
+        assert_eq!(report.failed, 1, "{report:?}");
+        assert!(
+            !flushes.written_after(mark),
+            "a failed write acknowledges nothing"
+        );
+        assert_eq!(writer.pending_proposals(), 1, "kept for the next flush");
+
+        // A follower's flush writes nothing, so it marks nothing either.
+        let (leadership, follower) = tokio::sync::watch::channel(crate::leader::Leadership {
+            leader: false,
+            ..Default::default()
+        });
+        let writer = unreachable_writer().with_leader(follower);
+        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        let mark = flushes.mark();
+        assert_eq!(flushes.flush(&writer).await, FlushReport::default());
+        assert!(!flushes.written_after(mark));
+        drop(leadership);
+
+        // With nothing pending a flush succeeds and marks everything merged before it.
+        let empty = unreachable_writer();
+        let mark = flushes.mark();
+        assert_eq!(flushes.flush(&empty).await.failed, 0);
+        assert!(flushes.written_after(mark));
+        assert!(
+            !flushes.written_after(flushes.mark()),
+            "later merges wait for a later flush"
+        );
+    }
+
     #[test]
     fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
         let mut index = index_with_pod("node-a");
