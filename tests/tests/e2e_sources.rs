@@ -34,6 +34,8 @@ fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
     ]);
     let release = Release::install(&cluster.kubeconfig, "ne-src-cilium", namespace, &values)?;
     let mut plane = HubbleDataPlane::new(hubble);
+    // Hubble restarts before step 4's datagram: its monitor violations need the agent's resume.
+    plane.restart_before = Some(kubernetes::Event::Udp18083);
     let took = kubernetes::run(&cluster.kubeconfig, &release, &scenario_ns, &mut plane)?;
     let requests = plane.hubble.requests();
     anyhow::ensure!(

@@ -8,9 +8,11 @@
 //! events into the flows Cilium would emit for them, with the real pods' IPs, namespaces, names,
 //! labels and workloads: each packet traced at the sender's endpoint (`EGRESS`) and the receiver's
 //! (`INGRESS`), replies marked `is_reply`, and a policy denial as `DROPPED` with drop reason
-//! `POLICY_DENIED` (event type 1, subtype 133) for each attempt.
+//! `POLICY_DENIED` (event type 1, subtype 133) for each attempt. It can restart between two events
+//! ([`HubbleDataPlane::restart_before`]): the flows of the second are published while the agent has no
+//! stream and reach it only through its resume (`since`).
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use network_enforcer_api::hubble::observer_server::{Observer, ObserverServer};
 use network_enforcer_api::hubble::{
     CiliumEventType, Endpoint, Flow, FlowType, GetFlowsRequest, GetFlowsResponse, Ip, IpVersion,
@@ -21,11 +23,13 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{UnboundedReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 
+use super::super::poll;
 use super::PodInfo;
 use super::kubernetes::{DataPlane, Event, Pods};
 
@@ -140,6 +144,15 @@ impl FakeHubble {
         }
     }
 
+    /// Ends every open stream with `UNAVAILABLE`, as a restarting Cilium agent does; the flows
+    /// published afterwards wait in the history for the client's next request.
+    pub fn disconnect(&self) {
+        let mut state = self.state.0.lock().expect("hubble state");
+        for tx in state.subscribers.drain(..) {
+            let _ = tx.send(Err(Status::unavailable("hubble is restarting")));
+        }
+    }
+
     /// Requests received so far.
     pub fn requests(&self) -> Vec<GetFlowsRequest> {
         self.state.0.lock().expect("hubble state").requests.clone()
@@ -202,6 +215,9 @@ pub struct HubbleDataPlane {
     next: AtomicU64,
     /// Flows published per event, for failure messages.
     log: Vec<String>,
+    /// Restart Hubble right before this event's flows: they are published while the agent has no
+    /// stream, and reach it only if it resumes with `since`.
+    pub restart_before: Option<Event>,
 }
 
 impl HubbleDataPlane {
@@ -211,6 +227,7 @@ impl HubbleDataPlane {
             hubble,
             next: AtomicU64::new(1),
             log: Vec::new(),
+            restart_before: None,
         }
     }
 
@@ -378,7 +395,26 @@ impl DataPlane for HubbleDataPlane {
     fn report(&mut self, pods: &Pods, event: Event, _egress_policy: (&str, &str)) -> Result<()> {
         let flows = self.flows(pods, event);
         self.log.push(format!("{event:?}: {} flows", flows.len()));
+        if self.restart_before != Some(event) {
+            self.hubble.publish(flows);
+            return Ok(());
+        }
+        let asked = self.hubble.requests().len();
+        self.hubble.disconnect();
         self.hubble.publish(flows);
+        self.log.push("restarted before it".into());
+        // The agent comes back (after its backoff) asking for what it missed.
+        let request = poll(
+            "the agent to reconnect to Hubble",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || Ok(self.hubble.requests().get(asked).cloned()),
+            || self.describe(),
+        )?;
+        ensure!(
+            request.follow && request.since.is_some(),
+            "the agent reconnected without resuming (follow and since): {request:?}"
+        );
         Ok(())
     }
 
