@@ -170,9 +170,17 @@ impl Edge {
 }
 
 /// The workload kind of an endpoint's proposals: its controller's, or [`WorkloadKind::Pod`] for a bare
-/// pod. `None` when no NetworkPolicy can select exactly its pods (see [`WorkloadEndpoint::selectable`]).
+/// pod. `None` when no NetworkPolicy can select exactly its pods (see [`WorkloadEndpoint::selectable`]),
+/// and for a pod of a controller the index does not resolve (each replica would get a proposal).
 fn proposal_kind(w: &WorkloadEndpoint) -> Option<WorkloadKind> {
-    w.selectable().then(|| w.kind.unwrap_or(WorkloadKind::Pod))
+    if !w.selectable() {
+        return None;
+    }
+    match (w.kind, &w.foreign_controller) {
+        (Some(kind), _) => Some(kind),
+        (None, None) => Some(WorkloadKind::Pod),
+        (None, Some(_)) => None,
+    }
 }
 
 /// Whether an endpoint can be written as a peer: not an unselectable workload.

@@ -143,6 +143,14 @@ struct RunArgs {
         value_delimiter = ','
     )]
     exclude_workloads: Vec<network_enforcer_controller::proposals::ExcludedWorkload>,
+    /// At most this many distinct external addresses are learned per proposal and port; further ones
+    /// are counted, logged and reported with an `ExternalPeersCapped` Event (0: none is learned).
+    #[arg(
+        long,
+        env = "MAX_EXTERNAL_PEERS_PER_PORT",
+        default_value_t = network_enforcer_controller::proposals::DEFAULT_MAX_EXTERNAL_PEERS
+    )]
+    max_external_peers_per_port: usize,
     /// The controller's own namespace (set from the downward API in the cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
     pod_namespace: String,
@@ -393,6 +401,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let writer = {
         let writer = ProposalWriter::new(client.clone(), backend, excluded)
             .with_excluded_workloads(args.exclude_workloads.clone())
+            .with_max_external_peers(args.max_external_peers_per_port)
             .with_metrics(metrics.clone());
         Arc::new(match &election {
             Some((leadership, _)) => writer.with_leader(leadership.clone()),

@@ -64,6 +64,9 @@ pub struct PodInfo {
     pub owner: Option<Workload>,
     /// The Job controlling the pod, if any, from its ownerReference.
     pub job: Option<OwnerRef>,
+    /// The kind of the pod's controller when it is none the index resolves (a ReplicaSet without a
+    /// Deployment, an operator's own kind): the pod is then no bare pod either.
+    pub foreign_controller: Option<String>,
     /// Named container ports: (name, port, protocol).
     pub ports: Vec<(String, u16, Protocol)>,
     pub host_network: bool,
@@ -159,6 +162,10 @@ pub struct WorkloadEndpoint {
     /// Full selector including matchExpressions, serialized, so equal workloads compare equal.
     pub selector_expressions: String,
     pub service_account: String,
+    /// For a pod (`kind` `None`) whose controller is of a kind the index does not resolve: that kind.
+    /// Such a pod is a peer (by its labels) but gets no proposal: each of its controller's replicas would
+    /// get its own.
+    pub foreign_controller: Option<String>,
 }
 
 /// Hashes the identity only (namespace, kind, name): consistent with `Eq` (equal endpoints have equal
@@ -377,12 +384,15 @@ impl Index {
             status.and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
-        let job = match controller_ref(pod.metadata.owner_references.as_ref()) {
+        let controller = controller_ref(pod.metadata.owner_references.as_ref());
+        let controller_kind = controller.as_ref().map(|(kind, _)| kind.to_string());
+        let job = match controller {
             Some(("Job", r)) => Some(r),
             _ => None,
         };
         let owner = workload::owner_of(pod)
             .or_else(|| job.as_ref().map(|j| self.job_owner(&key.0, &j.name)));
+        let foreign_controller = controller_kind.filter(|_| owner.is_none());
         let mut info = PodInfo {
             namespace: key.0.clone(),
             name: key.1.clone(),
@@ -395,6 +405,7 @@ impl Index {
                 .unwrap_or_else(|| "default".into()),
             owner,
             job,
+            foreign_controller,
             ports: spec
                 .into_iter()
                 .flat_map(|s| s.containers.iter())
@@ -579,11 +590,13 @@ impl Index {
                 namespace: pod.namespace.clone(),
                 kind: None,
                 name: pod.name.clone(),
-                uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+                uid: Some(pod.uid.clone())
+                    .filter(|u| !u.is_empty() && pod.foreign_controller.is_none()),
                 api_version: "v1".into(),
                 selector: pod.labels.clone(),
                 selector_expressions: String::new(),
                 service_account: pod.service_account.clone(),
+                foreign_controller: pod.foreign_controller.clone(),
             };
         };
         let info = self
@@ -631,6 +644,7 @@ impl Index {
             selector,
             selector_expressions: expressions,
             service_account: pod.service_account.clone(),
+            foreign_controller: None,
         }
     }
 
@@ -1338,6 +1352,21 @@ mod tests {
         assert_eq!(e.selector, BTreeMap::from([("run".into(), "debug".into())]));
         ix.apply_pod(&pod("naked", "10.0.0.10", json!({}), None), T);
         assert!(!ix.pod("ns", "naked").unwrap().endpoint.selectable());
+        // A pod of a controller the index does not resolve is no bare pod.
+        ix.apply_pod(
+            &pod(
+                "rs-1",
+                "10.0.0.11",
+                json!({"app": "x"}),
+                Some(("ReplicaSet", "rs")),
+            ),
+            T,
+        );
+        let e = ix.pod("ns", "rs-1").unwrap().endpoint.clone();
+        assert_eq!(
+            (e.kind, e.foreign_controller.as_deref(), e.uid.as_deref()),
+            (None, Some("ReplicaSet"), None)
+        );
     }
 
     #[test]

@@ -25,8 +25,11 @@ pub fn run() -> Result<()> {
                 "bytes_per_pod",
                 "heap bytes per pod in the index (10k pods)",
             ),
-            ("bytes_per_edge", "heap bytes per pending edge (10k edges)"),
+            ("bytes_per_edge", "heap bytes per pending edge (100k edges)"),
+            ("bytes_per_10k_pods", "heap bytes for 10k pods in the index"),
+            ("bytes_per_100k_edges", "heap bytes for 100k pending edges"),
             ("api_writes_per_sec", "spec writes/s under steady load"),
+            ("load_average_1m", "1-min load average at start (2 cores)"),
         ],
     )
 }
