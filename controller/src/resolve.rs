@@ -243,10 +243,53 @@ impl ResolvedRef<'_> {
     }
 }
 
+/// Pods by namespace, then name: looked up by `&str` without building an owned key (every record looks
+/// up its local pod by name).
+#[derive(Debug, Default)]
+struct PodMap {
+    by_namespace: HashMap<String, HashMap<String, PodInfo>>,
+    len: usize,
+}
+
+impl PodMap {
+    fn get_str(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
+        self.by_namespace.get(namespace)?.get(name)
+    }
+
+    fn get(&self, key: &PodKey) -> Option<&PodInfo> {
+        self.get_str(&key.0, &key.1)
+    }
+
+    fn insert(&mut self, key: PodKey, pod: PodInfo) {
+        let names = self.by_namespace.entry(key.0).or_default();
+        if names.insert(key.1, pod).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &PodKey) -> Option<PodInfo> {
+        let names = self.by_namespace.get_mut(&key.0)?;
+        let pod = names.remove(&key.1)?;
+        self.len -= 1;
+        if names.is_empty() {
+            self.by_namespace.remove(&key.0);
+        }
+        Some(pod)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PodInfo> {
+        self.by_namespace.values().flat_map(HashMap::values)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// The index. See the module docs.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Index {
-    pods: HashMap<PodKey, PodInfo>,
+    pods: PodMap,
     /// Pods by uid (agents that only know the uid from the pod's cgroup path report it).
     uids: HashMap<String, PodKey>,
     /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
@@ -270,6 +313,33 @@ pub struct Index {
     interned: HashSet<Arc<WorkloadEndpoint>>,
     /// Interner size after its last sweep (see [`Index::sweep_interned`]).
     interned_swept: usize,
+    /// The earliest time (ms) a released IP or a deleted pod expires; [`Index::forget_expired`] has
+    /// nothing to do before.
+    next_expiry: i64,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            pods: PodMap::default(),
+            uids: HashMap::new(),
+            deleted: HashMap::new(),
+            leases: HashMap::new(),
+            workloads: HashMap::new(),
+            pods_in_namespace: HashMap::new(),
+            pods_of_workload: HashMap::new(),
+            pods_of_job: HashMap::new(),
+            jobs: HashMap::new(),
+            services: HashMap::new(),
+            service_ips: HashMap::new(),
+            services_in_namespace: HashMap::new(),
+            backends: HashMap::new(),
+            nodes: HashMap::new(),
+            interned: HashSet::new(),
+            interned_swept: 0,
+            next_expiry: i64::MAX,
+        }
+    }
 }
 
 fn protocol(p: Option<&str>) -> Protocol {
@@ -432,6 +502,7 @@ impl Index {
                 if !current {
                     for l in leases.iter_mut().filter(|l| l.until.is_none()) {
                         l.until = Some(now_ms);
+                        self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
                     }
                     leases.push(IpLease {
                         pod: key.clone(),
@@ -471,6 +542,7 @@ impl Index {
         }
         // Keep the PodInfo for the IP history window, so late records still resolve.
         self.deleted.insert(key.clone(), now_ms);
+        self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
         self.update_backends_of(&key, old.as_ref());
         self.forget_expired(now_ms);
     }
@@ -480,6 +552,7 @@ impl Index {
             for l in self.leases.entry(*ip).or_default().iter_mut() {
                 if &l.pod == key && l.until.is_none() {
                     l.until = Some(now_ms);
+                    self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
                 }
             }
         }
@@ -519,11 +592,26 @@ impl Index {
     }
 
     /// Forgets IP history and deleted pods older than [`IP_HISTORY_MS`] (also done on every pod change).
+    /// Scans only when something has expired since the last scan, so a pod change costs no walk over
+    /// every IP.
     pub fn forget_expired(&mut self, now_ms: i64) {
+        if now_ms <= self.next_expiry {
+            return;
+        }
+        let mut next = i64::MAX;
         self.leases.retain(|_, leases| {
             leases.retain(|l| l.until.is_none_or(|u| u + IP_HISTORY_MS >= now_ms));
+            for u in leases.iter().filter_map(|l| l.until) {
+                next = next.min(u + IP_HISTORY_MS);
+            }
             !leases.is_empty()
         });
+        for at in self.deleted.values() {
+            if *at + IP_HISTORY_MS >= now_ms {
+                next = next.min(*at + IP_HISTORY_MS);
+            }
+        }
+        self.next_expiry = next;
         let expired: Vec<PodKey> = self
             .deleted
             .iter()
@@ -716,7 +804,7 @@ impl Index {
         for (port, proto, target) in &svc.ports {
             let mut found: BTreeSet<(Arc<WorkloadEndpoint>, u16)> = BTreeSet::new();
             for name in &backends.pods {
-                let Some(pod) = self.pods.get(&(key.0.clone(), name.clone())) else {
+                let Some(pod) = self.pods.get_str(&key.0, name) else {
                     continue;
                 };
                 if let Some(p) = container_port(target, pod, *proto) {
@@ -1008,7 +1096,7 @@ impl Index {
 
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
-        self.pods.get(&(namespace.to_string(), name.to_string()))
+        self.pods.get_str(namespace, name)
     }
 
     /// The workload endpoint of a pod.
@@ -1121,8 +1209,9 @@ mod tests {
         let svc = ix.services.values().next().unwrap();
         let (_, proto, target) = svc.ports.iter().find(|(p, _, _)| *p == port).unwrap();
         let mut out: BTreeSet<(String, u16)> = BTreeSet::new();
-        for (key, pod) in &ix.pods {
-            if backs(svc, pod, ix.deleted.contains_key(key)) {
+        for pod in ix.pods.values() {
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if backs(svc, pod, ix.deleted.contains_key(&key)) {
                 if let Some(p) = container_port(target, pod, *proto) {
                     out.insert((pod.endpoint.name.clone(), p));
                 }
