@@ -1,8 +1,9 @@
-//! Keeps the [`Index`] current from watches of pods, Services, workloads and nodes, cluster-wide.
+//! Keeps the [`Index`] current from watches of pods, Services, workloads, Jobs and nodes, cluster-wide.
 
 use crate::resolve::Index;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -13,8 +14,9 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// The kinds watched; the index is ready when each has listed once.
-const KINDS: usize = 6;
+/// The kinds watched; the index is ready when each has listed once (Jobs too: a CronJob's run seen
+/// before its Job would be learned as a Job of its own).
+const KINDS: usize = 7;
 
 /// A shared index and whether every watch has completed its first list.
 #[derive(Default)]
@@ -79,6 +81,8 @@ pub async fn run(client: Client, shared: Arc<SharedIndex>) {
         }),
         watch::<Node>(&client, &shared, Index::apply_node, |ix, n| ix
             .delete_node(&n.name_any())),
+        watch::<Job>(&client, &shared, Index::apply_job, |ix, j| ix
+            .delete_job(&j.namespace().unwrap_or_default(), &j.name_any())),
     );
 }
 

@@ -350,6 +350,7 @@ fn rbac_is_exactly_least_privilege() {
             ("apps", "deployments", READ),
             ("apps", "statefulsets", READ),
             ("apps", "daemonsets", READ),
+            ("batch", "jobs", READ),
             (ne, "workloadnetworkpolicies", CRUD),
             (ne, "workloadnetworkpolicyproposals", CRUD),
             (
