@@ -4,9 +4,11 @@
 //! logs written by the container runtime; Goldmane over mutual TLS behind a Service). Learn, promote to
 //! monitor, violations, protect, with exact proposals and violation counts. The helpers are in
 //! `network_enforcer_tests::e2e::sources`. Needs root, `cargo xtask setup` and the binaries
-//! (`cargo build --bins`). Run with `--test-threads=1` (each test installs a release).
+//! (`cargo build --bins`). The tests may run in parallel: each installs its own release (own names,
+//! namespaces, agent metrics port, host paths).
 
 use anyhow::Result;
+use network_enforcer_tests::cluster::ClusterInfo;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::say;
 use network_enforcer_tests::e2e::sources::goldmane::{self, FakeGoldmane, GoldmaneDataPlane, Pki};
@@ -15,18 +17,29 @@ use network_enforcer_tests::e2e::sources::{common_values, kubernetes, ztunnel};
 use network_enforcer_tests::e2e::workload::Namespace;
 use network_enforcer_tests::fixture;
 use std::path::Path;
+use std::sync::Mutex;
+
+/// The cluster, with our images built from the debug binaries and imported once at a time (the tests
+/// of this file run in parallel and share the image tars).
+fn cluster() -> Result<&'static ClusterInfo> {
+    static IMAGES: Mutex<()> = Mutex::new(());
+    let cluster = fixture::cluster_with_crds()?;
+    let _one_at_a_time = IMAGES.lock().unwrap_or_else(|e| e.into_inner());
+    release::images_from_debug_build()?;
+    Ok(cluster)
+}
 
 #[test]
 fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
-    let cluster = fixture::cluster_with_crds()?;
-    release::images_from_debug_build()?;
+    let cluster = cluster()?;
     let pid = std::process::id();
     let namespace = "ne-src-cilium-system";
     let scenario_ns = format!("src-cilium-{pid}");
     // A host directory of this test: the chart mounts the socket's directory into the agent.
     let socket = format!("/run/ne-src-cilium-{pid}/hubble.sock");
     let hubble = FakeHubble::start(Path::new(&socket))?;
-    let mut values = common_values(namespace, &scenario_ns, 19_464);
+    let agent_port = 19_464;
+    let mut values = common_values(namespace, &scenario_ns, agent_port);
     values.extend([
         "controller.provider.name=cilium".to_string(),
         "agent.hubble.source=socket".to_string(),
@@ -36,7 +49,13 @@ fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
     let mut plane = HubbleDataPlane::new(hubble);
     // Hubble restarts before step 4's datagram: its monitor violations need the agent's resume.
     plane.restart_before = Some(kubernetes::Event::Udp18083);
-    let took = kubernetes::run(&cluster.kubeconfig, &release, &scenario_ns, &mut plane)?;
+    let took = kubernetes::run(
+        &cluster.kubeconfig,
+        &release,
+        agent_port,
+        &scenario_ns,
+        &mut plane,
+    )?;
     let requests = plane.hubble.requests();
     anyhow::ensure!(
         requests.iter().all(|r| r.follow),
@@ -48,15 +67,15 @@ fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
 
 #[test]
 fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
-    let cluster = fixture::cluster_with_crds()?;
-    release::images_from_debug_build()?;
+    let cluster = cluster()?;
     ztunnel::ensure_authorization_policy_crd(&cluster.kubeconfig)?;
     let pid = std::process::id();
     let namespace = "ne-src-istio-system";
     let scenario_ns = format!("src-istio-{pid}");
     // The fake ztunnel pod's namespace: its container logs are what the agent tails.
     let ztunnel_ns = format!("src-ztunnel-{pid}");
-    let mut values = common_values(namespace, &scenario_ns, 19_465);
+    let agent_port = 19_465;
+    let mut values = common_values(namespace, &scenario_ns, agent_port);
     values.extend([
         "controller.provider.name=istio".to_string(),
         format!("agent.ztunnel.logGlob={}", ztunnel::log_glob(&ztunnel_ns)),
@@ -68,6 +87,7 @@ fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
     let took = ztunnel::run(
         &cluster.kubeconfig,
         &release,
+        agent_port,
         &scenario_ns,
         &ztunnel_namespace,
     )?;
@@ -80,8 +100,7 @@ fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
 
 #[test]
 fn spec_section_10_kubernetes_backend_through_calico_goldmane() -> Result<()> {
-    let cluster = fixture::cluster_with_crds()?;
-    release::images_from_debug_build()?;
+    let cluster = cluster()?;
     let pid = std::process::id();
     let namespace = "ne-src-calico-system";
     let scenario_ns = format!("src-calico-{pid}");
@@ -95,7 +114,8 @@ fn spec_section_10_kubernetes_backend_through_calico_goldmane() -> Result<()> {
         &goldmane::node_ip(&cluster.kubeconfig)?,
         server.port,
     )?;
-    let mut values = common_values(namespace, &scenario_ns, 19_466);
+    let agent_port = 19_466;
+    let mut values = common_values(namespace, &scenario_ns, agent_port);
     let tls = "controller.provider.calico.tls";
     values.extend([
         "controller.provider.name=calico".to_string(),
@@ -115,7 +135,13 @@ fn spec_section_10_kubernetes_backend_through_calico_goldmane() -> Result<()> {
     ]);
     let release = Release::install(&cluster.kubeconfig, "ne-src-calico", namespace, &values)?;
     let mut plane = GoldmaneDataPlane::new(server);
-    let took = kubernetes::run(&cluster.kubeconfig, &release, &scenario_ns, &mut plane)?;
+    let took = kubernetes::run(
+        &cluster.kubeconfig,
+        &release,
+        agent_port,
+        &scenario_ns,
+        &mut plane,
+    )?;
     let requests = plane.goldmane.requests();
     anyhow::ensure!(
         !requests.is_empty() && plane.goldmane.open_streams() >= 1,

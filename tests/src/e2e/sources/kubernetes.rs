@@ -107,6 +107,7 @@ pub fn check_udp_violation(
 pub fn run(
     kubeconfig: &Path,
     release: &Release,
+    agent_metrics_port: u16,
     name: &str,
     plane: &mut dyn DataPlane,
 ) -> Result<Duration> {
@@ -123,11 +124,12 @@ pub fn run(
     };
     let describe = |w: &Workload, plane_text: String| {
         format!(
-            "proposals: {:#?}\npolicies: {:#?}\n--- data plane ---\n{plane_text}\n{}\n{}",
+            "proposals: {:#?}\npolicies: {:#?}\n--- data plane ---\n{plane_text}\n{}\n{}\n{}",
             proposal_specs(w),
             w.policies(),
             w.ns.describe(),
-            release.describe()
+            release.describe(),
+            super::diagnostics(release, agent_metrics_port)
         )
     };
     let egress_policy = (n.as_str(), EGRESS);

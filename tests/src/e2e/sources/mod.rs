@@ -25,6 +25,7 @@ pub mod ztunnel;
 use anyhow::{Context, Result, bail};
 use std::path::Path;
 
+use super::release::{Release, http_get};
 use super::scenario::STATUS_INTERVAL_SECONDS;
 use crate::cluster::components::kubectl;
 
@@ -168,4 +169,42 @@ pub fn now() -> (i64, i32) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     (d.as_secs() as i64, d.subsec_nanos() as i32)
+}
+
+/// What the release's pods say about the flow sources (for failure messages): the agent's source
+/// and uplink metrics (from its port `agent_metrics_port` on this node) and the log lines of both
+/// components that mention a source or a refused record.
+pub fn diagnostics(release: &Release, agent_metrics_port: u16) -> String {
+    let metrics = http_get(&format!("127.0.0.1:{agent_metrics_port}"), "/metrics")
+        .map(|text| {
+            text.lines()
+                .filter(|l| {
+                    !l.starts_with('#')
+                        && (l.contains("_source_") || l.contains("uplink") || l.contains("records"))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_else(|e| format!("{e:#}"));
+    let mut text = format!("--- agent metrics (sources, uplink) ---\n{metrics}\n");
+    for component in ["agent", "controller"] {
+        let log = release.logs(component).unwrap_or_else(|e| format!("{e:#}"));
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                [
+                    "ztunnel", "hubble", "goldmane", "tailing", "log file", "reject", "refused",
+                ]
+                .iter()
+                .any(|k| l.contains(k))
+            })
+            .collect();
+        text += &format!(
+            "--- {component} log, source lines (last 40 of {}) ---\n{}\n",
+            lines.len(),
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        );
+    }
+    text
 }

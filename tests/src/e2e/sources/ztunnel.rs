@@ -133,6 +133,26 @@ impl ZtunnelPod {
     }
 }
 
+/// Lines in the CRI log files of the [`ZtunnelPod`]s of namespace `namespace`, per file.
+pub fn cri_lines(namespace: &str) -> Vec<(String, usize)> {
+    let prefix = "ztunnel-";
+    let suffix = format!("_{namespace}_{CONTAINER}-");
+    std::fs::read_dir("/var/log/containers")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name.starts_with(prefix) && name.contains(&suffix)).then(|| {
+                let lines = std::fs::read_to_string(e.path())
+                    .map(|t| t.lines().count())
+                    .unwrap_or(0);
+                (name, lines)
+            })
+        })
+        .collect()
+}
+
 /// How the destination's ztunnel decides a connection, given the policies in force.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -395,6 +415,7 @@ fn authorization_policy(w: &Workload, name: &str) -> Result<Option<Value>> {
 pub fn run(
     kubeconfig: &Path,
     release: &Release,
+    agent_metrics_port: u16,
     name: &str,
     ztunnel_ns: &Namespace,
 ) -> Result<Duration> {
@@ -419,14 +440,16 @@ pub fn run(
     let mut lines = Lines::new();
     let describe = |w: &Workload, written: usize| {
         format!(
-            "proposals: {:#?}\npolicies: {:#?}\nztunnel lines written: {written}\n{}\n{}",
+            "proposals: {:#?}\npolicies: {:#?}\nztunnel lines written: {written}, in the CRI log files: {:?}\n{}\n{}\n{}",
             w.proposals().map(|p| p
                 .into_iter()
                 .map(|(k, v)| (k, serde_json::to_value(v.spec).ok()))
                 .collect::<Vec<_>>()),
             w.policies(),
+            cri_lines(&ztunnel_ns.name),
             w.ns.describe(),
-            release.describe()
+            release.describe(),
+            super::diagnostics(release, agent_metrics_port)
         )
     };
 
