@@ -2,7 +2,10 @@
 //!
 //! - `records_merged_per_sec_per_core`: agent records taken in by `Learning::accept` (validation, node
 //!   check, resolution through the index, merge into pending proposal edges) on one thread, with the
-//!   SPEC 10 mix (client → Service ClusterIP, client → pod IP, inbound from a pod, external peers).
+//!   SPEC 10 mix (client → Service ClusterIP, client → pod IP, inbound from a pod, external peers), per
+//!   second of that thread's CPU time (`/proc/thread-self/schedstat`): the machine is shared, and
+//!   wall-clock time there measures the other tenants too. `records_merged_per_sec_wall` is the same
+//!   count per wall-clock second.
 //! - `bytes_per_pod`: heap held by the index per pod (10k pods, 1k Deployments, 100 Services), measured
 //!   with a counting global allocator.
 //! - `bytes_per_edge` / `bytes_per_100k_edges`: heap held by pending edges per distinct edge (100k
@@ -191,6 +194,14 @@ fn offline_client() -> kube::Client {
     kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
 }
 
+/// CPU time of the calling thread in seconds (Linux schedstat, nanoseconds), or 0 when unknown.
+fn thread_cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0.0, |ns| ns as f64 / 1e9)
+}
+
 /// The 1-minute load average (Linux), or -1 when unknown.
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -242,6 +253,7 @@ fn main() {
         learning.accept(NODE, b);
     }
     let passes = 5;
+    let cpu_started = thread_cpu_seconds();
     let started = Instant::now();
     let mut accepted = 0u64;
     for _ in 0..passes {
@@ -250,11 +262,18 @@ fn main() {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = thread_cpu_seconds() - cpu_started;
     let total = per_pass * passes;
     assert_eq!(accepted as usize, total, "every record is accepted");
-    let records_per_sec = total as f64 / elapsed;
+    let records_per_sec_wall = total as f64 / elapsed;
+    // Without schedstat, fall back to wall-clock time.
+    let records_per_sec = if cpu > 0.0 {
+        total as f64 / cpu
+    } else {
+        records_per_sec_wall
+    };
     eprintln!(
-        "merged {total} records in {elapsed:.3}s into {} proposals",
+        "merged {total} records in {elapsed:.3}s ({cpu:.3}s on the CPU) into {} proposals",
         writer.pending_proposals()
     );
 
@@ -284,6 +303,7 @@ fn main() {
 
     let figures = json!({
         "records_merged_per_sec_per_core": records_per_sec,
+        "records_merged_per_sec_wall": records_per_sec_wall,
         "writes_per_proposal_per_flush": writes_per_proposal_per_flush,
         "bytes_per_pod": bytes_per_pod,
         "bytes_per_edge": bytes_per_edge,

@@ -16,7 +16,14 @@ pub fn run() -> Result<()> {
         "network-enforcer-controller",
         "controller",
         &[
-            ("records_merged_per_sec_per_core", "records/s (one thread)"),
+            (
+                "records_merged_per_sec_per_core",
+                "records per CPU-second of the merging thread",
+            ),
+            (
+                "records_merged_per_sec_wall",
+                "records per wall-clock second (shared machine)",
+            ),
             (
                 "writes_per_proposal_per_flush",
                 "spec writes per proposal per flush (20 proposals x 10 flushes)",
