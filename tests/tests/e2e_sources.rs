@@ -82,6 +82,8 @@ fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
         // Read positions of this release only.
         format!("agent.stateDir=/var/lib/ne-src-istio-{pid}"),
     ]);
+    // Removed when the test ends, passed or not (after the release, declared before it).
+    let _state_dir = RemoveOnDrop(format!("/var/lib/ne-src-istio-{pid}").into());
     let release = Release::install(&cluster.kubeconfig, "ne-src-istio", namespace, &values)?;
     let ztunnel_namespace = Namespace::create(&cluster.kubeconfig, &ztunnel_ns)?;
     let took = ztunnel::run(
@@ -93,9 +95,16 @@ fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
     )?;
     say(&format!("istio: scenario {:.1}s", took.as_secs_f64()));
     ztunnel_namespace.delete_and_wait()?;
-    release.uninstall()?;
-    let _ = std::fs::remove_dir_all(format!("/var/lib/ne-src-istio-{pid}"));
-    Ok(())
+    release.uninstall()
+}
+
+/// A host directory of a test, removed on drop.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[test]
