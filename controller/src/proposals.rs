@@ -15,7 +15,6 @@
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
 use crate::metrics::ControllerMetrics;
 use crate::resolve::{Endpoint, Index};
-use crate::settle::{Deferrals, Resolution};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -160,8 +159,6 @@ pub struct ProposalWriter {
     excluded_namespaces: BTreeSet<String>,
     excluded_workloads: BTreeSet<ExcludedWorkload>,
     pending: Mutex<HashMap<Target, PendingEdges>>,
-    /// Observations waiting for the index to catch up ([`crate::settle`]).
-    waiting: Deferrals,
     max_external_peers: usize,
     recorder: Recorder,
     metrics: ControllerMetrics,
@@ -186,7 +183,6 @@ impl ProposalWriter {
             excluded_namespaces,
             excluded_workloads: BTreeSet::new(),
             pending: Mutex::new(HashMap::new()),
-            waiting: Deferrals::new(0),
             max_external_peers: DEFAULT_MAX_EXTERNAL_PEERS,
             recorder,
             metrics: ControllerMetrics::new(),
@@ -231,14 +227,6 @@ impl ProposalWriter {
         self
     }
 
-    /// Lets observations the index cannot place yet wait up to `grace_ms` for it
-    /// ([`ProposalWriter::observe_or_wait`], [`crate::settle`]); without it (0, the default) everything
-    /// is learned as it resolves on arrival.
-    pub fn with_resolution_grace(mut self, grace_ms: i64) -> Self {
-        self.waiting = Deferrals::new(grace_ms);
-        self
-    }
-
     fn excluded(&self, target: &Target) -> bool {
         // No allocation: this runs for every edge of every record.
         self.excluded_namespaces
@@ -264,59 +252,8 @@ impl ProposalWriter {
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
     pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
-        self.merge(obs, learn::flows(index, obs))
-    }
-
-    /// [`ProposalWriter::observe`], except that an observation the index cannot place yet (its peer
-    /// resolves to an external address, or it does not resolve) waits for the index instead
-    /// (see [`crate::settle`]; 0 edges now, learned by a later [`ProposalWriter::settle_waiting`]).
-    pub fn observe_or_wait(
-        &self,
-        index: &Index,
-        obs: &Observation,
-        now_ms: i64,
-    ) -> Result<usize, Unresolved> {
-        let mut overflow = Vec::new();
-        let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
-        for (old, resolution) in overflow {
-            self.metrics.resolved("deferred_expired", 1);
-            let _ = self.merge(&old, resolution);
-        }
-        match now {
-            Some(resolution) => self.merge(obs, resolution),
-            None => {
-                self.metrics.resolved("deferred", 1);
-                Ok(0)
-            }
-        }
-    }
-
-    /// Resolves the waiting observations again and learns those the index now places or whose grace
-    /// is over (`now_ms = i64::MAX`: all of them, on the way out). Call it before every flush; returns
-    /// how many edges that produced.
-    pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
-        if self.waiting.is_empty() {
-            return 0;
-        }
-        let decided = self.waiting.settle(index, now_ms);
-        self.metrics.resolved("deferred_resolved", decided.resolved);
-        self.metrics.resolved("deferred_expired", decided.expired);
-        decided
-            .ready
-            .into_iter()
-            .filter_map(|(obs, resolution)| self.merge(&obs, resolution).ok())
-            .sum()
-    }
-
-    /// Number of observations waiting for the index.
-    pub fn waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one.
-    fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
         let mut produced = 0;
-        let flows = flows.inspect_err(|e| {
+        let flows = learn::flows(index, obs).inspect_err(|e| {
             self.metrics.resolved(
                 match e {
                     Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
