@@ -97,6 +97,9 @@ pub struct WorkloadInfo {
 #[derive(Clone, Debug, PartialEq)]
 struct JobInfo {
     cronjob: Option<OwnerRef>,
+    /// Deleted while pods of it were still held: kept until they expire, so their late updates (the
+    /// garbage collector deletes a CronJob's old Job before its pods) still resolve to the CronJob.
+    deleted: bool,
 }
 
 /// What the index keeps of a Service.
@@ -623,6 +626,14 @@ impl Index {
             if let Some(pod) = self.pods.remove(&key) {
                 self.uids.remove(&pod.uid);
                 self.unlink(&pod);
+                if let Some(job) = &pod.job {
+                    let job_key = (pod.namespace.clone(), job.name.clone());
+                    if !self.pods_of_job.contains_key(&job_key)
+                        && self.jobs.get(&job_key).is_some_and(|j| j.deleted)
+                    {
+                        self.jobs.remove(&job_key);
+                    }
+                }
             }
         }
         self.sweep_interned();
@@ -962,7 +973,10 @@ impl Index {
                 }
             }
         }
-        let info = JobInfo { cronjob };
+        let info = JobInfo {
+            cronjob,
+            deleted: false,
+        };
         let job_key = (namespace.clone(), name);
         if self.jobs.insert(job_key.clone(), info.clone()) != Some(info) {
             let names: Vec<String> = self
@@ -977,10 +991,17 @@ impl Index {
     /// Removes a Job (its CronJob, if any, stays known: its other runs still refer to it).
     pub fn delete_job(&mut self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(job) = self.jobs.remove(&key) {
-            if job.cronjob.is_none() {
-                self.delete_workload(namespace, WorkloadKind::Job, name);
-            }
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        let standalone = job.cronjob.is_none();
+        if self.pods_of_job.contains_key(&key) {
+            job.deleted = true;
+        } else {
+            self.jobs.remove(&key);
+        }
+        if standalone {
+            self.delete_workload(namespace, WorkloadKind::Job, name);
         }
     }
 
@@ -1393,6 +1414,26 @@ mod tests {
                 kind: WorkloadKind::CronJob,
                 name: "backup".into()
             })
+        );
+        // The history limit deletes the Job first; its pod's last updates still belong to the CronJob.
+        ix.delete_job("ns", "backup-100");
+        let mut dying = job_pod("backup-100-x", "backup-100", "10.0.0.5");
+        dying.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        ix.apply_pod(&dying, T + 1);
+        assert_eq!(
+            ix.pod("ns", "backup-100-x").unwrap().endpoint.kind,
+            Some(WorkloadKind::CronJob)
+        );
+        ix.delete_pod("ns", "backup-100-x", T + 2);
+        ix.forget_expired(T + 3 + IP_HISTORY_MS);
+        assert!(ix.pod("ns", "backup-100-x").is_none());
+        assert!(
+            !ix.jobs
+                .contains_key(&("ns".to_string(), "backup-100".to_string())),
+            "forgotten with its last pod"
         );
     }
 
