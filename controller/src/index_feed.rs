@@ -42,7 +42,8 @@ impl SharedIndex {
     }
 }
 
-fn now_ms() -> i64 {
+/// Wall-clock milliseconds since the epoch: the clock of index changes and agents' records.
+pub fn now_ms() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_millisecond()
 }
 

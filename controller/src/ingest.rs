@@ -263,6 +263,7 @@ impl Learning {
     pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, usize) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.writer.metrics();
+        let now_ms = crate::index_feed::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut learned = 0usize;
         for record in &batch.records {
@@ -272,7 +273,7 @@ impl Learning {
                         metrics.resolved(from.label(), 1);
                     }
                     self.writer
-                        .observe(&index, &o)
+                        .observe_or_wait(&index, &o, now_ms)
                         .map(|edges| learned += edges)
                         .map_err(|e| e.to_string())
                 }

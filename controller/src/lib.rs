@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod render;
 pub mod resolve;
 pub mod selector;
+pub mod settle;
 pub mod sources;
 pub mod status_sync;
 pub mod telemetry;

@@ -151,6 +151,11 @@ struct RunArgs {
         default_value_t = network_enforcer_controller::proposals::DEFAULT_MAX_EXTERNAL_PEERS
     )]
     max_external_peers_per_port: usize,
+    /// How long a flow whose peer resolves to no pod (or whose pod is not known yet) waits for the pod
+    /// and Service watches to catch up before it is learned as an external address (or dropped): a new
+    /// pod talks before its IP reaches the API (0: learn at once).
+    #[arg(long, env = "RESOLUTION_GRACE_SECONDS", default_value_t = 30)]
+    resolution_grace_seconds: u64,
     /// The controller's own namespace (set from the downward API in the cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
     pod_namespace: String,
@@ -401,7 +406,12 @@ async fn run(args: RunArgs) -> Result<()> {
     let writer = {
         let writer = ProposalWriter::new(client.clone(), backend, excluded)
             .with_excluded_workloads(args.exclude_workloads.clone())
+            .with_only_namespace(settings.namespace.clone())
             .with_max_external_peers(args.max_external_peers_per_port)
+            .with_resolution_grace(
+                i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
+                    .unwrap_or(i64::MAX),
+            )
             .with_metrics(metrics.clone());
         Arc::new(match &election {
             Some((leadership, _)) => writer.with_leader(leadership.clone()),
@@ -524,11 +534,13 @@ async fn run(args: RunArgs) -> Result<()> {
     // For the last flush on the way out.
     let (last_writer, last_flushes, last_sync) =
         (writer.clone(), flushes.clone(), status_sync.clone());
+    let (settle_index, last_index) = (index.clone(), index.clone());
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
     let flusher = async move {
         let mut tick = tokio::time::interval(flush_every);
         loop {
             tick.tick().await;
+            settle_waiting(&writer, &settle_index, index_feed::now_ms());
             let report = flushes.flush(&writer).await;
             if report != FlushReport::default() {
                 tracing::info!(?report, "flushed proposals");
@@ -584,6 +596,8 @@ async fn run(args: RunArgs) -> Result<()> {
         // Unacknowledged agent batches would be resent to the next leader anyway; Goldmane's flows and
         // violation observations would not.
         let last = async {
+            // Whatever still waits for the index is learned as it resolves now.
+            settle_waiting(&last_writer, &last_index, i64::MAX);
             let report = last_flushes.flush(&last_writer).await;
             // Only a sync that has run before has listed the policies the observations belong to.
             let synced = if last_sync.passes() > 0 {
@@ -607,4 +621,17 @@ async fn run(args: RunArgs) -> Result<()> {
         leader::release(client, lease).await;
     }
     result
+}
+
+/// Learns the observations that waited for the index and may now be placed (before a flush).
+fn settle_waiting(writer: &ProposalWriter, index: &SharedIndex, now_ms: i64) {
+    let index = index.index.read().expect("index lock");
+    let edges = writer.settle_waiting(&index, now_ms);
+    if edges > 0 {
+        tracing::debug!(
+            edges,
+            waiting = writer.waiting(),
+            "learned flows that waited for the index"
+        );
+    }
 }

@@ -15,6 +15,7 @@
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
 use crate::metrics::ControllerMetrics;
 use crate::resolve::{Endpoint, Index};
+use crate::settle::{Deferrals, Resolution};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -158,7 +159,11 @@ pub struct ProposalWriter {
     backend: Backend,
     excluded_namespaces: BTreeSet<String>,
     excluded_workloads: BTreeSet<ExcludedWorkload>,
+    /// Learns for this namespace only (`--namespace`/`WATCH_NAMESPACE`); `None`: every namespace.
+    only_namespace: Option<String>,
     pending: Mutex<HashMap<Target, PendingEdges>>,
+    /// Observations waiting for the index to catch up ([`crate::settle`]).
+    waiting: Deferrals,
     max_external_peers: usize,
     recorder: Recorder,
     metrics: ControllerMetrics,
@@ -182,7 +187,9 @@ impl ProposalWriter {
             backend,
             excluded_namespaces,
             excluded_workloads: BTreeSet::new(),
+            only_namespace: None,
             pending: Mutex::new(HashMap::new()),
+            waiting: Deferrals::new(0),
             max_external_peers: DEFAULT_MAX_EXTERNAL_PEERS,
             recorder,
             metrics: ControllerMetrics::new(),
@@ -227,10 +234,29 @@ impl ProposalWriter {
         self
     }
 
+    /// Lets observations the index cannot place yet wait up to `grace_ms` for it
+    /// ([`ProposalWriter::observe_or_wait`], [`crate::settle`]); without it (0, the default) everything
+    /// is learned as it resolves on arrival.
+    pub fn with_resolution_grace(mut self, grace_ms: i64) -> Self {
+        self.waiting = Deferrals::new(grace_ms);
+        self
+    }
+
+    /// Learns for workloads in `namespace` only (a controller that watches one namespace must not
+    /// write proposals elsewhere: its agents report the whole node). Peers elsewhere still resolve.
+    pub fn with_only_namespace(mut self, namespace: Option<String>) -> Self {
+        self.only_namespace = namespace;
+        self
+    }
+
     fn excluded(&self, target: &Target) -> bool {
         // No allocation: this runs for every edge of every record.
-        self.excluded_namespaces
-            .contains(&target.workload.namespace)
+        self.only_namespace
+            .as_ref()
+            .is_some_and(|only| *only != target.workload.namespace)
+            || self
+                .excluded_namespaces
+                .contains(&target.workload.namespace)
             || self.excluded_workloads.iter().any(|w| {
                 w.namespace == target.workload.namespace
                     && w.name == target.workload.name
@@ -252,8 +278,59 @@ impl ProposalWriter {
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
     pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
+        self.merge(obs, learn::flows(index, obs))
+    }
+
+    /// [`ProposalWriter::observe`], except that an observation the index cannot place yet (its peer
+    /// resolves to an external address, or it does not resolve) waits for the index instead
+    /// (see [`crate::settle`]; 0 edges now, learned by a later [`ProposalWriter::settle_waiting`]).
+    pub fn observe_or_wait(
+        &self,
+        index: &Index,
+        obs: &Observation,
+        now_ms: i64,
+    ) -> Result<usize, Unresolved> {
+        let mut overflow = Vec::new();
+        let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
+        for (old, resolution) in overflow {
+            self.metrics.resolved("deferred_expired", 1);
+            let _ = self.merge(&old, resolution);
+        }
+        match now {
+            Some(resolution) => self.merge(obs, resolution),
+            None => {
+                self.metrics.resolved("deferred", 1);
+                Ok(0)
+            }
+        }
+    }
+
+    /// Resolves the waiting observations again and learns those the index now places or whose grace
+    /// is over (`now_ms = i64::MAX`: all of them, on the way out). Call it before every flush; returns
+    /// how many edges that produced.
+    pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
+        if self.waiting.is_empty() {
+            return 0;
+        }
+        let decided = self.waiting.settle(index, now_ms);
+        self.metrics.resolved("deferred_resolved", decided.resolved);
+        self.metrics.resolved("deferred_expired", decided.expired);
+        decided
+            .ready
+            .into_iter()
+            .filter_map(|(obs, resolution)| self.merge(&obs, resolution).ok())
+            .sum()
+    }
+
+    /// Number of observations waiting for the index.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one.
+    fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
         let mut produced = 0;
-        let flows = learn::flows(index, obs).inspect_err(|e| {
+        let flows = flows.inspect_err(|e| {
             self.metrics.resolved(
                 match e {
                     Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
@@ -502,6 +579,89 @@ fn proto_name(p: Protocol) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bare_pod(namespace: &str, name: &str, ip: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}"),
+                         "labels": {"app": name}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn inbound(namespace: &str, local: &str, peer: &str) -> Observation {
+        Observation {
+            local: (namespace.into(), local.into()),
+            peer: peer.parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::TCP,
+            opened: learn::Opened::Inbound,
+            at_ms: 0,
+        }
+    }
+
+    fn pending_names(writer: &ProposalWriter) -> BTreeSet<String> {
+        let pending = writer.pending.lock().unwrap();
+        pending
+            .keys()
+            .map(|t| format!("{}/{}", t.workload.namespace, t.name()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_peer_whose_ip_the_index_learns_late_waits_and_is_learned_as_its_pod() {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let writer = ProposalWriter::new(client, Backend::Kubernetes, BTreeSet::new())
+            .with_resolution_grace(30_000)
+            .with_only_namespace(Some("shop".into()));
+        let mut index = Index::default();
+        index.apply_pod(&bare_pod("shop", "api", "10.0.0.2"), 0);
+        index.apply_pod(&bare_pod("other", "web", "10.0.0.5"), 0);
+
+        // The frontend's first connection arrives before its IP is in the index.
+        let obs = inbound("shop", "api", "10.0.0.3");
+        assert_eq!(writer.observe_or_wait(&index, &obs, 1_000), Ok(0));
+        assert_eq!(writer.waiting(), 1);
+        assert!(
+            pending_names(&writer).is_empty(),
+            "no /32 rule for a pod IP"
+        );
+        index.apply_pod(&bare_pod("shop", "frontend", "10.0.0.3"), 2_000);
+        assert!(writer.settle_waiting(&index, 3_000) > 0);
+        assert_eq!(writer.waiting(), 0);
+        assert_eq!(
+            pending_names(&writer),
+            BTreeSet::from([
+                "shop/pod-api-ingress".to_string(),
+                "shop/pod-frontend-egress".to_string()
+            ])
+        );
+        let mut pending = writer.pending.lock().unwrap();
+        let key = pending
+            .keys()
+            .find(|t| t.workload.name == "api")
+            .cloned()
+            .unwrap();
+        let api = pending.remove(&key).unwrap().into_ordered();
+        assert!(
+            api.iter().all(|e| !matches!(
+                e,
+                Edge::Kubernetes {
+                    peer: Endpoint::External(_),
+                    ..
+                }
+            )),
+            "{api:?}"
+        );
+        drop(pending);
+
+        // A workload in another namespace than the one this controller watches teaches nothing.
+        let elsewhere = inbound("other", "web", "10.0.0.2");
+        writer.observe_or_wait(&index, &elsewhere, 4_000).unwrap();
+        assert!(!pending_names(&writer).contains("other/pod-web-ingress"));
+    }
 
     #[test]
     fn pending_edges_dedupe_keep_arrival_order_and_cap_external_addresses() {
