@@ -145,12 +145,14 @@ pub fn peer_address(
         .filter(|p| p.namespace == namespace && p.service_account == account && !p.ips.is_empty())
     {
         let workload = index.endpoint_of(pod);
-        if let Some((_, first)) = &found {
-            if !same_workload(first, &workload) {
+        match &found {
+            Some((_, first)) if !same_workload(first, &workload) => {
                 return (fields.peer, PeerFrom::AmbiguousPrincipal);
             }
-        } else {
-            found = Some((pod, workload));
+            // Any pod of the workload names it; the lowest address makes the choice independent of
+            // the index's iteration order.
+            Some((chosen, _)) if chosen.ips[0] <= pod.ips[0] => {}
+            _ => found = Some((pod, workload)),
         }
     }
     match found {
