@@ -673,6 +673,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     }
     assert_eq!(env_value(c, "LOG_LEVEL"), "info");
     assert_eq!(env_value(c, "FLUSH_INTERVAL_SECONDS"), "2");
+    assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "30");
+    assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "50");
     assert!(env(c, "EXCLUDE_NAMESPACES").is_none());
 
     let docs = render(&[
@@ -684,6 +686,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.metricsPort=9090",
         "controller.wnpStatusUpdateInterval=1m",
         "controller.replicas=2",
+        "controller.resolutionGraceSeconds=0",
+        "controller.maxExternalPeersPerPort=5",
     ]);
     let deploy = find(&docs, "Deployment", CONTROLLER);
     assert_eq!(deploy["spec"]["replicas"], 2);
@@ -691,6 +695,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert!(c.get("livenessProbe").is_none() && c.get("readinessProbe").is_none());
     assert_eq!(env_value(c, "METRICS_ADDRESS"), "0.0.0.0:9090");
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "1m");
+    assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
+    assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(
         find(&docs, "Service", &format!("{CONTROLLER}-metrics"))["spec"]["ports"][0]["port"],
         9090
