@@ -28,7 +28,7 @@ use super::super::scenario::{
 use super::super::workload::Namespace;
 use super::PodInfo;
 use crate::cluster::layout::kubernetes_bin;
-use crate::cluster::process::output_with_input;
+use crate::cluster::process::output;
 use crate::images::TEST_IMAGE;
 
 /// The ztunnel container's name in Istio's DaemonSet.
@@ -110,21 +110,45 @@ impl ZtunnelPod {
         })
     }
 
-    /// Writes `lines` (one JSON object each) to the container's standard output.
+    /// Writes `lines` (one JSON object each) to the container's standard output, and waits until the
+    /// container runtime has them in the pod's CRI log file.
+    ///
+    /// The text goes as an argument of `kubectl exec`, not on its stdin: a CI run lost one write's
+    /// lines that way (`exec -i` may close the stream before the data is through; 7 of 11 lines
+    /// reached the log file).
     pub fn write(&mut self, lines: &[Value]) -> Result<()> {
         let mut text = String::new();
         for line in lines {
             text += &serde_json::to_string(line)?;
             text.push('\n');
         }
+        let before: usize = cri_lines(&self.ns).iter().map(|(_, n)| n).sum();
         let mut cmd = Command::new(kubernetes_bin("kubectl"));
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--namespace={}", self.ns))
-            .args(["exec", "-i", &self.name, "-c", CONTAINER, "--"])
-            .args(["sh", "-c", "cat >> /proc/1/fd/1"]);
-        output_with_input(&mut cmd, text.as_bytes()).context("writing ztunnel log lines")?;
+            .args(["exec", &self.name, "-c", CONTAINER, "--"])
+            .args([
+                "sh",
+                "-c",
+                "printf '%s' \"$1\" >> /proc/1/fd/1",
+                "sh",
+                &text,
+            ]);
+        output(&mut cmd).context("writing ztunnel log lines")?;
         self.written += lines.len();
-        Ok(())
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now: usize = cri_lines(&self.ns).iter().map(|(_, n)| n).sum();
+            if now >= before + lines.len() {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{} ztunnel lines written, but the CRI log files hold {now} lines (had {before}) after 30 s",
+                lines.len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Lines written so far.
