@@ -255,6 +255,36 @@ pub fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
         .collect()
 }
 
+/// Step 3's check: each policy carries its proposal's name in the promoted-from label and exactly the
+/// proposal's (rule-sorted) spec. Returns each policy's spec as promoted, for the later checks that
+/// the controller never changes it.
+pub fn check_promoted(
+    policies: &BTreeMap<String, WorkloadNetworkPolicy>,
+    learned: &BTreeMap<String, Value>,
+) -> Result<BTreeMap<&'static str, Value>> {
+    let mut promoted_specs = BTreeMap::new();
+    for name in [EGRESS, INGRESS] {
+        let policy = policies.get(name).context("policy missing")?;
+        let from = policy
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PROMOTED_FROM_LABEL));
+        ensure!(
+            from.map(String::as_str) == Some(name),
+            "{name}: label {PROMOTED_FROM_LABEL} is {from:?}"
+        );
+        let spec = rules_sorted(spec_without_mode(policy)?);
+        let proposal = learned.get(name).context("proposal missing")?;
+        ensure!(
+            spec == *proposal,
+            "{name}: the policy's spec differs from its proposal's: {spec:#} vs {proposal:#}"
+        );
+        promoted_specs.insert(name, serde_json::to_value(&policy.spec)?);
+    }
+    Ok(promoted_specs)
+}
+
 /// `spec` with its `kubernetes.egress` / `kubernetes.ingress` rules sorted: the order of a
 /// NetworkPolicy's rules carries no meaning, and a proposal lists them in the order they were learned
 /// (here the DNS lookup comes before the TCP connection it resolves for).
@@ -434,26 +464,7 @@ pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> 
         },
         || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
     )?;
-    let mut promoted_specs = BTreeMap::new();
-    for name in [EGRESS, INGRESS] {
-        let policy = policies.get(name).context("policy missing")?;
-        let from = policy
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(PROMOTED_FROM_LABEL));
-        ensure!(
-            from.map(String::as_str) == Some(name),
-            "{name}: label {PROMOTED_FROM_LABEL} is {from:?}"
-        );
-        let spec = rules_sorted(spec_without_mode(policy)?);
-        ensure!(
-            spec == learned[name],
-            "{name}: the policy's spec differs from its proposal's: {spec:#} vs {:#}",
-            learned[name]
-        );
-        promoted_specs.insert(name, serde_json::to_value(&policy.spec)?);
-    }
+    let promoted_specs = check_promoted(&policies, &learned)?;
 
     // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
     say("step 4: UDP http-service:18083 (not in either policy) still echoes");

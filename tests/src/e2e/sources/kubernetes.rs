@@ -4,12 +4,10 @@
 //! (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
 
 use anyhow::{Context, Result, ensure};
-use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
 use network_enforcer_api::{
     Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord, WorkloadNetworkPolicy,
 };
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,7 +15,7 @@ use super::super::poll;
 use super::super::release::Release;
 use super::super::scenario::{
     self, EGRESS, INGRESS, LEARN_TIMEOUT, STATUS_INTERVAL_SECONDS, STEP_TIMEOUT, Workload,
-    expected_proposal_specs, proposal_specs, rules_sorted, say, spec_without_mode, status_counts,
+    check_promoted, expected_proposal_specs, proposal_specs, say, status_counts,
 };
 use super::{PodInfo, dns_pod, node_name};
 
@@ -178,26 +176,7 @@ pub fn run(
         },
         || describe(&w, plane.describe()),
     )?;
-    let mut promoted_specs = BTreeMap::new();
-    for name in [EGRESS, INGRESS] {
-        let policy = policies.get(name).context("policy missing")?;
-        let from = policy
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(PROMOTED_FROM_LABEL));
-        ensure!(
-            from.map(String::as_str) == Some(name),
-            "{name}: label {PROMOTED_FROM_LABEL} is {from:?}"
-        );
-        let spec = rules_sorted(spec_without_mode(policy)?);
-        ensure!(
-            spec == learned[name],
-            "{name}: the policy's spec differs from its proposal's: {spec:#} vs {:#}",
-            learned[name]
-        );
-        promoted_specs.insert(name, serde_json::to_value(&policy.spec)?);
-    }
+    let promoted_specs = check_promoted(&policies, &learned)?;
 
     // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
     say("step 4: the data plane reports UDP http-service:18083 forwarded");
