@@ -11,9 +11,9 @@
 //! 800 edges): with every event a new edge the recent-records buffer evicts and names constantly.
 
 use network_enforcer_agent::aggregate::Aggregator;
-use network_enforcer_agent::attribution::{Attributor, Owner, PodInfo};
-use network_enforcer_agent::debug_api::{RECENT_EDGES, RecentEdges};
-use network_enforcer_agent::events::ConnectionEvent;
+use network_enforcer_agent::debug::socket::{RECENT_EDGES, RecentEdges};
+use network_enforcer_agent::identity::attribution::{Attributor, Owner, PodInfo};
+use network_enforcer_agent::kernel::events::ConnectionEvent;
 use network_enforcer_agent_common::{AF_INET, FlowEvent, IPPROTO_TCP, IPPROTO_UDP};
 use std::hint::black_box;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! Until pods are attributed, the local side is identified by what the kernel knows: the network
 //! namespace (one per pod), the cgroup and the local IP.
 
-use crate::events::{ConnectionEvent, Direction, Outcome, Protocol};
+use crate::kernel::events::{ConnectionEvent, Direction, Outcome, Protocol};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};

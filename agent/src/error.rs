@@ -44,7 +44,7 @@ pub enum Error {
 
     /// The kernel's BTF could not be parsed.
     #[error("reading the kernel's BTF: {0}")]
-    Btf(#[from] crate::btf::BtfError),
+    Btf(#[from] crate::kernel::btf::BtfError),
 
     /// The cgroup v2 hierarchy is not mounted, so the UDP hooks have nowhere to attach.
     #[error(

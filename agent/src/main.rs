@@ -3,13 +3,13 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_agent::aggregate::{Aggregator, WallClock, monotonic_now};
-use network_enforcer_agent::attribution::{Attributor, Owner};
-use network_enforcer_agent::debug_api::{self, DebugClient, DebugServer};
-use network_enforcer_agent::events::EventReader;
-use network_enforcer_agent::flows::{self, FlowFilter, PodNames};
+use network_enforcer_agent::debug::flows::{self, FlowFilter, PodNames};
+use network_enforcer_agent::debug::socket::{self, DebugClient, DebugServer};
+use network_enforcer_agent::identity::attribution::{Attributor, Owner};
+use network_enforcer_agent::identity::pod_identity::PodIdentities;
+use network_enforcer_agent::identity::pod_watch::{self, SharedAttributor};
+use network_enforcer_agent::kernel::events::EventReader;
 use network_enforcer_agent::metrics::AgentMetrics;
-use network_enforcer_agent::pod_identity::PodIdentities;
-use network_enforcer_agent::pod_watch::{self, SharedAttributor};
 use network_enforcer_agent::uplink::{self, UplinkConfig};
 use network_enforcer_agent::{
     DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
@@ -76,11 +76,11 @@ struct RunArgs {
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
     /// Unix socket of the debug API that `flows` reads live events from.
-    #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
+    #[arg(long, default_value = socket::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
     debug_socket: PathBuf,
     /// Edges the debug API keeps for `flows --since` (the longest ago seen are evicted first; about
     /// 200 bytes each).
-    #[arg(long, default_value_t = debug_api::RECENT_EDGES, env = "NE_RECENT_EDGES")]
+    #[arg(long, default_value_t = socket::RECENT_EDGES, env = "NE_RECENT_EDGES")]
     recent_edges: usize,
     /// Address of the Prometheus endpoint (`GET /metrics`).
     #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
@@ -121,7 +121,7 @@ struct RunArgs {
 struct FlowsArgs {
     /// The running agent's debug socket. When no agent answers there, `flows` loads its own copy of
     /// the programs (which needs the same privileges as the agent).
-    #[arg(long, default_value = debug_api::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
+    #[arg(long, default_value = socket::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
     socket: PathBuf,
     /// Load the programs here even if an agent is running.
     #[arg(long)]
@@ -288,7 +288,7 @@ async fn run(args: RunArgs) -> Result<()> {
     metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
     let mut scans = Scanner {
-        cgroup_root: network_enforcer_agent::host::cgroup2_root()?,
+        cgroup_root: network_enforcer_agent::kernel::host::cgroup2_root()?,
         attributor: attributor.clone(),
         last: None,
     };

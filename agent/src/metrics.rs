@@ -12,8 +12,8 @@
 //!   required: the data path keeps capturing and buffering while the controller or a CNI is away, and
 //!   an agent taken out of readiness for that would only stall rollouts.
 
-use crate::loader::KernelCounters;
-use crate::pod_watch::PodWatchCounters;
+use crate::identity::pod_watch::PodWatchCounters;
+use crate::kernel::loader::KernelCounters;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -175,7 +175,7 @@ impl AgentMetrics {
         self.uplink.clone()
     }
 
-    /// The pod watch's counters, registered here; hand them to [`crate::pod_watch::spawn`].
+    /// The pod watch's counters, registered here; hand them to [`crate::identity::pod_watch::spawn`].
     pub fn pod_watch(&self) -> PodWatchCounters {
         self.pod_watch.clone()
     }

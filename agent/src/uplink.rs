@@ -20,7 +20,7 @@
 //! [`UplinkCounters`] are Prometheus counters, registered by [`crate::metrics::AgentMetrics`].
 
 use crate::aggregate::{Edge, WallClock};
-use crate::events::{Direction, Outcome, Protocol};
+use crate::kernel::events::{Direction, Outcome, Protocol};
 use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
 use network_enforcer_api::uplink::{self as proto, BatchAck, FlowBatch, FlowRecord, LocalPod};
 use prometheus_client::metrics::counter::Counter;

@@ -6,8 +6,8 @@
 mod support;
 
 use network_enforcer_agent::LoadOptions;
-use network_enforcer_agent::host::cgroup2_root;
-use network_enforcer_agent::pod_identity::{Attribution, PodIdentities};
+use network_enforcer_agent::identity::pod_identity::{Attribution, PodIdentities};
+use network_enforcer_agent::kernel::host::cgroup2_root;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::MetadataExt;

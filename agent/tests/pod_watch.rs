@@ -5,10 +5,10 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use network_enforcer_agent::aggregate::monotonic_now;
-use network_enforcer_agent::attribution::{Attributor, Owner};
+use network_enforcer_agent::identity::attribution::{Attributor, Owner};
+use network_enforcer_agent::identity::pod_identity::PodIdentities;
+use network_enforcer_agent::identity::pod_watch;
 use network_enforcer_agent::metrics::AgentMetrics;
-use network_enforcer_agent::pod_identity::PodIdentities;
-use network_enforcer_agent::pod_watch;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use std::net::IpAddr;
@@ -85,7 +85,7 @@ async fn the_watch_names_this_nodes_pods_and_remembers_deleted_ones() -> anyhow:
     .await?;
 
     // By network namespace, from the real /proc and cgroup tree of the kubelet's containers.
-    let cgroup_root = network_enforcer_agent::host::cgroup2_root()?;
+    let cgroup_root = network_enforcer_agent::kernel::host::cgroup2_root()?;
     let pod_netns = ns
         .wait_for(
             "a scan to find the pod's network namespace",

@@ -18,7 +18,7 @@ fn own_netns() -> u32 {
 
 /// The cgroup v2 id of this process: the inode of its cgroup directory in the cgroup2 file system.
 fn own_cgroup_id() -> u64 {
-    let root = network_enforcer_agent::host::cgroup2_root().unwrap();
+    let root = network_enforcer_agent::kernel::host::cgroup2_root().unwrap();
     let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let path = text
         .lines()

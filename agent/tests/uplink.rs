@@ -10,13 +10,13 @@
 use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters};
 use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
 use network_enforcer_api::uplink::{BatchAck, FlowBatch, FlowRecord, LocalPod};
-use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::watches::SharedIndex;
+use network_enforcer_controller::ingest::tls::{self, TlsServerConfig};
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
-use network_enforcer_controller::ingest_tls::{self, TlsServerConfig};
-use network_enforcer_controller::proposals::ProposalWriter;
-use network_enforcer_controller::resolve::Index;
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -180,7 +180,7 @@ impl Controller {
                 tonic::transport::Server::builder().add_service(FlowUplinkServer::new(service()));
             match tls {
                 Some(tls) => router
-                    .serve_with_incoming(ingest_tls::incoming(listener, tls, || {}))
+                    .serve_with_incoming(tls::incoming(listener, tls, || {}))
                     .await
                     .unwrap(),
                 None => router
@@ -560,9 +560,8 @@ impl Pki {
     /// The controller's TLS configuration from `tls.crt` / `tls.key`, reloaded when they change.
     fn server(&self) -> Arc<TlsServerConfig> {
         let cert =
-            ingest_tls::ReloadingCert::new(self.path("tls.crt"), self.path("tls.key"), |_| {})
-                .unwrap();
-        ingest_tls::server_config(Arc::new(cert)).unwrap()
+            tls::ReloadingCert::new(self.path("tls.crt"), self.path("tls.key"), |_| {}).unwrap();
+        tls::server_config(Arc::new(cert)).unwrap()
     }
 }
 

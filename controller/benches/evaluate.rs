@@ -14,15 +14,15 @@ use network_enforcer_api::{
     Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyStatus,
     WorkloadRef,
 };
-use network_enforcer_controller::evaluate::attribution::{
+use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::workload::Workload;
+use network_enforcer_controller::monitor::evaluate::attribution::{
     FlowSide, ObservedFlow, PolicySet, attribute, record_allowed_now,
 };
-use network_enforcer_controller::evaluate::{
+use network_enforcer_controller::monitor::evaluate::{
     ClusterView, ContainerPort, Endpoint, Labels, NamedPolicy, PodInfo, PodKey,
 };
-use network_enforcer_controller::resolve::Index;
-use network_enforcer_controller::violations::{self, Observation, SyncInput};
-use network_enforcer_controller::workload::Workload;
+use network_enforcer_controller::monitor::violations::{self, Observation, SyncInput};
 use serde_json::json;
 use std::hint::black_box;
 use std::time::Instant;

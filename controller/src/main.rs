@@ -5,17 +5,17 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
-use network_enforcer_controller::http::Health;
-use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
+use network_enforcer_controller::ingest::tls;
 use network_enforcer_controller::ingest::{
     Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator,
 };
-use network_enforcer_controller::ingest_tls;
-use network_enforcer_controller::leader;
-use network_enforcer_controller::metrics::ControllerMetrics;
-use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
+use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
+use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
 use network_enforcer_controller::reconcile::{self, Settings};
-use network_enforcer_controller::status_sync::{self, StatusSync};
+use network_enforcer_controller::runtime::http::Health;
+use network_enforcer_controller::runtime::leader;
+use network_enforcer_controller::runtime::metrics::ControllerMetrics;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,13 +142,13 @@ struct RunArgs {
         env = "EXCLUDE_WORKLOADS",
         value_delimiter = ','
     )]
-    exclude_workloads: Vec<network_enforcer_controller::proposals::ExcludedWorkload>,
+    exclude_workloads: Vec<network_enforcer_controller::learn::proposal_writer::ExcludedWorkload>,
     /// At most this many distinct external addresses are learned per proposal and port; further ones
     /// are counted, logged and reported with an `ExternalPeersCapped` Event (0: none is learned).
     #[arg(
         long,
         env = "MAX_EXTERNAL_PEERS_PER_PORT",
-        default_value_t = network_enforcer_controller::proposals::DEFAULT_MAX_EXTERNAL_PEERS
+        default_value_t = network_enforcer_controller::learn::proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS
     )]
     max_external_peers_per_port: usize,
     /// How long a flow whose peer resolves to no pod (or whose pod is not known yet) waits for the pod
@@ -192,7 +192,7 @@ struct RunArgs {
     ingest_insecure: bool,
     /// How often violation records are written to policy statuses (Go-style duration: 30s, 1m, 500ms).
     #[arg(long, env = "WNP_STATUS_UPDATE_INTERVAL", default_value = "30s",
-          value_parser = network_enforcer_controller::status_sync::parse_duration)]
+          value_parser = network_enforcer_controller::monitor::status_sync::parse_duration)]
     status_update_interval: Duration,
 }
 
@@ -235,7 +235,7 @@ async fn main() -> Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
-            let removed = network_enforcer_controller::uninstall::remove_rendered_objects(
+            let removed = network_enforcer_controller::tools::uninstall::remove_rendered_objects(
                 &client,
                 namespace.as_deref(),
             )
@@ -249,7 +249,7 @@ async fn main() -> Result<()> {
 
 /// `graph`: the workload graph from a file or the cluster, as DOT or SVG.
 async fn graph(args: &GraphArgs) -> Result<()> {
-    use network_enforcer_controller::graph;
+    use network_enforcer_controller::tools::graph;
     let input = match &args.from_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -286,7 +286,7 @@ async fn graph(args: &GraphArgs) -> Result<()> {
 /// `check`: evaluate the scenario's flows (and replay records), print the report; invalid input is
 /// an error naming the field.
 fn check(args: &CheckArgs) -> Result<()> {
-    use network_enforcer_controller::check::{Checker, parse_records, parse_scenario};
+    use network_enforcer_controller::tools::check::{Checker, parse_records, parse_scenario};
     let read = |path: &std::path::Path| -> Result<String> {
         if path == std::path::Path::new("-") {
             return std::io::read_to_string(std::io::stdin()).context("reading stdin");
@@ -353,7 +353,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let backend = args.provider.backend();
     // Decided before anything starts: a missing certificate is a startup error, not a silent plaintext.
-    let transport = ingest_tls::transport(
+    let transport = tls::transport(
         args.ingest_tls_cert_file.clone(),
         args.ingest_tls_key_file.clone(),
         args.ingest_insecure,
@@ -366,8 +366,11 @@ async fn run(args: RunArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding --metrics-address {}", args.metrics_address))?;
     tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
-    let http =
-        network_enforcer_controller::http::serve(http_listener, metrics.clone(), health.clone());
+    let http = network_enforcer_controller::runtime::http::serve(
+        http_listener,
+        metrics.clone(),
+        health.clone(),
+    );
 
     let index = Arc::new(SharedIndex::default());
     let index_health = health.component("index", true);
@@ -419,7 +422,7 @@ async fn run(args: RunArgs) -> Result<()> {
         })
     };
     // Kept to flush queued events on the way out.
-    let violation_sink = network_enforcer_controller::telemetry::from_env(&metrics)
+    let violation_sink = network_enforcer_controller::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
     let status_sync = StatusSync::new(
         client.clone(),
@@ -495,7 +498,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let grpc: std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
     > = match transport {
-        ingest_tls::Transport::Tls { cert, key } => {
+        tls::Transport::Tls { cert, key } => {
             let reload_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
             metrics.register(
                 "ingest_tls_reload_failures",
@@ -508,20 +511,20 @@ async fn run(args: RunArgs) -> Result<()> {
                 "Agent connections whose TLS handshake failed or timed out",
                 handshake_failures.clone(),
             );
-            let cert = ingest_tls::ReloadingCert::new(&cert, &key, move |_| {
+            let cert = tls::ReloadingCert::new(&cert, &key, move |_| {
                 reload_failures.inc();
             })
             .context("loading the ingest TLS certificate (--ingest-tls-cert-file / --ingest-tls-key-file)")?;
-            let config = ingest_tls::server_config(Arc::new(cert))?;
+            let config = tls::server_config(Arc::new(cert))?;
             tracing::info!(address = %args.ingest_address, "ingest endpoint serving TLS");
             Box::pin(router.serve_with_incoming_shutdown(
-                ingest_tls::incoming(ingest_listener, config, move || {
+                tls::incoming(ingest_listener, config, move || {
                     handshake_failures.inc();
                 }),
                 shutdown,
             ))
         }
-        ingest_tls::Transport::Insecure => {
+        tls::Transport::Insecure => {
             tracing::warn!(address = %args.ingest_address,
                 "INSECURE: the ingest endpoint serves PLAINTEXT (--ingest-insecure); agents' tokens and \
                  flows travel unencrypted. Set --ingest-tls-cert-file/--ingest-tls-key-file in production");
@@ -540,7 +543,7 @@ async fn run(args: RunArgs) -> Result<()> {
         let mut tick = tokio::time::interval(flush_every);
         loop {
             tick.tick().await;
-            settle_waiting(&writer, &settle_index, index_feed::now_ms());
+            settle_waiting(&writer, &settle_index, watches::now_ms());
             let report = flushes.flush(&writer).await;
             if report != FlushReport::default() {
                 tracing::info!(?report, "flushed proposals");
@@ -585,7 +588,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let result = tokio::select! {
         () = stop => Ok(()),
         () = leading => Ok(()),
-        () = index_feed::run(client.clone(), index) => Ok(()),
+        () = watches::run(client.clone(), index) => Ok(()),
         result = grpc => result.context("serving the agent ingest endpoint"),
         () = index_watch => Ok(()),
         () = readiness => Ok(()),

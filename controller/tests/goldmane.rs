@@ -19,14 +19,14 @@ use network_enforcer_api::goldmane::{
     PolicyTrace, Reporter,
 };
 use network_enforcer_api::uplink::{Direction, Outcome};
-use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::Learning;
-use network_enforcer_controller::proposals::ProposalWriter;
-use network_enforcer_controller::resolve::Index;
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
 use network_enforcer_controller::sources::goldmane::{
     Goldmane, GoldmaneConfig, GoldmaneHealth, NameIndex, ObjectRef,
 };
-use network_enforcer_controller::status_sync::EvidenceQueue;
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

@@ -152,7 +152,7 @@ async fn reads_policies_proposals_and_violations_from_the_cluster() -> anyhow::R
         "namespace: demo, ownerKind",
         &format!("namespace: {}, ownerKind", ns.name),
     );
-    let mut input = network_enforcer_controller::graph::parse_objects(&text)?;
+    let mut input = network_enforcer_controller::tools::graph::parse_objects(&text)?;
     let policies = ns.api::<WorkloadNetworkPolicy>();
     for policy in &mut input.policies {
         let status = policy.status.take();

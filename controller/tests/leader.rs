@@ -13,14 +13,14 @@ use kube::{Api, ResourceExt};
 use network_enforcer_api::uplink::FlowBatch;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::{Backend, Protocol, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::index_feed::SharedIndex;
+use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
-use network_enforcer_controller::leader::{self, Elector, Leadership, Settings};
+use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
 use network_enforcer_controller::learn::{Observation, Opened};
-use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
-use network_enforcer_controller::resolve::Index;
+use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, send_batches};
 use std::collections::BTreeSet;

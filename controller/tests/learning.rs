@@ -10,9 +10,9 @@ use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
+use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::learn::{Observation, Opened};
-use network_enforcer_controller::proposals::ProposalWriter;
-use network_enforcer_controller::resolve::Index;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
 use serde_json::{Value, json};
@@ -251,7 +251,7 @@ mod grpc {
     use super::*;
     use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
     use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
-    use network_enforcer_controller::index_feed::{self, SharedIndex};
+    use network_enforcer_controller::cluster::watches::{self, SharedIndex};
     use network_enforcer_controller::ingest::{
         IngestService, Learning, Limits, TokenReviewAuthenticator,
     };
@@ -343,7 +343,7 @@ mod grpc {
 
         // The controller side: index fed by real watches, writer, gRPC server on loopback.
         let shared = Arc::new(SharedIndex::default());
-        let feed = tokio::spawn(index_feed::run(ns.client.clone(), shared.clone()));
+        let feed = tokio::spawn(watches::run(ns.client.clone(), shared.clone()));
         let writer = Arc::new(ProposalWriter::new(
             ns.client.clone(),
             Backend::Kubernetes,

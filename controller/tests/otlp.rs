@@ -7,8 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::{
     AcknowledgedViolation, Backend, Direction, PolicyMode, Protocol, ViolationRecord, WorkloadRef,
 };
-use network_enforcer_controller::telemetry::{Otlp, OtlpConfig, OtlpProtocol, ViolationSink};
-use network_enforcer_controller::violations::Observation;
+use network_enforcer_controller::monitor::otlp::{Otlp, OtlpConfig, OtlpProtocol, ViolationSink};
+use network_enforcer_controller::monitor::violations::Observation;
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
     LogsService, LogsServiceServer,
 };

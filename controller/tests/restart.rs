@@ -16,11 +16,11 @@ use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{Direction, FlowRecord, Outcome, Protocol};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, Flushes, IngestService, Learning, Limits,
 };
-use network_enforcer_controller::proposals::{FlushReport, ProposalWriter};
+use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
 use std::collections::BTreeSet;
@@ -66,7 +66,7 @@ impl Controller {
             let started = async {
                 let client = fixture::client().await?;
                 let index = Arc::new(SharedIndex::default());
-                tokio::spawn(index_feed::run(client.clone(), index.clone()));
+                tokio::spawn(watches::run(client.clone(), index.clone()));
                 let writer = Arc::new(ProposalWriter::new(
                     client,
                     Backend::Kubernetes,

@@ -16,15 +16,15 @@ use network_enforcer_api::{
     Direction, PolicyMode, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
     WorkloadNetworkPolicyStatus,
 };
-use network_enforcer_controller::index_feed::{self, SharedIndex};
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     IngestService, Learning, Limits, TokenReviewAuthenticator,
 };
-use network_enforcer_controller::proposals::ProposalWriter;
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::monitor::otlp::ViolationSink;
+use network_enforcer_controller::monitor::status_sync::{self, StatusSync, SyncError};
+use network_enforcer_controller::monitor::violations::Observation;
 use network_enforcer_controller::reconcile;
-use network_enforcer_controller::status_sync::{self, StatusSync, SyncError};
-use network_enforcer_controller::telemetry::ViolationSink;
-use network_enforcer_controller::violations::Observation;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{
     AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
@@ -118,7 +118,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
 
     // The controller, in process: index watches, reconcilers, status sync (1 s), ingest on loopback.
     let shared = Arc::new(SharedIndex::default());
-    let feed = tokio::spawn(index_feed::run(client.clone(), shared.clone()));
+    let feed = tokio::spawn(watches::run(client.clone(), shared.clone()));
     let reconcilers = tokio::spawn(reconcile::run(
         client.clone(),
         reconcile::Settings {

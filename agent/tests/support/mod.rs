@@ -220,7 +220,7 @@ pub fn link(a: &Netns, b: &Netns, v4_prefix: &str, v6_prefix: &str) {
 /// The cgroup v2 id of this process (its threads in the namespaces stay in its cgroup): the inode of
 /// its cgroup directory in the cgroup2 file system.
 pub fn own_cgroup_id() -> u64 {
-    let root = network_enforcer_agent::host::cgroup2_root().unwrap();
+    let root = network_enforcer_agent::kernel::host::cgroup2_root().unwrap();
     let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let path = text
         .lines()

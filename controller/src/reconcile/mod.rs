@@ -1,5 +1,5 @@
-//! The Kubernetes layer: two kube-runtime controllers that feed the pure decisions of [`crate::promote`],
-//! [`crate::render`] and [`crate::uniqueness`] and write their results.
+//! The Kubernetes layer: two kube-runtime controllers that feed the pure decisions of [`crate::policy::promote`],
+//! [`crate::policy::render`] and [`crate::policy::uniqueness`] and write their results.
 //!
 //! - [`proposal`]: promotion and leftover clean-up; also triggered by policy changes, so a leftover is
 //!   deleted as soon as it (or its policy) is seen, not only on the periodic resync.

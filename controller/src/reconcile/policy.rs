@@ -2,10 +2,11 @@
 //! rendered, never touches objects it does not own, and reports all of it as conditions.
 
 use super::{Context, Error, Settings, scoped_api};
-use crate::authorization_policy::AuthorizationPolicy;
-use crate::conditions::{self, Desired as Condition};
-use crate::render::{self, Desired};
-use crate::{selector, uniqueness, workload};
+use crate::cluster::{selector, workload};
+use crate::policy::authorization_policy::AuthorizationPolicy;
+use crate::policy::conditions::{self, Desired as Condition};
+use crate::policy::render::{self, Desired};
+use crate::policy::uniqueness;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;

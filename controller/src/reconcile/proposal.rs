@@ -2,8 +2,8 @@
 //! a `Promoted` condition.
 
 use super::{Context, Error, Settings, publish, scoped_api};
-use crate::conditions::{self, Desired};
-use crate::promote::{self, Decision};
+use crate::policy::conditions::{self, Desired};
+use crate::policy::promote::{self, Decision};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;

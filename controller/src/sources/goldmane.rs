@@ -26,8 +26,8 @@
 //! - **Failures.** Every failure is logged with a hint and counted; reconnects follow a capped
 //!   exponential backoff with jitter; the task never ends.
 
+use crate::cluster::index::{Index, PodInfo};
 use crate::ingest::Learning;
-use crate::resolve::{Index, PodInfo};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::Client;
@@ -376,8 +376,8 @@ impl GoldmaneArgs {
         &self,
         client: Client,
         learning: Arc<Learning>,
-        metrics: &crate::metrics::ControllerMetrics,
-        readiness: impl FnOnce() -> crate::http::Component,
+        metrics: &crate::runtime::metrics::ControllerMetrics,
+        readiness: impl FnOnce() -> crate::runtime::http::Component,
     ) {
         let Some(config) = self.config() else {
             return std::future::pending().await;
@@ -629,7 +629,7 @@ pub struct GoldmaneHealth {
 
 impl GoldmaneHealth {
     /// Registers every metric as `source_*{source="goldmane"}`-like names with a `goldmane_` prefix.
-    pub fn register(&self, metrics: &crate::metrics::ControllerMetrics) {
+    pub fn register(&self, metrics: &crate::runtime::metrics::ControllerMetrics) {
         metrics.register(
             "goldmane_connected",
             "1 while the Goldmane stream is open",
@@ -726,7 +726,7 @@ pub struct Goldmane {
     /// Metrics.
     pub health: GoldmaneHealth,
     /// `/readyz` detail (not required for readiness: Goldmane being down must not stop the controller).
-    pub readiness: Option<crate::http::Component>,
+    pub readiness: Option<crate::runtime::http::Component>,
 }
 
 impl Goldmane {

@@ -1,0 +1,467 @@
+//! The node-level `flows` view: filtering aggregated edges and printing them as a table (like
+//! `hubble observe`) or as JSON lines.
+
+use crate::aggregate::{Edge, EdgeKey, WallClock};
+use crate::kernel::events::{Direction, Outcome, Protocol};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Which edges to show; `None` matches anything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowFilter {
+    /// The local pod's namespace.
+    pub namespace: Option<String>,
+    /// The local pod's name (`name`, or `namespace/name`).
+    pub pod: Option<String>,
+    /// The service port (peer port of outbound edges, local port of inbound ones).
+    pub port: Option<u16>,
+    /// TCP or UDP.
+    pub protocol: Option<Protocol>,
+    /// Outbound or inbound.
+    pub direction: Option<Direction>,
+    /// Established, failed or datagram.
+    pub outcome: Option<Outcome>,
+}
+
+impl FlowFilter {
+    /// Whether `key` passes every set criterion; `pod` is the local pod's label (`namespace/name`, or
+    /// `uid:<UID>` when only the UID is known), if the local side is a pod.
+    pub fn matches(&self, key: &EdgeKey, pod: Option<&str>) -> bool {
+        let split = pod.and_then(|p| p.split_once('/'));
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| split.is_some_and(|(n, _)| n == ns))
+            && self
+                .pod
+                .as_deref()
+                .is_none_or(|want| pod == Some(want) || split.is_some_and(|(_, name)| name == want))
+            && self.port.is_none_or(|p| p == key.port)
+            && self.protocol.is_none_or(|p| p == key.protocol)
+            && self.direction.is_none_or(|d| d == key.direction)
+            && self.outcome.is_none_or(|o| o == key.outcome)
+    }
+}
+
+/// The local side of an edge without its peer: what names a pod.
+pub type LocalKey = (Option<u32>, Option<u64>, IpAddr);
+
+/// The local side of `key`.
+pub fn local_key(key: &EdgeKey) -> LocalKey {
+    (key.netns_ino, key.cgroup_id, key.local_ip)
+}
+
+/// Pod labels of local sides, as the agent reported them (`flows` keeps them beside the edges).
+#[derive(Clone, Debug, Default)]
+pub struct PodNames(HashMap<LocalKey, Arc<str>>);
+
+impl PodNames {
+    /// Remembers the pod label of `key`'s local side.
+    pub fn insert(&mut self, key: &EdgeKey, label: Arc<str>) {
+        self.0.insert(local_key(key), label);
+    }
+
+    /// The pod label of `key`'s local side.
+    pub fn get(&self, key: &EdgeKey) -> Option<&str> {
+        self.0.get(&local_key(key)).map(|l| &**l)
+    }
+}
+
+/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let number: u64 = number.parse().map_err(|_| {
+            format!("{text:?}: expected a number before each unit (e.g. 5m, 1h30m)")
+        })?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        total += match unit {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.saturating_mul(60)),
+            "h" => Duration::from_secs(number.saturating_mul(3600)),
+            "d" => Duration::from_secs(number.saturating_mul(86_400)),
+            other => {
+                return Err(format!(
+                    "{text:?}: unknown unit {other:?} (use ms, s, m, h, d)"
+                ));
+            }
+        };
+        rest = next;
+    }
+    Ok(total)
+}
+
+/// Lower-case name of a protocol, as shown and as accepted by `--protocol`.
+pub fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+    }
+}
+
+/// Lower-case name of a direction.
+pub fn direction_name(d: Direction) -> &'static str {
+    match d {
+        Direction::Outbound => "outbound",
+        Direction::Inbound => "inbound",
+    }
+}
+
+/// Lower-case name of an outcome.
+pub fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Established => "established",
+        Outcome::Failed => "failed",
+        Outcome::Datagram => "datagram",
+    }
+}
+
+/// The errno names a failed connection usually ends with.
+fn error_name(errno: u8) -> String {
+    match i32::from(errno) {
+        libc::ECONNREFUSED => "refused".into(),
+        libc::ETIMEDOUT => "timed out".into(),
+        libc::EHOSTUNREACH => "host unreachable".into(),
+        libc::ENETUNREACH => "network unreachable".into(),
+        libc::ECONNRESET => "reset".into(),
+        other => format!("errno {other}"),
+    }
+}
+
+/// The local side as text: its pod and address when the pod is known, else its address and network
+/// namespace.
+fn local_side(key: &EdgeKey, names: &PodNames) -> String {
+    match (names.get(key), key.netns_ino) {
+        (Some(pod), _) => format!("{pod} ({})", key.local_ip),
+        (None, Some(ns)) => format!("{} [netns {ns}]", key.local_ip),
+        (None, None) => key.local_ip.to_string(),
+    }
+}
+
+/// (source, destination) from the connection opener's point of view.
+fn ends(key: &EdgeKey, names: &PodNames) -> (String, String) {
+    match key.direction {
+        Direction::Outbound => (local_side(key, names), key.peer_ip.to_string()),
+        Direction::Inbound => (key.peer_ip.to_string(), local_side(key, names)),
+    }
+}
+
+fn outcome_text(edge: &Edge) -> String {
+    match (edge.key.outcome, edge.stats.last_error) {
+        (Outcome::Failed, Some(err)) => format!("failed ({})", error_name(err)),
+        (o, _) => outcome_name(o).to_string(),
+    }
+}
+
+/// RFC 3339 UTC time with milliseconds, e.g. `2026-11-29T13:05:09.123Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// A table: TIME (last seen), SOURCE, DESTINATION, PORT, PROTOCOL, OUTCOME, COUNT.
+pub fn render_table(edges: &[Edge], clock: &WallClock, names: &PodNames, header: bool) -> String {
+    let rows: Vec<[String; 7]> = edges
+        .iter()
+        .map(|e| {
+            let (src, dst) = ends(&e.key, names);
+            [
+                rfc3339(clock.at(e.stats.last_seen)),
+                src,
+                dst,
+                e.key.port.to_string(),
+                protocol_name(e.key.protocol).to_string(),
+                outcome_text(e),
+                e.stats.count.to_string(),
+            ]
+        })
+        .collect();
+    let titles = [
+        "TIME",
+        "SOURCE",
+        "DESTINATION",
+        "PORT",
+        "PROTOCOL",
+        "OUTCOME",
+        "COUNT",
+    ];
+    let mut widths = titles.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    if header {
+        line(&titles);
+    }
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+    out
+}
+
+/// One JSON object per edge, one per line (`pod`: the local pod's label, or null).
+pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> String {
+    let mut out = String::new();
+    for e in edges {
+        let value = serde_json::json!({
+            "first_seen": rfc3339(clock.at(e.stats.first_seen)),
+            "last_seen": rfc3339(clock.at(e.stats.last_seen)),
+            "pod": names.get(&e.key),
+            "netns_ino": e.key.netns_ino,
+            "cgroup_id": e.key.cgroup_id,
+            "local_ip": e.key.local_ip.to_string(),
+            "peer_ip": e.key.peer_ip.to_string(),
+            "port": e.key.port,
+            "protocol": protocol_name(e.key.protocol),
+            "direction": direction_name(e.key.direction),
+            "outcome": outcome_name(e.key.outcome),
+            "error": e.stats.last_error,
+            "count": e.stats.count,
+        });
+        let _ = writeln!(out, "{value}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::EdgeStats;
+
+    fn edge(direction: Direction, outcome: Outcome, error: Option<u8>) -> Edge {
+        Edge {
+            key: EdgeKey {
+                netns_ino: Some(4026532178),
+                cgroup_id: Some(1),
+                local_ip: "10.0.0.1".parse().unwrap(),
+                peer_ip: "10.0.0.2".parse().unwrap(),
+                port: 80,
+                protocol: Protocol::Tcp,
+                direction,
+                outcome,
+            },
+            stats: EdgeStats {
+                first_seen: Duration::from_secs(1),
+                last_seen: Duration::from_secs(2),
+                count: 3,
+                last_error: error,
+            },
+        }
+    }
+
+    #[test]
+    fn formats_rfc3339_utc() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_796_562_309_123);
+        assert_eq!(rfc3339(t), "2026-12-06T13:05:09.123Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn filters_on_every_criterion() {
+        let e = edge(Direction::Outbound, Outcome::Established, None);
+        assert!(FlowFilter::default().matches(&e.key, None));
+        assert!(
+            FlowFilter {
+                port: Some(80),
+                protocol: Some(Protocol::Tcp),
+                ..Default::default()
+            }
+            .matches(&e.key, None)
+        );
+        assert!(
+            !FlowFilter {
+                port: Some(81),
+                ..Default::default()
+            }
+            .matches(&e.key, None)
+        );
+        assert!(
+            !FlowFilter {
+                protocol: Some(Protocol::Udp),
+                ..Default::default()
+            }
+            .matches(&e.key, None)
+        );
+        assert!(
+            !FlowFilter {
+                direction: Some(Direction::Inbound),
+                ..Default::default()
+            }
+            .matches(&e.key, None)
+        );
+        assert!(
+            !FlowFilter {
+                outcome: Some(Outcome::Failed),
+                ..Default::default()
+            }
+            .matches(&e.key, None)
+        );
+    }
+
+    #[test]
+    fn parses_durations() {
+        let d = |s| parse_duration(s);
+        assert_eq!(d("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(d("250ms"), Ok(Duration::from_millis(250)));
+        assert!(d("").is_err());
+        assert!(d("m").is_err());
+        assert!(d("5x").is_err());
+        assert!(d("-5m").is_err());
+    }
+
+    #[test]
+    fn filters_on_the_local_pod() {
+        let e = edge(Direction::Outbound, Outcome::Established, None);
+        let ns = |n: &str| FlowFilter {
+            namespace: Some(n.into()),
+            ..Default::default()
+        };
+        let pod = |p: &str| FlowFilter {
+            pod: Some(p.into()),
+            ..Default::default()
+        };
+        assert!(ns("shop").matches(&e.key, Some("shop/web")));
+        assert!(!ns("shop").matches(&e.key, Some("bank/web")));
+        assert!(!ns("shop").matches(&e.key, None), "not a pod: no namespace");
+        assert!(!ns("shop").matches(&e.key, Some("uid:1234")));
+        assert!(pod("web").matches(&e.key, Some("shop/web")));
+        assert!(pod("shop/web").matches(&e.key, Some("shop/web")));
+        assert!(!pod("bank/web").matches(&e.key, Some("shop/web")));
+        assert!(!pod("web").matches(&e.key, None));
+        assert!(pod("uid:1234").matches(&e.key, Some("uid:1234")));
+    }
+
+    #[test]
+    fn named_pods_replace_the_namespace_inode() {
+        let e = edge(Direction::Outbound, Outcome::Established, None);
+        let mut names = PodNames::default();
+        names.insert(&e.key, "shop/web".into());
+        let clock = WallClock::now();
+        let table = render_table(&[e], &clock, &names, false);
+        assert!(table.contains("shop/web (10.0.0.1)"), "{table}");
+        let json: serde_json::Value =
+            serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
+        assert_eq!(json["pod"], "shop/web");
+    }
+
+    #[test]
+    fn table_puts_the_opener_first_and_names_the_failure() {
+        let clock = WallClock::now();
+        let out = render_table(
+            &[
+                edge(
+                    Direction::Outbound,
+                    Outcome::Failed,
+                    Some(libc::ECONNREFUSED as u8),
+                ),
+                edge(Direction::Inbound, Outcome::Established, None),
+            ],
+            &clock,
+            &PodNames::default(),
+            true,
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("TIME"));
+        let cells = |l: &str| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            &cells(lines[1])[1..],
+            [
+                "10.0.0.1 [netns 4026532178]",
+                "10.0.0.2",
+                "80",
+                "tcp",
+                "failed (refused)",
+                "3"
+            ]
+        );
+        assert_eq!(
+            &cells(lines[2])[1..],
+            [
+                "10.0.0.2",
+                "10.0.0.1 [netns 4026532178]",
+                "80",
+                "tcp",
+                "established",
+                "3"
+            ]
+        );
+    }
+
+    #[test]
+    fn json_lines_carry_every_field() {
+        let clock = WallClock::now();
+        let out = render_json(
+            &[edge(Direction::Outbound, Outcome::Failed, Some(111))],
+            &clock,
+            &PodNames::default(),
+        );
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["peer_ip"], "10.0.0.2");
+        assert_eq!(v["port"], 80);
+        assert_eq!(v["direction"], "outbound");
+        assert_eq!(v["outcome"], "failed");
+        assert_eq!(v["error"], 111);
+        assert_eq!(v["count"], 3);
+        assert_eq!(v["netns_ino"], 4026532178u64);
+    }
+}

@@ -1,0 +1,5 @@
+//! Which pod an event belongs to: pod UIDs, IPs, network namespaces and cgroups, fed by the pod watch.
+
+pub mod attribution;
+pub mod pod_identity;
+pub mod pod_watch;

@@ -1,0 +1,251 @@
+//! Which pod a kernel event belongs to, from what the kernel reports: the socket's network namespace and
+//! cgroup. The kubelet puts every container in a cgroup whose path names the pod UID
+//! (`.../kubepods/besteffort/pod<UID>/<container>` with the cgroupfs driver,
+//! `.../kubepods-besteffort-pod<UID_with_underscores>.slice/...` with the systemd driver), so:
+//!
+//! - cgroup id → pod UID: walk the cgroup v2 tree; a cgroup's id is its directory's inode number;
+//! - network namespace → pod UID: for each process in a pod cgroup, `/proc/PID/ns/net` names its pod's
+//!   namespace (all containers of a pod share it). Where that link may not be read (it needs
+//!   CAP_SYS_PTRACE when the target holds capabilities the agent lacks), the socket's own cgroup names
+//!   the pod.
+//!
+//! A socket in a pod's own namespace belongs to that pod; a socket in the host namespace belongs to a
+//! hostNetwork pod when its cgroup is a pod's, else to the host. Anything else (a namespace no pod
+//! process is in, e.g. a pod that just ended) is unknown and must be counted, not guessed.
+//!
+//! The agent needs the host's `/proc` (DaemonSet `hostPID: true`), the host network namespace
+//! (`hostNetwork: true`) and the cgroup tree for this; a process whose namespace it may not read is skipped. Pod UIDs are
+//! mapped to namespaces and names by the pod watch ([`crate::identity::pod_watch`], [`crate::identity::attribution`]).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Who an event belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attribution {
+    /// A pod, by UID.
+    Pod {
+        /// The pod's UID.
+        uid: String,
+        /// The pod uses the host's network namespace.
+        host_network: bool,
+    },
+    /// The node itself (host network namespace, not in a pod cgroup).
+    Host,
+    /// A network namespace no known pod is in.
+    Unknown,
+}
+
+/// The pod UID named by a cgroup path, if it is (inside) a Kubernetes pod cgroup.
+pub fn pod_uid_from_cgroup_path(path: &str) -> Option<String> {
+    path.split('/').find_map(|component| {
+        let name = component.strip_suffix(".slice").unwrap_or(component);
+        // systemd driver: "kubepods-burstable-pod<uid with _>"; cgroupfs: "pod<uid>".
+        let uid = name
+            .rsplit_once("-pod")
+            .map_or_else(|| name.strip_prefix("pod"), |(_, uid)| Some(uid))?;
+        let uid = uid.replace('_', "-");
+        is_uid(&uid).then_some(uid)
+    })
+}
+
+/// Kubernetes UIDs are RFC 4122 UUIDs: 8-4-4-4-12 hex digits.
+fn is_uid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// A snapshot of the node's pod network namespaces and cgroups.
+#[derive(Clone, Debug, Default)]
+pub struct PodIdentities {
+    host_netns: u32,
+    by_netns: HashMap<u32, String>,
+    by_cgroup: HashMap<u64, String>,
+}
+
+impl PodIdentities {
+    /// Scans `proc_root` (normally `/proc`, the host's) and the cgroup v2 tree at `cgroup2_root`.
+    /// Processes and cgroups that vanish during the scan are skipped.
+    pub fn scan(proc_root: &Path, cgroup2_root: &Path) -> std::io::Result<Self> {
+        // The agent runs in the host's network namespace (DaemonSet `hostNetwork: true`), so its own is
+        // the host's. (/proc/1/ns/net would need CAP_SYS_PTRACE, which the agent does not ask for.)
+        let host_netns = std::fs::metadata(proc_root.join("self/ns/net"))?.ino() as u32;
+        let mut ids = Self {
+            host_netns,
+            ..Self::default()
+        };
+        ids.walk_cgroups(cgroup2_root, cgroup2_root, 0);
+        for entry in std::fs::read_dir(proc_root)?.flatten() {
+            let name = entry.file_name();
+            if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let dir = entry.path();
+            let Ok(cgroups) = std::fs::read_to_string(dir.join("cgroup")) else {
+                continue;
+            };
+            let Some(uid) = cgroups
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .and_then(pod_uid_from_cgroup_path)
+            else {
+                continue;
+            };
+            if let Ok(ns) = std::fs::metadata(dir.join("ns/net")) {
+                let ns = ns.ino() as u32;
+                if ns != host_netns {
+                    ids.by_netns.insert(ns, uid);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn walk_cgroups(&mut self, root: &Path, dir: &Path, depth: usize) {
+        // Pod cgroups are a few levels down (kubepods/<qos>/pod<UID>/<container>); don't wander.
+        if depth > 8 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            let relative = path.strip_prefix(root).unwrap_or(&path);
+            if let Some(uid) = pod_uid_from_cgroup_path(&relative.to_string_lossy()) {
+                if let Ok(meta) = entry.metadata() {
+                    self.by_cgroup.insert(meta.ino(), uid);
+                }
+            }
+            self.walk_cgroups(root, &path, depth + 1);
+        }
+    }
+
+    /// Who a socket with this network namespace and cgroup belongs to.
+    pub fn attribute(&self, netns: Option<u32>, cgroup: Option<u64>) -> Attribution {
+        match netns {
+            // A pod's own namespace: named by the scan of /proc, or else by the socket's cgroup. The
+            // fallback matters where the agent may not read other processes' /proc/PID/ns/net (the
+            // target's capabilities are not a subset of the agent's: that check wants CAP_SYS_PTRACE,
+            // which the agent does not ask for). A socket's cgroup is its creator's, a pod container;
+            // a host process that entered a pod's namespace (a CNI plugin) has no pod cgroup and stays
+            // unknown.
+            Some(ns) if ns != self.host_netns => match self
+                .by_netns
+                .get(&ns)
+                .or_else(|| cgroup.and_then(|c| self.by_cgroup.get(&c)))
+            {
+                Some(uid) => Attribution::Pod {
+                    uid: uid.clone(),
+                    host_network: false,
+                },
+                None => Attribution::Unknown,
+            },
+            _ => match cgroup.and_then(|c| self.by_cgroup.get(&c)) {
+                Some(uid) => Attribution::Pod {
+                    uid: uid.clone(),
+                    host_network: true,
+                },
+                None => Attribution::Host,
+            },
+        }
+    }
+
+    /// The host's network namespace inode.
+    pub fn host_netns(&self) -> u32 {
+        self.host_netns
+    }
+
+    /// Pod network namespaces found: (namespace inode, pod UID).
+    pub fn netns_pods(&self) -> impl Iterator<Item = (u32, &str)> {
+        self.by_netns.iter().map(|(ns, uid)| (*ns, uid.as_str()))
+    }
+
+    /// Pod cgroups found: (cgroup id, pod UID).
+    pub fn cgroup_pods(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.by_cgroup.iter().map(|(cg, uid)| (*cg, uid.as_str()))
+    }
+
+    /// Number of pod network namespaces found.
+    pub fn pod_namespaces(&self) -> usize {
+        self.by_netns.len()
+    }
+
+    /// Number of pod cgroups found (pod and container levels).
+    pub fn pod_cgroups(&self) -> usize {
+        self.by_cgroup.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "d239b24c-7868-4104-8ad7-1f488ce7726f";
+
+    #[test]
+    fn finds_the_pod_uid_with_either_cgroup_driver() {
+        let cgroupfs = format!("/kubepods/besteffort/pod{UID}/0123abcd");
+        assert_eq!(pod_uid_from_cgroup_path(&cgroupfs).as_deref(), Some(UID));
+        let guaranteed = format!("/kubepods/pod{UID}");
+        assert_eq!(pod_uid_from_cgroup_path(&guaranteed).as_deref(), Some(UID));
+        let systemd = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-01.scope",
+            UID.replace('-', "_")
+        );
+        assert_eq!(pod_uid_from_cgroup_path(&systemd).as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn ignores_paths_that_are_not_pods() {
+        for path in [
+            "/",
+            "/system.slice/containerd.service",
+            "/kubepods/besteffort",
+            "/podman/pod1234",
+            "/user.slice/pod-not-a-uid",
+        ] {
+            assert_eq!(pod_uid_from_cgroup_path(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn attributes_by_namespace_then_by_cgroup_on_the_host_network() {
+        let ids = PodIdentities {
+            host_netns: 1,
+            by_netns: HashMap::from([(10, "pod-a".to_string())]),
+            by_cgroup: HashMap::from([(99, "pod-h".to_string())]),
+        };
+        let pod = |uid: &str, host_network| Attribution::Pod {
+            uid: uid.into(),
+            host_network,
+        };
+        assert_eq!(ids.attribute(Some(10), Some(5)), pod("pod-a", false));
+        assert_eq!(ids.attribute(Some(1), Some(99)), pod("pod-h", true));
+        assert_eq!(ids.attribute(Some(1), Some(5)), Attribution::Host);
+        assert_eq!(ids.attribute(None, None), Attribution::Host);
+        assert_eq!(
+            ids.attribute(Some(11), Some(99)),
+            pod("pod-h", false),
+            "a namespace the scan could not read is the pod whose cgroup created the socket"
+        );
+        assert_eq!(
+            ids.attribute(Some(10), Some(99)),
+            pod("pod-a", false),
+            "the scanned namespace wins over the cgroup"
+        );
+        assert_eq!(
+            ids.attribute(Some(11), Some(5)),
+            Attribution::Unknown,
+            "a foreign namespace with a cgroup that is no pod's is not guessed"
+        );
+    }
+}

@@ -1,0 +1,7 @@
+//! The kernel side: host checks, loading and attaching our eBPF programs, and reading their events.
+
+pub mod btf;
+pub mod events;
+pub mod host;
+pub mod loader;
+pub mod tracepoint_format;

@@ -1,0 +1,1521 @@
+//! The controller's index of the cluster, and resolution of flow records against it.
+//!
+//! The index is a pure state machine fed by watch events (`apply_*` / `delete_*`), in the manner of
+//! Linkerd's policy index: ingest and learning read it and never list the API per flow. It keeps only what
+//! resolution needs: pods (IPs with a short history for IP reuse, labels, owner, node, service account,
+//! named container ports), workloads (uid and selector), Jobs (for the Job → CronJob owner chain),
+//! Services (ClusterIPs, selector, ports) and node IPs. EndpointSlices are not used (the test API server,
+//! v1.20, lacks v1); Service backends are the pods its selector picks, as kube-proxy would.
+//!
+//! Resolution is on the ingest hot path (every record, every replica), so the index does its work when
+//! the cluster changes, not when a record arrives:
+//! - every pod carries its workload endpoint, computed on change and shared ([`Arc`], interned: the
+//!   pods of one workload hold the same endpoint);
+//! - every Service keeps its backend pods and, per service port, the backend workloads with their
+//!   container ports (named target ports resolved per backend pod), updated on pod, Service and workload
+//!   changes. A ClusterIP record is then two hash lookups instead of a scan of every pod.
+
+use crate::cluster::workload::{self, Workload};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use network_enforcer_api::{Protocol, WorkloadKind};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// A pod, by namespace and name.
+pub type PodKey = (String, String);
+
+/// A workload, by namespace, kind and name.
+pub type WorkloadKey = (String, WorkloadKind, String);
+
+/// A Service, by namespace and name.
+type ServiceKey = (String, String);
+
+/// How long a released pod IP still resolves to its former pod, for records that arrive late.
+pub const IP_HISTORY_MS: i64 = 5 * 60 * 1000;
+
+/// Labels the Job controller adds to every pod of a Job (legacy and `batch.kubernetes.io/` forms). They
+/// name one Job run, so a CronJob's selector leaves them out; a Job's own selector is its controller-uid.
+pub const JOB_POD_LABELS: [&str; 4] = [
+    "controller-uid",
+    "job-name",
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+];
+
+/// What the index keeps of a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub ips: Vec<IpAddr>,
+    pub node: Option<String>,
+    pub service_account: String,
+    /// The workload the pod belongs to (for a Job's pod: the Job's CronJob when it has one, else the
+    /// Job); `None` for a bare pod.
+    pub owner: Option<Workload>,
+    /// The Job controlling the pod, if any, from its ownerReference.
+    pub job: Option<OwnerRef>,
+    /// The kind of the pod's controller when it is none the index resolves (a ReplicaSet without a
+    /// Deployment, an operator's own kind): the pod is then no bare pod either.
+    pub foreign_controller: Option<String>,
+    /// Named container ports: (name, port, protocol).
+    pub ports: Vec<(String, u16, Protocol)>,
+    pub host_network: bool,
+    /// Succeeded or Failed: holds no IP and backs no Service.
+    pub terminated: bool,
+    /// The pod as a flow endpoint (shared by the pods of one workload).
+    pub endpoint: Arc<WorkloadEndpoint>,
+}
+
+/// An ownerReference, as far as the index needs it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OwnerRef {
+    pub api_version: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// What the index keeps of a workload (Deployment, StatefulSet, DaemonSet, Job, CronJob).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadInfo {
+    pub uid: String,
+    pub selector: LabelSelector,
+    /// The apiVersion of its kind, for ownerReferences (`batch/v1beta1` CronJobs on older clusters).
+    pub api_version: String,
+}
+
+/// What the index keeps of a Job: the CronJob that created it, if any.
+#[derive(Clone, Debug, PartialEq)]
+struct JobInfo {
+    cronjob: Option<OwnerRef>,
+    /// Deleted while pods of it were still held: kept until they expire, so their late updates (the
+    /// garbage collector deletes a CronJob's old Job before its pods) still resolve to the CronJob.
+    deleted: bool,
+}
+
+/// What the index keeps of a Service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceInfo {
+    pub namespace: String,
+    pub name: String,
+    /// `None` for Services without a selector (their endpoints are managed by hand: not resolved).
+    pub selector: Option<BTreeMap<String, String>>,
+    /// (service port, protocol, target port).
+    pub ports: Vec<(u16, Protocol, IntOrString)>,
+    /// ClusterIPs.
+    pub ips: Vec<IpAddr>,
+}
+
+/// A backend workload of a Service and the container port it is reached on.
+pub type Backend = (Arc<WorkloadEndpoint>, u16);
+
+/// The backends of one Service, kept up to date by the index.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Backends {
+    /// The live pods its selector picks.
+    pods: BTreeSet<String>,
+    /// Per service port: the backend workloads and their container ports, sorted and deduplicated (one
+    /// workload appears once per distinct container port, e.g. while a rollout changes a named port).
+    by_port: HashMap<(u16, Protocol), Vec<Backend>>,
+}
+
+/// Who held an IP, and when (ms since the epoch).
+#[derive(Clone, Debug, PartialEq)]
+struct IpLease {
+    pod: PodKey,
+    since: i64,
+    until: Option<i64>,
+}
+
+/// One side of a flow, at workload level.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Endpoint {
+    /// Pods of a workload (or a bare pod, whose `kind` is `None`).
+    Workload(Arc<WorkloadEndpoint>),
+    /// A node of the cluster (host network), by IP.
+    Node { ip: IpAddr, name: String },
+    /// Anything else: the internet, hosts outside the cluster.
+    External(IpAddr),
+}
+
+/// A workload as a flow endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkloadEndpoint {
+    pub namespace: String,
+    /// `None` for a bare pod (no controller owner); its `name` is the pod's.
+    pub kind: Option<WorkloadKind>,
+    /// Workload name (the pod name for bare pods).
+    pub name: String,
+    /// The uid ownerReferences name: the workload's (`None` when the workload object is not in the
+    /// index), or the pod's for a bare pod.
+    pub uid: Option<String>,
+    /// The apiVersion of the owner ownerReferences name (`apps/v1`, `batch/v1`, `v1` for a pod).
+    pub api_version: String,
+    /// The workload's `spec.selector` (the pod's labels for bare pods), as `key=value` pairs.
+    pub selector: BTreeMap<String, String>,
+    /// Full selector including matchExpressions, serialized, so equal workloads compare equal.
+    pub selector_expressions: String,
+    pub service_account: String,
+    /// For a pod (`kind` `None`) whose controller is of a kind the index does not resolve: that kind.
+    /// Such a pod is a peer (by its labels) but gets no proposal: each of its controller's replicas would
+    /// get its own.
+    pub foreign_controller: Option<String>,
+}
+
+/// Hashes the identity only (namespace, kind, name): consistent with `Eq` (equal endpoints have equal
+/// identities) and cheap, since endpoints key the learning maps of every record.
+impl Hash for WorkloadEndpoint {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace.hash(state);
+        self.kind.hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl WorkloadEndpoint {
+    /// The selector as a LabelSelector.
+    pub fn label_selector(&self) -> LabelSelector {
+        if self.selector_expressions.is_empty() {
+            LabelSelector {
+                match_labels: Some(self.selector.clone()),
+                match_expressions: None,
+            }
+        } else {
+            serde_json::from_str(&self.selector_expressions).unwrap_or_default()
+        }
+    }
+
+    /// Whether a NetworkPolicy can select exactly these pods: an empty selector would select every pod
+    /// of the namespace (a bare pod without labels, a CronJob whose pod template has none), so such an
+    /// endpoint gets no proposal and is not learned as a peer.
+    pub fn selectable(&self) -> bool {
+        !self.selector.is_empty() || !self.selector_expressions.is_empty()
+    }
+}
+
+/// Where a peer address (and port) leads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolved {
+    /// Pods of these workloads, reached on this container port (one entry for a pod IP; one per backend
+    /// workload for a Service ClusterIP).
+    Workloads(Vec<(WorkloadEndpoint, u16)>),
+    /// A Service with no ready backend: nothing to learn yet.
+    ServiceWithoutBackends { namespace: String, name: String },
+    /// Not a pod: a node or an external address, on the port as seen.
+    Address(Endpoint, u16),
+}
+
+/// [`Resolved`], borrowed from the index: what the learning hot path uses (no copies per record).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedRef<'a> {
+    /// A pod's workload, on the port as seen.
+    Pod(&'a Arc<WorkloadEndpoint>, u16),
+    /// A Service's backend workloads and their container ports.
+    Backends(&'a [Backend]),
+    /// A Service with no ready backend on that port.
+    ServiceWithoutBackends(&'a ServiceInfo),
+    /// A node or an external address, on the port as seen.
+    Address(Endpoint, u16),
+}
+
+impl ResolvedRef<'_> {
+    /// The owned form.
+    pub fn to_owned(&self) -> Resolved {
+        match self {
+            ResolvedRef::Pod(w, port) => {
+                Resolved::Workloads(vec![(WorkloadEndpoint::clone(w), *port)])
+            }
+            ResolvedRef::Backends(b) => {
+                Resolved::Workloads(b.iter().map(|(w, p)| ((**w).clone(), *p)).collect())
+            }
+            ResolvedRef::ServiceWithoutBackends(svc) => Resolved::ServiceWithoutBackends {
+                namespace: svc.namespace.clone(),
+                name: svc.name.clone(),
+            },
+            ResolvedRef::Address(e, port) => Resolved::Address(e.clone(), *port),
+        }
+    }
+}
+
+/// Pods by namespace, then name: looked up by `&str` without building an owned key (every record looks
+/// up its local pod by name).
+#[derive(Debug, Default)]
+struct PodMap {
+    by_namespace: HashMap<String, HashMap<String, PodInfo>>,
+    len: usize,
+}
+
+impl PodMap {
+    fn get_str(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
+        self.by_namespace.get(namespace)?.get(name)
+    }
+
+    fn get(&self, key: &PodKey) -> Option<&PodInfo> {
+        self.get_str(&key.0, &key.1)
+    }
+
+    fn insert(&mut self, key: PodKey, pod: PodInfo) {
+        let names = self.by_namespace.entry(key.0).or_default();
+        if names.insert(key.1, pod).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &PodKey) -> Option<PodInfo> {
+        let names = self.by_namespace.get_mut(&key.0)?;
+        let pod = names.remove(&key.1)?;
+        self.len -= 1;
+        if names.is_empty() {
+            self.by_namespace.remove(&key.0);
+        }
+        Some(pod)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PodInfo> {
+        self.by_namespace.values().flat_map(HashMap::values)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The index. See the module docs.
+#[derive(Debug)]
+pub struct Index {
+    pods: PodMap,
+    /// Pods by uid (agents that only know the uid from the pod's cgroup path report it).
+    uids: HashMap<String, PodKey>,
+    /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
+    deleted: HashMap<PodKey, i64>,
+    leases: HashMap<IpAddr, Vec<IpLease>>,
+    workloads: HashMap<WorkloadKey, WorkloadInfo>,
+    /// Pod names per namespace (live and recently deleted), for Service selection.
+    pods_in_namespace: HashMap<String, BTreeSet<String>>,
+    /// Pod names per owner workload, to refresh their endpoints when the workload changes.
+    pods_of_workload: HashMap<WorkloadKey, BTreeSet<String>>,
+    /// Pod names per Job (namespace, name), to re-resolve their owner when the Job is seen.
+    pods_of_job: HashMap<(String, String), BTreeSet<String>>,
+    jobs: HashMap<(String, String), JobInfo>,
+    services: HashMap<ServiceKey, ServiceInfo>,
+    service_ips: HashMap<IpAddr, ServiceKey>,
+    /// Service names per namespace.
+    services_in_namespace: HashMap<String, BTreeSet<String>>,
+    backends: HashMap<ServiceKey, Backends>,
+    nodes: HashMap<IpAddr, String>,
+    /// Interned endpoints: the pods of one workload share one [`Arc`].
+    interned: HashSet<Arc<WorkloadEndpoint>>,
+    /// Interner size after its last sweep (see [`Index::sweep_interned`]).
+    interned_swept: usize,
+    /// The earliest time (ms) a released IP or a deleted pod expires; [`Index::forget_expired`] has
+    /// nothing to do before.
+    next_expiry: i64,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            pods: PodMap::default(),
+            uids: HashMap::new(),
+            deleted: HashMap::new(),
+            leases: HashMap::new(),
+            workloads: HashMap::new(),
+            pods_in_namespace: HashMap::new(),
+            pods_of_workload: HashMap::new(),
+            pods_of_job: HashMap::new(),
+            jobs: HashMap::new(),
+            services: HashMap::new(),
+            service_ips: HashMap::new(),
+            services_in_namespace: HashMap::new(),
+            backends: HashMap::new(),
+            nodes: HashMap::new(),
+            interned: HashSet::new(),
+            interned_swept: 0,
+            next_expiry: i64::MAX,
+        }
+    }
+}
+
+fn protocol(p: Option<&str>) -> Protocol {
+    match p {
+        Some("UDP") => Protocol::UDP,
+        Some("SCTP") => Protocol::SCTP,
+        _ => Protocol::TCP,
+    }
+}
+
+/// The controller ownerReference of an object, as (kind, reference).
+fn controller_ref(
+    refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+) -> Option<(&str, OwnerRef)> {
+    let o = refs?.iter().find(|o| o.controller == Some(true))?;
+    Some((
+        o.kind.as_str(),
+        OwnerRef {
+            api_version: o.api_version.clone(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+        },
+    ))
+}
+
+/// The apiVersion of a kind when no object told us (ownerReferences need one).
+fn default_api_version(kind: WorkloadKind) -> &'static str {
+    match kind {
+        WorkloadKind::Deployment | WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => "apps/v1",
+        WorkloadKind::Job | WorkloadKind::CronJob => "batch/v1",
+        WorkloadKind::Pod => "v1",
+    }
+}
+
+/// `labels` without the per-run Job labels ([`JOB_POD_LABELS`]): what all the runs of a CronJob share.
+pub fn cronjob_selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| !JOB_POD_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The selector of a Job known only from its pod: the controller-uid label the Job controller sets (the
+/// Job's own default selector).
+fn job_selector_from_pod(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    ["batch.kubernetes.io/controller-uid", "controller-uid"]
+        .iter()
+        .find_map(|k| {
+            labels
+                .get(*k)
+                .map(|v| BTreeMap::from([(k.to_string(), v.clone())]))
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pod` backs `svc`: a live, running pod with an IP in the Service's namespace that its selector
+/// picks.
+fn backs(svc: &ServiceInfo, pod: &PodInfo, deleted: bool) -> bool {
+    let Some(selector) = &svc.selector else {
+        return false;
+    };
+    !deleted
+        && !pod.terminated
+        && !pod.ips.is_empty()
+        && pod.namespace == svc.namespace
+        && selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+}
+
+/// The container port `target` names on `pod` for `proto`.
+fn container_port(target: &IntOrString, pod: &PodInfo, proto: Protocol) -> Option<u16> {
+    match target {
+        IntOrString::Int(n) => u16::try_from(*n).ok(),
+        IntOrString::String(name) => pod
+            .ports
+            .iter()
+            .find(|(n, _, pr)| n == name && *pr == proto)
+            .map(|(_, p, _)| *p),
+    }
+}
+
+fn remove_from<K: Eq + Hash>(map: &mut HashMap<K, BTreeSet<String>>, key: &K, name: &str) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(name);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+impl Index {
+    /// Adds or updates a pod, at time `now_ms`.
+    pub fn apply_pod(&mut self, pod: &Pod, now_ms: i64) {
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.ip.parse().ok())
+            .collect();
+        if ips.is_empty() {
+            ips.extend(
+                status
+                    .and_then(|s| s.pod_ip.as_deref())
+                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
+            );
+        }
+        let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+        let terminated = matches!(
+            status.and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        let controller = controller_ref(pod.metadata.owner_references.as_ref());
+        let controller_kind = controller.as_ref().map(|(kind, _)| kind.to_string());
+        let job = match controller {
+            Some(("Job", r)) => Some(r),
+            _ => None,
+        };
+        let owner = workload::owner_of(pod)
+            .or_else(|| job.as_ref().map(|j| self.job_owner(&key.0, &j.name)));
+        let foreign_controller = controller_kind.filter(|_| owner.is_none());
+        let mut info = PodInfo {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            uid: pod.uid().unwrap_or_default(),
+            labels: pod.labels().clone(),
+            ips: ips.clone(),
+            node: spec.and_then(|s| s.node_name.clone()),
+            service_account: spec
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+            owner,
+            job,
+            foreign_controller,
+            ports: spec
+                .into_iter()
+                .flat_map(|s| s.containers.iter())
+                .flat_map(|c| c.ports.iter().flatten())
+                .filter_map(|p| {
+                    Some((
+                        p.name.clone()?,
+                        u16::try_from(p.container_port).ok()?,
+                        protocol(p.protocol.as_deref()),
+                    ))
+                })
+                .collect(),
+            host_network,
+            terminated,
+            endpoint: Arc::default(),
+        };
+        let endpoint = self.compute_endpoint(&info);
+        info.endpoint = self.intern(endpoint);
+        // Host-network pods share the node's IP: the IP says nothing about which pod it is.
+        if !host_network && !terminated {
+            for ip in &ips {
+                let leases = self.leases.entry(*ip).or_default();
+                let current = leases.iter().any(|l| l.pod == key && l.until.is_none());
+                if !current {
+                    for l in leases.iter_mut().filter(|l| l.until.is_none()) {
+                        l.until = Some(now_ms);
+                        self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
+                    }
+                    leases.push(IpLease {
+                        pod: key.clone(),
+                        since: now_ms,
+                        until: None,
+                    });
+                }
+            }
+        }
+        let old = self.pods.remove(&key);
+        if let Some(old) = &old {
+            let released: Vec<IpAddr> = old
+                .ips
+                .iter()
+                .filter(|ip| terminated || !ips.contains(ip))
+                .copied()
+                .collect();
+            self.release(&key, &released, now_ms);
+            self.unlink(old);
+        }
+        self.deleted.remove(&key);
+        if !info.uid.is_empty() {
+            self.uids.insert(info.uid.clone(), key.clone());
+        }
+        self.link(&info);
+        self.pods.insert(key.clone(), info);
+        self.update_backends_of(&key, old.as_ref());
+        self.forget_expired(now_ms);
+    }
+
+    /// Removes a pod; its IPs keep resolving to it for [`IP_HISTORY_MS`].
+    pub fn delete_pod(&mut self, namespace: &str, name: &str, now_ms: i64) {
+        let key = (namespace.to_string(), name.to_string());
+        let old = self.pods.get(&key).cloned();
+        if let Some(old) = &old {
+            self.release(&key, &old.ips, now_ms);
+        }
+        // Keep the PodInfo for the IP history window, so late records still resolve.
+        self.deleted.insert(key.clone(), now_ms);
+        self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
+        self.update_backends_of(&key, old.as_ref());
+        self.forget_expired(now_ms);
+    }
+
+    fn release(&mut self, key: &PodKey, ips: &[IpAddr], now_ms: i64) {
+        for ip in ips {
+            for l in self.leases.entry(*ip).or_default().iter_mut() {
+                if &l.pod == key && l.until.is_none() {
+                    l.until = Some(now_ms);
+                    self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
+                }
+            }
+        }
+    }
+
+    /// Records `pod` in the per-namespace, per-workload and per-Job sets.
+    fn link(&mut self, pod: &PodInfo) {
+        self.pods_in_namespace
+            .entry(pod.namespace.clone())
+            .or_default()
+            .insert(pod.name.clone());
+        if let Some(w) = &pod.owner {
+            self.pods_of_workload
+                .entry((pod.namespace.clone(), w.kind, w.name.clone()))
+                .or_default()
+                .insert(pod.name.clone());
+        }
+        if let Some(j) = &pod.job {
+            self.pods_of_job
+                .entry((pod.namespace.clone(), j.name.clone()))
+                .or_default()
+                .insert(pod.name.clone());
+        }
+    }
+
+    /// Undoes [`Index::link`].
+    fn unlink(&mut self, pod: &PodInfo) {
+        remove_from(&mut self.pods_in_namespace, &pod.namespace, &pod.name);
+        if let Some(w) = &pod.owner {
+            let key = (pod.namespace.clone(), w.kind, w.name.clone());
+            remove_from(&mut self.pods_of_workload, &key, &pod.name);
+        }
+        if let Some(j) = &pod.job {
+            let key = (pod.namespace.clone(), j.name.clone());
+            remove_from(&mut self.pods_of_job, &key, &pod.name);
+        }
+    }
+
+    /// Forgets IP history and deleted pods older than [`IP_HISTORY_MS`] (also done on every pod change).
+    /// Scans only when something has expired since the last scan, so a pod change costs no walk over
+    /// every IP.
+    pub fn forget_expired(&mut self, now_ms: i64) {
+        if now_ms <= self.next_expiry {
+            return;
+        }
+        let mut next = i64::MAX;
+        self.leases.retain(|_, leases| {
+            leases.retain(|l| l.until.is_none_or(|u| u + IP_HISTORY_MS >= now_ms));
+            for u in leases.iter().filter_map(|l| l.until) {
+                next = next.min(u + IP_HISTORY_MS);
+            }
+            !leases.is_empty()
+        });
+        for at in self.deleted.values() {
+            if *at + IP_HISTORY_MS >= now_ms {
+                next = next.min(*at + IP_HISTORY_MS);
+            }
+        }
+        self.next_expiry = next;
+        let expired: Vec<PodKey> = self
+            .deleted
+            .iter()
+            .filter(|(_, at)| **at + IP_HISTORY_MS < now_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            self.deleted.remove(&key);
+            if let Some(pod) = self.pods.remove(&key) {
+                self.uids.remove(&pod.uid);
+                self.unlink(&pod);
+                if let Some(job) = &pod.job {
+                    let job_key = (pod.namespace.clone(), job.name.clone());
+                    if !self.pods_of_job.contains_key(&job_key)
+                        && self.jobs.get(&job_key).is_some_and(|j| j.deleted)
+                    {
+                        self.jobs.remove(&job_key);
+                    }
+                }
+            }
+        }
+        self.sweep_interned();
+    }
+
+    /// The shared, interned form of `endpoint`. The interner is swept of endpoints nobody else holds
+    /// whenever it has doubled since the last sweep, so its size stays proportional to the live ones.
+    fn intern(&mut self, endpoint: WorkloadEndpoint) -> Arc<WorkloadEndpoint> {
+        if let Some(shared) = self.interned.get(&endpoint) {
+            return shared.clone();
+        }
+        let shared = Arc::new(endpoint);
+        self.interned.insert(shared.clone());
+        self.sweep_interned();
+        shared
+    }
+
+    /// Drops interned endpoints nobody else holds, once the interner has grown past twice the pods (each
+    /// pod holds one) and twice its size after the last sweep (endpoints pending in the writer may keep
+    /// it from shrinking): amortized constant per pod change.
+    fn sweep_interned(&mut self) {
+        if self.interned.len() > 2 * self.pods.len().max(self.interned_swept) + 64 {
+            self.interned.retain(|e| Arc::strong_count(e) > 1);
+            self.interned_swept = self.interned.len();
+        }
+    }
+
+    /// The workload a Job's pod belongs to: the Job's CronJob when the index knows the Job has one, else
+    /// the Job itself.
+    fn job_owner(&self, namespace: &str, job: &str) -> Workload {
+        match self
+            .jobs
+            .get(&(namespace.to_string(), job.to_string()))
+            .and_then(|j| j.cronjob.as_ref())
+        {
+            Some(cronjob) => Workload {
+                kind: WorkloadKind::CronJob,
+                name: cronjob.name.clone(),
+            },
+            None => Workload {
+                kind: WorkloadKind::Job,
+                name: job.to_string(),
+            },
+        }
+    }
+
+    /// The workload endpoint of a pod, from its owner and what the index knows of that owner.
+    fn compute_endpoint(&self, pod: &PodInfo) -> WorkloadEndpoint {
+        let Some(owner) = &pod.owner else {
+            // A bare pod is its own unit: named after itself, owned by itself, selected by its labels
+            // (NetworkPolicies select by label only; all of its labels is the narrowest selector there is).
+            return WorkloadEndpoint {
+                namespace: pod.namespace.clone(),
+                kind: None,
+                name: pod.name.clone(),
+                uid: Some(pod.uid.clone())
+                    .filter(|u| !u.is_empty() && pod.foreign_controller.is_none()),
+                api_version: "v1".into(),
+                selector: pod.labels.clone(),
+                selector_expressions: String::new(),
+                service_account: pod.service_account.clone(),
+                foreign_controller: pod.foreign_controller.clone(),
+            };
+        };
+        let info = self
+            .workloads
+            .get(&(pod.namespace.clone(), owner.kind, owner.name.clone()));
+        let (selector, expressions) = match info {
+            Some(w) => {
+                let has_expressions = w
+                    .selector
+                    .match_expressions
+                    .as_ref()
+                    .is_some_and(|e| !e.is_empty());
+                (
+                    w.selector.match_labels.clone().unwrap_or_default(),
+                    if has_expressions {
+                        serde_json::to_string(&w.selector).unwrap_or_default()
+                    } else {
+                        String::new()
+                    },
+                )
+            }
+            // Not (yet) in the index: the best selector the pod itself tells.
+            None => (
+                match owner.kind {
+                    WorkloadKind::Job => job_selector_from_pod(&pod.labels),
+                    WorkloadKind::CronJob => cronjob_selector(&pod.labels),
+                    _ => pod.labels.clone(),
+                },
+                String::new(),
+            ),
+        };
+        let job_ref = pod.job.as_ref().filter(|_| owner.kind == WorkloadKind::Job);
+        WorkloadEndpoint {
+            namespace: pod.namespace.clone(),
+            kind: Some(owner.kind),
+            name: owner.name.clone(),
+            uid: info
+                .map(|w| w.uid.clone())
+                .or_else(|| job_ref.map(|j| j.uid.clone()))
+                .filter(|u| !u.is_empty()),
+            api_version: info
+                .map(|w| w.api_version.clone())
+                .or_else(|| job_ref.map(|j| j.api_version.clone()))
+                .unwrap_or_else(|| default_api_version(owner.kind).into()),
+            selector,
+            selector_expressions: expressions,
+            service_account: pod.service_account.clone(),
+            foreign_controller: None,
+        }
+    }
+
+    /// Recomputes the owner and endpoint of the pods `names` in `namespace` (their workload or Job
+    /// changed), and the backends of the Services they are in.
+    fn refresh_pods(&mut self, namespace: &str, names: Vec<String>) {
+        for name in names {
+            let key = (namespace.to_string(), name);
+            let Some(before) = self.pods.get(&key).cloned() else {
+                continue;
+            };
+            let mut pod = before.clone();
+            if let Some(job) = &pod.job {
+                pod.owner = Some(self.job_owner(namespace, &job.name));
+            }
+            let endpoint = self.compute_endpoint(&pod);
+            pod.endpoint = self.intern(endpoint);
+            if pod == before {
+                continue;
+            }
+            self.unlink(&before);
+            self.link(&pod);
+            self.pods.insert(key.clone(), pod);
+            self.update_backends_of(&key, Some(&before));
+        }
+    }
+
+    /// Updates the Services of the pod `key`'s namespace after it changed from `before`: membership, and
+    /// the per-port backends of every Service it joined, left or changed in.
+    fn update_backends_of(&mut self, key: &PodKey, before: Option<&PodInfo>) {
+        let Some(names) = self.services_in_namespace.get(&key.0) else {
+            return;
+        };
+        let pod = self.pods.get(key);
+        let deleted = self.deleted.contains_key(key);
+        let changed =
+            before.map(|b| (&b.endpoint, &b.ports)) != pod.map(|p| (&p.endpoint, &p.ports));
+        let mut dirty = Vec::new();
+        for name in names {
+            let service_key = (key.0.clone(), name.clone());
+            let Some(svc) = self.services.get(&service_key) else {
+                continue;
+            };
+            let member = pod.is_some_and(|p| backs(svc, p, deleted));
+            let backends = self.backends.entry(service_key.clone()).or_default();
+            let was = backends.pods.contains(&key.1);
+            if member && !was {
+                backends.pods.insert(key.1.clone());
+            } else if !member && was {
+                backends.pods.remove(&key.1);
+            }
+            if member != was || (member && changed) {
+                dirty.push(service_key);
+            }
+        }
+        for service_key in dirty {
+            self.recompute_backends(&service_key);
+        }
+    }
+
+    /// Recomputes the per-port backend workloads of a Service from its backend pods.
+    fn recompute_backends(&mut self, key: &ServiceKey) {
+        let Some(svc) = self.services.get(key) else {
+            self.backends.remove(key);
+            return;
+        };
+        let backends = self.backends.entry(key.clone()).or_default();
+        backends.by_port.clear();
+        for (port, proto, target) in &svc.ports {
+            let mut found: BTreeSet<(Arc<WorkloadEndpoint>, u16)> = BTreeSet::new();
+            for name in &backends.pods {
+                let Some(pod) = self.pods.get_str(&key.0, name) else {
+                    continue;
+                };
+                if let Some(p) = container_port(target, pod, *proto) {
+                    found.insert((pod.endpoint.clone(), p));
+                }
+            }
+            if !found.is_empty() {
+                backends
+                    .by_port
+                    .insert((*port, *proto), found.into_iter().collect());
+            }
+        }
+    }
+
+    /// A pod by uid, as `(namespace, name)`.
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodInfo> {
+        self.uids.get(uid).and_then(|key| self.pods.get(key))
+    }
+
+    /// Every pod held, live and recently deleted (see [`IP_HISTORY_MS`]): the violation evaluator's
+    /// view is derived from these, so the index stays the one source of truth about pods.
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values()
+    }
+
+    /// Number of pods held (live and recently deleted).
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Adds or updates a workload (its apiVersion: `apps/v1` for the apps kinds, else `batch/v1`).
+    pub fn apply_workload(
+        &mut self,
+        namespace: &str,
+        kind: WorkloadKind,
+        name: &str,
+        uid: &str,
+        selector: LabelSelector,
+    ) {
+        self.set_workload(
+            (namespace.to_string(), kind, name.to_string()),
+            Some(WorkloadInfo {
+                uid: uid.to_string(),
+                selector,
+                api_version: default_api_version(kind).into(),
+            }),
+        );
+    }
+
+    /// Removes a workload.
+    pub fn delete_workload(&mut self, namespace: &str, kind: WorkloadKind, name: &str) {
+        self.set_workload((namespace.to_string(), kind, name.to_string()), None);
+    }
+
+    /// What the index knows of a workload.
+    pub fn workload(
+        &self,
+        namespace: &str,
+        kind: WorkloadKind,
+        name: &str,
+    ) -> Option<&WorkloadInfo> {
+        self.workloads
+            .get(&(namespace.to_string(), kind, name.to_string()))
+    }
+
+    fn set_workload(&mut self, key: WorkloadKey, info: Option<WorkloadInfo>) {
+        let changed = match info {
+            Some(info) => self.workloads.insert(key.clone(), info.clone()) != Some(info),
+            None => self.workloads.remove(&key).is_some(),
+        };
+        if changed {
+            let names: Vec<String> = self
+                .pods_of_workload
+                .get(&key)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            self.refresh_pods(&key.0, names);
+        }
+    }
+
+    /// Adds or updates a Deployment, StatefulSet or DaemonSet.
+    pub fn apply_deployment(&mut self, d: &Deployment) {
+        let sel = d.spec.selector.clone();
+        self.apply_workload(
+            &d.namespace().unwrap_or_default(),
+            WorkloadKind::Deployment,
+            &d.name_any(),
+            &d.uid().unwrap_or_default(),
+            sel,
+        );
+    }
+    /// See [`Index::apply_deployment`].
+    pub fn apply_statefulset(&mut self, s: &StatefulSet) {
+        let sel = s.spec.selector.clone();
+        self.apply_workload(
+            &s.namespace().unwrap_or_default(),
+            WorkloadKind::StatefulSet,
+            &s.name_any(),
+            &s.uid().unwrap_or_default(),
+            sel,
+        );
+    }
+    /// See [`Index::apply_deployment`].
+    pub fn apply_daemonset(&mut self, d: &DaemonSet) {
+        let sel = d.spec.selector.clone();
+        self.apply_workload(
+            &d.namespace().unwrap_or_default(),
+            WorkloadKind::DaemonSet,
+            &d.name_any(),
+            &d.uid().unwrap_or_default(),
+            sel,
+        );
+    }
+
+    /// Adds or updates a Job. A Job a CronJob created makes its pods part of the CronJob (whose selector
+    /// is the Job's pod template labels without the per-run Job labels, [`cronjob_selector`]: the
+    /// CronJob's own object is not needed, and `batch/v1` CronJobs do not exist on older API servers); a
+    /// Job of its own is the unit, selected by its own `spec.selector`.
+    pub fn apply_job(&mut self, job: &Job) {
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let cronjob = match controller_ref(job.metadata.owner_references.as_ref()) {
+            Some(("CronJob", r)) => Some(r),
+            _ => None,
+        };
+        let spec = job.spec.as_ref();
+        match &cronjob {
+            Some(c) => {
+                let template_labels = spec
+                    .and_then(|s| s.template.metadata.as_ref())
+                    .and_then(|m| m.labels.clone())
+                    .unwrap_or_default();
+                self.set_workload(
+                    (namespace.clone(), WorkloadKind::CronJob, c.name.clone()),
+                    Some(WorkloadInfo {
+                        uid: c.uid.clone(),
+                        selector: LabelSelector {
+                            match_labels: Some(cronjob_selector(&template_labels)),
+                            match_expressions: None,
+                        },
+                        api_version: c.api_version.clone(),
+                    }),
+                );
+            }
+            None => {
+                if let Some(selector) = spec.and_then(|s| s.selector.clone()) {
+                    self.set_workload(
+                        (namespace.clone(), WorkloadKind::Job, name.clone()),
+                        Some(WorkloadInfo {
+                            uid: job.uid().unwrap_or_default(),
+                            selector,
+                            api_version: "batch/v1".into(),
+                        }),
+                    );
+                }
+            }
+        }
+        let info = JobInfo {
+            cronjob,
+            deleted: false,
+        };
+        let job_key = (namespace.clone(), name);
+        if self.jobs.insert(job_key.clone(), info.clone()) != Some(info) {
+            let names: Vec<String> = self
+                .pods_of_job
+                .get(&job_key)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            self.refresh_pods(&namespace, names);
+        }
+    }
+
+    /// Removes a Job (its CronJob, if any, stays known: its other runs still refer to it).
+    pub fn delete_job(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        let standalone = job.cronjob.is_none();
+        if self.pods_of_job.contains_key(&key) {
+            job.deleted = true;
+        } else {
+            self.jobs.remove(&key);
+        }
+        if standalone {
+            self.delete_workload(namespace, WorkloadKind::Job, name);
+        }
+    }
+
+    /// Adds or updates a Service (by its ClusterIPs; headless Services have none and resolve as pods).
+    pub fn apply_service(&mut self, svc: &Service) {
+        let namespace = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        self.delete_service(&namespace, &name);
+        let Some(spec) = svc.spec.as_ref() else {
+            return;
+        };
+        let ips: Vec<IpAddr> = spec
+            .cluster_ips
+            .iter()
+            .flatten()
+            .chain(spec.cluster_ip.iter())
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let info = ServiceInfo {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            selector: spec.selector.clone().filter(|s| !s.is_empty()),
+            ports: spec
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    let port = u16::try_from(p.port).ok()?;
+                    let target = p.target_port.clone().unwrap_or(IntOrString::Int(p.port));
+                    Some((port, protocol(p.protocol.as_deref()), target))
+                })
+                .collect(),
+            ips,
+        };
+        let key = (namespace.clone(), name.clone());
+        for ip in &info.ips {
+            self.service_ips.insert(*ip, key.clone());
+        }
+        let members: BTreeSet<String> = self
+            .pods_in_namespace
+            .get(&namespace)
+            .into_iter()
+            .flatten()
+            .filter(|pod| {
+                let pod_key = (namespace.clone(), (*pod).clone());
+                self.pods
+                    .get(&pod_key)
+                    .is_some_and(|p| backs(&info, p, self.deleted.contains_key(&pod_key)))
+            })
+            .cloned()
+            .collect();
+        self.services_in_namespace
+            .entry(namespace)
+            .or_default()
+            .insert(name);
+        self.services.insert(key.clone(), info);
+        self.backends.insert(
+            key.clone(),
+            Backends {
+                pods: members,
+                by_port: HashMap::new(),
+            },
+        );
+        self.recompute_backends(&key);
+    }
+
+    /// Removes a Service.
+    pub fn delete_service(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(old) = self.services.remove(&key) {
+            for ip in &old.ips {
+                if self.service_ips.get(ip) == Some(&key) {
+                    self.service_ips.remove(ip);
+                }
+            }
+        }
+        self.backends.remove(&key);
+        remove_from(&mut self.services_in_namespace, &key.0, name);
+    }
+
+    /// Adds or updates a node's addresses.
+    pub fn apply_node(&mut self, node: &Node) {
+        let name = node.name_any();
+        self.nodes.retain(|_, n| *n != name);
+        for a in node
+            .status
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten())
+        {
+            if let Ok(ip) = a.address.parse() {
+                self.nodes.insert(ip, name.clone());
+            }
+        }
+    }
+
+    /// Removes a node.
+    pub fn delete_node(&mut self, name: &str) {
+        self.nodes.retain(|_, n| n != name);
+    }
+
+    /// The pod that held `ip` at `at_ms` (or holds it now, for records newer than the last change).
+    pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&PodInfo> {
+        let leases = self.leases.get(&ip)?;
+        let lease = leases
+            .iter()
+            .rev()
+            .find(|l| l.since <= at_ms && l.until.is_none_or(|u| at_ms < u))
+            .or_else(|| leases.iter().rev().find(|l| l.until.is_none()))?;
+        self.pods.get(&lease.pod)
+    }
+
+    /// A pod by namespace and name.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
+        self.pods.get_str(namespace, name)
+    }
+
+    /// The workload endpoint of a pod.
+    pub fn endpoint_of(&self, pod: &PodInfo) -> WorkloadEndpoint {
+        (*pod.endpoint).clone()
+    }
+
+    /// Resolves a peer address and port as seen by a socket at `at_ms`: a pod IP, a Service ClusterIP
+    /// (to its backend workloads and target container port), a node IP, or external.
+    pub fn resolve(&self, ip: IpAddr, port: u16, proto: Protocol, at_ms: i64) -> Resolved {
+        self.resolve_ref(ip, port, proto, at_ms).to_owned()
+    }
+
+    /// [`Index::resolve`], borrowing from the index (no copies: the learning hot path).
+    pub fn resolve_ref(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        proto: Protocol,
+        at_ms: i64,
+    ) -> ResolvedRef<'_> {
+        if let Some(pod) = self.pod_at(ip, at_ms) {
+            return ResolvedRef::Pod(&pod.endpoint, port);
+        }
+        if let Some((key, svc)) = self
+            .service_ips
+            .get(&ip)
+            .and_then(|k| Some((k, self.services.get(k)?)))
+        {
+            let backends = self
+                .backends
+                .get(key)
+                .and_then(|b| b.by_port.get(&(port, proto)));
+            return match backends {
+                Some(b) if !b.is_empty() => ResolvedRef::Backends(b),
+                _ => ResolvedRef::ServiceWithoutBackends(svc),
+            };
+        }
+        if let Some(node) = self.nodes.get(&ip) {
+            return ResolvedRef::Address(
+                Endpoint::Node {
+                    ip,
+                    name: node.clone(),
+                },
+                port,
+            );
+        }
+        ResolvedRef::Address(Endpoint::External(ip), port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const T: i64 = 1_000_000;
+
+    fn pod(name: &str, ip: &str, labels: serde_json::Value, owner: Option<(&str, &str)>) -> Pod {
+        let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "labels": labels});
+        if let Some((kind, owner_name)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": if kind == "Job" { "batch/v1" } else { "apps/v1" },
+                "kind": kind, "name": owner_name, "uid": format!("uid-{owner_name}"), "controller": true}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"serviceAccountName": "sa", "containers": [{"name": "c", "ports": [
+                {"name": "http", "containerPort": if name.starts_with("new") { 9090 } else { 8080 }}]}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn deployment_pod(name: &str, ip: &str, app: &str) -> Pod {
+        pod(
+            name,
+            ip,
+            json!({"app": app, "pod-template-hash": "h"}),
+            Some(("ReplicaSet", &format!("{app}-h"))),
+        )
+    }
+
+    fn service(selector: serde_json::Value, target: serde_json::Value) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.1", "selector": selector,
+                     "ports": [{"port": 80, "targetPort": target}]}
+        }))
+        .unwrap()
+    }
+
+    fn deployment(name: &str, selector: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-deploy-{name}")},
+            "spec": {"selector": {"matchLabels": selector}, "template": {}}
+        }))
+        .unwrap()
+    }
+
+    fn backends(ix: &Index) -> Vec<(String, u16)> {
+        match ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
+            Resolved::Workloads(w) => w.into_iter().map(|(w, p)| (w.name, p)).collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Resolution of a ClusterIP by scanning every pod, as the index did before keeping backends: the
+    /// reference the kept backends must agree with.
+    fn scanned(ix: &Index, port: u16) -> Vec<(String, u16)> {
+        let svc = ix.services.values().next().unwrap();
+        let (_, proto, target) = svc.ports.iter().find(|(p, _, _)| *p == port).unwrap();
+        let mut out: BTreeSet<(String, u16)> = BTreeSet::new();
+        for pod in ix.pods.values() {
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if backs(svc, pod, ix.deleted.contains_key(&key)) {
+                if let Some(p) = container_port(target, pod, *proto) {
+                    out.insert((pod.endpoint.name.clone(), p));
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    #[test]
+    fn service_backends_follow_pods_in_any_order() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"tier": "web"}), json!("http")));
+        assert_eq!(backends(&ix), vec![], "no backend yet");
+        assert!(matches!(
+            ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T),
+            Resolved::ServiceWithoutBackends { .. }
+        ));
+        let mut a = deployment_pod("a-h-1", "10.0.0.1", "a");
+        a.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&a, T);
+        assert_eq!(backends(&ix), [("a".to_string(), 8080)]);
+        // A second workload whose pods name the port differently: each backend on its own port.
+        let mut b = deployment_pod("new-b-h-1", "10.0.0.2", "b");
+        b.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&b, T);
+        assert_eq!(
+            backends(&ix),
+            [("a".to_string(), 8080), ("b".to_string(), 9090)]
+        );
+        assert_eq!(backends(&ix), scanned(&ix, 80));
+        // A relabelled pod leaves; a deleted pod leaves.
+        b.metadata.labels.as_mut().unwrap().remove("tier");
+        ix.apply_pod(&b, T + 1);
+        assert_eq!(backends(&ix), [("a".to_string(), 8080)]);
+        ix.delete_pod("ns", "a-h-1", T + 2);
+        assert_eq!(backends(&ix), vec![]);
+        assert_eq!(backends(&ix), scanned(&ix, 80));
+        // Re-applying the Service keeps what the pods say.
+        b.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "web".into());
+        ix.apply_pod(&b, T + 3);
+        ix.apply_service(&service(json!({"tier": "web"}), json!(80)));
+        assert_eq!(backends(&ix), [("b".to_string(), 80)]);
+        ix.delete_service("ns", "web");
+        assert!(matches!(
+            ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T),
+            Resolved::Address(Endpoint::External(_), 80)
+        ));
+    }
+
+    #[test]
+    fn terminated_pods_back_no_service() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"app": "a"}), json!(8080)));
+        let mut a = deployment_pod("a-h-1", "10.0.0.1", "a");
+        ix.apply_pod(&a, T);
+        assert_eq!(backends(&ix).len(), 1);
+        a.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        ix.apply_pod(&a, T + 1);
+        assert_eq!(backends(&ix), vec![]);
+    }
+
+    #[test]
+    fn a_workload_change_reaches_its_pods_and_service_backends() {
+        let mut ix = Index::default();
+        ix.apply_service(&service(json!({"app": "a"}), json!(8080)));
+        ix.apply_pod(&deployment_pod("a-h-1", "10.0.0.1", "a"), T);
+        ix.apply_pod(&deployment_pod("a-h-2", "10.0.0.2", "a"), T);
+        let before = ix.pod("ns", "a-h-1").unwrap().endpoint.clone();
+        assert_eq!(before.uid, None, "the Deployment is not known yet");
+        assert!(
+            before.selector.contains_key("pod-template-hash"),
+            "until then the pod's labels stand for the selector"
+        );
+        ix.apply_deployment(&deployment("a", json!({"app": "a"})));
+        let after = ix.pod("ns", "a-h-1").unwrap().endpoint.clone();
+        assert_eq!(after.uid.as_deref(), Some("uid-deploy-a"));
+        assert_eq!(after.selector, BTreeMap::from([("app".into(), "a".into())]));
+        assert!(
+            Arc::ptr_eq(&after, &ix.pod("ns", "a-h-2").unwrap().endpoint),
+            "the pods of one workload share one endpoint"
+        );
+        match ix.resolve_ref("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
+            ResolvedRef::Backends(b) => assert!(Arc::ptr_eq(&b[0].0, &after)),
+            other => panic!("{other:?}"),
+        }
+        ix.delete_workload("ns", WorkloadKind::Deployment, "a");
+        assert_eq!(ix.pod("ns", "a-h-1").unwrap().endpoint.uid, None);
+    }
+
+    fn job(name: &str, cronjob: Option<&str>, template_labels: serde_json::Value) -> Job {
+        let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}")});
+        if let Some(c) = cronjob {
+            meta["ownerReferences"] = json!([{"apiVersion": "batch/v1beta1", "kind": "CronJob",
+                "name": c, "uid": format!("uid-{c}"), "controller": true}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"selector": {"matchLabels": {"controller-uid": format!("uid-{name}")}},
+                     "template": {"metadata": {"labels": template_labels}, "spec": {"containers": []}}}
+        }))
+        .unwrap()
+    }
+
+    fn job_pod(name: &str, job: &str, ip: &str) -> Pod {
+        pod(
+            name,
+            ip,
+            json!({"app": "backup", "controller-uid": format!("uid-{job}"), "job-name": job}),
+            Some(("Job", job)),
+        )
+    }
+
+    #[test]
+    fn jobs_of_a_cronjob_are_the_cronjob_whatever_the_order() {
+        let mut ix = Index::default();
+        // The pod of the first run arrives before its Job: a Job for now, by its controller-uid.
+        ix.apply_pod(&job_pod("backup-100-x", "backup-100", "10.0.0.5"), T);
+        let e = ix.pod("ns", "backup-100-x").unwrap().endpoint.clone();
+        assert_eq!(
+            (
+                e.kind,
+                e.name.as_str(),
+                e.uid.as_deref(),
+                e.api_version.as_str()
+            ),
+            (
+                Some(WorkloadKind::Job),
+                "backup-100",
+                Some("uid-backup-100"),
+                "batch/v1"
+            )
+        );
+        assert_eq!(
+            e.selector,
+            BTreeMap::from([("controller-uid".into(), "uid-backup-100".into())])
+        );
+        let labels = json!({"app": "backup", "controller-uid": "x", "job-name": "x"});
+        ix.apply_job(&job("backup-100", Some("backup"), labels.clone()));
+        ix.apply_job(&job("backup-160", Some("backup"), labels));
+        ix.apply_pod(&job_pod("backup-160-y", "backup-160", "10.0.0.6"), T);
+        for pod in ["backup-100-x", "backup-160-y"] {
+            let e = ix.pod("ns", pod).unwrap().endpoint.clone();
+            assert_eq!(
+                (
+                    e.kind,
+                    e.name.as_str(),
+                    e.uid.as_deref(),
+                    e.api_version.as_str()
+                ),
+                (
+                    Some(WorkloadKind::CronJob),
+                    "backup",
+                    Some("uid-backup"),
+                    "batch/v1beta1"
+                ),
+                "{pod}"
+            );
+            assert_eq!(
+                e.selector,
+                BTreeMap::from([("app".into(), "backup".into())]),
+                "template labels without the per-run ones"
+            );
+        }
+        assert_eq!(
+            ix.pod("ns", "backup-100-x").unwrap().owner,
+            Some(Workload {
+                kind: WorkloadKind::CronJob,
+                name: "backup".into()
+            })
+        );
+        // The history limit deletes the Job first; its pod's last updates still belong to the CronJob.
+        ix.delete_job("ns", "backup-100");
+        let mut dying = job_pod("backup-100-x", "backup-100", "10.0.0.5");
+        dying.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        ix.apply_pod(&dying, T + 1);
+        assert_eq!(
+            ix.pod("ns", "backup-100-x").unwrap().endpoint.kind,
+            Some(WorkloadKind::CronJob)
+        );
+        ix.delete_pod("ns", "backup-100-x", T + 2);
+        ix.forget_expired(T + 3 + IP_HISTORY_MS);
+        assert!(ix.pod("ns", "backup-100-x").is_none());
+        assert!(
+            !ix.jobs
+                .contains_key(&("ns".to_string(), "backup-100".to_string())),
+            "forgotten with its last pod"
+        );
+    }
+
+    #[test]
+    fn a_job_of_its_own_is_the_unit_and_a_cronjob_without_labels_is_unselectable() {
+        let mut ix = Index::default();
+        ix.apply_job(&job("migrate", None, json!({})));
+        ix.apply_pod(&job_pod("migrate-z", "migrate", "10.0.0.7"), T);
+        let e = ix.pod("ns", "migrate-z").unwrap().endpoint.clone();
+        assert_eq!(
+            (e.kind, e.name.as_str()),
+            (Some(WorkloadKind::Job), "migrate")
+        );
+        assert_eq!(
+            e.selector,
+            BTreeMap::from([("controller-uid".into(), "uid-migrate".into())])
+        );
+        assert!(e.selectable());
+        ix.delete_job("ns", "migrate");
+        assert!(ix.workload("ns", WorkloadKind::Job, "migrate").is_none());
+
+        ix.apply_job(&job("tick-1", Some("tick"), json!({"job-name": "tick-1"})));
+        ix.apply_pod(&job_pod("tick-1-a", "tick-1", "10.0.0.8"), T);
+        let e = ix.pod("ns", "tick-1-a").unwrap().endpoint.clone();
+        assert_eq!(e.kind, Some(WorkloadKind::CronJob));
+        assert!(
+            !e.selectable(),
+            "no label shared by all runs: nothing selects exactly its pods"
+        );
+    }
+
+    #[test]
+    fn a_bare_pod_is_its_own_unit() {
+        let mut ix = Index::default();
+        ix.apply_pod(&pod("debug", "10.0.0.9", json!({"run": "debug"}), None), T);
+        let e = ix.pod("ns", "debug").unwrap().endpoint.clone();
+        assert_eq!(
+            (
+                e.kind,
+                e.name.as_str(),
+                e.uid.as_deref(),
+                e.api_version.as_str()
+            ),
+            (None, "debug", Some("uid-debug"), "v1")
+        );
+        assert_eq!(e.selector, BTreeMap::from([("run".into(), "debug".into())]));
+        ix.apply_pod(&pod("naked", "10.0.0.10", json!({}), None), T);
+        assert!(!ix.pod("ns", "naked").unwrap().endpoint.selectable());
+        // A pod of a controller the index does not resolve is no bare pod.
+        ix.apply_pod(
+            &pod(
+                "rs-1",
+                "10.0.0.11",
+                json!({"app": "x"}),
+                Some(("ReplicaSet", "rs")),
+            ),
+            T,
+        );
+        let e = ix.pod("ns", "rs-1").unwrap().endpoint.clone();
+        assert_eq!(
+            (e.kind, e.foreign_controller.as_deref(), e.uid.as_deref()),
+            (None, Some("ReplicaSet"), None)
+        );
+    }
+
+    #[test]
+    fn the_interner_forgets_endpoints_nobody_holds() {
+        let mut ix = Index::default();
+        for i in 0..1_000 {
+            let name = format!("p{i}");
+            ix.apply_pod(
+                &pod(&name, "10.0.0.1", json!({"i": i.to_string()}), None),
+                T,
+            );
+            ix.delete_pod("ns", &name, T);
+        }
+        ix.forget_expired(T + IP_HISTORY_MS + 1);
+        assert_eq!(ix.pod_count(), 0);
+        ix.apply_pod(
+            &pod("last", "10.0.0.1", json!({}), None),
+            T + IP_HISTORY_MS + 2,
+        );
+        assert!(ix.interned.len() < 300, "{} interned", ix.interned.len());
+    }
+}

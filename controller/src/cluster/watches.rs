@@ -1,0 +1,118 @@
+//! Keeps the [`Index`] current from watches of pods, Services, workloads, Jobs and nodes, cluster-wide.
+
+use crate::cluster::index::Index;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use network_enforcer_api::WorkloadKind;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// The kinds watched; the index is ready when each has listed once (Jobs too: a CronJob's run seen
+/// before its Job would be learned as a Job of its own).
+const KINDS: usize = 7;
+
+/// A shared index and whether every watch has completed its first list.
+#[derive(Default)]
+pub struct SharedIndex {
+    pub index: Arc<RwLock<Index>>,
+    synced: AtomicUsize,
+}
+
+impl SharedIndex {
+    /// True once every kind has been listed: before that, a pod missing from the index may simply not
+    /// have been listed yet, so ingest refuses streams instead of dropping their records.
+    pub fn ready(&self) -> bool {
+        self.synced.load(Ordering::Acquire) >= KINDS
+    }
+
+    /// An index that counts as fully listed from the start, for callers that fill it themselves instead
+    /// of running the watches (tests of the ingest endpoint without a cluster, offline tools).
+    pub fn listed(index: Index) -> Self {
+        Self {
+            index: Arc::new(RwLock::new(index)),
+            synced: AtomicUsize::new(KINDS),
+        }
+    }
+}
+
+/// Wall-clock milliseconds since the epoch: the clock of index changes and agents' records.
+pub fn now_ms() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+}
+
+/// Runs the watches until the process stops.
+pub async fn run(client: Client, shared: Arc<SharedIndex>) {
+    tokio::join!(
+        watch::<Pod>(
+            &client,
+            &shared,
+            |ix, p| ix.apply_pod(p, now_ms()),
+            |ix, p| { ix.delete_pod(&p.namespace().unwrap_or_default(), &p.name_any(), now_ms()) }
+        ),
+        watch::<Service>(&client, &shared, Index::apply_service, |ix, s| {
+            ix.delete_service(&s.namespace().unwrap_or_default(), &s.name_any())
+        }),
+        watch::<Deployment>(&client, &shared, Index::apply_deployment, |ix, d| {
+            ix.delete_workload(
+                &d.namespace().unwrap_or_default(),
+                WorkloadKind::Deployment,
+                &d.name_any(),
+            )
+        }),
+        watch::<StatefulSet>(&client, &shared, Index::apply_statefulset, |ix, s| {
+            ix.delete_workload(
+                &s.namespace().unwrap_or_default(),
+                WorkloadKind::StatefulSet,
+                &s.name_any(),
+            )
+        }),
+        watch::<DaemonSet>(&client, &shared, Index::apply_daemonset, |ix, d| {
+            ix.delete_workload(
+                &d.namespace().unwrap_or_default(),
+                WorkloadKind::DaemonSet,
+                &d.name_any(),
+            )
+        }),
+        watch::<Node>(&client, &shared, Index::apply_node, |ix, n| ix
+            .delete_node(&n.name_any())),
+        watch::<Job>(&client, &shared, Index::apply_job, |ix, j| ix
+            .delete_job(&j.namespace().unwrap_or_default(), &j.name_any())),
+    );
+}
+
+async fn watch<K>(
+    client: &Client,
+    shared: &SharedIndex,
+    apply: impl Fn(&mut Index, &K),
+    delete: impl Fn(&mut Index, &K),
+) where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let mut events = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
+                apply(&mut shared.index.write().expect("index lock"), &obj)
+            }
+            Ok(Event::Delete(obj)) => delete(&mut shared.index.write().expect("index lock"), &obj),
+            Ok(Event::InitDone) if !listed => {
+                listed = true;
+                shared.synced.fetch_add(1, Ordering::AcqRel);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(kind = %K::kind(&()), %error, "watch failed; retrying with backoff")
+            }
+        }
+    }
+}

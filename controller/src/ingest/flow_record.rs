@@ -1,0 +1,368 @@
+//! Reading a [`FlowRecord`] against the index, shared by learning ([`crate::ingest`]) and violation
+//! evidence ([`crate::monitor::violations::evidence`]): the local pod it belongs to, its address, port and
+//! protocol fields, and which address stands for the peer.
+//!
+//! **The peer.** Usually the record's address: a pod, a Service ClusterIP, a node, or the outside
+//! world. Flow sources that see more than an address (Hubble, Goldmane, ztunnel) also name the peer:
+//! `peer.namespace`/`peer.pod`, or the mesh identity `peer.principal`. When the address leads to no pod
+//! or Service (a pod the index has already forgotten under that IP, an address rewritten on the way
+//! such as SNAT to a node IP, a tunnel endpoint) but the source named a pod the index knows, that pod's
+//! address is used instead, so the flow is learned and evaluated as the workload it was. A principal
+//! (`<trust domain>/ns/<namespace>/sa/<service account>`) names a ServiceAccount, which several
+//! workloads may share: it stands for a pod only when the pods of that ServiceAccount all belong to one
+//! workload. Finding those pods walks the index's pods, which is acceptable because it happens only for
+//! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
+
+use crate::cluster::index::{Endpoint, Index, PodInfo, Resolved};
+use network_enforcer_api::Protocol;
+use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
+use std::net::IpAddr;
+
+/// The local pod a record names: by namespace/name when the agent watches pods, by uid alone (from the
+/// pod's cgroup path) when it does not. `None` when the record names none or the index does not know it.
+pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodInfo> {
+    let local = record.local.as_ref()?;
+    if local.name.is_empty() {
+        index.pod_by_uid(&local.uid)
+    } else {
+        index.pod(&local.namespace, &local.name)
+    }
+}
+
+/// How a record names its local pod, for messages: `namespace/name` or `uid <uid>`.
+pub fn describe_local(local: &LocalPod) -> String {
+    if local.name.is_empty() {
+        format!("uid {}", local.uid)
+    } else {
+        format!("{}/{}", local.namespace, local.name)
+    }
+}
+
+/// A field of a record that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadField {
+    #[error("peer address has {0} bytes; expected 4 or 16")]
+    Address(usize),
+    #[error("port {0} is out of range")]
+    Port(u32),
+    #[error("unknown protocol or direction")]
+    Enum,
+}
+
+/// The peer address, port and protocol of a record, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields {
+    pub peer: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// Reads the peer address (4 or 16 bytes), port and protocol (TCP or UDP) of `record`.
+pub fn fields(record: &FlowRecord) -> Result<Fields, BadField> {
+    let peer: IpAddr = match record.peer_ip.len() {
+        4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
+            .expect("4 bytes")
+            .into(),
+        16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
+            .expect("16 bytes")
+            .into(),
+        n => return Err(BadField::Address(n)),
+    };
+    let port = u16::try_from(record.port).map_err(|_| BadField::Port(record.port))?;
+    let protocol = match uplink::Protocol::try_from(record.protocol) {
+        Ok(uplink::Protocol::Tcp) => Protocol::TCP,
+        Ok(uplink::Protocol::Udp) => Protocol::UDP,
+        _ => return Err(BadField::Enum),
+    };
+    Ok(Fields {
+        peer,
+        port,
+        protocol,
+    })
+}
+
+/// Which address stands for the peer, and why (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerFrom {
+    /// The record's own address.
+    Address,
+    /// The address of the pod the source named (`peer.namespace`/`peer.pod`).
+    NamedPod,
+    /// The address of a pod of the only workload running as the source's principal.
+    Principal,
+    /// The address leads to no pod and the principal is shared by several workloads: the address
+    /// stays, and the peer is learned as an address.
+    AmbiguousPrincipal,
+}
+
+impl PeerFrom {
+    /// The `outcome` label counted in `resolutions_total` when not [`PeerFrom::Address`].
+    pub fn label(self) -> &'static str {
+        match self {
+            PeerFrom::Address => "peer_address",
+            PeerFrom::NamedPod => "peer_named_by_source",
+            PeerFrom::Principal => "peer_from_principal",
+            PeerFrom::AmbiguousPrincipal => "peer_principal_ambiguous",
+        }
+    }
+}
+
+/// The address that stands for the peer of `record`, whose checked fields are `fields`, seen at `at_ms`.
+pub fn peer_address(
+    index: &Index,
+    record: &FlowRecord,
+    fields: &Fields,
+    at_ms: i64,
+) -> (IpAddr, PeerFrom) {
+    let address = (fields.peer, PeerFrom::Address);
+    let Some(named) = record.peer.as_ref() else {
+        return address;
+    };
+    if index.pod_at(fields.peer, at_ms).is_some() {
+        return address;
+    }
+    // Only addresses that lead nowhere in the cluster's pods: a Service is resolved to its backends.
+    if !matches!(
+        index.resolve(fields.peer, fields.port, fields.protocol, at_ms),
+        Resolved::Address(Endpoint::External(_) | Endpoint::Node { .. }, _)
+    ) {
+        return address;
+    }
+    if !named.namespace.is_empty() && !named.pod.is_empty() {
+        if let Some(ip) = index
+            .pod(&named.namespace, &named.pod)
+            .and_then(|p| p.ips.first())
+        {
+            return (*ip, PeerFrom::NamedPod);
+        }
+    }
+    let Some((namespace, account)) = parse_principal(&named.principal) else {
+        return address;
+    };
+    let mut found: Option<(&PodInfo, crate::cluster::index::WorkloadEndpoint)> = None;
+    for pod in index
+        .pods()
+        .filter(|p| p.namespace == namespace && p.service_account == account && !p.ips.is_empty())
+    {
+        let workload = index.endpoint_of(pod);
+        match &found {
+            Some((_, first)) if !same_workload(first, &workload) => {
+                return (fields.peer, PeerFrom::AmbiguousPrincipal);
+            }
+            // Any pod of the workload names it; the lowest address makes the choice independent of
+            // the index's iteration order.
+            Some((chosen, _)) if chosen.ips[0] <= pod.ips[0] => {}
+            _ => found = Some((pod, workload)),
+        }
+    }
+    match found {
+        Some((pod, _)) => (pod.ips[0], PeerFrom::Principal),
+        None => address,
+    }
+}
+
+fn same_workload(
+    a: &crate::cluster::index::WorkloadEndpoint,
+    b: &crate::cluster::index::WorkloadEndpoint,
+) -> bool {
+    (&a.namespace, a.kind, &a.name) == (&b.namespace, b.kind, &b.name)
+}
+
+/// `(namespace, service account)` of `<trust domain>/ns/<namespace>/sa/<service account>` (an
+/// optional `spiffe://` prefix is accepted).
+pub fn parse_principal(principal: &str) -> Option<(&str, &str)> {
+    let rest = principal.strip_prefix("spiffe://").unwrap_or(principal);
+    let mut parts = rest.split('/');
+    let (_domain, ns_key, namespace, sa_key, account) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    (ns_key == "ns"
+        && sa_key == "sa"
+        && !namespace.is_empty()
+        && !account.is_empty()
+        && parts.next().is_none())
+    .then_some((namespace, account))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use network_enforcer_api::uplink::Peer;
+    use serde_json::json;
+
+    /// Pods `web-<n>` of Deployment web (ServiceAccount web), `job` of ServiceAccount shared with
+    /// `cron`, a bare pod.
+    fn index() -> Index {
+        let mut index = Index::default();
+        let pod = |name: &str, sa: &str, ip: &str, owner: Option<&str>| {
+            let mut meta = json!({"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                                  "labels": {"app": name}});
+            if let Some(rs) = owner {
+                meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": rs, "uid": format!("uid-{rs}"), "controller": true}]);
+                meta["labels"] = json!({"app": "web", "pod-template-hash": "abc"});
+            }
+            serde_json::from_value::<Pod>(json!({
+                "metadata": meta,
+                "spec": {"nodeName": "node-a", "serviceAccountName": sa, "containers": []},
+                "status": {"phase": "Running", "podIP": ip}
+            }))
+            .unwrap()
+        };
+        index.apply_pod(&pod("web-1", "web", "10.0.0.1", Some("web-abc")), 1_000);
+        index.apply_pod(&pod("web-2", "web", "10.0.0.2", Some("web-abc")), 1_000);
+        index.apply_pod(&pod("job", "shared", "10.0.0.3", None), 1_000);
+        index.apply_pod(&pod("cron", "shared", "10.0.0.4", None), 1_000);
+        index
+    }
+
+    fn record(peer_ip: [u8; 4], peer: Option<Peer>) -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: "shop".into(),
+                name: "web-1".into(),
+                uid: String::new(),
+            }),
+            peer_ip: peer_ip.to_vec(),
+            port: 8080,
+            protocol: uplink::Protocol::Tcp as i32,
+            direction: uplink::Direction::Inbound as i32,
+            peer,
+            ..FlowRecord::default()
+        }
+    }
+
+    fn peer_of(index: &Index, r: &FlowRecord) -> (IpAddr, PeerFrom) {
+        peer_address(index, r, &fields(r).unwrap(), 2_000)
+    }
+
+    #[test]
+    fn a_pod_address_wins_over_what_the_source_names() {
+        let index = index();
+        let named = Peer {
+            namespace: "shop".into(),
+            pod: "job".into(),
+            principal: String::new(),
+        };
+        let r = record([10, 0, 0, 2], Some(named));
+        assert_eq!(
+            peer_of(&index, &r),
+            ("10.0.0.2".parse().unwrap(), PeerFrom::Address)
+        );
+    }
+
+    #[test]
+    fn an_unknown_address_falls_back_to_the_named_pod_then_the_principal() {
+        let index = index();
+        let named = |pod: &str, principal: &str| Peer {
+            namespace: "shop".into(),
+            pod: pod.into(),
+            principal: principal.into(),
+        };
+        let outside = [192, 0, 2, 9];
+        assert_eq!(
+            peer_of(&index, &record(outside, Some(named("job", "")))),
+            ("10.0.0.3".parse().unwrap(), PeerFrom::NamedPod)
+        );
+        // A pod the index does not know: the principal decides; both web pods are one workload.
+        assert_eq!(
+            peer_of(
+                &index,
+                &record(outside, Some(named("gone", "cluster.local/ns/shop/sa/web")))
+            ),
+            ("10.0.0.1".parse().unwrap(), PeerFrom::Principal)
+        );
+        assert_eq!(
+            peer_of(
+                &index,
+                &record(outside, Some(named("", "spiffe://td/ns/shop/sa/web")))
+            )
+            .1,
+            PeerFrom::Principal
+        );
+        // Two workloads share the ServiceAccount: no guess.
+        assert_eq!(
+            peer_of(
+                &index,
+                &record(outside, Some(named("", "cluster.local/ns/shop/sa/shared")))
+            ),
+            ("192.0.2.9".parse().unwrap(), PeerFrom::AmbiguousPrincipal)
+        );
+        // Nobody runs as it, or nothing is named: the address stays.
+        for r in [
+            record(outside, Some(named("", "cluster.local/ns/shop/sa/nobody"))),
+            record(outside, Some(named("", "not a principal"))),
+            record(outside, None),
+        ] {
+            assert_eq!(
+                peer_of(&index, &r),
+                ("192.0.2.9".parse().unwrap(), PeerFrom::Address)
+            );
+        }
+    }
+
+    #[test]
+    fn principals_parse_only_in_their_exact_shape() {
+        assert_eq!(
+            parse_principal("cluster.local/ns/shop/sa/web"),
+            Some(("shop", "web"))
+        );
+        assert_eq!(
+            parse_principal("spiffe://cluster.local/ns/shop/sa/web"),
+            Some(("shop", "web"))
+        );
+        for bad in [
+            "",
+            "cluster.local/ns/shop",
+            "cluster.local/ns//sa/web",
+            "cluster.local/sa/shop/ns/web",
+            "cluster.local/ns/shop/sa/web/extra",
+        ] {
+            assert_eq!(parse_principal(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn fields_are_checked() {
+        let mut r = record([10, 0, 0, 1], None);
+        assert_eq!(
+            fields(&r).unwrap(),
+            Fields {
+                peer: "10.0.0.1".parse().unwrap(),
+                port: 8080,
+                protocol: Protocol::TCP
+            }
+        );
+        r.peer_ip = vec![1, 2, 3];
+        assert_eq!(fields(&r), Err(BadField::Address(3)));
+        r.peer_ip = vec![0; 16];
+        r.port = 70_000;
+        assert_eq!(fields(&r), Err(BadField::Port(70_000)));
+        r.port = 1;
+        r.protocol = 99;
+        assert_eq!(fields(&r), Err(BadField::Enum));
+    }
+
+    #[test]
+    fn local_pods_by_name_or_uid() {
+        let index = index();
+        let mut r = record([10, 0, 0, 9], None);
+        assert_eq!(
+            local_pod(&r, &index).map(|p| p.name.as_str()),
+            Some("web-1")
+        );
+        r.local = Some(LocalPod {
+            uid: "uid-job".into(),
+            ..LocalPod::default()
+        });
+        assert_eq!(local_pod(&r, &index).map(|p| p.name.as_str()), Some("job"));
+        assert_eq!(describe_local(r.local.as_ref().unwrap()), "uid uid-job");
+        r.local = None;
+        assert!(local_pod(&r, &index).is_none());
+    }
+}

@@ -1,0 +1,779 @@
+//! Ingest: the gRPC endpoint agents stream flow batches to.
+//!
+//! Every stream is authenticated before a record is read: the agent presents its projected ServiceAccount
+//! token (audience [`AUDIENCE`]), the controller checks it with a TokenReview, requires the agent's
+//! ServiceAccount, and learns the agent's node from the pod the token is bound to. Records are accepted
+//! only for pods the index places on that node, so a compromised agent cannot speak for other nodes.
+//! Limits (records per batch, batches per second per stream, message size) are answered with a clear
+//! status and counted; nothing an agent sends can crash the controller.
+//!
+//! **Acknowledged means written.** Learned edges wait in the [`ProposalWriter`] until its next flush.
+//! A batch acknowledged before then would be lost if the controller stopped in between (crash,
+//! rollout, lost Lease): the agent has already forgotten it. So, with [`IngestService::written`] set
+//! (the controller binary always sets it), a batch that taught anything is acknowledged only once a
+//! flush that started after it was merged has written every pending proposal ([`Flushes`]); until then
+//! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
+//! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
+//! duplicated rule. Batches that teach nothing (refused records, failed attempts) are acknowledged at
+//! once. A proposal whose write keeps failing holds every acknowledgement (a flush reports how many
+//! proposals failed, not which): merging goes on, and the agents' resend buffers rotate their oldest
+//! batches out, which this controller has already merged.
+
+pub mod flow_record;
+pub mod tls;
+
+use crate::cluster::index::Index;
+use crate::cluster::watches::SharedIndex;
+use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
+use crate::learn::{Observation, Opened};
+use flow_record::{BadField, PeerFrom};
+use futures::Stream;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
+use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The audience agents' projected tokens must be issued for.
+pub const AUDIENCE: &str = "network-enforcer";
+
+/// Who is on the other end of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// The node the agent's pod runs on.
+    pub node: String,
+    /// The agent pod, `namespace/name`.
+    pub pod: String,
+}
+
+/// Checks an agent's bearer token.
+#[tonic::async_trait]
+pub trait Authenticate: Send + Sync + 'static {
+    async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status>;
+}
+
+/// Authenticates agents with a TokenReview against the API server.
+pub struct TokenReviewAuthenticator {
+    client: Client,
+    /// `system:serviceaccount:<namespace>:<name>` of the agent.
+    expected_user: String,
+}
+
+impl TokenReviewAuthenticator {
+    /// Accepts tokens of ServiceAccount `namespace/name` only.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Self {
+            client,
+            expected_user: format!("system:serviceaccount:{namespace}:{name}"),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Authenticate for TokenReviewAuthenticator {
+    async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_string(),
+                audiences: Some(vec![AUDIENCE.to_string()]),
+            },
+            ..TokenReview::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "TokenReview failed");
+                Status::unavailable("could not verify the token right now; retry")
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(Status::unauthenticated(format!(
+                "token rejected: {}",
+                status.error.unwrap_or_else(|| "not authenticated".into())
+            )));
+        }
+        let user = status.user.unwrap_or_default();
+        if user.username.as_deref() != Some(self.expected_user.as_str()) {
+            return Err(Status::permission_denied(format!(
+                "{} is not the agent ServiceAccount ({})",
+                user.username.unwrap_or_default(),
+                self.expected_user
+            )));
+        }
+        let claim = |key: &str| {
+            user.extra
+                .as_ref()
+                .and_then(|e| e.get(key))
+                .and_then(|v| v.first())
+                .cloned()
+        };
+        let pod_name = claim("authentication.kubernetes.io/pod-name").ok_or_else(|| {
+            Status::permission_denied("the token is not bound to a pod; mount a projected token")
+        })?;
+        // The ServiceAccount (and so the pod) lives in the namespace of the username.
+        let namespace = self
+            .expected_user
+            .split(':')
+            .nth(2)
+            .unwrap_or_default()
+            .to_string();
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &namespace)
+            .get_opt(&pod_name)
+            .await
+            .map_err(|_| Status::unavailable("could not look up the agent pod; retry"))?
+            .ok_or_else(|| {
+                Status::permission_denied(format!(
+                    "agent pod {namespace}/{pod_name} does not exist"
+                ))
+            })?;
+        let pod_uid = claim("authentication.kubernetes.io/pod-uid");
+        if pod_uid.is_some() && pod.metadata.uid != pod_uid {
+            return Err(Status::permission_denied("the token's pod was replaced"));
+        }
+        let node = pod
+            .spec
+            .and_then(|s| s.node_name)
+            .ok_or_else(|| Status::permission_denied("the agent pod is not scheduled on a node"))?;
+        Ok(AgentIdentity {
+            node,
+            pod: format!("{namespace}/{pod_name}"),
+        })
+    }
+}
+
+/// Limits on what one agent stream may send.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_records_per_batch: usize,
+    pub max_batches_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_records_per_batch: 10_000,
+            max_batches_per_second: 20,
+        }
+    }
+}
+
+/// Where accepted records go: the index to resolve them, the writer to learn from them, and the
+/// status sync that turns them into violation evidence (SPEC 6).
+pub struct Learning {
+    pub index: Arc<SharedIndex>,
+    pub writer: Arc<ProposalWriter>,
+    /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
+    pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
+}
+
+/// Why one record was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("record has no local pod")]
+    NoLocalPod,
+    #[error("peer address has {0} bytes; expected 4 or 16")]
+    BadAddress(usize),
+    #[error("port {0} is out of range")]
+    BadPort(u32),
+    #[error("unknown protocol or direction")]
+    BadEnum,
+    #[error("pod {0} is not known on node {1}")]
+    NotOnNode(String, String),
+}
+
+impl Refused {
+    /// The `reason` label of `records_rejected_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refused::NoLocalPod => "no_local_pod",
+            Refused::BadAddress(_) => "bad_address",
+            Refused::BadPort(_) => "bad_port",
+            Refused::BadEnum => "bad_enum",
+            Refused::NotOnNode(..) => "not_on_node",
+        }
+    }
+}
+
+/// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
+/// denials: those are violation evidence, not learning).
+pub fn observation(
+    record: &FlowRecord,
+    index: &Index,
+    node: &str,
+) -> Result<Option<Observation>, Refused> {
+    read(record, index, node).map(|o| o.map(|(o, _)| o))
+}
+
+/// [`observation`], also saying which address stands for the peer ([`flow_record::peer_address`]).
+fn read(
+    record: &FlowRecord,
+    index: &Index,
+    node: &str,
+) -> Result<Option<(Observation, PeerFrom)>, Refused> {
+    let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
+    // Either way of naming the pod, the index decides which pod it is and where it runs.
+    let pod = flow_record::local_pod(record, index)
+        .filter(|p| p.node.as_deref() == Some(node))
+        .ok_or_else(|| Refused::NotOnNode(flow_record::describe_local(local), node.into()))?;
+    let fields = flow_record::fields(record).map_err(|e| match e {
+        BadField::Address(n) => Refused::BadAddress(n),
+        BadField::Port(p) => Refused::BadPort(p),
+        BadField::Enum => Refused::BadEnum,
+    })?;
+    let opened = match uplink::Direction::try_from(record.direction) {
+        Ok(uplink::Direction::Outbound) => Opened::Outbound,
+        Ok(uplink::Direction::Inbound) => Opened::Inbound,
+        _ => return Err(Refused::BadEnum),
+    };
+    let learns = matches!(
+        uplink::Outcome::try_from(record.outcome),
+        Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
+    );
+    if !learns {
+        return Ok(None);
+    }
+    let (peer, from) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
+    Ok(Some((
+        Observation {
+            local: (pod.namespace.clone(), pod.name.clone()),
+            peer,
+            port: fields.port,
+            protocol: fields.protocol,
+            opened,
+            at_ms: record.last_seen_ms,
+        },
+        from,
+    )))
+}
+
+impl Learning {
+    /// Takes in a batch from the agent on `node`: returns the acknowledgement.
+    pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        self.take_in(node, batch).0
+    }
+
+    /// [`Learning::accept`], also saying how many edges the batch added to the writer's pending ones
+    /// (0: nothing waits for a flush, the acknowledgement may go at once).
+    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, usize) {
+        let index = self.index.index.read().expect("index lock");
+        let metrics = self.writer.metrics();
+        let now_ms = crate::cluster::watches::now_ms();
+        let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
+        let mut learned = 0usize;
+        for record in &batch.records {
+            let result = read(record, &index, node).map(|obs| match obs {
+                Some((o, from)) => {
+                    if from != PeerFrom::Address {
+                        metrics.resolved(from.label(), 1);
+                    }
+                    self.writer
+                        .observe_or_wait(&index, &o, now_ms)
+                        .map(|edges| learned += edges)
+                        .map_err(|e| e.to_string())
+                }
+                None => {
+                    metrics.resolved("not_learned", 1);
+                    Ok(())
+                }
+            });
+            if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
+                evidence.accepted(record);
+            }
+            match result {
+                Ok(Ok(())) => accepted += 1,
+                Ok(Err(unresolved)) => {
+                    // Accepted (well-formed, authorized) but not resolvable yet: counted, not an error.
+                    accepted += 1;
+                    tracing::debug!(%unresolved, "record not resolvable");
+                }
+                Err(refused) => {
+                    rejected += 1;
+                    metrics.record_rejected(refused.label());
+                    if reason.is_empty() {
+                        reason = refused.to_string();
+                    }
+                }
+            }
+        }
+        metrics.records_received.inc_by(batch.records.len() as u64);
+        if rejected > 0 {
+            tracing::warn!(node, sequence = batch.sequence, rejected, %reason, "refused records");
+        }
+        (
+            BatchAck {
+                sequence: batch.sequence,
+                accepted,
+                rejected,
+                reason,
+            },
+            learned,
+        )
+    }
+}
+
+/// Counts the writer's flushes so the ingest can tell when what it merged has been written (see the
+/// module docs). The controller's flush loop goes through [`Flushes::flush`]; share one per writer.
+#[derive(Debug)]
+pub struct Flushes {
+    /// Flushes started so far.
+    started: AtomicU64,
+    /// The number of the newest flush that wrote every pending proposal (0: none yet). Everything
+    /// merged before that flush started is in the API server.
+    written: watch::Sender<u64>,
+}
+
+impl Default for Flushes {
+    fn default() -> Self {
+        Self {
+            started: AtomicU64::new(0),
+            written: watch::channel(0).0,
+        }
+    }
+}
+
+impl Flushes {
+    /// A counter with no flush yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Flushes `writer`, and when every proposal was written (none failed, and this replica leads, so
+    /// the flush really wrote), marks everything merged before it as written.
+    ///
+    /// Why that suffices: a flush takes every pending edge at its start; a failed proposal's edges go
+    /// back to pending before the next flush starts (flushes run one after another), so a flush without
+    /// failures has written everything merged before it started, including earlier failures.
+    pub async fn flush(&self, writer: &ProposalWriter) -> FlushReport {
+        let leading = writer.is_leader();
+        let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let report = writer.flush().await;
+        if leading && report.failed == 0 {
+            self.written.send_if_modified(|w| {
+                let newer = number > *w;
+                if newer {
+                    *w = number;
+                }
+                newer
+            });
+        }
+        report
+    }
+
+    /// The mark of something merged just now (call it after merging): it is written once
+    /// [`Flushes::written_after`] says so for this mark.
+    pub fn mark(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Whether everything merged before `mark` was taken has been written.
+    pub fn written_after(&self, mark: u64) -> bool {
+        *self.written.borrow() > mark
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+}
+
+/// Acknowledgements of one stream that wait for a flush, oldest first, with the mark of each.
+/// Bounded: an agent that keeps sending while nothing gets written is told to back off.
+const MAX_WAITING_ACKS: usize = 4096;
+
+/// The gRPC service.
+pub struct IngestService {
+    pub authenticator: Arc<dyn Authenticate>,
+    pub learning: Arc<Learning>,
+    pub limits: Limits,
+    /// `Some`: acknowledge a batch that taught something only once a flush counted here has written
+    /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
+    /// (for tests that flush by hand).
+    pub written: Option<Arc<Flushes>>,
+}
+
+fn bearer<T>(request: &Request<T>) -> Result<String, Status> {
+    let value = request
+        .metadata()
+        .get("authorization")
+        .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer <token>`"))?
+        .to_str()
+        .map_err(|_| Status::unauthenticated("malformed authorization header"))?;
+    value
+        .strip_prefix("Bearer ")
+        .map(str::to_string)
+        .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))
+}
+
+#[tonic::async_trait]
+impl FlowUplink for IngestService {
+    type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchAck, Status>> + Send>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<FlowBatch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        if !self.learning.index.ready() {
+            self.learning
+                .writer
+                .metrics()
+                .batch_refused("index_not_synced");
+            return Err(Status::unavailable(
+                "the controller is still listing the cluster; retry shortly",
+            ));
+        }
+        let metrics = self.learning.writer.metrics().clone();
+        if let Some(status) = not_leader(&self.learning.writer) {
+            metrics.batch_refused("not_leader");
+            return Err(status);
+        }
+        let token = bearer(&request).inspect_err(|_| metrics.token_review("unauthenticated"))?;
+        let agent = self
+            .authenticator
+            .authenticate(&token)
+            .await
+            .inspect_err(|status| {
+                metrics.token_review(match status.code() {
+                    tonic::Code::Unauthenticated => "unauthenticated",
+                    tonic::Code::PermissionDenied => "permission_denied",
+                    _ => "unavailable",
+                })
+            })?;
+        metrics.token_review("authenticated");
+        tracing::info!(node = %agent.node, pod = %agent.pod, "agent connected");
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let learning = self.learning.clone();
+        let limits = self.limits.clone();
+        let written = self.written.clone();
+        tokio::spawn(async move {
+            let metrics = learning.writer.metrics().clone();
+            metrics.agent_streams.inc();
+            // Decremented however the stream ends.
+            let _open = GaugeGuard(metrics.agent_streams.clone());
+            let mut window = (Instant::now(), 0u32);
+            // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
+            let mut waiting: VecDeque<(u64, BatchAck)> = VecDeque::new();
+            let mut flushed = written.as_ref().map(|w| w.subscribe());
+            let mut inbound_open = true;
+            'stream: loop {
+                if let Some(w) = &written {
+                    while waiting
+                        .front()
+                        .is_some_and(|(mark, _)| w.written_after(*mark))
+                    {
+                        let (_, ack) = waiting.pop_front().expect("front exists");
+                        metrics.acks_waiting.dec();
+                        if tx.send(Ok(ack)).await.is_err() {
+                            break 'stream;
+                        }
+                    }
+                }
+                if !inbound_open && waiting.is_empty() {
+                    break;
+                }
+                let batch = tokio::select! {
+                    message = inbound.message(), if inbound_open => match message {
+                        Ok(Some(batch)) => batch,
+                        // The agent is done sending; its last acks still go out once written.
+                        Ok(None) => {
+                            inbound_open = false;
+                            continue;
+                        }
+                        Err(status) => {
+                            tracing::info!(node = %agent.node, %status, "agent stream ended");
+                            break;
+                        }
+                    },
+                    changed = async {
+                        match flushed.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    }, if !waiting.is_empty() => {
+                        if changed.is_err() {
+                            // The flush counter is gone: the controller is stopping. The agent
+                            // resends what was not acknowledged.
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                if window.0.elapsed() >= Duration::from_secs(1) {
+                    window = (Instant::now(), 0);
+                }
+                window.1 += 1;
+                let refusal = if let Some(status) = not_leader(&learning.writer) {
+                    Some(("not_leader", status))
+                } else if batch.node != agent.node {
+                    Some((
+                        "wrong_node",
+                        Status::permission_denied(format!(
+                            "batch claims node {:?} but the token belongs to a pod on node {:?}",
+                            batch.node, agent.node
+                        )),
+                    ))
+                } else if window.1 > limits.max_batches_per_second {
+                    Some((
+                        "rate_limited",
+                        Status::resource_exhausted(format!(
+                            "more than {} batches per second; slow down and reconnect",
+                            limits.max_batches_per_second
+                        )),
+                    ))
+                } else if batch.records.len() > limits.max_records_per_batch {
+                    Some((
+                        "too_many_records",
+                        Status::invalid_argument(format!(
+                            "batch {} has {} records; the limit is {}",
+                            batch.sequence,
+                            batch.records.len(),
+                            limits.max_records_per_batch
+                        )),
+                    ))
+                } else if waiting.len() >= MAX_WAITING_ACKS {
+                    Some((
+                        "writes_behind",
+                        Status::unavailable(format!(
+                            "{} batches wait for their proposals to be written; reconnect later \
+                             (the unacknowledged batches are still to be resent)",
+                            waiting.len()
+                        )),
+                    ))
+                } else {
+                    None
+                };
+                if let Some((reason, status)) = refusal {
+                    metrics.batch_refused(reason);
+                    tracing::warn!(node = %agent.node, %status, "agent stream refused");
+                    let _ = tx.send(Err(status)).await;
+                    break;
+                }
+                let (reply, learned) = learning.take_in(&agent.node, &batch);
+                match &written {
+                    Some(w) if learned > 0 => {
+                        // Marked after merging: a flush that starts later takes these edges.
+                        waiting.push_back((w.mark(), reply));
+                        metrics.acks_waiting.inc();
+                    }
+                    _ => {
+                        if tx.send(Ok(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            metrics.acks_waiting.dec_by(waiting.len() as i64);
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// `UNAVAILABLE` with a hint when this replica does not lead: agents reconnect (with backoff) through the
+/// Service, whose endpoints are the ready replicas, and readiness follows leadership.
+fn not_leader(writer: &ProposalWriter) -> Option<Status> {
+    if writer.is_leader() {
+        return None;
+    }
+    Some(Status::unavailable(format!(
+        "this controller replica is not the leader (leader: {}); reconnect through the Service",
+        writer.leader_hint().unwrap_or_else(|| "unknown".into())
+    )))
+}
+
+/// Decrements the gauge when dropped.
+struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::uplink::LocalPod;
+    use serde_json::json;
+
+    fn index_with_pod(node: &str) -> Index {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1"},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        index
+    }
+
+    fn record(namespace: &str, name: &str, uid: &str) -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }),
+            peer_ip: vec![10, 0, 0, 9],
+            port: 8080,
+            protocol: uplink::Protocol::Tcp as i32,
+            direction: uplink::Direction::Outbound as i32,
+            outcome: uplink::Outcome::Established as i32,
+            last_seen_ms: 2_000,
+            ..FlowRecord::default()
+        }
+    }
+
+    #[test]
+    fn records_name_the_pod_by_name_or_by_uid() {
+        let index = index_with_pod("node-a");
+        let by_name = observation(&record("shop", "web-1", ""), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        let by_uid = observation(&record("", "", "uid-web-1"), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        assert_eq!(by_name, by_uid);
+        assert_eq!(by_uid.local, ("shop".to_string(), "web-1".to_string()));
+    }
+
+    #[test]
+    fn records_for_pods_elsewhere_or_unknown_are_refused() {
+        let index = index_with_pod("node-a");
+        for r in [record("shop", "web-1", ""), record("", "", "uid-web-1")] {
+            assert!(matches!(
+                observation(&r, &index, "node-b"),
+                Err(Refused::NotOnNode(..))
+            ));
+        }
+        assert!(matches!(
+            observation(&record("", "", "uid-nope"), &index, "node-a"),
+            Err(Refused::NotOnNode(..))
+        ));
+        let mut failed = record("shop", "web-1", "");
+        failed.outcome = uplink::Outcome::Failed as i32;
+        assert_eq!(
+            observation(&failed, &index, "node-a"),
+            Ok(None),
+            "failed attempts teach nothing"
+        );
+    }
+
+    #[test]
+    fn an_unknown_peer_address_falls_back_to_the_pod_the_source_named() {
+        let mut index = index_with_pod("node-a");
+        let peer: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "db-0", "namespace": "shop", "uid": "uid-db-0"},
+            "spec": {"nodeName": "node-b", "serviceAccountName": "db", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.20"}
+        }))
+        .unwrap();
+        index.apply_pod(&peer, 1_000);
+        // The address (e.g. after SNAT) is no pod; Hubble named the peer pod.
+        let mut r = record("shop", "web-1", "");
+        r.peer_ip = vec![192, 0, 2, 1];
+        let plain = observation(&r, &index, "node-a").unwrap().unwrap();
+        assert_eq!(plain.peer, "192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+        r.peer = Some(uplink::Peer {
+            namespace: "shop".into(),
+            pod: "db-0".into(),
+            principal: String::new(),
+        });
+        let named = observation(&r, &index, "node-a").unwrap().unwrap();
+        assert_eq!(named.peer, "10.0.0.20".parse::<std::net::IpAddr>().unwrap());
+        // ztunnel names it by principal only.
+        r.peer = Some(uplink::Peer {
+            principal: "cluster.local/ns/shop/sa/db".into(),
+            ..uplink::Peer::default()
+        });
+        assert_eq!(observation(&r, &index, "node-a").unwrap().unwrap(), named);
+    }
+
+    /// A writer whose API server refuses connections.
+    fn unreachable_writer() -> ProposalWriter {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client");
+        ProposalWriter::new(
+            client,
+            network_enforcer_api::Backend::Kubernetes,
+            Default::default(),
+        )
+    }
+
+    #[tokio::test]
+    async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
+        // A pod of Deployment web (through its ReplicaSet), so its flows make proposals.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
+                         "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        let writer = unreachable_writer();
+        let flushes = Flushes::new();
+        let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        let mark = flushes.mark();
+        assert!(!flushes.written_after(mark), "nothing flushed yet");
+        let report = flushes.flush(&writer).await;
+        assert_eq!(report.failed, 1, "{report:?}");
+        assert!(
+            !flushes.written_after(mark),
+            "a failed write acknowledges nothing"
+        );
+        assert_eq!(writer.pending_proposals(), 1, "kept for the next flush");
+
+        // A follower's flush writes nothing, so it marks nothing either.
+        let (leadership, follower) =
+            tokio::sync::watch::channel(crate::runtime::leader::Leadership {
+                leader: false,
+                ..Default::default()
+            });
+        let writer = unreachable_writer().with_leader(follower);
+        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        let mark = flushes.mark();
+        assert_eq!(flushes.flush(&writer).await, FlushReport::default());
+        assert!(!flushes.written_after(mark));
+        drop(leadership);
+
+        // With nothing pending a flush succeeds and marks everything merged before it.
+        let empty = unreachable_writer();
+        let mark = flushes.mark();
+        assert_eq!(flushes.flush(&empty).await.failed, 0);
+        assert!(flushes.written_after(mark));
+        assert!(
+            !flushes.written_after(flushes.mark()),
+            "later merges wait for a later flush"
+        );
+    }
+
+    #[test]
+    fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
+        let mut index = index_with_pod("node-a");
+        index.delete_pod("shop", "web-1", 5_000);
+        assert!(
+            index.pod_by_uid("uid-web-1").is_some(),
+            "late records still resolve"
+        );
+        index.forget_expired(5_000 + crate::cluster::index::IP_HISTORY_MS + 1);
+        assert!(index.pod_by_uid("uid-web-1").is_none());
+        assert!(index.pod("shop", "web-1").is_none());
+    }
+}

@@ -1,0 +1,1204 @@
+//! Learning (SPEC section 4): what an observed, allowed connection adds to which proposal.
+//!
+//! `flows` turns an agent observation into workload-level flows using the [`Index`]; `edges` turns a
+//! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure: the
+//! writer in [`crate::learn::proposal_writer`] only batches edges and writes the result.
+
+pub mod deferrals;
+pub mod proposal_writer;
+
+use crate::cluster::index::{Endpoint, Index, PodKey, ResolvedRef, WorkloadEndpoint};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
+use network_enforcer_api::naming::proposal_name;
+use network_enforcer_api::{
+    Backend, Direction, IstioFrom, IstioOperation, IstioPolicy, IstioRule, IstioSource, IstioTo,
+    Protocol, TargetRef, WorkloadKind, WorkloadNetworkPolicyProposal,
+    WorkloadNetworkPolicyProposalSpec,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Who opened the connection, seen from the local pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Opened {
+    /// The local pod connected to the peer.
+    Outbound,
+    /// The peer connected to the local pod.
+    Inbound,
+}
+
+/// One allowed connection as an agent reports it, with the local side already known.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Observation {
+    pub local: PodKey,
+    pub peer: IpAddr,
+    /// The service port: the peer's port when outbound, the local port when inbound.
+    pub port: u16,
+    pub protocol: Protocol,
+    pub opened: Opened,
+    /// When it was last seen, ms since the epoch (resolves IPs that were reused since).
+    pub at_ms: i64,
+}
+
+/// A connection between two endpoints on a destination (container) port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Flow {
+    pub source: Endpoint,
+    pub destination: Endpoint,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// Why an observation produced no flow. Counted as a metric by the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    #[error("the local pod {0}/{1} is not in the index (deleted, or not yet seen)")]
+    UnknownLocalPod(String, String),
+    #[error("Service {0}/{1} has no backend for that port yet")]
+    ServiceWithoutBackends(String, String),
+}
+
+/// The workload-level flows an observation stands for (a Service with several backend workloads gives one
+/// flow per workload).
+pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> {
+    let local = index
+        .pod(&obs.local.0, &obs.local.1)
+        .ok_or_else(|| Unresolved::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
+    let local = Endpoint::Workload(local.endpoint.clone());
+    match obs.opened {
+        Opened::Outbound => match index.resolve_ref(obs.peer, obs.port, obs.protocol, obs.at_ms) {
+            ResolvedRef::Pod(w, port) => Ok(vec![Flow {
+                source: local,
+                destination: Endpoint::Workload(w.clone()),
+                protocol: obs.protocol,
+                port,
+            }]),
+            ResolvedRef::Backends(backends) => Ok(backends
+                .iter()
+                .map(|(w, port)| Flow {
+                    source: local.clone(),
+                    destination: Endpoint::Workload(w.clone()),
+                    protocol: obs.protocol,
+                    port: *port,
+                })
+                .collect()),
+            ResolvedRef::Address(peer, port) => Ok(vec![Flow {
+                source: local,
+                destination: peer,
+                protocol: obs.protocol,
+                port,
+            }]),
+            ResolvedRef::ServiceWithoutBackends(svc) => Err(Unresolved::ServiceWithoutBackends(
+                svc.namespace.clone(),
+                svc.name.clone(),
+            )),
+        },
+        Opened::Inbound => {
+            // An inbound peer is never a ClusterIP (kube-proxy preserves the client IP).
+            let source = match index.resolve_ref(obs.peer, 0, obs.protocol, obs.at_ms) {
+                ResolvedRef::Pod(w, _) => Endpoint::Workload(w.clone()),
+                ResolvedRef::Address(peer, _) => peer,
+                _ => Endpoint::External(obs.peer),
+            };
+            Ok(vec![Flow {
+                source,
+                destination: local,
+                protocol: obs.protocol,
+                port: obs.port,
+            }])
+        }
+    }
+}
+
+/// The proposal an edge goes to: one per (workload, direction).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Target {
+    pub workload: Arc<WorkloadEndpoint>,
+    /// The workload's kind ([`WorkloadKind::Pod`] for a bare pod).
+    pub kind: WorkloadKind,
+    pub direction: Direction,
+}
+
+impl Target {
+    /// The proposal's name.
+    pub fn name(&self) -> String {
+        proposal_name(self.kind, &self.workload.name, self.direction)
+    }
+}
+
+/// What one flow adds to one proposal: hashable and cheap to clone (the writer deduplicates the edges of
+/// every record with it); the rule it stands for is built only when a proposal is written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Edge {
+    /// kubernetes backend: the peer, on the destination (container) port.
+    Kubernetes {
+        peer: Endpoint,
+        protocol: Protocol,
+        port: u16,
+    },
+    /// istio backend: the source workload (its principal is the rule), on the destination port.
+    Istio {
+        source: Arc<WorkloadEndpoint>,
+        port: u16,
+    },
+}
+
+impl Edge {
+    /// The external address (outside the cluster's pods and nodes) this edge adds, if any: the kind of
+    /// peer whose fan-out is capped.
+    pub fn external(&self) -> Option<IpAddr> {
+        match self {
+            Edge::Kubernetes {
+                peer: Endpoint::External(ip),
+                ..
+            } => Some(*ip),
+            _ => None,
+        }
+    }
+
+    /// (protocol, port) of the edge.
+    pub fn port(&self) -> (Protocol, u16) {
+        match self {
+            Edge::Kubernetes { protocol, port, .. } => (*protocol, *port),
+            Edge::Istio { port, .. } => (Protocol::TCP, *port),
+        }
+    }
+}
+
+/// The workload kind of an endpoint's proposals: its controller's, or [`WorkloadKind::Pod`] for a bare
+/// pod. `None` when no NetworkPolicy can select exactly its pods (see [`WorkloadEndpoint::selectable`]),
+/// and for a pod of a controller the index does not resolve (each replica would get a proposal).
+fn proposal_kind(w: &WorkloadEndpoint) -> Option<WorkloadKind> {
+    if !w.selectable() {
+        return None;
+    }
+    match (w.kind, &w.foreign_controller) {
+        (Some(kind), _) => Some(kind),
+        (None, None) => Some(WorkloadKind::Pod),
+        (None, Some(_)) => None,
+    }
+}
+
+/// Whether an endpoint can be written as a peer: not an unselectable workload.
+fn usable_peer(e: &Endpoint) -> bool {
+    match e {
+        Endpoint::Workload(w) => w.selectable(),
+        _ => true,
+    }
+}
+
+/// Whether a flow has a workload side no selector can name exactly (a bare pod without labels, a
+/// CronJob whose runs share no label): what it teaches about that side is skipped.
+pub fn has_unselectable_side(flow: &Flow) -> bool {
+    !usable_peer(&flow.source) || !usable_peer(&flow.destination)
+}
+
+/// The proposal edges a flow produces for `backend` (SPEC 4.1): kubernetes → the source's egress and
+/// the destination's ingress; istio → the destination's ingress only, TCP only, from a workload with an
+/// identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
+/// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer.
+pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
+    let mut out = Vec::new();
+    match backend {
+        Backend::Kubernetes => {
+            if let Endpoint::Workload(src) = &flow.source {
+                if let (Some(kind), true) = (proposal_kind(src), usable_peer(&flow.destination)) {
+                    out.push((
+                        Target {
+                            workload: src.clone(),
+                            kind,
+                            direction: Direction::Egress,
+                        },
+                        Edge::Kubernetes {
+                            peer: flow.destination.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
+                        },
+                    ));
+                }
+            }
+            if let Endpoint::Workload(dst) = &flow.destination {
+                if let (Some(kind), true) = (proposal_kind(dst), usable_peer(&flow.source)) {
+                    out.push((
+                        Target {
+                            workload: dst.clone(),
+                            kind,
+                            direction: Direction::Ingress,
+                        },
+                        Edge::Kubernetes {
+                            peer: flow.source.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
+                        },
+                    ));
+                }
+            }
+        }
+        Backend::Istio => {
+            if let (Endpoint::Workload(src), Endpoint::Workload(dst), Protocol::TCP) =
+                (&flow.source, &flow.destination, flow.protocol)
+            {
+                if let Some(kind) = proposal_kind(dst) {
+                    out.push((
+                        Target {
+                            workload: dst.clone(),
+                            kind,
+                            direction: Direction::Ingress,
+                        },
+                        Edge::Istio {
+                            source: src.clone(),
+                            port: flow.port,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The Istio principal of a workload: `cluster.local/ns/<ns>/sa/<serviceaccount>`.
+pub fn principal(w: &WorkloadEndpoint) -> String {
+    format!("cluster.local/ns/{}/sa/{}", w.namespace, w.service_account)
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::TCP => "TCP",
+        Protocol::UDP => "UDP",
+        Protocol::SCTP => "SCTP",
+    }
+}
+
+/// The NetworkPolicy peer for an endpoint (SPEC 4.3): a workload by namespace name and its own selector;
+/// anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
+pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
+    match endpoint {
+        Endpoint::Workload(w) => NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    NAMESPACE_NAME_LABEL.to_string(),
+                    w.namespace.clone(),
+                )])),
+                match_expressions: None,
+            }),
+            pod_selector: Some(w.label_selector()),
+            ip_block: None,
+        },
+        Endpoint::Node { ip, .. } | Endpoint::External(ip) => NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: match ip {
+                    IpAddr::V4(_) => format!("{ip}/32"),
+                    IpAddr::V6(_) => format!("{ip}/128"),
+                },
+                except: None,
+            }),
+            ..NetworkPolicyPeer::default()
+        },
+    }
+}
+
+/// A new, empty proposal for `target`, owned by its workload (a bare pod: by the pod) when its uid is
+/// known.
+pub fn new_proposal(target: &Target, backend: Backend) -> WorkloadNetworkPolicyProposal {
+    let selector = target.workload.label_selector();
+    let owner_references = target.workload.uid.as_ref().map(|uid| {
+        vec![OwnerReference {
+            api_version: target.workload.api_version.clone(),
+            kind: target.kind.as_str().into(),
+            name: target.workload.name.clone(),
+            uid: uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]
+    });
+    let (kubernetes, istio) = match backend {
+        Backend::Kubernetes => (
+            Some(NetworkPolicySpec {
+                pod_selector: Some(selector),
+                policy_types: Some(vec![target.direction.as_str().into()]),
+                ..NetworkPolicySpec::default()
+            }),
+            None,
+        ),
+        Backend::Istio => (
+            None,
+            Some(IstioPolicy {
+                selector,
+                rules: vec![],
+            }),
+        ),
+    };
+    WorkloadNetworkPolicyProposal {
+        metadata: ObjectMeta {
+            name: Some(target.name()),
+            namespace: Some(target.workload.namespace.clone()),
+            owner_references,
+            ..ObjectMeta::default()
+        },
+        spec: WorkloadNetworkPolicyProposalSpec {
+            backend,
+            kubernetes,
+            istio,
+            target_ref: TargetRef {
+                kind: target.kind,
+                name: target.workload.name.clone(),
+            },
+            direction: target.direction,
+        },
+        status: None,
+    }
+}
+
+/// What merging edges into a spec did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// Whether the spec changed.
+    pub changed: bool,
+    /// External peers not added, per (protocol, port), because that port already allows
+    /// `max_external_peers` single addresses (the fan-out cap).
+    pub capped: BTreeMap<(Protocol, u16), usize>,
+}
+
+/// Merges `edge` into `spec` (SPEC 4.3): the rule whose single peer equals the edge's peer gets the port
+/// if missing; otherwise a rule is appended. Never removes anything. Returns whether `spec` changed.
+pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool {
+    merge(spec, [edge], usize::MAX).changed
+}
+
+/// A hashable key for a rule's peers (their JSON: equal peers, equal keys).
+fn peers_key<T: serde::Serialize>(peers: &T) -> String {
+    serde_json::to_string(peers).unwrap_or_default()
+}
+
+/// Whether `peers` is one single-address ipBlock (a /32 or /128, no exceptions): what an external or
+/// node peer becomes, and what the fan-out cap counts.
+fn single_address(peers: Option<&Vec<NetworkPolicyPeer>>) -> bool {
+    match peers.map(Vec::as_slice) {
+        Some(
+            [
+                NetworkPolicyPeer {
+                    ip_block: Some(block),
+                    namespace_selector: None,
+                    pod_selector: None,
+                },
+            ],
+        ) => {
+            block.except.as_ref().is_none_or(Vec::is_empty)
+                && (block.cidr.ends_with("/32") || block.cidr.ends_with("/128"))
+        }
+        _ => false,
+    }
+}
+
+/// Merges `edges` into `spec`, in order, as [`apply`] does for each, in time linear in rules + edges
+/// (rules are found by a hash of their peers, not a scan per edge). An external peer is not added when
+/// its (protocol, port) already has `max_external_peers` single-address rules (nodes count towards it
+/// too, they are single addresses as well); those are counted in [`Merged::capped`].
+pub fn merge<'e>(
+    spec: &mut WorkloadNetworkPolicyProposalSpec,
+    edges: impl IntoIterator<Item = &'e Edge>,
+    max_external_peers: usize,
+) -> Merged {
+    let mut merged = Merged::default();
+    if let Some(np) = spec.kubernetes.as_mut() {
+        // Egress and ingress rules are different types with the same shape: (peers, ports).
+        match spec.direction {
+            Direction::Egress => merge_rules(
+                np.egress.get_or_insert_with(Vec::new),
+                |r| (r.to.as_ref(), &mut r.ports),
+                |to, ports| NetworkPolicyEgressRule {
+                    to: Some(to),
+                    ports: Some(ports),
+                },
+                edges,
+                max_external_peers,
+                &mut merged,
+            ),
+            Direction::Ingress => merge_rules(
+                np.ingress.get_or_insert_with(Vec::new),
+                |r| (r.from.as_ref(), &mut r.ports),
+                |from, ports| NetworkPolicyIngressRule {
+                    from: Some(from),
+                    ports: Some(ports),
+                },
+                edges,
+                max_external_peers,
+                &mut merged,
+            ),
+        }
+    } else if let Some(istio) = spec.istio.as_mut() {
+        let mut by_principal: HashMap<String, usize> = istio
+            .rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r.from.as_slice() {
+                [IstioFrom { source }] if source.principals.len() == 1 => {
+                    Some((source.principals[0].clone(), i))
+                }
+                _ => None,
+            })
+            .collect();
+        for edge in edges {
+            let Edge::Istio { source, port } = edge else {
+                continue;
+            };
+            let principal = principal(source);
+            let port = port.to_string();
+            match by_principal.get(&principal) {
+                Some(&i) => {
+                    let rule = &mut istio.rules[i];
+                    if rule.to.is_empty() {
+                        rule.to.push(IstioTo::default());
+                    }
+                    let ports = &mut rule.to[0].operation.ports;
+                    if !ports.contains(&port) {
+                        ports.push(port);
+                        merged.changed = true;
+                    }
+                }
+                None => {
+                    by_principal.insert(principal.clone(), istio.rules.len());
+                    istio.rules.push(IstioRule {
+                        from: vec![IstioFrom {
+                            source: IstioSource {
+                                principals: vec![principal],
+                            },
+                        }],
+                        to: vec![IstioTo {
+                            operation: IstioOperation { ports: vec![port] },
+                        }],
+                    });
+                    merged.changed = true;
+                }
+            }
+        }
+    }
+    merged
+}
+
+/// Adds each kubernetes edge's port to the rule whose peers are exactly the edge's peer, or appends a
+/// new rule, with the fan-out cap of [`merge`].
+fn merge_rules<'e, R>(
+    rules: &mut Vec<R>,
+    parts: impl Fn(
+        &mut R,
+    ) -> (
+        Option<&Vec<NetworkPolicyPeer>>,
+        &mut Option<Vec<NetworkPolicyPort>>,
+    ),
+    new_rule: impl Fn(Vec<NetworkPolicyPeer>, Vec<NetworkPolicyPort>) -> R,
+    edges: impl IntoIterator<Item = &'e Edge>,
+    max_external_peers: usize,
+    merged: &mut Merged,
+) {
+    // Rules by their peers, and single-address rules per (protocol, port).
+    let mut by_peers: HashMap<String, usize> = HashMap::with_capacity(rules.len());
+    let mut addresses: HashMap<(String, i32), usize> = HashMap::new();
+    for (i, rule) in rules.iter_mut().enumerate() {
+        let (peers, ports) = parts(rule);
+        let single = single_address(peers);
+        by_peers.entry(peers_key(&peers)).or_insert(i);
+        if single {
+            for p in ports.iter().flatten() {
+                if let Some(IntOrString::Int(n)) = p.port {
+                    let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                    *addresses.entry((proto, n)).or_default() += 1;
+                }
+            }
+        }
+    }
+    for edge in edges {
+        let Edge::Kubernetes {
+            peer,
+            protocol,
+            port,
+        } = edge
+        else {
+            continue;
+        };
+        let peers = vec![peer_of(peer)];
+        let np_port = NetworkPolicyPort {
+            protocol: Some(protocol_name(*protocol).into()),
+            port: Some(IntOrString::Int(i32::from(*port))),
+            end_port: None,
+        };
+        let address_key = (protocol_name(*protocol).to_string(), i32::from(*port));
+        let single = !matches!(peer, Endpoint::Workload(_));
+        let count = addresses.get(&address_key).copied().unwrap_or(0);
+        let capped = edge.external().is_some() && count >= max_external_peers;
+        let key = peers_key(&Some(&peers));
+        match by_peers.get(&key) {
+            Some(&i) => {
+                let (_, ports) = parts(&mut rules[i]);
+                let ports = ports.get_or_insert_with(Vec::new);
+                if ports.contains(&np_port) {
+                    continue;
+                }
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                ports.push(np_port);
+            }
+            None => {
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                by_peers.insert(key, rules.len());
+                rules.push(new_rule(peers, vec![np_port]));
+            }
+        }
+        if single {
+            *addresses.entry(address_key).or_default() += 1;
+        }
+        merged.changed = true;
+    }
+}
+
+/// Number of peers (rules) in a proposal spec.
+pub fn peer_count(spec: &WorkloadNetworkPolicyProposalSpec) -> usize {
+    match (&spec.kubernetes, &spec.istio) {
+        (Some(np), _) => {
+            np.ingress.as_ref().map_or(0, Vec::len) + np.egress.as_ref().map_or(0, Vec::len)
+        }
+        (None, Some(istio)) => istio.rules.len(),
+        (None, None) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use serde_json::json;
+
+    const T: i64 = 1_000_000;
+
+    fn pod(
+        ns: &str,
+        name: &str,
+        ip: &str,
+        app: &str,
+        owner_rs: Option<(&str, &str)>,
+        sa: &str,
+    ) -> Pod {
+        let mut meta = json!({"name": name, "namespace": ns, "uid": format!("uid-{name}"), "labels": {"app": app}});
+        if let Some((rs, hash)) = owner_rs {
+            meta["labels"]["pod-template-hash"] = json!(hash);
+            meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": "rs", "controller": true}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "ports": [
+                {"name": "http", "containerPort": 18080},
+                {"name": "echo-udp", "containerPort": 18081, "protocol": "UDP"}
+            ]}]},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+        }))
+        .unwrap()
+    }
+
+    /// The SPEC section 10 cluster: client and server Deployments in `shop`, a Service, and kube-dns.
+    fn index() -> Index {
+        let mut ix = Index::default();
+        for (ns, name, app) in [
+            ("shop", "http-client", "http-client"),
+            ("shop", "http-server", "http-server"),
+        ] {
+            let d: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "uid": format!("uid-deploy-{name}")},
+                "spec": {"selector": {"matchLabels": {"app": app}}, "template": {}}
+            }))
+            .unwrap();
+            ix.apply_deployment(&d);
+        }
+        let dns: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "uid": "uid-dns"},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "kube-dns"}}, "template": {}}
+        }))
+        .unwrap();
+        ix.apply_deployment(&dns);
+        ix.apply_pod(
+            &pod(
+                "shop",
+                "http-client-aaa-1",
+                "10.0.0.1",
+                "http-client",
+                Some(("http-client-aaa", "aaa")),
+                "http-client-sa",
+            ),
+            T,
+        );
+        ix.apply_pod(
+            &pod(
+                "shop",
+                "http-client-aaa-2",
+                "10.0.0.4",
+                "http-client",
+                Some(("http-client-aaa", "aaa")),
+                "http-client-sa",
+            ),
+            T,
+        );
+        ix.apply_pod(
+            &pod(
+                "shop",
+                "http-server-bbb-1",
+                "10.0.0.2",
+                "http-server",
+                Some(("http-server-bbb", "bbb")),
+                "http-server-sa",
+            ),
+            T,
+        );
+        let mut dns_pod = pod(
+            "kube-system",
+            "kube-dns-ccc-1",
+            "10.0.0.3",
+            "x",
+            Some(("kube-dns-ccc", "ccc")),
+            "default",
+        );
+        dns_pod.metadata.labels = Some(BTreeMap::from([
+            ("k8s-app".into(), "kube-dns".into()),
+            ("pod-template-hash".into(), "ccc".into()),
+        ]));
+        ix.apply_pod(&dns_pod, T);
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "http-service", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.20", "selector": {"app": "http-server"}, "ports": [
+                {"port": 18080, "targetPort": 18080},
+                {"port": 18082, "targetPort": 18082},
+                {"port": 18083, "targetPort": "echo-udp", "protocol": "UDP"}
+            ]}
+        }))
+        .unwrap();
+        ix.apply_service(&svc);
+        let dns_svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"k8s-app": "kube-dns"}, "ports": [{"port": 53, "protocol": "UDP"}]}
+        }))
+        .unwrap();
+        ix.apply_service(&dns_svc);
+        ix
+    }
+
+    fn obs(local: &str, peer: &str, port: u16, protocol: Protocol, opened: Opened) -> Observation {
+        Observation {
+            local: ("shop".into(), local.into()),
+            peer: peer.parse().unwrap(),
+            port,
+            protocol,
+            opened,
+            at_ms: T + 1,
+        }
+    }
+
+    /// Learns `observations` into proposals, as the writer would, and returns them by name.
+    fn learn(
+        observations: &[Observation],
+        backend: Backend,
+    ) -> BTreeMap<String, WorkloadNetworkPolicyProposal> {
+        let ix = index();
+        let mut out: BTreeMap<String, WorkloadNetworkPolicyProposal> = BTreeMap::new();
+        for o in observations {
+            for flow in flows(&ix, o).unwrap() {
+                for (target, edge) in edges(&flow, backend) {
+                    let p = out
+                        .entry(target.name())
+                        .or_insert_with(|| new_proposal(&target, backend));
+                    apply(&mut p.spec, &edge);
+                }
+            }
+        }
+        out
+    }
+
+    fn scenario() -> Vec<Observation> {
+        vec![
+            obs(
+                "http-client-aaa-1",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            obs(
+                "http-client-aaa-1",
+                "10.96.0.10",
+                53,
+                Protocol::UDP,
+                Opened::Outbound,
+            ),
+            obs(
+                "http-server-bbb-1",
+                "10.0.0.1",
+                18080,
+                Protocol::TCP,
+                Opened::Inbound,
+            ),
+        ]
+    }
+
+    #[test]
+    fn spec_section_10_kubernetes_proposals() {
+        let learned = learn(&scenario(), Backend::Kubernetes);
+        // DNS also teaches kube-dns an ingress rule; in namespace `shop` there are exactly two.
+        let in_shop: Vec<&String> = learned
+            .iter()
+            .filter(|(_, p)| p.metadata.namespace.as_deref() == Some("shop"))
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            in_shop,
+            [
+                "deployment-http-client-egress",
+                "deployment-http-server-ingress"
+            ]
+        );
+        let egress = serde_json::to_value(&learned["deployment-http-client-egress"].spec).unwrap();
+        assert_eq!(
+            egress,
+            json!({
+                "backend": "kubernetes", "direction": "Egress",
+                "targetRef": {"kind": "Deployment", "name": "http-client"},
+                "kubernetes": {
+                    "podSelector": {"matchLabels": {"app": "http-client"}},
+                    "policyTypes": ["Egress"],
+                    "egress": [
+                        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
+                                 "podSelector": {"matchLabels": {"app": "http-server"}}}],
+                         "ports": [{"protocol": "TCP", "port": 18080}]},
+                        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                         "ports": [{"protocol": "UDP", "port": 53}]}
+                    ]
+                }
+            })
+        );
+        let ingress =
+            serde_json::to_value(&learned["deployment-http-server-ingress"].spec).unwrap();
+        assert_eq!(
+            ingress["kubernetes"]["ingress"],
+            json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
+                              "podSelector": {"matchLabels": {"app": "http-client"}}}],
+                    "ports": [{"protocol": "TCP", "port": 18080}]}])
+        );
+        let owner = &learned["deployment-http-server-ingress"]
+            .metadata
+            .owner_references
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("Deployment", "uid-deploy-http-server", Some(true))
+        );
+    }
+
+    #[test]
+    fn repeated_flows_from_several_replicas_change_nothing() {
+        let once = learn(&scenario(), Backend::Kubernetes);
+        let mut many = Vec::new();
+        for _ in 0..100 {
+            many.extend(scenario());
+            many.push(obs(
+                "http-client-aaa-2",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ));
+            many.push(obs(
+                "http-server-bbb-1",
+                "10.0.0.4",
+                18080,
+                Protocol::TCP,
+                Opened::Inbound,
+            ));
+        }
+        assert_eq!(learn(&many, Backend::Kubernetes), once);
+    }
+
+    #[test]
+    fn a_new_port_joins_the_peer_rule_and_a_new_peer_gets_a_rule() {
+        let mut o = scenario();
+        o.push(obs(
+            "http-client-aaa-1",
+            "10.96.0.20",
+            18082,
+            Protocol::TCP,
+            Opened::Outbound,
+        ));
+        o.push(obs(
+            "http-client-aaa-1",
+            "93.184.216.34",
+            443,
+            Protocol::TCP,
+            Opened::Outbound,
+        ));
+        let learned = learn(&o, Backend::Kubernetes);
+        let egress = learned["deployment-http-client-egress"]
+            .spec
+            .kubernetes
+            .clone()
+            .unwrap()
+            .egress
+            .unwrap();
+        assert_eq!(egress.len(), 3);
+        assert_eq!(
+            egress[0].ports.as_ref().unwrap().len(),
+            2,
+            "18080 and 18082 on the server rule"
+        );
+        assert_eq!(
+            egress[2].to.as_ref().unwrap()[0]
+                .ip_block
+                .as_ref()
+                .unwrap()
+                .cidr,
+            "93.184.216.34/32"
+        );
+        assert_eq!(
+            peer_count(&learned["deployment-http-client-egress"].spec),
+            3
+        );
+    }
+
+    #[test]
+    fn service_named_target_port_resolves_to_the_container_port() {
+        let ix = index();
+        let f = flows(
+            &ix,
+            &obs(
+                "http-client-aaa-1",
+                "10.96.0.20",
+                18083,
+                Protocol::UDP,
+                Opened::Outbound,
+            ),
+        )
+        .unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            f[0].port, 18081,
+            "the container port, never the Service port"
+        );
+    }
+
+    #[test]
+    fn istio_learns_only_the_destination_ingress_principal() {
+        let learned = learn(&scenario(), Backend::Istio);
+        assert_eq!(
+            learned.keys().collect::<Vec<_>>(),
+            ["deployment-http-server-ingress"]
+        );
+        let spec = serde_json::to_value(&learned["deployment-http-server-ingress"].spec).unwrap();
+        assert_eq!(
+            spec["istio"],
+            json!({"selector": {"matchLabels": {"app": "http-server"}},
+                   "rules": [{"from": [{"source": {"principals": ["cluster.local/ns/shop/sa/http-client-sa"]}}],
+                              "to": [{"operation": {"ports": ["18080"]}}]}]})
+        );
+    }
+
+    #[test]
+    fn unknown_local_pods_and_empty_services_are_reported() {
+        let ix = index();
+        assert!(matches!(
+            flows(
+                &ix,
+                &obs("gone", "10.0.0.2", 1, Protocol::TCP, Opened::Outbound)
+            ),
+            Err(Unresolved::UnknownLocalPod(..))
+        ));
+        assert!(matches!(
+            flows(
+                &ix,
+                &obs(
+                    "http-client-aaa-1",
+                    "10.96.0.20",
+                    9999,
+                    Protocol::TCP,
+                    Opened::Outbound
+                )
+            ),
+            Err(Unresolved::ServiceWithoutBackends(..))
+        ));
+    }
+
+    #[test]
+    fn reused_ip_resolves_to_the_pod_that_held_it_at_the_time() {
+        let mut ix = index();
+        ix.delete_pod("shop", "http-server-bbb-1", T + 10);
+        let newcomer = pod("shop", "other-1", "10.0.0.2", "other", None, "default");
+        ix.apply_pod(&newcomer, T + 20);
+        assert_eq!(
+            ix.pod_at("10.0.0.2".parse().unwrap(), T + 5).unwrap().name,
+            "http-server-bbb-1"
+        );
+        assert_eq!(
+            ix.pod_at("10.0.0.2".parse().unwrap(), T + 25).unwrap().name,
+            "other-1"
+        );
+        // After the history window the old holder is forgotten.
+        ix.apply_pod(&newcomer, T + 10 + crate::cluster::index::IP_HISTORY_MS + 1);
+        assert_eq!(
+            ix.pod_at("10.0.0.2".parse().unwrap(), T + 5).unwrap().name,
+            "other-1"
+        );
+    }
+    fn flow_to(ix: &Index, local: &str, peer: &str, port: u16) -> Flow {
+        flows(ix, &obs(local, peer, port, Protocol::TCP, Opened::Outbound))
+            .unwrap()
+            .remove(0)
+    }
+
+    #[test]
+    fn merging_many_edges_at_once_equals_merging_them_one_by_one() {
+        let ix = index();
+        let client = Endpoint::Workload(
+            ix.pod("shop", "http-client-aaa-1")
+                .unwrap()
+                .endpoint
+                .clone(),
+        );
+        let target = Target {
+            workload: match &client {
+                Endpoint::Workload(w) => w.clone(),
+                _ => unreachable!(),
+            },
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let server = flow_to(&ix, "http-client-aaa-1", "10.0.0.2", 18080).destination;
+        let mut all = Vec::new();
+        for i in 0..300u32 {
+            let peer = match i % 3 {
+                0 => server.clone(),
+                1 => Endpoint::External(IpAddr::from([198, 51, (i / 256) as u8, i as u8])),
+                _ => Endpoint::External(IpAddr::from([198, 51, 0, (i % 7) as u8])),
+            };
+            all.push(Edge::Kubernetes {
+                peer,
+                protocol: if i % 2 == 0 {
+                    Protocol::TCP
+                } else {
+                    Protocol::UDP
+                },
+                port: 1000 + (i % 5) as u16,
+            });
+        }
+        let mut one_by_one = new_proposal(&target, Backend::Kubernetes).spec;
+        for e in &all {
+            apply(&mut one_by_one, e);
+        }
+        let mut at_once = new_proposal(&target, Backend::Kubernetes).spec;
+        let merged = merge(&mut at_once, &all, usize::MAX);
+        assert!(merged.changed && merged.capped.is_empty());
+        assert_eq!(at_once, one_by_one);
+        // And again: nothing changes.
+        assert!(!merge(&mut at_once, &all, usize::MAX).changed);
+    }
+
+    #[test]
+    fn external_fan_out_is_capped_per_port_and_counted() {
+        let ix = index();
+        let client = ix
+            .pod("shop", "http-client-aaa-1")
+            .unwrap()
+            .endpoint
+            .clone();
+        let target = Target {
+            workload: client,
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let external = |i: u8, port: u16| Edge::Kubernetes {
+            peer: Endpoint::External(IpAddr::from([203, 0, 113, i])),
+            protocol: Protocol::TCP,
+            port,
+        };
+        let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+        let first: Vec<Edge> = (0..5).map(|i| external(i, 443)).collect();
+        assert!(merge(&mut spec, &first, 3).changed);
+        assert_eq!(peer_count(&spec), 3);
+        // The cap counts what the spec already holds: later flushes add nothing more on 443...
+        let later: Vec<Edge> = (10..12)
+            .map(|i| external(i, 443))
+            .chain([external(0, 80), external(50, 80)])
+            .collect();
+        let merged = merge(&mut spec, &later, 3);
+        assert_eq!(
+            merged.capped,
+            BTreeMap::from([((Protocol::TCP, 443), 2)]),
+            "two more on 443 refused"
+        );
+        // ...while another port has its own budget (0 joins its existing rule, 50 gets a rule).
+        assert!(merged.changed);
+        assert_eq!(peer_count(&spec), 4);
+        // In-cluster peers are never capped.
+        let server = flow_to(&ix, "http-client-aaa-1", "10.0.0.2", 18080).destination;
+        let merged = merge(
+            &mut spec,
+            &[Edge::Kubernetes {
+                peer: server,
+                protocol: Protocol::TCP,
+                port: 443,
+            }],
+            3,
+        );
+        assert!(merged.changed && merged.capped.is_empty());
+    }
+
+    #[test]
+    fn bare_pods_and_jobs_get_proposals_of_their_kind() {
+        let mut ix = index();
+        let mut bare = pod("shop", "debug", "10.0.0.9", "debug", None, "default");
+        bare.metadata.labels = Some(BTreeMap::from([("run".into(), "debug".into())]));
+        ix.apply_pod(&bare, T);
+        let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+            "metadata": {"name": "report-29000", "namespace": "shop", "uid": "uid-job",
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "report",
+                                              "uid": "uid-cron", "controller": true}]},
+            "spec": {"template": {"metadata": {"labels": {"app": "report", "job-name": "report-29000"}},
+                                  "spec": {"containers": []}}}
+        }))
+        .unwrap();
+        ix.apply_job(&job);
+        let mut run = pod(
+            "shop",
+            "report-29000-q",
+            "10.0.0.10",
+            "report",
+            None,
+            "default",
+        );
+        run.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: "report-29000".into(),
+            uid: "uid-job".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        ix.apply_pod(&run, T);
+        let mut learned: BTreeMap<String, WorkloadNetworkPolicyProposal> = BTreeMap::new();
+        for o in [
+            obs(
+                "debug",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            obs(
+                "report-29000-q",
+                "10.0.0.9",
+                8080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+        ] {
+            for flow in flows(&ix, &o).unwrap() {
+                for (target, edge) in edges(&flow, Backend::Kubernetes) {
+                    let p = learned
+                        .entry(target.name())
+                        .or_insert_with(|| new_proposal(&target, Backend::Kubernetes));
+                    apply(&mut p.spec, &edge);
+                }
+            }
+        }
+        let names: Vec<&str> = learned.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "cronjob-report-egress",
+                "deployment-http-server-ingress",
+                "pod-debug-egress",
+                "pod-debug-ingress"
+            ]
+        );
+        let debug = &learned["pod-debug-egress"];
+        assert_eq!(debug.spec.target_ref.kind, WorkloadKind::Pod);
+        let owner = &debug.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.uid.as_str()
+            ),
+            ("v1", "Pod", "uid-debug")
+        );
+        assert_eq!(
+            serde_json::to_value(&debug.spec.kubernetes.as_ref().unwrap().pod_selector).unwrap(),
+            json!({"matchLabels": {"run": "debug"}})
+        );
+        let cron = &learned["cronjob-report-egress"];
+        let owner = &cron.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str()
+            ),
+            ("batch/v1", "CronJob", "report", "uid-cron")
+        );
+        assert_eq!(
+            serde_json::to_value(&cron.spec.kubernetes.as_ref().unwrap().pod_selector).unwrap(),
+            json!({"matchLabels": {"app": "report"}})
+        );
+        // The server's ingress names the bare pod by its labels.
+        assert_eq!(
+            serde_json::to_value(
+                &learned["deployment-http-server-ingress"]
+                    .spec
+                    .kubernetes
+                    .as_ref()
+                    .unwrap()
+                    .ingress
+            )
+            .unwrap(),
+            json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
+                              "podSelector": {"matchLabels": {"run": "debug"}}}],
+                    "ports": [{"protocol": "TCP", "port": 18080}]}])
+        );
+    }
+
+    #[test]
+    fn unselectable_workloads_get_no_proposal_and_are_no_peer() {
+        let mut ix = index();
+        let mut naked = pod("shop", "naked", "10.0.0.9", "x", None, "default");
+        naked.metadata.labels = Some(BTreeMap::new());
+        ix.apply_pod(&naked, T);
+        for o in [
+            obs(
+                "naked",
+                "10.96.0.20",
+                18080,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+            obs(
+                "http-client-aaa-1",
+                "10.0.0.9",
+                80,
+                Protocol::TCP,
+                Opened::Outbound,
+            ),
+        ] {
+            let f = flows(&ix, &o).unwrap();
+            assert!(has_unselectable_side(&f[0]));
+            assert_eq!(edges(&f[0], Backend::Kubernetes), vec![], "{o:?}");
+        }
+    }
+}

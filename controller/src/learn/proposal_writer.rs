@@ -1,0 +1,721 @@
+//! The proposal writer: collects learned edges and writes each proposal at most once per flush.
+//!
+//! Agents report the same connection many times (both ends, every replica, every window). Edges are
+//! merged in memory per proposal; a flush computes the full desired spec from the current object plus the
+//! new edges and writes only when that changes it, with optimistic concurrency (resourceVersion, retried on
+//! 409) and field manager `network-enforcer`. A proposal whose policy exists is left alone (SPEC 4.5). A
+//! failed write keeps its edges for the next flush: nothing learned is lost to an API hiccup.
+//!
+//! Pending edges are a hash set per proposal (the same edge arrives from every replica and window), kept
+//! in arrival order for the write; the write merges them in time linear in rules + edges
+//! ([`learn::merge`]). External peers are capped per proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]):
+//! past the cap they are counted (`resolutions_total{outcome="external_capped"}`), logged, and reported
+//! with an `ExternalPeersCapped` Event on the proposal, never silently widened to a larger CIDR.
+
+use crate::cluster::index::{Endpoint, Index};
+use crate::learn::deferrals::{Deferrals, Resolution};
+use crate::learn::{self, Edge, Observation, Target, Unresolved};
+use crate::runtime::metrics::ControllerMetrics;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use network_enforcer_api::keys::{FIELD_MANAGER, PROMOTED_FROM_LABEL};
+use network_enforcer_api::naming::promoted_from_value;
+use network_enforcer_api::{
+    Backend, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Default cap on distinct external addresses learned per proposal and (protocol, port)
+/// (`--max-external-peers-per-port`).
+pub const DEFAULT_MAX_EXTERNAL_PEERS: usize = 50;
+
+/// How many times a write is retried on a conflict within one flush.
+const CONFLICT_RETRIES: usize = 3;
+
+/// The outcome of one flush.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Proposals created or updated.
+    pub written: usize,
+    /// Of those, proposals created.
+    pub created: usize,
+    /// Proposals whose spec already held every edge.
+    pub unchanged: usize,
+    /// Proposals skipped because a policy was promoted from them.
+    pub promoted: usize,
+    /// Proposals whose write failed; their edges wait for the next flush.
+    pub failed: usize,
+    /// Conflicts (409) retried.
+    pub conflicts: usize,
+    /// External peers not learned because their proposal and port had reached the cap.
+    pub capped: usize,
+}
+
+/// What [`PendingEdges::add`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Added {
+    New,
+    /// Already pending.
+    Known,
+    /// Refused: the port's pending external addresses are at the cap.
+    Capped,
+}
+
+/// The edges waiting for one proposal's next write.
+#[derive(Debug, Default)]
+pub struct PendingEdges {
+    /// Each edge with its arrival number (the write keeps arrival order: rules appear as first seen).
+    edges: HashMap<Edge, u32>,
+    /// External edges pending per (protocol, port), for the cap.
+    external: HashMap<(Protocol, u16), usize>,
+}
+
+impl PendingEdges {
+    /// Adds `edge` unless it is already pending or would take its port's pending external addresses
+    /// past `max_external`.
+    pub fn add(&mut self, edge: Edge, max_external: usize) -> Added {
+        if self.edges.contains_key(&edge) {
+            return Added::Known;
+        }
+        if edge.external().is_some() {
+            let count = self.external.entry(edge.port()).or_default();
+            if *count >= max_external {
+                return Added::Capped;
+            }
+            *count += 1;
+        }
+        let n = self.edges.len() as u32;
+        self.edges.insert(edge, n);
+        Added::New
+    }
+
+    /// Number of edges.
+    pub fn len(&self) -> usize {
+        self.edges.len()
+    }
+
+    /// Whether no edge is pending.
+    pub fn is_empty(&self) -> bool {
+        self.edges.is_empty()
+    }
+
+    /// The edges in arrival order.
+    pub fn into_ordered(self) -> Vec<Edge> {
+        let mut edges: Vec<(Edge, u32)> = self.edges.into_iter().collect();
+        edges.sort_unstable_by_key(|(_, n)| *n);
+        edges.into_iter().map(|(e, _)| e).collect()
+    }
+}
+
+/// A workload excluded from learning (`--exclude-workload namespace/kind/name`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExcludedWorkload {
+    pub namespace: String,
+    /// Lowercase kind: `deployment`, `statefulset`, `daemonset`, `cronjob`, `job`, `pod`.
+    pub kind: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ExcludedWorkload {
+    type Err = String;
+
+    /// `namespace/kind/name`, kind case-insensitive (`shop/Deployment/web`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let [namespace, kind, name] = parts.as_slice() else {
+            return Err(format!(
+                "{s:?}: expected namespace/kind/name, e.g. shop/deployment/web"
+            ));
+        };
+        let kind = kind.to_ascii_lowercase();
+        let kinds: Vec<String> = WorkloadKind::ALL
+            .iter()
+            .map(|k| k.as_str().to_ascii_lowercase())
+            .collect();
+        if !kinds.contains(&kind) {
+            return Err(format!(
+                "{s:?}: kind {kind:?} is not one of {}",
+                kinds.join(", ")
+            ));
+        }
+        if namespace.is_empty() || name.is_empty() {
+            return Err(format!("{s:?}: namespace and name must not be empty"));
+        }
+        Ok(Self {
+            namespace: namespace.to_string(),
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// See the module docs.
+pub struct ProposalWriter {
+    client: Client,
+    backend: Backend,
+    excluded_namespaces: BTreeSet<String>,
+    excluded_workloads: BTreeSet<ExcludedWorkload>,
+    /// Learns for this namespace only (`--namespace`/`WATCH_NAMESPACE`); `None`: every namespace.
+    only_namespace: Option<String>,
+    pending: Mutex<HashMap<Target, PendingEdges>>,
+    /// Observations waiting for the index to catch up ([`crate::learn::deferrals`]).
+    waiting: Deferrals,
+    max_external_peers: usize,
+    recorder: Recorder,
+    metrics: ControllerMetrics,
+    /// Leadership, when replicas elect a leader; `None`: this replica always writes.
+    leader: Option<tokio::sync::watch::Receiver<crate::runtime::leader::Leadership>>,
+}
+
+impl ProposalWriter {
+    /// A writer for `backend` that learns nothing for workloads in `excluded_namespaces` (they are still
+    /// resolved as peers of others).
+    pub fn new(client: Client, backend: Backend, excluded_namespaces: BTreeSet<String>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            backend,
+            excluded_namespaces,
+            excluded_workloads: BTreeSet::new(),
+            only_namespace: None,
+            pending: Mutex::new(HashMap::new()),
+            waiting: Deferrals::new(0),
+            max_external_peers: DEFAULT_MAX_EXTERNAL_PEERS,
+            recorder,
+            metrics: ControllerMetrics::new(),
+            leader: None,
+        }
+    }
+
+    /// Writes only while `leadership` says this replica leads; the ingest feeding this writer refuses
+    /// agents' streams otherwise (they reconnect through the Service and land on the leader).
+    pub fn with_leader(
+        mut self,
+        leadership: tokio::sync::watch::Receiver<crate::runtime::leader::Leadership>,
+    ) -> Self {
+        self.leader = Some(leadership);
+        self
+    }
+
+    /// Whether this replica may write (always, without leader election).
+    pub fn is_leader(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| l.borrow().leader)
+    }
+
+    /// The leader last seen, for the hint in refusals.
+    pub fn leader_hint(&self) -> Option<String> {
+        self.leader.as_ref().and_then(|l| l.borrow().holder.clone())
+    }
+
+    /// Learns nothing for these workloads either (they are still resolved as peers of others).
+    pub fn with_excluded_workloads(
+        mut self,
+        workloads: impl IntoIterator<Item = ExcludedWorkload>,
+    ) -> Self {
+        self.excluded_workloads.extend(workloads);
+        self
+    }
+
+    /// Learns at most `max` distinct external addresses per proposal and (protocol, port); past that,
+    /// further ones are counted, logged and reported with an Event instead (`0`: no external peer is
+    /// learned).
+    pub fn with_max_external_peers(mut self, max: usize) -> Self {
+        self.max_external_peers = max;
+        self
+    }
+
+    /// Lets observations the index cannot place yet wait up to `grace_ms` for it
+    /// ([`ProposalWriter::observe_or_wait`], [`crate::learn::deferrals`]); without it (0, the default) everything
+    /// is learned as it resolves on arrival.
+    pub fn with_resolution_grace(mut self, grace_ms: i64) -> Self {
+        self.waiting = Deferrals::new(grace_ms);
+        self
+    }
+
+    /// Learns for workloads in `namespace` only (a controller that watches one namespace must not
+    /// write proposals elsewhere: its agents report the whole node). Peers elsewhere still resolve.
+    pub fn with_only_namespace(mut self, namespace: Option<String>) -> Self {
+        self.only_namespace = namespace;
+        self
+    }
+
+    fn excluded(&self, target: &Target) -> bool {
+        // No allocation: this runs for every edge of every record.
+        self.only_namespace
+            .as_ref()
+            .is_some_and(|only| *only != target.workload.namespace)
+            || self
+                .excluded_namespaces
+                .contains(&target.workload.namespace)
+            || self.excluded_workloads.iter().any(|w| {
+                w.namespace == target.workload.namespace
+                    && w.name == target.workload.name
+                    && w.kind.eq_ignore_ascii_case(target.kind.as_str())
+            })
+    }
+
+    /// Counts into `metrics` (the process's registry) instead of a private one. The ingest service
+    /// counts into the same metrics through [`ProposalWriter::metrics`].
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this writer (and the ingest feeding it) counts into.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
+    }
+
+    /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
+    pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
+        self.merge(obs, learn::flows(index, obs))
+    }
+
+    /// [`ProposalWriter::observe`], except that an observation the index cannot place yet (its peer
+    /// resolves to an external address, or it does not resolve) waits for the index instead
+    /// (see [`crate::learn::deferrals`]; 0 edges now, learned by a later [`ProposalWriter::settle_waiting`]).
+    pub fn observe_or_wait(
+        &self,
+        index: &Index,
+        obs: &Observation,
+        now_ms: i64,
+    ) -> Result<usize, Unresolved> {
+        let mut overflow = Vec::new();
+        let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
+        for (old, resolution) in overflow {
+            self.metrics.resolved("deferred_expired", 1);
+            let _ = self.merge(&old, resolution);
+        }
+        match now {
+            Some(resolution) => self.merge(obs, resolution),
+            None => {
+                self.metrics.resolved("deferred", 1);
+                Ok(0)
+            }
+        }
+    }
+
+    /// Resolves the waiting observations again and learns those the index now places or whose grace
+    /// is over (`now_ms = i64::MAX`: all of them, on the way out). Call it before every flush; returns
+    /// how many edges that produced.
+    pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
+        if self.waiting.is_empty() {
+            return 0;
+        }
+        let decided = self.waiting.settle(index, now_ms);
+        self.metrics.resolved("deferred_resolved", decided.resolved);
+        self.metrics.resolved("deferred_expired", decided.expired);
+        decided
+            .ready
+            .into_iter()
+            .filter_map(|(obs, resolution)| self.merge(&obs, resolution).ok())
+            .sum()
+    }
+
+    /// Number of observations waiting for the index.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one.
+    fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
+        let mut produced = 0;
+        let flows = flows.inspect_err(|e| {
+            self.metrics.resolved(
+                match e {
+                    Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
+                    Unresolved::ServiceWithoutBackends(..) => "service_without_backends",
+                },
+                1,
+            )
+        })?;
+        let (mut added, mut capped) = (0i64, 0u64);
+        let mut pending = self.pending.lock().expect("pending edges lock");
+        for flow in flows {
+            // The peer is the side that is not the local pod's workload.
+            let peer = match obs.opened {
+                learn::Opened::Outbound => &flow.destination,
+                learn::Opened::Inbound => &flow.source,
+            };
+            self.metrics.resolved(
+                match peer {
+                    Endpoint::Workload(_) => "workload",
+                    Endpoint::Node { .. } => "node",
+                    Endpoint::External(_) => "external",
+                },
+                1,
+            );
+            if learn::has_unselectable_side(&flow) {
+                self.metrics.resolved("unselectable_workload", 1);
+            }
+            for (target, edge) in learn::edges(&flow, self.backend) {
+                if self.excluded(&target) {
+                    continue;
+                }
+                let edges = match pending.get_mut(&target) {
+                    Some(edges) => edges,
+                    None => pending.entry(target).or_default(),
+                };
+                match edges.add(edge, self.max_external_peers) {
+                    Added::New => added += 1,
+                    Added::Known => {}
+                    Added::Capped => capped += 1,
+                }
+                produced += 1;
+            }
+        }
+        if added > 0 {
+            self.metrics.pending_edges.inc_by(added);
+            self.metrics.pending_proposals.set(pending.len() as i64);
+        }
+        if capped > 0 {
+            // Reported with the proposal's Event when the pending ones are written.
+            self.metrics.resolved("external_capped", capped);
+        }
+        Ok(produced)
+    }
+
+    /// Number of proposals with edges waiting to be written.
+    pub fn pending_proposals(&self) -> usize {
+        self.pending.lock().expect("pending edges lock").len()
+    }
+
+    /// Writes every proposal with pending edges.
+    pub async fn flush(&self) -> FlushReport {
+        if !self.is_leader() {
+            // A follower learns nothing (its ingest refuses streams); anything left from before it lost
+            // the lead waits, and is written if it leads again.
+            return FlushReport::default();
+        }
+        let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
+        let mut report = FlushReport::default();
+        for (target, edges) in batch {
+            let edges = edges.into_ordered();
+            let started = Instant::now();
+            let before = report.clone();
+            let result = self.write(&target, &edges, &mut report).await;
+            self.metrics
+                .write_duration
+                .observe(started.elapsed().as_secs_f64());
+            self.count(&before, &report, result.is_err());
+            match result {
+                Ok(()) => {}
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                        "writing a proposal failed; its edges are kept for the next flush");
+                    let mut pending = self.pending.lock().expect("pending edges lock");
+                    let kept = pending.entry(target).or_default();
+                    for e in edges {
+                        // Kept edges already passed the cap once; only the merge decides again.
+                        let _ = kept.add(e, usize::MAX);
+                    }
+                }
+            }
+        }
+        let pending = self.pending.lock().expect("pending edges lock");
+        self.metrics.pending_proposals.set(pending.len() as i64);
+        self.metrics
+            .pending_edges
+            .set(pending.values().map(PendingEdges::len).sum::<usize>() as i64);
+        report
+    }
+
+    /// Counts what one proposal's write did, from the report before and after it.
+    fn count(&self, before: &FlushReport, after: &FlushReport, failed: bool) {
+        for _ in before.conflicts..after.conflicts {
+            self.metrics.proposal_write("conflict");
+        }
+        if failed {
+            self.metrics.proposal_write("failed");
+        } else if after.created > before.created {
+            self.metrics.proposal_write("created");
+        } else if after.written > before.written {
+            self.metrics.proposal_write("updated");
+        } else if after.promoted > before.promoted {
+            self.metrics.proposal_write("promoted");
+        } else {
+            self.metrics.proposal_write("unchanged");
+        }
+    }
+
+    /// Counts, logs and reports with an Event on `proposal` the external peers the merge left out.
+    async fn report_capped(
+        &self,
+        target: &Target,
+        proposal: Option<&WorkloadNetworkPolicyProposal>,
+        capped: &BTreeMap<(Protocol, u16), usize>,
+        report: &mut FlushReport,
+    ) {
+        if capped.is_empty() {
+            return;
+        }
+        let total: usize = capped.values().sum();
+        report.capped += total;
+        self.metrics.resolved("external_capped", total as u64);
+        let ports: Vec<String> = capped
+            .iter()
+            .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
+            .collect();
+        let note = format!(
+            "external peers not learned: {} (at most {} addresses per port; raise \
+             --max-external-peers-per-port, or add a CIDR rule to the policy)",
+            ports.join(", "),
+            self.max_external_peers
+        );
+        tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note,
+            "external fan-out capped");
+        if let Some(p) = proposal {
+            crate::reconcile::publish_with(
+                &self.recorder,
+                &p.object_ref(&()),
+                EventType::Warning,
+                "ExternalPeersCapped",
+                "Learn",
+                note,
+            )
+            .await;
+        }
+    }
+
+    async fn write(
+        &self,
+        target: &Target,
+        edges: &[Edge],
+        report: &mut FlushReport,
+    ) -> Result<(), kube::Error> {
+        let ns = &target.workload.namespace;
+        let name = target.name();
+        let proposals: Api<WorkloadNetworkPolicyProposal> =
+            Api::namespaced(self.client.clone(), ns);
+        let policies: Api<WorkloadNetworkPolicy> = Api::namespaced(self.client.clone(), ns);
+        if let Some(policy) = policies.get_opt(&name).await? {
+            if policy
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(PROMOTED_FROM_LABEL))
+                == Some(&promoted_from_value(&name))
+            {
+                report.promoted += 1;
+                return Ok(());
+            }
+        }
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let existing = proposals.get_opt(&name).await?;
+            let mut desired = existing
+                .clone()
+                .unwrap_or_else(|| learn::new_proposal(target, self.backend));
+            if desired.spec.backend != self.backend {
+                tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
+                return Ok(());
+            }
+            let merged = learn::merge(&mut desired.spec, edges, self.max_external_peers);
+            if !merged.changed && existing.is_some() {
+                report.unchanged += 1;
+                self.report_capped(target, existing.as_ref(), &merged.capped, report)
+                    .await;
+                return Ok(());
+            }
+            let written = match existing {
+                Some(_) => proposals.replace(&name, &params, &desired).await,
+                None => proposals.create(&params, &desired).await,
+            };
+            let created = existing.is_none();
+            match written {
+                Ok(object) => {
+                    report.written += 1;
+                    report.created += usize::from(created);
+                    self.report_capped(target, Some(&object), &merged.capped, report)
+                        .await;
+                    let status = serde_json::json!({"status": {
+                        "peerCount": learn::peer_count(&desired.spec),
+                        "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
+                    }});
+                    proposals
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await?;
+                    return Ok(());
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => report.conflicts += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(kube::Error::Api(
+            kube::core::Status::failure(
+                &format!(
+                    "proposal {ns}/{name} kept changing under us ({CONFLICT_RETRIES} conflicts)"
+                ),
+                "Conflict",
+            )
+            .with_code(409)
+            .boxed(),
+        ))
+    }
+}
+
+fn proto_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::TCP => "TCP",
+        Protocol::UDP => "UDP",
+        Protocol::SCTP => "SCTP",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bare_pod(namespace: &str, name: &str, ip: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}"),
+                         "labels": {"app": name}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn inbound(namespace: &str, local: &str, peer: &str) -> Observation {
+        Observation {
+            local: (namespace.into(), local.into()),
+            peer: peer.parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::TCP,
+            opened: learn::Opened::Inbound,
+            at_ms: 0,
+        }
+    }
+
+    fn pending_names(writer: &ProposalWriter) -> BTreeSet<String> {
+        let pending = writer.pending.lock().unwrap();
+        pending
+            .keys()
+            .map(|t| format!("{}/{}", t.workload.namespace, t.name()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_peer_whose_ip_the_index_learns_late_waits_and_is_learned_as_its_pod() {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let writer = ProposalWriter::new(client, Backend::Kubernetes, BTreeSet::new())
+            .with_resolution_grace(30_000)
+            .with_only_namespace(Some("shop".into()));
+        let mut index = Index::default();
+        index.apply_pod(&bare_pod("shop", "api", "10.0.0.2"), 0);
+        index.apply_pod(&bare_pod("other", "web", "10.0.0.5"), 0);
+
+        // The frontend's first connection arrives before its IP is in the index.
+        let obs = inbound("shop", "api", "10.0.0.3");
+        assert_eq!(writer.observe_or_wait(&index, &obs, 1_000), Ok(0));
+        assert_eq!(writer.waiting(), 1);
+        assert!(
+            pending_names(&writer).is_empty(),
+            "no /32 rule for a pod IP"
+        );
+        index.apply_pod(&bare_pod("shop", "frontend", "10.0.0.3"), 2_000);
+        assert!(writer.settle_waiting(&index, 3_000) > 0);
+        assert_eq!(writer.waiting(), 0);
+        assert_eq!(
+            pending_names(&writer),
+            BTreeSet::from([
+                "shop/pod-api-ingress".to_string(),
+                "shop/pod-frontend-egress".to_string()
+            ])
+        );
+        let mut pending = writer.pending.lock().unwrap();
+        let key = pending
+            .keys()
+            .find(|t| t.workload.name == "api")
+            .cloned()
+            .unwrap();
+        let api = pending.remove(&key).unwrap().into_ordered();
+        assert!(
+            api.iter().all(|e| !matches!(
+                e,
+                Edge::Kubernetes {
+                    peer: Endpoint::External(_),
+                    ..
+                }
+            )),
+            "{api:?}"
+        );
+        drop(pending);
+
+        // A workload in another namespace than the one this controller watches teaches nothing.
+        let elsewhere = inbound("other", "web", "10.0.0.2");
+        writer.observe_or_wait(&index, &elsewhere, 4_000).unwrap();
+        assert!(!pending_names(&writer).contains("other/pod-web-ingress"));
+    }
+
+    #[test]
+    fn pending_edges_dedupe_keep_arrival_order_and_cap_external_addresses() {
+        let external = |i: u8, port: u16| Edge::Kubernetes {
+            peer: Endpoint::External([203, 0, 113, i].into()),
+            protocol: Protocol::TCP,
+            port,
+        };
+        let node = Edge::Kubernetes {
+            peer: Endpoint::Node {
+                ip: [10, 0, 0, 1].into(),
+                name: "n".into(),
+            },
+            protocol: Protocol::TCP,
+            port: 443,
+        };
+        let mut pending = PendingEdges::default();
+        assert_eq!(pending.add(external(9, 443), 2), Added::New);
+        assert_eq!(pending.add(external(9, 443), 2), Added::Known);
+        assert_eq!(
+            pending.add(node.clone(), 2),
+            Added::New,
+            "nodes are not capped"
+        );
+        assert_eq!(pending.add(external(1, 443), 2), Added::New);
+        assert_eq!(pending.add(external(2, 443), 2), Added::Capped);
+        assert_eq!(pending.add(external(2, 80), 2), Added::New, "per port");
+        assert_eq!(pending.len(), 4);
+        assert_eq!(
+            pending.into_ordered(),
+            [external(9, 443), node, external(1, 443), external(2, 80)]
+        );
+    }
+
+    #[test]
+    fn excluded_workloads_parse_and_refuse_bad_input() {
+        let w: ExcludedWorkload = "shop/Deployment/web".parse().unwrap();
+        assert_eq!(
+            w,
+            ExcludedWorkload {
+                namespace: "shop".into(),
+                kind: "deployment".into(),
+                name: "web".into()
+            }
+        );
+        assert!("shop/web".parse::<ExcludedWorkload>().is_err());
+        assert!("shop/replicaset/web".parse::<ExcludedWorkload>().is_err());
+        assert_eq!(
+            "shop/CronJob/backup"
+                .parse::<ExcludedWorkload>()
+                .unwrap()
+                .kind,
+            "cronjob"
+        );
+        assert!("/deployment/web".parse::<ExcludedWorkload>().is_err());
+    }
+}

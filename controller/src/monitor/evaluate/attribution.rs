@@ -1,0 +1,322 @@
+//! Which WorkloadNetworkPolicy records a violation for an observed flow S→D:P/T (SPEC section 6):
+//!
+//! 1. if S's workload has an egress policy that denies the flow, it records a violation (action = its
+//!    mode). If that mode is `protect` the packet never leaves S, so D's ingress policy records nothing;
+//! 2. otherwise, if D's workload has an ingress policy that denies the flow, it records one too.
+//!
+//! Policies are found by `targetRef` + `direction` in the workload's namespace, never by comparing
+//! selectors (the reference's way, which breaks when both directions of one workload are promoted).
+//! When several policies claim the same target and direction, the one [`crate::policy::uniqueness`] elects
+//! (the oldest) is the one in force; the others render nothing and record nothing.
+//!
+//! "Denies" is semantic: the policy's payload is evaluated as if rendered (see [`policy_verdict`]),
+//! together with the NetworkPolicies already in force, so a hand-written NetworkPolicy that allows the
+//! flow means no violation — exactly what protect mode would do.
+
+use super::EvalError;
+use super::authorization_policy::{self, AuthzVerdict, Connection};
+use super::network_policy::evaluate_side;
+use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
+use crate::monitor::violations::Observation;
+use crate::policy::uniqueness;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use network_enforcer_api::{
+    Backend, Direction, PolicyMode, Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy,
+    WorkloadRef,
+};
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// One side of an observed flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowSide {
+    /// Where the evaluators find this side: a pod of the view, or a bare address.
+    pub endpoint: Endpoint,
+    /// The side as violation records name it. `namespace`, `owner_kind` and `owner_name` find the
+    /// policies targeting it; `identity` is the Istio principal; `address` names peers that are not
+    /// workloads.
+    pub workload: WorkloadRef,
+}
+
+/// A flow as observed by a flow source, resolved to pods and workloads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedFlow {
+    pub source: FlowSide,
+    pub destination: FlowSide,
+    pub protocol: Protocol,
+    /// The destination container port.
+    pub port: u16,
+    /// When the flow was seen; the violation record's timestamp.
+    pub seen_at: Time,
+}
+
+impl ObservedFlow {
+    /// The flow the evaluators see.
+    pub fn flow(&self) -> Flow {
+        Flow {
+            source: self.source.endpoint.clone(),
+            destination: self.destination.endpoint.clone(),
+            protocol: self.protocol,
+            port: self.port,
+        }
+    }
+}
+
+/// What a policy says about a flow in its direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyVerdict {
+    /// The policy does not govern this side of the flow (it does not select the pod, the side is no
+    /// pod, or the backend does not see this protocol).
+    NotApplicable,
+    /// The flow passes the policy's side, possibly thanks to other NetworkPolicies in force.
+    Allows,
+    /// The policy isolates the pod and nothing in force allows the flow: a violation.
+    Denies,
+}
+
+/// A policy's name and namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A violation to record on a policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attributed {
+    pub policy: PolicyKey,
+    pub observation: Observation,
+}
+
+/// The WorkloadNetworkPolicies in force, indexed by namespace and target name so that a lookup per
+/// flow allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct PolicySet<'a> {
+    /// namespace → target workload name → the policies of that name's kinds and directions.
+    by_target: HashMap<String, HashMap<String, Vec<&'a WorkloadNetworkPolicy>>>,
+    len: usize,
+}
+
+impl<'a> PolicySet<'a> {
+    /// Indexes `policies`, keeping per target and direction the winner [`uniqueness::winner_over`]
+    /// elects, and skipping policies being deleted.
+    pub fn new(policies: impl IntoIterator<Item = &'a WorkloadNetworkPolicy>) -> Self {
+        let mut set = PolicySet::default();
+        for policy in policies {
+            if policy.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let same_target = set
+                .by_target
+                .entry(policy.namespace().unwrap_or_default())
+                .or_default()
+                .entry(policy.spec.target_ref.name.clone())
+                .or_default();
+            let rival = same_target.iter_mut().find(|p| {
+                p.spec.target_ref.kind == policy.spec.target_ref.kind
+                    && p.spec.direction == policy.spec.direction
+            });
+            match rival {
+                Some(current) => {
+                    if uniqueness::winner_over(current, [policy]).is_some() {
+                        *current = policy;
+                    }
+                }
+                None => {
+                    same_target.push(policy);
+                    set.len += 1;
+                }
+            }
+        }
+        set
+    }
+
+    /// The policy governing `direction` of `workload`, if any.
+    pub fn governing(
+        &self,
+        workload: &WorkloadRef,
+        direction: Direction,
+    ) -> Option<&'a WorkloadNetworkPolicy> {
+        let kind = workload_kind(&workload.owner_kind)?;
+        self.by_target
+            .get(&workload.namespace)?
+            .get(&workload.owner_name)?
+            .iter()
+            .find(|p| p.spec.target_ref.kind == kind && p.spec.direction == direction)
+            .copied()
+    }
+
+    /// The number of policies in force.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no policy is in force.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+fn workload_kind(kind: &str) -> Option<WorkloadKind> {
+    WorkloadKind::from_kind(kind)
+}
+
+/// The violations `flow` causes, in SPEC 6 order: the source's egress policy first, then (unless
+/// that one denies in protect mode) the destination's ingress policy.
+pub fn attribute(
+    view: &ClusterView,
+    policies: &PolicySet<'_>,
+    flow: &ObservedFlow,
+) -> Result<Vec<Attributed>, EvalError> {
+    let evaluated = flow.flow();
+    let principal = Some(flow.source.workload.identity.as_str()).filter(|p| !p.is_empty());
+    let mut violations = Vec::new();
+    if let Some(policy) = policies.governing(&flow.source.workload, Direction::Egress) {
+        if policy_verdict(view, policy, &evaluated, principal)? == PolicyVerdict::Denies {
+            violations.push(attributed(policy, flow));
+            if policy.spec.mode == PolicyMode::Protect {
+                return Ok(violations);
+            }
+        }
+    }
+    if let Some(policy) = policies.governing(&flow.destination.workload, Direction::Ingress) {
+        if policy_verdict(view, policy, &evaluated, principal)? == PolicyVerdict::Denies {
+            violations.push(attributed(policy, flow));
+        }
+    }
+    Ok(violations)
+}
+
+fn attributed(policy: &WorkloadNetworkPolicy, flow: &ObservedFlow) -> Attributed {
+    let key = PolicyKey {
+        namespace: policy.namespace().unwrap_or_default(),
+        name: policy.name_any(),
+    };
+    Attributed {
+        observation: Observation {
+            timestamp: flow.seen_at.clone(),
+            source: flow.source.workload.clone(),
+            dest: flow.destination.workload.clone(),
+            protocol: flow.protocol,
+            dst_port: Some(i32::from(flow.port)),
+            action: policy.spec.mode,
+            direction: policy.spec.direction,
+            denying_policy_namespace: key.namespace.clone(),
+            denying_policy_name: key.name.clone(),
+        },
+        policy: key,
+    }
+}
+
+/// What `policy` says about `flow` on its own side (egress at the source, ingress at the
+/// destination), evaluated as if rendered, whatever its mode:
+/// - kubernetes backend: `spec.kubernetes` as a NetworkPolicy of the policy's name, together with the
+///   NetworkPolicies in force in the namespace (replacing our own rendered one, which is the same);
+/// - istio backend: the AuthorizationPolicy rendered from `spec.istio`, for the source's principal.
+pub fn policy_verdict(
+    view: &ClusterView,
+    policy: &WorkloadNetworkPolicy,
+    flow: &Flow,
+    source_principal: Option<&str>,
+) -> Result<PolicyVerdict, EvalError> {
+    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let direction = policy.spec.direction;
+    let missing = |payload| EvalError::MissingPayload {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        payload,
+    };
+    match policy.spec.backend {
+        Backend::Kubernetes => {
+            let spec = policy
+                .spec
+                .kubernetes
+                .as_ref()
+                .ok_or_else(|| missing("kubernetes"))?;
+            let rendered = PolicyRef {
+                namespace,
+                name,
+                spec,
+            };
+            let side = evaluate_side(view, Some(rendered), direction, flow)?;
+            Ok(if !side.isolated_by(namespace, name) {
+                PolicyVerdict::NotApplicable
+            } else if side.allowed {
+                PolicyVerdict::Allows
+            } else {
+                PolicyVerdict::Denies
+            })
+        }
+        Backend::Istio => {
+            let istio = policy.spec.istio.as_ref().ok_or_else(|| missing("istio"))?;
+            // ztunnel enforces inbound only, on the destination pod of the policy's namespace.
+            let Endpoint::Pod(key) = &flow.destination else {
+                return Ok(PolicyVerdict::NotApplicable);
+            };
+            let pod = view
+                .pod(key)
+                .ok_or_else(|| EvalError::UnknownPod(key.clone()))?;
+            if direction != Direction::Ingress || pod.namespace != namespace {
+                return Ok(PolicyVerdict::NotApplicable);
+            }
+            let connection = Connection {
+                destination_labels: &pod.labels,
+                source_principal,
+                protocol: flow.protocol,
+                port: flow.port,
+            };
+            Ok(match authorization_policy::evaluate(istio, &connection) {
+                AuthzVerdict::NotApplicable => PolicyVerdict::NotApplicable,
+                AuthzVerdict::Allowed => PolicyVerdict::Allows,
+                AuthzVerdict::Denied => PolicyVerdict::Denies,
+            })
+        }
+    }
+}
+
+/// Whether `policy`'s current spec allows a recorded violation now, for the "clear" step of the
+/// status bookkeeping. The record's workloads are looked up in the view and represented by their
+/// first pod (by name): pods of one workload share their template's labels and ports. Records whose
+/// flow cannot be rebuilt (the workload has no pod now, no port was recorded, the policy has no
+/// payload) are kept: only a record proven allowed is cleared.
+pub fn record_allowed_now(
+    view: &ClusterView,
+    policy: &WorkloadNetworkPolicy,
+    record: &ViolationRecord,
+) -> bool {
+    let (Some(source), Some(destination), Some(port)) = (
+        endpoint_of(view, &record.source),
+        endpoint_of(view, &record.dest),
+        record.dst_port.and_then(|p| u16::try_from(p).ok()),
+    ) else {
+        return false;
+    };
+    let flow = Flow {
+        source,
+        destination,
+        protocol: record.protocol,
+        port,
+    };
+    let principal = Some(record.source.identity.as_str()).filter(|p| !p.is_empty());
+    matches!(
+        policy_verdict(view, policy, &flow, principal),
+        Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable)
+    )
+}
+
+/// The endpoint a recorded workload stands for now: its first pod, or its address.
+fn endpoint_of(view: &ClusterView, workload: &WorkloadRef) -> Option<Endpoint> {
+    let pod = workload_kind(&workload.owner_kind).and_then(|kind| {
+        view.pods_of(&workload.namespace, kind, &workload.owner_name)
+            .next()
+    });
+    match pod {
+        Some(pod) => Some(Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name))),
+        None => workload.address.parse::<IpAddr>().ok().map(Endpoint::Ip),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,865 @@
+//! Attribution (SPEC 6), the SPEC section 10 scenario, and each defect of SPEC 11 that semantic
+//! evaluation must not repeat.
+
+use super::*;
+use crate::cluster::workload::Workload;
+use crate::monitor::evaluate::view::{ContainerPort, Labels, NamedPolicy, PodInfo};
+use crate::monitor::violations::{self, SyncInput};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+const NS: &str = "demo";
+const CLIENT_SA: &str = "cluster.local/ns/demo/sa/http-client-sa";
+
+fn time(seconds: i64) -> Time {
+    Time(Timestamp::from_second(1_800_000_000 + seconds).unwrap())
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// SPEC section 10: http-client and http-server (TCP 18080, TCP 18082, UDP 18081) in `demo`, and the
+/// cluster DNS in kube-system.
+fn cluster() -> ClusterView {
+    let mut view = ClusterView::new();
+    let deployment = |name: &str| {
+        Some(Workload {
+            kind: WorkloadKind::Deployment,
+            name: name.into(),
+        })
+    };
+    view.insert_pod(PodInfo {
+        namespace: NS.into(),
+        name: "http-client-7d9c-abcde".into(),
+        labels: labels(&[("app", "http-client"), ("pod-template-hash", "7d9c")]),
+        ips: vec!["10.1.0.2".parse().unwrap()],
+        ports: vec![],
+        workload: deployment("http-client"),
+    });
+    view.insert_pod(PodInfo {
+        namespace: NS.into(),
+        name: "http-server-5f6b-xyzab".into(),
+        labels: labels(&[("app", "http-server"), ("pod-template-hash", "5f6b")]),
+        ips: vec!["10.1.0.3".parse().unwrap()],
+        ports: vec![
+            ContainerPort {
+                name: Some("tcp-echo".into()),
+                port: 18080,
+                protocol: Protocol::TCP,
+            },
+            ContainerPort {
+                name: Some("tcp-alt".into()),
+                port: 18082,
+                protocol: Protocol::TCP,
+            },
+            ContainerPort {
+                name: Some("udp-echo".into()),
+                port: 18081,
+                protocol: Protocol::UDP,
+            },
+        ],
+        workload: deployment("http-server"),
+    });
+    view.insert_pod(PodInfo {
+        namespace: "kube-system".into(),
+        name: "coredns-66bc-12345".into(),
+        labels: labels(&[("k8s-app", "kube-dns")]),
+        ips: vec!["10.1.0.10".parse().unwrap()],
+        ports: vec![ContainerPort {
+            name: Some("dns".into()),
+            port: 53,
+            protocol: Protocol::UDP,
+        }],
+        workload: deployment("coredns"),
+    });
+    view
+}
+
+fn workload_ref(namespace: &str, name: &str, identity: &str) -> WorkloadRef {
+    WorkloadRef {
+        namespace: namespace.into(),
+        owner_kind: "Deployment".into(),
+        owner_name: name.into(),
+        identity: identity.into(),
+        ..WorkloadRef::default()
+    }
+}
+
+fn client() -> FlowSide {
+    FlowSide {
+        endpoint: Endpoint::Pod(PodKey::new(NS, "http-client-7d9c-abcde")),
+        workload: workload_ref(NS, "http-client", CLIENT_SA),
+    }
+}
+
+fn server() -> FlowSide {
+    FlowSide {
+        endpoint: Endpoint::Pod(PodKey::new(NS, "http-server-5f6b-xyzab")),
+        workload: workload_ref(NS, "http-server", "cluster.local/ns/demo/sa/http-server-sa"),
+    }
+}
+
+fn dns() -> FlowSide {
+    FlowSide {
+        endpoint: Endpoint::Pod(PodKey::new("kube-system", "coredns-66bc-12345")),
+        workload: workload_ref("kube-system", "coredns", ""),
+    }
+}
+
+fn external(ip: &str) -> FlowSide {
+    FlowSide {
+        endpoint: Endpoint::Ip(ip.parse().unwrap()),
+        workload: WorkloadRef {
+            address: ip.into(),
+            ..WorkloadRef::default()
+        },
+    }
+}
+
+fn observed(
+    source: FlowSide,
+    destination: FlowSide,
+    protocol: Protocol,
+    port: u16,
+) -> ObservedFlow {
+    ObservedFlow {
+        source,
+        destination,
+        protocol,
+        port,
+        seen_at: time(0),
+    }
+}
+
+/// A kubernetes-backend policy `name` in `demo` targeting Deployment `target`.
+fn wnp(
+    name: &str,
+    target: &str,
+    direction: &str,
+    mode: &str,
+    kubernetes: Value,
+) -> WorkloadNetworkPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": name, "namespace": NS, "uid": name, "generation": 1,
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"backend": "kubernetes", "direction": direction, "mode": mode,
+                 "targetRef": {"kind": "Deployment", "name": target}, "kubernetes": kubernetes}
+    }))
+    .unwrap()
+}
+
+/// SPEC 10 step 2: the learned egress policy of http-client (TCP 18080 to the server, UDP 53 to DNS).
+fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
+    wnp(
+        "deployment-http-client-egress",
+        "http-client",
+        "Egress",
+        mode,
+        json!({
+            "podSelector": {"matchLabels": {"app": "http-client"}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                         "podSelector": {"matchLabels": {"app": "http-server"}}}],
+                 "ports": [{"protocol": "TCP", "port": 18080}]},
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                         "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                 "ports": [{"protocol": "UDP", "port": 53}]}
+            ]
+        }),
+    )
+}
+
+/// SPEC 10 step 2: the learned ingress policy of http-server (TCP 18080 from the client).
+fn server_ingress(mode: &str) -> WorkloadNetworkPolicy {
+    server_ingress_with(
+        mode,
+        json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                          "podSelector": {"matchLabels": {"app": "http-client"}}}],
+                "ports": [{"protocol": "TCP", "port": 18080}]}]),
+    )
+}
+
+fn server_ingress_with(mode: &str, rules: Value) -> WorkloadNetworkPolicy {
+    wnp(
+        "deployment-http-server-ingress",
+        "http-server",
+        "Ingress",
+        mode,
+        json!({"podSelector": {"matchLabels": {"app": "http-server"}}, "policyTypes": ["Ingress"], "ingress": rules}),
+    )
+}
+
+fn client_egress_with(rules: Value) -> WorkloadNetworkPolicy {
+    wnp(
+        "deployment-http-client-egress",
+        "http-client",
+        "Egress",
+        "monitor",
+        json!({"podSelector": {"matchLabels": {"app": "http-client"}}, "policyTypes": ["Egress"], "egress": rules}),
+    )
+}
+
+/// A protect-mode policy's rendered NetworkPolicy, as the policy reconciler creates it.
+fn rendered(policy: &WorkloadNetworkPolicy) -> NamedPolicy {
+    NamedPolicy {
+        namespace: NS.into(),
+        name: policy.name_any(),
+        spec: policy.spec.kubernetes.clone().unwrap(),
+    }
+}
+
+/// (policy name, direction, action) of each attribution, in order.
+fn summary(attributed: &[Attributed]) -> Vec<(String, Direction, PolicyMode)> {
+    attributed
+        .iter()
+        .map(|a| {
+            (
+                a.policy.name.clone(),
+                a.observation.direction,
+                a.observation.action,
+            )
+        })
+        .collect()
+}
+
+fn egress_name() -> String {
+    "deployment-http-client-egress".into()
+}
+
+fn ingress_name() -> String {
+    "deployment-http-server-ingress".into()
+}
+
+fn udp_echo() -> ObservedFlow {
+    observed(client(), server(), Protocol::UDP, 18081)
+}
+
+#[test]
+fn spec_section_10_monitor_records_on_both_policies() {
+    let view = cluster();
+    let policies = [client_egress("monitor"), server_ingress("monitor")];
+    let set = PolicySet::new(&policies);
+    assert!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18080)
+        )
+        .unwrap()
+        .is_empty()
+    );
+    assert!(
+        attribute(&view, &set, &observed(client(), dns(), Protocol::UDP, 53))
+            .unwrap()
+            .is_empty()
+    );
+    let attributed = attribute(&view, &set, &udp_echo()).unwrap();
+    assert_eq!(
+        summary(&attributed),
+        [
+            (egress_name(), Direction::Egress, PolicyMode::Monitor),
+            (ingress_name(), Direction::Ingress, PolicyMode::Monitor)
+        ]
+    );
+    let o = &attributed[0].observation;
+    assert_eq!(o.source.owner_name, "http-client");
+    assert_eq!(o.dest.owner_name, "http-server");
+    assert_eq!((o.protocol, o.dst_port), (Protocol::UDP, Some(18081)));
+    assert_eq!(
+        (
+            o.denying_policy_namespace.as_str(),
+            o.denying_policy_name.as_str()
+        ),
+        (NS, "deployment-http-client-egress")
+    );
+    assert_eq!(
+        attributed[1].observation.denying_policy_name,
+        ingress_name()
+    );
+}
+
+#[test]
+fn spec_section_10_protect_records_on_the_egress_policy_only() {
+    let mut view = cluster();
+    let policies = [client_egress("protect"), server_ingress("protect")];
+    for p in &policies {
+        view.insert_policy(rendered(p));
+    }
+    let set = PolicySet::new(&policies);
+    assert_eq!(
+        summary(&attribute(&view, &set, &udp_echo()).unwrap()),
+        [(egress_name(), Direction::Egress, PolicyMode::Protect)]
+    );
+    assert!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18080)
+        )
+        .unwrap()
+        .is_empty(),
+        "TCP 18080 keeps working"
+    );
+}
+
+#[test]
+fn mixed_modes_follow_the_egress_policy_mode() {
+    let view = cluster();
+    let policies = [client_egress("protect"), server_ingress("monitor")];
+    assert_eq!(
+        summary(&attribute(&view, &PolicySet::new(&policies), &udp_echo()).unwrap()),
+        [(egress_name(), Direction::Egress, PolicyMode::Protect)]
+    );
+    let policies = [client_egress("monitor"), server_ingress("protect")];
+    assert_eq!(
+        summary(&attribute(&view, &PolicySet::new(&policies), &udp_echo()).unwrap()),
+        [
+            (egress_name(), Direction::Egress, PolicyMode::Monitor),
+            (ingress_name(), Direction::Ingress, PolicyMode::Protect)
+        ]
+    );
+    // Egress allows, ingress denies in protect: the ingress policy records.
+    let policies = [server_ingress("protect")];
+    assert_eq!(
+        summary(&attribute(&view, &PolicySet::new(&policies), &udp_echo()).unwrap()),
+        [(ingress_name(), Direction::Ingress, PolicyMode::Protect)]
+    );
+}
+
+/// SPEC 10, Kubernetes backend, from promotion on: steps 4 and 5 as status bookkeeping.
+#[test]
+fn spec_section_10_kubernetes_scenario_from_promotion_on() {
+    let mut view = cluster();
+    type Statuses = HashMap<String, network_enforcer_api::WorkloadNetworkPolicyStatus>;
+    let mut statuses = Statuses::new();
+    // One status sync of every policy after `flows` were observed.
+    let run = |statuses: &mut Statuses,
+               view: &ClusterView,
+               policies: &[WorkloadNetworkPolicy],
+               flows: &[ObservedFlow]| {
+        let set = PolicySet::new(policies);
+        let mut per_policy: HashMap<String, Vec<Observation>> = HashMap::new();
+        for flow in flows {
+            for a in attribute(view, &set, flow).unwrap() {
+                per_policy
+                    .entry(a.policy.name)
+                    .or_default()
+                    .push(a.observation);
+            }
+        }
+        for policy in policies {
+            let name = policy.name_any();
+            let observations = per_policy.remove(&name).unwrap_or_default();
+            let outcome = violations::sync(
+                SyncInput {
+                    status: statuses.get(&name),
+                    generation: policy.metadata.generation,
+                    annotations: None,
+                    observations: &observations,
+                    now: &time(60),
+                },
+                |record| record_allowed_now(view, policy, record),
+            );
+            statuses.insert(name, outcome.status);
+        }
+    };
+    // Step 4: both in monitor; TCP 18080, DNS and one UDP 18083→18081 exchange.
+    let monitor = [client_egress("monitor"), server_ingress("monitor")];
+    let traffic = [
+        observed(client(), dns(), Protocol::UDP, 53),
+        observed(client(), server(), Protocol::TCP, 18080),
+        udp_echo(),
+    ];
+    run(&mut statuses, &view, &monitor, &traffic);
+    for name in [egress_name(), ingress_name()] {
+        let status = &statuses[&name];
+        assert_eq!(
+            (status.violation_count, status.active_violation_count),
+            (1, 1),
+            "{name}"
+        );
+        let record = &status.violations[0];
+        assert_eq!(
+            (record.protocol, record.dst_port, record.action),
+            (Protocol::UDP, Some(18081), PolicyMode::Monitor)
+        );
+        assert_eq!(record.denying_policy_name, name);
+    }
+    // Step 5: both in protect, the NetworkPolicies rendered; UDP is now blocked at the source.
+    let protect = [client_egress("protect"), server_ingress("protect")];
+    for p in &protect {
+        view.insert_policy(rendered(p));
+    }
+    run(&mut statuses, &view, &protect, &traffic);
+    let egress = &statuses[&egress_name()];
+    assert_eq!(
+        (egress.violation_count, egress.active_violation_count),
+        (2, 2)
+    );
+    assert_eq!(
+        egress.violations[0].action,
+        PolicyMode::Protect,
+        "newest first"
+    );
+    let ingress = &statuses[&ingress_name()];
+    assert_eq!(
+        (ingress.violation_count, ingress.active_violation_count),
+        (1, 1)
+    );
+}
+
+#[test]
+fn network_policies_in_force_can_allow_what_ours_does_not() {
+    let mut view = cluster();
+    view.insert_policy(NamedPolicy {
+        namespace: NS.into(),
+        name: "hand-written-allow-udp".into(),
+        spec: serde_json::from_value(json!({
+            "podSelector": {"matchLabels": {"app": "http-client"}},
+            "policyTypes": ["Egress"],
+            "egress": [{"ports": [{"protocol": "UDP"}]}]
+        }))
+        .unwrap(),
+    });
+    let policies = [client_egress("monitor"), server_ingress("monitor")];
+    assert_eq!(
+        summary(&attribute(&view, &PolicySet::new(&policies), &udp_echo()).unwrap()),
+        [(ingress_name(), Direction::Ingress, PolicyMode::Monitor)],
+        "the egress side passes thanks to the hand-written policy"
+    );
+}
+
+#[test]
+fn both_directions_of_one_workload_are_attributed_by_target_and_direction() {
+    let view = cluster();
+    // http-server has both an ingress and an egress policy, with the same podSelector.
+    let server_egress = wnp(
+        "deployment-http-server-egress",
+        "http-server",
+        "Egress",
+        "monitor",
+        json!({"podSelector": {"matchLabels": {"app": "http-server"}}, "policyTypes": ["Egress"], "egress": []}),
+    );
+    let policies = [
+        server_ingress("monitor"),
+        server_egress,
+        client_egress("monitor"),
+    ];
+    let set = PolicySet::new(&policies);
+    assert_eq!(set.len(), 3);
+    let inbound = attribute(
+        &view,
+        &set,
+        &observed(client(), server(), Protocol::TCP, 18082),
+    )
+    .unwrap();
+    assert_eq!(
+        summary(&inbound),
+        [
+            (egress_name(), Direction::Egress, PolicyMode::Monitor),
+            (ingress_name(), Direction::Ingress, PolicyMode::Monitor)
+        ]
+    );
+    let outbound = attribute(&view, &set, &observed(server(), dns(), Protocol::UDP, 53)).unwrap();
+    assert_eq!(
+        summary(&outbound),
+        [(
+            "deployment-http-server-egress".to_string(),
+            Direction::Egress,
+            PolicyMode::Monitor
+        )]
+    );
+}
+
+#[test]
+fn duplicate_targets_record_on_the_oldest_live_policy_only() {
+    let view = cluster();
+    let mut old = client_egress_with(json!([]));
+    old.metadata.name = Some("old".into());
+    old.metadata.uid = Some("old".into());
+    old.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let young = client_egress("monitor");
+    let policies = [young.clone(), old.clone()];
+    let set = PolicySet::new(&policies);
+    assert_eq!(set.len(), 1);
+    let names: Vec<_> = attribute(
+        &view,
+        &set,
+        &observed(client(), server(), Protocol::TCP, 18080),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|a| a.policy.name)
+    .collect();
+    assert_eq!(
+        names,
+        ["old"],
+        "the oldest governs; the young one would allow this flow"
+    );
+    // Once the oldest is being deleted, the young one governs.
+    old.metadata.deletion_timestamp = Some(time(0));
+    let policies = [old, young];
+    let set = PolicySet::new(&policies);
+    assert!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18080)
+        )
+        .unwrap()
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_policy_that_does_not_select_the_pod_records_nothing() {
+    let view = cluster();
+    let mut stray = client_egress_with(json!([]));
+    stray.spec.kubernetes.as_mut().unwrap().pod_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"app": "someone-else"}})).unwrap());
+    assert_eq!(
+        policy_verdict(&view, &stray, &udp_echo().flow(), None).unwrap(),
+        PolicyVerdict::NotApplicable
+    );
+    assert!(
+        attribute(&view, &PolicySet::new([&stray]), &udp_echo())
+            .unwrap()
+            .is_empty()
+    );
+    // The same policy selecting the pod denies.
+    let denying = client_egress_with(json!([]));
+    assert_eq!(
+        policy_verdict(&view, &denying, &udp_echo().flow(), None).unwrap(),
+        PolicyVerdict::Denies
+    );
+}
+
+#[test]
+fn peers_outside_the_cluster_are_recorded_by_address() {
+    let view = cluster();
+    let policies = [client_egress("monitor"), server_ingress("monitor")];
+    let set = PolicySet::new(&policies);
+    let inbound = attribute(
+        &view,
+        &set,
+        &observed(external("203.0.113.5"), server(), Protocol::TCP, 18080),
+    )
+    .unwrap();
+    assert_eq!(
+        summary(&inbound),
+        [(ingress_name(), Direction::Ingress, PolicyMode::Monitor)]
+    );
+    assert_eq!(inbound[0].observation.source.address, "203.0.113.5");
+    let outbound = attribute(
+        &view,
+        &set,
+        &observed(client(), external("8.8.8.8"), Protocol::TCP, 443),
+    )
+    .unwrap();
+    assert_eq!(
+        summary(&outbound),
+        [(egress_name(), Direction::Egress, PolicyMode::Monitor)]
+    );
+    assert_eq!(outbound[0].observation.dest.address, "8.8.8.8");
+}
+
+#[test]
+fn istio_policies_are_evaluated_by_principal_and_port() {
+    let view = cluster();
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "deployment-http-server-ingress", "namespace": NS, "uid": "u"},
+        "spec": {"backend": "istio", "direction": "Ingress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "http-server"},
+                 "istio": {"selector": {"matchLabels": {"app": "http-server"}},
+                           "rules": [{"from": [{"source": {"principals": [CLIENT_SA]}}],
+                                      "to": [{"operation": {"ports": ["18080"]}}]}]}}
+    }))
+    .unwrap();
+    let set = PolicySet::new([&policy]);
+    let at = |flow: ObservedFlow| summary(&attribute(&view, &set, &flow).unwrap());
+    assert!(at(observed(client(), server(), Protocol::TCP, 18080)).is_empty());
+    assert_eq!(
+        at(observed(client(), server(), Protocol::TCP, 18082)),
+        [(ingress_name(), Direction::Ingress, PolicyMode::Monitor)],
+        "SPEC 10 istio step 4"
+    );
+    assert!(at(udp_echo()).is_empty(), "ztunnel does not see UDP");
+    let mut anonymous = client();
+    anonymous.workload.identity.clear();
+    assert_eq!(
+        at(observed(anonymous, server(), Protocol::TCP, 18080)).len(),
+        1
+    );
+}
+
+#[test]
+fn a_policy_without_its_payload_is_an_error() {
+    let view = cluster();
+    let mut broken = client_egress("monitor");
+    broken.spec.kubernetes = None;
+    assert_eq!(
+        attribute(&view, &PolicySet::new([&broken]), &udp_echo()).unwrap_err(),
+        EvalError::MissingPayload {
+            namespace: NS.into(),
+            name: egress_name(),
+            payload: "kubernetes"
+        }
+    );
+}
+
+// --- SPEC 11: the reference's false violations, each made impossible by semantic evaluation. ---
+
+/// Asserts that `policy` (an egress policy of http-client or an ingress policy of http-server) allows
+/// the UDP 18083→18081 flow and still denies TCP 18082, so the test fails if either way breaks.
+fn assert_allows_udp_echo_only(policy: WorkloadNetworkPolicy) {
+    let view = cluster();
+    let set = PolicySet::new([&policy]);
+    assert_eq!(
+        attribute(&view, &set, &udp_echo()).unwrap(),
+        vec![],
+        "{}",
+        policy.name_any()
+    );
+    assert_eq!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18082)
+        )
+        .unwrap()
+        .len(),
+        1,
+        "{}: other traffic still violates",
+        policy.name_any()
+    );
+}
+
+#[test]
+fn spec11_namespace_only_peers_give_no_false_violation() {
+    assert_allows_udp_echo_only(client_egress_with(json!([{
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}}}],
+        "ports": [{"protocol": "UDP", "port": 18081}]
+    }])));
+}
+
+#[test]
+fn spec11_ip_blocks_give_no_false_violation() {
+    assert_allows_udp_echo_only(client_egress_with(json!([{
+        "to": [{"ipBlock": {"cidr": "10.1.0.0/24", "except": ["10.1.0.128/25"]}}],
+        "ports": [{"protocol": "UDP", "port": 18081}]
+    }])));
+}
+
+#[test]
+fn spec11_end_port_gives_no_false_violation() {
+    assert_allows_udp_echo_only(server_ingress_with(
+        "monitor",
+        json!([{"ports": [{"protocol": "UDP", "port": 18000, "endPort": 18100}]}]),
+    ));
+}
+
+#[test]
+fn spec11_named_ports_give_no_false_violation() {
+    assert_allows_udp_echo_only(server_ingress_with(
+        "monitor",
+        json!([{"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
+                "ports": [{"protocol": "UDP", "port": "udp-echo"}]}]),
+    ));
+}
+
+#[test]
+fn spec11_multi_peer_rules_give_no_false_violation() {
+    assert_allows_udp_echo_only(server_ingress_with(
+        "monitor",
+        json!([{"from": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "other"}},
+                     "podSelector": {"matchLabels": {"app": "x"}}},
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                     "podSelector": {"matchLabels": {"app": "http-client"}}}],
+                "ports": [{"protocol": "TCP", "port": 18080}, {"protocol": "UDP", "port": 18081}]}]),
+    ));
+}
+
+#[test]
+fn spec11_hand_edited_policies_give_no_false_violation() {
+    // Rules rewritten by hand: expressions instead of matchLabels, the UDP port in a second rule
+    // with no peers, the learned rule moved last.
+    assert_allows_udp_echo_only(server_ingress_with(
+        "monitor",
+        json!([
+            {"ports": [{"protocol": "UDP", "port": 18081}]},
+            {"from": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["http-client", "curl"]}]}}],
+             "ports": [{"port": 18080}]}
+        ]),
+    ));
+}
+
+// --- clearing records the current spec allows ---
+
+fn record(
+    source: WorkloadRef,
+    dest: WorkloadRef,
+    protocol: Protocol,
+    port: Option<i32>,
+) -> ViolationRecord {
+    ViolationRecord {
+        id: 0,
+        timestamp: time(0),
+        source,
+        dest,
+        protocol,
+        dst_port: port,
+        action: PolicyMode::Monitor,
+        direction: Some(Direction::Ingress),
+        denying_policy_namespace: NS.into(),
+        denying_policy_name: ingress_name(),
+    }
+}
+
+#[test]
+fn records_are_cleared_only_when_the_current_spec_allows_them() {
+    let view = cluster();
+    let udp = record(
+        client().workload,
+        server().workload,
+        Protocol::UDP,
+        Some(18081),
+    );
+    assert!(!record_allowed_now(&view, &server_ingress("monitor"), &udp));
+    let edited = server_ingress_with(
+        "monitor",
+        json!([{"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
+                "ports": [{"port": 18080}, {"protocol": "UDP", "port": "udp-echo"}]}]),
+    );
+    assert!(record_allowed_now(&view, &edited, &udp));
+    // Without a port, or with a workload that has no pod now, the flow cannot be rebuilt: kept.
+    let no_port = record(client().workload, server().workload, Protocol::UDP, None);
+    assert!(!record_allowed_now(&view, &edited, &no_port));
+    let gone = record(
+        workload_ref(NS, "deleted", ""),
+        server().workload,
+        Protocol::UDP,
+        Some(18081),
+    );
+    assert!(!record_allowed_now(&view, &edited, &gone));
+    // An external peer is rebuilt from its address.
+    let from_outside = record(
+        external("203.0.113.5").workload,
+        server().workload,
+        Protocol::TCP,
+        Some(18080),
+    );
+    assert!(!record_allowed_now(
+        &view,
+        &server_ingress("monitor"),
+        &from_outside
+    ));
+    let open_to_block = server_ingress_with(
+        "monitor",
+        json!([{"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"port": 18080}]}]),
+    );
+    assert!(record_allowed_now(&view, &open_to_block, &from_outside));
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    fn egress_rule() -> impl Strategy<Value = Value> {
+        select(vec![
+            json!({}),
+            json!({"to": [{"podSelector": {"matchLabels": {"app": "http-server"}}}]}),
+            json!({"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP"}]}),
+            json!({"to": [{"ipBlock": {"cidr": "10.1.0.0/30"}}], "ports": [{"port": 18080, "endPort": 18082}]}),
+            json!({"ports": [{"protocol": "UDP", "port": "udp-echo"}]}),
+            json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]}),
+        ])
+    }
+
+    fn ingress_rule() -> impl Strategy<Value = Value> {
+        select(vec![
+            json!({}),
+            json!({"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}], "ports": [{"port": "tcp-alt"}]}),
+            json!({"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]}),
+            json!({"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]}),
+            json!({"ports": [{"protocol": "UDP", "port": 18081}]}),
+        ])
+    }
+
+    fn flow() -> impl Strategy<Value = ObservedFlow> {
+        let sides = || select(vec!["client", "server", "dns", "internet"]);
+        (
+            sides(),
+            sides(),
+            select(vec![
+                (Protocol::TCP, 18080u16),
+                (Protocol::TCP, 18082),
+                (Protocol::UDP, 18081),
+                (Protocol::UDP, 53),
+                (Protocol::TCP, 443),
+            ]),
+        )
+            .prop_map(|(from, to, (protocol, port))| {
+                let side = |s: &str| match s {
+                    "client" => client(),
+                    "server" => server(),
+                    "dns" => dns(),
+                    _ => external("203.0.113.5"),
+                };
+                observed(side(from), side(to), protocol, port)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// SPEC 6: protect records exactly what monitor records, except that a protect-mode egress
+        /// denial hides the flow from the destination's ingress policy. Each record names its policy
+        /// and that policy's direction and mode.
+        #[test]
+        fn protect_records_what_monitor_records_up_to_the_egress_stop(
+            egress in prop::collection::vec(egress_rule(), 0..3),
+            ingress in prop::collection::vec(ingress_rule(), 0..3),
+            flow in flow(),
+        ) {
+            let policies = |mode: &str| {
+                let mut e = client_egress_with(Value::Array(egress.clone()));
+                e.spec.mode = if mode == "protect" { PolicyMode::Protect } else { PolicyMode::Monitor };
+                [e, server_ingress_with(mode, Value::Array(ingress.clone()))]
+            };
+            let monitor = policies("monitor");
+            let in_monitor = attribute(&cluster(), &PolicySet::new(&monitor), &flow).unwrap();
+            let protect = policies("protect");
+            let mut view = cluster();
+            for p in &protect {
+                view.insert_policy(rendered(p));
+            }
+            let in_protect = attribute(&view, &PolicySet::new(&protect), &flow).unwrap();
+
+            let names = |a: &[Attributed]| a.iter().map(|a| (a.policy.name.clone(), a.observation.direction)).collect::<Vec<_>>();
+            let mut expected = names(&in_monitor);
+            if expected.first().is_some_and(|(_, d)| *d == Direction::Egress) {
+                expected.truncate(1);
+            }
+            prop_assert_eq!(names(&in_protect), expected);
+            for (a, mode) in in_monitor.iter().map(|a| (a, PolicyMode::Monitor))
+                .chain(in_protect.iter().map(|a| (a, PolicyMode::Protect)))
+            {
+                prop_assert_eq!(a.observation.action, mode);
+                prop_assert_eq!(&a.observation.denying_policy_name, &a.policy.name);
+                let expected_direction = if a.policy.name == egress_name() { Direction::Egress } else { Direction::Ingress };
+                prop_assert_eq!(a.observation.direction, expected_direction);
+            }
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Monitor: policy evaluation ([`evaluate`]), violation evidence and attribution ([`violations`]),
+//! the status writer ([`status_sync`]) and the OTLP log export ([`otlp`]).
+
+pub mod evaluate;
+pub mod otlp;
+pub mod status_sync;
+pub mod violations;

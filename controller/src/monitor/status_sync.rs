@@ -1,0 +1,867 @@
+//! The status sync (SPEC section 6): flow records become violation records on the
+//! WorkloadNetworkPolicies that deny them.
+//!
+//! - **Evidence in.** Ingest hands every accepted record to an [`EvidenceQueue`] (never blocking: a
+//!   full queue drops its oldest record and counts it). Every `evidence_interval` the queued records
+//!   are resolved against the controller's [`Index`] (IP history, Services), evaluated against the
+//!   policies in force ([`attribution::attribute`]: egress first; a protect egress denial hides the
+//!   flow from the destination's ingress policy), filtered by what evidence counts for the policy's
+//!   mode ([`EvidenceKind::counts_for`]) and by the repeat window ([`RepeatFilter`]), reported to the
+//!   [`ViolationSink`], and queued per policy ([`Pending`]).
+//! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status
+//!   goes through [`violations::sync`] (merge, clear, acknowledge, counters). Only a changed status is
+//!   patched: a JSON merge patch of the violation fields alone on the status subresource (the policy
+//!   reconciler owns `conditions`), with the cached `resourceVersion` as a precondition, so a patch
+//!   computed from a stale copy fails instead of overwriting newer records. Pending observations are
+//!   forgotten only once the patch that contains them succeeded; a failed patch is retried at the
+//!   next interval from a fresher copy. Then consumed `acknowledge-<id>` annotations are removed, with
+//!   an Event per acknowledged record and per unknown id, and `acknowledged` reported to the sink.
+//!
+//! The evaluator's [`ClusterView`] is derived from the index at each pass (one source of truth for
+//! pods), plus namespaces and NetworkPolicies from this module's own watches.
+
+use crate::cluster::index::Index;
+use crate::cluster::watches::SharedIndex;
+use crate::monitor::evaluate::attribution::{self, PolicyKey, PolicySet, record_allowed_now};
+use crate::monitor::evaluate::view::{ClusterView, NamedPolicy};
+use crate::monitor::otlp::ViolationSink;
+use crate::monitor::violations::evidence::{
+    EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, observed_flows,
+};
+use crate::monitor::violations::{self, SyncInput, SyncOutcome};
+use crate::reconcile::publish_with;
+use crate::runtime::metrics::{ControllerMetrics, Reason};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::uplink::FlowRecord;
+use network_enforcer_api::{AcknowledgedViolation, Backend, WorkloadNetworkPolicy};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::de::DeserializeOwned;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// At most this many records wait in the [`EvidenceQueue`] between two passes.
+pub const MAX_QUEUED_RECORDS: usize = 200_000;
+
+/// Where ingest hands every accepted record, as violation evidence. Must return at once.
+pub trait EvidenceSink: Send + Sync {
+    /// An authenticated agent's record was accepted.
+    fn accepted(&self, record: &FlowRecord);
+}
+
+/// Records waiting for the next evidence pass; bounded, dropping the oldest.
+#[derive(Debug, Default)]
+pub struct EvidenceQueue {
+    records: Mutex<VecDeque<FlowRecord>>,
+    /// Records dropped because the queue was full (`evidence_records_dropped_total`).
+    dropped: Counter,
+    /// Records queued now (`evidence_queue_records`).
+    queued: Gauge,
+}
+
+impl EvidenceQueue {
+    /// Takes every queued record.
+    pub fn drain(&self) -> Vec<FlowRecord> {
+        let mut records = self.records.lock().expect("evidence lock");
+        self.queued.set(0);
+        records.drain(..).collect()
+    }
+
+    /// Records dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+}
+
+impl EvidenceSink for EvidenceQueue {
+    fn accepted(&self, record: &FlowRecord) {
+        let mut records = self.records.lock().expect("evidence lock");
+        if records.len() >= MAX_QUEUED_RECORDS {
+            records.pop_front();
+            self.dropped.inc();
+        }
+        records.push_back(record.clone());
+        self.queued.set(records.len() as i64);
+    }
+}
+
+/// Settings of the status sync.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch only this namespace's policies and NetworkPolicies; `None` watches all.
+    pub namespace: Option<String>,
+    /// How often statuses are synced and patched (`--status-update-interval`).
+    pub interval: Duration,
+    /// How often queued evidence is attributed (the policy's mode at that moment is the action).
+    pub evidence_interval: Duration,
+    /// See [`REPEAT_WINDOW`].
+    pub repeat_window: Duration,
+    /// Whether ipBlocks match pod IPs (see [`ClusterView::set_ip_blocks_match_pods`]); false for Cilium.
+    pub ip_blocks_match_pods: bool,
+    /// The name Events are reported under.
+    pub reporter: String,
+    /// The instance reporting Events, usually the pod name.
+    pub instance: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            namespace: None,
+            interval: Duration::from_secs(30),
+            evidence_interval: Duration::from_secs(1),
+            repeat_window: REPEAT_WINDOW,
+            ip_blocks_match_pods: true,
+            reporter: "network-enforcer-controller".into(),
+            instance: None,
+        }
+    }
+}
+
+/// Parses a Go-style duration as the chart writes it: `30s`, `1m30s`, `500ms`, `1.5h` (units `ns`,
+/// `us`, `ms`, `s`, `m`, `h`). Zero is refused: the sync would spin.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("invalid duration {text:?}; expected e.g. 30s, 1m30s, 500ms");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    let duration = Duration::try_from_secs_f64(total).map_err(|_| invalid())?;
+    if duration.is_zero() {
+        return Err(format!("duration {text:?} must be greater than zero"));
+    }
+    Ok(duration)
+}
+
+/// Why one policy's sync failed; its observations stay pending and it is retried next interval.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("patching the status failed: {0}")]
+    Patch(#[source] kube::Error),
+    #[error("the policy has no namespace or name")]
+    Unnamed,
+}
+
+/// What one policy's sync did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicySync {
+    /// The status was patched.
+    pub patched: bool,
+    /// Observations recorded by the patch.
+    pub observations: usize,
+    /// Records acknowledged by the patch.
+    pub acknowledged: usize,
+    /// Acknowledge annotations removed (consumed or unknown).
+    pub annotations_removed: usize,
+}
+
+/// What one pass over every policy did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub policies: usize,
+    pub patched: usize,
+    pub failed: usize,
+    pub observations: usize,
+    pub acknowledged: usize,
+}
+
+struct Writers {
+    policies: Writer<WorkloadNetworkPolicy>,
+    network_policies: Writer<NetworkPolicy>,
+    namespaces: Writer<Namespace>,
+}
+
+#[derive(Debug)]
+struct State {
+    pending: Pending,
+    repeats: RepeatFilter,
+    /// [`Pending::dropped`] as last counted into the metrics.
+    pending_dropped_counted: u64,
+}
+
+/// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
+/// registry. Every loss of evidence is counted somewhere here.
+#[derive(Clone, Debug, Default)]
+pub struct SyncMetrics {
+    /// Accepted records dropped before evaluation because the evidence queue was full.
+    pub evidence_dropped: Counter,
+    /// Records waiting for the next evidence pass.
+    pub evidence_queued: Gauge,
+    /// Records that resolved to no flow (unknown local pod, Service without backends, malformed).
+    pub evidence_unresolved: Counter,
+    /// Observations dropped before a status patch recorded them, by reason: `policy_queue_full`
+    /// ([`crate::monitor::violations::evidence::MAX_PENDING_PER_POLICY`]) or `policy_deleted`.
+    pub observations_dropped: Family<Reason, Counter>,
+    /// Observations waiting for the status patch that records them.
+    pub pending_observations: Gauge,
+}
+
+impl SyncMetrics {
+    fn dropped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.observations_dropped
+                .get_or_create(&Reason {
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
+/// The status sync. See the module docs.
+pub struct StatusSync {
+    client: Client,
+    index: Arc<SharedIndex>,
+    queue: Arc<EvidenceQueue>,
+    sink: Arc<dyn ViolationSink>,
+    recorder: Recorder,
+    settings: Settings,
+    policies: Store<WorkloadNetworkPolicy>,
+    network_policies: Store<NetworkPolicy>,
+    namespaces: Store<Namespace>,
+    writers: Mutex<Option<Writers>>,
+    state: Mutex<State>,
+    passes: AtomicU64,
+    metrics: SyncMetrics,
+}
+
+impl StatusSync {
+    /// A status sync over `index` (kept current by [`crate::cluster::watches::run`]) reporting to `sink`.
+    /// Start it with [`StatusSync::run`] (or [`StatusSync::watches`] plus your own passes).
+    pub fn new(
+        client: Client,
+        index: Arc<SharedIndex>,
+        settings: Settings,
+        sink: Arc<dyn ViolationSink>,
+    ) -> Arc<Self> {
+        let (policies, policies_writer) = reflector::store();
+        let (network_policies, network_policies_writer) = reflector::store();
+        let (namespaces, namespaces_writer) = reflector::store();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: settings.reporter.clone(),
+                instance: settings.instance.clone(),
+            },
+        );
+        let queue = EvidenceQueue::default();
+        let metrics = SyncMetrics {
+            evidence_dropped: queue.dropped.clone(),
+            evidence_queued: queue.queued.clone(),
+            ..SyncMetrics::default()
+        };
+        Arc::new(StatusSync {
+            client,
+            index,
+            queue: Arc::new(queue),
+            metrics,
+            sink,
+            recorder,
+            state: Mutex::new(State {
+                pending: Pending::default(),
+                repeats: RepeatFilter::new(settings.repeat_window),
+                pending_dropped_counted: 0,
+            }),
+            settings,
+            policies,
+            network_policies,
+            namespaces,
+            writers: Mutex::new(Some(Writers {
+                policies: policies_writer,
+                network_policies: network_policies_writer,
+                namespaces: namespaces_writer,
+            })),
+            passes: AtomicU64::new(0),
+        })
+    }
+
+    /// Where ingest hands accepted records ([`crate::ingest::Learning::evidence`]).
+    pub fn evidence(&self) -> Arc<dyn EvidenceSink> {
+        self.queue.clone()
+    }
+
+    /// This sync's metrics (shared atomics).
+    pub fn metrics(&self) -> &SyncMetrics {
+        &self.metrics
+    }
+
+    /// Registers this sync's metrics on the process's registry.
+    pub fn register_metrics(&self, metrics: &ControllerMetrics) {
+        let m = &self.metrics;
+        metrics.register(
+            "evidence_records_dropped",
+            "Accepted flow records dropped before evaluation because the evidence queue was full",
+            m.evidence_dropped.clone(),
+        );
+        metrics.register(
+            "evidence_queue_records",
+            "Flow records waiting for the next evidence pass",
+            m.evidence_queued.clone(),
+        );
+        metrics.register(
+            "evidence_records_unresolved",
+            "Flow records that resolved to no flow to evaluate (unknown local pod, Service without \
+             backends, malformed)",
+            m.evidence_unresolved.clone(),
+        );
+        metrics.register(
+            "violation_observations_dropped",
+            "Violation observations dropped before a status patch recorded them: policy_queue_full \
+             (too many waiting for one policy) or policy_deleted",
+            m.observations_dropped.clone(),
+        );
+        metrics.register(
+            "pending_violation_observations",
+            "Violation observations waiting for the status patch that records them",
+            m.pending_observations.clone(),
+        );
+    }
+
+    /// Brings the pending-observation gauge and the queue-full drop counter up to date.
+    fn count_pending(&self, state: &mut State) {
+        let dropped = state.pending.dropped();
+        self.metrics.dropped(
+            "policy_queue_full",
+            dropped.saturating_sub(state.pending_dropped_counted),
+        );
+        state.pending_dropped_counted = dropped;
+        self.metrics
+            .pending_observations
+            .set(state.pending.len() as i64);
+    }
+
+    /// Runs the watches and the passes until the process stops.
+    pub async fn run(self: Arc<Self>) {
+        tokio::join!(self.clone().watches(), self.passes_forever());
+    }
+
+    /// Runs the watches this sync needs besides the index: WorkloadNetworkPolicies and
+    /// NetworkPolicies in scope, namespaces cluster-wide. Only the first call watches.
+    pub async fn watches(self: Arc<Self>) {
+        let Some(writers) = self.writers.lock().expect("writers lock").take() else {
+            return;
+        };
+        let scoped = |client: &Client| match &self.settings.namespace {
+            Some(ns) => (
+                Api::<WorkloadNetworkPolicy>::namespaced(client.clone(), ns),
+                Api::<NetworkPolicy>::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let (policies, network_policies) = scoped(&self.client);
+        tokio::join!(
+            reflect(policies, writers.policies),
+            reflect(network_policies, writers.network_policies),
+            reflect(
+                Api::<Namespace>::all(self.client.clone()),
+                writers.namespaces
+            ),
+        );
+    }
+
+    /// Waits until every watch of this sync and the index have listed once.
+    pub async fn wait_ready(&self) {
+        let _ = self.policies.wait_until_ready().await;
+        let _ = self.network_policies.wait_until_ready().await;
+        let _ = self.namespaces.wait_until_ready().await;
+        while !self.index.ready() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Attributes evidence every `evidence_interval` and syncs statuses every `interval`.
+    pub async fn passes_forever(self: Arc<Self>) {
+        self.wait_ready().await;
+        tracing::info!(interval = ?self.settings.interval, "status sync started");
+        let mut evidence = tokio::time::interval(self.settings.evidence_interval);
+        let mut status = tokio::time::interval(self.settings.interval);
+        for tick in [&mut evidence, &mut status] {
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                _ = evidence.tick() => {
+                    self.attribute_evidence();
+                }
+                _ = status.tick() => {
+                    self.attribute_evidence();
+                    let report = self.sync_all().await;
+                    if report.patched > 0 || report.failed > 0 {
+                        tracing::info!(?report, "synced policy statuses");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Completed [`StatusSync::sync_all`] passes.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Acquire)
+    }
+
+    /// Observations waiting for policy `namespace/name`.
+    pub fn pending(&self, namespace: &str, name: &str) -> usize {
+        self.state
+            .lock()
+            .expect("state lock")
+            .pending
+            .len_of(&PolicyKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+    }
+
+    /// The evaluator's view now (what [`StatusSync::sync_policy`] evaluates against).
+    pub fn current_view(&self) -> ClusterView {
+        let index = self.index.index.read().expect("index lock");
+        self.view(&index)
+    }
+
+    /// The evaluator's view now: the index's pods, the watched namespaces and NetworkPolicies.
+    fn view(&self, index: &Index) -> ClusterView {
+        let namespaces = self.namespaces.state();
+        let network_policies = self.network_policies.state();
+        let mut view = ClusterView::from_index(
+            index,
+            namespaces
+                .iter()
+                .map(|ns| (ns.name_any(), ns.labels().clone())),
+            network_policies
+                .iter()
+                .filter_map(|np| NamedPolicy::from_network_policy(np)),
+        );
+        view.set_ip_blocks_match_pods(self.settings.ip_blocks_match_pods);
+        view
+    }
+
+    /// Attributes the queued records to the policies in force; returns how many observations were
+    /// queued for a status patch.
+    pub fn attribute_evidence(&self) -> usize {
+        let records = self.queue.drain();
+        if records.is_empty() {
+            return 0;
+        }
+        let policies = self.policies.state();
+        let set = PolicySet::new(policies.iter().map(|p| p.as_ref()));
+        if set.is_empty() {
+            return 0;
+        }
+        let backends: HashMap<PolicyKey, Backend> = policies
+            .iter()
+            .map(|p| (policy_key(p), p.spec.backend))
+            .collect();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let index = self.index.index.read().expect("index lock");
+        let view = self.view(&index);
+        let mut state = self.state.lock().expect("state lock");
+        let mut queued = 0;
+        for record in &records {
+            let Some(kind) = EvidenceKind::of(record) else {
+                continue;
+            };
+            let flows = match observed_flows(&index, &view, record, &now) {
+                Ok(flows) => flows,
+                Err(unresolved) => {
+                    self.metrics.evidence_unresolved.inc();
+                    tracing::debug!(%unresolved, "evidence not resolvable");
+                    continue;
+                }
+            };
+            for flow in flows {
+                let attributed = match attribution::attribute(&view, &set, &flow) {
+                    Ok(attributed) => attributed,
+                    Err(error) => {
+                        tracing::debug!(%error, "evidence not evaluable");
+                        continue;
+                    }
+                };
+                for a in attributed {
+                    if !kind.counts_for(a.observation.action)
+                        || !state.repeats.admit(&a.observation)
+                    {
+                        continue;
+                    }
+                    let backend = backends
+                        .get(&a.policy)
+                        .copied()
+                        .unwrap_or(Backend::Kubernetes);
+                    self.sink.observed(backend, &a.observation);
+                    tracing::debug!(policy = ?a.policy, observation = ?a.observation, "violation observed");
+                    state.pending.push(a.policy, a.observation);
+                    queued += 1;
+                }
+            }
+        }
+        state.repeats.forget_before(now.0.as_millisecond());
+        self.count_pending(&mut state);
+        queued
+    }
+
+    /// Syncs every policy's status once (see the module docs).
+    pub async fn sync_all(&self) -> PassReport {
+        let policies = self.policies.state();
+        let keys: HashSet<PolicyKey> = policies.iter().map(|p| policy_key(p)).collect();
+        let gone = {
+            let mut state = self.state.lock().expect("state lock");
+            let gone = state.pending.retain_policies(|k| keys.contains(k));
+            self.metrics.dropped("policy_deleted", gone as u64);
+            self.count_pending(&mut state);
+            gone
+        };
+        if gone > 0 {
+            tracing::info!(
+                observations = gone,
+                "dropped observations of deleted policies"
+            );
+        }
+        let view = self.current_view();
+        let mut report = PassReport::default();
+        for policy in policies
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            report.policies += 1;
+            match self.sync_policy(policy, &view).await {
+                Ok(done) => {
+                    report.patched += usize::from(done.patched);
+                    report.observations += done.observations;
+                    report.acknowledged += done.acknowledged;
+                }
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::warn!(
+                        namespace = ?policy.namespace(), name = %policy.name_any(), %error,
+                        "status sync failed; pending observations are kept and retried"
+                    );
+                }
+            }
+        }
+        self.passes.fetch_add(1, Ordering::AcqRel);
+        report
+    }
+
+    /// Syncs one policy's status from `policy` (its status, annotations and `resourceVersion`):
+    /// patches it if it changed, then removes consumed annotations and reports acknowledgements.
+    /// A patch against a stale `policy` fails with a conflict and keeps the observations pending.
+    pub async fn sync_policy(
+        &self,
+        policy: &WorkloadNetworkPolicy,
+        view: &ClusterView,
+    ) -> Result<PolicySync, SyncError> {
+        let (Some(namespace), Some(name)) = (
+            policy.metadata.namespace.as_deref(),
+            policy.metadata.name.as_deref(),
+        ) else {
+            return Err(SyncError::Unnamed);
+        };
+        let key = policy_key(policy);
+        let observations = self.state.lock().expect("state lock").pending.get(&key);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let outcome = violations::sync(
+            SyncInput {
+                status: policy.status.as_ref(),
+                generation: policy.metadata.generation,
+                annotations: policy.metadata.annotations.as_ref(),
+                observations: &observations,
+                now: &now,
+            },
+            |record| record_allowed_now(view, policy, record),
+        );
+        let api = Api::<WorkloadNetworkPolicy>::namespaced(self.client.clone(), namespace);
+        if outcome.status_changed {
+            api.patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(status_patch(policy, &outcome)),
+            )
+            .await
+            .map_err(SyncError::Patch)?;
+        }
+        {
+            let mut state = self.state.lock().expect("state lock");
+            state.pending.commit(&key, observations.len());
+            self.count_pending(&mut state);
+        }
+        let regarding = policy.object_ref(&());
+        for acknowledged in &outcome.acknowledged {
+            self.sink.acknowledged(acknowledged);
+            publish_with(
+                &self.recorder,
+                &regarding,
+                EventType::Normal,
+                "ViolationAcknowledged",
+                "Acknowledge",
+                acknowledged_note(acknowledged),
+            )
+            .await;
+        }
+        let mut done = PolicySync {
+            patched: outcome.status_changed,
+            observations: observations.len(),
+            acknowledged: outcome.acknowledged.len(),
+            annotations_removed: 0,
+        };
+        if outcome.remove_annotations.is_empty() {
+            return Ok(done);
+        }
+        let annotations: serde_json::Map<String, serde_json::Value> = outcome
+            .remove_annotations
+            .iter()
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                done.annotations_removed = annotations.len();
+                for unknown in &outcome.unknown {
+                    publish_with(
+                        &self.recorder,
+                        &regarding,
+                        EventType::Warning,
+                        "UnknownViolationAcknowledgement",
+                        "Acknowledge",
+                        format!(
+                            "annotation {} removed: {}",
+                            unknown.annotation, unknown.problem
+                        ),
+                    )
+                    .await;
+                }
+            }
+            // The status is recorded; the annotations are removed at the next interval (an already
+            // acknowledged id is then removed silently, an unknown one with its Event).
+            Err(error) => tracing::warn!(
+                namespace, name, %error, "could not remove acknowledge annotations; retrying next interval"
+            ),
+        }
+        Ok(done)
+    }
+}
+
+fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
+    PolicyKey {
+        namespace: policy.metadata.namespace.clone().unwrap_or_default(),
+        name: policy.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The merge patch of the violation fields of the status (not `conditions`, which the policy
+/// reconciler owns), with the copy's `resourceVersion` as precondition. Empty lists are sent as
+/// `[]` so that a merge patch clears them.
+fn status_patch(policy: &WorkloadNetworkPolicy, outcome: &SyncOutcome) -> serde_json::Value {
+    let status = &outcome.status;
+    let mut patch = serde_json::json!({
+        "status": {
+            "observedGeneration": status.observed_generation,
+            "violationCount": status.violation_count,
+            "activeViolationCount": status.active_violation_count,
+            "violations": status.violations,
+            "acknowledgedViolations": status.acknowledged_violations,
+        }
+    });
+    if let Some(version) = policy.resource_version() {
+        patch["metadata"] = serde_json::json!({"resourceVersion": version});
+    }
+    patch
+}
+
+fn acknowledged_note(a: &AcknowledgedViolation) -> String {
+    let v = &a.violation;
+    let side = |w: &network_enforcer_api::WorkloadRef| {
+        if w.owner_name.is_empty() {
+            w.address.clone()
+        } else {
+            format!("{}/{}", w.namespace, w.owner_name)
+        }
+    };
+    format!(
+        "violation {} ({:?} {} -> {}:{}) acknowledged: {}",
+        v.id,
+        v.protocol,
+        side(&v.source),
+        side(&v.dest),
+        v.dst_port.map_or_else(|| "?".into(), |p| p.to_string()),
+        a.reason
+    )
+}
+
+async fn reflect<K>(api: Api<K>, writer: Writer<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::warn!(kind = %K::kind(&()), %error, "watch failed; retrying with backoff");
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_as_the_chart_writes_them() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "30", "s", "30x", "1m30", "0s", "-1s", "1..5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn the_evidence_queue_never_blocks_and_drops_the_oldest() {
+        let queue = EvidenceQueue::default();
+        for port in 0..(MAX_QUEUED_RECORDS as u32 + 2) {
+            queue.accepted(&FlowRecord {
+                port,
+                ..FlowRecord::default()
+            });
+        }
+        assert_eq!(queue.dropped(), 2);
+        let records = queue.drain();
+        assert_eq!(records.len(), MAX_QUEUED_RECORDS);
+        assert_eq!(records[0].port, 2);
+        assert!(queue.drain().is_empty());
+    }
+
+    fn observation(port: i32) -> crate::monitor::violations::Observation {
+        crate::monitor::violations::Observation {
+            timestamp: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            source: network_enforcer_api::WorkloadRef::default(),
+            dest: network_enforcer_api::WorkloadRef::default(),
+            protocol: network_enforcer_api::Protocol::TCP,
+            dst_port: Some(port),
+            action: network_enforcer_api::PolicyMode::Protect,
+            direction: network_enforcer_api::Direction::Ingress,
+            denying_policy_namespace: "shop".into(),
+            denying_policy_name: "web".into(),
+        }
+    }
+
+    /// The line of `name` (with labels) in the metrics text, as a number.
+    fn metric(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test]
+    async fn dropped_evidence_and_pending_observations_are_metrics() {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client that is never used");
+        let sync = StatusSync::new(
+            client,
+            Arc::new(SharedIndex::default()),
+            Settings::default(),
+            Arc::new(crate::monitor::otlp::Disabled),
+        );
+        let registry = ControllerMetrics::new();
+        sync.register_metrics(&registry);
+        let evidence = sync.evidence();
+        for port in 0..(MAX_QUEUED_RECORDS as u32 + 3) {
+            evidence.accepted(&FlowRecord {
+                port,
+                ..FlowRecord::default()
+            });
+        }
+        let text = registry.encode();
+        let p = "network_enforcer_controller_";
+        assert_eq!(
+            metric(&text, &format!("{p}evidence_records_dropped_total")),
+            Some(3.0)
+        );
+        assert_eq!(
+            metric(&text, &format!("{p}evidence_queue_records")),
+            Some(MAX_QUEUED_RECORDS as f64)
+        );
+        assert_eq!(sync.queue.drain().len(), MAX_QUEUED_RECORDS);
+        assert_eq!(
+            metric(&registry.encode(), &format!("{p}evidence_queue_records")),
+            Some(0.0)
+        );
+
+        // One policy's queue overflows by 2, then the policy is gone (no policy is in the store).
+        {
+            let mut state = sync.state.lock().unwrap();
+            let key = PolicyKey {
+                namespace: "shop".into(),
+                name: "web".into(),
+            };
+            for port in 0..(crate::monitor::violations::evidence::MAX_PENDING_PER_POLICY as i32 + 2)
+            {
+                state.pending.push(key.clone(), observation(port));
+            }
+            sync.count_pending(&mut state);
+        }
+        let text = registry.encode();
+        let max = crate::monitor::violations::evidence::MAX_PENDING_PER_POLICY as f64;
+        assert_eq!(
+            metric(&text, &format!("{p}pending_violation_observations")),
+            Some(max)
+        );
+        let dropped = |text: &str, reason: &str| {
+            metric(
+                text,
+                &format!("{p}violation_observations_dropped_total{{reason=\"{reason}\"}}"),
+            )
+        };
+        assert_eq!(dropped(&text, "policy_queue_full"), Some(2.0));
+        let report = sync.sync_all().await;
+        assert_eq!(report.policies, 0);
+        let text = registry.encode();
+        assert_eq!(dropped(&text, "policy_deleted"), Some(max));
+        assert_eq!(
+            dropped(&text, "policy_queue_full"),
+            Some(2.0),
+            "counted once"
+        );
+        assert_eq!(
+            metric(&text, &format!("{p}pending_violation_observations")),
+            Some(0.0)
+        );
+    }
+}

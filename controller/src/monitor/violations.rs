@@ -1,0 +1,280 @@
+//! Violation bookkeeping of a WorkloadNetworkPolicy's status (SPEC section 6, steps 1-4), as one pure
+//! function from (current status, annotations, new observations, now) to the next status plus what
+//! changed:
+//!
+//! 1. **merge** each observation: a record with the same dedupe key only gets a newer timestamp, a
+//!    new one gets `id = violationCount`; every observation increments `violationCount`; records are
+//!    sorted newest first and capped at [`MAX_VIOLATIONS`];
+//! 2. **clear** the records the current spec now allows (decided by the caller's semantic
+//!    evaluator, [`crate::monitor::evaluate::attribution::record_allowed_now`]);
+//! 3. **acknowledge** each `acknowledge-<id>` annotation: record `<id>` moves to
+//!    `acknowledgedViolations` (reason = the annotation value, `acknowledgedAt` = now, newest first,
+//!    capped at [`MAX_ACKNOWLEDGED`]); the annotation is to be removed, also when `<id>` is unknown
+//!    (reported so the caller emits an Event);
+//! 4. `activeViolationCount = len(violations)`, `observedGeneration = generation`.
+//!
+//! The caller patches the status only when [`SyncOutcome::status_changed`], removes
+//! [`SyncOutcome::remove_annotations`], and keeps its observations pending until the patch that
+//! contains them succeeded: this function is deterministic, so a retry from the re-read status gives
+//! the same result.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use network_enforcer_api::keys::acknowledged_id;
+use network_enforcer_api::{
+    AcknowledgedViolation, Direction, PolicyMode, Protocol, ViolationRecord,
+    WorkloadNetworkPolicyStatus, WorkloadRef,
+};
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+/// At most this many active records are kept (the oldest are dropped).
+pub const MAX_VIOLATIONS: usize = 100;
+
+/// At most this many acknowledged records are kept (the oldest acknowledgements are dropped).
+pub const MAX_ACKNOWLEDGED: usize = 100;
+
+/// One occurrence of a violating flow, attributed to a policy: a [`ViolationRecord`] without its id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// When the flow was seen.
+    pub timestamp: Time,
+    pub source: WorkloadRef,
+    pub dest: WorkloadRef,
+    pub protocol: Protocol,
+    /// The destination container port, when known.
+    pub dst_port: Option<i32>,
+    /// The policy's mode when the flow was seen.
+    pub action: PolicyMode,
+    /// The policy's direction.
+    pub direction: Direction,
+    pub denying_policy_namespace: String,
+    pub denying_policy_name: String,
+}
+
+impl Observation {
+    fn into_record(self, id: i64) -> ViolationRecord {
+        ViolationRecord {
+            id,
+            timestamp: self.timestamp,
+            source: self.source,
+            dest: self.dest,
+            protocol: self.protocol,
+            dst_port: self.dst_port,
+            action: self.action,
+            direction: Some(self.direction),
+            denying_policy_namespace: self.denying_policy_namespace,
+            denying_policy_name: self.denying_policy_name,
+        }
+    }
+}
+
+/// The fields that make two observations the same violation: SPEC 6's key (source and destination
+/// namespace/kind/name/identity, protocol, dstPort, action, denying policy, direction), plus the peer
+/// address, which tells apart peers that are no workload (two internet hosts would otherwise share
+/// one record; for pods the address is empty and changes nothing).
+#[derive(PartialEq, Eq)]
+struct DedupeKey<'a> {
+    source: WorkloadKey<'a>,
+    dest: WorkloadKey<'a>,
+    protocol: Protocol,
+    dst_port: Option<i32>,
+    action: PolicyMode,
+    policy: (&'a str, &'a str),
+    direction: Option<Direction>,
+}
+
+#[derive(PartialEq, Eq)]
+struct WorkloadKey<'a> {
+    namespace: &'a str,
+    kind: &'a str,
+    name: &'a str,
+    identity: &'a str,
+    address: &'a str,
+}
+
+impl<'a> WorkloadKey<'a> {
+    fn of(w: &'a WorkloadRef) -> Self {
+        WorkloadKey {
+            namespace: &w.namespace,
+            kind: &w.owner_kind,
+            name: &w.owner_name,
+            identity: &w.identity,
+            address: &w.address,
+        }
+    }
+}
+
+fn observation_key(o: &Observation) -> DedupeKey<'_> {
+    DedupeKey {
+        source: WorkloadKey::of(&o.source),
+        dest: WorkloadKey::of(&o.dest),
+        protocol: o.protocol,
+        dst_port: o.dst_port,
+        action: o.action,
+        policy: (&o.denying_policy_namespace, &o.denying_policy_name),
+        direction: Some(o.direction),
+    }
+}
+
+fn record_key(r: &ViolationRecord) -> DedupeKey<'_> {
+    DedupeKey {
+        source: WorkloadKey::of(&r.source),
+        dest: WorkloadKey::of(&r.dest),
+        protocol: r.protocol,
+        dst_port: r.dst_port,
+        action: r.action,
+        policy: (&r.denying_policy_namespace, &r.denying_policy_name),
+        direction: r.direction,
+    }
+}
+
+/// Everything one sync of a policy's status needs.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncInput<'a> {
+    /// The policy's current status (`None` before the first sync).
+    pub status: Option<&'a WorkloadNetworkPolicyStatus>,
+    /// The policy's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The policy's annotations; `acknowledge-<id>` ones are consumed.
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// Observations attributed to this policy since the last successful patch, in arrival order.
+    pub observations: &'a [Observation],
+    /// The time of this sync, used as `acknowledgedAt`.
+    pub now: &'a Time,
+}
+
+/// An `acknowledge-<id>` annotation that named no active or acknowledged record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownAcknowledgement {
+    /// The full annotation key, to name in the Event.
+    pub annotation: String,
+    pub problem: UnknownId,
+}
+
+/// Why an acknowledge annotation could not be consumed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownId {
+    #[error("violation {0} is not an active violation of this policy")]
+    NotFound(i64),
+    #[error("`{0}` is not a violation id (expected an integer)")]
+    NotANumber(String),
+}
+
+/// The result of one sync.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncOutcome {
+    /// The next status. Conditions are carried over untouched.
+    pub status: WorkloadNetworkPolicyStatus,
+    /// Whether `status` differs from the current one: patch only then.
+    pub status_changed: bool,
+    /// Acknowledge annotations to remove from the policy: consumed ones, ones naming an already
+    /// acknowledged record (a previous removal failed), and unknown ones.
+    pub remove_annotations: Vec<String>,
+    /// Unknown or malformed acknowledge annotations, for an Event each.
+    pub unknown: Vec<UnknownAcknowledgement>,
+    /// Records acknowledged by this sync, for `policy_violation_acknowledged` once the patch succeeds.
+    pub acknowledged: Vec<AcknowledgedViolation>,
+    /// Records cleared because the current spec allows them now.
+    pub cleared: Vec<ViolationRecord>,
+}
+
+/// Runs steps 1-4 of SPEC 6 on a policy's status. `allowed_now` tells whether the policy's current
+/// spec allows a record's flow (step 2).
+pub fn sync(
+    input: SyncInput<'_>,
+    mut allowed_now: impl FnMut(&ViolationRecord) -> bool,
+) -> SyncOutcome {
+    let before = input.status.cloned().unwrap_or_default();
+    let mut status = before.clone();
+
+    // 1. Merge.
+    for observation in input.observations {
+        let key = observation_key(observation);
+        match status.violations.iter_mut().find(|r| record_key(r) == key) {
+            Some(record) => {
+                if observation.timestamp.0 > record.timestamp.0 {
+                    record.timestamp = observation.timestamp.clone();
+                }
+            }
+            None => {
+                let record = observation.clone().into_record(status.violation_count);
+                status.violations.push(record);
+            }
+        }
+        status.violation_count += 1;
+    }
+    // Newest first; among equal timestamps the later id first, so the order is total.
+    status
+        .violations
+        .sort_by_key(|r| Reverse((r.timestamp.0, r.id)));
+    status.violations.truncate(MAX_VIOLATIONS);
+
+    // 2. Clear.
+    let (cleared, active): (Vec<_>, Vec<_>) = std::mem::take(&mut status.violations)
+        .into_iter()
+        .partition(|r| allowed_now(r));
+    status.violations = active;
+
+    // 3. Acknowledge.
+    let mut remove_annotations = Vec::new();
+    let mut unknown = Vec::new();
+    let mut acknowledged = Vec::new();
+    for (annotation, reason) in input.annotations.into_iter().flatten() {
+        let Some(id) = acknowledged_id(annotation) else {
+            continue;
+        };
+        remove_annotations.push(annotation.clone());
+        let problem = match id {
+            Err(suffix) => UnknownId::NotANumber(suffix.to_string()),
+            Ok(id) => match status.violations.iter().position(|r| r.id == id) {
+                Some(i) => {
+                    acknowledged.push(AcknowledgedViolation {
+                        violation: status.violations.remove(i),
+                        reason: reason.clone(),
+                        acknowledged_at: input.now.clone(),
+                    });
+                    continue;
+                }
+                // Consumed by an earlier sync whose annotation removal did not happen.
+                None if status
+                    .acknowledged_violations
+                    .iter()
+                    .any(|a| a.violation.id == id) =>
+                {
+                    continue;
+                }
+                None => UnknownId::NotFound(id),
+            },
+        };
+        unknown.push(UnknownAcknowledgement {
+            annotation: annotation.clone(),
+            problem,
+        });
+    }
+    // Annotations come in key order ("-10" before "-9"); list the newest record first.
+    acknowledged.sort_by_key(|a| Reverse(a.violation.id));
+    let mut acknowledged_list = acknowledged.clone();
+    acknowledged_list.append(&mut status.acknowledged_violations);
+    // Stable: this sync's acknowledgements stay ahead of older ones with the same time.
+    acknowledged_list.sort_by_key(|a| Reverse(a.acknowledged_at.0));
+    acknowledged_list.truncate(MAX_ACKNOWLEDGED);
+    status.acknowledged_violations = acknowledged_list;
+
+    // 4. Counters.
+    status.active_violation_count = status.violations.len() as i64;
+    status.observed_generation = input.generation;
+
+    SyncOutcome {
+        status_changed: status != before,
+        status,
+        remove_annotations,
+        unknown,
+        acknowledged,
+        cleared,
+    }
+}
+
+pub mod evidence;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,677 @@
+//! Violation evidence (SPEC section 6): which flow records are evidence for which policy mode, how a
+//! record becomes flows between pods the evaluators know, when a repeat of the same flow counts
+//! again, and the observations waiting for the status patch that records them.
+//!
+//! All pure: the status sync ([`crate::monitor::status_sync`]) feeds records in and patches what comes out.
+//!
+//! **Which evidence counts for which mode.** A monitor-mode policy blocks nothing, so it records the
+//! flows that went through: established TCP connections, and UDP datagrams (sent or received). A
+//! protect-mode policy records the attempts its rendered object blocks: TCP connection attempts that
+//! never established, flows a CNI or mesh reports as denied, and UDP sends (the sender cannot tell
+//! whether they arrived). A failed attempt is not monitor evidence (a monitor policy did not make it
+//! fail), and an established connection is not protect evidence (the data plane let it through).
+//!
+//! **When a repeat counts again.** One connection is reported by both endpoints' agents, by several
+//! sources, and in every aggregation window while it lasts. Observations with the same dedupe key
+//! (SPEC 6: source, destination, protocol, port, action, denying policy, direction) whose times lie
+//! within [`REPEAT_WINDOW`] of the last counted one count once; a repeat after the window counts
+//! again (and bumps `violationCount`).
+
+use super::Observation;
+use crate::cluster::index::{self, Index, Resolved, WorkloadEndpoint};
+use crate::ingest::flow_record::{self, BadField};
+use crate::learn::principal;
+use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
+use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use network_enforcer_api::uplink::{self, FlowRecord};
+use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadRef};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Repeats of the same violation within this window of the last counted one count once.
+pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
+
+/// At most this many observations wait per policy for a successful status patch; beyond, the
+/// oldest are dropped (and counted) rather than growing without bound while the API refuses patches.
+pub const MAX_PENDING_PER_POLICY: usize = 10_000;
+
+/// What a record says about a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvidenceKind {
+    /// The flow went through: an established TCP connection, or a datagram the peer received.
+    WentThrough,
+    /// A UDP datagram was sent; whether it arrived is unknown to the sender.
+    Sent,
+    /// The flow did not go through: a TCP attempt that never established, or a CNI/mesh denial.
+    Blocked,
+}
+
+impl EvidenceKind {
+    /// The kind of evidence `record` is; `None` for records with an unknown outcome.
+    pub fn of(record: &FlowRecord) -> Option<Self> {
+        let outbound = record.direction == uplink::Direction::Outbound as i32;
+        match uplink::Outcome::try_from(record.outcome).ok()? {
+            uplink::Outcome::Established => Some(EvidenceKind::WentThrough),
+            uplink::Outcome::Datagram if outbound => Some(EvidenceKind::Sent),
+            uplink::Outcome::Datagram => Some(EvidenceKind::WentThrough),
+            // A dry-run denial (ztunnel, Hubble audit) let the connection through: monitor evidence.
+            uplink::Outcome::Denied if record.dry_run => Some(EvidenceKind::WentThrough),
+            uplink::Outcome::Failed | uplink::Outcome::Denied => Some(EvidenceKind::Blocked),
+            uplink::Outcome::Unspecified => None,
+        }
+    }
+
+    /// Whether this evidence records a violation on a policy in `mode` (see the module docs).
+    pub fn counts_for(self, mode: PolicyMode) -> bool {
+        match mode {
+            PolicyMode::Monitor => matches!(self, EvidenceKind::WentThrough | EvidenceKind::Sent),
+            PolicyMode::Protect => matches!(self, EvidenceKind::Sent | EvidenceKind::Blocked),
+        }
+    }
+}
+
+/// Why a record gives no flow to evaluate.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    #[error("the record names no local pod the index knows")]
+    UnknownLocalPod,
+    #[error("peer address has {0} bytes; expected 4 or 16")]
+    BadAddress(usize),
+    #[error("port {0} is out of range")]
+    BadPort(u32),
+    #[error("unknown protocol or direction")]
+    BadEnum,
+    #[error("Service {0}/{1} has no backend for that port")]
+    ServiceWithoutBackends(String, String),
+}
+
+/// The flows between evaluable endpoints a record stands for, as of the record's last sighting: one
+/// for a pod or outside address, one per backend workload for a Service ClusterIP (kube-proxy picked
+/// one of them; pods of a workload share their template's labels and ports, so any of its pods stands
+/// for it).
+pub fn observed_flows(
+    index: &Index,
+    view: &ClusterView,
+    record: &FlowRecord,
+    now: &Time,
+) -> Result<Vec<ObservedFlow>, Unresolved> {
+    let local = flow_record::local_pod(record, index).ok_or(Unresolved::UnknownLocalPod)?;
+    let fields = flow_record::fields(record).map_err(|e| match e {
+        BadField::Address(n) => Unresolved::BadAddress(n),
+        BadField::Port(p) => Unresolved::BadPort(p),
+        BadField::Enum => Unresolved::BadEnum,
+    })?;
+    let (port, protocol) = (fields.port, fields.protocol);
+    // The source's own naming of the peer stands in when the address leads to no pod or Service.
+    let (peer, _) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
+    let seen_at = k8s_openapi::jiff::Timestamp::from_millisecond(record.last_seen_ms)
+        .ok()
+        .filter(|_| record.last_seen_ms > 0)
+        .map_or_else(|| now.clone(), Time);
+    let local_side = pod_side(index, local);
+    let flow = |source: FlowSide, destination: FlowSide, port: u16| ObservedFlow {
+        source,
+        destination,
+        protocol,
+        port,
+        seen_at: seen_at.clone(),
+    };
+    let at = record.last_seen_ms;
+    match uplink::Direction::try_from(record.direction) {
+        Ok(uplink::Direction::Outbound) => {
+            if let Some(pod) = index.pod_at(peer, at) {
+                return Ok(vec![flow(local_side, pod_side(index, pod), port)]);
+            }
+            match index.resolve(peer, port, protocol, at) {
+                Resolved::Workloads(backends) => Ok(backends
+                    .into_iter()
+                    .filter_map(|(workload, port)| {
+                        let side = workload_side(view, workload)?;
+                        Some(flow(local_side.clone(), side, port))
+                    })
+                    .collect()),
+                Resolved::Address(_, port) => Ok(vec![flow(local_side, address_side(peer), port)]),
+                Resolved::ServiceWithoutBackends { namespace, name } => {
+                    Err(Unresolved::ServiceWithoutBackends(namespace, name))
+                }
+            }
+        }
+        Ok(uplink::Direction::Inbound) => {
+            // An inbound peer is never a ClusterIP: kube-proxy keeps the client's address.
+            let source = match index.pod_at(peer, at) {
+                Some(pod) => pod_side(index, pod),
+                None => address_side(peer),
+            };
+            Ok(vec![flow(source, local_side, port)])
+        }
+        _ => Err(Unresolved::BadEnum),
+    }
+}
+
+/// A pod of the index as a flow side: evaluated as itself (hostNetwork pods by their address, as
+/// NetworkPolicies see them), named by its workload.
+fn pod_side(index: &Index, pod: &index::PodInfo) -> FlowSide {
+    let endpoint = match (pod.host_network, pod.ips.first()) {
+        (true, Some(ip)) => Endpoint::Ip(*ip),
+        _ => Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
+    };
+    FlowSide {
+        endpoint,
+        workload: workload_ref(&index.endpoint_of(pod)),
+    }
+}
+
+/// A Service backend workload as a flow side: one of its pods stands for it.
+fn workload_side(view: &ClusterView, workload: WorkloadEndpoint) -> Option<FlowSide> {
+    let pod = match workload.kind {
+        Some(kind) => view
+            .pods_of(&workload.namespace, kind, &workload.name)
+            .next()
+            .map(|p| p.key())?,
+        None => PodKey::new(&workload.namespace, &workload.name),
+    };
+    view.pod(&pod)?;
+    Some(FlowSide {
+        endpoint: Endpoint::Pod(pod),
+        workload: workload_ref(&workload),
+    })
+}
+
+fn address_side(ip: IpAddr) -> FlowSide {
+    FlowSide {
+        endpoint: Endpoint::Ip(ip),
+        workload: WorkloadRef {
+            address: ip.to_string(),
+            ..WorkloadRef::default()
+        },
+    }
+}
+
+/// How violation records name a workload: namespace, kind (`Pod` for a pod without a supported
+/// controller), name, Istio principal and selector.
+pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
+    WorkloadRef {
+        namespace: workload.namespace.clone(),
+        owner_kind: workload.kind.map_or("Pod", |k| k.as_str()).to_string(),
+        owner_name: workload.name.clone(),
+        identity: principal(workload),
+        selector: workload
+            .selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        address: String::new(),
+    }
+}
+
+/// SPEC 6's dedupe key of an observation, owned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RepeatKey {
+    source: WorkloadRef,
+    dest: WorkloadRef,
+    protocol: Protocol,
+    dst_port: Option<i32>,
+    action: PolicyMode,
+    policy: (String, String),
+    direction: Direction,
+}
+
+impl RepeatKey {
+    fn of(o: &Observation) -> Self {
+        RepeatKey {
+            source: o.source.clone(),
+            dest: o.dest.clone(),
+            protocol: o.protocol,
+            dst_port: o.dst_port,
+            action: o.action,
+            policy: (
+                o.denying_policy_namespace.clone(),
+                o.denying_policy_name.clone(),
+            ),
+            direction: o.direction,
+        }
+    }
+}
+
+/// Counts one observation per flow per [`REPEAT_WINDOW`] (see the module docs).
+#[derive(Debug)]
+pub struct RepeatFilter {
+    window_ms: i64,
+    /// When each key was last counted (the observation's time, ms).
+    counted: HashMap<RepeatKey, i64>,
+}
+
+impl RepeatFilter {
+    /// A filter with the given window.
+    pub fn new(window: Duration) -> Self {
+        RepeatFilter {
+            window_ms: i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
+            counted: HashMap::new(),
+        }
+    }
+
+    /// Whether `observation` counts: true the first time its key is seen, and when its time is at
+    /// least a window away from the last counted one.
+    pub fn admit(&mut self, observation: &Observation) -> bool {
+        let at = observation.timestamp.0.as_millisecond();
+        let key = RepeatKey::of(observation);
+        match self.counted.get(&key) {
+            Some(last) if (at - last).abs() < self.window_ms => false,
+            _ => {
+                self.counted.insert(key, at);
+                true
+            }
+        }
+    }
+
+    /// Forgets keys last counted more than a window before `now_ms`, so memory follows the flows of
+    /// the last window only.
+    pub fn forget_before(&mut self, now_ms: i64) {
+        let window = self.window_ms;
+        self.counted
+            .retain(|_, at| now_ms.saturating_sub(*at) < window);
+    }
+
+    /// The number of keys remembered.
+    pub fn len(&self) -> usize {
+        self.counted.len()
+    }
+
+    /// Whether no key is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.counted.is_empty()
+    }
+}
+
+/// Observations per policy, waiting for the status patch that records them. The sync reads a
+/// policy's observations, patches, and only on success [`Pending::commit`]s the ones it read; what
+/// arrived meanwhile stays for the next sync, and a failed patch loses nothing.
+#[derive(Debug, Default)]
+pub struct Pending {
+    by_policy: HashMap<PolicyKey, VecDeque<Observation>>,
+    dropped: u64,
+}
+
+impl Pending {
+    /// Queues an observation for `policy`; when the policy already has [`MAX_PENDING_PER_POLICY`]
+    /// waiting, the oldest is dropped and counted in [`Pending::dropped`].
+    pub fn push(&mut self, policy: PolicyKey, observation: Observation) {
+        let queue = self.by_policy.entry(policy).or_default();
+        if queue.len() >= MAX_PENDING_PER_POLICY {
+            queue.pop_front();
+            self.dropped += 1;
+        }
+        queue.push_back(observation);
+    }
+
+    /// The observations waiting for `policy`, oldest first.
+    pub fn get(&self, policy: &PolicyKey) -> Vec<Observation> {
+        self.by_policy
+            .get(policy)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The number of observations waiting for `policy`.
+    pub fn len_of(&self, policy: &PolicyKey) -> usize {
+        self.by_policy.get(policy).map_or(0, VecDeque::len)
+    }
+
+    /// The first `n` observations of `policy` are in its status now: forget them.
+    pub fn commit(&mut self, policy: &PolicyKey, n: usize) {
+        if let Some(queue) = self.by_policy.get_mut(policy) {
+            queue.drain(..n.min(queue.len()));
+            if queue.is_empty() {
+                self.by_policy.remove(policy);
+            }
+        }
+    }
+
+    /// Forgets the observations of policies that no longer exist; returns how many were dropped.
+    pub fn retain_policies(&mut self, mut exists: impl FnMut(&PolicyKey) -> bool) -> usize {
+        let mut dropped = 0;
+        self.by_policy.retain(|key, queue| {
+            let keep = exists(key);
+            if !keep {
+                dropped += queue.len();
+            }
+            keep
+        });
+        dropped
+    }
+
+    /// The policies with observations waiting.
+    pub fn policies(&self) -> impl Iterator<Item = &PolicyKey> {
+        self.by_policy.keys()
+    }
+
+    /// Observations waiting, over every policy.
+    pub fn len(&self) -> usize {
+        self.by_policy.values().map(VecDeque::len).sum()
+    }
+
+    /// Whether no observation waits.
+    pub fn is_empty(&self) -> bool {
+        self.by_policy.values().all(VecDeque::is_empty)
+    }
+
+    /// Observations dropped because a policy's queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn observation(second: i64, action: PolicyMode) -> Observation {
+        Observation {
+            timestamp: Time(Timestamp::from_second(1_800_000_000 + second).unwrap()),
+            source: WorkloadRef {
+                namespace: "n".into(),
+                owner_kind: "Deployment".into(),
+                owner_name: "client".into(),
+                ..WorkloadRef::default()
+            },
+            dest: WorkloadRef {
+                namespace: "n".into(),
+                owner_kind: "Deployment".into(),
+                owner_name: "server".into(),
+                ..WorkloadRef::default()
+            },
+            protocol: Protocol::UDP,
+            dst_port: Some(18081),
+            action,
+            direction: Direction::Egress,
+            denying_policy_namespace: "n".into(),
+            denying_policy_name: "p".into(),
+        }
+    }
+
+    fn record(outcome: uplink::Outcome, direction: uplink::Direction) -> FlowRecord {
+        FlowRecord {
+            outcome: outcome as i32,
+            direction: direction as i32,
+            ..FlowRecord::default()
+        }
+    }
+
+    fn pod(
+        name: &str,
+        app: &str,
+        sa: &str,
+        ip: &str,
+        host_network: bool,
+    ) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "n", "uid": format!("uid-{name}"), "labels": {"app": app, "pod-template-hash": "5d8f7c9b6"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": format!("{app}-5d8f7c9b6"), "uid": "u", "controller": true}]},
+            "spec": {"serviceAccountName": sa, "nodeName": "node-a", "hostNetwork": host_network,
+                     "containers": [{"name": "main", "ports": [
+                         {"name": "echo-udp", "containerPort": 18081, "protocol": "UDP"}]}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn cluster() -> (Index, ClusterView) {
+        let mut index = Index::default();
+        for p in [
+            pod(
+                "client-5d8f7c9b6-a",
+                "client",
+                "client-sa",
+                "10.0.0.1",
+                false,
+            ),
+            pod(
+                "server-5d8f7c9b6-a",
+                "server",
+                "server-sa",
+                "10.0.0.2",
+                false,
+            ),
+            pod(
+                "agent-5d8f7c9b6-a",
+                "agent",
+                "agent-sa",
+                "192.168.1.1",
+                true,
+            ),
+        ] {
+            index.apply_pod(&p, 1_000);
+        }
+        for app in ["client", "server", "agent"] {
+            let selector = serde_json::from_value(serde_json::json!({"matchLabels": {"app": app}}));
+            index.apply_workload(
+                "n",
+                network_enforcer_api::WorkloadKind::Deployment,
+                app,
+                &format!("uid-{app}"),
+                selector.unwrap(),
+            );
+        }
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "server", "namespace": "n"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "server"},
+                     "ports": [{"port": 18083, "protocol": "UDP", "targetPort": "echo-udp"}]}
+        }))
+        .unwrap();
+        index.apply_service(&svc);
+        let view = ClusterView::from_index(&index, std::iter::empty(), std::iter::empty());
+        (index, view)
+    }
+
+    fn sent(local: &str, peer: [u8; 4], port: u32, direction: uplink::Direction) -> FlowRecord {
+        FlowRecord {
+            local: Some(uplink::LocalPod {
+                namespace: "n".into(),
+                name: local.into(),
+                uid: String::new(),
+            }),
+            peer_ip: peer.to_vec(),
+            port,
+            protocol: uplink::Protocol::Udp as i32,
+            direction: direction as i32,
+            outcome: uplink::Outcome::Datagram as i32,
+            last_seen_ms: 1_800_000_000_000,
+            ..FlowRecord::default()
+        }
+    }
+
+    #[test]
+    fn records_become_flows_between_pods_on_container_ports() {
+        let (index, view) = cluster();
+        assert_eq!(view.pod_count(), 2, "hostNetwork pods are addresses");
+        let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        let endpoints = |flows: Vec<ObservedFlow>| {
+            flows
+                .into_iter()
+                .map(|f| (f.source.endpoint, f.destination.endpoint, f.port, f.seen_at))
+                .collect::<Vec<_>>()
+        };
+        let client = Endpoint::Pod(PodKey::new("n", "client-5d8f7c9b6-a"));
+        let server = Endpoint::Pod(PodKey::new("n", "server-5d8f7c9b6-a"));
+        let seen = Time(Timestamp::from_millisecond(1_800_000_000_000).unwrap());
+        // Through the Service: its backend pod, on the named target (container) port.
+        let via_service = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 10],
+            18083,
+            uplink::Direction::Outbound,
+        );
+        let flows = observed_flows(&index, &view, &via_service, &now).unwrap();
+        assert_eq!(flows[0].source.workload.owner_name, "client");
+        assert_eq!(flows[0].source.workload.owner_kind, "Deployment");
+        assert_eq!(
+            flows[0].source.workload.identity,
+            "cluster.local/ns/n/sa/client-sa"
+        );
+        assert_eq!(flows[0].destination.workload.selector, "app=server");
+        assert_eq!(
+            endpoints(flows),
+            [(client.clone(), server.clone(), 18081, seen.clone())]
+        );
+        // The server's agent saw the same datagram arrive: the same flow.
+        let received = sent(
+            "server-5d8f7c9b6-a",
+            [10, 0, 0, 1],
+            18081,
+            uplink::Direction::Inbound,
+        );
+        assert_eq!(
+            endpoints(observed_flows(&index, &view, &received, &now).unwrap()),
+            [(client.clone(), server.clone(), 18081, seen.clone())]
+        );
+        // Outside addresses and hostNetwork pods are bare IPs; a record without a time is "now".
+        let mut outside = sent(
+            "client-5d8f7c9b6-a",
+            [1, 1, 1, 1],
+            53,
+            uplink::Direction::Outbound,
+        );
+        outside.last_seen_ms = 0;
+        let flows = observed_flows(&index, &view, &outside, &now).unwrap();
+        assert_eq!(flows[0].destination.workload.address, "1.1.1.1");
+        assert_eq!(
+            endpoints(flows),
+            [(
+                client.clone(),
+                Endpoint::Ip("1.1.1.1".parse().unwrap()),
+                53,
+                now.clone()
+            )]
+        );
+        let host = sent(
+            "client-5d8f7c9b6-a",
+            [192, 168, 1, 1],
+            9000,
+            uplink::Direction::Outbound,
+        );
+        let flows = observed_flows(&index, &view, &host, &now).unwrap();
+        // hostNetwork pods share their node's address and never claim it in the index.
+        assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
+        assert_eq!(
+            flows[0].destination.endpoint,
+            Endpoint::Ip("192.168.1.1".parse().unwrap())
+        );
+        // What cannot be resolved says why.
+        let unknown = sent("gone", [10, 0, 0, 2], 1, uplink::Direction::Outbound);
+        assert_eq!(
+            observed_flows(&index, &view, &unknown, &now),
+            Err(Unresolved::UnknownLocalPod)
+        );
+        let mut bad = via_service.clone();
+        bad.peer_ip = vec![1, 2, 3];
+        assert_eq!(
+            observed_flows(&index, &view, &bad, &now),
+            Err(Unresolved::BadAddress(3))
+        );
+        let no_port = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 10],
+            9999,
+            uplink::Direction::Outbound,
+        );
+        assert!(matches!(
+            observed_flows(&index, &view, &no_port, &now),
+            Err(Unresolved::ServiceWithoutBackends(..))
+        ));
+    }
+
+    #[test]
+    fn evidence_kinds_and_the_modes_they_count_for() {
+        use uplink::Direction::{Inbound, Outbound};
+        use uplink::Outcome::{Datagram, Denied, Established, Failed, Unspecified};
+        let cases = [
+            (Established, Outbound, Some(EvidenceKind::WentThrough)),
+            (Established, Inbound, Some(EvidenceKind::WentThrough)),
+            (Datagram, Outbound, Some(EvidenceKind::Sent)),
+            (Datagram, Inbound, Some(EvidenceKind::WentThrough)),
+            (Failed, Outbound, Some(EvidenceKind::Blocked)),
+            (Denied, Inbound, Some(EvidenceKind::Blocked)),
+            (Unspecified, Outbound, None),
+        ];
+        for (outcome, direction, kind) in cases {
+            assert_eq!(
+                EvidenceKind::of(&record(outcome, direction)),
+                kind,
+                "{outcome:?} {direction:?}"
+            );
+        }
+        let dry_run = FlowRecord {
+            dry_run: true,
+            ..record(Denied, Inbound)
+        };
+        assert_eq!(EvidenceKind::of(&dry_run), Some(EvidenceKind::WentThrough));
+        let counts = |kind: EvidenceKind| {
+            (
+                kind.counts_for(PolicyMode::Monitor),
+                kind.counts_for(PolicyMode::Protect),
+            )
+        };
+        assert_eq!(counts(EvidenceKind::WentThrough), (true, false));
+        assert_eq!(counts(EvidenceKind::Sent), (true, true));
+        assert_eq!(counts(EvidenceKind::Blocked), (false, true));
+    }
+
+    #[test]
+    fn repeats_count_once_per_window() {
+        let mut filter = RepeatFilter::new(Duration::from_secs(60));
+        assert!(filter.admit(&observation(0, PolicyMode::Monitor)));
+        // The other endpoint's agent, a later window, a late record: the same occurrence.
+        assert!(!filter.admit(&observation(0, PolicyMode::Monitor)));
+        assert!(!filter.admit(&observation(59, PolicyMode::Monitor)));
+        assert!(!filter.admit(&observation(-30, PolicyMode::Monitor)));
+        // Another action is another violation.
+        assert!(filter.admit(&observation(10, PolicyMode::Protect)));
+        // A window after the counted one: counts again, and anchors the next window.
+        assert!(filter.admit(&observation(60, PolicyMode::Monitor)));
+        assert!(!filter.admit(&observation(100, PolicyMode::Monitor)));
+        assert_eq!(filter.len(), 2);
+        filter.forget_before((1_800_000_000 + 10 + 60) * 1000);
+        assert_eq!(filter.len(), 1, "the protect key is a window old");
+        filter.forget_before((1_800_000_000 + 200) * 1000);
+        assert!(filter.is_empty());
+    }
+
+    #[test]
+    fn pending_observations_leave_only_when_committed() {
+        let key = PolicyKey {
+            namespace: "n".into(),
+            name: "p".into(),
+        };
+        let mut pending = Pending::default();
+        pending.push(key.clone(), observation(1, PolicyMode::Monitor));
+        pending.push(key.clone(), observation(2, PolicyMode::Monitor));
+        let read = pending.get(&key);
+        assert_eq!(read.len(), 2);
+        // A patch with `read` is in flight; another observation arrives; the patch fails.
+        pending.push(key.clone(), observation(3, PolicyMode::Monitor));
+        assert_eq!(pending.len_of(&key), 3, "a failed patch loses nothing");
+        // Retried and succeeded: only what that patch contained is forgotten.
+        let read = pending.get(&key);
+        pending.commit(&key, 2);
+        assert_eq!(pending.get(&key), vec![read[2].clone()]);
+        pending.commit(&key, 1);
+        assert_eq!(pending.len_of(&key), 0);
+        assert_eq!(pending.policies().count(), 0);
+
+        for i in 0..MAX_PENDING_PER_POLICY as i64 + 3 {
+            pending.push(key.clone(), observation(i, PolicyMode::Monitor));
+        }
+        assert_eq!(pending.len_of(&key), MAX_PENDING_PER_POLICY);
+        assert_eq!(pending.dropped(), 3);
+        assert_eq!(
+            pending.get(&key)[0].timestamp,
+            observation(3, PolicyMode::Monitor).timestamp
+        );
+        assert_eq!(pending.retain_policies(|_| false), MAX_PENDING_PER_POLICY);
+    }
+}

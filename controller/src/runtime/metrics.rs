@@ -1,0 +1,319 @@
+//! Prometheus metrics of the controller, served on `/metrics` by [`crate::runtime::http`].
+//!
+//! One [`ControllerMetrics`] per process, cloned into whatever counts (the clones share the same atomics).
+//! The ingest path gets it through the [`crate::learn::proposal_writer::ProposalWriter`] it feeds
+//! ([`crate::learn::proposal_writer::ProposalWriter::with_metrics`]), so the gRPC service, learning and the writer all
+//! count into one registry. Every name carries the `network_enforcer_controller` prefix:
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `records_received_total` | | flow records received in batches (accepted or rejected) |
+//! | `records_rejected_total` | `reason` | records refused (malformed, or for a pod not on the agent's node) |
+//! | `batches_refused_total` | `reason` | batches that ended their stream (wrong node, rate, size, not leader) |
+//! | `resolutions_total` | `outcome` | what accepted records resolved to (peer kind, or why nothing) |
+//! | `proposal_writes_total` | `result` | per-proposal flush results (created, updated, unchanged, ...) |
+//! | `proposal_write_duration_seconds` | | time to write one proposal (reads, write, status) |
+//! | `pending_proposals` / `pending_edges` | | the write queue: proposals and edges waiting for a flush |
+//! | `token_reviews_total` | `result` | agent authentication results |
+//! | `agent_streams` | | agent streams currently open |
+//! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
+//! | `leader` | | 1 while this replica holds the leader Lease |
+//!
+//! Other modules register their own metrics with [`ControllerMetrics::register`].
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Metric, Registry};
+use std::sync::{Arc, Mutex};
+
+/// A label set with one label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: String,
+}
+
+/// A label set with one `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+/// A label set with one `result` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+/// The controller's metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    registry: Arc<Mutex<Registry>>,
+    pub records_received: Counter,
+    records_rejected: Family<Reason, Counter>,
+    batches_refused: Family<Reason, Counter>,
+    resolutions: Family<Outcome, Counter>,
+    proposal_writes: Family<ResultLabel, Counter>,
+    /// Seconds per proposal write.
+    pub write_duration: Histogram,
+    pub pending_proposals: Gauge,
+    pub pending_edges: Gauge,
+    token_reviews: Family<ResultLabel, Counter>,
+    pub agent_streams: Gauge,
+    /// Batch acknowledgements held until a flush has written what the batch taught.
+    pub acks_waiting: Gauge,
+    pub leader: Gauge,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControllerMetrics {
+    /// Registers every metric under the `network_enforcer_controller` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("network_enforcer_controller");
+        let records_received = Counter::default();
+        registry.register(
+            "records_received",
+            "Flow records in batches the controller accepted",
+            records_received.clone(),
+        );
+        let records_rejected = Family::<Reason, Counter>::default();
+        registry.register(
+            "records_rejected",
+            "Flow records refused, by reason",
+            records_rejected.clone(),
+        );
+        let batches_refused = Family::<Reason, Counter>::default();
+        registry.register(
+            "batches_refused",
+            "Batches refused with a gRPC status that ends the stream, by reason",
+            batches_refused.clone(),
+        );
+        let resolutions = Family::<Outcome, Counter>::default();
+        registry.register(
+            "resolutions",
+            "What accepted records resolved to: the peer's kind (workload, node, external) or why nothing \
+             was learned",
+            resolutions.clone(),
+        );
+        let proposal_writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "proposal_writes",
+            "Proposal flush results: created, updated, unchanged, promoted (left alone), conflict (409, \
+             retried), failed (kept for the next flush)",
+            proposal_writes.clone(),
+        );
+        // 1 ms .. ~16 s.
+        let write_duration = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+        );
+        registry.register(
+            "proposal_write_duration_seconds",
+            "Time to write one proposal (read, write, status)",
+            write_duration.clone(),
+        );
+        let pending_proposals = Gauge::default();
+        registry.register(
+            "pending_proposals",
+            "Proposals with learned edges waiting for the next flush",
+            pending_proposals.clone(),
+        );
+        let pending_edges = Gauge::default();
+        registry.register(
+            "pending_edges",
+            "Learned edges waiting for the next flush",
+            pending_edges.clone(),
+        );
+        let token_reviews = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "token_reviews",
+            "Agent authentications: authenticated, unauthenticated, permission_denied, unavailable",
+            token_reviews.clone(),
+        );
+        let agent_streams = Gauge::default();
+        registry.register(
+            "agent_streams",
+            "Agent streams currently open",
+            agent_streams.clone(),
+        );
+        let acks_waiting = Gauge::default();
+        registry.register(
+            "acks_waiting",
+            "Batch acknowledgements held until the flush that writes their edges (agents resend \
+             unacknowledged batches after a controller restart)",
+            acks_waiting.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (or runs without leader election)",
+            leader.clone(),
+        );
+        Self {
+            registry: Arc::new(Mutex::new(registry)),
+            records_received,
+            records_rejected,
+            batches_refused,
+            resolutions,
+            proposal_writes,
+            write_duration,
+            pending_proposals,
+            pending_edges,
+            token_reviews,
+            agent_streams,
+            acks_waiting,
+            leader,
+        }
+    }
+
+    /// Registers another metric (name without the prefix; counters get `_total` appended).
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry
+            .lock()
+            .expect("metrics registry lock")
+            .register(name, help, metric);
+    }
+
+    /// Counts a refused record.
+    pub fn record_rejected(&self, reason: &str) {
+        self.records_rejected
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a refused batch (the stream ends with a status).
+    pub fn batch_refused(&self, reason: &str) {
+        self.batches_refused
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` resolutions with `outcome`.
+    pub fn resolved(&self, outcome: &str, n: u64) {
+        self.resolutions
+            .get_or_create(&Outcome {
+                outcome: outcome.into(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts a proposal flush result.
+    pub fn proposal_write(&self, result: &str) {
+        self.proposal_writes
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a TokenReview result.
+    pub fn token_review(&self, result: &str) {
+        self.token_reviews
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// The value of a labelled counter, for tests and the benchmark (`family` is the metric name without
+    /// prefix and suffix, e.g. `proposal_writes`).
+    pub fn count(&self, family: &str, label: &str) -> u64 {
+        match family {
+            "records_rejected" => self
+                .records_rejected
+                .get_or_create(&Reason {
+                    reason: label.into(),
+                })
+                .get(),
+            "batches_refused" => self
+                .batches_refused
+                .get_or_create(&Reason {
+                    reason: label.into(),
+                })
+                .get(),
+            "resolutions" => self
+                .resolutions
+                .get_or_create(&Outcome {
+                    outcome: label.into(),
+                })
+                .get(),
+            "proposal_writes" => self
+                .proposal_writes
+                .get_or_create(&ResultLabel {
+                    result: label.into(),
+                })
+                .get(),
+            "token_reviews" => self
+                .token_reviews
+                .get_or_create(&ResultLabel {
+                    result: label.into(),
+                })
+                .get(),
+            _ => 0,
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(
+            &mut out,
+            &self.registry.lock().expect("metrics registry lock"),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_counters_and_late_registrations_are_encoded() {
+        let m = ControllerMetrics::new();
+        m.records_received.inc_by(5);
+        m.record_rejected("not_on_node");
+        m.resolved("external", 2);
+        m.proposal_write("created");
+        m.token_review("permission_denied");
+        m.pending_proposals.set(3);
+        m.write_duration.observe(0.01);
+        let extra = Counter::<u64>::default();
+        m.register(
+            "flow_source_events",
+            "Events from a flow source",
+            extra.clone(),
+        );
+        extra.inc();
+        let text = m.encode();
+        for line in [
+            "network_enforcer_controller_records_received_total 5",
+            "network_enforcer_controller_records_rejected_total{reason=\"not_on_node\"} 1",
+            "network_enforcer_controller_resolutions_total{outcome=\"external\"} 2",
+            "network_enforcer_controller_proposal_writes_total{result=\"created\"} 1",
+            "network_enforcer_controller_token_reviews_total{result=\"permission_denied\"} 1",
+            "network_enforcer_controller_pending_proposals 3",
+            "network_enforcer_controller_proposal_write_duration_seconds_count 1",
+            "network_enforcer_controller_flow_source_events_total 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        assert_eq!(m.count("proposal_writes", "created"), 1);
+        assert_eq!(m.count("records_rejected", "bad_port"), 0);
+    }
+}

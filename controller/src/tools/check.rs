@@ -1,0 +1,940 @@
+//! Offline policy evaluation for `network-enforcer-controller check`: "what would protect block?"
+//! reviews and CI pipelines, without a cluster.
+//!
+//! A [`Scenario`] (JSON or YAML) lists namespaces, pods, policies (NetworkPolicy and
+//! WorkloadNetworkPolicy objects) and flows. [`Checker`] builds the same [`ClusterView`] the
+//! controller evaluates against and runs the semantic evaluators on every flow:
+//!
+//! - a NetworkPolicy is in force as written;
+//! - a WorkloadNetworkPolicy is evaluated as if rendered, whatever its mode (the question is what
+//!   protect mode would block): the kubernetes backend as the NetworkPolicy of the same name it
+//!   renders (replacing a listed NetworkPolicy of that name, which is the rendered one), the istio
+//!   backend as the AuthorizationPolicy it renders, at the destination, for the source pod's
+//!   `serviceAccount` identity.
+//!
+//! [`Checker::replay`] evaluates recorded agent records (the `flows -o json` lines) and reports the
+//! difference: what went through and would now be denied, and what failed and would now pass.
+//!
+//! Invalid input is refused with a [`CheckError`] naming the offending field
+//! (`flows[2].from.pod: ...`); nothing here does I/O.
+
+use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
+use crate::monitor::evaluate::view::{
+    ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo,
+};
+use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, evaluate};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use network_enforcer_api::{
+    Backend, Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+/// Invalid input: the field at fault (a path such as `flows[2].port`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct CheckError {
+    /// Where in the input the problem is; `.` for the document itself.
+    pub field: String,
+    pub message: String,
+}
+
+impl CheckError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        CheckError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The input of `check --scenario`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default)]
+    pub namespaces: Vec<ScenarioNamespace>,
+    #[serde(default)]
+    pub pods: Vec<ScenarioPod>,
+    /// NetworkPolicy and WorkloadNetworkPolicy objects, as `kubectl get -o yaml` prints them.
+    #[serde(default)]
+    pub policies: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub flows: Vec<ScenarioFlow>,
+}
+
+/// A namespace and its labels (namespaces pods use need not be listed).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioNamespace {
+    pub name: String,
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// A pod: what NetworkPolicy selectors, ipBlocks and named ports see.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScenarioPod {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub labels: Labels,
+    /// The pod's IP: ipBlocks match it, and replayed records are mapped to the pod by it.
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+    #[serde(default)]
+    pub ports: Vec<ScenarioPort>,
+    /// The pod's ServiceAccount: its mesh identity `cluster.local/ns/<namespace>/sa/<name>` is what
+    /// istio policies match. Without one the pod has no identity.
+    #[serde(default)]
+    pub service_account: Option<String>,
+}
+
+/// A declared container port.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScenarioPort {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub container_port: u16,
+    #[serde(default = "tcp")]
+    pub protocol: Protocol,
+}
+
+fn tcp() -> Protocol {
+    Protocol::TCP
+}
+
+/// One end of a flow: a pod (`namespace/name`) or an address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioPeer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpAddr>,
+}
+
+/// A connection to evaluate.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFlow {
+    pub from: ScenarioPeer,
+    pub to: ScenarioPeer,
+    /// TCP (default), UDP or SCTP.
+    #[serde(default = "tcp")]
+    pub protocol: Protocol,
+    /// The destination (container) port.
+    pub port: u16,
+}
+
+/// Which kind of object decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum PolicyKind {
+    NetworkPolicy,
+    WorkloadNetworkPolicy,
+}
+
+/// A policy that decided one side of a flow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DecidingPolicy {
+    pub kind: PolicyKind,
+    pub namespace: String,
+    pub name: String,
+    /// The WorkloadNetworkPolicy's mode (`monitor` records what `protect` would block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<PolicyMode>,
+}
+
+/// The verdict of one side: allowed or not, and the policies that decided. When allowed, those are
+/// the policies that allow the flow (empty: no policy isolates this side); when denied, every policy
+/// isolating this side (none of them allows it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Side {
+    pub allowed: bool,
+    pub policies: Vec<DecidingPolicy>,
+}
+
+/// The verdict for one flow of the scenario.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckResult {
+    pub from: ScenarioPeer,
+    pub to: ScenarioPeer,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// Both sides allow the flow.
+    pub allowed: bool,
+    pub egress: Side,
+    pub ingress: Side,
+}
+
+/// The results of a scenario, in input order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckReport {
+    pub results: Vec<CheckResult>,
+}
+
+/// Parses a scenario document: JSON when it starts with `{`, YAML otherwise. Errors name the field.
+pub fn parse_scenario(text: &str) -> Result<Scenario, CheckError> {
+    let value: serde_json::Value = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text)
+            .map_err(|e| CheckError::new(".", format!("invalid JSON: {e}")))?
+    } else {
+        serde_yaml::from_str(text)
+            .map_err(|e| CheckError::new(".", format!("invalid YAML: {e}")))?
+    };
+    if value.is_null() {
+        return Err(CheckError::new(".", "the scenario is empty"));
+    }
+    from_value("", value)
+}
+
+/// Deserializes `value`, naming the failing field below `prefix` in the error.
+fn from_value<T: DeserializeOwned>(
+    prefix: &str,
+    value: serde_json::Value,
+) -> Result<T, CheckError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = match (prefix.is_empty(), path.as_str()) {
+            (true, ".") => ".".to_string(),
+            (true, _) => path,
+            (false, ".") => prefix.to_string(),
+            (false, _) => format!("{prefix}.{path}"),
+        };
+        CheckError::new(field, e.into_inner().to_string())
+    })
+}
+
+/// A WorkloadNetworkPolicy of the istio backend, evaluated at the destination.
+struct IstioEntry {
+    namespace: String,
+    name: String,
+    mode: PolicyMode,
+    policy: IstioPolicy,
+}
+
+/// A validated scenario, ready to evaluate flows.
+pub struct Checker {
+    view: ClusterView,
+    /// Pods by IP, to map addresses (flows given by IP, replayed records) to pods.
+    pods_by_ip: HashMap<IpAddr, PodKey>,
+    /// Mesh identities by pod.
+    identities: HashMap<PodKey, String>,
+    /// The WorkloadNetworkPolicies among the NetworkPolicies in the view: (namespace, name) → mode.
+    workload_policies: HashMap<(String, String), PolicyMode>,
+    istio: Vec<IstioEntry>,
+    flows: Vec<ScenarioFlow>,
+}
+
+impl Checker {
+    /// Validates `scenario` and builds the view. Errors name the offending field.
+    pub fn new(scenario: Scenario) -> Result<Self, CheckError> {
+        let mut view = ClusterView::new();
+        let mut namespaces = BTreeSet::new();
+        for (i, ns) in scenario.namespaces.iter().enumerate() {
+            let field = format!("namespaces[{i}]");
+            check_name(&format!("{field}.name"), &ns.name)?;
+            if !namespaces.insert(ns.name.clone()) {
+                return Err(CheckError::new(
+                    format!("{field}.name"),
+                    format!("namespace {:?} is listed twice", ns.name),
+                ));
+            }
+            view.insert_namespace(ns.name.clone(), ns.labels.clone());
+        }
+
+        let mut pods_by_ip = HashMap::new();
+        let mut identities = HashMap::new();
+        for (i, pod) in scenario.pods.iter().enumerate() {
+            let field = format!("pods[{i}]");
+            check_name(&format!("{field}.namespace"), &pod.namespace)?;
+            check_name(&format!("{field}.name"), &pod.name)?;
+            let key = PodKey::new(&pod.namespace, &pod.name);
+            if view.pod(&key).is_some() {
+                return Err(CheckError::new(
+                    format!("{field}.name"),
+                    format!("pod {key} is listed twice"),
+                ));
+            }
+            if let Some(ip) = pod.ip {
+                if let Some(other) = pods_by_ip.insert(ip, key.clone()) {
+                    return Err(CheckError::new(
+                        format!("{field}.ip"),
+                        format!("{ip} is already the IP of pod {other}"),
+                    ));
+                }
+            }
+            for (j, port) in pod.ports.iter().enumerate() {
+                if port.container_port == 0 {
+                    return Err(CheckError::new(
+                        format!("{field}.ports[{j}].containerPort"),
+                        "must be between 1 and 65535",
+                    ));
+                }
+            }
+            if let Some(sa) = &pod.service_account {
+                check_name(&format!("{field}.serviceAccount"), sa)?;
+                identities.insert(
+                    key.clone(),
+                    format!("cluster.local/ns/{}/sa/{sa}", pod.namespace),
+                );
+            }
+            view.insert_pod(PodInfo {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                labels: pod.labels.clone(),
+                ips: pod.ip.into_iter().collect(),
+                ports: pod
+                    .ports
+                    .iter()
+                    .map(|p| ContainerPort {
+                        name: p.name.clone(),
+                        port: p.container_port,
+                        protocol: p.protocol,
+                    })
+                    .collect(),
+                workload: None,
+            });
+        }
+
+        let mut workload_policies = HashMap::new();
+        let mut istio = Vec::new();
+        let mut seen = BTreeMap::new();
+        for (i, value) in scenario.policies.into_iter().enumerate() {
+            let field = format!("policies[{i}]");
+            let kind = value
+                .get("kind")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| {
+                    CheckError::new(
+                        format!("{field}.kind"),
+                        "missing: expected NetworkPolicy or WorkloadNetworkPolicy",
+                    )
+                })?
+                .to_string();
+            match kind.as_str() {
+                "NetworkPolicy" => {
+                    let policy: NetworkPolicy = from_value(&field, value)?;
+                    let policy =
+                        named(&field, &policy.metadata).map(|(namespace, name)| NamedPolicy {
+                            namespace,
+                            name,
+                            spec: policy.spec.unwrap_or_default(),
+                        })?;
+                    let id = (policy.namespace.clone(), policy.name.clone());
+                    // The rendered NetworkPolicy of a WorkloadNetworkPolicy has its name: the
+                    // WorkloadNetworkPolicy (as if rendered) stands for it.
+                    if workload_policies.contains_key(&id) {
+                        continue;
+                    }
+                    duplicate(&mut seen, &field, "NetworkPolicy", &id)?;
+                    view.insert_policy(policy);
+                }
+                "WorkloadNetworkPolicy" => {
+                    let policy: WorkloadNetworkPolicy = from_value(&field, value)?;
+                    let (namespace, name) = named(&field, &policy.metadata)?;
+                    let id = (namespace.clone(), name.clone());
+                    duplicate(&mut seen, &field, "WorkloadNetworkPolicy", &id)?;
+                    let spec = policy.spec;
+                    match spec.backend {
+                        Backend::Kubernetes => {
+                            let Some(payload) = spec.kubernetes else {
+                                return Err(CheckError::new(
+                                    format!("{field}.spec.kubernetes"),
+                                    "required for backend kubernetes",
+                                ));
+                            };
+                            if payload.policy_types.as_deref()
+                                != Some(&[spec.direction.as_str().to_string()])
+                            {
+                                return Err(CheckError::new(
+                                    format!("{field}.spec.kubernetes.policyTypes"),
+                                    format!("must be exactly [{}]", spec.direction.as_str()),
+                                ));
+                            }
+                            // Replaces a listed NetworkPolicy of the same name: the rendered one.
+                            view.insert_policy(NamedPolicy {
+                                namespace,
+                                name,
+                                spec: payload,
+                            });
+                            workload_policies.insert(id, spec.mode);
+                        }
+                        Backend::Istio => {
+                            let Some(payload) = spec.istio else {
+                                return Err(CheckError::new(
+                                    format!("{field}.spec.istio"),
+                                    "required for backend istio",
+                                ));
+                            };
+                            if spec.direction != Direction::Ingress {
+                                return Err(CheckError::new(
+                                    format!("{field}.spec.direction"),
+                                    "the istio backend supports Ingress only",
+                                ));
+                            }
+                            istio.push(IstioEntry {
+                                namespace,
+                                name,
+                                mode: spec.mode,
+                                policy: payload,
+                            });
+                        }
+                    }
+                }
+                other => {
+                    return Err(CheckError::new(
+                        format!("{field}.kind"),
+                        format!(
+                            "{other:?} is not supported: expected NetworkPolicy or WorkloadNetworkPolicy"
+                        ),
+                    ));
+                }
+            }
+        }
+
+        let checker = Checker {
+            view,
+            pods_by_ip,
+            identities,
+            workload_policies,
+            istio,
+            flows: scenario.flows,
+        };
+        for (i, flow) in checker.flows.iter().enumerate() {
+            let field = format!("flows[{i}]");
+            checker.endpoint(&format!("{field}.from"), &flow.from)?;
+            checker.endpoint(&format!("{field}.to"), &flow.to)?;
+            if flow.port == 0 {
+                return Err(CheckError::new(
+                    format!("{field}.port"),
+                    "must be between 1 and 65535",
+                ));
+            }
+        }
+        Ok(checker)
+    }
+
+    /// Evaluates every flow of the scenario, in input order.
+    pub fn run(&self) -> CheckReport {
+        let results = self
+            .flows
+            .iter()
+            .map(|f| {
+                let flow = Flow {
+                    source: self.endpoint("", &f.from).expect("validated in new"),
+                    destination: self.endpoint("", &f.to).expect("validated in new"),
+                    protocol: f.protocol,
+                    port: f.port,
+                };
+                let (egress, ingress) = self.evaluate(&flow);
+                CheckResult {
+                    from: f.from.clone(),
+                    to: f.to.clone(),
+                    protocol: f.protocol,
+                    port: f.port,
+                    allowed: egress.allowed && ingress.allowed,
+                    egress,
+                    ingress,
+                }
+            })
+            .collect();
+        CheckReport { results }
+    }
+
+    /// The endpoint a peer stands for; an address of a listed pod is that pod.
+    fn endpoint(&self, field: &str, peer: &ScenarioPeer) -> Result<Endpoint, CheckError> {
+        match (&peer.pod, peer.ip) {
+            (Some(pod), None) => {
+                let key = pod
+                    .split_once('/')
+                    .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+                    .map(|(ns, name)| PodKey::new(ns, name))
+                    .ok_or_else(|| {
+                        CheckError::new(
+                            format!("{field}.pod"),
+                            format!("{pod:?} is not `namespace/name`"),
+                        )
+                    })?;
+                if self.view.pod(&key).is_none() {
+                    return Err(CheckError::new(
+                        format!("{field}.pod"),
+                        format!("no pod {key} in `pods`"),
+                    ));
+                }
+                Ok(Endpoint::Pod(key))
+            }
+            (None, Some(ip)) => Ok(self.address(ip)),
+            _ => Err(CheckError::new(
+                field,
+                "exactly one of `pod` or `ip` must be set",
+            )),
+        }
+    }
+
+    /// The endpoint of an address: the listed pod that has it, else the bare address.
+    fn address(&self, ip: IpAddr) -> Endpoint {
+        match self.pods_by_ip.get(&ip) {
+            Some(key) => Endpoint::Pod(key.clone()),
+            None => Endpoint::Ip(ip),
+        }
+    }
+
+    /// Egress and ingress verdicts of one flow, with the deciding policies.
+    fn evaluate(&self, flow: &Flow) -> (Side, Side) {
+        let verdict = evaluate(&self.view, flow).expect("endpoints are pods of the view");
+        let egress = self.side(&verdict.egress);
+        let mut ingress = self.side(&verdict.ingress);
+        // ztunnel enforces the istio policies at the destination, on top of the NetworkPolicies.
+        if let Endpoint::Pod(key) = &flow.destination {
+            let pod = self.view.pod(key).expect("validated");
+            let principal = match &flow.source {
+                Endpoint::Pod(source) => self.identities.get(source).map(String::as_str),
+                Endpoint::Ip(_) => None,
+            };
+            let connection = Connection {
+                destination_labels: &pod.labels,
+                source_principal: principal,
+                protocol: flow.protocol,
+                port: flow.port,
+            };
+            let mut allowing = Vec::new();
+            let mut denying = Vec::new();
+            for entry in self.istio.iter().filter(|e| e.namespace == pod.namespace) {
+                let decided = DecidingPolicy {
+                    kind: PolicyKind::WorkloadNetworkPolicy,
+                    namespace: entry.namespace.clone(),
+                    name: entry.name.clone(),
+                    mode: Some(entry.mode),
+                };
+                match authorization_policy::evaluate(&entry.policy, &connection) {
+                    AuthzVerdict::NotApplicable => {}
+                    AuthzVerdict::Allowed => allowing.push(decided),
+                    AuthzVerdict::Denied => denying.push(decided),
+                }
+            }
+            // ALLOW policies add up: any one allowing is enough.
+            if allowing.is_empty() && !denying.is_empty() {
+                if ingress.allowed {
+                    ingress.policies.clear();
+                }
+                ingress.allowed = false;
+                ingress.policies.extend(denying);
+            } else if ingress.allowed {
+                ingress.policies.extend(allowing);
+            }
+            ingress.policies.sort_by(|a, b| {
+                (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind))
+            });
+        }
+        (egress, ingress)
+    }
+
+    fn side(&self, verdict: &SideVerdict) -> Side {
+        let policies = verdict
+            .policies
+            .iter()
+            .filter(|p| !verdict.allowed || p.allows)
+            .map(|p| {
+                let mode = self
+                    .workload_policies
+                    .get(&(p.namespace.clone(), p.name.clone()))
+                    .copied();
+                DecidingPolicy {
+                    kind: if mode.is_some() {
+                        PolicyKind::WorkloadNetworkPolicy
+                    } else {
+                        PolicyKind::NetworkPolicy
+                    },
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    mode,
+                }
+            })
+            .collect();
+        Side {
+            allowed: verdict.allowed,
+            policies,
+        }
+    }
+
+    /// Replays recorded agent records against the scenario's policies (see [`parse_records`]).
+    /// Both ends of a record are mapped to the scenario's pods by IP; records of the same flow
+    /// (the client's outbound and the server's inbound copy) are evaluated once.
+    pub fn replay(&self, records: &[AgentRecord]) -> ReplayReport {
+        let mut flows: BTreeMap<(IpAddr, IpAddr, Protocol, u16), ReplayedFlow> = BTreeMap::new();
+        for record in records {
+            let (source, destination) = match record.direction {
+                RecordDirection::Outbound => (record.local_ip, record.peer_ip),
+                RecordDirection::Inbound => (record.peer_ip, record.local_ip),
+            };
+            let entry = flows
+                .entry((source, destination, record.protocol, record.port))
+                .or_insert_with(|| ReplayedFlow {
+                    from: self.peer_of(source),
+                    to: self.peer_of(destination),
+                    passed: 0,
+                    failed: 0,
+                });
+            match record.outcome {
+                RecordOutcome::Established | RecordOutcome::Datagram => {
+                    entry.passed += record.count
+                }
+                RecordOutcome::Failed => entry.failed += record.count,
+            }
+        }
+        let mut report = ReplayReport {
+            records: records.len(),
+            flows: flows.len(),
+            unchanged: 0,
+            would_deny: Vec::new(),
+            would_allow: Vec::new(),
+        };
+        for ((source, destination, protocol, port), flow) in flows {
+            let (egress, ingress) = self.evaluate(&Flow {
+                source: self.address(source),
+                destination: self.address(destination),
+                protocol,
+                port,
+            });
+            let allowed = egress.allowed && ingress.allowed;
+            let change = ReplayChange {
+                from: flow.from,
+                to: flow.to,
+                protocol,
+                port,
+                passed: flow.passed,
+                failed: flow.failed,
+                egress,
+                ingress,
+            };
+            if !allowed && change.passed > 0 {
+                report.would_deny.push(change);
+            } else if allowed && change.passed == 0 {
+                report.would_allow.push(change);
+            } else {
+                report.unchanged += 1;
+            }
+        }
+        report
+    }
+
+    fn peer_of(&self, ip: IpAddr) -> ScenarioPeer {
+        match self.pods_by_ip.get(&ip) {
+            Some(key) => ScenarioPeer {
+                pod: Some(key.to_string()),
+                ip: None,
+            },
+            None => ScenarioPeer {
+                pod: None,
+                ip: Some(ip),
+            },
+        }
+    }
+}
+
+struct ReplayedFlow {
+    from: ScenarioPeer,
+    to: ScenarioPeer,
+    passed: u64,
+    failed: u64,
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), CheckError> {
+    if name.is_empty() {
+        return Err(CheckError::new(field, "must not be empty"));
+    }
+    if name.contains('/') {
+        return Err(CheckError::new(
+            field,
+            format!("{name:?} must not contain `/`"),
+        ));
+    }
+    Ok(())
+}
+
+fn named(
+    field: &str,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(String, String), CheckError> {
+    let namespace = metadata.namespace.clone().unwrap_or_default();
+    let name = metadata.name.clone().unwrap_or_default();
+    check_name(&format!("{field}.metadata.namespace"), &namespace)?;
+    check_name(&format!("{field}.metadata.name"), &name)?;
+    Ok((namespace, name))
+}
+
+fn duplicate(
+    seen: &mut BTreeMap<(String, String, &'static str), ()>,
+    field: &str,
+    kind: &'static str,
+    id: &(String, String),
+) -> Result<(), CheckError> {
+    if seen
+        .insert((id.0.clone(), id.1.clone(), kind), ())
+        .is_some()
+    {
+        return Err(CheckError::new(
+            format!("{field}.metadata.name"),
+            format!("{kind} {}/{} is listed twice", id.0, id.1),
+        ));
+    }
+    Ok(())
+}
+
+/// Direction of a recorded edge, as the agent's `flows -o json` prints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordDirection {
+    /// The local pod opened the connection (or sent the datagram) to the peer.
+    Outbound,
+    /// The peer connected to the local pod.
+    Inbound,
+}
+
+/// Outcome of a recorded edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordOutcome {
+    Established,
+    Failed,
+    Datagram,
+}
+
+/// One agent record, as a line of `network-enforcer-agent flows -o json` (other fields ignored).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct AgentRecord {
+    pub local_ip: IpAddr,
+    pub peer_ip: IpAddr,
+    /// The service port: the peer's port for outbound edges, the local one for inbound.
+    pub port: u16,
+    #[serde(deserialize_with = "lowercase_protocol")]
+    pub protocol: Protocol,
+    pub direction: RecordDirection,
+    pub outcome: RecordOutcome,
+    /// How many connections or datagrams the edge stands for.
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn lowercase_protocol<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
+    let name = String::deserialize(d)?;
+    match name.to_ascii_lowercase().as_str() {
+        "tcp" => Ok(Protocol::TCP),
+        "udp" => Ok(Protocol::UDP),
+        "sctp" => Ok(Protocol::SCTP),
+        _ => Err(serde::de::Error::custom(format!(
+            "unknown protocol {name:?}: expected tcp, udp or sctp"
+        ))),
+    }
+}
+
+/// Parses JSON lines of agent records; blank lines are skipped. Errors name the line and field
+/// (`line 3: peer_ip: ...`).
+pub fn parse_records(text: &str) -> Result<Vec<AgentRecord>, CheckError> {
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let field = format!("line {}", i + 1);
+        let value: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| CheckError::new(&field, format!("invalid JSON: {e}")))?;
+        records.push(from_value(&field, value)?);
+    }
+    Ok(records)
+}
+
+/// One replayed flow whose verdict differs from what the records show.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplayChange {
+    pub from: ScenarioPeer,
+    pub to: ScenarioPeer,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// Connections or datagrams recorded as gone through.
+    pub passed: u64,
+    /// Connection attempts recorded as failed.
+    pub failed: u64,
+    pub egress: Side,
+    pub ingress: Side,
+}
+
+/// The would-deny diff of a replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplayReport {
+    /// Records read.
+    pub records: usize,
+    /// Distinct flows (source, destination, protocol, port) among them.
+    pub flows: usize,
+    /// Flows whose verdict matches what was recorded.
+    pub unchanged: usize,
+    /// Flows that went through and the policies would deny.
+    pub would_deny: Vec<ReplayChange>,
+    /// Flows that only ever failed and the policies would allow (they may have failed for another
+    /// reason than a policy).
+    pub would_allow: Vec<ReplayChange>,
+}
+
+fn peer_text(peer: &ScenarioPeer) -> String {
+    match (&peer.pod, peer.ip) {
+        (Some(pod), _) => pod.clone(),
+        (None, Some(ip)) => ip.to_string(),
+        (None, None) => "-".into(),
+    }
+}
+
+fn side_text(side: &Side) -> String {
+    let verdict = if side.allowed { "allow" } else { "deny" };
+    if side.policies.is_empty() {
+        return format!("{verdict} (not isolated)");
+    }
+    let names: Vec<String> = side
+        .policies
+        .iter()
+        .map(|p| {
+            let kind = match p.kind {
+                PolicyKind::NetworkPolicy => "np",
+                PolicyKind::WorkloadNetworkPolicy => "wnp",
+            };
+            format!("{kind}/{}/{}", p.namespace, p.name)
+        })
+        .collect();
+    format!("{verdict} ({})", names.join(", "))
+}
+
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(header);
+    for row in rows {
+        line(&row.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    out
+}
+
+impl CheckReport {
+    /// A table for people: one row per flow, in input order.
+    pub fn render_table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .results
+            .iter()
+            .map(|r| {
+                vec![
+                    peer_text(&r.from),
+                    peer_text(&r.to),
+                    format!("{:?}", r.protocol),
+                    r.port.to_string(),
+                    if r.allowed { "ALLOW" } else { "DENY" }.to_string(),
+                    side_text(&r.egress),
+                    side_text(&r.ingress),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "FROM", "TO", "PROTO", "PORT", "VERDICT", "EGRESS", "INGRESS",
+            ],
+            &rows,
+        )
+    }
+}
+
+impl ReplayReport {
+    /// The diff for people: `-` for flows the policies would deny, `+` for failed flows they would
+    /// allow, then a summary line.
+    pub fn render_table(&self) -> String {
+        let mut rows = Vec::new();
+        for (sign, changes) in [("-", &self.would_deny), ("+", &self.would_allow)] {
+            for c in changes {
+                rows.push(vec![
+                    sign.to_string(),
+                    peer_text(&c.from),
+                    peer_text(&c.to),
+                    format!("{:?}", c.protocol),
+                    c.port.to_string(),
+                    c.passed.to_string(),
+                    c.failed.to_string(),
+                    side_text(&c.egress),
+                    side_text(&c.ingress),
+                ]);
+            }
+        }
+        let mut out = table(
+            &[
+                "", "FROM", "TO", "PROTO", "PORT", "PASSED", "FAILED", "EGRESS", "INGRESS",
+            ],
+            &rows,
+        );
+        let _ = writeln!(
+            out,
+            "{} record(s), {} flow(s): {} would be denied, {} would be allowed, {} unchanged",
+            self.records,
+            self.flows,
+            self.would_deny.len(),
+            self.would_allow.len(),
+            self.unchanged
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = parse_scenario("flows:\n- from: {pod: a/b}\n  to: {ip: 10.0.0.1}\n  port: x\n")
+            .unwrap_err();
+        assert_eq!(err.field, "flows[0].port", "{err}");
+        let scenario = parse_scenario(
+            "pods: [{namespace: a, name: b}]\nflows:\n- from: {pod: a/c}\n  to: {ip: 10.0.0.1}\n  port: 80\n",
+        )
+        .unwrap();
+        let err = Checker::new(scenario).err().unwrap();
+        assert_eq!(err.field, "flows[0].from.pod", "{err}");
+        let scenario = parse_scenario(
+            "policies:\n- kind: NetworkPolicy\n  metadata: {name: x, namespace: a}\n  spec:\n    ingress: [{ports: [{port: {}}]}]\n",
+        )
+        .unwrap();
+        let err = Checker::new(scenario).err().unwrap();
+        assert_eq!(
+            err.field, "policies[0].spec.ingress[0].ports[0].port",
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn records_parse_from_agent_json_lines() {
+        let line = r#"{"first_seen":"2026-12-06T13:05:09.123Z","last_seen":"2026-12-06T13:05:10.000Z","netns_ino":1,"cgroup_id":2,"local_ip":"10.0.0.1","peer_ip":"10.0.0.2","port":53,"protocol":"udp","direction":"outbound","outcome":"datagram","error":null,"count":4}"#;
+        let records = parse_records(&format!("{line}\n\n{line}\n")).unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].protocol, Protocol::UDP);
+        assert_eq!(records[0].count, 4);
+        let err = parse_records(&line.replace("udp", "icmp")).unwrap_err();
+        assert_eq!(err.field, "line 1.protocol", "{err}");
+    }
+}
