@@ -318,18 +318,24 @@ impl ClusterView {
         self.policies.get(namespace).map_or(&[], Vec::as_slice)
     }
 
-    /// The pods of workload `kind/name` in `namespace`, sorted by pod name.
+    /// The pods of workload `kind/name` in `namespace`, sorted by pod name. A bare pod (kind `Pod`)
+    /// is its own workload: it has no owner to be listed under, so it is found by its name.
     pub fn pods_of(
         &self,
         namespace: &str,
         kind: WorkloadKind,
         name: &str,
     ) -> impl Iterator<Item = &PodInfo> {
+        let bare = (kind == WorkloadKind::Pod)
+            .then(|| self.pods.get(&PodKey::new(namespace, name)))
+            .flatten()
+            .filter(|pod| pod.workload.is_none());
         self.workloads
             .get(&(namespace.to_string(), kind, name.to_string()))
             .into_iter()
             .flatten()
             .filter_map(move |pod| self.pods.get(&PodKey::new(namespace, pod.as_str())))
+            .chain(bare)
     }
 
     /// The view of the controller's index: every pod it holds except hostNetwork ones (NetworkPolicies

@@ -770,6 +770,79 @@ fn records_are_cleared_only_when_the_current_spec_allows_them() {
     assert!(record_allowed_now(&view, &open_to_block, &from_outside));
 }
 
+/// A record is rebuilt from its workloads' pods, whatever their kind: a bare pod is its own workload
+/// (found by its name, with no owner), every other kind by its owner. Each kind, as the source and as
+/// the destination of a violation that an edit of the policy now allows, must be cleared.
+#[test]
+fn records_of_every_workload_kind_are_cleared_when_the_policy_allows_them_now() {
+    for kind in WorkloadKind::ALL {
+        let mut view = cluster();
+        let bare = kind == WorkloadKind::Pod;
+        view.insert_pod(PodInfo {
+            namespace: NS.into(),
+            name: if bare {
+                "peer".into()
+            } else {
+                "peer-abcde".into()
+            },
+            labels: labels(&[("app", "peer")]),
+            ips: vec!["10.1.0.20".parse().unwrap()],
+            ports: vec![],
+            workload: (!bare).then(|| Workload {
+                kind,
+                name: "peer".into(),
+            }),
+        });
+        let peer = WorkloadRef {
+            namespace: NS.into(),
+            owner_kind: kind.as_str().into(),
+            owner_name: "peer".into(),
+            ..WorkloadRef::default()
+        };
+
+        // As the source: the server's ingress policy is edited to admit it.
+        let from_peer = record(peer.clone(), server().workload, Protocol::TCP, Some(18080));
+        assert!(
+            !record_allowed_now(&view, &server_ingress("monitor"), &from_peer),
+            "{kind:?} source: allowed before the edit"
+        );
+        let admits_peer = server_ingress_with(
+            "monitor",
+            json!([{"from": [{"podSelector": {"matchLabels": {"app": "peer"}}}],
+                    "ports": [{"port": 18080}]}]),
+        );
+        assert!(
+            record_allowed_now(&view, &admits_peer, &from_peer),
+            "{kind:?} source: not cleared after the edit"
+        );
+
+        // As the destination: its own ingress policy is edited to admit the client.
+        let to_peer = record(client().workload, peer, Protocol::TCP, Some(8080));
+        let peer_ingress = |rules: Value| {
+            wnp(
+                "peer-ingress",
+                "peer",
+                "Ingress",
+                "monitor",
+                json!({"podSelector": {"matchLabels": {"app": "peer"}},
+                       "policyTypes": ["Ingress"], "ingress": rules}),
+            )
+        };
+        assert!(
+            !record_allowed_now(&view, &peer_ingress(json!([])), &to_peer),
+            "{kind:?} destination: allowed before the edit"
+        );
+        let admits_client = peer_ingress(
+            json!([{"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
+                    "ports": [{"port": 8080}]}]),
+        );
+        assert!(
+            record_allowed_now(&view, &admits_client, &to_peer),
+            "{kind:?} destination: not cleared after the edit"
+        );
+    }
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
