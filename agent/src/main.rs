@@ -131,8 +131,8 @@ struct FlowsArgs {
     /// Keep printing new flows every interval until interrupted, instead of printing once.
     #[arg(short, long)]
     follow: bool,
-    /// Seconds to collect before printing (each round, with --follow).
-    #[arg(long, default_value_t = 5)]
+    /// Seconds to collect before printing (each round, with --follow), 1 to 86400.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     interval: u64,
     /// First print the flows the running agent saw within this window (e.g. 30s, 5m, 1h) from its
     /// recent-records buffer, at once; with --follow, live rounds follow.

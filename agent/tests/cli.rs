@@ -37,6 +37,27 @@ fn agent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_network-enforcer-agent"))
 }
 
+/// Out-of-range windows are refused by the argument parser with the limit named (they used to
+/// overflow a clock reading and panic).
+#[test]
+fn flows_refuses_windows_too_long_to_add_to_a_clock() {
+    for args in [
+        ["flows", "--interval", "18446744073709551615"],
+        ["flows", "--interval", "0"],
+        ["flows", "--since", "18446744073709551615"],
+        ["flows", "--since", "99999999999999d"],
+    ] {
+        let out = agent().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("1..=86400") || stderr.contains("longer than 366 days"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn help_lists_the_subcommands_and_flows_options() {
     let out = agent().arg("--help").output().unwrap();

@@ -69,11 +69,23 @@ impl PodNames {
     }
 }
 
-/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms` or a plain number of seconds.
+/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms` or a plain number of seconds, at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    let too_long = || {
+        format!(
+            "{text:?}: longer than {} days",
+            MAX_DURATION.as_secs() / 86_400
+        )
+    };
     if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+        let d = Duration::from_secs(secs);
+        return if d > MAX_DURATION {
+            Err(too_long())
+        } else {
+            Ok(d)
+        };
     }
     let mut total = Duration::ZERO;
     let mut rest = text;
@@ -92,7 +104,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .find(|c: char| c.is_ascii_digit())
             .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
-        total += match unit {
+        let part = match unit {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
             "m" => Duration::from_secs(number.saturating_mul(60)),
@@ -104,10 +116,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
                 ));
             }
         };
+        total = total
+            .checked_add(part)
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(too_long)?;
         rest = next;
     }
     Ok(total)
 }
+
+/// The longest `--since`/`--interval` accepted: far beyond any buffer the agent keeps, and small
+/// enough that adding it to a clock reading cannot overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
 /// Lower-case name of a protocol, as shown and as accepted by `--protocol`.
 pub fn protocol_name(p: Protocol) -> &'static str {
@@ -360,6 +380,17 @@ mod tests {
         assert!(d("m").is_err());
         assert!(d("5x").is_err());
         assert!(d("-5m").is_err());
+        // Too long to add to a clock reading: refused with the limit named, never a panic.
+        assert_eq!(d("366d"), Ok(MAX_DURATION));
+        for huge in [
+            "367d",
+            "18446744073709551615",
+            "18446744073709551615d",
+            "9999999999999999h9999999999999999h",
+        ] {
+            let err = d(huge).unwrap_err();
+            assert!(err.contains("longer than 366 days"), "{huge}: {err}");
+        }
     }
 
     #[test]

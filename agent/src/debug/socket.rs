@@ -518,7 +518,7 @@ impl DebugClient {
                 .map_err(Error::Poll)?
                 .ok_or_else(|| Error::Poll(std::io::ErrorKind::UnexpectedEof.into()))?;
             match serde_json::from_str::<Line>(&text) {
-                Ok(Line::Lagged(missed)) => self.lagged += missed,
+                Ok(Line::Lagged(missed)) => self.lagged = self.lagged.saturating_add(missed),
                 Ok(line) => return Ok(line),
                 Err(err) => tracing::warn!(%err, "debug socket: skipping a line"),
             }
@@ -671,6 +671,33 @@ mod tests {
             panic!("{line}")
         };
         assert_eq!(ConnectionEvent::try_from(record), Ok(event()));
+    }
+
+    /// Whatever answers on the socket, the client's loss counter saturates instead of overflowing.
+    #[tokio::test]
+    async fn lagged_counts_from_the_socket_saturate() {
+        let dir = std::env::temp_dir().join(format!("ne-debug-lagged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agent.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let event_line = serde_json::to_string(&Line::Event(EventRecord::from(&event()))).unwrap();
+        let lagged_line = serde_json::to_string(&Line::Lagged(u64::MAX)).unwrap();
+        let peer = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let text = format!("{lagged_line}\n{lagged_line}\n{event_line}\n");
+            tokio::io::AsyncWriteExt::write_all(&mut stream, text.as_bytes())
+                .await
+                .unwrap();
+            stream
+        });
+        let mut client = DebugClient::connect(&path, None).await.unwrap();
+        let mut got = Vec::new();
+        client.read_batch(&mut got).await.unwrap();
+        assert_eq!(got, vec![event()]);
+        assert_eq!(client.lagged(), u64::MAX);
+        drop(peer.await.unwrap());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]
