@@ -1,19 +1,24 @@
 //! Workload kinds beyond the reference and the external fan-out cap, against the real API server: a bare
 //! pod is its own unit (proposal `pod-<name>-<direction>`, selected by its labels, owned by the pod so the
 //! real garbage collector removes it with the pod), and external addresses past the cap are left out of
-//! the stored proposal with an `ExternalPeersCapped` Event on it.
+//! the stored proposal with an `ExternalPeersCapped` Event on it. A CronJob's manual run
+//! (`kubectl create job --from=cronjob/...`) is learned as the CronJob, never by its per-run labels.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::learn::{Observation, Opened};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
+use network_enforcer_tests::section10::pod_json;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -140,5 +145,158 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
         },
     )
     .await?;
+    Ok(())
+}
+
+/// The running pod of Job `job` (selected by the `job-name` label the Job controller sets): its IP.
+async fn running_pod_of_job(ns: &TestNamespace, job: &str) -> Result<(String, IpAddr)> {
+    ns.wait_for(
+        &format!("the pod of Job {job} to run with an IP"),
+        Duration::from_secs(120),
+        || async {
+            Ok(ns
+                .pods(&format!("job-name={job}"))
+                .await?
+                .into_iter()
+                .find_map(|p| {
+                    let status = p.status.as_ref()?;
+                    (status.phase.as_deref() == Some("Running")).then_some(())?;
+                    Some((p.name_any(), status.pod_ip.as_ref()?.parse().ok()?))
+                }))
+        },
+    )
+    .await
+}
+
+/// Issue 15 item 3: `kubectl create job --from=cronjob/report report-run-1` (v1.20 kubectl: the Job's
+/// CronJob ownerReference is not marked `controller`) was learned as a Job of its own
+/// (`job-report-run-1-egress`) and as a peer `{controller-uid: <uid>}` in the callee's ingress. It is a
+/// run of the CronJob: `cronjob-report-egress`, and the peer is what every run carries.
+#[tokio::test]
+async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("learn-cron").await?;
+    // v1.20 serves CronJob only as batch/v1beta1 (k8s-openapi has batch/v1): a dynamic object.
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("batch", "v1beta1", "CronJob"),
+        "cronjobs",
+    );
+    let cronjobs: kube::Api<DynamicObject> =
+        kube::Api::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    // Suspended: only the manual run runs.
+    let cronjob: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "batch/v1beta1", "kind": "CronJob",
+        "metadata": {"name": "report"},
+        "spec": {"schedule": "0 0 1 1 *", "suspend": true,
+                 "jobTemplate": {"spec": {"template": {
+                     "metadata": {"labels": {"app": "report"}},
+                     "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                              "containers": [{"name": "main", "image": TEST_IMAGE,
+                                              "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]}}}}}
+    }))?;
+    let cronjob = cronjobs.create(&PostParams::default(), &cronjob).await?;
+    ns.api::<Pod>()
+        .create(
+            &PostParams::default(),
+            &pod_json("server", "default", None)?,
+        )
+        .await?;
+    ns.kubectl(&["create", "job", "--from=cronjob/report", "report-run-1"])?;
+
+    // The premise: the manual run's reference to its CronJob is not marked controller.
+    let run = ns.api::<Job>().get("report-run-1").await?;
+    let reference = run
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "CronJob")
+        .context("the manual run names its CronJob")?
+        .clone();
+    assert_eq!(
+        (reference.uid.as_str(), reference.controller),
+        (cronjob.uid().unwrap_or_default().as_str(), None)
+    );
+    let (run_pod, run_ip) = running_pod_of_job(&ns, "report-run-1").await?;
+    let server_ip: IpAddr = ns
+        .wait_for(
+            "the server to run with an IP",
+            Duration::from_secs(120),
+            || async {
+                let pod = ns.api::<Pod>().get("server").await?;
+                Ok(pod
+                    .status
+                    .and_then(|s| s.pod_ip)
+                    .and_then(|ip| ip.parse().ok()))
+            },
+        )
+        .await?;
+
+    // The index as the watches build it: Jobs, then pods (the watches list every kind before ingest).
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let mut ix = Index::default();
+    for job in ns.api::<Job>().list(&ListParams::default()).await? {
+        ix.apply_job(&job);
+    }
+    for pod in ns.api::<Pod>().list(&ListParams::default()).await? {
+        ix.apply_pod(&pod, now);
+    }
+    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new());
+    // Both ends' agents report the run's call to the server.
+    for (local, peer, opened) in [
+        (run_pod.as_str(), server_ip, Opened::Outbound),
+        ("server", run_ip, Opened::Inbound),
+    ] {
+        writer.observe(
+            &ix,
+            &Observation {
+                local: (ns.name.clone(), local.into()),
+                peer,
+                port: 8080,
+                protocol: Protocol::TCP,
+                opened,
+                at_ms: now,
+            },
+        )?;
+    }
+    let report = writer.flush().await;
+    assert_eq!((report.created, report.failed), (2, 0), "{report:?}");
+
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let names: Vec<String> = proposals
+        .list(&ListParams::default())
+        .await?
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(names, ["cronjob-report-egress", "pod-server-ingress"]);
+    let egress = proposals.get("cronjob-report-egress").await?;
+    assert_eq!(
+        (
+            egress.spec.target_ref.kind,
+            egress.spec.target_ref.name.as_str()
+        ),
+        (WorkloadKind::CronJob, "report")
+    );
+    let owner = &egress.owner_references()[0];
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            Some(owner.uid.clone())
+        ),
+        ("batch/v1beta1", "CronJob", "report", cronjob.uid())
+    );
+    let report_pods = json!({"matchLabels": {"app": "report"}});
+    assert_eq!(
+        serde_json::to_value(&egress.spec.kubernetes.as_ref().unwrap().pod_selector)?,
+        report_pods
+    );
+    let ingress = proposals.get("pod-server-ingress").await?;
+    assert_eq!(
+        serde_json::to_value(&ingress.spec.kubernetes.as_ref().unwrap().ingress)?,
+        json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                          "podSelector": report_pods}],
+                "ports": [{"protocol": "TCP", "port": 8080}]}]),
+        "the peer is every run of the CronJob, not this run's controller-uid"
+    );
     Ok(())
 }

@@ -41,7 +41,7 @@ type ServiceKey = (String, String);
 pub const IP_HISTORY_MS: i64 = 5 * 60 * 1000;
 
 /// Labels the Job controller adds to every pod of a Job (legacy and `batch.kubernetes.io/` forms). They
-/// name one Job run, so a CronJob's selector leaves them out; a Job's own selector is its controller-uid.
+/// name one Job run, so no selector learned from a Job's pods contains them (see [`without_run_labels`]).
 pub const JOB_POD_LABELS: [&str; 4] = [
     "controller-uid",
     "job-name",
@@ -377,8 +377,11 @@ fn default_api_version(kind: WorkloadKind) -> &'static str {
     }
 }
 
-/// `labels` without the per-run Job labels ([`JOB_POD_LABELS`]): what all the runs of a CronJob share.
-pub fn cronjob_selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+/// `labels` without the per-run Job labels ([`JOB_POD_LABELS`]): the selector of every workload learned
+/// from a Job's pods, a CronJob's or a Job's of its own, and of such a pod as a peer of others. A
+/// `controller-uid` or `job-name` selector names one run: a rule with it allows that run only, and a
+/// proposal selecting by it would be another proposal for every run.
+pub fn without_run_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     labels
         .iter()
         .filter(|(k, _)| !JOB_POD_LABELS.contains(&k.as_str()))
@@ -386,17 +389,23 @@ pub fn cronjob_selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, S
         .collect()
 }
 
-/// The selector of a Job known only from its pod: the controller-uid label the Job controller sets (the
-/// Job's own default selector).
-fn job_selector_from_pod(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    ["batch.kubernetes.io/controller-uid", "controller-uid"]
+/// The CronJob a Job was made from: its CronJob ownerReference, the controller one first, else one not
+/// marked `controller`. The CronJob controller marks its scheduled runs' reference as controller;
+/// `kubectl create job --from=cronjob/<name>` of v1.20 sets the reference without it, and such a manual
+/// run is still a run of the CronJob.
+fn cronjob_of(
+    refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+) -> Option<OwnerRef> {
+    let refs = refs?;
+    let cronjob = refs
         .iter()
-        .find_map(|k| {
-            labels
-                .get(*k)
-                .map(|v| BTreeMap::from([(k.to_string(), v.clone())]))
-        })
-        .unwrap_or_default()
+        .filter(|o| o.kind == "CronJob")
+        .max_by_key(|o| o.controller == Some(true))?;
+    Some(OwnerRef {
+        api_version: cronjob.api_version.clone(),
+        name: cronjob.name.clone(),
+        uid: cronjob.uid.clone(),
+    })
 }
 
 /// Whether `pod` backs `svc`: a live, running pod with an IP in the Service's namespace that its selector
@@ -720,8 +729,7 @@ impl Index {
             // Not (yet) in the index: the best selector the pod itself tells.
             None => (
                 match owner.kind {
-                    WorkloadKind::Job => job_selector_from_pod(&pod.labels),
-                    WorkloadKind::CronJob => cronjob_selector(&pod.labels),
+                    WorkloadKind::Job | WorkloadKind::CronJob => without_run_labels(&pod.labels),
                     _ => pod.labels.clone(),
                 },
                 String::new(),
@@ -930,49 +938,45 @@ impl Index {
         );
     }
 
-    /// Adds or updates a Job. A Job a CronJob created makes its pods part of the CronJob (whose selector
-    /// is the Job's pod template labels without the per-run Job labels, [`cronjob_selector`]: the
-    /// CronJob's own object is not needed, and `batch/v1` CronJobs do not exist on older API servers); a
-    /// Job of its own is the unit, selected by its own `spec.selector`.
+    /// Adds or updates a Job. A Job made from a CronJob (see [`cronjob_of`]) makes its pods part of the
+    /// CronJob; a Job of its own is the unit. Either way the selector is the Job's pod template labels
+    /// without the per-run Job labels ([`without_run_labels`]): the CronJob's own object is not needed
+    /// (`batch/v1` CronJobs do not exist on older API servers), and the Job's `spec.selector` (its
+    /// `controller-uid`) would name this one run only.
     pub fn apply_job(&mut self, job: &Job) {
         let namespace = job.namespace().unwrap_or_default();
         let name = job.name_any();
-        let cronjob = match controller_ref(job.metadata.owner_references.as_ref()) {
-            Some(("CronJob", r)) => Some(r),
-            _ => None,
+        let cronjob = cronjob_of(job.metadata.owner_references.as_ref());
+        let template_labels = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.labels.as_ref())
+            .map(without_run_labels)
+            .unwrap_or_default();
+        let selector = LabelSelector {
+            match_labels: Some(template_labels),
+            match_expressions: None,
         };
-        let spec = job.spec.as_ref();
-        match &cronjob {
-            Some(c) => {
-                let template_labels = spec
-                    .and_then(|s| s.template.metadata.as_ref())
-                    .and_then(|m| m.labels.clone())
-                    .unwrap_or_default();
-                self.set_workload(
-                    (namespace.clone(), WorkloadKind::CronJob, c.name.clone()),
-                    Some(WorkloadInfo {
-                        uid: c.uid.clone(),
-                        selector: LabelSelector {
-                            match_labels: Some(cronjob_selector(&template_labels)),
-                            match_expressions: None,
-                        },
-                        api_version: c.api_version.clone(),
-                    }),
-                );
-            }
-            None => {
-                if let Some(selector) = spec.and_then(|s| s.selector.clone()) {
-                    self.set_workload(
-                        (namespace.clone(), WorkloadKind::Job, name.clone()),
-                        Some(WorkloadInfo {
-                            uid: job.uid().unwrap_or_default(),
-                            selector,
-                            api_version: "batch/v1".into(),
-                        }),
-                    );
-                }
-            }
-        }
+        let (key, info) = match &cronjob {
+            Some(c) => (
+                (namespace.clone(), WorkloadKind::CronJob, c.name.clone()),
+                WorkloadInfo {
+                    uid: c.uid.clone(),
+                    selector,
+                    api_version: c.api_version.clone(),
+                },
+            ),
+            None => (
+                (namespace.clone(), WorkloadKind::Job, name.clone()),
+                WorkloadInfo {
+                    uid: job.uid().unwrap_or_default(),
+                    selector,
+                    api_version: "batch/v1".into(),
+                },
+            ),
+        };
+        self.set_workload(key, Some(info));
         let info = JobInfo {
             cronjob,
             deleted: false,
@@ -1335,10 +1339,26 @@ mod tests {
     }
 
     fn job(name: &str, cronjob: Option<&str>, template_labels: serde_json::Value) -> Job {
+        job_with_owner(
+            name,
+            cronjob.map(|c| ("CronJob", c, Some(true))),
+            template_labels,
+        )
+    }
+
+    /// A Job's ownerReference: `(kind, name, controller)`.
+    type JobOwner<'a> = (&'a str, &'a str, Option<bool>);
+
+    /// A Job with one ownerReference.
+    fn job_with_owner(
+        name: &str,
+        owner: Option<JobOwner>,
+        template_labels: serde_json::Value,
+    ) -> Job {
         let mut meta = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}")});
-        if let Some(c) = cronjob {
-            meta["ownerReferences"] = json!([{"apiVersion": "batch/v1beta1", "kind": "CronJob",
-                "name": c, "uid": format!("uid-{c}"), "controller": true}]);
+        if let Some((kind, owner_name, controller)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": "batch/v1beta1", "kind": kind,
+                "name": owner_name, "uid": format!("uid-{owner_name}"), "controller": controller}]);
         }
         serde_json::from_value(json!({
             "metadata": meta,
@@ -1360,7 +1380,8 @@ mod tests {
     #[test]
     fn jobs_of_a_cronjob_are_the_cronjob_whatever_the_order() {
         let mut ix = Index::default();
-        // The pod of the first run arrives before its Job: a Job for now, by its controller-uid.
+        // The pod of the first run arrives before its Job: a Job for now, selected by its labels
+        // without the per-run ones.
         ix.apply_pod(&job_pod("backup-100-x", "backup-100", "10.0.0.5"), T);
         let e = ix.pod("ns", "backup-100-x").unwrap().endpoint.clone();
         assert_eq!(
@@ -1379,7 +1400,7 @@ mod tests {
         );
         assert_eq!(
             e.selector,
-            BTreeMap::from([("controller-uid".into(), "uid-backup-100".into())])
+            BTreeMap::from([("app".into(), "backup".into())])
         );
         let labels = json!({"app": "backup", "controller-uid": "x", "job-name": "x"});
         ix.apply_job(&job("backup-100", Some("backup"), labels.clone()));
@@ -1440,29 +1461,139 @@ mod tests {
     #[test]
     fn a_job_of_its_own_is_the_unit_and_a_cronjob_without_labels_is_unselectable() {
         let mut ix = Index::default();
-        ix.apply_job(&job("migrate", None, json!({})));
+        ix.apply_job(&job(
+            "migrate",
+            None,
+            json!({"app": "backup", "controller-uid": "uid-migrate", "job-name": "migrate"}),
+        ));
         ix.apply_pod(&job_pod("migrate-z", "migrate", "10.0.0.7"), T);
         let e = ix.pod("ns", "migrate-z").unwrap().endpoint.clone();
         assert_eq!(
-            (e.kind, e.name.as_str()),
-            (Some(WorkloadKind::Job), "migrate")
+            (e.kind, e.name.as_str(), e.uid.as_deref()),
+            (Some(WorkloadKind::Job), "migrate", Some("uid-migrate"))
         );
         assert_eq!(
             e.selector,
-            BTreeMap::from([("controller-uid".into(), "uid-migrate".into())])
+            BTreeMap::from([("app".into(), "backup".into())]),
+            "its template labels, not its controller-uid"
         );
         assert!(e.selectable());
         ix.delete_job("ns", "migrate");
         assert!(ix.workload("ns", WorkloadKind::Job, "migrate").is_none());
 
+        // Only per-run labels: nothing selects every run, so no selector at all.
         ix.apply_job(&job("tick-1", Some("tick"), json!({"job-name": "tick-1"})));
-        ix.apply_pod(&job_pod("tick-1-a", "tick-1", "10.0.0.8"), T);
-        let e = ix.pod("ns", "tick-1-a").unwrap().endpoint.clone();
-        assert_eq!(e.kind, Some(WorkloadKind::CronJob));
-        assert!(
-            !e.selectable(),
-            "no label shared by all runs: nothing selects exactly its pods"
+        ix.apply_job(&job("once", None, json!({"controller-uid": "uid-once"})));
+        for (pod, job, ip, kind) in [
+            ("tick-1-a", "tick-1", "10.0.0.8", WorkloadKind::CronJob),
+            ("once-a", "once", "10.0.0.9", WorkloadKind::Job),
+        ] {
+            let mut p = job_pod(pod, job, ip);
+            p.metadata.labels.as_mut().unwrap().remove("app");
+            ix.apply_pod(&p, T);
+            let e = ix.pod("ns", pod).unwrap().endpoint.clone();
+            assert_eq!(e.kind, Some(kind), "{pod}");
+            assert!(
+                !e.selectable(),
+                "{pod}: no label shared by all runs: nothing selects exactly its pods"
+            );
+        }
+    }
+
+    /// Which workload a Job's pod belongs to, by the Job's ownerReference, and its selector: never a
+    /// per-run label, whoever made the Job.
+    #[test]
+    fn a_jobs_pods_belong_to_its_cronjob_however_the_reference_is_marked() {
+        let labels = json!({"app": "report", "controller-uid": "uid-run", "job-name": "run",
+                            "batch.kubernetes.io/controller-uid": "uid-run",
+                            "batch.kubernetes.io/job-name": "run"});
+        let cases: [(&str, Option<JobOwner>, WorkloadKind, &str); 5] = [
+            // The CronJob controller's scheduled run.
+            (
+                "scheduled",
+                Some(("CronJob", "report", Some(true))),
+                WorkloadKind::CronJob,
+                "report",
+            ),
+            // `kubectl create job --from=cronjob/report` (v1.20): no `controller` field...
+            (
+                "manual",
+                Some(("CronJob", "report", None)),
+                WorkloadKind::CronJob,
+                "report",
+            ),
+            // ... or `controller: false`.
+            (
+                "manual-false",
+                Some(("CronJob", "report", Some(false))),
+                WorkloadKind::CronJob,
+                "report",
+            ),
+            // Made by something else, or by nobody: a Job of its own.
+            (
+                "operator",
+                Some(("Workflow", "wf", Some(true))),
+                WorkloadKind::Job,
+                "operator",
+            ),
+            ("plain", None, WorkloadKind::Job, "plain"),
+        ];
+        for (name, owner, kind, workload) in cases {
+            let mut ix = Index::default();
+            ix.apply_job(&job_with_owner(name, owner, labels.clone()));
+            let mut pod = job_pod(&format!("{name}-x"), name, "10.0.0.5");
+            pod.metadata.labels = serde_json::from_value(labels.clone()).unwrap();
+            ix.apply_pod(&pod, T);
+            let e = ix.pod("ns", &format!("{name}-x")).unwrap().endpoint.clone();
+            assert_eq!((e.kind, e.name.as_str()), (Some(kind), workload), "{name}");
+            assert_eq!(
+                e.selector,
+                BTreeMap::from([("app".into(), "report".into())]),
+                "{name}: no per-run label"
+            );
+        }
+    }
+
+    #[test]
+    fn run_labels_are_left_out_and_cronjob_references_found() {
+        let labels: BTreeMap<String, String> = serde_json::from_value(json!({
+            "app": "a", "tier": "batch", "controller-uid": "u", "job-name": "j",
+            "batch.kubernetes.io/controller-uid": "u", "batch.kubernetes.io/job-name": "j"
+        }))
+        .unwrap();
+        assert_eq!(
+            without_run_labels(&labels),
+            BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "batch".into())])
         );
+        let reference = |kind: &str, name: &str, controller: Option<bool>| {
+            serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>(
+                json!({"apiVersion": "batch/v1beta1", "kind": kind, "name": name, "uid": format!("uid-{name}"),
+                       "controller": controller}),
+            )
+            .unwrap()
+        };
+        let cases = [
+            (vec![], None),
+            (vec![reference("CronJob", "c", Some(true))], Some("c")),
+            (vec![reference("CronJob", "c", None)], Some("c")),
+            (vec![reference("CronJob", "c", Some(false))], Some("c")),
+            (vec![reference("Workflow", "w", Some(true))], None),
+            (
+                vec![
+                    reference("CronJob", "other", None),
+                    reference("CronJob", "c", Some(true)),
+                ],
+                Some("c"),
+            ),
+        ];
+        for (refs, expected) in cases {
+            assert_eq!(
+                cronjob_of(Some(&refs)).map(|r| r.name),
+                expected.map(String::from),
+                "{refs:?}"
+            );
+        }
+        assert_eq!(cronjob_of(None), None);
     }
 
     #[test]
