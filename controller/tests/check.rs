@@ -155,6 +155,35 @@ fn table_output_has_one_row_per_flow() {
     assert!(lines[1].contains("ALLOW"), "{text}");
 }
 
+/// Counts are read from a file: the two copies of one flow (client and server) with the largest count
+/// add up without overflowing (this used to panic).
+#[test]
+fn replay_counts_saturate_instead_of_overflowing() {
+    let records = std::fs::read_to_string(data("records-spec10.jsonl")).unwrap();
+    let huge = records
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["count"] = json!(u64::MAX);
+            v.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = std::env::temp_dir().join(format!("ne-check-huge-{}.jsonl", std::process::id()));
+    std::fs::write(&path, huge).unwrap();
+    let out = check_json(&[
+        "--scenario",
+        &data("check-spec10.yaml"),
+        "--flows-from",
+        &path.to_string_lossy(),
+    ]);
+    let _ = std::fs::remove_file(&path);
+    let deny = out["replay"]["would_deny"].as_array().unwrap();
+    assert_eq!(deny.len(), 1, "{out:#}");
+    assert_eq!(deny[0]["passed"], json!(u64::MAX));
+}
+
 #[test]
 fn replay_prints_the_would_deny_diff() {
     let out = check_json(&[

@@ -78,8 +78,12 @@ fn pod_of(endpoint: Option<&proto::Endpoint>) -> Option<&proto::Endpoint> {
     endpoint.filter(|e| !e.pod_name.is_empty() && !e.namespace.is_empty())
 }
 
+/// A flow's time in ms since the epoch; `None` when absent or out of range (the caller uses now).
 fn timestamp_ms(t: Option<&prost_types::Timestamp>) -> Option<i64> {
-    t.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
+    let t = t?;
+    t.seconds
+        .checked_mul(1000)?
+        .checked_add(i64::from(t.nanos / 1_000_000))
 }
 
 /// Converts one flow into a record for the pod on this node it belongs to. `node`: only flows seen on
@@ -484,6 +488,15 @@ mod tests {
             node_name: "kind/node-a".into(),
             ..Flow::default()
         }
+    }
+
+    #[test]
+    fn times_out_of_range_are_none_not_a_panic() {
+        let at = |seconds, nanos| timestamp_ms(Some(&prost_types::Timestamp { seconds, nanos }));
+        assert_eq!(at(1_700_000_000, 5_000_000), Some(1_700_000_000_005));
+        assert_eq!(at(i64::MAX, 0), None);
+        assert_eq!(at(i64::MIN, 0), None);
+        assert_eq!(timestamp_ms(None), None);
     }
 
     #[test]

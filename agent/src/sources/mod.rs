@@ -371,52 +371,12 @@ impl SourceHealth {
     }
 }
 
-/// Parses an RFC 3339 UTC time (`2026-08-21T10:15:30.123456Z`, also with `+00:00`) into milliseconds
-/// since the Unix epoch. Other offsets are applied. `None` for anything else.
+/// Parses an RFC 3339 time (`2026-08-21T10:15:30.123456Z`, or with an offset such as `+02:00`) into
+/// milliseconds since the Unix epoch. `None` for anything else, whatever bytes it holds.
 pub fn rfc3339_ms(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut ms = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let first3: String = frac[..digits]
-            .chars()
-            .chain("000".chars())
-            .take(3)
-            .collect();
-        ms = first3.parse().ok()?;
-        rest = &frac[digits..];
-    }
-    let offset_min = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6 && matches!(&rest[..1], "+" | "-") && &rest[3..4] == ":" => {
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (rest[1..3].parse::<i64>().ok()? * 60 + rest[4..6].parse::<i64>().ok()?)
-        }
-        _ => return None,
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
-    Some(secs * 1000 + ms)
+    s.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
 }
 
 /// Milliseconds since the Unix epoch now.
@@ -534,6 +494,14 @@ mod tests {
             "yesterday",
             "2026-13-01T00:00:00Z",
             "2026-08-21T10:15:30",
+            // Non-ASCII bytes where the parser expects digits or an offset: refused, never a panic
+            // (slicing such a line by byte offsets killed the ztunnel source, again at each restart).
+            "2026-08-21T10:15:3é",
+            "2026-08-21T10:15:30.1éZ",
+            "2026-08-21T10:15:30+0é:00",
+            "2026-08-21T10:15:30\u{1F600}Z",
+            "2026-08-21T10:15:30.123456+99:99",
+            "2026-08-21T10:15:30é:000",
         ] {
             assert_eq!(rfc3339_ms(bad), None, "{bad}");
         }

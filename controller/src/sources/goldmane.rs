@@ -143,6 +143,9 @@ pub enum Skip {
     /// The flow has no key.
     #[error("flow without a key")]
     NoKey,
+    /// A start or end time (seconds) too large to be a time in milliseconds.
+    #[error("time {0} s out of range")]
+    Time(i64),
 }
 
 /// The denying policy a trace names, `<namespace>/<name>` (name alone for global kinds).
@@ -218,7 +221,8 @@ pub fn convert<'a>(
         (false, uplink::Protocol::Udp) => uplink::Outcome::Datagram,
         (false, _) => uplink::Outcome::Established,
     };
-    let (first, last) = (flow.start_time * 1000, flow.end_time * 1000);
+    let ms = |seconds: i64| seconds.checked_mul(1000).ok_or(Skip::Time(seconds));
+    let (first, last) = (ms(flow.start_time)?, ms(flow.end_time)?);
     let record = FlowRecord {
         local: Some(LocalPod {
             namespace: local.namespace.clone(),
@@ -960,6 +964,9 @@ mod tests {
         let mut f = flow(Action::Allow, Reporter::Dst);
         f.key.as_mut().unwrap().proto = "icmp".into();
         assert_eq!(run(&f), Err(Skip::Protocol("icmp".into())));
+        let mut f = flow(Action::Allow, Reporter::Dst);
+        f.end_time = i64::MAX;
+        assert_eq!(run(&f), Err(Skip::Time(i64::MAX)));
         let mut f = flow(Action::Allow, Reporter::Dst);
         f.key.as_mut().unwrap().dest_name = "gone-123-*".into();
         assert!(matches!(run(&f), Err(Skip::UnknownPod(..))));

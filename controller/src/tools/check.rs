@@ -582,10 +582,11 @@ impl Checker {
                     failed: 0,
                 });
             match record.outcome {
+                // Counts come from a file: add without overflowing.
                 RecordOutcome::Established | RecordOutcome::Datagram => {
-                    entry.passed += record.count
+                    entry.passed = entry.passed.saturating_add(record.count)
                 }
-                RecordOutcome::Failed => entry.failed += record.count,
+                RecordOutcome::Failed => entry.failed = entry.failed.saturating_add(record.count),
             }
         }
         let mut report = ReplayReport {

@@ -302,7 +302,11 @@ impl Builder {
             let _ = writeln!(out, "  {}", self.node_line(node));
         }
         for ((from, to), ports) in &self.edges {
-            let label = ports.iter().cloned().collect::<Vec<_>>().join("\\n");
+            let label = ports
+                .iter()
+                .map(|p| escape(p))
+                .collect::<Vec<_>>()
+                .join("\\n");
             let _ = writeln!(
                 out,
                 "  {} -> {} [label={}];",
@@ -312,7 +316,11 @@ impl Builder {
             );
         }
         for ((from, to), labels) in &self.violations {
-            let label = labels.iter().cloned().collect::<Vec<_>>().join("\\n");
+            let label = labels
+                .iter()
+                .map(|l| escape(l))
+                .collect::<Vec<_>>()
+                .join("\\n");
             let _ = writeln!(
                 out,
                 "  {} -> {} [label={}, color=red, fontcolor=red, penwidth=2, style=bold];",
@@ -377,9 +385,9 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", escape(s))
 }
 
-/// A label whose `\n` line breaks are already DOT escapes.
+/// A label whose parts are already escaped and joined by DOT `\n` line breaks.
 fn quote_label(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\\\""))
+    format!("\"{s}\"")
 }
 
 fn escape(s: &str) -> String {
@@ -679,6 +687,17 @@ mod tests {
         - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
           ports: [{port: http}]
 "#;
+
+    /// A named port is text from the cluster: a backslash or quote in it must stay inside the label
+    /// (unescaped, `x\` ended the label early and broke `graph -o svg`).
+    #[test]
+    fn port_names_are_escaped_in_edge_labels() {
+        let fixture = FIXTURE.replace("ports: [{port: http}]", r#"ports: [{port: 'ht\tp"x\'}]"#);
+        let input = parse_objects(&fixture).unwrap();
+        let dot = render_dot(&input, None);
+        assert!(dot.contains(r#"[label="TCP ht\\tp\"x\\"];"#), "{dot}");
+        to_svg(&dot).unwrap();
+    }
 
     #[test]
     fn renders_workloads_modes_edges_and_violations() {

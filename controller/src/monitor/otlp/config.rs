@@ -11,6 +11,9 @@ pub const DEFAULT_SERVICE_NAME: &str = "network-enforcer-controller";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events waiting for export at most; more are dropped and counted.
 pub const DEFAULT_QUEUE_SIZE: usize = 2048;
+/// The largest queue (and batch) accepted: it bounds the exporter's memory (events are ~1 KiB), and
+/// far larger values would not even fit the channel that holds them.
+pub const MAX_QUEUE_SIZE: usize = 1_000_000;
 /// Events per export request at most.
 pub const DEFAULT_BATCH_SIZE: usize = 512;
 
@@ -175,8 +178,13 @@ impl OtlpConfig {
                     .trim()
                     .parse::<usize>()
                     .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| error(var, format!("{v:?} is not a positive integer"))),
+                    .filter(|n| (1..=MAX_QUEUE_SIZE).contains(n))
+                    .ok_or_else(|| {
+                        error(
+                            var,
+                            format!("{v:?} is not an integer from 1 to {MAX_QUEUE_SIZE}"),
+                        )
+                    }),
             }
         };
         let queue_size = positive("OTEL_BLRP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)?;
@@ -366,6 +374,21 @@ mod tests {
                     ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k"),
                 ],
                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            ),
+            // Too large for the queue that holds them (building it used to panic at start-up).
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                    ("OTEL_BLRP_MAX_QUEUE_SIZE", "18446744073709551615"),
+                ],
+                "OTEL_BLRP_MAX_QUEUE_SIZE",
+            ),
+            (
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                    ("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", "1000001"),
+                ],
+                "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE",
             ),
         ];
         for (vars, variable) in cases {
