@@ -376,7 +376,7 @@ async fn run(args: RunArgs) -> Result<()> {
                     .zip(flows::render_json(&edges, &clock, &names).lines())
                     .zip(&owners)
                 {
-                    tracing::info!(edge = line, "edge");
+                    tracing::debug!(edge = line, "edge");
                     // Only pods' edges go up; the host's and unknown ones are counted above. Without
                     // the pod watch, records carry the UID only (the controller accepts that).
                     if let (Some(_), Owner::Pod(pod)) = (&uplink, owner) {
