@@ -4,8 +4,12 @@
 //! Linkerd's policy index: ingest and learning read it and never list the API per flow. It keeps only what
 //! resolution needs: pods (IPs with a short history for IP reuse, labels, owner, node, service account,
 //! named container ports), workloads (uid and selector), Jobs (for the Job → CronJob owner chain),
-//! Services (ClusterIPs, selector, ports) and node IPs. EndpointSlices are not used (the test API server,
-//! v1.20, lacks v1); Service backends are the pods its selector picks, as kube-proxy would.
+//! Services (ClusterIPs, selector, ports) and node IPs. The backends of a Service with a selector are the
+//! pods it picks, as kube-proxy would. A Service without a selector (the `kubernetes` Service in front of
+//! the API servers, a Service in front of an outside database) has its backends only in its Endpoints
+//! object, so the index keeps those, and only those: the ready addresses and ports of the Endpoints of
+//! Services that have no selector, or that the index has not seen yet. EndpointSlices are not used (v1.20
+//! does not serve `discovery.k8s.io/v1`; Endpoints v1 is served everywhere).
 //!
 //! Resolution is on the ingest hot path (every record, every replica), so the index does its work when
 //! the cluster changes, not when a record arrives:
@@ -18,11 +22,12 @@
 use crate::cluster::workload::{self, Workload};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use network_enforcer_api::{Protocol, WorkloadKind};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -107,16 +112,35 @@ struct JobInfo {
 pub struct ServiceInfo {
     pub namespace: String,
     pub name: String,
-    /// `None` for Services without a selector (their endpoints are managed by hand: not resolved).
+    /// `None` for Services without a selector: their backends are the addresses of their Endpoints.
     pub selector: Option<BTreeMap<String, String>>,
-    /// (service port, protocol, target port).
-    pub ports: Vec<(u16, Protocol, IntOrString)>,
+    pub ports: Vec<ServicePort>,
     /// ClusterIPs.
     pub ips: Vec<IpAddr>,
 }
 
-/// A backend workload of a Service and the container port it is reached on.
-pub type Backend = (Arc<WorkloadEndpoint>, u16);
+/// A port of a Service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServicePort {
+    pub port: u16,
+    pub protocol: Protocol,
+    /// The backend port (a container port, or the name of one) for a Service with a selector.
+    pub target: IntOrString,
+    /// The port's name (empty for a Service's only port): what the ports of its Endpoints are matched by.
+    pub name: String,
+}
+
+/// One subset of an Endpoints object, as far as resolution needs it: the ready addresses, and the
+/// ports each of them serves (name, port, protocol).
+#[derive(Clone, Debug, PartialEq)]
+struct EndpointSubset {
+    addresses: Vec<IpAddr>,
+    ports: Vec<(String, u16, Protocol)>,
+}
+
+/// A backend of a Service and the port it is reached on after kube-proxy's DNAT: a workload on its
+/// container port, or (behind a Service without a selector) whatever its Endpoints' address is.
+pub type Backend = (Endpoint, u16);
 
 /// The backends of one Service, kept up to date by the index.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -205,9 +229,9 @@ impl WorkloadEndpoint {
 /// Where a peer address (and port) leads.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolved {
-    /// Pods of these workloads, reached on this container port (one entry for a pod IP; one per backend
-    /// workload for a Service ClusterIP).
-    Workloads(Vec<(WorkloadEndpoint, u16)>),
+    /// These endpoints, each on the port it is reached on: one workload for a pod IP; the backends of a
+    /// Service ClusterIP (see [`Backend`]).
+    Backends(Vec<Backend>),
     /// A Service with no ready backend: nothing to learn yet.
     ServiceWithoutBackends { namespace: String, name: String },
     /// Not a pod: a node or an external address, on the port as seen.
@@ -219,8 +243,9 @@ pub enum Resolved {
 pub enum ResolvedRef<'a> {
     /// A pod's workload, on the port as seen.
     Pod(&'a Arc<WorkloadEndpoint>, u16),
-    /// A Service's backend workloads and their container ports.
-    Backends(&'a [Backend]),
+    /// A Service's backends and the ports they are reached on: borrowed from the index for a Service
+    /// with a selector, resolved from its Endpoints for one without.
+    Backends(Cow<'a, [Backend]>),
     /// A Service with no ready backend on that port.
     ServiceWithoutBackends(&'a ServiceInfo),
     /// A node or an external address, on the port as seen.
@@ -232,11 +257,9 @@ impl ResolvedRef<'_> {
     pub fn to_owned(&self) -> Resolved {
         match self {
             ResolvedRef::Pod(w, port) => {
-                Resolved::Workloads(vec![(WorkloadEndpoint::clone(w), *port)])
+                Resolved::Backends(vec![(Endpoint::Workload(Arc::clone(w)), *port)])
             }
-            ResolvedRef::Backends(b) => {
-                Resolved::Workloads(b.iter().map(|(w, p)| ((**w).clone(), *p)).collect())
-            }
+            ResolvedRef::Backends(b) => Resolved::Backends(b.to_vec()),
             ResolvedRef::ServiceWithoutBackends(svc) => Resolved::ServiceWithoutBackends {
                 namespace: svc.namespace.clone(),
                 name: svc.name.clone(),
@@ -311,6 +334,9 @@ pub struct Index {
     /// Service names per namespace.
     services_in_namespace: HashMap<String, BTreeSet<String>>,
     backends: HashMap<ServiceKey, Backends>,
+    /// The Endpoints of Services without a selector, or whose Service is not indexed yet (dropped when
+    /// it arrives with a selector): see the module docs.
+    endpoints: HashMap<ServiceKey, Vec<EndpointSubset>>,
     nodes: HashMap<IpAddr, String>,
     /// Interned endpoints: the pods of one workload share one [`Arc`].
     interned: HashSet<Arc<WorkloadEndpoint>>,
@@ -337,6 +363,7 @@ impl Default for Index {
             service_ips: HashMap::new(),
             services_in_namespace: HashMap::new(),
             backends: HashMap::new(),
+            endpoints: HashMap::new(),
             nodes: HashMap::new(),
             interned: HashSet::new(),
             interned_swept: 0,
@@ -820,20 +847,20 @@ impl Index {
         };
         let backends = self.backends.entry(key.clone()).or_default();
         backends.by_port.clear();
-        for (port, proto, target) in &svc.ports {
-            let mut found: BTreeSet<(Arc<WorkloadEndpoint>, u16)> = BTreeSet::new();
+        for sp in &svc.ports {
+            let mut found: BTreeSet<Backend> = BTreeSet::new();
             for name in &backends.pods {
                 let Some(pod) = self.pods.get_str(&key.0, name) else {
                     continue;
                 };
-                if let Some(p) = container_port(target, pod, *proto) {
-                    found.insert((pod.endpoint.clone(), p));
+                if let Some(p) = container_port(&sp.target, pod, sp.protocol) {
+                    found.insert((Endpoint::Workload(pod.endpoint.clone()), p));
                 }
             }
             if !found.is_empty() {
                 backends
                     .by_port
-                    .insert((*port, *proto), found.into_iter().collect());
+                    .insert((sp.port, sp.protocol), found.into_iter().collect());
             }
         }
     }
@@ -1035,14 +1062,21 @@ impl Index {
                 .iter()
                 .flatten()
                 .filter_map(|p| {
-                    let port = u16::try_from(p.port).ok()?;
-                    let target = p.target_port.clone().unwrap_or(IntOrString::Int(p.port));
-                    Some((port, protocol(p.protocol.as_deref()), target))
+                    Some(ServicePort {
+                        port: u16::try_from(p.port).ok()?,
+                        protocol: protocol(p.protocol.as_deref()),
+                        target: p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
+                        name: p.name.clone().unwrap_or_default(),
+                    })
                 })
                 .collect(),
             ips,
         };
         let key = (namespace.clone(), name.clone());
+        if info.selector.is_some() {
+            // Resolved through its pods: its Endpoints are not needed.
+            self.endpoints.remove(&key);
+        }
         for ip in &info.ips {
             self.service_ips.insert(*ip, key.clone());
         }
@@ -1088,6 +1122,96 @@ impl Index {
         remove_from(&mut self.services_in_namespace, &key.0, name);
     }
 
+    /// Adds or updates an Endpoints object. Kept only when its Service has no selector or is not indexed
+    /// yet (the watches list in any order); a Service with a selector is resolved through its pods.
+    pub fn apply_endpoints(&mut self, endpoints: &Endpoints) {
+        let key = (
+            endpoints.namespace().unwrap_or_default(),
+            endpoints.name_any(),
+        );
+        if self
+            .services
+            .get(&key)
+            .is_some_and(|svc| svc.selector.is_some())
+        {
+            self.endpoints.remove(&key);
+            return;
+        }
+        let subsets: Vec<EndpointSubset> = endpoints
+            .subsets
+            .iter()
+            .flatten()
+            .map(|subset| EndpointSubset {
+                // Not-ready addresses receive no traffic from kube-proxy.
+                addresses: subset
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .filter_map(|a| a.ip.parse().ok())
+                    .collect(),
+                ports: subset
+                    .ports
+                    .iter()
+                    .flatten()
+                    .filter_map(|p| {
+                        Some((
+                            p.name.clone().unwrap_or_default(),
+                            u16::try_from(p.port).ok()?,
+                            protocol(p.protocol.as_deref()),
+                        ))
+                    })
+                    .collect(),
+            })
+            .filter(|subset| !subset.addresses.is_empty() && !subset.ports.is_empty())
+            .collect();
+        if subsets.is_empty() {
+            self.endpoints.remove(&key);
+        } else {
+            self.endpoints.insert(key, subsets);
+        }
+    }
+
+    /// Removes an Endpoints object.
+    pub fn delete_endpoints(&mut self, namespace: &str, name: &str) {
+        self.endpoints
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// The backends of `svc`, a Service without a selector, on service port `port`/`proto`: every ready
+    /// address of its Endpoints that serves the port of the same name and protocol (how kube-proxy pairs
+    /// them), as the endpoint that address is at `at_ms` ([`Index::address_endpoint`]), on the
+    /// Endpoints' port: what the connection reaches after DNAT.
+    fn endpoints_backends(
+        &self,
+        key: &ServiceKey,
+        svc: &ServiceInfo,
+        port: u16,
+        proto: Protocol,
+        at_ms: i64,
+    ) -> Vec<Backend> {
+        let (Some(subsets), Some(service_port)) = (
+            self.endpoints.get(key),
+            svc.ports
+                .iter()
+                .find(|p| p.port == port && p.protocol == proto),
+        ) else {
+            return Vec::new();
+        };
+        let mut found: BTreeSet<Backend> = BTreeSet::new();
+        for subset in subsets {
+            for (_, target, _) in subset
+                .ports
+                .iter()
+                .filter(|(name, _, pr)| *name == service_port.name && *pr == proto)
+            {
+                for ip in &subset.addresses {
+                    found.insert((self.address_endpoint(*ip, at_ms), *target));
+                }
+            }
+        }
+        found.into_iter().collect()
+    }
+
     /// Adds or updates a node's addresses.
     pub fn apply_node(&mut self, node: &Node) {
         let name = node.name_any();
@@ -1130,7 +1254,8 @@ impl Index {
     }
 
     /// Resolves a peer address and port as seen by a socket at `at_ms`: a pod IP, a Service ClusterIP
-    /// (to its backend workloads and target container port), a node IP, or external.
+    /// (to its backends and the port each is reached on after DNAT: a selector's workloads and their
+    /// container port, or the addresses of its Endpoints), a node IP, or external.
     pub fn resolve(&self, ip: IpAddr, port: u16, proto: Protocol, at_ms: i64) -> Resolved {
         self.resolve_ref(ip, port, proto, at_ms).to_owned()
     }
@@ -1151,25 +1276,37 @@ impl Index {
             .get(&ip)
             .and_then(|k| Some((k, self.services.get(k)?)))
         {
-            let backends = self
-                .backends
-                .get(key)
-                .and_then(|b| b.by_port.get(&(port, proto)));
+            let backends = match svc.selector {
+                Some(_) => self
+                    .backends
+                    .get(key)
+                    .and_then(|b| b.by_port.get(&(port, proto)))
+                    .map(|b| Cow::Borrowed(b.as_slice())),
+                None => Some(Cow::Owned(
+                    self.endpoints_backends(key, svc, port, proto, at_ms),
+                )),
+            };
             return match backends {
                 Some(b) if !b.is_empty() => ResolvedRef::Backends(b),
                 _ => ResolvedRef::ServiceWithoutBackends(svc),
             };
         }
-        if let Some(node) = self.nodes.get(&ip) {
-            return ResolvedRef::Address(
-                Endpoint::Node {
-                    ip,
-                    name: node.clone(),
-                },
-                port,
-            );
+        ResolvedRef::Address(self.address_endpoint(ip, at_ms), port)
+    }
+
+    /// What an address that is no Service ClusterIP is at `at_ms`: the workload of the pod that held it,
+    /// a node, or an outside address.
+    fn address_endpoint(&self, ip: IpAddr, at_ms: i64) -> Endpoint {
+        if let Some(pod) = self.pod_at(ip, at_ms) {
+            return Endpoint::Workload(pod.endpoint.clone());
         }
-        ResolvedRef::Address(Endpoint::External(ip), port)
+        match self.nodes.get(&ip) {
+            Some(node) => Endpoint::Node {
+                ip,
+                name: node.clone(),
+            },
+            None => Endpoint::External(ip),
+        }
     }
 }
 
@@ -1223,7 +1360,13 @@ mod tests {
 
     fn backends(ix: &Index) -> Vec<(String, u16)> {
         match ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
-            Resolved::Workloads(w) => w.into_iter().map(|(w, p)| (w.name, p)).collect(),
+            Resolved::Backends(b) => b
+                .into_iter()
+                .map(|(e, p)| match e {
+                    Endpoint::Workload(w) => (w.name.clone(), p),
+                    other => panic!("not a workload: {other:?}"),
+                })
+                .collect(),
             _ => vec![],
         }
     }
@@ -1232,12 +1375,12 @@ mod tests {
     /// reference the kept backends must agree with.
     fn scanned(ix: &Index, port: u16) -> Vec<(String, u16)> {
         let svc = ix.services.values().next().unwrap();
-        let (_, proto, target) = svc.ports.iter().find(|(p, _, _)| *p == port).unwrap();
+        let sp = svc.ports.iter().find(|p| p.port == port).unwrap();
         let mut out: BTreeSet<(String, u16)> = BTreeSet::new();
         for pod in ix.pods.values() {
             let key = (pod.namespace.clone(), pod.name.clone());
             if backs(svc, pod, ix.deleted.contains_key(&key)) {
-                if let Some(p) = container_port(target, pod, *proto) {
+                if let Some(p) = container_port(&sp.target, pod, sp.protocol) {
                     out.insert((pod.endpoint.name.clone(), p));
                 }
             }
@@ -1298,6 +1441,136 @@ mod tests {
         ));
     }
 
+    /// A compact description of what an address resolves to, for table tests.
+    fn described(resolved: Resolved) -> Vec<String> {
+        let name = |e: &Endpoint| match e {
+            Endpoint::Workload(w) => format!("workload {}", w.name),
+            Endpoint::Node { ip, name } => format!("node {name} {ip}"),
+            Endpoint::External(ip) => format!("external {ip}"),
+        };
+        match resolved {
+            Resolved::Backends(b) => b.iter().map(|(e, p)| format!("{}:{p}", name(e))).collect(),
+            Resolved::Address(e, p) => vec![format!("address {}:{p}", name(&e))],
+            Resolved::ServiceWithoutBackends { name, .. } => vec![format!("no backend in {name}")],
+        }
+    }
+
+    fn endpoints(namespace: &str, name: &str, subsets: serde_json::Value) -> Endpoints {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace},
+                                      "subsets": subsets}))
+        .unwrap()
+    }
+
+    #[test]
+    fn services_without_a_selector_resolve_through_their_endpoints() {
+        let mut ix = Index::default();
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.244.0.1"}]}}))
+        .unwrap();
+        ix.apply_node(&node);
+        ix.apply_pod(&deployment_pod("db-h-1", "10.0.0.5", "db"), T);
+        // The Endpoints may be listed before their Service.
+        ix.apply_endpoints(&endpoints(
+            "default",
+            "kubernetes",
+            json!([{"addresses": [{"ip": "10.244.0.1"}], "notReadyAddresses": [{"ip": "10.244.0.9"}],
+                    "ports": [{"name": "https", "port": 16443}]}]),
+        ));
+        let kubernetes: Service = serde_json::from_value(json!({
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "targetPort": 16443}]}
+        }))
+        .unwrap();
+        ix.apply_service(&kubernetes);
+        let multi: Service = serde_json::from_value(json!({
+            "metadata": {"name": "multi", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.2", "ports": [
+                {"name": "a", "port": 80}, {"name": "b", "port": 81, "protocol": "UDP"}]}
+        }))
+        .unwrap();
+        ix.apply_service(&multi);
+        ix.apply_endpoints(&endpoints(
+            "ns",
+            "multi",
+            json!([{"addresses": [{"ip": "10.0.0.5"}, {"ip": "192.0.2.7"}],
+                    "ports": [{"name": "a", "port": 8080}, {"name": "b", "port": 8081, "protocol": "UDP"}]},
+                   {"addresses": [{"ip": "198.51.100.1"}], "ports": [{"name": "a", "port": 9090}]}]),
+        ));
+        let cases: [(&str, u16, Protocol, &[&str]); 6] = [
+            // The API server behind the `kubernetes` Service: its node address, on the endpoint port
+            // (the not-ready address receives nothing).
+            (
+                "10.96.0.1",
+                443,
+                Protocol::TCP,
+                &["node n1 10.244.0.1:16443"],
+            ),
+            // A direct call to the same address learns the same.
+            (
+                "10.244.0.1",
+                16443,
+                Protocol::TCP,
+                &["address node n1 10.244.0.1:16443"],
+            ),
+            (
+                "10.96.0.1",
+                80,
+                Protocol::TCP,
+                &["no backend in kubernetes"],
+            ),
+            // Ports pair by name and protocol; a pod address is its workload.
+            (
+                "10.96.0.2",
+                80,
+                Protocol::TCP,
+                &[
+                    "workload db:8080",
+                    "external 192.0.2.7:8080",
+                    "external 198.51.100.1:9090",
+                ],
+            ),
+            (
+                "10.96.0.2",
+                81,
+                Protocol::UDP,
+                &["workload db:8081", "external 192.0.2.7:8081"],
+            ),
+            ("10.96.0.2", 81, Protocol::TCP, &["no backend in multi"]),
+        ];
+        for (ip, port, proto, expected) in cases {
+            assert_eq!(
+                described(ix.resolve(ip.parse().unwrap(), port, proto, T)),
+                expected,
+                "{ip}:{port}/{proto:?}"
+            );
+        }
+
+        // Only selector-less Services' Endpoints are kept: a Service that gets a selector drops them,
+        // and the Endpoints of a Service with one are not stored at all.
+        assert_eq!(ix.endpoints.len(), 2);
+        let mut selected = multi.clone();
+        selected.spec.as_mut().unwrap().selector =
+            Some(BTreeMap::from([("app".into(), "db".into())]));
+        ix.apply_service(&selected);
+        ix.apply_endpoints(&endpoints(
+            "ns",
+            "multi",
+            json!([{"addresses": [{"ip": "192.0.2.7"}], "ports": [{"name": "a", "port": 8080}]}]),
+        ));
+        assert_eq!(ix.endpoints.len(), 1);
+        assert_eq!(
+            described(ix.resolve("10.96.0.2".parse().unwrap(), 80, Protocol::TCP, T)),
+            ["workload db:80"],
+            "resolved through its pods"
+        );
+        ix.delete_endpoints("default", "kubernetes");
+        assert_eq!(
+            described(ix.resolve("10.96.0.1".parse().unwrap(), 443, Protocol::TCP, T)),
+            ["no backend in kubernetes"]
+        );
+        assert!(ix.endpoints.is_empty());
+    }
+
     #[test]
     fn terminated_pods_back_no_service() {
         let mut ix = Index::default();
@@ -1331,7 +1604,9 @@ mod tests {
             "the pods of one workload share one endpoint"
         );
         match ix.resolve_ref("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
-            ResolvedRef::Backends(b) => assert!(Arc::ptr_eq(&b[0].0, &after)),
+            ResolvedRef::Backends(b) => {
+                assert!(matches!(&b[0].0, Endpoint::Workload(w) if Arc::ptr_eq(w, &after)))
+            }
             other => panic!("{other:?}"),
         }
         ix.delete_workload("ns", WorkloadKind::Deployment, "a");

@@ -1,10 +1,11 @@
-//! Keeps the [`Index`] current from watches of pods, Services, workloads, Jobs and nodes, cluster-wide.
+//! Keeps the [`Index`] current from watches of pods, Services, Endpoints, workloads, Jobs and nodes,
+//! cluster-wide.
 
 use crate::cluster::index::Index;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -15,8 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// The kinds watched; the index is ready when each has listed once (Jobs too: a CronJob's run seen
-/// before its Job would be learned as a Job of its own).
-const KINDS: usize = 7;
+/// before its Job would be learned as a Job of its own; Endpoints too: a call to the `kubernetes`
+/// Service before its Endpoints are listed would resolve to no backend and be dropped).
+const KINDS: usize = 8;
 
 /// A shared index and whether every watch has completed its first list.
 #[derive(Default)]
@@ -58,6 +60,10 @@ pub async fn run(client: Client, shared: Arc<SharedIndex>) {
         ),
         watch::<Service>(&client, &shared, Index::apply_service, |ix, s| {
             ix.delete_service(&s.namespace().unwrap_or_default(), &s.name_any())
+        }),
+        // Every Endpoints object streams through; the index keeps those of selector-less Services.
+        watch::<Endpoints>(&client, &shared, Index::apply_endpoints, |ix, e| {
+            ix.delete_endpoints(&e.namespace().unwrap_or_default(), &e.name_any())
         }),
         watch::<Deployment>(&client, &shared, Index::apply_deployment, |ix, d| {
             ix.delete_workload(

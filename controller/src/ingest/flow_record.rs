@@ -13,7 +13,7 @@
 //! workload. Finding those pods walks the index's pods, which is acceptable because it happens only for
 //! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
 
-use crate::cluster::index::{Endpoint, Index, PodInfo, Resolved};
+use crate::cluster::index::{Endpoint, Index, PodInfo, ResolvedRef};
 use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
 use std::net::IpAddr;
@@ -123,8 +123,8 @@ pub fn peer_address(
     }
     // Only addresses that lead nowhere in the cluster's pods: a Service is resolved to its backends.
     if !matches!(
-        index.resolve(fields.peer, fields.port, fields.protocol, at_ms),
-        Resolved::Address(Endpoint::External(_) | Endpoint::Node { .. }, _)
+        index.resolve_ref(fields.peer, fields.port, fields.protocol, at_ms),
+        ResolvedRef::Address(Endpoint::External(_) | Endpoint::Node { .. }, _)
     ) {
         return address;
     }

@@ -80,11 +80,12 @@ pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> 
                 protocol: obs.protocol,
                 port,
             }]),
+            // What the connection reached after kube-proxy's DNAT, which is what NetworkPolicies see.
             ResolvedRef::Backends(backends) => Ok(backends
                 .iter()
-                .map(|(w, port)| Flow {
+                .map(|(backend, port)| Flow {
                     source: local.clone(),
-                    destination: Endpoint::Workload(w.clone()),
+                    destination: backend.clone(),
                     protocol: obs.protocol,
                     port: *port,
                 })

@@ -88,9 +88,9 @@ pub enum Unresolved {
 }
 
 /// The flows between evaluable endpoints a record stands for, as of the record's last sighting: one
-/// for a pod or outside address, one per backend workload for a Service ClusterIP (kube-proxy picked
-/// one of them; pods of a workload share their template's labels and ports, so any of its pods stands
-/// for it).
+/// for a pod or outside address, one per backend for a Service ClusterIP (kube-proxy picked one of
+/// them; pods of a workload share their template's labels and ports, so any of its pods stands for it;
+/// a selector-less Service's backends are the addresses of its Endpoints, on their ports).
 pub fn observed_flows(
     index: &Index,
     view: &ClusterView,
@@ -125,10 +125,17 @@ pub fn observed_flows(
                 return Ok(vec![flow(local_side, pod_side(index, pod), port)]);
             }
             match index.resolve(peer, port, protocol, at) {
-                Resolved::Workloads(backends) => Ok(backends
+                // The backends after kube-proxy's DNAT: a selector's workloads, or the addresses of
+                // a selector-less Service's Endpoints (the `kubernetes` Service: the API servers).
+                Resolved::Backends(backends) => Ok(backends
                     .into_iter()
-                    .filter_map(|(workload, port)| {
-                        let side = workload_side(view, workload)?;
+                    .filter_map(|(backend, port)| {
+                        let side = match backend {
+                            index::Endpoint::Workload(workload) => workload_side(view, &workload)?,
+                            index::Endpoint::Node { ip, .. } | index::Endpoint::External(ip) => {
+                                address_side(ip)
+                            }
+                        };
                         Some(flow(local_side.clone(), side, port))
                     })
                     .collect()),
@@ -164,7 +171,7 @@ fn pod_side(index: &Index, pod: &index::PodInfo) -> FlowSide {
 }
 
 /// A Service backend workload as a flow side: one of its pods stands for it.
-fn workload_side(view: &ClusterView, workload: WorkloadEndpoint) -> Option<FlowSide> {
+fn workload_side(view: &ClusterView, workload: &WorkloadEndpoint) -> Option<FlowSide> {
     let pod = match workload.kind {
         Some(kind) => view
             .pods_of(&workload.namespace, kind, &workload.name)
@@ -175,7 +182,7 @@ fn workload_side(view: &ClusterView, workload: WorkloadEndpoint) -> Option<FlowS
     view.pod(&pod)?;
     Some(FlowSide {
         endpoint: Endpoint::Pod(pod),
-        workload: workload_ref(&workload),
+        workload: workload_ref(workload),
     })
 }
 
@@ -583,6 +590,51 @@ mod tests {
             observed_flows(&index, &view, &no_port, &now),
             Err(Unresolved::ServiceWithoutBackends(..))
         ));
+    }
+
+    #[test]
+    fn a_call_through_a_service_without_a_selector_is_a_flow_to_its_endpoint() {
+        let (mut index, view) = cluster();
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-a"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.1"}]}
+        }))
+        .unwrap();
+        index.apply_node(&node);
+        let kubernetes: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443}]}
+            }))
+            .unwrap();
+        index.apply_service(&kubernetes);
+        let endpoints: k8s_openapi::api::core::v1::Endpoints =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "subsets": [{"addresses": [{"ip": "192.168.1.1"}],
+                             "ports": [{"name": "https", "port": 6443}]}]
+            }))
+            .unwrap();
+        index.apply_endpoints(&endpoints);
+        let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        let mut call = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 1],
+            443,
+            uplink::Direction::Outbound,
+        );
+        call.protocol = uplink::Protocol::Tcp as i32;
+        call.outcome = uplink::Outcome::Established as i32;
+        let flows = observed_flows(&index, &view, &call, &now).unwrap();
+        assert_eq!(
+            flows
+                .iter()
+                .map(|f| (f.destination.endpoint.clone(), f.port))
+                .collect::<Vec<_>>(),
+            [(Endpoint::Ip("192.168.1.1".parse().unwrap()), 6443)],
+            "the API server's address and port, as after DNAT"
+        );
+        assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
     }
 
     #[test]

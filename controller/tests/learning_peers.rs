@@ -1,0 +1,221 @@
+//! Which peer a connection is learned as, against the real local cluster, with records fed through the
+//! real ingest (`Learning::accept`, as the gRPC stream does) into an index fed by the real watches:
+//! a call to the `kubernetes` Service is learned as what it reaches after kube-proxy's DNAT (the API
+//! server's address and port), the same rule a direct call learns, and that rule keeps the call allowed
+//! once the proposal is promoted to protect.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Endpoints, Pod};
+use kube::api::{Api, PostParams};
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
+use network_enforcer_controller::ingest::Learning;
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::monitor::evaluate::attribution::{PolicyVerdict, policy_verdict};
+use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow};
+use network_enforcer_controller::monitor::violations::evidence::observed_flows;
+use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::images::TEST_IMAGE;
+use network_enforcer_tests::section10::{cluster_ip, flow_record};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The controller's side: an index fed by the real watches, and the ingest's learning in front of a
+/// writer. The index is ready (every watch listed) when this returns.
+async fn controller(ns: &TestNamespace) -> Result<(Arc<SharedIndex>, Learning, AbortOnDrop)> {
+    let shared = Arc::new(SharedIndex::default());
+    let feed = tokio::spawn(watches::run(ns.client.clone(), shared.clone()));
+    ns.wait_for("the index to sync", Duration::from_secs(30), || async {
+        Ok(shared.ready().then_some(()))
+    })
+    .await?;
+    let writer = Arc::new(ProposalWriter::new(
+        ns.client.clone(),
+        Backend::Kubernetes,
+        // Shared by every test on this cluster: learn nothing there.
+        BTreeSet::from(["kube-system".to_string()]),
+    ));
+    let learning = Learning {
+        index: shared.clone(),
+        writer,
+        evidence: None,
+    };
+    Ok((shared, learning, AbortOnDrop(feed)))
+}
+
+/// Stops the watches when the test ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits until the watches have brought pod `name` with an IP into the index; returns its node.
+async fn indexed_pod(ns: &TestNamespace, shared: &SharedIndex, name: &str) -> Result<String> {
+    ns.wait_for(
+        &format!("the index to see pod {name} with an IP"),
+        Duration::from_secs(60),
+        || async {
+            let index = shared.index.read().unwrap();
+            Ok(index
+                .pod(&ns.name, name)
+                .filter(|p| !p.ips.is_empty())
+                .and_then(|p| p.node.clone()))
+        },
+    )
+    .await
+}
+
+/// An established connection the pod `local` opened, as its agent reports it.
+fn outbound(ns: &TestNamespace, local: &str, peer: IpAddr, port: u32) -> FlowRecord {
+    flow_record(
+        &ns.name,
+        local,
+        peer,
+        port,
+        uplink::Protocol::Tcp,
+        uplink::Direction::Outbound,
+        uplink::Outcome::Established,
+    )
+}
+
+/// Issue 15 item 6: a call to the `kubernetes` Service (`10.96.0.1:443 established`) was dropped as
+/// `service_without_backends` (a Service without a selector), so protect cut every workload using the
+/// in-cluster client config. It is learned as the API server's address on its port, exactly what a
+/// direct call to that address learns, and the promoted policy allows the call (post-DNAT).
+#[tokio::test]
+async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allowed_in_protect()
+-> Result<()> {
+    let ns = TestNamespace::create_with_crds("learn-apiserver").await?;
+    // A pod that calls the API server the way the in-cluster client config does: by the Service name.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "api-client", "labels": {"app": "api-client"}},
+        "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+            "name": "main", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", "socat -d -d -T1 STDIO TCP:kubernetes.default.svc:443,connect-timeout=5 \
+                                     </dev/null 2>&1 && echo CONNECTED; sleep 3600"]}]}
+    }))?;
+    ns.api::<Pod>().create(&PostParams::default(), &pod).await?;
+    let log = ns
+        .wait_for(
+            "the pod to connect to kubernetes.default.svc:443",
+            Duration::from_secs(120),
+            || async {
+                let log = ns
+                    .api::<Pod>()
+                    .logs("api-client", &Default::default())
+                    .await
+                    .unwrap_or_default();
+                Ok(log.contains("CONNECTED").then_some(log))
+            },
+        )
+        .await?;
+    // The address the pod's socket connected to: what its agent reports as the peer.
+    let service_ip: IpAddr = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("opening connection to AF=2 ")?
+                .1
+                .strip_suffix(":443")
+        })
+        .with_context(|| format!("no connection line in the pod's log:\n{log}"))?
+        .parse()?;
+    assert_eq!(
+        service_ip,
+        cluster_ip("default", "kubernetes", &ns.client).await?
+    );
+    // Where kube-proxy sends it: the API server's address and port, from the Service's Endpoints.
+    let endpoints = Api::<Endpoints>::namespaced(ns.client.clone(), "default")
+        .get("kubernetes")
+        .await?;
+    let subset = &endpoints.subsets.context("no endpoints subsets")?[0];
+    let api_server: IpAddr = subset.addresses.as_ref().context("no addresses")?[0]
+        .ip
+        .parse()?;
+    let api_port = subset.ports.as_ref().context("no ports")?[0].port;
+
+    let (shared, learning, _watches) = controller(&ns).await?;
+    let node = indexed_pod(&ns, &shared, "api-client").await?;
+    let via_service = outbound(&ns, "api-client", service_ip, 443);
+    let ack = learning.accept(
+        &node,
+        &FlowBatch {
+            sequence: 1,
+            node: node.clone(),
+            records: vec![via_service.clone()],
+        },
+    );
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{ack:?}");
+    let report = learning.writer.flush().await;
+    assert_eq!((report.created, report.failed), (1, 0), "{report:?}");
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let proposal = proposals.get("pod-api-client-egress").await?;
+    let egress = serde_json::to_value(&proposal.spec.kubernetes.as_ref().unwrap().egress)?;
+    assert_eq!(
+        egress,
+        json!([{"to": [{"ipBlock": {"cidr": format!("{api_server}/32")}}],
+                "ports": [{"protocol": "TCP", "port": api_port}]}]),
+        "the API server's address on its own port, as NetworkPolicies see the call after DNAT"
+    );
+
+    // The same call made to the API server's address directly teaches nothing new.
+    let direct = outbound(&ns, "api-client", api_server, u32::try_from(api_port)?);
+    learning.accept(
+        &node,
+        &FlowBatch {
+            sequence: 2,
+            node: node.clone(),
+            records: vec![direct.clone()],
+        },
+    );
+    let report = learning.writer.flush().await;
+    assert_eq!((report.written, report.unchanged), (0, 1), "{report:?}");
+
+    // Promoted to protect, the learned rule allows the call through the Service, as the violation
+    // evidence path resolves it (post-DNAT); anything else to the API server's address stays denied.
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1", "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "pod-api-client-egress", "namespace": ns.name},
+        "spec": {"backend": "kubernetes", "direction": "Egress", "mode": "protect",
+                 "targetRef": {"kind": "Pod", "name": "api-client"},
+                 "kubernetes": serde_json::to_value(&proposal.spec.kubernetes)?}
+    }))?;
+    let index = shared.index.read().unwrap();
+    let view = ClusterView::from_index(&index, std::iter::empty(), std::iter::empty());
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let flows = observed_flows(&index, &view, &via_service, &now)?;
+    let flows: Vec<Flow> = flows.iter().map(|f| f.flow()).collect();
+    let direct_flows: Vec<Flow> = observed_flows(&index, &view, &direct, &now)?
+        .iter()
+        .map(|f| f.flow())
+        .collect();
+    assert_eq!(flows, direct_flows, "one call, one flow");
+    let [flow] = flows.as_slice() else {
+        panic!("one flow expected: {flows:?}");
+    };
+    assert_eq!(
+        (&flow.destination, flow.port),
+        (&Endpoint::Ip(api_server), u16::try_from(api_port)?)
+    );
+    assert_eq!(
+        policy_verdict(&view, &policy, flow, None)?,
+        PolicyVerdict::Allows
+    );
+    let elsewhere = Flow {
+        port: 10250,
+        ..flow.clone()
+    };
+    assert_eq!(
+        policy_verdict(&view, &policy, &elsewhere, None)?,
+        PolicyVerdict::Denies,
+        "the policy isolates the pod: only what it learned is allowed"
+    );
+    Ok(())
+}
