@@ -35,13 +35,10 @@ struct Cli {
 enum Command {
     /// Run the controller against the cluster of the in-cluster config or KUBECONFIG.
     Run(Box<RunArgs>),
-    /// Delete every NetworkPolicy and AuthorizationPolicy this controller rendered, so no enforcement
-    /// outlives an uninstall (the chart's pre-delete hook runs this). Policies are kept.
-    Cleanup {
-        /// Only this namespace (default: all namespaces).
-        #[arg(long, env = "WATCH_NAMESPACE")]
-        namespace: Option<String>,
-    },
+    /// Stop the controller (scale its Deployment to 0 and wait until its pods are gone), then delete
+    /// every NetworkPolicy and AuthorizationPolicy it rendered, so no enforcement outlives an uninstall
+    /// (the chart's pre-delete hook runs this). Policies are kept.
+    Cleanup(CleanupArgs),
     /// Print the CustomResourceDefinitions this controller serves, as YAML
     /// (e.g. `network-enforcer-controller crds | kubectl apply -f -`).
     Crds,
@@ -51,6 +48,24 @@ enum Command {
     /// Draw the learned workload graph (proposals, policies and their modes, violations in red) as
     /// Graphviz DOT, or SVG through `dot`.
     Graph(GraphArgs),
+}
+
+#[derive(clap::Args)]
+struct CleanupArgs {
+    /// Only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// The controller Deployment to stop first; a running controller would render the deleted objects
+    /// again. Without it, only the deletion happens.
+    #[arg(long, env = "CONTROLLER_DEPLOYMENT")]
+    controller_deployment: Option<String>,
+    /// The namespace of --controller-deployment (the release namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
+    controller_namespace: String,
+    /// How long the controller's pods may take to terminate, in seconds; the clean-up fails (and
+    /// deletes nothing) if they are still there then.
+    #[arg(long, env = "STOP_TIMEOUT_SECONDS", default_value_t = 120)]
+    stop_timeout_seconds: u64,
 }
 
 #[derive(clap::Args)]
@@ -231,20 +246,30 @@ async fn main() -> Result<()> {
         Command::Run(args) => run(*args).await,
         Command::Check(args) => check(&args),
         Command::Graph(args) => graph(&args).await,
-        Command::Cleanup { namespace } => {
-            let client = kube::Client::try_default()
-                .await
-                .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
-            let removed = network_enforcer_controller::tools::uninstall::remove_rendered_objects(
-                &client,
-                namespace.as_deref(),
-            )
-            .await
-            .context("removing rendered NetworkPolicies and AuthorizationPolicies")?;
-            println!("removed {removed} rendered object(s)");
-            Ok(())
-        }
+        Command::Cleanup(args) => cleanup(args).await,
     }
+}
+
+/// `cleanup`: stop the controller, then delete what it rendered (the chart's pre-delete hook).
+async fn cleanup(args: CleanupArgs) -> Result<()> {
+    use network_enforcer_controller::tools::uninstall::{self, ControllerDeployment};
+    // The hook Job's log is what a user reads when an uninstall fails.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .init();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    let controller = args.controller_deployment.map(|name| ControllerDeployment {
+        namespace: args.controller_namespace,
+        name,
+        timeout: Duration::from_secs(args.stop_timeout_seconds),
+    });
+    let removed = uninstall::uninstall(&client, controller.as_ref(), args.namespace.as_deref())
+        .await
+        .context("stopping the controller and removing rendered NetworkPolicies and AuthorizationPolicies")?;
+    println!("removed {removed} rendered object(s)");
+    Ok(())
 }
 
 /// `graph`: the workload graph from a file or the cluster, as DOT or SVG.

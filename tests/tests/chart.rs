@@ -329,8 +329,8 @@ fn rbac_is_exactly_least_privilege() {
         .collect();
     assert_eq!(
         roles.len(),
-        4,
-        "controller, agent, cleanup, leader election"
+        5,
+        "controller, agent, cleanup (cluster-wide, and in the release namespace), leader election"
     );
     for role in &roles {
         assert!(
@@ -383,6 +383,27 @@ fn rbac_is_exactly_least_privilege() {
                 &["list", "delete"]
             ),
         ])
+    );
+    // The hook stops the controller first: scale exactly its Deployment, and see its pods go.
+    let stop = find(&docs, "Role", CLEANUP);
+    assert_eq!(stop["metadata"]["namespace"], "ne-system");
+    assert_eq!(
+        stop["rules"],
+        serde_json::json!([
+            {"apiGroups": ["apps"], "resources": ["deployments/scale"],
+             "resourceNames": [CONTROLLER], "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ])
+    );
+    let binding = find(&docs, "RoleBinding", CLEANUP);
+    assert_eq!(binding["metadata"]["namespace"], "ne-system");
+    assert_eq!(
+        (&binding["roleRef"]["kind"], &binding["roleRef"]["name"]),
+        (&serde_json::json!("Role"), &serde_json::json!(CLEANUP))
+    );
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": CLEANUP, "namespace": "ne-system"}])
     );
     // Each role is bound to its own ServiceAccount in the release namespace, and used by its workload.
     for (name, kind) in [
@@ -446,6 +467,8 @@ fn cleanup_runs_as_a_pre_delete_hook() {
         ("ServiceAccount", CLEANUP),
         ("ClusterRole", CLEANUP),
         ("ClusterRoleBinding", CLEANUP),
+        ("Role", CLEANUP),
+        ("RoleBinding", CLEANUP),
         ("Job", CLEANUP),
     ] {
         assert_eq!(
@@ -463,9 +486,19 @@ fn cleanup_runs_as_a_pre_delete_hook() {
             .unwrap()
     };
     assert!(weight(find(&docs, "ClusterRoleBinding", CLEANUP)) < weight(job));
+    assert!(weight(find(&docs, "RoleBinding", CLEANUP)) < weight(job));
     let c = container(job, "cleanup");
     assert_eq!(strings(&c["command"]), ["network-enforcer-controller"]);
     assert_eq!(strings(&c["args"]), ["cleanup"]);
+    // It stops this release's controller before deleting what the controller rendered.
+    assert_eq!(env_value(c, "CONTROLLER_DEPLOYMENT"), CONTROLLER);
+    assert_eq!(env_value(c, "POD_NAMESPACE"), "ne-system");
+    let stop: u64 = env_value(c, "STOP_TIMEOUT_SECONDS").parse().unwrap();
+    let deadline = job["spec"]["activeDeadlineSeconds"].as_u64().unwrap();
+    assert!(
+        stop < deadline,
+        "the hook gives up waiting before its Job's deadline"
+    );
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(job["spec"]["template"]["spec"]["restartPolicy"], "Never");
 }

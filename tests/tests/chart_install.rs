@@ -1,12 +1,15 @@
-//! `helm install` of our chart into the local cluster (issue 9): our images (built from the workspace's
-//! debug binaries), the admission policy off (v1.20 has none). The controller Deployment and the agent
+//! `helm install` of our chart into the local cluster: our images (built from the workspace's debug
+//! binaries), the admission policy off (v1.20 has none). The controller Deployment and the agent
 //! DaemonSet become ready, the agent loads and attaches its eBPF programs and serves its metrics, and
-//! `helm uninstall` leaves nothing of the release behind. Needs root, `cargo xtask setup` and the
-//! binaries (`cargo build --bins`; `cargo test --workspace` builds them).
+//! `helm uninstall` leaves nothing of the release behind — including enforcement: a protect policy's
+//! NetworkPolicy in an app namespace that outlives the release is removed and stays removed
+//! (docs/install.md, "Uninstall"). Needs root, `cargo xtask setup` and the binaries
+//! (`cargo build --bins`; `cargo test --workspace` builds them).
 
 use anyhow::{Result, ensure};
 use network_enforcer_tests::e2e::poll;
 use network_enforcer_tests::e2e::release::{self, Release, http_get, metric};
+use network_enforcer_tests::e2e::workload::Namespace;
 use network_enforcer_tests::fixture;
 use std::time::Duration;
 
@@ -66,12 +69,74 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         release.describe()
     );
 
+    // Enforcement in force at uninstall time: a protect policy in an app namespace that stays, its
+    // NetworkPolicy rendered by the release's controller.
+    let app = Namespace::create(&cluster.kubeconfig, "ne-chart-install-app")?;
+    app.apply(&protect_policy(&app.name).to_string())?;
+    let rendered = poll(
+        "the controller to render the protect policy's NetworkPolicy",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || rendered_network_policies(&app).map(|l| (!l.is_empty()).then_some(l)),
+        || release.describe(),
+    )?;
+
     let name = release.name.clone();
     let namespace = release.namespace.clone();
     let kubeconfig = cluster.kubeconfig.clone();
+    // Returns once helm is done and the release namespace, with every controller pod, is gone: from
+    // then on nothing can render again, so one look afterwards is conclusive.
     release.uninstall()?;
+    let left = rendered_network_policies(&app)?;
+    ensure!(
+        left.is_empty(),
+        "enforcement outlived the uninstall: rendered NetworkPolicies left in {} (uid, managers): \
+         {left:?}; before the uninstall: {rendered:?}",
+        app.name
+    );
+    ensure!(
+        app.kubectl(&["get", "workloadnetworkpolicy", POLICY, "-o", "name"])?
+            .contains(POLICY),
+        "the uninstall must keep the user's policy"
+    );
     // Uninstall waited for this; look once more with a fresh handle, as a user would.
     let left = Release::leftover_objects(&kubeconfig, &name, &namespace)?;
     ensure!(left.is_empty(), "left after helm uninstall: {left:?}");
     Ok(())
+}
+
+/// The protect policy of the uninstall check.
+const POLICY: &str = "deployment-web-ingress";
+
+/// A valid kubernetes-backend policy in protect mode: the controller renders it into a NetworkPolicy.
+fn protect_policy(namespace: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": POLICY, "namespace": namespace},
+        "spec": {
+            "backend": "kubernetes", "direction": "Ingress", "mode": "protect",
+            "targetRef": {"kind": "Deployment", "name": "web"},
+            "kubernetes": {
+                "podSelector": {"matchLabels": {"app": "web"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                             "ports": [{"protocol": "TCP", "port": 8080}]}]
+            }
+        }
+    })
+}
+
+/// The NetworkPolicies in `app` that our controller rendered (labelled as ours), as
+/// `name uid managers` lines: a re-created one shows a new uid.
+fn rendered_network_policies(app: &Namespace) -> Result<Vec<String>> {
+    let out = app.kubectl(&[
+        "get",
+        "networkpolicies",
+        "-l",
+        "app.kubernetes.io/managed-by=network-enforcer",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.metadata.managedFields[*].manager}{\"\\n\"}{end}",
+    ])?;
+    Ok(out.lines().map(String::from).collect())
 }

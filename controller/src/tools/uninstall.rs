@@ -1,20 +1,179 @@
-//! Removing enforcement on uninstall.
+//! Removing enforcement on uninstall (docs/install.md, "Uninstall").
 //!
 //! The CRDs are kept when the chart is removed (`helm.sh/resource-policy: keep`), so users' policies
 //! survive a reinstall. Their rendered NetworkPolicies and AuthorizationPolicies would survive too and keep
 //! enforcing with no controller left to explain them. The chart's pre-delete hook runs
-//! `network-enforcer-controller cleanup`, which deletes exactly the objects we rendered: those labelled
-//! as ours *and* controlled by a WorkloadNetworkPolicy. The policies themselves stay; a reinstall renders
-//! them again.
+//! `network-enforcer-controller cleanup`, which
+//!
+//! 1. stops the controller first ([`stop_controller`]): scales its Deployment to 0 and waits until none
+//!    of its pods exists any more. A controller that still runs treats a deleted rendering as drift and
+//!    renders it again within milliseconds, and helm removes the Deployment only after the hook. Scaling
+//!    the Deployment rather than fencing each process covers every replica (leader election or not),
+//!    and a Deployment at 0 restarts nothing while the hook works;
+//! 2. then deletes exactly the objects we rendered ([`remove_rendered_objects`]): those labelled as ours
+//!    *and* controlled by a WorkloadNetworkPolicy. The policies themselves stay; a reinstall renders
+//!    them again.
 
 use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::render::MANAGED_BY_LABEL;
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+/// How often the controller's pods are listed while waiting for them to go.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Why the clean-up did not finish. Each one fails the hook, so `helm uninstall` reports it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(
+        "Deployment {namespace}/{deployment} has no label selector in its scale subresource; \
+         cannot tell which pods are the controller's"
+    )]
+    NoSelector {
+        namespace: String,
+        deployment: String,
+    },
+    #[error(
+        "controller pods still exist {waited:?} after scaling Deployment {namespace}/{deployment} to 0: \
+         {pods:?}. Rendered objects are left in place while a controller may still re-render them; if \
+         the pods are stuck terminating on a lost node, delete them (`kubectl delete pod --force`) and \
+         run the uninstall again"
+    )]
+    StillRunning {
+        namespace: String,
+        deployment: String,
+        pods: Vec<String>,
+        waited: Duration,
+    },
+    #[error(
+        "controller pods appeared again while rendered objects were being deleted: {pods:?}. Something \
+         scaled Deployment {namespace}/{deployment} back up; the hook fails so that it is retried"
+    )]
+    Restarted {
+        namespace: String,
+        deployment: String,
+        pods: Vec<String>,
+    },
+}
+
+/// The controller Deployment to stop before deleting what it rendered.
+#[derive(Clone, Debug)]
+pub struct ControllerDeployment {
+    pub namespace: String,
+    pub name: String,
+    /// How long its pods may take to terminate (the controller writes pending proposals on SIGTERM).
+    pub timeout: Duration,
+}
+
+/// Stops the controller, deletes everything it rendered in `namespace` (all namespaces when `None`),
+/// and checks that no controller came back meanwhile. Returns how many objects were deleted. Without
+/// `controller` (the command run by hand) only the deletion happens: a controller still running would
+/// render them again.
+pub async fn uninstall(
+    client: &Client,
+    controller: Option<&ControllerDeployment>,
+    namespace: Option<&str>,
+) -> Result<usize, Error> {
+    let selector = match controller {
+        Some(c) => stop_controller(client, c).await?,
+        None => {
+            tracing::warn!(
+                "no controller Deployment given: if a controller still runs, it renders the deleted objects again"
+            );
+            None
+        }
+    };
+    let removed = remove_rendered_objects(client, namespace).await?;
+    if let (Some(c), Some(selector)) = (controller, selector) {
+        let pods = pod_names(client, &c.namespace, &selector).await?;
+        if !pods.is_empty() {
+            return Err(Error::Restarted {
+                namespace: c.namespace.clone(),
+                deployment: c.name.clone(),
+                pods,
+            });
+        }
+    }
+    Ok(removed)
+}
+
+/// Scales the controller Deployment to 0 and waits until none of its pods exists (terminating pods
+/// still run, so "gone" is the condition, not "not ready"). Returns the pods' label selector, or `None`
+/// when the Deployment does not exist (nothing to stop).
+pub async fn stop_controller(
+    client: &Client,
+    controller: &ControllerDeployment,
+) -> Result<Option<String>, Error> {
+    let (ns, name) = (controller.namespace.as_str(), controller.name.as_str());
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let scale = match deployments.get_scale(name).await {
+        Ok(scale) => scale,
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::info!(
+                namespace = ns,
+                deployment = name,
+                "controller Deployment not found: nothing to stop"
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let selector = scale
+        .status
+        .and_then(|s| s.selector)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Error::NoSelector {
+            namespace: ns.to_string(),
+            deployment: name.to_string(),
+        })?;
+    let replicas = scale.spec.and_then(|s| s.replicas).unwrap_or_default();
+    deployments
+        .patch_scale(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    tracing::info!(
+        namespace = ns,
+        deployment = name,
+        from = replicas,
+        "scaled the controller to 0"
+    );
+    let started = Instant::now();
+    loop {
+        let pods = pod_names(client, ns, &selector).await?;
+        if pods.is_empty() {
+            tracing::info!(namespace = ns, deployment = name, waited = ?started.elapsed(), "controller stopped");
+            return Ok(Some(selector));
+        }
+        if started.elapsed() >= controller.timeout {
+            return Err(Error::StillRunning {
+                namespace: ns.to_string(),
+                deployment: name.to_string(),
+                pods,
+                waited: started.elapsed(),
+            });
+        }
+        tracing::debug!(?pods, "waiting for the controller's pods to go");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn pod_names(client: &Client, namespace: &str, selector: &str) -> Result<Vec<String>, Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    Ok(list.items.iter().map(|p| p.name_any()).collect())
+}
 
 /// Deletes every object we rendered in `namespace` (all namespaces when `None`); returns how many.
 /// AuthorizationPolicies are skipped when their CRD is not installed.
