@@ -17,9 +17,13 @@ pub const REGISTRY: &str = "network-enforcer.local";
 /// The tag of every local image.
 pub const TAG: &str = "dev";
 
-/// The test workload image: busybox (static) for `sh` and friends, socat for TCP/UDP servers and
-/// clients (Debian busybox's `nc` has no UDP and its `wget` crashes).
+/// The test workload image: busybox (static) for `sh` and friends, our `echo-server` for TCP/UDP echo
+/// servers (and its `--check` load client), socat for clients (Debian busybox's `nc` has no UDP and its
+/// `wget` crashes).
 pub const TEST_IMAGE: &str = "network-enforcer.local/test:dev";
+
+/// Where the test image has our echo server (`tests/src/bin/echo-server.rs`); on `PATH`.
+pub const ECHO_SERVER: &str = "/usr/local/bin/echo-server";
 
 /// What goes into one image.
 #[derive(Default)]
@@ -213,15 +217,22 @@ pub fn all_tars() -> Result<Vec<PathBuf>> {
     Ok(tars)
 }
 
-/// The images the cluster itself needs: pause (sandbox), dns (dnsmasq) and test (busybox + socat).
+/// The images the cluster itself needs: pause (sandbox), dns (dnsmasq) and test (busybox, socat, our
+/// echo server).
 pub const BASE_IMAGES: [&str; 3] = ["pause", "dns", "test"];
 
-/// Builds the base images whose tars are missing. Returns the tars of all of them.
+/// Builds the base images whose tars are missing, or were built from other sources of ours than the
+/// working tree's (see [`sources_fingerprint`]). Returns the tars of all of them.
 pub fn ensure_base_images() -> Result<Vec<PathBuf>> {
     let mut tars = Vec::new();
     for name in BASE_IMAGES {
         let tar = tar_path(name);
-        if !tar.exists() {
+        let fingerprint = sources_fingerprint(name)?;
+        let recorded = images_dir().join(format!("{name}.sources"));
+        let current = fingerprint
+            .as_ref()
+            .is_none_or(|f| fs::read_to_string(&recorded).is_ok_and(|r| r == *f));
+        if !tar.exists() || !current {
             let spec = match name {
                 "pause" => pause_image()?,
                 "dns" => dns_image()?,
@@ -229,11 +240,31 @@ pub fn ensure_base_images() -> Result<Vec<PathBuf>> {
             };
             spec.write(&tar)
                 .with_context(|| format!("writing image {}", tar.display()))?;
+            if let Some(fingerprint) = fingerprint {
+                fs::write(&recorded, fingerprint)
+                    .with_context(|| format!("writing {}", recorded.display()))?;
+            }
             eprintln!("    image {} -> {}", spec.reference, tar.display());
         }
         tars.push(tar);
     }
     Ok(tars)
+}
+
+/// A hash of the sources of ours that image `name` compiles (`None`: only host packages, which change
+/// with setup, not with the working tree). Recorded next to the tar: a cached image built from other
+/// sources, or by code that predates the record, is rebuilt. Contents, not times: a checkout or an
+/// older build can leave a tar newer than a source it does not contain.
+fn sources_fingerprint(name: &str) -> Result<Option<String>> {
+    let sources = match name {
+        "test" => vec![echo_server_source()],
+        _ => return Ok(None),
+    };
+    let mut hash = Sha256::new();
+    for source in sources {
+        hash.update(fs::read(&source).with_context(|| format!("reading {}", source.display()))?);
+    }
+    Ok(Some(hex(&hash.finalize())))
 }
 
 /// Kubernetes' own pause program, compiled statically from the source tree setup unpacked.
@@ -272,7 +303,39 @@ fn dns_image() -> Result<ImageSpec> {
     Ok(spec)
 }
 
-/// busybox-static with a symlink per applet, plus socat and its libraries.
+/// The echo server's source, a binary of this crate.
+fn echo_server_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/echo-server.rs")
+}
+
+/// Compiles the echo server with plain `rustc`, like pause.c with gcc: the file needs nothing but std,
+/// and this way the image builds wherever the cluster starts (tests, `cargo xtask cluster up`, the demo)
+/// without first asking cargo for a binary of this crate (a test cannot run cargo: `cargo test` holds
+/// the target directory's lock).
+fn compile_echo_server() -> Result<PathBuf> {
+    let source = echo_server_source();
+    let build = images_dir().join("build");
+    fs::create_dir_all(&build)?;
+    let binary = build.join("echo-server");
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    output(
+        Command::new(&rustc)
+            .args([
+                "--edition=2024",
+                "--crate-type=bin",
+                "--crate-name=echo_server",
+                "-Copt-level=2",
+                "-Cstrip=debuginfo",
+                "-o",
+            ])
+            .arg(&binary)
+            .arg(&source),
+    )
+    .with_context(|| format!("compiling {} with {rustc:?}", source.display()))?;
+    Ok(binary)
+}
+
+/// busybox-static with a symlink per applet, socat, our echo server, and the libraries they load.
 fn test_image() -> Result<ImageSpec> {
     let mut spec = ImageSpec::new("test");
     spec.add_file(Path::new("/bin/busybox"), "/bin/busybox")?;
@@ -285,6 +348,7 @@ fn test_image() -> Result<ImageSpec> {
         spec.add_symlink(&format!("/bin/{applet}"), "busybox");
     }
     spec.add_binary_with_libraries(Path::new("/usr/bin/socat"), "/usr/bin/socat")?;
+    spec.add_binary_with_libraries(&compile_echo_server()?, ECHO_SERVER)?;
     spec.cmd = vec!["sh".into()];
     Ok(spec)
 }

@@ -1,15 +1,18 @@
 //! Tests of the local cluster itself (issue 3): scheduling and pod networking, Services over TCP and
-//! UDP through kube-proxy and cluster DNS, garbage collection, CronJobs, and pod cgroups. Each test
-//! runs in its own namespace on the shared cluster (started on first use; needs root and
-//! `cargo xtask setup`).
+//! UDP through kube-proxy and cluster DNS (also headless Services), garbage collection, CronJobs, pod
+//! cgroups, and the test image's echo server under load. Each test runs in its own namespace on the
+//! shared cluster (started on first use; needs root and `cargo xtask setup`).
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use network_enforcer_tests::e2e::workload::echo_server_script;
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::images::TEST_IMAGE;
+use network_enforcer_tests::images::{ECHO_SERVER, TEST_IMAGE};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -356,5 +359,213 @@ async fn pods_reach_the_api_server_through_the_kubernetes_service_with_their_tok
         "expected 200 from the API server, got:\n{log}"
     );
     assert!(log.contains("tokenreviews"), "unexpected body:\n{log}");
+    Ok(())
+}
+
+/// Waits until pod `name` is Ready (its readiness probe passed) and returns its IP.
+async fn ready_pod_ip(ns: &TestNamespace, name: &str) -> Result<String> {
+    let pods = ns.api::<Pod>();
+    ns.wait_for(&format!("pod {name} to be ready"), TIMEOUT, || async {
+        let status = pods.get(name).await?.status.unwrap_or_default();
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok(status.pod_ip.filter(|_| ready))
+    })
+    .await
+}
+
+/// Waits until pod `name` runs and returns its IP.
+async fn running_pod_ip(ns: &TestNamespace, name: &str) -> Result<String> {
+    let pods = ns.api::<Pod>();
+    ns.wait_for(&format!("pod {name} to run"), TIMEOUT, || async {
+        let status = pods.get(name).await?.status.unwrap_or_default();
+        Ok(status
+            .pod_ip
+            .filter(|_| status.phase.as_deref() == Some("Running")))
+    })
+    .await
+}
+
+/// The A records busybox `nslookup` in pod `pod` gets for `name` (empty: no such name).
+fn lookup(ns: &TestNamespace, pod: &str, name: &str) -> Result<BTreeSet<String>> {
+    // nslookup exits non-zero for a name that does not exist: an answer here, not an error.
+    let out = ns.kubectl(&[
+        "exec",
+        pod,
+        "--",
+        "sh",
+        "-c",
+        &format!("nslookup -type=a {name} 2>&1; true"),
+    ])?;
+    // "Server: / Address: <dns>:53", then a "Name: / Address: <ip>" pair per record.
+    Ok(out
+        .lines()
+        .skip_while(|l| !l.starts_with("Name:"))
+        .filter_map(|l| l.strip_prefix("Address:"))
+        .map(|a| a.trim().to_string())
+        .collect())
+}
+
+/// Waits until `name`, looked up from pod `pod`, has exactly the addresses `want`.
+async fn wait_for_records(ns: &TestNamespace, pod: &str, name: &str, want: &[&str]) -> Result<()> {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let mut last = BTreeSet::new();
+    ns.wait_for(&format!("{name} to resolve to {want:?}"), TIMEOUT, || {
+        let done = lookup(ns, pod, name).map(|got| {
+            let done = (got == want).then_some(());
+            last = got;
+            done
+        });
+        async move { done }
+    })
+    .await
+    .with_context(|| format!("{name} resolved to {last:?} last"))
+}
+
+/// Item 5 of issue 15: a StatefulSet behind a headless Service, the usual database shape, is reachable
+/// by name. The Service's name resolves to its ready pods only (a pod turns ready when the test says
+/// so), each pod also by `<pod>.<service>`, and a pod that goes away leaves the names.
+#[tokio::test]
+async fn headless_service_names_resolve_to_the_ready_pods_of_a_statefulset() -> Result<()> {
+    let ns = TestNamespace::create("cluster-headless").await?;
+    let service: Service = serde_json::from_value(json!({
+        "metadata": { "name": "db" },
+        "spec": {
+            "clusterIP": "None",
+            "selector": { "app": "db" },
+            "ports": [{ "name": "db", "port": 5432, "protocol": "TCP" }],
+        },
+    }))?;
+    ns.api::<Service>()
+        .create(&PostParams::default(), &service)
+        .await?;
+    let statefulset: StatefulSet = serde_json::from_value(json!({
+        "metadata": { "name": "db" },
+        "spec": {
+            "serviceName": "db",
+            "replicas": 2,
+            // Both pods at once: the test, not the controller, decides when each is ready.
+            "podManagementPolicy": "Parallel",
+            "selector": { "matchLabels": { "app": "db" } },
+            "template": {
+                "metadata": { "labels": { "app": "db" } },
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "main",
+                        "image": TEST_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": [ECHO_SERVER, "tcp:5432"],
+                        "readinessProbe": {
+                            "exec": { "command": ["test", "-e", "/tmp/ready"] },
+                            "periodSeconds": 1,
+                        },
+                    }],
+                },
+            },
+        },
+    }))?;
+    ns.api::<StatefulSet>()
+        .create(&PostParams::default(), &statefulset)
+        .await?;
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod("client", "sleep 3600")?)
+        .await?;
+    running_pod_ip(&ns, "client").await?;
+    let ip0 = running_pod_ip(&ns, "db-0").await?;
+    let ip1 = running_pod_ip(&ns, "db-1").await?;
+
+    let service_name = format!("db.{}.svc.cluster.local", ns.name);
+    let pod0_name = format!("db-0.db.{}.svc.cluster.local", ns.name);
+    let pod1_name = format!("db-1.db.{}.svc.cluster.local", ns.name);
+
+    // Only db-0 ready: the name must settle on db-0 alone (a feeder that served not-ready addresses
+    // never gets there).
+    ns.kubectl(&["exec", "db-0", "--", "touch", "/tmp/ready"])?;
+    ready_pod_ip(&ns, "db-0").await?;
+    wait_for_records(&ns, "client", &service_name, &[&ip0]).await?;
+    wait_for_records(&ns, "client", &pod0_name, &[&ip0]).await?;
+    let pod1 = lookup(&ns, "client", &pod1_name)?;
+    assert!(
+        pod1.is_empty(),
+        "{pod1_name} resolves to {pod1:?} while db-1 is not ready"
+    );
+
+    // Both ready: both addresses, each pod by its own name.
+    ns.kubectl(&["exec", "db-1", "--", "touch", "/tmp/ready"])?;
+    ready_pod_ip(&ns, "db-1").await?;
+    wait_for_records(&ns, "client", &service_name, &[&ip0, &ip1]).await?;
+    wait_for_records(&ns, "client", &pod1_name, &[&ip1]).await?;
+
+    // A connection by the pod's name, fully qualified and through the search path (as apps configure
+    // it), reaches that pod.
+    for host in [pod0_name.as_str(), "db-1.db"] {
+        let reply = ns.kubectl(&[
+            "exec",
+            "client",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo hello-{host} | socat -t 3 - TCP:{host}:5432,connect-timeout=3"),
+        ])?;
+        assert_eq!(reply.trim(), format!("hello-{host}"), "TCP to {host}:5432");
+    }
+
+    // db-1 goes away: its names go with it.
+    ns.api::<StatefulSet>()
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 1 } })),
+        )
+        .await?;
+    wait_for_records(&ns, "client", &service_name, &[&ip0]).await?;
+    wait_for_records(&ns, "client", &pod1_name, &[]).await?;
+    Ok(())
+}
+
+/// Item 8 of issue 15: the e2e tests' echo server (as `echo_server_script` starts it) answers every
+/// one of 200 clients per port that all start at once, over TCP (each half-closes right after its
+/// payload) and UDP, each client with its own payload.
+#[tokio::test]
+async fn the_echo_server_answers_every_one_of_200_parallel_tcp_and_udp_clients() -> Result<()> {
+    let ns = TestNamespace::create("cluster-echo").await?;
+    // The e2e workload's ports.
+    let server: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "echo" },
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main",
+                "image": TEST_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", echo_server_script(&[18080, 18082], &[18081])],
+                // Ready once it accepts: the clients must not race the server's start.
+                "readinessProbe": { "tcpSocket": { "port": 18082 }, "periodSeconds": 1 },
+            }],
+        },
+    }))?;
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &server)
+        .await?;
+    let ip = ready_pod_ip(&ns, "echo").await?;
+
+    let check = format!("{ECHO_SERVER} --check {ip} 200 tcp:18080 tcp:18082 udp:18081");
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod("load", &check)?)
+        .await?;
+    let log = ns
+        .wait_for_pod_success("load", TIMEOUT)
+        .await
+        .context("some clients did not get their payload back")?;
+    for port in ["tcp:18080", "tcp:18082", "udp:18081"] {
+        assert!(
+            log.contains(&format!("{port} 200/200 echoed")),
+            "no full echo on {port}:\n{log}"
+        );
+    }
     Ok(())
 }

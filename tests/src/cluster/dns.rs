@@ -1,8 +1,11 @@
 //! Cluster DNS. Bookworm has no CoreDNS: dnsmasq runs as a real pod (`kube-system`, label
 //! `k8s-app: kube-dns`, behind Service `kube-dns` at the ClusterIP kubelet hands to pods) and serves a
 //! hosts directory from the node. A small feeder on the node keeps that directory equal to the
-//! Services in the API: one `<clusterIP> <name>.<namespace>.svc.cluster.local` line each. dnsmasq
-//! reloads when the file is replaced. It has no upstream servers: nothing leaves the machine.
+//! Services in the API: `<clusterIP> <name>.<namespace>.svc.cluster.local` for a Service with a
+//! ClusterIP; for a headless one, that name for each ready endpoint address and
+//! `<hostname>.<name>.<namespace>.svc.cluster.local` for pods with a hostname and subdomain (StatefulSet
+//! pods). dnsmasq reloads when the file is replaced. It has no upstream servers: nothing leaves the
+//! machine.
 
 use anyhow::Result;
 use std::fs;
@@ -23,10 +26,10 @@ pub fn start(state: &State) -> Result<()> {
     let dir = state.dns();
     let hosts = dir.join("hosts");
     fs::create_dir_all(&hosts)?;
-    let script = dir.join("feed.sh");
+    let script = feeder_path(state);
     fs::write(&script, feeder_script(state))?;
     fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
-    spawn(state, "dns-feeder", Command::new("/bin/sh").arg(&script))?;
+    spawn(state, "dns-feeder", Command::new("/bin/bash").arg(&script))?;
 
     let manifest = manifest(&hosts.to_string_lossy());
     output_with_input(
@@ -44,41 +47,93 @@ pub fn start(state: &State) -> Result<()> {
     )
 }
 
-/// True when the `kube-dns` Service has a ready endpoint.
+/// True when the `kube-dns` Service has a ready endpoint and the feeder is today's. A cluster started
+/// with an older feeder (one that, say, served no headless Services) is not a healthy cluster for
+/// today's tests: `up` replaces it.
 pub fn ready(state: &State) -> bool {
-    kubectl(
-        &state.kubeconfig(),
-        &[
-            "-n",
-            "kube-system",
-            "get",
-            "endpoints",
-            "kube-dns",
-            "-o",
-            "jsonpath={.subsets[*].addresses[*].ip}",
-        ],
-    )
-    .is_ok_and(|ips| !ips.trim().is_empty())
+    let current_feeder =
+        fs::read_to_string(feeder_path(state)).is_ok_and(|s| s == feeder_script(state));
+    current_feeder
+        && kubectl(
+            &state.kubeconfig(),
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "endpoints",
+                "kube-dns",
+                "-o",
+                "jsonpath={.subsets[*].addresses[*].ip}",
+            ],
+        )
+        .is_ok_and(|ips| !ips.trim().is_empty())
 }
 
-/// A shell loop (kubectl from setup): render once, then re-render on every Service watch event;
-/// restart the watch when it ends (API server restarts, timeouts).
+fn feeder_path(state: &State) -> std::path::PathBuf {
+    state.dns().join("feed.sh")
+}
+
+/// The feeder: a bash loop around kubectl (from setup) that renders the hosts file from the Services and
+/// Endpoints in the API, once per burst of changes to either.
+///
+/// Names, as cluster DNS serves them:
+/// - `<svc>.<ns>.svc.cluster.local` → the ClusterIP of a Service that has one;
+/// - for a headless Service (`clusterIP: None`), the same name → every ready address of its Endpoints
+///   (`subsets[].addresses`, which hold ready pods only; `notReadyAddresses` are left out), and
+///   `<hostname>.<svc>.<ns>.svc.cluster.local` → the address of a pod with `spec.hostname` and
+///   `spec.subdomain: <svc>` (the endpoints controller copies that hostname into the address; a
+///   StatefulSet's pods get `hostname: <pod>`, `subdomain: <serviceName>`).
+///
+/// kubectl watches one resource type at a time, so each type has its own watch loop and both feed one
+/// reader. `--watch` lists before it watches (no change falls between what was listed and what is
+/// watched); the loop restarts a watch the API server ended. The reader coalesces a burst of lines (a
+/// listing, a rollout) into one render, and the file is replaced only when it changes: dnsmasq re-reads
+/// the directory on every replacement.
 fn feeder_script(state: &State) -> String {
     let kubectl = kubernetes_bin("kubectl");
     let kubeconfig = state.kubeconfig();
     let dir = state.dns();
     format!(
-        r#"#!/bin/sh
-# Keeps {dir}/hosts/services equal to the Services in the API (network-enforcer local cluster DNS).
-K="{kubectl} --kubeconfig={kubeconfig}"
-T='{{{{range .items}}}}{{{{if and .spec.clusterIP (ne .spec.clusterIP "None")}}}}{{{{.spec.clusterIP}}}} {{{{.metadata.name}}}}.{{{{.metadata.namespace}}}}.svc.cluster.local{{{{"\n"}}}}{{{{end}}}}{{{{end}}}}'
+        r#"#!/bin/bash
+# Keeps {dir}/hosts/services equal to the Service names in the API (network-enforcer local cluster DNS).
+K=("{kubectl}" "--kubeconfig={kubeconfig}")
+D="{dir}"
+T='
+{{{{- range $svc := .items}}}}
+  {{{{- if and (eq $svc.kind "Service") $svc.spec.clusterIP}}}}
+    {{{{- $name := printf "%s.%s.svc.cluster.local" $svc.metadata.name $svc.metadata.namespace}}}}
+    {{{{- if eq $svc.spec.clusterIP "None"}}}}
+      {{{{- range $.items}}}}
+        {{{{- if and (eq .kind "Endpoints") (eq .metadata.namespace $svc.metadata.namespace) (eq .metadata.name $svc.metadata.name)}}}}
+          {{{{- range .subsets}}}}
+            {{{{- range .addresses}}}}
+              {{{{- .ip}}}} {{{{$name}}}}{{{{"\n"}}}}
+              {{{{- if .hostname}}}}{{{{.ip}}}} {{{{.hostname}}}}.{{{{$name}}}}{{{{"\n"}}}}{{{{end}}}}
+            {{{{- end}}}}
+          {{{{- end}}}}
+        {{{{- end}}}}
+      {{{{- end}}}}
+    {{{{- else}}}}
+      {{{{- $svc.spec.clusterIP}}}} {{{{$name}}}}{{{{"\n"}}}}
+    {{{{- end}}}}
+  {{{{- end}}}}
+{{{{- end}}}}'
 render() {{
-  $K get services --all-namespaces -o go-template="$T" > {dir}/services.tmp && mv {dir}/services.tmp {dir}/hosts/services
+  if "${{K[@]}}" get services,endpoints --all-namespaces -o go-template="$T" > "$D/services.tmp"; then
+    cmp -s "$D/services.tmp" "$D/hosts/services" || mv "$D/services.tmp" "$D/hosts/services"
+  fi
 }}
-while true; do
+# One line per change of resource type $1, forever.
+follow() {{
+  while true; do
+    "${{K[@]}}" get "$1" --all-namespaces --watch -o name --request-timeout=0
+    sleep 1
+  done
+}}
+{{ follow services & follow endpoints & wait; }} | while read -r _; do
+  # Coalesce the burst this line starts (at most 50 lines, so that a steady trickle still renders).
+  for ((i = 0; i < 50; i++)); do read -r -t 0.2 _ || break; done
   render
-  $K get services --all-namespaces --watch-only -o name --request-timeout=0 | while read -r _; do render; done
-  sleep 1
 done
 "#,
         kubectl = kubectl.display(),

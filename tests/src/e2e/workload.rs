@@ -1,5 +1,5 @@
 //! Real workloads and real traffic: namespaces (deleted on drop), Deployments of the test image running
-//! socat echo servers, and payloads sent with socat from inside a client pod (`kubectl exec`). Nothing
+//! our echo server, and payloads sent with socat from inside a client pod (`kubectl exec`). Nothing
 //! here injects a flow: whatever our agent reports, it saw in the kernel.
 
 use anyhow::{Context, Result, bail};
@@ -12,7 +12,7 @@ use crate::cluster::components::kubectl;
 use crate::cluster::layout::kubernetes_bin;
 use crate::cluster::process::output_with_input;
 use crate::fixture::OWNER_LABEL;
-use crate::images::TEST_IMAGE;
+use crate::images::{ECHO_SERVER, TEST_IMAGE};
 
 /// How long pods get to start (two shared cores; ServiceAccount tokens appear asynchronously).
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -256,19 +256,15 @@ pub fn deployment(name: &str, account: &str, script: &str, ports: &[(u16, &str)]
     .to_string()
 }
 
-/// A shell script that echoes back, with socat, every TCP connection on `tcp` ports and every UDP
-/// datagram on `udp` ports.
+/// A shell script that echoes back every TCP connection on `tcp` ports and every UDP datagram on `udp`
+/// ports: our echo server (`tests/src/bin/echo-server.rs`), one process for all ports. Not socat: its
+/// forking servers stalled under parallel load (see the echo server's docs).
 pub fn echo_server_script(tcp: &[u16], udp: &[u16]) -> String {
-    let mut parts: Vec<String> = tcp
+    let ports = tcp
         .iter()
-        .map(|p| format!("socat TCP-LISTEN:{p},fork,reuseaddr EXEC:cat &"))
-        .collect();
-    parts.extend(
-        udp.iter()
-            .map(|p| format!("socat UDP-RECVFROM:{p},fork EXEC:cat &")),
-    );
-    parts.push("wait".into());
-    parts.join(" ")
+        .map(|p| format!(" tcp:{p}"))
+        .chain(udp.iter().map(|p| format!(" udp:{p}")));
+    format!("exec {}{}", ECHO_SERVER, ports.collect::<String>())
 }
 
 /// The protocol of a payload sent with [`send`].
