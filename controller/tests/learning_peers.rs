@@ -1,11 +1,13 @@
 //! Which peer a connection is learned as, against the real local cluster, with records fed through the
 //! real ingest (`Learning::accept`, as the gRPC stream does) into an index fed by the real watches:
-//! a call to the `kubernetes` Service is learned as what it reaches after kube-proxy's DNAT (the API
-//! server's address and port), the same rule a direct call learns, and that rule keeps the call allowed
-//! once the proposal is promoted to protect.
+//! - a call to the `kubernetes` Service is learned as what it reaches after kube-proxy's DNAT (the API
+//!   server's address and port), the same rule a direct call learns, and that rule keeps the call
+//!   allowed once the proposal is promoted to protect;
+//! - a host-network pod is one peer, its node's address, whichever end reports the connection.
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Endpoints, Pod};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::api::{Api, PostParams};
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
@@ -17,8 +19,8 @@ use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow
 use network_enforcer_controller::monitor::violations::evidence::observed_flows;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
-use network_enforcer_tests::section10::{cluster_ip, flow_record};
-use serde_json::json;
+use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
+use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -83,6 +85,40 @@ fn outbound(ns: &TestNamespace, local: &str, peer: IpAddr, port: u32) -> FlowRec
         uplink::Direction::Outbound,
         uplink::Outcome::Established,
     )
+}
+
+/// An established connection `peer` opened to the pod `local`, as its agent reports it.
+fn inbound(ns: &TestNamespace, local: &str, peer: IpAddr, port: u32) -> FlowRecord {
+    flow_record(
+        &ns.name,
+        local,
+        peer,
+        port,
+        uplink::Protocol::Tcp,
+        uplink::Direction::Inbound,
+        uplink::Outcome::Established,
+    )
+}
+
+/// The rules of proposal `name` in `ns` as stored, egress and ingress alike: `[{peers, ports}]`.
+async fn rules_of(ns: &TestNamespace, name: &str) -> Result<Value> {
+    let proposal = ns
+        .api::<WorkloadNetworkPolicyProposal>()
+        .get(name)
+        .await
+        .with_context(|| format!("proposal {name}"))?;
+    let np = serde_json::to_value(proposal.spec.kubernetes.as_ref().unwrap())?;
+    let (rules, peers) = match np["egress"].as_array() {
+        Some(rules) => (rules.clone(), "to"),
+        None => (
+            np["ingress"].as_array().cloned().unwrap_or_default(),
+            "from",
+        ),
+    };
+    Ok(rules
+        .iter()
+        .map(|r| json!({"peers": r[peers], "ports": r["ports"]}))
+        .collect())
 }
 
 /// Issue 15 item 6: a call to the `kubernetes` Service (`10.96.0.1:443 established`) was dropped as
@@ -217,5 +253,116 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
         PolicyVerdict::Denies,
         "the policy isolates the pod: only what it learned is allowed"
     );
+    Ok(())
+}
+
+/// Issue 15 item 7: a hostNetwork DaemonSet calling a Deployment gave the callee's ingress proposal both
+/// `ipBlock <node IP>/32` (from the callee's record) and `podSelector {app: probe}` (from the caller's
+/// record, attributed to its pod): a pod selector never matches host-network traffic, so that rule
+/// enforced nothing and would admit any ordinary pod labelled `app=probe`. One connection is one peer:
+/// the node's address, from either end, also when the host-network pod is called (directly or through a
+/// Service). The host-network DaemonSet keeps its own proposals.
+#[tokio::test]
+async fn a_host_network_pod_is_learned_as_its_node_address_from_either_side() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("learn-hostnet").await?;
+    let Workloads { server, .. } = create_workloads(&ns, 1).await?;
+    let probe: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"selector": {"matchLabels": {"app": "probe"}},
+                 "template": {"metadata": {"labels": {"app": "probe"}},
+                              "spec": {"hostNetwork": true, "terminationGracePeriodSeconds": 0,
+                                       "containers": [{"name": "main", "image": TEST_IMAGE,
+                                                       "imagePullPolicy": "Never",
+                                                       "command": ["sleep", "3600"]}]}}}
+    }))?;
+    ns.api::<DaemonSet>()
+        .create(&PostParams::default(), &probe)
+        .await?;
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"selector": {"app": "probe"}, "ports": [{"port": 19100}]}
+    }))?;
+    ns.api::<Service>()
+        .create(&PostParams::default(), &service)
+        .await?;
+    let (probe, node_ip): (String, IpAddr) = ns
+        .wait_for(
+            "the host-network probe to run",
+            Duration::from_secs(120),
+            || async {
+                Ok(ns.pods("app=probe").await?.into_iter().find_map(|p| {
+                    let status = p.status.as_ref()?;
+                    (status.phase.as_deref() == Some("Running")).then_some(())?;
+                    Some((
+                        p.metadata.name.clone()?,
+                        status.pod_ip.as_ref()?.parse().ok()?,
+                    ))
+                }))
+            },
+        )
+        .await?;
+    let server_ip: IpAddr = ns
+        .api::<Pod>()
+        .get(&server)
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .context("the server's IP")?
+        .parse()?;
+    let probe_service = cluster_ip(&ns.name, "probe", &ns.client).await?;
+
+    let (shared, learning, _watches) = controller(&ns).await?;
+    let node = indexed_pod(&ns, &shared, &probe).await?;
+    indexed_pod(&ns, &shared, &server).await?;
+    assert!(
+        shared
+            .index
+            .read()
+            .unwrap()
+            .pod(&ns.name, &probe)
+            .unwrap()
+            .host_network,
+        "the index knows the probe is on the host network"
+    );
+    // Both ends' agents report each connection: the probe calls the server; the server calls the
+    // probe, by its address and through its Service.
+    let records = vec![
+        outbound(&ns, &probe, server_ip, 18080),
+        inbound(&ns, &server, node_ip, 18080),
+        outbound(&ns, &server, node_ip, 19100),
+        inbound(&ns, &probe, server_ip, 19100),
+        outbound(&ns, &server, probe_service, 19100),
+    ];
+    let ack = learning.accept(
+        &node,
+        &FlowBatch {
+            sequence: 1,
+            node: node.clone(),
+            records,
+        },
+    );
+    assert_eq!((ack.accepted, ack.rejected), (5, 0), "{ack:?}");
+    let report = learning.writer.flush().await;
+    assert_eq!(report.failed, 0, "{report:?}");
+
+    let node_peer = |port: u16| {
+        json!([{"peers": [{"ipBlock": {"cidr": format!("{node_ip}/32")}}],
+                "ports": [{"protocol": "TCP", "port": port}]}])
+    };
+    let server_peer = |port: u16| {
+        json!([{"peers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                           "podSelector": {"matchLabels": {"app": "http-server"}}}],
+                "ports": [{"protocol": "TCP", "port": port}]}])
+    };
+    for (proposal, expected) in [
+        // One peer per connection: the node's address, never `podSelector {app: probe}`.
+        ("deployment-http-server-ingress", node_peer(18080)),
+        ("deployment-http-server-egress", node_peer(19100)),
+        // The host-network DaemonSet keeps its own proposals.
+        ("daemonset-probe-egress", server_peer(18080)),
+        ("daemonset-probe-ingress", server_peer(19100)),
+    ] {
+        assert_eq!(rules_of(&ns, proposal).await?, expected, "{proposal}");
+    }
     Ok(())
 }

@@ -165,10 +165,41 @@ struct IpLease {
 pub enum Endpoint {
     /// Pods of a workload (or a bare pod, whose `kind` is `None`).
     Workload(Arc<WorkloadEndpoint>),
+    /// A pod on its node's network (`hostNetwork: true`), known as a pod: the local pod of a record, or
+    /// a Service backend. Its workload still gets proposals of its own, but as a peer of others it is
+    /// its node's address `ip` ([`Endpoint::as_peer`]): its traffic carries that address, and no
+    /// NetworkPolicy pod selector matches host-network traffic.
+    HostNetwork {
+        workload: Arc<WorkloadEndpoint>,
+        ip: IpAddr,
+        node: String,
+    },
     /// A node of the cluster (host network), by IP.
     Node { ip: IpAddr, name: String },
     /// Anything else: the internet, hosts outside the cluster.
     External(IpAddr),
+}
+
+impl Endpoint {
+    /// The workload this side of a flow is, whose proposals it gets: a pod's (host network or not).
+    pub fn workload(&self) -> Option<&Arc<WorkloadEndpoint>> {
+        match self {
+            Endpoint::Workload(w) | Endpoint::HostNetwork { workload: w, .. } => Some(w),
+            Endpoint::Node { .. } | Endpoint::External(_) => None,
+        }
+    }
+
+    /// This endpoint as the peer in another workload's proposal: a host-network pod is its node's
+    /// address, the same peer the other side's record names it by (one connection, one peer).
+    pub fn as_peer(&self) -> Endpoint {
+        match self {
+            Endpoint::HostNetwork { ip, node, .. } => Endpoint::Node {
+                ip: *ip,
+                name: node.clone(),
+            },
+            other => other.clone(),
+        }
+    }
 }
 
 /// A workload as a flow endpoint.
@@ -814,8 +845,9 @@ impl Index {
         };
         let pod = self.pods.get(key);
         let deleted = self.deleted.contains_key(key);
-        let changed =
-            before.map(|b| (&b.endpoint, &b.ports)) != pod.map(|p| (&p.endpoint, &p.ports));
+        // IPs too: a host-network backend is its address.
+        let changed = before.map(|b| (&b.endpoint, &b.ports, &b.ips))
+            != pod.map(|p| (&p.endpoint, &p.ports, &p.ips));
         let mut dirty = Vec::new();
         for name in names {
             let service_key = (key.0.clone(), name.clone());
@@ -845,23 +877,33 @@ impl Index {
             self.backends.remove(key);
             return;
         };
-        let backends = self.backends.entry(key.clone()).or_default();
-        backends.by_port.clear();
+        let Some(pods) = self.backends.get(key).map(|b| &b.pods) else {
+            return;
+        };
+        // A host-network backend is reached at its node's address of the ClusterIP's family.
+        let family = svc
+            .ips
+            .first()
+            .copied()
+            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let mut by_port = HashMap::new();
         for sp in &svc.ports {
             let mut found: BTreeSet<Backend> = BTreeSet::new();
-            for name in &backends.pods {
+            for name in pods {
                 let Some(pod) = self.pods.get_str(&key.0, name) else {
                     continue;
                 };
-                if let Some(p) = container_port(&sp.target, pod, sp.protocol) {
-                    found.insert((Endpoint::Workload(pod.endpoint.clone()), p));
+                let port = container_port(&sp.target, pod, sp.protocol);
+                if let (Some(port), Some(endpoint)) = (port, self.pod_endpoint(pod, family)) {
+                    found.insert((endpoint, port));
                 }
             }
             if !found.is_empty() {
-                backends
-                    .by_port
-                    .insert((sp.port, sp.protocol), found.into_iter().collect());
+                by_port.insert((sp.port, sp.protocol), found.into_iter().collect());
             }
+        }
+        if let Some(backends) = self.backends.get_mut(key) {
+            backends.by_port = by_port;
         }
     }
 
@@ -1294,6 +1336,33 @@ impl Index {
         ResolvedRef::Address(self.address_endpoint(ip, at_ms), port)
     }
 
+    /// `pod` as one end of a flow whose other end is `peer`: its workload, or for a host-network pod
+    /// [`Endpoint::HostNetwork`] at its address of `peer`'s family (a host-network pod's IPs are its
+    /// node's; its node's addresses stand in until the kubelet has reported them). `None` for a
+    /// host-network pod with no address of that family yet.
+    pub fn pod_endpoint(&self, pod: &PodInfo, peer: IpAddr) -> Option<Endpoint> {
+        if !pod.host_network {
+            return Some(Endpoint::Workload(pod.endpoint.clone()));
+        }
+        let node = pod.node.clone().unwrap_or_default();
+        let same_family = |ip: &&IpAddr| ip.is_ipv4() == peer.is_ipv4();
+        let ip = pod.ips.iter().find(same_family).copied().or_else(|| {
+            // Few nodes, and only until the pod's IPs are known: a scan is fine.
+            self.nodes
+                .iter()
+                .filter(|(_, name)| **name == node)
+                .map(|(ip, _)| ip)
+                .filter(same_family)
+                .min()
+                .copied()
+        })?;
+        Some(Endpoint::HostNetwork {
+            workload: pod.endpoint.clone(),
+            ip,
+            node,
+        })
+    }
+
     /// What an address that is no Service ClusterIP is at `at_ms`: the workload of the pod that held it,
     /// a node, or an outside address.
     fn address_endpoint(&self, ip: IpAddr, at_ms: i64) -> Endpoint {
@@ -1445,6 +1514,9 @@ mod tests {
     fn described(resolved: Resolved) -> Vec<String> {
         let name = |e: &Endpoint| match e {
             Endpoint::Workload(w) => format!("workload {}", w.name),
+            Endpoint::HostNetwork { workload, ip, node } => {
+                format!("host network {} on {node} {ip}", workload.name)
+            }
             Endpoint::Node { ip, name } => format!("node {name} {ip}"),
             Endpoint::External(ip) => format!("external {ip}"),
         };

@@ -63,15 +63,31 @@ pub enum Unresolved {
     UnknownLocalPod(String, String),
     #[error("Service {0}/{1} has no backend for that port yet")]
     ServiceWithoutBackends(String, String),
+    #[error("the host-network pod {0}/{1} has no address of the peer's family yet")]
+    HostAddressUnknown(String, String),
+}
+
+impl Unresolved {
+    /// The `outcome` label counted in `resolutions_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
+            Unresolved::ServiceWithoutBackends(..) => "service_without_backends",
+            Unresolved::HostAddressUnknown(..) => "host_address_unknown",
+        }
+    }
 }
 
 /// The workload-level flows an observation stands for (a Service with several backend workloads gives one
-/// flow per workload).
+/// flow per workload). A host-network local pod is [`Endpoint::HostNetwork`] at its node's address, so
+/// the peer learns it as that address, as the peer's own record does.
 pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> {
     let local = index
         .pod(&obs.local.0, &obs.local.1)
         .ok_or_else(|| Unresolved::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
-    let local = Endpoint::Workload(local.endpoint.clone());
+    let local = index
+        .pod_endpoint(local, obs.peer)
+        .ok_or_else(|| Unresolved::HostAddressUnknown(obs.local.0.clone(), obs.local.1.clone()))?;
     match obs.opened {
         Opened::Outbound => match index.resolve_ref(obs.peer, obs.port, obs.protocol, obs.at_ms) {
             ResolvedRef::Pod(w, port) => Ok(vec![Flow {
@@ -187,7 +203,8 @@ fn proposal_kind(w: &WorkloadEndpoint) -> Option<WorkloadKind> {
     }
 }
 
-/// Whether an endpoint can be written as a peer: not an unselectable workload.
+/// Whether an endpoint can be written as a peer: not an unselectable workload (a host-network pod is
+/// a peer by its address).
 fn usable_peer(e: &Endpoint) -> bool {
     match e {
         Endpoint::Workload(w) => w.selectable(),
@@ -198,18 +215,21 @@ fn usable_peer(e: &Endpoint) -> bool {
 /// Whether a flow has a workload side no selector can name exactly (a bare pod without labels, a
 /// CronJob whose runs share no label): what it teaches about that side is skipped.
 pub fn has_unselectable_side(flow: &Flow) -> bool {
-    !usable_peer(&flow.source) || !usable_peer(&flow.destination)
+    [&flow.source, &flow.destination]
+        .into_iter()
+        .any(|e| e.workload().is_some_and(|w| !w.selectable()))
 }
 
 /// The proposal edges a flow produces for `backend` (SPEC 4.1): kubernetes → the source's egress and
 /// the destination's ingress; istio → the destination's ingress only, TCP only, from a workload with an
 /// identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
-/// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer.
+/// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer. A host-network pod gets its own
+/// proposals but is a peer of others as its node's address ([`Endpoint::as_peer`]).
 pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
     let mut out = Vec::new();
     match backend {
         Backend::Kubernetes => {
-            if let Endpoint::Workload(src) = &flow.source {
+            if let Some(src) = flow.source.workload() {
                 if let (Some(kind), true) = (proposal_kind(src), usable_peer(&flow.destination)) {
                     out.push((
                         Target {
@@ -218,14 +238,14 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
                             direction: Direction::Egress,
                         },
                         Edge::Kubernetes {
-                            peer: flow.destination.clone(),
+                            peer: flow.destination.as_peer(),
                             protocol: flow.protocol,
                             port: flow.port,
                         },
                     ));
                 }
             }
-            if let Endpoint::Workload(dst) = &flow.destination {
+            if let Some(dst) = flow.destination.workload() {
                 if let (Some(kind), true) = (proposal_kind(dst), usable_peer(&flow.source)) {
                     out.push((
                         Target {
@@ -234,7 +254,7 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
                             direction: Direction::Ingress,
                         },
                         Edge::Kubernetes {
-                            peer: flow.source.clone(),
+                            peer: flow.source.as_peer(),
                             protocol: flow.protocol,
                             port: flow.port,
                         },
@@ -243,6 +263,7 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
             }
         }
         Backend::Istio => {
+            // Not host-network pods: the mesh neither captures them nor gives them an identity.
             if let (Endpoint::Workload(src), Endpoint::Workload(dst), Protocol::TCP) =
                 (&flow.source, &flow.destination, flow.protocol)
             {
@@ -293,16 +314,18 @@ pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
             pod_selector: Some(w.label_selector()),
             ip_block: None,
         },
-        Endpoint::Node { ip, .. } | Endpoint::External(ip) => NetworkPolicyPeer {
-            ip_block: Some(IPBlock {
-                cidr: match ip {
-                    IpAddr::V4(_) => format!("{ip}/32"),
-                    IpAddr::V6(_) => format!("{ip}/128"),
-                },
-                except: None,
-            }),
-            ..NetworkPolicyPeer::default()
-        },
+        Endpoint::Node { ip, .. } | Endpoint::HostNetwork { ip, .. } | Endpoint::External(ip) => {
+            NetworkPolicyPeer {
+                ip_block: Some(IPBlock {
+                    cidr: match ip {
+                        IpAddr::V4(_) => format!("{ip}/32"),
+                        IpAddr::V6(_) => format!("{ip}/128"),
+                    },
+                    except: None,
+                }),
+                ..NetworkPolicyPeer::default()
+            }
+        }
     }
 }
 
@@ -1201,5 +1224,178 @@ mod tests {
             assert!(has_unselectable_side(&f[0]));
             assert_eq!(edges(&f[0], Backend::Kubernetes), vec![], "{o:?}");
         }
+    }
+
+    /// [`index`] with a node `n1` (192.168.1.1), a host-network DaemonSet `probe` on it (port 9100,
+    /// behind Service `probe` 10.96.0.30), and a host-network pod whose IPs the kubelet has not
+    /// reported yet.
+    fn index_with_host_network() -> Index {
+        let mut ix = index();
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.1"}]}
+        }))
+        .unwrap();
+        ix.apply_node(&node);
+        let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": "probe", "namespace": "shop", "uid": "uid-ds-probe"},
+            "spec": {"selector": {"matchLabels": {"app": "probe"}}, "template": {}}
+        }))
+        .unwrap();
+        ix.apply_daemonset(&ds);
+        for (name, ip) in [("probe-x", Some("192.168.1.1")), ("probe-early", None)] {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                             "labels": {"app": "probe"},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                  "name": "probe", "uid": "uid-ds-probe", "controller": true}]},
+                "spec": {"hostNetwork": true, "nodeName": "n1", "containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "podIP": ip}
+            }))
+            .unwrap();
+            ix.apply_pod(&p, T);
+        }
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "probe", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.30", "selector": {"app": "probe"}, "ports": [{"port": 9100}]}
+        }))
+        .unwrap();
+        ix.apply_service(&svc);
+        ix
+    }
+
+    /// A proposal's rules as `<peer> <protocol>/<port>,...` (peer: a CIDR, or a pod selector's labels).
+    fn rules(p: &WorkloadNetworkPolicyProposal) -> Vec<String> {
+        let np = serde_json::to_value(p.spec.kubernetes.as_ref().unwrap()).unwrap();
+        let (rules, peers) = match p.spec.direction {
+            Direction::Egress => (&np["egress"], "to"),
+            Direction::Ingress => (&np["ingress"], "from"),
+        };
+        rules
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|rule| {
+                let peer = &rule[peers][0];
+                let peer = match peer["ipBlock"]["cidr"].as_str() {
+                    Some(cidr) => cidr.to_string(),
+                    None => peer["podSelector"]["matchLabels"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                };
+                let ports: Vec<String> = rule["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| format!("{}/{}", p["protocol"].as_str().unwrap_or("TCP"), p["port"]))
+                    .collect();
+                format!("{peer} {}", ports.join(","))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
+        let ix = index_with_host_network();
+        let tcp = |local: &str, peer: &str, port: u16, opened: Opened| {
+            obs(local, peer, port, Protocol::TCP, opened)
+        };
+        let (probe_to_server, server_from_probe) = (
+            tcp("probe-x", "10.0.0.2", 18080, Opened::Outbound),
+            tcp("http-server-bbb-1", "192.168.1.1", 18080, Opened::Inbound),
+        );
+        let (server_to_probe, probe_from_server) = (
+            tcp("http-server-bbb-1", "192.168.1.1", 9100, Opened::Outbound),
+            tcp("probe-x", "10.0.0.2", 9100, Opened::Inbound),
+        );
+        let via_service = tcp("http-server-bbb-1", "10.96.0.30", 9100, Opened::Outbound);
+        let early = tcp("probe-early", "10.0.0.2", 18080, Opened::Outbound);
+        let node_peer = |port: u16| format!("192.168.1.1/32 TCP/{port}");
+        let server_peer = |port: u16| format!("app=http-server TCP/{port}");
+        // (what the agents reported, the proposal looked at, its rules)
+        let cases: Vec<(&str, Vec<Observation>, &str, Vec<String>)> = vec![
+            (
+                "the client's record: the callee learns the node address",
+                vec![probe_to_server.clone()],
+                "deployment-http-server-ingress",
+                vec![node_peer(18080)],
+            ),
+            (
+                "both ends' records: one peer",
+                vec![probe_to_server.clone(), server_from_probe.clone()],
+                "deployment-http-server-ingress",
+                vec![node_peer(18080)],
+            ),
+            (
+                "the host-network pod keeps its own egress proposal",
+                vec![probe_to_server.clone(), server_from_probe],
+                "daemonset-probe-egress",
+                vec![server_peer(18080)],
+            ),
+            (
+                "called: both ends' records, one peer on the caller's egress",
+                vec![server_to_probe.clone(), probe_from_server.clone()],
+                "deployment-http-server-egress",
+                vec![node_peer(9100)],
+            ),
+            (
+                "called: its own ingress proposal names the caller",
+                vec![server_to_probe, probe_from_server],
+                "daemonset-probe-ingress",
+                vec![server_peer(9100)],
+            ),
+            (
+                "called through a Service: its backend is the node address",
+                vec![via_service.clone()],
+                "deployment-http-server-egress",
+                vec![node_peer(9100)],
+            ),
+            (
+                "called through a Service: its own ingress proposal names the caller",
+                vec![via_service],
+                "daemonset-probe-ingress",
+                vec![server_peer(9100)],
+            ),
+            (
+                "IPs not reported yet: its node's address stands in",
+                vec![early],
+                "deployment-http-server-ingress",
+                vec![node_peer(18080)],
+            ),
+        ];
+        for (what, observations, proposal, expected) in cases {
+            let mut learned: BTreeMap<String, WorkloadNetworkPolicyProposal> = BTreeMap::new();
+            for o in &observations {
+                for flow in flows(&ix, o).unwrap() {
+                    for (target, edge) in edges(&flow, Backend::Kubernetes) {
+                        let p = learned
+                            .entry(target.name())
+                            .or_insert_with(|| new_proposal(&target, Backend::Kubernetes));
+                        apply(&mut p.spec, &edge);
+                    }
+                }
+            }
+            let got = learned.get(proposal).map(rules);
+            assert_eq!(got, Some(expected), "{what}: {learned:#?}");
+        }
+
+        // A host-network pod with no address of the peer's family anywhere: not learned yet (waits
+        // for the index like an unknown pod), never as a pod selector.
+        let v6 = Observation {
+            peer: "fd00::2".parse().unwrap(),
+            ..tcp("probe-x", "10.0.0.2", 18080, Opened::Outbound)
+        };
+        assert_eq!(
+            flows(&ix, &v6),
+            Err(Unresolved::HostAddressUnknown(
+                "shop".into(),
+                "probe-x".into()
+            ))
+        );
+        assert!(deferrals::may_improve(&flows(&ix, &v6), Opened::Outbound));
     }
 }

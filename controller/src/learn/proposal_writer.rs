@@ -330,15 +330,7 @@ impl ProposalWriter {
     /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one.
     fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
         let mut produced = 0;
-        let flows = flows.inspect_err(|e| {
-            self.metrics.resolved(
-                match e {
-                    Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
-                    Unresolved::ServiceWithoutBackends(..) => "service_without_backends",
-                },
-                1,
-            )
-        })?;
+        let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
         let (mut added, mut capped) = (0i64, 0u64);
         let mut pending = self.pending.lock().expect("pending edges lock");
         for flow in flows {
@@ -350,6 +342,7 @@ impl ProposalWriter {
             self.metrics.resolved(
                 match peer {
                     Endpoint::Workload(_) => "workload",
+                    Endpoint::HostNetwork { .. } => "host_network",
                     Endpoint::Node { .. } => "node",
                     Endpoint::External(_) => "external",
                 },

@@ -99,8 +99,8 @@ impl ControllerMetrics {
         let resolutions = Family::<Outcome, Counter>::default();
         registry.register(
             "resolutions",
-            "What accepted records resolved to: the peer's kind (workload, node, external) or why nothing \
-             was learned",
+            "What accepted records resolved to: the peer's kind (workload, host_network, node, external) \
+             or why nothing was learned",
             resolutions.clone(),
         );
         let proposal_writes = Family::<ResultLabel, Counter>::default();

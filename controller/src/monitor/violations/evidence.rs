@@ -132,6 +132,11 @@ pub fn observed_flows(
                     .filter_map(|(backend, port)| {
                         let side = match backend {
                             index::Endpoint::Workload(workload) => workload_side(view, &workload)?,
+                            // As NetworkPolicies see it: its address (see `pod_side`).
+                            index::Endpoint::HostNetwork { workload, ip, .. } => FlowSide {
+                                endpoint: Endpoint::Ip(ip),
+                                workload: workload_ref(&workload),
+                            },
                             index::Endpoint::Node { ip, .. } | index::Endpoint::External(ip) => {
                                 address_side(ip)
                             }
@@ -635,6 +640,38 @@ mod tests {
             "the API server's address and port, as after DNAT"
         );
         assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
+    }
+
+    #[test]
+    fn a_host_network_service_backend_is_its_address() {
+        let (mut index, view) = cluster();
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "agent", "namespace": "n"},
+            "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "agent"},
+                     "ports": [{"port": 9000, "protocol": "UDP"}]}
+        }))
+        .unwrap();
+        index.apply_service(&svc);
+        let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        let call = sent(
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 11],
+            9000,
+            uplink::Direction::Outbound,
+        );
+        let flows = observed_flows(&index, &view, &call, &now).unwrap();
+        assert_eq!(
+            flows
+                .iter()
+                .map(|f| (
+                    f.destination.endpoint.clone(),
+                    f.port,
+                    f.destination.workload.owner_name.as_str()
+                ))
+                .collect::<Vec<_>>(),
+            [(Endpoint::Ip("192.168.1.1".parse().unwrap()), 9000, "agent")],
+            "evaluated as its address (no NetworkPolicy applies to it), named by its workload"
+        );
     }
 
     #[test]
