@@ -141,9 +141,11 @@ fn deploy_app(kubeconfig: &Path) -> Result<Namespace> {
         (
             "api",
             8080,
-            "socat TCP-LISTEN:8080,fork,reuseaddr EXEC:cat & \
-             while true; do echo query | socat -t 2 - TCP:db:5432 >/dev/null 2>&1; sleep 3; done"
-                .to_string(),
+            format!(
+                "{} tcp:8080 & \
+                 while true; do echo query | socat -t 2 - TCP:db:5432 >/dev/null 2>&1; sleep 3; done",
+                network_enforcer_tests::images::ECHO_SERVER
+            ),
         ),
         (
             "frontend",
