@@ -347,6 +347,7 @@ fn rbac_is_exactly_least_privilege() {
             ("", "services", READ),
             ("", "nodes", READ),
             ("", "namespaces", READ),
+            ("", "endpoints", &["list", "watch"]),
             ("apps", "deployments", READ),
             ("apps", "statefulsets", READ),
             ("apps", "daemonsets", READ),
