@@ -168,7 +168,7 @@ async fn running_pod_of_job(ns: &TestNamespace, job: &str) -> Result<(String, Ip
     .await
 }
 
-/// Issue 15 item 3: `kubectl create job --from=cronjob/report report-run-1` (v1.20 kubectl: the Job's
+/// Regression: `kubectl create job --from=cronjob/report report-run-1` (v1.20 kubectl: the Job's
 /// CronJob ownerReference is not marked `controller`) was learned as a Job of its own
 /// (`job-report-run-1-egress`) and as a peer `{controller-uid: <uid>}` in the callee's ingress. It is a
 /// run of the CronJob: `cronjob-report-egress`, and the peer is what every run carries.

@@ -121,7 +121,7 @@ async fn rules_of(ns: &TestNamespace, name: &str) -> Result<Value> {
         .collect())
 }
 
-/// Issue 15 item 6: a call to the `kubernetes` Service (`10.96.0.1:443 established`) was dropped as
+/// Regression: a call to the `kubernetes` Service (`10.96.0.1:443 established`) was dropped as
 /// `service_without_backends` (a Service without a selector), so protect cut every workload using the
 /// in-cluster client config. It is learned as the API server's address on its port, exactly what a
 /// direct call to that address learns, and the promoted policy allows the call (post-DNAT).
@@ -256,7 +256,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
     Ok(())
 }
 
-/// Issue 15 item 7: a hostNetwork DaemonSet calling a Deployment gave the callee's ingress proposal both
+/// Regression: a hostNetwork DaemonSet calling a Deployment gave the callee's ingress proposal both
 /// `ipBlock <node IP>/32` (from the callee's record) and `podSelector {app: probe}` (from the caller's
 /// record, attributed to its pod): a pod selector never matches host-network traffic, so that rule
 /// enforced nothing and would admit any ordinary pod labelled `app=probe`. One connection is one peer:

@@ -425,7 +425,7 @@ async fn wait_for_records(ns: &TestNamespace, pod: &str, name: &str, want: &[&st
     .with_context(|| format!("{name} resolved to {last:?} last"))
 }
 
-/// Item 5 of issue 15: a StatefulSet behind a headless Service, the usual database shape, is reachable
+/// A StatefulSet behind a headless Service, the usual database shape, is reachable
 /// by name. The Service's name resolves to its ready pods only (a pod turns ready when the test says
 /// so), each pod also by `<pod>.<service>`, and a pod that goes away leaves the names.
 #[tokio::test]
@@ -527,7 +527,7 @@ async fn headless_service_names_resolve_to_the_ready_pods_of_a_statefulset() -> 
     Ok(())
 }
 
-/// Item 8 of issue 15: the e2e tests' echo server (as `echo_server_script` starts it) answers every
+/// The e2e tests' echo server (as `echo_server_script` starts it) answers every
 /// one of 200 clients per port that all start at once, over TCP (each half-closes right after its
 /// payload) and UDP, each client with its own payload.
 #[tokio::test]
