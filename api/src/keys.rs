@@ -26,6 +26,12 @@ pub const ACKNOWLEDGE_ANNOTATION_PREFIX: &str = "networkenforcer.kubewarden.io/a
 /// Istio's annotation that makes an AuthorizationPolicy dry-run; set to `"true"` in monitor mode only.
 pub const ISTIO_DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
+/// Annotation on every NetworkPolicy and AuthorizationPolicy the controller renders: the
+/// `metadata.generation` of the WorkloadNetworkPolicy it was rendered from. Only valid generations are
+/// rendered, so a rendering carrying it stays in force while its policy is invalid (docs/api.md).
+pub const RENDERED_GENERATION_ANNOTATION: &str =
+    "networkenforcer.kubewarden.io/rendered-generation";
+
 /// The field manager name used for every write the controller makes.
 pub const FIELD_MANAGER: &str = "network-enforcer";
 

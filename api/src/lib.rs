@@ -3,12 +3,14 @@
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`keys`]: every label and annotation key the product reads or writes.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
+//! - [`validation`]: the CRDs' CEL rules in Rust, for clusters and paths that do not run them.
 //!
 //! Nothing in this crate does I/O.
 
 pub mod crd;
 pub mod keys;
 pub mod naming;
+pub mod validation;
 
 pub use crd::*;
 

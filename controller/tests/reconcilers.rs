@@ -1,13 +1,17 @@
 //! The promotion and policy reconcilers against the real local Kubernetes API server (SPEC section 5).
 //! Each test runs its own controller instance scoped to its own namespace.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
+use network_enforcer_api::crd::rules;
+use network_enforcer_api::keys::{
+    PROMOTE_LABEL, PROMOTED_FROM_LABEL, RENDERED_GENERATION_ANNOTATION,
+};
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::policy::authorization_policy::AuthorizationPolicy;
 use network_enforcer_controller::reconcile::{self, Settings};
@@ -535,5 +539,294 @@ async fn istio_policy_waits_for_the_crd_then_renders_dry_run_in_monitor() -> Res
     )
     .await?;
     crds.delete(crd_name, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// A protect policy for `target`, edited by `edit` (the spec as JSON).
+fn protect_policy(
+    ns: &str,
+    name: &str,
+    target: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> WorkloadNetworkPolicy {
+    let mut policy = serde_json::to_value(policy_from_json(ns, name, target, "protect")).unwrap();
+    edit(&mut policy["spec"]);
+    serde_json::from_value(policy).unwrap()
+}
+
+/// The condition of `type_` once its reason is `reason`: (status, message).
+async fn wait_for_condition(
+    ns: &TestNamespace,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> Result<(String, String)> {
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    ns.wait_for(
+        &format!("{name}: {type_} reason {reason}"),
+        WAIT,
+        || async {
+            Ok(policies
+                .get(name)
+                .await?
+                .status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
+                .filter(|c| c.reason == reason)
+                .map(|c| (c.status, c.message)))
+        },
+    )
+    .await
+}
+
+/// The note of the Warning Event `reason` about object `name`.
+async fn wait_for_warning(ns: &TestNamespace, name: &str, reason: &str) -> Result<String> {
+    let events = ns.api::<Event>();
+    ns.wait_for(
+        &format!("a Warning Event {reason} about {name}"),
+        WAIT,
+        || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .and_then(|e| e.note))
+        },
+    )
+    .await
+}
+
+/// The API server accepts what the CEL rules would refuse (v1.20 runs none; the fixture strips them):
+/// the controller refuses each example itself, with the rule's message, a Warning Event, and nothing
+/// rendered or promoted.
+#[tokio::test]
+async fn invalid_policies_and_proposals_are_refused_not_rendered() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("invalid").await?;
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let netpols = ns.api::<NetworkPolicy>();
+
+    let cases: Vec<(&str, WorkloadNetworkPolicy, &str)> = vec![
+        (
+            // Rendered, it would isolate every pod of the namespace.
+            "empty-pod-selector",
+            protect_policy(&ns.name, "empty-pod-selector", "web", |s| {
+                s["kubernetes"]["podSelector"] = json!({})
+            }),
+            rules::POD_SELECTOR_NOT_EMPTY_MSG,
+        ),
+        (
+            "ingress-with-egress-types",
+            protect_policy(&ns.name, "ingress-with-egress-types", "api", |s| {
+                s["kubernetes"]["policyTypes"] = json!(["Egress"])
+            }),
+            rules::POLICY_TYPES_MSG,
+        ),
+        (
+            "both-payloads",
+            protect_policy(&ns.name, "both-payloads", "db", |s| {
+                s["istio"] = json!({"selector": {"matchLabels": {"app": "db"}}, "rules": []})
+            }),
+            rules::ONE_PAYLOAD_MSG,
+        ),
+        (
+            // Without the CRD check first, this reported AuthorizationPolicyCRDMissing.
+            "istio-egress",
+            protect_policy(&ns.name, "istio-egress", "cache", |s| {
+                s["backend"] = json!("istio");
+                s["direction"] = json!("Egress");
+                s.as_object_mut().unwrap().remove("kubernetes");
+                s["istio"] = json!({"selector": {"matchLabels": {"app": "cache"}}, "rules": []});
+            }),
+            rules::ISTIO_INGRESS_ONLY_MSG,
+        ),
+    ];
+    for (name, policy, _) in &cases {
+        policies
+            .create(&PostParams::default(), policy)
+            .await
+            .with_context(|| format!("v1.20 accepts {name}"))?;
+    }
+    for (name, _, message) in &cases {
+        let (status, text) = wait_for_condition(&ns, name, "Ready", "Invalid").await?;
+        assert_eq!(status, "False", "{name}");
+        assert!(text.starts_with(message), "{name}: {text}");
+        assert!(text.contains("Nothing is rendered"), "{name}: {text}");
+        let note = wait_for_warning(&ns, name, "Invalid").await?;
+        assert!(note.starts_with(message), "{name}: {note}");
+    }
+    // Nothing was rendered for any of them: no NetworkPolicy at all in the namespace, and no
+    // AuthorizationPolicy (whose kind exists here only while the istio test runs).
+    assert_eq!(netpols.list(&ListParams::default()).await?.items.len(), 0);
+    let aps = ns.api::<AuthorizationPolicy>();
+    assert!(aps.get_opt("istio-egress").await.ok().flatten().is_none());
+
+    // An invalid proposal labelled for promotion is not promoted.
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let name = "deployment-http-client-egress";
+    let mut proposal = kubernetes_proposal(&ns.name, name, Some("protect"));
+    proposal.spec.kubernetes.as_mut().unwrap().pod_selector = Some(Default::default());
+    proposals.create(&PostParams::default(), &proposal).await?;
+    let promoted = ns
+        .wait_for("the Promoted condition", WAIT, || async {
+            let p = proposals.get(name).await?;
+            Ok(p.status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Promoted")))
+        })
+        .await?;
+    assert_eq!(
+        (promoted.status.as_str(), promoted.reason.as_str()),
+        ("False", "Invalid")
+    );
+    assert!(
+        promoted
+            .message
+            .starts_with(rules::POD_SELECTOR_NOT_EMPTY_MSG),
+        "{}",
+        promoted.message
+    );
+    let note = wait_for_warning(&ns, name, "Invalid").await?;
+    assert!(
+        note.starts_with(rules::POD_SELECTOR_NOT_EMPTY_MSG),
+        "{note}"
+    );
+    assert!(policies.get_opt(name).await?.is_none(), "not promoted");
+    assert!(
+        proposals.get_opt(name).await?.is_some(),
+        "the proposal stays"
+    );
+    assert_eq!(netpols.list(&ListParams::default()).await?.items.len(), 0);
+    Ok(())
+}
+
+/// A policy that becomes invalid keeps what its last valid generation rendered (as it would where the
+/// API server refuses the update); a changed backend is refused; a rendering without the
+/// rendered-generation annotation (an older controller's, possibly of the invalid spec) is removed.
+#[tokio::test]
+async fn a_policy_that_becomes_invalid_keeps_its_last_valid_rendering() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("invalid-edit").await?;
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let netpols = ns.api::<NetworkPolicy>();
+    let name = "web-ingress";
+    policies
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, name, "web", "protect"),
+        )
+        .await?;
+    let rendered = ns
+        .wait_for("the NetworkPolicy", WAIT, || async {
+            Ok(netpols.get_opt(name).await?)
+        })
+        .await?;
+    assert_eq!(
+        rendered.annotations().get(RENDERED_GENERATION_ANNOTATION),
+        Some(&"1".to_string())
+    );
+
+    // Edited into an empty podSelector: refused, the generation-1 NetworkPolicy stays as it was.
+    let edit = json!({"spec": {"kubernetes": {"podSelector": {"matchLabels": null}}}});
+    policies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    let (_, message) = wait_for_condition(&ns, name, "Ready", "Invalid").await?;
+    assert!(
+        message.starts_with(rules::POD_SELECTOR_NOT_EMPTY_MSG),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(&format!(
+            "stays in force until the policy is fixed: NetworkPolicy {name} (rendered from generation 1)"
+        )),
+        "{message}"
+    );
+    wait_for_warning(&ns, name, "Invalid").await?;
+    let kept = netpols.get(name).await?;
+    assert_eq!(kept.spec, rendered.spec, "the last valid rendering is kept");
+
+    // Fixed: rendered again from the new generation.
+    let fix = json!({"spec": {"kubernetes": {"podSelector": {"matchLabels": {"app": "web", "tier": "front"}}}}});
+    policies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    wait_for_condition(&ns, name, "Ready", "Rendered").await?;
+    let np = netpols.get(name).await?;
+    assert_eq!(
+        np.annotations().get(RENDERED_GENERATION_ANNOTATION),
+        Some(&"3".to_string())
+    );
+
+    // The backend is immutable: switching to istio (payload and all) is refused, the NetworkPolicy stays.
+    let switch = json!({"spec": {"backend": "istio", "kubernetes": null,
+        "istio": {"selector": {"matchLabels": {"app": "web"}}, "rules": []}}});
+    policies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&switch))
+        .await?;
+    let (_, message) = wait_for_condition(&ns, name, "Ready", "Invalid").await?;
+    assert!(
+        message.starts_with(rules::BACKEND_IMMUTABLE_MSG),
+        "{message}"
+    );
+    assert!(netpols.get_opt(name).await?.is_some());
+
+    // A restarted controller remembers nothing, yet the NetworkPolicy it owns shows the old backend.
+    // A spec change (generation 5) proves the new controller has looked at it.
+    drop(_controller);
+    let _controller = start_controller(&ns);
+    let rules_edit =
+        json!({"spec": {"istio": {"rules": [{"to": [{"operation": {"ports": ["8080"]}}]}]}}});
+    policies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&rules_edit))
+        .await?;
+    let ready = ns
+        .wait_for("Ready for generation 5", WAIT, || async {
+            Ok(policies
+                .get(name)
+                .await?
+                .status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+                .filter(|c| c.observed_generation == Some(5)))
+        })
+        .await?;
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Invalid")
+    );
+    assert!(
+        ready.message.starts_with(rules::BACKEND_IMMUTABLE_MSG),
+        "{}",
+        ready.message
+    );
+    assert!(netpols.get_opt(name).await?.is_some());
+
+    // A rendering an older controller made for an invalid policy (no rendered-generation annotation):
+    // removed, not kept.
+    let old = "old-render";
+    let invalid = protect_policy(&ns.name, old, "api", |s| {
+        s["kubernetes"]["podSelector"] = json!({})
+    });
+    let invalid = policies.create(&PostParams::default(), &invalid).await?;
+    wait_for_condition(&ns, old, "Ready", "Invalid").await?;
+    let leftover: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": old, "namespace": ns.name,
+                     "labels": {"app.kubernetes.io/managed-by": "network-enforcer"},
+                     "ownerReferences": [{"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+                                          "kind": "WorkloadNetworkPolicy", "name": old,
+                                          "uid": invalid.uid().unwrap(), "controller": true}]},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+    }))?;
+    netpols.create(&PostParams::default(), &leftover).await?;
+    ns.wait_for(
+        "the unannotated rendering of the invalid policy to be removed",
+        WAIT,
+        || async { Ok(netpols.get_opt(old).await?.is_none().then_some(())) },
+    )
+    .await?;
     Ok(())
 }

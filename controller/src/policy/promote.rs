@@ -5,6 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
 use network_enforcer_api::naming::promoted_from_value;
+use network_enforcer_api::validation::{self, Violation};
 use network_enforcer_api::{
     PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal, WorkloadNetworkPolicySpec,
 };
@@ -24,6 +25,9 @@ pub enum Decision {
     InvalidLabel(String),
     /// A policy of the same name exists that was not promoted from this proposal: report it and keep both.
     PolicyExists,
+    /// The proposal breaks rules of the CRDs (on a cluster that does not run their CEL rules): the
+    /// policy would be invalid, so it is not created; report it.
+    Invalid(Vec<Violation>),
 }
 
 /// Decides what to do with `proposal`, given the policies of its namespace.
@@ -40,12 +44,17 @@ pub fn decide<'a>(
         }
         same_name |= policy.name_any() == name;
     }
-    match proposal.labels().get(PROMOTE_LABEL).map(String::as_str) {
-        None => Decision::Keep,
-        Some(_) if same_name => Decision::PolicyExists,
-        Some("monitor") => Decision::Promote(PolicyMode::Monitor),
-        Some("protect") => Decision::Promote(PolicyMode::Protect),
-        Some(other) => Decision::InvalidLabel(other.to_string()),
+    let mode = match proposal.labels().get(PROMOTE_LABEL).map(String::as_str) {
+        None => return Decision::Keep,
+        Some(_) if same_name => return Decision::PolicyExists,
+        Some("monitor") => PolicyMode::Monitor,
+        Some("protect") => PolicyMode::Protect,
+        Some(other) => return Decision::InvalidLabel(other.to_string()),
+    };
+    // A proposal's backend only matters from its promotion on, so there is no earlier one to compare.
+    match validation::validate(&proposal.spec, None) {
+        Ok(()) => Decision::Promote(mode),
+        Err(violations) => Decision::Invalid(violations),
     }
 }
 
@@ -162,6 +171,33 @@ mod tests {
         assert_eq!(
             decide(&proposal(NAME, Some("protect")), [&from_other]),
             Decision::PolicyExists
+        );
+    }
+
+    #[test]
+    fn invalid_proposals_are_not_promoted() {
+        use network_enforcer_api::validation::Rule;
+        let mut p = proposal(NAME, Some("protect"));
+        p.spec.kubernetes.as_mut().unwrap().pod_selector = Some(Default::default());
+        p.spec.kubernetes.as_mut().unwrap().policy_types = Some(vec!["Ingress".into()]);
+        assert_eq!(
+            decide(&p, []),
+            Decision::Invalid(vec![
+                Violation {
+                    rule: Rule::PolicyTypes
+                },
+                Violation {
+                    rule: Rule::PodSelectorNotEmpty
+                },
+            ])
+        );
+        // Not labelled: learning still owns it; a leftover is still deleted.
+        let mut unlabelled = p.clone();
+        unlabelled.labels_mut().clear();
+        assert_eq!(decide(&unlabelled, []), Decision::Keep);
+        assert_eq!(
+            decide(&p, [&policy(NAME, Some(NAME))]),
+            Decision::DeleteLeftover
         );
     }
 

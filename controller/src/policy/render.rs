@@ -3,7 +3,9 @@
 //! - istio backend: an AuthorizationPolicy (`ALLOW`, selector, rules 1:1), dry-run in `monitor`.
 //!
 //! Rendered objects carry the policy's name and namespace and a controller ownerReference to it, so
-//! deleting the policy garbage-collects them.
+//! deleting the policy garbage-collects them, and the policy generation they were rendered from (only
+//! valid generations are rendered: that is what lets a rendering stay in force while its policy is
+//! invalid, see [`crate::policy::validity`]).
 
 use crate::policy::authorization_policy::{
     AuthorizationPolicy, AuthorizationPolicySpec, WorkloadSelector,
@@ -11,7 +13,7 @@ use crate::policy::authorization_policy::{
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
-use network_enforcer_api::keys::ISTIO_DRY_RUN_ANNOTATION;
+use network_enforcer_api::keys::{ISTIO_DRY_RUN_ANNOTATION, RENDERED_GENERATION_ANNOTATION};
 use network_enforcer_api::{Backend, PolicyMode, WorkloadNetworkPolicy};
 use std::collections::BTreeMap;
 
@@ -119,8 +121,14 @@ pub fn is_owned_by(owners: Option<&Vec<OwnerReference>>, policy: &WorkloadNetwor
 
 fn metadata(
     policy: &WorkloadNetworkPolicy,
-    annotations: BTreeMap<String, String>,
+    mut annotations: BTreeMap<String, String>,
 ) -> Result<ObjectMeta, RenderError> {
+    if let Some(generation) = policy.meta().generation {
+        annotations.insert(
+            RENDERED_GENERATION_ANNOTATION.to_string(),
+            generation.to_string(),
+        );
+    }
     Ok(ObjectMeta {
         name: policy.meta().name.clone(),
         namespace: policy.meta().namespace.clone(),
@@ -171,7 +179,7 @@ mod tests {
         serde_json::from_value(json!({
             "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
             "kind": "WorkloadNetworkPolicy",
-            "metadata": {"name": "deployment-web-ingress", "namespace": "shop", "uid": "uid-1"},
+            "metadata": {"name": "deployment-web-ingress", "namespace": "shop", "uid": "uid-1", "generation": 4},
             "spec": spec
         }))
         .unwrap()
@@ -218,6 +226,11 @@ mod tests {
         assert_eq!(owners[0].controller, Some(true));
         assert_eq!(owners[0].block_owner_deletion, Some(true));
         assert!(is_owned_by(np.metadata.owner_references.as_ref(), &p));
+        assert_eq!(
+            np.metadata.annotations.unwrap()[RENDERED_GENERATION_ANNOTATION],
+            "4",
+            "the generation it was rendered from"
+        );
     }
 
     #[test]
@@ -254,7 +267,13 @@ mod tests {
         let Desired::AuthorizationPolicy(ap) = desired(&istio("protect", sel)).unwrap() else {
             panic!()
         };
-        assert!(ap.metadata.annotations.is_none());
+        assert!(
+            !ap.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(ISTIO_DRY_RUN_ANNOTATION)
+        );
     }
 
     #[test]

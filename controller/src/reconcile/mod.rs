@@ -59,6 +59,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Every WorkloadNetworkPolicy in scope, kept current by the policy controller's watch.
     pub policies: Store<WorkloadNetworkPolicy>,
+    /// The backend each policy had when first seen, for the immutable-backend rule.
+    pub backends: std::sync::Mutex<crate::policy::validity::Backends>,
     pub settings: Settings,
 }
 
@@ -106,6 +108,7 @@ pub async fn run(client: Client, settings: Settings) {
         client: client.clone(),
         recorder,
         policies,
+        backends: Default::default(),
         settings: settings.clone(),
     });
     let policies = policy_controller

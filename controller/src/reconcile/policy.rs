@@ -1,22 +1,26 @@
-//! The policy reconciler: renders each WorkloadNetworkPolicy (SPEC section 5), repairs drift of what it
-//! rendered, never touches objects it does not own, and reports all of it as conditions.
+//! The policy reconciler: checks each WorkloadNetworkPolicy against the CRDs' rules, renders it (SPEC
+//! section 5), repairs drift of what it rendered, never touches objects it does not own, and reports all
+//! of it as conditions (and a refused policy also as a Warning Event).
 
-use super::{Context, Error, Settings, scoped_api};
+use super::{Context, Error, Settings, publish, scoped_api};
 use crate::cluster::{selector, workload};
 use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::render::{self, Desired};
 use crate::policy::uniqueness;
+use crate::policy::validity::{self, INVALID_REASON, OnInvalid};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::keys::FIELD_MANAGER;
+use network_enforcer_api::validation::{self, Violation};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -72,6 +76,25 @@ pub async fn reconcile(
     if policy.meta().deletion_timestamp.is_some() {
         // Garbage collection removes what we rendered through the ownerReference.
         return Ok(Action::await_change());
+    }
+    // Clusters without the CRDs' CEL rules (< 1.25), CRDs applied without validation and restored
+    // backups let invalid policies in; nothing of them is rendered (docs/api.md, "Invalid policies").
+    if let Err(violations) = check_rules(&ctx, &policy, &ns).await? {
+        let ready = refuse_invalid(&ctx, &policy, &ns, &violations).await?;
+        if changes_condition(&policy, &ready) {
+            tracing::warn!(name = %policy.name_any(), namespace = %ns, message = %ready.message, "invalid policy refused");
+            publish(
+                &ctx,
+                policy.as_ref(),
+                EventType::Warning,
+                INVALID_REASON,
+                "Render",
+                ready.message.clone(),
+            )
+            .await;
+        }
+        write_conditions(&ctx, &policy, &ns, &[ready]).await?;
+        return Ok(Action::requeue(ctx.settings.resync));
     }
     let siblings = ctx.policies_in(&ns);
     let mut wanted: Vec<Condition> = Vec::new();
@@ -131,6 +154,119 @@ pub fn error_policy(
 ) -> Action {
     tracing::warn!(name = %policy.name_any(), namespace = ?policy.namespace(), %error, "policy reconcile failed");
     Action::requeue(Duration::from_secs(5))
+}
+
+/// Checks the policy against every rule of the CRDs, including the immutable backend: the backend to
+/// compare with is the one this process remembers, else the one its rendered objects show (see
+/// [`validity::Backends`]).
+async fn check_rules(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<Result<(), Vec<Violation>>, Error> {
+    let uid = policy.uid().unwrap_or_default();
+    let remembered = ctx.backends.lock().expect("backends lock").remembered(&uid);
+    let previous = match remembered {
+        Some(backend) => backend,
+        None => {
+            let rendered = rendered_as_other_backend(ctx, policy, ns).await?;
+            let live = ctx.policies.state();
+            let mut backends = ctx.backends.lock().expect("backends lock");
+            // Policies deleted since are forgotten now and then (their uids never come back).
+            if backends.len() > 2 * live.len() + 16 {
+                backends.retain_live(live.iter().filter_map(|p| p.metadata.uid.as_deref()));
+            }
+            backends.previous(&uid, policy.spec.backend, rendered)
+        }
+    };
+    Ok(validation::validate(&policy.spec, Some(previous)))
+}
+
+/// The other backend, when the policy owns an object that backend renders (its backend was changed).
+async fn rendered_as_other_backend(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<Option<Backend>, Error> {
+    Ok(match policy.spec.backend {
+        Backend::Istio => owned::<NetworkPolicy>(ctx, policy, ns)
+            .await?
+            .map(|_| Backend::Kubernetes),
+        Backend::Kubernetes if authorization_policy_kind_exists(ctx).await? => {
+            owned::<AuthorizationPolicy>(ctx, policy, ns)
+                .await?
+                .map(|_| Backend::Istio)
+        }
+        Backend::Kubernetes => None,
+    })
+}
+
+/// Renders nothing for an invalid policy: what it rendered from a valid generation stays in force,
+/// anything else it owns is removed (see [`validity::on_invalid`]). Returns the `Ready=False` condition.
+async fn refuse_invalid(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+    violations: &[Violation],
+) -> Result<Condition, Error> {
+    let mut kept = Vec::new();
+    keep_or_remove::<NetworkPolicy>(ctx, policy, ns, &mut kept).await?;
+    if authorization_policy_kind_exists(ctx).await? {
+        keep_or_remove::<AuthorizationPolicy>(ctx, policy, ns, &mut kept).await?;
+    }
+    Ok(Condition::new(
+        conditions::READY,
+        false,
+        INVALID_REASON,
+        validity::invalid_message(violations, &kept),
+    ))
+}
+
+/// Keeps the policy's rendered `K` when a valid generation produced it (noting it in `kept`), deletes it
+/// otherwise.
+async fn keep_or_remove<K>(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+    kept: &mut Vec<String>,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let Some(existing) = owned::<K>(ctx, policy, ns).await? else {
+        return Ok(());
+    };
+    let kind = K::kind(&());
+    match validity::on_invalid(existing.meta().annotations.as_ref()) {
+        OnInvalid::Keep { generation } => {
+            kept.push(format!(
+                "{kind} {} (rendered from generation {generation})",
+                existing.name_any()
+            ));
+        }
+        OnInvalid::Remove => remove_owned::<K>(ctx, policy, ns).await?,
+    }
+    Ok(())
+}
+
+/// True when writing `wanted` changes the policy's condition of that type (status, reason or message):
+/// a refusal is announced once, not on every resync.
+fn changes_condition(policy: &WorkloadNetworkPolicy, wanted: &Condition) -> bool {
+    let status = if wanted.status { "True" } else { "False" };
+    !policy
+        .status
+        .as_ref()
+        .into_iter()
+        .flat_map(|s| &s.conditions)
+        .any(|c| {
+            c.type_ == wanted.type_
+                && c.status == status
+                && c.reason == wanted.reason
+                && c.message == wanted.message
+        })
 }
 
 /// Renders the policy and brings the cluster in line; returns the Ready condition and, when the
@@ -227,6 +363,22 @@ where
     ))
 }
 
+/// The object of the policy's name, if the policy owns it.
+async fn owned<K>(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let existing = ctx.api::<K>(ns).get_opt(&policy.name_any()).await?;
+    Ok(existing.filter(|o| render::is_owned_by(o.meta().owner_references.as_ref(), policy)))
+}
+
 /// Deletes the object of the policy's name if, and only if, the policy owns it.
 async fn remove_owned<K>(
     ctx: &Context,
@@ -239,18 +391,20 @@ where
         + Debug
         + DeserializeOwned,
 {
-    let api: Api<K> = ctx.api(ns);
+    if owned::<K>(ctx, policy, ns).await?.is_none() {
+        return Ok(());
+    }
     let name = policy.name_any();
-    if let Some(existing) = api.get_opt(&name).await? {
-        if render::is_owned_by(existing.meta().owner_references.as_ref(), policy) {
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {
-                    tracing::info!(namespace = ns, name, kind = %K::kind(&()), "deleted rendered object")
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+    match ctx
+        .api::<K>(ns)
+        .delete(&name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(namespace = ns, name, kind = %K::kind(&()), "deleted rendered object")
         }
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

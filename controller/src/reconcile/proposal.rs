@@ -1,9 +1,11 @@
-//! The proposal reconciler: promotion on the promote label, leftover clean-up, refusals as Events and
-//! a `Promoted` condition.
+//! The proposal reconciler: promotion on the promote label, leftover clean-up, refusals (a bad label, a
+//! same-named policy, a proposal that breaks the CRDs' rules) as Warning Events and a `Promoted=False`
+//! condition.
 
 use super::{Context, Error, Settings, publish, scoped_api};
 use crate::policy::conditions::{self, Desired};
 use crate::policy::promote::{self, Decision};
+use crate::policy::validity::INVALID_REASON;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -89,6 +91,13 @@ pub async fn reconcile(
                 network_enforcer_api::keys::PROMOTE_LABEL
             );
             refuse(&ctx, &proposal, "InvalidPromoteLabel", message).await?;
+        }
+        Decision::Invalid(violations) => {
+            let message = format!(
+                "{}. The proposal is not promoted: fix it (or let learning rewrite it), then promote again",
+                network_enforcer_api::validation::describe(&violations)
+            );
+            refuse(&ctx, &proposal, INVALID_REASON, message).await?;
         }
         Decision::PolicyExists => {
             let message = format!(
