@@ -3,7 +3,7 @@
 //! The API server refuses a bad policy or proposal with these rules' messages, but only where it runs
 //! them: Kubernetes < 1.25 ignores CEL, CRDs can be applied without validation, and objects restored
 //! from a backup skip admission. The controller therefore checks every rule itself before it promotes
-//! or renders (docs/design.md, "Validate at admission, not in the controller"), with the same messages,
+//! or renders (docs/design.md, "Validate at admission, and again in the controller"), with the same messages,
 //! so a user sees the same sentence whichever side refused. `api/tests/cel_rules.rs` runs one table of
 //! objects through both the CEL rules and [`validate`] and requires them to agree on every case.
 

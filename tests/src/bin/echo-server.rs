@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Why not socat, as the tests used before: under parallel load `socat UDP-RECVFROM,fork` stopped
-//! answering on a port (its parent stopped reading; the socket's receive queue only grew), and `socat
+//! answering on a port (forked children that never exited kept the inherited socket and took its
+//! datagrams without answering), and `socat
 //! TCP-LISTEN,fork EXEC:cat` raced clients that half-close at once (the child's close timeout against
 //! `cat`'s reply). A red test has to mean the product, not the test's own echo server.
 //!
