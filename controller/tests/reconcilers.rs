@@ -830,3 +830,122 @@ async fn a_policy_that_becomes_invalid_keeps_its_last_valid_rendering() -> Resul
     .await?;
     Ok(())
 }
+
+/// The uninstall clean-up's stop of the controller: a Failed pod of the controller (an evicted pod
+/// stays in the API until garbage-collected) runs nothing and must not hold the wait; when a pod does
+/// keep running past the timeout, nothing is deleted and the Deployment gets its replicas back, so a
+/// failed `helm uninstall` leaves the release as it was.
+#[tokio::test]
+async fn stopping_the_controller_ignores_failed_pods_and_restores_it_when_it_cannot_stop()
+-> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let ns = TestNamespace::create_with_crds("uninstall-stop").await?;
+    let deployments = ns.api::<Deployment>();
+    let pods = ns.api::<Pod>();
+    // Its own pods can never be scheduled (no node has the label): scaling to 0 removes them at once.
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "ctl", "namespace": ns.name},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "ctl"}},
+            "template": {
+                "metadata": {"labels": {"app": "ctl"}},
+                "spec": {"nodeSelector": {"network-enforcer.test/nowhere": "true"},
+                         "containers": [{"name": "c", "image": "none", "imagePullPolicy": "Never"}]}
+            }
+        }
+    }))?;
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    // Controller pods on a node with no kubelet: their phase is whatever the test says.
+    let ghost_pod = |name: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns.name, "labels": {"app": "ctl"}},
+            "spec": {"nodeName": "ghost-node", "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "none"}]}
+        }))?)
+    };
+    let set_phase = |name: String, phase: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+        }
+    };
+    pods.create(&PostParams::default(), &ghost_pod("ctl-evicted")?)
+        .await?;
+    set_phase("ctl-evicted".into(), "Failed").await?;
+
+    let controller = uninstall::ControllerDeployment {
+        namespace: ns.name.clone(),
+        name: "ctl".into(),
+        timeout: Duration::from_secs(20),
+    };
+    let stopped = uninstall::stop_controller(&ns.client, &controller)
+        .await
+        .context("a Failed pod held the stop")?
+        .context("the Deployment exists")?;
+    assert_eq!(stopped.replicas, 2);
+
+    // Now a pod that keeps running: the clean-up gives up, deletes nothing, and scales back up.
+    deployments
+        .patch_scale(
+            "ctl",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await?;
+    pods.create(&PostParams::default(), &ghost_pod("ctl-stuck")?)
+        .await?;
+    set_phase("ctl-stuck".into(), "Running").await?;
+    // What the controller rendered for a policy (no controller runs in this test to render it).
+    let policy = ns
+        .api::<WorkloadNetworkPolicy>()
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, "p", "x", "protect"),
+        )
+        .await?;
+    let netpols = ns.api::<NetworkPolicy>();
+    let rendered: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "rendered", "namespace": ns.name,
+                     "labels": {"app.kubernetes.io/managed-by": "network-enforcer"},
+                     "ownerReferences": [{"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+                        "kind": "WorkloadNetworkPolicy", "name": "p", "controller": true,
+                        "uid": policy.uid()}]},
+        "spec": {"podSelector": {"matchLabels": {"app": "x"}}, "policyTypes": ["Ingress"]}
+    }))?;
+    netpols.create(&PostParams::default(), &rendered).await?;
+    let short = uninstall::ControllerDeployment {
+        timeout: Duration::from_secs(2),
+        ..controller
+    };
+    let err = uninstall::uninstall(&ns.client, Some(&short), Some(&ns.name))
+        .await
+        .expect_err("a controller pod still runs");
+    assert!(
+        matches!(err, uninstall::Error::StillRunning { .. }),
+        "{err}"
+    );
+    assert!(
+        netpols.get_opt("rendered").await?.is_some(),
+        "nothing is deleted while a controller may still run"
+    );
+    let replicas = deployments
+        .get_scale("ctl")
+        .await?
+        .spec
+        .and_then(|s| s.replicas);
+    assert_eq!(replicas, Some(2), "the controller is scaled back up");
+
+    for name in ["ctl-evicted", "ctl-stuck"] {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    Ok(())
+}

@@ -44,7 +44,8 @@ pub enum Error {
     },
     #[error(
         "controller pods still exist {waited:?} after scaling Deployment {namespace}/{deployment} to 0: \
-         {pods:?}. Rendered objects are left in place while a controller may still re-render them; if \
+         {pods:?}. Nothing was deleted and the controller is scaled back up (a controller still running \
+         would render deleted objects again); if \
          the pods are stuck terminating on a lost node, delete them (`kubectl delete pod --force`) and \
          run the uninstall again"
     )]
@@ -56,7 +57,8 @@ pub enum Error {
     },
     #[error(
         "controller pods appeared again while rendered objects were being deleted: {pods:?}. Something \
-         scaled Deployment {namespace}/{deployment} back up; the hook fails so that it is retried"
+         scaled Deployment {namespace}/{deployment} back up and may have rendered some again; run the \
+         uninstall again"
     )]
     Restarted {
         namespace: String,
@@ -83,36 +85,86 @@ pub async fn uninstall(
     controller: Option<&ControllerDeployment>,
     namespace: Option<&str>,
 ) -> Result<usize, Error> {
-    let selector = match controller {
-        Some(c) => stop_controller(client, c).await?,
-        None => {
-            tracing::warn!(
-                "no controller Deployment given: if a controller still runs, it renders the deleted objects again"
-            );
-            None
-        }
+    let Some(c) = controller else {
+        tracing::warn!(
+            "no controller Deployment given: if a controller still runs, it renders the deleted objects again"
+        );
+        return Ok(remove_rendered_objects(client, namespace).await?);
     };
+    let Some(stopped) = stop_controller(client, c).await? else {
+        return Ok(remove_rendered_objects(client, namespace).await?);
+    };
+    let result = remove_and_check(client, c, &stopped.selector, namespace).await;
+    if result.is_err() {
+        restore(client, c, stopped.replicas).await;
+    }
+    result
+}
+
+/// A controller Deployment scaled to 0 by [`stop_controller`].
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    /// The label selector of its pods.
+    pub selector: String,
+    /// Its replicas before, restored when the clean-up fails.
+    pub replicas: i32,
+}
+
+/// Deletes what was rendered, then fails if a controller pod came back meanwhile (something scaled the
+/// Deployment up again): it may have rendered some objects again, so the uninstall must be retried.
+async fn remove_and_check(
+    client: &Client,
+    c: &ControllerDeployment,
+    selector: &str,
+    namespace: Option<&str>,
+) -> Result<usize, Error> {
     let removed = remove_rendered_objects(client, namespace).await?;
-    if let (Some(c), Some(selector)) = (controller, selector) {
-        let pods = pod_names(client, &c.namespace, &selector).await?;
-        if !pods.is_empty() {
-            return Err(Error::Restarted {
-                namespace: c.namespace.clone(),
-                deployment: c.name.clone(),
-                pods,
-            });
-        }
+    let pods = pod_names(client, &c.namespace, selector).await?;
+    if !pods.is_empty() {
+        return Err(Error::Restarted {
+            namespace: c.namespace.clone(),
+            deployment: c.name.clone(),
+            pods,
+        });
     }
     Ok(removed)
 }
 
-/// Scales the controller Deployment to 0 and waits until none of its pods exists (terminating pods
-/// still run, so "gone" is the condition, not "not ready"). Returns the pods' label selector, or `None`
-/// when the Deployment does not exist (nothing to stop).
+/// Scales the controller back to `replicas` after a failed clean-up, so that a failed `helm uninstall`
+/// leaves the release as it was (enforcement explained and repaired by a running controller) rather
+/// than rendered objects with no controller. Best effort: a failure here is logged, the original error
+/// is what the hook reports.
+async fn restore(client: &Client, c: &ControllerDeployment, replicas: i32) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &c.namespace);
+    let patch = Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}}));
+    match deployments
+        .patch_scale(&c.name, &PatchParams::default(), &patch)
+        .await
+    {
+        Ok(_) => tracing::warn!(
+            namespace = %c.namespace,
+            deployment = %c.name,
+            replicas,
+            "clean-up failed: the controller is scaled back up"
+        ),
+        Err(e) => tracing::error!(
+            namespace = %c.namespace,
+            deployment = %c.name,
+            replicas,
+            error = %e,
+            "clean-up failed and the controller could not be scaled back up: scale it by hand"
+        ),
+    }
+}
+
+/// Scales the controller Deployment to 0 and waits until none of its pods runs (terminating pods
+/// still run, so "gone" is the condition, not "not ready"). Returns its pods' selector and former
+/// replicas, or `None` when the Deployment does not exist (nothing to stop). When its pods do not go
+/// within the timeout, it is scaled back up and nothing is deleted.
 pub async fn stop_controller(
     client: &Client,
     controller: &ControllerDeployment,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<Stopped>, Error> {
     let (ns, name) = (controller.namespace.as_str(), controller.name.as_str());
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let scale = match deployments.get_scale(name).await {
@@ -154,9 +206,10 @@ pub async fn stop_controller(
         let pods = pod_names(client, ns, &selector).await?;
         if pods.is_empty() {
             tracing::info!(namespace = ns, deployment = name, waited = ?started.elapsed(), "controller stopped");
-            return Ok(Some(selector));
+            return Ok(Some(Stopped { selector, replicas }));
         }
         if started.elapsed() >= controller.timeout {
+            restore(client, controller, replicas).await;
             return Err(Error::StillRunning {
                 namespace: ns.to_string(),
                 deployment: name.to_string(),
@@ -169,9 +222,14 @@ pub async fn stop_controller(
     }
 }
 
+/// The controller's pods that may still run: Failed and Succeeded ones (evicted pods stay in the API
+/// until garbage-collected) run nothing and would hold the wait until its timeout.
 async fn pod_names(client: &Client, namespace: &str, selector: &str) -> Result<Vec<String>, Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    let params = ListParams::default()
+        .labels(selector)
+        .fields("status.phase!=Failed,status.phase!=Succeeded");
+    let list = pods.list(&params).await?;
     Ok(list.items.iter().map(|p| p.name_any()).collect())
 }
 
