@@ -17,7 +17,11 @@
 //!   pods of one workload hold the same endpoint);
 //! - every Service keeps its backend pods and, per service port, the backend workloads with their
 //!   container ports (named target ports resolved per backend pod), updated on pod, Service and workload
-//!   changes. A ClusterIP record is then two hash lookups instead of a scan of every pod.
+//!   changes. A ClusterIP record is then two hash lookups instead of a scan of every pod;
+//! - a Service without a selector keeps the same per-port backends, computed from its Endpoints' ready
+//!   addresses (a pod's IP is that pod's workload, a node's IP the node, anything else external) when its
+//!   Endpoints, itself, or a pod or node at one of those addresses changes (see
+//!   `Index::recompute_backends_at`), so such a record is the same two lookups.
 
 use crate::cluster::workload::{self, Workload};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
@@ -27,7 +31,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use network_enforcer_api::{Protocol, WorkloadKind};
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -145,10 +148,11 @@ pub type Backend = (Endpoint, u16);
 /// The backends of one Service, kept up to date by the index.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Backends {
-    /// The live pods its selector picks.
+    /// The live pods its selector picks (none for a Service without a selector).
     pods: BTreeSet<String>,
     /// Per service port: the backend workloads and their container ports, sorted and deduplicated (one
-    /// workload appears once per distinct container port, e.g. while a rollout changes a named port).
+    /// workload appears once per distinct container port, e.g. while a rollout changes a named port);
+    /// for a Service without a selector, what its Endpoints' addresses are and their ports.
     by_port: HashMap<(u16, Protocol), Vec<Backend>>,
 }
 
@@ -274,9 +278,9 @@ pub enum Resolved {
 pub enum ResolvedRef<'a> {
     /// A pod's workload, on the port as seen.
     Pod(&'a Arc<WorkloadEndpoint>, u16),
-    /// A Service's backends and the ports they are reached on: borrowed from the index for a Service
-    /// with a selector, resolved from its Endpoints for one without.
-    Backends(Cow<'a, [Backend]>),
+    /// A Service's backends and the ports they are reached on, as the index keeps them (from its pods
+    /// for a Service with a selector, from its Endpoints for one without).
+    Backends(&'a [Backend]),
     /// A Service with no ready backend on that port.
     ServiceWithoutBackends(&'a ServiceInfo),
     /// A node or an external address, on the port as seen.
@@ -368,6 +372,9 @@ pub struct Index {
     /// The Endpoints of Services without a selector, or whose Service is not indexed yet (dropped when
     /// it arrives with a selector): see the module docs.
     endpoints: HashMap<ServiceKey, Vec<EndpointSubset>>,
+    /// The Services whose kept Endpoints list an address, by address: whose backends to recompute when
+    /// the pod or node at that address changes.
+    endpoint_addresses: HashMap<IpAddr, BTreeSet<ServiceKey>>,
     nodes: HashMap<IpAddr, String>,
     /// Interned endpoints: the pods of one workload share one [`Arc`].
     interned: HashSet<Arc<WorkloadEndpoint>>,
@@ -395,6 +402,7 @@ impl Default for Index {
             services_in_namespace: HashMap::new(),
             backends: HashMap::new(),
             endpoints: HashMap::new(),
+            endpoint_addresses: HashMap::new(),
             nodes: HashMap::new(),
             interned: HashSet::new(),
             interned_swept: 0,
@@ -489,6 +497,14 @@ fn container_port(target: &IntOrString, pod: &PodInfo, proto: Protocol) -> Optio
             .find(|(n, _, pr)| n == name && *pr == proto)
             .map(|(_, p, _)| *p),
     }
+}
+
+/// The Service an Endpoints object belongs to (same namespace and name).
+fn endpoints_key(endpoints: &Endpoints) -> ServiceKey {
+    (
+        endpoints.namespace().unwrap_or_default(),
+        endpoints.name_any(),
+    )
 }
 
 fn remove_from<K: Eq + Hash>(map: &mut HashMap<K, BTreeSet<String>>, key: &K, name: &str) {
@@ -839,7 +855,17 @@ impl Index {
 
     /// Updates the Services of the pod `key`'s namespace after it changed from `before`: membership, and
     /// the per-port backends of every Service it joined, left or changed in.
+    /// Also recomputes the Services without a selector whose Endpoints list one of its IPs, before or
+    /// after (a pod taking, leaving or changing behind such an address), whatever their namespace.
     fn update_backends_of(&mut self, key: &PodKey, before: Option<&PodInfo>) {
+        if !self.endpoint_addresses.is_empty() {
+            let ips: Vec<IpAddr> = before
+                .into_iter()
+                .chain(self.pods.get(key))
+                .flat_map(|p| p.ips.iter().copied())
+                .collect();
+            self.recompute_backends_at(ips);
+        }
         let Some(names) = self.services_in_namespace.get(&key.0) else {
             return;
         };
@@ -871,7 +897,8 @@ impl Index {
         }
     }
 
-    /// Recomputes the per-port backend workloads of a Service from its backend pods.
+    /// Recomputes the per-port backends of a Service: from its backend pods, or for a Service without a
+    /// selector from its Endpoints ([`Index::endpoints_by_port`]).
     fn recompute_backends(&mut self, key: &ServiceKey) {
         let Some(svc) = self.services.get(key) else {
             self.backends.remove(key);
@@ -880,6 +907,13 @@ impl Index {
         let Some(pods) = self.backends.get(key).map(|b| &b.pods) else {
             return;
         };
+        if svc.selector.is_none() {
+            let by_port = self.endpoints_by_port(key, svc);
+            if let Some(backends) = self.backends.get_mut(key) {
+                backends.by_port = by_port;
+            }
+            return;
+        }
         // A host-network backend is reached at its node's address of the ClusterIP's family.
         let family = svc
             .ips
@@ -905,6 +939,70 @@ impl Index {
         if let Some(backends) = self.backends.get_mut(key) {
             backends.by_port = by_port;
         }
+    }
+
+    /// Recomputes the backends of every Service without a selector whose Endpoints list one of `ips`
+    /// (the pod or node at one of them changed).
+    ///
+    /// The scheme: such Services are few (the `kubernetes` Service, Services in front of outside
+    /// hosts) and so are their addresses, so [`Index::endpoint_addresses`] maps each address to its
+    /// Services, and any change that can alter what an address is (a pod taking, leaving or changing
+    /// behind it, a node gaining or losing it) recomputes those Services' backends in full; their
+    /// Endpoints or the Service itself changing recomputes that one Service. Everything else costs one
+    /// hash lookup per IP of the changed pod or node.
+    fn recompute_backends_at(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
+        let services: BTreeSet<ServiceKey> = ips
+            .into_iter()
+            .filter_map(|ip| self.endpoint_addresses.get(&ip))
+            .flatten()
+            .cloned()
+            .collect();
+        for key in services {
+            self.recompute_backends(&key);
+        }
+    }
+
+    /// The backends of `svc`, a Service without a selector, per service port: every ready address of
+    /// its Endpoints that serves the port of the same name and protocol (how kube-proxy pairs them), as
+    /// the endpoint that address is now ([`Index::address_endpoint`]), on the Endpoints' port: what the
+    /// connection reaches after DNAT.
+    ///
+    /// Computed on change, so an address resolves by who holds it now, not by a record's time as
+    /// [`Index::pod_at`] would (a record arriving after the pod at an address was replaced resolves to
+    /// the new one): the same as the backends of a Service with a selector, its current pods.
+    fn endpoints_by_port(
+        &self,
+        key: &ServiceKey,
+        svc: &ServiceInfo,
+    ) -> HashMap<(u16, Protocol), Vec<Backend>> {
+        let mut by_port = HashMap::new();
+        let Some(subsets) = self.endpoints.get(key) else {
+            return by_port;
+        };
+        for (i, sp) in svc.ports.iter().enumerate() {
+            // The first port of that number and protocol is the one a record resolves by.
+            let same = |p: &ServicePort| p.port == sp.port && p.protocol == sp.protocol;
+            if svc.ports[..i].iter().any(same) {
+                continue;
+            }
+            let mut found: BTreeSet<Backend> = BTreeSet::new();
+            for subset in subsets {
+                for (_, target, _) in subset
+                    .ports
+                    .iter()
+                    .filter(|(name, _, pr)| *name == sp.name && *pr == sp.protocol)
+                {
+                    for ip in &subset.addresses {
+                        // `i64::MAX`: whoever holds the address now.
+                        found.insert((self.address_endpoint(*ip, i64::MAX), *target));
+                    }
+                }
+            }
+            if !found.is_empty() {
+                by_port.insert((sp.port, sp.protocol), found.into_iter().collect());
+            }
+        }
+        by_port
     }
 
     /// A pod by uid, as `(namespace, name)`.
@@ -1115,10 +1213,7 @@ impl Index {
             ips,
         };
         let key = (namespace.clone(), name.clone());
-        if info.selector.is_some() {
-            // Resolved through its pods: its Endpoints are not needed.
-            self.endpoints.remove(&key);
-        }
+        let has_selector = info.selector.is_some();
         for ip in &info.ips {
             self.service_ips.insert(*ip, key.clone());
         }
@@ -1147,6 +1242,10 @@ impl Index {
                 by_port: HashMap::new(),
             },
         );
+        if has_selector {
+            // Resolved through its pods: its Endpoints are not needed.
+            self.store_endpoints(key.clone(), None);
+        }
         self.recompute_backends(&key);
     }
 
@@ -1167,17 +1266,46 @@ impl Index {
     /// Adds or updates an Endpoints object. Kept only when its Service has no selector or is not indexed
     /// yet (the watches list in any order); a Service with a selector is resolved through its pods.
     pub fn apply_endpoints(&mut self, endpoints: &Endpoints) {
-        let key = (
-            endpoints.namespace().unwrap_or_default(),
-            endpoints.name_any(),
-        );
+        let key = endpoints_key(endpoints);
+        let kept = self.endpoints_kept(&key, endpoints);
+        self.set_endpoints(key, kept);
+    }
+
+    /// Whether [`Index::apply_endpoints`] would change the index: the watch checks this under the read
+    /// lock and takes the write lock only when it would (most Endpoints are of Services with a selector,
+    /// or are leader-election records without addresses, updated every few seconds). Skipping an event
+    /// that changes nothing is the same as applying it then, so a Service arriving later still finds
+    /// what it would have.
+    pub fn endpoints_change(&self, endpoints: &Endpoints) -> bool {
+        let key = endpoints_key(endpoints);
+        self.endpoints.get(&key) != self.endpoints_kept(&key, endpoints).as_ref()
+    }
+
+    /// Whether the index keeps the Endpoints `namespace`/`name` ([`Index::delete_endpoints`] changes
+    /// nothing otherwise).
+    pub fn holds_endpoints(&self, namespace: &str, name: &str) -> bool {
+        self.endpoints
+            .contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// Removes an Endpoints object.
+    pub fn delete_endpoints(&mut self, namespace: &str, name: &str) {
+        self.set_endpoints((namespace.to_string(), name.to_string()), None);
+    }
+
+    /// What the index keeps of `endpoints` (of the Service `key`): its ready addresses and their ports,
+    /// `None` when there are none or the Service has a selector.
+    fn endpoints_kept(
+        &self,
+        key: &ServiceKey,
+        endpoints: &Endpoints,
+    ) -> Option<Vec<EndpointSubset>> {
         if self
             .services
-            .get(&key)
+            .get(key)
             .is_some_and(|svc| svc.selector.is_some())
         {
-            self.endpoints.remove(&key);
-            return;
+            return None;
         }
         let subsets: Vec<EndpointSubset> = endpoints
             .subsets
@@ -1206,58 +1334,56 @@ impl Index {
             })
             .filter(|subset| !subset.addresses.is_empty() && !subset.ports.is_empty())
             .collect();
-        if subsets.is_empty() {
-            self.endpoints.remove(&key);
-        } else {
-            self.endpoints.insert(key, subsets);
+        Some(subsets).filter(|s| !s.is_empty())
+    }
+
+    /// Sets (or with `None` removes) the kept Endpoints of the Service `key` and recomputes the
+    /// Service's backends if they changed.
+    fn set_endpoints(&mut self, key: ServiceKey, subsets: Option<Vec<EndpointSubset>>) {
+        if self.store_endpoints(key.clone(), subsets) {
+            self.recompute_backends(&key);
         }
     }
 
-    /// Removes an Endpoints object.
-    pub fn delete_endpoints(&mut self, namespace: &str, name: &str) {
-        self.endpoints
-            .remove(&(namespace.to_string(), name.to_string()));
-    }
-
-    /// The backends of `svc`, a Service without a selector, on service port `port`/`proto`: every ready
-    /// address of its Endpoints that serves the port of the same name and protocol (how kube-proxy pairs
-    /// them), as the endpoint that address is at `at_ms` ([`Index::address_endpoint`]), on the
-    /// Endpoints' port: what the connection reaches after DNAT.
-    fn endpoints_backends(
-        &self,
-        key: &ServiceKey,
-        svc: &ServiceInfo,
-        port: u16,
-        proto: Protocol,
-        at_ms: i64,
-    ) -> Vec<Backend> {
-        let (Some(subsets), Some(service_port)) = (
-            self.endpoints.get(key),
-            svc.ports
-                .iter()
-                .find(|p| p.port == port && p.protocol == proto),
-        ) else {
-            return Vec::new();
+    /// Sets (or with `None` removes) the kept Endpoints of the Service `key`, keeping
+    /// [`Index::endpoint_addresses`] in step; whether they changed.
+    fn store_endpoints(&mut self, key: ServiceKey, subsets: Option<Vec<EndpointSubset>>) -> bool {
+        if self.endpoints.get(&key) == subsets.as_ref() {
+            return false;
+        }
+        let old = match subsets {
+            Some(subsets) => {
+                for ip in subsets.iter().flat_map(|s| &s.addresses) {
+                    self.endpoint_addresses
+                        .entry(*ip)
+                        .or_default()
+                        .insert(key.clone());
+                }
+                self.endpoints.insert(key.clone(), subsets)
+            }
+            None => self.endpoints.remove(&key),
         };
-        let mut found: BTreeSet<Backend> = BTreeSet::new();
-        for subset in subsets {
-            for (_, target, _) in subset
-                .ports
-                .iter()
-                .filter(|(name, _, pr)| *name == service_port.name && *pr == proto)
-            {
-                for ip in &subset.addresses {
-                    found.insert((self.address_endpoint(*ip, at_ms), *target));
+        for ip in old.iter().flatten().flat_map(|s| &s.addresses) {
+            let listed = self
+                .endpoints
+                .get(&key)
+                .is_some_and(|now| now.iter().any(|s| s.addresses.contains(ip)));
+            if !listed {
+                if let Some(services) = self.endpoint_addresses.get_mut(ip) {
+                    services.remove(&key);
+                    if services.is_empty() {
+                        self.endpoint_addresses.remove(ip);
+                    }
                 }
             }
         }
-        found.into_iter().collect()
+        true
     }
 
     /// Adds or updates a node's addresses.
     pub fn apply_node(&mut self, node: &Node) {
         let name = node.name_any();
-        self.nodes.retain(|_, n| *n != name);
+        let mut changed = self.remove_node(&name);
         for a in node
             .status
             .iter()
@@ -1265,13 +1391,29 @@ impl Index {
         {
             if let Ok(ip) = a.address.parse() {
                 self.nodes.insert(ip, name.clone());
+                changed.push(ip);
             }
         }
+        self.recompute_backends_at(changed);
     }
 
     /// Removes a node.
     pub fn delete_node(&mut self, name: &str) {
-        self.nodes.retain(|_, n| n != name);
+        let changed = self.remove_node(name);
+        self.recompute_backends_at(changed);
+    }
+
+    /// Forgets the addresses of the node `name`; returns them.
+    fn remove_node(&mut self, name: &str) -> Vec<IpAddr> {
+        let mut removed = Vec::new();
+        self.nodes.retain(|ip, n| {
+            let keep = n != name;
+            if !keep {
+                removed.push(*ip);
+            }
+            keep
+        });
+        removed
     }
 
     /// The pod that held `ip` at `at_ms` (or holds it now, for records newer than the last change).
@@ -1318,18 +1460,12 @@ impl Index {
             .get(&ip)
             .and_then(|k| Some((k, self.services.get(k)?)))
         {
-            let backends = match svc.selector {
-                Some(_) => self
-                    .backends
-                    .get(key)
-                    .and_then(|b| b.by_port.get(&(port, proto)))
-                    .map(|b| Cow::Borrowed(b.as_slice())),
-                None => Some(Cow::Owned(
-                    self.endpoints_backends(key, svc, port, proto, at_ms),
-                )),
-            };
+            let backends = self
+                .backends
+                .get(key)
+                .and_then(|b| b.by_port.get(&(port, proto)));
             return match backends {
-                Some(b) if !b.is_empty() => ResolvedRef::Backends(b),
+                Some(b) if !b.is_empty() => ResolvedRef::Backends(b.as_slice()),
                 _ => ResolvedRef::ServiceWithoutBackends(svc),
             };
         }
@@ -1641,6 +1777,95 @@ mod tests {
             ["no backend in kubernetes"]
         );
         assert!(ix.endpoints.is_empty());
+    }
+
+    #[test]
+    fn a_selector_less_services_backends_follow_its_endpoints_and_what_is_at_their_addresses() {
+        let mut ix = Index::default();
+        let ext: Service = serde_json::from_value(json!({
+            "metadata": {"name": "ext", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.3", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        ix.apply_service(&ext);
+        let at = |ip: &str| {
+            endpoints(
+                "ns",
+                "ext",
+                json!([{"addresses": [{"ip": ip}], "ports": [{"port": 8080}]}]),
+            )
+        };
+        let resolved =
+            |ix: &Index| described(ix.resolve("10.96.0.3".parse().unwrap(), 80, Protocol::TCP, T));
+        assert!(ix.endpoints_change(&at("10.0.0.7")));
+        ix.apply_endpoints(&at("10.0.0.7"));
+        assert!(
+            !ix.endpoints_change(&at("10.0.0.7")),
+            "the same again changes nothing"
+        );
+        assert_eq!(resolved(&ix), ["external 10.0.0.7:8080"]);
+
+        // A pod taking the address, its workload changing, the pod leaving it.
+        ix.apply_pod(&deployment_pod("db-h-1", "10.0.0.7", "db"), T);
+        assert_eq!(resolved(&ix), ["workload db:8080"]);
+        ix.apply_deployment(&deployment("db", json!({"app": "db"})));
+        let endpoint = ix.pod("ns", "db-h-1").unwrap().endpoint.clone();
+        assert_eq!(endpoint.uid.as_deref(), Some("uid-deploy-db"));
+        let first = match ix.resolve_ref("10.96.0.3".parse().unwrap(), 80, Protocol::TCP, T) {
+            ResolvedRef::Backends(b) => {
+                assert!(matches!(&b[0].0, Endpoint::Workload(w) if Arc::ptr_eq(w, &endpoint)));
+                b.as_ptr()
+            }
+            other => panic!("{other:?}"),
+        };
+        match ix.resolve_ref("10.96.0.3".parse().unwrap(), 80, Protocol::TCP, T + 1) {
+            ResolvedRef::Backends(b) => assert_eq!(b.as_ptr(), first, "borrowed from the index"),
+            other => panic!("{other:?}"),
+        }
+        ix.delete_pod("ns", "db-h-1", T + 2);
+        assert_eq!(resolved(&ix), ["external 10.0.0.7:8080"]);
+        ix.apply_pod(&deployment_pod("db-h-2", "10.0.0.7", "db"), T + 3);
+        assert_eq!(resolved(&ix), ["workload db:8080"]);
+        ix.delete_pod("ns", "db-h-2", T + 4);
+
+        // A node gaining and losing the address.
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}}))
+        .unwrap();
+        ix.apply_node(&node);
+        assert_eq!(resolved(&ix), ["node n1 10.0.0.7:8080"]);
+        ix.delete_node("n1");
+        assert_eq!(resolved(&ix), ["external 10.0.0.7:8080"]);
+
+        // The Endpoints moving to another address: what is at the old one no longer matters.
+        ix.apply_endpoints(&at("10.0.0.8"));
+        assert_eq!(resolved(&ix), ["external 10.0.0.8:8080"]);
+        assert_eq!(
+            ix.endpoint_addresses.keys().collect::<Vec<_>>(),
+            [&"10.0.0.8".parse::<IpAddr>().unwrap()]
+        );
+        ix.apply_node(&node);
+        assert_eq!(resolved(&ix), ["external 10.0.0.8:8080"]);
+        ix.apply_pod(&deployment_pod("db-h-3", "10.0.0.8", "db"), T + 5);
+        assert_eq!(resolved(&ix), ["workload db:8080"]);
+
+        // Removed Endpoints leave no backend and nothing to follow; removing them again changes nothing.
+        assert!(ix.holds_endpoints("ns", "ext"));
+        ix.delete_endpoints("ns", "ext");
+        assert_eq!(resolved(&ix), ["no backend in ext"]);
+        assert!(!ix.holds_endpoints("ns", "ext"));
+        assert!(ix.endpoint_addresses.is_empty());
+
+        // The Endpoints of a Service with a selector, and ones without ready addresses, change nothing.
+        ix.apply_service(&service(json!({"app": "db"}), json!(8080)));
+        let selected = endpoints(
+            "ns",
+            "web",
+            json!([{"addresses": [{"ip": "10.0.0.8"}], "ports": [{"port": 8080}]}]),
+        );
+        assert!(!ix.endpoints_change(&selected));
+        let leader = endpoints("kube-system", "kube-scheduler", json!(null));
+        assert!(!ix.endpoints_change(&leader));
     }
 
     #[test]

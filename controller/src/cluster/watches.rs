@@ -61,10 +61,21 @@ pub async fn run(client: Client, shared: Arc<SharedIndex>) {
         watch::<Service>(&client, &shared, Index::apply_service, |ix, s| {
             ix.delete_service(&s.namespace().unwrap_or_default(), &s.name_any())
         }),
-        // Every Endpoints object streams through; the index keeps those of selector-less Services.
-        watch::<Endpoints>(&client, &shared, Index::apply_endpoints, |ix, e| {
-            ix.delete_endpoints(&e.namespace().unwrap_or_default(), &e.name_any())
-        }),
+        // Every Endpoints object streams through; the index keeps those of selector-less Services, and
+        // only events that change what it keeps take the write lock (see `Index::endpoints_change`).
+        watch_changes::<Endpoints>(
+            &client,
+            &shared,
+            Index::apply_endpoints,
+            |ix, e| ix.delete_endpoints(&e.namespace().unwrap_or_default(), &e.name_any()),
+            Some(|ix, e, deleted| {
+                if deleted {
+                    ix.holds_endpoints(&e.namespace().unwrap_or_default(), &e.name_any())
+                } else {
+                    ix.endpoints_change(e)
+                }
+            }),
+        ),
         watch::<Deployment>(&client, &shared, Index::apply_deployment, |ix, d| {
             ix.delete_workload(
                 &d.namespace().unwrap_or_default(),
@@ -93,6 +104,7 @@ pub async fn run(client: Client, shared: Arc<SharedIndex>) {
     );
 }
 
+/// Applies the events of kind `K` to the index, each under the write lock.
 async fn watch<K>(
     client: &Client,
     shared: &SharedIndex,
@@ -101,16 +113,44 @@ async fn watch<K>(
 ) where
     K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
 {
+    watch_changes(client, shared, apply, delete, None).await
+}
+
+/// [`watch`], with `changes` (given the object and whether it was deleted): the write lock, which
+/// blocks ingest, is then taken only for events that `changes` finds, under the read lock, would change
+/// the index. The check and the write are not atomic, but only events that change nothing are skipped,
+/// which is the same as applying them at the check (a Service arriving in between finds what it would
+/// have); the write re-decides everything under its lock.
+async fn watch_changes<K>(
+    client: &Client,
+    shared: &SharedIndex,
+    apply: impl Fn(&mut Index, &K),
+    delete: impl Fn(&mut Index, &K),
+    changes: Option<fn(&Index, &K, bool) -> bool>,
+) where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
     let mut events = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut listed = false;
     while let Some(event) = events.next().await {
+        let changes = |obj: &K, deleted: bool| {
+            changes.is_none_or(|changes| {
+                changes(&shared.index.read().expect("index lock"), obj, deleted)
+            })
+        };
         match event {
             Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
-                apply(&mut shared.index.write().expect("index lock"), &obj)
+                if changes(&obj, false) {
+                    apply(&mut shared.index.write().expect("index lock"), &obj)
+                }
             }
-            Ok(Event::Delete(obj)) => delete(&mut shared.index.write().expect("index lock"), &obj),
+            Ok(Event::Delete(obj)) => {
+                if changes(&obj, true) {
+                    delete(&mut shared.index.write().expect("index lock"), &obj)
+                }
+            }
             Ok(Event::InitDone) if !listed => {
                 listed = true;
                 shared.synced.fetch_add(1, Ordering::AcqRel);
