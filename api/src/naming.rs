@@ -86,19 +86,6 @@ mod tests {
         "a".repeat(len - fixed)
     }
 
-    fn is_dns_subdomain(s: &str) -> bool {
-        !s.is_empty()
-            && s.len() <= MAX_NAME_LEN
-            && s.split('.').all(|part| {
-                !part.is_empty()
-                    && part.starts_with(|c: char| c.is_ascii_alphanumeric())
-                    && part.ends_with(|c: char| c.is_ascii_alphanumeric())
-                    && part
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            })
-    }
-
     fn is_label_value(s: &str) -> bool {
         s.len() <= MAX_LABEL_VALUE_LEN
             && (s.is_empty()
@@ -135,7 +122,7 @@ mod tests {
                 let workload = workload_name_for(len, WorkloadKind::DaemonSet, direction);
                 let name = proposal_name(WorkloadKind::DaemonSet, &workload, direction);
                 assert!(name.len() <= MAX_NAME_LEN, "{len}: {} chars", name.len());
-                assert!(is_dns_subdomain(&name), "{name}");
+                assert!(crate::validation::is_dns1123_subdomain(&name), "{name}");
                 assert!(name.ends_with(direction_suffix(direction)));
                 assert!(name.starts_with("daemonset-aaa"));
                 assert_eq!(name.len() != len, shortened, "{len}");

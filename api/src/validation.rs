@@ -190,7 +190,7 @@ fn holds(rule: Rule, spec: &Spec<'_>, previous_backend: Option<Backend>) -> bool
 
 /// A selector with at least one matchLabels entry or matchExpression: an empty one selects every pod
 /// in the namespace.
-fn selects_something(selector: &LabelSelector) -> bool {
+pub fn selects_something(selector: &LabelSelector) -> bool {
     selector
         .match_labels
         .as_ref()
@@ -202,7 +202,7 @@ fn selects_something(selector: &LabelSelector) -> bool {
 }
 
 /// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`, 1 to 253 characters.
-fn is_dns1123_subdomain(name: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(name: &str) -> bool {
     let label_ok = |label: &str| {
         let bytes = label.as_bytes();
         let alphanumeric = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
@@ -250,6 +250,25 @@ mod tests {
         ] {
             assert!(!is_dns1123_subdomain(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_selector_selects_something_when_it_has_any_requirement() {
+        let sel = |v: serde_json::Value| serde_json::from_value::<LabelSelector>(v).unwrap();
+        assert!(!selects_something(&sel(serde_json::json!({}))));
+        assert!(!selects_something(&sel(
+            serde_json::json!({"matchLabels": {}})
+        )));
+        assert!(!selects_something(&sel(
+            serde_json::json!({"matchExpressions": []})
+        )));
+        assert!(selects_something(&sel(
+            serde_json::json!({"matchLabels": {"a": "1"}})
+        )));
+        // An unknown operator still counts: the API server refuses it, evaluation selects nothing.
+        assert!(selects_something(&sel(
+            serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Like"}]})
+        )));
     }
 
     #[test]

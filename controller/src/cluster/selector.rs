@@ -26,15 +26,6 @@ pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
     labels_ok && expressions_ok
 }
 
-/// True when the selector has no requirement at all (selects everything).
-pub fn is_empty(selector: &LabelSelector) -> bool {
-    selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && selector
-            .match_expressions
-            .as_ref()
-            .is_none_or(|e| e.is_empty())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,9 +84,8 @@ mod tests {
     #[test]
     fn empty_selects_all_and_unknown_operator_selects_nothing() {
         assert!(matches(&LabelSelector::default(), &labels(&[])));
-        assert!(is_empty(&sel(json!({"matchLabels": {}}))));
         let bad = sel(json!({"matchExpressions": [{"key": "a", "operator": "Like"}]}));
         assert!(!matches(&bad, &labels(&[("a", "1")])));
-        assert!(!is_empty(&bad));
+        // Whether a selector selects something at all is `network_enforcer_api::validation::selects_something`.
     }
 }

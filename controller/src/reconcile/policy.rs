@@ -81,7 +81,8 @@ pub async fn reconcile(
     // backups let invalid policies in; nothing of them is rendered (docs/api.md, "Invalid policies").
     if let Err(violations) = check_rules(&ctx, &policy, &ns).await? {
         let ready = refuse_invalid(&ctx, &policy, &ns, &violations).await?;
-        if changes_condition(&policy, &ready) {
+        // One Event per change of the refusal, not one per resync.
+        if write_conditions(&ctx, &policy, &ns, std::slice::from_ref(&ready)).await? {
             tracing::warn!(name = %policy.name_any(), namespace = %ns, message = %ready.message, "invalid policy refused");
             publish(
                 &ctx,
@@ -93,7 +94,6 @@ pub async fn reconcile(
             )
             .await;
         }
-        write_conditions(&ctx, &policy, &ns, &[ready]).await?;
         return Ok(Action::requeue(ctx.settings.resync));
     }
     let siblings = ctx.policies_in(&ns);
@@ -250,23 +250,6 @@ where
         OnInvalid::Remove => remove_owned::<K>(ctx, policy, ns).await?,
     }
     Ok(())
-}
-
-/// True when writing `wanted` changes the policy's condition of that type (status, reason or message):
-/// a refusal is announced once, not on every resync.
-fn changes_condition(policy: &WorkloadNetworkPolicy, wanted: &Condition) -> bool {
-    let status = if wanted.status { "True" } else { "False" };
-    !policy
-        .status
-        .as_ref()
-        .into_iter()
-        .flat_map(|s| &s.conditions)
-        .any(|c| {
-            c.type_ == wanted.type_
-                && c.status == status
-                && c.reason == wanted.reason
-                && c.message == wanted.message
-        })
 }
 
 /// Renders the policy and brings the cluster in line; returns the Ready condition and, when the
@@ -486,13 +469,14 @@ async fn overlap_condition(
     })
 }
 
-/// Merges `wanted` into the policy's conditions and patches the status only when something changed.
+/// Merges `wanted` into the policy's conditions and patches the status only when something changed;
+/// returns whether it did.
 async fn write_conditions(
     ctx: &Context,
     policy: &WorkloadNetworkPolicy,
     ns: &str,
     wanted: &[Condition],
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let mut current = policy
         .status
         .as_ref()
@@ -504,7 +488,7 @@ async fn write_conditions(
         changed |= conditions::set(&mut current, condition, policy.metadata.generation, &now);
     }
     if !changed {
-        return Ok(());
+        return Ok(false);
     }
     let patch = serde_json::json!({"status": {"conditions": current}});
     ctx.api::<WorkloadNetworkPolicy>(ns)
@@ -514,5 +498,5 @@ async fn write_conditions(
             &Patch::Merge(&patch),
         )
         .await?;
-    Ok(())
+    Ok(true)
 }

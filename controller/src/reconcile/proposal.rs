@@ -94,7 +94,7 @@ pub async fn reconcile(
         }
         Decision::Invalid(violations) => {
             let message = format!(
-                "{}. The proposal is not promoted: fix it (or let learning rewrite it), then promote again",
+                "{}. The proposal is not promoted: fix it, or delete it so that learning writes it again, then promote again",
                 network_enforcer_api::validation::describe(&violations)
             );
             refuse(&ctx, &proposal, INVALID_REASON, message).await?;
