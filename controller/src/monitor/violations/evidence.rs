@@ -25,7 +25,7 @@ use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::uplink::{self, FlowRecord};
-use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadRef};
+use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadKind, WorkloadRef};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -177,14 +177,12 @@ fn pod_side(index: &Index, pod: &index::PodInfo) -> FlowSide {
 
 /// A Service backend workload as a flow side: one of its pods stands for it.
 fn workload_side(view: &ClusterView, workload: &WorkloadEndpoint) -> Option<FlowSide> {
-    let pod = match workload.kind {
-        Some(kind) => view
-            .pods_of(&workload.namespace, kind, &workload.name)
-            .next()
-            .map(|p| p.key())?,
-        None => PodKey::new(&workload.namespace, &workload.name),
-    };
-    view.pod(&pod)?;
+    // A pod without a workload (kind `None`) is its own: `pods_of` finds it by name.
+    let kind = workload.kind.unwrap_or(WorkloadKind::Pod);
+    let pod = view
+        .pods_of(&workload.namespace, kind, &workload.name)
+        .next()?
+        .key();
     Some(FlowSide {
         endpoint: Endpoint::Pod(pod),
         workload: workload_ref(workload),
