@@ -228,11 +228,8 @@ pub fn ensure_base_images() -> Result<Vec<PathBuf>> {
     for name in BASE_IMAGES {
         let tar = tar_path(name);
         let fingerprint = sources_fingerprint(name)?;
-        let recorded = images_dir().join(format!("{name}.sources"));
-        let current = fingerprint
-            .as_ref()
-            .is_none_or(|f| fs::read_to_string(&recorded).is_ok_and(|r| r == *f));
-        if !tar.exists() || !current {
+        let recorded = recorded_fingerprint(name);
+        if !is_current(name, fingerprint.as_deref()) {
             let spec = match name {
                 "pause" => pause_image()?,
                 "dns" => dns_image()?,
@@ -255,6 +252,27 @@ pub fn ensure_base_images() -> Result<Vec<PathBuf>> {
 /// with setup, not with the working tree). Recorded next to the tar: a cached image built from other
 /// sources, or by code that predates the record, is rebuilt. Contents, not times: a checkout or an
 /// older build can leave a tar newer than a source it does not contain.
+/// Whether every base image was built from the working tree's sources: a running cluster whose
+/// images are stale (a changed echo server, say) is not reused, since images are imported only when the
+/// cluster starts.
+pub fn base_images_current() -> bool {
+    BASE_IMAGES
+        .iter()
+        .all(|name| sources_fingerprint(name).is_ok_and(|f| is_current(name, f.as_deref())))
+}
+
+/// Whether image `name`'s tar exists and was built from sources with `fingerprint` (`None`: the image
+/// has no sources of ours to follow).
+fn is_current(name: &str, fingerprint: Option<&str>) -> bool {
+    tar_path(name).exists()
+        && fingerprint
+            .is_none_or(|f| fs::read_to_string(recorded_fingerprint(name)).is_ok_and(|r| r == f))
+}
+
+fn recorded_fingerprint(name: &str) -> PathBuf {
+    images_dir().join(format!("{name}.sources"))
+}
+
 fn sources_fingerprint(name: &str) -> Result<Option<String>> {
     let sources = match name {
         "test" => vec![echo_server_source()],

@@ -235,6 +235,7 @@ fn healthy(state: &State) -> bool {
             .is_ok_and(|o| o.trim() == "ok")
         && node_ready(state)
         && dns::ready(state)
+        && crate::images::base_images_current()
 }
 
 fn node_ready(state: &State) -> bool {
