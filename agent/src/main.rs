@@ -226,6 +226,15 @@ async fn main() -> Result<()> {
     }
 }
 
+/// What the run loop does after a tick or a stop signal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Flush the aggregated edges and keep running.
+    Flush,
+    /// Flush the aggregated edges, then stop.
+    FlushAndStop,
+}
+
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
 async fn shutdown_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -309,7 +318,7 @@ async fn run(args: RunArgs) -> Result<()> {
     tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
-        tokio::select! {
+        let step = tokio::select! {
             read = reader.read_batch(&mut batch) => {
                 read?;
                 metrics.events_read(batch.len());
@@ -326,97 +335,104 @@ async fn run(args: RunArgs) -> Result<()> {
                     });
                 }
                 batch.drain(..).for_each(|e| aggregator.add(&e));
+                continue;
             }
-            _ = flush.tick() => {
-                let edges = aggregator.drain();
-                let counters = data_plane.counters()?;
-                // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
-                scans.scan()?;
-                let owners: Vec<Owner> = {
-                    let mut state = attributor.lock().unwrap_or_else(|p| p.into_inner());
-                    state.expire(monotonic_now());
-                    edges
-                        .iter()
-                        .map(|e| {
-                            state.resolve(
-                                e.key.netns_ino,
-                                e.key.cgroup_id,
-                                e.key.local_ip,
-                                e.stats.first_seen,
-                            )
-                        })
-                        .collect()
-                };
-                let unattributed = owners.iter().filter(|o| **o == Owner::Unknown).count();
-                metrics.kernel(&kernel_before, &counters);
-                kernel_before = counters;
-                metrics.decode_errors(reader.decode_errors() - decode_errors_before);
-                decode_errors_before = reader.decode_errors();
-                metrics.flushed(edges.len(), unattributed);
-                let (recent, evicted) = debug.recent_edges();
-                tracing::info!(
-                    edges = edges.len(),
-                    unattributed,
-                    lost = counters.ring_buffer_full,
-                    dedupe_hits = counters.dedupe_hits,
-                    decode_errors = reader.decode_errors(),
-                    recent_edges = recent,
-                    recent_edges_evicted = evicted,
-                    "flush"
-                );
-                let mut names = PodNames::default();
-                for (edge, owner) in edges.iter().zip(&owners) {
-                    if let Owner::Pod(pod) = owner {
-                        names.insert(&edge.key, pod.label().into());
-                    }
-                }
-                let mut records = Vec::new();
-                for ((edge, line), owner) in edges
-                    .iter()
-                    .zip(flows::render_json(&edges, &clock, &names).lines())
-                    .zip(&owners)
-                {
-                    tracing::debug!(edge = line, "edge");
-                    // Only pods' edges go up; the host's and unknown ones are counted above. Without
-                    // the pod watch, records carry the UID only (the controller accepts that).
-                    if let (Some(_), Owner::Pod(pod)) = (&uplink, owner) {
-                        let (namespace, name) = pod
-                            .name
-                            .as_ref()
-                            .map(|(ns, n)| (ns.to_string(), n.to_string()))
-                            .unwrap_or_default();
-                        let local = LocalPod {
-                            uid: pod.uid.to_string(),
-                            namespace,
-                            name,
-                        };
-                        records.push(uplink::flow_record(edge, local, &clock));
-                    }
-                }
-                if let Some(sink) = &source_records {
-                    // Hubble and ztunnel records are already named by pod: they go up as they are.
-                    let from_sources = sink.drain();
-                    tracing::info!(records = from_sources.len(), "flow source records");
-                    if uplink.is_some() {
-                        records.extend(from_sources);
-                    }
-                }
-                if let Some((sender, _)) = &uplink {
-                    // Never waits: a full queue drops the batch and counts it.
-                    sender.send(records);
-                }
-            }
+            _ = flush.tick() => Step::Flush,
             r = &mut shutdown => {
                 r?;
-                break;
+                // The aggregator still holds every edge since the last tick (up to --flush-seconds
+                // of them): flush it once more, the same way, so a rollout loses nothing.
+                Step::FlushAndStop
             }
+        };
+        let edges = aggregator.drain();
+        let counters = data_plane.counters()?;
+        // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
+        scans.scan()?;
+        let owners: Vec<Owner> = {
+            let mut state = attributor.lock().unwrap_or_else(|p| p.into_inner());
+            state.expire(monotonic_now());
+            edges
+                .iter()
+                .map(|e| {
+                    state.resolve(
+                        e.key.netns_ino,
+                        e.key.cgroup_id,
+                        e.key.local_ip,
+                        e.stats.first_seen,
+                    )
+                })
+                .collect()
+        };
+        let unattributed = owners.iter().filter(|o| **o == Owner::Unknown).count();
+        metrics.kernel(&kernel_before, &counters);
+        kernel_before = counters;
+        metrics.decode_errors(reader.decode_errors() - decode_errors_before);
+        decode_errors_before = reader.decode_errors();
+        metrics.flushed(edges.len(), unattributed);
+        let (recent, evicted) = debug.recent_edges();
+        tracing::info!(
+            edges = edges.len(),
+            unattributed,
+            lost = counters.ring_buffer_full,
+            dedupe_hits = counters.dedupe_hits,
+            decode_errors = reader.decode_errors(),
+            recent_edges = recent,
+            recent_edges_evicted = evicted,
+            "flush"
+        );
+        let mut names = PodNames::default();
+        for (edge, owner) in edges.iter().zip(&owners) {
+            if let Owner::Pod(pod) = owner {
+                names.insert(&edge.key, pod.label().into());
+            }
+        }
+        let mut records = Vec::new();
+        for ((edge, line), owner) in edges
+            .iter()
+            .zip(flows::render_json(&edges, &clock, &names).lines())
+            .zip(&owners)
+        {
+            tracing::debug!(edge = line, "edge");
+            // Only pods' edges go up; the host's and unknown ones are counted above. Without
+            // the pod watch, records carry the UID only (the controller accepts that).
+            if let (Some(_), Owner::Pod(pod)) = (&uplink, owner) {
+                let (namespace, name) = pod
+                    .name
+                    .as_ref()
+                    .map(|(ns, n)| (ns.to_string(), n.to_string()))
+                    .unwrap_or_default();
+                let local = LocalPod {
+                    uid: pod.uid.to_string(),
+                    namespace,
+                    name,
+                };
+                records.push(uplink::flow_record(edge, local, &clock));
+            }
+        }
+        if let Some(sink) = &source_records {
+            // Hubble and ztunnel records are already named by pod: they go up as they are.
+            let from_sources = sink.drain();
+            tracing::info!(records = from_sources.len(), "flow source records");
+            if uplink.is_some() {
+                records.extend(from_sources);
+            }
+        }
+        if let Some((sender, _)) = &uplink {
+            // Never waits: a full queue drops the batch and counts it.
+            sender.send(records);
+        }
+        if step == Step::FlushAndStop {
+            break;
         }
     }
     if let Some(watch) = pod_watch {
         watch.abort();
     }
     if let Some((sender, task)) = uplink {
-        // Give the last acknowledgements a moment; an unreachable controller must not hold up the stop.
+        // Without senders the task still sends what is queued (the last flush's batch among it) and
+        // ends once everything is acknowledged. It gets 2 s, well within the pod's termination grace
+        // (the chart keeps Kubernetes' 30 s): an unreachable controller must not hold up the stop.
         drop(sender);
         let abort = task.abort_handle();
         if tokio::time::timeout(Duration::from_secs(2), task)
