@@ -431,11 +431,12 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     if let Some((sender, task)) = uplink {
         // Without senders the task still sends what is queued (the last flush's batch among it) and
-        // ends once everything is acknowledged. It gets 2 s, well within the pod's termination grace
-        // (the chart keeps Kubernetes' 30 s): an unreachable controller must not hold up the stop.
+        // ends once everything is acknowledged. It gets 5 s (a debug build on a busy 2-core node took
+        // 1.6 s), well within the pod's termination grace (the chart keeps Kubernetes' 30 s): an
+        // unreachable controller must not hold up the stop.
         drop(sender);
         let abort = task.abort_handle();
-        if tokio::time::timeout(Duration::from_secs(2), task)
+        if tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .is_err()
         {
