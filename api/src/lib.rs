@@ -3,6 +3,7 @@
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`keys`]: every label and annotation key the product reads or writes.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
+//! - [`selector`]: label selector semantics (`metav1.LabelSelector`), for the controller and the agent.
 //! - [`validation`]: the CRDs' CEL rules in Rust, for clusters and paths that do not run them.
 //!
 //! Nothing in this crate does I/O.
@@ -10,6 +11,7 @@
 pub mod crd;
 pub mod keys;
 pub mod naming;
+pub mod selector;
 pub mod validation;
 
 pub use crd::*;

@@ -1,7 +1,6 @@
 //! What the controller knows about the cluster: the index of pods, Services, nodes and workloads
-//! ([`index`]), the watches that feed it ([`watches`]), workload identities and label selectors.
+//! ([`index`]), the watches that feed it ([`watches`]) and workload identities (label selectors: `network_enforcer_api::selector`).
 
 pub mod index;
-pub mod selector;
 pub mod watches;
 pub mod workload;

@@ -3,7 +3,7 @@
 //! of it as conditions (and a refused policy also as a Warning Event).
 
 use super::{Context, Error, Settings, publish, scoped_api};
-use crate::cluster::{selector, workload};
+use crate::cluster::workload;
 use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::render::{self, Desired};
@@ -20,6 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::keys::FIELD_MANAGER;
+use network_enforcer_api::selector;
 use network_enforcer_api::validation::{self, Violation};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
 use serde::Serialize;

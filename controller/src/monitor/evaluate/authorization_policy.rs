@@ -13,7 +13,7 @@
 //! - a port is `"8080"` or a range `"8000-8099"`; anything else matches nothing.
 
 use super::view::Labels;
-use crate::cluster::selector;
+use network_enforcer_api::selector;
 use network_enforcer_api::{IstioPolicy, IstioRule, Protocol};
 
 /// The SPIFFE scheme ztunnel may prefix identities with; our principals are written without it.

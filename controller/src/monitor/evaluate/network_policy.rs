@@ -21,11 +21,11 @@
 
 use super::EvalError;
 use super::view::{ClusterView, Endpoint, Flow, Labels, PodInfo, PolicyRef};
-use crate::cluster::selector;
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
+use network_enforcer_api::selector;
 use network_enforcer_api::{Direction, Protocol};
 use std::borrow::Cow;
 use std::net::IpAddr;
