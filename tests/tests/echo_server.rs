@@ -92,3 +92,61 @@ fn the_check_fails_when_nobody_answers() -> Result<()> {
     assert!(stdout.contains("connect:"), "{stdout}");
     Ok(())
 }
+
+#[test]
+fn the_probe_mode_tells_served_ports_from_silent_and_closed_ones_in_parallel() -> Result<()> {
+    let (_server, ports) = start_server()?;
+    // A bound but silent UDP socket (what a dropped datagram looks like) and a closed TCP port.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let served: Vec<String> = ports
+        .iter()
+        .map(|p| p.replacen(':', ":127.0.0.1:", 1))
+        .collect();
+    let silent_udp = format!("udp:127.0.0.1:{}", silent.local_addr()?.port());
+    let closed_tcp = format!("tcp:127.0.0.1:{closed}");
+    // Several silent targets: probed in parallel, they cost one timeout together, not one each.
+    let silent_targets = vec![silent_udp.clone(); 6];
+    let start = std::time::Instant::now();
+    let out = Command::new(ECHO_SERVER)
+        .args(["--probe", "600"])
+        .args(&served)
+        .args(&silent_targets)
+        .arg(&closed_tcp)
+        .output()
+        .context("running the probe")?;
+    let elapsed = start.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}: {stdout}", out.status);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        served.len() + silent_targets.len() + 1,
+        "{stdout}"
+    );
+    for (line, target) in lines.iter().zip(&served) {
+        assert_eq!(*line, format!("{target} connected"), "{stdout}");
+    }
+    for line in &lines[served.len()..served.len() + silent_targets.len()] {
+        assert!(
+            line.starts_with(&format!("{silent_udp} blocked: no reply after 2 datagrams")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        lines[lines.len() - 1].starts_with(&format!("{closed_tcp} blocked: connect:")),
+        "{stdout}"
+    );
+    assert!(
+        elapsed < std::time::Duration::from_millis(2000),
+        "six silent targets took {elapsed:?}: not probed in parallel"
+    );
+    // Bad arguments are an error, not a verdict.
+    let bad = Command::new(ECHO_SERVER)
+        .args(["--probe", "600", "sctp:127.0.0.1:80"])
+        .output()?;
+    assert_eq!(bad.status.code(), Some(2));
+    Ok(())
+}

@@ -9,6 +9,12 @@
 //!     Start CLIENTS clients per port at once, each with its own payload (TCP: send, half-close, read to
 //!     EOF; UDP: send, wait for the reply, resend up to 3 times). Prints one line per port and exits 1
 //!     unless every client got exactly its payload back.
+//! echo-server --probe TIMEOUT_MS tcp:HOST:PORT|udp:HOST:PORT...
+//!     Probe every target at once, each from its own thread and socket (TCP: connect within
+//!     TIMEOUT_MS, send, half-close, read the payload back; UDP: send, wait TIMEOUT_MS/2 for the reply,
+//!     resend once). Prints one line per target, in the order given: `TARGET connected` or
+//!     `TARGET blocked: REASON`. A blocked target is a result, not an error: exits 0 unless the
+//!     arguments are bad. One `kubectl exec` can thus probe a whole row of a NetworkPolicy truth table.
 //! ```
 //!
 //! Why not socat, as the tests used before: under parallel load `socat UDP-RECVFROM,fork` stopped
@@ -84,10 +90,12 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("--check") => check_command(&args[1..]),
+        Some("--probe") => probe_command(&args[1..]),
         Some("--help" | "-h") => {
             println!(
                 "usage: echo-server tcp:PORT|udp:PORT...\n       \
-                 echo-server --check HOST CLIENTS tcp:PORT|udp:PORT..."
+                 echo-server --check HOST CLIENTS tcp:PORT|udp:PORT...\n       \
+                 echo-server --probe TIMEOUT_MS tcp:HOST:PORT|udp:HOST:PORT..."
             );
             Ok(true)
         }
@@ -267,8 +275,10 @@ fn check(host: &str, clients: usize, ports: &[Port]) -> Result<Vec<(Port, Vec<St
                 .spawn(move || {
                     barrier.wait();
                     let result = match port.protocol {
-                        Protocol::Tcp => tcp_exchange(address, payload.as_bytes()),
-                        Protocol::Udp => udp_exchange(address, payload.as_bytes()),
+                        Protocol::Tcp => tcp_exchange(address, payload.as_bytes(), TCP_TIMEOUT),
+                        Protocol::Udp => {
+                            udp_exchange(address, payload.as_bytes(), UDP_WAIT, UDP_ATTEMPTS)
+                        }
                     };
                     result.map_err(|e| format!("client {i} ({payload}): {e}"))
                 })
@@ -294,12 +304,12 @@ fn check(host: &str, clients: usize, ports: &[Port]) -> Result<Vec<(Port, Vec<St
 
 /// Connects, sends `payload`, half-closes at once (the pattern that raced socat's `EXEC:cat`) and reads
 /// to EOF.
-fn tcp_exchange(address: SocketAddr, payload: &[u8]) -> Result<(), String> {
+fn tcp_exchange(address: SocketAddr, payload: &[u8], timeout: Duration) -> Result<(), String> {
     let start = Instant::now();
     let mut stream =
-        TcpStream::connect_timeout(&address, TCP_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+        TcpStream::connect_timeout(&address, timeout).map_err(|e| format!("connect: {e}"))?;
     stream
-        .set_read_timeout(Some(TCP_TIMEOUT))
+        .set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     stream
         .write_all(payload)
@@ -316,16 +326,21 @@ fn tcp_exchange(address: SocketAddr, payload: &[u8]) -> Result<(), String> {
 }
 
 /// Sends `payload` from a socket of its own and waits for it to come back, resending on silence.
-fn udp_exchange(address: SocketAddr, payload: &[u8]) -> Result<(), String> {
+fn udp_exchange(
+    address: SocketAddr,
+    payload: &[u8],
+    wait: Duration,
+    attempts: u32,
+) -> Result<(), String> {
     let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| format!("bind: {e}"))?;
     // Connected: only datagrams from the server's address reach this socket.
     socket
         .connect(address)
-        .and_then(|()| socket.set_read_timeout(Some(UDP_WAIT)))
+        .and_then(|()| socket.set_read_timeout(Some(wait)))
         .map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 65536];
     let mut last = String::from("no reply");
-    for _ in 0..UDP_ATTEMPTS {
+    for _ in 0..attempts {
         socket.send(payload).map_err(|e| format!("send: {e}"))?;
         match socket.recv(&mut buf) {
             Ok(n) if &buf[..n] == payload => return Ok(()),
@@ -339,7 +354,71 @@ fn udp_exchange(address: SocketAddr, payload: &[u8]) -> Result<(), String> {
             Err(e) => last = format!("receive: {e}"),
         }
     }
-    Err(format!(
-        "{last} after {UDP_ATTEMPTS} datagrams {UDP_WAIT:?} apart"
-    ))
+    Err(format!("{last} after {attempts} datagrams {wait:?} apart"))
+}
+
+/// `--probe TIMEOUT_MS TARGET...`
+fn probe_command(args: &[String]) -> Result<bool, String> {
+    let [timeout, targets @ ..] = args else {
+        return Err("usage: echo-server --probe TIMEOUT_MS tcp:HOST:PORT|udp:HOST:PORT...".into());
+    };
+    let timeout = Duration::from_millis(
+        timeout
+            .parse()
+            .map_err(|e| format!("`{timeout}`: bad timeout in milliseconds: {e}"))?,
+    );
+    if targets.is_empty() {
+        return Err("no targets given (tcp:HOST:PORT or udp:HOST:PORT)".into());
+    }
+    let targets = targets
+        .iter()
+        .map(|t| parse_target(t).map(|parsed| (t.clone(), parsed)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // All at once: a blocked target costs its timeout, and the row's time is that of the slowest
+    // target, not the sum.
+    let running = targets
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, (protocol, address)))| {
+            let payload = format!("probe-{i}-{}", std::process::id());
+            let thread = thread::Builder::new()
+                .stack_size(SMALL_STACK)
+                .spawn(move || match protocol {
+                    Protocol::Tcp => tcp_exchange(address, payload.as_bytes(), timeout),
+                    // Two datagrams half the time apart: one lost datagram does not read as a block.
+                    Protocol::Udp => udp_exchange(address, payload.as_bytes(), timeout / 2, 2),
+                })
+                .map_err(|e| format!("starting the probe of {name}: {e}"))?;
+            Ok((name, thread))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    for (name, thread) in running {
+        match thread.join() {
+            Ok(Ok(())) => println!("{name} connected"),
+            Ok(Err(reason)) => println!("{name} blocked: {reason}"),
+            Err(_) => return Err(format!("the probe of {name} panicked")),
+        }
+    }
+    Ok(true)
+}
+
+/// `tcp:HOST:PORT` or `udp:HOST:PORT`; HOST is resolved here, before any probe starts.
+fn parse_target(arg: &str) -> Result<(Protocol, SocketAddr), String> {
+    let (protocol, rest) = match arg.split_once(':') {
+        Some(("tcp", rest)) => (Protocol::Tcp, rest),
+        Some(("udp", rest)) => (Protocol::Udp, rest),
+        _ => return Err(format!("`{arg}`: expected tcp:HOST:PORT or udp:HOST:PORT")),
+    };
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{arg}`: expected tcp:HOST:PORT or udp:HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|e| format!("`{arg}`: bad port number: {e}"))?;
+    let address = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("`{arg}`: resolving {host}: {e}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("`{arg}`: {host} has no IPv4 address"))?;
+    Ok((protocol, address))
 }
