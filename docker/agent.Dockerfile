@@ -4,13 +4,15 @@
 #
 #   docker build -f docker/agent.Dockerfile -t <registry>/network-enforcer/agent:<tag> .
 #
-# Three stages:
+# Four stages:
 #   ebpf-toolchain  what `cargo xtask setup` installs (xtask/src/setup/ebpf.rs): Debian's Rust with the
 #                   prebuilt `core` for bpfel-unknown-none, LLVM 22, bpf-linker 0.13.0 built against it,
 #                   and Debian's toolchain linked into rustup as `debian-bpf` (aya-build runs
 #                   `rustup run debian-bpf cargo build` for the kernel programs; .cargo/config.toml names it).
 #   build           the release agent; its build script compiles agent-ebpf and embeds the ELF.
-#   runtime         distroless (glibc + libgcc only, no shell). The agent runs as root with only the
+#   nft             Debian's nftables: the nft binary and the libraries it loads (the agent's NetworkPolicy
+#                   enforcement installs its rules with nft).
+#   runtime         distroless (glibc + libgcc only, no shell) plus nft. The agent runs as root with only the
 #                   capabilities the chart grants (BPF, PERFMON, NET_ADMIN): loading eBPF programs and
 #                   reading the host's /proc need uid 0 plus those capabilities.
 
@@ -37,8 +39,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --locked --release --package network-enforcer-agent --bin network-enforcer-agent \
     && install -D -m 0755 target/release/network-enforcer-agent /out/network-enforcer-agent
 
+FROM docker.io/library/debian:bookworm-slim AS nft
+# glibc itself comes with the runtime image; everything else nft loads is gathered under /out.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nftables \
+    && rm -rf /var/lib/apt/lists/* \
+    && install -D -m 0755 /usr/sbin/nft /out/usr/sbin/nft \
+    && ldd /usr/sbin/nft | awk '/=> \// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' \
+       | xargs -I{} cp --parents -L {} /out
+
 FROM ${RUNTIME_IMAGE} AS runtime
 COPY --from=build /out/network-enforcer-agent /usr/local/bin/network-enforcer-agent
+COPY --from=nft /out/ /
 USER 0:0
 # Prometheus /metrics on the node (the agent uses the host network).
 EXPOSE 9464

@@ -12,10 +12,12 @@
 //! - [`identity::attribution`] and [`identity::pod_watch`]: pod UIDs, IPs and scans → namespace/name (pure state + the watch);
 //! - [`uplink`]: records to the controller over a gRPC stream (resend buffer, reconnects, token rotation);
 //! - [`kernel::host`], [`kernel::btf`] and [`kernel::tracepoint_format`]: what the loader needs to know about the running kernel;
+//! - [`enforce`]: NetworkPolicy enforcement on the node (off unless `--enforcement networkpolicy`);
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
 pub mod debug;
+pub mod enforce;
 pub mod error;
 pub mod identity;
 pub mod kernel;

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_agent::aggregate::{Aggregator, WallClock, monotonic_now};
 use network_enforcer_agent::debug::flows::{self, FlowFilter, PodNames};
 use network_enforcer_agent::debug::socket::{self, DebugClient, DebugServer};
+use network_enforcer_agent::enforce::{self, nft};
 use network_enforcer_agent::identity::attribution::{Attributor, Owner};
 use network_enforcer_agent::identity::pod_identity::PodIdentities;
 use network_enforcer_agent::identity::pod_watch::{self, SharedAttributor};
@@ -46,6 +47,50 @@ enum Command {
     Run(RunArgs),
     /// Show the connections on this node as aggregated flows, live from the running agent's debug socket.
     Flows(FlowsArgs),
+    /// Operate on the node's NetworkPolicy enforcement table.
+    #[command(subcommand)]
+    Enforcement(EnforcementCommand),
+}
+
+#[derive(Subcommand)]
+enum EnforcementCommand {
+    /// Remove the enforcement table from this node (pods are no longer isolated by the agent). The
+    /// chart's uninstall does this; use it after removing the agent by other means.
+    Clear {
+        #[arg(long, default_value = DEFAULT_TABLE, env = "NE_ENFORCEMENT_TABLE", value_parser = nft::valid_table_name)]
+        table: String,
+    },
+}
+
+/// The nftables table of the agent's enforcement when no `--enforcement-table` is given.
+const DEFAULT_TABLE: &str = "network_enforcer";
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EnforcementMode {
+    /// The agent observes only; the CNI (if any) enforces NetworkPolicies.
+    Off,
+    /// The agent enforces every NetworkPolicy selecting a pod of this node.
+    Networkpolicy,
+}
+
+/// NetworkPolicy enforcement settings.
+#[derive(clap::Args)]
+struct EnforcementArgs {
+    /// Enforce NetworkPolicies on this node (for CNIs that do not; with one that does it is redundant
+    /// but harmless). Needs --node-name and Kubernetes API access.
+    #[arg(long, value_enum, default_value_t = EnforcementMode::Off, env = "NE_ENFORCEMENT")]
+    enforcement: EnforcementMode,
+    /// The nftables table (family inet) holding the enforcement rules.
+    #[arg(long, default_value = DEFAULT_TABLE, env = "NE_ENFORCEMENT_TABLE", value_parser = nft::valid_table_name)]
+    enforcement_table: String,
+    /// When the rules cannot be kept current for a minute (API server unreachable, nft failing):
+    /// remove them (pods are then not isolated) instead of keeping the last ones.
+    #[arg(long, env = "NE_ENFORCEMENT_FAIL_OPEN")]
+    enforcement_fail_open: bool,
+    /// The agent's own DaemonSet as `namespace/name`: when it is gone or being deleted at SIGTERM
+    /// (uninstall), the enforcement table is removed; otherwise it stays for the next agent.
+    #[arg(long, env = "NE_DAEMONSET")]
+    daemonset: Option<String>,
 }
 
 /// Kernel-side settings shared by the subcommands.
@@ -115,6 +160,8 @@ struct RunArgs {
     /// Flow sources besides eBPF (Hubble, ztunnel): their records join the eBPF ones at each flush.
     #[command(flatten)]
     sources: Box<network_enforcer_agent::sources::SourceArgs>,
+    #[command(flatten)]
+    enforcement: EnforcementArgs,
 }
 
 #[derive(clap::Args)]
@@ -223,6 +270,14 @@ async fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Flows(args) => show_flows(args).await,
+        Command::Enforcement(EnforcementCommand::Clear { table }) => {
+            if nft::clear(&table).with_context(|| format!("removing table inet {table}"))? {
+                println!("removed table inet {table}");
+            } else {
+                println!("no table inet {table} on this node");
+            }
+            Ok(())
+        }
     }
 }
 
@@ -269,6 +324,7 @@ async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
+    let enforcement = enforcement_config(&args)?;
     let metrics = AgentMetrics::new();
     let uplink = match uplink_config {
         Some(config) => {
@@ -292,6 +348,13 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
+    let enforcement_client = match enforcement {
+        Some(config) => Some(start_enforcement(config, &metrics).await?),
+        None => {
+            clear_leftover_table(&args.enforcement.enforcement_table);
+            None
+        }
+    };
     let mut data_plane =
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     metrics.ebpf_attached();
@@ -429,6 +492,9 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(watch) = pod_watch {
         watch.abort();
     }
+    if let Some((client, config)) = &enforcement_client {
+        enforce::watch::stop(client.clone(), config).await;
+    }
     if let Some((sender, task)) = uplink {
         // Without senders the task still sends what is queued (the last flush's batch among it) and
         // ends once everything is acknowledged. It gets 5 s (a debug build on a busy 2-core node took
@@ -446,6 +512,68 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     tracing::info!(counters = ?data_plane.counters()?, "stopped");
     Ok(())
+}
+
+/// The enforcement settings when it is on; a missing node name is an error then (the agent would not
+/// know which pods to isolate).
+fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> {
+    let e = &args.enforcement;
+    if e.enforcement == EnforcementMode::Off {
+        return Ok(None);
+    }
+    let node = args
+        .node_name
+        .clone()
+        .context("--enforcement networkpolicy needs the node name: --node-name or NODE_NAME")?;
+    let daemonset = match &e.daemonset {
+        Some(text) => {
+            let (namespace, name) = text
+                .split_once('/')
+                .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
+                .with_context(|| format!("--daemonset {text:?}: expected namespace/name"))?;
+            Some((namespace.to_string(), name.to_string()))
+        }
+        None => None,
+    };
+    Ok(Some(enforce::watch::Config {
+        node,
+        table: e.enforcement_table.clone(),
+        fail_open: e.enforcement_fail_open,
+        log_group: None,
+        daemonset,
+    }))
+}
+
+/// Starts enforcement; it needs the Kubernetes API (the policies are there), so without it the agent
+/// does not start.
+async fn start_enforcement(
+    config: enforce::watch::Config,
+    metrics: &AgentMetrics,
+) -> Result<(kube::Client, enforce::watch::Config)> {
+    let client = pod_watch::client().await.map_err(|e| {
+        anyhow::anyhow!(
+            "NetworkPolicy enforcement needs the Kubernetes API (in-cluster or kubeconfig): {e}"
+        )
+    })?;
+    tracing::info!(node = %config.node, table = %config.table, fail_open = config.fail_open,
+        "NetworkPolicy enforcement on");
+    metrics.enforcement_enabled();
+    enforce::watch::spawn(client.clone(), config.clone(), metrics.enforcement());
+    Ok((client, config))
+}
+
+/// With enforcement off, a table left by an earlier agent that enforced would keep enforcing
+/// policies nobody updates: remove it.
+fn clear_leftover_table(table: &str) {
+    match nft::clear(table) {
+        Ok(true) => tracing::warn!(
+            table,
+            "enforcement is off: removed the enforcement table an earlier agent left"
+        ),
+        Ok(false) => {}
+        // No nft binary or no right to use it: then no table of ours can exist either.
+        Err(e) => tracing::debug!(error = %e, "could not look for a leftover enforcement table"),
+    }
 }
 
 /// Starts the pod watch when this node's name and a Kubernetes API configuration are known; otherwise

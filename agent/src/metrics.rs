@@ -7,11 +7,12 @@
 //!   every enabled component: `{"ready":true,"components":{"ebpf":{"ready":true,"required":true,...},
 //!   "pod_watch":{...},"uplink":{"ready":false,"required":false,"connected":false,...},
 //!   "source/ztunnel":{"connected":true,"messages":12,"errors":0,"last_message_time":"..."}}}`.
-//!   Required: the eBPF programs attached, and (when on) the pod watch synced, because until then the
+//!   Required: the eBPF programs attached, (when on) the enforcement table installed, and (when on) the pod watch synced, because until then the
 //!   agent captures nothing or cannot name pods. The uplink and the flow sources are reported but not
 //!   required: the data path keeps capturing and buffering while the controller or a CNI is away, and
 //!   an agent taken out of readiness for that would only stall rollouts.
 
+use crate::enforce::watch::EnforcementMetrics;
 use crate::identity::pod_watch::PodWatchCounters;
 use crate::kernel::loader::KernelCounters;
 use crate::uplink::UplinkCounters;
@@ -36,6 +37,7 @@ pub struct AgentMetrics {
     uplink: UplinkCounters,
     sources: crate::sources::SourceMetrics,
     pod_watch: PodWatchCounters,
+    enforcement: EnforcementMetrics,
     /// 1 once the eBPF programs are loaded and attached.
     ebpf_attached: Gauge,
     /// Which optional parts run, for `/readyz`.
@@ -46,6 +48,7 @@ pub struct AgentMetrics {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Enabled {
     pod_watch: bool,
+    enforcement: bool,
     uplink: bool,
     sources: Vec<String>,
 }
@@ -153,6 +156,8 @@ impl AgentMetrics {
         );
         let sources = crate::sources::SourceMetrics::default();
         sources.register(&mut registry);
+        let enforcement = EnforcementMetrics::default();
+        enforcement.register(&mut registry);
         crate::sources::ztunnel::register_metrics(&mut registry);
         Self {
             ebpf_attached,
@@ -160,6 +165,7 @@ impl AgentMetrics {
             registry: Arc::new(registry),
             sources,
             pod_watch,
+            enforcement,
             events,
             events_lost,
             dedupe_hits,
@@ -178,6 +184,16 @@ impl AgentMetrics {
     /// The pod watch's counters, registered here; hand them to [`crate::identity::pod_watch::spawn`].
     pub fn pod_watch(&self) -> PodWatchCounters {
         self.pod_watch.clone()
+    }
+
+    /// The enforcement metrics, registered here; hand them to [`crate::enforce::watch::spawn`].
+    pub fn enforcement(&self) -> EnforcementMetrics {
+        self.enforcement.clone()
+    }
+
+    /// Records that enforcement runs: readiness then waits for its first installed table.
+    pub fn enforcement_enabled(&self) {
+        self.enabled.lock().expect("enabled lock").enforcement = true;
     }
 
     /// The flow sources' metrics (Hubble, ztunnel), registered here.
@@ -242,6 +258,31 @@ impl AgentMetrics {
                         )
                     },
                     errors: Some(self.pod_watch.errors.get()),
+                    ..ComponentState::default()
+                },
+            );
+        }
+        if enabled.enforcement {
+            let e = &self.enforcement;
+            let in_sync = e.in_sync.get() == 1;
+            components.insert(
+                "enforcement".to_string(),
+                ComponentState {
+                    ready: in_sync,
+                    required: true,
+                    detail: format!(
+                        "{}; {} policies, {} rulesets installed, {} install errors, {} watch errors",
+                        if in_sync {
+                            "the enforcement table is current"
+                        } else {
+                            "building or installing the enforcement table"
+                        },
+                        e.policies.get(),
+                        e.syncs.get(),
+                        e.sync_errors.get(),
+                        e.watch_errors.get()
+                    ),
+                    errors: Some(e.sync_errors.get() + e.watch_errors.get()),
                     ..ComponentState::default()
                 },
             );

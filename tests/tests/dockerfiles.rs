@@ -132,7 +132,7 @@ impl Stage {
 /// What both images share: a build stage with a locked release build of `binary`, copied into a
 /// distroless runtime stage at /usr/local/bin (on PATH: the chart's `command` is the bare name), with
 /// an exec-form entrypoint and `run` as the default command.
-fn check_common(file: &Dockerfile, binary: &str) {
+fn check_common(file: &Dockerfile, binary: &str, extra_copies: &[&str]) {
     assert!(file.stages.len() >= 2, "multi-stage");
     let build = file.stage("build");
     let runs = build.runs();
@@ -158,10 +158,10 @@ fn check_common(file: &Dockerfile, binary: &str) {
         "nothing runs in the runtime stage (no shell)"
     );
     let copies = runtime.all("COPY");
-    assert_eq!(
-        copies,
-        [format!("--from=build /out/{binary} /usr/local/bin/{binary}").as_str()]
-    );
+    let binary_copy = format!("--from=build /out/{binary} /usr/local/bin/{binary}");
+    let mut expected = vec![binary_copy.as_str()];
+    expected.extend_from_slice(extra_copies);
+    assert_eq!(copies, expected);
     assert_eq!(
         runtime.last("ENTRYPOINT"),
         Some(format!("[\"/usr/local/bin/{binary}\"]").as_str())
@@ -181,7 +181,7 @@ fn check_common(file: &Dockerfile, binary: &str) {
 #[test]
 fn controller_image_is_multi_stage_distroless_and_non_root() {
     let file = load("controller.Dockerfile");
-    check_common(&file, "network-enforcer-controller");
+    check_common(&file, "network-enforcer-controller", &[]);
     let runtime = file.runtime();
     let base = file.resolve(&runtime.base);
     assert!(base.ends_with(":nonroot"), "{base}");
@@ -196,13 +196,19 @@ fn controller_image_is_multi_stage_distroless_and_non_root() {
 #[test]
 fn agent_image_builds_with_the_setup_ebpf_toolchain() {
     let file = load("agent.Dockerfile");
-    check_common(&file, "network-enforcer-agent");
+    // nft and its libraries, for NetworkPolicy enforcement.
+    check_common(&file, "network-enforcer-agent", &["--from=nft /out/ /"]);
     let names: Vec<&str> = file
         .stages
         .iter()
         .filter_map(|s| s.name.as_deref())
         .collect();
-    assert_eq!(names, ["ebpf-toolchain", "build", "runtime"]);
+    assert_eq!(names, ["ebpf-toolchain", "build", "nft", "runtime"]);
+    assert!(
+        file.stage("nft")
+            .runs()
+            .contains("install -y --no-install-recommends nftables")
+    );
     assert_eq!(file.stage("build").base, "ebpf-toolchain");
 
     let toolchain = file.stage("ebpf-toolchain");

@@ -40,6 +40,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "network-enforcer.agentName" -}}
 {{- printf "%s-agent" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{/* The agent's nftables table (NetworkPolicy enforcement): letters, digits and _ only. */}}
+{{- define "network-enforcer.enforcementTable" -}}
+{{- printf "ne_%s" (regexReplaceAll "[^A-Za-z0-9_]" .Release.Name "_") | trunc 64 }}
+{{- end }}
 {{- define "network-enforcer.cleanupName" -}}
 {{- printf "%s-cleanup" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -1,0 +1,761 @@
+//! NetworkPolicy semantics, compiled for the pods of one node: which of them are isolated in which
+//! direction, and what each may still send or receive. Pure: [`compile`] turns a [`Cluster`] into a
+//! [`Ruleset`]; [`crate::enforce::nft`] renders that for the kernel.
+//!
+//! The rules, as the NetworkPolicy API defines them:
+//! - a pod is isolated for ingress (egress) when some policy of its namespace selects it and lists
+//!   `Ingress` (`Egress`) in `policyTypes`; without `policyTypes`, `Ingress` always, `Egress` when the
+//!   policy has an `egress` section;
+//! - an isolated pod accepts what any rule of any policy selecting it allows (the union);
+//! - a rule without peers allows every peer, a rule without ports every port; a peer is an
+//!   `ipBlock` (minus its `except`s), or pods chosen by `podSelector` (in the policy's namespace) and/or
+//!   `namespaceSelector` (both in one peer: pods matching both);
+//! - a port is a number, a range up to `endPort`, or a container port's name: on ingress the isolated
+//!   pod's own, on egress each destination pod's (so one named port may stand for several numbers);
+//! - host-network pods are never isolated and never a selector's peer (their address is the node's).
+//!
+//! What cannot be enforced is reported in [`Ruleset::warnings`] and allows nothing (SCTP, an invalid
+//! CIDR): a policy is never widened by what it cannot express.
+
+use crate::enforce::model::{Cluster, L4, PodEntry};
+use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use network_enforcer_api::selector;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+/// An address block, e.g. `10.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cidr {
+    pub address: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/n` or an IPv6 block; `None` when malformed or the prefix is too long.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (address, prefix) = text.split_once('/')?;
+        let address: IpAddr = address.parse().ok()?;
+        let prefix: u8 = prefix.parse().ok()?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        (prefix <= max).then_some(Cidr { address, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+/// Who a rule lets through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peers {
+    /// Every address.
+    Any,
+    /// These pod addresses (never empty).
+    Addresses(BTreeSet<IpAddr>),
+    /// An `ipBlock`.
+    Block { cidr: Cidr, except: Vec<Cidr> },
+}
+
+/// Ports `first..=last` of one protocol; `0..=65535` is the whole protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortRange {
+    pub protocol: L4,
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn is_whole_protocol(&self) -> bool {
+        self.first == 0 && self.last == u16::MAX
+    }
+}
+
+/// One allowance: these peers on these ports (`None`: every port of every protocol).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allow {
+    pub peers: Peers,
+    pub ports: Option<Vec<PortRange>>,
+}
+
+/// One direction of an isolated pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Side {
+    /// `namespace/name` of the policies isolating it (for logs and deny evidence).
+    pub policies: Vec<String>,
+    /// What is let through; empty: nothing.
+    pub allows: Vec<Allow>,
+}
+
+/// A pod of this node selected by at least one policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IsolatedPod {
+    pub namespace: String,
+    pub name: String,
+    pub ips: Vec<IpAddr>,
+    /// `None`: not isolated for ingress.
+    pub ingress: Option<Side>,
+    /// `None`: not isolated for egress.
+    pub egress: Option<Side>,
+}
+
+/// What the node enforces.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ruleset {
+    pub pods: Vec<IsolatedPod>,
+    /// Policy parts that allow nothing because they cannot be enforced (each names the policy).
+    pub warnings: Vec<String>,
+}
+
+impl Ruleset {
+    /// Isolated pods per direction: `(ingress, egress)`.
+    pub fn isolated(&self) -> (usize, usize) {
+        let ingress = self.pods.iter().filter(|p| p.ingress.is_some()).count();
+        let egress = self.pods.iter().filter(|p| p.egress.is_some()).count();
+        (ingress, egress)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Ingress,
+    Egress,
+}
+
+/// The ruleset of node `node`: every running pod there (not host-network, with an address) that a
+/// policy selects, with the union of what the policies selecting it allow.
+pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
+    let mut ruleset = Ruleset::default();
+    // Policies per namespace, so each pod looks only at its own namespace's.
+    let mut by_namespace: BTreeMap<&str, Vec<(&str, &NetworkPolicySpec)>> = BTreeMap::new();
+    for ((namespace, name), spec) in &cluster.policies {
+        by_namespace
+            .entry(namespace)
+            .or_default()
+            .push((name, spec));
+    }
+    for ((namespace, name), pod) in &cluster.pods {
+        if pod.node.as_deref() != Some(node) || pod.host_network || pod.ips.is_empty() {
+            continue;
+        }
+        let mut isolated = IsolatedPod {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            ips: pod.ips.clone(),
+            ingress: None,
+            egress: None,
+        };
+        for (policy_name, spec) in by_namespace.get(namespace.as_str()).into_iter().flatten() {
+            // An absent podSelector is the empty one: every pod of the namespace.
+            if !spec
+                .pod_selector
+                .as_ref()
+                .is_none_or(|s| selector::matches(s, &pod.labels))
+            {
+                continue;
+            }
+            let policy = Policy {
+                namespace,
+                name: policy_name,
+                cluster,
+                subject: pod,
+            };
+            let (ingress, egress) = policy_types(spec);
+            if ingress {
+                let side = isolated.ingress.get_or_insert_with(Side::default);
+                side.policies.push(format!("{namespace}/{policy_name}"));
+                for rule in spec.ingress.iter().flatten() {
+                    policy.rule(
+                        Way::Ingress,
+                        rule.from.as_deref(),
+                        rule.ports.as_deref(),
+                        side,
+                        &mut ruleset.warnings,
+                    );
+                }
+            }
+            if egress {
+                let side = isolated.egress.get_or_insert_with(Side::default);
+                side.policies.push(format!("{namespace}/{policy_name}"));
+                for rule in spec.egress.iter().flatten() {
+                    policy.rule(
+                        Way::Egress,
+                        rule.to.as_deref(),
+                        rule.ports.as_deref(),
+                        side,
+                        &mut ruleset.warnings,
+                    );
+                }
+            }
+        }
+        if isolated.ingress.is_some() || isolated.egress.is_some() {
+            ruleset.pods.push(isolated);
+        }
+    }
+    ruleset.warnings.sort();
+    ruleset.warnings.dedup();
+    ruleset
+}
+
+/// `(isolates ingress, isolates egress)` with the API's defaulting of `policyTypes`.
+fn policy_types(spec: &NetworkPolicySpec) -> (bool, bool) {
+    match &spec.policy_types {
+        Some(types) if !types.is_empty() => (
+            types.iter().any(|t| t == "Ingress"),
+            types.iter().any(|t| t == "Egress"),
+        ),
+        _ => (true, spec.egress.is_some()),
+    }
+}
+
+/// One policy applied to one isolated pod.
+struct Policy<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    cluster: &'a Cluster,
+    subject: &'a PodEntry,
+}
+
+/// A peer before ports are applied: pods (for named ports on egress) or a block.
+enum Chosen<'a> {
+    Any,
+    Pods(Vec<&'a PodEntry>),
+    Block { cidr: Cidr, except: Vec<Cidr> },
+}
+
+impl<'a> Policy<'a> {
+    fn rule(
+        &self,
+        way: Way,
+        peers: Option<&[NetworkPolicyPeer]>,
+        ports: Option<&[NetworkPolicyPort]>,
+        side: &mut Side,
+        warnings: &mut Vec<String>,
+    ) {
+        let chosen: Vec<Chosen> = match peers {
+            None | Some([]) => vec![Chosen::Any],
+            Some(peers) => peers
+                .iter()
+                .filter_map(|p| self.peer(p, warnings))
+                .collect(),
+        };
+        let ports = ports.unwrap_or_default();
+        if ports.is_empty() {
+            for peer in chosen {
+                if let Some(peers) = peers_of(&peer) {
+                    side.allows.push(Allow { peers, ports: None });
+                }
+            }
+            return;
+        }
+        // Numbered ports apply to every peer alike; named ones resolve per pod.
+        let mut numbered = Vec::new();
+        let mut named = Vec::new();
+        for port in ports {
+            let Some(protocol) = L4::parse(port.protocol.as_deref()) else {
+                self.warn(warnings, format!("unknown protocol {:?}", port.protocol));
+                continue;
+            };
+            if protocol == L4::Sctp {
+                self.warn(
+                    warnings,
+                    "SCTP ports are not enforced (they allow nothing)".into(),
+                );
+                continue;
+            }
+            match &port.port {
+                None => numbered.push(PortRange {
+                    protocol,
+                    first: 0,
+                    last: u16::MAX,
+                }),
+                Some(IntOrString::Int(n)) => {
+                    let first = u16::try_from(*n).ok();
+                    let last = match port.end_port {
+                        Some(end) => u16::try_from(end).ok(),
+                        None => first,
+                    };
+                    match (first, last) {
+                        (Some(first), Some(last)) if first <= last => numbered.push(PortRange {
+                            protocol,
+                            first,
+                            last,
+                        }),
+                        _ => self.warn(
+                            warnings,
+                            format!("port {n} to {:?} is not a valid range", port.end_port),
+                        ),
+                    }
+                }
+                Some(IntOrString::String(name)) => named.push((name.as_str(), protocol)),
+            }
+        }
+        for peer in &chosen {
+            if !numbered.is_empty()
+                && let Some(peers) = peers_of(peer)
+            {
+                side.allows.push(Allow {
+                    peers,
+                    ports: Some(numbered.clone()),
+                });
+            }
+            for &(name, protocol) in &named {
+                match way {
+                    // The isolated pod's own port of that name.
+                    Way::Ingress => {
+                        if let (Some(number), Some(peers)) =
+                            (self.subject.resolve(name, protocol), peers_of(peer))
+                        {
+                            side.allows.push(Allow {
+                                peers,
+                                ports: Some(vec![PortRange {
+                                    protocol,
+                                    first: number,
+                                    last: number,
+                                }]),
+                            });
+                        }
+                    }
+                    // Each destination pod's port of that name: one allowance per number.
+                    Way::Egress => {
+                        let mut by_number: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
+                        for pod in self.destinations(peer) {
+                            if let Some(number) = pod.resolve(name, protocol) {
+                                by_number.entry(number).or_default().extend(
+                                    pod.ips.iter().copied().filter(|ip| match peer {
+                                        Chosen::Block { cidr, except } => {
+                                            cidr.contains(*ip)
+                                                && !except.iter().any(|e| e.contains(*ip))
+                                        }
+                                        _ => true,
+                                    }),
+                                );
+                            }
+                        }
+                        for (number, ips) in by_number {
+                            if !ips.is_empty() {
+                                side.allows.push(Allow {
+                                    peers: Peers::Addresses(ips),
+                                    ports: Some(vec![PortRange {
+                                        protocol,
+                                        first: number,
+                                        last: number,
+                                    }]),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pods a peer may reach by a named port on egress: its pods, every pod for "any", and
+    /// the pods inside a block.
+    fn destinations<'p>(&self, peer: &'p Chosen<'a>) -> Vec<&'a PodEntry> {
+        match peer {
+            Chosen::Pods(pods) => pods.clone(),
+            Chosen::Any | Chosen::Block { .. } => self
+                .cluster
+                .pods
+                .values()
+                .filter(|p| !p.host_network && !p.ips.is_empty())
+                .collect(),
+        }
+    }
+
+    fn peer(&self, peer: &NetworkPolicyPeer, warnings: &mut Vec<String>) -> Option<Chosen<'a>> {
+        if let Some(block) = &peer.ip_block {
+            let Some(cidr) = Cidr::parse(&block.cidr) else {
+                self.warn(
+                    warnings,
+                    format!("ipBlock.cidr {:?} is not a CIDR", block.cidr),
+                );
+                return None;
+            };
+            let mut except = Vec::new();
+            for text in block.except.iter().flatten() {
+                match Cidr::parse(text) {
+                    Some(e) => except.push(e),
+                    // Dropping an except would widen the block: refuse the whole peer.
+                    None => {
+                        self.warn(warnings, format!("ipBlock.except {text:?} is not a CIDR"));
+                        return None;
+                    }
+                }
+            }
+            return Some(Chosen::Block { cidr, except });
+        }
+        let namespaces: Vec<&str> = match &peer.namespace_selector {
+            Some(s) => self
+                .cluster
+                .namespaces
+                .iter()
+                .filter(|(_, labels)| selector::matches(s, labels))
+                .map(|(name, _)| name.as_str())
+                .collect(),
+            None => vec![self.namespace],
+        };
+        let pods = self
+            .cluster
+            .pods
+            .iter()
+            .filter(|((ns, _), pod)| {
+                namespaces.contains(&ns.as_str())
+                    && !pod.host_network
+                    && !pod.ips.is_empty()
+                    && peer
+                        .pod_selector
+                        .as_ref()
+                        .is_none_or(|s| selector::matches(s, &pod.labels))
+            })
+            .map(|(_, pod)| pod)
+            .collect();
+        Some(Chosen::Pods(pods))
+    }
+
+    fn warn(&self, warnings: &mut Vec<String>, what: String) {
+        warnings.push(format!(
+            "NetworkPolicy {}/{}: {what}",
+            self.namespace, self.name
+        ));
+    }
+}
+
+/// The addresses of a chosen peer; `None` when it has none (a selector matching no running pod).
+fn peers_of(peer: &Chosen) -> Option<Peers> {
+    match peer {
+        Chosen::Any => Some(Peers::Any),
+        Chosen::Block { cidr, except } => Some(Peers::Block {
+            cidr: *cidr,
+            except: except.clone(),
+        }),
+        Chosen::Pods(pods) => {
+            let ips: BTreeSet<IpAddr> = pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+            (!ips.is_empty()).then_some(Peers::Addresses(ips))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use serde_json::{Value, json};
+
+    const NODE: &str = "n1";
+
+    /// Namespaces x (`ns=x`) and y (`ns=y`); pods x/a, x/b on this node, y/a and y/b on another, a
+    /// host-network pod x/h here and a finished pod x/done here. Every pod serves `http` (TCP) and
+    /// `dns` (UDP), on numbers that differ per pod so named ports show where they were resolved.
+    fn cluster(policies: &[Value]) -> Cluster {
+        let mut c = Cluster::default();
+        for ns in ["x", "y"] {
+            let n: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": ns, "labels": {"ns": ns}}}))
+                    .unwrap();
+            c.apply_namespace(&n);
+        }
+        let pods = [
+            ("x", "a", NODE, "10.0.0.1", 8001, false, "Running"),
+            ("x", "b", NODE, "10.0.0.2", 8002, false, "Running"),
+            ("y", "a", "n2", "10.0.1.1", 8011, false, "Running"),
+            ("y", "b", "n2", "10.0.1.2", 8012, false, "Running"),
+            ("x", "h", NODE, "192.168.0.1", 8021, true, "Running"),
+            ("x", "done", NODE, "10.0.0.9", 8031, false, "Succeeded"),
+        ];
+        for (ns, name, node, ip, http, host, phase) in pods {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": name, "labels": {"pod": name}},
+                "spec": {"nodeName": node, "hostNetwork": host, "containers": [{"name": "c", "ports": [
+                    {"name": "http", "containerPort": http},
+                    {"name": "dns", "containerPort": http + 100, "protocol": "UDP"}
+                ]}]},
+                "status": {"phase": phase, "podIPs": [{"ip": ip}]}
+            }))
+            .unwrap();
+            c.apply_pod(&pod);
+        }
+        for (i, spec) in policies.iter().enumerate() {
+            let p: NetworkPolicy = serde_json::from_value(json!({
+                "metadata": {"namespace": spec.get("ns").and_then(Value::as_str).unwrap_or("x"),
+                             "name": format!("p{i}")},
+                "spec": spec["spec"]
+            }))
+            .unwrap();
+            c.apply_policy(&p);
+        }
+        c
+    }
+
+    fn ips(list: &[&str]) -> Peers {
+        Peers::Addresses(list.iter().map(|ip| ip.parse().unwrap()).collect())
+    }
+
+    fn tcp(first: u16, last: u16) -> PortRange {
+        PortRange {
+            protocol: L4::Tcp,
+            first,
+            last,
+        }
+    }
+
+    fn pod<'a>(r: &'a Ruleset, name: &str) -> Option<&'a IsolatedPod> {
+        r.pods
+            .iter()
+            .find(|p| format!("{}/{}", p.namespace, p.name) == name)
+    }
+
+    #[test]
+    fn without_policies_nothing_is_isolated() {
+        assert_eq!(compile(&cluster(&[]), NODE), Ruleset::default());
+    }
+
+    #[test]
+    fn isolation_follows_the_pod_selector_the_node_and_policy_types_defaulting() {
+        // (policy spec, expected isolated pods of this node as (name, ingress, egress))
+        type Isolated = Vec<(&'static str, bool, bool)>;
+        let cases: Vec<(Value, Isolated)> = vec![
+            // Deny-all ingress: every pod of x on this node, but not the host-network or finished one.
+            (
+                json!({"spec": {"podSelector": {}}}),
+                vec![("x/a", true, false), ("x/b", true, false)],
+            ),
+            // An egress section without policyTypes isolates egress too.
+            (
+                json!({"spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "egress": []}}),
+                vec![("x/a", true, true)],
+            ),
+            // Explicit Egress only.
+            (
+                json!({"spec": {"podSelector": {}, "policyTypes": ["Egress"]}}),
+                vec![("x/a", false, true), ("x/b", false, true)],
+            ),
+            // A policy of y selects only y's pods, which run on another node.
+            (json!({"ns": "y", "spec": {"podSelector": {}}}), vec![]),
+            // An absent podSelector is the empty one.
+            (
+                json!({"spec": {}}),
+                vec![("x/a", true, false), ("x/b", true, false)],
+            ),
+        ];
+        for (spec, expected) in cases {
+            let r = compile(&cluster(std::slice::from_ref(&spec)), NODE);
+            let got: Vec<(String, bool, bool)> = r
+                .pods
+                .iter()
+                .map(|p| {
+                    (
+                        format!("{}/{}", p.namespace, p.name),
+                        p.ingress.is_some(),
+                        p.egress.is_some(),
+                    )
+                })
+                .collect();
+            let expected: Vec<(String, bool, bool)> = expected
+                .into_iter()
+                .map(|(n, i, e)| (n.to_string(), i, e))
+                .collect();
+            assert_eq!(got, expected, "{spec}");
+        }
+    }
+
+    #[test]
+    fn peers_ports_and_named_ports_become_allowances() {
+        // (ingress rule of a policy selecting x/a, expected allowances of x/a's ingress)
+        let cases: Vec<(Value, Vec<Allow>)> = vec![
+            // An empty rule allows everything.
+            (
+                json!({}),
+                vec![Allow {
+                    peers: Peers::Any,
+                    ports: None,
+                }],
+            ),
+            // Pods of the policy's namespace (running ones with an address, host network excluded).
+            (
+                json!({"from": [{"podSelector": {}}], "ports": [{"port": 80}]}),
+                vec![Allow {
+                    peers: ips(&["10.0.0.1", "10.0.0.2"]),
+                    ports: Some(vec![tcp(80, 80)]),
+                }],
+            ),
+            // Namespace selector alone: every pod of y, on any node.
+            (
+                json!({"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}),
+                vec![Allow {
+                    peers: ips(&["10.0.1.1", "10.0.1.2"]),
+                    ports: None,
+                }],
+            ),
+            // Both in one peer: pods matching both.
+            (
+                json!({"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}},
+                                 "podSelector": {"matchLabels": {"pod": "b"}}}]}),
+                vec![Allow {
+                    peers: ips(&["10.0.1.2"]),
+                    ports: None,
+                }],
+            ),
+            // The same selectors as two peers: either.
+            (
+                json!({"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}},
+                                {"podSelector": {"matchLabels": {"pod": "b"}}}]}),
+                vec![
+                    Allow {
+                        peers: ips(&["10.0.1.1", "10.0.1.2"]),
+                        ports: None,
+                    },
+                    Allow {
+                        peers: ips(&["10.0.0.2"]),
+                        ports: None,
+                    },
+                ],
+            ),
+            // A selector matching no running pod allows nothing.
+            (
+                json!({"from": [{"podSelector": {"matchLabels": {"pod": "done"}}}]}),
+                vec![],
+            ),
+            // ipBlock with except; protocol only; endPort.
+            (
+                json!({"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}],
+                       "ports": [{"protocol": "UDP"}, {"port": 9000, "endPort": 9010}]}),
+                vec![Allow {
+                    peers: Peers::Block {
+                        cidr: Cidr::parse("10.0.0.0/16").unwrap(),
+                        except: vec![Cidr::parse("10.0.1.0/24").unwrap()],
+                    },
+                    ports: Some(vec![
+                        PortRange {
+                            protocol: L4::Udp,
+                            first: 0,
+                            last: u16::MAX,
+                        },
+                        tcp(9000, 9010),
+                    ]),
+                }],
+            ),
+            // A named port on ingress is the isolated pod's own (x/a serves http on 8001).
+            (
+                json!({"ports": [{"port": "http"}]}),
+                vec![Allow {
+                    peers: Peers::Any,
+                    ports: Some(vec![tcp(8001, 8001)]),
+                }],
+            ),
+            // A named port with the wrong protocol resolves to nothing.
+            (
+                json!({"ports": [{"port": "http", "protocol": "UDP"}]}),
+                vec![],
+            ),
+            // SCTP is not enforced: it allows nothing (and warns).
+            (json!({"ports": [{"port": 80, "protocol": "SCTP"}]}), vec![]),
+            // An invalid except refuses the whole peer rather than widen it.
+            (
+                json!({"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["nonsense"]}}]}),
+                vec![],
+            ),
+        ];
+        for (rule, expected) in cases {
+            let spec =
+                json!({"spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [rule]}});
+            let r = compile(&cluster(std::slice::from_ref(&spec)), NODE);
+            let side = pod(&r, "x/a").unwrap().ingress.as_ref().unwrap();
+            assert_eq!(side.allows, expected, "{rule}");
+            assert_eq!(side.policies, vec!["x/p0".to_string()]);
+        }
+    }
+
+    #[test]
+    fn a_named_port_on_egress_resolves_on_each_destination() {
+        let spec = json!({"spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}]}});
+        let r = compile(&cluster(&[spec]), NODE);
+        let side = pod(&r, "x/a").unwrap().egress.as_ref().unwrap();
+        let got: Vec<(Peers, u16)> = side
+            .allows
+            .iter()
+            .map(|a| (a.peers.clone(), a.ports.as_ref().unwrap()[0].first))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (ips(&["10.0.0.1"]), 8001),
+                (ips(&["10.0.0.2"]), 8002),
+                (ips(&["10.0.1.1"]), 8011),
+                (ips(&["10.0.1.2"]), 8012),
+            ]
+        );
+    }
+
+    #[test]
+    fn policies_selecting_one_pod_add_up_and_unenforceable_parts_are_reported() {
+        let specs = [
+            json!({"spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}}),
+            json!({"spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"ports": [{"port": 81, "protocol": "SCTP"}]},
+                            {"from": [{"ipBlock": {"cidr": "300.0.0.0/8"}}]}]}}),
+        ];
+        let r = compile(&cluster(&specs), NODE);
+        let side = pod(&r, "x/a").unwrap().ingress.as_ref().unwrap();
+        assert_eq!(side.policies, vec!["x/p0".to_string(), "x/p1".to_string()]);
+        assert_eq!(
+            side.allows,
+            vec![Allow {
+                peers: Peers::Any,
+                ports: Some(vec![tcp(80, 80)]),
+            }]
+        );
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(
+            r.warnings
+                .iter()
+                .all(|w| w.starts_with("NetworkPolicy x/p1: "))
+        );
+    }
+
+    #[test]
+    fn cidrs_contain_what_they_should() {
+        let cases = [
+            ("10.0.0.0/8", "10.255.1.1", true),
+            ("10.0.0.0/8", "11.0.0.1", false),
+            ("0.0.0.0/0", "1.2.3.4", true),
+            ("10.0.0.5/32", "10.0.0.5", true),
+            ("10.0.0.5/32", "10.0.0.6", false),
+            ("fd00::/8", "fd12::1", true),
+            ("fd00::/8", "10.0.0.1", false),
+            ("::/0", "::1", true),
+        ];
+        for (cidr, ip, inside) in cases {
+            let c = Cidr::parse(cidr).unwrap();
+            assert_eq!(c.contains(ip.parse().unwrap()), inside, "{cidr} {ip}");
+        }
+        for bad in ["10.0.0.0", "10.0.0.0/33", "x/8", "::/129", ""] {
+            assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! What enforcement knows about the cluster: every pod's labels, IPs, node and named ports, every
+//! namespace's labels and every NetworkPolicy. Plain data, filled by [`crate::enforce::watch`] and read
+//! by [`crate::enforce::compile`]; a pod keeps only what NetworkPolicy semantics look at, so 10,000 pods
+//! stay a few MiB.
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+pub type Labels = BTreeMap<String, String>;
+
+/// `(namespace, name)`.
+pub type Key = (String, String);
+
+/// A transport protocol as NetworkPolicy ports name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum L4 {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl L4 {
+    /// `TCP` (also when absent, the API default), `UDP`, `SCTP`; `None` for anything else.
+    pub fn parse(protocol: Option<&str>) -> Option<Self> {
+        match protocol.unwrap_or("TCP") {
+            "TCP" => Some(L4::Tcp),
+            "UDP" => Some(L4::Udp),
+            "SCTP" => Some(L4::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// A container port with a name: what a NetworkPolicy's named port resolves to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: L4,
+}
+
+/// What enforcement needs of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodEntry {
+    pub labels: Labels,
+    /// Empty until the CNI assigned one, and again once the pod has finished (its IP may be reused).
+    pub ips: Vec<IpAddr>,
+    pub node: Option<String>,
+    /// Host-network pods share the node's address: they are never isolated, and selectors do not
+    /// turn them into peers (their address is the node's).
+    pub host_network: bool,
+    pub named_ports: Vec<NamedPort>,
+}
+
+impl PodEntry {
+    /// The pod's key and entry; `None` without a namespace or name (never sent by an API server).
+    pub fn from_pod(pod: &Pod) -> Option<(Key, Self)> {
+        let key = (pod.metadata.namespace.clone()?, pod.metadata.name.clone()?);
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let finished = status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip.ip.parse().ok())
+            .collect();
+        if ips.is_empty() {
+            // Older API servers fill podIP only.
+            ips.extend(
+                status
+                    .and_then(|s| s.pod_ip.as_deref())
+                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
+            );
+        }
+        if finished {
+            ips.clear();
+        }
+        let named_ports = spec
+            .into_iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                Some(NamedPort {
+                    name: p.name.clone()?,
+                    port: u16::try_from(p.container_port).ok()?,
+                    protocol: L4::parse(p.protocol.as_deref())?,
+                })
+            })
+            .collect();
+        Some((
+            key,
+            PodEntry {
+                labels: pod.metadata.labels.clone().unwrap_or_default(),
+                ips,
+                node: spec.and_then(|s| s.node_name.clone()),
+                host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+                named_ports,
+            },
+        ))
+    }
+
+    /// The number `name` stands for on this pod for `protocol`, if a container declares it.
+    pub fn resolve(&self, name: &str, protocol: L4) -> Option<u16> {
+        self.named_ports
+            .iter()
+            .find(|p| p.name == name && p.protocol == protocol)
+            .map(|p| p.port)
+    }
+}
+
+/// Everything enforcement decides from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Cluster {
+    pub pods: BTreeMap<Key, PodEntry>,
+    pub namespaces: BTreeMap<String, Labels>,
+    pub policies: BTreeMap<Key, NetworkPolicySpec>,
+}
+
+impl Cluster {
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        if let Some((key, entry)) = PodEntry::from_pod(pod) {
+            self.pods.insert(key, entry);
+        }
+    }
+
+    pub fn delete_pod(&mut self, pod: &Pod) {
+        if let Some((key, _)) = PodEntry::from_pod(pod) {
+            self.pods.remove(&key);
+        }
+    }
+
+    pub fn apply_namespace(&mut self, namespace: &Namespace) {
+        if let Some(name) = &namespace.metadata.name {
+            let labels = namespace.metadata.labels.clone().unwrap_or_default();
+            self.namespaces.insert(name.clone(), labels);
+        }
+    }
+
+    pub fn delete_namespace(&mut self, namespace: &Namespace) {
+        if let Some(name) = &namespace.metadata.name {
+            self.namespaces.remove(name);
+        }
+    }
+
+    pub fn apply_policy(&mut self, policy: &NetworkPolicy) {
+        if let Some(key) = policy_key(policy) {
+            self.policies
+                .insert(key, policy.spec.clone().unwrap_or_default());
+        }
+    }
+
+    pub fn delete_policy(&mut self, policy: &NetworkPolicy) {
+        if let Some(key) = policy_key(policy) {
+            self.policies.remove(&key);
+        }
+    }
+}
+
+fn policy_key(policy: &NetworkPolicy) -> Option<Key> {
+    Some((
+        policy.metadata.namespace.clone()?,
+        policy.metadata.name.clone()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_pod_keeps_its_ips_named_ports_and_node_and_gives_its_ip_back_when_finished() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "x", "name": "a", "labels": {"pod": "a"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
+                {"name": "serve-80-tcp", "containerPort": 80},
+                {"name": "serve-80-udp", "containerPort": 80, "protocol": "UDP"},
+                {"containerPort": 81}
+            ]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]}
+        }))
+        .unwrap();
+        let (key, entry) = PodEntry::from_pod(&pod).unwrap();
+        assert_eq!(key, ("x".to_string(), "a".to_string()));
+        assert_eq!(entry.ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(entry.node.as_deref(), Some("n1"));
+        assert_eq!(entry.resolve("serve-80-udp", L4::Udp), Some(80));
+        assert_eq!(entry.resolve("serve-80-udp", L4::Tcp), None);
+        assert_eq!(entry.named_ports.len(), 2);
+        pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert!(PodEntry::from_pod(&pod).unwrap().1.ips.is_empty());
+    }
+}

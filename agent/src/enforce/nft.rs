@@ -1,0 +1,425 @@
+//! The kernel side of enforcement: a [`Ruleset`] rendered as one nftables table in the host's network
+//! namespace, and the `nft` runs that install or remove it.
+//!
+//! Why nftables in the host namespace (see docs/design.md, "Enforcement"): its `forward` hook sees every
+//! packet between pods after kube-proxy's DNAT (so Service traffic is judged against the backend pod
+//! it reaches) and before SNAT (so the source is still the pod), on routed and — with
+//! `br_netfilter` — bridged CNIs alike; conntrack lets replies and established connections through in
+//! the kernel without any rule walk; a verdict map keyed by pod address reaches an isolated pod's
+//! chain in one hash lookup, so pods without policies cost one lookup per new connection; and the
+//! table outlives the agent process, so a restart or an upgrade never opens isolated pods.
+//!
+//! The layout:
+//! ```text
+//! table inet <name>
+//!   map ingress4/ingress6   pod address : jump in_<k>     (pods isolated for ingress)
+//!   map egress4/egress6     pod address : jump eg_<k>     (pods isolated for egress)
+//!   chain forward (hook forward)  established/related accept; source's egress; destination's ingress
+//!   chain input   (hook input)    established/related accept; source's egress (pod → this node)
+//!   chain in_<k> / eg_<k>         one rule per allowance ending in `return`; then log and drop
+//! ```
+//! Traffic the node itself sends to its pods (kubelet probes) takes the `output` hook, which the
+//! table leaves alone.
+//!
+//! A new ruleset replaces the old one in one `nft -f` transaction: there is never a moment without
+//! rules.
+
+use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side};
+use crate::enforce::model::L4;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+/// The NFLOG prefixes of denied packets: which side of the isolated pod refused them.
+pub const DENY_PREFIX_INGRESS: &str = "ne-deny ingress";
+pub const DENY_PREFIX_EGRESS: &str = "ne-deny egress";
+
+/// Errors of the `nft` runs.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error(
+        "running `nft` failed: {0} (enforcement needs the nft binary in PATH and CAP_NET_ADMIN)"
+    )]
+    Spawn(#[source] std::io::Error),
+    #[error("`nft {action}` was refused: {stderr}")]
+    Refused { action: String, stderr: String },
+}
+
+/// A valid nftables table name of ours: letters, digits and `_`, starting with a letter, at most 64.
+pub fn valid_table_name(name: &str) -> Result<String, String> {
+    let ok = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(name.to_string())
+    } else {
+        Err(format!(
+            "{name:?} is not a usable nftables table name: use letters, digits and _, starting with a letter, at most 64 characters"
+        ))
+    }
+}
+
+/// The `nft -f` script that replaces table `table` with `ruleset` (atomically). With `log_group`,
+/// denied packets are sent to that NFLOG group first (the deny evidence).
+pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String {
+    let mut out = String::new();
+    // Create-then-delete makes the delete valid when the table does not exist yet; all of it is one
+    // transaction.
+    let _ = writeln!(out, "table inet {table} {{}}\ndelete table inet {table}");
+    let _ = writeln!(out, "table inet {table} {{");
+    let mut maps: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (k, pod) in ruleset.pods.iter().enumerate() {
+        for (side, map, chain) in [
+            (&pod.ingress, "ingress", format!("in_{k}")),
+            (&pod.egress, "egress", format!("eg_{k}")),
+        ] {
+            if side.is_none() {
+                continue;
+            }
+            for ip in &pod.ips {
+                let map = match (map, ip) {
+                    ("ingress", IpAddr::V4(_)) => "ingress4",
+                    ("ingress", IpAddr::V6(_)) => "ingress6",
+                    (_, IpAddr::V4(_)) => "egress4",
+                    (_, IpAddr::V6(_)) => "egress6",
+                };
+                maps.entry(map)
+                    .or_default()
+                    .push(format!("{ip} : jump {chain}"));
+            }
+        }
+    }
+    for (map, kind) in [
+        ("ingress4", "ipv4_addr"),
+        ("ingress6", "ipv6_addr"),
+        ("egress4", "ipv4_addr"),
+        ("egress6", "ipv6_addr"),
+    ] {
+        let _ = writeln!(out, "  map {map} {{\n    type {kind} : verdict");
+        if let Some(elements) = maps.get(map) {
+            let _ = writeln!(out, "    elements = {{ {} }}", elements.join(", "));
+        }
+        let _ = writeln!(out, "  }}");
+    }
+    for (k, pod) in ruleset.pods.iter().enumerate() {
+        if let Some(side) = &pod.ingress {
+            chain(
+                &mut out,
+                &format!("in_{k}"),
+                side,
+                "saddr",
+                DENY_PREFIX_INGRESS,
+                log_group,
+            );
+        }
+        if let Some(side) = &pod.egress {
+            chain(
+                &mut out,
+                &format!("eg_{k}"),
+                side,
+                "daddr",
+                DENY_PREFIX_EGRESS,
+                log_group,
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  chain forward {{\n    type filter hook forward priority filter; policy accept;\n    \
+         ct state established,related accept\n    \
+         ip saddr vmap @egress4\n    ip6 saddr vmap @egress6\n    \
+         ip daddr vmap @ingress4\n    ip6 daddr vmap @ingress6\n  }}"
+    );
+    let _ = writeln!(
+        out,
+        "  chain input {{\n    type filter hook input priority filter; policy accept;\n    \
+         ct state established,related accept\n    \
+         ip saddr vmap @egress4\n    ip6 saddr vmap @egress6\n  }}"
+    );
+    let _ = writeln!(out, "}}");
+    out
+}
+
+/// One isolated side: its allowances, each ending in `return` (on to the next check), then the deny.
+fn chain(out: &mut String, name: &str, side: &Side, field: &str, prefix: &str, log: Option<u16>) {
+    let _ = writeln!(out, "  chain {name} {{");
+    let _ = writeln!(out, "    # {}", side.policies.join(", "));
+    for allow in &side.allows {
+        for line in allow_rules(allow, field) {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
+    match log {
+        Some(group) => {
+            let _ = writeln!(
+                out,
+                "    log prefix \"{prefix}\" group {group} counter drop"
+            );
+        }
+        None => {
+            let _ = writeln!(out, "    counter drop");
+        }
+    }
+    let _ = writeln!(out, "  }}");
+}
+
+/// The rules of one allowance: every address match times every protocol's port match.
+fn allow_rules(allow: &Allow, field: &str) -> Vec<String> {
+    let addresses: Vec<String> = match &allow.peers {
+        Peers::Any => vec![String::new()],
+        Peers::Addresses(ips) => {
+            let (v4, v6): (Vec<&IpAddr>, Vec<&IpAddr>) = ips.iter().partition(|ip| ip.is_ipv4());
+            let mut out = Vec::new();
+            for (family, ips) in [("ip", v4), ("ip6", v6)] {
+                if !ips.is_empty() {
+                    let list: Vec<String> = ips.iter().map(|ip| ip.to_string()).collect();
+                    out.push(format!("{family} {field} {{ {} }} ", list.join(", ")));
+                }
+            }
+            out
+        }
+        Peers::Block { cidr, except } => {
+            let family = if cidr.address.is_ipv4() { "ip" } else { "ip6" };
+            let mut line = format!("{family} {field} {cidr} ");
+            let except: Vec<String> = except
+                .iter()
+                .filter(|e| e.address.is_ipv4() == cidr.address.is_ipv4())
+                .map(|e| e.to_string())
+                .collect();
+            if !except.is_empty() {
+                let _ = write!(line, "{family} {field} != {{ {} }} ", except.join(", "));
+            }
+            vec![line]
+        }
+    };
+    let ports: Vec<String> = match &allow.ports {
+        None => vec![String::new()],
+        Some(ranges) => {
+            let mut by_protocol: BTreeMap<L4, Vec<PortRange>> = BTreeMap::new();
+            for r in ranges {
+                by_protocol.entry(r.protocol).or_default().push(*r);
+            }
+            by_protocol
+                .into_iter()
+                .filter_map(|(protocol, ranges)| {
+                    let name = match protocol {
+                        L4::Tcp => "tcp",
+                        L4::Udp => "udp",
+                        L4::Sctp => return None,
+                    };
+                    if ranges.iter().any(PortRange::is_whole_protocol) {
+                        return Some(format!("meta l4proto {name} "));
+                    }
+                    let list: Vec<String> = ranges
+                        .iter()
+                        .map(|r| {
+                            if r.first == r.last {
+                                r.first.to_string()
+                            } else {
+                                format!("{}-{}", r.first, r.last)
+                            }
+                        })
+                        .collect();
+                    Some(format!("{name} dport {{ {} }} ", list.join(", ")))
+                })
+                .collect()
+        }
+    };
+    let mut rules = Vec::new();
+    for a in &addresses {
+        for p in &ports {
+            rules.push(format!("{a}{p}return"));
+        }
+    }
+    rules
+}
+
+/// Installs `script` (from [`render`]) with `nft -f -`.
+pub fn apply(script: &str) -> Result<(), NftError> {
+    run(&["-f", "-"], Some(script), "-f")
+}
+
+/// Removes table `table`; a table that does not exist is not an error.
+pub fn clear(table: &str) -> Result<bool, NftError> {
+    if !exists(table)? {
+        return Ok(false);
+    }
+    run(&["delete", "table", "inet", table], None, "delete table")?;
+    Ok(true)
+}
+
+/// True when table `table` is installed.
+pub fn exists(table: &str) -> Result<bool, NftError> {
+    let out = Command::new("nft")
+        .args(["list", "tables", "inet"])
+        .output()
+        .map_err(NftError::Spawn)?;
+    if !out.status.success() {
+        return Err(NftError::Refused {
+            action: "list tables".into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    let wanted = format!("table inet {table}");
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == wanted))
+}
+
+fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError> {
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(NftError::Spawn)?;
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(input.as_bytes()).map_err(NftError::Spawn)?;
+    }
+    let out = child.wait_with_output().map_err(NftError::Spawn)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NftError::Refused {
+            action: action.into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enforce::compile::{Cidr, IsolatedPod};
+
+    fn ruleset() -> Ruleset {
+        let range = |protocol, first, last| PortRange {
+            protocol,
+            first,
+            last,
+        };
+        Ruleset {
+            pods: vec![
+                IsolatedPod {
+                    namespace: "x".into(),
+                    name: "a".into(),
+                    ips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+                    ingress: Some(Side {
+                        policies: vec!["x/p".into()],
+                        allows: vec![
+                            Allow {
+                                peers: Peers::Addresses(
+                                    ["10.0.0.2", "fd00::2"]
+                                        .iter()
+                                        .map(|i| i.parse().unwrap())
+                                        .collect(),
+                                ),
+                                ports: Some(vec![
+                                    range(L4::Tcp, 80, 80),
+                                    range(L4::Tcp, 9000, 9010),
+                                    range(L4::Udp, 0, u16::MAX),
+                                ]),
+                            },
+                            Allow {
+                                peers: Peers::Block {
+                                    cidr: Cidr::parse("10.0.0.0/16").unwrap(),
+                                    except: vec![
+                                        Cidr::parse("10.0.1.0/24").unwrap(),
+                                        Cidr::parse("fd00::/8").unwrap(),
+                                    ],
+                                },
+                                ports: None,
+                            },
+                        ],
+                    }),
+                    egress: Some(Side::default()),
+                },
+                IsolatedPod {
+                    namespace: "x".into(),
+                    name: "b".into(),
+                    ips: vec!["10.0.0.3".parse().unwrap()],
+                    ingress: None,
+                    egress: Some(Side {
+                        policies: vec!["x/q".into()],
+                        allows: vec![Allow {
+                            peers: Peers::Any,
+                            ports: None,
+                        }],
+                    }),
+                },
+            ],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn allowances_render_as_rules_ending_in_return() {
+        let text = render(&ruleset(), "t", Some(7));
+        for expected in [
+            "10.0.0.1 : jump in_0",
+            "fd00::1 : jump in_0",
+            "10.0.0.1 : jump eg_0",
+            "10.0.0.3 : jump eg_1",
+            "ip saddr { 10.0.0.2 } tcp dport { 80, 9000-9010 } return",
+            "ip6 saddr { fd00::2 } meta l4proto udp return",
+            "ip saddr 10.0.0.0/16 ip saddr != { 10.0.1.0/24 } return",
+            "log prefix \"ne-deny ingress\" group 7 counter drop",
+            "log prefix \"ne-deny egress\" group 7 counter drop",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing from\n{text}");
+        }
+        // x/b's egress allows everything: one bare return.
+        let eg_1 = text.split("chain eg_1 {").nth(1).unwrap();
+        assert!(
+            eg_1.trim_start().lines().nth(1).unwrap().trim() == "return",
+            "{eg_1}"
+        );
+        assert!(!render(&ruleset(), "t", None).contains("log "));
+    }
+
+    /// The kernel accepts what [`render`] writes: installed into a throwaway network namespace (needs
+    /// root and nft, as the agent does).
+    #[test]
+    fn the_kernel_accepts_the_rendered_table() {
+        for ruleset in [Ruleset::default(), ruleset()] {
+            let out = Command::new("unshare")
+                .args(["--net", "sh", "-c", "nft -f - && nft list table inet t"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .and_then(|mut child| {
+                    child
+                        .stdin
+                        .take()
+                        .unwrap()
+                        .write_all(render(&ruleset, "t", Some(7)).as_bytes())?;
+                    child.wait_with_output()
+                })
+                .expect("running unshare and nft (root needed)");
+            assert!(
+                out.status.success(),
+                "{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                render(&ruleset, "t", Some(7))
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("chain forward"));
+        }
+    }
+
+    #[test]
+    fn table_names_are_checked() {
+        assert!(valid_table_name("network_enforcer").is_ok());
+        assert!(valid_table_name("ne_release1").is_ok());
+        for bad in ["", "1abc", "a-b", "a b", &"a".repeat(65)] {
+            assert!(valid_table_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! Keeps the node's enforcement table current: watches of every pod, namespace and NetworkPolicy feed
+//! one [`Cluster`]; after each change (coalesced for [`SETTLE`]) the ruleset is compiled again and, when
+//! it differs from what the kernel has, installed in one transaction.
+//!
+//! The table outlives the process on purpose. At start nothing is removed: the previous agent's table
+//! keeps enforcing until every watch has listed once and the new ruleset replaces it. On SIGTERM the
+//! table stays too (a rollout must not open isolated pods), unless the agent's own DaemonSet is gone
+//! or being deleted, which is what `helm uninstall` does; then the table is removed
+//! ([`stop`]). `network-enforcer-agent enforcement clear` removes it by hand.
+//!
+//! When the ruleset cannot be built or installed for [`STARTUP_DEADLINE`] (API server unreachable,
+//! `nft` refusing), `fail_open` decides: remove the table (traffic flows unpoliced) or keep the last
+//! one (default; pods that start meanwhile are not isolated yet). Either way the agent keeps trying,
+//! reports not ready, and logs why.
+
+use crate::enforce::compile::{Ruleset, compile};
+use crate::enforce::model::Cluster;
+use crate::enforce::nft;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// Changes arriving within this window are installed together (a Deployment rollout changes many
+/// pods at once; one `nft` run each would only add latency).
+pub const SETTLE: Duration = Duration::from_millis(50);
+/// How long the ruleset may stay unbuilt or uninstalled before `fail_open` applies.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+/// Pause between attempts after `nft` refused a ruleset.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Enforcement settings (the agent's `--enforcement*` flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This node: only its pods are isolated here.
+    pub node: String,
+    /// The nftables table (`inet` family) this agent owns.
+    pub table: String,
+    /// Remove the table when the ruleset cannot be kept current (see the module docs).
+    pub fail_open: bool,
+    /// NFLOG group denied packets are copied to (the deny evidence); `None`: not logged.
+    pub log_group: Option<u16>,
+    /// The agent's DaemonSet as `(namespace, name)`: its deletion means uninstall (see [`stop`]).
+    pub daemonset: Option<(String, String)>,
+}
+
+/// Labels of the per-direction metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+/// Enforcement metrics, registered by [`crate::metrics::AgentMetrics`].
+#[derive(Clone, Debug)]
+pub struct EnforcementMetrics {
+    /// NetworkPolicies known (all namespaces).
+    pub policies: Gauge,
+    /// Pods of this node isolated, per direction.
+    pub isolated_pods: Family<DirectionLabel, Gauge>,
+    /// Rules in the installed table.
+    pub rules: Gauge,
+    /// Rulesets installed.
+    pub syncs: Counter,
+    /// `nft` runs that failed (each retried).
+    pub sync_errors: Counter,
+    /// From the first change of a batch to the kernel having it.
+    pub sync_seconds: Histogram,
+    /// Watch or list errors (each retried with backoff).
+    pub watch_errors: Counter,
+    /// 1 while the installed table matches the cluster as last seen.
+    pub in_sync: Gauge,
+    /// Denied connection attempts (first packet of each), per direction.
+    pub denied: Family<DirectionLabel, Counter>,
+}
+
+impl Default for EnforcementMetrics {
+    fn default() -> Self {
+        Self {
+            policies: Gauge::default(),
+            isolated_pods: Family::default(),
+            rules: Gauge::default(),
+            syncs: Counter::default(),
+            sync_errors: Counter::default(),
+            sync_seconds: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            watch_errors: Counter::default(),
+            in_sync: Gauge::default(),
+            denied: Family::default(),
+        }
+    }
+}
+
+impl EnforcementMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("enforcement");
+        r.register("policies", "NetworkPolicies known", self.policies.clone());
+        r.register(
+            "isolated_pods",
+            "Pods of this node isolated by a NetworkPolicy, per direction",
+            self.isolated_pods.clone(),
+        );
+        r.register(
+            "rules",
+            "Rules in the installed nftables table",
+            self.rules.clone(),
+        );
+        r.register("syncs", "Rulesets installed", self.syncs.clone());
+        r.register(
+            "sync_errors",
+            "Ruleset installs that failed (each retried)",
+            self.sync_errors.clone(),
+        );
+        r.register(
+            "sync_seconds",
+            "From a pod, namespace or policy change to the kernel enforcing it",
+            self.sync_seconds.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Pod, namespace or NetworkPolicy watch errors (each retried with backoff)",
+            self.watch_errors.clone(),
+        );
+        r.register(
+            "in_sync",
+            "1 while the installed table matches the cluster as last seen",
+            self.in_sync.clone(),
+        );
+        r.register(
+            "denied",
+            "Connection attempts denied by a NetworkPolicy (first packet of each), per direction",
+            self.denied.clone(),
+        );
+    }
+}
+
+/// The model shared by the watches (writers) and the sync loop (reader).
+#[derive(Default)]
+struct Shared {
+    cluster: Mutex<Cluster>,
+    changed: Notify,
+    /// When the oldest change not yet installed arrived.
+    dirty_since: Mutex<Option<Instant>>,
+    pods_listed: AtomicBool,
+    namespaces_listed: AtomicBool,
+    policies_listed: AtomicBool,
+}
+
+impl Shared {
+    fn touch(&self) {
+        self.dirty_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+        self.changed.notify_one();
+    }
+
+    fn listed(&self) -> bool {
+        self.pods_listed.load(Ordering::Acquire)
+            && self.namespaces_listed.load(Ordering::Acquire)
+            && self.policies_listed.load(Ordering::Acquire)
+    }
+}
+
+/// Starts the watches and the sync loop; runs until the process ends.
+pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics) {
+    let shared = Arc::new(Shared::default());
+    spawn_watch::<Pod>(
+        Api::all(client.clone()),
+        shared.clone(),
+        metrics.clone(),
+        |s| &s.pods_listed,
+        |c, p| c.apply_pod(p),
+        |c, p| c.delete_pod(p),
+        |c| c.pods.clear(),
+    );
+    spawn_watch::<Namespace>(
+        Api::all(client.clone()),
+        shared.clone(),
+        metrics.clone(),
+        |s| &s.namespaces_listed,
+        |c, n| c.apply_namespace(n),
+        |c, n| c.delete_namespace(n),
+        |c| c.namespaces.clear(),
+    );
+    spawn_watch::<NetworkPolicy>(
+        Api::all(client),
+        shared.clone(),
+        metrics.clone(),
+        |s| &s.policies_listed,
+        |c, p| c.apply_policy(p),
+        |c, p| c.delete_policy(p),
+        |c| c.policies.clear(),
+    );
+    tokio::spawn(sync_loop(shared, config, metrics));
+}
+
+type Flag = fn(&Shared) -> &AtomicBool;
+
+/// One kind's watch: a relist replaces that kind's part of the model once complete, so objects
+/// deleted while the watch was down disappear.
+#[allow(clippy::too_many_arguments)]
+fn spawn_watch<K>(
+    api: Api<K>,
+    shared: Arc<Shared>,
+    metrics: EnforcementMetrics,
+    listed: Flag,
+    apply: fn(&mut Cluster, &K),
+    delete: fn(&mut Cluster, &K),
+    clear: fn(&mut Cluster),
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let mut relist: Vec<K> = Vec::new();
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => relist.clear(),
+                Ok(Event::InitApply(object)) => relist.push(object),
+                Ok(Event::InitDone) => {
+                    {
+                        let mut cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+                        clear(&mut cluster);
+                        for object in relist.drain(..) {
+                            apply(&mut cluster, &object);
+                        }
+                    }
+                    listed(&shared).store(true, Ordering::Release);
+                    shared.touch();
+                }
+                Ok(Event::Apply(object)) => {
+                    apply(
+                        &mut shared.cluster.lock().unwrap_or_else(|p| p.into_inner()),
+                        &object,
+                    );
+                    shared.touch();
+                }
+                Ok(Event::Delete(object)) => {
+                    delete(
+                        &mut shared.cluster.lock().unwrap_or_else(|p| p.into_inner()),
+                        &object,
+                    );
+                    shared.touch();
+                }
+                Err(e) => {
+                    metrics.watch_errors.inc();
+                    tracing::warn!(error = %e, kind = %K::kind(&()),
+                        "enforcement watch failed; retrying with backoff");
+                }
+            }
+        }
+    });
+}
+
+/// Compiles and installs after every change; see the module docs for failures.
+async fn sync_loop(shared: Arc<Shared>, config: Config, metrics: EnforcementMetrics) {
+    let started = Instant::now();
+    let mut installed: Option<String> = None;
+    let mut failing_since: Option<Instant> = None;
+    let mut opened = false;
+    loop {
+        if !shared.listed() {
+            // Listing: the previous table (if any) keeps enforcing meanwhile.
+            if started.elapsed() > STARTUP_DEADLINE {
+                fail(
+                    &config,
+                    &mut opened,
+                    "the pods, namespaces and NetworkPolicies could not be listed",
+                );
+            }
+            tokio::select! {
+                _ = shared.changed.notified() => {}
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+            continue;
+        }
+        tokio::time::sleep(SETTLE).await;
+        let since = shared
+            .dirty_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let (ruleset, policies) = {
+            let cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+            (compile(&cluster, &config.node), cluster.policies.len())
+        };
+        let script = nft::render(&ruleset, &config.table, config.log_group);
+        if installed.as_deref() != Some(script.as_str()) || opened {
+            let table = config.table.clone();
+            let text = script.clone();
+            let result = tokio::task::spawn_blocking(move || nft::apply(&text).map(|()| table))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            match result {
+                Ok(_) => {
+                    report(&ruleset, policies, &script, &metrics);
+                    for warning in &ruleset.warnings {
+                        tracing::warn!(warning, "part of a NetworkPolicy is not enforced");
+                    }
+                    if let Some(since) = since {
+                        metrics.sync_seconds.observe(since.elapsed().as_secs_f64());
+                    }
+                    tracing::info!(
+                        table = %config.table,
+                        policies,
+                        isolated_ingress = ruleset.isolated().0,
+                        isolated_egress = ruleset.isolated().1,
+                        "enforcement table installed"
+                    );
+                    installed = Some(script);
+                    failing_since = None;
+                    opened = false;
+                    metrics.in_sync.set(1);
+                }
+                Err(error) => {
+                    metrics.sync_errors.inc();
+                    metrics.in_sync.set(0);
+                    tracing::error!(%error, table = %config.table, "installing the enforcement table failed; retrying");
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > STARTUP_DEADLINE {
+                        fail(&config, &mut opened, &error);
+                    }
+                    // Try again even without a new change.
+                    shared.touch();
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        shared.changed.notified().await;
+    }
+}
+
+/// What `fail_open` says to do once the table cannot be kept current.
+fn fail(config: &Config, opened: &mut bool, why: &str) {
+    if !config.fail_open {
+        tracing::error!(why, table = %config.table,
+            "enforcement cannot be kept current; the last installed table stays (failOpen is false)");
+        return;
+    }
+    if *opened {
+        return;
+    }
+    match nft::clear(&config.table) {
+        Ok(_) => {
+            *opened = true;
+            tracing::error!(why, table = %config.table,
+                "enforcement cannot be kept current; table removed, pods are NOT isolated (failOpen is true)");
+        }
+        Err(e) => tracing::error!(why, error = %e, "removing the enforcement table failed"),
+    }
+}
+
+fn report(ruleset: &Ruleset, policies: usize, script: &str, metrics: &EnforcementMetrics) {
+    let (ingress, egress) = ruleset.isolated();
+    metrics.policies.set(policies as i64);
+    metrics
+        .isolated_pods
+        .get_or_create(&DirectionLabel {
+            direction: "ingress",
+        })
+        .set(ingress as i64);
+    metrics
+        .isolated_pods
+        .get_or_create(&DirectionLabel {
+            direction: "egress",
+        })
+        .set(egress as i64);
+    let rules = script
+        .lines()
+        .filter(|l| l.trim_end().ends_with("return") || l.trim_end().ends_with("drop"))
+        .count();
+    metrics.rules.set(rules as i64);
+    metrics.syncs.inc();
+}
+
+/// At SIGTERM: removes the table when the agent's DaemonSet is gone or being deleted (uninstall);
+/// keeps it otherwise (restart, rollout). Returns whether it removed it.
+pub async fn stop(client: Client, config: &Config) -> bool {
+    let Some((namespace, name)) = &config.daemonset else {
+        return false;
+    };
+    let api: Api<DaemonSet> = Api::namespaced(client, namespace);
+    let uninstall = match api.get_opt(name).await {
+        Ok(None) => true,
+        Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether the agent is being uninstalled; the enforcement table stays");
+            false
+        }
+    };
+    if !uninstall {
+        tracing::info!(table = %config.table, "stopping; the enforcement table stays until the next agent replaces it");
+        return false;
+    }
+    let table = config.table.clone();
+    match tokio::task::spawn_blocking(move || nft::clear(&table)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(table = %config.table, "the agent's DaemonSet is gone: enforcement table removed");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "removing the enforcement table at uninstall failed");
+            false
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "removing the enforcement table at uninstall failed");
+            false
+        }
+    }
+}
