@@ -174,3 +174,26 @@ async fn refused_udp_over_ipv6_is_reported_once_and_foreign_prefixes_are_ignored
     assert_eq!(counters.other_prefix.load(Ordering::Relaxed), 3);
     assert_eq!(counters.malformed.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn a_group_already_bound_is_refused_with_what_to_do_and_freed_on_drop() {
+    support::require_root();
+    let ns = Netns::new();
+    let runtime = tokio::runtime::Handle::current();
+    let (second, third) = ns.run(move || {
+        let _entered = runtime.enter();
+        let open = || nflog::NflogReader::open(GROUP, nflog::DEFAULT_COPY_RANGE);
+        let first = open().expect("the first bind of the group");
+        let second = open().map(drop);
+        drop(first);
+        (second, open().map(drop))
+    });
+    let error = second
+        .expect_err("a second socket on the same group")
+        .to_string();
+    assert!(
+        error.contains(&format!("group {GROUP}")) && error.contains("another NFLOG group"),
+        "{error}"
+    );
+    third.expect("the group is free again once its reader is dropped");
+}

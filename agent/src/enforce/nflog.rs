@@ -515,13 +515,13 @@ pub enum NflogError {
 /// What to do about a refused configuration step.
 fn config_hint(error: &io::Error) -> &'static str {
     match error.raw_os_error() {
+        // The kernel refuses a group another socket has bound with EPERM too.
         Some(libc::EPERM) | Some(libc::EACCES) => {
-            "the agent needs CAP_NET_ADMIN in the network namespace of the enforcement table"
+            "the agent needs CAP_NET_ADMIN in the network namespace of the enforcement table, and no \
+             other process (ulogd, a second agent?) may read this group: stop it or configure another \
+             NFLOG group"
         }
-        Some(libc::EBUSY) => {
-            "another process (ulogd, a second agent?) already reads this group: stop it or configure \
-             another NFLOG group"
-        }
+        Some(libc::EBUSY) => "this group is already bound: configure another NFLOG group",
         Some(libc::EINVAL)
         | Some(libc::ENOENT)
         | Some(libc::EOPNOTSUPP)
@@ -588,6 +588,9 @@ impl NflogReader {
     /// inside a tokio runtime; the socket stays in the calling thread's network namespace.
     /// Closing the reader (drop) unbinds the group.
     pub fn open(group: u16, copy_range: u16) -> Result<Self, NflogError> {
+        // Registration below panics outside a runtime; an error says more, and before the bind.
+        tokio::runtime::Handle::try_current()
+            .map_err(|error| NflogError::Reactor(io::Error::other(error)))?;
         let fd = open_socket()?;
         let raw = fd.as_raw_fd();
         let mut buf = vec![0u8; RECEIVE_BUFFER_BYTES];
@@ -634,9 +637,6 @@ impl NflogReader {
             step: "O_NONBLOCK",
             source,
         })?;
-        // Registration panics outside a runtime; an error says more.
-        tokio::runtime::Handle::try_current()
-            .map_err(|error| NflogError::Reactor(io::Error::other(error)))?;
         // SAFETY: the OwnedFd, owned by the AsyncFd from here on, keeps its descriptor open and
         // unchanged until the AsyncFd is dropped.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
@@ -1496,8 +1496,7 @@ mod tests {
     fn errors_say_what_to_do() {
         let eperm = io::Error::from_raw_os_error(libc::EPERM);
         assert!(config_hint(&eperm).contains("CAP_NET_ADMIN"));
-        let ebusy = io::Error::from_raw_os_error(libc::EBUSY);
-        assert!(config_hint(&ebusy).contains("another NFLOG group"));
+        assert!(config_hint(&eperm).contains("another NFLOG group"));
         let einval = io::Error::from_raw_os_error(libc::EINVAL);
         assert!(config_hint(&einval).contains("nfnetlink_log"));
     }
