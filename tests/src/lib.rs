@@ -5,9 +5,12 @@
 //! - [`fixture`]: the async test fixture: one shared cluster, one namespace per test, clean-up on drop.
 //! - [`section10`]: the SPEC section 10 workload and an agent's side of the uplink (tokens, records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
+//! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
+//!   differential).
 
 pub mod cluster;
 pub mod e2e;
 pub mod fixture;
 pub mod images;
+pub mod netpol;
 pub mod section10;
