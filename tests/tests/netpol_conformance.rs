@@ -70,29 +70,33 @@ fn networkpolicies_are_enforced_on_real_packets_as_upstream_conformance_and_chec
         .wait_for_all_allowed("before the first case")
         .map_err(|e| e.context(release.describe()))?;
     let mut outcomes = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
-        eprintln!("[netpol] case {}/{}: {}", i + 1, cases.len(), case.name);
-        let outcome = runner.run(case, cases.get(i + 1))?;
-        eprintln!(
-            "[netpol]   {} in {:.1}s",
-            if outcome.failures.is_empty() {
-                "passed"
-            } else {
-                "FAILED"
-            },
-            outcome.elapsed.as_secs_f64()
-        );
-        for failure in &outcome.failures {
-            eprintln!("{failure}");
+    // Run into a block so that a harness error (the undoing of a case not taking effect, kubectl
+    // failing for good) still prints the cases so far.
+    let ran = (|| -> Result<()> {
+        for (i, case) in cases.iter().enumerate() {
+            eprintln!("[netpol] case {}/{}: {}", i + 1, cases.len(), case.name);
+            let outcome = runner.run(case, cases.get(i + 1))?;
+            eprintln!(
+                "[netpol]   {} in {:.1}s",
+                if outcome.failures.is_empty() {
+                    "passed"
+                } else {
+                    "FAILED"
+                },
+                outcome.elapsed.as_secs_f64()
+            );
+            for failure in &outcome.failures {
+                eprintln!("{failure}");
+            }
+            outcomes.push(outcome);
+            if outcomes.iter().filter(|o| !o.failures.is_empty()).count() >= max_failed {
+                eprintln!("[netpol] {max_failed} cases failed: stopping here");
+                break;
+            }
         }
-        outcomes.push(outcome);
-        if outcomes.iter().filter(|o| !o.failures.is_empty()).count() >= max_failed {
-            eprintln!("[netpol] {max_failed} cases failed: stopping here");
-            break;
-        }
-    }
-    // The last case's undoing, checked like every other.
-    runner.wait_for_all_allowed("after the last case")?;
+        // The last case's undoing, checked like every other.
+        runner.wait_for_all_allowed("after the last case")
+    })();
     drop(runner);
 
     let failed: Vec<_> = outcomes.iter().filter(|o| !o.failures.is_empty()).collect();
@@ -119,16 +123,22 @@ fn networkpolicies_are_enforced_on_real_packets_as_upstream_conformance_and_chec
         cases_time.as_secs_f64(),
         total.elapsed().as_secs_f64()
     );
+    ran.map_err(|e| e.context(release.describe()))?;
     if !failed.is_empty() {
+        // The tables were printed as each case failed; this is the summary CI shows last.
         let report: Vec<String> = failed
             .iter()
-            .map(|o| format!("case {:?}:\n{}", o.name, o.failures.join("\n")))
+            .map(|o| {
+                let first_lines: Vec<&str> =
+                    o.failures.iter().flat_map(|f| f.lines().take(1)).collect();
+                format!("  {}: {}", o.name, first_lines.join("; "))
+            })
             .collect();
         bail!(
-            "{} of {} cases failed:\n{}\n{}",
+            "{} of {} cases failed (truth tables above):\n{}\n{}",
             failed.len(),
             outcomes.len(),
-            report.join("\n\n"),
+            report.join("\n"),
             release.describe()
         );
     }

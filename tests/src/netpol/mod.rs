@@ -562,6 +562,7 @@ impl<'a> Runner<'a> {
     }
 
     fn step(&mut self, step: &Step) -> Result<()> {
+        let start = Instant::now();
         for action in &step.actions {
             self.pods.act(action)?;
         }
@@ -575,7 +576,11 @@ impl<'a> Runner<'a> {
         };
         let mut problems = Vec::new();
         match reached {
-            Ok(probes) => eprintln!("    {}: reached after {probes} probing round(s)", step.what),
+            Ok(rounds) => eprintln!(
+                "    {}: reached in {:.1}s ({rounds} probing round(s))",
+                step.what,
+                start.elapsed().as_secs_f64()
+            ),
             Err(e) => problems.push(format!(
                 "the kernel did not reach the expected truth table: {e:#}\n{}",
                 step.expect
