@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use network_enforcer_api::keys::PROMOTE_LABEL;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_tests::e2e::release::{self, Release};
-use network_enforcer_tests::e2e::scenario::{self, NftDrop, list};
+use network_enforcer_tests::e2e::scenario::{self, list};
 use network_enforcer_tests::e2e::workload::{self, Namespace, Protocol};
 use network_enforcer_tests::e2e::{catch_interrupts, check_interrupted, interrupted, poll};
 use network_enforcer_tests::fixture;
@@ -67,12 +67,16 @@ pub fn run() -> Result<()> {
     info("network-enforcer.local/agent:dev and network-enforcer.local/controller:dev imported");
     check_interrupted()?;
 
-    phase("helm install (eBPF provider)");
+    phase("helm install (eBPF provider, the agent enforcing NetworkPolicies)");
     let release = Release::install(
         &cluster.kubeconfig,
         RELEASE,
         RELEASE_NAMESPACE,
-        &scenario::release_values(RELEASE_NAMESPACE),
+        &[
+            scenario::release_values(RELEASE_NAMESPACE),
+            vec![scenario::AGENT_ENFORCEMENT.to_string()],
+        ]
+        .concat(),
     )?;
     info(&format!(
         "controller {:?} and agent {:?} ready in namespace {RELEASE_NAMESPACE}",
@@ -84,7 +88,7 @@ pub fn run() -> Result<()> {
     scenario::remove_stale_nft_tables();
     let mut app = deploy_app(&cluster.kubeconfig)?;
     check_interrupted()?;
-    let blocked = show_lifecycle(&app, &release)?;
+    show_lifecycle(&app, &release)?;
 
     phase("summary");
     let policies = list::<WorkloadNetworkPolicy>(&app, "workloadnetworkpolicies")?;
@@ -102,20 +106,18 @@ pub fn run() -> Result<()> {
     write_graph(&cluster.kubeconfig)?;
     explore(&cluster.kubeconfig, &release);
 
-    println!(
-        "\nEverything keeps running: press Ctrl-C to remove the app, the release and the drop rule."
-    );
+    println!("\nEverything keeps running: press Ctrl-C to remove the app and the release.");
     while !interrupted() {
         std::thread::sleep(Duration::from_millis(200));
     }
     phase("cleaning up");
-    drop(blocked);
-    info("nftables drop rule removed");
     app.keep = true;
     app.delete_and_wait()?;
     info(&format!("namespace {APP_NAMESPACE} deleted"));
     release.uninstall()?;
-    info("release uninstalled (its hook removed the rendered NetworkPolicies)");
+    info(
+        "release uninstalled (its hook removed the rendered NetworkPolicies, the agent its nftables table)",
+    );
     Ok(())
 }
 
@@ -216,9 +218,8 @@ fn rules(spec: &Value) -> Vec<String> {
     out
 }
 
-/// Proposals, monitor, a violation, protect, a blocked attempt. Returns the drop rule (kept until
-/// Ctrl-C so the blocked flow stays blocked while the user explores).
-fn show_lifecycle(app: &Namespace, release: &Release) -> Result<NftDrop> {
+/// Proposals, monitor, a violation, protect, a blocked attempt (blocked by the agent's enforcement).
+fn show_lifecycle(app: &Namespace, release: &Release) -> Result<()> {
     let expected = ["api-egress", "api-ingress", "db-ingress", "frontend-egress"]
         .map(|s| format!("deployment-{s}"));
     phase("learning: proposals appear (kubectl get wnpp -n demo)");
@@ -314,10 +315,32 @@ fn show_lifecycle(app: &Namespace, release: &Release) -> Result<NftDrop> {
         || release.describe(),
     )?;
     info("4 NetworkPolicies rendered (kubectl get networkpolicies -n demo)");
-    info("no CNI here enforces them, so the node drops what the frontend's egress policy denies:");
-    let blocked = NftDrop::tcp(&frontend.1, &db_ip, 5432)?;
-    info(&format!("nft: drop {} → {db_ip}:5432", frontend.1));
-    let reached = workload::send(app, &frontend.0, Protocol::Tcp, "db", 5432, "select")?;
+    info(
+        "the local cluster's CNI does not enforce them; the agent does (agent.enforcement.mode=networkpolicy):",
+    );
+    let dropped_before = release.enforcement_drops()?;
+    let reached = poll(
+        "the agent to enforce the new NetworkPolicies",
+        WAIT,
+        Duration::from_millis(500),
+        || {
+            check_interrupted()?;
+            let reached = workload::send(app, &frontend.0, Protocol::Tcp, "db", 5432, "select")?;
+            Ok((!reached).then_some(reached))
+        },
+        || {
+            release
+                .enforcement_rules()
+                .map(|r| format!("{r:#?}"))
+                .unwrap_or_default()
+        },
+    )?;
+    info(&format!(
+        "nft list table inet {}: {} packet(s) of {} → db ({db_ip}):5432 dropped",
+        release.enforcement_table(),
+        release.enforcement_drops()? - dropped_before,
+        frontend.1
+    ));
     info(&format!("frontend → db:5432 answered: {reached}"));
     let violation = wait_for_violation(app, release, "deployment-frontend-egress", 2)?;
     info(&format!("deployment-frontend-egress: {violation}"));
@@ -325,7 +348,7 @@ fn show_lifecycle(app: &Namespace, release: &Release) -> Result<NftDrop> {
     info(&format!(
         "frontend → api:8080 (allowed) still answers: {api}"
     ));
-    Ok(blocked)
+    Ok(())
 }
 
 /// Waits until policy `name` has `count` violations; describes the newest.

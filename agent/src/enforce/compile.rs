@@ -407,22 +407,20 @@ impl<'a> Policy<'a> {
             }
             return Some(Chosen::Block { cidr, except });
         }
-        let namespaces: Vec<&str> = match &peer.namespace_selector {
-            Some(s) => self
-                .cluster
-                .namespaces
-                .iter()
-                .filter(|(_, labels)| selector::matches(s, labels))
-                .map(|(name, _)| name.as_str())
-                .collect(),
-            None => vec![self.namespace],
-        };
+        // Namespaces matched once each, not once per pod.
+        let mut namespace_matches: BTreeMap<&str, bool> = BTreeMap::new();
         let pods = self
             .cluster
             .pods
             .iter()
             .filter(|((ns, _), pod)| {
-                namespaces.contains(&ns.as_str())
+                let in_namespace = match &peer.namespace_selector {
+                    Some(s) => *namespace_matches.entry(ns).or_insert_with(|| {
+                        selector::matches(s, &self.cluster.namespace_labels(ns))
+                    }),
+                    None => ns == self.namespace,
+                };
+                in_namespace
                     && !pod.host_network
                     && !pod.ips.is_empty()
                     && peer
@@ -605,6 +603,14 @@ mod tests {
             // Namespace selector alone: every pod of y, on any node.
             (
                 json!({"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}),
+                vec![Allow {
+                    peers: ips(&["10.0.1.1", "10.0.1.2"]),
+                    ports: None,
+                }],
+            ),
+            // Namespaces are selectable by name even where the API server does not label them so.
+            (
+                json!({"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]}),
                 vec![Allow {
                     peers: ips(&["10.0.1.1", "10.0.1.2"]),
                     ports: None,

@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -134,11 +135,22 @@ impl Cluster {
         }
     }
 
+    /// Keeps the namespace's labels plus `kubernetes.io/metadata.name`, which API servers before 1.21
+    /// do not set but policies (ours among them) select namespaces by.
     pub fn apply_namespace(&mut self, namespace: &Namespace) {
         if let Some(name) = &namespace.metadata.name {
-            let labels = namespace.metadata.labels.clone().unwrap_or_default();
+            let mut labels = namespace.metadata.labels.clone().unwrap_or_default();
+            labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.clone());
             self.namespaces.insert(name.clone(), labels);
         }
+    }
+
+    /// The labels of namespace `name`; one not seen yet has its `kubernetes.io/metadata.name` only.
+    pub fn namespace_labels(&self, name: &str) -> Labels {
+        self.namespaces
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Labels::from([(NAMESPACE_NAME_LABEL.to_string(), name.to_string())]))
     }
 
     pub fn delete_namespace(&mut self, namespace: &Namespace) {

@@ -205,6 +205,31 @@ impl Release {
         Ok(release)
     }
 
+    /// `helm upgrade --reuse-values` with `sets`, then waits until the new pods are rolled out and ready.
+    pub fn upgrade(&self, sets: &[String]) -> Result<()> {
+        let mut cmd = self.helm();
+        cmd.args(["upgrade", &self.name]).arg(chart_dir()).args([
+            "--namespace",
+            &self.namespace,
+            "--reuse-values",
+            "--skip-crds",
+        ]);
+        for set in sets {
+            cmd.arg("--set").arg(set);
+        }
+        output(&mut cmd).context("helm upgrade")?;
+        for (kind, component) in [("daemonset", "agent"), ("deployment", "controller")] {
+            self.kubectl(&[
+                "rollout",
+                "status",
+                &format!("{kind}/{}", self.object_name(component)),
+                &format!("--timeout={}s", READY_TIMEOUT.as_secs()),
+            ])
+            .with_context(|| format!("rolling out the {component} after helm upgrade"))?;
+        }
+        self.wait_ready()
+    }
+
     fn helm(&self) -> Command {
         let mut cmd = Command::new(helm_bin());
         cmd.env("KUBECONFIG", &self.kubeconfig);
@@ -389,9 +414,24 @@ impl Release {
 
     /// `helm uninstall` (its pre-delete hook removes rendered NetworkPolicies), then deletes the release
     /// namespace and waits until nothing of the release is left.
+    /// Uninstalls and checks that nothing is left, the agent's enforcement table on the node included
+    /// (the agent removes it when its DaemonSet goes away).
     pub fn uninstall(mut self) -> Result<()> {
         self.removed = true;
-        self.remove()
+        self.remove()?;
+        if let Some(rules) = self.enforcement_rules()? {
+            let _ = output(Command::new("nft").args([
+                "delete",
+                "table",
+                "inet",
+                &self.enforcement_table(),
+            ]));
+            bail!(
+                "the agent left its enforcement table {} after the uninstall:\n{rules}",
+                self.enforcement_table()
+            );
+        }
+        Ok(())
     }
 
     fn remove(&self) -> Result<()> {
@@ -456,8 +496,62 @@ impl Release {
         )
     }
 
-    /// Removes a release of the same name and its namespace left by a run that was killed.
+    /// The nftables table (family inet) of this release's agents when they enforce NetworkPolicies
+    /// (the chart names it after the release).
+    pub fn enforcement_table(&self) -> String {
+        let name: String = self
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("ne_{name}")
+    }
+
+    /// The enforcement table as `nft` lists it, `None` when this node has none.
+    pub fn enforcement_rules(&self) -> Result<Option<String>> {
+        let out = Command::new("nft")
+            .args(["list", "table", "inet", &self.enforcement_table()])
+            .output()
+            .context("running nft (needs root and nftables)")?;
+        Ok(out
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    /// Packets the agent's enforcement table dropped so far (the counters of its deny rules).
+    pub fn enforcement_drops(&self) -> Result<u64> {
+        let rules = self
+            .enforcement_rules()?
+            .context("the agent's enforcement table is not installed on this node")?;
+        Ok(rules
+            .lines()
+            .filter(|l| l.trim_end().ends_with("drop"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum())
+    }
+
+    /// Removes a release of the same name and its namespace left by a run that was killed, and its
+    /// enforcement table (a killed test cannot uninstall, so no agent removed it).
     fn remove_leftovers(&self) -> Result<()> {
+        if self.enforcement_rules()?.is_some() && self.leftovers()?.is_empty() {
+            eprintln!(
+                "removing enforcement table {} left by an earlier run",
+                self.enforcement_table()
+            );
+            output(Command::new("nft").args([
+                "delete",
+                "table",
+                "inet",
+                &self.enforcement_table(),
+            ]))?;
+        }
         if self.leftovers()?.is_empty() {
             return Ok(());
         }

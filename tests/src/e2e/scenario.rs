@@ -2,9 +2,13 @@
 //! local cluster: every step and assertion of the reference's end-to-end suite. Every flow comes from
 //! the agent's eBPF programs seeing real socat traffic from inside the pods.
 //!
-//! No CNI here enforces NetworkPolicy, so when the scenario says a flow becomes blocked (step 5: UDP
-//! from `http-client` to `http-service:18083`), [`NftDrop`] drops exactly that flow on the node, as the
-//! enforcing CNI would; which flow is blocked comes from the scenario, never from our evaluator.
+//! The local cluster's CNI does not enforce NetworkPolicy. When the scenario says a flow becomes
+//! blocked (step 5: UDP from `http-client` to `http-service:18083`), either the agent's own
+//! enforcement blocks it through the NetworkPolicy the controller rendered ([`Enforcer::Agent`], the
+//! chart's `agent.enforcement.mode=networkpolicy`), or [`NftDrop`] drops exactly that flow on the node
+//! as an enforcing CNI would ([`Enforcer::SimulatedCni`], enforcement off), so the path where a CNI
+//! enforces stays tested too. Which flow must be blocked comes from the scenario, never from our
+//! evaluator.
 
 use anyhow::{Context, Result, bail, ensure};
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
@@ -36,6 +40,19 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the controller writes WorkloadNetworkPolicy status in these installs (chart value
 /// `controller.wnpStatusUpdateInterval`; the reference's default is 30 s).
 pub const STATUS_INTERVAL_SECONDS: u64 = 5;
+
+/// Who blocks what protect denies in step 5.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcer {
+    /// The agent enforces the rendered NetworkPolicies (release installed with
+    /// [`AGENT_ENFORCEMENT`]).
+    Agent,
+    /// An nftables drop written by the test stands in for an enforcing CNI (enforcement off).
+    SimulatedCni,
+}
+
+/// The `--set` value that makes the agent enforce NetworkPolicies.
+pub const AGENT_ENFORCEMENT: &str = "agent.enforcement.mode=networkpolicy";
 
 /// `--set` values of the release (in `release_namespace`) the scenario runs against, besides the
 /// local ones.
@@ -400,7 +417,12 @@ fn agent_flows(release: &Release, namespace: &str, since: Duration) -> Result<Ve
 
 /// Runs the whole Kubernetes-backend scenario in namespace `name` against `release` (installed with
 /// [`release_values`]) and returns what it measured. Fails at the first step that does not hold.
-pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> {
+pub fn run(
+    kubeconfig: &Path,
+    release: &Release,
+    name: &str,
+    enforcer: Enforcer,
+) -> Result<Timings> {
     let started = Instant::now();
     remove_stale_nft_tables();
     say("creating the workload (http-client, http-server, http-service)");
@@ -587,23 +609,67 @@ pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> 
             "{name}: ownerReferences {owners:#?}"
         );
     }
-    // What the enforcing CNI would now do for the egress policy, which does not allow the client's
-    // UDP to http-service:18083: drop it as it leaves the client.
+    // The egress policy does not allow the client's UDP to http-service:18083 (the server's 18081).
     let (client_ip, service_ip) = (&w.client.1, &w.service_ip);
-    let blocked = NftDrop::udp(client_ip, service_ip, 18083)?;
+    // The simulated CNI's drop stays until the violation is checked.
+    let blocked: Option<NftDrop> = match enforcer {
+        Enforcer::Agent => {
+            let before = release.enforcement_drops()?;
+            say(
+                "step 5: the agent enforces the rendered NetworkPolicies: UDP 18083 must be dropped",
+            );
+            // The agent installs a new policy within a second or so of its creation; until then a
+            // datagram may still pass (counted as a violation like any other).
+            let mut attempt = 0;
+            poll(
+                "the agent's enforcement to drop UDP 18083",
+                Duration::from_secs(15),
+                Duration::from_millis(200),
+                || {
+                    attempt += 1;
+                    Ok(
+                        (!w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?)
+                            .then_some(()),
+                    )
+                },
+                || {
+                    release
+                        .enforcement_rules()
+                        .map(|r| format!("{r:#?}"))
+                        .unwrap_or_default()
+                },
+            )?;
+            for attempt in 0..3 {
+                ensure!(
+                    !w.send(Protocol::Udp, 18083, &format!("blocked-again-{attempt}"))?,
+                    "UDP 18083 echoed again after the agent dropped it"
+                );
+            }
+            let dropped = release.enforcement_drops()? - before;
+            ensure!(
+                dropped >= 3,
+                "the agent's deny rules counted {dropped} drops for 4 blocked datagrams"
+            );
+            None
+        }
+        Enforcer::SimulatedCni => {
+            let blocked = NftDrop::udp(client_ip, service_ip, 18083)?;
+            say("step 5: UDP 18083 is now dropped on the node (standing in for the CNI)");
+            for attempt in 0..3 {
+                ensure!(
+                    !w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?,
+                    "UDP 18083 still echoes after the drop"
+                );
+            }
+            ensure!(
+                blocked.dropped()? >= 3,
+                "the drop rule saw no packets: {}",
+                blocked.dropped()?
+            );
+            Some(blocked)
+        }
+    };
     let block_started = Instant::now();
-    say("step 5: UDP 18083 is now dropped on the node (standing in for the CNI)");
-    for attempt in 0..3 {
-        ensure!(
-            !w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?,
-            "UDP 18083 still echoes after the drop"
-        );
-    }
-    ensure!(
-        blocked.dropped()? >= 3,
-        "the drop rule saw no packets: {}",
-        blocked.dropped()?
-    );
     let egress = poll(
         &format!("the protect violation on {EGRESS}"),
         STEP_TIMEOUT,

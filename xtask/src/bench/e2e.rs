@@ -45,7 +45,11 @@ pub fn run() -> Result<()> {
         &cluster.kubeconfig,
         "ne-bench",
         namespace,
-        &scenario::release_values(namespace),
+        &[
+            scenario::release_values(namespace),
+            vec![scenario::AGENT_ENFORCEMENT.to_string()],
+        ]
+        .concat(),
     )?;
     let mut scenario_times = Vec::new();
     let mut latencies: Vec<Duration> = Vec::new();
@@ -55,6 +59,7 @@ pub fn run() -> Result<()> {
             &cluster.kubeconfig,
             &release,
             &format!("bench-e2e-{}-{i}", std::process::id()),
+            scenario::Enforcer::Agent,
         )?;
         scenario_times.push(t.scenario);
         latencies.extend(t.first_packet_to_proposal);
