@@ -586,7 +586,7 @@ impl std::fmt::Debug for NflogReader {
 impl NflogReader {
     /// Binds `group` with packet copy mode (`copy_range` bytes of each packet). Must be called
     /// inside a tokio runtime; the socket stays in the calling thread's network namespace.
-    /// Closing the reader (drop) unbinds the group.
+    /// Dropping the reader unbinds the group (the kernel may take a moment to free it).
     pub fn open(group: u16, copy_range: u16) -> Result<Self, NflogError> {
         // Registration below panics outside a runtime; an error says more, and before the bind.
         tokio::runtime::Handle::try_current()
