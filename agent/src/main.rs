@@ -87,6 +87,11 @@ struct EnforcementArgs {
     /// remove them (pods are then not isolated) instead of keeping the last ones.
     #[arg(long, env = "NE_ENFORCEMENT_FAIL_OPEN")]
     enforcement_fail_open: bool,
+    /// NFLOG group the enforcement table copies denied packets to; the agent reads them back and
+    /// reports each denied connection attempt to the controller (0: no deny evidence). Groups are
+    /// per network namespace: two agents on one node need two groups.
+    #[arg(long, default_value_t = 8410, env = "NE_ENFORCEMENT_LOG_GROUP")]
+    enforcement_log_group: u16,
     /// The agent's own DaemonSet as `namespace/name`: when it is gone or being deleted at SIGTERM
     /// (uninstall), the enforcement table is removed; otherwise it stays for the next agent.
     #[arg(long, env = "NE_DAEMONSET")]
@@ -337,9 +342,13 @@ async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let source_records = args
+    let mut source_records = args
         .sources
         .start(args.node_name.clone(), &metrics.sources());
+    if enforcement.is_some() && source_records.is_none() {
+        // Deny evidence joins each flush like a flow source's records.
+        source_records = Some(Default::default());
+    }
     if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
         metrics.source_enabled("hubble");
     }
@@ -349,7 +358,10 @@ async fn run(args: RunArgs) -> Result<()> {
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
     let enforcement_client = match enforcement {
-        Some(config) => Some(start_enforcement(config, &metrics).await?),
+        Some(config) => {
+            let records = source_records.clone().unwrap_or_default();
+            Some(start_enforcement(config, &metrics, records).await?)
+        }
         None => {
             clear_leftover_table(&args.enforcement.enforcement_table);
             None
@@ -539,7 +551,7 @@ fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> 
         node,
         table: e.enforcement_table.clone(),
         fail_open: e.enforcement_fail_open,
-        log_group: None,
+        log_group: (e.enforcement_log_group != 0).then_some(e.enforcement_log_group),
         daemonset,
     }))
 }
@@ -549,6 +561,7 @@ fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> 
 async fn start_enforcement(
     config: enforce::watch::Config,
     metrics: &AgentMetrics,
+    records: network_enforcer_agent::sources::RecordSink,
 ) -> Result<(kube::Client, enforce::watch::Config)> {
     let client = pod_watch::client().await.map_err(|e| {
         anyhow::anyhow!(
@@ -558,7 +571,12 @@ async fn start_enforcement(
     tracing::info!(node = %config.node, table = %config.table, fail_open = config.fail_open,
         "NetworkPolicy enforcement on");
     metrics.enforcement_enabled();
-    enforce::watch::spawn(client.clone(), config.clone(), metrics.enforcement());
+    enforce::watch::spawn(
+        client.clone(),
+        config.clone(),
+        metrics.enforcement(),
+        records,
+    );
     Ok((client, config))
 }
 

@@ -6,9 +6,11 @@
 //!   still send and receive (pure, table-tested);
 //! - [`nft`]: that ruleset as one nftables table, replaced atomically;
 //! - [`watch`]: the watches feeding the model and the loop that keeps the table current;
-//! - [`nflog`]: the packets the table denies, read back as deny evidence.
+//! - [`nflog`]: the packets the table denies, read back from the kernel;
+//! - [`deny`]: those denials as flow records (deny evidence for the controller).
 
 pub mod compile;
+pub mod deny;
 pub mod model;
 pub mod nflog;
 pub mod nft;

@@ -14,8 +14,11 @@
 //! reports not ready, and logs why.
 
 use crate::enforce::compile::{Ruleset, compile};
+use crate::enforce::deny::{self, DenyIndex, SharedDenyIndex};
 use crate::enforce::model::Cluster;
+use crate::enforce::nflog::{self, NflogOptions};
 use crate::enforce::nft;
+use crate::sources::RecordSink;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -86,6 +89,8 @@ pub struct EnforcementMetrics {
     pub in_sync: Gauge,
     /// Denied connection attempts (first packet of each), per direction.
     pub denied: Family<DirectionLabel, Counter>,
+    /// Deny records lost: the flush's record buffer was full, or the NFLOG reader fell behind.
+    pub deny_records_dropped: Counter,
 }
 
 impl Default for EnforcementMetrics {
@@ -100,6 +105,7 @@ impl Default for EnforcementMetrics {
             watch_errors: Counter::default(),
             in_sync: Gauge::default(),
             denied: Family::default(),
+            deny_records_dropped: Counter::default(),
         }
     }
 }
@@ -144,6 +150,11 @@ impl EnforcementMetrics {
             "Connection attempts denied by a NetworkPolicy (first packet of each), per direction",
             self.denied.clone(),
         );
+        r.register(
+            "deny_records_dropped",
+            "Deny records lost (the record buffer was full or the NFLOG reader fell behind)",
+            self.deny_records_dropped.clone(),
+        );
     }
 }
 
@@ -175,9 +186,27 @@ impl Shared {
     }
 }
 
-/// Starts the watches and the sync loop; runs until the process ends.
-pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics) {
+/// Starts the watches and the sync loop, and with a log group the deny evidence into `records`; runs
+/// until the process ends.
+pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics, records: RecordSink) {
     let shared = Arc::new(Shared::default());
+    let deny_index = SharedDenyIndex::default();
+    if let Some(group) = config.log_group {
+        match nflog::spawn(group, &NflogOptions::default()) {
+            Ok(reader) => {
+                tracing::info!(group, "deny evidence on (NFLOG group {group})");
+                tokio::spawn(deny::forward(
+                    reader,
+                    deny_index.clone(),
+                    records,
+                    metrics.clone(),
+                ));
+            }
+            // Enforcement does not depend on the evidence: go on without it.
+            Err(e) => tracing::error!(error = %e, group,
+                "cannot read denied packets: enforcement goes on without deny evidence"),
+        }
+    }
     spawn_watch::<Pod>(
         Api::all(client.clone()),
         shared.clone(),
@@ -205,7 +234,7 @@ pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics) {
         |c, p| c.delete_policy(p),
         |c| c.policies.clear(),
     );
-    tokio::spawn(sync_loop(shared, config, metrics));
+    tokio::spawn(sync_loop(shared, config, metrics, deny_index));
 }
 
 type Flag = fn(&Shared) -> &AtomicBool;
@@ -269,7 +298,12 @@ fn spawn_watch<K>(
 }
 
 /// Compiles and installs after every change; see the module docs for failures.
-async fn sync_loop(shared: Arc<Shared>, config: Config, metrics: EnforcementMetrics) {
+async fn sync_loop(
+    shared: Arc<Shared>,
+    config: Config,
+    metrics: EnforcementMetrics,
+    deny_index: SharedDenyIndex,
+) {
     let started = Instant::now();
     let mut installed: Option<String> = None;
     let mut failing_since: Option<Instant> = None;
@@ -324,6 +358,8 @@ async fn sync_loop(shared: Arc<Shared>, config: Config, metrics: EnforcementMetr
                         isolated_egress = ruleset.isolated().1,
                         "enforcement table installed"
                     );
+                    *deny_index.write().unwrap_or_else(|p| p.into_inner()) =
+                        DenyIndex::new(&ruleset);
                     installed = Some(script);
                     failing_since = None;
                     opened = false;
