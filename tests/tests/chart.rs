@@ -663,6 +663,59 @@ fn agent_values_reach_its_env_and_privileges() {
 }
 
 #[test]
+fn agent_enforcement_adds_only_what_it_reads_and_names_its_table_after_the_release() {
+    // Off (the default): no enforcement variables but the table name (an agent with enforcement
+    // off removes a table of that name left behind), no extra rights.
+    let docs = render(&[]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(env_value(agent, "NE_ENFORCEMENT_TABLE"), "ne_release");
+    assert!(
+        agent["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != "NE_ENFORCEMENT")
+    );
+    assert!(
+        docs.iter()
+            .all(|d| !(d["kind"] == "Role" && d["metadata"]["name"] == AGENT))
+    );
+
+    let docs = render(&[
+        "agent.enforcement.mode=networkpolicy",
+        "agent.enforcement.failOpen=true",
+    ]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(env_value(agent, "NE_ENFORCEMENT"), "networkpolicy");
+    assert_eq!(env_value(agent, "NE_ENFORCEMENT_FAIL_OPEN"), "true");
+    assert_eq!(
+        env_value(agent, "NE_DAEMONSET"),
+        format!("ne-system/{AGENT}")
+    );
+    let group: u32 = env_value(agent, "NE_ENFORCEMENT_LOG_GROUP")
+        .parse()
+        .unwrap();
+    assert!((1000..61000).contains(&group), "{group}");
+    assert_eq!(
+        rules(find(&docs, "ClusterRole", AGENT)),
+        expect(&[
+            ("", "pods", READ),
+            ("", "namespaces", &["list", "watch"]),
+            ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
+        ])
+    );
+    // Its own DaemonSet only, to tell an uninstall from a restart.
+    let role = find(&docs, "Role", AGENT);
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                            "resourceNames": [AGENT], "verbs": ["get"]}])
+    );
+    assert_eq!(find(&docs, "RoleBinding", AGENT)["roleRef"]["name"], AGENT);
+    assert!(rejected(&["agent.enforcement.mode=iptables"]).contains("agent/enforcement/mode"));
+}
+
+#[test]
 fn controller_runs_non_root_on_a_read_only_root_fs() {
     let docs = render(&[]);
     let deploy = find(&docs, "Deployment", CONTROLLER);
