@@ -21,7 +21,7 @@ use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::fixture;
 use network_enforcer_tests::netpol::table::Protocol::{Tcp, Udp};
 use network_enforcer_tests::netpol::table::{Probe, Table};
-use network_enforcer_tests::netpol::{Action, Case, NAME_LABEL, Pods, Runner, Step};
+use network_enforcer_tests::netpol::{Action, Case, NAME_LABEL, Pods, Runner, Step, Via};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -232,6 +232,7 @@ fn case(name: &str, actions: Vec<Action>, expect: Table) -> Case {
     Case {
         name: name.into(),
         steps: vec![step("apply", actions, expect)],
+        via: Via::PodIp,
     }
 }
 
@@ -239,6 +240,7 @@ fn steps(name: &str, steps: Vec<Step>) -> Case {
     Case {
         name: name.into(),
         steps,
+        via: Via::PodIp,
     }
 }
 
@@ -262,8 +264,35 @@ fn pod_network(ip: &str) -> String {
     format!("{net}.0/24")
 }
 
-/// The upstream suite's cases, by its descriptions; the server is x/a unless a case says otherwise.
+/// These cases again with every probe to the destination's Service ClusterIP: the verdicts must not
+/// change (policies apply to the backend pod after kube-proxy's DNAT, ipBlocks included).
+const VIA_SERVICES: [&str; 6] = [
+    "default-deny-ingress in x",
+    "allow traffic only from a different namespace, based on NamespaceSelector",
+    "ports: allow from namespace y on port 81 only (TCP by default)",
+    "deny egress from all pods in a namespace",
+    "egress to a namespace on one named UDP port",
+    "egress to a server in a CIDR block",
+];
+
+/// The upstream suite's cases, then [`VIA_SERVICES`] through Services.
 fn cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
+    let mut cases = pod_ip_cases(pods, end_port_kept);
+    for name in VIA_SERVICES {
+        let mut case = cases
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no case {name:?} to run through Services"))
+            .clone();
+        case.name += " (via Services)";
+        case.via = Via::Service;
+        cases.push(case);
+    }
+    cases
+}
+
+/// The upstream suite's cases, by its descriptions; the server is x/a unless a case says otherwise.
+fn pod_ip_cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
     let ip = |p: &str| format!("{}/32", pods.ip(p));
     let net = pod_network(pods.ip("x/a"));
     for other in pods.ips() {

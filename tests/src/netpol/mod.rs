@@ -5,7 +5,9 @@
 //!   labelled `pod=<name>` and serving TCP and UDP on ports 80 and 81 (our echo server; container ports
 //!   named `serve-80-tcp` and so on, as upstream names them).
 //! - [`Pods::probe`]: the whole truth table ([`table`]) from real connections, one `kubectl exec
-//!   echo-server --probe` per source pod, all source pods at once.
+//!   echo-server --probe` per source pod, all source pods at once; to the pods' own IPs, or to the
+//!   ClusterIP of a Service in front of each pod ([`Via`]): policies hold for a Service's backends
+//!   after kube-proxy's DNAT.
 //! - [`Pods::predict`]: the same table as `check` predicts it from the policies the API server stored,
 //!   the pods' labels, IPs and named ports.
 //! - [`Runner`]: applies a [`Case`]'s steps, polls the truth table until it equals the step's
@@ -53,6 +55,8 @@ pub struct Pods {
     /// Logical name → namespace (deleted on drop, also when the test fails).
     namespaces: BTreeMap<&'static str, Namespace>,
     ips: BTreeMap<PodRef, String>,
+    /// The ClusterIP of the Service `s-<pod>` in front of each pod.
+    services: BTreeMap<PodRef, String>,
     /// The labels as they are now (cases change some): `check` must see the same.
     ns_labels: BTreeMap<&'static str, BTreeMap<String, String>>,
     pod_labels: BTreeMap<PodRef, BTreeMap<String, String>>,
@@ -85,6 +89,7 @@ impl Pods {
             kubeconfig: kubeconfig.into(),
             namespaces,
             ips: BTreeMap::new(),
+            services: BTreeMap::new(),
             ns_labels,
             pod_labels,
             controller: controller.into(),
@@ -108,6 +113,13 @@ impl Pods {
                     .with_context(|| format!("unexpected pod {name} in {}", namespace.name))?;
                 pods.ips.insert(PodRef { ns, pod }, ip);
             }
+        }
+        for pod in all_pods() {
+            let namespace = &pods.namespaces[pod.ns];
+            let name = format!("s-{}", pod.pod);
+            namespace.apply(&service_manifest(&name, pod.pod).to_string())?;
+            namespace.wait_for_endpoints(&name, 1)?;
+            pods.services.insert(pod, namespace.cluster_ip(&name)?);
         }
         Ok(pods)
     }
@@ -133,11 +145,11 @@ impl Pods {
 
     /// The whole truth table from real connections: every source pod probes every other pod on every
     /// port and protocol, all in parallel (one `kubectl exec` per source, all sources at once).
-    pub fn probe(&self) -> Result<Table> {
+    pub fn probe(&self, via: Via) -> Result<Table> {
         let rows: Vec<Result<Vec<(Probe, bool)>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = all_pods()
                 .into_iter()
-                .map(|from| scope.spawn(move || self.probe_row(from)))
+                .map(|from| scope.spawn(move || self.probe_row(from, via)))
                 .collect();
             handles
                 .into_iter()
@@ -154,7 +166,7 @@ impl Pods {
         Table::from_verdicts(verdicts).map_err(anyhow::Error::msg)
     }
 
-    fn probe_row(&self, from: PodRef) -> Result<Vec<(Probe, bool)>> {
+    fn probe_row(&self, from: PodRef, via: Via) -> Result<Vec<(Probe, bool)>> {
         let mut targets = HashMap::new();
         let mut args = vec![
             "exec".to_string(),
@@ -167,7 +179,11 @@ impl Pods {
         for to in all_pods().into_iter().filter(|to| *to != from) {
             for protocol in PROTOCOLS {
                 for port in PORTS {
-                    let target = format!("{}:{}:{port}", protocol.lower(), self.ips[&to]);
+                    let address = match via {
+                        Via::PodIp => &self.ips[&to],
+                        Via::Service => &self.services[&to],
+                    };
+                    let target = format!("{}:{address}:{port}", protocol.lower());
                     args.push(target.clone());
                     targets.insert(
                         target,
@@ -426,6 +442,23 @@ fn container_ports() -> Vec<Value> {
         .collect()
 }
 
+/// Service `name` in front of pod `pod`, every port and protocol the pod serves (a ClusterIP: kube-proxy
+/// DNATs to the pod's IP on the node).
+fn service_manifest(name: &str, pod: &str) -> Value {
+    let ports: Vec<Value> = container_ports()
+        .into_iter()
+        .map(|p| {
+            json!({"name": p["name"], "port": p["containerPort"], "targetPort": p["containerPort"],
+                   "protocol": p["protocol"]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": base_pod_labels(pod), "ports": ports},
+    })
+}
+
 /// Pod `name`: our echo server on TCP and UDP ports 80 and 81. A bare pod (no controller): the model
 /// needs exactly these names, and a replacement pod with a new IP would stale the ipBlock cases.
 fn pod_manifest(name: &str) -> Value {
@@ -463,7 +496,17 @@ pub enum Action {
     LabelPod(String, String, Option<String>),
 }
 
+/// Where the probes connect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The destination pod's own IP.
+    PodIp,
+    /// The ClusterIP of the destination pod's Service.
+    Service,
+}
+
 /// Actions, then the truth table they must lead to.
+#[derive(Clone)]
 pub struct Step {
     pub what: String,
     pub actions: Vec<Action>,
@@ -471,9 +514,12 @@ pub struct Step {
 }
 
 /// A named sequence of steps; the runner undoes all of it afterwards.
+#[derive(Clone)]
 pub struct Case {
     pub name: String,
     pub steps: Vec<Step>,
+    /// Where this case's probes connect to.
+    pub via: Via,
 }
 
 /// How one case went.
@@ -491,6 +537,8 @@ pub struct Runner<'a> {
     pub wait: Duration,
     /// The table the last step was seen to reach (`None`: not known).
     confirmed: Option<Table>,
+    /// Where the probes connect to now (the running case's).
+    via: Via,
     /// Probe nothing and take every expectation as observed: compares `check` with the cases'
     /// expectations alone, in seconds (for writing cases; `NE_NETPOL_DRY=1`).
     pub dry: bool,
@@ -506,6 +554,7 @@ impl<'a> Runner<'a> {
             pods,
             wait,
             confirmed: None,
+            via: Via::PodIp,
             dry: false,
         }
     }
@@ -534,6 +583,7 @@ impl<'a> Runner<'a> {
     /// could pass on what this one left in force.
     pub fn run(&mut self, case: &Case, next: Option<&Case>) -> Result<Outcome> {
         let start = Instant::now();
+        self.via = case.via;
         let mut failures = Vec::new();
         for (i, step) in case.steps.iter().enumerate() {
             let step_name = format!("step {}/{} ({})", i + 1, case.steps.len(), step.what);
@@ -631,7 +681,7 @@ impl<'a> Runner<'a> {
         let mut last_error = None;
         loop {
             rounds += 1;
-            match self.pods.probe() {
+            match self.pods.probe(self.via) {
                 Ok(observed) => {
                     if &observed == expect {
                         return (Ok(rounds), Some(observed));
