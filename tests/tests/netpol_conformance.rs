@@ -5,16 +5,21 @@
 //! Namespaces x, y, z with pods a, b, c each serving TCP and UDP on ports 80 and 81; every case applies
 //! its policies, then the whole truth table (every pod to every other pod, each port and protocol, 288
 //! real connection attempts) is probed until it equals the case's expectation (bounded), `check` must
-//! predict the same verdict as the kernel gave on every probe, and the case is undone. The harness is
-//! in `network_enforcer_tests::netpol`. Needs root, `cargo xtask setup` and the debug binaries (`cargo
-//! test --workspace` builds them).
+//! predict the same verdict as the kernel gave on every probe, and the case is undone. A few cases run
+//! a second time with every probe to the destination's Service ClusterIP. The harness is in
+//! `network_enforcer_tests::netpol`. Needs root, `cargo xtask setup` and the debug binaries (`cargo
+//! test --workspace` builds them). About 4 minutes on the 2-core test machine, uninstall included.
+//!
+//! Undoing a case (policies deleted, labels restored) is seen to take effect: by the next case's own
+//! table when it differs from this case's last one, by an explicit all-allowed table otherwise, after
+//! a failed case and after the last case.
 //!
 //! Knobs for iterating: `NE_NETPOL_CASES=word,word` runs only the cases whose name contains one of the
 //! words; `NE_NETPOL_WAIT_SECONDS` (default 30) bounds each step; `NE_NETPOL_MAX_FAILED_CASES`
 //! (default 5) stops early when enforcement is plainly missing (each failing step costs the whole
-//! wait); `NE_NETPOL_ENFORCEMENT=none` installs without the enforcement value (a chart that predates
-//! it), to see the suite fail; `NE_NETPOL_DRY=1` probes nothing and compares `check` with the cases'
-//! expectations only (for writing cases).
+//! wait); `NE_NETPOL_ENFORCEMENT=none` installs with the chart's default (no enforcement), to see the
+//! suite fail; `NE_NETPOL_DRY=1` probes nothing and compares `check` with the cases' expectations only
+//! (for writing cases; never a pass).
 
 use anyhow::{Context, Result, bail};
 use network_enforcer_tests::e2e::release::{self, Release};
