@@ -1,5 +1,5 @@
-//! The ztunnel source end to end on real files: fixture lines (WIRE.md section 3 shapes) written in the
-//! container runtime's CRI framing into a temp `/var/log/containers`-like directory, read by the
+//! The ztunnel source end to end on real files: fixture lines (ztunnel 1.30's JSON log shapes) written
+//! in the container runtime's CRI framing into a temp `/var/log/containers`-like directory, read by the
 //! [`Reader`] (tailer → parser → correlator) as the agent runs it, through rotation mid-read,
 //! truncation, malformed and pre-1.30 lines, and an agent restart with the saved positions.
 
@@ -407,7 +407,7 @@ mod properties {
     }
 }
 
-/// `connection failed` (ztunnel's early deny, WIRE.md 3.3) names no workload: each line is counted by
+/// `connection failed` (ztunnel's early deny) names no workload: each line is counted by
 /// direction and reason, none becomes a record, a malformed one is an error, and the good lines around
 /// them still give their records.
 #[test]

@@ -1,4 +1,4 @@
-//! The custom resources of SPEC section 1: `WorkloadNetworkPolicy` (an allow-list in force, in
+//! The custom resources (docs/api.md): `WorkloadNetworkPolicy` (an allow-list in force, in
 //! `monitor` or `protect` mode) and `WorkloadNetworkPolicyProposal` (what learning has seen so far).
 //!
 //! Both share the same spec payload. Admission rules are CEL `x-kubernetes-validations` so a bad object

@@ -1,4 +1,5 @@
-//! Label and annotation keys (SPEC section 2). All product keys share the prefix [`PREFIX`].
+//! Label and annotation keys (docs/api.md, "Labels and annotations"). All product keys share the prefix
+//! [`PREFIX`].
 
 /// The prefix of every label and annotation key owned by the product, and the CRD API group.
 pub const PREFIX: &str = "networkenforcer.kubewarden.io";

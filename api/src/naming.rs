@@ -1,9 +1,9 @@
 //! Proposal names and the `promoted-from` label value.
 //!
-//! A proposal is named `<kind>-<name>-<direction>` (SPEC 4.2), e.g. `deployment-http-client-egress`.
-//! Workload names may be up to 253 characters, so that name can exceed what Kubernetes accepts:
-//! an object name is at most 253 characters and a label value at most 63. Both are shortened the
-//! same deterministic way, keeping what a human reads first and the direction suffix:
+//! A proposal is named `<kind>-<name>-<direction>` (docs/api.md, "Proposal names"), e.g.
+//! `deployment-http-client-egress`. Workload names may be up to 253 characters, so that name can exceed
+//! what Kubernetes accepts: an object name is at most 253 characters and a label value at most 63. Both
+//! are shortened the same deterministic way, keeping what a human reads first and the direction suffix:
 //!
 //! ```text
 //! <head truncated to fit>-<first 10 hex digits of sha256(full name)>-<direction>

@@ -1,11 +1,11 @@
-//! Controller ingest and learning figures (issue 5):
+//! Controller ingest and learning figures:
 //!
 //! - `records_merged_per_sec_per_core`: agent records taken in by `Learning::accept` (validation, node
 //!   check, resolution through the index, merge into pending proposal edges) on one thread, with the
-//!   SPEC 10 mix (client → Service ClusterIP, client → pod IP, inbound from a pod, external peers), per
-//!   second of that thread's CPU time (`/proc/thread-self/schedstat`): the machine is shared, and
-//!   wall-clock time there measures the other tenants too. `records_merged_per_sec_wall` is the same
-//!   count per wall-clock second.
+//!   end-to-end scenario's mix (client → Service ClusterIP, client → pod IP, inbound from a pod,
+//!   external peers), per second of that thread's CPU time (`/proc/thread-self/schedstat`): the machine
+//!   is shared, and wall-clock time there measures the other tenants too. `records_merged_per_sec_wall`
+//!   is the same count per wall-clock second.
 //! - `bytes_per_pod`: heap held by the index per pod (10k pods, 1k Deployments, 100 Services), measured
 //!   with a counting global allocator.
 //! - `bytes_per_edge` / `bytes_per_100k_edges`: heap held by pending edges per distinct edge (100k
@@ -148,8 +148,9 @@ fn record(ns: usize, d: usize, p: usize, peer: Ipv4Addr, port: u32, inbound: boo
     }
 }
 
-/// The SPEC 10 mix: clients of every workload call their namespace's Service and a pod of workload 1,
-/// workload 0's pods see them inbound, and a few external peers.
+/// The end-to-end scenario's mix (docs/development.md): clients of every workload call their
+/// namespace's Service and a pod of workload 1, workload 0's pods see them inbound, and a few external
+/// peers.
 fn batches(count: usize, size: usize) -> Vec<FlowBatch> {
     let mut out = Vec::with_capacity(count);
     let mut k = 0usize;

@@ -1,4 +1,4 @@
-//! How fast flows are evaluated and policy statuses synced, at the scale of issue 7: 10k pods,
+//! How fast flows are evaluated and policy statuses synced, at the scale we aim at: 10k pods,
 //! 1k WorkloadNetworkPolicies, 100 violations each.
 //!
 //! A plain `harness = false` benchmark (std timing, no extra dependencies): it prints its figures and

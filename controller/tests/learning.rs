@@ -1,5 +1,6 @@
-//! Learning into proposals against the real local cluster (SPEC section 4, section 10 up to step 2): real
-//! Deployments, Service and cluster DNS; observations as the agents report them.
+//! Learning into proposals against the real local cluster (docs/design.md, "Learning"; the end-to-end
+//! scenario up to step 2): real Deployments, Service and cluster DNS; observations as the agents report
+//! them.
 
 use anyhow::Result;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -174,7 +175,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     assert_eq!((report.written, report.unchanged), (0, 2), "{report:?}");
     assert_eq!(specs_in(&ns).await?, specs, "specs unchanged");
 
-    // Promoted: the egress proposal becomes a policy; learning leaves it alone (SPEC 4.5).
+    // Promoted: the egress proposal becomes a policy; learning leaves it alone.
     let egress = proposals.get("deployment-http-client-egress").await?;
     let policy: WorkloadNetworkPolicy = serde_json::from_value(json!({
         "apiVersion": "networkenforcer.kubewarden.io/v1alpha1", "kind": "WorkloadNetworkPolicy",

@@ -1,7 +1,8 @@
-//! SPEC 7 OpenTelemetry logs: the controller's OTLP sink against in-process OTLP receivers — a tonic
-//! server implementing `opentelemetry.proto.collector.logs.v1.LogsService/Export` (plaintext and
-//! mutual TLS with rcgen certificates) and an http/protobuf receiver on loopback — asserting every
-//! attribute, severity, body, event name, scope and `service.name`.
+//! OpenTelemetry logs (docs/operations.md, "Telemetry"): the controller's OTLP sink against in-process
+//! OTLP receivers — a tonic server implementing
+//! `opentelemetry.proto.collector.logs.v1.LogsService/Export` (plaintext and mutual TLS with rcgen
+//! certificates) and an http/protobuf receiver on loopback — asserting every attribute, severity, body,
+//! event name, scope and `service.name`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::{

@@ -1,5 +1,5 @@
-//! The promotion and policy reconcilers against the real local Kubernetes API server (SPEC section 5).
-//! Each test runs its own controller instance scoped to its own namespace.
+//! The promotion and policy reconcilers against the real local Kubernetes API server (docs/design.md,
+//! "Promotion and rendering"). Each test runs its own controller instance scoped to its own namespace.
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;

@@ -1,6 +1,6 @@
-//! A controller restart in the middle of an agent's stream loses nothing and duplicates nothing
-//! (issue 5): the real agent uplink (resend buffer, reconnect with backoff) streams to the real ingest
-//! service, which learns into proposals on the real API server through index watches of its own.
+//! A controller restart in the middle of an agent's stream loses nothing and duplicates nothing: the
+//! real agent uplink (resend buffer, reconnect with backoff) streams to the real ingest service,
+//! which learns into proposals on the real API server through index watches of its own.
 //!
 //! The first controller receives a batch, and is killed (its runtime dropped with every connection,
 //! as a crashed process) before its next flush. A batch it had already acknowledged would be gone

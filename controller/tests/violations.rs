@@ -1,7 +1,8 @@
-//! Violations against the real local API server (SPEC section 6, section 10 Kubernetes scenario from
-//! promotion on): records go through a real gRPC stream with a real pod-bound token into the real
-//! ingest service; the index is fed by real watches; the reconcilers promote and render; the status
-//! sync runs with a 1 s interval and patches the real status subresource.
+//! Violations against the real local API server (docs/design.md, "Violations"; the end-to-end
+//! scenario's Kubernetes backend from promotion on): records go through a real gRPC stream with a real
+//! pod-bound token into the real ingest service; the index is fed by real watches; the reconcilers
+//! promote and render; the status sync runs with a 1 s interval and patches the real status
+//! subresource.
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::events::v1::Event;
@@ -40,7 +41,7 @@ const EGRESS: &str = "deployment-http-client-egress";
 const INGRESS: &str = "deployment-http-server-ingress";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// A telemetry sink that remembers every event (SPEC 7's observed / acknowledged).
+/// A telemetry sink that remembers every event (observed / acknowledged, as exported over OTLP).
 #[derive(Default)]
 struct Recorded {
     observed: Mutex<Vec<(Backend, Observation)>>,

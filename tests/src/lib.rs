@@ -3,7 +3,8 @@
 //! - [`cluster`]: start, stop and inspect the cluster (synchronous; also behind `cargo xtask cluster`).
 //! - [`images`]: local container images as docker-archive tars (no registry, no container engine).
 //! - [`fixture`]: the async test fixture: one shared cluster, one namespace per test, clean-up on drop.
-//! - [`section10`]: the SPEC section 10 workload and an agent's side of the uplink (tokens, records).
+//! - [`section10`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
+//!   records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
 //! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
 //!   differential).

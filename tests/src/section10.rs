@@ -1,6 +1,7 @@
-//! The SPEC section 10 workload and an agent's side of the uplink, shared by the controller's tests
-//! against the real API server (learning, violations): the ServiceAccounts, Deployments and Service of
-//! the scenario, an agent pod with a pod-bound token, and flow records sent over a real gRPC stream.
+//! The end-to-end scenario's workload (docs/development.md) and an agent's side of the uplink, shared
+//! by the controller's tests against the real API server (learning, violations): the ServiceAccounts,
+//! Deployments and Service of the scenario, an agent pod with a pod-bound token, and flow records sent
+//! over a real gRPC stream.
 
 use crate::fixture::TestNamespace;
 use crate::images::TEST_IMAGE;
@@ -56,9 +57,10 @@ pub struct Workloads {
     pub server: String,
 }
 
-/// Creates the SPEC section 10 workloads in `ns` (ServiceAccounts `http-client-sa`/`http-server-sa`,
-/// Deployments `http-server` ×1 and `http-client` × `client_replicas`, Service `http-service` with
-/// TCP 18080, TCP 18082 and UDP 18083→`echo-udp`) and waits for every pod to run with an IP.
+/// Creates the end-to-end scenario's workloads in `ns` (ServiceAccounts
+/// `http-client-sa`/`http-server-sa`, Deployments `http-server` ×1 and `http-client` ×
+/// `client_replicas`, Service `http-service` with TCP 18080, TCP 18082 and UDP 18083→`echo-udp`) and
+/// waits for every pod to run with an IP.
 pub async fn create_workloads(ns: &TestNamespace, client_replicas: i32) -> Result<Workloads> {
     for sa in ["http-client-sa", "http-server-sa"] {
         let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}}))?;

@@ -1,4 +1,4 @@
-//! The Helm chart (SPEC section 9), rendered with `helm template`: every provider × uplink TLS mode ×
+//! The Helm chart (docs/install.md), rendered with `helm template`: every provider × uplink TLS mode ×
 //! collector strategy renders and validates with `kubernetes-validate --strict` against Kubernetes 1.31;
 //! the values schema rejects unknown keys and bad enums, and templates refuse inconsistent values with
 //! clear messages; RBAC is exactly the least privilege each component needs; the agent gets exactly its
@@ -1597,7 +1597,7 @@ fn calico_goldmane_mutual_tls_values_reach_the_controller() {
             .collect()
     };
 
-    // Default: the Calico operator's objects in calico-system (SPEC section 8).
+    // Default: the Calico operator's objects in calico-system (docs/install.md, `calico`).
     let docs = render(&["controller.provider.name=calico"]);
     let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
     assert_eq!(

@@ -1,6 +1,7 @@
-//! The chart's promote-label ValidatingAdmissionPolicy (SPEC section 2), rendered with `helm template`
-//! and its CEL evaluated with the `cel` crate (the v1.20 test API server has no admission policies):
-//! `monitor`/`protect` admitted, anything else denied with the exact message, absent label admitted.
+//! The chart's promote-label ValidatingAdmissionPolicy (docs/api.md, "Labels and annotations"),
+//! rendered with `helm template` and its CEL evaluated with the `cel` crate (the v1.20 test API server
+//! has no admission policies): `monitor`/`protect` admitted, anything else denied with the exact
+//! message, absent label admitted.
 
 use serde::Deserialize;
 use serde_json::{Value, json};

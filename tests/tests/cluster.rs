@@ -1,7 +1,7 @@
-//! Tests of the local cluster itself (issue 3): scheduling and pod networking, Services over TCP and
-//! UDP through kube-proxy and cluster DNS (also headless Services), garbage collection, CronJobs, pod
-//! cgroups, and the test image's echo server under load. Each test runs in its own namespace on the
-//! shared cluster (started on first use; needs root and `cargo xtask setup`).
+//! Tests of the local cluster itself (docs/local-cluster.md): scheduling and pod networking, Services
+//! over TCP and UDP through kube-proxy and cluster DNS (also headless Services), garbage collection,
+//! CronJobs, pod cgroups, and the test image's echo server under load. Each test runs in its own
+//! namespace on the shared cluster (started on first use; needs root and `cargo xtask setup`).
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};

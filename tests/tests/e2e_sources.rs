@@ -1,4 +1,4 @@
-//! SPEC section 10 through each CNI/mesh flow source (issue 8 item 6, issue 10 item 2): our chart
+//! The end-to-end scenario (docs/development.md) through each CNI/mesh flow source: our chart
 //! installed per provider into the local cluster, the scenario's real pods, and a wire-faithful fake of
 //! the data plane that does not exist here (Hubble on a unix socket the agent mounts; ztunnel's JSON
 //! logs written by the container runtime; Goldmane over mutual TLS behind a Service). Learn, promote to

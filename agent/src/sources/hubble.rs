@@ -1,6 +1,6 @@
-//! Cilium Hubble as a flow source (SPEC section 8): `observer.Observer/GetFlows` with `follow: true`,
-//! on the node's Hubble socket or through Hubble Relay (TLS with a server name and an optional client
-//! certificate).
+//! Cilium Hubble as a flow source (docs/flow-sources.md): `observer.Observer/GetFlows` with
+//! `follow: true`, on the node's Hubble socket or through Hubble Relay (TLS with a server name and an
+//! optional client certificate).
 //!
 //! [`convert`] is the pure part: one Hubble `Flow` becomes at most one [`FlowRecord`] for the pod on
 //! this node it belongs to (replies skipped; `FORWARDED` → established/datagram; `DROPPED` with drop

@@ -1,5 +1,5 @@
-//! Flow sources other than the agent's own eBPF programs (SPEC section 8): what a CNI or mesh on this
-//! node already knows about its flows, turned into the same [`FlowRecord`]s the eBPF edges become.
+//! Flow sources other than the agent's own eBPF programs (docs/flow-sources.md): what a CNI or mesh on
+//! this node already knows about its flows, turned into the same [`FlowRecord`]s the eBPF edges become.
 //!
 //! - [`hubble`]: Cilium Hubble's `observer.Observer/GetFlows` (local socket or Relay with TLS);
 //! - [`ztunnel`]: the JSON lines of Istio ambient's ztunnel logs, and the correlation of its

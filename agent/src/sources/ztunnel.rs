@@ -1,5 +1,5 @@
-//! Istio ambient's ztunnel logs as a flow source (SPEC section 8, wire format in WIRE.md section 3):
-//! the JSON lines ztunnel writes with `logAsJson=true` and `AUTHZ_POLICY_INFO_LOGGING=true`.
+//! Istio ambient's ztunnel logs as a flow source (docs/flow-sources.md, "Istio ambient ztunnel"): the
+//! JSON lines ztunnel writes with `logAsJson=true` and `AUTHZ_POLICY_INFO_LOGGING=true`.
 //!
 //! [`parse_line`] reads one line into an [`Event`] (pure); [`Correlator`] turns events into records:
 //! - inbound `connection complete` (scope `access`) without error and with both identities → a learning
@@ -11,9 +11,9 @@
 //!   come within [`Correlator::PENDING_MS`] is reported without a port;
 //! - an inbound access line rejected by policy with no decision line before it (decision logging off)
 //!   is protect evidence on its own, with the policy from the error text;
-//! - `connection failed` (scope `access`, WARN) is ztunnel's early deny, before it knows the workload
-//!   (WIRE.md 3.3): it names only addresses, so no record can name the local pod or a policy, and SPEC 8
-//!   does not count it as evidence. It is counted instead ([`Reader::connections_failed`] and the
+//! - `connection failed` (scope `access`, WARN) is ztunnel's early deny, before it knows the workload:
+//!   it names only addresses, so no record can name the local pod or a policy, and the reference does
+//!   not count it as evidence. It is counted instead ([`Reader::connections_failed`] and the
 //!   `source_ztunnel_connections_failed_total{direction,reason}` metric, reason `policy_rejection` when
 //!   the error is a policy rejection), and logged at most once a minute;
 //! - allowed outcomes, outbound halves and other scopes are ignored;
@@ -569,7 +569,7 @@ pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::
 mod tests {
     use super::*;
 
-    // The example lines of WIRE.md section 3.5.
+    // Example lines as ztunnel 1.30 writes them with `logAsJson=true`.
     const LEARN: &str = r#"{"level":"info","time":"2026-08-21T10:15:30.123456Z","scope":"access","message":"connection complete","src.addr":"10.244.1.7:51234","src.workload":"web-client-6f9c7d8b5-x2k9p","src.namespace":"shop","src.identity":"spiffe://cluster.local/ns/shop/sa/web-client","dst.addr":"10.244.2.9:15008","dst.hbone_addr":"10.244.2.9:8080","dst.service":"catalog.shop.svc.cluster.local","dst.workload":"catalog-5d4b8c7f9-q7r2m","dst.namespace":"shop","dst.identity":"spiffe://cluster.local/ns/shop/sa/catalog","direction":"inbound","bytes_sent":512,"bytes_recv":128,"duration":"42ms"}"#;
     const DRY_DENY: &str = r#"{"level":"info","time":"2026-08-21T10:16:01.000210Z","scope":"ztunnel::state","message":"dry-run: deny policy match","policy":"shop/deny-legacy-dryrun","proxy":{"wl":"shop/catalog-5d4b8c7f9-q7r2m"},"inbound":{"id":"4bf92f3577b34da6a3ce929d0e0e4736","peer":"10.244.1.7:51240"}}"#;
     const DENY: &str = r#"{"level":"info","time":"2026-08-21T10:17:12.300400Z","scope":"ztunnel::state","message":"deny policy match","policy":"shop/deny-legacy","proxy":{"wl":"shop/catalog-5d4b8c7f9-q7r2m"},"inbound":{"id":"0f1e2d3c4b5a69788796a5b4c3d2e1f0","peer":"10.244.1.7:51300"}}"#;

@@ -1,5 +1,6 @@
-//! Which workload a pod belongs to (SPEC 4.4): a ReplicaSet named `<deployment>-<pod-template-hash>`
-//! means its Deployment; StatefulSet and DaemonSet own their pods directly.
+//! Which workload a pod belongs to, as in the reference: a ReplicaSet named
+//! `<deployment>-<pod-template-hash>` means its Deployment; StatefulSet and DaemonSet own their pods
+//! directly.
 
 use k8s_openapi::api::core::v1::Pod;
 use network_enforcer_api::WorkloadKind;

@@ -167,7 +167,7 @@ impl Default for Limits {
 }
 
 /// Where accepted records go: the index to resolve them, the writer to learn from them, and the
-/// status sync that turns them into violation evidence (SPEC 6).
+/// status sync that turns them into violation evidence (docs/design.md, "Violations").
 pub struct Learning {
     pub index: Arc<SharedIndex>,
     pub writer: Arc<ProposalWriter>,

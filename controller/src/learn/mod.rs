@@ -1,4 +1,4 @@
-//! Learning (SPEC section 4): what an observed, allowed connection adds to which proposal.
+//! Learning (docs/design.md, "Learning"): what an observed, allowed connection adds to which proposal.
 //!
 //! `flows` turns an agent observation into workload-level flows using the [`Index`]; `edges` turns a
 //! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure: the
@@ -220,9 +220,9 @@ pub fn has_unselectable_side(flow: &Flow) -> bool {
         .any(|e| e.workload().is_some_and(|w| !w.selectable()))
 }
 
-/// The proposal edges a flow produces for `backend` (SPEC 4.1): kubernetes → the source's egress and
-/// the destination's ingress; istio → the destination's ingress only, TCP only, from a workload with an
-/// identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
+/// The proposal edges a flow produces for `backend`, as in the reference: kubernetes → the source's
+/// egress and the destination's ingress; istio → the destination's ingress only, TCP only, from a
+/// workload with an identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
 /// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer. A host-network pod gets its own
 /// proposals but is a peer of others as its node's address ([`Endpoint::as_peer`]).
 pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
@@ -299,8 +299,8 @@ fn protocol_name(p: Protocol) -> &'static str {
     }
 }
 
-/// The NetworkPolicy peer for an endpoint (SPEC 4.3): a workload by namespace name and its own selector;
-/// anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
+/// The NetworkPolicy peer for an endpoint, as in the reference: a workload by namespace name and its
+/// own selector; anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
 pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
     match endpoint {
         Endpoint::Workload(w) => NetworkPolicyPeer {
@@ -391,8 +391,9 @@ pub struct Merged {
     pub capped: BTreeMap<(Protocol, u16), usize>,
 }
 
-/// Merges `edge` into `spec` (SPEC 4.3): the rule whose single peer equals the edge's peer gets the port
-/// if missing; otherwise a rule is appended. Never removes anything. Returns whether `spec` changed.
+/// Merges `edge` into `spec`, as in the reference: the rule whose single peer equals the edge's peer
+/// gets the port if missing; otherwise a rule is appended. Never removes anything. Returns whether
+/// `spec` changed.
 pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool {
     merge(spec, [edge], usize::MAX).changed
 }
@@ -631,7 +632,8 @@ mod tests {
         .unwrap()
     }
 
-    /// The SPEC section 10 cluster: client and server Deployments in `shop`, a Service, and kube-dns.
+    /// The end-to-end scenario's cluster (docs/development.md): client and server Deployments in
+    /// `shop`, a Service, and kube-dns.
     fn index() -> Index {
         let mut ix = Index::default();
         for (ns, name, app) in [

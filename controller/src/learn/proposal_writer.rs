@@ -3,8 +3,9 @@
 //! Agents report the same connection many times (both ends, every replica, every window). Edges are
 //! merged in memory per proposal; a flush computes the full desired spec from the current object plus the
 //! new edges and writes only when that changes it, with optimistic concurrency (resourceVersion, retried on
-//! 409) and field manager `network-enforcer`. A proposal whose policy exists is left alone (SPEC 4.5). A
-//! failed write keeps its edges for the next flush: nothing learned is lost to an API hiccup.
+//! 409) and field manager `network-enforcer`. A proposal whose policy exists is left alone, so a
+//! promoted proposal is never re-created. A failed write keeps its edges for the next flush: nothing
+//! learned is lost to an API hiccup.
 //!
 //! Pending edges are a hash set per proposal (the same edge arrives from every replica and window), kept
 //! in arrival order for the write; the write merges them in time linear in rules + edges

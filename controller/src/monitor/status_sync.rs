@@ -1,4 +1,4 @@
-//! The status sync (SPEC section 6): flow records become violation records on the
+//! The status sync (docs/design.md, "Violations"): flow records become violation records on the
 //! WorkloadNetworkPolicies that deny them.
 //!
 //! - **Evidence in.** Ingest hands every accepted record to an [`EvidenceQueue`] (never blocking: a

@@ -1,5 +1,5 @@
-//! Violation bookkeeping of a WorkloadNetworkPolicy's status (SPEC section 6, steps 1-4), as one pure
-//! function from (current status, annotations, new observations, now) to the next status plus what
+//! Violation bookkeeping of a WorkloadNetworkPolicy's status (docs/design.md, "Violations"), as one
+//! pure function from (current status, annotations, new observations, now) to the next status plus what
 //! changed:
 //!
 //! 1. **merge** each observation: a record with the same dedupe key only gets a newer timestamp, a
@@ -68,10 +68,10 @@ impl Observation {
     }
 }
 
-/// The fields that make two observations the same violation: SPEC 6's key (source and destination
-/// namespace/kind/name/identity, protocol, dstPort, action, denying policy, direction), plus the peer
-/// address, which tells apart peers that are no workload (two internet hosts would otherwise share
-/// one record; for pods the address is empty and changes nothing).
+/// The fields that make two observations the same violation: the reference's key (source and
+/// destination namespace/kind/name/identity, protocol, dstPort, action, denying policy, direction),
+/// plus the peer address, which tells apart peers that are no workload (two internet hosts would
+/// otherwise share one record; for pods the address is empty and changes nothing).
 #[derive(PartialEq, Eq)]
 struct DedupeKey<'a> {
     source: WorkloadKey<'a>,
@@ -178,8 +178,8 @@ pub struct SyncOutcome {
     pub cleared: Vec<ViolationRecord>,
 }
 
-/// Runs steps 1-4 of SPEC 6 on a policy's status. `allowed_now` tells whether the policy's current
-/// spec allows a record's flow (step 2).
+/// Runs steps 1-4 of the module docs on a policy's status. `allowed_now` tells whether the policy's
+/// current spec allows a record's flow (step 2).
 pub fn sync(
     input: SyncInput<'_>,
     mut allowed_now: impl FnMut(&ViolationRecord) -> bool,

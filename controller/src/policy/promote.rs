@@ -1,5 +1,5 @@
-//! Promotion (SPEC section 5): what the proposal reconciler does with one proposal, decided from the
-//! proposal and the policies in its namespace.
+//! Promotion (docs/design.md, "Promotion and rendering"): what the proposal reconciler does with one
+//! proposal, decided from the proposal and the policies in its namespace.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;

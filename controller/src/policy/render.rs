@@ -1,4 +1,4 @@
-//! What a WorkloadNetworkPolicy renders into (SPEC section 5), as plain data:
+//! What a WorkloadNetworkPolicy renders into, as plain data:
 //! - kubernetes backend: a NetworkPolicy equal to `spec.kubernetes` in `protect`, nothing in `monitor`;
 //! - istio backend: an AuthorizationPolicy (`ALLOW`, selector, rules 1:1), dry-run in `monitor`.
 //!

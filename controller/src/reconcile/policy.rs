@@ -1,6 +1,6 @@
-//! The policy reconciler: checks each WorkloadNetworkPolicy against the CRDs' rules, renders it (SPEC
-//! section 5), repairs drift of what it rendered, never touches objects it does not own, and reports all
-//! of it as conditions (and a refused policy also as a Warning Event).
+//! The policy reconciler: checks each WorkloadNetworkPolicy against the CRDs' rules, renders it,
+//! repairs drift of what it rendered, never touches objects it does not own, and reports all of it as
+//! conditions (and a refused policy also as a Warning Event).
 
 use super::{Context, Error, Settings, publish, scoped_api};
 use crate::cluster::workload;

@@ -1,4 +1,4 @@
-//! Calico Goldmane as a flow source (SPEC section 8, wire format in WIRE.md section 2): the
+//! Calico Goldmane as a flow source (docs/flow-sources.md, "Calico Goldmane"): the
 //! cluster-wide, server-streaming `goldmane.Flows/Stream`, over mutual TLS.
 //!
 //! - **What is taken.** Live flows (`start_time_gte = 0`) with actions Allow and Deny, aggregation
@@ -451,7 +451,8 @@ pub struct GoldmaneConfig {
 }
 
 impl GoldmaneConfig {
-    /// The SPEC 8 defaults for `address`.
+    /// `address` with the defaults for the rest: the Calico operator's objects in calico-system
+    /// (docs/install.md, `calico`).
     pub fn new(address: impl Into<String>) -> Self {
         Self {
             address: address.into(),

@@ -1,5 +1,5 @@
-//! Flow sources the controller reads itself (SPEC section 8). Agents read the per-node ones (eBPF,
-//! Hubble, ztunnel); cluster-wide ones live here:
+//! Flow sources the controller reads itself (docs/flow-sources.md). Agents read the per-node ones
+//! (eBPF, Hubble, ztunnel); cluster-wide ones live here:
 //!
 //! - [`goldmane`]: Calico Goldmane's `goldmane.Flows/Stream`, fed into the same learning and violation
 //!   evidence path as agent batches.

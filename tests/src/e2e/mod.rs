@@ -1,7 +1,8 @@
 //! The whole product in the local cluster, as users run it: our images built from the workspace's
 //! binaries, our chart `helm install`ed ([`release`]), real workloads and traffic sent from inside their
-//! pods ([`workload`]), and the SPEC section 10 scenario over all of it ([`scenario`]). Used by `tests/tests/chart_install.rs`, `tests/tests/e2e.rs`, `cargo xtask demo`
-//! and `cargo xtask bench e2e`.
+//! pods ([`workload`]), and the end-to-end scenario (docs/development.md) over all of it
+//! ([`scenario`]). Used by `tests/tests/chart_install.rs`, `tests/tests/e2e.rs`, `cargo xtask demo` and
+//! `cargo xtask bench e2e`.
 //!
 //! Everything here is synchronous (kubectl, helm, ctr as child processes), so the xtask commands can use
 //! it without a runtime.

@@ -1,6 +1,7 @@
-//! SPEC section 10, Kubernetes backend with the eBPF-only provider, against our chart installed in the
-//! local cluster: every step and assertion of the reference's end-to-end suite. Every flow comes from
-//! the agent's eBPF programs seeing real socat traffic from inside the pods.
+//! The end-to-end scenario (docs/development.md), Kubernetes backend with the eBPF-only provider,
+//! against our chart installed in the local cluster: every step and assertion of the reference's
+//! end-to-end suite. Every flow comes from the agent's eBPF programs seeing real socat traffic from
+//! inside the pods.
 //!
 //! The local cluster's CNI does not enforce NetworkPolicy. When the scenario says a flow becomes
 //! blocked (step 5: UDP from `http-client` to `http-service:18083`), either the agent's own
@@ -33,7 +34,7 @@ pub const EGRESS: &str = "deployment-http-client-egress";
 pub const INGRESS: &str = "deployment-http-server-ingress";
 /// The scenario's Service.
 pub const SERVICE: &str = "http-service";
-/// SPEC 10 step 2: "within 2 minutes".
+/// Step 2 of the scenario: "within 2 minutes".
 pub const LEARN_TIMEOUT: Duration = Duration::from_secs(120);
 /// Promotion, rendering and status sync each take a few controller passes.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -213,8 +214,9 @@ pub fn list<T: serde::de::DeserializeOwned>(
     Ok(out)
 }
 
-/// The spec of step 2's two proposals, from the SPEC text: the client's egress to the server's pods on
-/// TCP 18080 and to the cluster DNS on UDP 53; the server's ingress from the client's pods on TCP 18080.
+/// The spec of step 2's two proposals, as the reference's scenario states them: the client's egress to
+/// the server's pods on TCP 18080 and to the cluster DNS on UDP 53; the server's ingress from the
+/// client's pods on TCP 18080.
 pub fn expected_proposal_specs(namespace: &str) -> BTreeMap<String, Value> {
     expected_proposal_specs_as_written(namespace)
         .into_iter()
@@ -222,7 +224,7 @@ pub fn expected_proposal_specs(namespace: &str) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// [`expected_proposal_specs`] in the SPEC's order.
+/// [`expected_proposal_specs`] in the reference's rule order.
 fn expected_proposal_specs_as_written(namespace: &str) -> BTreeMap<String, Value> {
     let peer = |ns: &str, key: &str, value: &str| {
         json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
@@ -434,7 +436,7 @@ pub fn run(
     let first_packet = Instant::now();
     w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(60))?;
 
-    // Step 2: within 2 minutes exactly the two proposals, as the SPEC words them.
+    // Step 2: within 2 minutes exactly the two proposals, as the reference's scenario states them.
     say("step 2: waiting for the two proposals");
     let mut appeared: BTreeMap<String, Duration> = BTreeMap::new();
     let expected = expected_proposal_specs(&n);

@@ -1,4 +1,4 @@
-//! `cargo xtask bench agent`: the agent under a connection storm (root; issue 4 item 6).
+//! `cargo xtask bench agent`: the agent under a connection storm (root).
 //!
 //! Two network namespaces joined by a veth pair stand in for pods. A server thread pool in one accepts
 //! TCP connections and reads UDP datagrams; client threads in the other open short-lived TCP connections

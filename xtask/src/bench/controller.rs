@@ -1,4 +1,4 @@
-//! `cargo xtask bench controller`: the controller's ingest and learning figures (issue 5), measured by
+//! `cargo xtask bench controller`: the controller's ingest and learning figures, measured by
 //! the controller's `controller` bench in the release (bench) profile: records merged per second on one
 //! core, heap per pod (10k pods) and per pending edge (100k edges), and writes per proposal per flush
 //! and API writes per second under a steady flow load against the local cluster's API server. The bench

@@ -1,8 +1,8 @@
-//! `cargo xtask bench e2e`: the SPEC section 10 Kubernetes scenario (`tests::e2e::scenario`) against our
-//! chart in the local cluster, `NE_E2E_RUNS` times (default 3) on one install. Figures: the scenario's
-//! median run time, and first-packet-to-proposal latency over every proposal of every run (the time
-//! from the client's first TCP packet to each proposal existing in the API; with the chart's default
-//! agent flush of 10 s).
+//! `cargo xtask bench e2e`: the end-to-end scenario (docs/development.md), Kubernetes backend
+//! (`tests::e2e::scenario`), against our chart in the local cluster, `NE_E2E_RUNS` times (default 3) on
+//! one install. Figures: the scenario's median run time, and first-packet-to-proposal latency over
+//! every proposal of every run (the time from the client's first TCP packet to each proposal existing
+//! in the API; with the chart's default agent flush of 10 s).
 
 use anyhow::{Context, Result};
 use network_enforcer_tests::e2e::release::{self, Release};

@@ -1,5 +1,5 @@
 //! `cargo xtask bench evaluate`: flow evaluation against 1k WorkloadNetworkPolicies / 10k pods and
-//! the status sync of 1k policies × 100 violations (issue 7), measured by the controller's
+//! the status sync of 1k policies × 100 violations (the scale we aim at), measured by the controller's
 //! `evaluate` bench in the release (bench) profile. The bench writes its figures as JSON to the file
 //! named by `BENCH_FIGURES`; this reads them back and [`super::report`]s them.
 

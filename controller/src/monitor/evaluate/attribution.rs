@@ -1,4 +1,4 @@
-//! Which WorkloadNetworkPolicy records a violation for an observed flow S→D:P/T (SPEC section 6):
+//! Which WorkloadNetworkPolicy records a violation for an observed flow S→D:P/T:
 //!
 //! 1. if S's workload has an egress policy that denies the flow, it records a violation (action = its
 //!    mode). If that mode is `protect` the packet never leaves S, so D's ingress policy records nothing;
@@ -162,7 +162,7 @@ fn workload_kind(kind: &str) -> Option<WorkloadKind> {
     WorkloadKind::from_kind(kind)
 }
 
-/// The violations `flow` causes, in SPEC 6 order: the source's egress policy first, then (unless
+/// The violations `flow` causes, in attribution order: the source's egress policy first, then (unless
 /// that one denies in protect mode) the destination's ingress policy.
 pub fn attribute(
     view: &ClusterView,

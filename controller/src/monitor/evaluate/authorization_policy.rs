@@ -117,7 +117,7 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    /// The policy of SPEC section 10 (istio): http-client may reach http-server on 18080.
+    /// The end-to-end scenario's policy (istio): http-client may reach http-server on 18080.
     fn spec10() -> IstioPolicy {
         policy(json!({
             "selector": {"matchLabels": {"app": "http-server"}},

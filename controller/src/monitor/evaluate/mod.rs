@@ -1,12 +1,12 @@
-//! Semantic policy evaluation (SPEC section 6): does a policy allow a flow, and which policy records
-//! a violation for it. Monitor mode must report exactly what protect mode would block, so the
-//! evaluators implement the data plane's semantics; they never compare rule structure.
+//! Semantic policy evaluation (docs/design.md, "Violations"): does a policy allow a flow, and which
+//! policy records a violation for it. Monitor mode must report exactly what protect mode would block,
+//! so the evaluators implement the data plane's semantics; they never compare rule structure.
 //!
 //! - [`view`]: the plain-data cluster (namespaces, pods, NetworkPolicies in force) and the [`Flow`];
 //! - [`network_policy`]: the `networking.k8s.io/v1` NetworkPolicy evaluator, egress at the source and
 //!   ingress at the destination, also "as if" a WorkloadNetworkPolicy were rendered;
 //! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
-//! - [`attribution`]: SPEC 6's two steps (egress first, then ingress) deciding which
+//! - [`attribution`]: the two steps (egress first, then ingress) deciding which
 //!   WorkloadNetworkPolicy records which violation.
 //!
 //! Everything here is pure: no I/O, no clock (timestamps come in with the observations).

@@ -1,6 +1,6 @@
-//! OpenTelemetry log events of SPEC section 7: `policy_violation_observed` for every violation of
-//! every provider, `policy_violation_acknowledged` once per record after the status patch that
-//! acknowledged it succeeded.
+//! OpenTelemetry log events (docs/operations.md, "Telemetry"): `policy_violation_observed` for every
+//! violation of every provider, `policy_violation_acknowledged` once per record after the status patch
+//! that acknowledged it succeeded.
 //!
 //! The controller talks to a [`ViolationSink`]; it never waits on it. [`Disabled`] is the sink when
 //! no OTLP endpoint is configured: status is recorded regardless, nothing is exported. [`Otlp`]
@@ -78,7 +78,7 @@ pub struct Event {
     /// The event name, also the body.
     pub name: &'static str,
     pub severity: EventSeverity,
-    /// In the order of SPEC 7.
+    /// In the order docs/operations.md lists them.
     pub attributes: Vec<(&'static str, AttributeValue)>,
 }
 

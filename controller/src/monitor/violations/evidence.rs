@@ -1,6 +1,6 @@
-//! Violation evidence (SPEC section 6): which flow records are evidence for which policy mode, how a
-//! record becomes flows between pods the evaluators know, when a repeat of the same flow counts
-//! again, and the observations waiting for the status patch that records them.
+//! Violation evidence (docs/design.md, "Violations"): which flow records are evidence for which policy
+//! mode, how a record becomes flows between pods the evaluators know, when a repeat of the same flow
+//! counts again, and the observations waiting for the status patch that records them.
 //!
 //! All pure: the status sync ([`crate::monitor::status_sync`]) feeds records in and patches what comes out.
 //!
@@ -13,7 +13,7 @@
 //!
 //! **When a repeat counts again.** One connection is reported by both endpoints' agents, by several
 //! sources, and in every aggregation window while it lasts. Observations with the same dedupe key
-//! (SPEC 6: source, destination, protocol, port, action, denying policy, direction) whose times lie
+//! (source, destination, protocol, port, action, denying policy, direction) whose times lie
 //! within [`REPEAT_WINDOW`] of the last counted one count once; a repeat after the window counts
 //! again (and bumps `violationCount`).
 
@@ -217,7 +217,7 @@ pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
     }
 }
 
-/// SPEC 6's dedupe key of an observation, owned.
+/// The dedupe key of an observation, owned.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RepeatKey {
     source: WorkloadRef,

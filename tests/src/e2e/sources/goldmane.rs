@@ -5,7 +5,7 @@
 //! namespace of the test that also holds the Secret `goldmane-key-pair` and the ConfigMap
 //! `goldmane-ca-bundle` (key `tigera-ca-bundle.crt`) the chart tells the controller to read.
 //!
-//! Aggregation as Goldmane does it (WIRE.md section 2.5): flows reported during a window of
+//! Aggregation as Goldmane does it: flows reported during a window of
 //! [`WINDOW_SECONDS`] are merged per flow key into a bucket; at each rollover the completed bucket is
 //! pushed to every stream, one `FlowResult` per key with a per-key stable `id` and the bucket's edges
 //! as start and end time. A connection that is still being retried at the rollover (the denied

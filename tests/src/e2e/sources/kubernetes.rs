@@ -1,7 +1,7 @@
-//! SPEC section 10, Kubernetes backend, driven through a CNI's flow source (Cilium's Hubble, Calico's
-//! Goldmane): the scenario's steps and assertions, with every flow reported by a [`DataPlane`] (the
-//! fake CNI) instead of sent between the pods. The assertions are the eBPF scenario's
-//! (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
+//! The end-to-end scenario (docs/development.md), Kubernetes backend, driven through a CNI's flow
+//! source (Cilium's Hubble, Calico's Goldmane): the scenario's steps and assertions, with every flow
+//! reported by a [`DataPlane`] (the fake CNI) instead of sent between the pods. The assertions are the
+//! eBPF scenario's (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
 
 use anyhow::{Context, Result, ensure};
 use network_enforcer_api::{
@@ -137,7 +137,7 @@ pub fn run(
     plane.report(&pods, Event::Dns, egress_policy)?;
     plane.report(&pods, Event::Tcp18080, egress_policy)?;
 
-    // Step 2: within 2 minutes exactly the two proposals, as the SPEC words them.
+    // Step 2: within 2 minutes exactly the two proposals, as the reference's scenario states them.
     say("step 2: waiting for the two proposals");
     let expected = expected_proposal_specs(&n);
     let learned = poll(

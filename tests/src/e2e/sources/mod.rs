@@ -1,6 +1,7 @@
-//! SPEC section 10 through the CNI and mesh flow sources (SPEC section 8, issue 8 item 6, issue 10
-//! item 2): our chart installed per provider, the scenario's real pods, and in place of the data plane
-//! that does not exist on this machine a wire-faithful fake of it describing those pods' traffic:
+//! The end-to-end scenario (docs/development.md) through the CNI and mesh flow sources
+//! (docs/flow-sources.md): our chart installed per provider, the scenario's real pods, and in place of
+//! the data plane that does not exist on this machine a wire-faithful fake of it describing those pods'
+//! traffic:
 //!
 //! - [`hubble`]: a Hubble `observer.Observer` server (our proto) on a unix socket in a host directory
 //!   the chart mounts into the agent (provider `cilium`, `agent.hubble.socketPath`);

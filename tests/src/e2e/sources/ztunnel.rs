@@ -1,10 +1,10 @@
-//! A fake Istio ambient ztunnel for the `istio` provider, and the SPEC section 10 Istio-backend
-//! scenario driven through it.
+//! A fake Istio ambient ztunnel for the `istio` provider, and the end-to-end scenario's Istio
+//! backend (docs/development.md) driven through it.
 //!
 //! [`ZtunnelPod`] is a pod named like ztunnel's (`ztunnel-*`, container `istio-proxy`) whose container
 //! prints, on its standard output, the JSON log lines ztunnel >= 1.30 writes with `logAsJson=true` and
-//! `AUTHZ_POLICY_INFO_LOGGING=true` (WIRE.md section 3). The real container runtime frames them into the
-//! CRI log files under `/var/log/pods` (linked from `/var/log/containers`) that the agent tails
+//! `AUTHZ_POLICY_INFO_LOGGING=true` (docs/flow-sources.md). The real container runtime frames them into
+//! the CRI log files under `/var/log/pods` (linked from `/var/log/containers`) that the agent tails
 //! (`agent.ztunnel.logGlob`), exactly as on a node running ztunnel. [`Lines`] writes, per connection,
 //! what ztunnel logs for it: the authorization decisions on the destination side (`ztunnel::state`,
 //! with the `proxy` and `inbound` spans) and the `connection complete` access lines of both halves.
@@ -316,7 +316,7 @@ impl Lines {
     }
 }
 
-/// The spec of Istio step 2's proposal, from the SPEC text.
+/// The spec of Istio step 2's proposal, as the reference's scenario states it.
 pub fn expected_proposal_spec(namespace: &str) -> Value {
     json!({
         "backend": "istio", "direction": "Ingress",
@@ -433,7 +433,7 @@ fn authorization_policy(w: &Workload, name: &str) -> Result<Option<Value>> {
     Ok(Some(serde_json::from_str(&out)?))
 }
 
-/// Runs the Istio-backend scenario (SPEC 10, ambient) in a new namespace `name` against `release`
+/// Runs the end-to-end scenario's Istio backend (ambient) in a new namespace `name` against `release`
 /// (provider `istio`, `agent.ztunnel.logGlob` = [`log_glob`] of `ztunnel_ns`), every connection
 /// reported by the ztunnel lines of a [`ZtunnelPod`] in `ztunnel_ns`. Returns the scenario's duration.
 pub fn run(

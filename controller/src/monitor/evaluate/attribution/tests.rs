@@ -1,5 +1,5 @@
-//! Attribution (SPEC 6), the SPEC section 10 scenario, and each defect of SPEC 11 that semantic
-//! evaluation must not repeat.
+//! Attribution, the end-to-end scenario (docs/development.md), and each of the reference's false
+//! violations that semantic evaluation must not repeat (docs/design.md, "Violations").
 
 use super::*;
 use crate::cluster::workload::Workload;
@@ -22,8 +22,8 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
-/// SPEC section 10: http-client and http-server (TCP 18080, TCP 18082, UDP 18081) in `demo`, and the
-/// cluster DNS in kube-system.
+/// The end-to-end scenario: http-client and http-server (TCP 18080, TCP 18082, UDP 18081) in `demo`,
+/// and the cluster DNS in kube-system.
 fn cluster() -> ClusterView {
     let mut view = ClusterView::new();
     let deployment = |name: &str| {
@@ -154,7 +154,8 @@ fn wnp(
     .unwrap()
 }
 
-/// SPEC 10 step 2: the learned egress policy of http-client (TCP 18080 to the server, UDP 53 to DNS).
+/// The scenario's step 2: the learned egress policy of http-client (TCP 18080 to the server, UDP 53 to
+/// DNS).
 fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
     wnp(
         "deployment-http-client-egress",
@@ -176,7 +177,7 @@ fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
     )
 }
 
-/// SPEC 10 step 2: the learned ingress policy of http-server (TCP 18080 from the client).
+/// The scenario's step 2: the learned ingress policy of http-server (TCP 18080 from the client).
 fn server_ingress(mode: &str) -> WorkloadNetworkPolicy {
     server_ingress_with(
         mode,
@@ -333,7 +334,7 @@ fn mixed_modes_follow_the_egress_policy_mode() {
     );
 }
 
-/// SPEC 10, Kubernetes backend, from promotion on: steps 4 and 5 as status bookkeeping.
+/// The end-to-end scenario, Kubernetes backend, from promotion on: steps 4 and 5 as status bookkeeping.
 #[test]
 fn spec_section_10_kubernetes_scenario_from_promotion_on() {
     let mut view = cluster();
@@ -590,7 +591,7 @@ fn istio_policies_are_evaluated_by_principal_and_port() {
     assert_eq!(
         at(observed(client(), server(), Protocol::TCP, 18082)),
         [(ingress_name(), Direction::Ingress, PolicyMode::Monitor)],
-        "SPEC 10 istio step 4"
+        "istio scenario step 4"
     );
     assert!(at(udp_echo()).is_empty(), "ztunnel does not see UDP");
     let mut anonymous = client();
@@ -616,7 +617,7 @@ fn a_policy_without_its_payload_is_an_error() {
     );
 }
 
-// --- SPEC 11: the reference's false violations, each made impossible by semantic evaluation. ---
+// --- The reference's false violations, each made impossible by semantic evaluation. ---
 
 /// Asserts that `policy` (an egress policy of http-client or an ingress policy of http-server) allows
 /// the UDP 18083→18081 flow and still denies TCP 18082, so the test fails if either way breaks.
@@ -896,7 +897,7 @@ mod properties {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// SPEC 6: protect records exactly what monitor records, except that a protect-mode egress
+        /// Protect records exactly what monitor records, except that a protect-mode egress
         /// denial hides the flow from the destination's ingress policy. Each record names its policy
         /// and that policy's direction and mode.
         #[test]
