@@ -689,6 +689,77 @@ fn pod_ip_cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
             all().deny(into("x/a")),
         ),
         steps(
+            "updated policy selects another pod: the old target opens, the new one is isolated",
+            vec![
+                step(
+                    "isolate x/a",
+                    vec![apply(
+                        "x",
+                        policy(
+                            "isolate",
+                            json!({"podSelector": pod("a"), "policyTypes": ingress}),
+                        ),
+                    )],
+                    all().deny(into("x/a")),
+                ),
+                step(
+                    "the same policy now selects x/c",
+                    vec![apply(
+                        "x",
+                        policy(
+                            "isolate",
+                            json!({"podSelector": pod("c"), "policyTypes": ingress}),
+                        ),
+                    )],
+                    all().deny(into("x/c")),
+                ),
+            ],
+        ),
+        steps(
+            "PodSelector DoesNotExist follows a label change on the peer",
+            vec![
+                step(
+                    "peers without a pod2 label, in x",
+                    vec![apply(
+                        "x",
+                        policy(
+                            "no-pod2",
+                            json!({"podSelector": pod("a"), "ingress": [{"from": [{"podSelector":
+                                {"matchExpressions": [{"key": "pod2", "operator": "DoesNotExist"}]}}]}]}),
+                        ),
+                    )],
+                    all().deny(|p| p.to.is("x/a") && p.from.ns != "x"),
+                ),
+                step(
+                    "label x/b pod2=set",
+                    vec![Action::LabelPod(
+                        "x/b".into(),
+                        "pod2".into(),
+                        Some("set".into()),
+                    )],
+                    all().deny(|p| p.to.is("x/a") && !p.from.is("x/c")),
+                ),
+            ],
+        ),
+        case(
+            "NamespaceSelector Exists selects every namespace with the label",
+            vec![
+                deny_x_a(),
+                apply(
+                    "x",
+                    policy(
+                        "ns-exists",
+                        json!({"podSelector": pod("a"), "ingress": [{"from": [{"namespaceSelector":
+                            {"matchExpressions": [{"key": "ns", "operator": "Exists"}]},
+                            "podSelector": pod("c")}]}]}),
+                    ),
+                ),
+            ],
+            all()
+                .deny(into("x/a"))
+                .allow(|p| p.to.is("x/a") && p.from.pod == "c"),
+        ),
+        steps(
             "updated policy: the old rule stops, the new one starts",
             vec![
                 step(
@@ -940,6 +1011,18 @@ fn pod_ip_cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
                 ),
             )],
             all().deny(|p| p.to.is("x/a") && p.protocol == Tcp),
+        ),
+        case(
+            "a policy allowing only SCTP is not taken for TCP or UDP (the pod stays isolated)",
+            vec![apply(
+                "x",
+                policy(
+                    "sctp-80",
+                    json!({"podSelector": pod("a"),
+                           "ingress": [{"ports": [{"port": 80, "protocol": "SCTP"}]}]}),
+                ),
+            )],
+            all().deny(into("x/a")),
         ),
         case(
             "TCP is not allowed by a policy that names UDP only",
