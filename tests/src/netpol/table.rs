@@ -194,7 +194,8 @@ impl Table {
         );
         for protocol in PROTOCOLS {
             for port in PORTS {
-                let _ = write!(out, "\n{}/{port}  from \\ to", protocol.lower());
+                let corner = format!("{}/{port} from\\to", protocol.lower());
+                let _ = write!(out, "\n{corner:<15}");
                 for to in &pods {
                     let _ = write!(out, " {:>4}", to.to_string());
                 }
