@@ -504,8 +504,8 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(watch) = pod_watch {
         watch.abort();
     }
-    if let Some((client, config)) = &enforcement_client {
-        enforce::watch::stop(client.clone(), config).await;
+    if let Some((client, config, handle)) = &enforcement_client {
+        enforce::watch::stop(client.clone(), config, handle).await;
     }
     if let Some((sender, task)) = uplink {
         // Without senders the task still sends what is queued (the last flush's batch among it) and
@@ -562,7 +562,7 @@ async fn start_enforcement(
     config: enforce::watch::Config,
     metrics: &AgentMetrics,
     records: network_enforcer_agent::sources::RecordSink,
-) -> Result<(kube::Client, enforce::watch::Config)> {
+) -> Result<(kube::Client, enforce::watch::Config, enforce::watch::Handle)> {
     let client = pod_watch::client().await.map_err(|e| {
         anyhow::anyhow!(
             "NetworkPolicy enforcement needs the Kubernetes API (in-cluster or kubeconfig): {e}"
@@ -571,13 +571,13 @@ async fn start_enforcement(
     tracing::info!(node = %config.node, table = %config.table, fail_open = config.fail_open,
         "NetworkPolicy enforcement on");
     metrics.enforcement_enabled();
-    enforce::watch::spawn(
+    let handle = enforce::watch::spawn(
         client.clone(),
         config.clone(),
         metrics.enforcement(),
         records,
     );
-    Ok((client, config))
+    Ok((client, config, handle))
 }
 
 /// With enforcement off, a table left by an earlier agent that enforced would keep enforcing

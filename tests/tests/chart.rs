@@ -709,7 +709,7 @@ fn agent_enforcement_adds_only_what_it_reads_and_names_its_table_after_the_relea
     assert_eq!(
         role["rules"],
         serde_json::json!([{"apiGroups": ["apps"], "resources": ["daemonsets"],
-                            "resourceNames": [AGENT], "verbs": ["get"]}])
+                            "resourceNames": [AGENT], "verbs": ["get", "list", "watch"]}])
     );
     assert_eq!(find(&docs, "RoleBinding", AGENT)["roleRef"]["name"], AGENT);
     assert!(rejected(&["agent.enforcement.mode=iptables"]).contains("agent/enforcement/mode"));

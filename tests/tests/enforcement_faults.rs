@@ -118,8 +118,8 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     ns.exec(
         &client,
         &format!(
-            "nohup sh -c 'i=0; while true; do echo $i; i=$((i+1)); sleep 0.2; done \
-             | socat - TCP:{server_ip}:8080' > /tmp/long.log 2>&1 &"
+            "sh -c 'i=0; while true; do echo $i; i=$((i+1)); sleep 0.2; done \
+             | socat - TCP:{server_ip}:8080' > /tmp/long.log 2>&1 < /dev/null &"
         ),
     )?;
     long_lived_flows(&ns, &client, "under policy v1")?;
@@ -129,7 +129,9 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     let agent = release.agent_pod()?;
     release.kubectl(&["delete", "pod", &agent, "--grace-period=0", "--force"])?;
     let killed = Instant::now();
-    let mut checks_without_agent = 0;
+    // Checked until a new agent is ready (its table installed): until then only the table the
+    // killed agent left enforces.
+    let mut checks_before_new_agent = 0;
     loop {
         ensure!(
             release.enforcement_rules()?.is_some(),
@@ -142,14 +144,24 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
             "{:?} after the agent was killed: 8080/8081 reached {reached:?}, want (true, false)",
             killed.elapsed()
         );
-        let running = release.pods("agent")?;
-        if running.iter().any(|p| *p != agent) {
+        let ready = release.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            &release.selector("agent"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].ready} {end}",
+        ])?;
+        if ready
+            .split_whitespace()
+            .any(|p| !p.starts_with(&format!("{agent}=")) && p.ends_with("=true"))
+        {
             break;
         }
-        checks_without_agent += 1;
+        checks_before_new_agent += 1;
         ensure!(
             killed.elapsed() < Duration::from_secs(120),
-            "no new agent within 120 s"
+            "no new agent ready within 120 s: {ready}"
         );
     }
     release.wait_ready()?;
@@ -159,7 +171,7 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
         "the new agent must enforce policy v1 as the old one did"
     );
     eprintln!(
-        "agent killed: isolation held over {checks_without_agent} check(s) without a running agent; new agent ready {:.1}s after the kill",
+        "agent killed: isolation held over {checks_before_new_agent} check(s) before a new agent was ready, {:.1}s after the kill",
         killed.elapsed().as_secs_f64()
     );
 

@@ -186,9 +186,29 @@ impl Shared {
     }
 }
 
+/// What [`stop`] needs of the running enforcement.
+#[derive(Clone, Debug, Default)]
+pub struct Handle {
+    /// Set once the agent's DaemonSet was seen deleted or being deleted.
+    uninstalling: Arc<AtomicBool>,
+}
+
 /// Starts the watches and the sync loop, and with a log group the deny evidence into `records`; runs
 /// until the process ends.
-pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics, records: RecordSink) {
+pub fn spawn(
+    client: Client,
+    config: Config,
+    metrics: EnforcementMetrics,
+    records: RecordSink,
+) -> Handle {
+    let handle = Handle::default();
+    if let Some((namespace, name)) = &config.daemonset {
+        spawn_daemonset_watch(
+            Api::namespaced(client.clone(), namespace),
+            name.clone(),
+            handle.uninstalling.clone(),
+        );
+    }
     let shared = Arc::new(Shared::default());
     let deny_index = SharedDenyIndex::default();
     if let Some(group) = config.log_group {
@@ -235,6 +255,34 @@ pub fn spawn(client: Client, config: Config, metrics: EnforcementMetrics, record
         |c| c.policies.clear(),
     );
     tokio::spawn(sync_loop(shared, config, metrics, deny_index));
+    handle
+}
+
+/// Watches the agent's own DaemonSet for its deletion. It has to be seen while it happens: an
+/// uninstall deletes the agent's RBAC right after the DaemonSet, so by the time the pod gets SIGTERM
+/// the agent may no longer ask.
+fn spawn_daemonset_watch(api: Api<DaemonSet>, name: String, uninstalling: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            let deleting = match event {
+                Ok(Event::Delete(_)) => true,
+                Ok(Event::Apply(ds) | Event::InitApply(ds)) => {
+                    ds.metadata.deletion_timestamp.is_some()
+                }
+                Ok(Event::Init | Event::InitDone) => false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "watching the agent's DaemonSet failed; retrying");
+                    false
+                }
+            };
+            if deleting && !uninstalling.swap(true, Ordering::AcqRel) {
+                tracing::info!(daemonset = %name,
+                    "the agent's DaemonSet is being deleted: the enforcement table goes when this agent stops");
+            }
+        }
+    });
 }
 
 type Flag = fn(&Shared) -> &AtomicBool;
@@ -427,21 +475,24 @@ fn report(ruleset: &Ruleset, policies: usize, script: &str, metrics: &Enforcemen
     metrics.syncs.inc();
 }
 
-/// At SIGTERM: removes the table when the agent's DaemonSet is gone or being deleted (uninstall);
-/// keeps it otherwise (restart, rollout). Returns whether it removed it.
-pub async fn stop(client: Client, config: &Config) -> bool {
+/// At SIGTERM: removes the table when the agent's DaemonSet was seen deleted, or is gone or being
+/// deleted now (uninstall); keeps it otherwise (restart, rollout). Returns whether it removed it.
+pub async fn stop(client: Client, config: &Config, handle: &Handle) -> bool {
     let Some((namespace, name)) = &config.daemonset else {
         return false;
     };
-    let api: Api<DaemonSet> = Api::namespaced(client, namespace);
-    let uninstall = match api.get_opt(name).await {
-        Ok(None) => true,
-        Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot tell whether the agent is being uninstalled; the enforcement table stays");
-            false
-        }
-    };
+    let uninstall = handle.uninstalling.load(Ordering::Acquire)
+        || {
+            let api: Api<DaemonSet> = Api::namespaced(client, namespace);
+            match api.get_opt(name).await {
+                Ok(None) => true,
+                Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot tell whether the agent is being uninstalled; the enforcement table stays");
+                    false
+                }
+            }
+        };
     if !uninstall {
         tracing::info!(table = %config.table, "stopping; the enforcement table stays until the next agent replaces it");
         return false;
