@@ -613,6 +613,8 @@ pub fn run(
     }
     // The egress policy does not allow the client's UDP to http-service:18083 (the server's 18081).
     let (client_ip, service_ip) = (&w.client.1, &w.service_ip);
+    // The blocked attempts start now (the agent's flows are looked at from here).
+    let block_started = Instant::now();
     // The simulated CNI's drop stays until the violation is checked.
     let blocked: Option<NftDrop> = match enforcer {
         Enforcer::Agent => {
@@ -671,7 +673,6 @@ pub fn run(
             Some(blocked)
         }
     };
-    let block_started = Instant::now();
     let egress = poll(
         &format!("the protect violation on {EGRESS}"),
         STEP_TIMEOUT,
