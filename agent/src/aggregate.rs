@@ -7,7 +7,7 @@
 //! namespace (one per pod), the cgroup and the local IP.
 
 use crate::kernel::events::{ConnectionEvent, Direction, Outcome, Protocol};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
@@ -87,10 +87,18 @@ pub struct Edge {
     pub stats: EdgeStats,
 }
 
+/// Edges remembered as already flushed, to tell a new edge from a repeat; when full the memory starts
+/// over (every edge then counts as new once more: one early flush, nothing lost).
+pub const KNOWN_EDGES: usize = 65_536;
+
 /// Accumulates events into edges until drained.
 #[derive(Default)]
 pub struct Aggregator {
     edges: HashMap<EdgeKey, EdgeStats>,
+    /// Edges flushed before (bounded by [`KNOWN_EDGES`]).
+    known: HashSet<EdgeKey>,
+    /// Edges held now that were never flushed before.
+    new_edges: usize,
 }
 
 impl Aggregator {
@@ -102,20 +110,33 @@ impl Aggregator {
     /// Adds one event to its edge.
     pub fn add(&mut self, event: &ConnectionEvent) {
         let count = u64::from(event.count.max(1));
-        self.edges
-            .entry(EdgeKey::of(event))
-            .and_modify(|s| {
+        let key = EdgeKey::of(event);
+        match self.edges.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let s = e.get_mut();
                 s.first_seen = s.first_seen.min(event.monotonic);
                 s.last_seen = s.last_seen.max(event.monotonic);
                 s.count += count;
                 s.last_error = event.error.or(s.last_error);
-            })
-            .or_insert(EdgeStats {
-                first_seen: event.monotonic,
-                last_seen: event.monotonic,
-                count,
-                last_error: event.error,
-            });
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                if !self.known.contains(&key) {
+                    self.new_edges += 1;
+                }
+                e.insert(EdgeStats {
+                    first_seen: event.monotonic,
+                    last_seen: event.monotonic,
+                    count,
+                    last_error: event.error,
+                });
+            }
+        }
+    }
+
+    /// Edges held that no earlier drain returned: a connection never seen before, which the agent
+    /// reports without waiting for the next tick (learning it is what users wait for).
+    pub fn new_edges(&self) -> usize {
+        self.new_edges
     }
 
     /// Adds an already aggregated edge (e.g. from the agent's recent-records buffer).
@@ -138,10 +159,18 @@ impl Aggregator {
 
     /// Takes every edge, oldest first (ties in key order, so the output is deterministic).
     pub fn drain(&mut self) -> Vec<Edge> {
+        if self.known.len() + self.edges.len() > KNOWN_EDGES {
+            self.known.clear();
+        }
+        self.new_edges = 0;
+        let known = &mut self.known;
         let mut edges: Vec<Edge> = self
             .edges
             .drain()
-            .map(|(key, stats)| Edge { key, stats })
+            .map(|(key, stats)| {
+                known.insert(key);
+                Edge { key, stats }
+            })
             .collect();
         edges.sort_by_key(|a| (a.stats.first_seen, a.key));
         edges
@@ -183,6 +212,26 @@ impl WallClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_edges_never_drained_before_count_as_new() {
+        let mut agg = Aggregator::new();
+        let a = event(1, "10.0.0.2:80", "10.0.0.1:40000", Direction::Outbound, 1);
+        let b = event(2, "10.0.0.3:80", "10.0.0.1:40001", Direction::Outbound, 1);
+        agg.add(&a);
+        agg.add(&a);
+        assert_eq!(agg.new_edges(), 1);
+        agg.drain();
+        assert_eq!(agg.new_edges(), 0);
+        // Seen again after a flush: a repeat, not new.
+        agg.add(&a);
+        assert_eq!(agg.new_edges(), 0);
+        agg.add(&b);
+        assert_eq!(agg.new_edges(), 1);
+        agg.drain();
+        agg.add(&b);
+        assert_eq!(agg.new_edges(), 0);
+    }
 
     fn event(
         secs: u64,

@@ -125,6 +125,10 @@ struct RunArgs {
     /// Seconds between flushes of the aggregated edges.
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
+    /// A connection never seen before is flushed this many milliseconds after it appears instead of
+    /// at the next tick, so that it is learned within a couple of seconds (0: wait for the tick).
+    #[arg(long, default_value_t = 100, env = "NE_NEW_EDGE_FLUSH_MS")]
+    new_edge_flush_ms: u64,
     /// Unix socket of the debug API that `flows` reads live events from.
     #[arg(long, default_value = socket::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
     debug_socket: PathBuf,
@@ -295,6 +299,14 @@ enum Step {
     FlushAndStop,
 }
 
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
 async fn shutdown_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -389,10 +401,16 @@ async fn run(args: RunArgs) -> Result<()> {
     let clock = WallClock::now();
     let mut aggregator = Aggregator::new();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
+    // When an edge never flushed before is held: flush it soon rather than at the next tick.
+    let mut early: Option<tokio::time::Instant> = None;
+    let new_edge_delay = Duration::from_millis(args.new_edge_flush_ms);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
+        if early.is_none() && args.new_edge_flush_ms > 0 && aggregator.new_edges() > 0 {
+            early = Some(tokio::time::Instant::now() + new_edge_delay);
+        }
         let step = tokio::select! {
             read = reader.read_batch(&mut batch) => {
                 read?;
@@ -413,6 +431,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 continue;
             }
             _ = flush.tick() => Step::Flush,
+            () = sleep_until_or_never(early) => Step::Flush,
             r = &mut shutdown => {
                 r?;
                 // The aggregator still holds every edge since the last tick (up to --flush-seconds
@@ -420,6 +439,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 Step::FlushAndStop
             }
         };
+        early = None;
         let edges = aggregator.drain();
         let counters = data_plane.counters()?;
         // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.

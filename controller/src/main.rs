@@ -234,6 +234,12 @@ enum LogFormat {
     Text,
 }
 
+/// After the first new edge of a burst, how long the flusher waits for the rest of it.
+const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
+/// The least time between two flushes woken by new edges (API writes stay bounded under a storm of
+/// new connections, e.g. many agents starting at once).
+const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
+
 #[tokio::main]
 async fn main() -> Result<()> {
     match Cli::parse().command {
@@ -566,8 +572,19 @@ async fn run(args: RunArgs) -> Result<()> {
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
     let flusher = async move {
         let mut tick = tokio::time::interval(flush_every);
+        let mut last_flush = tokio::time::Instant::now();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = writer.new_edges().notified() => {
+                    // A connection never learned before: write it soon, once the rest of its burst
+                    // is in, and no more often than every NEW_EDGE_MIN_GAP.
+                    let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
+                        .max(last_flush + NEW_EDGE_MIN_GAP);
+                    tokio::time::sleep_until(at).await;
+                }
+            }
+            last_flush = tokio::time::Instant::now();
             settle_waiting(&writer, &settle_index, watches::now_ms());
             let report = flushes.flush(&writer).await;
             if report != FlushReport::default() {

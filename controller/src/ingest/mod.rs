@@ -711,6 +711,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_never_seen_edge_wakes_the_flusher_and_a_repeat_does_not() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
+                         "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        let writer = unreachable_writer();
+        let woken = || async {
+            tokio::time::timeout(Duration::from_millis(50), writer.new_edges().notified())
+                .await
+                .is_ok()
+        };
+        let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
+            .unwrap()
+            .unwrap();
+        writer.observe(&index, &obs).unwrap();
+        assert!(woken().await, "a new edge wakes the flusher");
+        // The same edge again, pending or after a flush (here a failed one): no wake-up.
+        writer.observe(&index, &obs).unwrap();
+        Flushes::new().flush(&writer).await;
+        writer.observe(&index, &obs).unwrap();
+        assert!(!woken().await, "a repeat must not wake the flusher");
+    }
+
+    #[tokio::test]
     async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
         // A pod of Deployment web (through its ReplicaSet), so its flows make proposals.
         let pod: Pod = serde_json::from_value(json!({

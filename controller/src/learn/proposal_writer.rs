@@ -26,7 +26,8 @@ use network_enforcer_api::naming::promoted_from_value;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher as _;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -170,7 +171,16 @@ pub struct ProposalWriter {
     metrics: ControllerMetrics,
     /// Leadership, when replicas elect a leader; `None`: this replica always writes.
     leader: Option<tokio::sync::watch::Receiver<crate::runtime::leader::Leadership>>,
+    /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
+    /// the flusher ([`ProposalWriter::new_edges`]) so it is written without waiting for the tick.
+    seen: Mutex<HashSet<u64>>,
+    seen_hasher: std::hash::RandomState,
+    new_edges: tokio::sync::Notify,
 }
+
+/// How many (proposal, edge) pairs the writer remembers to tell new edges from repeats; when full it
+/// starts over (every edge then looks new once: early flushes that write nothing new).
+pub const SEEN_EDGES: usize = 262_144;
 
 impl ProposalWriter {
     /// A writer for `backend` that learns nothing for workloads in `excluded_namespaces` (they are still
@@ -195,7 +205,16 @@ impl ProposalWriter {
             recorder,
             metrics: ControllerMetrics::new(),
             leader: None,
+            seen: Mutex::new(HashSet::new()),
+            seen_hasher: std::hash::RandomState::new(),
+            new_edges: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Notified when an edge no earlier observation produced is pending: the flusher writes soon
+    /// instead of at its next tick (see the controller's flush loop).
+    pub fn new_edges(&self) -> &tokio::sync::Notify {
+        &self.new_edges
     }
 
     /// Writes only while `leadership` says this replica leads; the ingest feeding this writer refuses
@@ -333,6 +352,7 @@ impl ProposalWriter {
         let mut produced = 0;
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
         let (mut added, mut capped) = (0i64, 0u64);
+        let mut fresh = false;
         let mut pending = self.pending.lock().expect("pending edges lock");
         for flow in flows {
             // The peer is the side that is not the local pod's workload.
@@ -356,12 +376,20 @@ impl ProposalWriter {
                 if self.excluded(&target) {
                     continue;
                 }
+                let hash = self.seen_hasher.hash_one((&target, &edge));
                 let edges = match pending.get_mut(&target) {
                     Some(edges) => edges,
                     None => pending.entry(target).or_default(),
                 };
                 match edges.add(edge, self.max_external_peers) {
-                    Added::New => added += 1,
+                    Added::New => {
+                        added += 1;
+                        let mut seen = self.seen.lock().expect("seen edges lock");
+                        if seen.len() >= SEEN_EDGES {
+                            seen.clear();
+                        }
+                        fresh |= seen.insert(hash);
+                    }
                     Added::Known => {}
                     Added::Capped => capped += 1,
                 }
@@ -371,6 +399,9 @@ impl ProposalWriter {
         if added > 0 {
             self.metrics.pending_edges.inc_by(added);
             self.metrics.pending_proposals.set(pending.len() as i64);
+        }
+        if fresh {
+            self.new_edges.notify_one();
         }
         if capped > 0 {
             // Reported with the proposal's Event when the pending ones are written.
