@@ -2,10 +2,12 @@
 //! (`tests::e2e::scenario`), against our chart in the local cluster, `NE_E2E_RUNS` times (default 3) on
 //! one install. Figures: the scenario's median run time, and first-packet-to-proposal latency over
 //! every proposal of every run (the time from the client's first TCP packet to each proposal existing
-//! in the API; with the chart's default agent flush of 10 s).
+//! in the API) plus `NE_E2E_LATENCY_SAMPLES` (default 20) new connections of an existing workload, each
+//! until its rule is in the proposal.
 
 use anyhow::{Context, Result};
 use network_enforcer_tests::e2e::release::{self, Release};
+use network_enforcer_tests::e2e::latency;
 use network_enforcer_tests::e2e::scenario::{self, percentile_ms};
 use network_enforcer_tests::fixture;
 use std::time::Duration;
@@ -64,6 +66,24 @@ pub fn run() -> Result<()> {
         scenario_times.push(t.scenario);
         latencies.extend(t.first_packet_to_proposal);
     }
+    // New edges of a workload that already has a proposal: the path every later connection takes.
+    let probes = std::env::var("NE_E2E_LATENCY_SAMPLES")
+        .ok()
+        .map(|v| v.parse().context("NE_E2E_LATENCY_SAMPLES must be a number"))
+        .transpose()?
+        .unwrap_or(20);
+    println!("==> {probes} new connections, one at a time, each until its rule is learned");
+    let new_edges = latency::new_edge_samples(
+        &cluster.kubeconfig,
+        &format!("bench-latency-{}", std::process::id()),
+        probes,
+    )?;
+    println!(
+        "    new edge → rule: p50 {:.0} ms, p99 {:.0} ms",
+        percentile_ms(&new_edges, 50.0),
+        percentile_ms(&new_edges, 99.0)
+    );
+    latencies.extend(new_edges);
     release.uninstall()?;
     scenario::require_samples(&latencies)?;
     scenario_times.sort();
