@@ -103,28 +103,32 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
         }
         let _ = writeln!(out, "  }}");
     }
+    // Chains first into their own text: the address sets they use are collected on the way and must
+    // be declared before them.
+    let mut sets = AddressSets::default();
+    let mut chains = String::new();
     for (k, pod) in ruleset.pods.iter().enumerate() {
         if let Some(side) = &pod.ingress {
             chain(
-                &mut out,
+                &mut chains,
                 &format!("in_{k}"),
                 side,
-                "saddr",
-                DENY_PREFIX_INGRESS,
-                log_group,
+                ("saddr", DENY_PREFIX_INGRESS, log_group),
+                &mut sets,
             );
         }
         if let Some(side) = &pod.egress {
             chain(
-                &mut out,
+                &mut chains,
                 &format!("eg_{k}"),
                 side,
-                "daddr",
-                DENY_PREFIX_EGRESS,
-                log_group,
+                ("daddr", DENY_PREFIX_EGRESS, log_group),
+                &mut sets,
             );
         }
     }
+    sets.declare(&mut out);
+    out.push_str(&chains);
     let _ = writeln!(
         out,
         "  chain forward {{\n    type filter hook forward priority filter; policy accept;\n    \
@@ -142,12 +146,61 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
     out
 }
 
+/// Named sets of pod addresses, one per distinct set of peers: a policy's peers are the same for
+/// every pod it selects, so each set is written (and parsed by the kernel) once, not once per pod.
+#[derive(Default)]
+struct AddressSets {
+    names: BTreeMap<Vec<IpAddr>, String>,
+}
+
+impl AddressSets {
+    /// The name of the set holding `ips` (all of one family, sorted).
+    fn name(&mut self, ips: Vec<IpAddr>) -> String {
+        let next = self.names.len();
+        self.names
+            .entry(ips)
+            .or_insert_with_key(|ips| {
+                let family = if ips.first().is_some_and(IpAddr::is_ipv6) {
+                    6
+                } else {
+                    4
+                };
+                format!("a{family}_{next}")
+            })
+            .clone()
+    }
+
+    fn declare(&self, out: &mut String) {
+        for (ips, name) in &self.names {
+            let kind = if ips.first().is_some_and(IpAddr::is_ipv6) {
+                "ipv6_addr"
+            } else {
+                "ipv4_addr"
+            };
+            let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+            let _ = writeln!(
+                out,
+                "  set {name} {{\n    type {kind}\n    elements = {{ {} }}\n  }}",
+                list.join(", ")
+            );
+        }
+    }
+}
+
 /// One isolated side: its allowances, each ending in `return` (on to the next check), then the deny.
-fn chain(out: &mut String, name: &str, side: &Side, field: &str, prefix: &str, log: Option<u16>) {
+/// `how` is the peer's address field, the log prefix and the log group.
+fn chain(
+    out: &mut String,
+    name: &str,
+    side: &Side,
+    how: (&str, &str, Option<u16>),
+    sets: &mut AddressSets,
+) {
+    let (field, prefix, log) = how;
     let _ = writeln!(out, "  chain {name} {{");
     let _ = writeln!(out, "    # {}", side.policies.join(", "));
     for allow in &side.allows {
-        for line in allow_rules(allow, field) {
+        for line in allow_rules(allow, field, sets) {
             let _ = writeln!(out, "    {line}");
         }
     }
@@ -166,16 +219,15 @@ fn chain(out: &mut String, name: &str, side: &Side, field: &str, prefix: &str, l
 }
 
 /// The rules of one allowance: every address match times every protocol's port match.
-fn allow_rules(allow: &Allow, field: &str) -> Vec<String> {
+fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String> {
     let addresses: Vec<String> = match &allow.peers {
         Peers::Any => vec![String::new()],
         Peers::Addresses(ips) => {
-            let (v4, v6): (Vec<&IpAddr>, Vec<&IpAddr>) = ips.iter().partition(|ip| ip.is_ipv4());
+            let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips.iter().partition(|ip| ip.is_ipv4());
             let mut out = Vec::new();
             for (family, ips) in [("ip", v4), ("ip6", v6)] {
                 if !ips.is_empty() {
-                    let list: Vec<String> = ips.iter().map(|ip| ip.to_string()).collect();
-                    out.push(format!("{family} {field} {{ {} }} ", list.join(", ")));
+                    out.push(format!("{family} {field} @{} ", sets.name(ips)));
                 }
             }
             out
@@ -367,8 +419,10 @@ mod tests {
             "fd00::1 : jump in_0",
             "10.0.0.1 : jump eg_0",
             "10.0.0.3 : jump eg_1",
-            "ip saddr { 10.0.0.2 } tcp dport { 80, 9000-9010 } return",
-            "ip6 saddr { fd00::2 } meta l4proto udp return",
+            "set a4_0 {\n    type ipv4_addr\n    elements = { 10.0.0.2 }",
+            "set a6_1 {\n    type ipv6_addr\n    elements = { fd00::2 }",
+            "ip saddr @a4_0 tcp dport { 80, 9000-9010 } return",
+            "ip6 saddr @a6_1 meta l4proto udp return",
             "ip saddr 10.0.0.0/16 ip saddr != { 10.0.1.0/24 } return",
             "log prefix \"ne-deny ingress\" group 7 counter drop",
             "log prefix \"ne-deny egress\" group 7 counter drop",
