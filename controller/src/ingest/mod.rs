@@ -34,6 +34,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -255,6 +256,24 @@ fn read(
     )))
 }
 
+/// How far ahead of this controller's clock an agent's clock may run before its times are not
+/// believed.
+pub const CLOCK_SKEW_MS: i64 = 60_000;
+
+/// A record whose times lie in the future (beyond [`CLOCK_SKEW_MS`]) gets them set to `now_ms`: an
+/// agent's clock or a hostile agent must not date violations ahead, where they would outrank real
+/// ones and never age out.
+pub fn clamp_times(record: &FlowRecord, now_ms: i64) -> Cow<'_, FlowRecord> {
+    let limit = now_ms.saturating_add(CLOCK_SKEW_MS);
+    if record.last_seen_ms <= limit && record.first_seen_ms <= limit {
+        return Cow::Borrowed(record);
+    }
+    let mut clamped = record.clone();
+    clamped.last_seen_ms = clamped.last_seen_ms.min(now_ms);
+    clamped.first_seen_ms = clamped.first_seen_ms.min(clamped.last_seen_ms);
+    Cow::Owned(clamped)
+}
+
 impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
@@ -269,7 +288,12 @@ impl Learning {
         let now_ms = crate::cluster::watches::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut learned = 0usize;
-        for record in &batch.records {
+        for original in &batch.records {
+            let record = clamp_times(original, now_ms);
+            if matches!(record, Cow::Owned(_)) {
+                metrics.resolved("future_time_clamped", 1);
+            }
+            let record = &*record;
             let result = read(record, &index, node).map(|obs| match obs {
                 Some((o, from)) => {
                     if from != PeerFrom::Address {
@@ -708,6 +732,41 @@ mod tests {
             network_enforcer_api::Backend::Kubernetes,
             Default::default(),
         )
+    }
+
+    #[test]
+    fn times_in_the_future_are_clamped_to_now() {
+        let now = 1_000_000;
+        // (first, last) → expected (first, last), borrowed?
+        let cases = [
+            ((900_000, 999_000), (900_000, 999_000), true),
+            (
+                (900_000, now + CLOCK_SKEW_MS),
+                (900_000, now + CLOCK_SKEW_MS),
+                true,
+            ),
+            ((900_000, i64::MAX), (900_000, now), false),
+            ((i64::MAX, i64::MAX), (now, now), false),
+            (
+                (now + 2 * CLOCK_SKEW_MS, now + 3 * CLOCK_SKEW_MS),
+                (now, now),
+                false,
+            ),
+        ];
+        for ((first, last), expected, borrowed) in cases {
+            let r = FlowRecord {
+                first_seen_ms: first,
+                last_seen_ms: last,
+                ..FlowRecord::default()
+            };
+            let c = clamp_times(&r, now);
+            assert_eq!(matches!(c, Cow::Borrowed(_)), borrowed, "{first} {last}");
+            assert_eq!(
+                (c.first_seen_ms, c.last_seen_ms),
+                expected,
+                "{first} {last}"
+            );
+        }
     }
 
     #[tokio::test]
