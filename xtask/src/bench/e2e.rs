@@ -6,8 +6,8 @@
 //! until its rule is in the proposal.
 
 use anyhow::{Context, Result};
-use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::latency;
+use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::{self, percentile_ms};
 use network_enforcer_tests::fixture;
 use std::time::Duration;
