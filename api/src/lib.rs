@@ -3,6 +3,7 @@
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`keys`]: every label and annotation key the product reads or writes.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
+//! - [`pod`]: a Pod's addresses and whether it has finished, read the same way everywhere.
 //! - [`selector`]: label selector semantics (`metav1.LabelSelector`), for the controller and the agent.
 //! - [`validation`]: the CRDs' CEL rules in Rust, for clusters and paths that do not run them.
 //!
@@ -11,6 +12,7 @@
 pub mod crd;
 pub mod keys;
 pub mod naming;
+pub mod pod;
 pub mod selector;
 pub mod validation;
 

@@ -6,6 +6,7 @@
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
+use network_enforcer_api::pod;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -60,27 +61,12 @@ impl PodEntry {
     pub fn from_pod(pod: &Pod) -> Option<(Key, Self)> {
         let key = (pod.metadata.namespace.clone()?, pod.metadata.name.clone()?);
         let spec = pod.spec.as_ref();
-        let status = pod.status.as_ref();
-        let finished = status
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        let mut ips: Vec<IpAddr> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip.ip.parse().ok())
-            .collect();
-        if ips.is_empty() {
-            // Older API servers fill podIP only.
-            ips.extend(
-                status
-                    .and_then(|s| s.pod_ip.as_deref())
-                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
-            );
-        }
-        if finished {
-            ips.clear();
-        }
+        // A finished pod has given its address back.
+        let ips = if pod::finished(pod) {
+            Vec::new()
+        } else {
+            pod::ips(pod)
+        };
         let named_ports = spec
             .into_iter()
             .flat_map(|s| &s.containers)

@@ -14,9 +14,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use network_enforcer_api::pod;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 /// The attribution state shared by the watch (writer) and the event loop (reader).
@@ -40,27 +40,11 @@ pub struct PodWatchCounters {
 /// longer holds an IP, so a new pod that gets the IP is not confused with it.
 pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
     let uid = pod.metadata.uid.clone()?;
-    let status = pod.status.as_ref();
-    let finished = status
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Succeeded" || p == "Failed");
-    let mut ips: Vec<IpAddr> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| ip.ip.parse().ok())
-        .collect();
-    if ips.is_empty() {
-        // v1.20 fills podIPs, but older servers only podIP.
-        ips.extend(
-            status
-                .and_then(|s| s.pod_ip.as_deref())
-                .and_then(|ip| ip.parse::<IpAddr>().ok()),
-        );
-    }
-    if finished {
-        ips.clear();
-    }
+    let ips = if pod::finished(pod) {
+        Vec::new()
+    } else {
+        pod::ips(pod)
+    };
     Some(PodInfo {
         uid,
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),

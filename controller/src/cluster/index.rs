@@ -520,26 +520,10 @@ impl Index {
     /// Adds or updates a pod, at time `now_ms`.
     pub fn apply_pod(&mut self, pod: &Pod, now_ms: i64) {
         let spec = pod.spec.as_ref();
-        let status = pod.status.as_ref();
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let mut ips: Vec<IpAddr> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.ip.parse().ok())
-            .collect();
-        if ips.is_empty() {
-            ips.extend(
-                status
-                    .and_then(|s| s.pod_ip.as_deref())
-                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
-            );
-        }
+        let ips = network_enforcer_api::pod::ips(pod);
         let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
-        let terminated = matches!(
-            status.and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
+        let terminated = network_enforcer_api::pod::finished(pod);
         let controller = controller_ref(pod.metadata.owner_references.as_ref());
         let controller_kind = controller.as_ref().map(|(kind, _)| kind.to_string());
         let job = match controller {

@@ -72,20 +72,7 @@ impl PodInfo {
     /// protocols and out-of-range numbers skipped), and its workload. `None` without a name or
     /// namespace.
     pub fn from_pod(pod: &Pod) -> Option<Self> {
-        let status = pod.status.as_ref();
-        let mut ips: Vec<IpAddr> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip.ip.parse().ok())
-            .collect();
-        if ips.is_empty() {
-            ips.extend(
-                status
-                    .and_then(|s| s.pod_ip.as_deref())
-                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
-            );
-        }
+        let ips = network_enforcer_api::pod::ips(pod);
         let ports = pod
             .spec
             .iter()
