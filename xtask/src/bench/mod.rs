@@ -13,10 +13,11 @@ use crate::run;
 mod agent;
 mod controller;
 mod e2e;
+mod enforce;
 mod evaluate;
 
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e"];
+const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e", "enforce"];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
@@ -24,6 +25,7 @@ pub fn run(name: &str) -> Result<()> {
         "agent" => agent::run(),
         "controller" => controller::run(),
         "e2e" => e2e::run(),
+        "enforce" => enforce::run(),
         "evaluate" => evaluate::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
     }
