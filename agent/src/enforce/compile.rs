@@ -21,7 +21,7 @@ use crate::enforce::model::{Cluster, L4, PodEntry};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::selector;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -147,6 +147,7 @@ enum Way {
 /// policy selects, with the union of what the policies selecting it allow.
 pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
     let mut ruleset = Ruleset::default();
+    let mut memo = Memo::new();
     // Policies per namespace, so each pod looks only at its own namespace's.
     let mut by_namespace: BTreeMap<&str, Vec<(&str, &NetworkPolicySpec)>> = BTreeMap::new();
     for ((namespace, name), spec) in &cluster.policies {
@@ -188,9 +189,9 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                 for rule in spec.ingress.iter().flatten() {
                     policy.rule(
                         Way::Ingress,
-                        rule.from.as_deref(),
-                        rule.ports.as_deref(),
+                        (rule.from.as_deref(), rule.ports.as_deref()),
                         side,
+                        &mut memo,
                         &mut ruleset.warnings,
                     );
                 }
@@ -201,9 +202,9 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                 for rule in spec.egress.iter().flatten() {
                     policy.rule(
                         Way::Egress,
-                        rule.to.as_deref(),
-                        rule.ports.as_deref(),
+                        (rule.to.as_deref(), rule.ports.as_deref()),
                         side,
+                        &mut memo,
                         &mut ruleset.warnings,
                     );
                 }
@@ -237,7 +238,13 @@ struct Policy<'a> {
     subject: &'a PodEntry,
 }
 
+/// Peers already chosen in this compilation, by the address of their `NetworkPolicyPeer` (the cluster
+/// is borrowed for the whole compilation, so addresses are stable): a policy's peers are the same for
+/// every pod it selects, so each is chosen once, not once per isolated pod.
+type Memo<'a> = HashMap<usize, Option<Chosen<'a>>>;
+
 /// A peer before ports are applied: pods (for named ports on egress) or a block.
+#[derive(Clone)]
 enum Chosen<'a> {
     Any,
     Pods(Vec<&'a PodEntry>),
@@ -248,16 +255,27 @@ impl<'a> Policy<'a> {
     fn rule(
         &self,
         way: Way,
-        peers: Option<&[NetworkPolicyPeer]>,
-        ports: Option<&[NetworkPolicyPort]>,
+        (peers, ports): (
+            Option<&'a [NetworkPolicyPeer]>,
+            Option<&[NetworkPolicyPort]>,
+        ),
         side: &mut Side,
+        memo: &mut Memo<'a>,
         warnings: &mut Vec<String>,
     ) {
         let chosen: Vec<Chosen> = match peers {
             None | Some([]) => vec![Chosen::Any],
             Some(peers) => peers
                 .iter()
-                .filter_map(|p| self.peer(p, warnings))
+                .filter_map(|p| {
+                    let key = std::ptr::from_ref(p) as usize;
+                    if let Some(chosen) = memo.get(&key) {
+                        return chosen.clone();
+                    }
+                    let chosen = self.peer(p, warnings);
+                    memo.insert(key, chosen.clone());
+                    chosen
+                })
                 .collect(),
         };
         let ports = ports.unwrap_or_default();

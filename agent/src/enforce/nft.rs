@@ -26,7 +26,7 @@
 
 use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side};
 use crate::enforce::model::L4;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -69,25 +69,48 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
     // transaction.
     let _ = writeln!(out, "table inet {table} {{}}\ndelete table inet {table}");
     let _ = writeln!(out, "table inet {table} {{");
+    // Chains first into their own text: the address sets they use are collected on the way and must
+    // be declared before them. Pods whose side reads the same (the same policies select them alike)
+    // share one chain: the kernel parses and holds each distinct chain once.
+    let mut sets = NamedSets::default();
+    let mut chains = String::new();
+    let mut names: HashMap<(&str, String), String> = HashMap::new();
+    let (mut chains_in, mut chains_eg) = (0usize, 0usize);
     let mut maps: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (k, pod) in ruleset.pods.iter().enumerate() {
-        for (side, map, chain) in [
-            (&pod.ingress, "ingress", format!("in_{k}")),
-            (&pod.egress, "egress", format!("eg_{k}")),
-        ] {
-            if side.is_none() {
+    for pod in &ruleset.pods {
+        for (side, direction) in [(&pod.ingress, "in"), (&pod.egress, "eg")] {
+            let Some(side) = side else {
                 continue;
-            }
+            };
+            let how = match direction {
+                "in" => ("saddr", DENY_PREFIX_INGRESS, log_group),
+                _ => ("daddr", DENY_PREFIX_EGRESS, log_group),
+            };
+            let body = chain_body(side, how, &mut sets);
+            let count = if direction == "in" {
+                &mut chains_in
+            } else {
+                &mut chains_eg
+            };
+            let name = names
+                .entry((direction, body))
+                .or_insert_with_key(|(_, body)| {
+                    let name = format!("{direction}_{count}");
+                    *count += 1;
+                    let _ = write!(chains, "  chain {name} {{\n{body}  }}\n");
+                    name
+                })
+                .clone();
             for ip in &pod.ips {
-                let map = match (map, ip) {
-                    ("ingress", IpAddr::V4(_)) => "ingress4",
-                    ("ingress", IpAddr::V6(_)) => "ingress6",
+                let map = match (direction, ip) {
+                    ("in", IpAddr::V4(_)) => "ingress4",
+                    ("in", IpAddr::V6(_)) => "ingress6",
                     (_, IpAddr::V4(_)) => "egress4",
                     (_, IpAddr::V6(_)) => "egress6",
                 };
                 maps.entry(map)
                     .or_default()
-                    .push(format!("{ip} : jump {chain}"));
+                    .push(format!("{ip} : jump {name}"));
             }
         }
     }
@@ -102,30 +125,6 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
             let _ = writeln!(out, "    elements = {{ {} }}", elements.join(", "));
         }
         let _ = writeln!(out, "  }}");
-    }
-    // Chains first into their own text: the address sets they use are collected on the way and must
-    // be declared before them.
-    let mut sets = AddressSets::default();
-    let mut chains = String::new();
-    for (k, pod) in ruleset.pods.iter().enumerate() {
-        if let Some(side) = &pod.ingress {
-            chain(
-                &mut chains,
-                &format!("in_{k}"),
-                side,
-                ("saddr", DENY_PREFIX_INGRESS, log_group),
-                &mut sets,
-            );
-        }
-        if let Some(side) = &pod.egress {
-            chain(
-                &mut chains,
-                &format!("eg_{k}"),
-                side,
-                ("daddr", DENY_PREFIX_EGRESS, log_group),
-                &mut sets,
-            );
-        }
     }
     sets.declare(&mut out);
     out.push_str(&chains);
@@ -146,58 +145,64 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
     out
 }
 
-/// Named sets of pod addresses, one per distinct set of peers: a policy's peers are the same for
-/// every pod it selects, so each set is written (and parsed by the kernel) once, not once per pod.
+/// Named sets, one per distinct content: a policy's peers and ports are the same for every pod it
+/// selects, so each set is written (and parsed by the kernel) once, not once per pod, and the kernel
+/// handles a few named sets far better than thousands of anonymous ones.
 #[derive(Default)]
-struct AddressSets {
-    names: BTreeMap<Vec<IpAddr>, String>,
+struct NamedSets {
+    /// (type, interval flag, elements) → name.
+    names: BTreeMap<(&'static str, bool, Vec<String>), String>,
 }
 
-impl AddressSets {
-    /// The name of the set holding `ips` (all of one family, sorted).
-    fn name(&mut self, ips: Vec<IpAddr>) -> String {
+impl NamedSets {
+    /// The name of the set of `kind` (`ipv4_addr`, `ipv6_addr`, `inet_service`) holding `elements`;
+    /// `interval` for prefixes and ranges (merged where they overlap).
+    fn name(&mut self, kind: &'static str, interval: bool, elements: Vec<String>) -> String {
         let next = self.names.len();
         self.names
-            .entry(ips)
-            .or_insert_with_key(|ips| {
-                let family = if ips.first().is_some_and(IpAddr::is_ipv6) {
-                    6
-                } else {
-                    4
+            .entry((kind, interval, elements))
+            .or_insert_with(|| {
+                let prefix = match kind {
+                    "ipv4_addr" => "a4",
+                    "ipv6_addr" => "a6",
+                    _ => "p",
                 };
-                format!("a{family}_{next}")
+                format!("{prefix}_{next}")
             })
             .clone()
     }
 
+    /// A set of addresses of one family.
+    fn addresses(&mut self, ips: &[IpAddr]) -> String {
+        let kind = if ips.first().is_some_and(IpAddr::is_ipv6) {
+            "ipv6_addr"
+        } else {
+            "ipv4_addr"
+        };
+        self.name(kind, false, ips.iter().map(IpAddr::to_string).collect())
+    }
+
     fn declare(&self, out: &mut String) {
-        for (ips, name) in &self.names {
-            let kind = if ips.first().is_some_and(IpAddr::is_ipv6) {
-                "ipv6_addr"
+        for ((kind, interval, elements), name) in &self.names {
+            let flags = if *interval {
+                "\n    flags interval\n    auto-merge"
             } else {
-                "ipv4_addr"
+                ""
             };
-            let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
             let _ = writeln!(
                 out,
-                "  set {name} {{\n    type {kind}\n    elements = {{ {} }}\n  }}",
-                list.join(", ")
+                "  set {name} {{\n    type {kind}{flags}\n    elements = {{ {} }}\n  }}",
+                elements.join(", ")
             );
         }
     }
 }
 
-/// One isolated side: its allowances, each ending in `return` (on to the next check), then the deny.
-/// `how` is the peer's address field, the log prefix and the log group.
-fn chain(
-    out: &mut String,
-    name: &str,
-    side: &Side,
-    how: (&str, &str, Option<u16>),
-    sets: &mut AddressSets,
-) {
+/// The rules of one isolated side: its allowances, each ending in `return` (on to the next check),
+/// then the deny. `how` is the peer's address field, the log prefix and the log group.
+fn chain_body(side: &Side, how: (&str, &str, Option<u16>), sets: &mut NamedSets) -> String {
     let (field, prefix, log) = how;
-    let _ = writeln!(out, "  chain {name} {{");
+    let mut out = String::new();
     let _ = writeln!(out, "    # {}", side.policies.join(", "));
     for allow in &side.allows {
         for line in allow_rules(allow, field, sets) {
@@ -215,11 +220,11 @@ fn chain(
             let _ = writeln!(out, "    counter drop");
         }
     }
-    let _ = writeln!(out, "  }}");
+    out
 }
 
 /// The rules of one allowance: every address match times every protocol's port match.
-fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String> {
+fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets) -> Vec<String> {
     let addresses: Vec<String> = match &allow.peers {
         Peers::Any => vec![String::new()],
         Peers::Addresses(ips) => {
@@ -227,7 +232,7 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String
             let mut out = Vec::new();
             for (family, ips) in [("ip", v4), ("ip6", v6)] {
                 if !ips.is_empty() {
-                    out.push(format!("{family} {field} @{} ", sets.name(ips)));
+                    out.push(format!("{family} {field} @{} ", sets.addresses(&ips)));
                 }
             }
             out
@@ -240,8 +245,20 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String
                 .filter(|e| e.address.is_ipv4() == cidr.address.is_ipv4())
                 .map(|e| e.to_string())
                 .collect();
-            if !except.is_empty() {
-                let _ = write!(line, "{family} {field} != {{ {} }} ", except.join(", "));
+            match except.as_slice() {
+                [] => {}
+                [one] => {
+                    let _ = write!(line, "{family} {field} != {one} ");
+                }
+                _ => {
+                    let kind = if family == "ip" {
+                        "ipv4_addr"
+                    } else {
+                        "ipv6_addr"
+                    };
+                    let set = sets.name(kind, true, except);
+                    let _ = write!(line, "{family} {field} != @{set} ");
+                }
             }
             vec![line]
         }
@@ -264,7 +281,7 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String
                     if ranges.iter().any(PortRange::is_whole_protocol) {
                         return Some(format!("meta l4proto {name} "));
                     }
-                    let list: Vec<String> = ranges
+                    let mut list: Vec<String> = ranges
                         .iter()
                         .map(|r| {
                             if r.first == r.last {
@@ -274,7 +291,12 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut AddressSets) -> Vec<String
                             }
                         })
                         .collect();
-                    Some(format!("{name} dport {{ {} }} ", list.join(", ")))
+                    list.sort();
+                    list.dedup();
+                    Some(match list.as_slice() {
+                        [one] if !one.contains('-') => format!("{name} dport {one} "),
+                        _ => format!("{name} dport @{} ", sets.name("inet_service", true, list)),
+                    })
                 })
                 .collect()
         }
@@ -293,31 +315,16 @@ pub fn apply(script: &str) -> Result<(), NftError> {
     run(&["-f", "-"], Some(script), "-f")
 }
 
-/// Removes table `table`; a table that does not exist is not an error.
+/// Removes table `table`; a table that does not exist is not an error (`Ok(false)`). Deleting
+/// directly, because listing tables makes nft fetch the whole ruleset (a second with a big table).
 pub fn clear(table: &str) -> Result<bool, NftError> {
-    if !exists(table)? {
-        return Ok(false);
+    match run(&["delete", "table", "inet", table], None, "delete table") {
+        Ok(()) => Ok(true),
+        Err(NftError::Refused { stderr, .. }) if stderr.contains("No such file or directory") => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
-    run(&["delete", "table", "inet", table], None, "delete table")?;
-    Ok(true)
-}
-
-/// True when table `table` is installed.
-pub fn exists(table: &str) -> Result<bool, NftError> {
-    let out = Command::new("nft")
-        .args(["list", "tables", "inet"])
-        .output()
-        .map_err(NftError::Spawn)?;
-    if !out.status.success() {
-        return Err(NftError::Refused {
-            action: "list tables".into(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    let wanted = format!("table inet {table}");
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l.trim() == wanted))
 }
 
 fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError> {
@@ -389,6 +396,16 @@ mod tests {
                                 },
                                 ports: None,
                             },
+                            Allow {
+                                peers: Peers::Block {
+                                    cidr: Cidr::parse("10.0.0.0/8").unwrap(),
+                                    except: vec![
+                                        Cidr::parse("10.1.0.0/16").unwrap(),
+                                        Cidr::parse("10.2.0.0/16").unwrap(),
+                                    ],
+                                },
+                                ports: Some(vec![range(L4::Tcp, 443, 443)]),
+                            },
                         ],
                     }),
                     egress: Some(Side::default()),
@@ -419,16 +436,36 @@ mod tests {
             "fd00::1 : jump in_0",
             "10.0.0.1 : jump eg_0",
             "10.0.0.3 : jump eg_1",
+            "ip6 saddr @a6_1 tcp dport @p_2 return",
             "set a4_0 {\n    type ipv4_addr\n    elements = { 10.0.0.2 }",
             "set a6_1 {\n    type ipv6_addr\n    elements = { fd00::2 }",
-            "ip saddr @a4_0 tcp dport { 80, 9000-9010 } return",
+            "set p_2 {\n    type inet_service\n    flags interval\n    auto-merge\n    elements = { 80, 9000-9010 }",
+            "ip saddr @a4_0 tcp dport @p_2 return",
             "ip6 saddr @a6_1 meta l4proto udp return",
-            "ip saddr 10.0.0.0/16 ip saddr != { 10.0.1.0/24 } return",
+            "ip saddr 10.0.0.0/16 ip saddr != 10.0.1.0/24 return",
             "log prefix \"ne-deny ingress\" group 7 counter drop",
             "log prefix \"ne-deny egress\" group 7 counter drop",
         ] {
             assert!(text.contains(expected), "{expected:?} missing from\n{text}");
         }
+        // Two excepts go into an interval set.
+        assert!(
+            text.contains("ip saddr 10.0.0.0/8 ip saddr != @a4_3 tcp dport 443 return")
+                && text.contains("elements = { 10.1.0.0/16, 10.2.0.0/16 }"),
+            "{text}"
+        );
+        // A pod isolated exactly like another shares its chain.
+        let mut twins = ruleset();
+        let mut twin = twins.pods[0].clone();
+        twin.name = "twin".into();
+        twin.ips = vec!["10.0.0.9".parse().unwrap()];
+        twins.pods.push(twin);
+        let text_twins = render(&twins, "t", Some(7));
+        assert!(text_twins.contains("10.0.0.9 : jump in_0"), "{text_twins}");
+        assert_eq!(
+            text_twins.matches("chain in_").count(),
+            text.matches("chain in_").count()
+        );
         // x/b's egress allows everything: one bare return.
         let eg_1 = text.split("chain eg_1 {").nth(1).unwrap();
         assert!(
