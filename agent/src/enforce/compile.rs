@@ -24,6 +24,7 @@ use network_enforcer_api::selector;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// An address block, e.g. `10.0.0.0/8`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,8 +73,8 @@ impl fmt::Display for Cidr {
 pub enum Peers {
     /// Every address.
     Any,
-    /// These pod addresses (never empty).
-    Addresses(BTreeSet<IpAddr>),
+    /// These pod addresses (never empty; shared by every pod the same peer applies to).
+    Addresses(Arc<BTreeSet<IpAddr>>),
     /// An `ipBlock`.
     Block { cidr: Cidr, except: Vec<Cidr> },
 }
@@ -247,8 +248,12 @@ type Memo<'a> = HashMap<usize, Option<Chosen<'a>>>;
 #[derive(Clone)]
 enum Chosen<'a> {
     Any,
-    Pods(Vec<&'a PodEntry>),
-    Block { cidr: Cidr, except: Vec<Cidr> },
+    /// The pods, and their addresses as peers (`None`: none has one).
+    Pods(Vec<&'a PodEntry>, Option<Peers>),
+    Block {
+        cidr: Cidr,
+        except: Vec<Cidr>,
+    },
 }
 
 impl<'a> Policy<'a> {
@@ -374,7 +379,7 @@ impl<'a> Policy<'a> {
                         for (number, ips) in by_number {
                             if !ips.is_empty() {
                                 side.allows.push(Allow {
-                                    peers: Peers::Addresses(ips),
+                                    peers: Peers::Addresses(Arc::new(ips)),
                                     ports: Some(vec![PortRange {
                                         protocol,
                                         first: number,
@@ -393,7 +398,7 @@ impl<'a> Policy<'a> {
     /// the pods inside a block.
     fn destinations<'p>(&self, peer: &'p Chosen<'a>) -> Vec<&'a PodEntry> {
         match peer {
-            Chosen::Pods(pods) => pods.clone(),
+            Chosen::Pods(pods, _) => pods.clone(),
             Chosen::Any | Chosen::Block { .. } => self
                 .cluster
                 .pods
@@ -427,7 +432,7 @@ impl<'a> Policy<'a> {
         }
         // Namespaces matched once each, not once per pod.
         let mut namespace_matches: BTreeMap<&str, bool> = BTreeMap::new();
-        let pods = self
+        let pods: Vec<&PodEntry> = self
             .cluster
             .pods
             .iter()
@@ -448,7 +453,9 @@ impl<'a> Policy<'a> {
             })
             .map(|(_, pod)| pod)
             .collect();
-        Some(Chosen::Pods(pods))
+        let ips: BTreeSet<IpAddr> = pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+        let peers = (!ips.is_empty()).then(|| Peers::Addresses(Arc::new(ips)));
+        Some(Chosen::Pods(pods, peers))
     }
 
     fn warn(&self, warnings: &mut Vec<String>, what: String) {
@@ -467,10 +474,7 @@ fn peers_of(peer: &Chosen) -> Option<Peers> {
             cidr: *cidr,
             except: except.clone(),
         }),
-        Chosen::Pods(pods) => {
-            let ips: BTreeSet<IpAddr> = pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
-            (!ips.is_empty()).then_some(Peers::Addresses(ips))
-        }
+        Chosen::Pods(_, peers) => peers.clone(),
     }
 }
 
@@ -527,7 +531,9 @@ mod tests {
     }
 
     fn ips(list: &[&str]) -> Peers {
-        Peers::Addresses(list.iter().map(|ip| ip.parse().unwrap()).collect())
+        Peers::Addresses(Arc::new(
+            list.iter().map(|ip| ip.parse().unwrap()).collect(),
+        ))
     }
 
     fn tcp(first: u16, last: u16) -> PortRange {

@@ -374,12 +374,12 @@ mod tests {
                         policies: vec!["x/p".into()],
                         allows: vec![
                             Allow {
-                                peers: Peers::Addresses(
+                                peers: Peers::Addresses(std::sync::Arc::new(
                                     ["10.0.0.2", "fd00::2"]
                                         .iter()
                                         .map(|i| i.parse().unwrap())
                                         .collect(),
-                                ),
+                                )),
                                 ports: Some(vec![
                                     range(L4::Tcp, 80, 80),
                                     range(L4::Tcp, 9000, 9010),
