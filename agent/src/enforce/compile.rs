@@ -430,28 +430,28 @@ impl<'a> Policy<'a> {
             }
             return Some(Chosen::Block { cidr, except });
         }
-        // Namespaces matched once each, not once per pod.
-        let mut namespace_matches: BTreeMap<&str, bool> = BTreeMap::new();
-        let pods: Vec<&PodEntry> = self
-            .cluster
-            .pods
-            .iter()
-            .filter(|((ns, _), pod)| {
-                let in_namespace = match &peer.namespace_selector {
-                    Some(s) => *namespace_matches.entry(ns).or_insert_with(|| {
-                        selector::matches(s, &self.cluster.namespace_labels(ns))
-                    }),
-                    None => ns == self.namespace,
-                };
-                in_namespace
-                    && !pod.host_network
+        // Only the namespaces the peer names are looked into (each is one range of the pods).
+        let namespaces: Vec<&str> = match &peer.namespace_selector {
+            Some(s) => self
+                .cluster
+                .namespaces
+                .iter()
+                .filter(|(_, labels)| selector::matches(s, labels))
+                .map(|(ns, _)| ns.as_str())
+                .collect(),
+            None => vec![self.namespace],
+        };
+        let pods: Vec<&PodEntry> = namespaces
+            .into_iter()
+            .flat_map(|ns| self.cluster.pods_in(ns))
+            .filter(|pod| {
+                !pod.host_network
                     && !pod.ips.is_empty()
                     && peer
                         .pod_selector
                         .as_ref()
                         .is_none_or(|s| selector::matches(s, &pod.labels))
             })
-            .map(|(_, pod)| pod)
             .collect();
         let ips: BTreeSet<IpAddr> = pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
         let peers = (!ips.is_empty()).then(|| Peers::Addresses(Arc::new(ips)));

@@ -131,6 +131,15 @@ impl Cluster {
         }
     }
 
+    /// The pods of namespace `namespace` (keys sort by namespace first: one range, not a scan).
+    pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &PodEntry> {
+        let namespace = namespace.to_string();
+        self.pods
+            .range((namespace.clone(), String::new())..)
+            .take_while(move |((ns, _), _)| *ns == namespace)
+            .map(|(_, pod)| pod)
+    }
+
     /// The labels of namespace `name`; one not seen yet has its `kubernetes.io/metadata.name` only.
     pub fn namespace_labels(&self, name: &str) -> Labels {
         self.namespaces
