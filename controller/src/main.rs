@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
+use network_enforcer_controller::ingest::auth_cache::{self, CachedAuthenticator};
 use network_enforcer_controller::ingest::tls;
 use network_enforcer_controller::ingest::{
     Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator,
@@ -482,10 +483,10 @@ async fn run(args: RunArgs) -> Result<()> {
         });
     let flushes = Arc::new(Flushes::new());
     let ingest = IngestService {
-        authenticator: Arc::new(TokenReviewAuthenticator::new(
-            client.clone(),
-            agent_ns,
-            agent_name,
+        // Reconnects within a short window reuse the last review (see auth_cache).
+        authenticator: Arc::new(CachedAuthenticator::new(
+            TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name),
+            auth_cache::TTL,
         )),
         learning: learning.clone(),
         limits: Limits::default(),

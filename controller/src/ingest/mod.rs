@@ -19,6 +19,7 @@
 //! proposals failed, not which): merging goes on, and the agents' resend buffers rotate their oldest
 //! batches out, which this controller has already merged.
 
+pub mod auth_cache;
 pub mod flow_record;
 pub mod tls;
 
