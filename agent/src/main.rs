@@ -126,7 +126,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
     /// A connection never seen before is flushed this many milliseconds after it appears instead of
-    /// at the next tick, so that it is learned within a couple of seconds (0: wait for the tick).
+    /// at the next tick (and at least 500 ms after the previous flush), so that it is learned within a
+    /// couple of seconds (0: wait for the tick).
     #[arg(long, default_value_t = 100, env = "NE_NEW_EDGE_FLUSH_MS")]
     new_edge_flush_ms: u64,
     /// Unix socket of the debug API that `flows` reads live events from.
@@ -299,6 +300,9 @@ enum Step {
     FlushAndStop,
 }
 
+/// The least time between a flush and an early one for new edges.
+const EARLY_FLUSH_MIN_GAP: Duration = Duration::from_millis(500);
+
 /// Sleeps until `at`, or forever without one.
 async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
     match at {
@@ -403,13 +407,19 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
     // When an edge never flushed before is held: flush it soon rather than at the next tick.
     let mut early: Option<tokio::time::Instant> = None;
+    let mut last_flush = tokio::time::Instant::now();
     let new_edge_delay = Duration::from_millis(args.new_edge_flush_ms);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
         if early.is_none() && args.new_edge_flush_ms > 0 && aggregator.new_edges() > 0 {
-            early = Some(tokio::time::Instant::now() + new_edge_delay);
+            // Not more often than every EARLY_FLUSH_MIN_GAP: each flush also rescans /proc, and a pod
+            // reaching many new peers must not turn that into a busy loop.
+            early = Some(
+                (tokio::time::Instant::now() + new_edge_delay)
+                    .max(last_flush + EARLY_FLUSH_MIN_GAP),
+            );
         }
         let step = tokio::select! {
             read = reader.read_batch(&mut batch) => {
@@ -440,6 +450,7 @@ async fn run(args: RunArgs) -> Result<()> {
             }
         };
         early = None;
+        last_flush = tokio::time::Instant::now();
         let edges = aggregator.drain();
         let counters = data_plane.counters()?;
         // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
