@@ -724,6 +724,23 @@ mod tests {
         assert_eq!(observation(&r, &index, "node-a").unwrap().unwrap(), named);
     }
 
+    /// An index holding pod shop/web-1 of Deployment web (through its ReplicaSet) on node-a, so its
+    /// flows make proposals.
+    fn web_deployment_index() -> Index {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
+                         "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        index
+    }
+
     /// A writer whose API server refuses connections.
     fn unreachable_writer() -> ProposalWriter {
         let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
@@ -772,17 +789,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_never_seen_edge_wakes_the_flusher_and_a_repeat_does_not() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
-                         "labels": {"app": "web", "pod-template-hash": "abc"},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
-            "spec": {"nodeName": "node-a", "containers": []},
-            "status": {"phase": "Running", "podIP": "10.0.0.7"}
-        }))
-        .unwrap();
-        let mut index = Index::default();
-        index.apply_pod(&pod, 1_000);
+        let index = web_deployment_index();
         let writer = unreachable_writer();
         let woken = || async {
             tokio::time::timeout(Duration::from_millis(50), writer.new_edges().notified())
@@ -803,18 +810,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
-        // A pod of Deployment web (through its ReplicaSet), so its flows make proposals.
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
-                         "labels": {"app": "web", "pod-template-hash": "abc"},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
-            "spec": {"nodeName": "node-a", "containers": []},
-            "status": {"phase": "Running", "podIP": "10.0.0.7"}
-        }))
-        .unwrap();
-        let mut index = Index::default();
-        index.apply_pod(&pod, 1_000);
+        let index = web_deployment_index();
         let writer = unreachable_writer();
         let flushes = Flushes::new();
         let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
