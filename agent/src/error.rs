@@ -101,6 +101,13 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The scan of /proc and the cgroup tree for pods' namespaces and cgroups failed.
+    #[error(
+        "scanning /proc and the cgroup tree for pods failed: {0} (the agent needs the host's /proc and \
+         cgroup v2 tree: hostPID and the chart's mounts)"
+    )]
+    Scan(#[source] std::io::Error),
+
     /// Waiting on the ring buffer's file descriptor failed.
     #[error("polling the events ring buffer failed: {0}")]
     Poll(#[source] std::io::Error),

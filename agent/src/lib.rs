@@ -4,6 +4,7 @@
 //! (`agent-ebpf`), whatever the CNI. Reading order:
 //! - [`kernel::loader`]: checks the host, loads and attaches the kernel programs ([`kernel::loader::DataPlane`]);
 //! - [`kernel::events`]: the events they report ([`kernel::events::ConnectionEvent`]) and the async ring-buffer reader;
+//! - [`pipeline`]: the path of every event in `run`: attribute → aggregate → flush into uplink records;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
 //! - [`debug::flows`]: the node-level `flows` view of those edges (filters, table, JSON);
 //! - [`debug::socket`]: the local unix socket streaming events to `flows`;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod identity;
 pub mod kernel;
 pub mod metrics;
+pub mod pipeline;
 pub mod sources;
 pub mod uplink;
 

@@ -2,21 +2,21 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use network_enforcer_agent::aggregate::{Aggregator, WallClock, monotonic_now};
+use network_enforcer_agent::aggregate::{Aggregator, WallClock};
 use network_enforcer_agent::debug::flows::{self, FlowFilter, PodNames};
 use network_enforcer_agent::debug::socket::{self, DebugClient, DebugServer};
 use network_enforcer_agent::enforce::{self, nft};
-use network_enforcer_agent::identity::attribution::{Attributor, Owner};
-use network_enforcer_agent::identity::pod_identity::PodIdentities;
+use network_enforcer_agent::identity::attribution::Attributor;
+use network_enforcer_agent::identity::pod_identity::Scanner;
 use network_enforcer_agent::identity::pod_watch::{self, SharedAttributor};
 use network_enforcer_agent::kernel::events::EventReader;
 use network_enforcer_agent::metrics::AgentMetrics;
+use network_enforcer_agent::pipeline::{EdgeCaps, Pipeline};
 use network_enforcer_agent::uplink::{self, UplinkConfig};
 use network_enforcer_agent::{
     DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
 };
-use network_enforcer_api::uplink::LocalPod;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -137,6 +137,13 @@ struct RunArgs {
     /// 200 bytes each).
     #[arg(long, default_value_t = socket::RECENT_EDGES, env = "NE_RECENT_EDGES")]
     recent_edges: usize,
+    /// Edges one pod may start between two flushes; events of further new edges are dropped and counted
+    /// (`network_enforcer_agent_events_dropped_total{reason="pod_edge_cap"}`).
+    #[arg(long, default_value_t = EdgeCaps::default().per_pod, env = "NE_MAX_EDGES_PER_POD")]
+    max_edges_per_pod: usize,
+    /// Edges the whole node may hold between two flushes (`reason="node_edge_cap"` beyond).
+    #[arg(long, default_value_t = EdgeCaps::default().per_node, env = "NE_MAX_EDGES")]
+    max_edges: usize,
     /// Address of the Prometheus endpoint (`GET /metrics`).
     #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
     metrics_address: std::net::SocketAddr,
@@ -387,14 +394,19 @@ async fn run(args: RunArgs) -> Result<()> {
         DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
     metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
-    let mut scans = Scanner {
-        cgroup_root: network_enforcer_agent::kernel::host::cgroup2_root()?,
-        attributor: attributor.clone(),
-        last: None,
-    };
-    scans.scan()?;
+    let scanner = Scanner::new(
+        network_enforcer_agent::kernel::host::cgroup2_root()?,
+        attributor.clone(),
+    );
     let debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
     tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
+    let caps = EdgeCaps {
+        per_pod: args.max_edges_per_pod.max(1),
+        per_node: args.max_edges.max(1),
+    };
+    let mut pipeline = Pipeline::new(attributor.clone(), caps)
+        .with_scanner(scanner)
+        .with_debug(debug);
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
         .with_context(|| format!("binding the metrics endpoint {}", args.metrics_address))?;
@@ -403,7 +415,6 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut kernel_before = KernelCounters::default();
     let mut decode_errors_before = 0;
     let clock = WallClock::now();
-    let mut aggregator = Aggregator::new();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
     // When an edge never flushed before is held: flush it soon rather than at the next tick.
     let mut early: Option<tokio::time::Instant> = None;
@@ -413,7 +424,7 @@ async fn run(args: RunArgs) -> Result<()> {
     tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
-        if early.is_none() && args.new_edge_flush_ms > 0 && aggregator.new_edges() > 0 {
+        if early.is_none() && args.new_edge_flush_ms > 0 && pipeline.new_edges() > 0 {
             // Not more often than every EARLY_FLUSH_MIN_GAP: each flush also rescans /proc, and a pod
             // reaching many new peers must not turn that into a busy loop.
             early = Some(
@@ -425,61 +436,38 @@ async fn run(args: RunArgs) -> Result<()> {
             read = reader.read_batch(&mut batch) => {
                 read?;
                 metrics.events_read(batch.len());
-                // A namespace no scan knows is a pod that started since the last one: look again
-                // (at most once a second), so its events are named.
-                scans.rescan_for(&batch)?;
-                {
-                    let state = attributor.lock().unwrap_or_else(|p| p.into_inner());
-                    debug.publish(&batch, |e| {
-                        match state.resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic) {
-                            Owner::Pod(pod) => Some(pod.label().into()),
-                            Owner::Host | Owner::Unknown => None,
-                        }
-                    });
-                }
-                batch.drain(..).for_each(|e| aggregator.add(&e));
+                pipeline.take_in(&batch)?;
+                batch.clear();
                 continue;
             }
             _ = flush.tick() => Step::Flush,
             () = sleep_until_or_never(early) => Step::Flush,
             r = &mut shutdown => {
                 r?;
-                // The aggregator still holds every edge since the last tick (up to --flush-seconds
-                // of them): flush it once more, the same way, so a rollout loses nothing.
+                // The pipeline still holds every edge since the last tick (up to --flush-seconds of
+                // them): flush it once more, the same way, so a rollout loses nothing.
                 Step::FlushAndStop
             }
         };
         early = None;
         last_flush = tokio::time::Instant::now();
-        let edges = aggregator.drain();
+        let flushed = pipeline.flush()?;
         let counters = data_plane.counters()?;
-        // Pods come and go: refresh which namespaces and cgroups are pods' before attributing.
-        scans.scan()?;
-        let owners: Vec<Owner> = {
-            let mut state = attributor.lock().unwrap_or_else(|p| p.into_inner());
-            state.expire(monotonic_now());
-            edges
-                .iter()
-                .map(|e| {
-                    state.resolve(
-                        e.key.netns_ino,
-                        e.key.cgroup_id,
-                        e.key.local_ip,
-                        e.stats.first_seen,
-                    )
-                })
-                .collect()
-        };
-        let unattributed = owners.iter().filter(|o| **o == Owner::Unknown).count();
         metrics.kernel(&kernel_before, &counters);
         kernel_before = counters;
         metrics.decode_errors(reader.decode_errors() - decode_errors_before);
         decode_errors_before = reader.decode_errors();
-        metrics.flushed(edges.len(), unattributed);
-        let (recent, evicted) = debug.recent_edges();
+        metrics.flushed(flushed.edges.len(), flushed.unattributed);
+        metrics.events_dropped(&flushed.dropped);
+        let (recent, evicted) = pipeline
+            .debug()
+            .map(DebugServer::recent_edges)
+            .unwrap_or_default();
         tracing::info!(
-            edges = edges.len(),
-            unattributed,
+            edges = flushed.edges.len(),
+            unattributed = flushed.unattributed,
+            dropped_pod_cap = flushed.dropped.pod_cap,
+            dropped_node_cap = flushed.dropped.node_cap,
             lost = counters.ring_buffer_full,
             dedupe_hits = counters.dedupe_hits,
             decode_errors = reader.decode_errors(),
@@ -487,35 +475,21 @@ async fn run(args: RunArgs) -> Result<()> {
             recent_edges_evicted = evicted,
             "flush"
         );
-        let mut names = PodNames::default();
-        for (edge, owner) in edges.iter().zip(&owners) {
-            if let Owner::Pod(pod) = owner {
-                names.insert(&edge.key, pod.label().into());
-            }
+        if flushed.dropped.total() > 0 {
+            tracing::warn!(
+                dropped_pod_cap = flushed.dropped.pod_cap,
+                dropped_node_cap = flushed.dropped.node_cap,
+                max_edges_per_pod = caps.per_pod,
+                max_edges = caps.per_node,
+                "events of new edges dropped: a pod started more edges than --max-edges-per-pod, or the node more than --max-edges, since the last flush"
+            );
         }
-        let mut records = Vec::new();
-        for ((edge, line), owner) in edges
-            .iter()
-            .zip(flows::render_json(&edges, &clock, &names).lines())
-            .zip(&owners)
-        {
-            tracing::debug!(edge = line, "edge");
-            // Only pods' edges go up; the host's and unknown ones are counted above. Without
-            // the pod watch, records carry the UID only (the controller accepts that).
-            if let (Some(_), Owner::Pod(pod)) = (&uplink, owner) {
-                let (namespace, name) = pod
-                    .name
-                    .as_ref()
-                    .map(|(ns, n)| (ns.to_string(), n.to_string()))
-                    .unwrap_or_default();
-                let local = LocalPod {
-                    uid: pod.uid.to_string(),
-                    namespace,
-                    name,
-                };
-                records.push(uplink::flow_record(edge, local, &clock));
-            }
-        }
+        flushed.log_edges(&clock);
+        let mut records = if uplink.is_some() {
+            flushed.records(&clock)
+        } else {
+            Vec::new()
+        };
         if let Some(sink) = &source_records {
             // Hubble and ztunnel records are already named by pod: they go up as they are.
             let from_sources = sink.drain();
@@ -657,46 +631,6 @@ async fn start_pod_watch(
     }
 }
 
-/// Scans /proc and the cgroup tree for pods' namespaces and cgroups into the attribution state.
-struct Scanner {
-    cgroup_root: PathBuf,
-    attributor: SharedAttributor,
-    last: Option<tokio::time::Instant>,
-}
-
-impl Scanner {
-    fn scan(&mut self) -> Result<()> {
-        let ids = PodIdentities::scan(Path::new("/proc"), &self.cgroup_root)
-            .context("scanning /proc and the cgroup tree for pods")?;
-        self.attributor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe_scan(
-                ids.host_netns(),
-                ids.netns_pods(),
-                ids.cgroup_pods(),
-                monotonic_now(),
-            );
-        self.last = Some(tokio::time::Instant::now());
-        Ok(())
-    }
-
-    /// Scans again if `events` come from a namespace no scan knows and the last scan is 1 s old.
-    fn rescan_for(&mut self, events: &[network_enforcer_agent::ConnectionEvent]) -> Result<()> {
-        if self
-            .last
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return Ok(());
-        }
-        let unknown = {
-            let state = self.attributor.lock().unwrap_or_else(|p| p.into_inner());
-            events.iter().any(|e| !state.knows_netns(e.netns_ino))
-        };
-        if unknown { self.scan() } else { Ok(()) }
-    }
-}
-
 /// Where `flows` gets its events: the running agent, or its own copy of the programs.
 enum EventSource {
     Agent(DebugClient),
@@ -816,7 +750,9 @@ async fn show_flows(args: FlowsArgs) -> Result<()> {
                             let key = network_enforcer_agent::aggregate::EdgeKey::of(e);
                             filter.matches(&key, names.get(&key))
                         })
-                        .for_each(|e| aggregator.add(&e));
+                        .for_each(|e| {
+                            aggregator.add(&e);
+                        });
                 }
                 _ = tokio::time::sleep_until(until) => break,
                 r = &mut shutdown => { r?; stop = true; break; }

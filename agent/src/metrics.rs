@@ -15,9 +15,12 @@
 use crate::enforce::watch::EnforcementMetrics;
 use crate::identity::pod_watch::PodWatchCounters;
 use crate::kernel::loader::KernelCounters;
+use crate::pipeline::Dropped;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
@@ -34,6 +37,7 @@ pub struct AgentMetrics {
     decode_errors: Counter,
     edges: Counter,
     unattributed_edges: Counter,
+    events_dropped: Family<DropLabel, Counter>,
     uplink: UplinkCounters,
     sources: crate::sources::SourceMetrics,
     pod_watch: PodWatchCounters,
@@ -42,6 +46,21 @@ pub struct AgentMetrics {
     ebpf_attached: Gauge,
     /// Which optional parts run, for `/readyz`.
     enabled: Arc<Mutex<Enabled>>,
+}
+
+/// Why events were dropped before aggregation.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DropReason {
+    /// The pod had started `--max-edges-per-pod` edges since the last flush.
+    pod_edge_cap,
+    /// The node held `--max-edges` edges.
+    node_edge_cap,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabel {
+    reason: DropReason,
 }
 
 /// The parts of the agent that are switched on (the eBPF data path always is).
@@ -82,6 +101,12 @@ impl AgentMetrics {
         let unattributed_edges = counter(
             "unattributed_edges",
             "Flushed edges whose network namespace belongs to no known pod",
+        );
+        let events_dropped = Family::<DropLabel, Counter>::default();
+        registry.register(
+            "events_dropped",
+            "Events of new edges dropped because a pod or the node held its cap of edges since the last flush",
+            events_dropped.clone(),
         );
         let uplink = UplinkCounters::default();
         let mut register = |name: &str, help: &str, metric: Counter| {
@@ -172,6 +197,7 @@ impl AgentMetrics {
             decode_errors,
             edges,
             unattributed_edges,
+            events_dropped,
             uplink,
         }
     }
@@ -362,6 +388,18 @@ impl AgentMetrics {
     pub fn flushed(&self, edges: usize, unattributed: usize) {
         self.edges.inc_by(edges as u64);
         self.unattributed_edges.inc_by(unattributed as u64);
+    }
+
+    /// Counts events the pipeline's edge caps dropped in one flush interval.
+    pub fn events_dropped(&self, dropped: &Dropped) {
+        for (reason, n) in [
+            (DropReason::pod_edge_cap, dropped.pod_cap),
+            (DropReason::node_edge_cap, dropped.node_cap),
+        ] {
+            self.events_dropped
+                .get_or_create(&DropLabel { reason })
+                .inc_by(n);
+        }
     }
 
     /// The metrics in the Prometheus text format.

@@ -12,7 +12,7 @@
 //! edges seen longest ago are evicted, and a `--since` reaching back before the newest evicted edge is
 //! answered with `incomplete: true`.
 
-use crate::aggregate::{EdgeKey, EdgeStats};
+use crate::aggregate::{EdgeHasher, EdgeId, EdgeKey, EdgeStats};
 use crate::debug::flows::{PodNames, direction_name, outcome_name, protocol_name};
 use crate::error::{Error, Result};
 use crate::kernel::events::{ConnectionEvent, Direction, Outcome, Protocol};
@@ -176,6 +176,7 @@ impl EdgeRecord {
 }
 
 struct Recent {
+    key: EdgeKey,
     stats: EdgeStats,
     pod: Option<Arc<str>>,
 }
@@ -183,7 +184,7 @@ struct Recent {
 /// The recent-records buffer: every edge seen lately, aggregated, with its pod label; bounded to a
 /// capacity (the edges seen longest ago are evicted first).
 pub struct RecentEdges {
-    edges: HashMap<EdgeKey, Recent>,
+    edges: HashMap<EdgeId, Recent, EdgeHasher>,
     capacity: usize,
     /// The newest last_seen of any evicted edge: a window reaching back before it is incomplete.
     evicted_until: Option<Duration>,
@@ -194,7 +195,7 @@ impl RecentEdges {
     /// An empty buffer for at most `capacity` edges.
     pub fn new(capacity: usize) -> Self {
         Self {
-            edges: HashMap::new(),
+            edges: HashMap::default(),
             capacity: capacity.max(1),
             evicted_until: None,
             evicted: 0,
@@ -209,13 +210,14 @@ impl RecentEdges {
         pod: impl FnOnce() -> Option<Arc<str>>,
     ) -> Option<Arc<str>> {
         let key = EdgeKey::of(event);
+        let id = EdgeId::of(&key);
         let stats = EdgeStats {
             first_seen: event.monotonic,
             last_seen: event.monotonic,
             count: u64::from(event.count.max(1)),
             last_error: event.error,
         };
-        if let Some(recent) = self.edges.get_mut(&key) {
+        if let Some(recent) = self.edges.get_mut(&id) {
             recent.stats.merge(&stats);
             if recent.pod.is_none() {
                 recent.pod = pod();
@@ -227,8 +229,9 @@ impl RecentEdges {
         }
         let pod = pod();
         self.edges.insert(
-            key,
+            id,
             Recent {
+                key,
                 stats,
                 pod: pod.clone(),
             },
@@ -250,15 +253,15 @@ impl RecentEdges {
 
     /// The edges last seen at or after `from`, oldest first, and whether the answer is complete.
     pub fn since(&self, from: Duration) -> (Vec<EdgeRecord>, bool) {
-        let mut out: Vec<(&EdgeKey, &Recent)> = self
+        let mut out: Vec<&Recent> = self
             .edges
-            .iter()
-            .filter(|(_, r)| r.stats.last_seen >= from)
+            .values()
+            .filter(|r| r.stats.last_seen >= from)
             .collect();
-        out.sort_by_key(|(k, r)| (r.stats.first_seen, **k));
+        out.sort_by_key(|r| (r.stats.first_seen, r.key));
         let records = out
             .into_iter()
-            .map(|(k, r)| EdgeRecord::new(k, &r.stats, r.pod.as_deref()))
+            .map(|r| EdgeRecord::new(&r.key, &r.stats, r.pod.as_deref()))
             .collect();
         (records, self.evicted_until.is_none_or(|t| t < from))
     }

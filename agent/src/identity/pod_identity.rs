@@ -17,9 +17,13 @@
 //! (`hostNetwork: true`) and the cgroup tree for this; a process whose namespace it may not read is skipped. Pod UIDs are
 //! mapped to namespaces and names by the pod watch ([`crate::identity::pod_watch`], [`crate::identity::attribution`]).
 
+use crate::aggregate::monotonic_now;
+use crate::error::{Error, Result};
+use crate::identity::pod_watch::SharedAttributor;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Who an event belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,6 +186,55 @@ impl PodIdentities {
     /// Number of pod cgroups found (pod and container levels).
     pub fn pod_cgroups(&self) -> usize {
         self.by_cgroup.len()
+    }
+}
+
+/// Scans /proc and the cgroup tree into the attribution state: at every flush (pods come and go), and
+/// between flushes when events come from a namespace no scan knows (a pod started since), at most once
+/// per [`Scanner::MIN_GAP`].
+pub struct Scanner {
+    proc_root: PathBuf,
+    cgroup_root: PathBuf,
+    attributor: SharedAttributor,
+    last: Option<Instant>,
+}
+
+impl Scanner {
+    /// The least time between two scans asked for by unknown namespaces.
+    pub const MIN_GAP: Duration = Duration::from_secs(1);
+
+    /// A scanner of the host's `/proc` and the cgroup v2 tree at `cgroup_root`, into `attributor`.
+    pub fn new(cgroup_root: PathBuf, attributor: SharedAttributor) -> Self {
+        Self {
+            proc_root: PathBuf::from("/proc"),
+            cgroup_root,
+            attributor,
+            last: None,
+        }
+    }
+
+    /// Scans now.
+    pub fn scan(&mut self) -> Result<()> {
+        let ids = PodIdentities::scan(&self.proc_root, &self.cgroup_root).map_err(Error::Scan)?;
+        self.attributor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe_scan(
+                ids.host_netns(),
+                ids.netns_pods(),
+                ids.cgroup_pods(),
+                monotonic_now(),
+            );
+        self.last = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Scans unless the last scan is younger than [`Scanner::MIN_GAP`]; whether it scanned.
+    pub fn scan_if_due(&mut self) -> Result<bool> {
+        if self.last.is_some_and(|t| t.elapsed() < Self::MIN_GAP) {
+            return Ok(false);
+        }
+        self.scan().map(|()| true)
     }
 }
 

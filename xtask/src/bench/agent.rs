@@ -10,6 +10,10 @@
 //!    kernel events, the worst case), with its CPU time, peak RSS and its lost-event counter;
 //! 3. libbpf-tools `tcplife` (Debian `libbpf-tools`, from `cargo xtask setup`), output to /dev/null.
 //!
+//! The three run interleaved, `NE_AGENT_BENCH_ROUNDS` times (default 3: ABC ABC ABC), and each rate is
+//! the median of its rounds with its spread. When the baseline rounds disagree by more than 10 % the
+//! machine's speed drifted and no ratio is reported.
+//!
 //! Then the user-space pipeline alone (`agent/benches/pipeline.rs`, release) for events/s on one core.
 //! Figures go to `target/bench/agent.json`.
 
@@ -68,56 +72,91 @@ pub fn run() -> Result<()> {
         ),
     )?;
     let agent_bin = root.join("target/release/network-enforcer-agent");
-    let tcplife = which("tcplife")
+    let tcplife_bin = which("tcplife")
         .context("tcplife not found: install Debian's libbpf-tools (`cargo xtask setup` does)")?;
 
+    let rounds: usize = std::env::var("NE_AGENT_BENCH_ROUNDS")
+        .ok()
+        .map(|v| v.parse().context("NE_AGENT_BENCH_ROUNDS must be a number"))
+        .transpose()?
+        .unwrap_or(3)
+        .max(1);
     let pods = Pods::create()?;
-    println!("==> phase 1/3: no observer ({}s)", PHASE.as_secs());
-    let baseline = storm(&pods)?;
-    println!("    {baseline}");
+    let (mut baseline, mut agent, mut tcplife) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cpu, mut events_read, mut lost, mut rss) = (0.0, 0u64, 0u64, 0.0f64);
+    let mut agent_storms = Vec::new();
+    for round in 1..=rounds {
+        // Interleaved (ABC ABC ...): a drift of the machine's speed shows in every phase alike,
+        // and in the spread of the baseline, instead of favouring whichever phase ran first.
+        println!("==> round {round}/{rounds}: no observer ({}s)", PHASE.as_secs());
+        let b = storm(&pods)?;
+        println!("    {b}");
+        baseline.push(b.rate());
 
-    println!("==> phase 2/3: our agent");
-    let agent = Agent::start(&agent_bin)?;
-    let cpu_before = agent.cpu_seconds()?;
-    let events_before = agent.metric("network_enforcer_agent_events_total")?;
-    let with_agent = storm(&pods)?;
-    // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
-    std::thread::sleep(Duration::from_secs(3));
-    let cpu = agent.cpu_seconds()? - cpu_before;
-    let events_read = agent.metric("network_enforcer_agent_events_total")? - events_before;
-    let lost = agent.metric("network_enforcer_agent_events_lost_total")?;
-    let rss = agent.peak_rss_mib()?;
-    drop(agent);
-    println!(
-        "    {with_agent}; agent {cpu:.2} s CPU, {events_read} events read, {lost} lost, peak RSS {rss:.1} MiB"
-    );
+        println!("==> round {round}/{rounds}: our agent");
+        let running = Agent::start(&agent_bin)?;
+        let cpu_before = running.cpu_seconds()?;
+        let events_before = running.metric("network_enforcer_agent_events_total")?;
+        let a = storm(&pods)?;
+        // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
+        std::thread::sleep(Duration::from_secs(3));
+        let round_cpu = running.cpu_seconds()? - cpu_before;
+        let round_events = running.metric("network_enforcer_agent_events_total")? - events_before;
+        let round_lost = running.metric("network_enforcer_agent_events_lost_total")?;
+        let round_rss = running.peak_rss_mib()?;
+        drop(running);
+        println!(
+            "    {a}; agent {round_cpu:.2} s CPU, {round_events} events read, {round_lost} lost, peak RSS {round_rss:.1} MiB"
+        );
+        agent.push(a.rate());
+        cpu += round_cpu;
+        events_read += round_events;
+        lost += round_lost;
+        rss = rss.max(round_rss);
+        agent_storms.push(a);
 
-    println!("==> phase 3/3: tcplife");
-    let observer = Observer::start(Command::new(&tcplife))?;
-    let with_tcplife = storm(&pods)?;
-    drop(observer);
-    println!("    {with_tcplife}");
+        println!("==> round {round}/{rounds}: tcplife");
+        let observer = Observer::start(Command::new(&tcplife_bin))?;
+        let t = storm(&pods)?;
+        drop(observer);
+        println!("    {t}");
+        tcplife.push(t.rate());
+    }
     drop(pods);
 
     println!("==> pipeline alone (release, one core)");
     let pipeline = pipeline_rate(&root)?;
 
+    let (base, base_spread) = median_spread(&baseline);
+    let (with_agent, agent_spread) = median_spread(&agent);
+    let (with_tcplife, tcplife_spread) = median_spread(&tcplife);
+    let tcp: u64 = agent_storms.iter().map(|s| s.tcp).sum();
+    let udp: u64 = agent_storms.iter().map(|s| s.udp).sum();
     // Every TCP connection is an outbound and an inbound event; every datagram a send and a receive.
-    let expected = 2 * (with_agent.tcp + with_agent.udp);
-    let figures = [
-        Figure::new("conn_rate_baseline", baseline.rate(), "conn/s"),
-        Figure::new("conn_rate_agent", with_agent.rate(), "conn/s"),
-        Figure::new("conn_rate_tcplife", with_tcplife.rate(), "conn/s"),
-        Figure::new(
-            "conn_rate_ratio_agent",
-            with_agent.rate() / baseline.rate(),
-            "of baseline",
-        ),
-        Figure::new(
-            "conn_rate_ratio_tcplife",
-            with_tcplife.rate() / baseline.rate(),
-            "of baseline",
-        ),
+    let expected = 2 * (tcp + udp);
+    let mut figures = vec![
+        Figure::new("rounds", rounds as f64, "ABC rounds"),
+        Figure::new("conn_rate_baseline", base, "conn/s (median)"),
+        Figure::new("conn_rate_baseline_spread", base_spread, "(max-min)/median"),
+        Figure::new("conn_rate_agent", with_agent, "conn/s (median)"),
+        Figure::new("conn_rate_agent_spread", agent_spread, "(max-min)/median"),
+        Figure::new("conn_rate_tcplife", with_tcplife, "conn/s (median)"),
+        Figure::new("conn_rate_tcplife_spread", tcplife_spread, "(max-min)/median"),
+    ];
+    if base_spread > MAX_BASELINE_SPREAD {
+        println!(
+            "\nNO RATIO: the baseline phases disagree by {:.0} % (more than {:.0} %): the machine's speed drifted \
+             during the run; rerun on a quiet machine or with more rounds (NE_AGENT_BENCH_ROUNDS)",
+            base_spread * 100.0,
+            MAX_BASELINE_SPREAD * 100.0
+        );
+    } else {
+        figures.extend([
+            Figure::new("conn_rate_ratio_agent", with_agent / base, "of baseline"),
+            Figure::new("conn_rate_ratio_tcplife", with_tcplife / base, "of baseline"),
+        ]);
+    }
+    figures.extend([
         Figure::new("events_expected", expected as f64, "events"),
         Figure::new(
             "events_read",
@@ -127,14 +166,35 @@ pub fn run() -> Result<()> {
         Figure::new("events_lost", lost as f64, "events"),
         Figure::new(
             "cpu_s_per_million_conn",
-            cpu / (with_agent.tcp as f64 / 1e6),
+            cpu / (tcp as f64 / 1e6),
             "CPU s",
         ),
-        Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/s"),
+        Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/CPU-s"),
         Figure::new("agent_peak_rss_mib", rss, "MiB"),
-    ];
+    ]);
     report("agent", &figures)?;
     Ok(())
+}
+
+/// Baseline phases further apart than this (relative to their median) make a ratio meaningless.
+const MAX_BASELINE_SPREAD: f64 = 0.10;
+
+/// The median of `values` and their spread, (max − min) / median.
+fn median_spread(values: &[f64]) -> (f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = if v.is_empty() {
+        0.0
+    } else if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    let spread = match (v.first(), v.last()) {
+        (Some(min), Some(max)) if median > 0.0 => (max - min) / median,
+        _ => 0.0,
+    };
+    (median, spread)
 }
 
 fn which(name: &str) -> Option<PathBuf> {

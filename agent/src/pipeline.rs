@@ -1,0 +1,465 @@
+//! The agent's user-space pipeline, the path every kernel event takes:
+//!
+//! read (the caller hands in batches from [`crate::kernel::events::EventReader`]) → **attribute** (each
+//! edge once per flush interval, when it starts) → **aggregate** into edges → publish to the debug API
+//! → **flush** (edges with their owners, turned into uplink records).
+//!
+//! `run` and `cargo xtask bench agent` both drive this type, so the figure the bench prints is the
+//! agent's. I/O stays outside: the caller reads the ring buffer and sends the records.
+//!
+//! Bounds: at most [`EdgeCaps::per_pod`] edges per pod and [`EdgeCaps::per_node`] edges in all between
+//! two flushes. Events of further new edges are dropped and counted ([`Dropped`]), so a pod sending to
+//! every port cannot grow the agent's memory or crowd out its neighbours' edges.
+
+use crate::aggregate::{Added, Aggregator, Edge, EdgeId, EdgeKey, WallClock, monotonic_now};
+use crate::debug::flows::{self, PodNames};
+use crate::debug::socket::DebugServer;
+use crate::error::Result;
+use crate::identity::attribution::{Attributor, Owner};
+use crate::identity::pod_identity::Scanner;
+use crate::identity::pod_watch::SharedAttributor;
+use crate::kernel::events::ConnectionEvent;
+use crate::uplink;
+use network_enforcer_api::uplink::{FlowRecord, LocalPod};
+use std::collections::HashMap;
+use std::sync::{Arc, MutexGuard};
+
+/// How many edges may be held between two flushes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EdgeCaps {
+    /// Edges of one pod (or of the host, or of one unattributed namespace).
+    pub per_pod: usize,
+    /// Edges of the whole node.
+    pub per_node: usize,
+}
+
+impl Default for EdgeCaps {
+    /// 10,000 per pod and 100,000 per node per flush interval: far above what a workload reaches (a
+    /// busy node flushes a few thousand), and about 20 MiB at the node's cap.
+    fn default() -> Self {
+        Self {
+            per_pod: 10_000,
+            per_node: 100_000,
+        }
+    }
+}
+
+/// Events dropped because their edge would have passed a cap (cumulative or per flush).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Over [`EdgeCaps::per_pod`].
+    pub pod_cap: u64,
+    /// Over [`EdgeCaps::per_node`].
+    pub node_cap: u64,
+}
+
+impl Dropped {
+    /// Events dropped for either cap.
+    pub fn total(&self) -> u64 {
+        self.pod_cap.saturating_add(self.node_cap)
+    }
+}
+
+/// Whose edge count a new edge adds to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Local {
+    Pod(Arc<str>),
+    Host,
+    /// Not attributed (yet): one bucket per network namespace, so one pod is still one bucket.
+    Netns(Option<u32>),
+}
+
+impl Local {
+    fn of(owner: &Owner, key: &EdgeKey) -> Self {
+        match owner {
+            Owner::Pod(pod) => Self::Pod(pod.uid.clone()),
+            Owner::Host => Self::Host,
+            Owner::Unknown => Self::Netns(key.netns_ino),
+        }
+    }
+}
+
+/// What one flush produced.
+#[derive(Debug, Default)]
+pub struct Flushed {
+    /// Every edge held since the last flush with its owner, oldest first.
+    pub edges: Vec<(Edge, Owner)>,
+    /// Edges whose local side is no known pod nor the host.
+    pub unattributed: usize,
+    /// Events dropped by the caps since the last flush.
+    pub dropped: Dropped,
+}
+
+impl Flushed {
+    /// The uplink records: pods' edges only (the host's and unknown ones are counted, not sent). Without
+    /// the pod watch, records carry the UID only (the controller accepts that).
+    pub fn records(&self, clock: &WallClock) -> Vec<FlowRecord> {
+        self.edges
+            .iter()
+            .filter_map(|(edge, owner)| match owner {
+                Owner::Pod(pod) => {
+                    let (namespace, name) = pod
+                        .name
+                        .as_ref()
+                        .map(|(ns, n)| (ns.to_string(), n.to_string()))
+                        .unwrap_or_default();
+                    let local = LocalPod {
+                        uid: pod.uid.to_string(),
+                        namespace,
+                        name,
+                    };
+                    Some(uplink::flow_record(edge, local, clock))
+                }
+                Owner::Host | Owner::Unknown => None,
+            })
+            .collect()
+    }
+
+    /// Logs every edge at debug level (as `flows -o json` prints it); nothing is rendered otherwise.
+    pub fn log_edges(&self, clock: &WallClock) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let mut names = PodNames::default();
+        for (edge, owner) in &self.edges {
+            if let Owner::Pod(pod) = owner {
+                names.insert(&edge.key, pod.label().into());
+            }
+        }
+        let edges: Vec<Edge> = self.edges.iter().map(|(e, _)| *e).collect();
+        for line in flows::render_json(&edges, clock, &names).lines() {
+            tracing::debug!(edge = line, "edge");
+        }
+    }
+}
+
+/// The pipeline; see the module documentation.
+pub struct Pipeline {
+    attributor: SharedAttributor,
+    scanner: Option<Scanner>,
+    debug: Option<DebugServer>,
+    aggregator: Aggregator<Owner>,
+    caps: EdgeCaps,
+    /// Edges held per local side since the last flush.
+    per_local: HashMap<Local, usize>,
+    /// Dropped since the last flush.
+    window_dropped: Dropped,
+    dropped_total: Dropped,
+    events: u64,
+}
+
+impl Pipeline {
+    /// A pipeline attributing with `attributor` (fed by the pod watch), holding at most `caps` edges.
+    pub fn new(attributor: SharedAttributor, caps: EdgeCaps) -> Self {
+        Self {
+            attributor,
+            scanner: None,
+            debug: None,
+            aggregator: Aggregator::with_limit(caps.per_node),
+            caps,
+            per_local: HashMap::new(),
+            window_dropped: Dropped::default(),
+            dropped_total: Dropped::default(),
+            events: 0,
+        }
+    }
+
+    /// Scans /proc and the cgroup tree with `scanner` at every flush and when unknown namespaces show.
+    pub fn with_scanner(mut self, scanner: Scanner) -> Self {
+        self.scanner = Some(scanner);
+        self
+    }
+
+    /// Publishes every event to the debug API's `server`.
+    pub fn with_debug(mut self, server: DebugServer) -> Self {
+        self.debug = Some(server);
+        self
+    }
+
+    /// The debug API server, if any.
+    pub fn debug(&self) -> Option<&DebugServer> {
+        self.debug.as_ref()
+    }
+
+    /// Takes in one batch of events.
+    pub fn take_in(&mut self, events: &[ConnectionEvent]) -> Result<()> {
+        self.events += events.len() as u64;
+        let mut unknown_netns = false;
+        {
+            let state = lock(&self.attributor);
+            let (caps, per_local, dropped) =
+                (&self.caps, &mut self.per_local, &mut self.window_dropped);
+            for event in events {
+                let key = EdgeKey::of(event);
+                let added = self
+                    .aggregator
+                    .add_with(event, key, EdgeId::of(&key), |key| {
+                        let owner = state.resolve(
+                            key.netns_ino,
+                            key.cgroup_id,
+                            key.local_ip,
+                            event.monotonic,
+                        );
+                        if owner == Owner::Unknown && !state.knows_netns(key.netns_ino) {
+                            unknown_netns = true;
+                        }
+                        let held = per_local.entry(Local::of(&owner, key)).or_default();
+                        if *held >= caps.per_pod {
+                            return None;
+                        }
+                        *held += 1;
+                        Some(owner)
+                    });
+                match added {
+                    Added::Refused => dropped.pod_cap += 1,
+                    Added::Full => dropped.node_cap += 1,
+                    Added::Repeat | Added::New => {}
+                }
+            }
+        }
+        // A namespace no scan knows is a pod that started since the last one: look again (at most once
+        // a second) so the debug API names its events; the flush attributes its edges again anyway.
+        if let (true, Some(scanner)) = (unknown_netns, &mut self.scanner) {
+            scanner.scan_if_due()?;
+        }
+        if let Some(debug) = &self.debug {
+            let state = lock(&self.attributor);
+            let aggregator = &self.aggregator;
+            // Asked once per edge new to the debug API's buffer, not per event.
+            debug.publish(events, |e| {
+                let owner = match aggregator.tag(&EdgeId::of_event(e)) {
+                    Some(owner @ Owner::Pod(_)) => owner.clone(),
+                    _ => state.resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic),
+                };
+                match owner {
+                    Owner::Pod(pod) => Some(pod.label().into()),
+                    Owner::Host | Owner::Unknown => None,
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Edges held that were never flushed before (worth an early flush).
+    pub fn new_edges(&self) -> usize {
+        self.aggregator.new_edges()
+    }
+
+    /// Events taken in so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Events dropped by the caps so far.
+    pub fn dropped(&self) -> Dropped {
+        self.dropped_total
+    }
+
+    /// Takes every edge held with its owner. Pods come and go: the scan runs first, and edges not yet
+    /// attributed to a named pod are attributed again with what it found.
+    pub fn flush(&mut self) -> Result<Flushed> {
+        if let Some(scanner) = &mut self.scanner {
+            scanner.scan()?;
+        }
+        let mut state = lock(&self.attributor);
+        state.expire(monotonic_now());
+        let edges: Vec<(Edge, Owner)> = self
+            .aggregator
+            .drain_tagged()
+            .into_iter()
+            .map(|(edge, owner)| {
+                let owner = match owner {
+                    Owner::Pod(pod) if pod.name.is_some() => Owner::Pod(pod),
+                    Owner::Host => Owner::Host,
+                    _ => reattribute(&state, &edge),
+                };
+                (edge, owner)
+            })
+            .collect();
+        let unattributed = edges.iter().filter(|(_, o)| *o == Owner::Unknown).count();
+        self.per_local.clear();
+        let dropped = std::mem::take(&mut self.window_dropped);
+        self.dropped_total.pod_cap = self.dropped_total.pod_cap.saturating_add(dropped.pod_cap);
+        self.dropped_total.node_cap = self.dropped_total.node_cap.saturating_add(dropped.node_cap);
+        Ok(Flushed {
+            edges,
+            unattributed,
+            dropped,
+        })
+    }
+}
+
+fn reattribute(state: &Attributor, edge: &Edge) -> Owner {
+    let k = &edge.key;
+    state.resolve(k.netns_ino, k.cgroup_id, k.local_ip, edge.stats.first_seen)
+}
+
+fn lock(attributor: &SharedAttributor) -> MutexGuard<'_, Attributor> {
+    // Nothing panics while holding it; a poisoned state is still the best there is.
+    attributor.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::attribution::PodInfo;
+    use crate::kernel::events::{Direction, Outcome, Protocol};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    const HOST_NS: u32 = 1;
+
+    fn uid(p: u32) -> String {
+        format!("{p:08x}-0000-4000-8000-000000000000")
+    }
+
+    /// Pods 0..n, each in network namespace 100 + p with IP 10.0.0.(10 + p).
+    fn attributor(pods: u32) -> SharedAttributor {
+        let mut at = Attributor::default();
+        for p in 0..pods {
+            at.apply(
+                PodInfo {
+                    uid: uid(p),
+                    namespace: "shop".into(),
+                    name: format!("pod-{p}"),
+                    ips: vec![format!("10.0.0.{}", 10 + p).parse().unwrap()],
+                    host_network: false,
+                },
+                Duration::ZERO,
+            );
+        }
+        let uids: Vec<String> = (0..pods).map(uid).collect();
+        at.observe_scan(
+            HOST_NS,
+            uids.iter()
+                .enumerate()
+                .map(|(p, u)| (100 + p as u32, u.as_str())),
+            std::iter::empty(),
+            Duration::ZERO,
+        );
+        Arc::new(Mutex::new(at))
+    }
+
+    fn event(pod: u32, netns: u32, port: u16) -> ConnectionEvent {
+        ConnectionEvent {
+            monotonic: Duration::from_secs(1),
+            protocol: Protocol::Udp,
+            direction: Direction::Outbound,
+            outcome: Outcome::Datagram,
+            local: format!("10.0.0.{}:40000", 10 + pod).parse().unwrap(),
+            remote: format!("10.1.0.1:{port}").parse().unwrap(),
+            netns_ino: Some(netns),
+            cgroup_id: None,
+            pid: None,
+            error: None,
+            count: 1,
+        }
+    }
+
+    fn label(owner: &Owner) -> String {
+        match owner {
+            Owner::Pod(p) => p.label(),
+            Owner::Host => "host".into(),
+            Owner::Unknown => "unknown".into(),
+        }
+    }
+
+    #[test]
+    fn edges_are_attributed_when_they_start_and_flushed_with_their_owner() {
+        let mut pipeline = Pipeline::new(attributor(2), EdgeCaps::default());
+        let events = [
+            event(0, 100, 53),
+            event(0, 100, 53),
+            event(1, 101, 53),
+            event(0, HOST_NS, 80),
+        ];
+        pipeline.take_in(&events).unwrap();
+        assert_eq!(pipeline.new_edges(), 3);
+        let flushed = pipeline.flush().unwrap();
+        let got: Vec<(String, u16, u64)> = flushed
+            .edges
+            .iter()
+            .map(|(e, o)| (label(o), e.key.port, e.stats.count))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("host".to_string(), 80, 1),
+                ("shop/pod-0".to_string(), 53, 2),
+                ("shop/pod-1".to_string(), 53, 1),
+            ]
+        );
+        assert_eq!(flushed.unattributed, 0);
+        let records = flushed.records(&WallClock::now());
+        assert_eq!(records.len(), 2, "the host's edge does not go up");
+        assert_eq!(records[0].local.as_ref().unwrap().name, "pod-0");
+        assert_eq!(pipeline.events(), 4);
+    }
+
+    #[test]
+    fn an_edge_of_a_namespace_unknown_when_it_started_is_attributed_at_the_flush() {
+        let attributor = attributor(1);
+        let mut pipeline = Pipeline::new(attributor.clone(), EdgeCaps::default());
+        pipeline.take_in(&[event(1, 555, 53)]).unwrap();
+        // The scan finds the new pod's namespace before the flush.
+        {
+            let mut at = attributor.lock().unwrap();
+            at.apply(
+                PodInfo {
+                    uid: uid(1),
+                    namespace: "shop".into(),
+                    name: "late".into(),
+                    ips: vec![],
+                    host_network: false,
+                },
+                Duration::ZERO,
+            );
+            // Scans are stamped with the kernel's clock; the flush expires older ones.
+            at.observe_scan(HOST_NS, [(555, uid(1).as_str())], [], monotonic_now());
+        }
+        let flushed = pipeline.flush().unwrap();
+        assert_eq!(label(&flushed.edges[0].1), "shop/late");
+        assert_eq!(flushed.unattributed, 0);
+    }
+
+    #[test]
+    fn one_pod_past_its_cap_loses_only_its_own_new_edges() {
+        let caps = EdgeCaps {
+            per_pod: 3,
+            per_node: 5,
+        };
+        let mut pipeline = Pipeline::new(attributor(3), caps);
+        // Pod 0 sends to 10 ports: 3 edges kept, 7 events dropped.
+        let hostile: Vec<ConnectionEvent> = (1..=10).map(|p| event(0, 100, p)).collect();
+        pipeline.take_in(&hostile).unwrap();
+        // Its kept edges still count repeats.
+        pipeline.take_in(&[event(0, 100, 1)]).unwrap();
+        // Pod 1 fits; pod 2 meets the node's cap after one edge.
+        pipeline
+            .take_in(&[event(1, 101, 7), event(2, 102, 7), event(2, 102, 8)])
+            .unwrap();
+        let flushed = pipeline.flush().unwrap();
+        let mut per_pod: HashMap<String, (usize, u64)> = HashMap::new();
+        for (e, o) in &flushed.edges {
+            let entry = per_pod.entry(label(o)).or_default();
+            entry.0 += 1;
+            entry.1 += e.stats.count;
+        }
+        assert_eq!(per_pod["shop/pod-0"], (3, 4));
+        assert_eq!(per_pod["shop/pod-1"], (1, 1));
+        assert_eq!(per_pod["shop/pod-2"], (1, 1));
+        assert_eq!(
+            flushed.dropped,
+            Dropped {
+                pod_cap: 7,
+                node_cap: 1
+            }
+        );
+        // The caps start over with the next interval.
+        pipeline.take_in(&[event(0, 100, 9)]).unwrap();
+        let next = pipeline.flush().unwrap();
+        assert_eq!(next.edges.len(), 1);
+        assert_eq!(next.dropped, Dropped::default());
+        assert_eq!(pipeline.dropped().total(), 8);
+    }
+}
