@@ -56,7 +56,9 @@ async fn fifty_connections_from_five_pods_aggregate_into_ten_edges() {
     let events = collect(&mut reader, expected_events, |e| ours(e.netns_ino)).await;
 
     let mut aggregator = Aggregator::new();
-    events.iter().for_each(|e| aggregator.add(e));
+    for e in &events {
+        aggregator.add(e);
+    }
     let edges: BTreeMap<EdgeKey, u64> = aggregator
         .drain()
         .into_iter()

@@ -167,6 +167,23 @@ struct RunArgs {
         default_value_t = network_enforcer_controller::learn::proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS
     )]
     max_external_peers_per_port: usize,
+    /// At most this many port entries per learned rule: past it, runs of consecutive ports collapse
+    /// into ranges (`endPort`), and ports that still do not fit are reported with a `LearningCapped`
+    /// Event.
+    #[arg(
+        long,
+        env = "MAX_PORTS_PER_RULE",
+        default_value_t = network_enforcer_controller::learn::DEFAULT_MAX_PORTS_PER_RULE
+    )]
+    max_ports_per_rule: usize,
+    /// At most this many rules (peers) per learned proposal; further peers are reported with a
+    /// `LearningCapped` Event.
+    #[arg(
+        long = "max-rules-per-proposal",
+        env = "MAX_RULES_PER_PROPOSAL",
+        default_value_t = network_enforcer_controller::learn::DEFAULT_MAX_RULES
+    )]
+    max_rules: usize,
     /// How long a flow whose peer resolves to no pod (or whose pod is not known yet) waits for the pod
     /// and Service watches to catch up before it is learned as an external address (or dropped): a new
     /// pod talks before its IP reaches the API (0: learn at once).
@@ -443,6 +460,8 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_excluded_workloads(args.exclude_workloads.clone())
             .with_only_namespace(settings.namespace.clone())
             .with_max_external_peers(args.max_external_peers_per_port)
+            .with_max_ports_per_rule(args.max_ports_per_rule)
+            .with_max_rules(args.max_rules)
             .with_resolution_grace(
                 i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
                     .unwrap_or(i64::MAX),

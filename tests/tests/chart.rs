@@ -762,6 +762,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "FLUSH_INTERVAL_SECONDS"), "2");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "30");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "50");
+    assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "64");
+    assert_eq!(env_value(c, "MAX_RULES_PER_PROPOSAL"), "500");
     assert!(env(c, "EXCLUDE_NAMESPACES").is_none());
 
     let docs = render(&[
@@ -775,6 +777,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
+        "controller.maxPortsPerRule=8",
+        "controller.maxRulesPerProposal=20",
     ]);
     let deploy = find(&docs, "Deployment", CONTROLLER);
     assert_eq!(deploy["spec"]["replicas"], 2);
@@ -784,6 +788,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "1m");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
+    assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");
+    assert_eq!(env_value(c, "MAX_RULES_PER_PROPOSAL"), "20");
     assert_eq!(
         find(&docs, "Service", &format!("{CONTROLLER}-metrics"))["spec"]["ports"][0]["port"],
         9090

@@ -381,6 +381,44 @@ pub fn new_proposal(target: &Target, backend: Backend) -> WorkloadNetworkPolicyP
     }
 }
 
+/// What one proposal may hold, whatever its workload does: a pod sending to every port or every
+/// address must not grow its proposal (or its peers') past what the API server stores
+/// (docs/design.md, "Bounds on what is learned").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Single external addresses per (protocol, port) (`--max-external-peers-per-port`).
+    pub max_external_peers: usize,
+    /// Port entries per rule (`--max-ports-per-rule`): past it, runs of consecutive ports are
+    /// collapsed into ranges (`endPort`), and a port that still does not fit is refused.
+    pub max_ports_per_rule: usize,
+    /// Rules (one per peer) per proposal (`--max-rules-per-proposal`).
+    pub max_rules: usize,
+}
+
+impl Limits {
+    /// No bound at all (tests, and what the reference does).
+    pub const NONE: Limits = Limits {
+        max_external_peers: usize::MAX,
+        max_ports_per_rule: usize::MAX,
+        max_rules: usize::MAX,
+    };
+}
+
+/// Default of [`Limits::max_ports_per_rule`].
+pub const DEFAULT_MAX_PORTS_PER_RULE: usize = 64;
+/// Default of [`Limits::max_rules`].
+pub const DEFAULT_MAX_RULES: usize = 500;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_external_peers: proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS,
+            max_ports_per_rule: DEFAULT_MAX_PORTS_PER_RULE,
+            max_rules: DEFAULT_MAX_RULES,
+        }
+    }
+}
+
 /// What merging edges into a spec did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Merged {
@@ -389,13 +427,96 @@ pub struct Merged {
     /// External peers not added, per (protocol, port), because that port already allows
     /// `max_external_peers` single addresses (the fan-out cap).
     pub capped: BTreeMap<(Protocol, u16), usize>,
+    /// Ports not added because their rule held [`Limits::max_ports_per_rule`] entries even with
+    /// consecutive ports collapsed into ranges.
+    pub ports_capped: usize,
+    /// Peers not added because the proposal held [`Limits::max_rules`] rules.
+    pub rules_capped: usize,
 }
 
 /// Merges `edge` into `spec`, as in the reference: the rule whose single peer equals the edge's peer
 /// gets the port if missing; otherwise a rule is appended. Never removes anything. Returns whether
 /// `spec` changed.
 pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool {
-    merge(spec, [edge], usize::MAX).changed
+    merge(spec, [edge], &Limits::NONE).changed
+}
+
+/// Merges `edges` into `proposal` as [`merge`] does, keeping the object's JSON within `max_bytes`: when
+/// all of them would make it too big, the longest prefix (in arrival order) that fits. Returns what the
+/// merge did and how many edges were left out for size.
+pub fn merge_within(
+    proposal: &mut WorkloadNetworkPolicyProposal,
+    edges: &[Edge],
+    limits: &Limits,
+    max_bytes: usize,
+) -> (Merged, usize) {
+    let encoded_len =
+        |p: &WorkloadNetworkPolicyProposal| serde_json::to_vec(p).map_or(usize::MAX, |v| v.len());
+    let base = proposal.clone();
+    let merged = merge(&mut proposal.spec, edges, limits);
+    if !merged.changed || encoded_len(proposal) <= max_bytes {
+        return (merged, 0);
+    }
+    let fits = |n: usize| {
+        let mut trial = base.clone();
+        merge(&mut trial.spec, &edges[..n], limits);
+        encoded_len(&trial) <= max_bytes
+    };
+    // Merging never removes anything, so more edges never weigh less: bisect on the prefix length.
+    let (mut lo, mut hi) = (0, edges.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) { lo = mid } else { hi = mid - 1 }
+    }
+    *proposal = base;
+    let merged = merge(&mut proposal.spec, &edges[..lo], limits);
+    (merged, edges.len() - lo)
+}
+
+/// Whether `ports` already allow `port` over `protocol` (as a single port or within a range).
+fn covers(ports: &[NetworkPolicyPort], protocol: &str, port: i32) -> bool {
+    ports.iter().any(|p| {
+        p.protocol.as_deref().unwrap_or("TCP") == protocol
+            && match p.port {
+                Some(IntOrString::Int(n)) => {
+                    n == port || p.end_port.is_some_and(|e| n <= port && port <= e)
+                }
+                _ => false,
+            }
+    })
+}
+
+/// Collapses numbered ports into the fewest entries: per protocol, overlapping or adjacent ports and
+/// ranges become one range (`port`..`endPort`), a lone port stays a port. Named ports are kept as
+/// they are, first. The set of allowed ports does not change.
+fn collapse(ports: &mut Vec<NetworkPolicyPort>) {
+    let mut spans: BTreeMap<String, Vec<(i32, i32)>> = BTreeMap::new();
+    let mut named = Vec::new();
+    for p in ports.drain(..) {
+        match p.port {
+            Some(IntOrString::Int(n)) => spans
+                .entry(p.protocol.clone().unwrap_or_else(|| "TCP".into()))
+                .or_default()
+                .push((n, p.end_port.unwrap_or(n).max(n))),
+            _ => named.push(p),
+        }
+    }
+    ports.extend(named);
+    for (protocol, mut list) in spans {
+        list.sort_unstable();
+        let mut runs: Vec<(i32, i32)> = Vec::with_capacity(list.len());
+        for (from, to) in list {
+            match runs.last_mut() {
+                Some(last) if from <= last.1.saturating_add(1) => last.1 = last.1.max(to),
+                _ => runs.push((from, to)),
+            }
+        }
+        ports.extend(runs.into_iter().map(|(from, to)| NetworkPolicyPort {
+            protocol: Some(protocol.clone()),
+            port: Some(IntOrString::Int(from)),
+            end_port: (to > from).then_some(to),
+        }));
+    }
 }
 
 /// A hashable key for a rule's peers (their JSON: equal peers, equal keys).
@@ -424,13 +545,14 @@ fn single_address(peers: Option<&Vec<NetworkPolicyPeer>>) -> bool {
 }
 
 /// Merges `edges` into `spec`, in order, as [`apply`] does for each, in time linear in rules + edges
-/// (rules are found by a hash of their peers, not a scan per edge). An external peer is not added when
-/// its (protocol, port) already has `max_external_peers` single-address rules (nodes count towards it
-/// too, they are single addresses as well); those are counted in [`Merged::capped`].
+/// (rules are found by a hash of their peers, not a scan per edge). Within `limits`: an external peer
+/// is not added when its (protocol, port) already has `max_external_peers` single-address rules
+/// (nodes count towards it too, they are single addresses as well), counted in [`Merged::capped`]; a
+/// port or peer past the other limits is counted in [`Merged::ports_capped`] / [`Merged::rules_capped`].
 pub fn merge<'e>(
     spec: &mut WorkloadNetworkPolicyProposalSpec,
     edges: impl IntoIterator<Item = &'e Edge>,
-    max_external_peers: usize,
+    limits: &Limits,
 ) -> Merged {
     let mut merged = Merged::default();
     if let Some(np) = spec.kubernetes.as_mut() {
@@ -444,7 +566,7 @@ pub fn merge<'e>(
                     ports: Some(ports),
                 },
                 edges,
-                max_external_peers,
+                limits,
                 &mut merged,
             ),
             Direction::Ingress => merge_rules(
@@ -455,7 +577,7 @@ pub fn merge<'e>(
                     ports: Some(ports),
                 },
                 edges,
-                max_external_peers,
+                limits,
                 &mut merged,
             ),
         }
@@ -484,11 +606,17 @@ pub fn merge<'e>(
                         rule.to.push(IstioTo::default());
                     }
                     let ports = &mut rule.to[0].operation.ports;
-                    if !ports.contains(&port) {
-                        ports.push(port);
-                        merged.changed = true;
+                    if ports.contains(&port) {
+                        continue;
                     }
+                    if ports.len() >= limits.max_ports_per_rule {
+                        merged.ports_capped += 1;
+                        continue;
+                    }
+                    ports.push(port);
+                    merged.changed = true;
                 }
+                None if istio.rules.len() >= limits.max_rules => merged.rules_capped += 1,
                 None => {
                     by_principal.insert(principal.clone(), istio.rules.len());
                     istio.rules.push(IstioRule {
@@ -521,7 +649,7 @@ fn merge_rules<'e, R>(
     ),
     new_rule: impl Fn(Vec<NetworkPolicyPeer>, Vec<NetworkPolicyPort>) -> R,
     edges: impl IntoIterator<Item = &'e Edge>,
-    max_external_peers: usize,
+    limits: &Limits,
     merged: &mut Merged,
 ) {
     // Rules by their peers, and single-address rules per (protocol, port).
@@ -558,24 +686,43 @@ fn merge_rules<'e, R>(
         let address_key = (protocol_name(*protocol).to_string(), i32::from(*port));
         let single = !matches!(peer, Endpoint::Workload(_));
         let count = addresses.get(&address_key).copied().unwrap_or(0);
-        let capped = edge.external().is_some() && count >= max_external_peers;
+        let capped = edge.external().is_some() && count >= limits.max_external_peers;
         let key = peers_key(&Some(&peers));
         match by_peers.get(&key) {
             Some(&i) => {
                 let (_, ports) = parts(&mut rules[i]);
                 let ports = ports.get_or_insert_with(Vec::new);
-                if ports.contains(&np_port) {
+                if covers(ports, &address_key.0, address_key.1) {
                     continue;
                 }
                 if capped {
                     *merged.capped.entry((*protocol, *port)).or_default() += 1;
                     continue;
                 }
-                ports.push(np_port);
+                if ports.len() >= limits.max_ports_per_rule
+                    || ports.iter().any(|p| p.end_port.is_some())
+                {
+                    // A scan of many ports: collapse runs into ranges before refusing anything (and
+                    // keep a rule that has ranges collapsed).
+                    let mut collapsed = ports.clone();
+                    collapsed.push(np_port);
+                    collapse(&mut collapsed);
+                    if collapsed.len() > limits.max_ports_per_rule {
+                        merged.ports_capped += 1;
+                        continue;
+                    }
+                    *ports = collapsed;
+                } else {
+                    ports.push(np_port);
+                }
             }
             None => {
                 if capped {
                     *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                if rules.len() >= limits.max_rules {
+                    merged.rules_capped += 1;
                     continue;
                 }
                 by_peers.insert(key, rules.len());
@@ -1028,11 +1175,206 @@ mod tests {
             apply(&mut one_by_one, e);
         }
         let mut at_once = new_proposal(&target, Backend::Kubernetes).spec;
-        let merged = merge(&mut at_once, &all, usize::MAX);
+        let merged = merge(&mut at_once, &all, &Limits::NONE);
         assert!(merged.changed && merged.capped.is_empty());
         assert_eq!(at_once, one_by_one);
         // And again: nothing changes.
-        assert!(!merge(&mut at_once, &all, usize::MAX).changed);
+        assert!(!merge(&mut at_once, &all, &Limits::NONE).changed);
+    }
+
+    fn external_cap(n: usize) -> Limits {
+        Limits {
+            max_external_peers: n,
+            ..Limits::NONE
+        }
+    }
+
+    fn np_port(protocol: &str, port: IntOrString, end_port: Option<i32>) -> NetworkPolicyPort {
+        NetworkPolicyPort {
+            protocol: Some(protocol.into()),
+            port: Some(port),
+            end_port,
+        }
+    }
+
+    #[test]
+    fn collapse_merges_overlapping_and_adjacent_ports_per_protocol() {
+        let int = IntOrString::Int;
+        let mut ports = vec![
+            np_port("TCP", int(90), None),
+            np_port("TCP", int(81), None),
+            np_port("UDP", int(80), None),
+            np_port("TCP", int(80), None),
+            np_port("TCP", IntOrString::String("http".into()), None),
+            np_port("TCP", int(83), Some(85)),
+            np_port("TCP", int(82), None),
+            np_port("TCP", int(84), None),
+        ];
+        collapse(&mut ports);
+        assert_eq!(
+            ports,
+            [
+                np_port("TCP", IntOrString::String("http".into()), None),
+                np_port("TCP", int(80), Some(85)),
+                np_port("TCP", int(90), None),
+                np_port("UDP", int(80), None),
+            ]
+        );
+    }
+
+    fn rule_ports(spec: &WorkloadNetworkPolicyProposalSpec) -> Vec<Vec<NetworkPolicyPort>> {
+        spec.kubernetes
+            .as_ref()
+            .and_then(|np| np.egress.as_ref())
+            .map(|rules| {
+                rules
+                    .iter()
+                    .map(|r| r.ports.clone().unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_port_scan_collapses_into_ranges_and_what_still_does_not_fit_is_capped() {
+        let ix = index();
+        let target = Target {
+            workload: ix
+                .pod("shop", "http-client-aaa-1")
+                .unwrap()
+                .endpoint
+                .clone(),
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let to = |port: u16| Edge::Kubernetes {
+            peer: Endpoint::External(IpAddr::from([203, 0, 113, 7])),
+            protocol: Protocol::UDP,
+            port,
+        };
+        let limits = Limits {
+            max_ports_per_rule: 4,
+            ..Limits::NONE
+        };
+        let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+        // Every port from 1 to 1000, as a scanner sends them: one range.
+        let scan: Vec<Edge> = (1..=1000).map(to).collect();
+        let merged = merge(&mut spec, &scan, &limits);
+        assert!(merged.changed);
+        assert_eq!(merged.ports_capped, 0);
+        let int = IntOrString::Int;
+        assert_eq!(
+            rule_ports(&spec),
+            [vec![np_port("UDP", int(1), Some(1000))]]
+        );
+        // A port within the range is already allowed.
+        assert!(!merge(&mut spec, &[to(500)], &limits).changed);
+        // Scattered ports fill the rule up to its cap; the rest is refused and counted.
+        let scattered: Vec<Edge> = [2000, 2002, 2004, 2006, 2008].map(to).to_vec();
+        let merged = merge(&mut spec, &scattered, &limits);
+        assert_eq!(merged.ports_capped, 2);
+        assert_eq!(
+            rule_ports(&spec),
+            [vec![
+                np_port("UDP", int(1), Some(1000)),
+                np_port("UDP", int(2000), None),
+                np_port("UDP", int(2002), None),
+                np_port("UDP", int(2004), None),
+            ]]
+        );
+        // A port joining a run still fits: 2001 joins 2000 and 2002 into one range.
+        let merged = merge(&mut spec, &[to(2001)], &limits);
+        assert!(merged.changed && merged.ports_capped == 0);
+        assert_eq!(rule_ports(&spec)[0].len(), 3);
+        // Below the cap ports stay single, as the reference writes them.
+        let mut small = new_proposal(&target, Backend::Kubernetes).spec;
+        merge(&mut small, &[to(1), to(2)], &Limits::default());
+        assert_eq!(
+            rule_ports(&small),
+            [vec![
+                np_port("UDP", int(1), None),
+                np_port("UDP", int(2), None)
+            ]]
+        );
+    }
+
+    #[test]
+    fn a_write_keeps_the_proposal_within_its_byte_budget() {
+        let ix = index();
+        let target = Target {
+            workload: ix
+                .pod("shop", "http-client-aaa-1")
+                .unwrap()
+                .endpoint
+                .clone(),
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let peers: Vec<Edge> = (0..200u16)
+            .map(|i| Edge::Kubernetes {
+                peer: Endpoint::External(IpAddr::from([203, 0, (i / 250) as u8, (i % 250) as u8])),
+                protocol: Protocol::TCP,
+                port: 1000 + i,
+            })
+            .collect();
+        let budget = 4096;
+        let mut proposal = new_proposal(&target, Backend::Kubernetes);
+        let (merged, left_out) = merge_within(&mut proposal, &peers, &Limits::NONE, budget);
+        let size = serde_json::to_vec(&proposal).unwrap().len();
+        assert!(merged.changed && left_out > 0);
+        assert!(size <= budget, "{size} bytes");
+        assert_eq!(peer_count(&proposal.spec) + left_out, peers.len());
+        // The next edge would not have fitted: the longest prefix was kept.
+        let kept = peers.len() - left_out;
+        let mut one_more = new_proposal(&target, Backend::Kubernetes);
+        merge(&mut one_more.spec, &peers[..=kept], &Limits::NONE);
+        assert!(serde_json::to_vec(&one_more).unwrap().len() > budget);
+        // Within the budget nothing is left out.
+        let mut small = new_proposal(&target, Backend::Kubernetes);
+        assert_eq!(
+            merge_within(&mut small, &peers[..3], &Limits::NONE, budget).1,
+            0
+        );
+        assert_eq!(peer_count(&small.spec), 3);
+    }
+
+    #[test]
+    fn a_proposal_stops_at_its_rule_cap() {
+        let ix = index();
+        let target = Target {
+            workload: ix
+                .pod("shop", "http-client-aaa-1")
+                .unwrap()
+                .endpoint
+                .clone(),
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let limits = Limits {
+            max_rules: 3,
+            ..Limits::NONE
+        };
+        let peers: Vec<Edge> = (0..5)
+            .map(|i| Edge::Kubernetes {
+                peer: Endpoint::External(IpAddr::from([203, 0, 113, i])),
+                protocol: Protocol::TCP,
+                port: 443,
+            })
+            .collect();
+        let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+        let merged = merge(&mut spec, &peers, &limits);
+        assert_eq!((peer_count(&spec), merged.rules_capped), (3, 2));
+        // Known peers still gain ports.
+        let merged = merge(
+            &mut spec,
+            &[Edge::Kubernetes {
+                peer: Endpoint::External(IpAddr::from([203, 0, 113, 0])),
+                protocol: Protocol::TCP,
+                port: 8443,
+            }],
+            &limits,
+        );
+        assert!(merged.changed && merged.rules_capped == 0);
     }
 
     #[test]
@@ -1055,14 +1397,14 @@ mod tests {
         };
         let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
         let first: Vec<Edge> = (0..5).map(|i| external(i, 443)).collect();
-        assert!(merge(&mut spec, &first, 3).changed);
+        assert!(merge(&mut spec, &first, &external_cap(3)).changed);
         assert_eq!(peer_count(&spec), 3);
         // The cap counts what the spec already holds: later flushes add nothing more on 443...
         let later: Vec<Edge> = (10..12)
             .map(|i| external(i, 443))
             .chain([external(0, 80), external(50, 80)])
             .collect();
-        let merged = merge(&mut spec, &later, 3);
+        let merged = merge(&mut spec, &later, &external_cap(3));
         assert_eq!(
             merged.capped,
             BTreeMap::from([((Protocol::TCP, 443), 2)]),
@@ -1080,7 +1422,7 @@ mod tests {
                 protocol: Protocol::TCP,
                 port: 443,
             }],
-            3,
+            &external_cap(3),
         );
         assert!(merged.changed && merged.capped.is_empty());
     }

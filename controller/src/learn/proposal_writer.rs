@@ -26,7 +26,7 @@ use network_enforcer_api::naming::promoted_from_value;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher as _;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -37,6 +37,17 @@ pub const DEFAULT_MAX_EXTERNAL_PEERS: usize = 50;
 
 /// How many times a write is retried on a conflict within one flush.
 const CONFLICT_RETRIES: usize = 3;
+
+/// The most a proposal may weigh as JSON: etcd refuses objects over 1.5 MiB, and a proposal this big is
+/// no longer reviewable anyway. Edges that would pass it are left out and reported.
+pub const MAX_PROPOSAL_BYTES: usize = 1024 * 1024;
+
+/// Whether the API server refused a write for what it holds (invalid, or too large): writing the
+/// same edges again cannot succeed, so they are dropped (and reported) instead of holding up
+/// every agent's acknowledgements.
+fn refused_for_good(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(e) if matches!(e.code, 400 | 413 | 422))
+}
 
 /// The outcome of one flush.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -51,6 +62,9 @@ pub struct FlushReport {
     pub promoted: usize,
     /// Proposals whose write failed; their edges wait for the next flush.
     pub failed: usize,
+    /// Proposals the API server refused for their content (invalid or too large); their new edges
+    /// were dropped and logged.
+    pub refused: usize,
     /// Conflicts (409) retried.
     pub conflicts: usize,
     /// External peers not learned because their proposal and port had reached the cap.
@@ -166,7 +180,7 @@ pub struct ProposalWriter {
     pending: Mutex<HashMap<Target, PendingEdges>>,
     /// Observations waiting for the index to catch up ([`crate::learn::deferrals`]).
     waiting: Deferrals,
-    max_external_peers: usize,
+    limits: learn::Limits,
     recorder: Recorder,
     metrics: ControllerMetrics,
     /// Leadership, when replicas elect a leader; `None`: this replica always writes.
@@ -201,7 +215,7 @@ impl ProposalWriter {
             only_namespace: None,
             pending: Mutex::new(HashMap::new()),
             waiting: Deferrals::new(0),
-            max_external_peers: DEFAULT_MAX_EXTERNAL_PEERS,
+            limits: learn::Limits::default(),
             recorder,
             metrics: ControllerMetrics::new(),
             leader: None,
@@ -250,7 +264,21 @@ impl ProposalWriter {
     /// further ones are counted, logged and reported with an Event instead (`0`: no external peer is
     /// learned).
     pub fn with_max_external_peers(mut self, max: usize) -> Self {
-        self.max_external_peers = max;
+        self.limits.max_external_peers = max;
+        self
+    }
+
+    /// Holds at most `max` port entries per rule (runs of consecutive ports collapse into ranges
+    /// first); further ports are counted, logged and reported with an Event.
+    pub fn with_max_ports_per_rule(mut self, max: usize) -> Self {
+        self.limits.max_ports_per_rule = max.max(1);
+        self
+    }
+
+    /// Holds at most `max` rules (peers) per proposal; further peers are counted, logged and reported
+    /// with an Event.
+    pub fn with_max_rules(mut self, max: usize) -> Self {
+        self.limits.max_rules = max.max(1);
         self
     }
 
@@ -381,7 +409,7 @@ impl ProposalWriter {
                     Some(edges) => edges,
                     None => pending.entry(target).or_default(),
                 };
-                match edges.add(edge, self.max_external_peers) {
+                match edges.add(edge, self.limits.max_external_peers) {
                     Added::New => {
                         added += 1;
                         let mut seen = self.seen.lock().expect("seen edges lock");
@@ -435,6 +463,13 @@ impl ProposalWriter {
             self.count(&before, &report, result.is_err());
             match result {
                 Ok(()) => {}
+                Err(error) if refused_for_good(&error) => {
+                    report.refused += 1;
+                    self.metrics.resolved("write_refused", edges.len() as u64);
+                    tracing::error!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                        edges = edges.len(),
+                        "the API server refused the proposal; its new edges are dropped (writing them again cannot succeed)");
+                }
                 Err(error) => {
                     report.failed += 1;
                     tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
@@ -474,38 +509,95 @@ impl ProposalWriter {
         }
     }
 
-    /// Counts, logs and reports with an Event on `proposal` the external peers the merge left out.
+    /// Counts, logs and reports with Events on `proposal` what the merge left out: external peers past
+    /// the fan-out cap (`ExternalPeersCapped`), ports, peers and edges past the other limits
+    /// (`LearningCapped`).
     async fn report_capped(
         &self,
         target: &Target,
         proposal: Option<&WorkloadNetworkPolicyProposal>,
-        capped: &BTreeMap<(Protocol, u16), usize>,
+        merged: &learn::Merged,
+        size_capped: usize,
         report: &mut FlushReport,
     ) {
-        if capped.is_empty() {
-            return;
+        if !merged.capped.is_empty() {
+            let total: usize = merged.capped.values().sum();
+            report.capped += total;
+            self.metrics.resolved("external_capped", total as u64);
+            let ports: Vec<String> = merged
+                .capped
+                .iter()
+                .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
+                .collect();
+            let note = format!(
+                "external peers not learned: {} (at most {} addresses per port; raise \
+                 --max-external-peers-per-port, or add a CIDR rule to the policy)",
+                ports.join(", "),
+                self.limits.max_external_peers
+            );
+            self.warn_capped(target, proposal, "ExternalPeersCapped", note)
+                .await;
         }
-        let total: usize = capped.values().sum();
-        report.capped += total;
-        self.metrics.resolved("external_capped", total as u64);
-        let ports: Vec<String> = capped
-            .iter()
-            .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
-            .collect();
-        let note = format!(
-            "external peers not learned: {} (at most {} addresses per port; raise \
-             --max-external-peers-per-port, or add a CIDR rule to the policy)",
-            ports.join(", "),
-            self.max_external_peers
-        );
-        tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note,
-            "external fan-out capped");
+        let mut parts = Vec::new();
+        for (n, outcome, what) in [
+            (
+                merged.ports_capped,
+                "ports_capped",
+                format!(
+                    "ports on rules already holding {} port entries (--max-ports-per-rule)",
+                    self.limits.max_ports_per_rule
+                ),
+            ),
+            (
+                merged.rules_capped,
+                "rules_capped",
+                format!(
+                    "peers past {} rules (--max-rules-per-proposal)",
+                    self.limits.max_rules
+                ),
+            ),
+            (
+                size_capped,
+                "size_capped",
+                format!(
+                    "edges that would take the object past {} KiB",
+                    MAX_PROPOSAL_BYTES / 1024
+                ),
+            ),
+        ] {
+            if n > 0 {
+                report.capped += n;
+                self.metrics.resolved(outcome, n as u64);
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        if !parts.is_empty() {
+            let note = format!(
+                "not learned: {}; a workload reaching this many ports or peers is better allowed by \
+                 a hand-written range or CIDR rule",
+                parts.join(", ")
+            );
+            self.warn_capped(target, proposal, "LearningCapped", note)
+                .await;
+        }
+    }
+
+    /// Logs `note` and publishes it as a Warning Event with `reason` on `proposal`, if it exists.
+    async fn warn_capped(
+        &self,
+        target: &Target,
+        proposal: Option<&WorkloadNetworkPolicyProposal>,
+        reason: &str,
+        note: String,
+    ) {
+        tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note, reason,
+            "learning capped");
         if let Some(p) = proposal {
             crate::reconcile::publish_with(
                 &self.recorder,
                 &p.object_ref(&()),
                 EventType::Warning,
-                "ExternalPeersCapped",
+                reason,
                 "Learn",
                 note,
             )
@@ -549,10 +641,11 @@ impl ProposalWriter {
                 tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
                 return Ok(());
             }
-            let merged = learn::merge(&mut desired.spec, edges, self.max_external_peers);
+            let (merged, size_capped) =
+                learn::merge_within(&mut desired, edges, &self.limits, MAX_PROPOSAL_BYTES);
             if !merged.changed && existing.is_some() {
                 report.unchanged += 1;
-                self.report_capped(target, existing.as_ref(), &merged.capped, report)
+                self.report_capped(target, existing.as_ref(), &merged, size_capped, report)
                     .await;
                 return Ok(());
             }
@@ -565,7 +658,7 @@ impl ProposalWriter {
                 Ok(object) => {
                     report.written += 1;
                     report.created += usize::from(created);
-                    self.report_capped(target, Some(&object), &merged.capped, report)
+                    self.report_capped(target, Some(&object), &merged, size_capped, report)
                         .await;
                     let status = serde_json::json!({"status": {
                         "peerCount": learn::peer_count(&desired.spec),
