@@ -15,7 +15,7 @@
 
 use super::EvalError;
 use super::authorization_policy::{self, AuthzVerdict, Connection};
-use super::network_policy::evaluate_side;
+use super::compiled::{self, CompiledPolicy, Resolved};
 use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
 use crate::monitor::violations::Observation;
 use crate::policy::uniqueness;
@@ -90,12 +90,78 @@ pub struct Attributed {
 }
 
 /// The WorkloadNetworkPolicies in force, indexed by namespace and target name so that a lookup per
-/// flow allocates nothing.
+/// flow allocates nothing, each with its `spec.kubernetes` payload compiled once.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySet<'a> {
     /// namespace → target workload name → the policies of that name's kinds and directions.
-    by_target: HashMap<String, HashMap<String, Vec<&'a WorkloadNetworkPolicy>>>,
+    by_target: HashMap<String, HashMap<String, Vec<Governing<'a>>>>,
     len: usize,
+}
+
+/// A policy in force, with its kubernetes payload compiled (`None` for istio, or without payload).
+#[derive(Clone, Debug)]
+struct Governing<'a> {
+    policy: &'a WorkloadNetworkPolicy,
+    rendered: Option<CompiledPolicy<'a>>,
+}
+
+impl<'a> Governing<'a> {
+    fn new(policy: &'a WorkloadNetworkPolicy) -> Self {
+        let rendered = match policy.spec.backend {
+            Backend::Kubernetes => policy.spec.kubernetes.as_ref().map(|spec| {
+                CompiledPolicy::compile(PolicyRef {
+                    namespace: policy.metadata.namespace.as_deref().unwrap_or_default(),
+                    name: policy.metadata.name.as_deref().unwrap_or_default(),
+                    spec,
+                })
+            }),
+            Backend::Istio => None,
+        };
+        Governing { policy, rendered }
+    }
+
+    /// [`policy_verdict`] with the compiled payload; `ends` caches the flow's endpoints, which
+    /// both sides of a flow look up.
+    fn verdict<'v>(
+        &self,
+        view: &'v ClusterView,
+        flow: &ObservedFlow,
+        source_principal: Option<&str>,
+        ends: &mut Option<(Resolved<'v>, Resolved<'v>)>,
+    ) -> Result<PolicyVerdict, EvalError> {
+        match self.policy.spec.backend {
+            Backend::Kubernetes => {
+                let rendered = self
+                    .rendered
+                    .as_ref()
+                    .ok_or_else(|| missing_payload(self.policy, "kubernetes"))?;
+                let resolved = match *ends {
+                    Some(resolved) => resolved,
+                    None => *ends.insert(compiled::resolve(
+                        view,
+                        &flow.source.endpoint,
+                        &flow.destination.endpoint,
+                    )?),
+                };
+                Ok(kubernetes_verdict(
+                    view,
+                    rendered,
+                    self.policy.spec.direction,
+                    resolved,
+                    flow.protocol,
+                    flow.port,
+                ))
+            }
+            Backend::Istio => istio_verdict(
+                view,
+                self.policy,
+                &flow.destination.endpoint,
+                flow.protocol,
+                flow.port,
+                source_principal,
+            ),
+        }
+    }
 }
 
 impl<'a> PolicySet<'a> {
@@ -113,18 +179,18 @@ impl<'a> PolicySet<'a> {
                 .or_default()
                 .entry(policy.spec.target_ref.name.clone())
                 .or_default();
-            let rival = same_target.iter_mut().find(|p| {
-                p.spec.target_ref.kind == policy.spec.target_ref.kind
-                    && p.spec.direction == policy.spec.direction
+            let rival = same_target.iter_mut().find(|g| {
+                g.policy.spec.target_ref.kind == policy.spec.target_ref.kind
+                    && g.policy.spec.direction == policy.spec.direction
             });
             match rival {
                 Some(current) => {
-                    if uniqueness::winner_over(current, [policy]).is_some() {
-                        *current = policy;
+                    if uniqueness::winner_over(current.policy, [policy]).is_some() {
+                        *current = Governing::new(policy);
                     }
                 }
                 None => {
-                    same_target.push(policy);
+                    same_target.push(Governing::new(policy));
                     set.len += 1;
                 }
             }
@@ -138,13 +204,20 @@ impl<'a> PolicySet<'a> {
         workload: &WorkloadRef,
         direction: Direction,
     ) -> Option<&'a WorkloadNetworkPolicy> {
+        self.governing_entry(workload, direction).map(|g| g.policy)
+    }
+
+    fn governing_entry(
+        &self,
+        workload: &WorkloadRef,
+        direction: Direction,
+    ) -> Option<&Governing<'a>> {
         let kind = workload_kind(&workload.owner_kind)?;
         self.by_target
             .get(&workload.namespace)?
             .get(&workload.owner_name)?
             .iter()
-            .find(|p| p.spec.target_ref.kind == kind && p.spec.direction == direction)
-            .copied()
+            .find(|g| g.policy.spec.target_ref.kind == kind && g.policy.spec.direction == direction)
     }
 
     /// The number of policies in force.
@@ -169,20 +242,21 @@ pub fn attribute(
     policies: &PolicySet<'_>,
     flow: &ObservedFlow,
 ) -> Result<Vec<Attributed>, EvalError> {
-    let evaluated = flow.flow();
     let principal = Some(flow.source.workload.identity.as_str()).filter(|p| !p.is_empty());
+    let mut ends = None;
     let mut violations = Vec::new();
-    if let Some(policy) = policies.governing(&flow.source.workload, Direction::Egress) {
-        if policy_verdict(view, policy, &evaluated, principal)? == PolicyVerdict::Denies {
-            violations.push(attributed(policy, flow));
-            if policy.spec.mode == PolicyMode::Protect {
+    if let Some(egress) = policies.governing_entry(&flow.source.workload, Direction::Egress) {
+        if egress.verdict(view, flow, principal, &mut ends)? == PolicyVerdict::Denies {
+            violations.push(attributed(egress.policy, flow));
+            if egress.policy.spec.mode == PolicyMode::Protect {
                 return Ok(violations);
             }
         }
     }
-    if let Some(policy) = policies.governing(&flow.destination.workload, Direction::Ingress) {
-        if policy_verdict(view, policy, &evaluated, principal)? == PolicyVerdict::Denies {
-            violations.push(attributed(policy, flow));
+    if let Some(ingress) = policies.governing_entry(&flow.destination.workload, Direction::Ingress)
+    {
+        if ingress.verdict(view, flow, principal, &mut ends)? == PolicyVerdict::Denies {
+            violations.push(attributed(ingress.policy, flow));
         }
     }
     Ok(violations)
@@ -220,60 +294,99 @@ pub fn policy_verdict(
     flow: &Flow,
     source_principal: Option<&str>,
 ) -> Result<PolicyVerdict, EvalError> {
-    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
-    let name = policy.metadata.name.as_deref().unwrap_or_default();
-    let direction = policy.spec.direction;
-    let missing = |payload| EvalError::MissingPayload {
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-        payload,
-    };
     match policy.spec.backend {
         Backend::Kubernetes => {
             let spec = policy
                 .spec
                 .kubernetes
                 .as_ref()
-                .ok_or_else(|| missing("kubernetes"))?;
-            let rendered = PolicyRef {
-                namespace,
-                name,
+                .ok_or_else(|| missing_payload(policy, "kubernetes"))?;
+            let rendered = CompiledPolicy::compile(PolicyRef {
+                namespace: policy.metadata.namespace.as_deref().unwrap_or_default(),
+                name: policy.metadata.name.as_deref().unwrap_or_default(),
                 spec,
-            };
-            let side = evaluate_side(view, Some(rendered), direction, flow)?;
-            Ok(if !side.isolated_by(namespace, name) {
-                PolicyVerdict::NotApplicable
-            } else if side.allowed {
-                PolicyVerdict::Allows
-            } else {
-                PolicyVerdict::Denies
-            })
+            });
+            let ends = compiled::resolve(view, &flow.source, &flow.destination)?;
+            Ok(kubernetes_verdict(
+                view,
+                &rendered,
+                policy.spec.direction,
+                ends,
+                flow.protocol,
+                flow.port,
+            ))
         }
-        Backend::Istio => {
-            let istio = policy.spec.istio.as_ref().ok_or_else(|| missing("istio"))?;
-            // ztunnel enforces inbound only, on the destination pod of the policy's namespace.
-            let Endpoint::Pod(key) = &flow.destination else {
-                return Ok(PolicyVerdict::NotApplicable);
-            };
-            let pod = view
-                .pod(key)
-                .ok_or_else(|| EvalError::UnknownPod(key.clone()))?;
-            if direction != Direction::Ingress || pod.namespace != namespace {
-                return Ok(PolicyVerdict::NotApplicable);
-            }
-            let connection = Connection {
-                destination_labels: &pod.labels,
-                source_principal,
-                protocol: flow.protocol,
-                port: flow.port,
-            };
-            Ok(match authorization_policy::evaluate(istio, &connection) {
-                AuthzVerdict::NotApplicable => PolicyVerdict::NotApplicable,
-                AuthzVerdict::Allowed => PolicyVerdict::Allows,
-                AuthzVerdict::Denied => PolicyVerdict::Denies,
-            })
-        }
+        Backend::Istio => istio_verdict(
+            view,
+            policy,
+            &flow.destination,
+            flow.protocol,
+            flow.port,
+            source_principal,
+        ),
     }
+}
+
+fn missing_payload(policy: &WorkloadNetworkPolicy, payload: &'static str) -> EvalError {
+    EvalError::MissingPayload {
+        namespace: policy.metadata.namespace.clone().unwrap_or_default(),
+        name: policy.metadata.name.clone().unwrap_or_default(),
+        payload,
+    }
+}
+
+/// The kubernetes backend: the rendered NetworkPolicy, through the view's policy index.
+fn kubernetes_verdict(
+    view: &ClusterView,
+    rendered: &CompiledPolicy<'_>,
+    direction: Direction,
+    ends: (Resolved<'_>, Resolved<'_>),
+    protocol: Protocol,
+    port: u16,
+) -> PolicyVerdict {
+    match compiled::verdict_as_if_rendered(view, rendered, direction, ends, protocol, port) {
+        None => PolicyVerdict::NotApplicable,
+        Some(true) => PolicyVerdict::Allows,
+        Some(false) => PolicyVerdict::Denies,
+    }
+}
+
+/// The istio backend: the AuthorizationPolicy rendered from `spec.istio`, for the source's principal.
+fn istio_verdict(
+    view: &ClusterView,
+    policy: &WorkloadNetworkPolicy,
+    destination: &Endpoint,
+    protocol: Protocol,
+    port: u16,
+    source_principal: Option<&str>,
+) -> Result<PolicyVerdict, EvalError> {
+    let istio = policy
+        .spec
+        .istio
+        .as_ref()
+        .ok_or_else(|| missing_payload(policy, "istio"))?;
+    // ztunnel enforces inbound only, on the destination pod of the policy's namespace.
+    let Endpoint::Pod(key) = destination else {
+        return Ok(PolicyVerdict::NotApplicable);
+    };
+    let pod = view
+        .pod(key)
+        .ok_or_else(|| EvalError::UnknownPod(key.clone()))?;
+    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    if policy.spec.direction != Direction::Ingress || pod.namespace != namespace {
+        return Ok(PolicyVerdict::NotApplicable);
+    }
+    let connection = Connection {
+        destination_labels: &pod.labels,
+        source_principal,
+        protocol,
+        port,
+    };
+    Ok(match authorization_policy::evaluate(istio, &connection) {
+        AuthzVerdict::NotApplicable => PolicyVerdict::NotApplicable,
+        AuthzVerdict::Allowed => PolicyVerdict::Allows,
+        AuthzVerdict::Denied => PolicyVerdict::Denies,
+    })
 }
 
 /// Whether `policy`'s current spec allows a recorded violation now, for the "clear" step of the

@@ -5,6 +5,8 @@
 //! - [`view`]: the plain-data cluster (namespaces, pods, NetworkPolicies in force) and the [`Flow`];
 //! - [`network_policy`]: the `networking.k8s.io/v1` NetworkPolicy evaluator, egress at the source and
 //!   ingress at the destination, also "as if" a WorkloadNetworkPolicy were rendered;
+//! - [`compiled`]: the same semantics through policies compiled once and indexed per pod, the path
+//!   attribution takes for every flow;
 //! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
 //! - [`attribution`]: the two steps (egress first, then ingress) deciding which
 //!   WorkloadNetworkPolicy records which violation.
@@ -13,6 +15,7 @@
 
 pub mod attribution;
 pub mod authorization_policy;
+pub mod compiled;
 pub mod network_policy;
 pub mod view;
 

@@ -362,7 +362,7 @@ fn port_matches(rule: &NetworkPolicyPort, query: &PortQuery<'_>) -> bool {
 }
 
 /// A NetworkPolicy port protocol: TCP when absent, `None` for an unknown value.
-fn parse_protocol(protocol: Option<&str>) -> Option<Protocol> {
+pub(crate) fn parse_protocol(protocol: Option<&str>) -> Option<Protocol> {
     match protocol {
         None | Some("TCP") => Some(Protocol::TCP),
         Some("UDP") => Some(Protocol::UDP),
@@ -372,4 +372,4 @@ fn parse_protocol(protocol: Option<&str>) -> Option<Protocol> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

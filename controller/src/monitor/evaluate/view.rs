@@ -2,6 +2,7 @@
 //! container ports, and the NetworkPolicies in force per namespace. Plain data, filled by the caller
 //! (the controller's index, the `check` command's scenario file, a test), and a flow to evaluate.
 
+use super::compiled::PolicyIndex;
 use crate::cluster::workload::{Workload, owner_of};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
@@ -10,6 +11,7 @@ use network_enforcer_api::{Protocol, WorkloadKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::OnceLock;
 
 /// Kubernetes labels of a pod or a namespace.
 pub type Labels = BTreeMap<String, String>;
@@ -192,25 +194,56 @@ pub struct Flow {
 ///
 /// Every pod's namespace carries the `kubernetes.io/metadata.name=<name>` label, as the API server
 /// guarantees (and as learned peers rely on), whether or not the caller listed the namespace.
+///
+/// Pods and namespaces live in numbered slots so that the policy index can be plain vectors indexed
+/// by slot: a flow then costs one hash lookup per pod, whatever the number of policies.
 #[derive(Clone, Debug)]
 pub struct ClusterView {
-    namespaces: HashMap<String, Labels>,
-    pods: HashMap<PodKey, PodInfo>,
+    /// Namespace name → its slot in `namespace_labels`. Namespaces are never removed.
+    namespaces: HashMap<String, usize>,
+    namespace_labels: Vec<Labels>,
+    /// Pod key → its slot in `pod_slots`; a removed pod's slot is reused by a later insert.
+    pods: HashMap<PodKey, usize>,
+    pod_slots: Vec<Option<PodSlot>>,
+    free_pod_slots: Vec<usize>,
     /// Pods per (namespace, workload), sorted by name, to find a workload's pods without a scan.
     workloads: HashMap<(String, WorkloadKind, String), BTreeSet<String>>,
     /// Policies per namespace, sorted by name.
     policies: HashMap<String, Vec<NamedPolicy>>,
     ip_blocks_match_pods: bool,
+    /// The policies compiled into per-namespace and per-pod indexes. Built by the first evaluation
+    /// after a change (every change empties it), so a flow never matches every policy's selectors.
+    index: OnceLock<PolicyIndex>,
+}
+
+/// A pod and the slot of its namespace.
+#[derive(Clone, Debug)]
+struct PodSlot {
+    info: PodInfo,
+    namespace: usize,
+}
+
+/// A pod of the view as the policy index sees it: the pod, its namespace's labels and both slots.
+#[derive(Clone, Copy, Debug)]
+pub struct PodRef<'a> {
+    pub info: &'a PodInfo,
+    pub namespace_labels: &'a Labels,
+    pub slot: usize,
+    pub namespace_slot: usize,
 }
 
 impl Default for ClusterView {
     fn default() -> Self {
         ClusterView {
             namespaces: HashMap::new(),
+            namespace_labels: Vec::new(),
             pods: HashMap::new(),
+            pod_slots: Vec::new(),
+            free_pod_slots: Vec::new(),
             workloads: HashMap::new(),
             policies: HashMap::new(),
             ip_blocks_match_pods: true,
+            index: OnceLock::new(),
         }
     }
 }
@@ -237,17 +270,29 @@ impl ClusterView {
 
     /// Adds or replaces namespace `name` with `labels`; the metadata.name label is added.
     pub fn insert_namespace(&mut self, name: impl Into<String>, mut labels: Labels) {
+        self.index.take();
         let name = name.into();
         labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.clone());
-        self.namespaces.insert(name, labels);
+        match self.namespaces.get(&name) {
+            Some(&slot) => self.namespace_labels[slot] = labels,
+            None => {
+                self.namespaces.insert(name, self.namespace_labels.len());
+                self.namespace_labels.push(labels);
+            }
+        }
     }
 
     /// Adds or replaces a pod (by namespace and name). Its namespace is created with only the
     /// metadata.name label if unknown.
     pub fn insert_pod(&mut self, pod: PodInfo) {
-        if !self.namespaces.contains_key(&pod.namespace) {
-            self.insert_namespace(pod.namespace.clone(), Labels::new());
-        }
+        self.index.take();
+        let namespace = match self.namespace_slot(&pod.namespace) {
+            Some(slot) => slot,
+            None => {
+                self.insert_namespace(pod.namespace.clone(), Labels::new());
+                self.namespace_labels.len() - 1
+            }
+        };
         let key = pod.key();
         self.remove_pod(&key);
         if let Some(w) = &pod.workload {
@@ -256,12 +301,29 @@ impl ClusterView {
                 .or_default()
                 .insert(pod.name.clone());
         }
-        self.pods.insert(key, pod);
+        let slot = Some(PodSlot {
+            info: pod,
+            namespace,
+        });
+        let index = match self.free_pod_slots.pop() {
+            Some(free) => {
+                self.pod_slots[free] = slot;
+                free
+            }
+            None => {
+                self.pod_slots.push(slot);
+                self.pod_slots.len() - 1
+            }
+        };
+        self.pods.insert(key, index);
     }
 
     /// Removes a pod; returns it if it was there.
     pub fn remove_pod(&mut self, key: &PodKey) -> Option<PodInfo> {
-        let pod = self.pods.remove(key)?;
+        self.index.take();
+        let slot = self.pods.remove(key)?;
+        let pod = self.pod_slots[slot].take()?.info;
+        self.free_pod_slots.push(slot);
         if let Some(w) = &pod.workload {
             let workload_key = (pod.namespace.clone(), w.kind, w.name.clone());
             if let Some(names) = self.workloads.get_mut(&workload_key) {
@@ -276,6 +338,7 @@ impl ClusterView {
 
     /// Adds or replaces the NetworkPolicy `namespace/name`.
     pub fn insert_policy(&mut self, policy: NamedPolicy) {
+        self.index.take();
         let list = self.policies.entry(policy.namespace.clone()).or_default();
         match list.binary_search_by(|p| p.name.as_str().cmp(&policy.name)) {
             Ok(i) => list[i] = policy,
@@ -285,6 +348,7 @@ impl ClusterView {
 
     /// Removes the NetworkPolicy `namespace/name`; returns it if it was there.
     pub fn remove_policy(&mut self, namespace: &str, name: &str) -> Option<NamedPolicy> {
+        self.index.take();
         let list = self.policies.get_mut(namespace)?;
         let i = list.binary_search_by(|p| p.name.as_str().cmp(name)).ok()?;
         Some(list.remove(i))
@@ -292,12 +356,68 @@ impl ClusterView {
 
     /// The pod `key`, if the view has it.
     pub fn pod(&self, key: &PodKey) -> Option<&PodInfo> {
-        self.pods.get(key)
+        self.pod_ref(key).map(|pod| pod.info)
+    }
+
+    /// The pod `key` with what the policy index needs, if the view has it.
+    pub(crate) fn pod_ref(&self, key: &PodKey) -> Option<PodRef<'_>> {
+        let slot = *self.pods.get(key)?;
+        self.slot_ref(slot)
+    }
+
+    fn slot_ref(&self, slot: usize) -> Option<PodRef<'_>> {
+        let pod = self.pod_slots.get(slot)?.as_ref()?;
+        Some(PodRef {
+            info: &pod.info,
+            namespace_labels: &self.namespace_labels[pod.namespace],
+            slot,
+            namespace_slot: pod.namespace,
+        })
+    }
+
+    /// Every pod with its slots, for building the policy index.
+    pub(crate) fn pod_refs(&self) -> impl Iterator<Item = PodRef<'_>> {
+        (0..self.pod_slots.len()).filter_map(|slot| self.slot_ref(slot))
+    }
+
+    /// The number of pod slots (the highest slot plus one).
+    pub(crate) fn pod_slot_count(&self) -> usize {
+        self.pod_slots.len()
+    }
+
+    /// The number of namespace slots.
+    pub(crate) fn namespace_slot_count(&self) -> usize {
+        self.namespace_labels.len()
+    }
+
+    /// The slot of namespace `name`, if the view knows it.
+    pub(crate) fn namespace_slot(&self, name: &str) -> Option<usize> {
+        self.namespaces.get(name).copied()
+    }
+
+    /// Every namespace's NetworkPolicies, for building the policy index.
+    pub(crate) fn policies_by_namespace(&self) -> impl Iterator<Item = (&str, &[NamedPolicy])> {
+        self.policies
+            .iter()
+            .map(|(namespace, list)| (namespace.as_str(), list.as_slice()))
+    }
+
+    /// The policy index, compiled now if the view changed since it was last used.
+    pub(crate) fn policy_index(&self) -> &PolicyIndex {
+        self.index.get_or_init(|| PolicyIndex::build(self))
+    }
+
+    /// Compiles the policy index now rather than at the first evaluation (see [`ClusterView`]), for
+    /// callers that want its cost up front.
+    pub fn compile(&self) {
+        self.policy_index();
     }
 
     /// The labels of namespace `name`, if the view knows it.
     pub fn namespace_labels(&self, name: &str) -> Option<&Labels> {
-        self.namespaces.get(name)
+        self.namespaces
+            .get(name)
+            .map(|&slot| &self.namespace_labels[slot])
     }
 
     /// The NetworkPolicies in force in `namespace`, sorted by name.
@@ -314,14 +434,14 @@ impl ClusterView {
         name: &str,
     ) -> impl Iterator<Item = &PodInfo> {
         let bare = (kind == WorkloadKind::Pod)
-            .then(|| self.pods.get(&PodKey::new(namespace, name)))
+            .then(|| self.pod(&PodKey::new(namespace, name)))
             .flatten()
             .filter(|pod| pod.workload.is_none());
         self.workloads
             .get(&(namespace.to_string(), kind, name.to_string()))
             .into_iter()
             .flatten()
-            .filter_map(move |pod| self.pods.get(&PodKey::new(namespace, pod.as_str())))
+            .filter_map(move |pod| self.pod(&PodKey::new(namespace, pod.as_str())))
             .chain(bare)
     }
 

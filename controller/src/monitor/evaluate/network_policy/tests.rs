@@ -136,12 +136,12 @@ pub(crate) fn flow(s: &str) -> Flow {
 }
 
 /// One case: policies in force, a flow, and the expected (egress, ingress) verdicts.
-struct Case {
-    name: &'static str,
-    policies: Vec<NamedPolicy>,
-    flow: &'static str,
-    egress: bool,
-    ingress: bool,
+pub(crate) struct Case {
+    pub name: &'static str,
+    pub policies: Vec<NamedPolicy>,
+    pub flow: &'static str,
+    pub egress: bool,
+    pub ingress: bool,
 }
 
 const ALLOW: bool = true;
@@ -206,7 +206,7 @@ fn web_egress(rules: Value) -> NamedPolicy {
     )
 }
 
-fn cases() -> Vec<Case> {
+pub(crate) fn cases() -> Vec<Case> {
     vec![
         // --- isolation and policy types ---
         case(
@@ -1281,7 +1281,7 @@ fn ip_block_matches_agrees_with_mask_arithmetic() {
     );
 }
 
-mod properties {
+pub(crate) mod properties {
     use super::*;
     use proptest::prelude::*;
     use proptest::sample::select;
@@ -1343,7 +1343,7 @@ mod properties {
     }
 
     /// A random policy of a fixture namespace.
-    fn policy(name: &'static str) -> impl Strategy<Value = NamedPolicy> {
+    pub(crate) fn policy(name: &'static str) -> impl Strategy<Value = NamedPolicy> {
         (
             select(vec!["shop", "bank", "dev"]),
             select(vec![
@@ -1376,7 +1376,7 @@ mod properties {
             })
     }
 
-    fn a_flow() -> impl Strategy<Value = Flow> {
+    pub(crate) fn a_flow() -> impl Strategy<Value = Flow> {
         (
             select(pods()),
             select(pods()),
