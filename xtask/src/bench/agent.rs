@@ -88,7 +88,10 @@ pub fn run() -> Result<()> {
     for round in 1..=rounds {
         // Interleaved (ABC ABC ...): a drift of the machine's speed shows in every phase alike,
         // and in the spread of the baseline, instead of favouring whichever phase ran first.
-        println!("==> round {round}/{rounds}: no observer ({}s)", PHASE.as_secs());
+        println!(
+            "==> round {round}/{rounds}: no observer ({}s)",
+            PHASE.as_secs()
+        );
         let b = storm(&pods)?;
         println!("    {b}");
         baseline.push(b.rate());
@@ -141,7 +144,11 @@ pub fn run() -> Result<()> {
         Figure::new("conn_rate_agent", with_agent, "conn/s (median)"),
         Figure::new("conn_rate_agent_spread", agent_spread, "(max-min)/median"),
         Figure::new("conn_rate_tcplife", with_tcplife, "conn/s (median)"),
-        Figure::new("conn_rate_tcplife_spread", tcplife_spread, "(max-min)/median"),
+        Figure::new(
+            "conn_rate_tcplife_spread",
+            tcplife_spread,
+            "(max-min)/median",
+        ),
     ];
     if base_spread > MAX_BASELINE_SPREAD {
         println!(
@@ -153,7 +160,11 @@ pub fn run() -> Result<()> {
     } else {
         figures.extend([
             Figure::new("conn_rate_ratio_agent", with_agent / base, "of baseline"),
-            Figure::new("conn_rate_ratio_tcplife", with_tcplife / base, "of baseline"),
+            Figure::new(
+                "conn_rate_ratio_tcplife",
+                with_tcplife / base,
+                "of baseline",
+            ),
         ]);
     }
     figures.extend([
@@ -164,11 +175,7 @@ pub fn run() -> Result<()> {
             "events (incl. other node traffic)",
         ),
         Figure::new("events_lost", lost as f64, "events"),
-        Figure::new(
-            "cpu_s_per_million_conn",
-            cpu / (tcp as f64 / 1e6),
-            "CPU s",
-        ),
+        Figure::new("cpu_s_per_million_conn", cpu / (tcp as f64 / 1e6), "CPU s"),
         Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/CPU-s"),
         Figure::new("agent_peak_rss_mib", rss, "MiB"),
     ]);
