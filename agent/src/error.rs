@@ -23,7 +23,10 @@ pub enum Error {
     NoBtf(PathBuf),
 
     /// A pseudo file system (bpffs, tracefs) is missing and could not be mounted.
-    #[error("mounting {fstype} at {path} failed: {source}")]
+    #[error(
+        "mounting {fstype} at {path} failed: {source}; mount it on the node (`mount -t {fstype} {fstype} \
+         {path}`, which systemd does at boot) or run the agent with CAP_SYS_ADMIN"
+    )]
     Mount {
         /// The file system type, e.g. `tracefs`.
         fstype: &'static str,

@@ -48,6 +48,29 @@ const SYSCTLS: [(&str, &str); 5] = [
     ("net/ipv4/conf/all/route_localnet", ""),
 ];
 
+/// The pseudo file systems every node has mounted (systemd mounts them at boot), by type and place.
+const PSEUDO_FILESYSTEMS: &[(&str, &str)] =
+    &[("bpf", "/sys/fs/bpf"), ("tracefs", "/sys/kernel/tracing")];
+
+/// Mounts the [`PSEUDO_FILESYSTEMS`] that are not there, as on a node: the agent's container may not
+/// mount them itself (it has no CAP_SYS_ADMIN). They stay after `down`, like on a node.
+pub fn mount_pseudo_filesystems() -> Result<()> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    for (fstype, point) in PSEUDO_FILESYSTEMS {
+        let mounted = mountinfo.lines().any(|l| {
+            let mut halves = l.split(" - ");
+            let at = halves.next().and_then(|f| f.split(' ').nth(4));
+            let kind = halves.next().and_then(|f| f.split(' ').next());
+            at == Some(*point) && kind == Some(*fstype)
+        });
+        if !mounted {
+            output(Command::new("mount").args(["-t", fstype, fstype, point]))
+                .with_context(|| format!("mounting {fstype} at {point}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Saves the host sysctls that the cluster will change and sets those it needs.
 pub fn save_and_set_sysctls(state: &State) -> Result<()> {
     let saved = state.saved_sysctls();

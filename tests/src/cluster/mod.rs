@@ -138,6 +138,7 @@ fn start_all(state: &State) -> Result<()> {
     )?;
     host::save_and_set_sysctls(state)?;
     host::create_bridge()?;
+    host::mount_pseudo_filesystems()?;
     step("images, certificates, bridge", t);
 
     let t = Instant::now();
