@@ -151,8 +151,6 @@ pub enum Added {
     New,
     /// Started no edge: the tag function refused it.
     Refused,
-    /// Started no edge: the aggregator holds its limit of edges.
-    Full,
 }
 
 /// Accumulates events into edges until drained. Each edge carries a tag `T` chosen when it starts (the
@@ -163,13 +161,15 @@ pub struct Aggregator<T = ()> {
     known: HashSet<EdgeId, EdgeHasher>,
     /// Edges held now that were never flushed before.
     new_edges: usize,
-    /// Most edges held at once; events of further new edges are refused until the next drain.
-    limit: usize,
 }
 
 impl<T> Default for Aggregator<T> {
     fn default() -> Self {
-        Self::with_limit(usize::MAX)
+        Self {
+            edges: HashMap::default(),
+            known: HashSet::default(),
+            new_edges: 0,
+        }
     }
 }
 
@@ -202,16 +202,6 @@ impl<T: Default> Aggregator<T> {
 }
 
 impl<T> Aggregator<T> {
-    /// An empty aggregator holding at most `limit` edges between drains.
-    pub fn with_limit(limit: usize) -> Self {
-        Self {
-            edges: HashMap::default(),
-            known: HashSet::default(),
-            new_edges: 0,
-            limit,
-        }
-    }
-
     /// Adds `event`, whose edge is `key` with id `id`, to its edge. For an edge not held yet, `tag` is
     /// asked for the edge's tag; `None` refuses the edge (and the event).
     pub fn add_with(
@@ -222,7 +212,6 @@ impl<T> Aggregator<T> {
         tag: impl FnOnce(&EdgeKey) -> Option<T>,
     ) -> Added {
         let count = u64::from(event.count.max(1));
-        let held = self.edges.len();
         match self.edges.entry(id) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
                 let s = &mut e.get_mut().0.stats;
@@ -232,7 +221,6 @@ impl<T> Aggregator<T> {
                 s.last_error = event.error.or(s.last_error);
                 Added::Repeat
             }
-            std::collections::hash_map::Entry::Vacant(_) if held >= self.limit => Added::Full,
             std::collections::hash_map::Entry::Vacant(e) => {
                 let Some(tag) = tag(&key) else {
                     return Added::Refused;
@@ -464,17 +452,21 @@ mod tests {
     }
 
     #[test]
-    fn a_full_aggregator_refuses_new_edges_but_still_counts_repeats() {
-        let mut agg = Aggregator::<()>::with_limit(1);
+    fn a_refused_edge_is_not_held_and_is_asked_about_again() {
+        let mut agg = Aggregator::<u8>::default();
         let a = event(1, "10.0.0.2:80", "10.0.0.1:40000", Direction::Outbound, 1);
-        let b = event(2, "10.0.0.3:80", "10.0.0.1:40001", Direction::Outbound, 1);
-        assert_eq!(agg.add(&a), Added::New);
-        assert_eq!(agg.add(&b), Added::Full);
-        assert_eq!(agg.add(&a), Added::Repeat);
-        let edges = agg.drain();
-        assert_eq!(edges.len(), 1);
-        assert_eq!(edges[0].stats.count, 2);
-        assert_eq!(agg.add(&b), Added::New, "the limit holds per interval");
+        let key = EdgeKey::of(&a);
+        let id = EdgeId::of(&key);
+        assert_eq!(agg.add_with(&a, key, id, |_| None), Added::Refused);
+        assert!(agg.is_empty() && agg.new_edges() == 0);
+        assert_eq!(agg.add_with(&a, key, id, |_| Some(7)), Added::New);
+        assert_eq!(
+            agg.add_with(&a, key, id, |_| panic!("asked for a held edge")),
+            Added::Repeat
+        );
+        assert_eq!(agg.tag(&id), Some(&7));
+        let edges = agg.drain_tagged();
+        assert_eq!((edges[0].0.stats.count, edges[0].1), (2, 7));
     }
 
     #[test]

@@ -137,11 +137,12 @@ struct RunArgs {
     /// 200 bytes each).
     #[arg(long, default_value_t = socket::RECENT_EDGES, env = "NE_RECENT_EDGES")]
     recent_edges: usize,
-    /// Edges one pod may start between two flushes; events of further new edges are dropped and counted
+    /// Distinct edges one pod may report per --flush-seconds (early flushes for new edges do not renew
+    /// it); events of further new edges are dropped and counted
     /// (`network_enforcer_agent_events_dropped_total{reason="pod_edge_cap"}`).
     #[arg(long, default_value_t = EdgeCaps::default().per_pod, env = "NE_MAX_EDGES_PER_POD")]
     max_edges_per_pod: usize,
-    /// Edges the whole node may hold between two flushes (`reason="node_edge_cap"` beyond).
+    /// Distinct edges the whole node may report per --flush-seconds (`reason="node_edge_cap"` beyond).
     #[arg(long, default_value_t = EdgeCaps::default().per_node, env = "NE_MAX_EDGES")]
     max_edges: usize,
     /// Address of the Prometheus endpoint (`GET /metrics`).
@@ -403,6 +404,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let caps = EdgeCaps {
         per_pod: args.max_edges_per_pod.max(1),
         per_node: args.max_edges.max(1),
+        interval: Duration::from_secs(args.flush_seconds.max(1)),
     };
     let mut pipeline = Pipeline::new(attributor.clone(), caps)
         .with_scanner(scanner)
@@ -481,7 +483,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 dropped_node_cap = flushed.dropped.node_cap,
                 max_edges_per_pod = caps.per_pod,
                 max_edges = caps.per_node,
-                "events of new edges dropped: a pod started more edges than --max-edges-per-pod, or the node more than --max-edges, since the last flush"
+                "events of new edges dropped: a pod reported more distinct edges than --max-edges-per-pod, or the node more than --max-edges, within --flush-seconds"
             );
         }
         flushed.log_edges(&clock);

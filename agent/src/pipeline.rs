@@ -7,11 +7,12 @@
 //! `run` and `cargo xtask bench agent` both drive this type, so the figure the bench prints is the
 //! agent's. I/O stays outside: the caller reads the ring buffer and sends the records.
 //!
-//! Bounds: at most [`EdgeCaps::per_pod`] edges per pod and [`EdgeCaps::per_node`] edges in all between
-//! two flushes. Events of further new edges are dropped and counted ([`Dropped`]), so a pod sending to
-//! every port cannot grow the agent's memory or crowd out its neighbours' edges.
+//! Bounds: at most [`EdgeCaps::per_pod`] distinct edges per pod and [`EdgeCaps::per_node`] in all per
+//! [`EdgeCaps::interval`] (the regular flush interval: early flushes for new edges do not renew the
+//! budget). Events of further new edges are dropped and counted ([`Dropped`]), so a pod sending to every
+//! port cannot grow the agent's memory, flood the uplink or crowd out its neighbours' edges.
 
-use crate::aggregate::{Added, Aggregator, Edge, EdgeId, EdgeKey, WallClock, monotonic_now};
+use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey, WallClock, monotonic_now};
 use crate::debug::flows::{self, PodNames};
 use crate::debug::socket::DebugServer;
 use crate::error::Result;
@@ -21,25 +22,29 @@ use crate::identity::pod_watch::SharedAttributor;
 use crate::kernel::events::ConnectionEvent;
 use crate::uplink;
 use network_enforcer_api::uplink::{FlowRecord, LocalPod};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 
-/// How many edges may be held between two flushes.
+/// How many distinct edges may be reported per interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EdgeCaps {
     /// Edges of one pod (or of the host, or of one unattributed namespace).
     pub per_pod: usize,
     /// Edges of the whole node.
     pub per_node: usize,
+    /// How long a budget lasts.
+    pub interval: Duration,
 }
 
 impl Default for EdgeCaps {
-    /// 10,000 per pod and 100,000 per node per flush interval: far above what a workload reaches (a
-    /// busy node flushes a few thousand), and about 20 MiB at the node's cap.
+    /// 10,000 per pod and 100,000 per node per 10 s: far above what a workload reaches (a busy node
+    /// flushes a few thousand), and about 20 MiB at the node's cap.
     fn default() -> Self {
         Self {
             per_pod: 10_000,
             per_node: 100_000,
+            interval: Duration::from_secs(10),
         }
     }
 }
@@ -140,8 +145,11 @@ pub struct Pipeline {
     debug: Option<DebugServer>,
     aggregator: Aggregator<Owner>,
     caps: EdgeCaps,
-    /// Edges held per local side since the last flush.
+    /// Distinct edges counted against the caps in this interval (at most `caps.per_node`).
+    counted: HashSet<EdgeId, EdgeHasher>,
+    /// Of those, per local side.
     per_local: HashMap<Local, usize>,
+    interval_start: Instant,
     /// Dropped since the last flush.
     window_dropped: Dropped,
     dropped_total: Dropped,
@@ -155,9 +163,11 @@ impl Pipeline {
             attributor,
             scanner: None,
             debug: None,
-            aggregator: Aggregator::with_limit(caps.per_node),
+            aggregator: Aggregator::default(),
             caps,
+            counted: HashSet::default(),
             per_local: HashMap::new(),
+            interval_start: Instant::now(),
             window_dropped: Dropped::default(),
             dropped_total: Dropped::default(),
             events: 0,
@@ -187,34 +197,38 @@ impl Pipeline {
         let mut unknown_netns = false;
         {
             let state = lock(&self.attributor);
-            let (caps, per_local, dropped) =
-                (&self.caps, &mut self.per_local, &mut self.window_dropped);
+            let (caps, counted, per_local, dropped) = (
+                &self.caps,
+                &mut self.counted,
+                &mut self.per_local,
+                &mut self.window_dropped,
+            );
             for event in events {
                 let key = EdgeKey::of(event);
-                let added = self
-                    .aggregator
-                    .add_with(event, key, EdgeId::of(&key), |key| {
-                        let owner = state.resolve(
-                            key.netns_ino,
-                            key.cgroup_id,
-                            key.local_ip,
-                            event.monotonic,
-                        );
-                        if owner == Owner::Unknown && !state.knows_netns(key.netns_ino) {
-                            unknown_netns = true;
-                        }
-                        let held = per_local.entry(Local::of(&owner, key)).or_default();
-                        if *held >= caps.per_pod {
-                            return None;
-                        }
-                        *held += 1;
-                        Some(owner)
-                    });
-                match added {
-                    Added::Refused => dropped.pod_cap += 1,
-                    Added::Full => dropped.node_cap += 1,
-                    Added::Repeat | Added::New => {}
-                }
+                let id = EdgeId::of(&key);
+                self.aggregator.add_with(event, key, id, |key| {
+                    let owner =
+                        state.resolve(key.netns_ino, key.cgroup_id, key.local_ip, event.monotonic);
+                    if owner == Owner::Unknown && !state.knows_netns(key.netns_ino) {
+                        unknown_netns = true;
+                    }
+                    if counted.contains(&id) {
+                        // Already within this interval's budget (flushed early, seen again).
+                        return Some(owner);
+                    }
+                    let held = per_local.entry(Local::of(&owner, key)).or_default();
+                    if *held >= caps.per_pod {
+                        dropped.pod_cap += 1;
+                        return None;
+                    }
+                    if counted.len() >= caps.per_node {
+                        dropped.node_cap += 1;
+                        return None;
+                    }
+                    *held += 1;
+                    counted.insert(id);
+                    Some(owner)
+                });
             }
         }
         // A namespace no scan knows is a pod that started since the last one: look again (at most once
@@ -277,7 +291,11 @@ impl Pipeline {
             })
             .collect();
         let unattributed = edges.iter().filter(|(_, o)| *o == Owner::Unknown).count();
-        self.per_local.clear();
+        if self.interval_start.elapsed() >= self.caps.interval {
+            self.counted.clear();
+            self.per_local.clear();
+            self.interval_start = Instant::now();
+        }
         let dropped = std::mem::take(&mut self.window_dropped);
         self.dropped_total.pod_cap = self.dropped_total.pod_cap.saturating_add(dropped.pod_cap);
         self.dropped_total.node_cap = self.dropped_total.node_cap.saturating_add(dropped.node_cap);
@@ -427,6 +445,7 @@ mod tests {
         let caps = EdgeCaps {
             per_pod: 3,
             per_node: 5,
+            interval: Duration::ZERO,
         };
         let mut pipeline = Pipeline::new(attributor(3), caps);
         // Pod 0 sends to 10 ports: 3 edges kept, 7 events dropped.
@@ -461,5 +480,27 @@ mod tests {
         assert_eq!(next.edges.len(), 1);
         assert_eq!(next.dropped, Dropped::default());
         assert_eq!(pipeline.dropped().total(), 8);
+    }
+
+    #[test]
+    fn early_flushes_do_not_renew_the_budget_but_counted_edges_keep_flowing() {
+        let caps = EdgeCaps {
+            per_pod: 2,
+            per_node: 100,
+            interval: Duration::from_secs(3600),
+        };
+        let mut pipeline = Pipeline::new(attributor(1), caps);
+        pipeline
+            .take_in(&[event(0, 100, 1), event(0, 100, 2), event(0, 100, 3)])
+            .unwrap();
+        assert_eq!(pipeline.flush().unwrap().edges.len(), 2);
+        // Within the same interval: the two counted edges are reported again, a new one is not.
+        pipeline
+            .take_in(&[event(0, 100, 1), event(0, 100, 2), event(0, 100, 4)])
+            .unwrap();
+        let second = pipeline.flush().unwrap();
+        let ports: Vec<u16> = second.edges.iter().map(|(e, _)| e.key.port).collect();
+        assert_eq!(ports, [1, 2]);
+        assert_eq!(second.dropped.pod_cap, 1);
     }
 }
