@@ -26,7 +26,7 @@ use network_enforcer_api::naming::promoted_from_value;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher as _;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -88,6 +88,8 @@ pub struct PendingEdges {
     edges: HashMap<Edge, u32>,
     /// External edges pending per (protocol, port), for the cap.
     external: HashMap<(Protocol, u16), usize>,
+    /// External edges refused by the cap per (protocol, port), for the proposal's Event at the write.
+    capped: BTreeMap<(Protocol, u16), usize>,
 }
 
 impl PendingEdges {
@@ -100,6 +102,7 @@ impl PendingEdges {
         if edge.external().is_some() {
             let count = self.external.entry(edge.port()).or_default();
             if *count >= max_external {
+                *self.capped.entry(edge.port()).or_default() += 1;
                 return Added::Capped;
             }
             *count += 1;
@@ -117,6 +120,11 @@ impl PendingEdges {
     /// Whether no edge is pending.
     pub fn is_empty(&self) -> bool {
         self.edges.is_empty()
+    }
+
+    /// External edges refused by the cap since this was created, per (protocol, port).
+    pub fn capped(&self) -> &BTreeMap<(Protocol, u16), usize> {
+        &self.capped
     }
 
     /// The edges in arrival order.
@@ -453,10 +461,14 @@ impl ProposalWriter {
         let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
         let mut report = FlushReport::default();
         for (target, edges) in batch {
+            // Refused while pending: already counted; the write's Event names them too.
+            let pending_capped = edges.capped().clone();
             let edges = edges.into_ordered();
             let started = Instant::now();
             let before = report.clone();
-            let result = self.write(&target, &edges, &mut report).await;
+            let result = self
+                .write(&target, &edges, &pending_capped, &mut report)
+                .await;
             self.metrics
                 .write_duration
                 .observe(started.elapsed().as_secs_f64());
@@ -517,15 +529,20 @@ impl ProposalWriter {
         target: &Target,
         proposal: Option<&WorkloadNetworkPolicyProposal>,
         merged: &learn::Merged,
+        pending_capped: &BTreeMap<(Protocol, u16), usize>,
         size_capped: usize,
         report: &mut FlushReport,
     ) {
-        if !merged.capped.is_empty() {
-            let total: usize = merged.capped.values().sum();
-            report.capped += total;
-            self.metrics.resolved("external_capped", total as u64);
-            let ports: Vec<String> = merged
-                .capped
+        // Those refused while pending were counted then; those the merge refused are counted now.
+        let merge_total: usize = merged.capped.values().sum();
+        self.metrics.resolved("external_capped", merge_total as u64);
+        let mut external = pending_capped.clone();
+        for (port, n) in &merged.capped {
+            *external.entry(*port).or_default() += n;
+        }
+        if !external.is_empty() {
+            report.capped += external.values().sum::<usize>();
+            let ports: Vec<String> = external
                 .iter()
                 .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
                 .collect();
@@ -609,6 +626,7 @@ impl ProposalWriter {
         &self,
         target: &Target,
         edges: &[Edge],
+        pending_capped: &BTreeMap<(Protocol, u16), usize>,
         report: &mut FlushReport,
     ) -> Result<(), kube::Error> {
         let ns = &target.workload.namespace;
@@ -645,8 +663,15 @@ impl ProposalWriter {
                 learn::merge_within(&mut desired, edges, &self.limits, MAX_PROPOSAL_BYTES);
             if !merged.changed && existing.is_some() {
                 report.unchanged += 1;
-                self.report_capped(target, existing.as_ref(), &merged, size_capped, report)
-                    .await;
+                self.report_capped(
+                    target,
+                    existing.as_ref(),
+                    &merged,
+                    pending_capped,
+                    size_capped,
+                    report,
+                )
+                .await;
                 return Ok(());
             }
             let written = match existing {
@@ -658,8 +683,15 @@ impl ProposalWriter {
                 Ok(object) => {
                     report.written += 1;
                     report.created += usize::from(created);
-                    self.report_capped(target, Some(&object), &merged, size_capped, report)
-                        .await;
+                    self.report_capped(
+                        target,
+                        Some(&object),
+                        &merged,
+                        pending_capped,
+                        size_capped,
+                        report,
+                    )
+                    .await;
                     let status = serde_json::json!({"status": {
                         "peerCount": learn::peer_count(&desired.spec),
                         "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
