@@ -15,6 +15,11 @@
 //!     resend once). Prints one line per target, in the order given: `TARGET connected` or
 //!     `TARGET blocked: REASON`. A blocked target is a result, not an error: exits 0 unless the
 //!     arguments are bad. One `kubectl exec` can thus probe a whole row of a NetworkPolicy truth table.
+//! echo-server --spray FIRST_IP HOSTS FIRST_PORT PORTS
+//!     Send one UDP datagram from one unconnected socket to each of PORTS consecutive ports from
+//!     FIRST_PORT on each of HOSTS consecutive IPv4 addresses from FIRST_IP, without waiting for
+//!     anything (what a scanning or misbehaving pod does). Prints how many were sent and how many
+//!     failed; exits 0 unless the arguments are bad.
 //! ```
 //!
 //! Why not socat, as the tests used before: under parallel load `socat UDP-RECVFROM,fork` stopped
@@ -91,11 +96,13 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("--check") => check_command(&args[1..]),
         Some("--probe") => probe_command(&args[1..]),
+        Some("--spray") => spray_command(&args[1..]),
         Some("--help" | "-h") => {
             println!(
                 "usage: echo-server tcp:PORT|udp:PORT...\n       \
                  echo-server --check HOST CLIENTS tcp:PORT|udp:PORT...\n       \
-                 echo-server --probe TIMEOUT_MS tcp:HOST:PORT|udp:HOST:PORT..."
+                 echo-server --probe TIMEOUT_MS tcp:HOST:PORT|udp:HOST:PORT...\n       \
+                 echo-server --spray FIRST_IP HOSTS FIRST_PORT PORTS"
             );
             Ok(true)
         }
@@ -109,6 +116,41 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `--spray FIRST_IP HOSTS FIRST_PORT PORTS`: see the module docs.
+fn spray_command(args: &[String]) -> Result<bool, String> {
+    let [first_ip, hosts, first_port, ports] = args else {
+        return Err("--spray needs FIRST_IP HOSTS FIRST_PORT PORTS".into());
+    };
+    let first_ip: Ipv4Addr = first_ip
+        .parse()
+        .map_err(|e| format!("FIRST_IP {first_ip:?}: {e}"))?;
+    let number = |name: &str, text: &str| {
+        text.parse::<u32>()
+            .map_err(|e| format!("{name} {text:?}: {e}"))
+    };
+    let (hosts, first_port, ports) = (
+        number("HOSTS", hosts)?,
+        number("FIRST_PORT", first_port)?,
+        number("PORTS", ports)?,
+    );
+    if first_port == 0 || first_port.saturating_add(ports) > 65_536 {
+        return Err(format!("ports {first_port}.. +{ports} leave 1..=65535"));
+    }
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
+    let (mut sent, mut failed) = (0u64, 0u64);
+    for h in 0..hosts {
+        let ip = Ipv4Addr::from(u32::from(first_ip).wrapping_add(h));
+        for p in 0..ports {
+            match socket.send_to(b"spray", (ip, (first_port + p) as u16)) {
+                Ok(_) => sent += 1,
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    println!("sent {sent}, failed {failed}");
+    Ok(true)
 }
 
 /// Binds every port first (a port that cannot be bound fails the start, instead of leaving a server
