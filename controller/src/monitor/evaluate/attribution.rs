@@ -93,8 +93,9 @@ pub struct Attributed {
 /// flow allocates nothing, each with its `spec.kubernetes` payload compiled once.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySet<'a> {
-    /// namespace → target workload name → the policies of that name's kinds and directions.
-    by_target: HashMap<String, HashMap<String, Vec<Governing<'a>>>>,
+    /// namespace → target workload name → the policies of that name's kinds and directions. The
+    /// keys are the policies' own strings, which the evaluation reads next.
+    by_target: HashMap<&'a str, HashMap<&'a str, Vec<Governing<'a>>>>,
     len: usize,
 }
 
@@ -102,6 +103,9 @@ pub struct PolicySet<'a> {
 #[derive(Clone, Debug)]
 struct Governing<'a> {
     policy: &'a WorkloadNetworkPolicy,
+    /// The policy's target kind and direction, copied here so that finding it reads no more memory.
+    kind: WorkloadKind,
+    direction: Direction,
     rendered: Option<CompiledPolicy<'a>>,
 }
 
@@ -117,7 +121,12 @@ impl<'a> Governing<'a> {
             }),
             Backend::Istio => None,
         };
-        Governing { policy, rendered }
+        Governing {
+            policy,
+            kind: policy.spec.target_ref.kind,
+            direction: policy.spec.direction,
+            rendered,
+        }
     }
 
     /// [`policy_verdict`] with the compiled payload; `ends` caches the flow's endpoints, which
@@ -146,7 +155,7 @@ impl<'a> Governing<'a> {
                 Ok(kubernetes_verdict(
                     view,
                     rendered,
-                    self.policy.spec.direction,
+                    self.direction,
                     resolved,
                     flow.protocol,
                     flow.port,
@@ -175,13 +184,12 @@ impl<'a> PolicySet<'a> {
             }
             let same_target = set
                 .by_target
-                .entry(policy.namespace().unwrap_or_default())
+                .entry(policy.metadata.namespace.as_deref().unwrap_or_default())
                 .or_default()
-                .entry(policy.spec.target_ref.name.clone())
+                .entry(policy.spec.target_ref.name.as_str())
                 .or_default();
             let rival = same_target.iter_mut().find(|g| {
-                g.policy.spec.target_ref.kind == policy.spec.target_ref.kind
-                    && g.policy.spec.direction == policy.spec.direction
+                g.kind == policy.spec.target_ref.kind && g.direction == policy.spec.direction
             });
             match rival {
                 Some(current) => {
@@ -214,10 +222,10 @@ impl<'a> PolicySet<'a> {
     ) -> Option<&Governing<'a>> {
         let kind = workload_kind(&workload.owner_kind)?;
         self.by_target
-            .get(&workload.namespace)?
-            .get(&workload.owner_name)?
+            .get(workload.namespace.as_str())?
+            .get(workload.owner_name.as_str())?
             .iter()
-            .find(|g| g.policy.spec.target_ref.kind == kind && g.policy.spec.direction == direction)
+            .find(|g| g.kind == kind && g.direction == direction)
     }
 
     /// The number of policies in force.

@@ -14,7 +14,7 @@
 
 use super::EvalError;
 use super::network_policy::{has_policy_type, parse_protocol};
-use super::view::{ClusterView, Endpoint, PodInfo, PodRef, PolicyRef};
+use super::view::{ClusterView, Endpoint, Labels, PodInfo, PodRef, PolicyRef};
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::selector;
 use network_enforcer_api::{Direction, Protocol};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// A NetworkPolicy ready to match flows. Borrowed from its spec, or owned (`'static`) when the view
@@ -123,17 +124,17 @@ impl<'a> CompiledPolicy<'a> {
     }
 
     /// Whether the policy's `podSelector` selects a pod with `labels` (of its namespace).
-    fn selects(&self, labels: &super::Labels) -> bool {
+    fn selects(&self, labels: &Labels) -> bool {
         self.pod_selector
             .as_deref()
             .is_none_or(|s| selector::matches(s, labels))
     }
 
     /// Whether the policy isolates `pod` for `direction`.
-    fn isolates(&self, direction: Direction, pod: &PodInfo) -> bool {
+    fn isolates(&self, direction: Direction, pod: IndexedPod<'_>) -> bool {
         self.rules(direction).is_some()
-            && pod.namespace == self.namespace
-            && self.selects(&pod.labels)
+            && pod.pod.namespace == self.namespace
+            && self.selects(pod.labels())
     }
 
     /// Whether one of the policy's rules for `direction` allows the flow to or from `peer`.
@@ -235,7 +236,9 @@ impl<'a> Peer<'a> {
                     |ip: &IpAddr| cidr.contains(ip) && !except.iter().any(|e| e.contains(ip));
                 match peer {
                     Resolved::Ip(ip) => contains(&ip),
-                    Resolved::Pod(pod) => ip_blocks_match_pods && pod.info.ips.iter().any(contains),
+                    Resolved::Pod(pod) => {
+                        ip_blocks_match_pods && pod.pod.info.ips.iter().any(contains)
+                    }
                 }
             }
             Peer::Selectors { namespace, pod } => {
@@ -245,13 +248,13 @@ impl<'a> Peer<'a> {
                 };
                 let namespace_ok = match namespace {
                     // A podSelector alone selects in the policy's own namespace.
-                    None => peer.info.namespace == policy_namespace,
-                    Some(s) => selector::matches(s, peer.namespace_labels),
+                    None => peer.pod.namespace == policy_namespace,
+                    Some(s) => selector::matches(s, peer.pod.namespace_labels),
                 };
                 namespace_ok
                     && pod
                         .as_deref()
-                        .is_none_or(|s| selector::matches(s, &peer.info.labels))
+                        .is_none_or(|s| selector::matches(s, peer.labels()))
             }
         }
     }
@@ -325,22 +328,30 @@ struct PortQuery<'a> {
 }
 
 /// The view's NetworkPolicies compiled per namespace, and per pod the ones that isolate it.
+///
+/// Pods are grouped in classes: the pods of one namespace with the same labels (a workload's pods
+/// typically differ only by name), which policies cannot tell apart. Isolation is computed once per
+/// class, and selectors match a class's single copy of the labels, which stays in cache.
 #[derive(Clone, Debug, Default)]
 pub struct PolicyIndex {
     /// Per namespace slot: its NetworkPolicies, sorted by name.
     policies: Vec<Vec<CompiledPolicy<'static>>>,
-    /// Per pod slot: the positions (in its namespace's `policies`) of those that isolate it.
-    isolation: Vec<Isolation>,
+    /// Per pod slot: its class (an empty slot has none).
+    pod_class: Vec<Option<u32>>,
+    classes: Vec<PodClass>,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Isolation {
+/// Pods of one namespace with the same labels.
+#[derive(Clone, Debug)]
+pub struct PodClass {
+    labels: Labels,
+    /// The positions (in the namespace's `policies`) of the policies that isolate these pods.
     ingress: Vec<u32>,
     egress: Vec<u32>,
 }
 
-impl Isolation {
-    fn get(&self, direction: Direction) -> &[u32] {
+impl PodClass {
+    fn isolation(&self, direction: Direction) -> &[u32] {
         match direction {
             Direction::Ingress => &self.ingress,
             Direction::Egress => &self.egress,
@@ -349,7 +360,8 @@ impl Isolation {
 }
 
 impl PolicyIndex {
-    /// Compiles the policies of `view` and matches every pod against those of its namespace.
+    /// Compiles the policies of `view` and matches every class of pods against those of its
+    /// namespace.
     pub fn build(view: &ClusterView) -> Self {
         let mut policies = vec![Vec::new(); view.namespace_slot_count()];
         for (namespace, list) in view.policies_by_namespace() {
@@ -361,51 +373,85 @@ impl PolicyIndex {
                     .collect();
             }
         }
-        let mut isolation = vec![Isolation::default(); view.pod_slot_count()];
+        let mut pod_class = vec![None; view.pod_slot_count()];
+        let mut classes = Vec::new();
+        let mut class_of: HashMap<(usize, &Labels), u32> = HashMap::new();
         for pod in view.pod_refs() {
-            let entry = &mut isolation[pod.slot];
-            for (position, policy) in (0u32..).zip(&policies[pod.namespace_slot]) {
-                if !policy.selects(&pod.info.labels) {
-                    continue;
-                }
-                if policy.ingress.is_some() {
-                    entry.ingress.push(position);
-                }
-                if policy.egress.is_some() {
-                    entry.egress.push(position);
-                }
-            }
+            let labels = &pod.info.labels;
+            let class = *class_of
+                .entry((pod.namespace_slot, labels))
+                .or_insert_with(|| {
+                    let mut class = PodClass {
+                        labels: labels.clone(),
+                        ingress: Vec::new(),
+                        egress: Vec::new(),
+                    };
+                    for (position, policy) in (0u32..).zip(&policies[pod.namespace_slot]) {
+                        if !policy.selects(labels) {
+                            continue;
+                        }
+                        if policy.ingress.is_some() {
+                            class.ingress.push(position);
+                        }
+                        if policy.egress.is_some() {
+                            class.egress.push(position);
+                        }
+                    }
+                    classes.push(class);
+                    u32::try_from(classes.len() - 1).unwrap_or(u32::MAX)
+                });
+            pod_class[pod.slot] = Some(class);
         }
         PolicyIndex {
             policies,
-            isolation,
+            pod_class,
+            classes,
         }
+    }
+
+    /// The class of the pod in `slot`.
+    fn class(&self, slot: usize) -> Option<&PodClass> {
+        let class = (*self.pod_class.get(slot)?)?;
+        self.classes.get(class as usize)
     }
 
     /// The policies in force that isolate `pod` for `direction`.
     fn isolating<'s>(
         &'s self,
-        pod: PodRef<'_>,
+        pod: IndexedPod<'_>,
         direction: Direction,
     ) -> impl Iterator<Item = &'s CompiledPolicy<'static>> {
-        let in_namespace = self.policies.get(pod.namespace_slot);
-        self.isolation
-            .get(pod.slot)
-            .map_or(&[][..], |i| i.get(direction))
+        let in_namespace = self.policies.get(pod.pod.namespace_slot);
+        pod.class
+            .isolation(direction)
             .iter()
             .filter_map(move |&position| in_namespace?.get(position as usize))
+    }
+}
+
+/// A pod of the view with its class in the index.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexedPod<'a> {
+    pod: PodRef<'a>,
+    class: &'a PodClass,
+}
+
+impl IndexedPod<'_> {
+    /// The pod's labels: its class's copy.
+    fn labels(&self) -> &Labels {
+        &self.class.labels
     }
 }
 
 /// A flow endpoint looked up in the view.
 #[derive(Clone, Copy, Debug)]
 pub enum Resolved<'a> {
-    Pod(PodRef<'a>),
+    Pod(IndexedPod<'a>),
     Ip(IpAddr),
 }
 
 impl<'a> Resolved<'a> {
-    fn pod(self) -> Option<PodRef<'a>> {
+    fn pod(self) -> Option<IndexedPod<'a>> {
         match self {
             Resolved::Pod(pod) => Some(pod),
             Resolved::Ip(_) => None,
@@ -419,10 +465,14 @@ pub fn resolve<'v>(
     source: &Endpoint,
     destination: &Endpoint,
 ) -> Result<(Resolved<'v>, Resolved<'v>), EvalError> {
+    let index = view.policy_index();
     let one = |endpoint: &Endpoint| match endpoint {
         Endpoint::Pod(key) => view
             .pod_ref(key)
-            .map(Resolved::Pod)
+            .and_then(|pod| {
+                let class = index.class(pod.slot)?;
+                Some(Resolved::Pod(IndexedPod { pod, class }))
+            })
             .ok_or_else(|| EvalError::UnknownPod(key.clone())),
         Endpoint::Ip(ip) => Ok(Resolved::Ip(*ip)),
     };
@@ -449,13 +499,13 @@ pub fn verdict_as_if_rendered(
     };
     // A bare address is no pod: no NetworkPolicy isolates it.
     let subject = subject.pod()?;
-    if !rendered.isolates(direction, subject.info) {
+    if !rendered.isolates(direction, subject) {
         return None;
     }
     let query = PortQuery {
         protocol,
         port,
-        destination: destination.pod().map(|pod| pod.info),
+        destination: destination.pod().map(|pod| pod.pod.info),
         ip_blocks_match_pods: view.ip_blocks_match_pods(),
     };
     // Allows add up: the rendered policy or any other policy isolating the pod.

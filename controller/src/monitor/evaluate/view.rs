@@ -202,8 +202,11 @@ pub struct ClusterView {
     /// Namespace name → its slot in `namespace_labels`. Namespaces are never removed.
     namespaces: HashMap<String, usize>,
     namespace_labels: Vec<Labels>,
-    /// Pod key → its slot in `pod_slots`; a removed pod's slot is reused by a later insert.
-    pods: HashMap<PodKey, usize>,
+    /// Namespace → pod name → the pod's slot in `pod_slots`; a removed pod's slot is reused by a
+    /// later insert. Two levels rather than one map of [`PodKey`]s: the namespace level is small and
+    /// stays in cache, so a lookup touches one key string in memory instead of two.
+    pods: HashMap<String, HashMap<String, usize>>,
+    pod_count: usize,
     pod_slots: Vec<Option<PodSlot>>,
     free_pod_slots: Vec<usize>,
     /// Pods per (namespace, workload), sorted by name, to find a workload's pods without a scan.
@@ -227,6 +230,8 @@ struct PodSlot {
 #[derive(Clone, Copy, Debug)]
 pub struct PodRef<'a> {
     pub info: &'a PodInfo,
+    /// The pod's namespace (a string the lookup has just read, rather than the pod's own copy).
+    pub namespace: &'a str,
     pub namespace_labels: &'a Labels,
     pub slot: usize,
     pub namespace_slot: usize,
@@ -238,6 +243,7 @@ impl Default for ClusterView {
             namespaces: HashMap::new(),
             namespace_labels: Vec::new(),
             pods: HashMap::new(),
+            pod_count: 0,
             pod_slots: Vec::new(),
             free_pod_slots: Vec::new(),
             workloads: HashMap::new(),
@@ -315,13 +321,22 @@ impl ClusterView {
                 self.pod_slots.len() - 1
             }
         };
-        self.pods.insert(key, index);
+        self.pods
+            .entry(key.namespace)
+            .or_default()
+            .insert(key.name, index);
+        self.pod_count += 1;
     }
 
     /// Removes a pod; returns it if it was there.
     pub fn remove_pod(&mut self, key: &PodKey) -> Option<PodInfo> {
         self.index.take();
-        let slot = self.pods.remove(key)?;
+        let names = self.pods.get_mut(&key.namespace)?;
+        let slot = names.remove(&key.name)?;
+        if names.is_empty() {
+            self.pods.remove(&key.namespace);
+        }
+        self.pod_count -= 1;
         let pod = self.pod_slots[slot].take()?.info;
         self.free_pod_slots.push(slot);
         if let Some(w) = &pod.workload {
@@ -361,14 +376,20 @@ impl ClusterView {
 
     /// The pod `key` with what the policy index needs, if the view has it.
     pub(crate) fn pod_ref(&self, key: &PodKey) -> Option<PodRef<'_>> {
-        let slot = *self.pods.get(key)?;
-        self.slot_ref(slot)
+        self.pod_ref_by_name(&key.namespace, &key.name)
     }
 
-    fn slot_ref(&self, slot: usize) -> Option<PodRef<'_>> {
+    fn pod_ref_by_name(&self, namespace: &str, name: &str) -> Option<PodRef<'_>> {
+        let (namespace, names) = self.pods.get_key_value(namespace)?;
+        let slot = *names.get(name)?;
+        self.slot_ref(slot, namespace)
+    }
+
+    fn slot_ref<'a>(&'a self, slot: usize, namespace: &'a str) -> Option<PodRef<'a>> {
         let pod = self.pod_slots.get(slot)?.as_ref()?;
         Some(PodRef {
             info: &pod.info,
+            namespace,
             namespace_labels: &self.namespace_labels[pod.namespace],
             slot,
             namespace_slot: pod.namespace,
@@ -377,7 +398,10 @@ impl ClusterView {
 
     /// Every pod with its slots, for building the policy index.
     pub(crate) fn pod_refs(&self) -> impl Iterator<Item = PodRef<'_>> {
-        (0..self.pod_slots.len()).filter_map(|slot| self.slot_ref(slot))
+        (0..self.pod_slots.len()).filter_map(|slot| {
+            let pod = self.pod_slots[slot].as_ref()?;
+            self.slot_ref(slot, &pod.info.namespace)
+        })
     }
 
     /// The number of pod slots (the highest slot plus one).
@@ -434,14 +458,14 @@ impl ClusterView {
         name: &str,
     ) -> impl Iterator<Item = &PodInfo> {
         let bare = (kind == WorkloadKind::Pod)
-            .then(|| self.pod(&PodKey::new(namespace, name)))
+            .then(|| self.pod_ref_by_name(namespace, name).map(|pod| pod.info))
             .flatten()
             .filter(|pod| pod.workload.is_none());
         self.workloads
             .get(&(namespace.to_string(), kind, name.to_string()))
             .into_iter()
             .flatten()
-            .filter_map(move |pod| self.pod(&PodKey::new(namespace, pod.as_str())))
+            .filter_map(move |pod| self.pod_ref_by_name(namespace, pod).map(|pod| pod.info))
             .chain(bare)
     }
 
@@ -468,7 +492,7 @@ impl ClusterView {
 
     /// The number of pods in the view.
     pub fn pod_count(&self) -> usize {
-        self.pods.len()
+        self.pod_count
     }
 }
 
