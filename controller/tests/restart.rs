@@ -354,13 +354,21 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
         state,
     )
     .await?;
+    // A repeat of what is written waits for no flush.
+    assert!(agent.send(first.clone()));
+    eventually(
+        "the repeat to be acknowledged without a flush",
+        || counters.batches_acked.get() == 2 && counters.pending_batches.get() == 0,
+        state,
+    )
+    .await?;
 
     // The second batch arrives, is merged, and the controller dies before its next flush.
     assert!(agent.send(second.clone()));
-    eventually("the second batch to arrive", || a.received() == 5, state).await?;
+    eventually("the second batch to arrive", || a.received() == 7, state).await?;
     assert_eq!(
         (counters.batches_acked.get(), counters.pending_batches.get()),
-        (1, 1),
+        (2, 1),
         "the agent still holds the unwritten batch: {}",
         state()
     );
@@ -380,7 +388,7 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
     assert!(agent.send(third.clone()));
     eventually(
         "every batch to be written and acknowledged",
-        || counters.batches_acked.get() == 3 && counters.pending_batches.get() == 0,
+        || counters.batches_acked.get() == 4 && counters.pending_batches.get() == 0,
         || format!("{}; second controller received {}", state(), b.received()),
     )
     .await?;

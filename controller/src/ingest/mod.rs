@@ -14,8 +14,8 @@
 //! flush that started after it was merged has written every pending proposal ([`Flushes`]); until then
 //! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
 //! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
-//! duplicated rule. Batches that teach nothing (refused records, failed attempts) are acknowledged at
-//! once. A proposal whose write keeps failing holds every acknowledgement (a flush reports how many
+//! duplicated rule. Batches that teach nothing (refused records, failed attempts, or only edges a flush
+//! has already written) are acknowledged at once. A proposal whose write keeps failing holds every acknowledgement (a flush reports how many
 //! proposals failed, not which): merging goes on, and the agents' resend buffers rotate their oldest
 //! batches out, which this controller has already merged.
 

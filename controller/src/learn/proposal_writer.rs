@@ -196,6 +196,9 @@ pub struct ProposalWriter {
     /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
     /// the flusher ([`ProposalWriter::new_edges`]) so it is written without waiting for the tick.
     seen: Mutex<HashSet<u64>>,
+    /// Edges a flush has decided (written, or refused for good), by the same hash, bounded by
+    /// [`SEEN_EDGES`]: a record of only these waits for no flush, so its acknowledgement goes at once.
+    decided: Mutex<HashSet<u64>>,
     seen_hasher: std::hash::RandomState,
     new_edges: tokio::sync::Notify,
 }
@@ -228,6 +231,7 @@ impl ProposalWriter {
             metrics: ControllerMetrics::new(),
             leader: None,
             seen: Mutex::new(HashSet::new()),
+            decided: Mutex::new(HashSet::new()),
             seen_hasher: std::hash::RandomState::new(),
             new_edges: tokio::sync::Notify::new(),
         }
@@ -383,7 +387,8 @@ impl ProposalWriter {
         self.waiting.len()
     }
 
-    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one.
+    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one. Returns how many
+    /// of its edges a flush has yet to decide (0: its acknowledgement need not wait).
     fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
         let mut produced = 0;
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
@@ -413,6 +418,15 @@ impl ProposalWriter {
                     continue;
                 }
                 let hash = self.seen_hasher.hash_one((&target, &edge));
+                // Still merged again at the next flush (a no-op unless the proposal lost it).
+                if !self
+                    .decided
+                    .lock()
+                    .expect("decided edges lock")
+                    .contains(&hash)
+                {
+                    produced += 1;
+                }
                 let edges = match pending.get_mut(&target) {
                     Some(edges) => edges,
                     None => pending.entry(target).or_default(),
@@ -429,7 +443,6 @@ impl ProposalWriter {
                     Added::Known => {}
                     Added::Capped => capped += 1,
                 }
-                produced += 1;
             }
         }
         if added > 0 {
@@ -473,6 +486,18 @@ impl ProposalWriter {
                 .write_duration
                 .observe(started.elapsed().as_secs_f64());
             self.count(&before, &report, result.is_err());
+            let decided = result.as_ref().map_or_else(refused_for_good, |_| true);
+            if decided {
+                let mut known = self.decided.lock().expect("decided edges lock");
+                if known.len() + edges.len() > SEEN_EDGES {
+                    known.clear();
+                }
+                known.extend(
+                    edges
+                        .iter()
+                        .map(|e| self.seen_hasher.hash_one((&target, e))),
+                );
+            }
             match result {
                 Ok(()) => {}
                 Err(error) if refused_for_good(&error) => {
