@@ -38,10 +38,10 @@ use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 /// The audience agents' projected tokens must be issued for.
@@ -581,7 +581,9 @@ impl FlowUplink for IngestService {
                     let _ = tx.send(Err(status)).await;
                     break;
                 }
-                let (reply, learned) = learning.take_in(&agent.node, &batch);
+                let Ok((reply, learned)) = merge(&learning, &agent.node, batch).await else {
+                    break;
+                };
                 match &written {
                     Some(w) if learned > 0 => {
                         // Marked after merging: a flush that starts later takes these edges.
@@ -601,6 +603,29 @@ impl FlowUplink for IngestService {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+}
+
+/// Merges `batch` ([`Learning::take_in`]) on the blocking pool, at most one batch per core at a time.
+/// Merging is CPU work: run on the async workers, a thousand busy streams would queue every other task
+/// behind them, the flush that writes their edges (and releases their acknowledgements) included.
+async fn merge(
+    learning: &Arc<Learning>,
+    node: &str,
+    batch: FlowBatch,
+) -> Result<(BatchAck, usize), tokio::task::JoinError> {
+    static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Arc::new(Semaphore::new(cores))
+    });
+    // Never closed, so acquiring cannot fail; without a slot the merge would still be correct.
+    let slot = slots.clone().acquire_owned().await.ok();
+    let (learning, node) = (learning.clone(), node.to_string());
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        learning.take_in(&node, &batch)
+    })
+    .await
 }
 
 /// `UNAVAILABLE` with a hint when this replica does not lead: agents reconnect (with backoff) through the
