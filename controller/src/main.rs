@@ -258,6 +258,9 @@ const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
 /// new connections, e.g. many agents starting at once).
 const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
 
+/// The HTTP/2 flow-control windows of the ingest server, per stream and per connection.
+const INGEST_WINDOW_BYTES: u32 = 128 * 1024;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     match Cli::parse().command {
@@ -541,7 +544,12 @@ async fn run(args: RunArgs) -> Result<()> {
             }
         }
     };
+    // Each agent has its own connection: what the controller has not read yet waits in its HTTP/2
+    // windows. 128 KiB (a batch or two) instead of hyper's 1 MiB keeps a thousand agents that send
+    // faster than the merge within ~128 MiB; a slow controller slows its agents down instead.
     let router = tonic::transport::Server::builder()
+        .initial_stream_window_size(INGEST_WINDOW_BYTES)
+        .initial_connection_window_size(INGEST_WINDOW_BYTES)
         .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024));
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -17,6 +17,7 @@ use crate::cluster::index::{Endpoint, Index};
 use crate::learn::deferrals::{Deferrals, Resolution};
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
 use crate::runtime::metrics::ControllerMetrics;
+use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -69,6 +70,31 @@ pub struct FlushReport {
     pub conflicts: usize,
     /// External peers not learned because their proposal and port had reached the cap.
     pub capped: usize,
+}
+
+impl FlushReport {
+    /// Adds `other`'s counts to these.
+    fn add(&mut self, other: &FlushReport) {
+        // Destructured: a new field must be added here too.
+        let FlushReport {
+            written,
+            created,
+            unchanged,
+            promoted,
+            failed,
+            refused,
+            conflicts,
+            capped,
+        } = other;
+        self.written += written;
+        self.created += created;
+        self.unchanged += unchanged;
+        self.promoted += promoted;
+        self.failed += failed;
+        self.refused += refused;
+        self.conflicts += conflicts;
+        self.capped += capped;
+    }
 }
 
 /// What [`PendingEdges::add`] did.
@@ -206,6 +232,9 @@ pub struct ProposalWriter {
 /// How many (proposal, edge) pairs the writer remembers to tell new edges from repeats; when full it
 /// starts over (every edge then looks new once: early flushes that write nothing new).
 pub const SEEN_EDGES: usize = 262_144;
+
+/// Proposals a flush writes at once.
+const CONCURRENT_WRITES: usize = 8;
 
 impl ProposalWriter {
     /// A writer for `backend` that learns nothing for workloads in `excluded_namespaces` (they are still
@@ -472,59 +501,72 @@ impl ProposalWriter {
             return FlushReport::default();
         }
         let batch = std::mem::take(&mut *self.pending.lock().expect("pending edges lock"));
+        // Proposals are separate objects: several writes at once keep a flush (and the
+        // acknowledgements waiting for it) short when many proposals have new edges.
+        let mut writes = futures::stream::iter(batch)
+            .map(|(target, edges)| self.flush_one(target, edges))
+            .buffer_unordered(CONCURRENT_WRITES);
         let mut report = FlushReport::default();
-        for (target, edges) in batch {
-            // Refused while pending: already counted; the write's Event names them too.
-            let pending_capped = edges.capped().clone();
-            let edges = edges.into_ordered();
-            let started = Instant::now();
-            let before = report.clone();
-            let result = self
-                .write(&target, &edges, &pending_capped, &mut report)
-                .await;
-            self.metrics
-                .write_duration
-                .observe(started.elapsed().as_secs_f64());
-            self.count(&before, &report, result.is_err());
-            let decided = result.as_ref().map_or_else(refused_for_good, |_| true);
-            if decided {
-                let mut known = self.decided.lock().expect("decided edges lock");
-                if known.len() + edges.len() > SEEN_EDGES {
-                    known.clear();
-                }
-                known.extend(
-                    edges
-                        .iter()
-                        .map(|e| self.seen_hasher.hash_one((&target, e))),
-                );
-            }
-            match result {
-                Ok(()) => {}
-                Err(error) if refused_for_good(&error) => {
-                    report.refused += 1;
-                    self.metrics.resolved("write_refused", edges.len() as u64);
-                    tracing::error!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
-                        edges = edges.len(),
-                        "the API server refused the proposal; its new edges are dropped (writing them again cannot succeed)");
-                }
-                Err(error) => {
-                    report.failed += 1;
-                    tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
-                        "writing a proposal failed; its edges are kept for the next flush");
-                    let mut pending = self.pending.lock().expect("pending edges lock");
-                    let kept = pending.entry(target).or_default();
-                    for e in edges {
-                        // Kept edges already passed the cap once; only the merge decides again.
-                        let _ = kept.add(e, usize::MAX);
-                    }
-                }
-            }
+        while let Some(one) = writes.next().await {
+            report.add(&one);
         }
+        drop(writes);
         let pending = self.pending.lock().expect("pending edges lock");
         self.metrics.pending_proposals.set(pending.len() as i64);
         self.metrics
             .pending_edges
             .set(pending.values().map(PendingEdges::len).sum::<usize>() as i64);
+        report
+    }
+
+    /// Writes one proposal's pending edges; what happened, as a report of its own.
+    async fn flush_one(&self, target: Target, edges: PendingEdges) -> FlushReport {
+        let mut report = FlushReport::default();
+        // Refused while pending: already counted; the write's Event names them too.
+        let pending_capped = edges.capped().clone();
+        let edges = edges.into_ordered();
+        let started = Instant::now();
+        let before = report.clone();
+        let result = self
+            .write(&target, &edges, &pending_capped, &mut report)
+            .await;
+        self.metrics
+            .write_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.count(&before, &report, result.is_err());
+        let decided = result.as_ref().map_or_else(refused_for_good, |_| true);
+        if decided {
+            let mut known = self.decided.lock().expect("decided edges lock");
+            if known.len() + edges.len() > SEEN_EDGES {
+                known.clear();
+            }
+            known.extend(
+                edges
+                    .iter()
+                    .map(|e| self.seen_hasher.hash_one((&target, e))),
+            );
+        }
+        match result {
+            Ok(()) => {}
+            Err(error) if refused_for_good(&error) => {
+                report.refused += 1;
+                self.metrics.resolved("write_refused", edges.len() as u64);
+                tracing::error!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                    edges = edges.len(),
+                    "the API server refused the proposal; its new edges are dropped (writing them again cannot succeed)");
+            }
+            Err(error) => {
+                report.failed += 1;
+                tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                    "writing a proposal failed; its edges are kept for the next flush");
+                let mut pending = self.pending.lock().expect("pending edges lock");
+                let kept = pending.entry(target).or_default();
+                for e in edges {
+                    // Kept edges already passed the cap once; only the merge decides again.
+                    let _ = kept.add(e, usize::MAX);
+                }
+            }
+        }
         report
     }
 
