@@ -15,9 +15,10 @@ mod controller;
 mod e2e;
 mod enforce;
 mod evaluate;
+mod fleet;
 
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e", "enforce"];
+const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e", "enforce", "fleet"];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
@@ -27,6 +28,7 @@ pub fn run(name: &str) -> Result<()> {
         "e2e" => e2e::run(),
         "enforce" => enforce::run(),
         "evaluate" => evaluate::run(),
+        "fleet" => fleet::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
     }
 }
