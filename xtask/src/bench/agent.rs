@@ -46,7 +46,18 @@ unsafe extern "C" {
     fn setns(fd: i32, nstype: i32) -> i32;
     fn setsockopt(fd: i32, level: i32, name: i32, value: *const std::ffi::c_void, len: u32) -> i32;
     fn geteuid() -> u32;
+    fn listen(fd: i32, backlog: i32) -> i32;
+    fn poll(fds: *mut PollFd, nfds: u64, timeout_ms: i32) -> i32;
 }
+
+/// `struct pollfd`.
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+const POLLIN: i16 = 1;
 const CLONE_NEWNET: i32 = 0x4000_0000;
 const SOL_SOCKET: i32 = 1;
 const SO_LINGER: i32 = 13;
@@ -334,7 +345,12 @@ fn storm(pods: &Pods) -> Result<Storm> {
         threads.push(std::thread::spawn(move || {
             let listener = enter(&server)
                 .and_then(|()| TcpListener::bind(SocketAddr::from((SERVER_IP, TCP_PORT))))
-                .and_then(|l| l.set_nonblocking(true).map(|()| l));
+                .and_then(|l| {
+                    // The namespace allows a deep accept queue; ask for it (std asks for less).
+                    // SAFETY: a listening socket; listen again only changes its backlog.
+                    unsafe { listen(l.as_raw_fd(), 65535) };
+                    l.set_nonblocking(true).map(|()| l)
+                });
             let listener = match listener {
                 Ok(l) => {
                     let _ = ready.send(Ok(()));
@@ -345,13 +361,18 @@ fn storm(pods: &Pods) -> Result<Storm> {
                     return;
                 }
             };
+            // Woken as soon as a connection waits (no sleep that would let the queue fill in
+            // bursts and make clients wait a SYN retransmission), then drains the queue.
             while !stop.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => linger_zero(stream.as_raw_fd()),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_micros(200))
-                    }
-                    Err(_) => {}
+                let mut waiting = PollFd {
+                    fd: listener.as_raw_fd(),
+                    events: POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a timeout so that `stop` is seen.
+                unsafe { poll(&mut waiting, 1, 50) };
+                while let Ok((stream, _)) = listener.accept() {
+                    linger_zero(stream.as_raw_fd());
                 }
             }
         }));
