@@ -53,6 +53,14 @@ use network_enforcer_agent_common::{
 #[map(name = "EVENTS")]
 static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BUFFER_BYTES, 0);
 
+/// `bpf_ringbuf_query` flag: bytes not yet consumed (include/uapi/linux/bpf.h).
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// `bpf_ringbuf_submit` flags: do not notify the reader, or notify it now.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+/// Unread bytes (64 records) from which a submit wakes the reader.
+const WAKEUP_BYTES: u64 = 64 * core::mem::size_of::<FlowEvent>() as u64;
+
 /// Per-CPU event counters, indexed by `Counter` (per-CPU because BPF in Rust has no atomic add).
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
@@ -176,10 +184,19 @@ fn report(event: &mut FlowEvent, window_ns: u64) {
             }
         }
     }
+    // Wake the reader only once a batch of records waits: a wakeup per record (a busy node
+    // connects tens of thousands of times a second) costs more than reading the record. The reader
+    // also drains the buffer on a short timer, which picks up a quiet node's few records.
+    let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
+    let wakeup = if waiting >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
     match EVENTS.reserve::<FlowEvent>(0) {
         Some(mut entry) => {
             entry.write(*event);
-            entry.submit(0);
+            entry.submit(wakeup);
         }
         None => count(Counter::RingBufferFull),
     }

@@ -116,6 +116,25 @@ fn ipv4(addr: &[u8; 16]) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))
 }
 
+/// How often the reader drains the ring buffer without a wakeup from the kernel.
+pub const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Appends every record waiting in `ring` to `out`; returns how many there were.
+fn drain(ring: &mut RingBuf<MapData>, out: &mut Vec<ConnectionEvent>, errors: &mut u64) -> usize {
+    let mut records = 0usize;
+    while let Some(item) = ring.next() {
+        records += 1;
+        match ConnectionEvent::decode(&item) {
+            Ok(event) => out.push(event),
+            Err(err) => {
+                *errors += 1;
+                tracing::warn!(%err, "skipping an undecodable eBPF record");
+            }
+        }
+    }
+    records
+}
+
 /// Reads [`ConnectionEvent`]s from the kernel's ring buffer without blocking the runtime: it waits on the
 /// ring buffer's file descriptor, which the kernel makes readable when records arrive.
 pub struct EventReader {
@@ -137,23 +156,23 @@ impl EventReader {
 
     /// Waits until at least one record is available, then appends every available event to `out`.
     /// Records that do not decode are counted ([`EventReader::decode_errors`]) and skipped.
+    ///
+    /// The kernel wakes the reader only once a batch of records waits, so this also drains the buffer
+    /// every [`DRAIN_INTERVAL`]: a lone record waits at most that long.
     pub async fn read_batch(&mut self, out: &mut Vec<ConnectionEvent>) -> Result<()> {
         loop {
-            let mut guard = self.ring.readable_mut().await.map_err(Error::Poll)?;
-            let ring = guard.get_inner_mut();
-            let mut records = 0usize;
-            while let Some(item) = ring.next() {
-                records += 1;
-                match ConnectionEvent::decode(&item) {
-                    Ok(event) => out.push(event),
-                    Err(err) => {
-                        self.decode_errors += 1;
-                        tracing::warn!(%err, "skipping an undecodable eBPF record");
-                    }
+            let records = tokio::select! {
+                guard = self.ring.readable_mut() => {
+                    let mut guard = guard.map_err(Error::Poll)?;
+                    let records = drain(guard.get_inner_mut(), out, &mut self.decode_errors);
+                    // Only clear readiness after draining: records that arrive later re-arm it.
+                    guard.clear_ready();
+                    records
                 }
-            }
-            // Only clear readiness after draining: records that arrive later re-arm the descriptor.
-            guard.clear_ready();
+                () = tokio::time::sleep(DRAIN_INTERVAL) => {
+                    drain(self.ring.get_mut(), out, &mut self.decode_errors)
+                }
+            };
             if records > 0 {
                 return Ok(());
             }
