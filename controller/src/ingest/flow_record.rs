@@ -29,13 +29,31 @@ pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodInf
     }
 }
 
-/// How a record names its local pod, for messages: `namespace/name` or `uid <uid>`.
+/// How a record names its local pod, for messages: `namespace/name` or `uid <uid>`. The parts come
+/// from the agent: each is cut at [`SHOWN_CHARS`] and its control characters escaped, so a hostile
+/// record can neither flood the logs and acknowledgements nor forge log lines.
 pub fn describe_local(local: &LocalPod) -> String {
     if local.name.is_empty() {
-        format!("uid {}", local.uid)
+        format!("uid {}", shown(&local.uid))
     } else {
-        format!("{}/{}", local.namespace, local.name)
+        format!("{}/{}", shown(&local.namespace), shown(&local.name))
     }
+}
+
+/// The longest name Kubernetes allows (DNS-1123 subdomain): longer parts are cut for messages.
+const SHOWN_CHARS: usize = 253;
+
+/// `s` for a message: at most [`SHOWN_CHARS`] characters, escaped, `…` when cut.
+fn shown(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(SHOWN_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    if s.chars().nth(SHOWN_CHARS).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// A field of a record that cannot be used.
@@ -364,5 +382,32 @@ mod tests {
         assert_eq!(describe_local(r.local.as_ref().unwrap()), "uid uid-job");
         r.local = None;
         assert!(local_pod(&r, &index).is_none());
+    }
+
+    #[test]
+    fn hostile_pod_names_are_cut_and_escaped_in_messages() {
+        let pod = |namespace: &str, name: &str, uid: &str| LocalPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        let long = "a".repeat(1_000_000);
+        let cases = [
+            (pod("shop", "web-1", ""), "shop/web-1".to_string()),
+            (pod("", "", "u-1"), "uid u-1".to_string()),
+            (
+                pod("shop", "x\nlevel=ERROR forged", ""),
+                "shop/x\\nlevel=ERROR forged".to_string(),
+            ),
+            (pod("shop", &long, ""), format!("shop/{}…", "a".repeat(253))),
+            (pod("", "", &long), format!("uid {}…", "a".repeat(253))),
+            (
+                pod("é", &"é".repeat(253), ""),
+                format!("é/{}", "é".repeat(253)),
+            ),
+        ];
+        for (local, want) in cases {
+            assert_eq!(describe_local(&local), want);
+        }
     }
 }
