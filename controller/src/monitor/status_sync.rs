@@ -54,6 +54,9 @@ use std::time::Duration;
 
 /// At most this many records wait in the [`EvidenceQueue`] between two passes.
 pub const MAX_QUEUED_RECORDS: usize = 200_000;
+/// And at most this many bytes (their encoded size plus the record itself): records carry strings from
+/// the agents, so a count alone does not bound the memory.
+pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 
 /// Where ingest hands every accepted record, as violation evidence. Must return at once.
 pub trait EvidenceSink: Send + Sync {
@@ -61,22 +64,30 @@ pub trait EvidenceSink: Send + Sync {
     fn accepted(&self, record: &FlowRecord);
 }
 
-/// Records waiting for the next evidence pass; bounded, dropping the oldest.
+/// Records waiting for the next evidence pass; bounded in records and bytes, dropping the oldest.
 #[derive(Debug, Default)]
 pub struct EvidenceQueue {
-    records: Mutex<VecDeque<FlowRecord>>,
+    queued_records: Mutex<Queued>,
     /// Records dropped because the queue was full (`evidence_records_dropped_total`).
     dropped: Counter,
     /// Records queued now (`evidence_queue_records`).
     queued: Gauge,
 }
 
+/// The queue's records, each with its size, and their total size.
+#[derive(Debug, Default)]
+struct Queued {
+    records: VecDeque<(FlowRecord, usize)>,
+    bytes: usize,
+}
+
 impl EvidenceQueue {
     /// Takes every queued record.
     pub fn drain(&self) -> Vec<FlowRecord> {
-        let mut records = self.records.lock().expect("evidence lock");
+        let mut queued = self.queued_records.lock().expect("evidence lock");
         self.queued.set(0);
-        records.drain(..).collect()
+        queued.bytes = 0;
+        queued.records.drain(..).map(|(r, _)| r).collect()
     }
 
     /// Records dropped because the queue was full.
@@ -87,13 +98,20 @@ impl EvidenceQueue {
 
 impl EvidenceSink for EvidenceQueue {
     fn accepted(&self, record: &FlowRecord) {
-        let mut records = self.records.lock().expect("evidence lock");
-        if records.len() >= MAX_QUEUED_RECORDS {
-            records.pop_front();
+        let size = std::mem::size_of::<FlowRecord>() + prost::Message::encoded_len(record);
+        let mut queued = self.queued_records.lock().expect("evidence lock");
+        while !queued.records.is_empty()
+            && (queued.records.len() >= MAX_QUEUED_RECORDS
+                || queued.bytes + size > MAX_QUEUED_BYTES)
+        {
+            if let Some((_, old)) = queued.records.pop_front() {
+                queued.bytes -= old;
+            }
             self.dropped.inc();
         }
-        records.push_back(record.clone());
-        self.queued.set(records.len() as i64);
+        queued.records.push_back((record.clone(), size));
+        queued.bytes += size;
+        self.queued.set(queued.records.len() as i64);
     }
 }
 
@@ -767,6 +785,30 @@ mod tests {
         assert_eq!(records.len(), MAX_QUEUED_RECORDS);
         assert_eq!(records[0].port, 2);
         assert!(queue.drain().is_empty());
+    }
+
+    #[test]
+    fn the_evidence_queue_is_bounded_in_bytes_too() {
+        let queue = EvidenceQueue::default();
+        // 1 MiB of strings per record: 64 MiB hold fewer than 64 of them.
+        let big = |port| FlowRecord {
+            port,
+            local: Some(network_enforcer_api::uplink::LocalPod {
+                namespace: "n".repeat(1024 * 1024),
+                ..Default::default()
+            }),
+            ..FlowRecord::default()
+        };
+        for port in 0..100 {
+            queue.accepted(&big(port));
+        }
+        let kept = queue.drain();
+        assert_eq!(kept.len(), 63);
+        assert_eq!(queue.dropped(), 37);
+        assert_eq!(kept.last().map(|r| r.port), Some(99), "the newest are kept");
+        // After a drain the budget is whole again.
+        queue.accepted(&big(100));
+        assert_eq!(queue.drain().len(), 1);
     }
 
     fn observation(port: i32) -> crate::monitor::violations::Observation {
