@@ -15,9 +15,10 @@
 //! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
 //! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
 //! duplicated rule. Batches that teach nothing (refused records, failed attempts, or only edges a flush
-//! has already written) are acknowledged at once. A proposal whose write keeps failing holds every acknowledgement (a flush reports how many
-//! proposals failed, not which): merging goes on, and the agents' resend buffers rotate their oldest
-//! batches out, which this controller has already merged.
+//! has already written) are acknowledged at once. A proposal whose write keeps failing holds back only
+//! the acknowledgements of batches that taught it something ([`WaitsFor`]): one hostile or broken
+//! proposal cannot stall every agent. Those agents' resend buffers rotate their oldest batches out,
+//! which this controller has already merged.
 
 pub mod auth_cache;
 pub mod flow_record;
@@ -25,7 +26,7 @@ pub mod tls;
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
-use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
+use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
 use crate::learn::{Observation, Opened};
 use flow_record::{BadField, PeerFrom};
 use futures::Stream;
@@ -36,7 +37,7 @@ use kube::{Api, Client};
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
 use std::borrow::Cow;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -281,14 +282,14 @@ impl Learning {
         self.take_in(node, batch).0
     }
 
-    /// [`Learning::accept`], also saying how many edges the batch added to the writer's pending ones
-    /// (0: nothing waits for a flush, the acknowledgement may go at once).
-    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, usize) {
+    /// [`Learning::accept`], also saying which proposals the batch gave edges no flush has decided yet
+    /// (nothing: the acknowledgement may go at once).
+    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, WaitsFor) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.writer.metrics();
         let now_ms = crate::cluster::watches::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
-        let mut learned = 0usize;
+        let mut waits = WaitsFor::default();
         for original in &batch.records {
             let record = clamp_times(original, now_ms);
             if matches!(record, Cow::Owned(_)) {
@@ -301,8 +302,8 @@ impl Learning {
                         metrics.resolved(from.label(), 1);
                     }
                     self.writer
-                        .observe_or_wait(&index, &o, now_ms)
-                        .map(|edges| learned += edges)
+                        .observe_or_wait(&index, &o, now_ms, &mut waits)
+                        .map(|_| ())
                         .map_err(|e| e.to_string())
                 }
                 None => {
@@ -340,7 +341,7 @@ impl Learning {
                 rejected,
                 reason,
             },
-            learned,
+            waits,
         )
     }
 }
@@ -351,16 +352,23 @@ impl Learning {
 pub struct Flushes {
     /// Flushes started so far.
     started: AtomicU64,
-    /// The number of the newest flush that wrote every pending proposal (0: none yet). Everything
-    /// merged before that flush started is in the API server.
-    written: watch::Sender<u64>,
+    /// The newest flush this replica made as leader (0: none yet), and the proposals it failed to
+    /// write. Everything else merged before that flush started is in the API server.
+    written: watch::Sender<Written>,
+}
+
+/// See [`Flushes::written`].
+#[derive(Debug, Default)]
+struct Written {
+    flush: u64,
+    failed: BTreeSet<u64>,
 }
 
 impl Default for Flushes {
     fn default() -> Self {
         Self {
             started: AtomicU64::new(0),
-            written: watch::channel(0).0,
+            written: watch::channel(Written::default()).0,
         }
     }
 }
@@ -371,40 +379,66 @@ impl Flushes {
         Self::default()
     }
 
-    /// Flushes `writer`, and when every proposal was written (none failed, and this replica leads, so
-    /// the flush really wrote), marks everything merged before it as written.
+    /// Flushes `writer` and, when this replica leads (so the flush really wrote), records which
+    /// proposals failed: everything else merged before this flush started is written.
     ///
     /// Why that suffices: a flush takes every pending edge at its start; a failed proposal's edges go
-    /// back to pending before the next flush starts (flushes run one after another), so a flush without
-    /// failures has written everything merged before it started, including earlier failures.
+    /// back to pending before the next flush starts (flushes run one after another), so a flush in which
+    /// a proposal did not fail has written everything merged for it before it started, including edges
+    /// of its earlier failures.
     pub async fn flush(&self, writer: &ProposalWriter) -> FlushReport {
         let leading = writer.is_leader();
-        let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let number = self.begin();
         let report = writer.flush().await;
-        if leading && report.failed == 0 {
-            self.written.send_if_modified(|w| {
-                let newer = number > *w;
-                if newer {
-                    *w = number;
-                }
-                newer
-            });
+        if leading {
+            self.finish(number, &report);
         }
         report
     }
 
+    /// Counts a flush as started; returns its number.
+    fn begin(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Records what flush `number`, made as leader, wrote.
+    fn finish(&self, number: u64, report: &FlushReport) {
+        self.written.send_if_modified(|w| {
+            let newer = number > w.flush;
+            if newer {
+                *w = Written {
+                    flush: number,
+                    failed: report.failed_proposals.clone(),
+                };
+            }
+            newer
+        });
+    }
+
     /// The mark of something merged just now (call it after merging): it is written once
-    /// [`Flushes::written_after`] says so for this mark.
+    /// [`Flushes::written_for`] says so for this mark.
     pub fn mark(&self) -> u64 {
         self.started.load(Ordering::SeqCst)
     }
 
-    /// Whether everything merged before `mark` was taken has been written.
-    pub fn written_after(&self, mark: u64) -> bool {
-        *self.written.borrow() > mark
+    /// Whether everything merged before `mark` was taken for the proposals `waits` names has been
+    /// written.
+    pub fn written_for(&self, mark: u64, waits: &WaitsFor) -> bool {
+        let w = self.written.borrow();
+        w.flush > mark && waits.written_despite(&w.failed)
     }
 
-    fn subscribe(&self) -> watch::Receiver<u64> {
+    /// Whether everything merged before `mark` was taken has been written, for every proposal.
+    pub fn written_after(&self, mark: u64) -> bool {
+        self.written_for(mark, &WaitsFor::everything())
+    }
+
+    /// The number of the newest flush recorded.
+    fn latest(&self) -> u64 {
+        self.written.borrow().flush
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Written> {
         self.written.subscribe()
     }
 }
@@ -485,16 +519,21 @@ impl FlowUplink for IngestService {
             let _open = GaugeGuard(metrics.agent_streams.clone());
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
-            let mut waiting: VecDeque<(u64, BatchAck)> = VecDeque::new();
+            let mut waiting: VecDeque<(u64, WaitsFor, BatchAck)> = VecDeque::new();
             let mut flushed = written.as_ref().map(|w| w.subscribe());
+            // The flush whose outcome `waiting` was last checked against.
+            let mut checked = 0;
             let mut inbound_open = true;
             'stream: loop {
-                if let Some(w) = &written {
-                    while waiting
-                        .front()
-                        .is_some_and(|(mark, _)| w.written_after(*mark))
-                    {
-                        let (_, ack) = waiting.pop_front().expect("front exists");
+                if let Some(w) = written.as_ref().filter(|w| w.latest() != checked) {
+                    checked = w.latest();
+                    // Not only from the front: a batch behind one that waits for a failing proposal
+                    // may be written already (agents acknowledge per sequence).
+                    let (ready, still): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut waiting)
+                        .into_iter()
+                        .partition(|(mark, waits, _)| w.written_for(*mark, waits));
+                    waiting = still;
+                    for (_, _, ack) in ready {
                         metrics.acks_waiting.dec();
                         if tx.send(Ok(ack)).await.is_err() {
                             break 'stream;
@@ -581,13 +620,13 @@ impl FlowUplink for IngestService {
                     let _ = tx.send(Err(status)).await;
                     break;
                 }
-                let Ok((reply, learned)) = merge(&learning, &agent.node, batch).await else {
+                let Ok((reply, waits)) = merge(&learning, &agent.node, batch).await else {
                     break;
                 };
                 match &written {
-                    Some(w) if learned > 0 => {
+                    Some(w) if !waits.is_nothing() => {
                         // Marked after merging: a flush that starts later takes these edges.
-                        waiting.push_back((w.mark(), reply));
+                        waiting.push_back((w.mark(), waits, reply));
                         metrics.acks_waiting.inc();
                     }
                     _ => {
@@ -612,7 +651,7 @@ async fn merge(
     learning: &Arc<Learning>,
     node: &str,
     batch: FlowBatch,
-) -> Result<(BatchAck, usize), tokio::task::JoinError> {
+) -> Result<(BatchAck, WaitsFor), tokio::task::JoinError> {
     static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
     let slots = SLOTS.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -846,6 +885,7 @@ mod tests {
         assert!(!flushes.written_after(mark), "nothing flushed yet");
         let report = flushes.flush(&writer).await;
         assert_eq!(report.failed, 1, "{report:?}");
+        assert_eq!(report.failed_proposals.len(), 1, "{report:?}");
         assert!(
             !flushes.written_after(mark),
             "a failed write acknowledges nothing"
@@ -874,6 +914,71 @@ mod tests {
             !flushes.written_after(flushes.mark()),
             "later merges wait for a later flush"
         );
+    }
+
+    #[test]
+    fn a_failing_proposal_holds_back_only_the_batches_that_taught_it() {
+        let flushes = Flushes::new();
+        let waits = |keys: &[u64]| {
+            let mut w = WaitsFor::default();
+            keys.iter().for_each(|k| w.add(*k));
+            w
+        };
+        let report = |failed: &[u64]| FlushReport {
+            failed: failed.len(),
+            failed_proposals: failed.iter().copied().collect(),
+            ..FlushReport::default()
+        };
+        let mark = flushes.mark();
+        let first = flushes.begin();
+        flushes.finish(first, &report(&[7]));
+        // (what the batch waits for, written after a flush in which proposal 7 failed?)
+        let cases = [
+            (waits(&[1]), true),
+            (waits(&[1, 2, 3]), true),
+            (waits(&[7]), false),
+            (waits(&[1, 7]), false),
+            (WaitsFor::everything(), false),
+            (
+                waits(&(0..=WaitsFor::MAX_PROPOSALS as u64 + 8).collect::<Vec<_>>()),
+                false,
+            ),
+        ];
+        for (w, written) in &cases {
+            assert_eq!(flushes.written_for(mark, w), *written, "{w:?}");
+        }
+        assert!(!flushes.written_after(mark));
+        // A later flush in which 7 is written releases everything merged before the first one.
+        let second = flushes.begin();
+        flushes.finish(second, &report(&[]));
+        for (w, _) in &cases {
+            assert!(flushes.written_for(mark, w), "{w:?}");
+        }
+        // But nothing merged after the second flush started.
+        assert!(!flushes.written_for(flushes.mark(), &waits(&[1])));
+        // An older flush finishing late changes nothing.
+        flushes.finish(first, &report(&[1]));
+        assert!(flushes.written_for(mark, &waits(&[1])));
+    }
+
+    #[test]
+    fn waits_for_names_each_proposal_once_up_to_its_bound() {
+        let mut w = WaitsFor::default();
+        assert!(w.is_nothing());
+        w.add(3);
+        w.add(3);
+        assert_eq!(w, {
+            let mut once = WaitsFor::default();
+            once.add(3);
+            once
+        });
+        assert!(!w.is_nothing());
+        for k in 0..WaitsFor::MAX_PROPOSALS as u64 * 2 {
+            w.add(k);
+        }
+        assert_eq!(w, WaitsFor::everything(), "past the bound it waits for all");
+        assert!(w.written_despite(&BTreeSet::new()));
+        assert!(!w.written_despite(&BTreeSet::from([1_000_000])));
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct FlushReport {
     pub promoted: usize,
     /// Proposals whose write failed; their edges wait for the next flush.
     pub failed: usize,
+    /// Those proposals, by [`ProposalWriter::proposal_key`]: acknowledgements waiting for one of them
+    /// wait for a later flush; the others need not ([`WaitsFor`]).
+    pub failed_proposals: BTreeSet<u64>,
     /// Proposals the API server refused for their content (invalid or too large); their new edges
     /// were dropped and logged.
     pub refused: usize,
@@ -82,6 +85,7 @@ impl FlushReport {
             unchanged,
             promoted,
             failed,
+            failed_proposals,
             refused,
             conflicts,
             capped,
@@ -91,9 +95,59 @@ impl FlushReport {
         self.unchanged += unchanged;
         self.promoted += promoted;
         self.failed += failed;
+        self.failed_proposals.extend(failed_proposals);
         self.refused += refused;
         self.conflicts += conflicts;
         self.capped += capped;
+    }
+}
+
+/// The proposals whose next write an acknowledgement waits for: those a batch gave edges no flush has
+/// decided yet. A proposal whose write keeps failing then holds back only the batches that taught it
+/// something. Bounded: a batch that touched more than [`WaitsFor::MAX_PROPOSALS`] proposals waits for a
+/// flush in which nothing failed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WaitsFor {
+    proposals: Vec<u64>,
+    everything: bool,
+}
+
+impl WaitsFor {
+    /// Proposals remembered one by one before the batch waits for everything.
+    pub const MAX_PROPOSALS: usize = 64;
+
+    /// Waits for every proposal.
+    pub fn everything() -> Self {
+        Self {
+            proposals: Vec::new(),
+            everything: true,
+        }
+    }
+
+    /// Adds the proposal `key` ([`ProposalWriter::proposal_key`]).
+    pub fn add(&mut self, key: u64) {
+        if self.everything || self.proposals.contains(&key) {
+            return;
+        }
+        if self.proposals.len() == Self::MAX_PROPOSALS {
+            *self = Self::everything();
+        } else {
+            self.proposals.push(key);
+        }
+    }
+
+    /// Nothing to wait for: the acknowledgement may go at once.
+    pub fn is_nothing(&self) -> bool {
+        !self.everything && self.proposals.is_empty()
+    }
+
+    /// Whether a flush in which `failed` proposals failed (and every other was written) wrote all
+    /// this waits for.
+    pub fn written_despite(&self, failed: &BTreeSet<u64>) -> bool {
+        if failed.is_empty() {
+            return true;
+        }
+        !self.everything && !self.proposals.iter().any(|p| failed.contains(p))
     }
 }
 
@@ -367,26 +421,33 @@ impl ProposalWriter {
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
     pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
-        self.merge(obs, learn::flows(index, obs))
+        self.merge(obs, learn::flows(index, obs), &mut WaitsFor::default())
+    }
+
+    /// The key of `target`'s proposal in [`WaitsFor`] and [`FlushReport::failed_proposals`].
+    pub fn proposal_key(&self, target: &Target) -> u64 {
+        self.seen_hasher.hash_one(target)
     }
 
     /// [`ProposalWriter::observe`], except that an observation the index cannot place yet (its peer
     /// resolves to an external address, or it does not resolve) waits for the index instead
     /// (see [`crate::learn::deferrals`]; 0 edges now, learned by a later [`ProposalWriter::settle_waiting`]).
+    /// Adds the proposals its undecided edges went to to `waits`.
     pub fn observe_or_wait(
         &self,
         index: &Index,
         obs: &Observation,
         now_ms: i64,
+        waits: &mut WaitsFor,
     ) -> Result<usize, Unresolved> {
         let mut overflow = Vec::new();
         let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
         for (old, resolution) in overflow {
             self.metrics.resolved("deferred_expired", 1);
-            let _ = self.merge(&old, resolution);
+            let _ = self.merge(&old, resolution, &mut WaitsFor::default());
         }
         match now {
-            Some(resolution) => self.merge(obs, resolution),
+            Some(resolution) => self.merge(obs, resolution, waits),
             None => {
                 self.metrics.resolved("deferred", 1);
                 Ok(0)
@@ -407,7 +468,9 @@ impl ProposalWriter {
         decided
             .ready
             .into_iter()
-            .filter_map(|(obs, resolution)| self.merge(&obs, resolution).ok())
+            .filter_map(|(obs, resolution)| {
+                self.merge(&obs, resolution, &mut WaitsFor::default()).ok()
+            })
             .sum()
     }
 
@@ -417,8 +480,14 @@ impl ProposalWriter {
     }
 
     /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one. Returns how many
-    /// of its edges a flush has yet to decide (0: its acknowledgement need not wait).
-    fn merge(&self, obs: &Observation, flows: Resolution) -> Result<usize, Unresolved> {
+    /// of its edges a flush has yet to decide (0: its acknowledgement need not wait), and adds their
+    /// proposals to `waits`.
+    fn merge(
+        &self,
+        obs: &Observation,
+        flows: Resolution,
+        waits: &mut WaitsFor,
+    ) -> Result<usize, Unresolved> {
         let mut produced = 0;
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
         let (mut added, mut capped) = (0i64, 0u64);
@@ -455,6 +524,7 @@ impl ProposalWriter {
                     .contains(&hash)
                 {
                     produced += 1;
+                    waits.add(self.proposal_key(&target));
                 }
                 let edges = match pending.get_mut(&target) {
                     Some(edges) => edges,
@@ -557,6 +627,7 @@ impl ProposalWriter {
             }
             Err(error) => {
                 report.failed += 1;
+                report.failed_proposals.insert(self.proposal_key(&target));
                 tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
                     "writing a proposal failed; its edges are kept for the next flush");
                 let mut pending = self.pending.lock().expect("pending edges lock");
@@ -839,7 +910,10 @@ mod tests {
 
         // The frontend's first connection arrives before its IP is in the index.
         let obs = inbound("shop", "api", "10.0.0.3");
-        assert_eq!(writer.observe_or_wait(&index, &obs, 1_000), Ok(0));
+        assert_eq!(
+            writer.observe_or_wait(&index, &obs, 1_000, &mut WaitsFor::default()),
+            Ok(0)
+        );
         assert_eq!(writer.waiting(), 1);
         assert!(
             pending_names(&writer).is_empty(),
@@ -876,7 +950,9 @@ mod tests {
 
         // A workload in another namespace than the one this controller watches teaches nothing.
         let elsewhere = inbound("other", "web", "10.0.0.2");
-        writer.observe_or_wait(&index, &elsewhere, 4_000).unwrap();
+        writer
+            .observe_or_wait(&index, &elsewhere, 4_000, &mut WaitsFor::default())
+            .unwrap();
         assert!(!pending_names(&writer).contains("other/pod-web-ingress"));
     }
 
