@@ -130,6 +130,9 @@ impl Controller {
                 kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                     .unwrap();
             IngestService {
+                admission: network_enforcer_controller::ingest::admission::Admission::new(
+                    Default::default(),
+                ),
                 authenticator: Arc::new(FixedToken),
                 learning: Arc::new(Learning {
                     index: Arc::new(SharedIndex::listed(Index::default())),

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
+use network_enforcer_controller::ingest::admission::{Admission, StreamLimits};
 use network_enforcer_controller::ingest::auth_cache::{self, CachedAuthenticator};
 use network_enforcer_controller::ingest::tls;
 use network_enforcer_controller::ingest::{
@@ -136,6 +137,14 @@ struct RunArgs {
     /// Where agents stream their flow batches (gRPC).
     #[arg(long, env = "INGEST_ADDRESS", default_value = "0.0.0.0:9443")]
     ingest_address: std::net::SocketAddr,
+    /// At most this many agent streams at once (open or being authenticated); further connections are
+    /// refused before their token is reviewed. One agent holds one stream: size it above the node count.
+    #[arg(long, env = "MAX_AGENT_STREAMS", default_value_t = 5_000)]
+    max_agent_streams: usize,
+    /// The longest an agent stream lives, in seconds, even if its token is valid longer; the agent
+    /// then reconnects with its current token (nothing is lost: it resends what was not acknowledged).
+    #[arg(long, env = "MAX_AGENT_STREAM_AGE_SECONDS", default_value_t = 3_600)]
+    max_agent_stream_age_seconds: u64,
     /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
     #[arg(
         long,
@@ -512,6 +521,11 @@ async fn run(args: RunArgs) -> Result<()> {
         )),
         learning: learning.clone(),
         limits: Limits::default(),
+        admission: Admission::new(StreamLimits {
+            max_streams: args.max_agent_streams,
+            max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
+            ..StreamLimits::default()
+        }),
         // Agents' batches are acknowledged once written (they resend them after a restart otherwise).
         written: Some(flushes.clone()),
     };

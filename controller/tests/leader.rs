@@ -97,6 +97,9 @@ impl Replica {
             .with_leader(leadership.clone()),
         );
         let service = IngestService {
+            admission: network_enforcer_controller::ingest::admission::Admission::new(
+                Default::default(),
+            ),
             authenticator: Arc::new(AnyToken),
             learning: Arc::new(Learning {
                 index: Arc::new(SharedIndex::listed(Index::default())),

@@ -351,6 +351,9 @@ mod grpc {
             BTreeSet::from(["kube-system".into()]),
         ));
         let service = IngestService {
+            admission: network_enforcer_controller::ingest::admission::Admission::new(
+                Default::default(),
+            ),
             authenticator: Arc::new(TokenReviewAuthenticator::new(
                 ns.client.clone(),
                 &n,

@@ -75,6 +75,9 @@ impl Controller {
                 ));
                 let flushes = Arc::new(Flushes::new());
                 let service = IngestService {
+                    admission: network_enforcer_controller::ingest::admission::Admission::new(
+                        Default::default(),
+                    ),
                     authenticator: Arc::new(AgentOn(node)),
                     learning: Arc::new(Learning {
                         index: index.clone(),

@@ -147,6 +147,9 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
         BTreeSet::from(["kube-system".to_string()]),
     ));
     let service = IngestService {
+        admission: network_enforcer_controller::ingest::admission::Admission::new(
+            Default::default(),
+        ),
         authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
         learning: Arc::new(Learning {
             index: shared.clone(),

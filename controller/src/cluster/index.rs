@@ -1411,9 +1411,17 @@ impl Index {
         self.pods.get(&lease.pod)
     }
 
-    /// A pod by namespace and name.
+    /// A pod by namespace and name (also one deleted within [`IP_HISTORY_MS`]).
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
         self.pods.get_str(namespace, name)
+    }
+
+    /// Whether pod `namespace/name` exists (held, and not deleted).
+    pub fn pod_exists(&self, namespace: &str, name: &str) -> bool {
+        self.pod(namespace, name).is_some()
+            && !self
+                .deleted
+                .contains_key(&(namespace.to_string(), name.to_string()))
     }
 
     /// The workload endpoint of a pod.

@@ -2,6 +2,9 @@
 //! TokenReview per connect would put the API server on the ingest's hot path. A successful
 //! authentication is remembered for a short while ([`TTL`]) by a keyed hash of the token, so a token
 //! is reviewed at most once per window; failures are never remembered (a fixed token must work at once).
+//! At most [`MAX_CONCURRENT_REVIEWS`] reviews run at once; a stream waits up to [`REVIEW_WAIT`] for
+//! its turn, then is told to retry, so a thousand agents reconnecting together queue instead of
+//! sending a thousand TokenReviews at once.
 
 use super::{AgentIdentity, Authenticate};
 use std::collections::HashMap;
@@ -16,6 +19,10 @@ use tonic::Status;
 pub const TTL: Duration = Duration::from_secs(30);
 /// Tokens remembered at most; expired ones are dropped first, then everything.
 pub const CAPACITY: usize = 10_000;
+/// TokenReviews in flight at most.
+pub const MAX_CONCURRENT_REVIEWS: usize = 16;
+/// How long a stream waits for a review slot before it is told to retry.
+pub const REVIEW_WAIT: Duration = Duration::from_secs(10);
 
 /// An [`Authenticate`] that remembers what `inner` accepted.
 pub struct CachedAuthenticator<A> {
@@ -24,6 +31,8 @@ pub struct CachedAuthenticator<A> {
     /// Keyed (random per process) hash of the token → identity and expiry.
     entries: Mutex<HashMap<u64, (AgentIdentity, Instant)>>,
     hasher: std::hash::RandomState,
+    /// Slots for reviews in flight.
+    reviews: tokio::sync::Semaphore,
     /// Authentications answered from memory.
     pub hits: AtomicU64,
 }
@@ -35,6 +44,7 @@ impl<A: Authenticate> CachedAuthenticator<A> {
             ttl,
             entries: Mutex::new(HashMap::new()),
             hasher: std::hash::RandomState::new(),
+            reviews: tokio::sync::Semaphore::new(MAX_CONCURRENT_REVIEWS),
             hits: AtomicU64::new(0),
         }
     }
@@ -51,6 +61,15 @@ impl<A: Authenticate> Authenticate for CachedAuthenticator<A> {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(identity.clone());
         }
+        let _slot = tokio::time::timeout(REVIEW_WAIT, self.reviews.acquire())
+            .await
+            .map_err(|_| {
+                Status::unavailable(
+                    "too many agents are being authenticated right now; retry shortly",
+                )
+            })?
+            // Never closed.
+            .map_err(|_| Status::internal("review slots closed"))?;
         let identity = self.inner.authenticate(token).await?;
         let mut entries = self.entries.lock().expect("auth cache lock");
         if entries.len() >= CAPACITY {
@@ -85,6 +104,51 @@ mod tests {
                 Err(Status::unauthenticated("no"))
             }
         }
+    }
+
+    /// Accepts every token after a while, recording the most reviews in flight at once.
+    struct Slow {
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    #[tonic::async_trait]
+    impl Authenticate for Slow {
+        async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status> {
+            let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            Ok(AgentIdentity {
+                node: "n1".into(),
+                pod: format!("ns/{token}"),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded() {
+        let cache = std::sync::Arc::new(CachedAuthenticator::new(
+            Slow {
+                now: AtomicUsize::new(0),
+                most: AtomicUsize::new(0),
+            },
+            TTL,
+        ));
+        let connects: Vec<_> = (0..MAX_CONCURRENT_REVIEWS * 3)
+            .map(|i| {
+                let cache = cache.clone();
+                tokio::spawn(async move { cache.authenticate(&format!("good-{i}")).await })
+            })
+            .collect();
+        for c in connects {
+            assert!(c.await.unwrap().is_ok());
+        }
+        let most = cache.inner.most.load(Ordering::SeqCst);
+        assert!(
+            (2..=MAX_CONCURRENT_REVIEWS).contains(&most),
+            "{most} reviews at once"
+        );
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@
 //! proposal cannot stall every agent. Those agents' resend buffers rotate their oldest batches out,
 //! which this controller has already merged.
 
+pub mod admission;
 pub mod auth_cache;
 pub mod flow_record;
 pub mod tls;
@@ -80,6 +81,49 @@ impl TokenReviewAuthenticator {
     }
 }
 
+/// What a TokenReview's status says of an agent: the name and uid of the pod its token is bound to,
+/// or why it is refused. The token must be authenticated *for our audience* (an empty `audiences`
+/// means it is valid for the API server's own audience only: a stolen API token, refused), and belong
+/// to the agents' ServiceAccount `expected_user`.
+fn reviewed_agent(
+    status: &k8s_openapi::api::authentication::v1::TokenReviewStatus,
+    expected_user: &str,
+) -> Result<(String, Option<String>), Status> {
+    if status.authenticated != Some(true) {
+        return Err(Status::unauthenticated(format!(
+            "token rejected: {}",
+            status.error.as_deref().unwrap_or("not authenticated")
+        )));
+    }
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|a| a.iter().any(|a| a == AUDIENCE))
+    {
+        return Err(Status::unauthenticated(format!(
+            "the token is not issued for audience {AUDIENCE:?}; mount a projected token with that audience"
+        )));
+    }
+    let user = status.user.clone().unwrap_or_default();
+    if user.username.as_deref() != Some(expected_user) {
+        return Err(Status::permission_denied(format!(
+            "{} is not the agent ServiceAccount ({expected_user})",
+            user.username.unwrap_or_default(),
+        )));
+    }
+    let claim = |key: &str| {
+        user.extra
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(|v| v.first())
+            .cloned()
+    };
+    let pod_name = claim("authentication.kubernetes.io/pod-name").ok_or_else(|| {
+        Status::permission_denied("the token is not bound to a pod; mount a projected token")
+    })?;
+    Ok((pod_name, claim("authentication.kubernetes.io/pod-uid")))
+}
+
 #[tonic::async_trait]
 impl Authenticate for TokenReviewAuthenticator {
     async fn authenticate(&self, token: &str) -> Result<AgentIdentity, Status> {
@@ -98,30 +142,7 @@ impl Authenticate for TokenReviewAuthenticator {
                 Status::unavailable("could not verify the token right now; retry")
             })?;
         let status = reviewed.status.unwrap_or_default();
-        if status.authenticated != Some(true) {
-            return Err(Status::unauthenticated(format!(
-                "token rejected: {}",
-                status.error.unwrap_or_else(|| "not authenticated".into())
-            )));
-        }
-        let user = status.user.unwrap_or_default();
-        if user.username.as_deref() != Some(self.expected_user.as_str()) {
-            return Err(Status::permission_denied(format!(
-                "{} is not the agent ServiceAccount ({})",
-                user.username.unwrap_or_default(),
-                self.expected_user
-            )));
-        }
-        let claim = |key: &str| {
-            user.extra
-                .as_ref()
-                .and_then(|e| e.get(key))
-                .and_then(|v| v.first())
-                .cloned()
-        };
-        let pod_name = claim("authentication.kubernetes.io/pod-name").ok_or_else(|| {
-            Status::permission_denied("the token is not bound to a pod; mount a projected token")
-        })?;
+        let (pod_name, pod_uid) = reviewed_agent(&status, &self.expected_user)?;
         // The ServiceAccount (and so the pod) lives in the namespace of the username.
         let namespace = self
             .expected_user
@@ -138,7 +159,6 @@ impl Authenticate for TokenReviewAuthenticator {
                     "agent pod {namespace}/{pod_name} does not exist"
                 ))
             })?;
-        let pod_uid = claim("authentication.kubernetes.io/pod-uid");
         if pod_uid.is_some() && pod.metadata.uid != pod_uid {
             return Err(Status::permission_denied("the token's pod was replaced"));
         }
@@ -452,6 +472,8 @@ pub struct IngestService {
     pub authenticator: Arc<dyn Authenticate>,
     pub learning: Arc<Learning>,
     pub limits: Limits,
+    /// How many streams, one per agent pod, and for how long ([`admission`]).
+    pub admission: Arc<admission::Admission>,
     /// `Some`: acknowledge a batch that taught something only once a flush counted here has written
     /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
     /// (for tests that flush by hand).
@@ -493,6 +515,11 @@ impl FlowUplink for IngestService {
             metrics.batch_refused("not_leader");
             return Err(status);
         }
+        // Before the token is reviewed: a flood of connections must not become a flood of reviews.
+        let slot = self
+            .admission
+            .slot()
+            .inspect_err(|_| metrics.batch_refused("too_many_streams"))?;
         let token = bearer(&request).inspect_err(|_| metrics.token_review("unauthenticated"))?;
         let agent = self
             .authenticator
@@ -506,17 +533,29 @@ impl FlowUplink for IngestService {
                 })
             })?;
         metrics.token_review("authenticated");
-        tracing::info!(node = %agent.node, pod = %agent.pod, "agent connected");
+        let now_s = crate::cluster::watches::now_ms() / 1000;
+        let lifetime = self.admission.lifetime(&token, now_s);
+        let mut registered = self.admission.register(&agent.pod);
+        let recheck_every = self.admission.limits().recheck_every;
+        tracing::info!(node = %agent.node, pod = %agent.pod, lifetime_s = lifetime.as_secs(),
+            replaced_older = registered.replaced_older, "agent connected");
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let learning = self.learning.clone();
         let limits = self.limits.clone();
         let written = self.written.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let metrics = learning.writer.metrics().clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.
             let _open = GaugeGuard(metrics.agent_streams.clone());
+            let expired = tokio::time::sleep(lifetime);
+            tokio::pin!(expired);
+            let mut recheck = tokio::time::interval(recheck_every);
+            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Whether the index has held the agent's pod: only a pod seen there can be seen gone.
+            let mut pod_seen = false;
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
             let mut waiting: VecDeque<(u64, WaitsFor, BatchAck)> = VecDeque::new();
@@ -556,6 +595,25 @@ impl FlowUplink for IngestService {
                             break;
                         }
                     },
+                    closed = &mut registered.replaced => {
+                        // A dropped sender also means another stream took the pod's place.
+                        let reason = closed.unwrap_or(admission::Closed::Replaced);
+                        close(&tx, &metrics, &agent, reason).await;
+                        break;
+                    }
+                    _ = &mut expired => {
+                        close(&tx, &metrics, &agent, admission::Closed::Expired).await;
+                        break;
+                    }
+                    _ = recheck.tick() => {
+                        let present = agent_pod_present(&learning, &agent.pod);
+                        if pod_seen && !present {
+                            close(&tx, &metrics, &agent, admission::Closed::PodDeleted).await;
+                            break;
+                        }
+                        pod_seen |= present;
+                        continue;
+                    }
                     changed = async {
                         match flushed.as_mut() {
                             Some(rx) => rx.changed().await,
@@ -642,6 +700,27 @@ impl FlowUplink for IngestService {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+}
+
+/// Tells the agent why its stream ends (it reconnects and resends what was not acknowledged).
+async fn close(
+    tx: &mpsc::Sender<Result<BatchAck, Status>>,
+    metrics: &crate::runtime::metrics::ControllerMetrics,
+    agent: &AgentIdentity,
+    reason: admission::Closed,
+) {
+    metrics.stream_closed(reason.label());
+    tracing::info!(node = %agent.node, pod = %agent.pod, reason = reason.label(), "agent stream closed");
+    let _ = tx.send(Err(reason.status())).await;
+}
+
+/// Whether the index holds the agent pod `namespace/name`, not deleted.
+fn agent_pod_present(learning: &Learning, pod: &str) -> bool {
+    let Some((namespace, name)) = pod.split_once('/') else {
+        return false;
+    };
+    let index = learning.index.index.read().expect("index lock");
+    index.pod_exists(namespace, name)
 }
 
 /// Merges `batch` ([`Learning::take_in`]) on the blocking pool, at most one batch per core at a time.
@@ -982,12 +1061,91 @@ mod tests {
     }
 
     #[test]
+    fn a_review_must_authenticate_our_audience_our_account_and_a_pod() {
+        use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo};
+        let agent = "system:serviceaccount:ne:agent";
+        let status = |authenticated: bool, audiences: Option<&[&str]>, user: &str, pod: bool| {
+            TokenReviewStatus {
+                authenticated: Some(authenticated),
+                audiences: audiences.map(|a| a.iter().map(|s| s.to_string()).collect()),
+                user: Some(UserInfo {
+                    username: Some(user.to_string()),
+                    extra: pod.then(|| {
+                        [
+                            (
+                                "authentication.kubernetes.io/pod-name".to_string(),
+                                vec!["agent-x".to_string()],
+                            ),
+                            (
+                                "authentication.kubernetes.io/pod-uid".to_string(),
+                                vec!["u1".to_string()],
+                            ),
+                        ]
+                        .into()
+                    }),
+                    ..UserInfo::default()
+                }),
+                ..TokenReviewStatus::default()
+            }
+        };
+        let ours: &[&str] = &[AUDIENCE];
+        // (status, expected: Ok(pod) or the refusal's code)
+        let cases = [
+            (status(true, Some(ours), agent, true), Ok("agent-x")),
+            (
+                status(true, Some(&["api", AUDIENCE]), agent, true),
+                Ok("agent-x"),
+            ),
+            (
+                status(false, Some(ours), agent, true),
+                Err(tonic::Code::Unauthenticated),
+            ),
+            (
+                status(true, None, agent, true),
+                Err(tonic::Code::Unauthenticated),
+            ),
+            (
+                status(true, Some(&[]), agent, true),
+                Err(tonic::Code::Unauthenticated),
+            ),
+            (
+                status(true, Some(&["https://kubernetes.default.svc"]), agent, true),
+                Err(tonic::Code::Unauthenticated),
+            ),
+            (
+                status(true, Some(ours), "system:serviceaccount:ne:other", true),
+                Err(tonic::Code::PermissionDenied),
+            ),
+            (
+                status(true, Some(ours), agent, false),
+                Err(tonic::Code::PermissionDenied),
+            ),
+        ];
+        for (i, (status, expected)) in cases.into_iter().enumerate() {
+            let got = reviewed_agent(&status, agent);
+            match expected {
+                Ok(pod) => assert_eq!(
+                    got.map(|(p, u)| (p, u)).ok(),
+                    Some((pod.to_string(), Some("u1".to_string()))),
+                    "case {i}"
+                ),
+                Err(code) => assert_eq!(got.map_err(|e| e.code()).err(), Some(code), "case {i}"),
+            }
+        }
+    }
+
+    #[test]
     fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
         let mut index = index_with_pod("node-a");
+        assert!(index.pod_exists("shop", "web-1"));
         index.delete_pod("shop", "web-1", 5_000);
         assert!(
             index.pod_by_uid("uid-web-1").is_some(),
             "late records still resolve"
+        );
+        assert!(
+            !index.pod_exists("shop", "web-1"),
+            "but the pod is gone (an agent pod's stream closes)"
         );
         index.forget_expired(5_000 + crate::cluster::index::IP_HISTORY_MS + 1);
         assert!(index.pod_by_uid("uid-web-1").is_none());

@@ -16,6 +16,7 @@
 //! | `pending_proposals` / `pending_edges` | | the write queue: proposals and edges waiting for a flush |
 //! | `token_reviews_total` | `result` | agent authentication results |
 //! | `agent_streams` | | agent streams currently open |
+//! | `agent_streams_closed_total` | `reason` | streams the controller closed: replaced, expired, pod_deleted |
 //! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
 //! | `leader` | | 1 while this replica holds the leader Lease |
 //!
@@ -63,6 +64,7 @@ pub struct ControllerMetrics {
     pub pending_edges: Gauge,
     token_reviews: Family<ResultLabel, Counter>,
     pub agent_streams: Gauge,
+    streams_closed: Family<Reason, Counter>,
     /// Batch acknowledgements held until a flush has written what the batch taught.
     pub acks_waiting: Gauge,
     pub leader: Gauge,
@@ -143,6 +145,13 @@ impl ControllerMetrics {
             "Agent streams currently open",
             agent_streams.clone(),
         );
+        let streams_closed = Family::<Reason, Counter>::default();
+        registry.register(
+            "agent_streams_closed",
+            "Agent streams the controller closed: replaced (the agent pod opened a newer one), expired \
+             (token expiry or maximum age), pod_deleted",
+            streams_closed.clone(),
+        );
         let acks_waiting = Gauge::default();
         registry.register(
             "acks_waiting",
@@ -168,6 +177,7 @@ impl ControllerMetrics {
             pending_edges,
             token_reviews,
             agent_streams,
+            streams_closed,
             acks_waiting,
             leader,
         }
@@ -184,6 +194,15 @@ impl ControllerMetrics {
     /// Counts a refused record.
     pub fn record_rejected(&self, reason: &str) {
         self.records_rejected
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a stream the controller closed.
+    pub fn stream_closed(&self, reason: &str) {
+        self.streams_closed
             .get_or_create(&Reason {
                 reason: reason.into(),
             })
