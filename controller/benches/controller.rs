@@ -293,6 +293,7 @@ fn main() {
             protocol: network_enforcer_api::Protocol::TCP,
             opened: network_enforcer_controller::learn::Opened::Outbound,
             at_ms: 2_000,
+            reporter: network_enforcer_controller::learn::Reporter::Node,
         };
         edges_writer.observe(&ix, &obs).unwrap();
     }
@@ -365,6 +366,7 @@ async fn steady_load() -> (f64, f64) {
                     protocol: network_enforcer_api::Protocol::TCP,
                     opened: network_enforcer_controller::learn::Opened::Outbound,
                     at_ms: 2_000,
+                    reporter: network_enforcer_controller::learn::Reporter::Node,
                 };
                 writer.observe(&ix, &obs).unwrap();
             }

@@ -145,6 +145,11 @@ struct RunArgs {
     /// then reconnects with its current token (nothing is lost: it resends what was not acknowledged).
     #[arg(long, env = "MAX_AGENT_STREAM_AGE_SECONDS", default_value_t = 3_600)]
     max_agent_stream_age_seconds: u64,
+    /// Let an agent's report teach the peer's proposal even when the peer's workload has no pod on the
+    /// agent's node. Off (default): a node speaks only for its own pods; the peer's own node reports
+    /// the connection from its side, so a compromised node cannot add rules to workloads elsewhere.
+    #[arg(long, env = "TRUST_REMOTE_PEERS", default_value_t = false, action = clap::ArgAction::Set)]
+    trust_remote_peers: bool,
     /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
     #[arg(
         long,
@@ -474,6 +479,7 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_max_external_peers(args.max_external_peers_per_port)
             .with_max_ports_per_rule(args.max_ports_per_rule)
             .with_max_rules(args.max_rules)
+            .with_trust_remote_peers(args.trust_remote_peers)
             .with_resolution_grace(
                 i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
                     .unwrap_or(i64::MAX),

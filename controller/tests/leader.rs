@@ -156,6 +156,7 @@ fn observation(ns: &str, local: &str, peer: IpAddr, port: u16, protocol: Protoco
         protocol,
         opened: Opened::Outbound,
         at_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
+        reporter: network_enforcer_controller::learn::Reporter::Node,
     }
 }
 

@@ -61,6 +61,7 @@ fn observation(
         protocol,
         opened,
         at_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
+        reporter: network_enforcer_controller::learn::Reporter::Node,
     }
 }
 

@@ -46,6 +46,7 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
         protocol: Protocol::TCP,
         opened: Opened::Outbound,
         at_ms: now,
+        reporter: network_enforcer_controller::learn::Reporter::Node,
     };
     for i in 1..=5 {
         writer.observe(&ix, &to(i))?;
@@ -253,6 +254,7 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
                 protocol: Protocol::TCP,
                 opened,
                 at_ms: now,
+                reporter: network_enforcer_controller::learn::Reporter::Node,
             },
         )?;
     }

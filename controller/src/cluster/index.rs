@@ -1416,6 +1416,21 @@ impl Index {
         self.pods.get_str(namespace, name)
     }
 
+    /// Whether workload `w` has a pod (live or recently deleted) on `node`.
+    pub fn has_pod_on(&self, w: &WorkloadEndpoint, node: &str) -> bool {
+        let on_node = |name: &str| {
+            self.pod(&w.namespace, name)
+                .is_some_and(|p| p.node.as_deref() == Some(node))
+        };
+        match w.kind {
+            None => on_node(&w.name),
+            Some(kind) => self
+                .pods_of_workload
+                .get(&(w.namespace.clone(), kind, w.name.clone()))
+                .is_some_and(|pods| pods.iter().any(|p| on_node(p))),
+        }
+    }
+
     /// Whether pod `namespace/name` exists (held, and not deleted).
     pub fn pod_exists(&self, namespace: &str, name: &str) -> bool {
         self.pod(namespace, name).is_some()

@@ -28,7 +28,7 @@ pub mod tls;
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
 use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
-use crate::learn::{Observation, Opened};
+use crate::learn::{Observation, Opened, Reporter};
 use flow_record::{BadField, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -233,7 +233,7 @@ pub fn observation(
     index: &Index,
     node: &str,
 ) -> Result<Option<Observation>, Refused> {
-    read(record, index, node).map(|o| o.map(|(o, _)| o))
+    read(record, index, node, Reporter::Node).map(|o| o.map(|(o, _)| o))
 }
 
 /// [`observation`], also saying which address stands for the peer ([`flow_record::peer_address`]).
@@ -241,6 +241,7 @@ fn read(
     record: &FlowRecord,
     index: &Index,
     node: &str,
+    reporter: Reporter,
 ) -> Result<Option<(Observation, PeerFrom)>, Refused> {
     let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
     // Either way of naming the pod, the index decides which pod it is and where it runs.
@@ -273,6 +274,7 @@ fn read(
             protocol: fields.protocol,
             opened,
             at_ms: record.last_seen_ms,
+            reporter,
         },
         from,
     )))
@@ -302,9 +304,24 @@ impl Learning {
         self.take_in(node, batch).0
     }
 
+    /// [`Learning::accept`] for records of a cluster-wide source the controller reads itself (Calico
+    /// Goldmane), filed under the node of their local pod: they may teach both sides of a connection.
+    pub fn accept_from_cluster_source(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        self.take_in_as(node, batch, Reporter::Cluster).0
+    }
+
     /// [`Learning::accept`], also saying which proposals the batch gave edges no flush has decided yet
     /// (nothing: the acknowledgement may go at once).
     pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, WaitsFor) {
+        self.take_in_as(node, batch, Reporter::Node)
+    }
+
+    fn take_in_as(
+        &self,
+        node: &str,
+        batch: &FlowBatch,
+        reporter: Reporter,
+    ) -> (BatchAck, WaitsFor) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.writer.metrics();
         let now_ms = crate::cluster::watches::now_ms();
@@ -316,7 +333,7 @@ impl Learning {
                 metrics.resolved("future_time_clamped", 1);
             }
             let record = &*record;
-            let result = read(record, &index, node).map(|obs| match obs {
+            let result = read(record, &index, node, reporter).map(|obs| match obs {
                 Some((o, from)) => {
                     if from != PeerFrom::Address {
                         metrics.resolved(from.label(), 1);
@@ -1125,7 +1142,7 @@ mod tests {
             let got = reviewed_agent(&status, agent);
             match expected {
                 Ok(pod) => assert_eq!(
-                    got.map(|(p, u)| (p, u)).ok(),
+                    got.ok(),
                     Some((pod.to_string(), Some("u1".to_string()))),
                     "case {i}"
                 ),

@@ -172,6 +172,7 @@ mod tests {
             protocol: Protocol::TCP,
             opened: Opened::Inbound,
             at_ms,
+            reporter: crate::learn::Reporter::Node,
         }
     }
 

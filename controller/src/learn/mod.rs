@@ -45,6 +45,28 @@ pub struct Observation {
     pub opened: Opened,
     /// When it was last seen, ms since the epoch (resolves IPs that were reused since).
     pub at_ms: i64,
+    /// Who reported it, which bounds whose proposals it may teach.
+    pub reporter: Reporter,
+}
+
+/// Who reported an observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reporter {
+    /// The agent of the local pod's node. A node speaks for its own pods: it teaches the peer's
+    /// proposal only when the peer's workload has a pod on that node too (the peer's own node reports
+    /// the connection from its side). So a compromised node cannot add rules to workloads elsewhere.
+    Node,
+    /// A cluster-wide source the controller reads itself (Calico Goldmane): both sides.
+    Cluster,
+}
+
+/// Whether `direction`'s proposal is the peer's (not the local pod's) for a connection `opened` so:
+/// the source owns the egress proposal, the destination the ingress one.
+pub fn is_peer_side(opened: Opened, direction: Direction) -> bool {
+    matches!(
+        (opened, direction),
+        (Opened::Outbound, Direction::Ingress) | (Opened::Inbound, Direction::Egress)
+    )
 }
 
 /// A connection between two endpoints on a destination (container) port.
@@ -873,6 +895,7 @@ mod tests {
             protocol,
             opened,
             at_ms: T + 1,
+            reporter: Reporter::Node,
         }
     }
 

@@ -273,6 +273,9 @@ pub struct ProposalWriter {
     metrics: ControllerMetrics,
     /// Leadership, when replicas elect a leader; `None`: this replica always writes.
     leader: Option<tokio::sync::watch::Receiver<crate::runtime::leader::Leadership>>,
+    /// Lets an agent teach its peers' proposals even when they have no pod on its node
+    /// (`--trust-remote-peers`; see [`learn::Reporter::Node`]).
+    trust_remote_peers: bool,
     /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
     /// the flusher ([`ProposalWriter::new_edges`]) so it is written without waiting for the tick.
     seen: Mutex<HashSet<u64>>,
@@ -313,6 +316,7 @@ impl ProposalWriter {
             recorder,
             metrics: ControllerMetrics::new(),
             leader: None,
+            trust_remote_peers: false,
             seen: Mutex::new(HashSet::new()),
             decided: Mutex::new(HashSet::new()),
             seen_hasher: std::hash::RandomState::new(),
@@ -392,6 +396,13 @@ impl ProposalWriter {
         self
     }
 
+    /// Lets an agent's report teach the peer's proposal even when the peer's workload has no pod on
+    /// the agent's node (see [`learn::Reporter::Node`]): for clusters whose agents do not all report.
+    pub fn with_trust_remote_peers(mut self, trust: bool) -> Self {
+        self.trust_remote_peers = trust;
+        self
+    }
+
     fn excluded(&self, target: &Target) -> bool {
         // No allocation: this runs for every edge of every record.
         self.only_namespace
@@ -421,7 +432,12 @@ impl ProposalWriter {
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
     pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
-        self.merge(obs, learn::flows(index, obs), &mut WaitsFor::default())
+        self.merge(
+            index,
+            obs,
+            learn::flows(index, obs),
+            &mut WaitsFor::default(),
+        )
     }
 
     /// The key of `target`'s proposal in [`WaitsFor`] and [`FlushReport::failed_proposals`].
@@ -444,10 +460,10 @@ impl ProposalWriter {
         let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
         for (old, resolution) in overflow {
             self.metrics.resolved("deferred_expired", 1);
-            let _ = self.merge(&old, resolution, &mut WaitsFor::default());
+            let _ = self.merge(index, &old, resolution, &mut WaitsFor::default());
         }
         match now {
-            Some(resolution) => self.merge(obs, resolution, waits),
+            Some(resolution) => self.merge(index, obs, resolution, waits),
             None => {
                 self.metrics.resolved("deferred", 1);
                 Ok(0)
@@ -469,7 +485,8 @@ impl ProposalWriter {
             .ready
             .into_iter()
             .filter_map(|(obs, resolution)| {
-                self.merge(&obs, resolution, &mut WaitsFor::default()).ok()
+                self.merge(index, &obs, resolution, &mut WaitsFor::default())
+                    .ok()
             })
             .sum()
     }
@@ -484,12 +501,20 @@ impl ProposalWriter {
     /// proposals to `waits`.
     fn merge(
         &self,
+        index: &Index,
         obs: &Observation,
         flows: Resolution,
         waits: &mut WaitsFor,
     ) -> Result<usize, Unresolved> {
         let mut produced = 0;
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
+        // The node whose agent reported this, when it may speak only for its own pods.
+        let reporting_node = match obs.reporter {
+            learn::Reporter::Node if !self.trust_remote_peers => index
+                .pod(&obs.local.0, &obs.local.1)
+                .and_then(|p| p.node.as_deref()),
+            _ => None,
+        };
         let (mut added, mut capped) = (0i64, 0u64);
         let mut fresh = false;
         let mut pending = self.pending.lock().expect("pending edges lock");
@@ -513,6 +538,14 @@ impl ProposalWriter {
             }
             for (target, edge) in learn::edges(&flow, self.backend) {
                 if self.excluded(&target) {
+                    continue;
+                }
+                if let Some(node) = reporting_node
+                    && learn::is_peer_side(obs.opened, target.direction)
+                    && !index.has_pod_on(&target.workload, node)
+                {
+                    // The peer's own node reports this connection from its side.
+                    self.metrics.resolved("peer_elsewhere_not_taught", 1);
                     continue;
                 }
                 let hash = self.seen_hasher.hash_one((&target, &edge));
@@ -886,7 +919,14 @@ mod tests {
             protocol: Protocol::TCP,
             opened: learn::Opened::Inbound,
             at_ms: 0,
+            reporter: learn::Reporter::Node,
         }
+    }
+
+    fn unreachable() -> ProposalWriter {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        ProposalWriter::new(client, Backend::Kubernetes, BTreeSet::new())
     }
 
     fn pending_names(writer: &ProposalWriter) -> BTreeSet<String> {
@@ -954,6 +994,72 @@ mod tests {
             .observe_or_wait(&index, &elsewhere, 4_000, &mut WaitsFor::default())
             .unwrap();
         assert!(!pending_names(&writer).contains("other/pod-web-ingress"));
+    }
+
+    #[tokio::test]
+    async fn an_agent_teaches_a_peer_s_proposal_only_when_the_peer_has_a_pod_on_its_node() {
+        let on = |name: &str, ip: &str, node: &str| {
+            let mut pod = bare_pod("shop", name, ip);
+            pod.spec.as_mut().unwrap().node_name = Some(node.into());
+            pod
+        };
+        let mut index = Index::default();
+        index.apply_pod(&on("client", "10.0.0.1", "node-a"), 0);
+        index.apply_pod(&on("remote", "10.0.0.2", "node-b"), 0);
+        index.apply_pod(&on("local", "10.0.0.3", "node-a"), 0);
+        let to = |peer: &str, reporter| Observation {
+            local: ("shop".into(), "client".into()),
+            peer: peer.parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::TCP,
+            opened: learn::Opened::Outbound,
+            at_ms: 0,
+            reporter,
+        };
+        let learned = |trust: bool, obs: &Observation| {
+            let writer = unreachable().with_trust_remote_peers(trust);
+            writer.observe(&index, obs).unwrap();
+            pending_names(&writer)
+        };
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        use learn::Reporter::{Cluster, Node};
+        // (trust flag, observation, proposals taught)
+        let cases = [
+            (
+                false,
+                to("10.0.0.2", Node),
+                names(&["shop/pod-client-egress"]),
+            ),
+            (
+                false,
+                to("10.0.0.3", Node),
+                names(&["shop/pod-client-egress", "shop/pod-local-ingress"]),
+            ),
+            (
+                false,
+                to("10.0.0.2", Cluster),
+                names(&["shop/pod-client-egress", "shop/pod-remote-ingress"]),
+            ),
+            (
+                true,
+                to("10.0.0.2", Node),
+                names(&["shop/pod-client-egress", "shop/pod-remote-ingress"]),
+            ),
+        ];
+        for (trust, obs, expected) in cases {
+            assert_eq!(learned(trust, &obs), expected, "{trust} {obs:?}");
+        }
+        // Seen from the remote pod's side (its own node's report), the ingress is learned.
+        let inbound = Observation {
+            local: ("shop".into(), "remote".into()),
+            peer: "10.0.0.1".parse().unwrap(),
+            opened: learn::Opened::Inbound,
+            ..to("10.0.0.1", Node)
+        };
+        assert_eq!(
+            learned(false, &inbound),
+            names(&["shop/pod-remote-ingress"])
+        );
     }
 
     #[test]

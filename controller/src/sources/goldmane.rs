@@ -318,7 +318,7 @@ pub fn feed(learning: &Learning, records: Vec<(String, FlowRecord)>) -> (u32, u3
     }
     let (mut accepted, mut rejected) = (0, 0);
     for (node, records) in by_node {
-        let ack = learning.accept(
+        let ack = learning.accept_from_cluster_source(
             &node,
             &FlowBatch {
                 sequence: 0,
