@@ -492,17 +492,26 @@ async fn run(args: RunArgs) -> Result<()> {
         } else {
             Vec::new()
         };
+        let mut receipts = Vec::new();
         if let Some(sink) = &source_records {
             // Hubble and ztunnel records are already named by pod: they go up as they are.
-            let from_sources = sink.drain();
+            let (from_sources, from_sources_receipts) = sink.drain_with_receipts();
             tracing::info!(records = from_sources.len(), "flow source records");
+            receipts = from_sources_receipts;
             if uplink.is_some() {
                 records.extend(from_sources);
             }
         }
-        if let Some((sender, _)) = &uplink {
-            // Never waits: a full queue drops the batch and counts it.
-            sender.send(records);
+        match &uplink {
+            // Never waits: a full queue drops the batch and counts it. The receipts are settled once the
+            // controller acknowledged the records (then the ztunnel source saves its read positions).
+            Some((sender, _)) => {
+                sender.send_with_receipts(records, receipts);
+            }
+            // No controller to wait for: the records were only logged.
+            None => receipts
+                .into_iter()
+                .for_each(network_enforcer_agent::uplink::Receipt::settle),
         }
         if step == Step::FlushAndStop {
             break;

@@ -9,6 +9,9 @@
 //!   controller merges records idempotently, so a batch delivered twice does no harm). When the buffer is
 //!   full (in batches, or in records: memory stays bounded whatever the batch sizes) the oldest batches are
 //!   dropped and counted: recent flows are worth more than old ones.
+//! - A flow source that must not lose what it read (the ztunnel log positions) hands [`Receipt`]s along
+//!   with its records ([`UplinkSender::send_with_receipts`]); a receipt is settled once every batch made
+//!   from that send is acknowledged, or dropped and counted (docs/flow-sources.md, "Read positions").
 //! - Every (re)connect reads the token file again, because the kubelet rotates projected ServiceAccount
 //!   tokens; the token goes in `authorization: Bearer <token>` metadata.
 //! - The controller's limits are kept, since breaking one ends the stream and a resend would break it
@@ -28,6 +31,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -69,6 +74,53 @@ pub fn flow_record(edge: &Edge, local: LocalPod, clock: &WallClock) -> FlowRecor
 fn epoch_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Travels with records to the uplink and is settled once the controller acknowledged every batch made
+/// of them, or once they were dropped and counted (queue or resend buffer full: gone either way). A
+/// receipt dropped unsettled (the uplink stopped first) is never settled: its source then keeps what it
+/// would otherwise have forgotten, and reads it again after a restart.
+#[derive(Debug)]
+pub struct Receipt(Arc<AtomicBool>);
+
+/// The source's side of a [`Receipt`].
+#[derive(Clone, Debug)]
+pub struct ReceiptWatch(Arc<AtomicBool>);
+
+/// A new unsettled receipt and its watch.
+pub fn receipt() -> (Receipt, ReceiptWatch) {
+    let flag = Arc::new(AtomicBool::new(false));
+    (Receipt(flag.clone()), ReceiptWatch(flag))
+}
+
+impl Receipt {
+    /// Marks the records it travelled with as acknowledged (or dropped and counted).
+    pub fn settle(self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl ReceiptWatch {
+    /// Whether the receipt has been settled.
+    pub fn settled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// What the data path hands to the uplink task: records, and the receipts to settle once they are
+/// acknowledged.
+#[derive(Debug, Default)]
+struct Outgoing {
+    records: Vec<FlowRecord>,
+    receipts: Vec<Receipt>,
+}
+
+/// The receipts of one send, waiting for the batches it was split into.
+#[derive(Debug)]
+struct Waiting {
+    /// Sequence numbers neither acknowledged nor dropped yet.
+    sequences: Vec<u64>,
+    receipts: Vec<Receipt>,
 }
 
 /// What [`ResendBuffer::push`] did.
@@ -158,6 +210,12 @@ impl ResendBuffer {
     pub fn next_from(&self, from: u64) -> Option<&FlowBatch> {
         let i = self.pending.partition_point(|b| b.sequence < from);
         self.pending.get(i)
+    }
+
+    /// Whether batch `sequence` is still waiting for its acknowledgement.
+    pub fn contains(&self, sequence: u64) -> bool {
+        self.next_from(sequence)
+            .is_some_and(|b| b.sequence == sequence)
     }
 
     /// The unacknowledged batches, oldest first.
@@ -412,7 +470,7 @@ pub enum UplinkError {
 /// The data path's handle to the uplink task. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct UplinkSender {
-    queue: mpsc::Sender<Vec<FlowRecord>>,
+    queue: mpsc::Sender<Outgoing>,
     counters: UplinkCounters,
 }
 
@@ -420,13 +478,25 @@ impl UplinkSender {
     /// Hands a batch of records to the uplink task without ever waiting. Returns false, and counts the
     /// batch as dropped, when the queue is full or the task has ended. An empty batch is not sent.
     pub fn send(&self, records: Vec<FlowRecord>) -> bool {
+        self.send_with_receipts(records, Vec::new())
+    }
+
+    /// [`UplinkSender::send`], settling `receipts` once every record is acknowledged. Without records
+    /// the receipts are settled now; when the batch is dropped, too (its records are gone either way).
+    pub fn send_with_receipts(&self, records: Vec<FlowRecord>, receipts: Vec<Receipt>) -> bool {
         if records.is_empty() {
+            receipts.into_iter().for_each(Receipt::settle);
             return true;
         }
-        match self.queue.try_send(records) {
+        match self.queue.try_send(Outgoing { records, receipts }) {
             Ok(()) => true,
-            Err(_) => {
+            Err(error) => {
                 self.counters.batches_dropped.inc();
+                error
+                    .into_inner()
+                    .receipts
+                    .into_iter()
+                    .for_each(Receipt::settle);
                 false
             }
         }
@@ -454,6 +524,7 @@ pub fn spawn(
         queue: receiver,
         queue_open: true,
         counters,
+        waiting: VecDeque::new(),
     };
     Ok((sender, tokio::spawn(task.run())))
 }
@@ -541,10 +612,12 @@ const OUTBOUND_WINDOW: usize = 4;
 struct Task {
     config: UplinkConfig,
     buffer: ResendBuffer,
-    queue: mpsc::Receiver<Vec<FlowRecord>>,
+    queue: mpsc::Receiver<Outgoing>,
     /// False once every sender is gone: finish when everything is acknowledged.
     queue_open: bool,
     counters: UplinkCounters,
+    /// Receipts of sends whose batches are not all acknowledged (or dropped) yet, oldest first.
+    waiting: VecDeque<Waiting>,
 }
 
 impl Task {
@@ -580,7 +653,7 @@ impl Task {
             loop {
                 tokio::select! {
                     _ = &mut wait => break,
-                    records = self.queue.recv(), if self.queue_open => self.take(records),
+                    outgoing = self.queue.recv(), if self.queue_open => self.take(outgoing),
                 }
             }
             self.counters.reconnects.inc();
@@ -588,16 +661,22 @@ impl Task {
     }
 
     /// Moves records from the queue into the resend buffer as batches of at most
-    /// `max_records_per_batch` (`None`: every sender is gone).
-    fn take(&mut self, records: Option<Vec<FlowRecord>>) {
-        let Some(mut records) = records else {
+    /// `max_records_per_batch` (`None`: every sender is gone); their receipts wait for those batches.
+    fn take(&mut self, outgoing: Option<Outgoing>) {
+        let Some(Outgoing {
+            mut records,
+            receipts,
+        }) = outgoing
+        else {
             self.queue_open = false;
             return;
         };
         let max = self.config.max_records_per_batch.max(1);
+        let mut sequences = Vec::new();
         while !records.is_empty() {
             let rest = records.split_off(records.len().min(max));
             let pushed = self.buffer.push(&self.config.node, records);
+            sequences.push(pushed.sequence);
             if !pushed.dropped.is_empty() {
                 self.counters
                     .batches_dropped
@@ -606,15 +685,39 @@ impl Task {
                     sequences = ?pushed.dropped,
                     "uplink buffer full: dropped the oldest batches"
                 );
+                pushed.dropped.iter().for_each(|s| self.settle(*s));
             }
             records = rest;
         }
+        // A batch of this very send may have made room for its successor.
+        sequences.retain(|s| self.buffer.contains(*s));
+        if sequences.is_empty() {
+            receipts.into_iter().for_each(Receipt::settle);
+        } else if !receipts.is_empty() {
+            self.waiting.push_back(Waiting {
+                sequences,
+                receipts,
+            });
+        }
         self.counters.pending_batches.set(self.buffer.len() as i64);
+    }
+
+    /// Batch `sequence` is acknowledged or dropped: settles the receipts that waited only for it.
+    fn settle(&mut self, sequence: u64) {
+        for waiting in &mut self.waiting {
+            waiting.sequences.retain(|s| *s != sequence);
+        }
+        while let Some(i) = self.waiting.iter().position(|w| w.sequences.is_empty()) {
+            if let Some(done) = self.waiting.remove(i) {
+                done.receipts.into_iter().for_each(Receipt::settle);
+            }
+        }
     }
 
     fn acknowledge(&mut self, ack: &BatchAck) {
         if self.buffer.ack(ack.sequence) {
             self.counters.batches_acked.inc();
+            self.settle(ack.sequence);
         }
         self.counters
             .records_accepted
@@ -684,7 +787,7 @@ impl Task {
                         send_at = tokio::time::Instant::now() + pace;
                     }
                 }
-                records = self.queue.recv(), if self.queue_open => self.take(records),
+                outgoing = self.queue.recv(), if self.queue_open => self.take(outgoing),
                 ack = acks.message() => match ack {
                     Ok(Some(ack)) => {
                         *acknowledged = true;
@@ -816,6 +919,90 @@ mod tests {
         assert_eq!(resent, [2, 4, 5]);
         assert!(buffer.next_from(6).is_none());
         assert_eq!(buffer.next_from(3).map(|b| b.sequence), Some(4));
+    }
+
+    fn task(capacity: usize, max_records_per_batch: usize) -> Task {
+        let (_, queue) = mpsc::channel(1);
+        Task {
+            config: UplinkConfig {
+                max_records_per_batch,
+                ..UplinkConfig::new("http://127.0.0.1:9", "/nonexistent", "n")
+            },
+            buffer: ResendBuffer::new(capacity),
+            queue,
+            queue_open: true,
+            counters: UplinkCounters::default(),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    fn ack(sequence: u64) -> BatchAck {
+        BatchAck {
+            sequence,
+            ..BatchAck::default()
+        }
+    }
+
+    #[test]
+    fn a_receipt_is_settled_once_every_batch_of_its_send_is_acknowledged() {
+        let mut task = task(8, 2);
+        let (first, first_watch) = receipt();
+        let (second, second_watch) = receipt();
+        // Split into batches 1 and 2.
+        task.take(Some(Outgoing {
+            records: records(3),
+            receipts: vec![first],
+        }));
+        task.take(Some(Outgoing {
+            records: records(1),
+            receipts: vec![second],
+        }));
+        task.acknowledge(&ack(1));
+        task.acknowledge(&ack(3));
+        assert!(
+            !first_watch.settled(),
+            "batch 2 of the first send is not acknowledged"
+        );
+        assert!(second_watch.settled(), "sends are settled independently");
+        task.acknowledge(&ack(1));
+        assert!(!first_watch.settled(), "a duplicate ack settles nothing");
+        task.acknowledge(&ack(2));
+        assert!(first_watch.settled());
+        assert!(task.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_receipt_is_settled_when_its_batches_are_dropped_or_there_were_none() {
+        let mut task = task(1, 10);
+        let (old, old_watch) = receipt();
+        task.take(Some(Outgoing {
+            records: records(1),
+            receipts: vec![old],
+        }));
+        assert!(!old_watch.settled());
+        // The buffer holds one batch: the next send drops the old one, whose records are gone.
+        task.take(Some(Outgoing {
+            records: records(1),
+            receipts: vec![],
+        }));
+        assert!(old_watch.settled());
+        assert_eq!(task.counters.batches_dropped.get(), 1);
+
+        let (queue, _rx) = mpsc::channel(1);
+        let sender = UplinkSender {
+            queue,
+            counters: UplinkCounters::default(),
+        };
+        let (empty, empty_watch) = receipt();
+        assert!(sender.send_with_receipts(Vec::new(), vec![empty]));
+        assert!(empty_watch.settled(), "nothing to acknowledge");
+        let (queued, queued_watch) = receipt();
+        assert!(sender.send_with_receipts(records(1), vec![queued]));
+        assert!(!queued_watch.settled(), "waits in the queue");
+        let (full, full_watch) = receipt();
+        assert!(!sender.send_with_receipts(records(1), vec![full]));
+        assert!(full_watch.settled(), "dropped and counted: gone either way");
+        assert_eq!(sender.counters.batches_dropped.get(), 1);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The ztunnel source end to end on real files: fixture lines (ztunnel 1.30's JSON log shapes) written
 //! in the container runtime's CRI framing into a temp `/var/log/containers`-like directory, read by the
 //! [`Reader`] (tailer → parser → correlator) as the agent runs it, through rotation mid-read,
-//! truncation, malformed and pre-1.30 lines, and an agent restart with the saved positions.
+//! truncation, malformed and pre-1.30 lines, and an agent restart with the saved positions: saved only
+//! up to lines whose records were acknowledged (docs/flow-sources.md, "Read positions").
 
 use network_enforcer_agent::sources::SourceMetrics;
 use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
@@ -223,6 +224,13 @@ fn truncation_restarts_at_the_beginning() {
     );
 }
 
+/// What the agent does once the controller acknowledged the records of the polls so far.
+fn acknowledge(reader: &mut Reader) {
+    if let Some(receipt) = reader.take_receipt() {
+        receipt.settle();
+    }
+}
+
 #[test]
 fn positions_survive_an_agent_restart() {
     let s = Setup::new();
@@ -232,6 +240,9 @@ fn positions_survive_an_agent_restart() {
         reader.poll();
         append(&s.log(), &lines[..1]);
         assert_eq!(reader.poll().len(), 1);
+        acknowledge(&mut reader);
+        // Positions are saved at the poll after the acknowledgement.
+        assert!(reader.poll().is_empty());
     }
     assert!(s.state.exists(), "positions saved");
     // Written while the agent was down: read after the restart, and only that.
@@ -249,6 +260,126 @@ fn positions_survive_an_agent_restart() {
                 true
             ),
         ]
+    );
+}
+
+#[test]
+fn lines_whose_records_were_never_acknowledged_are_read_again_after_a_restart() {
+    let s = Setup::new();
+    let lines = fixture("access-and-authz.jsonl");
+    {
+        let mut reader = s.reader();
+        reader.poll();
+        append(&s.log(), &lines[..1]);
+        assert_eq!(reader.poll().len(), 1);
+        // The records went to the uplink, but the agent is killed before the controller acknowledged
+        // them (polls go on meanwhile).
+        assert!(reader.poll().is_empty());
+        assert!(reader.poll().is_empty());
+    }
+    append(&s.log(), &lines[1..4]);
+    let mut restarted = s.reader();
+    let est = Outcome::Established as i32;
+    assert_eq!(
+        summary(&restarted.poll()),
+        vec![
+            (est, 8080, String::new(), false),
+            (est, 9090, String::new(), false),
+            (
+                Outcome::Denied as i32,
+                9090,
+                "shop/deny-legacy-dryrun".into(),
+                true
+            ),
+        ],
+        "the unacknowledged line is read again, then what came while the agent was down"
+    );
+}
+
+#[test]
+fn only_lines_up_to_the_oldest_unacknowledged_records_count_as_read() {
+    let s = Setup::new();
+    let lines = fixture("access-and-authz.jsonl");
+    {
+        let mut reader = s.reader();
+        reader.poll();
+        append(&s.log(), &lines[..1]);
+        assert_eq!(reader.poll().len(), 1);
+        let first = reader
+            .take_receipt()
+            .expect("a receipt for the first records");
+        append(&s.log(), &lines[5..6]);
+        assert_eq!(reader.poll().len(), 1);
+        // The later records are acknowledged first: they may not move the position past the earlier,
+        // unacknowledged ones.
+        acknowledge(&mut reader);
+        assert!(reader.poll().is_empty());
+        drop(first);
+    }
+    let mut restarted = s.reader();
+    assert_eq!(restarted.poll().len(), 2, "both lines read again");
+}
+
+#[test]
+fn a_decision_waiting_for_its_access_line_is_read_again_after_a_restart() {
+    let s = Setup::new();
+    // Times ahead of the clock: a decision read now must not be taken for one whose access line never
+    // came (the reader also expires decisions by wall-clock time).
+    let lines: Vec<String> = fixture("access-and-authz.jsonl")
+        .iter()
+        .map(|l| l.replace("\"time\":\"2026-", "\"time\":\"2999-"))
+        .collect();
+    {
+        let mut reader = s.reader();
+        reader.poll();
+        // A learned connection, then the dry-run decision of a connection whose access line comes later.
+        append(&s.log(), &lines[..2]);
+        assert_eq!(reader.poll().len(), 1);
+        assert_eq!(reader.pending_decisions(), 1);
+        acknowledge(&mut reader);
+        assert!(reader.poll().is_empty());
+    }
+    append(&s.log(), &lines[2..4]);
+    let mut restarted = s.reader();
+    assert_eq!(
+        summary(&restarted.poll()),
+        vec![
+            (Outcome::Established as i32, 9090, String::new(), false),
+            (
+                Outcome::Denied as i32,
+                9090,
+                "shop/deny-legacy-dryrun".into(),
+                true
+            ),
+        ],
+        "the decision joins its access line after the restart; the acknowledged line is not read again"
+    );
+}
+
+#[test]
+fn a_file_rotated_while_the_agent_was_away_is_read_from_its_start() {
+    let s = Setup::new();
+    let lines = fixture("access-and-authz.jsonl");
+    {
+        let mut reader = s.reader();
+        reader.poll();
+        append(&s.log(), &lines[..1]);
+        assert_eq!(reader.poll().len(), 1);
+        acknowledge(&mut reader);
+        assert!(reader.poll().is_empty());
+    }
+    std::fs::rename(s.log(), s.log().with_extension("log.20260821-101800")).unwrap();
+    append(&s.log(), &lines[5..6]);
+    let mut restarted = s.reader();
+    assert_eq!(
+        summary(&restarted.poll()),
+        vec![(
+            Outcome::Denied as i32,
+            8080,
+            "shop/deny-legacy".into(),
+            false
+        )],
+        "every line of the new file came after the saved position"
     );
 }
 

@@ -16,6 +16,7 @@ pub mod hubble;
 pub mod tail;
 pub mod ztunnel;
 
+use crate::uplink::Receipt;
 use network_enforcer_api::uplink::{FlowRecord, LocalPod, Peer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -173,12 +174,14 @@ impl RecordKey {
 
 /// Folds source records with the same key into one (count added up, first/last seen widened) until the
 /// agent's flush drains them. Bounded: past `capacity` distinct keys new records are dropped and counted,
-/// so a flood from a source cannot grow the agent's memory.
+/// so a flood from a source cannot grow the agent's memory. Also holds the [`Receipt`]s sources attach
+/// to their records, so that a flush takes both together.
 #[derive(Debug)]
 pub struct RecordAggregator {
     records: HashMap<RecordKey, FlowRecord>,
     capacity: usize,
     dropped: u64,
+    receipts: Vec<Receipt>,
 }
 
 impl Default for RecordAggregator {
@@ -194,6 +197,7 @@ impl RecordAggregator {
             records: HashMap::new(),
             capacity,
             dropped: 0,
+            receipts: Vec::new(),
         }
     }
 
@@ -221,6 +225,11 @@ impl RecordAggregator {
         let mut out: Vec<FlowRecord> = self.records.drain().map(|(_, r)| r).collect();
         out.sort_by_key(|r| (r.first_seen_ms, r.port));
         out
+    }
+
+    /// Takes every record, oldest first, and the receipts added with them.
+    pub fn drain_with_receipts(&mut self) -> (Vec<FlowRecord>, Vec<Receipt>) {
+        (self.drain(), std::mem::take(&mut self.receipts))
     }
 
     /// Distinct records held.
@@ -259,9 +268,29 @@ impl RecordSink {
         self.inner.lock().expect("record sink lock").add(record)
     }
 
-    /// Takes every record held.
+    /// Adds `records` and then `receipt`, under one lock: a flush that takes the receipt takes every one
+    /// of these records too (or they were dropped for lack of room, and counted), so settling the receipt
+    /// once that flush is acknowledged covers them all.
+    pub fn add_with_receipt(&self, records: Vec<FlowRecord>, receipt: Option<Receipt>) {
+        let mut inner = self.inner.lock().expect("record sink lock");
+        for record in records {
+            inner.add(record);
+        }
+        inner.receipts.extend(receipt);
+    }
+
+    /// Takes every record held. Receipts held are dropped unsettled (see [`Receipt`]): a flush that
+    /// ships records uses [`RecordSink::drain_with_receipts`].
     pub fn drain(&self) -> Vec<FlowRecord> {
-        self.inner.lock().expect("record sink lock").drain()
+        self.drain_with_receipts().0
+    }
+
+    /// Takes every record held and the receipts to settle once they are acknowledged.
+    pub fn drain_with_receipts(&self) -> (Vec<FlowRecord>, Vec<Receipt>) {
+        self.inner
+            .lock()
+            .expect("record sink lock")
+            .drain_with_receipts()
     }
 }
 
@@ -475,6 +504,35 @@ mod tests {
         assert!(agg.add(record(80, 2, 2, 1)));
         assert_eq!(agg.dropped(), 1);
         assert_eq!(agg.drain()[0].count, 2);
+    }
+
+    #[test]
+    fn receipts_are_drained_with_the_records_added_before_them() {
+        let sink = RecordSink::new(10);
+        let (receipt, watch) = crate::uplink::receipt();
+        sink.add_with_receipt(
+            vec![record(80, 1, 1, 1), record(81, 1, 1, 1)],
+            Some(receipt),
+        );
+        let (records, receipts) = sink.drain_with_receipts();
+        assert_eq!((records.len(), receipts.len()), (2, 1));
+        assert!(
+            !watch.settled(),
+            "settled only by whoever ships the records"
+        );
+        receipts.into_iter().for_each(Receipt::settle);
+        assert!(watch.settled());
+
+        // Records dropped for lack of room still let their receipt through: they are counted as lost.
+        let sink = RecordSink::new(1);
+        let (receipt, _watch) = crate::uplink::receipt();
+        sink.add_with_receipt(
+            vec![record(80, 1, 1, 1), record(81, 1, 1, 1)],
+            Some(receipt),
+        );
+        let (records, receipts) = sink.drain_with_receipts();
+        assert_eq!((records.len(), receipts.len()), (1, 1));
+        assert!(sink.drain_with_receipts().1.is_empty());
     }
 
     #[test]

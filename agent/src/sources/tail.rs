@@ -8,8 +8,11 @@
 //!   still open, is read to its end, then the new one from its start;
 //! - **truncation** (a file shorter than what was read): read again from its start;
 //! - **positions** survive agent restarts in a small JSON state file (path → device, inode, offset of the
-//!   last complete line); a file the agent has no position for is read from its end when the agent
-//!   starts (no replay of old history) and from its start when it appears later (a new pod, a rotation);
+//!   first line not yet delivered whole); the tailer's user decides when to [`Tailer::save`] which
+//!   positions (the ztunnel reader saves only what the controller acknowledged). A file the agent has no
+//!   position for is read from its end when the agent starts (no replay of old history) and from its
+//!   start when it appears later (a new pod, a rotation); a file whose saved position names another
+//!   inode was rotated since that save, so it is read from its start too;
 //! - an incomplete last line is kept until its newline arrives; it is never delivered twice.
 //!
 //! Polling (not inotify) keeps this portable and bounded; the poll interval is the latency.
@@ -36,6 +39,8 @@ pub enum FrameError {
 #[derive(Debug, Default)]
 pub struct Assembler {
     partial: String,
+    /// A partial (`P`, or json-file without a newline) part came and its line is not complete yet.
+    open: bool,
 }
 
 #[derive(Deserialize)]
@@ -49,10 +54,8 @@ impl Assembler {
         if raw.starts_with('{') {
             let line: DockerLine = serde_json::from_str(raw).map_err(|_| FrameError::Framing)?;
             self.append(line.log.trim_end_matches('\n'));
-            return Ok(line
-                .log
-                .ends_with('\n')
-                .then(|| std::mem::take(&mut self.partial)));
+            self.open = !line.log.ends_with('\n');
+            return Ok((!self.open).then(|| std::mem::take(&mut self.partial)));
         }
         // <time> <stream> <tag> <content>; the tag's first flag is P (partial) or F (full).
         let mut parts = raw.splitn(4, ' ');
@@ -67,14 +70,21 @@ impl Assembler {
         match tag.split(':').next() {
             Some("P") => {
                 self.append(content);
+                self.open = true;
                 Ok(None)
             }
             Some("F") => {
                 self.append(content);
+                self.open = false;
                 Ok(Some(std::mem::take(&mut self.partial)))
             }
             _ => Err(FrameError::Framing),
         }
+    }
+
+    /// Whether a line has begun and not ended: its raw lines must be read again to get it whole.
+    pub fn in_line(&self) -> bool {
+        self.open
     }
 
     fn append(&mut self, s: &str) {
@@ -143,14 +153,14 @@ pub fn glob(pattern: &str) -> Vec<PathBuf> {
 /// A file's identity: (device, inode) of what the path points to.
 type FileId = (u64, u64);
 
-/// A saved position.
+/// A place in a file: where reading must resume so that a line is read (again) whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     /// Device of the file.
     pub dev: u64,
     /// Inode of the file.
     pub ino: u64,
-    /// Bytes read up to the end of the last complete line.
+    /// Byte offset of the line's first raw line.
     pub offset: u64,
 }
 
@@ -159,25 +169,48 @@ struct Tracked {
     id: FileId,
     /// Where the next read starts.
     read_pos: u64,
+    /// Where the first line not yet delivered whole begins (what a restart resumes from).
+    line_start: u64,
     /// Bytes after the last newline.
     pending: Vec<u8>,
     assembler: Assembler,
 }
 
 impl Tracked {
-    fn committed(&self) -> u64 {
-        self.read_pos - self.pending.len() as u64
+    fn new(file: File, id: FileId, start: u64) -> Self {
+        Self {
+            file,
+            id,
+            read_pos: start,
+            line_start: start,
+            pending: Vec::new(),
+            assembler: Assembler::default(),
+        }
+    }
+
+    /// Where the first line not yet delivered whole begins.
+    fn position(&self) -> Position {
+        Position {
+            dev: self.id.0,
+            ino: self.id.1,
+            offset: self.line_start,
+        }
     }
 }
 
 /// What one raw line of a file gave.
 pub type Framed = Result<String, FrameError>;
 
+/// Receives each line: its file, where it begins, and the line (or why it could not be read).
+pub type Deliver<'a> = dyn FnMut(&Path, Position, Framed) + 'a;
+
 /// See the module docs.
 pub struct Tailer {
     pattern: String,
     state_file: Option<PathBuf>,
     files: BTreeMap<PathBuf, Tracked>,
+    /// Where each file being read was first read from (its start after a rotation).
+    opened: BTreeMap<PathBuf, Position>,
     saved: BTreeMap<PathBuf, Position>,
     started: bool,
     /// Warned once that the state file cannot be written.
@@ -202,6 +235,7 @@ impl Tailer {
             pattern: pattern.into(),
             state_file,
             files: BTreeMap::new(),
+            opened: BTreeMap::new(),
             saved,
             started: false,
             state_warned: false,
@@ -213,20 +247,12 @@ impl Tailer {
         self.files.len()
     }
 
-    /// The positions as they would be saved now.
+    /// Where each file's first line not yet delivered whole begins: what to [`Tailer::save`] once
+    /// everything delivered so far is safe.
     pub fn positions(&self) -> BTreeMap<PathBuf, Position> {
         self.files
             .iter()
-            .map(|(path, t)| {
-                (
-                    path.clone(),
-                    Position {
-                        dev: t.id.0,
-                        ino: t.id.1,
-                        offset: t.committed(),
-                    },
-                )
-            })
+            .map(|(path, t)| (path.clone(), t.position()))
             .collect()
     }
 
@@ -237,31 +263,31 @@ impl Tailer {
         let start = match self.saved.get(path) {
             Some(p) if (p.dev, p.ino) == id && p.offset <= meta.len() => p.offset,
             Some(p) if (p.dev, p.ino) == id => 0, // truncated while the agent was away
+            // Rotated since the last save: every line of this file came after what was saved.
+            Some(_) => 0,
             _ if fresh => 0,
             _ => meta.len(),
         };
         file.seek(SeekFrom::Start(start))?;
-        Ok(Tracked {
-            file,
-            id,
-            read_pos: start,
-            pending: Vec::new(),
-            assembler: Assembler::default(),
-        })
+        Ok(Tracked::new(file, id, start))
     }
 
-    /// Reads everything appended since the last poll, calling `deliver(file, line)` per line, in order.
-    /// I/O errors of single files are logged and the file is retried at the next poll.
-    pub fn poll(&mut self, deliver: &mut dyn FnMut(&Path, Framed)) {
+    /// Reads everything appended since the last poll, calling `deliver(file, start, line)` per line, in
+    /// order. I/O errors of single files are logged and the file is retried at the next poll. Saves
+    /// nothing: see [`Tailer::save`].
+    pub fn poll(&mut self, deliver: &mut Deliver<'_>) {
         let matches = glob(&self.pattern);
         // Files that appear after the start are new: read them whole.
         let fresh = self.started;
+        let mut opened = false;
         for path in &matches {
             if !self.files.contains_key(path) {
                 match self.open(path, fresh) {
                     Ok(t) => {
                         tracing::info!(file = %path.display(), from = t.read_pos, "tailing");
+                        self.opened.insert(path.clone(), t.position());
                         self.files.insert(path.clone(), t);
+                        opened = true;
                     }
                     Err(error) => {
                         tracing::debug!(file = %path.display(), %error, "cannot open log file yet")
@@ -270,6 +296,12 @@ impl Tailer {
             }
         }
         self.started = true;
+        if opened {
+            // Where new files start reading is known before any of their lines is: saved now, so that
+            // a restart before the first acknowledgement reads them from there, not from their end.
+            let saved = self.saved.clone();
+            self.save(&saved);
+        }
         let mut gone = Vec::new();
         for (path, tracked) in &mut self.files {
             if let Err(error) = read_new(tracked, path, deliver) {
@@ -283,13 +315,8 @@ impl Tailer {
                     match File::open(path) {
                         Ok(file) => {
                             tracing::info!(file = %path.display(), "log file rotated");
-                            *tracked = Tracked {
-                                file,
-                                id: (meta.dev(), meta.ino()),
-                                read_pos: 0,
-                                pending: Vec::new(),
-                                assembler: Assembler::default(),
-                            };
+                            *tracked = Tracked::new(file, (meta.dev(), meta.ino()), 0);
+                            self.opened.insert(path.clone(), tracked.position());
                             if let Err(error) = read_new(tracked, path, deliver) {
                                 tracing::warn!(file = %path.display(), %error, "reading log file");
                             }
@@ -308,15 +335,21 @@ impl Tailer {
         for path in gone {
             tracing::info!(file = %path.display(), "log file gone");
             self.files.remove(&path);
+            self.opened.remove(&path);
         }
-        self.save();
     }
 
-    fn save(&mut self) {
+    /// Writes `positions` (from [`Tailer::positions`]) to the state file, where the next agent resumes.
+    /// A file being read that `positions` does not name (it appeared later) is saved where it was first
+    /// read from, so that a restart reads it from there rather than from its end.
+    pub fn save(&mut self, positions: &BTreeMap<PathBuf, Position>) {
         let Some(state) = &self.state_file else {
             return;
         };
-        let positions = self.positions();
+        let mut positions = positions.clone();
+        for (path, opened) in &self.opened {
+            positions.entry(path.clone()).or_insert(*opened);
+        }
         if positions == self.saved {
             return;
         }
@@ -344,16 +377,13 @@ impl Tailer {
 }
 
 /// Reads what was appended to one file and delivers its complete lines.
-fn read_new(
-    t: &mut Tracked,
-    path: &Path,
-    deliver: &mut dyn FnMut(&Path, Framed),
-) -> io::Result<()> {
+fn read_new(t: &mut Tracked, path: &Path, deliver: &mut Deliver<'_>) -> io::Result<()> {
     let len = t.file.metadata()?.len();
     if len < t.read_pos {
         tracing::info!(file = %path.display(), "log file truncated; reading from its start");
         t.file.seek(SeekFrom::Start(0))?;
         t.read_pos = 0;
+        t.line_start = 0;
         t.pending.clear();
         t.assembler = Assembler::default();
     }
@@ -363,17 +393,25 @@ fn read_new(
         if n == 0 {
             return Ok(());
         }
+        // The file offset just after the raw line being split off.
+        let mut end = t.read_pos;
         t.read_pos += n as u64;
         let mut chunk = &buf[..n];
         while let Some(i) = chunk.iter().position(|b| *b == b'\n') {
             t.pending.extend_from_slice(&chunk[..i]);
             chunk = &chunk[i + 1..];
+            end += i as u64 + 1;
             let raw = std::mem::take(&mut t.pending);
             let raw = String::from_utf8_lossy(&raw);
-            match t.assembler.push(&raw) {
-                Ok(Some(line)) => deliver(path, Ok(line)),
+            let at = t.position();
+            let framed = t.assembler.push(&raw);
+            if !t.assembler.in_line() {
+                t.line_start = end;
+            }
+            match framed {
+                Ok(Some(line)) => deliver(path, at, Ok(line)),
                 Ok(None) => {}
-                Err(e) => deliver(path, Err(e)),
+                Err(e) => deliver(path, at, Err(e)),
             }
         }
         if t.pending.len() + chunk.len() <= MAX_LINE {
@@ -413,6 +451,40 @@ mod tests {
             a.push(r#"{"log":"two\n","stream":"stdout"}"#),
             Ok(Some("part two".into()))
         );
+    }
+
+    #[test]
+    fn a_line_begun_but_not_ended_keeps_the_position_at_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("a.log");
+        let state = dir.path().join("positions.json");
+        let mut tailer = Tailer::new(
+            format!("{}/*.log", dir.path().display()),
+            Some(state.clone()),
+        );
+        let mut lines = Vec::new();
+        tailer.poll(&mut |_, at, line| lines.push((at.offset, line)));
+        let first = "2026-08-21T10:15:30.1Z stdout F one\n";
+        let part = "2026-08-21T10:15:30.2Z stdout P tw\n";
+        std::fs::write(&log, format!("{first}{part}")).unwrap();
+        tailer.poll(&mut |_, at, line| lines.push((at.offset, line)));
+        assert_eq!(lines, [(0, Ok("one".to_string()))]);
+        // A restart must read the partial part again, or the line would come out cut.
+        assert_eq!(tailer.positions()[&log].offset, first.len() as u64);
+        let rest = "2026-08-21T10:15:30.3Z stdout F o\n";
+        std::fs::write(&log, format!("{first}{part}{rest}")).unwrap();
+        tailer.poll(&mut |_, at, line| lines.push((at.offset, line)));
+        assert_eq!(lines[1], (first.len() as u64, Ok("two".to_string())));
+        let end = (first.len() + part.len() + rest.len()) as u64;
+        assert_eq!(tailer.positions()[&log].offset, end);
+        // Nothing saved yet but where the file was first read from, which a restart resumes at.
+        let saved: BTreeMap<PathBuf, Position> =
+            serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        assert_eq!(saved[&log].offset, 0);
+        tailer.save(&tailer.positions());
+        let saved: BTreeMap<PathBuf, Position> =
+            serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        assert_eq!(saved[&log].offset, end);
     }
 
     #[test]

@@ -19,12 +19,31 @@
 //! - allowed outcomes, outbound halves and other scopes are ignored;
 //! - ztunnel < 1.30 dry-run messages (`dry-run deny policy match`, no colon, DEBUG only) are reported as
 //!   unsupported rather than misread.
+//!
+//! Read positions are saved only up to lines whose records the controller acknowledged
+//! (docs/flow-sources.md, "Read positions"): [`Reader::poll`] keeps a checkpoint of the positions it
+//! reached and hands the [`Receipt`] of its records to [`run`], which sends it along; the checkpoint is
+//! saved once that receipt and every earlier one are settled. A decision still waiting for its access
+//! line holds its file's position at its line, so a restart reads it again too. An agent killed before
+//! the acknowledgement reads those lines again (the controller merges records: a repeat does no harm).
 
 use super::rfc3339_ms;
+use super::tail::Position;
+use crate::uplink::{Receipt, ReceiptWatch};
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, Peer};
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+/// Where a line was read: its file and where a restart must resume to read it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineOrigin {
+    /// The file (the path the tailer follows).
+    pub path: PathBuf,
+    /// The line's start in that file.
+    pub position: Position,
+}
 
 /// An authorization decision of the destination ztunnel about one inbound connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +58,8 @@ pub struct Decision {
     pub dry_run: bool,
     /// The line's time, ms since the epoch.
     pub at_ms: i64,
+    /// Where the line was read (set by the [`Reader`]; `None` from [`parse_line`]).
+    pub origin: Option<LineOrigin>,
 }
 
 /// An inbound `connection complete` access line.
@@ -175,6 +196,7 @@ pub fn parse_line(line: &str) -> Result<Event, LineError> {
                 policy,
                 dry_run: message.starts_with("dry-run: "),
                 at_ms,
+                origin: None,
             }))
         }
         ("ztunnel::state", _) => Ok(Event::Ignored("allowed outcome")),
@@ -384,6 +406,7 @@ impl Correlator {
                             policy: policy.clone(),
                             dry_run: false,
                             at_ms: a.at_ms,
+                            origin: None,
                         };
                         out.push(denial(&decision, a.port, peer));
                     }
@@ -430,7 +453,28 @@ impl Correlator {
     pub fn pending(&self) -> usize {
         self.pending.values().map(Vec::len).sum()
     }
+
+    /// Where the lines of the decisions waiting for their access line were read.
+    pub fn pending_origins(&self) -> impl Iterator<Item = &LineOrigin> {
+        self.pending
+            .values()
+            .flatten()
+            .filter_map(|d| d.origin.as_ref())
+    }
 }
+
+/// Positions reached by a poll, saved once the records of that poll and of every earlier one are
+/// settled.
+#[derive(Debug)]
+struct Checkpoint {
+    positions: BTreeMap<PathBuf, Position>,
+    /// Receipts not settled yet (settled ones are pruned).
+    watches: Vec<ReceiptWatch>,
+}
+
+/// Checkpoints kept at most; past it a new one is merged into the newest, which then waits for both
+/// (the positions saved lag more, nothing is lost). Bounds the memory while the controller is away.
+const MAX_CHECKPOINTS: usize = 64;
 
 /// The ztunnel log reader's settings.
 #[derive(Clone, Debug)]
@@ -458,6 +502,10 @@ pub struct Reader {
     failed_log: super::RateLimitedLog,
     /// Early denies read by this reader, by labels.
     failed: BTreeMap<(String, String), u64>,
+    /// Positions waiting for acknowledgements, oldest first.
+    checkpoints: VecDeque<Checkpoint>,
+    /// The receipt of the records polled since the last [`Reader::take_receipt`].
+    unclaimed: Option<Receipt>,
 }
 
 impl Reader {
@@ -476,6 +524,65 @@ impl Reader {
             missing_log: RateLimitedLog::new(Duration::from_secs(600)),
             failed_log: RateLimitedLog::new(minute),
             failed: BTreeMap::new(),
+            checkpoints: VecDeque::new(),
+            unclaimed: None,
+        }
+    }
+
+    /// The receipt to send with the records of the polls since the last call (`None` when they gave
+    /// none). Until it is settled, the positions reached by those polls, and by every later one, are not
+    /// saved: a restart reads those lines again.
+    pub fn take_receipt(&mut self) -> Option<Receipt> {
+        self.unclaimed.take()
+    }
+
+    /// Decisions waiting for their access line.
+    pub fn pending_decisions(&self) -> usize {
+        self.correlator.pending()
+    }
+
+    /// Records a checkpoint of the positions this poll reached, then saves the newest checkpoint whose
+    /// records, and every earlier one's, are settled.
+    fn checkpoint(&mut self, has_records: bool) {
+        let mut positions = self.tailer.positions();
+        // A decision waiting for its access line is in no record yet: keep its line for a restart.
+        for origin in self.correlator.pending_origins() {
+            if let Some(p) = positions.get_mut(&origin.path) {
+                if (p.dev, p.ino) == (origin.position.dev, origin.position.ino) {
+                    p.offset = p.offset.min(origin.position.offset);
+                }
+            }
+        }
+        let mut watches = Vec::new();
+        let merge = self.unclaimed.is_some() || self.checkpoints.len() >= MAX_CHECKPOINTS;
+        if has_records && self.unclaimed.is_none() {
+            let (receipt, watch) = crate::uplink::receipt();
+            self.unclaimed = Some(receipt);
+            watches.push(watch);
+        }
+        match self.checkpoints.back_mut() {
+            // Records not handed over yet travel with the same receipt as the earlier ones.
+            Some(last) if merge => {
+                last.positions = positions;
+                last.watches.extend(watches);
+            }
+            _ => self
+                .checkpoints
+                .push_back(Checkpoint { positions, watches }),
+        }
+        let mut reached = None;
+        for c in &mut self.checkpoints {
+            c.watches.retain(|w| !w.settled());
+        }
+        while self
+            .checkpoints
+            .front()
+            .is_some_and(|c| c.watches.is_empty())
+        {
+            reached = self.checkpoints.pop_front().map(|c| c.positions);
+        }
+        if let Some(positions) = reached {
+            self.tailer.save(&positions);
         }
     }
 
@@ -489,18 +596,28 @@ impl Reader {
         self.tailer.files()
     }
 
-    /// Reads what was appended since the last poll; returns the records it completed. Malformed
-    /// lines are counted in `errors` and logged (at most once a minute), unsupported ones in `skipped`.
+    /// Reads what was appended since the last poll; returns the records it completed, whose receipt
+    /// [`Reader::take_receipt`] gives. Malformed lines are counted in `errors` and logged (at most once
+    /// a minute), unsupported ones in `skipped`.
     pub fn poll(&mut self) -> Vec<FlowRecord> {
         let mut records = Vec::new();
         let (health, correlator) = (&self.health, &mut self.correlator);
         let (malformed_log, unsupported_log) = (&mut self.malformed_log, &mut self.unsupported_log);
         let (failed_log, failed) = (&mut self.failed_log, &mut self.failed);
-        self.tailer.poll(&mut |file, framed| {
+        self.tailer.poll(&mut |file, at, framed| {
             health.message();
             let event = framed
                 .map_err(|e| e.to_string())
-                .and_then(|line| parse_line(&line).map_err(|e| e.to_string()));
+                .and_then(|line| parse_line(&line).map_err(|e| e.to_string()))
+                .map(|mut event| {
+                    if let Event::Decision(d) = &mut event {
+                        d.origin = Some(LineOrigin {
+                            path: file.to_path_buf(),
+                            position: at,
+                        });
+                    }
+                    event
+                });
             match event {
                 Ok(Event::Unsupported(why)) => {
                     health.skipped.inc();
@@ -536,6 +653,7 @@ impl Reader {
         });
         // Decisions whose access line never came, also when the logs went quiet.
         records.extend(correlator.expire(super::now_ms() - 2 * Correlator::PENDING_MS));
+        self.checkpoint(!records.is_empty());
         self.health
             .connected
             .set(i64::from(self.tailer.files() > 0));
@@ -550,7 +668,8 @@ impl Reader {
     }
 }
 
-/// Tails the ztunnel logs into `sink` forever (see [`Reader`]). Never returns.
+/// Tails the ztunnel logs into `sink` forever (see [`Reader`]), each poll's records with their receipt.
+/// Never returns.
 pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::SourceHealth) {
     let poll = config.poll.max(std::time::Duration::from_millis(50));
     let mut reader = Reader::new(config, health);
@@ -559,9 +678,8 @@ pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::
     loop {
         tick.tick().await;
         // File I/O is blocking but short (only what was appended since the last poll).
-        for record in reader.poll() {
-            sink.add(record);
-        }
+        let records = reader.poll();
+        sink.add_with_receipt(records, reader.take_receipt());
     }
 }
 

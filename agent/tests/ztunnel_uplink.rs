@@ -1,0 +1,217 @@
+//! The ztunnel source through the uplink, as the agent wires them (reader → record sink → flush →
+//! uplink), against a stand-in controller on loopback: read positions are saved only once the
+//! controller acknowledged the records made from those lines (docs/flow-sources.md, "Read positions").
+//! A controller that reads batches but never acknowledges them stands for an agent killed between
+//! sending and the acknowledgement: after the restart the lines are read again.
+
+use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
+use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters, UplinkSender};
+use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
+use network_enforcer_api::uplink::{BatchAck, FlowBatch, FlowRecord};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::Status;
+
+const NODE: &str = "node-1";
+
+/// A stand-in controller that records the sequence numbers it reads and acknowledges them only when
+/// `acks` is set.
+struct Recorder {
+    seen: Arc<Mutex<Vec<u64>>>,
+    acks: bool,
+}
+
+#[tonic::async_trait]
+impl FlowUplink for Recorder {
+    type StreamStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchAck, Status>> + Send>>;
+
+    async fn stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<FlowBatch>>,
+    ) -> Result<tonic::Response<Self::StreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (seen, acks) = (self.seen.clone(), self.acks);
+        tokio::spawn(async move {
+            while let Ok(Some(batch)) = inbound.message().await {
+                seen.lock().unwrap().push(batch.sequence);
+                let ack = BatchAck {
+                    sequence: batch.sequence,
+                    accepted: batch.records.len() as u32,
+                    ..BatchAck::default()
+                };
+                if acks && tx.send(Ok(ack)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Starts the stand-in on a loopback port; returns its address and the sequences it read.
+async fn controller(acks: bool) -> (SocketAddr, Arc<Mutex<Vec<u64>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let service = FlowUplinkServer::new(Recorder {
+        seen: seen.clone(),
+        acks,
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (addr, seen)
+}
+
+/// A temp directory with the logs, the state file and the token.
+struct Node {
+    dir: tempfile::TempDir,
+    metrics: SourceMetrics,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("containers")).unwrap();
+        std::fs::write(dir.path().join("token"), "agent-token").unwrap();
+        Self {
+            dir,
+            metrics: SourceMetrics::default(),
+        }
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("containers/ztunnel-x7k2p_istio-system_istio-proxy-0123456789abcdef.log")
+    }
+
+    /// A reader as the agent starts one: the same glob and state file at every (re)start.
+    fn reader(&self) -> Reader {
+        Reader::new(
+            ZtunnelConfig {
+                glob: format!("{}/containers/*ztunnel*.log", self.dir.path().display()),
+                state_file: Some(self.dir.path().join("state/positions.json")),
+                poll: Duration::from_millis(50),
+            },
+            self.metrics.source("ztunnel"),
+        )
+    }
+
+    fn uplink(
+        &self,
+        addr: SocketAddr,
+    ) -> (UplinkSender, tokio::task::JoinHandle<()>, UplinkCounters) {
+        let config = UplinkConfig {
+            backoff: Backoff {
+                initial: Duration::from_millis(20),
+                max: Duration::from_millis(300),
+            },
+            ..UplinkConfig::new(
+                format!("http://{addr}"),
+                self.dir.path().join("token"),
+                NODE,
+            )
+            .insecure()
+        };
+        let counters = UplinkCounters::default();
+        let (sender, task) = uplink::spawn(config, counters.clone()).unwrap();
+        (sender, task, counters)
+    }
+}
+
+/// One access line the reader turns into one learning record, in CRI framing.
+fn append_learned_connection(path: &Path) {
+    let line = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/ztunnel/access-and-authz.jsonl"
+    ))
+    .unwrap()
+    .lines()
+    .next()
+    .unwrap()
+    .to_string();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    writeln!(f, "2026-08-21T10:15:30.123456789Z stdout F {line}").unwrap();
+}
+
+/// One poll of the source and one flush of the agent, as `ztunnel::run` and the agent's loop do them.
+fn poll_and_flush(reader: &mut Reader, sink: &RecordSink, sender: &UplinkSender) -> usize {
+    let records = reader.poll();
+    sink.add_with_receipt(records, reader.take_receipt());
+    let (records, receipts) = sink.drain_with_receipts();
+    let n = records.len();
+    sender.send_with_receipts(records, receipts);
+    n
+}
+
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads a learned connection, ships it, and "kills" the agent once the controller has read the batch
+/// (and, with `acks`, acknowledged it) and the source polled again; returns what a restarted reader
+/// reads first.
+async fn restart_after_shipping(acks: bool) -> Vec<FlowRecord> {
+    let node = Node::new();
+    let (addr, seen) = controller(acks).await;
+    let (sender, task, counters) = node.uplink(addr);
+    let sink = RecordSink::default();
+    let mut reader = node.reader();
+    assert_eq!(poll_and_flush(&mut reader, &sink, &sender), 0);
+    append_learned_connection(&node.log());
+    assert_eq!(poll_and_flush(&mut reader, &sink, &sender), 1);
+    wait_for("the controller to read the batch", || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    if acks {
+        wait_for("the acknowledgement", || counters.batches_acked.get() == 1).await;
+    } else {
+        // Long enough for an acknowledgement to arrive, had there been one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counters.batches_acked.get(), 0);
+    }
+    // The agent polls on (a poll saves what is acknowledged by then), then dies.
+    assert_eq!(poll_and_flush(&mut reader, &sink, &sender), 0);
+    task.abort();
+    drop(reader);
+
+    let mut restarted = node.reader();
+    restarted.poll()
+}
+
+#[tokio::test]
+async fn lines_sent_but_never_acknowledged_are_read_again_after_a_restart() {
+    let records = restart_after_shipping(false).await;
+    assert_eq!(
+        records.len(),
+        1,
+        "the line whose record the controller never acknowledged is read again: {records:?}"
+    );
+    assert_eq!(records[0].port, 8080);
+}
+
+#[tokio::test]
+async fn acknowledged_lines_are_not_read_again_after_a_restart() {
+    let records = restart_after_shipping(true).await;
+    assert!(records.is_empty(), "read twice: {records:?}");
+}
