@@ -607,7 +607,7 @@ impl StatusSync {
             return Err(SyncError::Unnamed);
         };
         let key = policy_key(policy);
-        let observations = self.state.lock().expect("state lock").pending.get(&key);
+        let (observations, read) = self.state.lock().expect("state lock").pending.read(&key);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let outcome = violations::sync(
             SyncInput {
@@ -631,7 +631,7 @@ impl StatusSync {
         }
         {
             let mut state = self.state.lock().expect("state lock");
-            state.pending.commit(&key, observations.len());
+            state.pending.commit(&key, read);
             self.count_pending(&mut state);
         }
         let regarding = policy.object_ref(&());

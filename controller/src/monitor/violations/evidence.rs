@@ -297,12 +297,23 @@ impl RepeatFilter {
 }
 
 /// Observations per policy, waiting for the status patch that records them. The sync reads a
-/// policy's observations, patches, and only on success [`Pending::commit`]s the ones it read; what
-/// arrived meanwhile stays for the next sync, and a failed patch loses nothing.
+/// policy's observations ([`Pending::read`]), patches, and only on success [`Pending::commit`]s the ones
+/// it read; what arrived meanwhile stays for the next sync, and a failed patch loses nothing. Each
+/// observation carries a sequence number, so a commit forgets exactly what was read even when the queue
+/// overflowed during the patch (its oldest dropped, newer ones pushed): counting "the first n" would
+/// then forget newer observations the patch never held.
 #[derive(Debug, Default)]
 pub struct Pending {
-    by_policy: HashMap<PolicyKey, VecDeque<Observation>>,
+    by_policy: HashMap<PolicyKey, VecDeque<(u64, Observation)>>,
+    next: u64,
     dropped: u64,
+}
+
+/// What a [`Pending::read`] saw: commit it once the status holds those observations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Read {
+    /// The sequence number of the newest observation read (0: none).
+    through: u64,
 }
 
 impl Pending {
@@ -314,15 +325,26 @@ impl Pending {
             queue.pop_front();
             self.dropped += 1;
         }
-        queue.push_back(observation);
+        self.next += 1;
+        queue.push_back((self.next, observation));
+    }
+
+    /// The observations waiting for `policy`, oldest first, and what to [`Pending::commit`] once they
+    /// are recorded.
+    pub fn read(&self, policy: &PolicyKey) -> (Vec<Observation>, Read) {
+        let Some(queue) = self.by_policy.get(policy) else {
+            return (Vec::new(), Read::default());
+        };
+        let through = queue.back().map_or(0, |(seq, _)| *seq);
+        (
+            queue.iter().map(|(_, o)| o.clone()).collect(),
+            Read { through },
+        )
     }
 
     /// The observations waiting for `policy`, oldest first.
     pub fn get(&self, policy: &PolicyKey) -> Vec<Observation> {
-        self.by_policy
-            .get(policy)
-            .map(|q| q.iter().cloned().collect())
-            .unwrap_or_default()
+        self.read(policy).0
     }
 
     /// The number of observations waiting for `policy`.
@@ -330,10 +352,12 @@ impl Pending {
         self.by_policy.get(policy).map_or(0, VecDeque::len)
     }
 
-    /// The first `n` observations of `policy` are in its status now: forget them.
-    pub fn commit(&mut self, policy: &PolicyKey, n: usize) {
+    /// The observations of `read` are in `policy`'s status now: forget them (and only them).
+    pub fn commit(&mut self, policy: &PolicyKey, read: Read) {
         if let Some(queue) = self.by_policy.get_mut(policy) {
-            queue.drain(..n.min(queue.len()));
+            while queue.front().is_some_and(|(seq, _)| *seq <= read.through) {
+                queue.pop_front();
+            }
             if queue.is_empty() {
                 self.by_policy.remove(policy);
             }
@@ -737,16 +761,22 @@ mod tests {
         let mut pending = Pending::default();
         pending.push(key.clone(), observation(1, PolicyMode::Monitor));
         pending.push(key.clone(), observation(2, PolicyMode::Monitor));
-        let read = pending.get(&key);
+        let (read, first) = pending.read(&key);
         assert_eq!(read.len(), 2);
         // A patch with `read` is in flight; another observation arrives; the patch fails.
         pending.push(key.clone(), observation(3, PolicyMode::Monitor));
         assert_eq!(pending.len_of(&key), 3, "a failed patch loses nothing");
-        // Retried and succeeded: only what that patch contained is forgotten.
-        let read = pending.get(&key);
-        pending.commit(&key, 2);
-        assert_eq!(pending.get(&key), vec![read[2].clone()]);
-        pending.commit(&key, 1);
+        // Retried with all three; a fourth arrives meanwhile; the patch succeeds: only what it
+        // contained is forgotten.
+        let (read, second) = pending.read(&key);
+        assert_eq!(read.len(), 3);
+        pending.push(key.clone(), observation(4, PolicyMode::Monitor));
+        pending.commit(&key, second);
+        assert_eq!(pending.get(&key), vec![observation(4, PolicyMode::Monitor)]);
+        // A stale read forgets nothing newer.
+        pending.commit(&key, first);
+        assert_eq!(pending.len_of(&key), 1);
+        pending.commit(&key, pending.read(&key).1);
         assert_eq!(pending.len_of(&key), 0);
         assert_eq!(pending.policies().count(), 0);
 
@@ -760,5 +790,32 @@ mod tests {
             observation(3, PolicyMode::Monitor).timestamp
         );
         assert_eq!(pending.retain_policies(|_| false), MAX_PENDING_PER_POLICY);
+    }
+
+    #[test]
+    fn an_overflow_during_a_patch_forgets_only_what_the_patch_held() {
+        let key = PolicyKey {
+            namespace: "n".into(),
+            name: "p".into(),
+        };
+        let mut pending = Pending::default();
+        for i in 0..MAX_PENDING_PER_POLICY as i64 {
+            pending.push(key.clone(), observation(i, PolicyMode::Monitor));
+        }
+        let (read, mark) = pending.read(&key);
+        // While the patch is in flight, 5 newer observations push the 5 oldest out.
+        let newer: Vec<_> = (0..5)
+            .map(|i| observation(1_000_000 + i, PolicyMode::Monitor))
+            .collect();
+        for o in &newer {
+            pending.push(key.clone(), o.clone());
+        }
+        pending.commit(&key, mark);
+        assert_eq!(read.len(), MAX_PENDING_PER_POLICY);
+        assert_eq!(
+            pending.get(&key),
+            newer,
+            "the observations that arrived during the patch wait for the next one"
+        );
     }
 }
