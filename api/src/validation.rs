@@ -202,7 +202,7 @@ pub fn selects_something(selector: &LabelSelector) -> bool {
 }
 
 /// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`, 1 to 253 characters.
-pub(crate) fn is_dns1123_subdomain(name: &str) -> bool {
+pub fn is_dns1123_subdomain(name: &str) -> bool {
     let label_ok = |label: &str| {
         let bytes = label.as_bytes();
         let alphanumeric = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();

@@ -16,7 +16,10 @@
 //! difference: what went through and would now be denied, and what failed and would now pass.
 //!
 //! Invalid input is refused with a [`CheckError`] naming the offending field
-//! (`flows[2].from.pod: ...`); nothing here does I/O.
+//! (`flows[2].from.pod: ...`); nothing here does I/O. Policies are validated as the API server
+//! validates them ([`validate`]): one it would refuse is refused here too, not evaluated.
+
+mod validate;
 
 use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
 use crate::monitor::evaluate::view::{
@@ -199,11 +202,16 @@ fn from_value<T: DeserializeOwned>(
     value: serde_json::Value,
 ) -> Result<T, CheckError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
+        let mut path = e.path().to_string();
+        // A key of blanks or control characters (`{"\n": 1}`) is shown quoted and escaped; an empty
+        // key is an empty path: the document, or the object, is at fault.
+        if !path.is_empty() && (path.trim().is_empty() || path.chars().any(char::is_control)) {
+            path = format!("{path:?}");
+        }
         let field = match (prefix.is_empty(), path.as_str()) {
-            (true, ".") => ".".to_string(),
+            (true, "." | "") => ".".to_string(),
             (true, _) => path,
-            (false, ".") => prefix.to_string(),
+            (false, "." | "") => prefix.to_string(),
             (false, _) => format!("{prefix}.{path}"),
         };
         CheckError::new(field, e.into_inner().to_string())
@@ -320,12 +328,14 @@ impl Checker {
             match kind.as_str() {
                 "NetworkPolicy" => {
                     let policy: NetworkPolicy = from_value(&field, value)?;
-                    let policy =
-                        named(&field, &policy.metadata).map(|(namespace, name)| NamedPolicy {
-                            namespace,
-                            name,
-                            spec: policy.spec.unwrap_or_default(),
-                        })?;
+                    let (namespace, name) = named(&field, &policy.metadata)?;
+                    let spec = policy.spec.unwrap_or_default();
+                    validate::spec(&format!("{field}.spec"), &spec)?;
+                    let policy = NamedPolicy {
+                        namespace,
+                        name,
+                        spec,
+                    };
                     let id = (policy.namespace.clone(), policy.name.clone());
                     // The rendered NetworkPolicy of a WorkloadNetworkPolicy has its name: the
                     // WorkloadNetworkPolicy (as if rendered) stands for it.
@@ -340,6 +350,14 @@ impl Checker {
                     let (namespace, name) = named(&field, &policy.metadata)?;
                     let id = (namespace.clone(), name.clone());
                     duplicate(&mut seen, &field, "WorkloadNetworkPolicy", &id)?;
+                    // The CRDs' CEL rules, reported after the more precise checks below.
+                    let crd_rules = network_enforcer_api::validation::validate(&policy.spec, None)
+                        .map_err(|broken| {
+                            CheckError::new(
+                                format!("{field}.spec"),
+                                network_enforcer_api::validation::describe(&broken),
+                            )
+                        });
                     let spec = policy.spec;
                     match spec.backend {
                         Backend::Kubernetes => {
@@ -357,6 +375,9 @@ impl Checker {
                                     format!("must be exactly [{}]", spec.direction.as_str()),
                                 ));
                             }
+                            // It renders into a NetworkPolicy, which the API server validates.
+                            validate::spec(&format!("{field}.spec.kubernetes"), &payload)?;
+                            crd_rules?;
                             // Replaces a listed NetworkPolicy of the same name: the rendered one.
                             view.insert_policy(NamedPolicy {
                                 namespace,
@@ -378,6 +399,7 @@ impl Checker {
                                     "the istio backend supports Ingress only",
                                 ));
                             }
+                            crd_rules?;
                             istio.push(IstioEntry {
                                 namespace,
                                 name,
@@ -659,15 +681,12 @@ fn check_name(field: &str, name: &str) -> Result<(), CheckError> {
     Ok(())
 }
 
+/// The (namespace, name) of a policy, its metadata validated as the API server does.
 fn named(
     field: &str,
     metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Result<(String, String), CheckError> {
-    let namespace = metadata.namespace.clone().unwrap_or_default();
-    let name = metadata.name.clone().unwrap_or_default();
-    check_name(&format!("{field}.metadata.namespace"), &namespace)?;
-    check_name(&format!("{field}.metadata.name"), &name)?;
-    Ok((namespace, name))
+    validate::metadata(&format!("{field}.metadata"), metadata)
 }
 
 fn duplicate(
@@ -911,6 +930,13 @@ mod tests {
         let err = parse_scenario("flows:\n- from: {pod: a/b}\n  to: {ip: 10.0.0.1}\n  port: x\n")
             .unwrap_err();
         assert_eq!(err.field, "flows[0].port", "{err}");
+        // Found by the fuzz tests: an empty key left the field empty.
+        let err = parse_scenario(r#"{"": null}"#).unwrap_err();
+        assert_eq!(err.field, ".", "{err}");
+        let err = parse_records(r#"{"": null}"#).unwrap_err();
+        assert_eq!(err.field, "line 1", "{err}");
+        let err = parse_scenario("{\"\\n\": null}").unwrap_err();
+        assert_eq!(err.field, r#""\n""#, "{err}");
         let scenario = parse_scenario(
             "pods: [{namespace: a, name: b}]\nflows:\n- from: {pod: a/c}\n  to: {ip: 10.0.0.1}\n  port: 80\n",
         )
@@ -926,6 +952,62 @@ mod tests {
             err.field, "policies[0].spec.ingress[0].ports[0].port",
             "{err}"
         );
+    }
+
+    /// Policies the API server would refuse are refused, not evaluated (the rules themselves are
+    /// tabled in `validate`): NetworkPolicies, the NetworkPolicy a WorkloadNetworkPolicy renders, and
+    /// the CRDs' own rules.
+    #[test]
+    fn policies_the_api_server_refuses_are_refused_naming_the_field() {
+        let wnp = |kubernetes: &str| {
+            format!(
+                "- kind: WorkloadNetworkPolicy\n  metadata: {{name: w, namespace: a}}\n  spec:\n    backend: kubernetes\n    direction: Ingress\n    targetRef: {{kind: Deployment, name: x}}\n    kubernetes: {kubernetes}\n"
+            )
+        };
+        let np = |name: &str, spec: &str| {
+            format!(
+                "- kind: NetworkPolicy\n  metadata: {{name: {name}, namespace: a}}\n  spec: {spec}\n"
+            )
+        };
+        let valid = np("ok", "{podSelector: {}}");
+        let cases = [
+            (
+                format!(
+                    "{valid}{valid_2}{bad}",
+                    valid_2 = np("ok2", "{ingress: [{ports: [{port: 80}]}]}"),
+                    bad = np(
+                        "bad",
+                        "{ingress: [{ports: [{port: 80}, {port: 90, endPort: 89}]}]}"
+                    )
+                ),
+                "policies[2].spec.ingress[0].ports[1].endPort",
+            ),
+            (np("Bad", "{}"), "policies[0].metadata.name"),
+            (
+                np(
+                    "n",
+                    "{egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/16]}}]}]}",
+                ),
+                "policies[0].spec.egress[0].to[0].ipBlock.except[0]",
+            ),
+            (
+                wnp(
+                    "{podSelector: {matchLabels: {app: x}}, policyTypes: [Ingress], ingress: [{ports: [{port: \"HTTP\"}]}]}",
+                ),
+                "policies[0].spec.kubernetes.ingress[0].ports[0].port",
+            ),
+            (
+                wnp("{podSelector: {}, policyTypes: [Ingress]}"),
+                "policies[0].spec",
+            ),
+        ];
+        for (policies, field) in cases {
+            let scenario = parse_scenario(&format!("policies:\n{policies}")).unwrap();
+            let err = Checker::new(scenario).err().expect(field);
+            assert_eq!(err.field, field, "{err}");
+        }
+        let scenario = parse_scenario(&format!("policies:\n{valid}")).unwrap();
+        assert!(Checker::new(scenario).is_ok());
     }
 
     #[test]
