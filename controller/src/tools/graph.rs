@@ -336,7 +336,8 @@ impl Builder {
     fn node_line(&self, node: &Node) -> String {
         let (label, attrs) = match node {
             Node::Workload(_, kind, name) => {
-                let mut label = format!("{kind}\\n{}", escape(name));
+                // The kind of a violation's workload is text from a status, like the names.
+                let mut label = format!("{}\\n{}", escape(kind), escape(name));
                 let mut color = "black";
                 let mut style = "rounded";
                 if let Some(g) = self.governance.get(node) {
@@ -697,6 +698,121 @@ mod tests {
         let dot = render_dot(&input, None);
         assert!(dot.contains(r#"[label="TCP ht\\tp\"x\\"];"#), "{dot}");
         to_svg(&dot).unwrap();
+    }
+
+    /// The DOT text outside quoted strings (where attributes are), or `None` when a string is left
+    /// open. Reads strings as Graphviz does: `\"` is a quote inside the string, `\\` a backslash.
+    fn outside_strings(dot: &str) -> Option<String> {
+        let mut outside = String::new();
+        let mut chars = dot.chars();
+        let mut in_string = false;
+        while let Some(c) = chars.next() {
+            match (in_string, c) {
+                (true, '\\') => {
+                    chars.next();
+                }
+                (_, '"') => in_string = !in_string,
+                (true, _) => {}
+                (false, c) => outside.push(c),
+            }
+        }
+        (!in_string).then_some(outside)
+    }
+
+    /// Every text of the objects that reaches a label or an id: a quote, a backslash before the
+    /// closing quote, or a line break must neither end the string early (`graph -o svg` failed) nor
+    /// let the text add attributes of its own.
+    #[test]
+    fn every_text_from_the_objects_is_escaped() {
+        // Unescaped, the quote ends the string (the rest becomes an attribute) and the backslash
+        // escapes the closing quote.
+        const HOSTILE: &str = r#"x" evil=1 [\"#;
+        let quoted = format!("'{HOSTILE}'");
+        let mesh = "
+- apiVersion: networkenforcer.kubewarden.io/v1alpha1
+  kind: WorkloadNetworkPolicy
+  metadata: {name: mesh, namespace: demo}
+  spec:
+    backend: istio
+    mode: monitor
+    direction: Ingress
+    targetRef: {kind: Deployment, name: mesh}
+    istio:
+      selector: {matchLabels: {app: mesh}}
+      rules: [{from: [{source: {principals: [PRINCIPAL]}}], to: [{operation: {ports: [PORT]}}]}]
+";
+        let fixture = format!("{FIXTURE}{mesh}");
+        let cases = [
+            ("policy name", "name: deployment-http-client-egress,"),
+            ("proposal name", "name: deployment-http-server-ingress,"),
+            (
+                "namespace",
+                "namespace: demo}\n  spec:\n    backend: kubernetes\n    mode",
+            ),
+            (
+                "target name",
+                "targetRef: {kind: Deployment, name: http-server}",
+            ),
+            ("selector value", "{k8s-app: kube-dns}"),
+            ("selector key", "{k8s-app: kube-dns}"),
+            ("cidr", "cidr: 10.0.0.0/8"),
+            ("except", "except: [10.1.0.0/16]"),
+            ("named port", "ports: [{port: http}]"),
+            (
+                "violation owner kind",
+                "ownerKind: Deployment, ownerName: http-client}",
+            ),
+            ("violation owner name", "ownerName: http-server}"),
+            (
+                "violation address",
+                "dest: {namespace: demo, ownerKind: Deployment, ownerName: http-server}",
+            ),
+            (
+                "violation identity",
+                "dest: {namespace: demo, ownerKind: Deployment, ownerName: http-server}",
+            ),
+            ("istio principal", "PRINCIPAL"),
+            ("istio port", "PORT"),
+        ];
+        for (what, from) in cases {
+            let to = match what {
+                "policy name" | "proposal name" => format!("name: {quoted},"),
+                "namespace" => from.replace("demo", &quoted),
+                "target name" => format!("targetRef: {{kind: Deployment, name: {quoted}}}"),
+                "selector value" => format!("{{k8s-app: {quoted}}}"),
+                "selector key" => format!("{{{quoted}: kube-dns}}"),
+                "cidr" => format!("cidr: {quoted}"),
+                "except" => format!("except: [{quoted}]"),
+                "named port" => format!("ports: [{{port: {quoted}}}]"),
+                "violation owner kind" => format!("ownerKind: {quoted}, ownerName: http-client}}"),
+                "violation owner name" => format!("ownerName: {quoted}}}"),
+                "violation address" => format!("dest: {{address: {quoted}}}"),
+                "violation identity" => format!("dest: {{identity: {quoted}}}"),
+                _ => quoted.clone(),
+            };
+            assert_eq!(
+                fixture.matches(from).count(),
+                1,
+                "{what}: {from:?} is not unique"
+            );
+            let text = fixture
+                .replace(from, &to)
+                .replace("PRINCIPAL", "p")
+                .replace("PORT", "'80'");
+            let input = parse_objects(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let dot = render_dot(&input, None);
+            assert!(
+                dot.contains("evil=1"),
+                "{what}: the text reaches the graph:\n{dot}"
+            );
+            let outside = outside_strings(&dot)
+                .unwrap_or_else(|| panic!("{what}: a string is left open:\n{dot}"));
+            assert!(
+                !outside.contains("evil"),
+                "{what}: the text escaped its string:\n{dot}"
+            );
+            to_svg(&dot).unwrap_or_else(|e| panic!("{what}: dot refuses the graph: {e}\n{dot}"));
+        }
     }
 
     #[test]
