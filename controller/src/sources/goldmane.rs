@@ -281,11 +281,12 @@ impl Dedupe {
             .unwrap_or_default();
         let at = flow.start_time;
         match self.seen.get(&key) {
-            Some(last) if at < last + Self::WINDOW => false,
+            // Times come from Goldmane: `at - last` could overflow (saturated, it still compares right).
+            Some(last) if at.saturating_sub(*last) < Self::WINDOW => false,
             _ => {
                 self.seen.insert(key, at);
                 if self.seen.len() > 100_000 {
-                    self.forget_before(at - Self::WINDOW);
+                    self.forget_before(at.saturating_sub(Self::WINDOW));
                 }
                 true
             }
@@ -1009,6 +1010,26 @@ mod tests {
         assert!(d.admit(&other), "another key");
         d.forget_before(i64::MAX);
         assert!(d.is_empty());
+    }
+
+    /// Found by the fuzz tests (controller/tests/fuzz.rs): a start time near i64::MAX overflowed.
+    #[test]
+    fn resends_at_the_edges_of_time_count_once() {
+        for (first, second, admitted) in [
+            (i64::MAX, i64::MAX, false),
+            (i64::MAX - 10, i64::MAX, false),
+            (i64::MIN, i64::MIN, false),
+            (i64::MIN, i64::MIN + 60, true),
+            (i64::MIN, i64::MAX, true),
+            (i64::MAX, i64::MIN, false),
+        ] {
+            let mut d = Dedupe::default();
+            let mut f = flow(Action::Deny, Reporter::Src);
+            f.start_time = first;
+            assert!(d.admit(&f), "{first}: the first is new");
+            f.start_time = second;
+            assert_eq!(d.admit(&f), admitted, "{first} then {second}");
+        }
     }
 
     #[test]
