@@ -3,6 +3,7 @@
 mod bench;
 mod cluster;
 mod demo;
+mod fuzz;
 mod gen_crds;
 mod image;
 mod run;
@@ -43,6 +44,9 @@ enum Command {
     },
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
+    /// The fuzz tests in release, 100,000 cases per target (NE_FUZZ_CASES); figures in
+    /// target/bench/fuzz.json.
+    Fuzz,
 }
 
 fn main() -> Result<()> {
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
         Command::Image { name } => image::build(&name),
         Command::Bench { name } => bench::run(&name),
         Command::Demo => demo::run(),
+        Command::Fuzz => fuzz::run(),
     }
 }
 
