@@ -33,6 +33,11 @@ pub const ISTIO_DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 pub const RENDERED_GENERATION_ANNOTATION: &str =
     "networkenforcer.kubewarden.io/rendered-generation";
 
+/// Annotation the controller sets on every proposal it writes: an HMAC of the proposal's spec under a
+/// key only the controller holds. A proposal whose spec does not match it is not promoted (docs/install.md,
+/// "Who can promote what").
+pub const LEARNED_DIGEST_ANNOTATION: &str = "networkenforcer.kubewarden.io/learned-digest";
+
 /// The field manager name used for every write the controller makes.
 pub const FIELD_MANAGER: &str = "network-enforcer";
 

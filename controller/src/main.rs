@@ -14,6 +14,7 @@ use network_enforcer_controller::ingest::{
 };
 use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
 use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
+use network_enforcer_controller::policy::provenance::SigningKey;
 use network_enforcer_controller::reconcile::{self, Settings};
 use network_enforcer_controller::runtime::http::Health;
 use network_enforcer_controller::runtime::leader;
@@ -150,6 +151,12 @@ struct RunArgs {
     /// the connection from its side, so a compromised node cannot add rules to workloads elsewhere.
     #[arg(long, env = "TRUST_REMOTE_PEERS", default_value_t = false, action = clap::ArgAction::Set)]
     trust_remote_peers: bool,
+    /// A file holding the key (at least 32 bytes) proposals are signed with; only proposals whose spec
+    /// the controller signed are promoted, so writing a proposal by hand does not let anyone create
+    /// NetworkPolicies with the controller's rights (docs/install.md, "Who can promote what"). The chart
+    /// generates and mounts one. Without it every proposal is promoted (a warning at start).
+    #[arg(long, env = "PROPOSAL_SIGNING_KEY_FILE")]
+    proposal_signing_key_file: Option<std::path::PathBuf>,
     /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
     #[arg(
         long,
@@ -402,10 +409,21 @@ async fn run(args: RunArgs) -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    let signing_key = match &args.proposal_signing_key_file {
+        Some(path) => Some(Arc::new(SigningKey::from_file(path)?)),
+        None => {
+            tracing::warn!(
+                "no --proposal-signing-key-file: any proposal is promoted, also one written by hand \
+                 (anyone who may write proposals may then create NetworkPolicies through promotion)"
+            );
+            None
+        }
+    };
     let settings = Settings {
         namespace: args.namespace,
         instance: args.instance,
         resync: Duration::from_secs(args.resync_seconds),
+        signing_key: signing_key.clone(),
         ..Settings::default()
     };
     let (agent_ns, agent_name) = args
@@ -480,6 +498,7 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_max_ports_per_rule(args.max_ports_per_rule)
             .with_max_rules(args.max_rules)
             .with_trust_remote_peers(args.trust_remote_peers)
+            .with_signing_key(signing_key)
             .with_resolution_grace(
                 i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
                     .unwrap_or(i64::MAX),
@@ -685,9 +704,14 @@ async fn run(args: RunArgs) -> Result<()> {
         () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
         result = http => result.context("serving /metrics, /healthz, /readyz"),
     };
-    if last_writer.is_leader() {
-        // Unacknowledged agent batches would be resent to the next leader anyway; Goldmane's flows and
-        // violation observations would not.
+    // A replica that led until now writes what only it holds. Unacknowledged agent batches would be
+    // resent to the next leader anyway; Goldmane's flows and violation observations would not. After a
+    // lost Lease the proposals are left to the new leader (the writer writes only while leading), but
+    // the violation observations are still patched into statuses: those patches carry the cached
+    // resourceVersion, so they cannot overwrite what the new leader wrote meanwhile (a conflict just
+    // fails), and the records merge.
+    // (A replica whose status sync has run has led.)
+    if last_writer.is_leader() || last_sync.passes() > 0 {
         let last = async {
             // Whatever still waits for the index is learned as it resolves now.
             settle_waiting(&last_writer, &last_index, i64::MAX);

@@ -79,6 +79,11 @@ imagePullSecrets:
 {{- end }}
 
 {{/* The Secret holding the ingest server certificate (tls.crt, tls.key, ca.crt). */}}
+{{- /* The Secret holding the key proposals are signed with. */ -}}
+{{- define "network-enforcer.signingKeySecretName" -}}
+{{- printf "%s-proposal-signing-key" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "network-enforcer.uplinkSecretName" -}}
 {{- if eq .Values.uplink.tls.mode "existingSecret" }}
 {{- required "uplink.tls.mode=existingSecret needs uplink.tls.existingSecret.name (a Secret with tls.crt, tls.key and ca.crt)" .Values.uplink.tls.existingSecret.name }}

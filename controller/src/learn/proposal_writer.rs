@@ -16,6 +16,7 @@
 use crate::cluster::index::{Endpoint, Index};
 use crate::learn::deferrals::{Deferrals, Resolution};
 use crate::learn::{self, Edge, Observation, Target, Unresolved};
+use crate::policy::provenance::{Provenance, SigningKey};
 use crate::runtime::metrics::ControllerMetrics;
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,7 +30,7 @@ use network_enforcer_api::{
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Default cap on distinct external addresses learned per proposal and (protocol, port)
@@ -73,6 +74,9 @@ pub struct FlushReport {
     pub conflicts: usize,
     /// External peers not learned because their proposal and port had reached the cap.
     pub capped: usize,
+    /// Proposals not learned into because their spec is not what the controller wrote
+    /// ([`crate::policy::provenance`]).
+    pub foreign: usize,
 }
 
 impl FlushReport {
@@ -89,6 +93,7 @@ impl FlushReport {
             refused,
             conflicts,
             capped,
+            foreign,
         } = other;
         self.written += written;
         self.created += created;
@@ -99,6 +104,7 @@ impl FlushReport {
         self.refused += refused;
         self.conflicts += conflicts;
         self.capped += capped;
+        self.foreign += foreign;
     }
 }
 
@@ -276,6 +282,8 @@ pub struct ProposalWriter {
     /// Lets an agent teach its peers' proposals even when they have no pod on its node
     /// (`--trust-remote-peers`; see [`learn::Reporter::Node`]).
     trust_remote_peers: bool,
+    /// Signs every proposal written, and leaves alone those not signed with it.
+    signing_key: Option<Arc<SigningKey>>,
     /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
     /// the flusher ([`ProposalWriter::new_edges`]) so it is written without waiting for the tick.
     seen: Mutex<HashSet<u64>>,
@@ -317,6 +325,7 @@ impl ProposalWriter {
             metrics: ControllerMetrics::new(),
             leader: None,
             trust_remote_peers: false,
+            signing_key: None,
             seen: Mutex::new(HashSet::new()),
             decided: Mutex::new(HashSet::new()),
             seen_hasher: std::hash::RandomState::new(),
@@ -400,6 +409,13 @@ impl ProposalWriter {
     /// the agent's node (see [`learn::Reporter::Node`]): for clusters whose agents do not all report.
     pub fn with_trust_remote_peers(mut self, trust: bool) -> Self {
         self.trust_remote_peers = trust;
+        self
+    }
+
+    /// Signs every proposal it writes with `key`, and does not write into a proposal whose spec is not
+    /// what it signed ([`crate::policy::provenance`]).
+    pub fn with_signing_key(mut self, key: Option<Arc<SigningKey>>) -> Self {
+        self.signing_key = key;
         self
     }
 
@@ -723,7 +739,7 @@ impl ProposalWriter {
                 ports.join(", "),
                 self.limits.max_external_peers
             );
-            self.warn_capped(target, proposal, "ExternalPeersCapped", note)
+            self.warn_event(target, proposal, "ExternalPeersCapped", note)
                 .await;
         }
         let mut parts = Vec::new();
@@ -765,13 +781,13 @@ impl ProposalWriter {
                  a hand-written range or CIDR rule",
                 parts.join(", ")
             );
-            self.warn_capped(target, proposal, "LearningCapped", note)
+            self.warn_event(target, proposal, "LearningCapped", note)
                 .await;
         }
     }
 
     /// Logs `note` and publishes it as a Warning Event with `reason` on `proposal`, if it exists.
-    async fn warn_capped(
+    async fn warn_event(
         &self,
         target: &Target,
         proposal: Option<&WorkloadNetworkPolicyProposal>,
@@ -779,7 +795,7 @@ impl ProposalWriter {
         note: String,
     ) {
         tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note, reason,
-            "learning capped");
+            "learning limited");
         if let Some(p) = proposal {
             crate::reconcile::publish_with(
                 &self.recorder,
@@ -830,6 +846,23 @@ impl ProposalWriter {
                 tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
                 return Ok(());
             }
+            if let (Some(key), Some(current)) = (&self.signing_key, &existing) {
+                let provenance = key.check(current);
+                if provenance != Provenance::Learned {
+                    // Writing into it would sign rules the controller never learned.
+                    report.foreign += 1;
+                    self.metrics
+                        .resolved("proposal_not_learned_into", edges.len() as u64);
+                    self.warn_event(
+                        target,
+                        Some(current),
+                        provenance.reason(),
+                        provenance.message().into(),
+                    )
+                    .await;
+                    return Ok(());
+                }
+            }
             let (merged, size_capped) =
                 learn::merge_within(&mut desired, edges, &self.limits, MAX_PROPOSAL_BYTES);
             if !merged.changed && existing.is_some() {
@@ -844,6 +877,9 @@ impl ProposalWriter {
                 )
                 .await;
                 return Ok(());
+            }
+            if let Some(key) = &self.signing_key {
+                key.sign_into(&mut desired);
             }
             let written = match existing {
                 Some(_) => proposals.replace(&name, &params, &desired).await,

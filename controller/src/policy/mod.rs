@@ -1,10 +1,12 @@
 //! Policy decisions: what a promotion does ([`promote`]), what a policy renders into ([`render`]),
-//! which policy wins a target ([`uniqueness`]), what an invalid policy leaves in force ([`validity`]) and
-//! the conditions reported on each object.
+//! which policy wins a target ([`uniqueness`]), what an invalid policy leaves in force ([`validity`]),
+//! whether a proposal is what the controller learned ([`provenance`]) and the conditions reported on
+//! each object.
 
 pub mod authorization_policy;
 pub mod conditions;
 pub mod promote;
+pub mod provenance;
 pub mod render;
 pub mod uniqueness;
 pub mod validity;

@@ -1,6 +1,7 @@
 //! Promotion (docs/design.md, "Promotion and rendering"): what the proposal reconciler does with one
 //! proposal, decided from the proposal and the policies in its namespace.
 
+use crate::policy::provenance::Provenance;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
@@ -28,6 +29,8 @@ pub enum Decision {
     /// The proposal breaks rules of the CRDs (on a cluster that does not run their CEL rules): the
     /// policy would be invalid, so it is not created; report it.
     Invalid(Vec<Violation>),
+    /// Labelled for promotion, but its spec is not what the controller learned ([`gate`]): report it.
+    NotLearned(Provenance),
 }
 
 /// Decides what to do with `proposal`, given the policies of its namespace.
@@ -55,6 +58,17 @@ pub fn decide<'a>(
     match validation::validate(&proposal.spec, None) {
         Ok(()) => Decision::Promote(mode),
         Err(violations) => Decision::Invalid(violations),
+    }
+}
+
+/// Refuses to promote a proposal whose spec the controller did not write ([`crate::policy::provenance`]);
+/// every other decision stands.
+pub fn gate(decision: Decision, provenance: Provenance) -> Decision {
+    match decision {
+        Decision::Promote(_) if provenance != Provenance::Learned => {
+            Decision::NotLearned(provenance)
+        }
+        other => other,
     }
 }
 
@@ -225,5 +239,37 @@ mod tests {
         assert_eq!(created.spec.direction, p.spec.direction);
         assert_eq!(created.labels()[PROMOTED_FROM_LABEL], NAME);
         assert!(!created.labels().contains_key(PROMOTE_LABEL));
+    }
+
+    #[test]
+    fn only_learned_proposals_are_promoted() {
+        let promote = Decision::Promote(PolicyMode::Protect);
+        // (decision, provenance, gated)
+        let cases = [
+            (promote.clone(), Provenance::Learned, promote.clone()),
+            (
+                promote.clone(),
+                Provenance::Unsigned,
+                Decision::NotLearned(Provenance::Unsigned),
+            ),
+            (
+                promote.clone(),
+                Provenance::Edited,
+                Decision::NotLearned(Provenance::Edited),
+            ),
+            (Decision::Keep, Provenance::Edited, Decision::Keep),
+            (
+                Decision::DeleteLeftover,
+                Provenance::Unsigned,
+                Decision::DeleteLeftover,
+            ),
+        ];
+        for (decision, provenance, expected) in cases {
+            assert_eq!(
+                gate(decision.clone(), provenance),
+                expected,
+                "{decision:?} {provenance:?}"
+            );
+        }
     }
 }

@@ -39,6 +39,9 @@ pub struct Settings {
     /// How often istio policies are re-checked: AuthorizationPolicies are not watched (their CRD may
     /// be missing), so drift and a newly installed CRD are picked up by this requeue.
     pub istio_recheck: Duration,
+    /// Proposals are promoted only when signed with this key ([`crate::policy::provenance`]); `None`:
+    /// every proposal is promoted.
+    pub signing_key: Option<std::sync::Arc<crate::policy::provenance::SigningKey>>,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             instance: None,
             resync: Duration::from_secs(10 * 3600),
             istio_recheck: Duration::from_secs(60),
+            signing_key: None,
         }
     }
 }

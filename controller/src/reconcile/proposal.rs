@@ -47,6 +47,11 @@ pub async fn reconcile(
     let name = proposal.name_any();
     let policies = ctx.policies_in(&ns);
     let decision = promote::decide(&proposal, policies.iter().map(|p| p.as_ref()));
+    let decision = match &ctx.settings.signing_key {
+        Some(key) => promote::gate(decision, key.check(&proposal)),
+        // No key configured (the chart always sets one): every proposal counts as learned.
+        None => decision,
+    };
     let proposals = ctx.api::<WorkloadNetworkPolicyProposal>(&ns);
     match decision {
         Decision::Keep => {}
@@ -98,6 +103,15 @@ pub async fn reconcile(
                 network_enforcer_api::validation::describe(&violations)
             );
             refuse(&ctx, &proposal, INVALID_REASON, message).await?;
+        }
+        Decision::NotLearned(provenance) => {
+            refuse(
+                &ctx,
+                &proposal,
+                provenance.reason(),
+                provenance.message().to_string(),
+            )
+            .await?;
         }
         Decision::PolicyExists => {
             let message = format!(
