@@ -949,3 +949,83 @@ async fn stopping_the_controller_ignores_failed_pods_and_restores_it_when_it_can
     }
     Ok(())
 }
+
+/// With a signing key, only proposals whose spec the controller signed are promoted (docs/install.md,
+/// "Who can promote what"); against the real API server, so the signature survives the round trip.
+#[tokio::test]
+async fn only_proposals_the_controller_signed_are_promoted() -> Result<()> {
+    use network_enforcer_controller::policy::provenance::SigningKey;
+    let ns = TestNamespace::create_with_crds("provenance").await?;
+    let key = std::sync::Arc::new(SigningKey::new(&[42u8; 32]).expect("a key"));
+    let settings = Settings {
+        namespace: Some(ns.name.clone()),
+        signing_key: Some(key.clone()),
+        ..Settings::default()
+    };
+    let _controller = RunningController(tokio::spawn(reconcile::run(ns.client.clone(), settings)));
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let promoted_condition = |name: &'static str| {
+        let proposals = proposals.clone();
+        async move {
+            let p = proposals.get(name).await?;
+            Ok(p.status.and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Promoted")
+                    .map(|c| (c.status, c.reason))
+            }))
+        }
+    };
+
+    // Written by hand: refused, no policy.
+    let hand = "deployment-http-client-egress";
+    proposals
+        .create(
+            &PostParams::default(),
+            &kubernetes_proposal(&ns.name, hand, Some("protect")),
+        )
+        .await?;
+    let refused = ns
+        .wait_for("the hand-written proposal to be refused", WAIT, || {
+            promoted_condition(hand)
+        })
+        .await?;
+    assert_eq!(refused, ("False".into(), "NotLearned".into()));
+    assert!(policies.get_opt(hand).await?.is_none());
+
+    // Signed as the controller's writer signs, then edited: refused as edited.
+    let edited = "deployment-http-server-egress";
+    let mut signed = kubernetes_proposal(&ns.name, edited, None);
+    key.sign_into(&mut signed);
+    proposals.create(&PostParams::default(), &signed).await?;
+    let widen = json!({"spec": {"kubernetes": {"egress": [{}]}},
+                       "metadata": {"labels": {PROMOTE_LABEL: "monitor"}}});
+    proposals
+        .patch(edited, &PatchParams::default(), &Patch::Merge(&widen))
+        .await?;
+    let refused = ns
+        .wait_for("the edited proposal to be refused", WAIT, || {
+            promoted_condition(edited)
+        })
+        .await?;
+    assert_eq!(refused, ("False".into(), "EditedAfterLearning".into()));
+    assert!(policies.get_opt(edited).await?.is_none());
+
+    // Signed and untouched but for the label: promoted.
+    let learned = "deployment-web-egress";
+    let mut signed = kubernetes_proposal(&ns.name, learned, None);
+    key.sign_into(&mut signed);
+    proposals.create(&PostParams::default(), &signed).await?;
+    let label = json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}});
+    proposals
+        .patch(learned, &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    let policy = ns
+        .wait_for("the learned proposal to be promoted", WAIT, || async {
+            Ok(policies.get_opt(learned).await?)
+        })
+        .await?;
+    assert_eq!(policy.spec.kubernetes, signed.spec.kubernetes);
+    Ok(())
+}
