@@ -16,6 +16,7 @@ use network_enforcer_agent::uplink::{self, UplinkConfig};
 use network_enforcer_agent::{
     DataPlane, Direction, KernelCounters, LoadOptions, Outcome, Protocol,
 };
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -145,9 +146,24 @@ struct RunArgs {
     /// Distinct edges the whole node may report per --flush-seconds (`reason="node_edge_cap"` beyond).
     #[arg(long, default_value_t = EdgeCaps::default().per_node, env = "NE_MAX_EDGES")]
     max_edges: usize,
-    /// Address of the Prometheus endpoint (`GET /metrics`).
-    #[arg(long, default_value = "0.0.0.0:9464", env = "NE_METRICS_ADDRESS")]
-    metrics_address: std::net::SocketAddr,
+    /// Addresses of this host the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`) binds,
+    /// comma-separated. With the host network every interface of the node would be reachable, so the
+    /// default is loopback only; the chart passes the node's IP (downward API `status.hostIP`, where the
+    /// kubelet probes and Prometheus scrapes) and 127.0.0.1. `0.0.0.0` binds every interface.
+    #[arg(
+        long,
+        env = "NE_LISTEN_ADDRESS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1"
+    )]
+    listen_address: Vec<std::net::IpAddr>,
+    /// Port of the metrics and health endpoint on each --listen-address.
+    #[arg(long, default_value_t = 9464, env = "NE_METRICS_PORT")]
+    metrics_port: u16,
+    /// One full address (`ip:port`) for the metrics and health endpoint instead of --listen-address and
+    /// --metrics-port.
+    #[arg(long, env = "NE_METRICS_ADDRESS", conflicts_with_all = ["listen_address", "metrics_port"])]
+    metrics_address: Option<std::net::SocketAddr>,
     /// The controller's ingest endpoint (`https://host:port`, or `http://` with --controller-insecure)
     /// to stream flow records to. Without it the uplink is off and flushed edges are only logged.
     #[arg(long, env = "NE_CONTROLLER_URL")]
@@ -354,6 +370,8 @@ async fn run(args: RunArgs) -> Result<()> {
         None => None,
     };
     let enforcement = enforcement_config(&args)?;
+    // Bound before anything is loaded: an address this host does not have fails the start at once.
+    let listeners = bind_endpoints(&args).await?;
     let metrics = AgentMetrics::new();
     let uplink = match uplink_config {
         Some(config) => {
@@ -409,11 +427,10 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::new(attributor.clone(), caps)
         .with_scanner(scanner)
         .with_debug(debug);
-    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_address)
-        .await
-        .with_context(|| format!("binding the metrics endpoint {}", args.metrics_address))?;
-    tracing::info!(address = %args.metrics_address, "metrics on /metrics, probes on /healthz and /readyz");
-    tokio::spawn(metrics.clone().serve(metrics_listener));
+    for (address, listener) in listeners {
+        tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
+        tokio::spawn(metrics.clone().serve(listener));
+    }
     let mut kernel_before = KernelCounters::default();
     let mut decode_errors_before = 0;
     let clock = WallClock::now();
@@ -540,6 +557,41 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     tracing::info!(counters = ?data_plane.counters()?, "stopped");
     Ok(())
+}
+
+/// The addresses of the metrics and health endpoint: --metrics-address, else each --listen-address with
+/// --metrics-port.
+fn endpoint_addresses(args: &RunArgs) -> Vec<SocketAddr> {
+    match args.metrics_address {
+        Some(address) => vec![address],
+        None => args
+            .listen_address
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, args.metrics_port))
+            .collect(),
+    }
+}
+
+/// Binds the metrics and health endpoint on each of its addresses.
+async fn bind_endpoints(args: &RunArgs) -> Result<Vec<(SocketAddr, tokio::net::TcpListener)>> {
+    let addresses = endpoint_addresses(args);
+    anyhow::ensure!(
+        !addresses.is_empty(),
+        "no address for the metrics and health endpoint: give --listen-address (NE_LISTEN_ADDRESS)"
+    );
+    let mut listeners = Vec::new();
+    for address in addresses {
+        let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+            format!(
+                "binding the metrics and health endpoint to {address}: --listen-address \
+                 (NE_LISTEN_ADDRESS, chart value agent.listenAddresses) must name addresses of this host \
+                 (the chart's default is the node IP from status.hostIP, and 127.0.0.1), and the port \
+                 (--metrics-port, NE_METRICS_PORT, chart value agent.metricsPort) must be free on them"
+            )
+        })?;
+        listeners.push((address, listener));
+    }
+    Ok(listeners)
 }
 
 /// The enforcement settings when it is on; a missing node name is an error then (the agent would not

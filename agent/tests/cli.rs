@@ -317,3 +317,78 @@ fn run_checks_the_uplink_flags_before_loading_anything() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("NE_CONTROLLER_INSECURE=true"), "{stderr}");
 }
+
+/// An address this host does not have fails the start at once, naming the flag and the chart value
+/// (docs/install.md, "Metrics and health"), before anything is loaded (no root needed).
+#[test]
+fn run_refuses_a_listen_address_this_host_does_not_have() {
+    let port = free_port().port().to_string();
+    // 192.0.2.1 is TEST-NET-1: never an address of this host.
+    let out = output_within_20s(agent().args([
+        "run",
+        "--listen-address",
+        "192.0.2.1",
+        "--metrics-port",
+        &port,
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "binding the metrics and health endpoint to 192.0.2.1:{port}"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--listen-address") && stderr.contains("agent.listenAddresses"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// With the host network a wildcard listener is reachable on every interface of the node: by default
+/// the endpoint binds loopback only, and with --listen-address exactly the addresses given.
+#[test]
+fn run_serves_its_endpoint_only_on_the_listen_addresses() {
+    support::require_root();
+    let socket =
+        std::env::temp_dir().join(format!("ne-cli-listen-{}/agent.sock", std::process::id()));
+    let port = free_port().port();
+    let mut run = agent()
+        .env("RUST_LOG", "warn")
+        .env("NE_METRICS_PORT", port.to_string())
+        .env_remove("NE_LISTEN_ADDRESS")
+        .arg("run")
+        .arg("--debug-socket")
+        .arg(&socket)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let served = loop {
+        if let Ok(Some(status)) = run.try_wait() {
+            break Err(format!("the agent exited: {status}"));
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            break Err("no endpoint on 127.0.0.1 after 20 s".to_string());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Another loopback address reaches a wildcard listener, never one bound to 127.0.0.1 alone.
+    let other = TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 2], port)),
+        Duration::from_secs(2),
+    );
+    // SAFETY: kill with a valid pid of our own child.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let _ = run.wait();
+    let _ = std::fs::remove_dir(socket.parent().unwrap());
+    served.unwrap();
+    assert_eq!(
+        other.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "the endpoint answered on 127.0.0.2: it listens on every address"
+    );
+}

@@ -626,7 +626,7 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     assert_eq!(env_value(agent, "NE_DEDUPE_SECONDS"), "5");
     assert!(env(agent, "NE_RING_BUFFER_BYTES").is_none());
     assert_eq!(agent["ports"][0]["containerPort"], 9464);
-    assert_eq!(env_value(agent, "NE_METRICS_ADDRESS"), "0.0.0.0:9464");
+    assert_eq!(env_value(agent, "NE_METRICS_PORT"), "9464");
 
     assert_eq!(pod["priorityClassName"], "system-node-critical");
     // Runs on every node, tainted ones included.
@@ -1946,4 +1946,63 @@ fn agent_probes_use_its_health_endpoints_on_the_metrics_port() {
     assert_eq!(agent["livenessProbe"]["httpGet"]["port"], "metrics");
     assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(agent["readinessProbe"]["httpGet"]["port"], "metrics");
+}
+
+/// The agent uses the host network: its metrics and health endpoint binds the node's IP (downward API)
+/// and loopback, not every interface; `agent.listenAddresses` replaces both, and the kubelet's probes
+/// follow a specific address (docs/install.md, "Metrics and health").
+#[test]
+fn agent_endpoint_binds_the_node_ip_and_loopback_not_every_interface() {
+    let docs = render(&[]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    let node_ip = env(agent, "NE_NODE_IP").expect("NE_NODE_IP");
+    assert_eq!(
+        node_ip["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    let names: Vec<&str> = agent["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    let position = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    // $(NE_NODE_IP) expands only from a variable defined earlier in the list.
+    assert!(
+        position("NE_NODE_IP") < position("NE_LISTEN_ADDRESS"),
+        "{names:?}"
+    );
+    assert_eq!(
+        env_value(agent, "NE_LISTEN_ADDRESS"),
+        "$(NE_NODE_IP),127.0.0.1"
+    );
+    assert!(env(agent, "NE_METRICS_ADDRESS").is_none());
+    let daemonset = find(&docs, "DaemonSet", AGENT).to_string();
+    assert!(!daemonset.contains("0.0.0.0"), "{daemonset}");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert!(
+            agent[probe]["httpGet"].get("host").is_none(),
+            "{probe}: the pod IP"
+        );
+    }
+
+    let docs = render(&[
+        "agent.listenAddresses={10.0.0.5}",
+        "agent.metricsPort=19464",
+    ]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(env_value(agent, "NE_LISTEN_ADDRESS"), "10.0.0.5");
+    assert_eq!(env_value(agent, "NE_METRICS_PORT"), "19464");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(agent[probe]["httpGet"]["host"], "10.0.0.5", "{probe}");
+    }
+
+    let docs = render(&["agent.listenAddresses={0.0.0.0}"]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(env_value(agent, "NE_LISTEN_ADDRESS"), "0.0.0.0");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert!(agent[probe]["httpGet"].get("host").is_none(), "{probe}");
+    }
+    let error = rejected(&["agent.listenAddresses={node-ip}"]);
+    assert!(error.contains("listenAddresses"), "{error}");
 }
