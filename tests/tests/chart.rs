@@ -1948,6 +1948,48 @@ fn agent_probes_use_its_health_endpoints_on_the_metrics_port() {
     assert_eq!(agent["readinessProbe"]["httpGet"]["port"], "metrics");
 }
 
+/// The agent's securityContext: RuntimeDefault seccomp by default (containerd's default filter allows
+/// bpf() with CAP_BPF and perf_event_open() with CAP_PERFMON; docs/install.md, "Agent privileges"), the
+/// profile a chart value, and the rest of the context unchanged around it.
+#[test]
+fn agent_runs_under_the_runtime_default_seccomp_profile() {
+    let docs = render(&[]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    let sc = &agent["securityContext"];
+    assert_eq!(
+        sc["seccompProfile"],
+        serde_json::json!({"type": "RuntimeDefault"}),
+        "{sc}"
+    );
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["runAsUser"], 0);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+
+    let docs = render(&[
+        "agent.seccompProfile.type=Localhost",
+        "agent.seccompProfile.localhostProfile=profiles/network-enforcer-agent.json",
+    ]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(
+        agent["securityContext"]["seccompProfile"],
+        serde_json::json!({
+            "type": "Localhost",
+            "localhostProfile": "profiles/network-enforcer-agent.json"
+        })
+    );
+    let docs = render(&["agent.seccompProfile.type=Unconfined"]);
+    let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
+    assert_eq!(
+        agent["securityContext"]["seccompProfile"]["type"],
+        "Unconfined"
+    );
+    let error = rejected(&["agent.seccompProfile.type=Default"]);
+    assert!(error.contains("seccompProfile"), "{error}");
+    let error = rejected(&["agent.seccompProfile.type=Localhost"]);
+    assert!(error.contains("localhostProfile"), "{error}");
+}
+
 /// The agent uses the host network: its metrics and health endpoint binds the node's IP (downward API)
 /// and loopback, not every interface; `agent.listenAddresses` replaces both, and the kubelet's probes
 /// follow a specific address (docs/install.md, "Metrics and health").
