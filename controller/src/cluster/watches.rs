@@ -111,7 +111,13 @@ async fn watch<K>(
     apply: impl Fn(&mut Index, &K),
     delete: impl Fn(&mut Index, &K),
 ) where
-    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + Default
+        + DeserializeOwned
+        + Send
+        + 'static,
 {
     watch_changes(client, shared, apply, delete, None).await
 }
@@ -128,12 +134,19 @@ async fn watch_changes<K>(
     delete: impl Fn(&mut Index, &K),
     changes: Option<fn(&Index, &K, bool) -> bool>,
 ) where
-    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + Default
+        + DeserializeOwned
+        + Send
+        + 'static,
 {
     let mut events = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut listed = false;
+    let mut seen = Seen::default();
     while let Some(event) = events.next().await {
         let changes = |obj: &K, deleted: bool| {
             changes.is_none_or(|changes| {
@@ -141,24 +154,124 @@ async fn watch_changes<K>(
             })
         };
         match event {
+            Ok(Event::Init) => seen.relist(),
             Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
+                seen.applied(key_of(&obj));
                 if changes(&obj, false) {
                     apply(&mut shared.index.write().expect("index lock"), &obj)
                 }
             }
             Ok(Event::Delete(obj)) => {
+                seen.deleted(&key_of(&obj));
                 if changes(&obj, true) {
                     delete(&mut shared.index.write().expect("index lock"), &obj)
                 }
             }
-            Ok(Event::InitDone) if !listed => {
-                listed = true;
-                shared.synced.fetch_add(1, Ordering::AcqRel);
+            Ok(Event::InitDone) => {
+                let gone = seen.relisted();
+                if !gone.is_empty() {
+                    tracing::info!(kind = %K::kind(&()), deleted = gone.len(),
+                        "objects deleted while the watch was down are removed from the index");
+                }
+                for (namespace, name) in gone {
+                    // The delete functions read only the name and namespace.
+                    let mut stub = K::default();
+                    let meta = stub.meta_mut();
+                    meta.namespace = namespace;
+                    meta.name = Some(name);
+                    if changes(&stub, true) {
+                        delete(&mut shared.index.write().expect("index lock"), &stub)
+                    }
+                }
+                if !listed {
+                    listed = true;
+                    shared.synced.fetch_add(1, Ordering::AcqRel);
+                }
             }
-            Ok(_) => {}
             Err(error) => {
                 tracing::warn!(kind = %K::kind(&()), %error, "watch failed; retrying with backoff")
             }
         }
+    }
+}
+
+/// An object's (namespace, name).
+pub(crate) type Key = (Option<String>, String);
+
+pub(crate) fn key_of<K: kube::Resource>(obj: &K) -> Key {
+    (obj.meta().namespace.clone(), obj.name_any())
+}
+
+/// The objects one watch has reported, so that a re-list (after the watch fell behind or its
+/// connection broke) can tell which were deleted while nobody watched: the API server sends no delete
+/// event for those, and without this they would stay in the index for ever.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    known: std::collections::HashSet<Key>,
+    /// What the re-list in progress has listed so far.
+    relisting: Option<std::collections::HashSet<Key>>,
+}
+
+impl Seen {
+    /// A (re-)list starts.
+    pub(crate) fn relist(&mut self) {
+        self.relisting = Some(Default::default());
+    }
+
+    pub(crate) fn applied(&mut self, key: Key) {
+        if let Some(listed) = &mut self.relisting {
+            listed.insert(key.clone());
+        }
+        self.known.insert(key);
+    }
+
+    pub(crate) fn deleted(&mut self, key: &Key) {
+        self.known.remove(key);
+    }
+
+    /// The (re-)list is complete: the objects known before it that it did not list, which are gone.
+    pub(crate) fn relisted(&mut self) -> Vec<Key> {
+        let Some(listed) = self.relisting.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<Key> = self.known.difference(&listed).cloned().collect();
+        for key in &gone {
+            self.known.remove(key);
+        }
+        gone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        (Some("ns".into()), name.into())
+    }
+
+    #[test]
+    fn a_relist_finds_what_was_deleted_while_nobody_watched() {
+        let mut seen = Seen::default();
+        // The first list.
+        seen.relist();
+        seen.applied(key("a"));
+        seen.applied(key("b"));
+        assert_eq!(seen.relisted(), Vec::<Key>::new());
+        // Watched: c added, a deleted.
+        seen.applied(key("c"));
+        seen.deleted(&key("a"));
+        // The watch breaks; b and c are deleted meanwhile, d created; the re-list sees only d.
+        seen.relist();
+        seen.applied(key("d"));
+        let mut gone = seen.relisted();
+        gone.sort();
+        assert_eq!(gone, vec![key("b"), key("c")]);
+        // Known from now on: d only; another re-list that lists d finds nothing gone.
+        seen.relist();
+        seen.applied(key("d"));
+        assert_eq!(seen.relisted(), Vec::<Key>::new());
+        // An InitDone without an Init in progress (never sent by kube, but harmless) finds nothing.
+        assert_eq!(seen.relisted(), Vec::<Key>::new());
     }
 }

@@ -680,6 +680,7 @@ pub async fn watch_names(client: Client, names: Arc<RwLock<NameIndex>>) {
     let mut events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
+    let mut seen = crate::cluster::watches::Seen::default();
     while let Some(event) = events.next().await {
         let apply = |names: &mut NameIndex, pod: &PartialObjectMeta<Pod>| {
             let m = &pod.metadata;
@@ -690,14 +691,25 @@ pub async fn watch_names(client: Client, names: Arc<RwLock<NameIndex>>) {
             );
         };
         match event {
+            Ok(Event::Init) => seen.relist(),
             Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
+                seen.applied(crate::cluster::watches::key_of(&pod));
                 apply(&mut names.write().expect("names lock"), &pod)
             }
-            Ok(Event::Delete(pod)) => names.write().expect("names lock").delete(
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            Ok(_) => {}
+            Ok(Event::Delete(pod)) => {
+                seen.deleted(&crate::cluster::watches::key_of(&pod));
+                names.write().expect("names lock").delete(
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                )
+            }
+            Ok(Event::InitDone) => {
+                // Pods deleted while the watch was down get no delete event.
+                let mut names = names.write().expect("names lock");
+                for (namespace, name) in seen.relisted() {
+                    names.delete(namespace.as_deref().unwrap_or_default(), &name);
+                }
+            }
             Err(error) => tracing::warn!(%error, "pod name watch failed; retrying with backoff"),
         }
     }
