@@ -32,6 +32,17 @@ pub const MAX_VIOLATIONS: usize = 100;
 
 /// At most this many acknowledged records are kept (the oldest acknowledgements are dropped).
 pub const MAX_ACKNOWLEDGED: usize = 100;
+/// At most this many characters of an acknowledgement's reason are kept: annotations may hold 256 KiB,
+/// and [`MAX_ACKNOWLEDGED`] uncut reasons could grow the status past what etcd stores.
+pub const MAX_REASON_CHARS: usize = 1024;
+
+/// `reason` cut to [`MAX_REASON_CHARS`] characters, marked with `…` when cut.
+pub fn cap_reason(reason: &str) -> String {
+    match reason.char_indices().nth(MAX_REASON_CHARS) {
+        None => reason.to_string(),
+        Some((end, _)) => format!("{}…", &reason[..end]),
+    }
+}
 
 /// One occurrence of a violating flow, attributed to a policy: a [`ViolationRecord`] without its id.
 #[derive(Clone, Debug, PartialEq)]
@@ -230,7 +241,7 @@ pub fn sync(
                 Some(i) => {
                     acknowledged.push(AcknowledgedViolation {
                         violation: status.violations.remove(i),
-                        reason: reason.clone(),
+                        reason: cap_reason(reason),
                         acknowledged_at: input.now.clone(),
                     });
                     continue;

@@ -429,3 +429,28 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn acknowledgement_reasons_are_cut_to_a_bound() {
+    let long = "é".repeat(MAX_REASON_CHARS + 10);
+    // (reason, kept)
+    let cases = [
+        ("looked at it".to_string(), "looked at it".to_string()),
+        ("x".repeat(MAX_REASON_CHARS), "x".repeat(MAX_REASON_CHARS)),
+        (long.clone(), format!("{}…", "é".repeat(MAX_REASON_CHARS))),
+        (String::new(), String::new()),
+    ];
+    for (reason, kept) in cases {
+        assert_eq!(cap_reason(&reason), kept, "{:.20}", reason);
+    }
+    // What a sync writes into the status.
+    let first = sync_with(None, &[observation(18081, 0)], None).status;
+    let huge = "why ".repeat(60_000);
+    let out = sync_with(Some(&first), &[], Some(&annotations(&[(&ack("0"), &huge)])));
+    let reason = &out.status.acknowledged_violations[0].reason;
+    assert_eq!(
+        reason.chars().count(),
+        MAX_REASON_CHARS + 1,
+        "cut and marked"
+    );
+}
