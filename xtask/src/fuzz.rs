@@ -80,7 +80,8 @@ pub fn run() -> Result<()> {
     for (target, figures) in &targets {
         println!(
             "  {target:<width$}  {:>9} cases  {:>8.2} s",
-            figures["cases"], figures["seconds"]
+            figures["cases"].as_u64().unwrap_or_default(),
+            figures["seconds"].as_f64().unwrap_or_default()
         );
     }
     println!("  -> {}", path.display());
