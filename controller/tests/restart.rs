@@ -592,3 +592,135 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
     uplink_task.abort();
     Ok(())
 }
+
+/// The real controller binary, with a monitor-mode policy that denies the server's ingress: an agent's
+/// batch carrying a violation is not acknowledged when its edge is written, only once the violation is
+/// in the policy's status (a controller stopping before that is sent the batch again). Here the status
+/// interval is an hour, so the acknowledgement is still held seconds after the proposal was written;
+/// on SIGTERM the last status sync writes the violation.
+#[tokio::test]
+async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Result<()> {
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    use network_enforcer_tests::section10::{
+        AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
+    };
+    let ns = TestNamespace::create_with_crds("evidence-ack").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    let guard: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "guard", "namespace": n},
+        "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "http-server"},
+                 "kubernetes": {"podSelector": {"matchLabels": {"app": "http-server"}},
+                                "policyTypes": ["Ingress"]}}
+    }))?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    policies
+        .create(&kube::api::PostParams::default(), &guard)
+        .await?;
+    service_account_with_token(&ns, AGENT_SA).await?;
+    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
+    let token = TokenFile(
+        std::env::temp_dir().join(format!("ne-evidence-{}-{n}.token", std::process::id())),
+    );
+    std::fs::write(&token.0, agent_token(&ns, AGENT_SA, &agent_pod).await?)?;
+    let (ingest, metrics) = (free_port()?, free_port()?);
+    let controller = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+        .arg("run")
+        .env("KUBECONFIG", ns.kubeconfig())
+        .env("WATCH_NAMESPACE", &n)
+        .env("POD_NAMESPACE", &n)
+        .env("POD_NAME", "controller-0")
+        .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
+        .env("CONTROLLER_PROVIDER", "ebpf")
+        .env("EXCLUDE_NAMESPACES", "kube-system")
+        .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
+        .env("INGEST_INSECURE", "true")
+        .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
+        .env("FLUSH_INTERVAL_SECONDS", "1")
+        .env("WNP_STATUS_UPDATE_INTERVAL", "1h")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut controller = Running(Some(controller));
+    let counters = UplinkCounters::default();
+    let (agent, uplink_task) = uplink::spawn(
+        UplinkConfig {
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(1000),
+            },
+            ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node).insecure()
+        },
+        counters.clone(),
+    )?;
+    // Wait until the controller has seen the policy (its status sync attributes evidence to it).
+    ns.wait_for(
+        "the controller to lead",
+        Duration::from_secs(90),
+        || async {
+            let text = http_get(metrics, "/metrics").await.unwrap_or_default();
+            Ok(text
+                .lines()
+                .any(|l| l == "network_enforcer_controller_leader 1")
+                .then_some(()))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(agent.send(vec![flow_record(
+        &n,
+        &server,
+        clients[0].1,
+        18080,
+        Protocol::Tcp,
+        Direction::Inbound,
+        Outcome::Established,
+    )]));
+    let server_rule =
+        format!("deployment-http-server-ingress ingress {n}/app=http-client TCP/18080");
+    ns.wait_for(
+        "the edge to be written",
+        Duration::from_secs(60),
+        || async { Ok(rules(&ns).await?.contains(&server_rule).then_some(())) },
+    )
+    .await?;
+    // Written, flushed again and again (every second), yet held: the violation is not in a status.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        counters.batches_acked.get(),
+        0,
+        "acknowledged before the violation was written; {}",
+        agent_state(&counters)
+    );
+    let text = http_get(metrics, "/metrics").await.unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l == "network_enforcer_controller_acks_waiting 1"),
+        "{text}"
+    );
+
+    let child = controller.0.take().context("the controller runs")?;
+    let pid = child.id();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(killed.success(), "kill -TERM {pid}");
+    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .context("the controller exits after SIGTERM")???;
+    let logs = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}\n{logs}", output.status);
+    let status = policies.get("guard").await?.status.unwrap_or_default();
+    assert_eq!(
+        status.violations.len(),
+        1,
+        "the last status sync writes the held violation: {status:?}\n{logs}"
+    );
+    drop(agent);
+    uplink_task.abort();
+    Ok(())
+}

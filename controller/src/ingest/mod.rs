@@ -14,8 +14,10 @@
 //! flush that started after it was merged has written every pending proposal ([`Flushes`]); until then
 //! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
 //! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
-//! duplicated rule. Batches that teach nothing (refused records, failed attempts, or only edges a flush
-//! has already written) are acknowledged at once. A proposal whose write keeps failing holds back only
+//! duplicated rule. Violation evidence is held the same way: while any policy exists, a batch is
+//! acknowledged only once the evidence pass after it has found no violation in it that still waits for
+//! its status patch ([`Holds`]). Batches that teach nothing and carry no evidence (refused records, or
+//! only edges a flush has already written, with no policy in force) are acknowledged at once. A proposal whose write keeps failing holds back only
 //! the acknowledgements of batches that taught it something ([`WaitsFor`]): one hostile or broken
 //! proposal cannot stall every agent. Those agents' resend buffers rotate their oldest batches out,
 //! which this controller has already merged.
@@ -310,23 +312,19 @@ impl Learning {
         self.take_in_as(node, batch, Reporter::Cluster).0
     }
 
-    /// [`Learning::accept`], also saying which proposals the batch gave edges no flush has decided yet
-    /// (nothing: the acknowledgement may go at once).
-    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, WaitsFor) {
+    /// [`Learning::accept`], also saying what the acknowledgement must wait for: the proposals the
+    /// batch gave edges no flush has decided yet, and the status patch of its violation evidence.
+    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, Holds) {
         self.take_in_as(node, batch, Reporter::Node)
     }
 
-    fn take_in_as(
-        &self,
-        node: &str,
-        batch: &FlowBatch,
-        reporter: Reporter,
-    ) -> (BatchAck, WaitsFor) {
+    fn take_in_as(&self, node: &str, batch: &FlowBatch, reporter: Reporter) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.writer.metrics();
         let now_ms = crate::cluster::watches::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
+        let mut evidence_handed = false;
         for original in &batch.records {
             let record = clamp_times(original, now_ms);
             if matches!(record, Cow::Owned(_)) {
@@ -350,6 +348,7 @@ impl Learning {
             });
             if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
                 evidence.accepted(record);
+                evidence_handed = true;
             }
             match result {
                 Ok(Ok(())) => accepted += 1,
@@ -378,8 +377,32 @@ impl Learning {
                 rejected,
                 reason,
             },
-            waits,
+            Holds {
+                proposals: waits,
+                evidence: self
+                    .evidence
+                    .as_ref()
+                    .filter(|_| evidence_handed)
+                    .and_then(|e| e.hold()),
+            },
         )
+    }
+}
+
+/// What a batch's acknowledgement waits for (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holds {
+    /// The writes of these proposals.
+    pub proposals: WaitsFor,
+    /// The status patch of violations found in its records: a mark of the evidence sink
+    /// ([`crate::monitor::status_sync::EvidenceSink::hold`]).
+    pub evidence: Option<u64>,
+}
+
+impl Holds {
+    /// Nothing to wait for: the acknowledgement may go at once.
+    pub fn is_nothing(&self) -> bool {
+        self.proposals.is_nothing() && self.evidence.is_none()
     }
 }
 
@@ -575,19 +598,30 @@ impl FlowUplink for IngestService {
             let mut pod_seen = false;
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
-            let mut waiting: VecDeque<(u64, WaitsFor, BatchAck)> = VecDeque::new();
+            let mut waiting: VecDeque<(u64, Holds, BatchAck)> = VecDeque::new();
             let mut flushed = written.as_ref().map(|w| w.subscribe());
-            // The flush whose outcome `waiting` was last checked against.
-            let mut checked = 0;
+            let evidence = learning.evidence.clone();
+            let mut settled = evidence.as_ref().and_then(|e| e.settled());
+            // The (flush, settled evidence) `waiting` was last checked against.
+            let mut checked = (0, 0);
             let mut inbound_open = true;
             'stream: loop {
-                if let Some(w) = written.as_ref().filter(|w| w.latest() != checked) {
-                    checked = w.latest();
+                let now = (
+                    written.as_ref().map_or(0, |w| w.latest()),
+                    settled.as_ref().map_or(0, |s| *s.borrow()),
+                );
+                if let Some(w) = written.as_ref().filter(|_| now != checked) {
+                    checked = now;
                     // Not only from the front: a batch behind one that waits for a failing proposal
                     // may be written already (agents acknowledge per sequence).
-                    let (ready, still): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut waiting)
-                        .into_iter()
-                        .partition(|(mark, waits, _)| w.written_for(*mark, waits));
+                    let released = |(mark, holds, _): &(u64, Holds, BatchAck)| {
+                        (holds.proposals.is_nothing() || w.written_for(*mark, &holds.proposals))
+                            && holds.evidence.is_none_or(|m| {
+                                evidence.as_ref().is_none_or(|e| e.settled_after(m))
+                            })
+                    };
+                    let (ready, still): (VecDeque<_>, VecDeque<_>) =
+                        std::mem::take(&mut waiting).into_iter().partition(released);
                     waiting = still;
                     for (_, _, ack) in ready {
                         metrics.acks_waiting.dec();
@@ -632,9 +666,21 @@ impl FlowUplink for IngestService {
                         continue;
                     }
                     changed = async {
-                        match flushed.as_mut() {
-                            Some(rx) => rx.changed().await,
-                            None => std::future::pending().await,
+                        let flush = async {
+                            match flushed.as_mut() {
+                                Some(rx) => rx.changed().await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        let evidence = async {
+                            match settled.as_mut() {
+                                Some(rx) => rx.changed().await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            changed = flush => changed,
+                            changed = evidence => changed,
                         }
                     }, if !waiting.is_empty() => {
                         if changed.is_err() {
@@ -695,13 +741,15 @@ impl FlowUplink for IngestService {
                     let _ = tx.send(Err(status)).await;
                     break;
                 }
-                let Ok((reply, waits)) = merge(&learning, &agent.node, batch).await else {
+                let Ok((reply, holds)) = merge(&learning, &agent.node, batch).await else {
                     break;
                 };
                 match &written {
-                    Some(w) if !waits.is_nothing() => {
+                    Some(w) if !holds.is_nothing() => {
                         // Marked after merging: a flush that starts later takes these edges.
-                        waiting.push_back((w.mark(), waits, reply));
+                        waiting.push_back((w.mark(), holds, reply));
+                        // Checked again even if no flush comes: the evidence may settle first.
+                        checked = (u64::MAX, u64::MAX);
                         metrics.acks_waiting.inc();
                     }
                     _ => {
@@ -747,7 +795,7 @@ async fn merge(
     learning: &Arc<Learning>,
     node: &str,
     batch: FlowBatch,
-) -> Result<(BatchAck, WaitsFor), tokio::task::JoinError> {
+) -> Result<(BatchAck, Holds), tokio::task::JoinError> {
     static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
     let slots = SLOTS.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());

@@ -48,9 +48,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// At most this many records wait in the [`EvidenceQueue`] between two passes.
 pub const MAX_QUEUED_RECORDS: usize = 200_000;
@@ -62,9 +63,31 @@ pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 pub trait EvidenceSink: Send + Sync {
     /// An authenticated agent's record was accepted.
     fn accepted(&self, record: &FlowRecord);
+
+    /// Called after handing records in: the mark to wait for ([`EvidenceSink::settled_after`]) before
+    /// acknowledging them, or `None` when they need no wait (no policy, so no record is evidence).
+    fn hold(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether every violation found in records handed in before `mark` was taken is in a status.
+    fn settled_after(&self, _mark: u64) -> bool {
+        true
+    }
+
+    /// Changes whenever [`EvidenceSink::settled_after`] may have become true.
+    fn settled(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// Records waiting for the next evidence pass; bounded in records and bytes, dropping the oldest.
+///
+/// It also tells ingest when evidence is safe to acknowledge: an agent forgets an acknowledged batch, so
+/// a violation found in it must be in a policy's status by then (or the controller's restart would lose
+/// it). Drains are numbered; a drain is *settled* once every observation it produced has been patched
+/// into a status (at once when it produced none). A batch handed in before drain `n` began is settled
+/// once drain `n` is.
 #[derive(Debug, Default)]
 pub struct EvidenceQueue {
     queued_records: Mutex<Queued>,
@@ -72,6 +95,10 @@ pub struct EvidenceQueue {
     dropped: Counter,
     /// Records queued now (`evidence_queue_records`).
     queued: Gauge,
+    /// The newest settled drain.
+    settled: watch::Sender<u64>,
+    /// Whether a policy existed at the last attribution: without one no record is evidence.
+    policies_exist: AtomicBool,
 }
 
 /// The queue's records, each with its size, and their total size.
@@ -79,15 +106,40 @@ pub struct EvidenceQueue {
 struct Queued {
     records: VecDeque<(FlowRecord, usize)>,
     bytes: usize,
+    /// Drains so far; counted under the lock, so a record is either in drain `n` or handed in after it.
+    drains: u64,
 }
 
 impl EvidenceQueue {
     /// Takes every queued record.
     pub fn drain(&self) -> Vec<FlowRecord> {
+        self.drain_numbered().0
+    }
+
+    /// Takes every queued record; also returns the drain's number.
+    fn drain_numbered(&self) -> (Vec<FlowRecord>, u64) {
         let mut queued = self.queued_records.lock().expect("evidence lock");
         self.queued.set(0);
         queued.bytes = 0;
-        queued.records.drain(..).map(|(r, _)| r).collect()
+        queued.drains += 1;
+        let records = queued.records.drain(..).map(|(r, _)| r).collect();
+        (records, queued.drains)
+    }
+
+    /// Drains so far.
+    fn drains(&self) -> u64 {
+        self.queued_records.lock().expect("evidence lock").drains
+    }
+
+    /// Every observation of drains up to `drain` is in a status.
+    fn settle(&self, drain: u64) {
+        self.settled.send_if_modified(|settled| {
+            let newer = drain > *settled;
+            if newer {
+                *settled = drain;
+            }
+            newer
+        });
     }
 
     /// Records dropped because the queue was full.
@@ -112,6 +164,21 @@ impl EvidenceSink for EvidenceQueue {
         queued.records.push_back((record.clone(), size));
         queued.bytes += size;
         self.queued.set(queued.records.len() as i64);
+    }
+
+    fn hold(&self) -> Option<u64> {
+        // Read after the records were pushed: the next drain takes them, or one already did.
+        self.policies_exist
+            .load(Ordering::Acquire)
+            .then(|| self.drains())
+    }
+
+    fn settled_after(&self, mark: u64) -> bool {
+        *self.settled.borrow() > mark
+    }
+
+    fn settled(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.settled.subscribe())
     }
 }
 
@@ -489,13 +556,14 @@ impl StatusSync {
     /// Attributes the queued records to the policies in force; returns how many observations were
     /// queued for a status patch.
     pub fn attribute_evidence(&self) -> usize {
-        let records = self.queue.drain();
-        if records.is_empty() {
-            return 0;
-        }
+        let (records, drain) = self.queue.drain_numbered();
         let policies = self.policies.state();
         let set = PolicySet::new(policies.iter().map(|p| p.as_ref()));
-        if set.is_empty() {
+        self.queue
+            .policies_exist
+            .store(!set.is_empty(), Ordering::Release);
+        if records.is_empty() || set.is_empty() {
+            self.settle_if_written(drain);
             return 0;
         }
         let backends: HashMap<PolicyKey, Backend> = policies
@@ -546,11 +614,22 @@ impl StatusSync {
         }
         state.repeats.forget_before(now.0.as_millisecond());
         self.count_pending(&mut state);
+        drop(state);
+        self.settle_if_written(drain);
         queued
+    }
+
+    /// Marks drains up to `drain` settled when no observation waits for a patch.
+    fn settle_if_written(&self, drain: u64) {
+        if self.state.lock().expect("state lock").pending.is_empty() {
+            self.queue.settle(drain);
+        }
     }
 
     /// Syncs every policy's status once (see the module docs).
     pub async fn sync_all(&self) -> PassReport {
+        // Everything drained so far is pending or written; what this pass writes settles it.
+        let drained = self.queue.drains();
         let policies = self.policies.state();
         let keys: HashSet<PolicyKey> = policies.iter().map(|p| policy_key(p)).collect();
         let gone = {
@@ -588,6 +667,7 @@ impl StatusSync {
                 }
             }
         }
+        self.settle_if_written(drained);
         self.passes.fetch_add(1, Ordering::AcqRel);
         report
     }
@@ -905,5 +985,70 @@ mod tests {
             metric(&text, &format!("{p}pending_violation_observations")),
             Some(0.0)
         );
+    }
+
+    #[tokio::test]
+    async fn evidence_is_settled_only_once_its_violations_are_written() {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client that is never used");
+        let sync = StatusSync::new(
+            client,
+            Arc::new(SharedIndex::default()),
+            Settings::default(),
+            Arc::new(crate::monitor::otlp::Disabled),
+        );
+        let evidence = sync.evidence();
+        let record = FlowRecord::default();
+        // No policy known: nothing is evidence, nothing to wait for.
+        evidence.accepted(&record);
+        assert_eq!(evidence.hold(), None);
+        sync.attribute_evidence();
+
+        // A policy appears.
+        let mut writers = sync.writers.lock().unwrap().take().unwrap();
+        let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+            "kind": "WorkloadNetworkPolicy",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
+                     "targetRef": {"kind": "Deployment", "name": "web"},
+                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+        }))
+        .unwrap();
+        writers
+            .policies
+            .apply_watcher_event(&watcher::Event::Apply(policy.clone()));
+        sync.attribute_evidence();
+
+        // Handed in: waits for the next drain to settle.
+        evidence.accepted(&record);
+        let mark = evidence.hold().expect("a policy exists: evidence waits");
+        assert!(!evidence.settled_after(mark));
+        // That drain finds a violation (here put in by hand: the record resolves to no pod), so it
+        // is not settled while the violation waits for its status patch...
+        {
+            let mut state = sync.state.lock().unwrap();
+            state.pending.push(policy_key(&policy), observation(18080));
+        }
+        sync.attribute_evidence();
+        assert!(
+            !evidence.settled_after(mark),
+            "the violation is not written yet"
+        );
+        // ...and is once the patch has recorded it.
+        {
+            let mut state = sync.state.lock().unwrap();
+            let key = policy_key(&policy);
+            let read = state.pending.read(&key).1;
+            state.pending.commit(&key, read);
+        }
+        sync.attribute_evidence();
+        assert!(evidence.settled_after(mark));
+        // Something handed in later waits for a later drain.
+        evidence.accepted(&record);
+        let later = evidence.hold().unwrap();
+        assert!(!evidence.settled_after(later));
+        sync.attribute_evidence();
+        assert!(evidence.settled_after(later));
     }
 }
