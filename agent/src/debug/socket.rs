@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::broadcast;
 
@@ -38,6 +38,9 @@ pub const RECENT_EDGES: usize = 16_384;
 
 /// How long the agent waits for a client's request line before streaming live events only.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most a request line may weigh: a request is a few dozen bytes, and a client must not make the
+/// agent buffer an endless line.
+const MAX_REQUEST_BYTES: u64 = 4096;
 
 /// What a client asks for (its first line).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -416,7 +419,8 @@ impl Drop for DebugServer {
 
 async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
     let (read, mut write) = stream.into_split();
-    let mut requests = BufReader::new(read).lines();
+    // Past the bound the line reads as cut short, fails to parse, and the client gets live events.
+    let mut requests = BufReader::new(read.take(MAX_REQUEST_BYTES)).lines();
     let request = match tokio::time::timeout(REQUEST_TIMEOUT, requests.next_line()).await {
         Ok(Ok(Some(line))) => serde_json::from_str::<Request>(&line).unwrap_or_else(|err| {
             tracing::warn!(%err, "debug socket: unreadable request; streaming live events only");
