@@ -165,7 +165,14 @@ pub enum Added {
     Known,
     /// Refused: the port's pending external addresses are at the cap.
     Capped,
+    /// Refused: the proposal has [`MAX_PENDING_EDGES`] pending already.
+    Overflow,
 }
+
+/// The most edges one proposal keeps pending between two flushes. Agents report an active edge again
+/// in later windows, so one refused now is learned after the flush has made room; the bound keeps a
+/// workload reaching huge numbers of peers or ports from growing the controller's memory.
+pub const MAX_PENDING_EDGES: usize = 20_000;
 
 /// The edges waiting for one proposal's next write.
 #[derive(Debug, Default)]
@@ -176,6 +183,8 @@ pub struct PendingEdges {
     external: HashMap<(Protocol, u16), usize>,
     /// External edges refused by the cap per (protocol, port), for the proposal's Event at the write.
     capped: BTreeMap<(Protocol, u16), usize>,
+    /// Edges refused because [`MAX_PENDING_EDGES`] were pending.
+    overflow: usize,
 }
 
 impl PendingEdges {
@@ -184,6 +193,10 @@ impl PendingEdges {
     pub fn add(&mut self, edge: Edge, max_external: usize) -> Added {
         if self.edges.contains_key(&edge) {
             return Added::Known;
+        }
+        if self.edges.len() >= MAX_PENDING_EDGES {
+            self.overflow += 1;
+            return Added::Overflow;
         }
         if edge.external().is_some() {
             let count = self.external.entry(edge.port()).or_default();
@@ -211,6 +224,11 @@ impl PendingEdges {
     /// External edges refused by the cap since this was created, per (protocol, port).
     pub fn capped(&self) -> &BTreeMap<(Protocol, u16), usize> {
         &self.capped
+    }
+
+    /// Edges refused because [`MAX_PENDING_EDGES`] were pending.
+    pub fn overflow(&self) -> usize {
+        self.overflow
     }
 
     /// The edges in arrival order.
@@ -590,6 +608,8 @@ impl ProposalWriter {
                     }
                     Added::Known => {}
                     Added::Capped => capped += 1,
+                    // Counted and reported with the proposal's write.
+                    Added::Overflow => {}
                 }
             }
         }
@@ -604,6 +624,7 @@ impl ProposalWriter {
             // Reported with the proposal's Event when the pending ones are written.
             self.metrics.resolved("external_capped", capped);
         }
+
         Ok(produced)
     }
 
@@ -643,11 +664,12 @@ impl ProposalWriter {
         let mut report = FlushReport::default();
         // Refused while pending: already counted; the write's Event names them too.
         let pending_capped = edges.capped().clone();
+        let overflow = edges.overflow();
         let edges = edges.into_ordered();
         let started = Instant::now();
         let before = report.clone();
         let result = self
-            .write(&target, &edges, &pending_capped, &mut report)
+            .write(&target, &edges, (&pending_capped, overflow), &mut report)
             .await;
         self.metrics
             .write_duration
@@ -716,7 +738,7 @@ impl ProposalWriter {
         target: &Target,
         proposal: Option<&WorkloadNetworkPolicyProposal>,
         merged: &learn::Merged,
-        pending_capped: &BTreeMap<(Protocol, u16), usize>,
+        (pending_capped, overflow): (&BTreeMap<(Protocol, u16), usize>, usize),
         size_capped: usize,
         report: &mut FlushReport,
     ) {
@@ -758,6 +780,13 @@ impl ProposalWriter {
                 format!(
                     "peers past {} rules (--max-rules-per-proposal)",
                     self.limits.max_rules
+                ),
+            ),
+            (
+                overflow,
+                "pending_overflow",
+                format!(
+                    "edges past {MAX_PENDING_EDGES} waiting for one write (learned later if seen again)"
                 ),
             ),
             (
@@ -813,7 +842,7 @@ impl ProposalWriter {
         &self,
         target: &Target,
         edges: &[Edge],
-        pending_capped: &BTreeMap<(Protocol, u16), usize>,
+        pending_capped: (&BTreeMap<(Protocol, u16), usize>, usize),
         report: &mut FlushReport,
     ) -> Result<(), kube::Error> {
         let ns = &target.workload.namespace;
@@ -1129,6 +1158,26 @@ mod tests {
             pending.into_ordered(),
             [external(9, 443), node, external(1, 443), external(2, 80)]
         );
+    }
+
+    #[test]
+    fn a_proposal_keeps_a_bounded_number_of_edges_pending() {
+        let edge = |i: usize| Edge::Kubernetes {
+            peer: Endpoint::External(std::net::Ipv4Addr::from(0x0a00_0000 + i as u32).into()),
+            protocol: Protocol::UDP,
+            port: 1 + (i % 60_000) as u16,
+        };
+        let mut pending = PendingEdges::default();
+        for i in 0..MAX_PENDING_EDGES {
+            assert_eq!(pending.add(edge(i), usize::MAX), Added::New);
+        }
+        assert_eq!(pending.add(edge(0), usize::MAX), Added::Known);
+        assert_eq!(
+            pending.add(edge(MAX_PENDING_EDGES), usize::MAX),
+            Added::Overflow
+        );
+        assert_eq!(pending.len(), MAX_PENDING_EDGES);
+        assert_eq!(pending.overflow(), 1, "counted for the write's Event");
     }
 
     #[test]
