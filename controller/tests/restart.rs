@@ -466,54 +466,114 @@ async fn http_get(port: u16, path: &str) -> Option<String> {
         .map(|(_, body)| body.to_string())
 }
 
+/// The real controller binary for one test namespace, with an agent pod's token on disk and the real
+/// agent uplink streaming to it.
+struct BinaryController {
+    process: Running,
+    metrics: u16,
+    _token: TokenFile,
+    agent: uplink::UplinkSender,
+    uplink_task: tokio::task::JoinHandle<()>,
+    counters: UplinkCounters,
+}
+
+impl BinaryController {
+    /// Starts the controller binary with `flush_interval` and `status_interval` (Go-style durations are
+    /// what the chart passes for the latter), plus an agent pod on the test's node.
+    async fn start(ns: &TestNamespace, flush_seconds: &str, status_interval: &str) -> Result<Self> {
+        use network_enforcer_tests::section10::{
+            AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
+        };
+        let n = ns.name.clone();
+        service_account_with_token(ns, AGENT_SA).await?;
+        let (agent_pod, node) = scheduled_pod(ns, &pod_json("agent", AGENT_SA, None)?).await?;
+        let token = TokenFile(
+            std::env::temp_dir().join(format!("ne-binary-{}-{n}.token", std::process::id())),
+        );
+        std::fs::write(&token.0, agent_token(ns, AGENT_SA, &agent_pod).await?)?;
+        let (ingest, metrics) = (free_port()?, free_port()?);
+        let process = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+            .arg("run")
+            .env("KUBECONFIG", ns.kubeconfig())
+            .env("WATCH_NAMESPACE", &n)
+            .env("POD_NAMESPACE", &n)
+            .env("POD_NAME", "controller-0")
+            .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
+            .env("CONTROLLER_PROVIDER", "ebpf")
+            .env("EXCLUDE_NAMESPACES", "kube-system")
+            .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
+            .env("INGEST_INSECURE", "true")
+            .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
+            .env("FLUSH_INTERVAL_SECONDS", flush_seconds)
+            .env("WNP_STATUS_UPDATE_INTERVAL", status_interval)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let process = Running(Some(process));
+        let counters = UplinkCounters::default();
+        let (agent, uplink_task) = uplink::spawn(
+            UplinkConfig {
+                backoff: Backoff {
+                    initial: Duration::from_millis(100),
+                    max: Duration::from_millis(1000),
+                },
+                ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node)
+                    .insecure()
+            },
+            counters.clone(),
+        )?;
+        Ok(Self {
+            process,
+            metrics,
+            _token: token,
+            agent,
+            uplink_task,
+            counters,
+        })
+    }
+
+    /// Whether `/metrics` has the line `line`.
+    async fn metric_line(&self, line: &str) -> bool {
+        let text = http_get(self.metrics, "/metrics").await.unwrap_or_default();
+        text.lines().any(|l| l == line)
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns the exit status's success and the logs.
+    async fn terminate(&mut self) -> Result<(bool, String)> {
+        let child = self.process.0.take().context("the controller runs")?;
+        let pid = child.id();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(killed.success(), "kill -TERM {pid}");
+        let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
+        let output = tokio::time::timeout(Duration::from_secs(60), waiting)
+            .await
+            .context("the controller exits after SIGTERM")???;
+        Ok((
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        ))
+    }
+}
+
+impl Drop for BinaryController {
+    fn drop(&mut self) {
+        self.uplink_task.abort();
+    }
+}
+
 /// The real controller binary, stopped with SIGTERM while an agent's batch waits for the next flush
 /// (an hour away): it writes the proposals on its way out, exits cleanly and releases its Lease.
 #[tokio::test]
 async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
-    use network_enforcer_tests::section10::{
-        AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
-    };
     let ns = TestNamespace::create_with_crds("sigterm").await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
     let n = ns.name.clone();
-    service_account_with_token(&ns, AGENT_SA).await?;
-    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
-    let token = TokenFile(
-        std::env::temp_dir().join(format!("ne-sigterm-{}-{n}.token", std::process::id())),
-    );
-    std::fs::write(&token.0, agent_token(&ns, AGENT_SA, &agent_pod).await?)?;
-    let (ingest, metrics) = (free_port()?, free_port()?);
-    let controller = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
-        .arg("run")
-        .env("KUBECONFIG", ns.kubeconfig())
-        .env("WATCH_NAMESPACE", &n)
-        .env("POD_NAMESPACE", &n)
-        .env("POD_NAME", "controller-0")
-        .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
-        .env("CONTROLLER_PROVIDER", "ebpf")
-        .env("EXCLUDE_NAMESPACES", "kube-system")
-        .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
-        .env("INGEST_INSECURE", "true")
-        .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
-        .env("FLUSH_INTERVAL_SECONDS", "3600")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut controller = Running(Some(controller));
+    let mut controller = BinaryController::start(&ns, "3600", "30s").await?;
     let service = cluster_ip(&n, "http-service", &ns.client).await?;
-    let counters = UplinkCounters::default();
-    let (agent, uplink_task) = uplink::spawn(
-        UplinkConfig {
-            backoff: Backoff {
-                initial: Duration::from_millis(100),
-                max: Duration::from_millis(1000),
-            },
-            ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node).insecure()
-        },
-        counters.clone(),
-    )?;
-    assert!(agent.send(vec![
+    assert!(controller.agent.send(vec![
         flow_record(
             &n,
             &clients[0].0,
@@ -538,33 +598,22 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
         "the controller to hold the batch's acknowledgement",
         Duration::from_secs(90),
         || async {
-            let text = http_get(metrics, "/metrics").await.unwrap_or_default();
-            Ok(text
-                .lines()
-                .any(|l| l == "network_enforcer_controller_acks_waiting 1")
+            Ok(controller
+                .metric_line("network_enforcer_controller_acks_waiting 1")
+                .await
                 .then_some(()))
         },
     )
     .await?;
     assert_eq!(
-        counters.batches_acked.get(),
+        controller.counters.batches_acked.get(),
         0,
         "{}",
-        agent_state(&counters)
+        agent_state(&controller.counters)
     );
 
-    let child = controller.0.take().context("the controller runs")?;
-    let pid = child.id();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    anyhow::ensure!(killed.success(), "kill -TERM {pid}");
-    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
-    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
-        .await
-        .context("the controller exits after SIGTERM")???;
-    let (status, logs) = (output.status, String::from_utf8_lossy(&output.stdout));
-    assert!(status.success(), "{status}\n{logs}");
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
     let last = logs
         .lines()
         .find(|l| l.contains("last flush before exit"))
@@ -588,8 +637,6 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
         None,
         "released on the way out"
     );
-    drop(agent);
-    uplink_task.abort();
     Ok(())
 }
 
@@ -601,9 +648,6 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
 #[tokio::test]
 async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Result<()> {
     use network_enforcer_api::WorkloadNetworkPolicy;
-    use network_enforcer_tests::section10::{
-        AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
-    };
     let ns = TestNamespace::create_with_crds("evidence-ack").await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
     let n = ns.name.clone();
@@ -620,57 +664,21 @@ async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Re
     policies
         .create(&kube::api::PostParams::default(), &guard)
         .await?;
-    service_account_with_token(&ns, AGENT_SA).await?;
-    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
-    let token = TokenFile(
-        std::env::temp_dir().join(format!("ne-evidence-{}-{n}.token", std::process::id())),
-    );
-    std::fs::write(&token.0, agent_token(&ns, AGENT_SA, &agent_pod).await?)?;
-    let (ingest, metrics) = (free_port()?, free_port()?);
-    let controller = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
-        .arg("run")
-        .env("KUBECONFIG", ns.kubeconfig())
-        .env("WATCH_NAMESPACE", &n)
-        .env("POD_NAMESPACE", &n)
-        .env("POD_NAME", "controller-0")
-        .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
-        .env("CONTROLLER_PROVIDER", "ebpf")
-        .env("EXCLUDE_NAMESPACES", "kube-system")
-        .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
-        .env("INGEST_INSECURE", "true")
-        .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
-        .env("FLUSH_INTERVAL_SECONDS", "1")
-        .env("WNP_STATUS_UPDATE_INTERVAL", "1h")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut controller = Running(Some(controller));
-    let counters = UplinkCounters::default();
-    let (agent, uplink_task) = uplink::spawn(
-        UplinkConfig {
-            backoff: Backoff {
-                initial: Duration::from_millis(100),
-                max: Duration::from_millis(1000),
-            },
-            ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node).insecure()
-        },
-        counters.clone(),
-    )?;
-    // Wait until the controller has seen the policy (its status sync attributes evidence to it).
+    let mut controller = BinaryController::start(&ns, "1", "1h").await?;
+    // Leading, then a few evidence passes so that its status sync knows the policy.
     ns.wait_for(
         "the controller to lead",
         Duration::from_secs(90),
         || async {
-            let text = http_get(metrics, "/metrics").await.unwrap_or_default();
-            Ok(text
-                .lines()
-                .any(|l| l == "network_enforcer_controller_leader 1")
+            Ok(controller
+                .metric_line("network_enforcer_controller_leader 1")
+                .await
                 .then_some(()))
         },
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(agent.send(vec![flow_record(
+    assert!(controller.agent.send(vec![flow_record(
         &n,
         &server,
         clients[0].1,
@@ -690,37 +698,24 @@ async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Re
     // Written, flushed again and again (every second), yet held: the violation is not in a status.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
-        counters.batches_acked.get(),
+        controller.counters.batches_acked.get(),
         0,
         "acknowledged before the violation was written; {}",
-        agent_state(&counters)
+        agent_state(&controller.counters)
     );
-    let text = http_get(metrics, "/metrics").await.unwrap_or_default();
     assert!(
-        text.lines()
-            .any(|l| l == "network_enforcer_controller_acks_waiting 1"),
-        "{text}"
+        controller
+            .metric_line("network_enforcer_controller_acks_waiting 1")
+            .await
     );
 
-    let child = controller.0.take().context("the controller runs")?;
-    let pid = child.id();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    anyhow::ensure!(killed.success(), "kill -TERM {pid}");
-    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
-    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
-        .await
-        .context("the controller exits after SIGTERM")???;
-    let logs = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{}\n{logs}", output.status);
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
     let status = policies.get("guard").await?.status.unwrap_or_default();
     assert_eq!(
         status.violations.len(),
         1,
         "the last status sync writes the held violation: {status:?}\n{logs}"
     );
-    drop(agent);
-    uplink_task.abort();
     Ok(())
 }
