@@ -403,6 +403,17 @@ pub enum Protocol {
     SCTP,
 }
 
+impl Protocol {
+    /// The name as NetworkPolicies write it: `TCP`, `UDP`, `SCTP`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::TCP => "TCP",
+            Protocol::UDP => "UDP",
+            Protocol::SCTP => "SCTP",
+        }
+    }
+}
+
 /// One side of a violating flow.
 #[derive(
     Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, KubeSchema,

@@ -313,14 +313,6 @@ pub fn principal(w: &WorkloadEndpoint) -> String {
     format!("cluster.local/ns/{}/sa/{}", w.namespace, w.service_account)
 }
 
-fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::TCP => "TCP",
-        Protocol::UDP => "UDP",
-        Protocol::SCTP => "SCTP",
-    }
-}
-
 /// The NetworkPolicy peer for an endpoint, as in the reference: a workload by namespace name and its
 /// own selector; anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
 pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
@@ -701,11 +693,11 @@ fn merge_rules<'e, R>(
         };
         let peers = vec![peer_of(peer)];
         let np_port = NetworkPolicyPort {
-            protocol: Some(protocol_name(*protocol).into()),
+            protocol: Some(protocol.as_str().into()),
             port: Some(IntOrString::Int(i32::from(*port))),
             end_port: None,
         };
-        let address_key = (protocol_name(*protocol).to_string(), i32::from(*port));
+        let address_key = (protocol.as_str().to_string(), i32::from(*port));
         let single = !matches!(peer, Endpoint::Workload(_));
         let count = addresses.get(&address_key).copied().unwrap_or(0);
         let capped = edge.external().is_some() && count >= limits.max_external_peers;

@@ -753,7 +753,7 @@ impl ProposalWriter {
             report.capped += external.values().sum::<usize>();
             let ports: Vec<String> = external
                 .iter()
-                .map(|((proto, port), n)| format!("{n} on {}/{port}", proto_name(*proto)))
+                .map(|((proto, port), n)| format!("{n} on {}/{port}", proto.as_str()))
                 .collect();
             let note = format!(
                 "external peers not learned: {} (at most {} addresses per port; raise \
@@ -951,14 +951,6 @@ impl ProposalWriter {
             .with_code(409)
             .boxed(),
         ))
-    }
-}
-
-fn proto_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::TCP => "TCP",
-        Protocol::UDP => "UDP",
-        Protocol::SCTP => "SCTP",
     }
 }
 

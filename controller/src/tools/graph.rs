@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{
-    Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
-    WorkloadNetworkPolicyProposal, WorkloadRef,
+    Direction, IstioPolicy, PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+    WorkloadRef,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -244,7 +244,7 @@ pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
             let from = workload_node(&v.source);
             let to = workload_node(&v.dest);
             let port = v.dst_port.map(|p| format!(" {p}")).unwrap_or_default();
-            let label = format!("{}{port} {}", protocol_name(v.protocol), v.action.as_str());
+            let label = format!("{}{port} {}", v.protocol.as_str(), v.action.as_str());
             b.nodes.insert(from.clone());
             b.nodes.insert(to.clone());
             b.violations.entry((from, to)).or_default().insert(label);
@@ -393,14 +393,6 @@ fn quote_label(s: &str) -> String {
 
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
-}
-
-fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::TCP => "TCP",
-        Protocol::UDP => "UDP",
-        Protocol::SCTP => "SCTP",
-    }
 }
 
 /// `matchLabels` of a selector without expressions, else `None`.

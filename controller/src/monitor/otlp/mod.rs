@@ -17,7 +17,7 @@ pub use config::{ConfigError, DEFAULT_SERVICE_NAME, OtlpConfig, OtlpProtocol};
 pub use export::{ExportStats, Otlp, TelemetryError};
 
 use crate::monitor::violations::Observation;
-use network_enforcer_api::crd::{AcknowledgedViolation, Backend, Protocol, WorkloadRef};
+use network_enforcer_api::crd::{AcknowledgedViolation, Backend, WorkloadRef};
 
 /// The instrumentation scope of every event.
 pub const SCOPE_NAME: &str = "network-enforcer";
@@ -82,14 +82,6 @@ pub struct Event {
     pub attributes: Vec<(&'static str, AttributeValue)>,
 }
 
-fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::TCP => "TCP",
-        Protocol::UDP => "UDP",
-        Protocol::SCTP => "SCTP",
-    }
-}
-
 fn backend_name(backend: Backend) -> &'static str {
     match backend {
         Backend::Kubernetes => "kubernetes",
@@ -140,7 +132,7 @@ pub fn observed_event(backend: Backend, o: &Observation) -> Event {
     ) {
         text(key, &value);
     }
-    text("network.transport", protocol_name(o.protocol));
+    text("network.transport", o.protocol.as_str());
     attributes.push((
         "destination.port",
         AttributeValue::Int(i64::from(o.dst_port.unwrap_or(0))),
@@ -185,7 +177,7 @@ pub fn acknowledged_event(a: &AcknowledgedViolation) -> Event {
             ("dest.workload.kind", s(&v.dest.owner_kind)),
             ("dest.workload.name", s(&v.dest.owner_name)),
             ("dest.workload.identity", s(&v.dest.identity)),
-            ("protocol", s(protocol_name(v.protocol))),
+            ("protocol", s(v.protocol.as_str())),
             (
                 "dstPort",
                 AttributeValue::Int(i64::from(v.dst_port.unwrap_or(0))),
@@ -240,7 +232,7 @@ mod tests {
                 address: "203.0.113.7".into(),
                 ..WorkloadRef::default()
             },
-            protocol: Protocol::UDP,
+            protocol: network_enforcer_api::crd::Protocol::UDP,
             dst_port: None,
             action: PolicyMode::Protect,
             direction: Direction::Egress,
