@@ -445,6 +445,7 @@ async fn run(args: RunArgs) -> Result<()> {
     tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
 
     let metrics = ControllerMetrics::new();
+    settings.metrics.register(&metrics);
     let health = Health::default();
     let http_listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await

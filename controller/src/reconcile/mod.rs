@@ -8,7 +8,9 @@
 pub mod policy;
 pub mod proposal;
 
+use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
@@ -42,6 +44,8 @@ pub struct Settings {
     /// Proposals are promoted only when signed with this key ([`crate::policy::provenance`]); `None`:
     /// every proposal is promoted.
     pub signing_key: Option<std::sync::Arc<crate::policy::provenance::SigningKey>>,
+    /// Where reconciles are counted and timed.
+    pub metrics: ReconcileMetrics,
 }
 
 impl Default for Settings {
@@ -53,6 +57,7 @@ impl Default for Settings {
             resync: Duration::from_secs(10 * 3600),
             istio_recheck: Duration::from_secs(60),
             signing_key: None,
+            metrics: ReconcileMetrics::default(),
         }
     }
 }
@@ -117,13 +122,47 @@ pub async fn run(client: Client, settings: Settings) {
     });
     let policies = policy_controller
         .shutdown_on_signal()
-        .run(policy::reconcile, policy::error_policy, ctx.clone())
+        .run(
+            |policy, ctx| {
+                counted(
+                    Reconciler::policy,
+                    policy::reconcile(policy, ctx.clone()),
+                    ctx,
+                )
+            },
+            policy::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let proposals = proposal::controller(&client, &settings)
         .shutdown_on_signal()
-        .run(proposal::reconcile, proposal::error_policy, ctx)
+        .run(
+            |proposal, ctx| {
+                counted(
+                    Reconciler::proposal,
+                    proposal::reconcile(proposal, ctx.clone()),
+                    ctx,
+                )
+            },
+            proposal::error_policy,
+            ctx,
+        )
         .for_each(|_| async {});
     tokio::join!(policies, proposals);
+}
+
+/// Runs one reconcile of `controller`, counted and timed.
+async fn counted(
+    controller: Reconciler,
+    reconcile: impl std::future::Future<Output = Result<Action, Error>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    ctx.settings
+        .metrics
+        .observe(controller, started.elapsed().as_secs_f64(), result.is_err());
+    result
 }
 
 /// Publishes an Event about `obj`; failures to publish are logged, never fatal.
