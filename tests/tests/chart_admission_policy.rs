@@ -142,3 +142,96 @@ fn chart_lints_cleanly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The proposal-author policy, by name.
+fn author_policy(docs: &[Value]) -> &Value {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy"
+                && d["metadata"]["name"] == "release-network-enforcer-proposal-author"
+        })
+        .expect("the proposal-author policy is rendered")
+}
+
+/// Whether the API server would admit `operation` on a proposal by `user`, from `old` to `new` specs.
+fn admit_write(user: &str, operation: &str, old: Option<Value>, new: Value) -> bool {
+    let docs = rendered();
+    let policy = author_policy(&docs);
+    let proposal = |spec: Value| {
+        json!({"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+               "kind": "WorkloadNetworkPolicyProposal",
+               "metadata": {"name": "deployment-web-ingress", "namespace": "shop"},
+               "spec": spec})
+    };
+    let mut ctx = cel::Context::default();
+    ctx.add_variable_from_value("object", cel::to_value(proposal(new)).unwrap());
+    let old = old.map(proposal).unwrap_or(Value::Null);
+    ctx.add_variable_from_value("oldObject", cel::to_value(old).unwrap());
+    ctx.add_variable_from_value(
+        "request",
+        cel::to_value(json!({"operation": operation, "userInfo": {"username": user}})).unwrap(),
+    );
+    policy["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|v| {
+            let program = cel::Program::compile(v["expression"].as_str().unwrap()).unwrap();
+            matches!(program.execute(&ctx).unwrap(), cel::Value::Bool(true))
+        })
+}
+
+#[test]
+fn only_the_controller_writes_what_a_proposal_allows() {
+    let controller = "system:serviceaccount:default:release-network-enforcer-controller";
+    let user = "alice";
+    let learned = json!({"kubernetes": {"ingress": [{"ports": [{"port": 8080}]}]}});
+    let widened = json!({"kubernetes": {"ingress": [{}]}});
+    // (who, operation, old spec, new spec, admitted)
+    let cases = [
+        (controller, "CREATE", None, learned.clone(), true),
+        (
+            controller,
+            "UPDATE",
+            Some(learned.clone()),
+            widened.clone(),
+            true,
+        ),
+        (user, "UPDATE", Some(learned.clone()), learned.clone(), true),
+        (user, "CREATE", None, learned.clone(), false),
+        (
+            user,
+            "UPDATE",
+            Some(learned.clone()),
+            widened.clone(),
+            false,
+        ),
+        (
+            "system:serviceaccount:other:release-network-enforcer-controller",
+            "CREATE",
+            None,
+            learned.clone(),
+            false,
+        ),
+    ];
+    for (who, operation, old, new, admitted) in cases {
+        assert_eq!(
+            admit_write(who, operation, old.clone(), new.clone()),
+            admitted,
+            "{who} {operation} {old:?} -> {new}"
+        );
+    }
+    let docs = rendered();
+    let policy = author_policy(&docs);
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+        json!(["CREATE", "UPDATE"]),
+        "delete stays open (garbage collection, promotion)"
+    );
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding"
+                && d["spec"]["policyName"] == policy["metadata"]["name"]
+                && d["spec"]["validationActions"] == json!(["Deny"]))
+    );
+}
