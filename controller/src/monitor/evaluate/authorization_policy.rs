@@ -50,10 +50,7 @@ pub fn evaluate(policy: &IstioPolicy, connection: &Connection<'_>) -> AuthzVerdi
     {
         return AuthzVerdict::NotApplicable;
     }
-    let principal = connection
-        .source_principal
-        .map(|p| p.strip_prefix(SPIFFE_SCHEME).unwrap_or(p))
-        .filter(|p| !p.is_empty());
+    let principal = principal(connection);
     if policy
         .rules
         .iter()
@@ -63,6 +60,31 @@ pub fn evaluate(policy: &IstioPolicy, connection: &Connection<'_>) -> AuthzVerdi
     } else {
         AuthzVerdict::Denied
     }
+}
+
+/// The indexes of the rules of `policy` that match `connection`, in order; empty when the policy
+/// does not govern it or no rule matches. For explanations (`check --explain`, docs/operations.md):
+/// [`evaluate`] stops at the first matching rule.
+pub fn matching_rules(policy: &IstioPolicy, connection: &Connection<'_>) -> Vec<usize> {
+    if evaluate(policy, connection) != AuthzVerdict::Allowed {
+        return Vec::new();
+    }
+    let principal = principal(connection);
+    policy
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| rule_matches(rule, principal, connection.port))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The source's identity without ztunnel's `spiffe://` scheme; `None` without one (plaintext).
+fn principal<'a>(connection: &Connection<'a>) -> Option<&'a str> {
+    connection
+        .source_principal
+        .map(|p| p.strip_prefix(SPIFFE_SCHEME).unwrap_or(p))
+        .filter(|p| !p.is_empty())
 }
 
 fn rule_matches(rule: &IstioRule, principal: Option<&str>, port: u16) -> bool {
@@ -310,6 +332,46 @@ mod tests {
             "second rule, any port"
         );
         assert!(!allowed("cluster.local/ns/d/sa/w", 80));
+    }
+
+    /// The explanation names every matching rule, and none when the policy does not allow.
+    #[test]
+    fn matching_rules_name_the_rules_that_allow() {
+        let labels = server();
+        let p = policy(json!({
+            "selector": {"matchLabels": {"app": "http-server"}},
+            "rules": [
+                {"to": [{"operation": {"ports": ["80"]}}]},
+                {"from": [{"source": {"principals": ["cluster.local/ns/a/*"]}}]},
+                {"from": [{"source": {"principals": ["*"]}}], "to": [{"operation": {"ports": ["80-90"]}}]}
+            ]
+        }));
+        let cases: [(Option<&str>, Protocol, u16, &[usize]); 6] = [
+            (
+                Some("spiffe://cluster.local/ns/a/sa/x"),
+                Protocol::TCP,
+                80,
+                &[0, 1, 2],
+            ),
+            (Some("cluster.local/ns/a/sa/x"), Protocol::TCP, 443, &[1]),
+            (Some("cluster.local/ns/b/sa/y"), Protocol::TCP, 85, &[2]),
+            (None, Protocol::TCP, 80, &[0]),
+            (None, Protocol::TCP, 85, &[]),
+            (Some("cluster.local/ns/a/sa/x"), Protocol::UDP, 80, &[]),
+        ];
+        for (principal, protocol, port, expected) in cases {
+            let connection = conn(&labels, principal, protocol, port);
+            assert_eq!(
+                matching_rules(&p, &connection),
+                expected,
+                "{principal:?} {protocol:?}/{port}"
+            );
+            assert_eq!(
+                evaluate(&p, &connection) == AuthzVerdict::Allowed,
+                !expected.is_empty(),
+                "{principal:?} {protocol:?}/{port}: the verdict agrees"
+            );
+        }
     }
 
     #[test]

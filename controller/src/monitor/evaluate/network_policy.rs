@@ -149,6 +149,52 @@ pub fn evaluate_side(
     })
 }
 
+/// The indexes of the rules of `policy` for `direction` (`spec.egress` or `spec.ingress`) that allow
+/// `flow`, in order; empty when none does. Whether the policy selects the side's pod is not checked:
+/// callers ask about a policy a [`SideVerdict`] lists. This is for explanations (`check --explain`,
+/// docs/operations.md); the verdict path ([`evaluate`]) stops at the first matching rule and collects
+/// nothing, so it stays as fast as it was.
+pub fn matching_rules(
+    view: &ClusterView,
+    policy: PolicyRef<'_>,
+    direction: Direction,
+    flow: &Flow,
+) -> Result<Vec<usize>, EvalError> {
+    let source = resolve(view, &flow.source)?;
+    let destination = resolve(view, &flow.destination)?;
+    let port = PortQuery {
+        protocol: flow.protocol,
+        port: flow.port,
+        destination: destination.pod(),
+    };
+    let spec = policy.spec;
+    let matching: Vec<usize> = match direction {
+        Direction::Egress => spec
+            .egress
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, rule)| {
+                peers_match(view, policy, rule.to.as_deref(), destination)
+                    && ports_match(rule.ports.as_deref(), &port)
+            })
+            .map(|(i, _)| i)
+            .collect(),
+        Direction::Ingress => spec
+            .ingress
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, rule)| {
+                peers_match(view, policy, rule.from.as_deref(), source)
+                    && ports_match(rule.ports.as_deref(), &port)
+            })
+            .map(|(i, _)| i)
+            .collect(),
+    };
+    Ok(matching)
+}
+
 /// A flow endpoint looked up in the view.
 #[derive(Clone, Copy)]
 enum Peer<'a> {

@@ -1195,6 +1195,62 @@ fn verdicts_name_the_policies_that_decided() {
     assert_eq!(verdict.side(Direction::Ingress), &verdict.ingress);
 }
 
+/// `matching_rules` (for explanations) agrees with the verdicts of the whole semantics table: a
+/// listed policy allows exactly when at least one of its rules matches.
+#[test]
+fn matching_rules_agree_with_every_verdict_of_the_table() {
+    let mut explained = 0;
+    for case in cases() {
+        let mut view = fixture();
+        for policy in &case.policies {
+            view.insert_policy(policy.clone());
+        }
+        let flow = flow(case.flow);
+        let verdict = evaluate(&view, &flow).expect(case.name);
+        for direction in [Direction::Egress, Direction::Ingress] {
+            for decision in &verdict.side(direction).policies {
+                let policy = view
+                    .policies_in(&decision.namespace)
+                    .iter()
+                    .find(|p| p.name == decision.name)
+                    .expect("a listed policy is in the view");
+                let rules = matching_rules(&view, policy.into(), direction, &flow).unwrap();
+                assert_eq!(
+                    !rules.is_empty(),
+                    decision.allows,
+                    "{}: {direction:?} {} gave rules {rules:?}",
+                    case.name,
+                    decision.name
+                );
+                explained += rules.len();
+            }
+        }
+    }
+    assert!(explained > 20, "the table exercises allowing rules");
+    // Every matching rule is named, in order, not only the first.
+    let mut view = fixture();
+    let policy = api_ingress(json!([
+        {"ports": [{"port": 9000}]},
+        {"from": [{"podSelector": {"matchLabels": {"app": "db"}}}]},
+        {"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "grpc"}]}
+    ]));
+    view.insert_policy(policy.clone());
+    let rules = matching_rules(
+        &view,
+        (&policy).into(),
+        Direction::Ingress,
+        &flow("shop/web-1 -> shop/api-1 TCP/9000"),
+    );
+    assert_eq!(rules, Ok(vec![0, 2]));
+    let rules = matching_rules(
+        &view,
+        (&policy).into(),
+        Direction::Ingress,
+        &flow("shop/web-1 -> shop/gone-1 TCP/9000"),
+    );
+    assert!(rules.is_err(), "an unknown pod is an error, not a panic");
+}
+
 #[test]
 fn unknown_pods_are_an_error() {
     let view = fixture();
