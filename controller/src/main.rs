@@ -80,6 +80,14 @@ struct CheckArgs {
     /// against the scenario's policies and print the would-deny diff.
     #[arg(long)]
     flows_from: Option<std::path::PathBuf>,
+    /// Name, for each side of each flow, the rule that allowed it or the policies that isolate it.
+    #[arg(long)]
+    explain: bool,
+    /// Compare with these policies instead of the scenario's (NetworkPolicy and WorkloadNetworkPolicy
+    /// objects: a list, a `kind: List` or `---` documents) and print the flows whose verdict changes,
+    /// each side explained under both.
+    #[arg(long, value_name = "NEW_POLICIES")]
+    diff_policies: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
     output: OutputFormat,
@@ -359,7 +367,20 @@ async fn graph(args: &GraphArgs) -> Result<()> {
 /// `check`: evaluate the scenario's flows (and replay records), print the report; invalid input is
 /// an error naming the field.
 fn check(args: &CheckArgs) -> Result<()> {
-    use network_enforcer_controller::tools::check::{Checker, parse_records, parse_scenario};
+    use network_enforcer_controller::tools::check::{
+        Checker, diff, parse_policies, parse_records, parse_scenario,
+    };
+    let stdin = std::path::Path::new("-");
+    let inputs = [
+        Some(&args.scenario),
+        args.flows_from.as_ref(),
+        args.diff_policies.as_ref(),
+    ];
+    if inputs.iter().flatten().filter(|p| **p == stdin).count() > 1 {
+        anyhow::bail!(
+            "only one of --scenario, --flows-from and --diff-policies can read stdin (`-`); give the others as files"
+        );
+    }
     let read = |path: &std::path::Path| -> Result<String> {
         if path == std::path::Path::new("-") {
             return std::io::read_to_string(std::io::stdin()).context("reading stdin");
@@ -370,7 +391,20 @@ fn check(args: &CheckArgs) -> Result<()> {
         .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
     let checker = Checker::new(scenario)
         .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
-    let report = checker.run();
+    let report = if args.explain {
+        checker.explain()
+    } else {
+        checker.run()
+    };
+    let changes = match &args.diff_policies {
+        Some(path) => {
+            let invalid = || format!("invalid policies file {}", path.display());
+            let policies = parse_policies(&read(path)?).with_context(invalid)?;
+            let new = checker.with_policies(policies).with_context(invalid)?;
+            Some(diff(&checker.explain(), &new.explain()))
+        }
+        None => None,
+    };
     let replay = match &args.flows_from {
         Some(path) => {
             let records = parse_records(&read(path)?)
@@ -385,6 +419,9 @@ fn check(args: &CheckArgs) -> Result<()> {
             if let Some(replay) = &replay {
                 value["replay"] = serde_json::to_value(replay)?;
             }
+            if let Some(changes) = &changes {
+                value["diff"] = serde_json::to_value(changes)?;
+            }
             println!("{}", serde_json::to_string_pretty(&value)?);
         }
         OutputFormat::Table => {
@@ -392,6 +429,10 @@ fn check(args: &CheckArgs) -> Result<()> {
             if let Some(replay) = &replay {
                 println!();
                 print!("{}", replay.render_table());
+            }
+            if let Some(changes) = &changes {
+                println!();
+                print!("{}", changes.render_table());
             }
         }
     }

@@ -360,3 +360,192 @@ fn invalid_records_fail_naming_the_line() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 2.direction"), "{stderr}");
 }
+
+/// `--explain`: each side names the rule that allowed it, the policies that isolate it, or that nothing
+/// does; without `--explain` the output is unchanged (the exact JSON above).
+#[test]
+fn explain_names_the_rule_or_the_isolation_of_each_side() {
+    let out = check_json(&["--scenario", &data("check-spec10.yaml"), "--explain"]);
+    let results = out["results"].as_array().unwrap();
+    let egress = &results[0]["egress"];
+    assert_eq!(egress["decision"], "allowed", "{out:#}");
+    assert_eq!(
+        egress["rules"],
+        json!([{"kind": "WorkloadNetworkPolicy", "namespace": "demo",
+                "name": "deployment-http-client-egress", "mode": "monitor", "index": 0,
+                "rule": "egress[0] to app=http-server ns=demo TCP/18080"}])
+    );
+    assert_eq!(
+        results[0]["ingress"]["rules"][0]["rule"],
+        "ingress[0] from app=http-client ns=demo TCP/18080"
+    );
+    // DNS: the second egress rule; kube-dns is not isolated.
+    assert_eq!(results[2]["egress"]["rules"][0]["index"], 1);
+    assert_eq!(results[2]["ingress"]["decision"], "not_isolated");
+    assert_eq!(results[2]["ingress"].get("rules"), None);
+    // UDP 18081: isolated on both sides, no rules.
+    for side in ["egress", "ingress"] {
+        assert_eq!(results[1][side]["decision"], "isolated", "{out:#}");
+        assert_eq!(results[1][side].get("rules"), None, "{out:#}");
+    }
+
+    // Two policies isolate db for UDP and none matches; istio names its rule.
+    let mixed = check_json(&["--scenario", &data("check-mixed.json"), "--explain"]);
+    let ingress = &mixed["results"][5]["ingress"];
+    assert_eq!(ingress["decision"], "isolated");
+    assert_eq!(
+        ingress["policies"],
+        json!([
+            np("shop", "db-ingress"),
+            wnp("shop", "deployment-db-ingress", "monitor")
+        ])
+    );
+    assert_eq!(
+        mixed["results"][3]["ingress"]["rules"][0]["rule"],
+        "rules[0] from cluster.local/ns/shop/sa/web TCP/9000"
+    );
+}
+
+#[test]
+fn explain_table_has_an_egress_and_an_ingress_row_per_flow() {
+    let out = controller(&[
+        "check",
+        "--scenario",
+        &data("check-mixed.json"),
+        "--explain",
+        "-o",
+        "table",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 6, "{text}");
+    assert!(lines[0].ends_with("VERDICT  SIDE     DECISION"), "{text}");
+    assert!(
+        lines[1].starts_with("shop/web-0") && lines[1].ends_with("egress   not isolated"),
+        "{text}"
+    );
+    assert!(
+        lines[2].ends_with(
+            "ingress  allowed by np/shop/db-ingress ingress[0] from app=web ns=shop TCP/pg"
+        ),
+        "{text}"
+    );
+    assert!(
+        lines[12].ends_with(
+            "ingress  isolated by np/shop/db-ingress, wnp/shop/deployment-db-ingress; no rule matches"
+        ),
+        "{text}"
+    );
+}
+
+/// `--diff-policies`: the flows whose decision changes, each side explained under the old and the new
+/// policies; the results above stay those of the scenario's own policies.
+#[test]
+fn diff_policies_lists_the_flows_whose_decision_changes() {
+    let args = [
+        "--scenario",
+        &data("check-spec10.yaml"),
+        "--diff-policies",
+        &data("check-spec10-new-policies.yaml"),
+    ];
+    let out = check_json(&args);
+    assert_eq!(out["results"][1]["allowed"], false, "{out:#}");
+    let diff = &out["diff"];
+    assert_eq!(
+        (diff["flows"].clone(), diff["unchanged"].clone()),
+        (json!(5), json!(3))
+    );
+    let denied = diff["now_denied"].as_array().unwrap();
+    assert_eq!(denied.len(), 1, "{diff:#}");
+    assert_eq!(denied[0]["to"], json!({"ip": "10.244.0.2"}));
+    assert_eq!(denied[0]["port"], 53);
+    assert_eq!(
+        denied[0]["old"]["egress"]["rules"][0]["rule"],
+        "egress[1] to k8s-app=kube-dns ns=kube-system UDP/53"
+    );
+    assert_eq!(denied[0]["new"]["egress"]["decision"], "isolated");
+    assert_eq!(denied[0]["new"]["allowed"], false);
+    let allowed = diff["now_allowed"].as_array().unwrap();
+    assert_eq!(allowed.len(), 1, "{diff:#}");
+    assert_eq!(allowed[0]["protocol"], "UDP");
+    assert_eq!(allowed[0]["port"], 18081);
+    assert_eq!(allowed[0]["old"]["ingress"]["decision"], "isolated");
+    assert_eq!(
+        allowed[0]["new"]["ingress"]["rules"][0]["rule"],
+        "ingress[1] from app=http-client ns=demo UDP/udp-echo"
+    );
+
+    let mut table_args = vec!["check"];
+    table_args.extend_from_slice(&args);
+    table_args.extend_from_slice(&["-o", "table"]);
+    let out = controller(&table_args);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let diff_table: Vec<&str> = text.split("\n\n").nth(1).unwrap().lines().collect();
+    assert_eq!(diff_table.len(), 1 + 2 * 4 + 1, "{text}");
+    assert!(
+        diff_table[1].starts_with('-') && diff_table[1].contains("10.244.0.2"),
+        "{text}"
+    );
+    assert!(
+        diff_table[2].ends_with(
+            "new       isolated by wnp/demo/deployment-http-client-egress; no rule matches"
+        ),
+        "{text}"
+    );
+    assert!(diff_table[5].starts_with('+'), "{text}");
+    assert_eq!(
+        diff_table[9],
+        "5 flow(s): 1 now denied, 1 now allowed, 3 unchanged"
+    );
+}
+
+#[test]
+fn invalid_diff_policies_fail_naming_the_file_and_the_field() {
+    let dir = std::env::temp_dir().join(format!("ne-check-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "bad-port.yaml",
+            "- kind: NetworkPolicy\n  metadata: {name: n, namespace: demo}\n  spec: {ingress: [{ports: [{port: 0}]}]}\n",
+            "policies[0].spec.ingress[0].ports[0].port",
+        ),
+        (
+            "not-objects.yaml",
+            "kind: List\nitems: 3\n",
+            "document 1.items",
+        ),
+        (
+            "kind.yaml",
+            "{kind: Service, metadata: {name: s, namespace: demo}}",
+            "policies[0].kind",
+        ),
+    ];
+    for (name, content, field) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        let out = controller(&[
+            "check",
+            "--scenario",
+            &data("check-spec10.yaml"),
+            "--diff-policies",
+            path.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success(), "{name} was accepted");
+        assert!(
+            out.stdout.is_empty(),
+            "{name}: nothing is printed on stdout"
+        );
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains(&format!("invalid policies file {}", path.display()))
+                && stderr.contains(field),
+            "{name}: expected the file and {field:?} in:\n{stderr}"
+        );
+    }
+    let out = controller(&["check", "--scenario", "-", "--diff-policies", "-"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("only one of --scenario"), "{stderr}");
+}

@@ -12,6 +12,10 @@
 //!   backend as the AuthorizationPolicy it renders, at the destination, for the source pod's
 //!   `serviceAccount` identity.
 //!
+//! [`Checker::explain`] also names, for each side, the rules that allowed the flow or the policies
+//! that isolate it ([`explain`]); [`diff()`] compares the verdicts under the scenario's policies and
+//! under another set ([`Checker::with_policies`]).
+//!
 //! [`Checker::replay`] evaluates recorded agent records (the `flows -o json` lines) and reports the
 //! difference: what went through and would now be denied, and what failed and would now pass.
 //!
@@ -19,9 +23,15 @@
 //! (`flows[2].from.pod: ...`); nothing here does I/O. Policies are validated as the API server
 //! validates them ([`validate`]): one it would refuse is refused here too, not evaluated.
 
+mod diff;
+pub mod explain;
 mod validate;
 
+pub use diff::{DiffChange, DiffReport, Verdict, diff, parse_policies};
+use explain::{Decision, MatchedRule};
+
 use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
+use crate::monitor::evaluate::network_policy;
 use crate::monitor::evaluate::view::{
     ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo,
 };
@@ -160,6 +170,13 @@ pub struct DecidingPolicy {
 pub struct Side {
     pub allowed: bool,
     pub policies: Vec<DecidingPolicy>,
+    /// Explained results only ([`Checker::explain`]): how this side was decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// Explained results only, when policies allow: every rule of theirs that matches the flow,
+    /// policy by policy.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<MatchedRule>,
 }
 
 /// The verdict for one flow of the scenario.
@@ -228,6 +245,9 @@ struct IstioEntry {
 
 /// A validated scenario, ready to evaluate flows.
 pub struct Checker {
+    /// The scenario's namespaces and pods, to evaluate the same flows under other policies.
+    namespaces: Vec<ScenarioNamespace>,
+    pods: Vec<ScenarioPod>,
     view: ClusterView,
     /// Pods by IP, to map addresses (flows given by IP, replayed records) to pods.
     pods_by_ip: HashMap<IpAddr, PodKey>,
@@ -242,12 +262,14 @@ pub struct Checker {
 impl Checker {
     /// Validates `scenario` and builds the view. Errors name the offending field.
     pub fn new(scenario: Scenario) -> Result<Self, CheckError> {
+        let namespaces = scenario.namespaces.clone();
+        let pods = scenario.pods.clone();
         let mut view = ClusterView::new();
-        let mut namespaces = BTreeSet::new();
+        let mut listed = BTreeSet::new();
         for (i, ns) in scenario.namespaces.iter().enumerate() {
             let field = format!("namespaces[{i}]");
             check_name(&format!("{field}.name"), &ns.name)?;
-            if !namespaces.insert(ns.name.clone()) {
+            if !listed.insert(ns.name.clone()) {
                 return Err(CheckError::new(
                     format!("{field}.name"),
                     format!("namespace {:?} is listed twice", ns.name),
@@ -421,6 +443,8 @@ impl Checker {
         }
 
         let checker = Checker {
+            namespaces,
+            pods,
             view,
             pods_by_ip,
             identities,
@@ -442,8 +466,29 @@ impl Checker {
         Ok(checker)
     }
 
+    /// The same pods and flows under `policies` instead of the scenario's (for [`diff()`]); the
+    /// policies are checked as the scenario's are, errors naming `policies[i]`.
+    pub fn with_policies(&self, policies: Vec<serde_json::Value>) -> Result<Checker, CheckError> {
+        Checker::new(Scenario {
+            namespaces: self.namespaces.clone(),
+            pods: self.pods.clone(),
+            policies,
+            flows: self.flows.clone(),
+        })
+    }
+
     /// Evaluates every flow of the scenario, in input order.
     pub fn run(&self) -> CheckReport {
+        self.results(false)
+    }
+
+    /// [`Checker::run`], each side also saying how it was decided: the rules that allow the flow, the
+    /// policies that isolate it, or that nothing isolates it.
+    pub fn explain(&self) -> CheckReport {
+        self.results(true)
+    }
+
+    fn results(&self, explain: bool) -> CheckReport {
         let results = self
             .flows
             .iter()
@@ -454,7 +499,7 @@ impl Checker {
                     protocol: f.protocol,
                     port: f.port,
                 };
-                let (egress, ingress) = self.evaluate(&flow);
+                let (egress, ingress) = self.evaluate(&flow, explain);
                 CheckResult {
                     from: f.from.clone(),
                     to: f.to.clone(),
@@ -507,11 +552,16 @@ impl Checker {
         }
     }
 
-    /// Egress and ingress verdicts of one flow, with the deciding policies.
-    fn evaluate(&self, flow: &Flow) -> (Side, Side) {
+    /// Egress and ingress verdicts of one flow, with the deciding policies; with `explain`, also the
+    /// decision and the matching rules of each side.
+    fn evaluate(&self, flow: &Flow, explain: bool) -> (Side, Side) {
         let verdict = evaluate(&self.view, flow).expect("endpoints are pods of the view");
-        let egress = self.side(&verdict.egress);
+        let mut egress = self.side(&verdict.egress);
         let mut ingress = self.side(&verdict.ingress);
+        if explain {
+            egress.rules = self.matching_rules(&verdict.egress, Direction::Egress, flow);
+            ingress.rules = self.matching_rules(&verdict.ingress, Direction::Ingress, flow);
+        }
         // ztunnel enforces the istio policies at the destination, on top of the NetworkPolicies.
         if let Endpoint::Pod(key) = &flow.destination {
             let pod = self.view.pod(key).expect("validated");
@@ -527,6 +577,7 @@ impl Checker {
             };
             let mut allowing = Vec::new();
             let mut denying = Vec::new();
+            let mut rules = Vec::new();
             for entry in self.istio.iter().filter(|e| e.namespace == pod.namespace) {
                 let decided = DecidingPolicy {
                     kind: PolicyKind::WorkloadNetworkPolicy,
@@ -536,7 +587,25 @@ impl Checker {
                 };
                 match authorization_policy::evaluate(&entry.policy, &connection) {
                     AuthzVerdict::NotApplicable => {}
-                    AuthzVerdict::Allowed => allowing.push(decided),
+                    AuthzVerdict::Allowed => {
+                        if explain {
+                            rules.extend(
+                                authorization_policy::matching_rules(&entry.policy, &connection)
+                                    .into_iter()
+                                    .filter_map(|i| {
+                                        Some(MatchedRule {
+                                            policy: decided.clone(),
+                                            index: i,
+                                            rule: explain::istio_rule(
+                                                i,
+                                                entry.policy.rules.get(i)?,
+                                            ),
+                                        })
+                                    }),
+                            );
+                        }
+                        allowing.push(decided)
+                    }
                     AuthzVerdict::Denied => denying.push(decided),
                 }
             }
@@ -544,15 +613,30 @@ impl Checker {
             if allowing.is_empty() && !denying.is_empty() {
                 if ingress.allowed {
                     ingress.policies.clear();
+                    ingress.rules.clear();
                 }
                 ingress.allowed = false;
                 ingress.policies.extend(denying);
             } else if ingress.allowed {
                 ingress.policies.extend(allowing);
+                ingress.rules.extend(rules);
             }
             ingress.policies.sort_by(|a, b| {
                 (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind))
             });
+            ingress.rules.sort_by(|a, b| {
+                (&a.policy.namespace, &a.policy.name, a.policy.kind, a.index).cmp(&(
+                    &b.policy.namespace,
+                    &b.policy.name,
+                    b.policy.kind,
+                    b.index,
+                ))
+            });
+        }
+        if explain {
+            for side in [&mut egress, &mut ingress] {
+                side.decision = Some(Decision::of(side.allowed, !side.policies.is_empty()));
+            }
         }
         (egress, ingress)
     }
@@ -562,27 +646,98 @@ impl Checker {
             .policies
             .iter()
             .filter(|p| !verdict.allowed || p.allows)
-            .map(|p| {
-                let mode = self
-                    .workload_policies
-                    .get(&(p.namespace.clone(), p.name.clone()))
-                    .copied();
-                DecidingPolicy {
-                    kind: if mode.is_some() {
-                        PolicyKind::WorkloadNetworkPolicy
-                    } else {
-                        PolicyKind::NetworkPolicy
-                    },
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    mode,
-                }
-            })
+            .map(|p| self.deciding(&p.namespace, &p.name))
             .collect();
         Side {
             allowed: verdict.allowed,
             policies,
+            decision: None,
+            rules: Vec::new(),
         }
+    }
+
+    /// A NetworkPolicy of the view as the report names it: a WorkloadNetworkPolicy when it stands
+    /// for one (the kubernetes backend, as if rendered).
+    fn deciding(&self, namespace: &str, name: &str) -> DecidingPolicy {
+        let mode = self
+            .workload_policies
+            .get(&(namespace.to_string(), name.to_string()))
+            .copied();
+        DecidingPolicy {
+            kind: if mode.is_some() {
+                PolicyKind::WorkloadNetworkPolicy
+            } else {
+                PolicyKind::NetworkPolicy
+            },
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            mode,
+        }
+    }
+
+    /// The rules of the NetworkPolicies allowing one side of `flow`, each rendered.
+    fn matching_rules(
+        &self,
+        verdict: &SideVerdict,
+        direction: Direction,
+        flow: &Flow,
+    ) -> Vec<MatchedRule> {
+        let mut matched = Vec::new();
+        for decision in verdict.allowing() {
+            let Some(policy) = self
+                .view
+                .policies_in(&decision.namespace)
+                .iter()
+                .find(|p| p.name == decision.name)
+            else {
+                continue;
+            };
+            // The verdict came from the same view and flow, so the lookup cannot fail; an error would
+            // only leave the rules out.
+            let indexes =
+                network_policy::matching_rules(&self.view, policy.into(), direction, flow)
+                    .unwrap_or_default();
+            for index in indexes {
+                let rendered = match direction {
+                    Direction::Egress => policy
+                        .spec
+                        .egress
+                        .as_deref()
+                        .and_then(|r| r.get(index))
+                        .map(|r| {
+                            explain::network_policy_rule(
+                                direction,
+                                index,
+                                r.to.as_deref(),
+                                r.ports.as_deref(),
+                                &policy.namespace,
+                            )
+                        }),
+                    Direction::Ingress => policy
+                        .spec
+                        .ingress
+                        .as_deref()
+                        .and_then(|r| r.get(index))
+                        .map(|r| {
+                            explain::network_policy_rule(
+                                direction,
+                                index,
+                                r.from.as_deref(),
+                                r.ports.as_deref(),
+                                &policy.namespace,
+                            )
+                        }),
+                };
+                if let Some(rule) = rendered {
+                    matched.push(MatchedRule {
+                        policy: self.deciding(&policy.namespace, &policy.name),
+                        index,
+                        rule,
+                    });
+                }
+            }
+        }
+        matched
     }
 
     /// Replays recorded agent records against the scenario's policies (see [`parse_records`]).
@@ -619,12 +774,15 @@ impl Checker {
             would_allow: Vec::new(),
         };
         for ((source, destination, protocol, port), flow) in flows {
-            let (egress, ingress) = self.evaluate(&Flow {
-                source: self.address(source),
-                destination: self.address(destination),
-                protocol,
-                port,
-            });
+            let (egress, ingress) = self.evaluate(
+                &Flow {
+                    source: self.address(source),
+                    destination: self.address(destination),
+                    protocol,
+                    port,
+                },
+                false,
+            );
             let allowed = egress.allowed && ingress.allowed;
             let change = ReplayChange {
                 from: flow.from,
@@ -818,17 +976,7 @@ fn side_text(side: &Side) -> String {
     if side.policies.is_empty() {
         return format!("{verdict} (not isolated)");
     }
-    let names: Vec<String> = side
-        .policies
-        .iter()
-        .map(|p| {
-            let kind = match p.kind {
-                PolicyKind::NetworkPolicy => "np",
-                PolicyKind::WorkloadNetworkPolicy => "wnp",
-            };
-            format!("{kind}/{}/{}", p.namespace, p.name)
-        })
-        .collect();
+    let names: Vec<String> = side.policies.iter().map(explain::policy_text).collect();
     format!("{verdict} ({})", names.join(", "))
 }
 
@@ -856,8 +1004,12 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 impl CheckReport {
-    /// A table for people: one row per flow, in input order.
+    /// A table for people: one row per flow, in input order; explained results
+    /// ([`Checker::explain`]) take two, egress then ingress, with the explanation of each.
     pub fn render_table(&self) -> String {
+        if self.results.iter().any(|r| r.egress.decision.is_some()) {
+            return self.render_explained_table();
+        }
         let rows: Vec<Vec<String>> = self
             .results
             .iter()
@@ -877,6 +1029,30 @@ impl CheckReport {
             &[
                 "FROM", "TO", "PROTO", "PORT", "VERDICT", "EGRESS", "INGRESS",
             ],
+            &rows,
+        )
+    }
+}
+
+impl CheckReport {
+    fn render_explained_table(&self) -> String {
+        let mut rows = Vec::new();
+        for r in &self.results {
+            rows.push(vec![
+                peer_text(&r.from),
+                peer_text(&r.to),
+                format!("{:?}", r.protocol),
+                r.port.to_string(),
+                if r.allowed { "ALLOW" } else { "DENY" }.to_string(),
+                "egress".to_string(),
+                explain::explanation_text(&r.egress),
+            ]);
+            let mut ingress = vec![String::new(); 5];
+            ingress.extend(["ingress".to_string(), explain::explanation_text(&r.ingress)]);
+            rows.push(ingress);
+        }
+        table(
+            &["FROM", "TO", "PROTO", "PORT", "VERDICT", "SIDE", "DECISION"],
             &rows,
         )
     }
@@ -1008,6 +1184,209 @@ mod tests {
         }
         let scenario = parse_scenario(&format!("policies:\n{valid}")).unwrap();
         assert!(Checker::new(scenario).is_ok());
+    }
+
+    /// `--explain`, side by side: the rule that allows (egress and ingress, every matching rule of
+    /// every allowing policy), the policies that isolate without a matching rule, or no isolation.
+    #[test]
+    fn explain_names_the_rule_the_isolation_or_none() {
+        let pods = "pods:\n\
+            - {namespace: shop, name: web, labels: {app: web}, serviceAccount: web}\n\
+            - {namespace: shop, name: db, labels: {app: db}, ports: [{name: pg, containerPort: 5432}]}\n\
+            - {namespace: shop, name: api, labels: {app: api}}\n";
+        let np = |name: &str, spec: &str| {
+            format!(
+                "- {{kind: NetworkPolicy, metadata: {{name: {name}, namespace: shop}}, spec: {spec}}}\n"
+            )
+        };
+        let db_ingress = np(
+            "db-ingress",
+            "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{podSelector: {matchLabels: {app: api}}}]}, {from: [{podSelector: {matchLabels: {app: web}}}], ports: [{port: pg}]}]}",
+        );
+        let deny_all = np("deny-all", "{podSelector: {}}");
+        let web_egress = np(
+            "web-egress",
+            "{podSelector: {matchLabels: {app: web}}, policyTypes: [Egress], egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8}}], ports: [{port: 443}]}, {ports: [{protocol: UDP, port: 53}]}]}",
+        );
+        let web_egress_wnp = "- kind: WorkloadNetworkPolicy\n  metadata: {name: web-egress, namespace: shop}\n  spec:\n    backend: kubernetes\n    mode: monitor\n    direction: Egress\n    targetRef: {kind: Deployment, name: web}\n    kubernetes: {podSelector: {matchLabels: {app: web}}, policyTypes: [Egress], egress: [{to: [{podSelector: {matchLabels: {app: db}}}], ports: [{port: 5432}]}]}\n";
+        let api_istio = "- kind: WorkloadNetworkPolicy\n  metadata: {name: api-istio, namespace: shop}\n  spec:\n    backend: istio\n    direction: Ingress\n    targetRef: {kind: Deployment, name: api}\n    istio: {selector: {matchLabels: {app: api}}, rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/db]}}]}, {from: [{source: {principals: [cluster.local/ns/shop/*]}}], to: [{operation: {ports: ['80']}}]}]}\n";
+        let flow = |from: &str, to: &str, port: u16| {
+            format!("- {{from: {from}, to: {to}, port: {port}}}\n")
+        };
+        let web_to_db = flow("{pod: shop/web}", "{pod: shop/db}", 5432);
+        // Name, policies, flow, and the expected egress and ingress explanations.
+        type Case = (
+            &'static str,
+            String,
+            String,
+            (Decision, &'static str),
+            (Decision, &'static str),
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "no policy: neither side is isolated",
+                String::new(),
+                web_to_db.clone(),
+                (Decision::NotIsolated, "not isolated"),
+                (Decision::NotIsolated, "not isolated"),
+            ),
+            (
+                "ingress allowed by the second rule, by its named port",
+                db_ingress.clone(),
+                web_to_db.clone(),
+                (Decision::NotIsolated, "not isolated"),
+                (
+                    Decision::Allowed,
+                    "allowed by np/shop/db-ingress ingress[1] from app=web ns=shop TCP/pg",
+                ),
+            ),
+            (
+                "ingress denied: two policies isolate, no rule matches",
+                format!("{db_ingress}{deny_all}"),
+                flow("{pod: shop/web}", "{pod: shop/db}", 5433),
+                (Decision::NotIsolated, "not isolated"),
+                (
+                    Decision::Isolated,
+                    "isolated by np/shop/db-ingress, np/shop/deny-all; no rule matches",
+                ),
+            ),
+            (
+                "egress allowed by an ipBlock rule; the address is no pod",
+                web_egress.clone(),
+                flow("{pod: shop/web}", "{ip: 10.9.9.9}", 443),
+                (
+                    Decision::Allowed,
+                    "allowed by np/shop/web-egress egress[0] to 10.0.0.0/8 TCP/443",
+                ),
+                (Decision::NotIsolated, "not isolated"),
+            ),
+            (
+                "egress denied, ingress allowed by every rule that matches",
+                format!(
+                    "{web_egress}{}",
+                    np(
+                        "db-open",
+                        "{podSelector: {}, ingress: [{}, {ports: [{port: 5432}]}]}"
+                    )
+                ),
+                web_to_db.clone(),
+                (
+                    Decision::Isolated,
+                    "isolated by np/shop/web-egress; no rule matches",
+                ),
+                (
+                    Decision::Allowed,
+                    "allowed by np/shop/db-open ingress[0] from anywhere all ports; np/shop/db-open ingress[1] from anywhere TCP/5432",
+                ),
+            ),
+            (
+                "a kubernetes WorkloadNetworkPolicy is named as one",
+                web_egress_wnp.to_string(),
+                web_to_db.clone(),
+                (
+                    Decision::Allowed,
+                    "allowed by wnp/shop/web-egress egress[0] to app=db ns=shop TCP/5432",
+                ),
+                (Decision::NotIsolated, "not isolated"),
+            ),
+            (
+                "istio: the AuthorizationPolicy allows by its second rule",
+                api_istio.to_string(),
+                flow("{pod: shop/web}", "{pod: shop/api}", 80),
+                (Decision::NotIsolated, "not isolated"),
+                (
+                    Decision::Allowed,
+                    "allowed by wnp/shop/api-istio rules[1] from cluster.local/ns/shop/* TCP/80",
+                ),
+            ),
+            (
+                "istio denies what no NetworkPolicy isolates",
+                api_istio.to_string(),
+                flow("{ip: 192.0.2.1}", "{pod: shop/api}", 80),
+                (Decision::NotIsolated, "not isolated"),
+                (
+                    Decision::Isolated,
+                    "isolated by wnp/shop/api-istio; no rule matches",
+                ),
+            ),
+            (
+                "istio denies what a NetworkPolicy allows: only the denying policy is named",
+                format!(
+                    "{api_istio}{}",
+                    np(
+                        "api-open",
+                        "{podSelector: {matchLabels: {app: api}}, ingress: [{}]}"
+                    )
+                ),
+                flow("{ip: 192.0.2.1}", "{pod: shop/api}", 80),
+                (Decision::NotIsolated, "not isolated"),
+                (
+                    Decision::Isolated,
+                    "isolated by wnp/shop/api-istio; no rule matches",
+                ),
+            ),
+        ];
+        for (name, policies, flow, egress, ingress) in cases {
+            let policies = if policies.is_empty() {
+                "policies: []\n".to_string()
+            } else {
+                format!("policies:\n{policies}")
+            };
+            let scenario = parse_scenario(&format!("{pods}{policies}flows:\n{flow}"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let checker = Checker::new(scenario).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let explained = checker.explain();
+            let result = &explained.results[0];
+            for (side, (decision, text)) in [(&result.egress, egress), (&result.ingress, ingress)] {
+                assert_eq!(side.decision, Some(decision), "{name}");
+                assert_eq!(explain::explanation_text(side), text, "{name}");
+                // Rules are listed only for an allowed side (the JSON must not show stale ones).
+                assert_eq!(
+                    side.rules.is_empty(),
+                    decision != Decision::Allowed,
+                    "{name}"
+                );
+            }
+            // Without --explain the verdicts are the same and nothing is added.
+            let plain = &checker.run().results[0];
+            for (plain, explained) in [
+                (&plain.egress, &result.egress),
+                (&plain.ingress, &result.ingress),
+            ] {
+                assert_eq!(
+                    (plain.allowed, &plain.policies),
+                    (explained.allowed, &explained.policies),
+                    "{name}"
+                );
+                assert_eq!((&plain.decision, plain.rules.len()), (&None, 0), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn with_policies_keeps_the_pods_and_flows() {
+        let scenario = parse_scenario(
+            "pods: [{namespace: a, name: p}, {namespace: a, name: q}]\nflows:\n- {from: {pod: a/p}, to: {pod: a/q}, port: 80}\n",
+        )
+        .unwrap();
+        let old = Checker::new(scenario).unwrap();
+        let deny = parse_policies(
+            "kind: NetworkPolicy\nmetadata: {name: deny, namespace: a}\nspec: {podSelector: {}}\n",
+        )
+        .unwrap();
+        let new = old.with_policies(deny).unwrap();
+        let report = diff(&old.explain(), &new.explain());
+        assert_eq!(
+            (report.flows, report.now_denied.len(), report.unchanged),
+            (1, 1, 0)
+        );
+        let change = &report.now_denied[0];
+        assert_eq!(change.new.ingress.decision, Some(Decision::Isolated));
+        assert_eq!(change.old.ingress.decision, Some(Decision::NotIsolated));
+        let bad = parse_policies("- {kind: NetworkPolicy, metadata: {name: Bad, namespace: a}}\n")
+            .unwrap();
+        let err = old.with_policies(bad).err().unwrap();
+        assert_eq!(err.field, "policies[0].metadata.name", "{err}");
     }
 
     #[test]
