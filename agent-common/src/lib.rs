@@ -5,6 +5,8 @@
 //! crate can use it; the `user` feature adds the `aya::Pod` impls user space needs.
 #![no_std]
 
+pub mod scan;
+
 /// `AF_INET`, as the kernel reports it in `family`.
 pub const AF_INET: u16 = 2;
 /// `AF_INET6`, as the kernel reports it in `family`.
