@@ -10,6 +10,7 @@ use network_enforcer_agent::identity::attribution::Attributor;
 use network_enforcer_agent::identity::pod_identity::Scanner;
 use network_enforcer_agent::identity::pod_watch::{self, SharedAttributor};
 use network_enforcer_agent::kernel::events::EventReader;
+use network_enforcer_agent::kernel::existing;
 use network_enforcer_agent::metrics::AgentMetrics;
 use network_enforcer_agent::pipeline::{EdgeCaps, Pipeline};
 use network_enforcer_agent::uplink::{self, UplinkConfig};
@@ -146,6 +147,11 @@ struct RunArgs {
     /// Distinct edges the whole node may report per --flush-seconds (`reason="node_edge_cap"` beyond).
     #[arg(long, default_value_t = EdgeCaps::default().per_node, env = "NE_MAX_EDGES")]
     max_edges: usize,
+    /// Connections open before the agent started (install, upgrade, restart) are read once at start
+    /// from the kernel's socket tables and reported like live ones; at most this many are kept, the
+    /// rest counted (`network_enforcer_agent_existing_sockets_dropped_total`). 0: no scan.
+    #[arg(long, default_value_t = existing::DEFAULT_MAX_SOCKETS, env = "NE_MAX_EXISTING_SOCKETS")]
+    max_existing_sockets: usize,
     /// Addresses of this host the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`) binds,
     /// comma-separated. With the host network every interface of the node would be reachable, so the
     /// default is loopback only; the chart passes the node's IP (downward API `status.hostIP`, where the
@@ -335,6 +341,18 @@ async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// The start-up scan's events, once (nothing when it failed; it logged why); then never resolves.
+async fn existing_connections(
+    scan: &mut Option<tokio::sync::oneshot::Receiver<Vec<network_enforcer_agent::ConnectionEvent>>>,
+) -> Vec<network_enforcer_agent::ConnectionEvent> {
+    let Some(receiver) = scan else {
+        return std::future::pending().await;
+    };
+    let events = receiver.await.unwrap_or_default();
+    *scan = None;
+    events
+}
+
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
 async fn shutdown_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -427,6 +445,10 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::new(attributor.clone(), caps)
         .with_scanner(scanner)
         .with_debug(debug);
+    // Connections open before the agent started. The live programs are attached already, so every
+    // connection is seen by them, by this scan or by both (the same edge); it runs in the background.
+    let mut existing_scan = (args.max_existing_sockets > 0)
+        .then(|| existing::spawn(args.max_existing_sockets, metrics.existing()));
     for (address, listener) in listeners {
         tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
         tokio::spawn(metrics.clone().serve(listener));
@@ -457,6 +479,10 @@ async fn run(args: RunArgs) -> Result<()> {
                 metrics.events_read(batch.len());
                 pipeline.take_in(&batch)?;
                 batch.clear();
+                continue;
+            }
+            events = existing_connections(&mut existing_scan) => {
+                pipeline.take_in(&events)?;
                 continue;
             }
             _ = flush.tick() => Step::Flush,

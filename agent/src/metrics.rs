@@ -42,6 +42,7 @@ pub struct AgentMetrics {
     sources: crate::sources::SourceMetrics,
     pod_watch: PodWatchCounters,
     enforcement: EnforcementMetrics,
+    existing: crate::kernel::existing::ScanMetrics,
     /// 1 once the eBPF programs are loaded and attached.
     ebpf_attached: Gauge,
     /// Which optional parts run, for `/readyz`.
@@ -184,6 +185,8 @@ impl AgentMetrics {
         let enforcement = EnforcementMetrics::default();
         enforcement.register(&mut registry);
         crate::sources::ztunnel::register_metrics(&mut registry);
+        let existing = crate::kernel::existing::ScanMetrics::default();
+        existing.register(&mut registry);
         Self {
             ebpf_attached,
             enabled: Arc::default(),
@@ -191,6 +194,7 @@ impl AgentMetrics {
             sources,
             pod_watch,
             enforcement,
+            existing,
             events,
             events_lost,
             dedupe_hits,
@@ -215,6 +219,12 @@ impl AgentMetrics {
     /// The enforcement metrics, registered here; hand them to [`crate::enforce::watch::spawn`].
     pub fn enforcement(&self) -> EnforcementMetrics {
         self.enforcement.clone()
+    }
+
+    /// The start-up socket scan's counters, registered here; hand them to
+    /// [`crate::kernel::existing::spawn`].
+    pub fn existing(&self) -> crate::kernel::existing::ScanMetrics {
+        self.existing.clone()
     }
 
     /// Records that enforcement runs: readiness then waits for its first installed table.

@@ -2,6 +2,7 @@
 
 pub mod btf;
 pub mod events;
+pub mod existing;
 pub mod host;
 pub mod loader;
 pub mod tracepoint_format;
