@@ -421,6 +421,8 @@ pub struct Flushes {
 #[derive(Debug, Default)]
 struct Written {
     flush: u64,
+    /// When that flush started, ms since the epoch.
+    started_ms: i64,
     failed: BTreeSet<u64>,
 }
 
@@ -448,10 +450,11 @@ impl Flushes {
     /// of its earlier failures.
     pub async fn flush(&self, writer: &ProposalWriter) -> FlushReport {
         let leading = writer.is_leader();
+        let started_ms = crate::cluster::watches::now_ms();
         let number = self.begin();
         let report = writer.flush().await;
         if leading {
-            self.finish(number, &report);
+            self.finish(number, started_ms, &report);
         }
         report
     }
@@ -461,13 +464,14 @@ impl Flushes {
         self.started.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// Records what flush `number`, made as leader, wrote.
-    fn finish(&self, number: u64, report: &FlushReport) {
+    /// Records what flush `number`, made as leader and started at `started_ms`, wrote.
+    fn finish(&self, number: u64, started_ms: i64, report: &FlushReport) {
         self.written.send_if_modified(|w| {
             let newer = number > w.flush;
             if newer {
                 *w = Written {
                     flush: number,
+                    started_ms,
                     failed: report.failed_proposals.clone(),
                 };
             }
@@ -485,7 +489,7 @@ impl Flushes {
     /// written.
     pub fn written_for(&self, mark: u64, waits: &WaitsFor) -> bool {
         let w = self.written.borrow();
-        w.flush > mark && waits.written_despite(&w.failed)
+        w.flush > mark && waits.written_despite(w.started_ms, &w.failed)
     }
 
     /// Whether everything merged before `mark` was taken has been written, for every proposal.
@@ -1075,7 +1079,7 @@ mod tests {
         };
         let mark = flushes.mark();
         let first = flushes.begin();
-        flushes.finish(first, &report(&[7]));
+        flushes.finish(first, 0, &report(&[7]));
         // (what the batch waits for, written after a flush in which proposal 7 failed?)
         let cases = [
             (waits(&[1]), true),
@@ -1094,15 +1098,46 @@ mod tests {
         assert!(!flushes.written_after(mark));
         // A later flush in which 7 is written releases everything merged before the first one.
         let second = flushes.begin();
-        flushes.finish(second, &report(&[]));
+        flushes.finish(second, 0, &report(&[]));
         for (w, _) in &cases {
             assert!(flushes.written_for(mark, w), "{w:?}");
         }
         // But nothing merged after the second flush started.
         assert!(!flushes.written_for(flushes.mark(), &waits(&[1])));
         // An older flush finishing late changes nothing.
-        flushes.finish(first, &report(&[1]));
+        flushes.finish(first, 0, &report(&[1]));
         assert!(flushes.written_for(mark, &waits(&[1])));
+    }
+
+    #[test]
+    fn a_record_waiting_for_the_index_is_released_by_a_flush_after_its_grace() {
+        let flushes = Flushes::new();
+        let mut waits = WaitsFor::default();
+        waits.add(3);
+        waits.defer_until(5_000);
+        assert!(!waits.is_nothing());
+        let mark = flushes.mark();
+        // (flush started at, proposals failed in it, written)
+        let cases: [(i64, &[u64], bool); 4] = [
+            (4_000, &[], false),
+            (5_000, &[9], false),
+            (6_000, &[], true),
+            (7_000, &[3], false),
+        ];
+        for (started, failed, written) in cases {
+            let number = flushes.begin();
+            let report = FlushReport {
+                failed: failed.len(),
+                failed_proposals: failed.iter().copied().collect(),
+                ..FlushReport::default()
+            };
+            flushes.finish(number, started, &report);
+            assert_eq!(
+                flushes.written_for(mark, &waits),
+                written,
+                "{started} {failed:?}"
+            );
+        }
     }
 
     #[test]
@@ -1121,8 +1156,8 @@ mod tests {
             w.add(k);
         }
         assert_eq!(w, WaitsFor::everything(), "past the bound it waits for all");
-        assert!(w.written_despite(&BTreeSet::new()));
-        assert!(!w.written_despite(&BTreeSet::from([1_000_000])));
+        assert!(w.written_despite(0, &BTreeSet::new()));
+        assert!(!w.written_despite(0, &BTreeSet::from([1_000_000])));
     }
 
     #[test]

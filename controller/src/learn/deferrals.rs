@@ -16,8 +16,9 @@
 //! one starts waiting, `deferred_resolved` when the index caught up, `deferred_expired` when the grace
 //! ran out.
 //!
-//! Trade-off: an agent batch whose records all wait is acknowledged before they are learned, so a
-//! controller restart within the grace loses them until the agent reports the connection again.
+//! An agent batch with a waiting record is acknowledged only after a flush that started once its grace
+//! was over (by then it was learned and written), so a controller restart within the grace loses
+//! nothing: the agent sends it again.
 
 use crate::cluster::index::{Endpoint, Index};
 use crate::learn::{self, Flow, Observation, Opened, Unresolved};
@@ -120,6 +121,11 @@ impl Deferrals {
             until_ms: now_ms.saturating_add(self.grace_ms),
         });
         None
+    }
+
+    /// How long an observation may wait, in milliseconds.
+    pub fn grace_ms(&self) -> i64 {
+        self.grace_ms
     }
 
     /// Resolves every waiting observation again: those the index now places, and those whose grace

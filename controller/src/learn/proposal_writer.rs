@@ -116,6 +116,9 @@ impl FlushReport {
 pub struct WaitsFor {
     proposals: Vec<u64>,
     everything: bool,
+    /// An observation waits for the index ([`crate::learn::deferrals`]) until then (ms since the
+    /// epoch): only a flush that starts later, with no failure, has surely written it.
+    deferred_until_ms: Option<i64>,
 }
 
 impl WaitsFor {
@@ -127,7 +130,13 @@ impl WaitsFor {
         Self {
             proposals: Vec::new(),
             everything: true,
+            deferred_until_ms: None,
         }
+    }
+
+    /// Adds an observation that waits for the index until `until_ms`.
+    pub fn defer_until(&mut self, until_ms: i64) {
+        self.deferred_until_ms = Some(self.deferred_until_ms.map_or(until_ms, |d| d.max(until_ms)));
     }
 
     /// Adds the proposal `key` ([`ProposalWriter::proposal_key`]).
@@ -136,7 +145,8 @@ impl WaitsFor {
             return;
         }
         if self.proposals.len() == Self::MAX_PROPOSALS {
-            *self = Self::everything();
+            self.proposals = Vec::new();
+            self.everything = true;
         } else {
             self.proposals.push(key);
         }
@@ -144,12 +154,16 @@ impl WaitsFor {
 
     /// Nothing to wait for: the acknowledgement may go at once.
     pub fn is_nothing(&self) -> bool {
-        !self.everything && self.proposals.is_empty()
+        !self.everything && self.proposals.is_empty() && self.deferred_until_ms.is_none()
     }
 
-    /// Whether a flush in which `failed` proposals failed (and every other was written) wrote all
-    /// this waits for.
-    pub fn written_despite(&self, failed: &BTreeSet<u64>) -> bool {
+    /// Whether a flush that started at `started_ms`, in which `failed` proposals failed (and every
+    /// other was written), wrote all this waits for.
+    pub fn written_despite(&self, started_ms: i64, failed: &BTreeSet<u64>) -> bool {
+        if let Some(until) = self.deferred_until_ms {
+            // Where a waiting observation goes is known only once it is learned.
+            return started_ms >= until && failed.is_empty();
+        }
         if failed.is_empty() {
             return true;
         }
@@ -500,6 +514,7 @@ impl ProposalWriter {
             Some(resolution) => self.merge(index, obs, resolution, waits),
             None => {
                 self.metrics.resolved("deferred", 1);
+                waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
                 Ok(0)
             }
         }
@@ -1007,9 +1022,14 @@ mod tests {
 
         // The frontend's first connection arrives before its IP is in the index.
         let obs = inbound("shop", "api", "10.0.0.3");
+        let mut waits = WaitsFor::default();
         assert_eq!(
-            writer.observe_or_wait(&index, &obs, 1_000, &mut WaitsFor::default()),
+            writer.observe_or_wait(&index, &obs, 1_000, &mut waits),
             Ok(0)
+        );
+        assert!(
+            !waits.is_nothing(),
+            "its acknowledgement waits until it is learned and written"
         );
         assert_eq!(writer.waiting(), 1);
         assert!(
