@@ -647,8 +647,54 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
 /// on SIGTERM the last status sync writes the violation.
 #[tokio::test]
 async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Result<()> {
+    let (ns, mut controller) = violation_held("evidence-ack").await?;
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    assert_violation_written(&ns, &logs).await
+}
+
+/// The real controller binary, with a violation held as in the test above, loses its Lease to another
+/// replica: it exits, and on its way out still writes the violation into the status (the new leader
+/// would never learn it: the agent's batch was merged here, and a resent one would be a repeat).
+#[tokio::test]
+async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (ns, mut controller) = violation_held("lease-lost").await?;
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let stolen = serde_json::json!({"spec": {
+        "holderIdentity": "another-replica",
+        "leaseDurationSeconds": 3600,
+        "renewTime": now,
+    }});
+    Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .patch(
+            "network-enforcer-controller",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&stolen),
+        )
+        .await?;
+    let child = controller.process.0.take().context("the controller runs")?;
+    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .context("the controller exits after losing its Lease")???;
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        !output.status.success(),
+        "losing the Lease is an error exit\n{logs}"
+    );
+    assert!(logs.contains("last flush before exit"), "{logs}");
+    assert_violation_written(&ns, &logs).await
+}
+
+/// A test namespace with a monitor-mode policy denying the server's ingress, the controller binary
+/// (flush every second, status sync hourly) and one agent batch carrying a violation of it, merged and
+/// written into the proposal but held: its violation is not in a status yet.
+async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)> {
     use network_enforcer_api::WorkloadNetworkPolicy;
-    let ns = TestNamespace::create_with_crds("evidence-ack").await?;
+    let ns = TestNamespace::create_with_crds(name).await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
     let n = ns.name.clone();
     let guard: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
@@ -664,7 +710,7 @@ async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Re
     policies
         .create(&kube::api::PostParams::default(), &guard)
         .await?;
-    let mut controller = BinaryController::start(&ns, "1", "1h").await?;
+    let controller = BinaryController::start(&ns, "1", "1h").await?;
     // Leading, then a few evidence passes so that its status sync knows the policy.
     ns.wait_for(
         "the controller to lead",
@@ -709,9 +755,17 @@ async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Re
             .await
     );
 
-    let (success, logs) = controller.terminate().await?;
-    assert!(success, "{logs}");
-    let status = policies.get("guard").await?.status.unwrap_or_default();
+    Ok((ns, controller))
+}
+
+/// The policy `guard` holds exactly one violation.
+async fn assert_violation_written(ns: &TestNamespace, logs: &str) -> Result<()> {
+    let status = ns
+        .api::<network_enforcer_api::WorkloadNetworkPolicy>()
+        .get("guard")
+        .await?
+        .status
+        .unwrap_or_default();
     assert_eq!(
         status.violations.len(),
         1,
