@@ -538,14 +538,27 @@ impl BinaryController {
         text.lines().any(|l| l == line)
     }
 
+    /// Waits until `/metrics` has the line `line`.
+    async fn wait_for_metric(&self, ns: &TestNamespace, what: &str, line: &str) -> Result<()> {
+        ns.wait_for(what, Duration::from_secs(90), || async {
+            Ok(self.metric_line(line).await.then_some(()))
+        })
+        .await
+    }
+
     /// Sends SIGTERM and waits for the exit; returns the exit status's success and the logs.
     async fn terminate(&mut self) -> Result<(bool, String)> {
-        let child = self.process.0.take().context("the controller runs")?;
-        let pid = child.id();
+        let pid = self.process.0.as_ref().context("the controller runs")?.id();
         let killed = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()?;
         anyhow::ensure!(killed.success(), "kill -TERM {pid}");
+        self.exit().await
+    }
+
+    /// Waits (up to a minute) for the process to exit; returns its success and its logs.
+    async fn exit(&mut self) -> Result<(bool, String)> {
+        let child = self.process.0.take().context("the controller runs")?;
         let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
         let output = tokio::time::timeout(Duration::from_secs(60), waiting)
             .await
@@ -594,17 +607,13 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
         ),
     ]));
     // Merged and waiting for a flush: its acknowledgement is held.
-    ns.wait_for(
-        "the controller to hold the batch's acknowledgement",
-        Duration::from_secs(90),
-        || async {
-            Ok(controller
-                .metric_line("network_enforcer_controller_acks_waiting 1")
-                .await
-                .then_some(()))
-        },
-    )
-    .await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the controller to hold the batch's acknowledgement",
+            "network_enforcer_controller_acks_waiting 1",
+        )
+        .await?;
     assert_eq!(
         controller.counters.batches_acked.get(),
         0,
@@ -675,16 +684,8 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
             &kube::api::Patch::Merge(&stolen),
         )
         .await?;
-    let child = controller.process.0.take().context("the controller runs")?;
-    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
-    let output = tokio::time::timeout(Duration::from_secs(60), waiting)
-        .await
-        .context("the controller exits after losing its Lease")???;
-    let logs = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        !output.status.success(),
-        "losing the Lease is an error exit\n{logs}"
-    );
+    let (success, logs) = controller.exit().await?;
+    assert!(!success, "losing the Lease is an error exit\n{logs}");
     assert!(logs.contains("last flush before exit"), "{logs}");
     assert_violation_written(&ns, &logs).await
 }
@@ -712,17 +713,13 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
         .await?;
     let controller = BinaryController::start(&ns, "1", "1h").await?;
     // Leading, then a few evidence passes so that its status sync knows the policy.
-    ns.wait_for(
-        "the controller to lead",
-        Duration::from_secs(90),
-        || async {
-            Ok(controller
-                .metric_line("network_enforcer_controller_leader 1")
-                .await
-                .then_some(()))
-        },
-    )
-    .await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the controller to lead",
+            "network_enforcer_controller_leader 1",
+        )
+        .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(controller.agent.send(vec![flow_record(
         &n,

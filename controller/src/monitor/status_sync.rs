@@ -911,16 +911,21 @@ mod tests {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 
-    #[tokio::test]
-    async fn dropped_evidence_and_pending_observations_are_metrics() {
+    /// A status sync whose API server is never reached.
+    fn offline_sync() -> Arc<StatusSync> {
         let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
             .expect("a client that is never used");
-        let sync = StatusSync::new(
+        StatusSync::new(
             client,
             Arc::new(SharedIndex::default()),
             Settings::default(),
             Arc::new(crate::monitor::otlp::Disabled),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn dropped_evidence_and_pending_observations_are_metrics() {
+        let sync = offline_sync();
         let registry = ControllerMetrics::new();
         sync.register_metrics(&registry);
         let evidence = sync.evidence();
@@ -989,14 +994,7 @@ mod tests {
 
     #[tokio::test]
     async fn evidence_is_settled_only_once_its_violations_are_written() {
-        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .expect("a client that is never used");
-        let sync = StatusSync::new(
-            client,
-            Arc::new(SharedIndex::default()),
-            Settings::default(),
-            Arc::new(crate::monitor::otlp::Disabled),
-        );
+        let sync = offline_sync();
         let evidence = sync.evidence();
         let record = FlowRecord::default();
         // No policy known: nothing is evidence, nothing to wait for.
