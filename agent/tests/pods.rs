@@ -77,7 +77,8 @@ async fn tcp_ipv6_between_pods_is_reported_at_both_ends_with_their_namespaces() 
     tcp_between_pods(true).await;
 }
 
-/// What the agent does and does not see of traffic that started before it:
+/// What the agent's *live* programs do and do not see of traffic that started before it (the start-up
+/// scan of open sockets, tested in `existing_connections.rs`, reports those connections once):
 /// - a TCP connection established before the agent started is not reported (its handshake is over;
 ///   data on it is not an event), only new connections are;
 /// - a connected UDP socket is not reported either (sends on it carry no address, the connect is
