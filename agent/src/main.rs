@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use network_enforcer_agent::aggregate::{Aggregator, WallClock};
 use network_enforcer_agent::debug::flows::{self, FlowFilter, PodNames};
+use network_enforcer_agent::debug::peers;
 use network_enforcer_agent::debug::socket::{self, DebugClient, DebugServer};
 use network_enforcer_agent::enforce::{self, nft};
 use network_enforcer_agent::identity::attribution::Attributor;
@@ -417,6 +418,7 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
+    let peers = start_peer_names(args.node_name.as_deref()).await;
     let enforcement_client = match enforcement {
         Some(config) => {
             let records = source_records.clone().unwrap_or_default();
@@ -435,7 +437,10 @@ async fn run(args: RunArgs) -> Result<()> {
         network_enforcer_agent::kernel::host::cgroup2_root()?,
         attributor.clone(),
     );
-    let debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
+    let mut debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
+    if let Some(peers) = peers {
+        debug = debug.with_peers(peers);
+    }
     tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
     let caps = EdgeCaps {
         per_pod: args.max_edges_per_pod.max(1),
@@ -717,6 +722,26 @@ async fn start_pod_watch(
             );
             None
         }
+    }
+}
+
+/// Starts the watches naming peer addresses in `flows` (pods, Services, nodes cluster-wide; see
+/// `debug::peers`) where the pod watch runs: in a cluster, with the node's name and API access.
+/// Elsewhere peers are shown as addresses.
+async fn start_peer_names(node: Option<&str>) -> Option<peers::SharedPeers> {
+    node?;
+    match pod_watch::client().await {
+        Ok(client) => {
+            let directory = peers::SharedPeers::default();
+            peers::spawn(client, directory.clone());
+            tracing::info!(
+                max_addresses = peers::MAX_ADDRESSES,
+                "flows names peers (pods, Services, nodes)"
+            );
+            Some(directory)
+        }
+        // start_pod_watch has said why already.
+        Err(_) => None,
     }
 }
 

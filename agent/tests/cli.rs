@@ -115,6 +115,8 @@ fn flows_show_connections(extra: &[&str]) -> (u16, u64) {
         assert_eq!(flow["protocol"], "tcp");
         assert_eq!(flow["outcome"], "established");
         assert_eq!(flow["peer_ip"], "127.0.0.1");
+        // No watched object has the address: the name field is there, and null.
+        assert_eq!(flow.get("peer"), Some(&serde_json::Value::Null), "{flow}");
         let count = flow["count"].as_u64().unwrap();
         assert!(
             count >= 1 && count <= connections,

@@ -372,7 +372,11 @@ fn rbac_is_exactly_least_privilege() {
     );
     assert_eq!(
         rules(find(&docs, "ClusterRole", AGENT)),
-        expect(&[("", "pods", READ)])
+        expect(&[
+            ("", "pods", READ),
+            ("", "services", &["list", "watch"]),
+            ("", "nodes", &["list", "watch"]),
+        ])
     );
     assert_eq!(
         rules(find(&docs, "ClusterRole", CLEANUP)),
@@ -700,6 +704,8 @@ fn agent_enforcement_adds_only_what_it_reads_and_names_its_table_after_the_relea
         rules(find(&docs, "ClusterRole", AGENT)),
         expect(&[
             ("", "pods", READ),
+            ("", "services", &["list", "watch"]),
+            ("", "nodes", &["list", "watch"]),
             ("", "namespaces", &["list", "watch"]),
             ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
         ])

@@ -53,19 +53,47 @@ pub fn local_key(key: &EdgeKey) -> LocalKey {
     (key.netns_ino, key.cgroup_id, key.local_ip)
 }
 
-/// Pod labels of local sides, as the agent reported them (`flows` keeps them beside the edges).
+/// Peer names `flows` keeps at most; later peers are shown as addresses (and counted).
+pub const MAX_PEER_NAMES: usize = 65_536;
+
+/// Pod labels of local sides and names of peer addresses, as the agent reported them (`flows` keeps
+/// them beside the edges).
 #[derive(Clone, Debug, Default)]
-pub struct PodNames(HashMap<LocalKey, Arc<str>>);
+pub struct PodNames {
+    pods: HashMap<LocalKey, Arc<str>>,
+    peers: HashMap<IpAddr, Arc<str>>,
+    peers_dropped: u64,
+}
 
 impl PodNames {
     /// Remembers the pod label of `key`'s local side.
     pub fn insert(&mut self, key: &EdgeKey, label: Arc<str>) {
-        self.0.insert(local_key(key), label);
+        self.pods.insert(local_key(key), label);
     }
 
     /// The pod label of `key`'s local side.
     pub fn get(&self, key: &EdgeKey) -> Option<&str> {
-        self.0.get(&local_key(key)).map(|l| &**l)
+        self.pods.get(&local_key(key)).map(|l| &**l)
+    }
+
+    /// Remembers the name of a peer address (the latest wins: an address may change hands). Beyond
+    /// [`MAX_PEER_NAMES`] addresses a new one is not kept but counted ([`PodNames::peers_dropped`]).
+    pub fn insert_peer(&mut self, ip: IpAddr, name: Arc<str>) {
+        if self.peers.len() >= MAX_PEER_NAMES && !self.peers.contains_key(&ip) {
+            self.peers_dropped = self.peers_dropped.saturating_add(1);
+            return;
+        }
+        self.peers.insert(ip, name);
+    }
+
+    /// The name of `key`'s peer address, if the agent knew one.
+    pub fn peer(&self, key: &EdgeKey) -> Option<&str> {
+        self.peers.get(&key.peer_ip).map(|l| &**l)
+    }
+
+    /// Peer names not kept because [`MAX_PEER_NAMES`] were held.
+    pub fn peers_dropped(&self) -> u64 {
+        self.peers_dropped
     }
 }
 
@@ -176,11 +204,19 @@ fn local_side(key: &EdgeKey, names: &PodNames) -> String {
     }
 }
 
+/// The peer as text: its name (`svc demo/db`, `demo/api-7d9c`, `node/worker-1`) as `hubble observe`
+/// shows it, else its address (JSON keeps the address in `peer_ip` either way).
+pub fn peer_side(key: &EdgeKey, names: &PodNames) -> String {
+    names
+        .peer(key)
+        .map_or_else(|| key.peer_ip.to_string(), str::to_string)
+}
+
 /// (source, destination) from the connection opener's point of view.
 fn ends(key: &EdgeKey, names: &PodNames) -> (String, String) {
     match key.direction {
-        Direction::Outbound => (local_side(key, names), key.peer_ip.to_string()),
-        Direction::Inbound => (key.peer_ip.to_string(), local_side(key, names)),
+        Direction::Outbound => (local_side(key, names), peer_side(key, names)),
+        Direction::Inbound => (peer_side(key, names), local_side(key, names)),
     }
 }
 
@@ -265,7 +301,8 @@ pub fn render_table(edges: &[Edge], clock: &WallClock, names: &PodNames, header:
     out
 }
 
-/// One JSON object per edge, one per line (`pod`: the local pod's label, or null).
+/// One JSON object per edge, one per line (`pod`: the local pod's label, or null; `peer`: the peer's
+/// name, or null, beside its address `peer_ip`).
 pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> String {
     let mut out = String::new();
     for e in edges {
@@ -277,6 +314,7 @@ pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> Strin
             "cgroup_id": e.key.cgroup_id,
             "local_ip": e.key.local_ip.to_string(),
             "peer_ip": e.key.peer_ip.to_string(),
+            "peer": names.peer(&e.key),
             "port": e.key.port,
             "protocol": protocol_name(e.key.protocol),
             "direction": direction_name(e.key.direction),
@@ -426,6 +464,59 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
         assert_eq!(json["pod"], "shop/web");
+    }
+
+    /// Both directions, the peer named as `hubble observe` names it: a Service, a pod, a node, or
+    /// the bare address when the agent knew no name; JSON keeps the address beside the name.
+    #[test]
+    fn peers_are_named_and_keep_their_address_in_json() {
+        let clock = WallClock::now();
+        for (peer_ip, name) in [
+            ("10.96.125.79", Some("svc demo/db")),
+            ("10.244.0.13", Some("demo/api-7d9c")),
+            ("172.18.0.2", Some("node/worker-1")),
+            ("10.244.0.99", None),
+        ] {
+            for direction in [Direction::Outbound, Direction::Inbound] {
+                let mut e = edge(direction, Outcome::Established, None);
+                e.key.peer_ip = peer_ip.parse().unwrap();
+                let mut names = PodNames::default();
+                if let Some(name) = name {
+                    names.insert_peer(e.key.peer_ip, name.into());
+                }
+                // Another address's name must not leak onto this one.
+                names.insert_peer("10.0.0.250".parse().unwrap(), "svc other/x".into());
+                let shown = name.unwrap_or(peer_ip);
+                let (src, dst) = ends(&e.key, &names);
+                let peer_cell = if direction == Direction::Outbound {
+                    dst
+                } else {
+                    src
+                };
+                assert_eq!(peer_cell, shown, "{peer_ip} {direction:?}");
+                let table = render_table(&[e], &clock, &names, false);
+                assert!(table.contains(shown), "{table}");
+                let json: serde_json::Value =
+                    serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
+                assert_eq!(json["peer_ip"], peer_ip);
+                assert_eq!(
+                    json["peer"],
+                    name.map_or(serde_json::Value::Null, Into::into)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn peer_names_are_bounded_and_counted() {
+        let mut names = PodNames::default();
+        for i in 0..=MAX_PEER_NAMES as u32 {
+            names.insert_peer(IpAddr::from(i.to_be_bytes()), "x".into());
+        }
+        assert_eq!(names.peers_dropped(), 1);
+        // A known address may still be renamed when full.
+        names.insert_peer(IpAddr::from(0u32.to_be_bytes()), "y".into());
+        assert_eq!(names.peers_dropped(), 1);
     }
 
     #[test]

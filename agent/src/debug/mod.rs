@@ -1,4 +1,6 @@
-//! The node-local debug view: the unix socket streaming events ([`socket`]) and the `flows` CLI ([`flows`]).
+//! The node-local debug view: the unix socket streaming events ([`socket`]), the `flows` CLI ([`flows`]) and
+//! the names of peer addresses it shows ([`peers`]).
 
 pub mod flows;
+pub mod peers;
 pub mod socket;

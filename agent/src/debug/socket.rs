@@ -14,6 +14,7 @@
 
 use crate::aggregate::{EdgeHasher, EdgeId, EdgeKey, EdgeStats};
 use crate::debug::flows::{PodNames, direction_name, outcome_name, protocol_name};
+use crate::debug::peers::SharedPeers;
 use crate::error::{Error, Result};
 use crate::kernel::events::{ConnectionEvent, Direction, Outcome, Protocol};
 use serde::{Deserialize, Serialize};
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -107,6 +108,10 @@ pub struct EventRecord {
     /// unknown namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// The peer's name (`svc <ns>/<name>`, `<ns>/<name>`, `node/<name>`; [`crate::debug::peers`]);
+    /// absent when no watched object has the address. `remote` keeps the address either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
 }
 
 impl From<&ConnectionEvent> for EventRecord {
@@ -124,6 +129,7 @@ impl From<&ConnectionEvent> for EventRecord {
             error: e.error,
             count: e.count,
             pod: None,
+            peer: None,
         }
     }
 }
@@ -157,6 +163,7 @@ impl EdgeRecord {
                 error: stats.last_error,
                 count: 1,
                 pod: pod.map(str::to_string),
+                peer: None,
             },
             first_seen_ns: nanos(stats.first_seen),
             total: stats.count,
@@ -182,6 +189,7 @@ struct Recent {
     key: EdgeKey,
     stats: EdgeStats,
     pod: Option<Arc<str>>,
+    peer: Option<Arc<str>>,
 }
 
 /// The recent-records buffer: every edge seen lately, aggregated, with its pod label; bounded to a
@@ -212,6 +220,17 @@ impl RecentEdges {
         event: &ConnectionEvent,
         pod: impl FnOnce() -> Option<Arc<str>>,
     ) -> Option<Arc<str>> {
+        self.add_named(event, pod, || None).0
+    }
+
+    /// [`RecentEdges::add`], also naming the peer: returns the edge's (pod label, peer name). `peer` is
+    /// asked like `pod`, when the edge is new or its peer not yet named (a watch may learn it later).
+    pub fn add_named(
+        &mut self,
+        event: &ConnectionEvent,
+        pod: impl FnOnce() -> Option<Arc<str>>,
+        peer: impl FnOnce() -> Option<Arc<str>>,
+    ) -> (Option<Arc<str>>, Option<Arc<str>>) {
         let key = EdgeKey::of(event);
         let id = EdgeId::of(&key);
         let stats = EdgeStats {
@@ -225,21 +244,25 @@ impl RecentEdges {
             if recent.pod.is_none() {
                 recent.pod = pod();
             }
-            return recent.pod.clone();
+            if recent.peer.is_none() {
+                recent.peer = peer();
+            }
+            return (recent.pod.clone(), recent.peer.clone());
         }
         if self.edges.len() >= self.capacity {
             self.evict();
         }
-        let pod = pod();
+        let (pod, peer) = (pod(), peer());
         self.edges.insert(
             id,
             Recent {
                 key,
                 stats,
                 pod: pod.clone(),
+                peer: peer.clone(),
             },
         );
-        pod
+        (pod, peer)
     }
 
     /// Drops the oldest eighth (at least one edge), so eviction costs O(log n) per insert amortized.
@@ -264,7 +287,11 @@ impl RecentEdges {
         out.sort_by_key(|r| (r.stats.first_seen, r.key));
         let records = out
             .into_iter()
-            .map(|r| EdgeRecord::new(&r.key, &r.stats, r.pod.as_deref()))
+            .map(|r| {
+                let mut record = EdgeRecord::new(&r.key, &r.stats, r.pod.as_deref());
+                record.edge.peer = r.peer.as_deref().map(str::to_string);
+                record
+            })
             .collect();
         (records, self.evicted_until.is_none_or(|t| t < from))
     }
@@ -332,6 +359,8 @@ struct Shared {
     /// no event is both in a client's history and in its live stream.
     recent: Mutex<RecentEdges>,
     lines: broadcast::Sender<Arc<str>>,
+    /// Names of peer addresses, when the agent watches the cluster ([`DebugServer::with_peers`]).
+    peers: OnceLock<SharedPeers>,
 }
 
 impl Shared {
@@ -362,6 +391,7 @@ impl DebugServer {
         let shared = Arc::new(Shared {
             recent: Mutex::new(RecentEdges::new(recent_edges)),
             lines,
+            peers: OnceLock::new(),
         });
         let server = Self {
             shared: shared.clone(),
@@ -383,8 +413,15 @@ impl DebugServer {
         Ok(server)
     }
 
+    /// Names peers from `peers` from now on (set once; a later call is ignored).
+    pub fn with_peers(self, peers: SharedPeers) -> Self {
+        let _ = self.shared.peers.set(peers);
+        self
+    }
+
     /// Adds events to the recent-records buffer and sends them to every connected client. `pod` names
-    /// an event's local pod; it is asked once per new (or still unnamed) edge, not per event.
+    /// an event's local pod, the peer directory (if any) its peer; both are asked once per new (or
+    /// still unnamed) edge, not per event.
     pub fn publish(
         &self,
         events: &[ConnectionEvent],
@@ -393,10 +430,17 @@ impl DebugServer {
         let mut recent = self.shared.recent();
         let live = self.shared.lines.receiver_count() > 0;
         for event in events {
-            let label = recent.add(event, || pod(event));
+            let peer = || {
+                let peers = self.shared.peers.get()?;
+                // A poisoned lock means a panic elsewhere already; the names are still usable.
+                let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+                peers.name(event.remote.ip())
+            };
+            let (label, peer) = recent.add_named(event, || pod(event), peer);
             if live {
                 let mut record = EventRecord::from(event);
                 record.pod = label.map(|l| l.to_string());
+                record.peer = peer.map(|l| l.to_string());
                 if let Ok(line) = serde_json::to_string(&Line::Event(record)) {
                     let _ = self.shared.lines.send(line.into());
                 }
@@ -537,14 +581,17 @@ impl DebugClient {
         let mut edges = Vec::new();
         loop {
             match self.next_line().await? {
-                Line::Edge(record) => match record.into_edge() {
-                    Ok((key, stats, pod)) => {
+                Line::Edge(mut record) => match (record.edge.peer.take(), record.into_edge()) {
+                    (peer, Ok((key, stats, pod))) => {
                         if let Some(pod) = pod {
                             self.names.insert(&key, pod.into());
                         }
+                        if let Some(peer) = peer {
+                            self.names.insert_peer(key.peer_ip, peer.into());
+                        }
                         edges.push((key, stats));
                     }
-                    Err(err) => tracing::warn!(%err, "debug socket: skipping an edge"),
+                    (_, Err(err)) => tracing::warn!(%err, "debug socket: skipping an edge"),
                 },
                 Line::HistoryEnd { incomplete } => {
                     return Ok(History {
@@ -564,10 +611,14 @@ impl DebugClient {
                 continue;
             };
             let pod = record.pod.take();
+            let peer = record.peer.take();
             match ConnectionEvent::try_from(record) {
                 Ok(event) => {
                     if let Some(pod) = pod {
                         self.names.insert(&EdgeKey::of(&event), pod.into());
+                    }
+                    if let Some(peer) = peer {
+                        self.names.insert_peer(event.remote.ip(), peer.into());
                     }
                     out.push(event);
                     return Ok(());
@@ -582,7 +633,7 @@ impl DebugClient {
         self.lagged
     }
 
-    /// The pod labels the agent sent so far.
+    /// The pod labels and peer names the agent sent so far.
     pub fn names(&self) -> &PodNames {
         &self.names
     }
@@ -704,6 +755,64 @@ mod tests {
         assert_eq!(got, vec![event()]);
         assert_eq!(client.lagged(), u64::MAX);
         drop(peer.await.unwrap());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The agent names the peer from its directory, in the replayed history and in live events; the
+    /// client keeps the name by address.
+    #[tokio::test]
+    async fn clients_receive_peer_names_in_history_and_live() {
+        use crate::debug::peers::{PeerDirectory, PeerKind};
+        let dir = std::env::temp_dir().join(format!("ne-debug-peers-{}", std::process::id()));
+        let path = dir.join("agent.sock");
+        let peers = SharedPeers::default();
+        let server = DebugServer::bind(&path, 100)
+            .unwrap()
+            .with_peers(peers.clone());
+        let remote = event().remote.ip();
+        let named = |p: &SharedPeers, label: &str| {
+            let mut d = PeerDirectory::new(10);
+            d.apply(PeerKind::Pod, label.into(), vec![remote]);
+            *p.lock().unwrap() = d;
+        };
+        named(&peers, "shop/client-1");
+        let recent = ConnectionEvent {
+            monotonic: crate::aggregate::monotonic_now(),
+            ..event()
+        };
+        server.publish(&[recent], |_| None);
+        let mut client = DebugClient::connect(&path, Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let history = client.read_history().await.unwrap();
+        assert_eq!(
+            client.names().peer(&history.edges[0].0),
+            Some("shop/client-1")
+        );
+        // A live event of another edge is named when it is published.
+        named(&peers, "svc shop/dns");
+        let mut other = event();
+        other.local = SocketAddr::new(other.local.ip(), 54);
+        let mut got = Vec::new();
+        let read = async {
+            client.read_batch(&mut got).await.unwrap();
+        };
+        let publish = async {
+            loop {
+                server.publish(&[other], |_| None);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            () = read => {}
+            () = publish => unreachable!(),
+            () = tokio::time::sleep(Duration::from_secs(5)) => panic!("no event within 5 s"),
+        }
+        assert_eq!(
+            client.names().peer(&EdgeKey::of(&got[0])),
+            Some("svc shop/dns")
+        );
+        drop(server);
         let _ = std::fs::remove_dir_all(dir);
     }
 
