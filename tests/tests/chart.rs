@@ -834,7 +834,8 @@ fn admission_policy_can_be_disabled() {
             .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
             .count()
     };
-    assert_eq!(kinds(&render(&[])), 1);
+    // The promote-label policy and the proposal-author policy.
+    assert_eq!(kinds(&render(&[])), 2);
     assert_eq!(kinds(&render(&["admissionPolicy.enabled=false"])), 0);
 }
 
