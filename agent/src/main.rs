@@ -140,6 +140,11 @@ struct RunArgs {
     /// 200 bytes each).
     #[arg(long, default_value_t = socket::RECENT_EDGES, env = "NE_RECENT_EDGES")]
     recent_edges: usize,
+    /// Records sent to the controller but not acknowledged yet that the agent keeps for resending;
+    /// beyond it the oldest batches are dropped and counted
+    /// (`network_enforcer_agent_uplink_batches_dropped_total`). About 250 bytes each.
+    #[arg(long, default_value_t = uplink::DEFAULT_MAX_PENDING_RECORDS, env = "NE_MAX_PENDING_RECORDS")]
+    max_pending_records: usize,
     /// Distinct edges one pod may report per --flush-seconds (early flushes for new edges do not renew
     /// it); events of further new edges are dropped and counted
     /// (`network_enforcer_agent_events_dropped_total{reason="pod_edge_cap"}`).
@@ -374,6 +379,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 .clone()
                 .context("--controller-url needs the node name: --node-name or NODE_NAME")?;
             let mut config = UplinkConfig::new(url.clone(), args.token_file.clone(), node);
+            config.max_pending_records = args.max_pending_records.max(1);
             if let Some(ca) = &args.controller_ca_file {
                 config = config.tls(ca.clone(), args.controller_server_name.clone());
             }

@@ -123,6 +123,13 @@ struct Waiting {
     receipts: Vec<Receipt>,
 }
 
+/// Unacknowledged records an agent keeps by default. The controller holds the acknowledgement of a
+/// record whose peer it cannot place yet (an external address) for its resolution grace (30 s), so
+/// this must hold that long of new edges: one pod spraying new peers reaches its own edge cap (10 000)
+/// and its server's (10 000) within one flush, and both wait. 50 000 leaves room for that and the
+/// node's normal traffic (about 250 bytes each in memory).
+pub const DEFAULT_MAX_PENDING_RECORDS: usize = 50_000;
+
 /// What [`ResendBuffer::push`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pushed {
@@ -347,8 +354,8 @@ pub struct UplinkConfig {
 }
 
 impl UplinkConfig {
-    /// The defaults: 256 batches and 20 000 records kept (about 40 minutes of 10-second flushes, about
-    /// 5 MB), a queue of 16, at most
+    /// The defaults: 256 batches and [`DEFAULT_MAX_PENDING_RECORDS`] records kept (about 40 minutes of
+    /// 10-second flushes, about 12 MB), a queue of 16, at most
     /// 5000 records a batch and 10 batches a second (half the controller's default limits), backoff
     /// from 0.5 s up to 30 s, 5 s connect timeout.
     pub fn new(
@@ -364,7 +371,7 @@ impl UplinkConfig {
             token_file: token_file.into(),
             node: node.into(),
             max_pending_batches: 256,
-            max_pending_records: 20_000,
+            max_pending_records: DEFAULT_MAX_PENDING_RECORDS,
             queue_batches: 16,
             max_records_per_batch: 5000,
             max_batches_per_second: 10,
