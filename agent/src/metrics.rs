@@ -503,25 +503,9 @@ pub struct Readiness {
 
 /// Unix seconds as an RFC 3339 UTC time with milliseconds (`2026-08-21T10:15:30.123Z`).
 fn rfc3339(unix_seconds: f64) -> String {
-    let ms = (unix_seconds * 1000.0).round() as i64;
-    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let (h, mi, s, milli) = (
-        ms_of_day / 3_600_000,
-        ms_of_day / 60_000 % 60,
-        ms_of_day / 1000 % 60,
-        ms_of_day % 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+    // Rounded to the millisecond: 1_787_307_330.123 is 1_787_307_330.12299… as a float.
+    let ms = (unix_seconds * 1000.0).round().max(0.0) as u64;
+    crate::debug::flows::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The contracts of network-enforcer, shared by the controller, the agent, the chart and the tests.
 //!
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
+//! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
 //! - [`pod`]: a Pod's addresses and whether it has finished, read the same way everywhere.
@@ -10,6 +11,7 @@
 //! Nothing in this crate does I/O.
 
 pub mod crd;
+pub mod duration;
 pub mod keys;
 pub mod naming;
 pub mod pod;

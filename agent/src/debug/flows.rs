@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Which edges to show; `None` matches anything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -97,60 +97,12 @@ impl PodNames {
     }
 }
 
-/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms` or a plain number of seconds, at most
-/// [`MAX_DURATION`].
+/// Parses a duration like `90s`, `5m`, `1h30m`, `250ms`, `2d` (see
+/// [`network_enforcer_api::duration`]) or a plain number of seconds, at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let too_long = || {
-        format!(
-            "{text:?}: longer than {} days",
-            MAX_DURATION.as_secs() / 86_400
-        )
-    };
-    if let Ok(secs) = text.parse::<u64>() {
-        let d = Duration::from_secs(secs);
-        return if d > MAX_DURATION {
-            Err(too_long())
-        } else {
-            Ok(d)
-        };
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let number: u64 = number.parse().map_err(|_| {
-            format!("{text:?}: expected a number before each unit (e.g. 5m, 1h30m)")
-        })?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let part = match unit {
-            "ms" => Duration::from_millis(number),
-            "s" => Duration::from_secs(number),
-            "m" => Duration::from_secs(number.saturating_mul(60)),
-            "h" => Duration::from_secs(number.saturating_mul(3600)),
-            "d" => Duration::from_secs(number.saturating_mul(86_400)),
-            other => {
-                return Err(format!(
-                    "{text:?}: unknown unit {other:?} (use ms, s, m, h, d)"
-                ));
-            }
-        };
-        total = total
-            .checked_add(part)
-            .filter(|t| *t <= MAX_DURATION)
-            .ok_or_else(too_long)?;
-        rest = next;
-    }
-    Ok(total)
+    let seconds = text.trim().parse::<u64>().ok();
+    let text = seconds.map_or_else(|| text.to_string(), |s| format!("{s}s"));
+    network_enforcer_api::duration::parse_duration(&text, MAX_DURATION).map_err(|e| e.to_string())
 }
 
 /// The longest `--since`/`--interval` accepted: far beyond any buffer the agent keeps, and small
@@ -229,26 +181,11 @@ fn outcome_text(edge: &Edge) -> String {
 
 /// RFC 3339 UTC time with milliseconds, e.g. `2026-11-29T13:05:09.123Z`.
 pub fn rfc3339(t: SystemTime) -> String {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    )
+    use k8s_openapi::jiff::Timestamp;
+    Timestamp::try_from(t)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
 }
 
 /// A table: TIME (last seen), SOURCE, DESTINATION, PORT, PROTOCOL, OUTCOME, COUNT.
@@ -331,6 +268,7 @@ pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> Strin
 mod tests {
     use super::*;
     use crate::aggregate::EdgeStats;
+    use std::time::UNIX_EPOCH;
 
     fn edge(direction: Direction, outcome: Outcome, error: Option<u8>) -> Edge {
         Edge {

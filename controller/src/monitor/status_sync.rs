@@ -215,41 +215,16 @@ impl Default for Settings {
     }
 }
 
-/// Parses a Go-style duration as the chart writes it: `30s`, `1m30s`, `500ms`, `1.5h` (units `ns`,
-/// `us`, `ms`, `s`, `m`, `h`). Zero is refused: the sync would spin.
+/// Parses a duration as the chart writes it (`30s`, `1m30s`, `500ms`, `1.5h`, `7d`; see
+/// [`network_enforcer_api::duration`]). Zero is refused: the sync would spin.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {text:?}; expected e.g. 30s, 1m30s, 500ms");
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(invalid());
+    // Far above any interval that makes sense here.
+    const MAX: Duration = Duration::from_secs(366 * 86_400);
+    match network_enforcer_api::duration::parse_duration(text, MAX) {
+        Ok(d) if d.is_zero() => Err(format!("duration {text:?} must be greater than zero")),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
     }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_len..];
-    }
-    let duration = Duration::try_from_secs_f64(total).map_err(|_| invalid())?;
-    if duration.is_zero() {
-        return Err(format!("duration {text:?} must be greater than zero"));
-    }
-    Ok(duration)
 }
 
 /// Why one policy's sync failed; its observations stay pending and it is retried next interval.
