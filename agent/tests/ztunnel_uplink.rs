@@ -7,71 +7,14 @@
 use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
 use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
 use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters, UplinkSender};
-use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
-use network_enforcer_api::uplink::{BatchAck, FlowBatch, FlowRecord};
+use network_enforcer_api::uplink::FlowRecord;
+use network_enforcer_tests::stand_in_controller::serve_recorder;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tonic::Status;
 
 const NODE: &str = "node-1";
-
-/// A stand-in controller that records the sequence numbers it reads and acknowledges them only when
-/// `acks` is set.
-struct Recorder {
-    seen: Arc<Mutex<Vec<u64>>>,
-    acks: bool,
-}
-
-#[tonic::async_trait]
-impl FlowUplink for Recorder {
-    type StreamStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchAck, Status>> + Send>>;
-
-    async fn stream(
-        &self,
-        request: tonic::Request<tonic::Streaming<FlowBatch>>,
-    ) -> Result<tonic::Response<Self::StreamStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let (seen, acks) = (self.seen.clone(), self.acks);
-        tokio::spawn(async move {
-            while let Ok(Some(batch)) = inbound.message().await {
-                seen.lock().unwrap().push(batch.sequence);
-                let ack = BatchAck {
-                    sequence: batch.sequence,
-                    accepted: batch.records.len() as u32,
-                    ..BatchAck::default()
-                };
-                if acks && tx.send(Ok(ack)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
-    }
-}
-
-/// Starts the stand-in on a loopback port; returns its address and the sequences it read.
-async fn controller(acks: bool) -> (SocketAddr, Arc<Mutex<Vec<u64>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let service = FlowUplinkServer::new(Recorder {
-        seen: seen.clone(),
-        acks,
-    });
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    (addr, seen)
-}
 
 /// A temp directory with the logs, the state file and the token.
 struct Node {
@@ -172,7 +115,7 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
 /// reads first.
 async fn restart_after_shipping(acks: bool) -> Vec<FlowRecord> {
     let node = Node::new();
-    let (addr, seen) = controller(acks).await;
+    let (addr, seen) = serve_recorder(acks).await;
     let (sender, task, counters) = node.uplink(addr);
     let sink = RecordSink::default();
     let mut reader = node.reader();

@@ -6,6 +6,7 @@
 //! - [`section10`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
 //!   records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
+//! - [`stand_in_controller`]: a stand-in for the controller's uplink endpoint that records what it reads.
 //! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
 //!   differential).
 
@@ -15,3 +16,4 @@ pub mod fixture;
 pub mod images;
 pub mod netpol;
 pub mod section10;
+pub mod stand_in_controller;

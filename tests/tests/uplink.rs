@@ -9,7 +9,7 @@
 
 use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters};
 use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
-use network_enforcer_api::uplink::{BatchAck, FlowBatch, FlowRecord, LocalPod};
+use network_enforcer_api::uplink::{FlowRecord, LocalPod};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::tls::{self, TlsServerConfig};
@@ -17,6 +17,7 @@ use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_tests::stand_in_controller::Recorder;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -40,43 +41,6 @@ impl Authenticate for FixedToken {
         } else {
             Err(Status::unauthenticated("unknown token"))
         }
-    }
-}
-
-/// A stand-in controller that records the sequence numbers it reads and acknowledges them only when
-/// `acks` is set: to lose acknowledgements on purpose, which the real one never does.
-struct Recorder {
-    seen: Arc<Mutex<Vec<u64>>>,
-    acks: bool,
-}
-
-#[tonic::async_trait]
-impl FlowUplink for Recorder {
-    type StreamStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchAck, Status>> + Send>>;
-
-    async fn stream(
-        &self,
-        request: tonic::Request<tonic::Streaming<FlowBatch>>,
-    ) -> Result<tonic::Response<Self::StreamStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let (seen, acks) = (self.seen.clone(), self.acks);
-        tokio::spawn(async move {
-            while let Ok(Some(batch)) = inbound.message().await {
-                seen.lock().unwrap().push(batch.sequence);
-                let ack = BatchAck {
-                    sequence: batch.sequence,
-                    ..BatchAck::default()
-                };
-                if acks && tx.send(Ok(ack)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
     }
 }
 
