@@ -5,16 +5,15 @@
 //! at once.
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service};
+
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use network_enforcer_api::uplink::FlowBatch;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::{Backend, Protocol, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::cluster::index::Index;
-use network_enforcer_controller::cluster::watches::SharedIndex;
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
@@ -29,29 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// The index as the watches would build it.
+/// The index as the controller's watches would build it, from the cluster's current objects.
 async fn index(client: &kube::Client) -> Result<Index> {
-    let mut ix = Index::default();
-    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    for d in Api::<Deployment>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_deployment(&d);
-    }
-    for p in Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_pod(&p, now);
-    }
-    for s in Api::<Service>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_service(&s);
-    }
-    Ok(ix)
+    Ok(watches::snapshot(client).await?)
 }
 
 /// Accepts any token as an agent on `node-1` (authentication is not what this test is about).

@@ -4,14 +4,15 @@
 
 use anyhow::Result;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, ResourceExt};
 use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
 use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::watches;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::learn::{Observation, Opened};
 use network_enforcer_tests::fixture::TestNamespace;
@@ -23,27 +24,7 @@ use std::time::Duration;
 
 /// The index as the controller's watches would build it, from the cluster's current objects.
 async fn index(client: &kube::Client) -> Result<Index> {
-    let mut ix = Index::default();
-    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    for d in Api::<Deployment>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_deployment(&d);
-    }
-    for p in Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_pod(&p, now);
-    }
-    for s in Api::<Service>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-    {
-        ix.apply_service(&s);
-    }
-    Ok(ix)
+    Ok(watches::snapshot(client).await?)
 }
 
 fn observation(

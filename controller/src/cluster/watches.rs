@@ -49,6 +49,56 @@ pub fn now_ms() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_millisecond()
 }
 
+/// The index built once from the cluster's current objects of every watched kind, as the watches
+/// would build it: for tools and tests that need the cluster's state now rather than kept current.
+pub async fn snapshot(client: &Client) -> Result<Index, kube::Error> {
+    async fn list<K>(client: &Client) -> Result<Vec<K>, kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+    {
+        Ok(Api::<K>::all(client.clone())
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items)
+    }
+    let mut ix = Index::default();
+    // Owners before pods, so each pod finds its workload as it is applied.
+    list::<Deployment>(client)
+        .await?
+        .iter()
+        .for_each(|d| ix.apply_deployment(d));
+    list::<StatefulSet>(client)
+        .await?
+        .iter()
+        .for_each(|s| ix.apply_statefulset(s));
+    list::<DaemonSet>(client)
+        .await?
+        .iter()
+        .for_each(|d| ix.apply_daemonset(d));
+    list::<Job>(client)
+        .await?
+        .iter()
+        .for_each(|j| ix.apply_job(j));
+    list::<Node>(client)
+        .await?
+        .iter()
+        .for_each(|n| ix.apply_node(n));
+    let now = now_ms();
+    list::<Pod>(client)
+        .await?
+        .iter()
+        .for_each(|p| ix.apply_pod(p, now));
+    list::<Service>(client)
+        .await?
+        .iter()
+        .for_each(|s| ix.apply_service(s));
+    list::<Endpoints>(client)
+        .await?
+        .iter()
+        .for_each(|e| ix.apply_endpoints(e));
+    Ok(ix)
+}
+
 /// Runs the watches until the process stops.
 pub async fn run(client: Client, shared: Arc<SharedIndex>) {
     tokio::join!(
