@@ -13,3 +13,4 @@ pub mod reconcile;
 pub mod runtime;
 pub mod sources;
 pub mod tools;
+pub mod ui;

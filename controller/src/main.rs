@@ -231,6 +231,12 @@ struct RunArgs {
     /// served over HTTP.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: std::net::SocketAddr,
+    /// Where the read-only web view and its JSON API are served (docs/ui.md); `''` turns it off.
+    #[arg(long, env = "UI_ADDRESS", default_value = "0.0.0.0:8090")]
+    ui_address: String,
+    /// Do not serve the web view (the same as `--ui-address ''`).
+    #[arg(long, env = "NO_UI")]
+    no_ui: bool,
     /// Elect a leader among replicas with a Lease (only the leader learns, writes and reconciles;
     /// followers are not ready). `--leader-elect=false` for a single replica without the Lease.
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -498,6 +504,15 @@ async fn run(args: RunArgs) -> Result<()> {
         health.clone(),
     );
 
+    let ui_address = if args.no_ui { "" } else { &args.ui_address };
+    let ui = network_enforcer_controller::ui::start(
+        ui_address,
+        client.clone(),
+        settings.namespace.as_deref(),
+        &metrics,
+    )
+    .await?;
+
     let index = Arc::new(SharedIndex::default());
     let index_health = health.component("index", true);
     let index_watch = {
@@ -745,6 +760,7 @@ async fn run(args: RunArgs) -> Result<()> {
         () = readiness => Ok(()),
         () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
         result = http => result.context("serving /metrics, /healthz, /readyz"),
+        result = ui => result.context("serving the web view"),
     };
     // A replica that led until now writes what only it holds. Unacknowledged agent batches would be
     // resent to the next leader anyway; Goldmane's flows and violation observations would not. After a

@@ -78,6 +78,8 @@ struct Builder {
     edges: BTreeMap<(Node, Node), BTreeSet<String>>,
     /// (from, to) → violation labels.
     violations: BTreeMap<(Node, Node), BTreeSet<String>>,
+    /// (from, to) → (policy, mode) of the policies whose rules allow it (none: learned only).
+    allowed_by: BTreeMap<(Node, Node), BTreeSet<(String, &'static str)>>,
 }
 
 /// A rule's peers and ports.
@@ -101,6 +103,10 @@ struct Payload<'a> {
 /// Renders the graph of `input`, restricted to objects of `namespace` when given (their peers in
 /// other namespaces still appear).
 pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
+    build(input, namespace).dot()
+}
+
+fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
     let mut payloads = Vec::new();
     for p in &input.policies {
         payloads.push(Payload {
@@ -202,7 +208,8 @@ pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
                         .collect(),
                 };
                 for peer in peers {
-                    b.add_edge(&target.node, peer, payload.direction, &ports);
+                    let key = b.add_edge(&target.node, peer, payload.direction, &ports);
+                    b.allow(key, payload);
                 }
             }
         }
@@ -231,7 +238,8 @@ pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
                         .collect()
                 };
                 for peer in peers {
-                    b.add_edge(&target.node, peer, Direction::Ingress, &ports);
+                    let key = b.add_edge(&target.node, peer, Direction::Ingress, &ports);
+                    b.allow(key, payload);
                 }
             }
         }
@@ -250,7 +258,7 @@ pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
             b.violations.entry((from, to)).or_default().insert(label);
         }
     }
-    b.dot()
+    b
 }
 
 impl Builder {
@@ -260,16 +268,27 @@ impl Builder {
         peer: Node,
         direction: Direction,
         ports: &BTreeSet<String>,
-    ) {
+    ) -> (Node, Node) {
         self.nodes.insert(peer.clone());
         let key = match direction {
             Direction::Egress => (target.clone(), peer),
             Direction::Ingress => (peer, target.clone()),
         };
         self.edges
-            .entry(key)
+            .entry(key.clone())
             .or_default()
             .extend(ports.iter().cloned());
+        key
+    }
+
+    /// Records that `payload`'s rules allow edge `key`, when it is a policy (not a proposal).
+    fn allow(&mut self, key: (Node, Node), payload: &Payload<'_>) {
+        if let Some(mode) = payload.mode {
+            self.allowed_by
+                .entry(key)
+                .or_default()
+                .insert((payload.name.clone(), mode.as_str()));
+        }
     }
 
     fn dot(&self) -> String {
@@ -407,7 +426,7 @@ fn plain_labels(selector: &LabelSelector) -> Option<BTreeMap<String, String>> {
     selector.match_labels.clone().filter(|l| !l.is_empty())
 }
 
-fn selector_text(selector: &LabelSelector) -> String {
+pub(crate) fn selector_text(selector: &LabelSelector) -> String {
     let mut parts: Vec<String> = selector
         .match_labels
         .iter()
@@ -473,7 +492,7 @@ fn peer_node(peer: &NetworkPolicyPeer, own_namespace: &str, targets: &[Target]) 
     }
 }
 
-fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<String> {
+pub(crate) fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<String> {
     let Some(ports) = ports.filter(|p| !p.is_empty()) else {
         return BTreeSet::from(["any port".to_string()]);
     };
@@ -506,6 +525,112 @@ fn workload_node(w: &WorkloadRef) -> Node {
     } else {
         Node::External("unknown".into())
     }
+}
+
+/// One node of [`GraphModel`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ModelNode {
+    /// Stable id, also the key of [`ModelEdge::from`] / [`ModelEdge::to`].
+    pub id: String,
+    /// `workload`, `selector` (pods no known workload stands for), `external` or `identity`.
+    pub kind: &'static str,
+    /// Empty for external peers and selectors over namespaces.
+    pub namespace: String,
+    /// Deployment, StatefulSet, ... for workloads; empty otherwise.
+    pub workload_kind: String,
+    /// The workload's name, the selector, the address or the identity.
+    pub name: String,
+    /// What governs a workload per direction: (direction, policy or proposal, mode or `learning`).
+    pub governance: Vec<(Direction, String, &'static str)>,
+}
+
+/// One edge of [`GraphModel`]: the rules of both directions merged, or the violations of one pair.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ModelEdge {
+    pub from: String,
+    pub to: String,
+    /// Port labels (`TCP 18080`), or violation labels (`UDP 18081 monitor`).
+    pub labels: Vec<String>,
+    /// (policy, mode) of the policies whose rules allow it; empty when only proposals have it.
+    pub allowed_by: Vec<(String, &'static str)>,
+}
+
+/// The graph [`render_dot`] draws, as data (the web view lays it out itself).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphModel {
+    pub nodes: Vec<ModelNode>,
+    pub edges: Vec<ModelEdge>,
+    pub violations: Vec<ModelEdge>,
+}
+
+/// The nodes and edges of `input` that [`render_dot`] draws (same namespace rule).
+pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
+    let b = build(input, namespace);
+    let nodes = b
+        .nodes
+        .iter()
+        .map(|node| {
+            let (kind, namespace, workload_kind, name) = match node {
+                Node::Workload(ns, kind, name) => {
+                    ("workload", ns.clone(), kind.clone(), name.clone())
+                }
+                Node::Selector(ns, sel) => ("selector", ns.clone(), String::new(), sel.clone()),
+                Node::External(a) => ("external", String::new(), String::new(), a.clone()),
+                Node::Identity(i) => ("identity", String::new(), String::new(), i.clone()),
+            };
+            let governance = b
+                .governance
+                .get(node)
+                .map(|g| {
+                    g.by_direction
+                        .iter()
+                        .map(|(d, (name, mode))| {
+                            (
+                                *d,
+                                name.clone(),
+                                mode.map_or("learning", PolicyMode::as_str),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            ModelNode {
+                id: node.id(),
+                kind,
+                namespace,
+                workload_kind,
+                name,
+                governance,
+            }
+        })
+        .collect();
+    let edge = |(from, to): &(Node, Node), labels: &BTreeSet<String>| ModelEdge {
+        from: from.id(),
+        to: to.id(),
+        labels: labels.iter().cloned().collect(),
+        allowed_by: b
+            .allowed_by
+            .get(&(from.clone(), to.clone()))
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default(),
+    };
+    GraphModel {
+        nodes,
+        edges: b.edges.iter().map(|(k, l)| edge(k, l)).collect(),
+        violations: b
+            .violations
+            .iter()
+            .map(|(k, l)| ModelEdge {
+                allowed_by: Vec::new(),
+                ..edge(k, l)
+            })
+            .collect(),
+    }
+}
+
+/// The [`ModelNode::id`] of one side of a violation record.
+pub fn violation_node_id(w: &WorkloadRef) -> String {
+    workload_node(w).id()
 }
 
 /// Why a `--from-file` document cannot be drawn.

@@ -1,0 +1,336 @@
+// network-enforcer web view: read-only pages over the JSON API under /api/v1/ (docs/ui.md).
+// Plain DOM and SVG; every text from the cluster goes through textContent, never innerHTML.
+"use strict";
+
+const POLL_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+const $ = (id) => document.getElementById(id);
+let timer = null;
+let lastBody = "";
+let seenEdges = null; // edge ids of the previous graph answer (new violations are highlighted)
+let view = null; // the SVG viewBox {x, y, w, h}, kept across polls so zoom and pan stay
+
+function el(tag, attrs, ...children) {
+  const e = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function status(text, error) {
+  const s = $("status");
+  s.textContent = text;
+  s.className = error ? "status error" : "status";
+}
+
+async function api(path) {
+  const r = await fetch("api/v1/" + path, { cache: "no-store" });
+  const text = await r.text();
+  if (!r.ok) {
+    let message = text;
+    try { message = JSON.parse(text).error.message; } catch (_) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return text;
+}
+
+function route() {
+  const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, params: new URLSearchParams(query || "") };
+}
+
+function go(hash) { location.hash = hash; }
+
+async function loadNamespaces(selected) {
+  const body = JSON.parse(await api("namespaces"));
+  const select = $("namespace");
+  select.replaceChildren(...body.namespaces.map((n) =>
+    el("option", { value: n.name }, `${n.name} (${n.policies} policies, ${n.proposals} proposals, ${n.activeViolations} violations)`)));
+  if (selected) select.value = selected;
+  return body.namespaces;
+}
+
+function poll(fn) {
+  clearTimeout(timer);
+  const tick = async () => {
+    try {
+      await fn();
+      status("updated " + new Date().toLocaleTimeString());
+    } catch (e) {
+      status("error: " + e.message, true);
+    }
+    timer = setTimeout(tick, POLL_MS);
+  };
+  tick();
+}
+
+// ---- graph page ----
+
+// Columns by longest path from the sources (cycles cut), rows in id order: stable between polls.
+function layout(nodes, edges) {
+  const out = new Map(nodes.map((n) => [n.id, []]));
+  const indeg = new Map(nodes.map((n) => [n.id, 0]));
+  for (const e of edges) {
+    if (e.from === e.to || !out.has(e.from) || !out.has(e.to)) continue;
+    out.get(e.from).push(e.to);
+    indeg.set(e.to, indeg.get(e.to) + 1);
+  }
+  const rank = new Map(nodes.map((n) => [n.id, 0]));
+  const queue = nodes.filter((n) => indeg.get(n.id) === 0).map((n) => n.id);
+  const left = new Map(indeg);
+  while (queue.length) {
+    const id = queue.shift();
+    for (const to of out.get(id)) {
+      rank.set(to, Math.max(rank.get(to), rank.get(id) + 1));
+      left.set(to, left.get(to) - 1);
+      if (left.get(to) === 0) queue.push(to);
+    }
+  }
+  const columns = new Map();
+  for (const n of nodes) {
+    const r = rank.get(n.id);
+    if (!columns.has(r)) columns.set(r, []);
+    columns.get(r).push(n);
+  }
+  const pos = new Map();
+  for (const [r, list] of columns) {
+    list.sort((a, b) => a.id.localeCompare(b.id));
+    list.forEach((n, i) => pos.set(n.id, { x: 40 + r * 300, y: 40 + i * 110 }));
+  }
+  return pos;
+}
+
+const NODE_W = 200, NODE_H = 56;
+
+function renderGraph(g) {
+  const pos = layout(g.nodes, g.edges);
+  const svg = el("svg:svg", { id: "graph-svg", "data-nodes": g.nodes.length, "data-edges": g.edges.length });
+  const edgeLayer = el("svg:g", { class: "edges" });
+  const nodeLayer = el("svg:g", { class: "nodes" });
+  const pairs = new Map();
+  for (const e of g.edges) {
+    const a = pos.get(e.from), b = pos.get(e.to);
+    if (!a || !b) continue;
+    const key = [e.from, e.to].sort().join("|");
+    const n = pairs.get(key) || 0;
+    pairs.set(key, n + 1);
+    const x1 = a.x + NODE_W, y1 = a.y + NODE_H / 2, x2 = b.x, y2 = b.y + NODE_H / 2;
+    const bend = 30 + n * 28; // parallel edges of one pair fan out
+    const mx = (x1 + x2) / 2, my = (y1 + y2) / 2 - bend;
+    const d = e.from === e.to
+      ? `M ${a.x + NODE_W / 2} ${a.y} c 40 -60 80 -60 ${NODE_W / 2 - 10} 0`
+      : `M ${x1} ${y1} Q ${mx} ${my} ${x2} ${y2}`;
+    const isNew = seenEdges && !seenEdges.has(e.id) && (e.state === "violation" || e.state === "blocked");
+    const title = `${e.state}: ${e.ports.join(", ")}` + (e.allowedBy.length ? `\nallowed by ${e.allowedBy.join(", ")}` : "")
+      + (e.violations ? `\n${e.violations.length} record(s), last ${new Date(e.lastSeenMs).toLocaleString()}` : "");
+    edgeLayer.append(el("svg:g", {
+      class: `edge ${e.state}${isNew ? " highlight" : ""}`, "data-id": e.id, "data-state": e.state,
+      "data-from": e.from, "data-to": e.to, "data-ports": e.ports.join(","),
+    },
+    el("svg:title", {}, title),
+    el("svg:path", { d, "marker-end": `url(#arrow-${e.state})` }),
+    el("svg:text", { x: mx, y: my + bend / 2 - 4, "text-anchor": "middle" }, e.ports.join(", "))));
+  }
+  for (const n of g.nodes) {
+    const p = pos.get(n.id);
+    const modes = n.governance.map((x) => x.mode);
+    const mode = modes.includes("protect") ? "protect" : modes.includes("monitor") ? "monitor" : modes.length ? "learning" : "";
+    const label = n.kind === "workload" ? n.name : n.name.length > 30 ? n.name.slice(0, 29) + "…" : n.name;
+    const sub = n.kind === "workload" ? `${n.workloadKind}${mode ? " · " + mode : ""}` : n.kind;
+    const g1 = el("svg:g", { class: `node ${n.kind} ${mode}`, "data-id": n.id, transform: `translate(${p.x},${p.y})` },
+      el("svg:title", {}, n.members ? n.members.join("\n") : n.governance.map((x) => `${x.direction}: ${x.mode} (${x.name})`).join("\n") || n.name),
+      el("svg:rect", { width: NODE_W, height: NODE_H, rx: 6 }),
+      el("svg:text", { x: 10, y: 22 }, label),
+      el("svg:text", { x: 10, y: 42, class: "sub" }, sub));
+    if (n.kind === "workload" && n.namespace) {
+      g1.addEventListener("click", () => go(`#/workload/${encodeURIComponent(n.namespace)}/${encodeURIComponent(n.name)}?kind=${encodeURIComponent(n.workloadKind)}`));
+    }
+    nodeLayer.append(g1);
+  }
+  const defs = el("svg:defs", {});
+  for (const [state, color] of [["learned", "#8a94a6"], ["allowed", "#2f7d32"], ["violation", "#d32f2f"], ["blocked", "#6a1b9a"]]) {
+    defs.append(el("svg:marker", { id: `arrow-${state}`, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      el("svg:path", { d: "M 0 0 L 10 5 L 0 10 z", fill: color })));
+  }
+  svg.append(defs, edgeLayer, nodeLayer);
+  let maxX = 400, maxY = 300;
+  for (const p of pos.values()) { maxX = Math.max(maxX, p.x + NODE_W + 40); maxY = Math.max(maxY, p.y + NODE_H + 40); }
+  if (!view) view = { x: 0, y: -40, w: maxX, h: maxY + 40 };
+  setView(svg);
+  panAndZoom(svg, { x: 0, y: -40, w: maxX, h: maxY + 40 });
+  seenEdges = new Set(g.edges.map((e) => e.id));
+  return svg;
+}
+
+function setView(svg) { svg.setAttribute("viewBox", `${view.x} ${view.y} ${view.w} ${view.h}`); }
+
+function panAndZoom(svg, full) {
+  const zoom = (factor, cx, cy) => {
+    const x = cx ?? view.x + view.w / 2, y = cy ?? view.y + view.h / 2;
+    view = { x: x - (x - view.x) * factor, y: y - (y - view.y) * factor, w: view.w * factor, h: view.h * factor };
+    setView(svg);
+  };
+  svg.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    const r = svg.getBoundingClientRect();
+    zoom(ev.deltaY > 0 ? 1.15 : 1 / 1.15, view.x + (ev.clientX - r.left) / r.width * view.w, view.y + (ev.clientY - r.top) / r.height * view.h);
+  }, { passive: false });
+  let drag = null;
+  svg.addEventListener("pointerdown", (ev) => { drag = { x: ev.clientX, y: ev.clientY, view: { ...view } }; svg.classList.add("panning"); });
+  svg.addEventListener("pointermove", (ev) => {
+    if (!drag) return;
+    const r = svg.getBoundingClientRect();
+    view = { ...drag.view, x: drag.view.x - (ev.clientX - drag.x) / r.width * view.w, y: drag.view.y - (ev.clientY - drag.y) / r.height * view.h };
+    setView(svg);
+  });
+  const stop = () => { drag = null; svg.classList.remove("panning"); };
+  svg.addEventListener("pointerup", stop);
+  svg.addEventListener("pointerleave", stop);
+  svg.zoomBy = zoom;
+  svg.reset = () => { view = { ...full }; setView(svg); };
+}
+
+async function graphPage(ns, params) {
+  const namespaces = await loadNamespaces(ns);
+  if (!ns) {
+    if (namespaces.length) return go(`#/graph/${encodeURIComponent(namespaces[0].name)}`);
+    $("main").replaceChildren(el("p", { class: "empty" }, "No proposals or policies yet: nothing learned."));
+    return;
+  }
+  $("workload").value = params.get("workload") || "";
+  $("window").value = params.get("window") || "all";
+  const container = el("div", { id: "graph" });
+  const zoomBox = el("div", { class: "zoom" });
+  for (const [text, f] of [["+", 1 / 1.25], ["−", 1.25]]) {
+    const b = el("button", { type: "button", title: "zoom" }, text);
+    b.addEventListener("click", () => container.querySelector("svg")?.zoomBy(f));
+    zoomBox.append(b);
+  }
+  const reset = el("button", { type: "button", title: "fit" }, "⤢");
+  reset.addEventListener("click", () => container.querySelector("svg")?.reset());
+  zoomBox.append(reset);
+  const legend = el("div", { class: "legend" }, el("strong", {}, ns),
+    el("span", { class: "learned" }, "learned only"), el("span", { class: "allowed" }, "allowed by a policy"),
+    el("span", { class: "violation" }, "violation (monitor)"), el("span", { class: "blocked" }, "blocked (protect)"),
+    el("span", { id: "counts", class: "empty" }, ""));
+  $("main").replaceChildren(legend, container);
+  const query = new URLSearchParams();
+  for (const k of ["workload", "window"]) if (params.get(k)) query.set(k, params.get(k));
+  poll(async () => {
+    const body = await api(`namespaces/${encodeURIComponent(ns)}/graph?${query}`);
+    if (body === lastBody) return;
+    lastBody = body;
+    const g = JSON.parse(body);
+    $("counts").textContent = Object.entries(g.counts).map(([k, v]) => `${v} ${k}`).join(" · ") + (g.truncated ? " (truncated)" : "");
+    container.replaceChildren(renderGraph(g), zoomBox);
+  });
+}
+
+// ---- workload page ----
+
+function table(headers, rows) {
+  if (!rows.length) return el("p", { class: "empty" }, "none");
+  return el("table", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h))),
+    ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c)))));
+}
+
+function usageText(u) {
+  if (u === undefined || u === null) return "";
+  if (typeof u !== "object") return String(u);
+  return Object.entries(u).filter(([k]) => !["rule", "ruleIndex", "index"].includes(k)).map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+}
+
+function rulesTable(rules, withUsage) {
+  const headers = ["#", "peers", "ports"].concat(withUsage ? ["usage"] : []);
+  return table(headers, rules.map((r) => [String(r.index), r.peers.join("; "), r.ports.join(", ")].concat(withUsage ? [usageText(r.usage) || "—"] : [])));
+}
+
+function conditions(list) {
+  return table(["type", "status", "reason", "message"], list.map((c) => [c.type, c.status, c.reason, c.message]));
+}
+
+function command(text, cls) { return el("code", { class: `command ${cls}` }, text); }
+
+async function workloadPage(ns, name, params) {
+  await loadNamespaces(ns);
+  const kind = params.get("kind");
+  poll(async () => {
+    const body = await api(`namespaces/${encodeURIComponent(ns)}/workloads/${encodeURIComponent(name)}${kind ? "?kind=" + encodeURIComponent(kind) : ""}`);
+    if (body === lastBody) return;
+    lastBody = body;
+    const w = JSON.parse(body);
+    const back = el("a", { href: `#/graph/${encodeURIComponent(ns)}?workload=${encodeURIComponent(name)}` }, "← graph");
+    const proposals = el("div", {}, el("h2", {}, "Proposals (learned)"), ...w.proposals.map((p) => el("section", { class: "card proposal", "data-name": p.name },
+      el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: "tag" }, p.promoteLabel ? `promote=${p.promoteLabel}` : "learning")),
+      el("p", {}, `${p.peerCount ?? 0} peers; last learned ${p.lastLearnedTime || "—"}` + (p.policy ? `; promoted into ${p.policy}` : "")),
+      rulesTable(p.rules, false),
+      el("p", {}, el("a", { href: `#/diff/${encodeURIComponent(ns)}/${encodeURIComponent(p.name)}` }, "what would promoting allow? (diff)")),
+      el("h4", {}, "Promote"), ...p.promoteCommands.map((c) => command(c, "promote")),
+      el("h4", {}, "Conditions"), conditions(p.conditions))));
+    const policies = el("div", {}, el("h2", {}, "Policies (in force)"), ...(w.policies.length ? w.policies.map((p) => el("section", { class: "card policy", "data-name": p.name },
+      el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: `tag ${p.mode}` }, p.mode)),
+      el("p", {}, `${p.activeViolationCount} active violations (${p.violationCount} observed in all)` + (p.promotedFrom ? `; from proposal ${p.promotedFrom}` : "")),
+      rulesTable(p.rules, true),
+      el("h4", {}, "Active violations"),
+      table(["id", "last seen", "source", "destination", "port", "action", "acknowledge"], p.violations.map((v) => [String(v.id), v.timestamp, v.source, v.dest, v.port, v.action, command(v.acknowledgeCommand, "acknowledge")])),
+      el("h4", {}, "Acknowledged"),
+      table(["id", "source", "destination", "port", "reason", "at"], p.acknowledgedViolations.map((v) => [String(v.id), v.source, v.dest, v.port, v.reason, v.acknowledgedAt])),
+      ...(p.protectCommand ? [el("h4", {}, "Switch to protect"), command(p.protectCommand, "protect")] : []),
+      el("h4", {}, "Conditions"), conditions(p.conditions))) : [el("p", { class: "empty" }, "none: promote a proposal")]));
+    $("main").replaceChildren(el("p", {}, back), el("h1", {}, `${w.kinds.join("/")} ${w.namespace}/${w.name}`), el("div", { class: "columns" }, proposals, policies));
+  });
+}
+
+// ---- proposal diff page ----
+
+async function diffPage(ns, name) {
+  await loadNamespaces(ns);
+  poll(async () => {
+    const body = await api(`namespaces/${encodeURIComponent(ns)}/proposals/${encodeURIComponent(name)}/diff`);
+    if (body === lastBody) return;
+    lastBody = body;
+    const d = JSON.parse(body);
+    const yes = (b) => (b ? "yes" : "—");
+    const rows = d.rows.map((r) => {
+      const tr = el("tr", { class: r.allowedNow !== r.allowedAfter ? "change" : "" },
+        ...[r.peer, r.port, yes(r.learned), r.violations ? String(r.violations) : "—", yes(r.allowedNow), yes(r.allowedAfter)].map((c) => el("td", {}, c)));
+      return tr;
+    });
+    const workloadName = d.workload.split("/")[1];
+    $("main").replaceChildren(
+      el("p", {}, el("a", { href: `#/workload/${encodeURIComponent(ns)}/${encodeURIComponent(workloadName)}` }, "← workload")),
+      el("h1", {}, `Promoting ${d.proposal}`),
+      el("p", {}, `${d.workload}, ${d.direction}; in force now: ${d.policy || "no policy"}. Promoting would newly allow ${d.added} and stop allowing ${d.removed} peer/port pair(s); ${d.violationsAllowedAfter} observed violation(s) would be allowed.`),
+      d.rows.length ? el("table", { id: "diff" }, el("tr", {}, ...["peer", "port", "learned", "violations seen", "allowed now", "allowed after promoting"].map((h) => el("th", {}, h))), ...rows)
+        : el("p", { class: "empty" }, "nothing learned yet"));
+  });
+}
+
+function render() {
+  clearTimeout(timer);
+  lastBody = "";
+  seenEdges = null;
+  view = null;
+  const { parts, params } = route();
+  const [page, ns, name] = parts;
+  const failed = (e) => status("error: " + e.message, true);
+  if (page === "workload" && ns && name) workloadPage(ns, name, params).catch(failed);
+  else if (page === "diff" && ns && name) diffPage(ns, name).catch(failed);
+  else graphPage(page === "graph" ? ns : undefined, params).catch(failed);
+}
+
+function filtersChanged() {
+  const q = new URLSearchParams();
+  if ($("workload").value.trim()) q.set("workload", $("workload").value.trim());
+  if ($("window").value !== "all") q.set("window", $("window").value);
+  go(`#/graph/${encodeURIComponent($("namespace").value)}?${q}`);
+}
+
+$("namespace").addEventListener("change", filtersChanged);
+$("window").addEventListener("change", filtersChanged);
+$("workload").addEventListener("change", filtersChanged);
+window.addEventListener("hashchange", render);
+render();

@@ -1,0 +1,202 @@
+//! The objects the web view shows, as plain data: [`Snapshot`] (what the pure views are built from)
+//! and [`Reflected`] (the live source: watches of WorkloadNetworkPolicies and proposals).
+//!
+//! Policies are watched as untyped objects so that status fields this build does not know yet
+//! (`status.ruleUsage`, docs/api.md) still reach the page, passed through as JSON.
+
+use futures::StreamExt as _;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A policy and the raw `status.ruleUsage` (absent on clusters whose controller does not write it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyObject {
+    pub policy: WorkloadNetworkPolicy,
+    pub rule_usage: Option<serde_json::Value>,
+}
+
+impl PolicyObject {
+    /// A policy without rule usage.
+    pub fn new(policy: WorkloadNetworkPolicy) -> Self {
+        Self {
+            policy,
+            rule_usage: None,
+        }
+    }
+
+    /// Reads an untyped object; `None` when it is not a valid WorkloadNetworkPolicy (logged by the
+    /// caller: one bad object must not hide the others).
+    pub fn from_json(mut value: serde_json::Value) -> Result<Self, serde_json::Error> {
+        let rule_usage = value
+            .get_mut("status")
+            .and_then(|s| s.as_object_mut())
+            .and_then(|s| s.remove("ruleUsage"));
+        Ok(Self {
+            policy: serde_json::from_value(value)?,
+            rule_usage,
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.policy
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// Everything a view needs, copied out of the watches for one request.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub policies: Vec<PolicyObject>,
+    pub proposals: Vec<WorkloadNetworkPolicyProposal>,
+    /// Milliseconds since the epoch when the snapshot was taken (the time window's end).
+    pub now_ms: i64,
+}
+
+/// Where the web view reads objects from: the watches in the controller, fixed objects in tests.
+pub trait ObjectSource: Send + Sync {
+    /// The objects of `namespace` (all namespaces when `None`).
+    fn snapshot(&self, namespace: Option<&str>) -> Snapshot;
+    /// True once every watch has listed (before that, pages would show a partial cluster).
+    fn ready(&self) -> bool;
+}
+
+/// A fixed snapshot (tests, `--from-file` style uses).
+impl ObjectSource for Snapshot {
+    fn snapshot(&self, namespace: Option<&str>) -> Snapshot {
+        Snapshot {
+            policies: self
+                .policies
+                .iter()
+                .filter(|p| namespace.is_none_or(|ns| p.namespace() == ns))
+                .cloned()
+                .collect(),
+            proposals: self
+                .proposals
+                .iter()
+                .filter(|p| namespace.is_none_or(|ns| p.metadata.namespace.as_deref() == Some(ns)))
+                .cloned()
+                .collect(),
+            now_ms: self.now_ms,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+/// Watches of policies and proposals (read-only: list and watch, nothing else).
+pub struct Reflected {
+    policies: Store<DynamicObject>,
+    proposals: Store<WorkloadNetworkPolicyProposal>,
+    policies_listed: Arc<AtomicBool>,
+    proposals_listed: Arc<AtomicBool>,
+}
+
+impl Reflected {
+    /// Starts the watches (of `namespace`, or all) on the current runtime; they retry with backoff
+    /// for as long as the process runs.
+    pub fn start(client: kube::Client, namespace: Option<&str>) -> Arc<Self> {
+        let resource = ApiResource::erase::<WorkloadNetworkPolicy>(&());
+        let (policies_api, proposals_api): (
+            Api<DynamicObject>,
+            Api<WorkloadNetworkPolicyProposal>,
+        ) = match namespace {
+            Some(ns) => (
+                Api::namespaced_with(client.clone(), ns, &resource),
+                Api::namespaced(client, ns),
+            ),
+            None => (Api::all_with(client.clone(), &resource), Api::all(client)),
+        };
+        let policies_writer = reflector::store::Writer::new(resource);
+        let (proposals, proposals_writer) = reflector::store();
+        let this = Arc::new(Self {
+            policies: policies_writer.as_reader(),
+            proposals,
+            policies_listed: Arc::default(),
+            proposals_listed: Arc::default(),
+        });
+        let listed = this.policies_listed.clone();
+        tokio::spawn(async move {
+            watcher(policies_api, watcher::Config::default())
+                .default_backoff()
+                .reflect(policies_writer)
+                .for_each(|event| {
+                    note(&listed, "WorkloadNetworkPolicy", event.map(|_| ()));
+                    async {}
+                })
+                .await;
+        });
+        let listed = this.proposals_listed.clone();
+        tokio::spawn(async move {
+            watcher(proposals_api, watcher::Config::default())
+                .default_backoff()
+                .reflect(proposals_writer)
+                .for_each(|event| {
+                    note(&listed, "WorkloadNetworkPolicyProposal", event.map(|_| ()));
+                    async {}
+                })
+                .await;
+        });
+        this
+    }
+}
+
+/// Marks a watch listed at its first event; logs failures (the watch retries).
+fn note(listed: &AtomicBool, kind: &str, event: Result<(), watcher::Error>) {
+    match event {
+        Ok(()) => listed.store(true, Ordering::Relaxed),
+        Err(error) => tracing::warn!(%kind, %error, "web view watch failed; retrying"),
+    }
+}
+
+impl ObjectSource for Reflected {
+    fn snapshot(&self, namespace: Option<&str>) -> Snapshot {
+        let in_namespace =
+            |ns: Option<&String>| namespace.is_none_or(|n| ns.map(String::as_str) == Some(n));
+        let policies = self
+            .policies
+            .state()
+            .iter()
+            .filter(|o| in_namespace(o.metadata.namespace.as_ref()))
+            .filter_map(|o| {
+                let value = serde_json::to_value(o.as_ref()).ok()?;
+                match PolicyObject::from_json(value) {
+                    Ok(p) => Some(p),
+                    Err(error) => {
+                        tracing::debug!(name = ?o.metadata.name, %error, "web view skips an invalid policy");
+                        None
+                    }
+                }
+            })
+            .collect();
+        let proposals = self
+            .proposals
+            .state()
+            .iter()
+            .filter(|p| in_namespace(p.metadata.namespace.as_ref()))
+            .map(|p| p.as_ref().clone())
+            .collect();
+        Snapshot {
+            policies,
+            proposals,
+            now_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.policies_listed.load(Ordering::Relaxed)
+            && self.proposals_listed.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,488 @@
+//! The web view's HTTP server: the pages (embedded assets) and the JSON API under `/api/v1/`
+//! (docs/ui.md). Every route only reads; answers are bounded (rows capped by the views, one request
+//! computed at a time per [`MAX_CONCURRENT`] slot, each within [`REQUEST_TIMEOUT`]), errors are JSON
+//! `{"error":{"code":404,"message":"..."}}`, and every request is counted by route and status.
+
+use crate::runtime::metrics::ControllerMetrics;
+use crate::ui::objects::ObjectSource;
+use crate::ui::{graph_view, proposal_diff, workload_view};
+use axum::extract::{Path, RawQuery};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest one API answer may take to compute.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// API answers computed at once; more wait up to [`REQUEST_TIMEOUT`], then get 503.
+pub const MAX_CONCURRENT: usize = 4;
+/// At most this many namespaces are listed.
+pub const MAX_NAMESPACES: usize = 1_000;
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const STYLE_CSS: &str = include_str!("assets/style.css");
+
+/// Labels of `ui_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub status: String,
+}
+
+/// Labels of `ui_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: &'static str,
+}
+
+/// The web view's metrics (`ui_requests_total` by route and status, `ui_request_duration_seconds`
+/// by route). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct UiMetrics {
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<RouteLabel, Histogram, fn() -> Histogram>,
+}
+
+impl Default for UiMetrics {
+    fn default() -> Self {
+        fn buckets() -> Histogram {
+            // 0.5 ms .. ~8 s.
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.0005, 2.0, 15,
+            ))
+        }
+        Self {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(buckets as fn() -> Histogram),
+        }
+    }
+}
+
+impl UiMetrics {
+    /// Registers these on the process's registry.
+    pub fn register(&self, metrics: &ControllerMetrics) {
+        metrics.register(
+            "ui_requests",
+            "Web view requests, by route and HTTP status",
+            self.requests.clone(),
+        );
+        metrics.register(
+            "ui_request_duration_seconds",
+            "Time to answer one web view request, by route",
+            self.duration.clone(),
+        );
+    }
+
+    fn observe(&self, route: &'static str, status: StatusCode, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                status: status.as_u16().to_string(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&RouteLabel { route })
+            .observe(seconds);
+    }
+
+    /// Requests counted for `route` with `status` (tests).
+    pub fn count(&self, route: &'static str, status: u16) -> u64 {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                status: status.to_string(),
+            })
+            .get()
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct UiState {
+    pub source: Arc<dyn ObjectSource>,
+    pub metrics: UiMetrics,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl UiState {
+    pub fn new(source: Arc<dyn ObjectSource>, metrics: UiMetrics) -> Self {
+        Self {
+            source,
+            metrics,
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
+        }
+    }
+}
+
+/// An API error: status and message, answered as JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    code: u16,
+    message: &'a str,
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_string(&ErrorBody {
+            error: ErrorDetail {
+                code: self.status.as_u16(),
+                message: &self.message,
+            },
+        })
+        .unwrap_or_default();
+        json_response(self.status, body)
+    }
+}
+
+/// Runs `compute` on a blocking thread within the concurrency slots and the timeout, counts the
+/// request, and answers its JSON.
+async fn answer<T, F>(state: &UiState, route: &'static str, compute: F) -> Response
+where
+    T: Serialize + Send + 'static,
+    F: FnOnce(&dyn ObjectSource) -> Result<T, ApiError> + Send + 'static,
+{
+    let started = Instant::now();
+    let result = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let _slot = state
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        if !state.source.ready() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the controller's watches have not listed policies and proposals yet; retry",
+            ));
+        }
+        let source = state.source.clone();
+        tokio::task::spawn_blocking(move || {
+            let value = compute(source.as_ref())?;
+            serde_json::to_string(&value).map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding: {e}"))
+            })
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("view failed: {e}"),
+            )
+        })?
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the answer took longer than {REQUEST_TIMEOUT:?}"),
+        ))
+    });
+    let response = match result {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(error) => {
+            if error.status.is_server_error() {
+                tracing::warn!(route, %error, "web view request failed");
+            }
+            error.into_response()
+        }
+    };
+    state
+        .metrics
+        .observe(route, response.status(), started.elapsed().as_secs_f64());
+    response
+}
+
+/// Refuses a namespace or object name that Kubernetes would not accept (it then names nothing).
+fn valid_name(what: &str, name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{what} must be a Kubernetes name (lowercase letters, digits, '-', '.'; at most 253)"
+            ),
+        ))
+    }
+}
+
+/// The query string's parameters (the last one wins).
+fn params(query: Option<&str>) -> std::collections::BTreeMap<String, String> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// The graph query of `namespace` from the query string: `workload`, `window` (seconds), `ungroup`.
+pub fn graph_query(
+    namespace: &str,
+    query: Option<&str>,
+) -> Result<graph_view::GraphQuery, ApiError> {
+    let params = params(query);
+    let window_seconds = match params.get("window").map(String::as_str) {
+        None | Some("") | Some("all") => None,
+        Some(s) => Some(
+            s.parse::<i64>()
+                .ok()
+                .filter(|s| (1..=366 * 86_400).contains(s))
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "window must be a number of seconds between 1 and 31622400, or all",
+                    )
+                })?,
+        ),
+    };
+    let workload = params.get("workload").filter(|w| !w.is_empty()).cloned();
+    if let Some(w) = &workload {
+        let name = w.rsplit('/').next().unwrap_or_default();
+        valid_name("workload", name)?;
+    }
+    Ok(graph_view::GraphQuery {
+        namespace: namespace.to_string(),
+        workload,
+        window_seconds,
+        ungroup_external: params
+            .get("ungroup")
+            .is_some_and(|v| v == "1" || v == "true"),
+    })
+}
+
+/// A namespace in the list.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NamespaceSummary {
+    name: String,
+    proposals: usize,
+    policies: usize,
+    active_violations: i64,
+}
+
+#[derive(Serialize)]
+struct Namespaces {
+    namespaces: Vec<NamespaceSummary>,
+    truncated: bool,
+}
+
+fn namespaces(source: &dyn ObjectSource) -> Namespaces {
+    let snapshot = source.snapshot(None);
+    let mut by_name: std::collections::BTreeMap<String, NamespaceSummary> = Default::default();
+    for p in &snapshot.proposals {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        by_name
+            .entry(ns.clone())
+            .or_insert_with(|| summary(&ns))
+            .proposals += 1;
+    }
+    for p in &snapshot.policies {
+        let ns = p.namespace().to_string();
+        let entry = by_name.entry(ns.clone()).or_insert_with(|| summary(&ns));
+        entry.policies += 1;
+        entry.active_violations += p
+            .policy
+            .status
+            .as_ref()
+            .map_or(0, |s| s.active_violation_count);
+    }
+    let truncated = by_name.len() > MAX_NAMESPACES;
+    Namespaces {
+        namespaces: by_name.into_values().take(MAX_NAMESPACES).collect(),
+        truncated,
+    }
+}
+
+fn summary(ns: &str) -> NamespaceSummary {
+    NamespaceSummary {
+        name: ns.to_string(),
+        proposals: 0,
+        policies: 0,
+        active_violations: 0,
+    }
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Everything the page needs is served from here: no script, style or image from elsewhere.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; img-src 'self' data:"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+/// The router: pages at `/`, assets under `/assets/`, the JSON API under `/api/v1/`.
+pub fn router(state: UiState) -> axum::Router {
+    use axum::routing::get;
+    let s = state.clone();
+    let graph = move |Path(ns): Path<String>, RawQuery(query): RawQuery| {
+        let s = s.clone();
+        async move {
+            let route = "graph";
+            let query =
+                valid_name("namespace", &ns).and_then(|()| graph_query(&ns, query.as_deref()));
+            answer(&s, route, move |source| {
+                let query = query?;
+                Ok(graph_view::build(
+                    &source.snapshot(Some(&query.namespace)),
+                    &query,
+                ))
+            })
+            .await
+        }
+    };
+    let s = state.clone();
+    let workload = move |Path((ns, name)): Path<(String, String)>, RawQuery(query): RawQuery| {
+        let s = s.clone();
+        async move {
+            let kind = params(query.as_deref())
+                .remove("kind")
+                .filter(|k| !k.is_empty());
+            answer(&s, "workload", move |source| {
+                valid_name("namespace", &ns)?;
+                valid_name("workload", &name)?;
+                workload_view::build(&source.snapshot(Some(&ns)), &ns, &name, kind.as_deref())
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            StatusCode::NOT_FOUND,
+                            format!(
+                                "no proposal or policy targets workload {name} in namespace {ns}"
+                            ),
+                        )
+                    })
+            })
+            .await
+        }
+    };
+    let s = state.clone();
+    let diff = move |Path((ns, name)): Path<(String, String)>| {
+        let s = s.clone();
+        async move {
+            answer(&s, "proposal_diff", move |source| {
+                valid_name("namespace", &ns)?;
+                valid_name("proposal", &name)?;
+                proposal_diff::build(&source.snapshot(Some(&ns)), &ns, &name).ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("no proposal {name} in namespace {ns}"),
+                    )
+                })
+            })
+            .await
+        }
+    };
+    let s = state.clone();
+    let list = move || {
+        let s = s.clone();
+        async move { answer(&s, "namespaces", |source| Ok(namespaces(source))).await }
+    };
+    let s = state.clone();
+    let not_found = move || {
+        let s = s.clone();
+        async move {
+            answer(&s, "not_found", |_| -> Result<(), ApiError> {
+                Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "no such route (see docs/ui.md)",
+                ))
+            })
+            .await
+        }
+    };
+    let page =
+        |content_type: &'static str, body: &'static str, route: &'static str, state: UiState| {
+            move || {
+                let state = state.clone();
+                async move {
+                    state.metrics.observe(route, StatusCode::OK, 0.0);
+                    asset(content_type, body)
+                }
+            }
+        };
+    axum::Router::new()
+        .route(
+            "/",
+            get(page(
+                "text/html; charset=utf-8",
+                INDEX_HTML,
+                "page",
+                state.clone(),
+            )),
+        )
+        .route(
+            "/assets/app.js",
+            get(page(
+                "text/javascript; charset=utf-8",
+                APP_JS,
+                "asset",
+                state.clone(),
+            )),
+        )
+        .route(
+            "/assets/style.css",
+            get(page(
+                "text/css; charset=utf-8",
+                STYLE_CSS,
+                "asset",
+                state.clone(),
+            )),
+        )
+        .route("/api/v1/namespaces", get(list))
+        .route("/api/v1/namespaces/{ns}/graph", get(graph))
+        .route("/api/v1/namespaces/{ns}/workloads/{name}", get(workload))
+        .route("/api/v1/namespaces/{ns}/proposals/{name}/diff", get(diff))
+        .fallback(get(not_found))
+}
+
+/// Serves the web view on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, state: UiState) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}

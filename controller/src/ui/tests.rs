@@ -1,0 +1,617 @@
+//! Table tests of the web view's pure views and of its HTTP answers, on plain objects.
+
+use super::graph_view::{self, EdgeState, GraphQuery};
+use super::objects::{PolicyObject, Snapshot};
+use super::server::{self, UiMetrics, UiState};
+use super::{proposal_diff, workload_view};
+use std::sync::Arc;
+
+/// 2026-01-01T00:10:00Z.
+const NOW_MS: i64 = 1_767_226_200_000;
+
+/// The end-to-end scenario's workloads (docs/development.md): http-client calls http-server on TCP
+/// 18080 and the cluster DNS; http-server also hears from one outside address.
+const PROPOSALS: &str = r#"
+- apiVersion: networkenforcer.kubewarden.io/v1alpha1
+  kind: WorkloadNetworkPolicyProposal
+  metadata: {name: deployment-http-client-egress, namespace: demo}
+  spec:
+    backend: kubernetes
+    direction: Egress
+    targetRef: {kind: Deployment, name: http-client}
+    kubernetes:
+      podSelector: {matchLabels: {app: http-client}}
+      policyTypes: [Egress]
+      egress:
+        - to: [{podSelector: {matchLabels: {app: http-server}}}]
+          ports: [{protocol: TCP, port: 18080}]
+        - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]
+          ports: [{protocol: UDP, port: 53}]
+  status: {peerCount: 2, lastLearnedTime: "2026-01-01T00:00:00Z"}
+- apiVersion: networkenforcer.kubewarden.io/v1alpha1
+  kind: WorkloadNetworkPolicyProposal
+  metadata: {name: deployment-http-server-ingress, namespace: demo}
+  spec:
+    backend: kubernetes
+    direction: Ingress
+    targetRef: {kind: Deployment, name: http-server}
+    kubernetes:
+      podSelector: {matchLabels: {app: http-server}}
+      policyTypes: [Ingress]
+      ingress:
+        - from: [{podSelector: {matchLabels: {app: http-client}}}]
+          ports: [{protocol: TCP, port: 18080}]
+        - from: [{ipBlock: {cidr: 203.0.113.7/32}}, {ipBlock: {cidr: 198.51.100.0/24}}]
+          ports: [{protocol: TCP, port: 18080}]
+"#;
+
+/// http-client's egress policy, promoted from its proposal, in `mode`, with one violation (the
+/// client calling the db) recorded with `action` at `timestamp`, and the rule usage other
+/// controllers write.
+fn policy(mode: &str, action: &str, timestamp: &str) -> PolicyObject {
+    let yaml = format!(
+        r#"
+apiVersion: networkenforcer.kubewarden.io/v1alpha1
+kind: WorkloadNetworkPolicy
+metadata:
+  name: deployment-http-client-egress
+  namespace: demo
+  labels: {{networkenforcer.kubewarden.io/promoted-from: deployment-http-client-egress}}
+spec:
+  backend: kubernetes
+  direction: Egress
+  mode: {mode}
+  targetRef: {{kind: Deployment, name: http-client}}
+  kubernetes:
+    podSelector: {{matchLabels: {{app: http-client}}}}
+    policyTypes: [Egress]
+    egress:
+      - to: [{{podSelector: {{matchLabels: {{app: http-server}}}}}}]
+        ports: [{{protocol: TCP, port: 18080}}]
+status:
+  violationCount: 3
+  activeViolationCount: 1
+  violations:
+    - id: 7
+      timestamp: "{timestamp}"
+      source: {{namespace: demo, ownerKind: Deployment, ownerName: http-client}}
+      dest: {{namespace: demo, ownerKind: Deployment, ownerName: db}}
+      protocol: TCP
+      dstPort: 5432
+      action: {action}
+      direction: Egress
+  acknowledgedViolations:
+    - violation:
+        id: 3
+        timestamp: "2026-01-01T00:01:00Z"
+        source: {{namespace: demo, ownerKind: Deployment, ownerName: http-client}}
+        dest: {{address: 192.0.2.1}}
+        protocol: UDP
+        dstPort: 123
+        action: monitor
+      reason: ntp is fine
+      acknowledgedAt: "2026-01-01T00:02:00Z"
+  conditions:
+    - {{type: Ready, status: "True", reason: Rendered, message: ok, lastTransitionTime: "2026-01-01T00:00:00Z"}}
+  ruleUsage:
+    - {{direction: Egress, rule: 0, fingerprint: ab12, lastMatched: "2026-01-01T00:09:00Z", peers: 1, since: "2026-01-01T00:00:00Z"}}
+"#
+    );
+    let value: serde_json::Value = serde_yaml::from_str(&yaml).expect("fixture YAML");
+    PolicyObject::from_json(value).expect("fixture policy")
+}
+
+fn proposals() -> Vec<network_enforcer_api::WorkloadNetworkPolicyProposal> {
+    serde_yaml::from_str(PROPOSALS).expect("fixture proposals")
+}
+
+fn snapshot(policies: Vec<PolicyObject>) -> Snapshot {
+    Snapshot {
+        policies,
+        proposals: proposals(),
+        now_ms: NOW_MS,
+    }
+}
+
+const CLIENT: &str = "w:demo/Deployment/http-client";
+const SERVER: &str = "w:demo/Deployment/http-server";
+const DB: &str = "w:demo/Deployment/db";
+
+/// (from, to, state, ports) of every edge, sorted.
+fn edges(view: &graph_view::GraphView) -> Vec<(String, String, EdgeState, String)> {
+    let mut out: Vec<_> = view
+        .edges
+        .iter()
+        .map(|e| (e.from.clone(), e.to.clone(), e.state, e.ports.join(",")))
+        .collect();
+    out.sort();
+    out
+}
+
+fn edge(
+    from: &str,
+    to: &str,
+    state: EdgeState,
+    ports: &str,
+) -> (String, String, EdgeState, String) {
+    (from.into(), to.into(), state, ports.into())
+}
+
+#[test]
+fn graph_edges_carry_their_state() {
+    let dns = "s:kube-system/{k8s-app=kube-dns}";
+    let learned_client_server = edge(CLIENT, SERVER, EdgeState::Learned, "TCP 18080");
+    let external_in = edge(
+        graph_view::EXTERNAL_GROUP,
+        SERVER,
+        EdgeState::Learned,
+        "TCP 18080",
+    );
+    let dns_learned = edge(CLIENT, dns, EdgeState::Learned, "UDP 53");
+    let query = |window: Option<i64>| GraphQuery {
+        namespace: "demo".into(),
+        window_seconds: window,
+        ..GraphQuery::default()
+    };
+    // (case, policies, query, expected edges)
+    let cases = vec![
+        (
+            "proposals only: everything is learned",
+            vec![],
+            query(None),
+            vec![
+                dns_learned.clone(),
+                learned_client_server.clone(),
+                external_in.clone(),
+            ],
+        ),
+        (
+            "a monitor policy allows its rule (the DNS rule is no longer learned: the policy governs \
+             the client's egress) and its violation is red",
+            vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")],
+            query(None),
+            vec![
+                edge(CLIENT, DB, EdgeState::Violation, "TCP 5432"),
+                edge(CLIENT, SERVER, EdgeState::Allowed, "TCP 18080"),
+                external_in.clone(),
+            ],
+        ),
+        (
+            "protect: the record is a block",
+            vec![policy("protect", "protect", "2026-01-01T00:09:00Z")],
+            query(None),
+            vec![
+                edge(CLIENT, DB, EdgeState::Blocked, "TCP 5432"),
+                edge(CLIENT, SERVER, EdgeState::Allowed, "TCP 18080"),
+                external_in.clone(),
+            ],
+        ),
+        (
+            "a violation older than the window is left out",
+            vec![policy("monitor", "monitor", "2026-01-01T00:01:00Z")],
+            query(Some(300)),
+            vec![
+                edge(CLIENT, SERVER, EdgeState::Allowed, "TCP 18080"),
+                external_in.clone(),
+            ],
+        ),
+        (
+            "a violation inside the window stays",
+            vec![policy("monitor", "monitor", "2026-01-01T00:06:00Z")],
+            query(Some(300)),
+            vec![
+                edge(CLIENT, DB, EdgeState::Violation, "TCP 5432"),
+                edge(CLIENT, SERVER, EdgeState::Allowed, "TCP 18080"),
+                external_in.clone(),
+            ],
+        ),
+        (
+            "the workload filter keeps the edges touching it",
+            vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")],
+            GraphQuery {
+                workload: Some("Deployment/db".into()),
+                ..query(None)
+            },
+            vec![edge(CLIENT, DB, EdgeState::Violation, "TCP 5432")],
+        ),
+        (
+            "another namespace has nothing",
+            vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")],
+            GraphQuery {
+                namespace: "other".into(),
+                ..GraphQuery::default()
+            },
+            vec![],
+        ),
+    ];
+    for (case, policies, query, expected) in cases {
+        let view = graph_view::build(&snapshot(policies), &query);
+        assert_eq!(edges(&view), expected, "{case}");
+        // Every edge joins nodes of the answer.
+        for e in &view.edges {
+            for end in [&e.from, &e.to] {
+                assert!(
+                    view.nodes.iter().any(|n| &n.id == end),
+                    "{case}: {end} has no node"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn graph_groups_external_peers_and_names_what_allows_an_edge() {
+    let snapshot = snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]);
+    let grouped = graph_view::build(
+        &snapshot,
+        &GraphQuery {
+            namespace: "demo".into(),
+            ..GraphQuery::default()
+        },
+    );
+    let group = grouped
+        .nodes
+        .iter()
+        .find(|n| n.id == graph_view::EXTERNAL_GROUP)
+        .expect("one group node");
+    assert_eq!(group.members, ["198.51.100.0/24", "203.0.113.7/32"]);
+    assert_eq!(group.name, "external (2)");
+    assert!(!grouped.nodes.iter().any(|n| n.id.starts_with("x:2")));
+    let allowed = grouped
+        .edges
+        .iter()
+        .find(|e| e.state == EdgeState::Allowed)
+        .unwrap();
+    assert_eq!(
+        allowed.allowed_by,
+        ["deployment-http-client-egress (monitor)"]
+    );
+    let violation = grouped
+        .edges
+        .iter()
+        .find(|e| e.state == EdgeState::Violation)
+        .unwrap();
+    assert_eq!(violation.violations.len(), 1);
+    assert_eq!(violation.violations[0].id, 7);
+    assert_eq!(grouped.counts["violation"], 1);
+    let ungrouped = graph_view::build(
+        &snapshot,
+        &GraphQuery {
+            namespace: "demo".into(),
+            ungroup_external: true,
+            ..GraphQuery::default()
+        },
+    );
+    let external: Vec<&str> = ungrouped
+        .nodes
+        .iter()
+        .filter(|n| n.kind == "external")
+        .map(|n| n.id.as_str())
+        .collect();
+    assert_eq!(external, ["x:198.51.100.0/24", "x:203.0.113.7/32"]);
+}
+
+#[test]
+fn workload_page_has_rules_usage_violations_and_commands() {
+    let snapshot = snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]);
+    let view = workload_view::build(&snapshot, "demo", "http-client", None).expect("the client");
+    assert_eq!(view.kinds, ["Deployment"]);
+    let proposal = &view.proposals[0];
+    assert_eq!(proposal.name, "deployment-http-client-egress");
+    assert_eq!(
+        proposal.promote_commands,
+        [
+            "kubectl label wnpp -n demo deployment-http-client-egress networkenforcer.kubewarden.io/promote=monitor --overwrite",
+            "kubectl label wnpp -n demo deployment-http-client-egress networkenforcer.kubewarden.io/promote=protect --overwrite",
+        ]
+    );
+    assert_eq!(
+        proposal.policy.as_deref(),
+        Some("deployment-http-client-egress")
+    );
+    assert_eq!(proposal.rules[0].peers, ["pods {app=http-server}"]);
+    assert_eq!(
+        proposal.rules[1].peers,
+        ["namespaces {kubernetes.io/metadata.name=kube-system} / pods {k8s-app=kube-dns}"]
+    );
+    assert_eq!(proposal.rules[1].ports, ["UDP 53"]);
+    let policy = &view.policies[0];
+    assert_eq!(policy.mode, "monitor");
+    assert_eq!(
+        policy.rules[0].usage.as_ref().and_then(|u| u.get("peers")),
+        Some(&serde_json::json!(1)),
+        "rule 0's usage entry"
+    );
+    assert_eq!(policy.violations[0].dest, "demo/Deployment db");
+    assert_eq!(policy.violations[0].port, "TCP 5432");
+    assert_eq!(
+        policy.violations[0].acknowledge_command.as_deref(),
+        Some(
+            "kubectl annotate wnp -n demo deployment-http-client-egress networkenforcer.kubewarden.io/acknowledge-7='reason'"
+        )
+    );
+    assert_eq!(
+        policy.acknowledged_violations[0].reason.as_deref(),
+        Some("ntp is fine")
+    );
+    assert_eq!(policy.conditions[0].type_, "Ready");
+    assert_eq!(
+        policy.protect_command.as_deref(),
+        Some(
+            r#"kubectl patch wnp -n demo deployment-http-client-egress --type merge -p '{"spec":{"mode":"protect"}}'"#
+        )
+    );
+    // Kind filter, unknown workloads.
+    assert!(workload_view::build(&snapshot, "demo", "http-client", Some("StatefulSet")).is_none());
+    assert!(workload_view::build(&snapshot, "demo", "nobody", None).is_none());
+    assert!(workload_view::build(&snapshot, "other", "http-client", None).is_none());
+    // Without rule usage in the status, rules have none.
+    let mut plain = policy_without_usage();
+    plain.rule_usage = None;
+    let view =
+        workload_view::build(&self::snapshot(vec![plain]), "demo", "http-client", None).unwrap();
+    assert!(view.policies[0].rules.iter().all(|r| r.usage.is_none()));
+}
+
+fn policy_without_usage() -> PolicyObject {
+    policy("protect", "protect", "2026-01-01T00:09:00Z")
+}
+
+#[test]
+fn shell_words_are_quoted_when_not_plain() {
+    for (input, expected) in [
+        ("demo", "demo"),
+        ("a.b-c", "a.b-c"),
+        ("", "''"),
+        ("a b", "'a b'"),
+        ("x'; rm -rf /", r"'x'\''; rm -rf /'"),
+        ("$(id)", "'$(id)'"),
+    ] {
+        assert_eq!(workload_view::shell_quote(input), expected, "{input:?}");
+    }
+}
+
+#[test]
+fn proposal_diff_compares_promotion_with_policy_and_observations() {
+    // The client's proposal learned the DNS rule that its policy lacks; the policy's violation
+    // (TCP 5432 to the db) is not in the proposal.
+    let snapshot = snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]);
+    let diff = proposal_diff::build(&snapshot, "demo", "deployment-http-client-egress").unwrap();
+    assert_eq!(
+        diff.policy.as_deref(),
+        Some("deployment-http-client-egress")
+    );
+    assert_eq!(diff.workload, "Deployment/http-client");
+    let rows: Vec<(&str, &str, bool, bool, bool, usize)> = diff
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.peer.as_str(),
+                r.port.as_str(),
+                r.learned,
+                r.allowed_now,
+                r.allowed_after,
+                r.violations,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (
+                "s:kube-system/{k8s-app=kube-dns}",
+                "UDP 53",
+                true,
+                false,
+                true,
+                0
+            ),
+            (DB, "TCP 5432", false, false, false, 1),
+            (SERVER, "TCP 18080", true, true, true, 0),
+        ]
+    );
+    assert_eq!(
+        (diff.added, diff.removed, diff.violations_allowed_after),
+        (1, 0, 0)
+    );
+    // Without a policy everything learned is new; the server's proposal has two external peers.
+    let diff = proposal_diff::build(
+        &self::snapshot(vec![]),
+        "demo",
+        "deployment-http-server-ingress",
+    )
+    .unwrap();
+    assert_eq!(diff.policy, None);
+    assert_eq!(diff.added, 3, "{diff:?}");
+    assert!(
+        diff.rows
+            .iter()
+            .all(|r| r.learned && r.allowed_after && !r.allowed_now)
+    );
+    assert!(proposal_diff::build(&snapshot, "demo", "nope").is_none());
+}
+
+#[test]
+fn rule_ports_cover_observed_ports() {
+    for (rule, observed, covers) in [
+        ("any port", "UDP 53", true),
+        ("TCP any", "TCP 1", true),
+        ("TCP any", "UDP 1", false),
+        ("TCP 80", "TCP 80", true),
+        ("TCP 80", "TCP 81", false),
+        ("TCP 80-90", "TCP 90", true),
+        ("TCP 80-90", "TCP 91", false),
+        ("TCP http", "TCP 80", false),
+        ("garbage", "TCP 80", false),
+        ("TCP 80", "TCP x", false),
+    ] {
+        assert_eq!(
+            proposal_diff::port_covers(rule, observed),
+            covers,
+            "{rule} / {observed}"
+        );
+    }
+}
+
+#[test]
+fn graph_query_parameters_are_checked() {
+    let q = server::graph_query(
+        "demo",
+        Some("workload=Deployment%2Fapi&window=300&ungroup=1"),
+    )
+    .unwrap();
+    assert_eq!(q.workload.as_deref(), Some("Deployment/api"));
+    assert_eq!(q.window_seconds, Some(300));
+    assert!(q.ungroup_external);
+    assert_eq!(
+        server::graph_query("demo", Some("window=all"))
+            .unwrap()
+            .window_seconds,
+        None
+    );
+    for bad in [
+        "window=-1",
+        "window=0",
+        "window=abc",
+        "window=99999999999",
+        "workload=Bad%20Name",
+    ] {
+        let e = server::graph_query("demo", Some(bad)).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+/// `GET path` on `addr`: (status code, content type, body).
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let content_type = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .unwrap_or_default()
+        .to_string();
+    (code, content_type, body.to_string())
+}
+
+/// A source that is not ready until told (the watches have not listed).
+struct Gate(Snapshot, std::sync::atomic::AtomicBool);
+
+impl super::ObjectSource for Gate {
+    fn snapshot(&self, namespace: Option<&str>) -> Snapshot {
+        super::ObjectSource::snapshot(&self.0, namespace)
+    }
+    fn ready(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[tokio::test]
+async fn api_answers_json_errors_and_counts_requests() {
+    let source = Arc::new(Gate(
+        snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]),
+        false.into(),
+    ));
+    let metrics = UiMetrics::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server::serve(
+        listener,
+        UiState::new(source.clone(), metrics.clone()),
+    ));
+
+    let (code, _, body) = get(addr, "/api/v1/namespaces").await;
+    assert_eq!(code, 503, "not listed yet: {body}");
+    assert!(body.contains("have not listed"), "{body}");
+    source.1.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    // (path, status, text in the body)
+    let cases = [
+        (
+            "/api/v1/namespaces",
+            200,
+            r#""name":"demo","proposals":2,"policies":1,"activeViolations":1"#,
+        ),
+        (
+            "/api/v1/namespaces/demo/graph",
+            200,
+            r#""state":"violation""#,
+        ),
+        (
+            "/api/v1/namespaces/demo/graph?window=60",
+            200,
+            r#""state":"allowed""#,
+        ),
+        (
+            "/api/v1/namespaces/demo/graph?window=x",
+            400,
+            r#"{"error":{"code":400,"message":"window must be"#,
+        ),
+        (
+            "/api/v1/namespaces/Demo!/graph",
+            400,
+            r#""message":"namespace must be a Kubernetes name"#,
+        ),
+        (
+            "/api/v1/namespaces/demo/workloads/http-client",
+            200,
+            "promote=monitor --overwrite",
+        ),
+        (
+            "/api/v1/namespaces/demo/workloads/http-client?kind=Deployment",
+            200,
+            "acknowledge-7",
+        ),
+        (
+            "/api/v1/namespaces/demo/workloads/nobody",
+            404,
+            "no proposal or policy targets workload nobody",
+        ),
+        (
+            "/api/v1/namespaces/demo/proposals/deployment-http-client-egress/diff",
+            200,
+            r#""added":1"#,
+        ),
+        (
+            "/api/v1/namespaces/demo/proposals/nope/diff",
+            404,
+            "no proposal nope",
+        ),
+        (
+            "/api/v1/nothing",
+            404,
+            r#"{"error":{"code":404,"message":"no such route"#,
+        ),
+    ];
+    for (path, status, text) in cases {
+        let (code, content_type, body) = get(addr, path).await;
+        assert_eq!(code, status, "{path}: {body}");
+        assert_eq!(content_type, "application/json", "{path}");
+        assert!(body.contains(text), "{path}: {body}");
+    }
+    let (code, content_type, body) = get(addr, "/").await;
+    assert_eq!(
+        (code, content_type.as_str()),
+        (200, "text/html; charset=utf-8")
+    );
+    assert!(body.contains("assets/app.js"), "{body}");
+    let (code, _, js) = get(addr, "/assets/app.js").await;
+    assert_eq!(code, 200);
+    assert!(js.contains("api/v1/"));
+    assert_eq!(metrics.count("graph", 200), 2);
+    assert_eq!(metrics.count("graph", 400), 2);
+    assert_eq!(metrics.count("workload", 404), 1);
+    assert_eq!(metrics.count("namespaces", 503), 1);
+    assert_eq!(metrics.count("not_found", 404), 1);
+}
