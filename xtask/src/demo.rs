@@ -46,24 +46,7 @@ pub fn run() -> Result<()> {
     check_interrupted()?;
 
     phase("our binaries and images");
-    let root = run::workspace_root();
-    let env = crate::setup::tool_env()?;
-    run::step(
-        "cargo build --bins (agent, controller)",
-        run::cargo(
-            &root,
-            &env,
-            &[
-                "build",
-                "--locked",
-                "--bin",
-                "network-enforcer-agent",
-                "--bin",
-                "network-enforcer-controller",
-            ],
-        ),
-    )?;
-    release::images_from_debug_build()?;
+    crate::image::ours_from_debug_build()?;
     info("network-enforcer.local/agent:dev and network-enforcer.local/controller:dev imported");
     check_interrupted()?;
 

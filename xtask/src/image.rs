@@ -13,6 +13,29 @@ use std::path::Path;
 
 use crate::run;
 
+/// Builds the agent's and the controller's debug binaries and imports their images into the running
+/// cluster, as the demo and the end-to-end bench run them.
+pub fn ours_from_debug_build() -> Result<()> {
+    let root = run::workspace_root();
+    let env = crate::setup::tool_env()?;
+    run::step(
+        "cargo build --bins (agent, controller)",
+        run::cargo(
+            &root,
+            &env,
+            &[
+                "build",
+                "--locked",
+                "--bin",
+                "network-enforcer-agent",
+                "--bin",
+                "network-enforcer-controller",
+            ],
+        ),
+    )?;
+    e2e::release::images_from_debug_build()
+}
+
 /// Builds image `name` (see the module docs) and imports it into the running cluster.
 pub fn build(name: &str) -> Result<()> {
     match name {

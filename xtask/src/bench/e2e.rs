@@ -7,13 +7,12 @@
 
 use anyhow::{Context, Result};
 use network_enforcer_tests::e2e::latency;
-use network_enforcer_tests::e2e::release::{self, Release};
+use network_enforcer_tests::e2e::release::Release;
 use network_enforcer_tests::e2e::scenario::{self, percentile_ms};
 use network_enforcer_tests::fixture;
 use std::time::Duration;
 
 use super::{Figure, report};
-use crate::run;
 
 /// Builds the binaries and images, installs the chart, runs the scenario and reports.
 pub fn run() -> Result<()> {
@@ -23,25 +22,8 @@ pub fn run() -> Result<()> {
         .transpose()?
         .unwrap_or(3)
         .max(1);
-    let root = run::workspace_root();
-    let env = crate::setup::tool_env()?;
-    run::step(
-        "cargo build --bins (agent, controller)",
-        run::cargo(
-            &root,
-            &env,
-            &[
-                "build",
-                "--locked",
-                "--bin",
-                "network-enforcer-agent",
-                "--bin",
-                "network-enforcer-controller",
-            ],
-        ),
-    )?;
     let cluster = fixture::cluster_with_crds()?;
-    release::images_from_debug_build()?;
+    crate::image::ours_from_debug_build()?;
     let namespace = "ne-bench-system";
     let release = Release::install(
         &cluster.kubeconfig,
