@@ -274,6 +274,35 @@ pub fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
         .collect()
 }
 
+/// Step 3: labels both proposals `promote=monitor`, waits until they are two monitor-mode policies
+/// and no proposal is left, and checks the policies against what was `learned` (see
+/// [`check_promoted`], whose specs it returns). `describe` explains a timeout.
+pub fn promote_both_to_monitor(
+    w: &Workload,
+    learned: &BTreeMap<String, Value>,
+    describe: impl Fn() -> String,
+) -> Result<BTreeMap<&'static str, Value>> {
+    say("step 3: promote=monitor on both proposals");
+    for name in [EGRESS, INGRESS] {
+        w.promote(name, "monitor")?;
+    }
+    let policies = poll(
+        "two monitor policies and no proposals",
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let policies = w.policies()?;
+            let monitor = policies
+                .values()
+                .filter(|p| p.spec.mode == PolicyMode::Monitor)
+                .count();
+            Ok((monitor == 2 && w.proposals()?.is_empty()).then_some(policies))
+        },
+        describe,
+    )?;
+    check_promoted(&policies, learned)
+}
+
 /// Step 3's check: each policy carries its proposal's name in the promoted-from label and exactly the
 /// proposal's (rule-sorted) spec. Returns each policy's spec as promoted, for the later checks that
 /// the controller never changes it.
@@ -470,25 +499,9 @@ pub fn run(
     ));
 
     // Step 3: promote both to monitor.
-    say("step 3: promote=monitor on both proposals");
-    for name in [EGRESS, INGRESS] {
-        w.promote(name, "monitor")?;
-    }
-    let policies = poll(
-        "two monitor policies and no proposals",
-        STEP_TIMEOUT,
-        Duration::from_millis(250),
-        || {
-            let policies = w.policies()?;
-            let monitor = policies
-                .values()
-                .filter(|p| p.spec.mode == PolicyMode::Monitor)
-                .count();
-            Ok((monitor == 2 && w.proposals()?.is_empty()).then_some(policies))
-        },
-        || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
-    )?;
-    let promoted_specs = check_promoted(&policies, &learned)?;
+    let promoted_specs = promote_both_to_monitor(&w, &learned, || {
+        format!("policies: {:#?}\n{}", w.policies(), release.describe())
+    })?;
 
     // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
     say("step 4: UDP http-service:18083 (not in either policy) still echoes");
@@ -569,47 +582,7 @@ pub fn run(
         w.set_mode(name, "protect")?;
     }
     for name in [EGRESS, INGRESS] {
-        let policy = poll(
-            &format!("NetworkPolicy {name}"),
-            STEP_TIMEOUT,
-            Duration::from_millis(250),
-            || {
-                let out = w.ns.kubectl(&[
-                    "get",
-                    "networkpolicy",
-                    name,
-                    "--ignore-not-found",
-                    "-o",
-                    "json",
-                ])?;
-                if out.trim().is_empty() {
-                    return Ok(None);
-                }
-                Ok(Some(serde_json::from_str::<Value>(&out)?))
-            },
-            || release.describe(),
-        )?;
-        let wnp = w.policies()?.remove(name).context("policy gone")?;
-        let want = serde_json::to_value(&wnp.spec.kubernetes)?;
-        ensure!(
-            policy["spec"] == want,
-            "{name}: NetworkPolicy spec {:#} differs from spec.kubernetes {want:#}",
-            policy["spec"]
-        );
-        let owners = policy["metadata"]["ownerReferences"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let controllers: Vec<&Value> = owners
-            .iter()
-            .filter(|o| o["controller"] == json!(true))
-            .collect();
-        ensure!(
-            controllers.len() == 1
-                && controllers[0]["kind"] == json!("WorkloadNetworkPolicy")
-                && controllers[0]["name"] == json!(name),
-            "{name}: ownerReferences {owners:#?}"
-        );
+        check_network_policy(&w, release, name)?;
     }
     // The egress policy does not allow the client's UDP to http-service:18083 (the server's 18081).
     let (client_ip, service_ip) = (&w.client.1, &w.service_ip);
@@ -746,6 +719,53 @@ pub fn run(
     say(&format!("done in {:.1}s", timings.scenario.as_secs_f64()));
     w.ns.delete_and_wait()?;
     Ok(timings)
+}
+
+/// Waits for the NetworkPolicy `name` rendered from the protect-mode policy: spec equal to
+/// `spec.kubernetes`, one controller ownerReference to the policy.
+pub fn check_network_policy(w: &Workload, release: &Release, name: &str) -> Result<()> {
+    let policy = poll(
+        &format!("NetworkPolicy {name}"),
+        STEP_TIMEOUT,
+        Duration::from_millis(250),
+        || {
+            let out = w.ns.kubectl(&[
+                "get",
+                "networkpolicy",
+                name,
+                "--ignore-not-found",
+                "-o",
+                "json",
+            ])?;
+            if out.trim().is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(serde_json::from_str::<Value>(&out)?))
+        },
+        || release.describe(),
+    )?;
+    let wnp: WorkloadNetworkPolicy = w.policies()?.remove(name).context("policy gone")?;
+    let want = serde_json::to_value(&wnp.spec.kubernetes)?;
+    ensure!(
+        policy["spec"] == want,
+        "{name}: NetworkPolicy spec {:#} differs from spec.kubernetes {want:#}",
+        policy["spec"]
+    );
+    let owners = policy["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let controllers: Vec<&Value> = owners
+        .iter()
+        .filter(|o| o["controller"] == json!(true))
+        .collect();
+    ensure!(
+        controllers.len() == 1
+            && controllers[0]["kind"] == json!("WorkloadNetworkPolicy")
+            && controllers[0]["name"] == json!(name),
+        "{name}: ownerReferences {owners:#?}"
+    );
+    Ok(())
 }
 
 /// (violationCount, activeViolationCount) of a policy.

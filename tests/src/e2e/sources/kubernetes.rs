@@ -4,10 +4,7 @@
 //! eBPF scenario's (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
 
 use anyhow::{Context, Result, ensure};
-use network_enforcer_api::{
-    Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord, WorkloadNetworkPolicy,
-};
-use serde_json::{Value, json};
+use network_enforcer_api::{Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,7 +12,7 @@ use super::super::poll;
 use super::super::release::Release;
 use super::super::scenario::{
     self, EGRESS, INGRESS, LEARN_TIMEOUT, STATUS_INTERVAL_SECONDS, STEP_TIMEOUT, Workload,
-    check_promoted, expected_proposal_specs, proposal_specs, say, status_counts,
+    expected_proposal_specs, proposal_specs, say, status_counts,
 };
 use super::{PodInfo, dns_pod, node_name};
 
@@ -158,25 +155,8 @@ pub fn run(
     say("step 2: proposals learned through the source");
 
     // Step 3: promote both to monitor.
-    say("step 3: promote=monitor on both proposals");
-    for name in [EGRESS, INGRESS] {
-        w.promote(name, "monitor")?;
-    }
-    let policies = poll(
-        "two monitor policies and no proposals",
-        STEP_TIMEOUT,
-        Duration::from_millis(250),
-        || {
-            let policies = w.policies()?;
-            let monitor = policies
-                .values()
-                .filter(|p| p.spec.mode == PolicyMode::Monitor)
-                .count();
-            Ok((monitor == 2 && w.proposals()?.is_empty()).then_some(policies))
-        },
-        || describe(&w, plane.describe()),
-    )?;
-    let promoted_specs = check_promoted(&policies, &learned)?;
+    let promoted_specs =
+        scenario::promote_both_to_monitor(&w, &learned, || describe(&w, plane.describe()))?;
 
     // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
     say("step 4: the data plane reports UDP http-service:18083 forwarded");
@@ -238,7 +218,7 @@ pub fn run(
         w.set_mode(name, "protect")?;
     }
     for name in [EGRESS, INGRESS] {
-        check_network_policy(&w, release, name)?;
+        scenario::check_network_policy(&w, release, name)?;
     }
     say("step 5: the data plane reports UDP http-service:18083 dropped by the egress policy");
     plane.report(&pods, Event::Udp18083Denied, egress_policy)?;
@@ -282,51 +262,4 @@ pub fn run(
     say(&format!("done in {:.1}s", took.as_secs_f64()));
     w.ns.delete_and_wait()?;
     Ok(took)
-}
-
-/// Waits for the NetworkPolicy `name` rendered from the protect-mode policy: spec equal to
-/// `spec.kubernetes`, one controller ownerReference to the policy.
-fn check_network_policy(w: &Workload, release: &Release, name: &str) -> Result<()> {
-    let policy = poll(
-        &format!("NetworkPolicy {name}"),
-        STEP_TIMEOUT,
-        Duration::from_millis(250),
-        || {
-            let out = w.ns.kubectl(&[
-                "get",
-                "networkpolicy",
-                name,
-                "--ignore-not-found",
-                "-o",
-                "json",
-            ])?;
-            if out.trim().is_empty() {
-                return Ok(None);
-            }
-            Ok(Some(serde_json::from_str::<Value>(&out)?))
-        },
-        || release.describe(),
-    )?;
-    let wnp: WorkloadNetworkPolicy = w.policies()?.remove(name).context("policy gone")?;
-    let want = serde_json::to_value(&wnp.spec.kubernetes)?;
-    ensure!(
-        policy["spec"] == want,
-        "{name}: NetworkPolicy spec {:#} differs from spec.kubernetes {want:#}",
-        policy["spec"]
-    );
-    let owners = policy["metadata"]["ownerReferences"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let controllers: Vec<&Value> = owners
-        .iter()
-        .filter(|o| o["controller"] == json!(true))
-        .collect();
-    ensure!(
-        controllers.len() == 1
-            && controllers[0]["kind"] == json!("WorkloadNetworkPolicy")
-            && controllers[0]["name"] == json!(name),
-        "{name}: ownerReferences {owners:#?}"
-    );
-    Ok(())
 }
