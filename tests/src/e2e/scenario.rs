@@ -274,6 +274,33 @@ pub fn proposal_specs(w: &Workload) -> Result<BTreeMap<String, Value>> {
         .collect()
 }
 
+/// After promotion, for 15 s (an agent flush and a few controller flushes): no proposal is re-created;
+/// then the policies' specs are still `promoted_specs`. Returns the policies.
+pub fn no_proposal_and_specs_unchanged(
+    w: &Workload,
+    promoted_specs: &BTreeMap<&'static str, Value>,
+) -> Result<BTreeMap<String, WorkloadNetworkPolicy>> {
+    let settle = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < settle {
+        let proposals = w.proposals()?;
+        ensure!(
+            proposals.is_empty(),
+            "proposals re-created after promotion: {:?}",
+            proposals.keys().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let policies = w.policies()?;
+    for (name, policy) in &policies {
+        let spec = serde_json::to_value(&policy.spec)?;
+        ensure!(
+            Some(&spec) == promoted_specs.get(name.as_str()),
+            "{name}: spec changed after monitor violations: {spec:#}"
+        );
+    }
+    Ok(policies)
+}
+
 /// Step 3: labels both proposals `promote=monitor`, waits until they are two monitor-mode policies
 /// and no proposal is left, and checks the policies against what was `learned` (see
 /// [`check_promoted`], whose specs it returns). `describe` explains a timeout.
@@ -558,23 +585,7 @@ pub fn run(
     // Proposals are not re-created, specs unchanged: watch for one agent flush and one controller
     // flush after fresh traffic of both kinds.
     w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(30))?;
-    let settle = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < settle {
-        let proposals = w.proposals()?;
-        ensure!(
-            proposals.is_empty(),
-            "proposals re-created after promotion: {:?}",
-            proposals.keys().collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    for (name, policy) in w.policies()? {
-        let spec = serde_json::to_value(&policy.spec)?;
-        ensure!(
-            Some(&spec) == promoted_specs.get(name.as_str()),
-            "{name}: spec changed after monitor violations: {spec:#}"
-        );
-    }
+    no_proposal_and_specs_unchanged(&w, &promoted_specs)?;
 
     // Step 5: protect.
     say("step 5: mode protect on both policies");

@@ -189,22 +189,7 @@ pub fn run(
     // a few controller flushes.
     plane.report(&pods, Event::Tcp18080, egress_policy)?;
     plane.flush()?;
-    let settle = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < settle {
-        let proposals = w.proposals()?;
-        ensure!(
-            proposals.is_empty(),
-            "proposals re-created after promotion: {:?}",
-            proposals.keys().collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    for (name, policy) in w.policies()? {
-        let spec = serde_json::to_value(&policy.spec)?;
-        ensure!(
-            Some(&spec) == promoted_specs.get(name.as_str()),
-            "{name}: spec changed after monitor violations: {spec:#}"
-        );
+    for (name, policy) in scenario::no_proposal_and_specs_unchanged(&w, &promoted_specs)? {
         ensure!(
             status_counts(&policy) == (1, 1),
             "{name}: the allowed TCP 18080 connection added a violation: {:#?}",
