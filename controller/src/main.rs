@@ -218,6 +218,12 @@ struct RunArgs {
     /// pod talks before its IP reaches the API (0: learn at once).
     #[arg(long, env = "RESOLUTION_GRACE_SECONDS", default_value_t = 30)]
     resolution_grace_seconds: u64,
+    /// The address ranges the cluster gives pods and Services, comma-separated (e.g.
+    /// 10.244.0.0/16,10.96.0.0/12). An external peer outside them cannot be a pod or Service not
+    /// listed yet, so it is learned without the resolution grace and its batch acknowledged at the next
+    /// flush. Empty (the default): every unresolved peer waits the grace.
+    #[arg(long, env = "CLUSTER_CIDRS", value_delimiter = ',')]
+    cluster_cidrs: Vec<ipnet::IpNet>,
     /// The controller's own namespace (set from the downward API in the cluster).
     #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
     pod_namespace: String,
@@ -560,6 +566,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
                     .unwrap_or(i64::MAX),
             )
+            .with_cluster_cidrs(args.cluster_cidrs.clone())
             .with_metrics(metrics.clone());
         Arc::new(match &election {
             Some((leadership, _)) => writer.with_leader(leadership.clone()),

@@ -16,13 +16,19 @@
 //! one starts waiting, `deferred_resolved` when the index caught up, `deferred_expired` when the grace
 //! ran out.
 //!
+//! With `--cluster-cidrs` (the ranges the cluster gives pods and Services) an external address outside
+//! them does not wait: no pod or Service the index has not seen yet can have it, so waiting cannot
+//! change how it resolves, and its batch is acknowledged at the next flush instead of after the grace.
+//!
 //! An agent batch with a waiting record is acknowledged only after a flush that started once its grace
 //! was over (by then it was learned and written), so a controller restart within the grace loses
 //! nothing: the agent sends it again.
 
 use crate::cluster::index::{Endpoint, Index};
 use crate::learn::{self, Flow, Observation, Opened, Unresolved};
+use ipnet::IpNet;
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 /// The default grace, in milliseconds.
@@ -34,8 +40,12 @@ pub const MAX_WAITING: usize = 100_000;
 /// What an observation resolves to.
 pub type Resolution = Result<Vec<Flow>, Unresolved>;
 
-/// Whether a resolution might improve once the index catches up: it failed, or a peer is external.
-pub fn may_improve(resolution: &Resolution, opened: Opened) -> bool {
+/// Whether a resolution might improve once the index catches up: it failed, or a peer is an external
+/// address that a pod or Service could still turn out to have: any address when `cluster_cidrs` is
+/// empty (the ranges are not known), else only one inside them.
+pub fn may_improve(resolution: &Resolution, opened: Opened, cluster_cidrs: &[IpNet]) -> bool {
+    let in_cluster =
+        |ip: &IpAddr| cluster_cidrs.is_empty() || cluster_cidrs.iter().any(|c| c.contains(ip));
     match resolution {
         Err(_) => true,
         Ok(flows) => flows.iter().any(|f| {
@@ -43,7 +53,7 @@ pub fn may_improve(resolution: &Resolution, opened: Opened) -> bool {
                 Opened::Outbound => &f.destination,
                 Opened::Inbound => &f.source,
             };
-            matches!(peer, Endpoint::External(_))
+            matches!(peer, Endpoint::External(ip) if in_cluster(ip))
         }),
     }
 }
@@ -67,6 +77,7 @@ pub struct Decided {
 /// The waiting observations (see the module docs).
 pub struct Deferrals {
     grace_ms: i64,
+    cluster_cidrs: Vec<IpNet>,
     waiting: Mutex<VecDeque<Waiting>>,
 }
 
@@ -81,8 +92,16 @@ impl Deferrals {
     pub fn new(grace_ms: i64) -> Self {
         Self {
             grace_ms: grace_ms.max(0),
+            cluster_cidrs: Vec::new(),
             waiting: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// The same, with the ranges the cluster gives pods and Services: external addresses outside them
+    /// are learned at once (see the module docs).
+    pub fn with_cluster_cidrs(mut self, cidrs: Vec<IpNet>) -> Self {
+        self.cluster_cidrs = cidrs;
+        self
     }
 
     /// Number of observations waiting.
@@ -106,7 +125,7 @@ impl Deferrals {
         overflow: &mut Vec<(Observation, Resolution)>,
     ) -> Option<Resolution> {
         let resolution = learn::flows(index, obs);
-        if self.grace_ms == 0 || !may_improve(&resolution, obs.opened) {
+        if self.grace_ms == 0 || !may_improve(&resolution, obs.opened, &self.cluster_cidrs) {
             return Some(resolution);
         }
         let mut waiting = self.waiting.lock().expect("deferrals lock");
@@ -136,7 +155,7 @@ impl Deferrals {
         let mut still = VecDeque::new();
         for w in batch {
             let resolution = learn::flows(index, &w.obs);
-            if !may_improve(&resolution, w.obs.opened) {
+            if !may_improve(&resolution, w.obs.opened, &self.cluster_cidrs) {
                 decided.resolved += 1;
                 decided.ready.push((w.obs, resolution));
             } else if now_ms >= w.until_ms {
@@ -256,6 +275,40 @@ mod tests {
                 .is_some()
         );
         assert!(waits.is_empty() && never.is_empty());
+    }
+
+    #[test]
+    fn with_cluster_cidrs_only_addresses_inside_them_wait() {
+        let mut index = Index::default();
+        index.apply_pod(&pod("api", "10.0.0.2"), 0);
+        let deferrals = Deferrals::new(30_000).with_cluster_cidrs(vec![
+            "10.0.0.0/16".parse().unwrap(),
+            "10.96.0.0/12".parse().unwrap(),
+        ]);
+        let mut overflow = Vec::new();
+        // Outside the cluster's ranges: no pod or Service can have it, learned at once.
+        let outside = deferrals.admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow);
+        assert_eq!(
+            outside.map(|r| peer_of(&r)),
+            Some(Endpoint::External("203.0.113.9".parse().unwrap()))
+        );
+        // Inside a pod range or the Service range: a pod or Service not listed yet may have it.
+        for peer in ["10.0.0.3", "10.96.7.7"] {
+            assert!(
+                deferrals
+                    .admit(&index, &inbound_from(peer, 0), 0, &mut overflow)
+                    .is_none(),
+                "{peer} must wait"
+            );
+        }
+        assert_eq!(deferrals.len(), 2);
+        // An unknown local pod waits whatever the ranges.
+        let empty = Index::default();
+        assert!(
+            deferrals
+                .admit(&empty, &inbound_from("203.0.113.9", 0), 0, &mut overflow)
+                .is_none()
+        );
     }
 
     #[test]

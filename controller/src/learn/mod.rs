@@ -1755,6 +1755,10 @@ mod tests {
                 "probe-x".into()
             ))
         );
-        assert!(deferrals::may_improve(&flows(&ix, &v6), Opened::Outbound));
+        assert!(deferrals::may_improve(
+            &flows(&ix, &v6),
+            Opened::Outbound,
+            &[]
+        ));
     }
 }

@@ -430,6 +430,15 @@ impl ProposalWriter {
         self
     }
 
+    /// With the resolution grace: external addresses outside `cidrs` (the ranges the cluster gives
+    /// pods and Services) are learned at once ([`Deferrals::with_cluster_cidrs`]). Call after
+    /// [`ProposalWriter::with_resolution_grace`].
+    pub fn with_cluster_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
+        let waiting = std::mem::take(&mut self.waiting);
+        self.waiting = waiting.with_cluster_cidrs(cidrs);
+        self
+    }
+
     /// Learns for workloads in `namespace` only (a controller that watches one namespace must not
     /// write proposals elsewhere: its agents report the whole node). Peers elsewhere still resolve.
     pub fn with_only_namespace(mut self, namespace: Option<String>) -> Self {

@@ -64,6 +64,12 @@ pub fn release_values(release_namespace: &str) -> Vec<String> {
         // Our own namespace (the default), and kube-system, shared with every other test on this
         // cluster: learn nothing there.
         format!("controller.excludeNamespaces={{kube-system,{release_namespace}}}"),
+        // The local cluster's ranges: external peers outside them are learned without the grace.
+        format!(
+            "controller.clusterCIDRs={{{},{}}}",
+            crate::cluster::layout::POD_CIDR,
+            crate::cluster::layout::SERVICE_CIDR
+        ),
     ]
 }
 

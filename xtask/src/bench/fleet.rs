@@ -779,6 +779,15 @@ impl Controller {
             .env("INGEST_TLS_KEY_FILE", tls.dir.join("tls.key"))
             .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics_port}"))
             .env("FLUSH_INTERVAL_SECONDS", settings.flush_seconds.to_string())
+            // As a production install sets them: external peers outside are not held for the grace.
+            .env(
+                "CLUSTER_CIDRS",
+                format!(
+                    "{},{}",
+                    network_enforcer_tests::cluster::layout::POD_CIDR,
+                    network_enforcer_tests::cluster::layout::SERVICE_CIDR
+                ),
+            )
             .env("LOG_LEVEL", "warn")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdout(log.try_clone()?)
