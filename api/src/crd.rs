@@ -504,9 +504,36 @@ pub struct WorkloadNetworkPolicyStatus {
     /// Acknowledged records, newest first by acknowledgedAt, at most 100.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acknowledged_violations: Vec<AcknowledgedViolation>,
-    /// Ready, DuplicateTarget, SelectorOverlapsWorkload and other standard conditions.
+    /// Ready, DuplicateTarget, SelectorOverlapsWorkload, UnusedRules and other standard conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Per rule of the spec: when it last allowed an observed flow and how many distinct peers it
+    /// allowed (docs/api.md, "Rule usage"). Written with the violation fields; one entry per rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_usage: Vec<RuleUsage>,
+}
+
+/// How much one rule of a WorkloadNetworkPolicy is used by observed traffic.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleUsage {
+    /// The rule's list: `spec.kubernetes.ingress`/`egress` (`Ingress`/`Egress`); istio rules are Ingress.
+    pub direction: Direction,
+    /// The rule's index in its list when this entry was written.
+    #[schemars(range(min = 0))]
+    pub rule: i32,
+    /// A short hash of the rule's content: usage follows the rule, not its position, when rules are
+    /// reordered; an edited rule starts anew.
+    pub fingerprint: String,
+    /// When the rule last allowed an observed flow; absent: never since `since`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_matched: Option<Time>,
+    /// Distinct peers the rule allowed, counted up to 1000 (the cap).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub peers: i64,
+    /// Since when the controller has watched this rule for traffic (the first pass that saw it).
+    pub since: Time,
 }
 
 /// What the controller observed for a WorkloadNetworkPolicyProposal.

@@ -268,6 +268,11 @@ struct RunArgs {
     #[arg(long, env = "WNP_STATUS_UPDATE_INTERVAL", default_value = "30s",
           value_parser = network_enforcer_controller::monitor::status_sync::parse_duration)]
     status_update_interval: Duration,
+    /// A rule that allowed no observed flow for this long makes the policy's `UnusedRules` condition
+    /// True, naming it (docs/api.md, "Rule usage"; same duration syntax, e.g. 7d, 36h).
+    #[arg(long, env = "UNUSED_RULE_AFTER", default_value = "7d",
+          value_parser = network_enforcer_controller::monitor::status_sync::parse_duration)]
+    unused_rule_after: Duration,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -434,6 +439,9 @@ fn check(args: &CheckArgs) -> Result<()> {
             if let Some(changes) = &changes {
                 value["diff"] = serde_json::to_value(changes)?;
             }
+            if let Some(usage) = checker.rule_usage() {
+                value["ruleUsage"] = serde_json::to_value(usage.rules)?;
+            }
             println!("{}", serde_json::to_string_pretty(&value)?);
         }
         OutputFormat::Table => {
@@ -445,6 +453,10 @@ fn check(args: &CheckArgs) -> Result<()> {
             if let Some(changes) = &changes {
                 println!();
                 print!("{}", changes.render_table());
+            }
+            if let Some(usage) = checker.rule_usage() {
+                println!();
+                print!("{}", usage.render_table());
             }
         }
     }
@@ -477,6 +489,7 @@ async fn run(args: RunArgs) -> Result<()> {
         instance: args.instance,
         resync: Duration::from_secs(args.resync_seconds),
         signing_key: signing_key.clone(),
+        unused_rule_after: args.unused_rule_after,
         ..Settings::default()
     };
     let (agent_ns, agent_name) = args

@@ -549,3 +549,79 @@ fn invalid_diff_policies_fail_naming_the_file_and_the_field() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("only one of --scenario"), "{stderr}");
 }
+
+/// Rule usage recorded in a policy's status (docs/api.md, "Rule usage") is shown per rule, in JSON and
+/// as a table: when it last matched and how many peers, or that it never matched.
+#[test]
+fn rule_usage_from_the_status_is_shown_per_rule() {
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    use network_enforcer_controller::policy::rule_usage::rules_of;
+    let text = std::fs::read_to_string(data("check-spec10.yaml")).unwrap();
+    let mut scenario: Value = serde_yaml::from_str(&text).unwrap();
+    let egress = &mut scenario["policies"][0];
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(egress.clone()).unwrap();
+    let rules = rules_of(&policy.spec);
+    assert_eq!(rules.len(), 2, "TCP 18080 to the server, UDP 53 to DNS");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let two_hours_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(2 * 3600 + 30);
+    egress["status"] = json!({"ruleUsage": [
+        {"direction": "Egress", "rule": 0, "fingerprint": rules[0].fingerprint,
+         "lastMatched": two_hours_ago.to_string(), "peers": 3, "since": "2026-01-01T00:00:00Z"},
+        {"direction": "Egress", "rule": 1, "fingerprint": rules[1].fingerprint,
+         "peers": 0, "since": "2026-01-01T00:00:00Z"},
+    ]});
+    let file = std::env::temp_dir().join(format!("ne-check-usage-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_string(&scenario).unwrap()).unwrap();
+    let path = file.to_string_lossy().into_owned();
+
+    let out = check_json(&["--scenario", &path]);
+    let usage: Vec<(String, String, String, i64)> = out["ruleUsage"]
+        .as_array()
+        .expect("ruleUsage in the JSON")
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["rule"].as_str().unwrap().to_string(),
+                r["usage"].as_str().unwrap().to_string(),
+                r["peers"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let egress = "deployment-http-client-egress".to_string();
+    assert_eq!(
+        usage,
+        [
+            (
+                egress.clone(),
+                "egress[0]".into(),
+                "last matched 2h ago, 3 peers".into(),
+                3
+            ),
+            (egress, "egress[1]".into(), "never matched".into(), 0),
+        ],
+        "only the policy whose status has ruleUsage: {out:#}"
+    );
+    // The results are unchanged by it.
+    assert_eq!(out["results"].as_array().unwrap().len(), 5);
+
+    let out = controller(&["check", "--scenario", &path, "-o", "table"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let usage: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("POLICY"))
+        .collect();
+    assert_eq!(usage.len(), 3, "{text}");
+    assert!(
+        usage[1].contains("wnp/demo/deployment-http-client-egress")
+            && usage[1].contains("egress[0]")
+            && usage[1].contains("last matched 2h ago, 3 peers"),
+        "{text}"
+    );
+    assert!(usage[2].ends_with("never matched"), "{text}");
+    // Without ruleUsage in any status, nothing about usage is printed.
+    let plain = check_json(&["--scenario", &data("check-spec10.yaml")]);
+    assert!(plain.get("ruleUsage").is_none());
+    let _ = std::fs::remove_file(file);
+}

@@ -750,6 +750,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], "metrics");
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "30s");
+    assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "7d");
     assert_eq!(deploy["spec"]["replicas"], 1);
     // The controller writes nothing to its file system: every mount is read-only.
     for m in c["volumeMounts"].as_array().unwrap() {
@@ -780,6 +781,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.probes.enabled=false",
         "controller.metricsPort=9090",
         "controller.wnpStatusUpdateInterval=1m",
+        "controller.unusedRuleAfter=36h",
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
@@ -792,6 +794,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert!(c.get("livenessProbe").is_none() && c.get("readinessProbe").is_none());
     assert_eq!(env_value(c, "METRICS_ADDRESS"), "0.0.0.0:9090");
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "1m");
+    assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "36h");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");

@@ -7,11 +7,14 @@
 //!   policies in force ([`attribution::attribute`]: egress first; a protect egress denial hides the
 //!   flow from the destination's ingress policy), filtered by what evidence counts for the policy's
 //!   mode ([`EvidenceKind::counts_for`]) and by the repeat window ([`RepeatFilter`]), reported to the
-//!   [`ViolationSink`], and queued per policy ([`Pending`]).
+//!   [`ViolationSink`], and queued per policy ([`Pending`]). The rules that allowed each flow are
+//!   noted in a [`UsageTracker`] (rule usage, docs/api.md).
 //! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status
-//!   goes through [`violations::sync`] (merge, clear, acknowledge, counters). Only a changed status is
-//!   patched: a JSON merge patch of the violation fields alone on the status subresource (the policy
-//!   reconciler owns `conditions`), with the cached `resourceVersion` as a precondition, so a patch
+//!   goes through [`violations::sync`] (merge, clear, acknowledge, counters) and [`rule_usage::merge`]
+//!   (`ruleUsage`). Only a changed status is patched: a JSON merge patch of the violation fields and
+//!   `ruleUsage` alone on the status subresource (the policy reconciler owns `conditions`), in one
+//!   write per policy and interval whatever the traffic, with the cached `resourceVersion` as a
+//!   precondition, so a patch
 //!   computed from a stale copy fails instead of overwriting newer records. Pending observations are
 //!   forgotten only once the patch that contains them succeeded; a failed patch is retried at the
 //!   next interval from a fresher copy. Then consumed `acknowledge-<id>` annotations are removed, with
@@ -22,13 +25,16 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
-use crate::monitor::evaluate::attribution::{self, PolicyKey, PolicySet, record_allowed_now};
+use crate::monitor::evaluate::attribution::{
+    self, PolicyKey, PolicySet, RuleMatch, record_allowed_now,
+};
 use crate::monitor::evaluate::view::{ClusterView, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
     EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
+use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
 use crate::reconcile::publish_with;
 use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;
@@ -41,7 +47,9 @@ use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::uplink::FlowRecord;
-use network_enforcer_api::{AcknowledgedViolation, Backend, WorkloadNetworkPolicy};
+use network_enforcer_api::{
+    AcknowledgedViolation, Backend, Direction, RuleUsage, WorkloadNetworkPolicy, WorkloadRef,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -271,6 +279,8 @@ struct State {
     repeats: RepeatFilter,
     /// [`Pending::dropped`] as last counted into the metrics.
     pending_dropped_counted: u64,
+    /// The rules that allowed flows since the process started, merged into `ruleUsage` at each sync.
+    usage: UsageTracker<PolicyKey>,
 }
 
 /// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
@@ -355,6 +365,7 @@ impl StatusSync {
                 pending: Pending::default(),
                 repeats: RepeatFilter::new(settings.repeat_window),
                 pending_dropped_counted: 0,
+                usage: UsageTracker::default(),
             }),
             settings,
             policies,
@@ -550,6 +561,9 @@ impl StatusSync {
         let view = self.view(&index);
         let mut state = self.state.lock().expect("state lock");
         let mut queued = 0;
+        let mut matches: Vec<RuleMatch> = Vec::new();
+        // Each policy's rules with their fingerprints, computed once per pass for the policies used.
+        let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
         for record in &records {
             let Some(kind) = EvidenceKind::of(record) else {
                 continue;
@@ -563,13 +577,30 @@ impl StatusSync {
                 }
             };
             for flow in flows {
-                let attributed = match attribution::attribute(&view, &set, &flow) {
-                    Ok(attributed) => attributed,
-                    Err(error) => {
-                        tracing::debug!(%error, "evidence not evaluable");
-                        continue;
+                matches.clear();
+                let attributed =
+                    match attribution::attribute_with_usage(&view, &set, &flow, Some(&mut matches))
+                    {
+                        Ok(attributed) => attributed,
+                        Err(error) => {
+                            tracing::debug!(%error, "evidence not evaluable");
+                            continue;
+                        }
+                    };
+                for used in &matches {
+                    let rules = rules.entry(used.policy.clone()).or_insert_with(|| {
+                        policies
+                            .iter()
+                            .find(|p| policy_key(p) == used.policy)
+                            .map(|p| rule_usage::rules_of(&p.spec))
+                            .unwrap_or_default()
+                    });
+                    let peer = peer_of(&flow, used.direction);
+                    let at = flow.seen_at.0.as_millisecond();
+                    for rule in used.rules.iter().filter_map(|&i| rules.get(i)) {
+                        state.usage.record(&used.policy, rule, &peer, at);
                     }
-                };
+                }
                 for a in attributed {
                     if !kind.counts_for(a.observation.action)
                         || !state.repeats.admit(&a.observation)
@@ -610,6 +641,7 @@ impl StatusSync {
         let gone = {
             let mut state = self.state.lock().expect("state lock");
             let gone = state.pending.retain_policies(|k| keys.contains(k));
+            state.usage.retain_policies(|k| keys.contains(k));
             self.metrics.dropped("policy_deleted", gone as u64);
             self.count_pending(&mut state);
             gone
@@ -662,8 +694,24 @@ impl StatusSync {
             return Err(SyncError::Unnamed);
         };
         let key = policy_key(policy);
-        let (observations, read) = self.state.lock().expect("state lock").pending.read(&key);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let current_usage = policy
+            .status
+            .as_ref()
+            .map(|s| s.rule_usage.as_slice())
+            .unwrap_or_default();
+        let (observations, read, usage) = {
+            let state = self.state.lock().expect("state lock");
+            let (observations, read) = state.pending.read(&key);
+            let usage = rule_usage::merge(
+                current_usage,
+                &rule_usage::rules_of(&policy.spec),
+                state.usage.of(&key),
+                &now,
+            );
+            (observations, read, usage)
+        };
+        let usage_changed = usage.as_slice() != current_usage;
         let outcome = violations::sync(
             SyncInput {
                 status: policy.status.as_ref(),
@@ -675,11 +723,12 @@ impl StatusSync {
             |record| record_allowed_now(view, policy, record),
         );
         let api = Api::<WorkloadNetworkPolicy>::namespaced(self.client.clone(), namespace);
-        if outcome.status_changed {
+        let patched = outcome.status_changed || usage_changed;
+        if patched {
             api.patch_status(
                 name,
                 &PatchParams::default(),
-                &Patch::Merge(status_patch(policy, &outcome)),
+                &Patch::Merge(status_patch(policy, &outcome, &usage)),
             )
             .await
             .map_err(SyncError::Patch)?;
@@ -703,7 +752,7 @@ impl StatusSync {
             .await;
         }
         let mut done = PolicySync {
-            patched: outcome.status_changed,
+            patched,
             observations: observations.len(),
             acknowledged: outcome.acknowledged.len(),
             annotations_removed: 0,
@@ -755,10 +804,14 @@ fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
     }
 }
 
-/// The merge patch of the violation fields of the status (not `conditions`, which the policy
-/// reconciler owns), with the copy's `resourceVersion` as precondition. Empty lists are sent as
-/// `[]` so that a merge patch clears them.
-fn status_patch(policy: &WorkloadNetworkPolicy, outcome: &SyncOutcome) -> serde_json::Value {
+/// The merge patch of the violation fields and `ruleUsage` of the status (not `conditions`, which the
+/// policy reconciler owns), with the copy's `resourceVersion` as precondition. Empty lists are sent
+/// as `[]` so that a merge patch clears them.
+fn status_patch(
+    policy: &WorkloadNetworkPolicy,
+    outcome: &SyncOutcome,
+    usage: &[RuleUsage],
+) -> serde_json::Value {
     let status = &outcome.status;
     let mut patch = serde_json::json!({
         "status": {
@@ -767,12 +820,29 @@ fn status_patch(policy: &WorkloadNetworkPolicy, outcome: &SyncOutcome) -> serde_
             "activeViolationCount": status.active_violation_count,
             "violations": status.violations,
             "acknowledgedViolations": status.acknowledged_violations,
+            "ruleUsage": usage,
         }
     });
     if let Some(version) = policy.resource_version() {
         patch["metadata"] = serde_json::json!({"resourceVersion": version});
     }
     patch
+}
+
+/// The far end of `flow` for a policy of `direction`, as one string per distinct peer: the workload,
+/// else the address, else the identity.
+fn peer_of(flow: &attribution::ObservedFlow, direction: Direction) -> String {
+    let w: &WorkloadRef = match direction {
+        Direction::Ingress => &flow.source.workload,
+        Direction::Egress => &flow.destination.workload,
+    };
+    if !w.owner_name.is_empty() {
+        format!("{}/{}/{}", w.namespace, w.owner_kind, w.owner_name)
+    } else if !w.address.is_empty() {
+        w.address.clone()
+    } else {
+        w.identity.clone()
+    }
 }
 
 fn acknowledged_note(a: &AcknowledgedViolation) -> String {

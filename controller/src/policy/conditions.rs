@@ -9,6 +9,9 @@ pub const READY: &str = "Ready";
 pub const DUPLICATE_TARGET: &str = "DuplicateTarget";
 /// Condition type: the policy's selector also selects pods of another workload.
 pub const SELECTOR_OVERLAPS_WORKLOAD: &str = "SelectorOverlapsWorkload";
+/// Condition type: rules of the policy allowed no observed flow for `--unused-rule-after`
+/// ([`crate::policy::rule_usage::unused_rules`]).
+pub const UNUSED_RULES: &str = "UnusedRules";
 /// Condition type on proposals: the promotion could not be carried out.
 pub const PROMOTED: &str = "Promoted";
 

@@ -46,6 +46,9 @@ pub struct Settings {
     pub signing_key: Option<std::sync::Arc<crate::policy::provenance::SigningKey>>,
     /// Where reconciles are counted and timed.
     pub metrics: ReconcileMetrics,
+    /// A rule that allowed no observed flow for this long makes `UnusedRules=True`
+    /// (`--unused-rule-after`, docs/api.md "Rule usage").
+    pub unused_rule_after: Duration,
 }
 
 impl Default for Settings {
@@ -58,6 +61,7 @@ impl Default for Settings {
             istio_recheck: Duration::from_secs(60),
             signing_key: None,
             metrics: ReconcileMetrics::default(),
+            unused_rule_after: Duration::from_secs(7 * 86_400),
         }
     }
 }

@@ -7,6 +7,7 @@ use crate::cluster::workload;
 use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::render::{self, Desired};
+use crate::policy::rule_usage;
 use crate::policy::uniqueness;
 use crate::policy::validity::{self, INVALID_REASON, OnInvalid};
 use k8s_openapi::NamespaceResourceScope;
@@ -126,6 +127,13 @@ pub async fn reconcile(
             "DuplicateTarget",
             message,
         ));
+        // It evaluates no traffic, so its rules cannot be used.
+        wanted.push(Condition::new(
+            conditions::UNUSED_RULES,
+            false,
+            "NotInForce",
+            "the policy is not in force (DuplicateTarget); its rules are not evaluated",
+        ));
         // The winner's deletion reaches this policy through the sibling watch, possibly before the
         // cache has dropped the winner; re-check soon rather than wait for the resync.
         requeue = DUPLICATE_RECHECK;
@@ -140,6 +148,24 @@ pub async fn reconcile(
         wanted.push(ready);
         if let Some(again) = again {
             requeue = requeue.min(again);
+        }
+        // The status sync writes `ruleUsage`, which brings the policy here; with no new traffic the
+        // condition changes only with time, so come back when the next rule would reach the threshold.
+        let (unused, due) = rule_usage::unused_rules(
+            &policy.spec,
+            policy
+                .status
+                .as_ref()
+                .map(|s| s.rule_usage.as_slice())
+                .unwrap_or_default(),
+            policy.metadata.creation_timestamp.as_ref(),
+            policy.metadata.generation,
+            &Time(k8s_openapi::jiff::Timestamp::now()),
+            ctx.settings.unused_rule_after,
+        );
+        wanted.push(unused);
+        if let Some(due) = due {
+            requeue = requeue.min(due + Duration::from_secs(1));
         }
     }
     wanted.push(overlap_condition(&ctx, &policy, &ns).await?);

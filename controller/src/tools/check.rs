@@ -16,6 +16,9 @@
 //! that isolate it ([`explain`]); [`diff()`] compares the verdicts under the scenario's policies and
 //! under another set ([`Checker::with_policies`]).
 //!
+//! [`Checker::rule_usage`] shows, per rule of each WorkloadNetworkPolicy whose status has `ruleUsage`,
+//! when it last allowed an observed flow and how many peers ("last matched 2h ago, 3 peers").
+//!
 //! [`Checker::replay`] evaluates recorded agent records (the `flows -o json` lines) and reports the
 //! difference: what went through and would now be denied, and what failed and would now pass.
 //!
@@ -36,9 +39,11 @@ use crate::monitor::evaluate::view::{
     ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo,
 };
 use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, evaluate};
+use crate::policy::rule_usage;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::{
-    Backend, Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
+    Backend, Direction, IstioPolicy, PolicyMode, Protocol, RuleUsage, WorkloadNetworkPolicy,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -257,6 +262,59 @@ pub struct Checker {
     workload_policies: HashMap<(String, String), PolicyMode>,
     istio: Vec<IstioEntry>,
     flows: Vec<ScenarioFlow>,
+    /// The WorkloadNetworkPolicies whose status has `ruleUsage`, in input order.
+    usage: Vec<PolicyUsage>,
+    /// What "2h ago" is measured from.
+    now: Time,
+}
+
+/// A WorkloadNetworkPolicy's rules and the usage its status recorded.
+struct PolicyUsage {
+    namespace: String,
+    name: String,
+    rules: Vec<rule_usage::RuleRef>,
+    usage: Vec<RuleUsage>,
+}
+
+/// One rule's usage as `check` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleUsageLine {
+    pub namespace: String,
+    pub name: String,
+    /// `ingress[0]`.
+    pub rule: String,
+    /// `last matched 2h ago, 3 peers`, `never matched`, or `usage unknown` (the status has no entry
+    /// for the rule as it is now).
+    pub usage: String,
+    /// When the rule last allowed an observed flow, as recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_matched: Option<Time>,
+    /// Distinct peers it allowed (at most 1000).
+    pub peers: i64,
+}
+
+/// The usage of every rule of the WorkloadNetworkPolicies whose status records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleUsageReport {
+    pub rules: Vec<RuleUsageLine>,
+}
+
+impl RuleUsageReport {
+    /// `POLICY  RULE  USAGE` rows.
+    pub fn render_table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .rules
+            .iter()
+            .map(|r| {
+                vec![
+                    format!("wnp/{}/{}", r.namespace, r.name),
+                    r.rule.clone(),
+                    r.usage.clone(),
+                ]
+            })
+            .collect();
+        table(&["POLICY", "RULE", "USAGE"], &rows)
+    }
 }
 
 impl Checker {
@@ -334,6 +392,7 @@ impl Checker {
 
         let mut workload_policies = HashMap::new();
         let mut istio = Vec::new();
+        let mut usage = Vec::new();
         let mut seen = BTreeMap::new();
         for (i, value) in scenario.policies.into_iter().enumerate() {
             let field = format!("policies[{i}]");
@@ -380,6 +439,17 @@ impl Checker {
                                 network_enforcer_api::validation::describe(&broken),
                             )
                         });
+                    // Rule usage as the status records it, for `check` to show (docs/api.md).
+                    if let Some(status) =
+                        policy.status.as_ref().filter(|s| !s.rule_usage.is_empty())
+                    {
+                        usage.push(PolicyUsage {
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            rules: rule_usage::rules_of(&policy.spec),
+                            usage: status.rule_usage.clone(),
+                        });
+                    }
                     let spec = policy.spec;
                     match spec.backend {
                         Backend::Kubernetes => {
@@ -451,6 +521,8 @@ impl Checker {
             workload_policies,
             istio,
             flows: scenario.flows,
+            usage,
+            now: Time(k8s_openapi::jiff::Timestamp::now()),
         };
         for (i, flow) in checker.flows.iter().enumerate() {
             let field = format!("flows[{i}]");
@@ -475,6 +547,40 @@ impl Checker {
             policies,
             flows: self.flows.clone(),
         })
+    }
+
+    /// Measures "how long ago" in [`Checker::rule_usage`] from `now` instead of the clock.
+    pub fn with_now(mut self, now: Time) -> Self {
+        self.now = now;
+        self
+    }
+
+    /// The usage of each rule of the scenario's WorkloadNetworkPolicies whose status records
+    /// `ruleUsage` (e.g. taken with `kubectl get -o yaml`); `None` when none does.
+    pub fn rule_usage(&self) -> Option<RuleUsageReport> {
+        if self.usage.is_empty() {
+            return None;
+        }
+        let rules = self
+            .usage
+            .iter()
+            .flat_map(|p| {
+                p.rules.iter().map(move |rule| {
+                    let entry = p.usage.iter().find(|u| {
+                        u.direction == rule.direction && u.fingerprint == rule.fingerprint
+                    });
+                    RuleUsageLine {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        rule: rule.name(),
+                        usage: rule_usage::describe(rule, &p.usage, &self.now),
+                        last_matched: entry.and_then(|e| e.last_matched.clone()),
+                        peers: entry.map_or(0, |e| e.peers),
+                    }
+                })
+            })
+            .collect();
+        Some(RuleUsageReport { rules })
     }
 
     /// Evaluates every flow of the scenario, in input order.

@@ -173,6 +173,49 @@ impl<'a> Governing<'a> {
     }
 }
 
+impl Governing<'_> {
+    /// The indexes of the policy's own rules that allow `flow` on its side (after
+    /// [`Governing::verdict`] said `Allows`, so `ends` is resolved for the kubernetes backend).
+    fn matching_rules(
+        &self,
+        view: &ClusterView,
+        flow: &ObservedFlow,
+        source_principal: Option<&str>,
+        ends: &Option<(Resolved<'_>, Resolved<'_>)>,
+    ) -> Vec<usize> {
+        match (self.policy.spec.backend, &self.rendered, ends) {
+            (Backend::Kubernetes, Some(rendered), Some(ends)) => compiled::matching_rules(
+                view,
+                rendered,
+                self.direction,
+                *ends,
+                flow.protocol,
+                flow.port,
+            ),
+            (Backend::Kubernetes, _, _) => Vec::new(),
+            (Backend::Istio, _, _) => {
+                let (Some(istio), Endpoint::Pod(key)) =
+                    (self.policy.spec.istio.as_ref(), &flow.destination.endpoint)
+                else {
+                    return Vec::new();
+                };
+                let Some(pod) = view.pod(key) else {
+                    return Vec::new();
+                };
+                authorization_policy::matching_rules(
+                    istio,
+                    &Connection {
+                        destination_labels: &pod.labels,
+                        source_principal,
+                        protocol: flow.protocol,
+                        port: flow.port,
+                    },
+                )
+            }
+        }
+    }
+}
+
 impl<'a> PolicySet<'a> {
     /// Indexes `policies`, keeping per target and direction the winner [`uniqueness::winner_over`]
     /// elects, and skipping policies being deleted.
@@ -243,6 +286,15 @@ fn workload_kind(kind: &str) -> Option<WorkloadKind> {
     WorkloadKind::from_kind(kind)
 }
 
+/// The rules of a policy in force that allowed a flow on its side (rule usage, docs/api.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleMatch {
+    pub policy: PolicyKey,
+    pub direction: Direction,
+    /// Indexes in the policy's rules of that direction; never empty.
+    pub rules: Vec<usize>,
+}
+
 /// The violations `flow` causes, in attribution order: the source's egress policy first, then (unless
 /// that one denies in protect mode) the destination's ingress policy.
 pub fn attribute(
@@ -250,31 +302,64 @@ pub fn attribute(
     policies: &PolicySet<'_>,
     flow: &ObservedFlow,
 ) -> Result<Vec<Attributed>, EvalError> {
+    attribute_with_usage(view, policies, flow, None)
+}
+
+/// [`attribute`], also adding to `usage` the rules of each policy in force that allowed the flow on
+/// its side (the side a protect egress denial stops is not evaluated: the flow never got there).
+pub fn attribute_with_usage(
+    view: &ClusterView,
+    policies: &PolicySet<'_>,
+    flow: &ObservedFlow,
+    mut usage: Option<&mut Vec<RuleMatch>>,
+) -> Result<Vec<Attributed>, EvalError> {
     let principal = Some(flow.source.workload.identity.as_str()).filter(|p| !p.is_empty());
     let mut ends = None;
     let mut violations = Vec::new();
-    if let Some(egress) = policies.governing_entry(&flow.source.workload, Direction::Egress) {
-        if egress.verdict(view, flow, principal, &mut ends)? == PolicyVerdict::Denies {
-            violations.push(attributed(egress.policy, flow));
-            if egress.policy.spec.mode == PolicyMode::Protect {
-                return Ok(violations);
+    let mut used = |governing: &Governing<'_>, ends: &Option<(Resolved<'_>, Resolved<'_>)>| {
+        if let Some(usage) = usage.as_deref_mut() {
+            let rules = governing.matching_rules(view, flow, principal, ends);
+            if !rules.is_empty() {
+                usage.push(RuleMatch {
+                    policy: policy_key(governing.policy),
+                    direction: governing.direction,
+                    rules,
+                });
             }
+        }
+    };
+    if let Some(egress) = policies.governing_entry(&flow.source.workload, Direction::Egress) {
+        match egress.verdict(view, flow, principal, &mut ends)? {
+            PolicyVerdict::Denies => {
+                violations.push(attributed(egress.policy, flow));
+                if egress.policy.spec.mode == PolicyMode::Protect {
+                    return Ok(violations);
+                }
+            }
+            PolicyVerdict::Allows => used(egress, &ends),
+            PolicyVerdict::NotApplicable => {}
         }
     }
     if let Some(ingress) = policies.governing_entry(&flow.destination.workload, Direction::Ingress)
     {
-        if ingress.verdict(view, flow, principal, &mut ends)? == PolicyVerdict::Denies {
-            violations.push(attributed(ingress.policy, flow));
+        match ingress.verdict(view, flow, principal, &mut ends)? {
+            PolicyVerdict::Denies => violations.push(attributed(ingress.policy, flow)),
+            PolicyVerdict::Allows => used(ingress, &ends),
+            PolicyVerdict::NotApplicable => {}
         }
     }
     Ok(violations)
 }
 
-fn attributed(policy: &WorkloadNetworkPolicy, flow: &ObservedFlow) -> Attributed {
-    let key = PolicyKey {
+fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
+    PolicyKey {
         namespace: policy.namespace().unwrap_or_default(),
         name: policy.name_any(),
-    };
+    }
+}
+
+fn attributed(policy: &WorkloadNetworkPolicy, flow: &ObservedFlow) -> Attributed {
+    let key = policy_key(policy);
     Attributed {
         observation: Observation {
             timestamp: flow.seen_at.clone(),

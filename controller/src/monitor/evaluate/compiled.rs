@@ -518,5 +518,46 @@ pub fn verdict_as_if_rendered(
     Some(allowed)
 }
 
+/// The indexes of `rendered`'s rules for `direction` that allow the flow between the resolved `ends`,
+/// in order; empty when `rendered` does not isolate that side or no rule of its own matches (other
+/// policies in force may still allow the flow). For rule usage (docs/api.md, "Rule usage"): the
+/// verdict path ([`verdict_as_if_rendered`]) stops at the first match.
+pub fn matching_rules(
+    view: &ClusterView,
+    rendered: &CompiledPolicy<'_>,
+    direction: Direction,
+    ends: (Resolved<'_>, Resolved<'_>),
+    protocol: Protocol,
+    port: u16,
+) -> Vec<usize> {
+    let (source, destination) = ends;
+    let (subject, peer) = match direction {
+        Direction::Egress => (source, destination),
+        Direction::Ingress => (destination, source),
+    };
+    let Some(subject) = subject.pod() else {
+        return Vec::new();
+    };
+    if !rendered.isolates(direction, subject) {
+        return Vec::new();
+    }
+    let query = PortQuery {
+        protocol,
+        port,
+        destination: destination.pod().map(|pod| pod.pod.info),
+        ip_blocks_match_pods: view.ip_blocks_match_pods(),
+    };
+    rendered
+        .rules(direction)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| {
+            rule.ports_match(&query) && rule.peers_match(&rendered.namespace, peer, &query)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -937,3 +937,105 @@ mod properties {
         }
     }
 }
+
+/// Rule usage (docs/api.md, "Rule usage"): which rules of the policies in force allowed a flow, on
+/// each side; nothing for a side that denies or that a protect egress denial kept the flow from.
+#[test]
+fn rule_usage_names_the_rules_that_allowed_each_side() {
+    let mut view = cluster();
+    let istio: WorkloadNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "server-istio", "namespace": NS, "uid": "i",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"backend": "istio", "direction": "Ingress",
+                 "targetRef": {"kind": "Deployment", "name": "http-server"},
+                 "istio": {"selector": {"matchLabels": {"app": "http-server"}},
+                           "rules": [{"to": [{"operation": {"ports": ["18082"]}}]},
+                                     {"from": [{"source": {"principals": [CLIENT_SA]}}],
+                                      "to": [{"operation": {"ports": ["18080"]}}]}]}}
+    }))
+    .unwrap();
+    // The egress policy lists the TCP rule twice: both are used.
+    let doubled = client_egress_with(json!([
+        {"ports": [{"protocol": "TCP", "port": 18080}]},
+        {"ports": [{"protocol": "UDP", "port": 53}]},
+        {"to": [{"podSelector": {"matchLabels": {"app": "http-server"}}}],
+         "ports": [{"protocol": "TCP", "port": 18080}]}
+    ]));
+    let usage = |view: &ClusterView, policies: &[&WorkloadNetworkPolicy], flow: ObservedFlow| {
+        let set = PolicySet::new(policies.iter().copied());
+        let mut used = Vec::new();
+        attribute_with_usage(view, &set, &flow, Some(&mut used)).unwrap();
+        used.into_iter()
+            .map(|m| (m.policy.name, m.direction, m.rules))
+            .collect::<Vec<_>>()
+    };
+    let (egress, ingress) = (client_egress("monitor"), server_ingress("monitor"));
+    let tcp = || observed(client(), server(), Protocol::TCP, 18080);
+    type Used = Vec<(String, Direction, Vec<usize>)>;
+    let cases: Vec<(&str, Vec<&WorkloadNetworkPolicy>, ObservedFlow, Used)> = vec![
+        (
+            "both sides allow: each policy's rule",
+            vec![&egress, &ingress],
+            tcp(),
+            vec![
+                (egress_name(), Direction::Egress, vec![0]),
+                (ingress_name(), Direction::Ingress, vec![0]),
+            ],
+        ),
+        (
+            "the DNS rule",
+            vec![&egress, &ingress],
+            observed(client(), dns(), Protocol::UDP, 53),
+            vec![(egress_name(), Direction::Egress, vec![1])],
+        ),
+        (
+            "a violation on both sides uses no rule",
+            vec![&egress, &ingress],
+            udp_echo(),
+            vec![],
+        ),
+        (
+            "every matching rule, in order",
+            vec![&doubled],
+            tcp(),
+            vec![(egress_name(), Direction::Egress, vec![0, 2])],
+        ),
+        (
+            "istio rules by principal and port",
+            vec![&istio],
+            tcp(),
+            vec![("server-istio".to_string(), Direction::Ingress, vec![1])],
+        ),
+        (
+            "no identity: the istio rule with a principal does not match",
+            vec![&istio],
+            observed(external("192.0.2.1"), server(), Protocol::TCP, 18080),
+            vec![],
+        ),
+    ];
+    for (name, policies, flow, want) in cases {
+        assert_eq!(usage(&view, &policies, flow), want, "{name}");
+    }
+    // A protect egress denial: the flow never reaches the server, whose rule is not used.
+    let mut protect = client_egress_with(json!([{"ports": [{"protocol": "UDP", "port": 53}]}]));
+    protect.spec.mode = PolicyMode::Protect;
+    assert_eq!(usage(&view, &[&protect, &ingress], tcp()), vec![]);
+    // Allowed thanks to another NetworkPolicy in force, not by a rule of the policy: no usage.
+    view.insert_policy(NamedPolicy {
+        namespace: NS.into(),
+        name: "hand-written".into(),
+        spec: serde_json::from_value(json!({
+            "podSelector": {"matchLabels": {"app": "http-server"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "UDP", "port": 18081}]}]
+        }))
+        .unwrap(),
+    });
+    assert_eq!(
+        usage(&view, &[&ingress], udp_echo()),
+        vec![],
+        "the flow passes, but not by this policy's rule"
+    );
+}
