@@ -8,7 +8,8 @@ const $ = (id) => document.getElementById(id);
 let timer = null;
 let lastBody = "";
 let seenEdges = null; // edge ids of the previous graph answer (new violations are highlighted)
-let view = null; // the SVG viewBox {x, y, w, h}, kept across polls so zoom and pan stay
+let view = null; // the SVG viewBox {x, y, w, h}, kept across polls once the user zoomed or panned
+let moved = false; // the user zoomed or panned: keep their view; else fit each new graph
 
 function el(tag, attrs, ...children) {
   const e = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -44,9 +45,17 @@ function route() {
 
 function go(hash) { location.hash = hash; }
 
+let lastNamespaces = "";
+
 async function loadNamespaces(selected) {
-  const body = JSON.parse(await api("namespaces"));
+  const text = await api("namespaces");
+  const body = JSON.parse(text);
   const select = $("namespace");
+  if (text === lastNamespaces) {
+    if (selected) select.value = selected;
+    return body.namespaces;
+  }
+  lastNamespaces = text;
   select.replaceChildren(...body.namespaces.map((n) =>
     el("option", { value: n.name }, `${n.name} (${n.policies} policies, ${n.proposals} proposals, ${n.activeViolations} violations)`)));
   if (selected) select.value = selected;
@@ -158,7 +167,7 @@ function renderGraph(g) {
   svg.append(defs, edgeLayer, nodeLayer);
   let maxX = 400, maxY = 300;
   for (const p of pos.values()) { maxX = Math.max(maxX, p.x + NODE_W + 40); maxY = Math.max(maxY, p.y + NODE_H + 40); }
-  if (!view) view = { x: 0, y: -40, w: maxX, h: maxY + 40 };
+  if (!view || !moved) view = { x: 0, y: -40, w: maxX, h: maxY + 40 };
   setView(svg);
   panAndZoom(svg, { x: 0, y: -40, w: maxX, h: maxY + 40 });
   seenEdges = new Set(g.edges.map((e) => e.id));
@@ -171,6 +180,7 @@ function panAndZoom(svg, full) {
   const zoom = (factor, cx, cy) => {
     const x = cx ?? view.x + view.w / 2, y = cy ?? view.y + view.h / 2;
     view = { x: x - (x - view.x) * factor, y: y - (y - view.y) * factor, w: view.w * factor, h: view.h * factor };
+    moved = true;
     setView(svg);
   };
   svg.addEventListener("wheel", (ev) => {
@@ -184,13 +194,14 @@ function panAndZoom(svg, full) {
     if (!drag) return;
     const r = svg.getBoundingClientRect();
     view = { ...drag.view, x: drag.view.x - (ev.clientX - drag.x) / r.width * view.w, y: drag.view.y - (ev.clientY - drag.y) / r.height * view.h };
+    moved = true;
     setView(svg);
   });
   const stop = () => { drag = null; svg.classList.remove("panning"); };
   svg.addEventListener("pointerup", stop);
   svg.addEventListener("pointerleave", stop);
   svg.zoomBy = zoom;
-  svg.reset = () => { view = { ...full }; setView(svg); };
+  svg.reset = () => { view = { ...full }; moved = false; setView(svg); };
 }
 
 async function graphPage(ns, params) {
@@ -220,6 +231,7 @@ async function graphPage(ns, params) {
   const query = new URLSearchParams();
   for (const k of ["workload", "window"]) if (params.get(k)) query.set(k, params.get(k));
   poll(async () => {
+    await loadNamespaces(ns);
     const body = await api(`namespaces/${encodeURIComponent(ns)}/graph?${query}`);
     if (body === lastBody) return;
     lastBody = body;
@@ -252,6 +264,16 @@ function conditions(list) {
   return table(["type", "status", "reason", "message"], list.map((c) => [c.type, c.status, c.reason, c.message]));
 }
 
+// Active violations, each followed by the command that acknowledges it on a row of its own.
+function violationsTable(list) {
+  if (!list.length) return el("p", { class: "empty" }, "none");
+  const headers = ["id", "last seen", "source", "destination", "port", "action"];
+  const rows = list.flatMap((v) => [
+    el("tr", {}, ...[String(v.id), v.timestamp, v.source, v.dest, v.port, v.action].map((c) => el("td", {}, c))),
+    el("tr", {}, el("td", { colspan: headers.length }, command(v.acknowledgeCommand, "acknowledge")))]);
+  return el("table", { class: "violations" }, el("tr", {}, ...headers.map((h) => el("th", {}, h))), ...rows);
+}
+
 function command(text, cls) { return el("code", { class: `command ${cls}` }, text); }
 
 async function workloadPage(ns, name, params) {
@@ -263,7 +285,8 @@ async function workloadPage(ns, name, params) {
     lastBody = body;
     const w = JSON.parse(body);
     const back = el("a", { href: `#/graph/${encodeURIComponent(ns)}?workload=${encodeURIComponent(name)}` }, "← graph");
-    const proposals = el("div", {}, el("h2", {}, "Proposals (learned)"), ...w.proposals.map((p) => el("section", { class: "card proposal", "data-name": p.name },
+    const proposals = el("div", {}, el("h2", {}, "Proposals (learned)"), ...(w.proposals.length ? [] : [el("p", { class: "empty" },
+      "none: a promoted proposal is deleted; learning writes a new one when traffic its policy lacks appears")]), ...w.proposals.map((p) => el("section", { class: "card proposal", "data-name": p.name },
       el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: "tag" }, p.promoteLabel ? `promote=${p.promoteLabel}` : "learning")),
       el("p", {}, `${p.peerCount ?? 0} peers; last learned ${p.lastLearnedTime || "—"}` + (p.policy ? `; promoted into ${p.policy}` : "")),
       rulesTable(p.rules, false),
@@ -275,7 +298,7 @@ async function workloadPage(ns, name, params) {
       el("p", {}, `${p.activeViolationCount} active violations (${p.violationCount} observed in all)` + (p.promotedFrom ? `; from proposal ${p.promotedFrom}` : "")),
       rulesTable(p.rules, true),
       el("h4", {}, "Active violations"),
-      table(["id", "last seen", "source", "destination", "port", "action", "acknowledge"], p.violations.map((v) => [String(v.id), v.timestamp, v.source, v.dest, v.port, v.action, command(v.acknowledgeCommand, "acknowledge")])),
+      violationsTable(p.violations),
       el("h4", {}, "Acknowledged"),
       table(["id", "source", "destination", "port", "reason", "at"], p.acknowledgedViolations.map((v) => [String(v.id), v.source, v.dest, v.port, v.reason, v.acknowledgedAt])),
       ...(p.protectCommand ? [el("h4", {}, "Switch to protect"), command(p.protectCommand, "protect")] : []),
@@ -314,6 +337,7 @@ function render() {
   lastBody = "";
   seenEdges = null;
   view = null;
+  moved = false;
   const { parts, params } = route();
   const [page, ns, name] = parts;
   const failed = (e) => status("error: " + e.message, true);
