@@ -2058,3 +2058,59 @@ fn agent_endpoint_binds_the_node_ip_and_loopback_not_every_interface() {
     let error = rejected(&["agent.listenAddresses={node-ip}"]);
     assert!(error.contains("listenAddresses"), "{error}");
 }
+
+#[test]
+fn web_view_has_its_port_and_a_cluster_ip_service_and_can_be_turned_off() {
+    let docs = render(&[]);
+    let deploy = find(&docs, "Deployment", CONTROLLER);
+    let c = container(deploy, "controller");
+    assert_eq!(env_value(c, "UI_ADDRESS"), "0.0.0.0:8090");
+    let port = c["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "ui")
+        .expect("a ui port");
+    assert_eq!(port["containerPort"], 8090);
+    let svc = find(&docs, "Service", &format!("{CONTROLLER}-ui"));
+    assert_eq!(
+        svc["spec"]["type"], "ClusterIP",
+        "reached by port-forward, not exposed"
+    );
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8090);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "ui");
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "{k}");
+    }
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Ingress"),
+        "no Ingress by default"
+    );
+
+    let docs = render(&["controller.ui.port=9000"]);
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "UI_ADDRESS"), "0.0.0.0:9000");
+    assert_eq!(
+        find(&docs, "Service", &format!("{CONTROLLER}-ui"))["spec"]["ports"][0]["port"],
+        9000
+    );
+
+    let docs = render(&["controller.ui.enabled=false"]);
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "UI_ADDRESS"), "", "empty turns the view off");
+    assert!(
+        !c["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["name"] == "ui")
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Service" && d["metadata"]["name"] == format!("{CONTROLLER}-ui"))
+    );
+    assert!(rejected(&["controller.ui.port=0"]).contains("ui"));
+    assert!(rejected(&["controller.ui.bogus=1"]).contains("bogus"));
+}
