@@ -10,13 +10,18 @@
 //!   CIDR, a mesh identity (`cluster.local/ns/x/sa/y`), an address of a violation;
 //! - an edge per allowed connection, labelled with its ports (`TCP 18080`), from both directions'
 //!   rules merged (the client's egress rule and the server's ingress rule are one edge);
-//! - an edge in red per active violation (`UDP 18081 monitor`).
+//! - an edge in red per active violation (`UDP 18081 monitor`);
+//! - under an edge's ports, the usage of each policy rule that allows it when the policy's status
+//!   records `ruleUsage` (`web ingress[0]: last matched 2h ago, 3 peers`, `... never matched`).
 //!
 //! Pure: objects in, text out; the CLI reads the objects and runs `dot`.
 
+use crate::policy::rule_usage::{self, RuleRef};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use network_enforcer_api::RuleUsage;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{
     Direction, IstioPolicy, PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
@@ -78,6 +83,9 @@ struct Builder {
     edges: BTreeMap<(Node, Node), BTreeSet<String>>,
     /// (from, to) → violation labels.
     violations: BTreeMap<(Node, Node), BTreeSet<String>>,
+    /// (from, to) → usage of the policy rules that allow it, from `status.ruleUsage`
+    /// (`web ingress[0]: last matched 2h ago, 3 peers`).
+    usage: BTreeMap<(Node, Node), BTreeSet<String>>,
     /// (from, to) → (policy, mode) of the policies whose rules allow it (none: learned only).
     allowed_by: BTreeMap<(Node, Node), BTreeSet<(String, &'static str)>>,
 }
@@ -98,15 +106,37 @@ struct Payload<'a> {
     direction: Direction,
     kubernetes: Option<&'a NetworkPolicySpec>,
     istio: Option<&'a IstioPolicy>,
+    /// A policy's rules and the usage its status records; `None` when it records none.
+    usage: Option<(Vec<RuleRef>, &'a [RuleUsage])>,
+}
+
+impl Payload<'_> {
+    /// `<policy> <rule>: <usage>` for rule `index`, when the status records usage.
+    fn usage_text(&self, index: usize, now: &Time) -> Option<String> {
+        let (rules, usage) = self.usage.as_ref()?;
+        let rule = rules.get(index)?;
+        Some(format!(
+            "{} {}: {}",
+            self.name,
+            rule.name(),
+            rule_usage::describe(rule, usage, now)
+        ))
+    }
 }
 
 /// Renders the graph of `input`, restricted to objects of `namespace` when given (their peers in
 /// other namespaces still appear).
+/// Rules whose policy's status records `ruleUsage` show it under their edge's ports.
 pub fn render_dot(input: &GraphInput, namespace: Option<&str>) -> String {
-    build(input, namespace).dot()
+    render_dot_at(input, namespace, &Time(k8s_openapi::jiff::Timestamp::now()))
 }
 
-fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
+/// [`render_dot`], with "how long ago" measured from `now`.
+pub fn render_dot_at(input: &GraphInput, namespace: Option<&str>, now: &Time) -> String {
+    build(input, namespace, now).dot()
+}
+
+fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
     let mut payloads = Vec::new();
     for p in &input.policies {
         payloads.push(Payload {
@@ -118,6 +148,11 @@ fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
             direction: p.spec.direction,
             kubernetes: p.spec.kubernetes.as_ref(),
             istio: p.spec.istio.as_ref(),
+            usage: p
+                .status
+                .as_ref()
+                .filter(|s| !s.rule_usage.is_empty())
+                .map(|s| (rule_usage::rules_of(&p.spec), s.rule_usage.as_slice())),
         });
     }
     for p in &input.proposals {
@@ -130,6 +165,7 @@ fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
             direction: p.spec.direction,
             kubernetes: p.spec.kubernetes.as_ref(),
             istio: p.spec.istio.as_ref(),
+            usage: None,
         });
     }
     payloads.retain(|p| namespace.is_none_or(|ns| p.namespace == ns));
@@ -197,7 +233,8 @@ fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
                     .map(|r| (r.from.as_ref(), r.ports.as_ref()))
                     .collect(),
             };
-            for (peers, ports) in rules {
+            for (index, (peers, ports)) in rules.into_iter().enumerate() {
+                let usage = payload.usage_text(index, now);
                 let ports = port_labels(ports);
                 let peers: Vec<Node> = match peers {
                     None => vec![Node::External("any".into())],
@@ -209,12 +246,14 @@ fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
                 };
                 for peer in peers {
                     let key = b.add_edge(&target.node, peer, payload.direction, &ports);
+                    b.note_usage(&key, usage.as_ref());
                     b.allow(key, payload);
                 }
             }
         }
         if let Some(istio) = payload.istio {
-            for rule in &istio.rules {
+            for (index, rule) in istio.rules.iter().enumerate() {
+                let usage = payload.usage_text(index, now);
                 let ports: BTreeSet<String> = if rule.to.is_empty() {
                     BTreeSet::from(["any port".to_string()])
                 } else {
@@ -239,6 +278,7 @@ fn build(input: &GraphInput, namespace: Option<&str>) -> Builder {
                 };
                 for peer in peers {
                     let key = b.add_edge(&target.node, peer, Direction::Ingress, &ports);
+                    b.note_usage(&key, usage.as_ref());
                     b.allow(key, payload);
                 }
             }
@@ -281,6 +321,16 @@ impl Builder {
         key
     }
 
+    /// Notes the usage of a rule that allows edge `key`.
+    fn note_usage(&mut self, key: &(Node, Node), usage: Option<&String>) {
+        if let Some(usage) = usage {
+            self.usage
+                .entry(key.clone())
+                .or_default()
+                .insert(usage.clone());
+        }
+    }
+
     /// Records that `payload`'s rules allow edge `key`, when it is a policy (not a proposal).
     fn allow(&mut self, key: (Node, Node), payload: &Payload<'_>) {
         if let Some(mode) = payload.mode {
@@ -321,8 +371,10 @@ impl Builder {
             let _ = writeln!(out, "  {}", self.node_line(node));
         }
         for ((from, to), ports) in &self.edges {
+            let usage = self.usage.get(&(from.clone(), to.clone()));
             let label = ports
                 .iter()
+                .chain(usage.into_iter().flatten())
                 .map(|p| escape(p))
                 .collect::<Vec<_>>()
                 .join("\\n");
@@ -565,7 +617,7 @@ pub struct GraphModel {
 
 /// The nodes and edges of `input` that [`render_dot`] draws (same namespace rule).
 pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
-    let b = build(input, namespace);
+    let b = build(input, namespace, &Time(k8s_openapi::jiff::Timestamp::now()));
     let nodes = b
         .nodes
         .iter()
@@ -805,6 +857,56 @@ mod tests {
         - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
           ports: [{port: http}]
 "#;
+
+    /// Rule usage from a policy's status (docs/api.md, "Rule usage") is shown under the ports of the
+    /// edges its rules allow; a policy without it draws as before.
+    #[test]
+    fn rule_usage_is_shown_under_the_edges_it_allows() {
+        let mut input = parse_objects(FIXTURE).unwrap();
+        let plain = render_dot(&input, None);
+        assert!(!plain.contains("matched"), "{plain}");
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let at = |secs: i64| {
+            Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 - secs).unwrap())
+        };
+        let policy = &mut input.policies[0];
+        let rules = rule_usage::rules_of(&policy.spec);
+        policy
+            .status
+            .get_or_insert_with(Default::default)
+            .rule_usage = vec![
+            RuleUsage {
+                direction: Direction::Egress,
+                rule: 0,
+                fingerprint: rules[0].fingerprint.clone(),
+                last_matched: Some(at(2 * 3600 + 5)),
+                peers: 3,
+                since: at(30 * 86_400),
+            },
+            RuleUsage {
+                direction: Direction::Egress,
+                rule: 1,
+                fingerprint: rules[1].fingerprint.clone(),
+                last_matched: None,
+                peers: 0,
+                since: at(30 * 86_400),
+            },
+        ];
+        let dot = render_dot_at(&input, None, &now);
+        assert!(
+            dot.contains(
+                "\"w:demo/Deployment/http-client\" -> \"w:demo/Deployment/http-server\" [label=\"TCP 18080\\ndeployment-http-client-egress egress[0]: last matched 2h ago, 3 peers\"];"
+            ),
+            "{dot}"
+        );
+        assert!(
+            dot.contains(
+                "[label=\"UDP 53\\ndeployment-http-client-egress egress[1]: never matched\"];"
+            ),
+            "{dot}"
+        );
+        to_svg(&dot).unwrap();
+    }
 
     /// A named port is text from the cluster: a backslash or quote in it must stay inside the label
     /// (unescaped, `x\` ended the label early and broke `graph -o svg`).
