@@ -17,7 +17,7 @@ pub fn run() -> Result<()> {
     println!("==> setup");
     let start = std::time::Instant::now();
     ebpf::install().context("installing the eBPF toolchain")?;
-    tools::install().context("installing test tools (helm, kubernetes-validate)")?;
+    tools::install().context("installing test tools (helm, kubernetes-validate, chromium)")?;
     kubernetes::install().context("installing the local Kubernetes cluster parts")?;
     println!("==> setup: ok in {:.1}s", start.elapsed().as_secs_f64());
     Ok(())

