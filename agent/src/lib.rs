@@ -4,6 +4,7 @@
 //! (`agent-ebpf`), whatever the CNI. Reading order:
 //! - [`kernel::loader`]: checks the host, loads and attaches the kernel programs ([`kernel::loader::DataPlane`]);
 //! - [`kernel::events`]: the events they report ([`kernel::events::ConnectionEvent`]) and the async ring-buffer reader;
+//! - [`app`]: `run`, the agent as the binary starts it: every part started, then the event loop;
 //! - [`pipeline`]: the path of every event in `run`: attribute → aggregate → flush into uplink records;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
 //! - [`debug::flows`]: the node-level `flows` view of those edges (filters, table, JSON);
@@ -17,6 +18,7 @@
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
+pub mod app;
 pub mod debug;
 pub mod enforce;
 pub mod error;

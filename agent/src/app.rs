@@ -1,0 +1,589 @@
+//! `network-enforcer-agent run`: the agent as one value the binary starts. It loads the kernel
+//! programs, starts the pod watch, the debug socket, the metrics endpoint, the flow sources, the
+//! uplink and the enforcement, then runs the loop of [`run`]: read events → [`Pipeline`] → flush
+//! into uplink records, until SIGINT/SIGTERM (one last flush, then the uplink gets 5 s to deliver).
+
+use crate::aggregate::WallClock;
+use crate::debug::peers;
+use crate::debug::socket::{self, DebugServer};
+use crate::enforce::{self, nft};
+use crate::identity::attribution::Attributor;
+use crate::identity::pod_identity::Scanner;
+use crate::identity::pod_watch::{self, SharedAttributor};
+use crate::kernel::existing;
+use crate::metrics::AgentMetrics;
+use crate::pipeline::{EdgeCaps, Pipeline};
+use crate::uplink::{self, UplinkConfig};
+use crate::{DataPlane, KernelCounters, LoadOptions};
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The nftables table of the agent's enforcement when no `--enforcement-table` is given.
+pub const DEFAULT_TABLE: &str = "network_enforcer";
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnforcementMode {
+    /// The agent observes only; the CNI (if any) enforces NetworkPolicies.
+    Off,
+    /// The agent enforces every NetworkPolicy selecting a pod of this node.
+    Networkpolicy,
+}
+
+/// NetworkPolicy enforcement settings.
+#[derive(clap::Args)]
+pub struct EnforcementArgs {
+    /// Enforce NetworkPolicies on this node (for CNIs that do not; with one that does it is redundant
+    /// but harmless). Needs --node-name and Kubernetes API access.
+    #[arg(long, value_enum, default_value_t = EnforcementMode::Off, env = "NE_ENFORCEMENT")]
+    enforcement: EnforcementMode,
+    /// The nftables table (family inet) holding the enforcement rules.
+    #[arg(long, default_value = DEFAULT_TABLE, env = "NE_ENFORCEMENT_TABLE", value_parser = nft::valid_table_name)]
+    enforcement_table: String,
+    /// When the rules cannot be kept current for a minute (API server unreachable, nft failing):
+    /// remove them (pods are then not isolated) instead of keeping the last ones.
+    #[arg(long, env = "NE_ENFORCEMENT_FAIL_OPEN")]
+    enforcement_fail_open: bool,
+    /// NFLOG group the enforcement table copies denied packets to; the agent reads them back and
+    /// reports each denied connection attempt to the controller (0: no deny evidence). Groups are
+    /// per network namespace: two agents on one node need two groups.
+    #[arg(long, default_value_t = 8410, env = "NE_ENFORCEMENT_LOG_GROUP")]
+    enforcement_log_group: u16,
+    /// The agent's own DaemonSet as `namespace/name`: when it is gone or being deleted at SIGTERM
+    /// (uninstall), the enforcement table is removed; otherwise it stays for the next agent.
+    #[arg(long, env = "NE_DAEMONSET")]
+    daemonset: Option<String>,
+}
+
+/// Kernel-side settings shared by the subcommands.
+#[derive(clap::Args)]
+pub struct KernelArgs {
+    /// Size of the kernel's events ring buffer in bytes (a power of two, a multiple of the page size).
+    #[arg(long, env = "NE_RING_BUFFER_BYTES")]
+    ring_buffer_bytes: Option<u32>,
+    /// The kernel reports the same edge at most once per this many seconds (0: report every event).
+    #[arg(long, default_value_t = 5, env = "NE_DEDUPE_SECONDS")]
+    dedupe_seconds: u64,
+}
+
+impl KernelArgs {
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            ring_buffer_bytes: self.ring_buffer_bytes,
+            dedupe_window: Duration::from_secs(self.dedupe_seconds),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Seconds between flushes of the aggregated edges.
+    #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
+    flush_seconds: u64,
+    /// A connection never seen before is flushed this many milliseconds after it appears instead of
+    /// at the next tick (and at least 500 ms after the previous flush), so that it is learned within a
+    /// couple of seconds (0: wait for the tick).
+    #[arg(long, default_value_t = 100, env = "NE_NEW_EDGE_FLUSH_MS")]
+    new_edge_flush_ms: u64,
+    /// Unix socket of the debug API that `flows` reads live events from.
+    #[arg(long, default_value = socket::DEFAULT_SOCKET, env = "NE_DEBUG_SOCKET")]
+    debug_socket: PathBuf,
+    /// Edges the debug API keeps for `flows --since` (the longest ago seen are evicted first; about
+    /// 200 bytes each).
+    #[arg(long, default_value_t = socket::RECENT_EDGES, env = "NE_RECENT_EDGES")]
+    recent_edges: usize,
+    /// Records sent to the controller but not acknowledged yet that the agent keeps for resending;
+    /// beyond it the oldest batches are dropped and counted
+    /// (`network_enforcer_agent_uplink_batches_dropped_total`). About 250 bytes each.
+    #[arg(long, default_value_t = uplink::DEFAULT_MAX_PENDING_RECORDS, env = "NE_MAX_PENDING_RECORDS")]
+    max_pending_records: usize,
+    /// Distinct edges one pod may report per --flush-seconds (early flushes for new edges do not renew
+    /// it); events of further new edges are dropped and counted
+    /// (`network_enforcer_agent_events_dropped_total{reason="pod_edge_cap"}`).
+    #[arg(long, default_value_t = EdgeCaps::default().per_pod, env = "NE_MAX_EDGES_PER_POD")]
+    max_edges_per_pod: usize,
+    /// Distinct edges the whole node may report per --flush-seconds (`reason="node_edge_cap"` beyond).
+    #[arg(long, default_value_t = EdgeCaps::default().per_node, env = "NE_MAX_EDGES")]
+    max_edges: usize,
+    /// Connections open before the agent started (install, upgrade, restart) are read once at start
+    /// from the kernel's socket tables and reported like live ones; at most this many are kept, the
+    /// rest counted (`network_enforcer_agent_existing_sockets_dropped_total`). 0: no scan.
+    #[arg(long, default_value_t = existing::DEFAULT_MAX_SOCKETS, env = "NE_MAX_EXISTING_SOCKETS")]
+    max_existing_sockets: usize,
+    /// Addresses of this host the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`) binds,
+    /// comma-separated. With the host network every interface of the node would be reachable, so the
+    /// default is loopback only; the chart passes the node's IP (downward API `status.hostIP`, where the
+    /// kubelet probes and Prometheus scrapes) and 127.0.0.1. `0.0.0.0` binds every interface.
+    #[arg(
+        long,
+        env = "NE_LISTEN_ADDRESS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1"
+    )]
+    listen_address: Vec<std::net::IpAddr>,
+    /// Port of the metrics and health endpoint on each --listen-address.
+    #[arg(long, default_value_t = 9464, env = "NE_METRICS_PORT")]
+    metrics_port: u16,
+    /// One full address (`ip:port`) for the metrics and health endpoint instead of --listen-address and
+    /// --metrics-port.
+    #[arg(long, env = "NE_METRICS_ADDRESS", conflicts_with_all = ["listen_address", "metrics_port"])]
+    metrics_address: Option<std::net::SocketAddr>,
+    /// The controller's ingest endpoint (`https://host:port`, or `http://` with --controller-insecure)
+    /// to stream flow records to. Without it the uplink is off and flushed edges are only logged.
+    #[arg(long, env = "NE_CONTROLLER_URL")]
+    controller_url: Option<String>,
+    /// The CA bundle (PEM) that signed the controller's ingest certificate; needed for `https://`.
+    /// Read again at every connect.
+    #[arg(long, env = "NE_CONTROLLER_CA_FILE")]
+    controller_ca_file: Option<PathBuf>,
+    /// The name the controller's certificate must carry, when it is not the URL's host.
+    #[arg(long, env = "NE_CONTROLLER_SERVER_NAME")]
+    controller_server_name: Option<String>,
+    /// Allow a plaintext `http://` controller URL (tokens and flows travel unencrypted).
+    #[arg(long, env = "NE_CONTROLLER_INSECURE")]
+    controller_insecure: bool,
+    /// The projected ServiceAccount token (audience `network-enforcer`) the uplink presents; read again
+    /// at every connect, since the kubelet rotates it.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/network-enforcer/token",
+        env = "NE_TOKEN_FILE"
+    )]
+    token_file: PathBuf,
+    /// This node's name (downward API `spec.nodeName`); needed with --controller-url, and turns on the
+    /// pod watch (this node's pods, to name them) when a Kubernetes API configuration is found
+    /// (in-cluster ServiceAccount, KUBECONFIG or ~/.kube/config). Without it pods are named by UID.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Flow sources besides eBPF (Hubble, ztunnel): their records join the eBPF ones at each flush.
+    #[command(flatten)]
+    sources: Box<crate::sources::SourceArgs>,
+    #[command(flatten)]
+    enforcement: EnforcementArgs,
+}
+
+/// What the run loop does after a tick or a stop signal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Flush the aggregated edges and keep running.
+    Flush,
+    /// Flush the aggregated edges, then stop.
+    FlushAndStop,
+}
+
+/// The least time between a flush and an early one for new edges.
+const EARLY_FLUSH_MIN_GAP: Duration = Duration::from_millis(500);
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The start-up scan's events, once (nothing when it failed; it logged why); then never resolves.
+async fn existing_connections(
+    scan: &mut Option<tokio::sync::oneshot::Receiver<Vec<crate::ConnectionEvent>>>,
+) -> Vec<crate::ConnectionEvent> {
+    let Some(receiver) = scan else {
+        return std::future::pending().await;
+    };
+    let events = receiver.await.unwrap_or_default();
+    *scan = None;
+    events
+}
+
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
+pub async fn shutdown_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    // Checked before loading anything: a wrong flag should not need root to be reported.
+    let uplink_config = match &args.controller_url {
+        Some(url) => {
+            let node = args
+                .node_name
+                .clone()
+                .context("--controller-url needs the node name: --node-name or NODE_NAME")?;
+            let mut config = UplinkConfig::new(url.clone(), args.token_file.clone(), node);
+            config.max_pending_records = args.max_pending_records.max(1);
+            if let Some(ca) = &args.controller_ca_file {
+                config = config.tls(ca.clone(), args.controller_server_name.clone());
+            }
+            if args.controller_insecure {
+                tracing::warn!(controller = %url,
+                    "INSECURE: --controller-insecure allows a plaintext uplink; the token and flows travel unencrypted");
+                config = config.insecure();
+            }
+            // A wrong URL, scheme or CA file is reported now, before anything is loaded.
+            uplink::check(&config).context("checking the controller URL")?;
+            Some(config)
+        }
+        None => None,
+    };
+    let enforcement = enforcement_config(&args)?;
+    // Bound before anything is loaded: an address this host does not have fails the start at once.
+    let listeners = bind_endpoints(&args).await?;
+    let metrics = AgentMetrics::new();
+    let uplink = match uplink_config {
+        Some(config) => {
+            tracing::info!(controller = %config.endpoint, node = %config.node, "uplink on");
+            metrics.uplink_enabled();
+            Some(uplink::spawn(config, metrics.uplink()).context("starting the uplink")?)
+        }
+        None => {
+            tracing::info!("no --controller-url: uplink off");
+            None
+        }
+    };
+    let mut source_records = args
+        .sources
+        .start(args.node_name.clone(), &metrics.sources());
+    if enforcement.is_some() && source_records.is_none() {
+        // Deny evidence joins each flush like a flow source's records.
+        source_records = Some(Default::default());
+    }
+    if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
+        metrics.source_enabled("hubble");
+    }
+    if args.sources.ztunnel_log_glob.is_some() {
+        metrics.source_enabled("ztunnel");
+    }
+    let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
+    let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
+    let peers = start_peer_names(args.node_name.as_deref()).await;
+    let enforcement_client = match enforcement {
+        Some(config) => {
+            let records = source_records.clone().unwrap_or_default();
+            Some(start_enforcement(config, &metrics, records).await?)
+        }
+        None => {
+            clear_leftover_table(&args.enforcement.enforcement_table);
+            None
+        }
+    };
+    let mut data_plane =
+        DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
+    metrics.ebpf_attached();
+    let mut reader = data_plane.events()?;
+    let scanner = Scanner::new(crate::kernel::host::cgroup2_root()?, attributor.clone());
+    let mut debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
+    if let Some(peers) = peers {
+        debug = debug.with_peers(peers);
+    }
+    tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
+    let caps = EdgeCaps {
+        per_pod: args.max_edges_per_pod.max(1),
+        per_node: args.max_edges.max(1),
+        interval: Duration::from_secs(args.flush_seconds.max(1)),
+    };
+    let mut pipeline = Pipeline::new(attributor.clone(), caps)
+        .with_scanner(scanner)
+        .with_debug(debug);
+    // Connections open before the agent started. The live programs are attached already, so every
+    // connection is seen by them, by this scan or by both (the same edge); it runs in the background.
+    let mut existing_scan = (args.max_existing_sockets > 0)
+        .then(|| existing::spawn(args.max_existing_sockets, metrics.existing()));
+    for (address, listener) in listeners {
+        tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
+        tokio::spawn(metrics.clone().serve(listener));
+    }
+    let mut kernel_before = KernelCounters::default();
+    let mut decode_errors_before = 0;
+    let clock = WallClock::now();
+    let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
+    // When an edge never flushed before is held: flush it soon rather than at the next tick.
+    let mut early: Option<tokio::time::Instant> = None;
+    let mut last_flush = tokio::time::Instant::now();
+    let new_edge_delay = Duration::from_millis(args.new_edge_flush_ms);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut batch = Vec::new();
+    loop {
+        if early.is_none() && args.new_edge_flush_ms > 0 && pipeline.new_edges() > 0 {
+            // Not more often than every EARLY_FLUSH_MIN_GAP: each flush also rescans /proc, and a pod
+            // reaching many new peers must not turn that into a busy loop.
+            early = Some(
+                (tokio::time::Instant::now() + new_edge_delay)
+                    .max(last_flush + EARLY_FLUSH_MIN_GAP),
+            );
+        }
+        let step = tokio::select! {
+            read = reader.read_batch(&mut batch) => {
+                read?;
+                metrics.events_read(batch.len());
+                pipeline.take_in(&batch)?;
+                batch.clear();
+                continue;
+            }
+            events = existing_connections(&mut existing_scan) => {
+                pipeline.take_in(&events)?;
+                continue;
+            }
+            _ = flush.tick() => Step::Flush,
+            () = sleep_until_or_never(early) => Step::Flush,
+            r = &mut shutdown => {
+                r?;
+                // The pipeline still holds every edge since the last tick (up to --flush-seconds of
+                // them): flush it once more, the same way, so a rollout loses nothing.
+                Step::FlushAndStop
+            }
+        };
+        early = None;
+        last_flush = tokio::time::Instant::now();
+        let flushed = pipeline.flush()?;
+        let counters = data_plane.counters()?;
+        metrics.kernel(&kernel_before, &counters);
+        kernel_before = counters;
+        metrics.decode_errors(reader.decode_errors() - decode_errors_before);
+        decode_errors_before = reader.decode_errors();
+        metrics.flushed(flushed.edges.len(), flushed.unattributed);
+        metrics.events_dropped(&flushed.dropped);
+        let (recent, evicted) = pipeline
+            .debug()
+            .map(DebugServer::recent_edges)
+            .unwrap_or_default();
+        tracing::info!(
+            edges = flushed.edges.len(),
+            unattributed = flushed.unattributed,
+            dropped_pod_cap = flushed.dropped.pod_cap,
+            dropped_node_cap = flushed.dropped.node_cap,
+            lost = counters.ring_buffer_full,
+            dedupe_hits = counters.dedupe_hits,
+            decode_errors = reader.decode_errors(),
+            recent_edges = recent,
+            recent_edges_evicted = evicted,
+            "flush"
+        );
+        if flushed.dropped.total() > 0 {
+            tracing::warn!(
+                dropped_pod_cap = flushed.dropped.pod_cap,
+                dropped_node_cap = flushed.dropped.node_cap,
+                max_edges_per_pod = caps.per_pod,
+                max_edges = caps.per_node,
+                "events of new edges dropped: a pod reported more distinct edges than --max-edges-per-pod, or the node more than --max-edges, within --flush-seconds"
+            );
+        }
+        flushed.log_edges(&clock);
+        let mut records = if uplink.is_some() {
+            flushed.records(&clock)
+        } else {
+            Vec::new()
+        };
+        let mut receipts = Vec::new();
+        if let Some(sink) = &source_records {
+            // Hubble and ztunnel records are already named by pod: they go up as they are.
+            let (from_sources, from_sources_receipts) = sink.drain_with_receipts();
+            tracing::info!(records = from_sources.len(), "flow source records");
+            receipts = from_sources_receipts;
+            if uplink.is_some() {
+                records.extend(from_sources);
+            }
+        }
+        match &uplink {
+            // Never waits: a full queue drops the batch and counts it. The receipts are settled once the
+            // controller acknowledged the records (then the ztunnel source saves its read positions).
+            Some((sender, _)) => {
+                sender.send_with_receipts(records, receipts);
+            }
+            // No controller to wait for: the records were only logged.
+            None => receipts
+                .into_iter()
+                .for_each(crate::uplink::Receipt::settle),
+        }
+        if step == Step::FlushAndStop {
+            break;
+        }
+    }
+    if let Some(watch) = pod_watch {
+        watch.abort();
+    }
+    if let Some((client, config, handle)) = &enforcement_client {
+        enforce::watch::stop(client.clone(), config, handle).await;
+    }
+    if let Some((sender, task)) = uplink {
+        // Without senders the task still sends what is queued (the last flush's batch among it) and
+        // ends once everything is acknowledged. It gets 5 s (a debug build on a busy 2-core node took
+        // 1.6 s), well within the pod's termination grace (the chart keeps Kubernetes' 30 s): an
+        // unreachable controller must not hold up the stop.
+        drop(sender);
+        let abort = task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+            tracing::warn!("stopped with unacknowledged uplink batches");
+        }
+    }
+    tracing::info!(counters = ?data_plane.counters()?, "stopped");
+    Ok(())
+}
+
+/// The addresses of the metrics and health endpoint: --metrics-address, else each --listen-address with
+/// --metrics-port.
+fn endpoint_addresses(args: &RunArgs) -> Vec<SocketAddr> {
+    match args.metrics_address {
+        Some(address) => vec![address],
+        None => args
+            .listen_address
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, args.metrics_port))
+            .collect(),
+    }
+}
+
+/// Binds the metrics and health endpoint on each of its addresses.
+async fn bind_endpoints(args: &RunArgs) -> Result<Vec<(SocketAddr, tokio::net::TcpListener)>> {
+    let addresses = endpoint_addresses(args);
+    anyhow::ensure!(
+        !addresses.is_empty(),
+        "no address for the metrics and health endpoint: give --listen-address (NE_LISTEN_ADDRESS)"
+    );
+    let mut listeners = Vec::new();
+    for address in addresses {
+        let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+            format!(
+                "binding the metrics and health endpoint to {address}: --listen-address \
+                 (NE_LISTEN_ADDRESS, chart value agent.listenAddresses) must name addresses of this host \
+                 (the chart's default is the node IP from status.hostIP, and 127.0.0.1), and the port \
+                 (--metrics-port, NE_METRICS_PORT, chart value agent.metricsPort) must be free on them"
+            )
+        })?;
+        listeners.push((address, listener));
+    }
+    Ok(listeners)
+}
+
+/// The enforcement settings when it is on; a missing node name is an error then (the agent would not
+/// know which pods to isolate).
+fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> {
+    let e = &args.enforcement;
+    if e.enforcement == EnforcementMode::Off {
+        return Ok(None);
+    }
+    let node = args
+        .node_name
+        .clone()
+        .context("--enforcement networkpolicy needs the node name: --node-name or NODE_NAME")?;
+    let daemonset = match &e.daemonset {
+        Some(text) => {
+            let (namespace, name) = text
+                .split_once('/')
+                .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
+                .with_context(|| format!("--daemonset {text:?}: expected namespace/name"))?;
+            Some((namespace.to_string(), name.to_string()))
+        }
+        None => None,
+    };
+    Ok(Some(enforce::watch::Config {
+        node,
+        table: e.enforcement_table.clone(),
+        fail_open: e.enforcement_fail_open,
+        log_group: (e.enforcement_log_group != 0).then_some(e.enforcement_log_group),
+        daemonset,
+    }))
+}
+
+/// Starts enforcement; it needs the Kubernetes API (the policies are there), so without it the agent
+/// does not start.
+async fn start_enforcement(
+    config: enforce::watch::Config,
+    metrics: &AgentMetrics,
+    records: crate::sources::RecordSink,
+) -> Result<(kube::Client, enforce::watch::Config, enforce::watch::Handle)> {
+    let client = pod_watch::client().await.map_err(|e| {
+        anyhow::anyhow!(
+            "NetworkPolicy enforcement needs the Kubernetes API (in-cluster or kubeconfig): {e}"
+        )
+    })?;
+    tracing::info!(node = %config.node, table = %config.table, fail_open = config.fail_open,
+        "NetworkPolicy enforcement on");
+    metrics.enforcement_enabled();
+    let handle = enforce::watch::spawn(
+        client.clone(),
+        config.clone(),
+        metrics.enforcement(),
+        records,
+    );
+    Ok((client, config, handle))
+}
+
+/// With enforcement off, a table left by an earlier agent that enforced would keep enforcing
+/// policies nobody updates: remove it.
+fn clear_leftover_table(table: &str) {
+    match nft::clear(table) {
+        Ok(true) => tracing::warn!(
+            table,
+            "enforcement is off: removed the enforcement table an earlier agent left"
+        ),
+        Ok(false) => {}
+        // No nft binary or no right to use it: then no table of ours can exist either.
+        Err(e) => tracing::debug!(error = %e, "could not look for a leftover enforcement table"),
+    }
+}
+
+/// Starts the pod watch when this node's name and a Kubernetes API configuration are known; otherwise
+/// says why pods will be named by UID only.
+async fn start_pod_watch(
+    node: Option<&str>,
+    attributor: &SharedAttributor,
+    metrics: &AgentMetrics,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let Some(node) = node else {
+        tracing::info!("no --node-name/NODE_NAME: no pod watch; pods are attributed by UID only");
+        return None;
+    };
+    match pod_watch::client().await {
+        Ok(client) => {
+            tracing::info!(%node, "pod watch on (spec.nodeName={node})");
+            metrics.pod_watch_enabled();
+            Some(pod_watch::spawn(
+                client,
+                node.to_string(),
+                attributor.clone(),
+                metrics.pod_watch(),
+            ))
+        }
+        Err(err) => {
+            tracing::warn!(
+                %err,
+                "no Kubernetes API configuration (in-cluster or kubeconfig): no pod watch; pods are attributed by UID only"
+            );
+            None
+        }
+    }
+}
+
+/// Starts the watches naming peer addresses in `flows` (pods, Services, nodes cluster-wide; see
+/// `debug::peers`) where the pod watch runs: in a cluster, with the node's name and API access.
+/// Elsewhere peers are shown as addresses.
+async fn start_peer_names(node: Option<&str>) -> Option<peers::SharedPeers> {
+    node?;
+    match pod_watch::client().await {
+        Ok(client) => {
+            let directory = peers::SharedPeers::default();
+            peers::spawn(client, directory.clone());
+            tracing::info!(
+                max_addresses = peers::MAX_ADDRESSES,
+                "flows names peers (pods, Services, nodes)"
+            );
+            Some(directory)
+        }
+        // start_pod_watch has said why already.
+        Err(_) => None,
+    }
+}
