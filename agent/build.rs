@@ -1,5 +1,6 @@
 //! Builds the kernel programs (`agent-ebpf`) for `bpfel-unknown-none` with aya-build and leaves the ELF in
-//! `OUT_DIR`, where `src/programs.rs` embeds it.
+//! `OUT_DIR`, where `src/kernel/loader.rs` (the live programs) and `src/kernel/existing.rs` (the start-up
+//! scan) embed them.
 //!
 //! aya-build runs `rustup run <toolchain> cargo build` for the BPF target. The toolchain is Debian's Rust
 //! (it ships a prebuilt `core` for the BPF target), linked into rustup by `cargo xtask setup` under the name

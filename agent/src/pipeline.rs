@@ -1,4 +1,5 @@
-//! The agent's user-space pipeline, the path every kernel event takes:
+//! The agent's user-space pipeline, the path every kernel event takes (docs/behaviour.md §7.2; the
+//! stage diagram: docs/design.md, "Architecture"):
 //!
 //! read (the caller hands in batches from [`crate::kernel::events::EventReader`]) → **attribute** (each
 //! edge once per flush interval, when it starts) → **aggregate** into edges → publish to the debug API

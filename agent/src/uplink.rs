@@ -1,5 +1,6 @@
 //! The uplink: ships the agent's flow records to the controller over one long-lived gRPC stream
-//! (`FlowUplink.Stream`, `api/proto/networkenforcer/agent/v1/uplink.proto`).
+//! (`FlowUplink.Stream`, `api/proto/networkenforcer/agent/v1/uplink.proto`; docs/behaviour.md §7.2, and
+//! §1.10 for when the controller acknowledges).
 //!
 //! - The data path hands record batches to [`UplinkSender::send`], which never waits: when the queue to the
 //!   uplink task is full the batch is dropped and counted. Capturing connections matters more than shipping

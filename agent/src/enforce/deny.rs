@@ -1,7 +1,7 @@
 //! Deny evidence: each connection attempt the enforcement table refused (read back from NFLOG by
 //! [`crate::enforce::nflog`], first packet only) becomes a flow record with outcome denied, so protect
 //! violations come from the enforcer itself: exact counts, and the policy named when one alone
-//! isolates the pod.
+//! isolates the pod (docs/behaviour.md §7.6).
 //!
 //! [`DenyIndex`] maps the addresses of the isolated pods to their names and isolating policies; it is
 //! rebuilt with every installed ruleset. [`record`] is the pure translation.

@@ -1,7 +1,7 @@
 //! The kernel side of enforcement: a [`Ruleset`] rendered as one nftables table in the host's network
 //! namespace, and the `nft` runs that install or remove it.
 //!
-//! Why nftables in the host namespace (see docs/design.md, "Enforcement"): its `forward` hook sees every
+//! Why nftables in the host namespace (see docs/design.md, "Enforcement by the agent"): its `forward` hook sees every
 //! packet between pods after kube-proxy's DNAT (so Service traffic is judged against the backend pod
 //! it reaches) and before SNAT (so the source is still the pod), on routed and — with
 //! `br_netfilter` — bridged CNIs alike; conntrack lets replies and established connections through in

@@ -1,4 +1,5 @@
-//! Flow sources other than the agent's own eBPF programs (docs/flow-sources.md): what a CNI or mesh on
+//! Flow sources other than the agent's own eBPF programs (docs/behaviour.md §7.3, §7.4;
+//! docs/flow-sources.md): what a CNI or mesh on
 //! this node already knows about its flows, turned into the same [`FlowRecord`]s the eBPF edges become.
 //!
 //! - [`hubble`]: Cilium Hubble's `observer.Observer/GetFlows` (local socket or Relay with TLS);

@@ -1,4 +1,5 @@
-//! Ingest: the gRPC endpoint agents stream flow batches to.
+//! Ingest: the gRPC endpoint agents stream flow batches to (what it accepts and refuses:
+//! docs/behaviour.md §7.7; when it acknowledges: §1.10).
 //!
 //! Every stream is authenticated before a record is read: the agent presents its projected ServiceAccount
 //! token (audience [`AUDIENCE`]), the controller checks it with a TokenReview, requires the agent's
@@ -192,7 +193,7 @@ impl Default for Limits {
 }
 
 /// Where accepted records go: the index to resolve them, the writer to learn from them, and the
-/// status sync that turns them into violation evidence (docs/design.md, "Violations").
+/// status sync that turns them into violation evidence (docs/behaviour.md §3).
 pub struct Learning {
     pub index: Arc<SharedIndex>,
     pub writer: Arc<ProposalWriter>,

@@ -1,4 +1,5 @@
-//! Observations the index cannot place yet wait a little before they are learned.
+//! Observations the index cannot place yet wait a little before they are learned (docs/behaviour.md
+//! §1.3, "Waiting for the index").
 //!
 //! A new pod sends its first packets before its IP reaches the API server (the kubelet reports the pod
 //! IP after the sandbox is up, its containers may already be talking), and agents report within a

@@ -1,4 +1,5 @@
-//! Learning (docs/design.md, "Learning"): what an observed, allowed connection adds to which proposal.
+//! Learning (docs/behaviour.md §1; why: docs/design.md, "Learning"): what an observed, allowed
+//! connection adds to which proposal.
 //!
 //! `flows` turns an agent observation into workload-level flows using the [`Index`]; `edges` turns a
 //! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure: the

@@ -1,4 +1,5 @@
-//! The proposal writer: collects learned edges and writes each proposal at most once per flush.
+//! The proposal writer: collects learned edges and writes each proposal at most once per flush
+//! (docs/behaviour.md §1.8 to §1.10).
 //!
 //! Agents report the same connection many times (both ends, every replica, every window). Edges are
 //! merged in memory per proposal; a flush computes the full desired spec from the current object plus the

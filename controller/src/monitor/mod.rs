@@ -1,5 +1,6 @@
 //! Monitor: policy evaluation ([`evaluate`]), violation evidence and attribution ([`violations`]),
-//! the status writer ([`status_sync`]) and the OTLP log export ([`otlp`]).
+//! the status writer ([`status_sync`]) and the OTLP log export ([`otlp`]). What they do:
+//! docs/behaviour.md §3 and §6; why: docs/design.md, "Violations".
 
 pub mod evaluate;
 pub mod otlp;

@@ -1,4 +1,4 @@
-//! Violation bookkeeping of a WorkloadNetworkPolicy's status (docs/design.md, "Violations"), as one
+//! Violation bookkeeping of a WorkloadNetworkPolicy's status (docs/behaviour.md §3.7, §3.8), as one
 //! pure function from (current status, annotations, new observations, now) to the next status plus what
 //! changed:
 //!

@@ -1,6 +1,6 @@
 //! The proposal reconciler: promotion on the promote label, leftover clean-up, refusals (a bad label, a
 //! same-named policy, a proposal that breaks the CRDs' rules) as Warning Events and a `Promoted=False`
-//! condition.
+//! condition (docs/behaviour.md §2).
 
 use super::{Context, Error, Settings, publish, scoped_api};
 use crate::policy::conditions::{self, Desired};

@@ -11,7 +11,7 @@
 //! Every write carries the resourceVersion read, so two candidates cannot both win: the loser gets a
 //! conflict and stays a follower. What a replica does with leadership is up to the caller: the controller
 //! runs its writers and reconcilers only while leading, refuses agent streams when following (see
-//! docs/design.md), and exits when it loses leadership so that it restarts clean.
+//! docs/behaviour.md §8.1), and exits when it loses leadership so that it restarts clean.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

@@ -8,9 +8,10 @@
 //!   reported by the destination, naming the denying policy from the enforced trace (the hit itself,
 //!   or the policy an end-of-tier hit's `trigger` names: the implicit default deny of a NetworkPolicy).
 //! - **Where it goes.** Each flow becomes the same [`FlowRecord`] an agent would send for the pod on
-//!   its node ([`convert`]), and [`feed`] hands it to [`Learning::accept`] under that pod's node: the
-//!   very path of agent batches, so learning and the violation evidence of the status sync see
-//!   Goldmane flows exactly like eBPF ones.
+//!   its node ([`convert`]), and [`feed`] hands it to [`Learning::accept_from_cluster_source`] under
+//!   that pod's node: the very path of agent batches, so learning and the violation evidence of the
+//!   status sync see Goldmane flows exactly like eBPF ones, except that a cluster-wide source may teach
+//!   both sides of a connection (docs/behaviour.md §1.5, §7.5).
 //! - **Names.** Goldmane names a workload pod by its `generateName` followed by `*`
 //!   (`http-client-5f7d9c-*`). [`NameIndex`] maps `(namespace, generateName)` to the pods carrying it,
 //!   fed by a metadata-only pod watch; any live pod of that set stands for its workload (the replicas
@@ -310,8 +311,8 @@ impl Dedupe {
 }
 
 /// Hands converted records to the ingest path under the nodes of their pods: learning and violation
-/// evidence take them exactly like an agent's batch (see [`Learning::accept`]). Returns (accepted,
-/// rejected).
+/// evidence take them like an agent's batch, except that they may teach both sides of a connection
+/// (see [`Learning::accept_from_cluster_source`]). Returns (accepted, rejected).
 pub fn feed(learning: &Learning, records: Vec<(String, FlowRecord)>) -> (u32, u32) {
     let mut by_node: BTreeMap<String, Vec<FlowRecord>> = BTreeMap::new();
     for (node, record) in records {

@@ -1,5 +1,5 @@
 //! The command lines and configuration files of each cluster component, in start order. The flags are
-//! the ones TESTING.md found necessary on this machine; each non-obvious one says why.
+//! the ones found necessary on this machine (docs/local-cluster.md); each non-obvious one says why.
 
 use anyhow::{Context, Result};
 use std::fs;

@@ -1,6 +1,6 @@
 //! The eBPF toolchain: Debian's Rust with the BPF `core`, LLVM, bpf-linker, and the rustup link aya-build uses.
 //!
-//! Why this combination (see TESTING.md): the newest aya needs a newer Rust than any toolchain here, so the
+//! Why this combination (see docs/development.md, "eBPF toolchain"): the newest aya needs a newer Rust than any toolchain here, so the
 //! workspace stays on aya 0.14 / aya-ebpf 0.2. Those programs are compiled for `bpfel-unknown-none` by
 //! Debian's `rustc-web`, whose `libstd-rust-web-dev-bpf` ships a prebuilt `core` for that target (no
 //! `-Z build-std`, no nightly). `bpf-linker` links them, built against Debian's LLVM 22. aya-build runs

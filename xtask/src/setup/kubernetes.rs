@@ -1,5 +1,5 @@
 //! Kubernetes v1.20.2 built from Debian bookworm's `kubernetes` source package with Debian's Go 1.19,
-//! and the node parts from Debian (see TESTING.md, "A real single-node cluster"). Everything lands in
+//! and the node parts from Debian (see docs/local-cluster.md). Everything lands in
 //! `~/.cache/network-enforcer/kubernetes`; each step is skipped when its result is already there.
 //!
 //! Two fixes make the Debian tree build and run (both found on this machine):

@@ -1,4 +1,4 @@
-//! Semantic policy evaluation (docs/design.md, "Violations"): does a policy allow a flow, and which
+//! Semantic policy evaluation (docs/behaviour.md §3.3, §3.4): does a policy allow a flow, and which
 //! policy records a violation for it. Monitor mode must report exactly what protect mode would block,
 //! so the evaluators implement the data plane's semantics; they never compare rule structure.
 //!

@@ -1,4 +1,5 @@
-//! OpenTelemetry log events (docs/operations.md, "Telemetry"): `policy_violation_observed` for every
+//! OpenTelemetry log events (docs/behaviour.md §6; set-up: docs/operations.md, "Telemetry"):
+//! `policy_violation_observed` for every
 //! violation of every provider, `policy_violation_acknowledged` once per record after the status patch
 //! that acknowledged it succeeded.
 //!

@@ -1,21 +1,10 @@
-//! Violation evidence (docs/design.md, "Violations"): which flow records are evidence for which policy
-//! mode, how a record becomes flows between pods the evaluators know, when a repeat of the same flow
-//! counts again, and the observations waiting for the status patch that records them.
+//! Violation evidence: which flow records are evidence for which policy mode ([`EvidenceKind`],
+//! docs/behaviour.md §3.5), how a record becomes flows between pods the evaluators know
+//! ([`observed_flows`], §3.2), when a repeat of the same flow counts again ([`RepeatFilter`],
+//! [`REPEAT_WINDOW`], §3.6), and the observations waiting for the status patch that records them
+//! ([`Pending`], §3.9). Why: docs/design.md, "Violations".
 //!
 //! All pure: the status sync ([`crate::monitor::status_sync`]) feeds records in and patches what comes out.
-//!
-//! **Which evidence counts for which mode.** A monitor-mode policy blocks nothing, so it records the
-//! flows that went through: established TCP connections, and UDP datagrams (sent or received). A
-//! protect-mode policy records the attempts its rendered object blocks: TCP connection attempts that
-//! never established, flows a CNI or mesh reports as denied, and UDP sends (the sender cannot tell
-//! whether they arrived). A failed attempt is not monitor evidence (a monitor policy did not make it
-//! fail), and an established connection is not protect evidence (the data plane let it through).
-//!
-//! **When a repeat counts again.** One connection is reported by both endpoints' agents, by several
-//! sources, and in every aggregation window while it lasts. Observations with the same dedupe key
-//! (source, destination, protocol, port, action, denying policy, direction) whose times lie
-//! within [`REPEAT_WINDOW`] of the last counted one count once; a repeat after the window counts
-//! again (and bumps `violationCount`).
 
 use super::Observation;
 use crate::cluster::index::{self, Index, Resolved, WorkloadEndpoint};
