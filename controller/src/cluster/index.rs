@@ -1089,7 +1089,7 @@ impl Index {
         );
     }
 
-    /// Adds or updates a Job. A Job made from a CronJob (see [`cronjob_of`]) makes its pods part of the
+    /// Adds or updates a Job. A Job made from a CronJob (see `cronjob_of`) makes its pods part of the
     /// CronJob; a Job of its own is the unit. Either way the selector is the Job's pod template labels
     /// without the per-run Job labels ([`without_run_labels`]): the CronJob's own object is not needed
     /// (`batch/v1` CronJobs do not exist on older API servers), and the Job's `spec.selector` (its

@@ -30,7 +30,7 @@ pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodInf
 }
 
 /// How a record names its local pod, for messages: `namespace/name` or `uid <uid>`. The parts come
-/// from the agent: each is cut at [`SHOWN_CHARS`] and its control characters escaped, so a hostile
+/// from the agent: each is cut at `SHOWN_CHARS` and its control characters escaped, so a hostile
 /// record can neither flood the logs and acknowledgements nor forge log lines.
 pub fn describe_local(local: &LocalPod) -> String {
     if local.name.is_empty() {

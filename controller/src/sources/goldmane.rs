@@ -732,7 +732,7 @@ pub fn backoff(config: &GoldmaneConfig, attempt: u32) -> Duration {
     nominal.mul_f64(0.5 + jitter() / 2.0)
 }
 
-/// Everything [`run`] needs.
+/// Everything [`Goldmane::run`] needs.
 pub struct Goldmane {
     /// Settings.
     pub config: GoldmaneConfig,
