@@ -4,6 +4,7 @@
 //! are plain functions over plain data in their own modules; [`reconcile`] is the thin Kubernetes
 //! layer that feeds them and writes their results.
 
+pub mod app;
 pub mod cluster;
 pub mod ingest;
 pub mod learn;

@@ -1,0 +1,573 @@
+//! `network-enforcer-controller run`: the controller as the binary starts it. [`run`] assembles the
+//! index and its watches, learning (proposal writer, flusher), the ingest endpoint (TLS, admission),
+//! leader election, the reconcilers, the status sync, the flow sources and the web view, then runs
+//! until SIGTERM (the last status sync and flush included).
+
+use crate::cluster::watches::{self, SharedIndex};
+use crate::ingest::admission::{Admission, StreamLimits};
+use crate::ingest::auth_cache::{self, CachedAuthenticator};
+use crate::ingest::tls;
+use crate::ingest::{Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator};
+use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
+use crate::monitor::status_sync::{self, StatusSync};
+use crate::policy::provenance::SigningKey;
+use crate::reconcile::{self, Settings};
+use crate::runtime::http::Health;
+use crate::runtime::leader;
+use crate::runtime::metrics::ControllerMetrics;
+use anyhow::{Context as _, Result};
+use clap::ValueEnum;
+use network_enforcer_api::Backend;
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Log format: `json` in the cluster, `text` for people.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `network_enforcer_controller=debug`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Reconcile every object at least this often, in seconds, even without changes.
+    #[arg(long, env = "RESYNC_SECONDS", default_value_t = 36_000)]
+    resync_seconds: u64,
+    /// This instance's name in Events (the pod name in the cluster).
+    #[arg(long, env = "POD_NAME")]
+    instance: Option<String>,
+    /// The flow provider: `istio` learns AuthorizationPolicies; `calico`, `cilium` and `ebpf` (eBPF flows
+    /// only, for any CNI that enforces NetworkPolicy) learn NetworkPolicies.
+    #[arg(long, env = "CONTROLLER_PROVIDER", value_enum, default_value_t = Provider::Istio)]
+    provider: Provider,
+    /// Where agents stream their flow batches (gRPC).
+    #[arg(long, env = "INGEST_ADDRESS", default_value = "0.0.0.0:9443")]
+    ingest_address: std::net::SocketAddr,
+    /// At most this many agent streams at once (open or being authenticated); further connections are
+    /// refused before their token is reviewed. One agent holds one stream: size it above the node count.
+    #[arg(long, env = "MAX_AGENT_STREAMS", default_value_t = 5_000)]
+    max_agent_streams: usize,
+    /// The longest an agent stream lives, in seconds, even if its token is valid longer; the agent
+    /// then reconnects with its current token (nothing is lost: it resends what was not acknowledged).
+    #[arg(long, env = "MAX_AGENT_STREAM_AGE_SECONDS", default_value_t = 3_600)]
+    max_agent_stream_age_seconds: u64,
+    /// Let an agent's report teach the peer's proposal even when the peer's workload has no pod on the
+    /// agent's node. Off (default): a node speaks only for its own pods; the peer's own node reports
+    /// the connection from its side, so a compromised node cannot add rules to workloads elsewhere.
+    #[arg(long, env = "TRUST_REMOTE_PEERS", default_value_t = false, action = clap::ArgAction::Set)]
+    trust_remote_peers: bool,
+    /// A file holding the key (at least 32 bytes) proposals are signed with; only proposals whose spec
+    /// the controller signed are promoted, so writing a proposal by hand does not let anyone create
+    /// NetworkPolicies with the controller's rights (docs/install.md, "Who can promote what"). The chart
+    /// generates and mounts one. Without it every proposal is promoted (a warning at start).
+    #[arg(long, env = "PROPOSAL_SIGNING_KEY_FILE")]
+    proposal_signing_key_file: Option<std::path::PathBuf>,
+    /// The agents' ServiceAccount, `namespace/name`; tokens of any other account are refused.
+    #[arg(
+        long,
+        env = "AGENT_SERVICE_ACCOUNT",
+        default_value = "network-enforcer/network-enforcer-agent"
+    )]
+    agent_service_account: String,
+    /// Namespaces whose workloads get no proposals (still resolved as peers of others). Default: the
+    /// controller's own namespace.
+    #[arg(
+        long = "exclude-namespace",
+        env = "EXCLUDE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    exclude_namespaces: Vec<String>,
+    /// Workloads that get no proposals (still resolved as peers of others), `namespace/kind/name`,
+    /// e.g. `shop/deployment/web`; comma-separated in the variable.
+    #[arg(
+        long = "exclude-workload",
+        env = "EXCLUDE_WORKLOADS",
+        value_delimiter = ','
+    )]
+    exclude_workloads: Vec<crate::learn::proposal_writer::ExcludedWorkload>,
+    /// At most this many distinct external addresses are learned per proposal and port; further ones
+    /// are counted, logged and reported with an `ExternalPeersCapped` Event (0: none is learned).
+    #[arg(
+        long,
+        env = "MAX_EXTERNAL_PEERS_PER_PORT",
+        default_value_t = crate::learn::proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS
+    )]
+    max_external_peers_per_port: usize,
+    /// At most this many port entries per learned rule: past it, runs of consecutive ports collapse
+    /// into ranges (`endPort`), and ports that still do not fit are reported with a `LearningCapped`
+    /// Event.
+    #[arg(
+        long,
+        env = "MAX_PORTS_PER_RULE",
+        default_value_t = crate::learn::DEFAULT_MAX_PORTS_PER_RULE
+    )]
+    max_ports_per_rule: usize,
+    /// At most this many rules (peers) per learned proposal; further peers are reported with a
+    /// `LearningCapped` Event.
+    #[arg(
+        long = "max-rules-per-proposal",
+        env = "MAX_RULES_PER_PROPOSAL",
+        default_value_t = crate::learn::DEFAULT_MAX_RULES
+    )]
+    max_rules: usize,
+    /// How long a flow whose peer resolves to no pod (or whose pod is not known yet) waits for the pod
+    /// and Service watches to catch up before it is learned as an external address (or dropped): a new
+    /// pod talks before its IP reaches the API (0: learn at once).
+    #[arg(long, env = "RESOLUTION_GRACE_SECONDS", default_value_t = 30)]
+    resolution_grace_seconds: u64,
+    /// The address ranges the cluster gives pods and Services, comma-separated (e.g.
+    /// 10.244.0.0/16,10.96.0.0/12). An external peer outside them cannot be a pod or Service not
+    /// listed yet, so it is learned without the resolution grace and its batch acknowledged at the next
+    /// flush. Empty (the default): every unresolved peer waits the grace.
+    #[arg(long, env = "CLUSTER_CIDRS", value_delimiter = ',')]
+    cluster_cidrs: Vec<ipnet::IpNet>,
+    /// The controller's own namespace (set from the downward API in the cluster).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "network-enforcer")]
+    pod_namespace: String,
+    /// How often learned edges are written to proposals, in seconds (at most one write per proposal).
+    #[arg(long, env = "FLUSH_INTERVAL_SECONDS", default_value_t = 2)]
+    flush_interval_seconds: u64,
+    /// Calico Goldmane as a flow source (off without --goldmane-address).
+    #[command(flatten)]
+    goldmane: crate::sources::goldmane::GoldmaneArgs,
+    /// Where `/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness, JSON detail) are
+    /// served over HTTP.
+    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    metrics_address: std::net::SocketAddr,
+    /// Where the read-only web view and its JSON API are served (docs/ui.md); `''` turns it off.
+    #[arg(long, env = "UI_ADDRESS", default_value = "0.0.0.0:8090")]
+    ui_address: String,
+    /// Do not serve the web view (the same as `--ui-address ''`).
+    #[arg(long, env = "NO_UI")]
+    no_ui: bool,
+    /// Elect a leader among replicas with a Lease (only the leader learns, writes and reconciles;
+    /// followers are not ready). `--leader-elect=false` for a single replica without the Lease.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// The Lease's name, in the controller's namespace (POD_NAMESPACE); identity: POD_NAME.
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_LEASE",
+        default_value = "network-enforcer-controller"
+    )]
+    leader_election_lease: String,
+    /// The ingest endpoint's TLS certificate chain (PEM); reloaded when the file changes.
+    #[arg(long, env = "INGEST_TLS_CERT_FILE")]
+    ingest_tls_cert_file: Option<std::path::PathBuf>,
+    /// The key of --ingest-tls-cert-file (PEM: PKCS#8, PKCS#1 or SEC1); reloaded when the file changes.
+    #[arg(long, env = "INGEST_TLS_KEY_FILE")]
+    ingest_tls_key_file: Option<std::path::PathBuf>,
+    /// Serve the ingest endpoint in plaintext (agents' tokens travel unencrypted). Needed when no TLS
+    /// files are given; tests and debugging only.
+    #[arg(long, env = "INGEST_INSECURE")]
+    ingest_insecure: bool,
+    /// How often violation records are written to policy statuses (Go-style duration: 30s, 1m, 500ms).
+    #[arg(long, env = "WNP_STATUS_UPDATE_INTERVAL", default_value = "30s",
+          value_parser = crate::monitor::status_sync::parse_duration)]
+    status_update_interval: Duration,
+    /// A rule that allowed no observed flow for this long makes the policy's `UnusedRules` condition
+    /// True, naming it (docs/api.md, "Rule usage"; same duration syntax, e.g. 7d, 36h).
+    #[arg(long, env = "UNUSED_RULE_AFTER", default_value = "7d",
+          value_parser = crate::monitor::status_sync::parse_duration)]
+    unused_rule_after: Duration,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Provider {
+    Istio,
+    Calico,
+    Cilium,
+    Ebpf,
+}
+
+impl Provider {
+    fn backend(self) -> Backend {
+        match self {
+            Provider::Istio => Backend::Istio,
+            Provider::Calico | Provider::Cilium | Provider::Ebpf => Backend::Kubernetes,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// After the first new edge of a burst, how long the flusher waits for the rest of it.
+const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
+/// The least time between two flushes woken by new edges (API writes stay bounded under a storm of
+/// new connections, e.g. many agents starting at once).
+const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
+
+/// The HTTP/2 flow-control windows of the ingest server, per stream and per connection.
+const INGEST_WINDOW_BYTES: u32 = 128 * 1024;
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+    }
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    let signing_key = match &args.proposal_signing_key_file {
+        Some(path) => Some(Arc::new(SigningKey::from_file(path)?)),
+        None => {
+            tracing::warn!(
+                "no --proposal-signing-key-file: any proposal is promoted, also one written by hand \
+                 (anyone who may write proposals may then create NetworkPolicies through promotion)"
+            );
+            None
+        }
+    };
+    let settings = Settings {
+        namespace: args.namespace,
+        instance: args.instance,
+        resync: Duration::from_secs(args.resync_seconds),
+        signing_key: signing_key.clone(),
+        unused_rule_after: args.unused_rule_after,
+        ..Settings::default()
+    };
+    let (agent_ns, agent_name) = args
+        .agent_service_account
+        .split_once('/')
+        .context("--agent-service-account must be `namespace/name`")?;
+    let excluded: BTreeSet<String> = if args.exclude_namespaces.is_empty() {
+        BTreeSet::from([args.pod_namespace.clone()])
+    } else {
+        args.exclude_namespaces.iter().cloned().collect()
+    };
+    let backend = args.provider.backend();
+    // Decided before anything starts: a missing certificate is a startup error, not a silent plaintext.
+    let transport = tls::transport(
+        args.ingest_tls_cert_file.clone(),
+        args.ingest_tls_key_file.clone(),
+        args.ingest_insecure,
+    )?;
+    tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
+
+    let metrics = ControllerMetrics::new();
+    settings.metrics.register(&metrics);
+    let health = Health::default();
+    let http_listener = tokio::net::TcpListener::bind(args.metrics_address)
+        .await
+        .with_context(|| format!("binding --metrics-address {}", args.metrics_address))?;
+    tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
+    let http = crate::runtime::http::serve(http_listener, metrics.clone(), health.clone());
+
+    let ui_address = if args.no_ui { "" } else { &args.ui_address };
+    let ui = crate::ui::start(
+        ui_address,
+        client.clone(),
+        settings.namespace.as_deref(),
+        &metrics,
+    )
+    .await?;
+
+    let index = Arc::new(SharedIndex::default());
+    let index_health = health.component("index", true);
+    let index_watch = {
+        let index = index.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if index.ready() {
+                    index_health.ready("every watch has listed");
+                } else {
+                    index_health.not_ready("listing pods, Services, workloads and nodes");
+                }
+            }
+        }
+    };
+    let ingest_health = health.component("ingest", true);
+    let election = if args.leader_elect {
+        let identity = settings
+            .instance
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .context("leader election needs this replica's name: --instance / POD_NAME")?;
+        let lease =
+            leader::Settings::new(&args.pod_namespace, &args.leader_election_lease, &identity);
+        let elector = leader::Elector::new(client.clone(), lease.clone());
+        let leadership = elector.subscribe();
+        tokio::spawn(elector.run());
+        tracing::info!(lease = %lease.name, namespace = %lease.namespace, %identity, "leader election on");
+        Some((leadership, lease))
+    } else {
+        metrics.leader.set(1);
+        None
+    };
+    let writer = {
+        let writer = ProposalWriter::new(client.clone(), backend, excluded)
+            .with_excluded_workloads(args.exclude_workloads.clone())
+            .with_only_namespace(settings.namespace.clone())
+            .with_max_external_peers(args.max_external_peers_per_port)
+            .with_max_ports_per_rule(args.max_ports_per_rule)
+            .with_max_rules(args.max_rules)
+            .with_trust_remote_peers(args.trust_remote_peers)
+            .with_signing_key(signing_key)
+            .with_resolution_grace(
+                i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
+                    .unwrap_or(i64::MAX),
+            )
+            .with_cluster_cidrs(args.cluster_cidrs.clone())
+            .with_metrics(metrics.clone());
+        Arc::new(match &election {
+            Some((leadership, _)) => writer.with_leader(leadership.clone()),
+            None => writer,
+        })
+    };
+    // Kept to flush queued events on the way out.
+    let violation_sink = crate::monitor::otlp::from_env(&metrics)
+        .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
+    let status_sync = StatusSync::new(
+        client.clone(),
+        index.clone(),
+        status_sync::Settings {
+            namespace: settings.namespace.clone(),
+            interval: args.status_update_interval,
+            // Cilium gives in-cluster pods identities that CIDR rules do not match.
+            ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
+            instance: settings.instance.clone(),
+            ..status_sync::Settings::default()
+        },
+        violation_sink.clone(),
+    );
+    status_sync.register_metrics(&metrics);
+    // Agents' batches and Goldmane's flows share one learning and evidence path.
+    let learning = Arc::new(Learning {
+        index: index.clone(),
+        writer: writer.clone(),
+        evidence: Some(status_sync.evidence()),
+    });
+    let goldmane = args
+        .goldmane
+        .run(client.clone(), learning.clone(), &metrics, || {
+            health.component("goldmane", false)
+        });
+    let flushes = Arc::new(Flushes::new());
+    let ingest = IngestService {
+        // Reconnects within a short window reuse the last review (see auth_cache).
+        authenticator: Arc::new(CachedAuthenticator::new(
+            TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name),
+            auth_cache::TTL,
+        )),
+        learning: learning.clone(),
+        limits: Limits::default(),
+        admission: Admission::new(StreamLimits {
+            max_streams: args.max_agent_streams,
+            max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
+            ..StreamLimits::default()
+        }),
+        // Agents' batches are acknowledged once written (they resend them after a restart otherwise).
+        written: Some(flushes.clone()),
+    };
+    let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
+        .await
+        .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
+    let serving = format!("serving on {}", args.ingest_address);
+    // Readiness follows leadership, so the ingest Service routes agents to the leader only.
+    let readiness = {
+        let (leadership, metrics) = (election.as_ref().map(|(l, _)| l.clone()), metrics.clone());
+        async move {
+            let Some(mut leadership) = leadership else {
+                ingest_health.ready(serving);
+                return std::future::pending().await;
+            };
+            loop {
+                let now = leadership.borrow_and_update().clone();
+                metrics.leader.set(i64::from(now.leader));
+                if now.leader {
+                    ingest_health.ready(format!("leader; {serving}"));
+                } else {
+                    ingest_health.not_ready(format!(
+                        "not the leader (leader: {}); agent streams are refused with UNAVAILABLE",
+                        now.holder.as_deref().unwrap_or("unknown")
+                    ));
+                }
+                if leadership.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    };
+    // Each agent has its own connection: what the controller has not read yet waits in its HTTP/2
+    // windows. 128 KiB (a batch or two) instead of hyper's 1 MiB keeps a thousand agents that send
+    // faster than the merge within ~128 MiB; a slow controller slows its agents down instead.
+    let router = tonic::transport::Server::builder()
+        .initial_stream_window_size(INGEST_WINDOW_BYTES)
+        .initial_connection_window_size(INGEST_WINDOW_BYTES)
+        .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let grpc: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match transport {
+        tls::Transport::Tls { cert, key } => {
+            let reload_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
+            metrics.register(
+                "ingest_tls_reload_failures",
+                "Rotated ingest certificate files that did not load (the previous pair stays in use)",
+                reload_failures.clone(),
+            );
+            let handshake_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
+            metrics.register(
+                "ingest_tls_handshake_failures",
+                "Agent connections whose TLS handshake failed or timed out",
+                handshake_failures.clone(),
+            );
+            let cert = tls::ReloadingCert::new(&cert, &key, move |_| {
+                reload_failures.inc();
+            })
+            .context("loading the ingest TLS certificate (--ingest-tls-cert-file / --ingest-tls-key-file)")?;
+            let config = tls::server_config(Arc::new(cert))?;
+            tracing::info!(address = %args.ingest_address, "ingest endpoint serving TLS");
+            Box::pin(router.serve_with_incoming_shutdown(
+                tls::incoming(ingest_listener, config, move || {
+                    handshake_failures.inc();
+                }),
+                shutdown,
+            ))
+        }
+        tls::Transport::Insecure => {
+            tracing::warn!(address = %args.ingest_address,
+                "INSECURE: the ingest endpoint serves PLAINTEXT (--ingest-insecure); agents' tokens and \
+                 flows travel unencrypted. Set --ingest-tls-cert-file/--ingest-tls-key-file in production");
+            Box::pin(router.serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(ingest_listener),
+                shutdown,
+            ))
+        }
+    };
+    // For the last flush on the way out.
+    let (last_writer, last_flushes, last_sync) =
+        (writer.clone(), flushes.clone(), status_sync.clone());
+    let (settle_index, last_index) = (index.clone(), index.clone());
+    let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
+    let flusher = async move {
+        let mut tick = tokio::time::interval(flush_every);
+        let mut last_flush = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = writer.new_edges().notified() => {
+                    // A connection never learned before: write it soon, once the rest of its burst
+                    // is in, and no more often than every NEW_EDGE_MIN_GAP.
+                    let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
+                        .max(last_flush + NEW_EDGE_MIN_GAP);
+                    tokio::time::sleep_until(at).await;
+                }
+            }
+            last_flush = tokio::time::Instant::now();
+            settle_waiting(&writer, &settle_index, watches::now_ms());
+            let report = flushes.flush(&writer).await;
+            if report != FlushReport::default() {
+                tracing::info!(?report, "flushed proposals");
+            }
+        }
+    };
+    // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
+    // restarts as a clean follower instead of stopping its tasks halfway.
+    let mut leadership = election.as_ref().map(|(l, _)| l.clone());
+    let leading = async {
+        if let Some(l) = leadership.as_mut() {
+            let _ = l.wait_for(|l| l.leader).await;
+        }
+        tokio::select! {
+            () = reconcile::run(client.clone(), settings) => {}
+            () = flusher => {}
+            () = status_sync.run() => {}
+            () = goldmane => {}
+        }
+    };
+    let mut watched = election.as_ref().map(|(l, _)| l.clone());
+    let lost = async {
+        match watched.as_mut() {
+            Some(l) => {
+                let _ = l.wait_for(|l| l.leader).await;
+                let _ = l.wait_for(|l| !l.leader).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    // SIGTERM (Kubernetes) or Ctrl-C: stop serving at once (agents' streams never end on their own,
+    // so a graceful gRPC shutdown would wait for the kill), then write what is pending.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let stop = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("stopping: writing pending proposals and violations, flushing OTLP events");
+    };
+    let result = tokio::select! {
+        () = stop => Ok(()),
+        () = leading => Ok(()),
+        () = watches::run(client.clone(), index) => Ok(()),
+        result = grpc => result.context("serving the agent ingest endpoint"),
+        () = index_watch => Ok(()),
+        () = readiness => Ok(()),
+        () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
+        result = http => result.context("serving /metrics, /healthz, /readyz"),
+        result = ui => result.context("serving the web view"),
+    };
+    // A replica that led until now writes what only it holds. Unacknowledged agent batches would be
+    // resent to the next leader anyway; Goldmane's flows and violation observations would not. After a
+    // lost Lease the proposals are left to the new leader (the writer writes only while leading), but
+    // the violation observations are still patched into statuses: those patches carry the cached
+    // resourceVersion, so they cannot overwrite what the new leader wrote meanwhile (a conflict just
+    // fails), and the records merge.
+    // (A replica whose status sync has run has led.)
+    if last_writer.is_leader() || last_sync.passes() > 0 {
+        let last = async {
+            // Whatever still waits for the index is learned as it resolves now.
+            settle_waiting(&last_writer, &last_index, i64::MAX);
+            let report = last_flushes.flush(&last_writer).await;
+            // Only a sync that has run before has listed the policies the observations belong to.
+            let synced = if last_sync.passes() > 0 {
+                last_sync.attribute_evidence();
+                Some(last_sync.sync_all().await)
+            } else {
+                None
+            };
+            tracing::info!(?report, ?synced, "last flush before exit");
+        };
+        if tokio::time::timeout(Duration::from_secs(10), last)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the last flush did not finish within 10 s");
+        }
+    }
+    violation_sink.shutdown(Duration::from_secs(5)).await;
+    if let Some((_, lease)) = &election {
+        // Stopping (or failing): let a successor take over without waiting for the Lease to expire.
+        leader::release(client, lease).await;
+    }
+    result
+}
+
+/// Learns the observations that waited for the index and may now be placed (before a flush).
+fn settle_waiting(writer: &ProposalWriter, index: &SharedIndex, now_ms: i64) {
+    let index = index.index.read().expect("index lock");
+    let edges = writer.settle_waiting(&index, now_ms);
+    if edges > 0 {
+        tracing::debug!(
+            edges,
+            waiting = writer.waiting(),
+            "learned flows that waited for the index"
+        );
+    }
+}
