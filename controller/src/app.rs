@@ -170,7 +170,8 @@ pub struct RunArgs {
           value_parser = crate::monitor::status_sync::parse_duration)]
     status_update_interval: Duration,
     /// A rule that allowed no observed flow for this long makes the policy's `UnusedRules` condition
-    /// True, naming it (docs/api.md, "Rule usage"; same duration syntax, e.g. 7d, 36h).
+    /// True, naming it (docs/api.md, "Rule usage"; same duration syntax, e.g. 7d, 36h). Keep it well
+    /// above 5m: a busy rule's `lastMatched` is written in 5-minute steps.
     #[arg(long, env = "UNUSED_RULE_AFTER", default_value = "7d",
           value_parser = crate::monitor::status_sync::parse_duration)]
     unused_rule_after: Duration,
