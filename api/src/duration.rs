@@ -95,9 +95,12 @@ mod tests {
         }
     }
 
+    /// Tells whether a refusal is of the expected kind.
+    type IsExpected = fn(&DurationError) -> bool;
+
     #[test]
     fn refusals_name_the_problem() {
-        let cases: [(&str, fn(&DurationError) -> bool); 9] = [
+        let cases: [(&str, IsExpected); 9] = [
             ("", |e| matches!(e, DurationError::Empty)),
             ("30", |e| matches!(e, DurationError::Invalid(_))),
             ("s", |e| matches!(e, DurationError::Invalid(_))),
