@@ -410,6 +410,67 @@ async fn foreign_objects_duplicates_and_overlaps() -> Result<()> {
     Ok(())
 }
 
+/// A policy for a Job or a bare pod that selects only that Job's (or that pod's) pods overlaps nothing:
+/// their pods are units of their own, not "other workloads" (was reported as overlapping its own pods).
+#[tokio::test]
+async fn policies_for_jobs_and_bare_pods_do_not_overlap_their_own_pods() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("unit-overlap").await?;
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {"name": "migrate", "namespace": ns.name},
+        "spec": {"template": {
+            "metadata": {"labels": {"app": "migrate"}},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "never-pulled", "imagePullPolicy": "Never"}]}
+        }}
+    }))?;
+    ns.api::<k8s_openapi::api::batch::v1::Job>()
+        .create(&PostParams::default(), &job)
+        .await?;
+    // The Job controller makes its pod (a pod made here with the Job as owner would be released by it:
+    // its labels lack the Job's controller-uid). Only then is the policy judged, so its pod counts.
+    ns.wait_for("the Job's pod", WAIT, || async {
+        let pods = ns
+            .api::<Pod>()
+            .list(&ListParams::default().labels("job-name=migrate"))
+            .await?;
+        Ok(pods.items.into_iter().next())
+    })
+    .await?;
+    let solo: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "solo", "namespace": ns.name, "labels": {"app": "solo"}},
+        "spec": {"containers": [{"name": "c", "image": "never-pulled", "imagePullPolicy": "Never"}]}
+    }))?;
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &solo)
+        .await?;
+    for (name, kind, target) in [
+        ("migrate-ingress", "Job", "migrate"),
+        ("solo-ingress", "Pod", "solo"),
+    ] {
+        let mut policy = policy_from_json(&ns.name, name, target, "monitor");
+        policy.spec.target_ref.kind = serde_json::from_value(json!(kind))?;
+        policies.create(&PostParams::default(), &policy).await?;
+    }
+    for name in ["migrate-ingress", "solo-ingress"] {
+        let overlap = ns
+            .wait_for("SelectorOverlapsWorkload", WAIT, || async {
+                Ok(condition(
+                    &policies.get(name).await?,
+                    "SelectorOverlapsWorkload",
+                ))
+            })
+            .await?;
+        assert_eq!(
+            overlap,
+            ("False".into(), "SelectsOnlyTarget".into()),
+            "{name}"
+        );
+    }
+    Ok(())
+}
+
 /// A minimal stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here): same group, version,
 /// kind and plural, with an open schema.
 fn authorization_policy_crd() -> CustomResourceDefinition {

@@ -43,6 +43,38 @@ pub fn owner_of(pod: &Pod) -> Option<Workload> {
     }
 }
 
+/// The unit a policy targets that `pod` belongs to: its workload ([`owner_of`]), else a Job's CronJob
+/// (`cronjob_of_job` names the CronJob of a Job in the pod's namespace, if any) or the Job itself,
+/// else, for a pod without a controller, the pod itself. `None` for pods of other controllers.
+pub fn unit_of(pod: &Pod, cronjob_of_job: impl Fn(&str) -> Option<String>) -> Option<Workload> {
+    if let Some(w) = owner_of(pod) {
+        return Some(w);
+    }
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        None => Some(Workload {
+            kind: WorkloadKind::Pod,
+            name: pod.metadata.name.clone().unwrap_or_default(),
+        }),
+        Some(o) if o.kind == "Job" => Some(match cronjob_of_job(&o.name) {
+            Some(cronjob) => Workload {
+                kind: WorkloadKind::CronJob,
+                name: cronjob,
+            },
+            None => Workload {
+                kind: WorkloadKind::Job,
+                name: o.name.clone(),
+            },
+        }),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +131,28 @@ mod tests {
         );
         assert_eq!(owner_of(&pod("Job", "j", None)), None);
         assert_eq!(owner_of(&Pod::default()), None);
+    }
+
+    #[test]
+    fn units_of_jobs_cronjobs_and_bare_pods() {
+        let cronjobs = |job: &str| (job == "tick-28000").then(|| "tick".to_string());
+        let unit = |p: &Pod| unit_of(p, cronjobs).map(|w| (w.kind, w.name));
+        assert_eq!(
+            unit(&pod("Job", "tick-28000", None)),
+            Some((WorkloadKind::CronJob, "tick".into()))
+        );
+        assert_eq!(
+            unit(&pod("Job", "migrate", None)),
+            Some((WorkloadKind::Job, "migrate".into()))
+        );
+        let mut bare = Pod::default();
+        bare.metadata.name = Some("debug".into());
+        assert_eq!(unit(&bare), Some((WorkloadKind::Pod, "debug".into())));
+        assert_eq!(
+            unit(&pod("StatefulSet", "db", None)),
+            Some((WorkloadKind::StatefulSet, "db".into()))
+        );
+        // Another controller's pod is no unit of ours.
+        assert_eq!(unit(&pod("ReplicaSet", "rs", None)), None);
     }
 }

@@ -11,6 +11,7 @@ use crate::policy::rule_usage;
 use crate::policy::uniqueness;
 use crate::policy::validity::{self, INVALID_REASON, OnInvalid};
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
@@ -460,7 +461,7 @@ async fn overlap_condition(
     };
     let pods = ctx.api::<Pod>(ns).list(&ListParams::default()).await?;
     let target = &policy.spec.target_ref;
-    let others: BTreeSet<String> = pods
+    let selected: Vec<&Pod> = pods
         .items
         .iter()
         .filter(|pod| {
@@ -469,7 +470,36 @@ async fn overlap_condition(
                 pod.metadata.labels.as_ref().unwrap_or(&Default::default()),
             )
         })
-        .filter_map(|pod| match workload::owner_of(pod) {
+        .collect();
+    // A Job's pods belong to its CronJob, when it has one: the Jobs are read only when a Job's pod is
+    // selected.
+    let job_owned = |pod: &&Pod| {
+        pod.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "Job" && o.controller == Some(true))
+    };
+    let jobs = if selected.iter().any(job_owned) {
+        ctx.api::<Job>(ns).list(&ListParams::default()).await?.items
+    } else {
+        Vec::new()
+    };
+    let cronjob_of_job = |name: &str| {
+        jobs.iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name))
+            .and_then(|j| {
+                j.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|o| o.kind == "CronJob")
+            })
+            .map(|o| o.name.clone())
+    };
+    let others: BTreeSet<String> = selected
+        .iter()
+        .filter_map(|pod| match workload::unit_of(pod, cronjob_of_job) {
             Some(w) if w.kind == target.kind && w.name == target.name => None,
             Some(w) => Some(format!("{} {}", w.kind.as_str(), w.name)),
             None => Some(format!("Pod {}", pod.name_any())),
