@@ -16,9 +16,18 @@ mod e2e;
 mod enforce;
 mod evaluate;
 mod fleet;
+mod ui;
 
 /// Names accepted by [`run`].
-const KNOWN: &[&str] = &["agent", "controller", "evaluate", "e2e", "enforce", "fleet"];
+const KNOWN: &[&str] = &[
+    "agent",
+    "controller",
+    "evaluate",
+    "e2e",
+    "enforce",
+    "fleet",
+    "ui",
+];
 
 /// Runs the named benchmark.
 pub fn run(name: &str) -> Result<()> {
@@ -29,6 +38,7 @@ pub fn run(name: &str) -> Result<()> {
         "enforce" => enforce::run(),
         "evaluate" => evaluate::run(),
         "fleet" => fleet::run(),
+        "ui" => ui::run(),
         other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
     }
 }
