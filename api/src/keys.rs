@@ -38,6 +38,14 @@ pub const RENDERED_GENERATION_ANNOTATION: &str =
 /// "Who can promote what").
 pub const LEARNED_DIGEST_ANNOTATION: &str = "networkenforcer.kubewarden.io/learned-digest";
 
+/// Annotation on a WorkloadNetworkPolicy (or the proposal it is promoted from): `strict` keeps a protect
+/// policy in monitor while replaying the observed traffic shows flows it would block (docs/api.md,
+/// "Protect gate").
+pub const PROTECT_GATE_ANNOTATION: &str = "networkenforcer.kubewarden.io/protect-gate";
+
+/// The value of [`PROTECT_GATE_ANNOTATION`] that holds a policy.
+pub const PROTECT_GATE_STRICT: &str = "strict";
+
 /// The field manager name used for every write the controller makes.
 pub const FIELD_MANAGER: &str = "network-enforcer";
 

@@ -32,42 +32,17 @@ use network_enforcer_controller::ingest::Learning;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::runtime::metrics::ControllerMetrics;
 use serde_json::json;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Counts live heap bytes.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
+use counting::live;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 const NAMESPACES: usize = 100;
 const DEPLOYMENTS_PER_NAMESPACE: usize = 10;

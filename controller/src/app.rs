@@ -10,6 +10,7 @@ use crate::ingest::tls;
 use crate::ingest::{Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator};
 use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
 use crate::monitor::status_sync::{self, StatusSync};
+use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
 use crate::reconcile::{self, Settings};
 use crate::runtime::http::Health;
@@ -175,6 +176,16 @@ pub struct RunArgs {
     #[arg(long, env = "UNUSED_RULE_AFTER", default_value = "7d",
           value_parser = crate::monitor::status_sync::parse_duration)]
     unused_rule_after: Duration,
+    /// How long an observed edge stays in the protect gate's history after it was last seen
+    /// (docs/api.md, "Protect gate"; same duration syntax).
+    #[arg(long, env = "EDGE_HISTORY_RETENTION", default_value = "7d",
+          value_parser = crate::monitor::status_sync::parse_duration)]
+    edge_history_retention: Duration,
+    /// At most this many observed edges (workload pair, protocol, port) in the protect gate's
+    /// history, about 150 bytes each; past it the least recently seen are evicted and counted.
+    #[arg(long, env = "EDGE_HISTORY_MAX_EDGES", default_value_t = 200_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    edge_history_max_edges: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -230,7 +241,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let settings = Settings {
+    let mut settings = Settings {
         namespace: args.namespace,
         instance: args.instance,
         resync: Duration::from_secs(args.resync_seconds),
@@ -340,11 +351,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
             // Cilium gives in-cluster pods identities that CIDR rules do not match.
             ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
             instance: settings.instance.clone(),
+            history: crate::monitor::edge_history::Bounds {
+                max_edges: args.edge_history_max_edges as usize,
+                retention: args.edge_history_retention,
+            },
             ..status_sync::Settings::default()
         },
         violation_sink.clone(),
     );
     status_sync.register_metrics(&metrics);
+    // The protect gate replays the flows the status sync has seen.
+    settings.gate = Some(GateHistory(status_sync.clone()));
     // Agents' batches and Goldmane's flows share one learning and evidence path.
     let learning = Arc::new(Learning {
         index: index.clone(),

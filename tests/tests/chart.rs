@@ -751,6 +751,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], "metrics");
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "30s");
     assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "7d");
+    assert_eq!(env_value(c, "EDGE_HISTORY_RETENTION"), "7d");
+    assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "200000");
     assert_eq!(deploy["spec"]["replicas"], 1);
     // The controller writes nothing to its file system: every mount is read-only.
     for m in c["volumeMounts"].as_array().unwrap() {
@@ -782,6 +784,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.metricsPort=9090",
         "controller.wnpStatusUpdateInterval=1m",
         "controller.unusedRuleAfter=36h",
+        "controller.edgeHistory.retention=2d",
+        "controller.edgeHistory.maxEdges=5000",
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
@@ -795,6 +799,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "METRICS_ADDRESS"), "0.0.0.0:9090");
     assert_eq!(env_value(c, "WNP_STATUS_UPDATE_INTERVAL"), "1m");
     assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "36h");
+    assert_eq!(env_value(c, "EDGE_HISTORY_RETENTION"), "2d");
+    assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "5000");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");

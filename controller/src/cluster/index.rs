@@ -1400,6 +1400,25 @@ impl Index {
         removed
     }
 
+    /// Whether `ip:port` is an API server: a backend of the `default/kubernetes` Service (its
+    /// Endpoints name the API servers), or that Service's ClusterIP itself.
+    pub fn is_api_server(&self, ip: IpAddr, port: u16) -> bool {
+        let key = ("default".to_string(), "kubernetes".to_string());
+        if self.service_ips.get(&ip) == Some(&key) {
+            return true;
+        }
+        self.backends.get(&key).is_some_and(|b| {
+            b.by_port.values().flatten().any(|(endpoint, p)| {
+                *p == port
+                    && match endpoint {
+                        Endpoint::Node { ip: at, .. } | Endpoint::External(at) => *at == ip,
+                        Endpoint::HostNetwork { ip: at, .. } => *at == ip,
+                        Endpoint::Workload(_) => false,
+                    }
+            })
+        })
+    }
+
     /// The pod that held `ip` at `at_ms` (or holds it now, for records newer than the last change).
     pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&PodInfo> {
         let leases = self.leases.get(&ip)?;
@@ -1759,6 +1778,11 @@ mod tests {
                 "{ip}:{port}/{proto:?}"
             );
         }
+
+        // The protect gate's API-server test: the endpoint on its port, and the ClusterIP.
+        let api = |ip: &str, port| ix.is_api_server(ip.parse().unwrap(), port);
+        assert!(api("10.244.0.1", 16443) && api("10.96.0.1", 443));
+        assert!(!api("10.244.0.1", 22) && !api("192.0.2.7", 8080) && !api("10.0.0.5", 16443));
 
         // Only selector-less Services' Endpoints are kept: a Service that gets a selector drops them,
         // and the Endpoints of a Service with one are not stored at all.

@@ -1,7 +1,9 @@
 //! Monitor: policy evaluation ([`evaluate`]), violation evidence and attribution ([`violations`]),
-//! the status writer ([`status_sync`]) and the OTLP log export ([`otlp`]). What they do:
+//! the status writer ([`status_sync`]), the history of observed edges behind the protect gate
+//! ([`edge_history`]) and the OTLP log export ([`otlp`]). What they do:
 //! docs/behaviour.md §3 and §6; why: docs/design.md, "Violations".
 
+pub mod edge_history;
 pub mod evaluate;
 pub mod otlp;
 pub mod status_sync;

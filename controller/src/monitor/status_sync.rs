@@ -25,15 +25,17 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
+use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
 use crate::monitor::evaluate::attribution::{
     self, PolicyKey, PolicySet, RuleMatch, record_allowed_now,
 };
-use crate::monitor::evaluate::view::{ClusterView, NamedPolicy};
+use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
     EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
+use crate::policy::protect_gate;
 use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
 use crate::reconcile::publish_with;
 use crate::runtime::metrics::{ControllerMetrics, Reason};
@@ -48,7 +50,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::uplink::FlowRecord;
 use network_enforcer_api::{
-    AcknowledgedViolation, Backend, Direction, RuleUsage, WorkloadNetworkPolicy, WorkloadRef,
+    AcknowledgedViolation, Backend, Direction, PolicyMode, RuleUsage, WorkloadNetworkPolicy,
+    WorkloadRef,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -207,6 +210,8 @@ pub struct Settings {
     pub reporter: String,
     /// The instance reporting Events, usually the pod name.
     pub instance: Option<String>,
+    /// Bounds of the edge history behind the protect gate (`--edge-history-*`).
+    pub history: edge_history::Bounds,
 }
 
 impl Default for Settings {
@@ -219,6 +224,7 @@ impl Default for Settings {
             ip_blocks_match_pods: true,
             reporter: "network-enforcer-controller".into(),
             instance: None,
+            history: edge_history::Bounds::default(),
         }
     }
 }
@@ -298,6 +304,10 @@ pub struct SyncMetrics {
     pub observations_dropped: Family<Reason, Counter>,
     /// Observations waiting for the status patch that records them.
     pub pending_observations: Gauge,
+    /// Edges held by the protect gate's history.
+    pub history_edges: Gauge,
+    /// Edges evicted from that history by its bound (the least recently seen first).
+    pub history_evicted: Counter,
 }
 
 impl SyncMetrics {
@@ -325,6 +335,10 @@ pub struct StatusSync {
     namespaces: Store<Namespace>,
     writers: Mutex<Option<Writers>>,
     state: Mutex<State>,
+    /// Every flow that went through, for the protect gate ([`StatusSync::replay`]).
+    history: Mutex<EdgeHistory>,
+    /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
+    held: Mutex<HashSet<PolicyKey>>,
     passes: AtomicU64,
     metrics: SyncMetrics,
 }
@@ -367,6 +381,8 @@ impl StatusSync {
                 pending_dropped_counted: 0,
                 usage: UsageTracker::default(),
             }),
+            history: Mutex::new(EdgeHistory::new(settings.history)),
+            held: Mutex::default(),
             settings,
             policies,
             network_policies,
@@ -419,6 +435,16 @@ impl StatusSync {
             "pending_violation_observations",
             "Violation observations waiting for the status patch that records them",
             m.pending_observations.clone(),
+        );
+        metrics.register(
+            "edge_history_edges",
+            "Observed edges held for the protect gate",
+            m.history_edges.clone(),
+        );
+        metrics.register(
+            "edge_history_evicted",
+            "Observed edges evicted from the protect gate's history by its bound (--edge-history-max-edges)",
+            m.history_evicted.clone(),
         );
     }
 
@@ -544,11 +570,28 @@ impl StatusSync {
     pub fn attribute_evidence(&self) -> usize {
         let (records, drain) = self.queue.drain_numbered();
         let policies = self.policies.state();
-        let set = PolicySet::new(policies.iter().map(|p| p.as_ref()));
+        // A strict protect policy the gate holds renders nothing yet: what it sees counts as monitor's.
+        let held = self.held.lock().expect("held lock").clone();
+        let as_monitor: Vec<WorkloadNetworkPolicy> = policies
+            .iter()
+            .filter(|p| held.contains(&policy_key(p)))
+            .map(|p| {
+                let mut p = p.as_ref().clone();
+                p.spec.mode = PolicyMode::Monitor;
+                p
+            })
+            .collect();
+        let set = PolicySet::new(
+            policies
+                .iter()
+                .filter(|p| !held.contains(&policy_key(p)))
+                .map(|p| p.as_ref())
+                .chain(&as_monitor),
+        );
         self.queue
             .policies_exist
             .store(!set.is_empty(), Ordering::Release);
-        if records.is_empty() || set.is_empty() {
+        if records.is_empty() {
             self.settle_if_written(drain);
             return 0;
         }
@@ -560,6 +603,7 @@ impl StatusSync {
         let index = self.index.index.read().expect("index lock");
         let view = self.view(&index);
         let mut state = self.state.lock().expect("state lock");
+        let mut history = self.history.lock().expect("history lock");
         let mut queued = 0;
         let mut matches: Vec<RuleMatch> = Vec::new();
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
@@ -577,6 +621,16 @@ impl StatusSync {
                 }
             };
             for flow in flows {
+                if kind != EvidenceKind::Blocked {
+                    let to_api_server = match flow.destination.endpoint {
+                        Endpoint::Ip(ip) => index.is_api_server(ip, flow.port),
+                        Endpoint::Pod(_) => false,
+                    };
+                    history.record(&flow, to_api_server);
+                }
+                if set.is_empty() {
+                    continue;
+                }
                 matches.clear();
                 let attributed =
                     match attribution::attribute_with_usage(&view, &set, &flow, Some(&mut matches))
@@ -619,10 +673,44 @@ impl StatusSync {
             }
         }
         state.repeats.forget_before(now.0.as_millisecond());
+        history.forget_expired(now.0.as_millisecond());
+        self.metrics.history_edges.set(history.len() as i64);
+        let evicted = history.evicted();
+        self.metrics
+            .history_evicted
+            .inc_by(evicted.saturating_sub(self.metrics.history_evicted.get()));
+        drop(history);
         self.count_pending(&mut state);
         drop(state);
         self.settle_if_written(drain);
         queued
+    }
+
+    /// Replays the edge history against `policy` (the protect gate, [`EdgeHistory::replay`]) with the
+    /// cluster as it is now. Evidence queued before this call is attributed first, so the replay sees
+    /// every flow ingest accepted.
+    pub fn replay(&self, policy: &WorkloadNetworkPolicy) -> GateReport {
+        self.attribute_evidence();
+        let view = self.current_view();
+        self.history
+            .lock()
+            .expect("history lock")
+            .replay(&view, policy)
+    }
+
+    /// Notes whether the gate holds `policy` in monitor (its evidence then counts as monitor's).
+    pub fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
+        let mut set = self.held.lock().expect("held lock");
+        if held {
+            set.insert(policy_key(policy));
+        } else {
+            set.remove(&policy_key(policy));
+        }
+    }
+
+    /// Edges the protect gate's history holds now.
+    pub fn history_len(&self) -> usize {
+        self.history.lock().expect("history lock").len()
     }
 
     /// Marks drains up to `drain` settled when no observation waits for a patch.
@@ -794,6 +882,16 @@ impl StatusSync {
             ),
         }
         Ok(done)
+    }
+}
+
+impl protect_gate::History for StatusSync {
+    fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
+        Some(StatusSync::replay(self, policy))
+    }
+
+    fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
+        StatusSync::hold(self, policy, held)
     }
 }
 

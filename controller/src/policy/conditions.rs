@@ -12,6 +12,9 @@ pub const SELECTOR_OVERLAPS_WORKLOAD: &str = "SelectorOverlapsWorkload";
 /// Condition type: rules of the policy allowed no observed flow for `--unused-rule-after`
 /// ([`crate::policy::rule_usage::unused_rules`]).
 pub const UNUSED_RULES: &str = "UnusedRules";
+/// Condition type: replaying the observed traffic shows flows the policy would block in protect
+/// ([`crate::policy::protect_gate`]).
+pub const WOULD_BLOCK: &str = "WouldBlock";
 /// Condition type on proposals: the promotion could not be carried out.
 pub const PROMOTED: &str = "Promoted";
 

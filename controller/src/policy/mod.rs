@@ -1,11 +1,12 @@
 //! Policy decisions: what a promotion does ([`promote`]), what a policy renders into ([`render`]),
 //! which policy wins a target ([`uniqueness`]), what an invalid policy leaves in force ([`validity`]),
 //! whether a proposal is what the controller learned ([`provenance`]), how much each rule is used
-//! ([`rule_usage`]) and the conditions reported on each object.
+//! ([`rule_usage`]), what the observed traffic says before protect ([`protect_gate`]) and the conditions reported on each object.
 
 pub mod authorization_policy;
 pub mod conditions;
 pub mod promote;
+pub mod protect_gate;
 pub mod provenance;
 pub mod render;
 pub mod rule_usage;

@@ -4,7 +4,7 @@
 use crate::policy::provenance::Provenance;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
+use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL, PROTECT_GATE_ANNOTATION};
 use network_enforcer_api::naming::promoted_from_value;
 use network_enforcer_api::validation::{self, Violation};
 use network_enforcer_api::{
@@ -88,6 +88,11 @@ pub fn policy_from(
                 PROMOTED_FROM_LABEL.to_string(),
                 promoted_from_value(&name),
             )])),
+            // The protect gate is chosen on the proposal, before the promotion that it guards.
+            annotations: proposal
+                .annotations()
+                .get_key_value(PROTECT_GATE_ANNOTATION)
+                .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())])),
             ..ObjectMeta::default()
         },
         spec: WorkloadNetworkPolicySpec {
@@ -239,6 +244,20 @@ mod tests {
         assert_eq!(created.spec.direction, p.spec.direction);
         assert_eq!(created.labels()[PROMOTED_FROM_LABEL], NAME);
         assert!(!created.labels().contains_key(PROMOTE_LABEL));
+        assert!(created.metadata.annotations.is_none());
+        let mut gated = proposal(NAME, Some("protect"));
+        gated.metadata.annotations = Some(BTreeMap::from([
+            (PROTECT_GATE_ANNOTATION.to_string(), "strict".to_string()),
+            ("unrelated".to_string(), "x".to_string()),
+        ]));
+        let created = policy_from(&gated, PolicyMode::Protect);
+        assert_eq!(
+            created.metadata.annotations,
+            Some(BTreeMap::from([(
+                PROTECT_GATE_ANNOTATION.to_string(),
+                "strict".to_string()
+            )]))
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod policy;
 pub mod proposal;
 
+use crate::policy::protect_gate::GateHistory;
 use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
 use kube::runtime::controller::Action;
@@ -49,6 +50,9 @@ pub struct Settings {
     /// A rule that allowed no observed flow for this long makes `UnusedRules=True`
     /// (`--unused-rule-after`, docs/api.md "Rule usage").
     pub unused_rule_after: Duration,
+    /// The observed traffic the protect gate replays (docs/api.md, "Protect gate"); `None`: no history,
+    /// `WouldBlock` says so and nothing is held.
+    pub gate: Option<GateHistory>,
 }
 
 impl Default for Settings {
@@ -62,6 +66,7 @@ impl Default for Settings {
             signing_key: None,
             metrics: ReconcileMetrics::default(),
             unused_rule_after: Duration::from_secs(7 * 86_400),
+            gate: None,
         }
     }
 }

@@ -6,6 +6,7 @@ use super::{Context, Error, Settings, publish, scoped_api};
 use crate::cluster::workload;
 use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::conditions::{self, Desired as Condition};
+use crate::policy::protect_gate;
 use crate::policy::render::{self, Desired};
 use crate::policy::rule_usage;
 use crate::policy::uniqueness;
@@ -24,7 +25,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::keys::FIELD_MANAGER;
 use network_enforcer_api::selector;
 use network_enforcer_api::validation::{self, Violation};
-use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
+use network_enforcer_api::{Backend, PolicyMode, WorkloadNetworkPolicy};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeSet;
@@ -145,8 +146,26 @@ pub async fn reconcile(
             "UniqueTarget",
             "no other policy governs this target and direction",
         ));
-        let (ready, again) = render_and_apply(&ctx, &policy, &ns).await?;
+        let gate = protect_gate(&ctx, &policy).await;
+        let (ready, again) = if gate.held {
+            // Rendered as monitor: what protect would render stays out until the gate is clean.
+            let mut as_monitor = policy.as_ref().clone();
+            as_monitor.spec.mode = PolicyMode::Monitor;
+            let (_, again) = render_and_apply(&ctx, &as_monitor, &ns).await?;
+            requeue = requeue.min(GATE_RECHECK);
+            let held = Condition::new(
+                conditions::READY,
+                false,
+                protect_gate::REASON_HELD,
+                "held in monitor by the protect gate (protect-gate: strict): see WouldBlock; \
+                 violations are recorded, nothing is rendered",
+            );
+            (held, again)
+        } else {
+            render_and_apply(&ctx, &policy, &ns).await?
+        };
         wanted.push(ready);
+        wanted.push(gate.condition);
         if let Some(again) = again {
             requeue = requeue.min(again);
         }
@@ -172,6 +191,39 @@ pub async fn reconcile(
     wanted.push(overlap_condition(&ctx, &policy, &ns).await?);
     write_conditions(&ctx, &policy, &ns, &wanted).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// How often a policy the protect gate holds is checked again (its history ages, NetworkPolicies change).
+const GATE_RECHECK: Duration = Duration::from_secs(60);
+
+/// The protect gate's verdict for `policy` (docs/api.md, "Protect gate"), with a Warning Event when
+/// observed flows would now be blocked and were not before (or for another reason).
+async fn protect_gate(ctx: &Context, policy: &WorkloadNetworkPolicy) -> protect_gate::Verdict {
+    let report = ctx.settings.gate.as_ref().and_then(|g| g.0.replay(policy));
+    let verdict = protect_gate::verdict(policy, report.as_ref());
+    if let Some(g) = &ctx.settings.gate {
+        g.0.hold(policy, verdict.held);
+    }
+    let before = policy.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == conditions::WOULD_BLOCK)
+    });
+    let news = verdict.condition.status
+        && before.is_none_or(|c| c.status != "True" || c.reason != verdict.condition.reason);
+    if news {
+        tracing::info!(name = %policy.name_any(), namespace = ?policy.namespace(), reason = %verdict.condition.reason, message = %verdict.condition.message, "protect gate: observed flows would be blocked");
+        publish(
+            ctx,
+            policy,
+            EventType::Warning,
+            conditions::WOULD_BLOCK,
+            "ProtectGate",
+            verdict.condition.message.clone(),
+        )
+        .await;
+    }
+    verdict
 }
 
 /// Logs and backs off after a failed reconcile.

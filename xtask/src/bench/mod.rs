@@ -13,6 +13,7 @@ use crate::run;
 mod agent;
 mod controller;
 mod e2e;
+mod edge_history;
 mod enforce;
 mod evaluate;
 mod fleet;
@@ -35,6 +36,7 @@ pub fn run(name: &str) -> Result<()> {
         "agent" => agent::run(),
         "controller" => controller::run(),
         "e2e" => e2e::run(),
+        "edge_history" => edge_history::run(),
         "enforce" => enforce::run(),
         "evaluate" => evaluate::run(),
         "fleet" => fleet::run(),

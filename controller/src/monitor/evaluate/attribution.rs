@@ -525,4 +525,4 @@ fn endpoint_of(view: &ClusterView, workload: &WorkloadRef) -> Option<Endpoint> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

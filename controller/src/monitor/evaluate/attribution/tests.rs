@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 const NS: &str = "demo";
 const CLIENT_SA: &str = "cluster.local/ns/demo/sa/http-client-sa";
 
-fn time(seconds: i64) -> Time {
+pub(crate) fn time(seconds: i64) -> Time {
     Time(Timestamp::from_second(1_800_000_000 + seconds).unwrap())
 }
 
@@ -24,7 +24,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 
 /// The end-to-end scenario: http-client and http-server (TCP 18080, TCP 18082, UDP 18081) in `demo`,
 /// and the cluster DNS in kube-system.
-fn cluster() -> ClusterView {
+pub(crate) fn cluster() -> ClusterView {
     let mut view = ClusterView::new();
     let deployment = |name: &str| {
         Some(Workload {
@@ -79,7 +79,7 @@ fn cluster() -> ClusterView {
     view
 }
 
-fn workload_ref(namespace: &str, name: &str, identity: &str) -> WorkloadRef {
+pub(crate) fn workload_ref(namespace: &str, name: &str, identity: &str) -> WorkloadRef {
     WorkloadRef {
         namespace: namespace.into(),
         owner_kind: "Deployment".into(),
@@ -89,28 +89,28 @@ fn workload_ref(namespace: &str, name: &str, identity: &str) -> WorkloadRef {
     }
 }
 
-fn client() -> FlowSide {
+pub(crate) fn client() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new(NS, "http-client-7d9c-abcde")),
         workload: workload_ref(NS, "http-client", CLIENT_SA),
     }
 }
 
-fn server() -> FlowSide {
+pub(crate) fn server() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new(NS, "http-server-5f6b-xyzab")),
         workload: workload_ref(NS, "http-server", "cluster.local/ns/demo/sa/http-server-sa"),
     }
 }
 
-fn dns() -> FlowSide {
+pub(crate) fn dns() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new("kube-system", "coredns-66bc-12345")),
         workload: workload_ref("kube-system", "coredns", ""),
     }
 }
 
-fn external(ip: &str) -> FlowSide {
+pub(crate) fn external(ip: &str) -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Ip(ip.parse().unwrap()),
         workload: WorkloadRef {
@@ -120,7 +120,7 @@ fn external(ip: &str) -> FlowSide {
     }
 }
 
-fn observed(
+pub(crate) fn observed(
     source: FlowSide,
     destination: FlowSide,
     protocol: Protocol,
@@ -136,7 +136,7 @@ fn observed(
 }
 
 /// A kubernetes-backend policy `name` in `demo` targeting Deployment `target`.
-fn wnp(
+pub(crate) fn wnp(
     name: &str,
     target: &str,
     direction: &str,
@@ -156,7 +156,7 @@ fn wnp(
 
 /// The scenario's step 2: the learned egress policy of http-client (TCP 18080 to the server, UDP 53 to
 /// DNS).
-fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
+pub(crate) fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
     wnp(
         "deployment-http-client-egress",
         "http-client",
@@ -178,7 +178,7 @@ fn client_egress(mode: &str) -> WorkloadNetworkPolicy {
 }
 
 /// The scenario's step 2: the learned ingress policy of http-server (TCP 18080 from the client).
-fn server_ingress(mode: &str) -> WorkloadNetworkPolicy {
+pub(crate) fn server_ingress(mode: &str) -> WorkloadNetworkPolicy {
     server_ingress_with(
         mode,
         json!([{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},

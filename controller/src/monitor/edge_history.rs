@@ -1,0 +1,334 @@
+//! The edge history behind the protect gate (docs/behaviour.md §3.11): every flow that went through,
+//! compacted to one entry per workload pair, protocol and port (first seen, last seen, count), kept
+//! for a retention (default 7 days) and bounded in entries. When a policy is promoted or switched to
+//! protect, [`EdgeHistory::replay`] evaluates that history against it: what it would have blocked.
+//!
+//! Pure: the status sync records the flows it resolves anyway and the policy reconciler asks for a
+//! replay; time comes in with the flows.
+
+use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
+use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
+use network_enforcer_api::{Direction, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef};
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Examples named in a [`GateReport`], newest first.
+pub const MAX_EXAMPLES: usize = 10;
+
+/// Bounds of the history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// At most this many edges; past it the least recently seen tenth is evicted (and counted).
+    pub max_edges: usize,
+    /// Edges not seen for this long are forgotten.
+    pub retention: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_edges: 200_000,
+            retention: Duration::from_secs(7 * 86_400),
+        }
+    }
+}
+
+/// One end of an edge: its workload (interned: a workload is named once however many edges it has)
+/// and, for ends NetworkPolicies see by address (outside peers, hostNetwork pods), that address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Side {
+    workload: Arc<WorkloadRef>,
+    ip: Option<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct EdgeKey {
+    source: Side,
+    destination: Side,
+    protocol: Protocol,
+    port: u16,
+}
+
+/// What the history keeps of an edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EdgeStats {
+    pub first_seen_ms: i64,
+    pub last_seen_ms: i64,
+    /// Observations merged into this edge (a record's repeats count once per record).
+    pub count: u64,
+    /// The destination is the Kubernetes API server (the `default/kubernetes` Service's endpoints).
+    pub to_api_server: bool,
+}
+
+/// A flow a policy would block, for the condition and the Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Example {
+    /// The other end, as the graph and `check` name it (`ns/Kind/name` or the address).
+    pub peer: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub last_seen_ms: i64,
+}
+
+/// What replaying the history against one policy found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GateReport {
+    /// Edges of the policy's side (its target as source for egress, as destination for ingress).
+    pub considered: usize,
+    /// Of those, the edges the policy would block.
+    pub would_block: usize,
+    /// Up to [`MAX_EXAMPLES`] of them, most recently seen first.
+    pub examples: Vec<Example>,
+    /// One of them is the workload's DNS (port 53 to kube-system).
+    pub cuts_dns: bool,
+    /// One of them is the workload's access to the API server.
+    pub cuts_api_server: bool,
+    /// Edges that could not be evaluated now (a peer workload with no pod left, say).
+    pub not_evaluable: usize,
+}
+
+/// The history (see the module docs).
+#[derive(Debug)]
+pub struct EdgeHistory {
+    bounds: Bounds,
+    edges: HashMap<EdgeKey, EdgeStats>,
+    names: HashSet<Arc<WorkloadRef>>,
+    evicted: u64,
+    expired: u64,
+}
+
+impl Default for EdgeHistory {
+    fn default() -> Self {
+        Self::new(Bounds::default())
+    }
+}
+
+impl EdgeHistory {
+    pub fn new(bounds: Bounds) -> Self {
+        Self {
+            bounds,
+            edges: HashMap::new(),
+            names: HashSet::new(),
+            evicted: 0,
+            expired: 0,
+        }
+    }
+
+    /// Adds one observation of `flow` (its `seen_at` is the time); `to_api_server` as [`EdgeStats`].
+    pub fn record(&mut self, flow: &ObservedFlow, to_api_server: bool) {
+        let at = flow.seen_at.0.as_millisecond();
+        let key = EdgeKey {
+            source: self.side(&flow.source.workload, &flow.source.endpoint),
+            destination: self.side(&flow.destination.workload, &flow.destination.endpoint),
+            protocol: flow.protocol,
+            port: flow.port,
+        };
+        if let Some(stats) = self.edges.get_mut(&key) {
+            stats.first_seen_ms = stats.first_seen_ms.min(at);
+            stats.last_seen_ms = stats.last_seen_ms.max(at);
+            stats.count = stats.count.saturating_add(1);
+            stats.to_api_server |= to_api_server;
+            return;
+        }
+        if self.edges.len() >= self.bounds.max_edges.max(1) {
+            self.evict_oldest();
+        }
+        self.edges.insert(
+            key,
+            EdgeStats {
+                first_seen_ms: at,
+                last_seen_ms: at,
+                count: 1,
+                to_api_server,
+            },
+        );
+    }
+
+    fn side(&mut self, workload: &WorkloadRef, endpoint: &Endpoint) -> Side {
+        let workload = match self.names.get(workload) {
+            Some(name) => Arc::clone(name),
+            None => {
+                let name = Arc::new(workload.clone());
+                self.names.insert(Arc::clone(&name));
+                name
+            }
+        };
+        let ip = match endpoint {
+            Endpoint::Ip(ip) => Some(*ip),
+            Endpoint::Pod(_) => None,
+        };
+        Side { workload, ip }
+    }
+
+    /// Evicts the least recently seen tenth (at least one edge): amortised, one sort per tenth of
+    /// the bound rather than a scan per insert.
+    fn evict_oldest(&mut self) {
+        let mut seen: Vec<i64> = self.edges.values().map(|s| s.last_seen_ms).collect();
+        let n = (seen.len() / 10).max(1);
+        let (_, cut, _) = seen.select_nth_unstable(n - 1);
+        let cut = *cut;
+        let mut left = n;
+        self.edges.retain(|_, s| {
+            let evict = left > 0 && s.last_seen_ms <= cut;
+            left -= usize::from(evict);
+            !evict
+        });
+        self.evicted += (n - left) as u64;
+        self.drop_unused_names();
+    }
+
+    /// Forgets edges last seen before `now_ms` − retention.
+    pub fn forget_expired(&mut self, now_ms: i64) {
+        let retention = i64::try_from(self.bounds.retention.as_millis()).unwrap_or(i64::MAX);
+        let before = now_ms.saturating_sub(retention);
+        let len = self.edges.len();
+        self.edges.retain(|_, s| s.last_seen_ms >= before);
+        let gone = len - self.edges.len();
+        if gone > 0 {
+            self.expired += gone as u64;
+            self.drop_unused_names();
+        }
+    }
+
+    fn drop_unused_names(&mut self) {
+        self.names.retain(|name| Arc::strong_count(name) > 1);
+    }
+
+    /// Edges held now.
+    pub fn len(&self) -> usize {
+        self.edges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.edges.is_empty()
+    }
+
+    /// Edges evicted by the bound so far (`edge_history_evicted_total`).
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Edges forgotten after the retention so far.
+    pub fn expired(&self) -> u64 {
+        self.expired
+    }
+
+    /// The stats of the edge `source → destination` on `protocol`/`port`, if held (tests, `check`).
+    pub fn stats(
+        &self,
+        source: &WorkloadRef,
+        destination: &WorkloadRef,
+        protocol: Protocol,
+        port: u16,
+    ) -> Option<EdgeStats> {
+        self.edges
+            .iter()
+            .find(|(k, _)| {
+                *k.source.workload == *source
+                    && *k.destination.workload == *destination
+                    && k.protocol == protocol
+                    && k.port == port
+            })
+            .map(|(_, s)| *s)
+    }
+
+    /// Evaluates every edge on `policy`'s side against it, as if it were rendered, with `view`'s pods
+    /// and NetworkPolicies (see the module docs). Pods stand in for their workloads: the newest pods
+    /// of a workload are evaluated, as the live path does for Service backends.
+    pub fn replay(&self, view: &ClusterView, policy: &WorkloadNetworkPolicy) -> GateReport {
+        let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+        let target = &policy.spec.target_ref;
+        let is_target = |w: &WorkloadRef| {
+            w.address.is_empty()
+                && w.namespace == namespace
+                && w.owner_name == target.name
+                && w.owner_kind == target.kind.as_str()
+        };
+        let mut report = GateReport::default();
+        let mut blocked: Vec<(&EdgeKey, &EdgeStats)> = Vec::new();
+        for (key, stats) in &self.edges {
+            let ours = match policy.spec.direction {
+                Direction::Egress => &key.source,
+                Direction::Ingress => &key.destination,
+            };
+            if !is_target(&ours.workload) {
+                continue;
+            }
+            report.considered += 1;
+            let (Some(source), Some(destination)) = (
+                endpoint(view, &key.source),
+                endpoint(view, &key.destination),
+            ) else {
+                report.not_evaluable += 1;
+                continue;
+            };
+            let flow = Flow {
+                source,
+                destination,
+                protocol: key.protocol,
+                port: key.port,
+            };
+            let principal = Some(key.source.workload.identity.as_str()).filter(|p| !p.is_empty());
+            match attribution::policy_verdict(view, policy, &flow, principal) {
+                Ok(PolicyVerdict::Denies) => blocked.push((key, stats)),
+                Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable) => {}
+                Err(_) => report.not_evaluable += 1,
+            }
+        }
+        report.would_block = blocked.len();
+        report.cuts_dns = blocked.iter().any(|(k, _)| is_dns(k));
+        report.cuts_api_server = blocked.iter().any(|(_, s)| s.to_api_server);
+        blocked.sort_by(|a, b| {
+            b.1.last_seen_ms
+                .cmp(&a.1.last_seen_ms)
+                .then_with(|| a.0.port.cmp(&b.0.port))
+        });
+        report.examples = blocked
+            .iter()
+            .take(MAX_EXAMPLES)
+            .map(|(key, stats)| {
+                let peer = match policy.spec.direction {
+                    Direction::Egress => &key.destination,
+                    Direction::Ingress => &key.source,
+                };
+                Example {
+                    peer: name_of(&peer.workload),
+                    protocol: key.protocol,
+                    port: key.port,
+                    last_seen_ms: stats.last_seen_ms,
+                }
+            })
+            .collect();
+        report
+    }
+}
+
+/// Where the evaluators find an end now: its address, or a current pod of its workload.
+fn endpoint(view: &ClusterView, side: &Side) -> Option<Endpoint> {
+    if let Some(ip) = side.ip {
+        return Some(Endpoint::Ip(ip));
+    }
+    let w = &side.workload;
+    let kind = WorkloadKind::from_kind(&w.owner_kind)?;
+    let pod = view.pods_of(&w.namespace, kind, &w.owner_name).next()?;
+    Some(Endpoint::Pod(pod.key()))
+}
+
+/// DNS: port 53 to a workload of kube-system (CoreDNS, kube-dns, NodeLocal DNSCache).
+fn is_dns(key: &EdgeKey) -> bool {
+    key.port == 53 && key.destination.workload.namespace == "kube-system"
+}
+
+/// `ns/Kind/name`, or the address of a peer that is no workload.
+pub fn name_of(w: &WorkloadRef) -> String {
+    if w.address.is_empty() {
+        format!("{}/{}/{}", w.namespace, w.owner_kind, w.owner_name)
+    } else {
+        w.address.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

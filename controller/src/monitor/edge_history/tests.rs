@@ -1,0 +1,243 @@
+//! The edge history on the end-to-end scenario's cluster (http-client, http-server, CoreDNS).
+
+use super::*;
+use crate::monitor::evaluate::attribution::tests::{
+    client, client_egress, cluster, dns, external, observed, server, server_ingress, time,
+};
+use crate::monitor::evaluate::view::PodKey;
+
+fn at(mut flow: ObservedFlow, seconds: i64) -> ObservedFlow {
+    flow.seen_at = time(seconds);
+    flow
+}
+
+#[test]
+fn repeats_compact_into_one_edge_with_first_last_and_count() {
+    let mut history = EdgeHistory::default();
+    let flow = observed(client(), server(), Protocol::TCP, 18080);
+    history.record(&at(flow.clone(), 10), false);
+    history.record(&at(flow.clone(), 5), false);
+    history.record(&at(flow.clone(), 30), false);
+    // Another pod of the same workload is the same edge.
+    let mut other_pod = flow.clone();
+    other_pod.source.endpoint = Endpoint::Pod(PodKey::new("demo", "http-client-7d9c-other"));
+    history.record(&at(other_pod, 20), false);
+    history.record(
+        &at(observed(client(), server(), Protocol::TCP, 18082), 1),
+        false,
+    );
+    assert_eq!(history.len(), 2);
+    let stats = history
+        .stats(&client().workload, &server().workload, Protocol::TCP, 18080)
+        .unwrap();
+    assert_eq!(
+        (stats.first_seen_ms, stats.last_seen_ms, stats.count),
+        (time(5).0.as_millisecond(), time(30).0.as_millisecond(), 4)
+    );
+    // A workload is named once.
+    assert_eq!(history.names.len(), 2);
+}
+
+#[test]
+fn the_bound_evicts_the_least_recently_seen_and_counts_them() {
+    let mut history = EdgeHistory::new(Bounds {
+        max_edges: 100,
+        ..Bounds::default()
+    });
+    for port in 1..=250u16 {
+        history.record(
+            &at(
+                observed(client(), external("192.0.2.1"), Protocol::TCP, port),
+                i64::from(port),
+            ),
+            false,
+        );
+    }
+    assert!(history.len() <= 100, "{}", history.len());
+    assert_eq!(history.evicted() as usize + history.len(), 250);
+    // The newest edge is kept, the oldest went first.
+    let held = |port| {
+        history
+            .stats(
+                &client().workload,
+                &external("192.0.2.1").workload,
+                Protocol::TCP,
+                port,
+            )
+            .is_some()
+    };
+    assert!(held(250) && !held(1));
+}
+
+#[test]
+fn edges_older_than_the_retention_are_forgotten_with_their_names() {
+    let mut history = EdgeHistory::new(Bounds {
+        retention: Duration::from_secs(60),
+        ..Bounds::default()
+    });
+    history.record(&at(observed(client(), dns(), Protocol::UDP, 53), 0), false);
+    history.record(
+        &at(observed(client(), server(), Protocol::TCP, 18080), 100),
+        false,
+    );
+    history.forget_expired(time(130).0.as_millisecond());
+    assert_eq!((history.len(), history.expired()), (1, 1));
+    // CoreDNS is named by no edge now.
+    assert_eq!(history.names.len(), 2);
+}
+
+/// Each case: the flows observed, the policy replayed, and what the gate reports.
+#[test]
+fn replay_finds_what_a_policy_would_block() {
+    struct Case {
+        name: &'static str,
+        flows: Vec<ObservedFlow>,
+        policy: WorkloadNetworkPolicy,
+        considered: usize,
+        would_block: usize,
+        cuts_dns: bool,
+    }
+    let tcp = |port| observed(client(), server(), Protocol::TCP, port);
+    let cases = [
+        Case {
+            name: "everything observed is allowed",
+            flows: vec![tcp(18080), observed(client(), dns(), Protocol::UDP, 53)],
+            policy: client_egress("protect"),
+            considered: 2,
+            would_block: 0,
+            cuts_dns: false,
+        },
+        Case {
+            name: "a port learned after the proposal",
+            flows: vec![tcp(18080), tcp(18082)],
+            policy: client_egress("protect"),
+            considered: 2,
+            would_block: 1,
+            cuts_dns: false,
+        },
+        Case {
+            name: "the workload's DNS over TCP",
+            flows: vec![observed(client(), dns(), Protocol::TCP, 53)],
+            policy: client_egress("protect"),
+            considered: 1,
+            would_block: 1,
+            cuts_dns: true,
+        },
+        Case {
+            name: "an outside peer",
+            flows: vec![observed(
+                client(),
+                external("192.0.2.7"),
+                Protocol::TCP,
+                443,
+            )],
+            policy: client_egress("protect"),
+            considered: 1,
+            would_block: 1,
+            cuts_dns: false,
+        },
+        Case {
+            name: "other workloads' edges are not the policy's",
+            flows: vec![observed(
+                server(),
+                external("192.0.2.7"),
+                Protocol::TCP,
+                443,
+            )],
+            policy: client_egress("protect"),
+            considered: 0,
+            would_block: 0,
+            cuts_dns: false,
+        },
+        Case {
+            name: "ingress: the server's side of the flows",
+            flows: vec![
+                tcp(18080),
+                tcp(18082),
+                observed(external("192.0.2.9"), server(), Protocol::TCP, 18080),
+            ],
+            policy: server_ingress("protect"),
+            considered: 3,
+            would_block: 2,
+            cuts_dns: false,
+        },
+        Case {
+            name: "the mode does not matter: monitor would block the same",
+            flows: vec![tcp(18082)],
+            policy: client_egress("monitor"),
+            considered: 1,
+            would_block: 1,
+            cuts_dns: false,
+        },
+    ];
+    let view = cluster();
+    for case in cases {
+        let mut history = EdgeHistory::default();
+        for flow in &case.flows {
+            history.record(flow, false);
+        }
+        let report = history.replay(&view, &case.policy);
+        assert_eq!(
+            (report.considered, report.would_block, report.cuts_dns),
+            (case.considered, case.would_block, case.cuts_dns),
+            "{}: {report:?}",
+            case.name
+        );
+        assert_eq!(report.examples.len(), case.would_block, "{}", case.name);
+        assert_eq!(report.not_evaluable, 0, "{}", case.name);
+    }
+}
+
+#[test]
+fn replay_names_at_most_ten_examples_newest_first_and_flags_the_api_server() {
+    let mut history = EdgeHistory::default();
+    for port in 1..=15u16 {
+        history.record(
+            &at(
+                observed(client(), server(), Protocol::TCP, 20_000 + port),
+                i64::from(port),
+            ),
+            false,
+        );
+    }
+    history.record(
+        &at(
+            observed(client(), external("10.0.0.1"), Protocol::TCP, 6443),
+            3,
+        ),
+        true,
+    );
+    let report = history.replay(&cluster(), &client_egress("protect"));
+    assert_eq!(report.would_block, 16);
+    assert!(report.cuts_api_server && !report.cuts_dns);
+    assert_eq!(report.examples.len(), MAX_EXAMPLES);
+    assert_eq!(
+        report.examples[0],
+        Example {
+            peer: "demo/Deployment/http-server".into(),
+            protocol: Protocol::TCP,
+            port: 20_015,
+            last_seen_ms: time(15).0.as_millisecond(),
+        }
+    );
+    assert!(
+        report
+            .examples
+            .windows(2)
+            .all(|w| w[0].last_seen_ms >= w[1].last_seen_ms)
+    );
+}
+
+#[test]
+fn a_workload_without_pods_now_is_not_evaluable() {
+    let mut history = EdgeHistory::default();
+    let mut gone = server();
+    gone.workload.owner_name = "retired".into();
+    gone.endpoint = Endpoint::Pod(PodKey::new("demo", "retired-1"));
+    history.record(&observed(client(), gone, Protocol::TCP, 18080), false);
+    let report = history.replay(&cluster(), &client_egress("protect"));
+    assert_eq!(
+        (report.considered, report.would_block, report.not_evaluable),
+        (1, 0, 1)
+    );
+}
