@@ -504,6 +504,8 @@ impl BinaryController {
             .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
             .env("INGEST_INSECURE", "true")
             .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
+            // Off: the view's default port is one for the whole machine, and tests run at once.
+            .env("UI_ADDRESS", "")
             .env("FLUSH_INTERVAL_SECONDS", flush_seconds)
             .env("WNP_STATUS_UPDATE_INTERVAL", status_interval)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -778,6 +778,7 @@ impl Controller {
             .env("INGEST_TLS_CERT_FILE", tls.dir.join("tls.crt"))
             .env("INGEST_TLS_KEY_FILE", tls.dir.join("tls.key"))
             .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics_port}"))
+            .env("UI_ADDRESS", "")
             .env("FLUSH_INTERVAL_SECONDS", settings.flush_seconds.to_string())
             // As a production install sets them: external peers outside are not held for the grace.
             .env(
