@@ -3,63 +3,28 @@
 //! sync (1 s) writes `status.ruleUsage` in its status patch and keeps the edge history; the policy
 //! reconciler sets `UnusedRules` and `WouldBlock` from them.
 
+#[path = "support/in_process.rs"]
+mod in_process;
+
 use anyhow::{Result, ensure};
+use in_process::InProcess;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{ListParams, Patch, PatchParams};
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROTECT_GATE_ANNOTATION};
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
-use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_api::uplink::{self, FlowRecord};
 use network_enforcer_api::{
-    Backend, PolicyMode, RuleUsage, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
+    PolicyMode, RuleUsage, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
-use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::{
-    IngestService, Learning, Limits, TokenReviewAuthenticator,
-};
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
-use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
-use network_enforcer_controller::policy::protect_gate::GateHistory;
-use network_enforcer_controller::reconcile;
+use network_enforcer_controller::monitor::otlp::Disabled;
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::section10::{
-    AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
-    send_batches, service_account_with_token,
-};
 use serde_json::json;
-use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 const EGRESS: &str = "deployment-http-client-egress";
 const INGRESS: &str = "deployment-http-server-ingress";
 const WAIT: Duration = Duration::from_secs(90);
-
-async fn send(
-    address: SocketAddr,
-    token: &str,
-    node: &str,
-    sequence: u64,
-    records: Vec<FlowRecord>,
-) -> Result<()> {
-    let n = records.len() as u32;
-    let acks = send_batches(
-        address,
-        token,
-        vec![FlowBatch {
-            sequence,
-            node: node.into(),
-            records,
-        }],
-    )
-    .await?;
-    ensure!(
-        acks.len() == 1 && acks[0].accepted == n && acks[0].rejected == 0,
-        "{acks:?}"
-    );
-    Ok(())
-}
 
 fn usage(policy: &WorkloadNetworkPolicy) -> Vec<RuleUsage> {
     policy
@@ -99,186 +64,39 @@ fn egress_rule(policy: &WorkloadNetworkPolicy, port: i32) -> usize {
         .unwrap_or_else(|| panic!("no egress rule for port {port}: {rules:?}"))
 }
 
-/// The controller, in process, on a test namespace holding the end-to-end scenario's workloads: index
-/// watches, reconcilers (UnusedRules after the default 7 days; the protect gate fed by the status
-/// sync), status sync (1 s), ingest on loopback, and a token of an agent pod on the pods' node.
-struct InProcess {
-    ns: TestNamespace,
-    client_pod: String,
-    client_ip: std::net::IpAddr,
-    server_pod: String,
-    service_ip: std::net::IpAddr,
-    dns: std::net::IpAddr,
-    token: String,
-    node: String,
-    address: SocketAddr,
-    sync: Arc<StatusSync>,
-    writer: Arc<ProposalWriter>,
-    tasks: Vec<tokio::task::AbortHandle>,
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
-impl InProcess {
-    async fn start(prefix: &str) -> Result<Self> {
-        let ns = TestNamespace::create_with_crds(prefix).await?;
-        let n = ns.name.clone();
-        let client = ns.client.clone();
-        let workloads = create_workloads(&ns, 1).await?;
-        let (client_pod, client_ip) = workloads.clients[0].clone();
-        let server_pod = workloads.server.clone();
-        service_account_with_token(&ns, AGENT_SA).await?;
-        let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
-        let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
-
-        let shared = Arc::new(SharedIndex::default());
-        let feed = tokio::spawn(watches::run(client.clone(), shared.clone()));
-        let sync = StatusSync::new(
-            client.clone(),
-            shared.clone(),
-            status_sync::Settings {
-                namespace: Some(n.clone()),
-                interval: Duration::from_secs(1),
-                evidence_interval: Duration::from_millis(250),
-                ..status_sync::Settings::default()
-            },
-            Arc::new(network_enforcer_controller::monitor::otlp::Disabled),
-        );
-        let reconcilers = tokio::spawn(reconcile::run(
-            client.clone(),
-            reconcile::Settings {
-                namespace: Some(n.clone()),
-                gate: Some(GateHistory(sync.clone())),
-                ..reconcile::Settings::default()
-            },
-        ));
-        let sync_task = tokio::spawn(sync.clone().run());
-        let writer = Arc::new(ProposalWriter::new(
-            client.clone(),
-            Backend::Kubernetes,
-            BTreeSet::from(["kube-system".to_string()]),
-        ));
-        let service = IngestService {
-            admission: network_enforcer_controller::ingest::admission::Admission::new(
-                Default::default(),
-            ),
-            authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
-            learning: Arc::new(Learning {
-                index: shared.clone(),
-                writer: writer.clone(),
-                evidence: Some(sync.evidence()),
-            }),
-            limits: Limits::default(),
-            written: None,
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let address = listener.local_addr()?;
-        let grpc = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await;
-        });
-        ns.wait_for("the index to see the pods", WAIT, || async {
-            let index = shared.index.read().unwrap();
-            Ok((shared.ready()
-                && index
-                    .pod(&n, &server_pod)
-                    .is_some_and(|p| !p.ips.is_empty())
-                && index.pod(&n, &client_pod).is_some())
-            .then_some(()))
-        })
-        .await?;
-        let service_ip = cluster_ip(&n, "http-service", &client).await?;
-        let dns = cluster_ip("kube-system", "kube-dns", &client).await?;
-        let tasks = vec![
-            feed.abort_handle(),
-            reconcilers.abort_handle(),
-            sync_task.abort_handle(),
-            grpc.abort_handle(),
-        ];
-        Ok(Self {
-            ns,
-            client_pod,
-            client_ip,
-            server_pod,
-            service_ip,
-            dns,
-            token,
-            node,
-            address,
-            sync,
-            writer,
-            tasks,
-        })
-    }
-
-    /// A record of `pod` in this namespace.
-    fn record(
-        &self,
-        pod: &str,
-        peer: std::net::IpAddr,
-        port: u32,
-        protocol: uplink::Protocol,
-        direction: uplink::Direction,
-        outcome: uplink::Outcome,
-    ) -> FlowRecord {
-        flow_record(&self.ns.name, pod, peer, port, protocol, direction, outcome)
-    }
-
-    /// Sends `records` as batch `sequence`, all accepted.
-    async fn send(&self, sequence: u64, records: Vec<FlowRecord>) -> Result<()> {
-        send(self.address, &self.token, &self.node, sequence, records).await
-    }
-
-    /// Sends the learning flows (TCP 18080 both sides, the client's DNS over UDP), writes the two
-    /// proposals and returns the TCP records.
-    async fn learn(&self) -> Result<Vec<FlowRecord>> {
-        use uplink::Direction::{Inbound, Outbound};
-        use uplink::Outcome::{Datagram, Established};
-        use uplink::Protocol::{Tcp, Udp};
-        let tcp = vec![
-            self.record(
-                &self.client_pod,
-                self.service_ip,
-                18080,
-                Tcp,
-                Outbound,
-                Established,
-            ),
-            self.record(
-                &self.server_pod,
-                self.client_ip,
-                18080,
-                Tcp,
-                Inbound,
-                Established,
-            ),
-        ];
-        let dns = self.record(&self.client_pod, self.dns, 53, Udp, Outbound, Datagram);
-        self.send(1, [tcp.clone(), vec![dns]].concat()).await?;
-        // Evidence of the learning flows is evaluated now, while no policy exists: they match no rule.
-        self.sync.attribute_evidence();
-        let report = self.writer.flush().await;
-        ensure!(report.written == 2, "{report:?}");
-        Ok(tcp)
-    }
+/// Sends the learning flows (TCP 18080 both sides, the client's DNS over UDP), writes the two
+/// proposals and returns the TCP records.
+async fn learn(c: &InProcess) -> Result<Vec<FlowRecord>> {
+    use uplink::Direction::{Inbound, Outbound};
+    use uplink::Outcome::{Datagram, Established};
+    use uplink::Protocol::{Tcp, Udp};
+    let tcp = vec![
+        c.record(
+            &c.client_pod,
+            c.service_ip,
+            18080,
+            Tcp,
+            Outbound,
+            Established,
+        ),
+        c.record(&c.server_pod, c.client_ip, 18080, Tcp, Inbound, Established),
+    ];
+    let dns = c.record(&c.client_pod, c.dns, 53, Udp, Outbound, Datagram);
+    c.send([tcp.clone(), vec![dns]].concat()).await?;
+    // Evidence of the learning flows is evaluated now, while no policy exists: they match no rule.
+    c.sync.attribute_evidence();
+    let report = c.writer.flush().await;
+    ensure!(report.written == 2, "{report:?}");
+    Ok(tcp)
 }
 
 #[tokio::test]
 async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -> Result<()> {
-    let c = InProcess::start("rule-usage").await?;
+    let c = InProcess::start("rule-usage", Arc::new(Disabled), true).await?;
     let ns = &c.ns;
     // Learning (TCP 18080 and the client's DNS lookup), then promotion to monitor.
-    let tcp = c.learn().await?;
+    let tcp = learn(&c).await?;
     let tcp = || tcp.clone();
-    let mut sequence = 1;
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     for name in [EGRESS, INGRESS] {
         proposals
@@ -318,8 +136,7 @@ async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -
 
     // Traffic on the TCP rule only: both sides' rules record it, the DNS rule stays unmatched.
     let sent_at = k8s_openapi::jiff::Timestamp::now();
-    sequence += 1;
-    c.send(sequence, [tcp(), tcp()].concat()).await?;
+    c.send([tcp(), tcp()].concat()).await?;
     let matched = |p: &WorkloadNetworkPolicy, rule: usize| {
         usage(p)
             .into_iter()
@@ -410,8 +227,7 @@ async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -
         "{message}"
     );
     // More traffic and passes: the stored 5 peers stay (max of both), and the ingress policy is fine.
-    sequence += 1;
-    c.send(sequence, tcp()).await?;
+    c.send(tcp()).await?;
     let seen = c.sync.passes();
     ns.wait_for("three more status passes", WAIT, || async {
         Ok((c.sync.passes() >= seen + 3).then_some(()))
@@ -452,25 +268,22 @@ async fn the_protect_gate_replays_observed_flows_and_holds_a_strict_policy() -> 
     use uplink::Direction::{Inbound, Outbound};
     use uplink::Outcome::Established;
     use uplink::Protocol::Tcp;
-    let c = InProcess::start("protect-gate").await?;
+    let c = InProcess::start("protect-gate", Arc::new(Disabled), true).await?;
     let ns = &c.ns;
-    c.learn().await?;
+    learn(&c).await?;
     // After the proposals: a second port, and DNS over TCP (the proposal has UDP 53 only).
-    c.send(
-        2,
-        vec![
-            c.record(
-                &c.client_pod,
-                c.service_ip,
-                18082,
-                Tcp,
-                Outbound,
-                Established,
-            ),
-            c.record(&c.server_pod, c.client_ip, 18082, Tcp, Inbound, Established),
-            c.record(&c.client_pod, c.dns, 53, Tcp, Outbound, Established),
-        ],
-    )
+    c.send(vec![
+        c.record(
+            &c.client_pod,
+            c.service_ip,
+            18082,
+            Tcp,
+            Outbound,
+            Established,
+        ),
+        c.record(&c.server_pod, c.client_ip, 18082, Tcp, Inbound, Established),
+        c.record(&c.client_pod, c.dns, 53, Tcp, Outbound, Established),
+    ])
     .await?;
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     proposals

@@ -4,36 +4,27 @@
 //! promote and render; the status sync runs with a 1 s interval and patches the real status
 //! subresource.
 
+#[path = "support/in_process.rs"]
+mod in_process;
+
 use anyhow::{Result, ensure};
+use in_process::InProcess;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use network_enforcer_api::crd::{AcknowledgedViolation, Backend};
 use network_enforcer_api::keys::{ACKNOWLEDGE_ANNOTATION_PREFIX, PROMOTE_LABEL};
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
-use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_api::uplink;
 use network_enforcer_api::{
     Direction, PolicyMode, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
     WorkloadNetworkPolicyStatus,
 };
-use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::{
-    IngestService, Learning, Limits, TokenReviewAuthenticator,
-};
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::monitor::otlp::ViolationSink;
-use network_enforcer_controller::monitor::status_sync::{self, StatusSync, SyncError};
+use network_enforcer_controller::monitor::status_sync::SyncError;
 use network_enforcer_controller::monitor::violations::Observation;
-use network_enforcer_controller::reconcile;
-use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::section10::{
-    AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
-    send_batches, service_account_with_token,
-};
 use serde_json::json;
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,37 +52,6 @@ impl ViolationSink for Recorded {
     }
 }
 
-/// An agent on the cluster's node: its token and node, and where it sends.
-struct Agent {
-    address: SocketAddr,
-    token: String,
-    node: String,
-    sequence: u64,
-}
-
-impl Agent {
-    /// Sends one batch and requires every record accepted.
-    async fn send(&mut self, records: Vec<FlowRecord>) -> Result<()> {
-        self.sequence += 1;
-        let n = records.len() as u32;
-        let acks = send_batches(
-            self.address,
-            &self.token,
-            vec![FlowBatch {
-                sequence: self.sequence,
-                node: self.node.clone(),
-                records,
-            }],
-        )
-        .await?;
-        ensure!(
-            acks.len() == 1 && acks[0].accepted == n && acks[0].rejected == 0,
-            "{acks:?}"
-        );
-        Ok(())
-    }
-}
-
 fn status(policy: &WorkloadNetworkPolicy) -> WorkloadNetworkPolicyStatus {
     policy.status.clone().unwrap_or_default()
 }
@@ -107,88 +67,20 @@ fn acknowledge_annotations(policy: &WorkloadNetworkPolicy) -> Vec<String> {
 
 #[tokio::test]
 async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Result<()> {
-    let ns = TestNamespace::create_with_crds("violations").await?;
-    let n = ns.name.clone();
-    let client = ns.client.clone();
-    let workloads = create_workloads(&ns, 1).await?;
-    let (client_pod, client_ip) = workloads.clients[0].clone();
-    let server_pod = workloads.server.clone();
-    service_account_with_token(&ns, AGENT_SA).await?;
-    let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
-    let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
-
     // The controller, in process: index watches, reconcilers, status sync (1 s), ingest on loopback.
-    let shared = Arc::new(SharedIndex::default());
-    let feed = tokio::spawn(watches::run(client.clone(), shared.clone()));
-    let reconcilers = tokio::spawn(reconcile::run(
-        client.clone(),
-        reconcile::Settings {
-            namespace: Some(n.clone()),
-            ..reconcile::Settings::default()
-        },
-    ));
     let telemetry = Arc::new(Recorded::default());
-    let sync = StatusSync::new(
-        client.clone(),
-        shared.clone(),
-        status_sync::Settings {
-            namespace: Some(n.clone()),
-            interval: Duration::from_secs(1),
-            evidence_interval: Duration::from_millis(250),
-            ..status_sync::Settings::default()
-        },
-        telemetry.clone(),
-    );
-    let watches = tokio::spawn(sync.clone().watches());
-    let passes = tokio::spawn(sync.clone().passes_forever());
-    let writer = Arc::new(ProposalWriter::new(
-        client.clone(),
-        Backend::Kubernetes,
-        BTreeSet::from(["kube-system".to_string()]),
-    ));
-    let service = IngestService {
-        admission: network_enforcer_controller::ingest::admission::Admission::new(
-            Default::default(),
-        ),
-        authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
-        learning: Arc::new(Learning {
-            index: shared.clone(),
-            writer: writer.clone(),
-            evidence: Some(sync.evidence()),
-        }),
-        limits: Limits::default(),
-        written: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(FlowUplinkServer::new(service))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    ns.wait_for("the index to see the pods", WAIT, || async {
-        let index = shared.index.read().unwrap();
-        Ok((shared.ready()
-            && index
-                .pod(&n, &server_pod)
-                .is_some_and(|p| !p.ips.is_empty())
-            && index.pod(&n, &client_pod).is_some())
-        .then_some(()))
-    })
-    .await?;
-    let mut agent = Agent {
-        address,
-        token,
-        node,
-        sequence: 0,
-    };
-    let service_ip = cluster_ip(&n, "http-service", &client).await?;
-    let dns = cluster_ip("kube-system", "kube-dns", &client).await?;
+    let c = InProcess::start("violations", telemetry.clone(), false).await?;
+    let ns = &c.ns;
+    let n = ns.name.clone();
+    let (client_pod, client_ip, server_pod) =
+        (c.client_pod.clone(), c.client_ip, c.server_pod.clone());
+    let (service_ip, dns) = (c.service_ip, c.dns);
+    let (sync, writer, agent) = (c.sync.clone(), c.writer.clone(), &c);
     use uplink::Direction::{Inbound, Outbound};
     use uplink::Outcome::{Datagram, Established, Failed};
     use uplink::Protocol::{Tcp, Udp};
     let record = |pod: &str, peer, port, protocol, direction, outcome| {
-        flow_record(&n, pod, peer, port, protocol, direction, outcome)
+        c.record(pod, peer, port, protocol, direction, outcome)
     };
     // TCP 18080 through the Service, seen by both ends, and the client's DNS lookup: allowed.
     let allowed = vec![
@@ -463,8 +355,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     // A failed status patch loses nothing. Stop the passes and drive them by hand; the egress policy
     // is copied, then changed on the server, so a patch computed from the copy is refused (409) by
     // its resourceVersion precondition — an honest API-side failure.
-    passes.abort();
-    let _ = passes.await;
+    c.stop_passes().await;
     let stale = policies.get(EGRESS).await?;
     policies
         .patch(
@@ -520,9 +411,5 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     sync.sync_all().await;
     assert_eq!(status(&policies.get(EGRESS).await?).violation_count, 3);
 
-    for task in [feed, reconcilers, watches] {
-        task.abort();
-    }
-    grpc.abort();
     Ok(())
 }

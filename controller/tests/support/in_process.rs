@@ -1,0 +1,206 @@
+//! The controller in process on a test namespace holding the end-to-end scenario's workloads: index
+//! watches, reconcilers, the status sync (1 s, evidence every 250 ms), ingest on loopback, and the
+//! token of an agent pod on the pods' node. Dropping it stops every task.
+
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use anyhow::{Result, ensure};
+use network_enforcer_api::Backend;
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_controller::cluster::watches::{self, SharedIndex};
+use network_enforcer_controller::ingest::{
+    IngestService, Learning, Limits, TokenReviewAuthenticator,
+};
+use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::monitor::otlp::ViolationSink;
+use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
+use network_enforcer_controller::policy::protect_gate::GateHistory;
+use network_enforcer_controller::reconcile;
+use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::section10::{
+    AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
+    send_batches, service_account_with_token,
+};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+pub struct InProcess {
+    pub ns: TestNamespace,
+    pub client_pod: String,
+    pub client_ip: IpAddr,
+    pub server_pod: String,
+    /// `http-service`'s ClusterIP.
+    pub service_ip: IpAddr,
+    /// `kube-system/kube-dns`'s ClusterIP.
+    pub dns: IpAddr,
+    pub sync: Arc<StatusSync>,
+    pub writer: Arc<ProposalWriter>,
+    /// The status sync's passes, until a test stops them ([`InProcess::stop_passes`]).
+    passes: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    token: String,
+    node: String,
+    address: SocketAddr,
+    sequence: AtomicU64,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(passes) = self.passes.lock().unwrap().take() {
+            passes.abort();
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl InProcess {
+    /// Starts it in a new namespace named after `prefix`, reporting violations to `sink`; with
+    /// `gate`, the reconcilers replay the status sync's edge history (the protect gate).
+    pub async fn start(prefix: &str, sink: Arc<dyn ViolationSink>, gate: bool) -> Result<Self> {
+        let ns = TestNamespace::create_with_crds(prefix).await?;
+        let n = ns.name.clone();
+        let client = ns.client.clone();
+        let workloads = create_workloads(&ns, 1).await?;
+        let (client_pod, client_ip) = workloads.clients[0].clone();
+        let server_pod = workloads.server.clone();
+        service_account_with_token(&ns, AGENT_SA).await?;
+        let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
+        let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
+
+        let shared = Arc::new(SharedIndex::default());
+        let feed = tokio::spawn(watches::run(client.clone(), shared.clone()));
+        let sync = StatusSync::new(
+            client.clone(),
+            shared.clone(),
+            status_sync::Settings {
+                namespace: Some(n.clone()),
+                interval: Duration::from_secs(1),
+                evidence_interval: Duration::from_millis(250),
+                ..status_sync::Settings::default()
+            },
+            sink,
+        );
+        let reconcilers = tokio::spawn(reconcile::run(
+            client.clone(),
+            reconcile::Settings {
+                namespace: Some(n.clone()),
+                gate: gate.then(|| GateHistory(sync.clone())),
+                ..reconcile::Settings::default()
+            },
+        ));
+        let sync_watches = tokio::spawn(sync.clone().watches());
+        let passes = tokio::spawn(sync.clone().passes_forever());
+        let writer = Arc::new(ProposalWriter::new(
+            client.clone(),
+            Backend::Kubernetes,
+            BTreeSet::from(["kube-system".to_string()]),
+        ));
+        let service = IngestService {
+            admission: network_enforcer_controller::ingest::admission::Admission::new(
+                Default::default(),
+            ),
+            authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
+            learning: Arc::new(Learning {
+                index: shared.clone(),
+                writer: writer.clone(),
+                evidence: Some(sync.evidence()),
+            }),
+            limits: Limits::default(),
+            written: None,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let grpc = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(FlowUplinkServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        ns.wait_for("the index to see the pods", WAIT, || async {
+            let index = shared.index.read().unwrap();
+            Ok((shared.ready()
+                && index
+                    .pod(&n, &server_pod)
+                    .is_some_and(|p| !p.ips.is_empty())
+                && index.pod(&n, &client_pod).is_some())
+            .then_some(()))
+        })
+        .await?;
+        let service_ip = cluster_ip(&n, "http-service", &client).await?;
+        let dns = cluster_ip("kube-system", "kube-dns", &client).await?;
+        let tasks = vec![
+            feed.abort_handle(),
+            reconcilers.abort_handle(),
+            sync_watches.abort_handle(),
+            grpc.abort_handle(),
+        ];
+        Ok(Self {
+            ns,
+            client_pod,
+            client_ip,
+            server_pod,
+            service_ip,
+            dns,
+            sync,
+            writer,
+            passes: std::sync::Mutex::new(Some(passes)),
+            token,
+            node,
+            address,
+            sequence: AtomicU64::new(0),
+            tasks,
+        })
+    }
+
+    /// Stops the status sync's passes (and waits until they have), so that a test drives them by hand.
+    pub async fn stop_passes(&self) {
+        let passes = self.passes.lock().unwrap().take();
+        if let Some(passes) = passes {
+            passes.abort();
+            let _ = passes.await;
+        }
+    }
+
+    /// A record of `pod` in this namespace.
+    pub fn record(
+        &self,
+        pod: &str,
+        peer: IpAddr,
+        port: u32,
+        protocol: uplink::Protocol,
+        direction: uplink::Direction,
+        outcome: uplink::Outcome,
+    ) -> FlowRecord {
+        flow_record(&self.ns.name, pod, peer, port, protocol, direction, outcome)
+    }
+
+    /// Sends `records` as the agent's next batch and requires every record accepted.
+    pub async fn send(&self, records: Vec<FlowRecord>) -> Result<()> {
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = records.len() as u32;
+        let acks = send_batches(
+            self.address,
+            &self.token,
+            vec![FlowBatch {
+                sequence,
+                node: self.node.clone(),
+                records,
+            }],
+        )
+        .await?;
+        ensure!(
+            acks.len() == 1 && acks[0].accepted == n && acks[0].rejected == 0,
+            "{acks:?}"
+        );
+        Ok(())
+    }
+}
