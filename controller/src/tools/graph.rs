@@ -91,10 +91,28 @@ struct Builder {
 }
 
 /// A rule's peers and ports.
-type Rule<'a> = (
+pub(crate) type Rule<'a> = (
     Option<&'a Vec<NetworkPolicyPeer>>,
     Option<&'a Vec<NetworkPolicyPort>>,
 );
+
+/// The peers and ports of each rule of `spec` in `direction` (`to` for egress, `from` for ingress).
+pub(crate) fn rules_in(spec: &NetworkPolicySpec, direction: Direction) -> Vec<Rule<'_>> {
+    match direction {
+        Direction::Egress => spec
+            .egress
+            .iter()
+            .flatten()
+            .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+            .collect(),
+        Direction::Ingress => spec
+            .ingress
+            .iter()
+            .flatten()
+            .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+            .collect(),
+    }
+}
 
 /// One payload to draw: a policy or a proposal.
 struct Payload<'a> {
@@ -219,20 +237,7 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
             .by_direction
             .insert(payload.direction, (payload.name.clone(), payload.mode));
         if let Some(spec) = payload.kubernetes {
-            let rules: Vec<Rule<'_>> = match payload.direction {
-                Direction::Egress => spec
-                    .egress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-                    .collect(),
-                Direction::Ingress => spec
-                    .ingress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-                    .collect(),
-            };
+            let rules = rules_in(spec, payload.direction);
             for (index, (peers, ports)) in rules.into_iter().enumerate() {
                 let usage = payload.usage_text(index, now);
                 let ports = port_labels(ports);

@@ -309,20 +309,7 @@ pub fn rules(
 ) -> Vec<RuleView> {
     let mut out = Vec::new();
     if let Some(spec) = kubernetes {
-        let rules: Vec<(Option<&Vec<NetworkPolicyPeer>>, _)> = match direction {
-            Direction::Egress => spec
-                .egress
-                .iter()
-                .flatten()
-                .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-                .collect(),
-            Direction::Ingress => spec
-                .ingress
-                .iter()
-                .flatten()
-                .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-                .collect(),
-        };
+        let rules = crate::tools::graph::rules_in(spec, direction);
         for (index, (peers, ports)) in rules.into_iter().enumerate() {
             let peers = match peers {
                 Some(peers) if !peers.is_empty() => peers.iter().map(peer_text).collect(),
