@@ -182,7 +182,8 @@ pub struct RunArgs {
           value_parser = crate::monitor::status_sync::parse_duration)]
     edge_history_retention: Duration,
     /// At most this many observed edges (workload pair, protocol, port) in the protect gate's
-    /// history, about 220 bytes each (44 MiB at the default); past it the least recently seen are evicted and counted.
+    /// history, about 220 bytes each (44 MiB at the default); past it the least recently seen are
+    /// evicted and counted.
     #[arg(long, env = "EDGE_HISTORY_MAX_EDGES", default_value_t = 200_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     edge_history_max_edges: u32,
