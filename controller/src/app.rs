@@ -277,15 +277,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
     let http = crate::runtime::http::serve(http_listener, metrics.clone(), health.clone());
 
-    let ui_address = if args.no_ui { "" } else { &args.ui_address };
-    let ui = crate::ui::start(
-        ui_address,
-        client.clone(),
-        settings.namespace.as_deref(),
-        &metrics,
-    )
-    .await?;
-
     let index = Arc::new(SharedIndex::default());
     let index_health = health.component("index", true);
     let index_watch = {
@@ -363,6 +354,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     status_sync.register_metrics(&metrics);
     // The protect gate replays the flows the status sync has seen.
     settings.gate = Some(GateHistory(status_sync.clone()));
+    let ui_address = if args.no_ui { "" } else { &args.ui_address };
+    let ui = crate::ui::start(
+        ui_address,
+        client.clone(),
+        settings.namespace.as_deref(),
+        status_sync.clone(),
+        &metrics,
+    )
+    .await?;
     // Agents' batches and Goldmane's flows share one learning and evidence path.
     let learning = Arc::new(Learning {
         index: index.clone(),

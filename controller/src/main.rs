@@ -31,8 +31,9 @@ enum Command {
     /// Print the CustomResourceDefinitions this controller serves, as YAML
     /// (e.g. `network-enforcer-controller crds | kubectl apply -f -`).
     Crds,
-    /// Evaluate flows against policies offline ("what would protect block?"): a scenario file of
-    /// namespaces, pods, NetworkPolicies / WorkloadNetworkPolicies and flows, JSON or YAML.
+    /// Evaluate flows against policies ("what would protect block?"): a scenario file of namespaces,
+    /// pods, NetworkPolicies / WorkloadNetworkPolicies and flows, JSON or YAML; or (--from-cluster)
+    /// the cluster's objects and the traffic the controller observed.
     Check(CheckArgs),
     /// Draw the learned workload graph (proposals, policies and their modes, violations in red) as
     /// Graphviz DOT, or SVG through `dot`.
@@ -49,7 +50,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Run(args) => app::run(*args).await,
-        Command::Check(args) => commands::check(&args),
+        Command::Check(args) => commands::check(&args).await,
         Command::Graph(args) => commands::graph(&args).await,
         Command::Cleanup(args) => commands::cleanup(args).await,
     }

@@ -6,7 +6,7 @@
 #[path = "support/in_process.rs"]
 mod in_process;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use in_process::InProcess;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -406,5 +406,138 @@ async fn the_protect_gate_replays_observed_flows_and_holds_a_strict_policy() -> 
     .await?;
     let ready = condition(&policies.get(EGRESS).await?, "Ready").unwrap();
     assert_eq!(ready.0, "True", "{ready:?}");
+    Ok(())
+}
+
+/// `check --from-cluster` (docs/operations.md, "`check`"): the cluster's pods and policies with the
+/// traffic the controller observed, read from its web view's edges API. After learning and promoting
+/// the client's egress to monitor, the client calls a port the policy does not allow: the check names
+/// that flow denied by the policy (evaluated as protect would render it) and the learned ones allowed,
+/// and `--diff-policies` with the port added lists it as now allowed.
+// Two workers: the check runs as a blocking child process while the view answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_from_cluster_evaluates_the_observed_traffic() -> Result<()> {
+    use network_enforcer_controller::ui::{self, Reflected, UiMetrics, UiState};
+    use uplink::Direction::Outbound;
+    use uplink::Outcome::Established;
+    use uplink::Protocol::Tcp;
+    let c = InProcess::start("check-live", Arc::new(Disabled), true).await?;
+    let ns = &c.ns;
+    learn(&c).await?;
+    ns.api::<WorkloadNetworkPolicyProposal>()
+        .patch(
+            EGRESS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
+        )
+        .await?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let egress = ns
+        .wait_for("the egress policy", WAIT, || async {
+            Ok(policies.get_opt(EGRESS).await?)
+        })
+        .await?;
+    c.send(vec![c.record(
+        &c.client_pod,
+        c.service_ip,
+        18082,
+        Tcp,
+        Outbound,
+        Established,
+    )])
+    .await?;
+    c.sync.attribute_evidence();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let source = Reflected::start(ns.client.clone(), Some(&ns.name));
+    let view = tokio::spawn(ui::serve(
+        listener,
+        UiState::new(source, UiMetrics::default()).with_edges(c.sync.clone()),
+    ));
+
+    // The new policies: the egress policy with TCP 18082 to the server added.
+    let mut changed = egress.clone();
+    let spec = changed.spec.kubernetes.as_mut().unwrap();
+    let rules = spec.egress.as_mut().unwrap();
+    let mut to_server = rules[egress_rule(&egress, 18080)].clone();
+    to_server.ports = Some(vec![serde_json::from_value(
+        json!({"protocol": "TCP", "port": 18082}),
+    )?]);
+    rules.push(to_server);
+    let new_policies =
+        std::env::temp_dir().join(format!("ne-check-live-{}.json", std::process::id()));
+    std::fs::write(&new_policies, serde_json::to_string(&vec![changed])?)?;
+    let run = |url: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+            .args(["check", "--from-cluster", "--namespace", &ns.name])
+            .args(["--controller-url", url, "--explain", "-o", "json"])
+            .arg("--diff-policies")
+            .arg(&new_policies)
+            .env("KUBECONFIG", ns.kubeconfig())
+            .output()
+    };
+    // The view answers once its watches have listed.
+    let last_error = std::sync::Mutex::new(String::new());
+    let out = ns
+        .wait_for("check --from-cluster to succeed", WAIT, || async {
+            let out = run(&url)?;
+            if !out.status.success() {
+                *last_error.lock().unwrap() = String::from_utf8_lossy(&out.stderr).into_owned();
+            }
+            Ok(out.status.success().then_some(out))
+        })
+        .await
+        .with_context(|| format!("last stderr: {}", last_error.lock().unwrap()))?;
+    let _ = std::fs::remove_file(&new_policies);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("3 observed edges of namespace") && stderr.contains("0 left out"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let results = report["results"].as_array().unwrap();
+    let verdict = |port: u64| {
+        results
+            .iter()
+            .find(|r| r["port"] == port)
+            .unwrap_or_else(|| panic!("no flow on port {port}: {report:#}"))
+    };
+    let client = format!("{}/{}", ns.name, c.client_pod);
+    for port in [18080, 53] {
+        let r = verdict(port);
+        assert_eq!(
+            (&r["from"]["pod"], &r["allowed"]),
+            (&json!(client), &json!(true)),
+            "{r:#}"
+        );
+    }
+    let denied = verdict(18082);
+    assert_eq!(denied["allowed"], false, "{denied:#}");
+    assert_eq!(denied["egress"]["allowed"], false, "{denied:#}");
+    assert_eq!(
+        denied["egress"]["policies"][0]["name"], EGRESS,
+        "{denied:#}"
+    );
+    let diff = &report["diff"];
+    assert_eq!(diff["flows"], 3, "{diff:#}");
+    assert_eq!(diff["now_denied"], json!([]), "{diff:#}");
+    assert_eq!(
+        diff["now_allowed"].as_array().map(Vec::len),
+        Some(1),
+        "{diff:#}"
+    );
+    assert_eq!(diff["now_allowed"][0]["port"], 18082, "{diff:#}");
+
+    // Without the view: a clear error naming how to reach it.
+    view.abort();
+    let _ = view.await;
+    let out = run(&url)?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("reading the observed edges from the controller's web view")
+            && stderr.contains("kubectl port-forward"),
+        "{stderr}"
+    );
     Ok(())
 }

@@ -62,6 +62,19 @@ pub struct EdgeStats {
     pub to_api_server: bool,
 }
 
+/// An edge of the history as the web view's API answers it (`check --from-cluster` reads it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEdge {
+    pub source: WorkloadRef,
+    pub destination: WorkloadRef,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub first_seen_ms: i64,
+    pub last_seen_ms: i64,
+    pub count: u64,
+}
+
 /// A flow a policy would block, for the condition and the Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Example {
@@ -232,6 +245,35 @@ impl EdgeHistory {
                     && k.port == port
             })
             .map(|(_, s)| *s)
+    }
+
+    /// The edges with an end in `namespace`, most recently seen first, at most `limit`; and whether
+    /// more were left out.
+    pub fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<HistoryEdge>, bool) {
+        let in_namespace =
+            |side: &Side| side.workload.address.is_empty() && side.workload.namespace == namespace;
+        let mut edges: Vec<HistoryEdge> = self
+            .edges
+            .iter()
+            .filter(|(k, _)| in_namespace(&k.source) || in_namespace(&k.destination))
+            .map(|(k, s)| HistoryEdge {
+                source: (*k.source.workload).clone(),
+                destination: (*k.destination.workload).clone(),
+                protocol: k.protocol,
+                port: k.port,
+                first_seen_ms: s.first_seen_ms,
+                last_seen_ms: s.last_seen_ms,
+                count: s.count,
+            })
+            .collect();
+        edges.sort_by(|a, b| {
+            b.last_seen_ms.cmp(&a.last_seen_ms).then_with(|| {
+                (&a.source, &a.destination, a.port).cmp(&(&b.source, &b.destination, b.port))
+            })
+        });
+        let truncated = edges.len() > limit;
+        edges.truncate(limit);
+        (edges, truncated)
     }
 
     /// Evaluates every edge on `policy`'s side against it, as if it were rendered, with `view`'s pods

@@ -885,6 +885,15 @@ impl StatusSync {
     }
 }
 
+impl crate::ui::EdgeSource for StatusSync {
+    fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<edge_history::HistoryEdge>, bool) {
+        self.history
+            .lock()
+            .expect("history lock")
+            .edges_in(namespace, limit)
+    }
+}
+
 impl protect_gate::History for StatusSync {
     fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
         Some(StatusSync::replay(self, policy))

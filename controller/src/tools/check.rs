@@ -22,12 +22,16 @@
 //! [`Checker::replay`] evaluates recorded agent records (the `flows -o json` lines) and reports the
 //! difference: what went through and would now be denied, and what failed and would now pass.
 //!
+//! [`live`] makes the scenario from the cluster and the traffic the controller observed
+//! (`check --from-cluster`); its `load` is the only I/O of `check`.
+//!
 //! Invalid input is refused with a [`CheckError`] naming the offending field
-//! (`flows[2].from.pod: ...`); nothing here does I/O. Policies are validated as the API server
+//! (`flows[2].from.pod: ...`). Policies are validated as the API server
 //! validates them ([`validate`]): one it would refuse is refused here too, not evaluated.
 
 mod diff;
 pub mod explain;
+pub mod live;
 mod validate;
 
 pub use diff::{DiffChange, DiffReport, Verdict, diff, parse_policies};

@@ -26,8 +26,24 @@ pub struct CleanupArgs {
 #[derive(clap::Args)]
 pub struct CheckArgs {
     /// The scenario: `namespaces`, `pods`, `policies`, `flows` (JSON or YAML; `-` for stdin).
+    #[arg(
+        long,
+        required_unless_present = "from_cluster",
+        conflicts_with = "from_cluster"
+    )]
+    scenario: Option<std::path::PathBuf>,
+    /// Instead of a scenario file: the cluster as it is now (the namespace's pods, NetworkPolicies and
+    /// WorkloadNetworkPolicies from KUBECONFIG), and as flows the traffic the controller observed
+    /// there (its protect gate's history, read from its web view at --controller-url).
+    #[arg(long, requires = "namespace")]
+    from_cluster: bool,
+    /// With --from-cluster: the namespace whose observed traffic is checked.
     #[arg(long)]
-    scenario: std::path::PathBuf,
+    namespace: Option<String>,
+    /// With --from-cluster: the controller's web view, e.g. after
+    /// `kubectl port-forward -n <release namespace> svc/<release>-network-enforcer-controller-ui 8090`.
+    #[arg(long, default_value = "http://127.0.0.1:8090")]
+    controller_url: String,
     /// Also replay recorded agent records (JSON lines of `network-enforcer-agent flows -o json`)
     /// against the scenario's policies and print the would-deny diff.
     #[arg(long)]
@@ -134,11 +150,11 @@ pub async fn graph(args: &GraphArgs) -> Result<()> {
 
 /// `check`: evaluate the scenario's flows (and replay records), print the report; invalid input is
 /// an error naming the field.
-pub fn check(args: &CheckArgs) -> Result<()> {
-    use crate::tools::check::{Checker, diff, parse_policies, parse_records, parse_scenario};
+pub async fn check(args: &CheckArgs) -> Result<()> {
+    use crate::tools::check::{Checker, diff, live, parse_policies, parse_records, parse_scenario};
     let stdin = std::path::Path::new("-");
     let inputs = [
-        Some(&args.scenario),
+        args.scenario.as_ref(),
         args.flows_from.as_ref(),
         args.diff_policies.as_ref(),
     ];
@@ -153,10 +169,33 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         }
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
     };
-    let scenario = parse_scenario(&read(&args.scenario)?)
-        .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
-    let checker = Checker::new(scenario)
-        .with_context(|| format!("invalid scenario {}", args.scenario.display()))?;
+    let (scenario, source) = match (&args.scenario, &args.namespace) {
+        (Some(path), _) => {
+            let what = format!("scenario {}", path.display());
+            let scenario =
+                parse_scenario(&read(path)?).with_context(|| format!("invalid {what}"))?;
+            (scenario, what)
+        }
+        (None, Some(namespace)) => {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+            let input = live::load(&client, namespace, &args.controller_url).await?;
+            let (scenario, skipped) = live::scenario(&input);
+            eprintln!(
+                "{} observed edges of namespace {namespace}{}; {skipped} left out (a workload with no pod now)",
+                input.edges.len(),
+                if input.truncated {
+                    " (the controller's newest only)"
+                } else {
+                    ""
+                },
+            );
+            (scenario, format!("cluster state of namespace {namespace}"))
+        }
+        (None, None) => anyhow::bail!("give --scenario FILE, or --from-cluster --namespace NS"),
+    };
+    let checker = Checker::new(scenario).with_context(|| format!("invalid {source}"))?;
     let report = if args.explain {
         checker.explain()
     } else {

@@ -16,7 +16,7 @@ pub mod server;
 pub mod workload_view;
 
 pub use objects::{ObjectSource, PolicyObject, Reflected, Snapshot};
-pub use server::{UiMetrics, UiState, router, serve};
+pub use server::{EdgeSource, UiMetrics, UiState, router, serve};
 
 #[cfg(test)]
 mod tests;
@@ -24,6 +24,7 @@ mod tests;
 use crate::runtime::metrics::ControllerMetrics;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// Why the web view could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +42,12 @@ pub enum UiError {
 pub type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 
 /// Binds `address` (empty: the view is off), starts the watches of `namespace` (all when `None`) and
-/// returns the server to run; its metrics go on `metrics`.
+/// returns the server to run, answering observed edges from `edges`; its metrics go on `metrics`.
 pub async fn start(
     address: &str,
     client: kube::Client,
     namespace: Option<&str>,
+    edges: Arc<dyn EdgeSource>,
     metrics: &ControllerMetrics,
 ) -> Result<Serving, UiError> {
     if address.trim().is_empty() {
@@ -63,5 +65,8 @@ pub async fn start(
     ui_metrics.register(metrics);
     let source = Reflected::start(client, namespace);
     tracing::info!(%address, "serving the web view (read-only) and its API under /api/v1/");
-    Ok(Box::pin(serve(listener, UiState::new(source, ui_metrics))))
+    Ok(Box::pin(serve(
+        listener,
+        UiState::new(source, ui_metrics).with_edges(edges),
+    )))
 }

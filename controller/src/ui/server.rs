@@ -3,6 +3,7 @@
 //! computed at a time per [`MAX_CONCURRENT`] slot, each within [`REQUEST_TIMEOUT`]), errors are JSON
 //! `{"error":{"code":404,"message":"..."}}`, and every request is counted by route and status.
 
+use crate::monitor::edge_history::HistoryEdge;
 use crate::runtime::metrics::ControllerMetrics;
 use crate::ui::objects::ObjectSource;
 use crate::ui::{graph_view, proposal_diff, workload_view};
@@ -23,6 +24,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONCURRENT: usize = 4;
 /// At most this many namespaces are listed.
 pub const MAX_NAMESPACES: usize = 1_000;
+/// At most this many observed edges are answered per namespace.
+pub const MAX_EDGES: usize = 10_000;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -102,11 +105,20 @@ impl UiMetrics {
     }
 }
 
+/// The observed edges this controller holds (the protect gate's history, docs/api.md "Protect
+/// gate"), for `/api/v1/namespaces/{ns}/edges`.
+pub trait EdgeSource: Send + Sync {
+    /// The edges with an end in `namespace`, newest first, at most `limit`; and whether more were left out.
+    fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<HistoryEdge>, bool);
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct UiState {
     pub source: Arc<dyn ObjectSource>,
     pub metrics: UiMetrics,
+    /// `None`: this process keeps no edge history; the edges route answers 404.
+    pub edges: Option<Arc<dyn EdgeSource>>,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
@@ -115,9 +127,24 @@ impl UiState {
         Self {
             source,
             metrics,
+            edges: None,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
         }
     }
+
+    /// Also answers the observed edges from `edges`.
+    pub fn with_edges(mut self, edges: Arc<dyn EdgeSource>) -> Self {
+        self.edges = Some(edges);
+        self
+    }
+}
+
+/// The edges route's answer.
+#[derive(Serialize)]
+struct Edges {
+    namespace: String,
+    edges: Vec<HistoryEdge>,
+    truncated: bool,
 }
 
 /// An API error: status and message, answered as JSON.
@@ -420,6 +447,29 @@ pub fn router(state: UiState) -> axum::Router {
         }
     };
     let s = state.clone();
+    let edges = move |Path(ns): Path<String>| {
+        let s = s.clone();
+        async move {
+            let history = s.edges.clone();
+            answer(&s, "edges", move |_| {
+                valid_name("namespace", &ns)?;
+                let history = history.ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "this process keeps no history of observed edges",
+                    )
+                })?;
+                let (edges, truncated) = history.edges_in(&ns, MAX_EDGES);
+                Ok(Edges {
+                    namespace: ns,
+                    edges,
+                    truncated,
+                })
+            })
+            .await
+        }
+    };
+    let s = state.clone();
     let list = move || {
         let s = s.clone();
         async move { answer(&s, "namespaces", |source| Ok(namespaces(source))).await }
@@ -479,6 +529,7 @@ pub fn router(state: UiState) -> axum::Router {
         .route("/api/v1/namespaces/{ns}/graph", get(graph))
         .route("/api/v1/namespaces/{ns}/workloads/{name}", get(workload))
         .route("/api/v1/namespaces/{ns}/proposals/{name}/diff", get(diff))
+        .route("/api/v1/namespaces/{ns}/edges", get(edges))
         .fallback(get(not_found))
 }
 

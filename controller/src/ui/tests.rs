@@ -4,6 +4,7 @@ use super::graph_view::{self, EdgeState, GraphQuery};
 use super::objects::{PolicyObject, Snapshot};
 use super::server::{self, UiMetrics, UiState};
 use super::{proposal_diff, workload_view};
+use network_enforcer_api::WorkloadRef;
 use std::sync::Arc;
 
 /// 2026-01-01T00:10:00Z.
@@ -614,4 +615,82 @@ async fn api_answers_json_errors_and_counts_requests() {
     assert_eq!(metrics.count("workload", 404), 1);
     assert_eq!(metrics.count("namespaces", 503), 1);
     assert_eq!(metrics.count("not_found", 404), 1);
+}
+
+/// Edges from a fixed list, bounded as asked.
+struct Edges(Vec<crate::monitor::edge_history::HistoryEdge>);
+
+impl super::EdgeSource for Edges {
+    fn edges_in(
+        &self,
+        namespace: &str,
+        limit: usize,
+    ) -> (Vec<crate::monitor::edge_history::HistoryEdge>, bool) {
+        let mut edges: Vec<_> = self
+            .0
+            .iter()
+            .filter(|e| e.source.namespace == namespace)
+            .cloned()
+            .collect();
+        let truncated = edges.len() > limit;
+        edges.truncate(limit);
+        (edges, truncated)
+    }
+}
+
+#[tokio::test]
+async fn the_edges_route_answers_the_history_or_404_without_one() {
+    let ready = || Arc::new(Gate(snapshot(Vec::new()), true.into()));
+    let serve = |state: UiState| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(server::serve(listener, state));
+        addr
+    };
+    let without = serve(UiState::new(ready(), UiMetrics::default())).await;
+    let (code, _, body) = get(without, "/api/v1/namespaces/demo/edges").await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("keeps no history"), "{body}");
+
+    let edge = crate::monitor::edge_history::HistoryEdge {
+        source: WorkloadRef {
+            namespace: "demo".into(),
+            owner_kind: "Deployment".into(),
+            owner_name: "web".into(),
+            ..WorkloadRef::default()
+        },
+        destination: WorkloadRef {
+            address: "192.0.2.7".into(),
+            ..WorkloadRef::default()
+        },
+        protocol: network_enforcer_api::Protocol::TCP,
+        port: 443,
+        first_seen_ms: 1,
+        last_seen_ms: 2,
+        count: 3,
+    };
+    let metrics = UiMetrics::default();
+    let with = serve(
+        UiState::new(ready(), metrics.clone()).with_edges(Arc::new(Edges(vec![edge.clone()]))),
+    )
+    .await;
+    let (code, content_type, body) = get(with, "/api/v1/namespaces/demo/edges").await;
+    assert_eq!(
+        (code, content_type.as_str()),
+        (200, "application/json"),
+        "{body}"
+    );
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["namespace"], "demo");
+    assert_eq!(answer["truncated"], false);
+    let edges: Vec<crate::monitor::edge_history::HistoryEdge> =
+        serde_json::from_value(answer["edges"].clone()).unwrap();
+    assert_eq!(edges, [edge]);
+    let (code, _, body) = get(with, "/api/v1/namespaces/other/edges").await;
+    assert_eq!(code, 200);
+    assert!(body.contains(r#""edges":[]"#), "{body}");
+    let (code, _, _) = get(with, "/api/v1/namespaces/Bad!/edges").await;
+    assert_eq!(code, 400);
+    assert_eq!(metrics.count("edges", 200), 2);
+    assert_eq!(metrics.count("edges", 400), 1);
 }

@@ -241,3 +241,31 @@ fn a_workload_without_pods_now_is_not_evaluable() {
         (1, 0, 1)
     );
 }
+
+#[test]
+fn edges_of_a_namespace_newest_first_and_bounded() {
+    let mut history = EdgeHistory::default();
+    history.record(
+        &at(observed(client(), server(), Protocol::TCP, 18080), 5),
+        false,
+    );
+    history.record(&at(observed(client(), dns(), Protocol::UDP, 53), 9), false);
+    history.record(
+        &at(
+            observed(external("192.0.2.1"), server(), Protocol::TCP, 18080),
+            1,
+        ),
+        false,
+    );
+    let (edges, truncated) = history.edges_in("demo", 10);
+    assert!(!truncated);
+    let ports: Vec<u16> = edges.iter().map(|e| e.port).collect();
+    assert_eq!(ports, [53, 18080, 18080]);
+    assert_eq!(edges[0].destination.namespace, "kube-system");
+    assert_eq!(edges[2].source.address, "192.0.2.1");
+    // kube-system sees only the DNS edge; a namespace without edges nothing.
+    assert_eq!(history.edges_in("kube-system", 10).0.len(), 1);
+    assert!(history.edges_in("other", 10).0.is_empty());
+    let (edges, truncated) = history.edges_in("demo", 2);
+    assert!(truncated && edges.len() == 2);
+}

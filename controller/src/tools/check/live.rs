@@ -1,0 +1,385 @@
+//! `check --from-cluster`: the scenario as the cluster is now. Namespaces, pods, NetworkPolicies and
+//! WorkloadNetworkPolicies come from the API server; the flows are the observed edges the controller
+//! keeps for the protect gate (docs/api.md, "Protect gate"), read from its web view API
+//! (`/api/v1/namespaces/<ns>/edges`, reached with `kubectl port-forward`). Each edge is evaluated
+//! between a current pod of each of its workloads (or its address), as the gate replays it.
+//!
+//! [`scenario`] is pure; [`load`] does the I/O.
+
+use super::{Scenario, ScenarioFlow, ScenarioNamespace, ScenarioPeer, ScenarioPod, ScenarioPort};
+use crate::cluster::workload;
+use crate::monitor::edge_history::HistoryEdge;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
+use network_enforcer_api::{Protocol, WorkloadNetworkPolicy, WorkloadRef};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// The longest the controller's API may take to answer.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the cluster and the controller hold now.
+#[derive(Clone, Debug, Default)]
+pub struct LiveInput {
+    pub namespaces: Vec<Namespace>,
+    pub pods: Vec<Pod>,
+    pub network_policies: Vec<NetworkPolicy>,
+    pub policies: Vec<WorkloadNetworkPolicy>,
+    pub edges: Vec<HistoryEdge>,
+    /// The controller left edges out (more than its API answers).
+    pub truncated: bool,
+}
+
+/// Why the live scenario could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error("listing {what}: {source}")]
+    Kube {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error(
+        "reading the observed edges from the controller's web view at {url}: {message} (reach it with \
+         `kubectl port-forward -n <release namespace> svc/<release>-network-enforcer-controller-ui 8090`, \
+         or give --controller-url)"
+    )]
+    Controller { url: String, message: String },
+}
+
+/// The edges route's answer.
+#[derive(serde::Deserialize)]
+struct EdgesAnswer {
+    edges: Vec<HistoryEdge>,
+    #[serde(default)]
+    truncated: bool,
+}
+
+/// Reads the objects of `namespace` and the namespaces its edges reach, and the edges, from the
+/// controller's web view at `controller_url` (e.g. `http://127.0.0.1:8090`).
+pub async fn load(
+    client: &kube::Client,
+    namespace: &str,
+    controller_url: &str,
+) -> Result<LiveInput, LiveError> {
+    use kube::api::{Api, ListParams};
+    let url = format!(
+        "{}/api/v1/namespaces/{namespace}/edges",
+        controller_url.trim_end_matches('/')
+    );
+    let answer = fetch_edges(&url)
+        .await
+        .map_err(|message| LiveError::Controller {
+            url: url.clone(),
+            message,
+        })?;
+    let mut namespaces_used: BTreeSet<String> = BTreeSet::from([namespace.to_string()]);
+    for edge in &answer.edges {
+        for side in [&edge.source, &edge.destination] {
+            if side.address.is_empty() && !side.namespace.is_empty() {
+                namespaces_used.insert(side.namespace.clone());
+            }
+        }
+    }
+    let list = ListParams::default();
+    let kube = |what| move |source| LiveError::Kube { what, source };
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(kube("namespaces"))?
+        .items;
+    let mut input = LiveInput {
+        namespaces,
+        edges: answer.edges,
+        truncated: answer.truncated,
+        ..LiveInput::default()
+    };
+    for ns in &namespaces_used {
+        input.pods.extend(
+            Api::<Pod>::namespaced(client.clone(), ns)
+                .list(&list)
+                .await
+                .map_err(kube("pods"))?
+                .items,
+        );
+        input.network_policies.extend(
+            Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+                .list(&list)
+                .await
+                .map_err(kube("networkpolicies"))?
+                .items,
+        );
+        input.policies.extend(
+            Api::<WorkloadNetworkPolicy>::namespaced(client.clone(), ns)
+                .list(&list)
+                .await
+                .map_err(kube("workloadnetworkpolicies"))?
+                .items,
+        );
+    }
+    Ok(input)
+}
+
+/// One GET of the edges route: its answer, or what went wrong.
+async fn fetch_edges(url: &str) -> Result<EdgesAnswer, String> {
+    use http_body_util::BodyExt as _;
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// is served (the web view has no TLS; use a port-forward)".into());
+    }
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let response = tokio::time::timeout(FETCH_TIMEOUT, client.get(uri))
+        .await
+        .map_err(|_| format!("no answer within {FETCH_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = tokio::time::timeout(FETCH_TIMEOUT, response.into_body().collect())
+        .await
+        .map_err(|_| format!("no answer within {FETCH_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("an answer that is not the edges: {e}"))
+}
+
+/// The scenario `input` makes, and how many edges were left out because a workload of theirs has no
+/// pod now (or an address did not parse).
+pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
+    let pods: Vec<&Pod> = input.pods.iter().filter(|p| evaluable(p)).collect();
+    let mut scenario = Scenario {
+        namespaces: input
+            .namespaces
+            .iter()
+            .map(|ns| ScenarioNamespace {
+                name: ns.name_any(),
+                labels: ns.labels().clone(),
+            })
+            .collect(),
+        pods: pods.iter().map(|p| scenario_pod(p)).collect(),
+        policies: Vec::new(),
+        flows: Vec::new(),
+    };
+    // Our rendered NetworkPolicies are in the list too: the checker replaces them by their policy.
+    for np in &input.network_policies {
+        if let Ok(v) = serde_json::to_value(np) {
+            scenario.policies.push(v);
+        }
+    }
+    for p in input
+        .policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        if let Ok(v) = serde_json::to_value(p) {
+            scenario.policies.push(v);
+        }
+    }
+    let mut skipped = 0;
+    for edge in &input.edges {
+        match (peer(&pods, &edge.source), peer(&pods, &edge.destination)) {
+            (Some(from), Some(to)) => scenario.flows.push(ScenarioFlow {
+                from,
+                to,
+                protocol: edge.protocol,
+                port: edge.port,
+            }),
+            _ => skipped += 1,
+        }
+    }
+    (scenario, skipped)
+}
+
+/// A pod NetworkPolicies apply to, with its own address: running (or starting), not host network.
+fn evaluable(pod: &Pod) -> bool {
+    let spec_host = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
+    let has_ip = status
+        .and_then(|s| s.pod_ip.as_deref())
+        .is_some_and(|ip| ip.parse::<std::net::IpAddr>().is_ok());
+    !spec_host && has_ip && !matches!(phase, "Succeeded" | "Failed")
+}
+
+fn scenario_pod(pod: &Pod) -> ScenarioPod {
+    let spec = pod.spec.as_ref();
+    ScenarioPod {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        labels: pod.labels().clone(),
+        ip: pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok()),
+        ports: spec
+            .into_iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                Some(ScenarioPort {
+                    name: p.name.clone(),
+                    container_port: u16::try_from(p.container_port).ok()?,
+                    protocol: match p.protocol.as_deref() {
+                        Some("UDP") => Protocol::UDP,
+                        Some("SCTP") => Protocol::SCTP,
+                        _ => Protocol::TCP,
+                    },
+                })
+            })
+            .collect(),
+        service_account: spec.and_then(|s| s.service_account_name.clone()),
+    }
+}
+
+/// An edge's end in the scenario: its address, or a pod of its workload.
+fn peer(pods: &[&Pod], side: &WorkloadRef) -> Option<ScenarioPeer> {
+    if !side.address.is_empty() {
+        return Some(ScenarioPeer {
+            ip: Some(side.address.parse().ok()?),
+            pod: None,
+        });
+    }
+    let pod = pods.iter().find(|p| {
+        p.metadata.namespace.as_deref() == Some(side.namespace.as_str())
+            && workload::unit_of(p, |_| None)
+                .is_some_and(|w| w.kind.as_str() == side.owner_kind && w.name == side.owner_name)
+    })?;
+    Some(ScenarioPeer {
+        pod: Some(format!("{}/{}", side.namespace, pod.name_any())),
+        ip: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, app: &str, ip: &str, owner: Option<(&str, &str)>) -> Pod {
+        // A Deployment's ReplicaSet is `<deployment>-<pod-template-hash>`, and its pods carry the hash.
+        let hash = owner
+            .filter(|(kind, _)| *kind == "ReplicaSet")
+            .and_then(|(_, rs)| rs.rsplit('-').next());
+        let mut labels = json!({"app": app});
+        if let Some(hash) = hash {
+            labels["pod-template-hash"] = json!(hash);
+        }
+        let owners = owner.map(|(kind, name)| {
+            json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "u", "controller": true}])
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "demo", "labels": labels,
+                         "ownerReferences": owners},
+            "spec": {"serviceAccountName": "sa", "containers": [{"name": "c", "image": "i",
+                     "ports": [{"name": "http", "containerPort": 18080}, {"containerPort": 53, "protocol": "UDP"}]}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn side(kind: &str, name: &str) -> WorkloadRef {
+        WorkloadRef {
+            namespace: "demo".into(),
+            owner_kind: kind.into(),
+            owner_name: name.into(),
+            ..WorkloadRef::default()
+        }
+    }
+
+    fn edge(source: WorkloadRef, destination: WorkloadRef, port: u16) -> HistoryEdge {
+        HistoryEdge {
+            source,
+            destination,
+            protocol: Protocol::TCP,
+            port,
+            first_seen_ms: 0,
+            last_seen_ms: 0,
+            count: 1,
+        }
+    }
+
+    #[test]
+    fn edges_become_flows_between_current_pods_of_their_workloads() {
+        let mut host = pod("node-agent", "agent", "10.0.0.1", None);
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        let mut done = pod(
+            "old",
+            "web",
+            "10.1.0.9",
+            Some(("ReplicaSet", "web-5d8f7c9b6")),
+        );
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        let input = LiveInput {
+            pods: vec![
+                done,
+                pod(
+                    "web-5d8f7c9b6-abcde",
+                    "web",
+                    "10.1.0.2",
+                    Some(("ReplicaSet", "web-5d8f7c9b6")),
+                ),
+                pod("db-0", "db", "10.1.0.3", Some(("StatefulSet", "db"))),
+                pod("debug", "debug", "10.1.0.4", None),
+                host,
+            ],
+            edges: vec![
+                edge(side("Deployment", "web"), side("StatefulSet", "db"), 5432),
+                edge(side("Pod", "debug"), side("Deployment", "web"), 18080),
+                edge(
+                    side("Deployment", "web"),
+                    WorkloadRef {
+                        address: "192.0.2.7".into(),
+                        ..WorkloadRef::default()
+                    },
+                    443,
+                ),
+                // No pod of it now.
+                edge(
+                    side("Deployment", "retired"),
+                    side("StatefulSet", "db"),
+                    5432,
+                ),
+            ],
+            ..LiveInput::default()
+        };
+        let (scenario, skipped) = scenario(&input);
+        assert_eq!(skipped, 1);
+        let names: Vec<&str> = scenario.pods.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["web-5d8f7c9b6-abcde", "db-0", "debug"],
+            "evaluable pods only"
+        );
+        assert_eq!(scenario.pods[0].ports.len(), 2);
+        assert_eq!(scenario.pods[0].service_account.as_deref(), Some("sa"));
+        let flows: Vec<String> = scenario
+            .flows
+            .iter()
+            .map(|f| {
+                let end = |p: &ScenarioPeer| match (&p.pod, p.ip) {
+                    (Some(pod), _) => pod.clone(),
+                    (None, Some(ip)) => ip.to_string(),
+                    (None, None) => "?".into(),
+                };
+                format!("{} -> {}:{}", end(&f.from), end(&f.to), f.port)
+            })
+            .collect();
+        assert_eq!(
+            flows,
+            [
+                "demo/web-5d8f7c9b6-abcde -> demo/db-0:5432",
+                "demo/debug -> demo/web-5d8f7c9b6-abcde:18080",
+                "demo/web-5d8f7c9b6-abcde -> 192.0.2.7:443",
+            ]
+        );
+        // The checker takes it as it is.
+        super::super::Checker::new(scenario).expect("a valid scenario");
+    }
+}
