@@ -413,3 +413,81 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
 
     Ok(())
 }
+
+/// A clock-skewed (or lying) agent: a record dated an hour ahead is dated now when it is taken in, so
+/// its violation carries the controller's time and a real violation seen after it is the newest (it
+/// was the other way round before the ingest clamped future times).
+#[tokio::test]
+async fn a_clock_skewed_agent_does_not_date_violations_ahead() -> Result<()> {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use uplink::Direction::{Inbound, Outbound};
+    use uplink::Outcome::{Datagram, Established};
+    use uplink::Protocol::{Tcp, Udp};
+    let c = InProcess::start("clock-skew", Arc::new(Recorded::default()), false).await?;
+    let ns = &c.ns;
+    let (client_pod, service_ip) = (c.client_pod.as_str(), c.service_ip);
+    c.send(vec![
+        c.record(client_pod, service_ip, 18080, Tcp, Outbound, Established),
+        c.record(client_pod, c.dns, 53, Udp, Outbound, Datagram),
+        c.record(&c.server_pod, c.client_ip, 18080, Tcp, Inbound, Established),
+    ])
+    .await?;
+    let report = c.writer.flush().await;
+    ensure!(report.written == 2, "{report:?}");
+    ns.api::<WorkloadNetworkPolicyProposal>()
+        .patch(
+            EGRESS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
+        )
+        .await?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    ns.wait_for("the egress policy", WAIT, || async {
+        Ok(policies.get_opt(EGRESS).await?)
+    })
+    .await?;
+
+    // The skewed agent's UDP datagram to 18083 (the server's 18081), an hour ahead of the clock.
+    let sent = Timestamp::now();
+    let mut skewed = c.record(client_pod, service_ip, 18083, Udp, Outbound, Datagram);
+    skewed.first_seen_ms += 3_600_000;
+    skewed.last_seen_ms += 3_600_000;
+    c.send(vec![skewed]).await?;
+    let egress = ns
+        .wait_for("the skewed record's violation", WAIT, || async {
+            let p = policies.get(EGRESS).await?;
+            Ok((status(&p).violation_count > 0).then_some(p))
+        })
+        .await?;
+    let v = status(&egress).violations[0].clone();
+    assert_eq!(v.dst_port, Some(18081));
+    let at = v.timestamp.0;
+    assert!(
+        at >= sent - SignedDuration::from_secs(5) && at <= Timestamp::now(),
+        "dated {at}, sent at {sent}"
+    );
+
+    // A real violation afterwards is the newest.
+    c.send(vec![c.record(
+        client_pod,
+        service_ip,
+        18082,
+        Tcp,
+        Outbound,
+        Established,
+    )])
+    .await?;
+    let egress = ns
+        .wait_for("the second violation", WAIT, || async {
+            let p = policies.get(EGRESS).await?;
+            Ok((status(&p).violation_count > 1).then_some(p))
+        })
+        .await?;
+    let ports: Vec<Option<i32>> = status(&egress)
+        .violations
+        .iter()
+        .map(|v| v.dst_port)
+        .collect();
+    assert_eq!(ports, [Some(18082), Some(18081)], "newest first");
+    Ok(())
+}
