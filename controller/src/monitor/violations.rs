@@ -38,9 +38,14 @@ pub const MAX_REASON_CHARS: usize = 1024;
 
 /// `reason` cut to [`MAX_REASON_CHARS`] characters, marked with `…` when cut.
 pub fn cap_reason(reason: &str) -> String {
-    match reason.char_indices().nth(MAX_REASON_CHARS) {
-        None => reason.to_string(),
-        Some((end, _)) => format!("{}…", &reason[..end]),
+    cap_text(reason, MAX_REASON_CHARS)
+}
+
+/// `text` cut to `max_chars` characters, marked with `…` when cut.
+pub fn cap_text(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}…", &text[..end]),
     }
 }
 

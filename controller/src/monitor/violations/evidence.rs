@@ -188,20 +188,26 @@ fn address_side(ip: IpAddr) -> FlowSide {
     }
 }
 
+/// At most this many characters of a workload's selector are written into a violation record. A bare
+/// pod's selector is its labels, which may hold 256 KiB: uncut, one such pod calling a policy's
+/// workload would make every status write of that policy too large for etcd.
+pub const MAX_SELECTOR_CHARS: usize = 512;
+
 /// How violation records name a workload: namespace, kind (`Pod` for a pod without a supported
-/// controller), name, Istio principal and selector.
+/// controller), name, Istio principal and selector (cut at [`MAX_SELECTOR_CHARS`]).
 pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
+    let selector = workload
+        .selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
     WorkloadRef {
         namespace: workload.namespace.clone(),
         owner_kind: workload.kind.map_or("Pod", |k| k.as_str()).to_string(),
         owner_name: workload.name.clone(),
         identity: principal(workload),
-        selector: workload
-            .selector
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(","),
+        selector: super::cap_text(&selector, MAX_SELECTOR_CHARS),
         address: String::new(),
     }
 }
@@ -391,6 +397,34 @@ impl Pending {
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_huge_selector_is_cut_in_violation_records() {
+        // A bare pod's selector is its labels: up to 256 KiB of them.
+        let labels: BTreeMap<String, String> = (0..2_000)
+            .map(|i| (format!("label-{i:04}"), "x".repeat(100)))
+            .collect();
+        let workload = WorkloadEndpoint {
+            namespace: "n".into(),
+            kind: None,
+            name: "bare".into(),
+            selector: labels,
+            ..WorkloadEndpoint::default()
+        };
+        let named = workload_ref(&workload);
+        assert_eq!(named.selector.chars().count(), MAX_SELECTOR_CHARS + 1);
+        assert!(named.selector.starts_with("label-0000=xxx") && named.selector.ends_with('…'));
+        assert_eq!(
+            (named.owner_kind.as_str(), named.owner_name.as_str()),
+            ("Pod", "bare")
+        );
+        let small = WorkloadEndpoint {
+            selector: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            ..workload
+        };
+        assert_eq!(workload_ref(&small).selector, "app=web");
+    }
 
     fn observation(second: i64, action: PolicyMode) -> Observation {
         Observation {
