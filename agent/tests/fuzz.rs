@@ -407,16 +407,23 @@ async fn exchange(
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let (read, mut write) = stream.into_split();
-    write
-        .write_all(format!("{request}\n").as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
+    // Written while the answer is read: the server stops reading a request past its 4 KiB, so the
+    // rest of a longer one never leaves this side (and waiting for it would wait forever).
+    let line = format!("{request}\n");
+    let send = async move {
+        match write.write_all(line.as_bytes()).await {
+            Ok(()) => std::future::pending().await,
+            Err(e) => e,
+        }
+    };
+    tokio::pin!(send);
     let mut lines = BufReader::new(read).lines();
     let event = event();
     loop {
         server.publish(&[event], |_| None);
         tokio::select! {
             biased;
+            e = &mut send => return Err(format!("write: {e}")),
             line = lines.next_line() => match line {
                 Ok(Some(text)) => match serde_json::from_str::<Line>(&text) {
                     Ok(Line::Event(_)) => return Ok(()),
