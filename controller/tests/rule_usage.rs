@@ -11,7 +11,7 @@ use in_process::InProcess;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{ListParams, Patch, PatchParams};
-use network_enforcer_api::keys::{PROMOTE_LABEL, PROTECT_GATE_ANNOTATION};
+use network_enforcer_api::keys::PROTECT_GATE_ANNOTATION;
 use network_enforcer_api::uplink::{self, FlowRecord};
 use network_enforcer_api::{
     PolicyMode, RuleUsage, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
@@ -97,15 +97,8 @@ async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -
     // Learning (TCP 18080 and the client's DNS lookup), then promotion to monitor.
     let tcp = learn(&c).await?;
     let tcp = || tcp.clone();
-    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     for name in [EGRESS, INGRESS] {
-        proposals
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
-            )
-            .await?;
+        c.promote(name, "monitor").await?;
     }
     let policies = ns.api::<WorkloadNetworkPolicy>();
     // The first passes write one entry per rule, never matched, watched since then.
@@ -296,13 +289,7 @@ async fn the_protect_gate_replays_observed_flows_and_holds_a_strict_policy() -> 
         )
         .await?;
     for name in [EGRESS, INGRESS] {
-        proposals
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "protect"}}})),
-            )
-            .await?;
+        c.promote(name, "protect").await?;
     }
     let policies = ns.api::<WorkloadNetworkPolicy>();
     let gate = |p: &WorkloadNetworkPolicy| condition(p, "WouldBlock");
@@ -424,13 +411,7 @@ async fn check_from_cluster_evaluates_the_observed_traffic() -> Result<()> {
     let c = InProcess::start("check-live", Arc::new(Disabled), true).await?;
     let ns = &c.ns;
     learn(&c).await?;
-    ns.api::<WorkloadNetworkPolicyProposal>()
-        .patch(
-            EGRESS,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
-        )
-        .await?;
+    c.promote(EGRESS, "monitor").await?;
     let policies = ns.api::<WorkloadNetworkPolicy>();
     let egress = ns
         .wait_for("the egress policy", WAIT, || async {

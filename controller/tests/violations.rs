@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use network_enforcer_api::crd::{AcknowledgedViolation, Backend};
-use network_enforcer_api::keys::{ACKNOWLEDGE_ANNOTATION_PREFIX, PROMOTE_LABEL};
+use network_enforcer_api::keys::ACKNOWLEDGE_ANNOTATION_PREFIX;
 use network_enforcer_api::uplink;
 use network_enforcer_api::{
     Direction, PolicyMode, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
@@ -93,15 +93,8 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     agent.send(allowed.clone()).await?;
     let report = writer.flush().await;
     ensure!(report.written == 2, "{report:?}");
-    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     for name in [EGRESS, INGRESS] {
-        proposals
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
-            )
-            .await?;
+        c.promote(name, "monitor").await?;
     }
     let policies = ns.api::<WorkloadNetworkPolicy>();
     ns.wait_for("both policies in monitor mode", WAIT, || async {
@@ -175,7 +168,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     // Proposals are not re-created by what the policies now govern.
     writer.flush().await;
     assert!(
-        proposals
+        ns.api::<WorkloadNetworkPolicyProposal>()
             .list(&ListParams::default())
             .await?
             .items
@@ -434,13 +427,7 @@ async fn a_clock_skewed_agent_does_not_date_violations_ahead() -> Result<()> {
     .await?;
     let report = c.writer.flush().await;
     ensure!(report.written == 2, "{report:?}");
-    ns.api::<WorkloadNetworkPolicyProposal>()
-        .patch(
-            EGRESS,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {PROMOTE_LABEL: "monitor"}}})),
-        )
-        .await?;
+    c.promote(EGRESS, "monitor").await?;
     let policies = ns.api::<WorkloadNetworkPolicy>();
     ns.wait_for("the egress policy", WAIT, || async {
         Ok(policies.get_opt(EGRESS).await?)

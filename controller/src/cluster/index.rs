@@ -1403,16 +1403,20 @@ impl Index {
     /// Whether `ip:port` is an API server: a backend of the `default/kubernetes` Service (its
     /// Endpoints name the API servers), or that Service's ClusterIP itself.
     pub fn is_api_server(&self, ip: IpAddr, port: u16) -> bool {
-        let key = ("default".to_string(), "kubernetes".to_string());
-        if self.service_ips.get(&ip) == Some(&key) {
+        // Called per evaluated flow: the key is built once.
+        static KUBERNETES: std::sync::LazyLock<ServiceKey> =
+            std::sync::LazyLock::new(|| ("default".to_string(), "kubernetes".to_string()));
+        let key = &*KUBERNETES;
+        if self.service_ips.get(&ip) == Some(key) {
             return true;
         }
-        self.backends.get(&key).is_some_and(|b| {
+        self.backends.get(key).is_some_and(|b| {
             b.by_port.values().flatten().any(|(endpoint, p)| {
                 *p == port
                     && match endpoint {
-                        Endpoint::Node { ip: at, .. } | Endpoint::External(at) => *at == ip,
-                        Endpoint::HostNetwork { ip: at, .. } => *at == ip,
+                        Endpoint::Node { ip: at, .. }
+                        | Endpoint::External(at)
+                        | Endpoint::HostNetwork { ip: at, .. } => *at == ip,
                         Endpoint::Workload(_) => false,
                     }
             })

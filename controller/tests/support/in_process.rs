@@ -6,9 +6,11 @@
 #![allow(dead_code)]
 
 use anyhow::{Result, ensure};
-use network_enforcer_api::Backend;
+use kube::api::{Patch, PatchParams};
+use network_enforcer_api::keys::PROMOTE_LABEL;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
+use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{
     IngestService, Learning, Limits, TokenReviewAuthenticator,
@@ -168,6 +170,19 @@ impl InProcess {
             passes.abort();
             let _ = passes.await;
         }
+    }
+
+    /// Labels proposal `name` for promotion into `mode` (`monitor` or `protect`).
+    pub async fn promote(&self, name: &str, mode: &str) -> Result<()> {
+        self.ns
+            .api::<WorkloadNetworkPolicyProposal>()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {PROMOTE_LABEL: mode}}})),
+            )
+            .await?;
+        Ok(())
     }
 
     /// A record of `pod` in this namespace.

@@ -81,12 +81,13 @@ pub async fn load(
             }
         }
     }
-    let list = ListParams::default();
-    let kube = |what| move |source| LiveError::Kube { what, source };
     let namespaces = Api::<Namespace>::all(client.clone())
-        .list(&list)
+        .list(&ListParams::default())
         .await
-        .map_err(kube("namespaces"))?
+        .map_err(|source| LiveError::Kube {
+            what: "namespaces",
+            source,
+        })?
         .items;
     let mut input = LiveInput {
         namespaces,
@@ -95,29 +96,34 @@ pub async fn load(
         ..LiveInput::default()
     };
     for ns in &namespaces_used {
-        input.pods.extend(
-            Api::<Pod>::namespaced(client.clone(), ns)
-                .list(&list)
-                .await
-                .map_err(kube("pods"))?
-                .items,
-        );
-        input.network_policies.extend(
-            Api::<NetworkPolicy>::namespaced(client.clone(), ns)
-                .list(&list)
-                .await
-                .map_err(kube("networkpolicies"))?
-                .items,
-        );
-        input.policies.extend(
-            Api::<WorkloadNetworkPolicy>::namespaced(client.clone(), ns)
-                .list(&list)
-                .await
-                .map_err(kube("workloadnetworkpolicies"))?
-                .items,
-        );
+        input.pods.extend(list_in(client, ns, "pods").await?);
+        input
+            .network_policies
+            .extend(list_in(client, ns, "networkpolicies").await?);
+        input
+            .policies
+            .extend(list_in(client, ns, "workloadnetworkpolicies").await?);
     }
     Ok(input)
+}
+
+/// Every `K` in namespace `ns` (`what` names them in the error).
+async fn list_in<K>(
+    client: &kube::Client,
+    ns: &str,
+    what: &'static str,
+) -> Result<Vec<K>, LiveError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    kube::Api::<K>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|source| LiveError::Kube { what, source })
 }
 
 /// One GET of the edges route: its answer, or what went wrong.
