@@ -74,6 +74,7 @@ impl KernelArgs {
         LoadOptions {
             ring_buffer_bytes: self.ring_buffer_bytes,
             dedupe_window: Duration::from_secs(self.dedupe_seconds),
+            cgroup: None,
         }
     }
 }
@@ -275,11 +276,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let mut data_plane =
-        DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
+    // The node's cgroup: where the UDP hooks attach and which pods the scans name.
+    let node_cgroups = crate::kernel::host::NodeCgroups::detect()?;
+    tracing::info!(
+        pods_cgroup = node_cgroups.pods.as_deref().unwrap_or("(the whole tree)"),
+        "this node's pods"
+    );
+    let load_options = LoadOptions {
+        cgroup: Some(node_cgroups.attach_dir()),
+        ..args.kernel.load_options()
+    };
+    let mut data_plane = DataPlane::load(&load_options).context("starting the eBPF data plane")?;
     metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
-    let scanner = Scanner::new(crate::kernel::host::cgroup2_root()?, attributor.clone());
+    let scanner = Scanner::new(node_cgroups, attributor.clone());
     let mut debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
     if let Some(peers) = peers {
         debug = debug.with_peers(peers);

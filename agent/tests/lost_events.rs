@@ -16,6 +16,7 @@ async fn a_full_ring_buffer_counts_lost_events() {
     let (data_plane, mut reader) = support::load(&LoadOptions {
         ring_buffer_bytes: Some(RING_BYTES),
         dedupe_window: Duration::ZERO, // every connection is an event
+        cgroup: None,
     });
 
     // Nothing reads the ring buffer while 200 loopback connections produce 400 events.

@@ -20,6 +20,7 @@
 use crate::aggregate::monotonic_now;
 use crate::error::{Error, Result};
 use crate::identity::pod_watch::SharedAttributor;
+use crate::kernel::host::NodeCgroups;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -76,6 +77,19 @@ impl PodIdentities {
     /// Scans `proc_root` (normally `/proc`, the host's) and the cgroup v2 tree at `cgroup2_root`.
     /// Processes and cgroups that vanish during the scan are skipped.
     pub fn scan(proc_root: &Path, cgroup2_root: &Path) -> std::io::Result<Self> {
+        Self::scan_node(
+            proc_root,
+            &NodeCgroups {
+                mount: cgroup2_root.to_path_buf(),
+                pods: None,
+            },
+        )
+    }
+
+    /// [`PodIdentities::scan`] of this node's pods only: the cgroups below `node.pods_dir()` and the
+    /// processes in them.
+    pub fn scan_node(proc_root: &Path, node: &NodeCgroups) -> std::io::Result<Self> {
+        let cgroup2_root = node.mount.as_path();
         // The agent runs in the host's network namespace (DaemonSet `hostNetwork: true`), so its own is
         // the host's. (/proc/1/ns/net would need CAP_SYS_PTRACE, which the agent does not ask for.)
         let host_netns = std::fs::metadata(proc_root.join("self/ns/net"))?.ino() as u32;
@@ -83,7 +97,7 @@ impl PodIdentities {
             host_netns,
             ..Self::default()
         };
-        ids.walk_cgroups(cgroup2_root, cgroup2_root, 0);
+        ids.walk_cgroups(cgroup2_root, &node.pods_dir(), 0);
         for entry in std::fs::read_dir(proc_root)?.flatten() {
             let name = entry.file_name();
             if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -96,6 +110,7 @@ impl PodIdentities {
             let Some(uid) = cgroups
                 .lines()
                 .find_map(|l| l.strip_prefix("0::"))
+                .filter(|path| node.holds(path))
                 .and_then(pod_uid_from_cgroup_path)
             else {
                 continue;
@@ -194,7 +209,7 @@ impl PodIdentities {
 /// per [`Scanner::MIN_GAP`].
 pub struct Scanner {
     proc_root: PathBuf,
-    cgroup_root: PathBuf,
+    node: NodeCgroups,
     attributor: SharedAttributor,
     last: Option<Instant>,
 }
@@ -203,11 +218,11 @@ impl Scanner {
     /// The least time between two scans asked for by unknown namespaces.
     pub const MIN_GAP: Duration = Duration::from_secs(1);
 
-    /// A scanner of the host's `/proc` and the cgroup v2 tree at `cgroup_root`, into `attributor`.
-    pub fn new(cgroup_root: PathBuf, attributor: SharedAttributor) -> Self {
+    /// A scanner of the host's `/proc` and of `node`'s pods in the cgroup v2 tree, into `attributor`.
+    pub fn new(node: NodeCgroups, attributor: SharedAttributor) -> Self {
         Self {
             proc_root: PathBuf::from("/proc"),
-            cgroup_root,
+            node,
             attributor,
             last: None,
         }
@@ -215,7 +230,7 @@ impl Scanner {
 
     /// Scans now.
     pub fn scan(&mut self) -> Result<()> {
-        let ids = PodIdentities::scan(&self.proc_root, &self.cgroup_root).map_err(Error::Scan)?;
+        let ids = PodIdentities::scan_node(&self.proc_root, &self.node).map_err(Error::Scan)?;
         self.attributor
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -124,6 +124,79 @@ pub fn cgroup2_root() -> Result<PathBuf> {
         .ok_or(Error::NoCgroup2)
 }
 
+/// This node's place in the cgroup v2 tree, found from the agent's own cgroup. The kubelet keeps every
+/// pod below one `kubepods` cgroup (`/kubepods` with the cgroupfs driver, `/kubepods.slice` with
+/// systemd's, below its `--cgroup-root` when one is set); the agent runs in a pod, so its own cgroup
+/// path names that directory. Where nodes share a kernel (the local cluster's simulated nodes) this keeps
+/// the agent to its own node's pods; on a real node it changes nothing, as everything is below the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCgroups {
+    /// Where the cgroup v2 hierarchy is mounted.
+    pub mount: PathBuf,
+    /// The pods' cgroup below the mount (`/kubepods`, `/ne-node2/kubepods`), `None` when the agent does
+    /// not run in a pod cgroup (started by hand) or sees its cgroup as `/` (a private cgroup
+    /// namespace): then the whole tree is the node's.
+    pub pods: Option<String>,
+}
+
+impl NodeCgroups {
+    /// From the mounts and `/proc/self/cgroup`.
+    pub fn detect() -> Result<Self> {
+        let mount = cgroup2_root()?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        Ok(Self {
+            mount,
+            pods: pods_cgroup_of(&own),
+        })
+    }
+
+    /// Where the programs attach: the parent of the pods' cgroup (the hierarchy's root on a real
+    /// node), so that they see every pod of the node and no other node's.
+    pub fn attach_dir(&self) -> PathBuf {
+        let parent = self
+            .pods
+            .as_deref()
+            .and_then(|p| p.rsplit_once('/').map(|(parent, _)| parent))
+            .unwrap_or("");
+        self.mount.join(parent.trim_start_matches('/'))
+    }
+
+    /// The directory below which this node's pod cgroups are.
+    pub fn pods_dir(&self) -> PathBuf {
+        match &self.pods {
+            Some(p) => self.mount.join(p.trim_start_matches('/')),
+            None => self.mount.clone(),
+        }
+    }
+
+    /// Whether a cgroup v2 path (as `/proc/PID/cgroup` shows it) is this node's.
+    pub fn holds(&self, path: &str) -> bool {
+        match &self.pods {
+            Some(p) => path
+                .strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
+            None => true,
+        }
+    }
+}
+
+/// The pods' cgroup named by a process's `/proc/self/cgroup`: its cgroup v2 path (`0::`) up to and
+/// including the first component that starts with `kubepods`.
+pub fn pods_cgroup_of(proc_self_cgroup: &str) -> Option<String> {
+    let path = proc_self_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?;
+    let mut prefix = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        prefix.push('/');
+        prefix.push_str(part);
+        if part.starts_with("kubepods") {
+            return Some(prefix);
+        }
+    }
+    None
+}
+
 /// Mounts a `fstype` file system at `path` unless one is already mounted there.
 pub fn ensure_mounted(fstype: &'static str, path: &Path) -> Result<()> {
     if mounts()?
@@ -159,6 +232,61 @@ pub fn ensure_mounted(fstype: &'static str, path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pods_cgroup_is_the_agents_own_path_up_to_kubepods() {
+        let table = [
+            (
+                "12:pids:/kubepods/besteffort/podA/c1\n0::/kubepods/besteffort/podA/c1",
+                Some("/kubepods"),
+            ),
+            (
+                "0::/ne-node2/kubepods/burstable/podB/c2",
+                Some("/ne-node2/kubepods"),
+            ),
+            (
+                "0::/kubepods.slice/kubepods-besteffort.slice/x.scope",
+                Some("/kubepods.slice"),
+            ),
+            // Started by hand, or a private cgroup namespace: the whole tree.
+            ("0::/user.slice/session-1.scope", None),
+            ("0::/", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            assert_eq!(pods_cgroup_of(text).as_deref(), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_node_attaches_above_its_pods_and_holds_only_their_cgroups() {
+        let mount = PathBuf::from("/sys/fs/cgroup/unified");
+        let node2 = NodeCgroups {
+            mount: mount.clone(),
+            pods: Some("/ne-node2/kubepods".into()),
+        };
+        assert_eq!(node2.attach_dir(), mount.join("ne-node2"));
+        assert_eq!(node2.pods_dir(), mount.join("ne-node2/kubepods"));
+        assert!(node2.holds("/ne-node2/kubepods/besteffort/podA/c"));
+        assert!(!node2.holds("/kubepods/besteffort/podB/c"));
+        assert!(!node2.holds("/ne-node2/kubepods-other/x"));
+        let node1 = NodeCgroups {
+            mount: mount.clone(),
+            pods: Some("/kubepods".into()),
+        };
+        assert_eq!(node1.attach_dir(), mount);
+        assert!(node1.holds("/kubepods/burstable/podC/c"));
+        assert!(!node1.holds("/ne-node2/kubepods/burstable/podA/c"));
+        let whole = NodeCgroups {
+            mount: mount.clone(),
+            pods: None,
+        };
+        assert_eq!(
+            (whole.attach_dir(), whole.pods_dir()),
+            (mount.clone(), mount)
+        );
+        assert!(whole.holds("/anything"));
+    }
 
     #[test]
     fn parses_mountinfo_lines_with_and_without_optional_fields() {

@@ -28,6 +28,8 @@ pub struct LoadOptions {
     pub ring_buffer_bytes: Option<u32>,
     /// An edge already reported within this window is not reported again by the kernel.
     pub dedupe_window: Duration,
+    /// The cgroup v2 directory the UDP hooks attach to; `None`: the hierarchy's root.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +37,7 @@ impl Default for LoadOptions {
         Self {
             ring_buffer_bytes: None,
             dedupe_window: Duration::from_secs(5),
+            cgroup: None,
         }
     }
 }
@@ -111,11 +114,15 @@ impl DataPlane {
                 source,
             })?;
 
-        // The UDP hooks go on the cgroup v2 root: every process on the node, pods included, is below it.
+        // The UDP hooks go on the node's cgroup (the cgroup v2 root on a real node, see
+        // `host::NodeCgroups`): every pod of the node is below it.
         // aya attaches with a bpf_link (kernel >= 5.7, and we need >= 5.8), which the kernel always adds in
         // multi mode, leaving other programs attached there (Cilium's, another agent's) in place; the
         // link API rejects any explicit flag, hence `Single` (= no flags).
-        let cgroup_root = host::cgroup2_root()?;
+        let cgroup_root = match &options.cgroup {
+            Some(dir) => dir.clone(),
+            None => host::cgroup2_root()?,
+        };
         let cgroup = std::fs::File::open(&cgroup_root).map_err(|source| Error::Read {
             path: cgroup_root.clone(),
             source,

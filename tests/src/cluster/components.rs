@@ -9,9 +9,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::layout::{
-    API_PORT, BRIDGE, CNI_NETWORK, DNS_SERVICE_IP, ETCD_CLIENT_PORT, ETCD_PEER_PORT, NODE_IP,
-    NODE_NAME, POD_CIDR, SERVICE_CIDR, State, kubernetes_bin,
+    API_PORT, CLUSTER_CIDR, CNI_NETWORK, DNS_SERVICE_IP, ETCD_CLIENT_PORT, ETCD_PEER_PORT, NODE_IP,
+    SERVICE_CIDR, State, kubernetes_bin,
 };
+use super::node::{EXTRA_NODE_TAINT, Node};
 use super::process::{output, spawn, wait_for};
 
 /// etcd (Debian `etcd-server`), on non-default loopback ports.
@@ -143,15 +144,15 @@ pub fn start_scheduler(state: &State) -> Result<()> {
 /// The pause image containerd uses for every pod sandbox.
 pub const PAUSE_IMAGE: &str = "network-enforcer.local/pause:dev";
 
-/// containerd (Debian 1.6) with everything — root, state, runc state, network namespaces, CNI
-/// configuration — under the state directory.
-pub fn start_containerd(state: &State) -> Result<()> {
-    let dir = state.containerd();
-    let cni = state.cni();
+/// containerd (Debian 1.6) of `node` with everything — root, state, runc state, network namespaces,
+/// CNI configuration — under the node's directory.
+pub fn start_containerd(state: &State, node: &Node) -> Result<()> {
+    let dir = node.containerd_dir(state);
+    let cni = node.cni_dir(state);
     fs::create_dir_all(cni.join("net.d"))?;
     fs::write(
         cni.join("net.d/10-network-enforcer.conflist"),
-        cni_config(state),
+        cni_config(state, node),
     )?;
     let config = format!(
         r#"version = 2
@@ -185,33 +186,38 @@ state = "{run}"
 "#,
         root = dir.join("root").display(),
         run = dir.join("state").display(),
-        socket = state.containerd_socket().display(),
+        socket = node.containerd_socket(state).display(),
         dir = dir.display(),
         cni = cni.display(),
     );
     let config_path = dir.join("config.toml");
     fs::create_dir_all(&dir)?;
     fs::write(&config_path, config)?;
+    let component = node.component("containerd");
     spawn(
         state,
-        "containerd",
-        Command::new("containerd").arg("--config").arg(&config_path),
+        &component,
+        node.command(state, "containerd")
+            .arg("--config")
+            .arg(&config_path),
     )?;
-    let socket = state.containerd_socket();
+    let socket = node.containerd_socket(state);
     wait_for(
         state,
-        "containerd",
+        &component,
         "containerd's socket",
         Duration::from_secs(30),
-        || Ok(ctr(state, &["version"]).is_ok()),
+        || Ok(ctr(state, node, &["version"]).is_ok()),
     )
     .with_context(|| format!("containerd did not come up on {}", socket.display()))
 }
 
-/// Bridge CNI on our bridge: pods get addresses from host-local IPAM (leases in the state directory),
-/// the bridge is their gateway, traffic to the outside is masqueraded (and then dropped by our guard),
-/// hairpin mode lets a pod reach itself through a Service.
-fn cni_config(state: &State) -> String {
+/// Bridge CNI on the node's bridge: pods get addresses from host-local IPAM (leases in the node's
+/// directory), the bridge is their gateway, hairpin mode lets a pod reach itself through a Service.
+/// Nothing is masqueraded: pods reach pods on other nodes with their own addresses, as on a cluster
+/// network without SNAT, and traffic to the outside is dropped by our guard anyway.
+fn cni_config(state: &State, node: &Node) -> String {
+    let (range_start, range_end) = node.pod_range();
     format!(
         r#"{{
   "cniVersion": "0.4.0",
@@ -219,14 +225,14 @@ fn cni_config(state: &State) -> String {
   "plugins": [
     {{
       "type": "bridge",
-      "bridge": "{BRIDGE}",
+      "bridge": "{bridge}",
       "isGateway": true,
-      "ipMasq": true,
+      "ipMasq": false,
       "hairpinMode": true,
       "ipam": {{
         "type": "host-local",
         "dataDir": "{ipam}",
-        "ranges": [[{{ "subnet": "{POD_CIDR}", "rangeStart": "10.244.0.10", "rangeEnd": "10.244.0.250", "gateway": "{NODE_IP}" }}]],
+        "ranges": [[{{ "subnet": "{subnet}", "rangeStart": "{range_start}", "rangeEnd": "{range_end}", "gateway": "{gateway}" }}]],
         "routes": [{{ "dst": "0.0.0.0/0" }}]
       }}
     }},
@@ -234,31 +240,43 @@ fn cni_config(state: &State) -> String {
   ]
 }}
 "#,
-        ipam = state.cni().join("ipam").display()
+        bridge = node.bridge(),
+        subnet = node.pod_cidr(),
+        gateway = node.gateway(),
+        ipam = node.cni_dir(state).join("ipam").display()
     )
 }
 
-/// `ctr` against our containerd, in the `k8s.io` namespace the CRI plugin uses.
-pub fn ctr(state: &State, args: &[&str]) -> Result<String> {
+/// `ctr` against `node`'s containerd, in the `k8s.io` namespace the CRI plugin uses.
+pub fn ctr(state: &State, node: &Node, args: &[&str]) -> Result<String> {
     output(
         Command::new("ctr")
             .arg("--address")
-            .arg(state.containerd_socket())
+            .arg(node.containerd_socket(state))
             .args(["--namespace", "k8s.io"])
             .args(args),
     )
 }
 
-/// Imports a docker-archive tar into the cluster's containerd.
+/// Imports a docker-archive tar into the containerd of every node that runs one.
 pub fn import_image(state: &State, tar: &Path) -> Result<()> {
-    ctr(state, &["images", "import", &tar.to_string_lossy()])
-        .with_context(|| format!("importing {}", tar.display()))?;
+    for node in super::running_nodes(state) {
+        import_image_into(state, &node, tar)?;
+    }
     Ok(())
 }
 
-/// kubelet, registering its own Node (a hand-made Node without capacity makes kubelet 1.20 panic).
-pub fn start_kubelet(state: &State) -> Result<()> {
-    let dir = state.kubelet();
+/// Imports a docker-archive tar into `node`'s containerd.
+pub fn import_image_into(state: &State, node: &Node, tar: &Path) -> Result<()> {
+    ctr(state, node, &["images", "import", &tar.to_string_lossy()])
+        .with_context(|| format!("importing {} into {}", tar.display(), node.name()))?;
+    Ok(())
+}
+
+/// `node`'s kubelet, registering its own Node (a hand-made Node without capacity makes kubelet 1.20
+/// panic). Extra nodes register with [`EXTRA_NODE_TAINT`] and keep their pods under their cgroup root.
+pub fn start_kubelet(state: &State, node: &Node) -> Result<()> {
+    let dir = node.kubelet_dir(state);
     fs::create_dir_all(&dir)?;
     // Pods with `dnsPolicy: Default` would inherit the host's resolvers; give them none (no traffic
     // may leave the machine). Cluster-first pods get the cluster DNS from --cluster-dns.
@@ -267,11 +285,16 @@ pub fn start_kubelet(state: &State) -> Result<()> {
         &resolv,
         "# network-enforcer local cluster: no upstream resolvers\n",
     )?;
+    let component = node.component("kubelet");
+    let mut cmd = node.command(state, kubernetes_bin("kubelet"));
+    if let Some(root) = node.cgroup_root() {
+        cmd.arg(format!("--cgroup-root={root}"))
+            .arg(format!("--register-with-taints={EXTRA_NODE_TAINT}"));
+    }
     spawn(
         state,
-        "kubelet",
-        Command::new(kubernetes_bin("kubelet"))
-            .arg(format!("--kubeconfig={}", state.kubeconfig().display()))
+        &component,
+        cmd.arg(format!("--kubeconfig={}", state.kubeconfig().display()))
             .arg(format!("--root-dir={}", dir.display()))
             .arg(format!("--cert-dir={}", dir.join("pki").display()))
             .arg(format!(
@@ -281,11 +304,11 @@ pub fn start_kubelet(state: &State) -> Result<()> {
             .arg("--container-runtime=remote")
             .arg(format!(
                 "--container-runtime-endpoint=unix://{}",
-                state.containerd_socket().display()
+                node.containerd_socket(state).display()
             ))
-            .arg(format!("--hostname-override={NODE_NAME}"))
-            .arg(format!("--node-ip={NODE_IP}"))
-            .arg(format!("--address={NODE_IP}"))
+            .arg(format!("--hostname-override={}", node.name()))
+            .arg(format!("--node-ip={}", node.ip()))
+            .arg(format!("--address={}", node.ip()))
             .arg("--healthz-bind-address=127.0.0.1")
             .arg("--read-only-port=0")
             .arg("--cgroup-driver=cgroupfs")
@@ -307,39 +330,43 @@ pub fn start_kubelet(state: &State) -> Result<()> {
             .arg("--node-status-update-frequency=2s")
             .arg("--v=1"),
     )?;
-    let kubeconfig = state.kubeconfig();
     wait_for(
         state,
-        "kubelet",
+        &component,
         "the node to be Ready",
         Duration::from_secs(120),
-        || {
-            let ready = kubectl(
-                &kubeconfig,
-                &[
-                    "get",
-                    "node",
-                    NODE_NAME,
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-                ],
-            );
-            Ok(ready.is_ok_and(|s| s.trim() == "True"))
-        },
+        || Ok(node_ready(state, node)),
     )
 }
 
-/// kube-proxy in iptables mode (IPVS is not in this kernel).
-pub fn start_kube_proxy(state: &State) -> Result<()> {
+/// True when `node`'s Node object reports Ready.
+pub fn node_ready(state: &State, node: &Node) -> bool {
+    kubectl(
+        &state.kubeconfig(),
+        &[
+            "get",
+            "node",
+            &node.name(),
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+    )
+    .is_ok_and(|s| s.trim() == "True")
+}
+
+/// `node`'s kube-proxy in iptables mode (IPVS is not in this kernel), its rules in the node's network
+/// namespace.
+pub fn start_kube_proxy(state: &State, node: &Node) -> Result<()> {
+    let component = node.component("kube-proxy");
     spawn(
         state,
-        "kube-proxy",
-        Command::new(kubernetes_bin("kube-proxy"))
+        &component,
+        node.command(state, kubernetes_bin("kube-proxy"))
             .arg(format!("--kubeconfig={}", state.kubeconfig().display()))
-            .arg(format!("--hostname-override={NODE_NAME}"))
+            .arg(format!("--hostname-override={}", node.name()))
             .arg("--proxy-mode=iptables")
-            .arg(format!("--cluster-cidr={POD_CIDR}"))
-            .arg(format!("--bind-address={NODE_IP}"))
+            .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+            .arg(format!("--bind-address={}", node.ip()))
             .arg("--healthz-bind-address=127.0.0.1:10256")
             .arg("--metrics-bind-address=127.0.0.1:10249")
             // Leave the host's conntrack sysctls alone.
@@ -351,11 +378,12 @@ pub fn start_kube_proxy(state: &State) -> Result<()> {
     )?;
     wait_for(
         state,
-        "kube-proxy",
+        &component,
         "kube-proxy's first sync",
         Duration::from_secs(60),
         || {
-            Ok(Command::new("iptables")
+            Ok(node
+                .command(state, "iptables")
                 .args(["-w", "-t", "nat", "-n", "-L", "KUBE-SERVICES"])
                 .output()
                 .is_ok_and(|o| {

@@ -8,7 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::layout::{BRIDGE, CNI_NETWORK, NODE_IP, POD_CIDR, SERVICE_CIDR, State};
+use super::layout::{BRIDGE, CLUSTER_CIDR, CNI_NETWORK, NODE_IP, SERVICE_CIDR, State};
+use super::node;
 use super::process::output;
 
 /// The bridge with the node address, created before the API server so it can bind to that address.
@@ -103,8 +104,9 @@ fn restore_sysctls(state: &State) {
 /// machine (this workplace allows traffic only to loopback and namespaces we create).
 const GUARD_CHAIN: &str = "NE-CLUSTER-GUARD";
 
-/// Drops forwarded pod traffic that would leave through any interface other than the bridge.
-/// Inserted at the top of FORWARD, ahead of kube-proxy's and the bridge plugin's accepts.
+/// Drops forwarded pod traffic that would leave through any interface but a node's: the bridge of node
+/// 1's pods or the link to an extra node. Inserted at the top of FORWARD, ahead of kube-proxy's and the
+/// bridge plugin's accepts.
 pub fn install_egress_guard() -> Result<()> {
     let exists = Command::new("iptables")
         .args(["-w", "-n", "-L", GUARD_CHAIN])
@@ -112,15 +114,26 @@ pub fn install_egress_guard() -> Result<()> {
         .is_ok_and(|o| o.status.success());
     if !exists {
         output(Command::new("iptables").args(["-w", "-N", GUARD_CHAIN]))?;
+        let extra_nodes = format!("{}+", node::HOST_VETH_PREFIX);
+        for out in [BRIDGE, extra_nodes.as_str()] {
+            output(Command::new("iptables").args([
+                "-w",
+                "-A",
+                GUARD_CHAIN,
+                "-s",
+                CLUSTER_CIDR,
+                "-o",
+                out,
+                "-j",
+                "RETURN",
+            ]))?;
+        }
         output(Command::new("iptables").args([
             "-w",
             "-A",
             GUARD_CHAIN,
             "-s",
-            POD_CIDR,
-            "!",
-            "-o",
-            BRIDGE,
+            CLUSTER_CIDR,
             "-j",
             "DROP",
         ]))?;
@@ -149,6 +162,7 @@ pub fn clean(state: &State) -> Result<()> {
         remove_chains(tool);
     }
     remove_kubepods_cgroups();
+    node::remove_all_leftovers();
     remove_cni_cache();
     // kubelet 1.20 always writes container logs here (its `--root-dir` does not move them).
     for dir in ["/var/log/pods", "/var/log/containers"] {
@@ -159,7 +173,7 @@ pub fn clean(state: &State) -> Result<()> {
 }
 
 /// Every cgroup hierarchy mounted on the host (v1 controllers and the unified v2 tree).
-fn cgroup_roots() -> Vec<PathBuf> {
+pub(super) fn cgroup_roots() -> Vec<PathBuf> {
     fs::read_to_string("/proc/mounts")
         .unwrap_or_default()
         .lines()
@@ -170,13 +184,38 @@ fn cgroup_roots() -> Vec<PathBuf> {
         .collect()
 }
 
-/// The `kubepods` cgroup trees kubelet (cgroupfs driver) created in each hierarchy.
+/// The `kubepods` cgroup trees the nodes' kubelets (cgroupfs driver) created in each hierarchy.
 fn kubepods_dirs() -> Vec<PathBuf> {
+    let parents = node::cgroup_parents();
     cgroup_roots()
         .into_iter()
-        .map(|r| r.join("kubepods"))
+        .flat_map(|r| parents.iter().map(move |p| r.join(p).join("kubepods")))
         .filter(|p| p.is_dir())
         .collect()
+}
+
+/// Kills what runs in cgroup `name` (below each hierarchy's root) and removes it, deepest first.
+pub(super) fn remove_cgroup_tree(name: &str) {
+    for _ in 0..30 {
+        let dirs: Vec<PathBuf> = cgroup_roots()
+            .into_iter()
+            .map(|r| r.join(name))
+            .filter(|p| p.is_dir())
+            .collect();
+        if dirs.is_empty() {
+            return;
+        }
+        for root in dirs {
+            for dir in dirs_deepest_first(&root) {
+                let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                    super::process::signal(pid, libc::SIGKILL);
+                }
+                let _ = fs::remove_dir(&dir);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Every directory below (and including) `dir`, deepest first.

@@ -11,6 +11,8 @@ pub const BRIDGE: &str = "nek0";
 pub const NODE_IP: &str = "10.244.0.1";
 /// Pod addresses (host-local IPAM on the bridge).
 pub const POD_CIDR: &str = "10.244.0.0/24";
+/// Every node's pod range (node i has 10.244.(i-1).0/24): the cluster network.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// ClusterIPs.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The `kubernetes` Service's ClusterIP (first address of the service range).
@@ -96,22 +98,6 @@ impl State {
     /// One pid file per component.
     pub fn pid_file(&self, component: &str) -> PathBuf {
         self.join("pids").join(format!("{component}.pid"))
-    }
-    /// containerd's configuration, root, state and socket.
-    pub fn containerd(&self) -> PathBuf {
-        self.join("containerd")
-    }
-    /// containerd's gRPC socket.
-    pub fn containerd_socket(&self) -> PathBuf {
-        self.join("containerd/containerd.sock")
-    }
-    /// kubelet's root directory (pod volumes, plugins, its own certificates).
-    pub fn kubelet(&self) -> PathBuf {
-        self.join("kubelet")
-    }
-    /// CNI configuration and IPAM leases.
-    pub fn cni(&self) -> PathBuf {
-        self.join("cni")
     }
     /// Cluster DNS: the hosts directory dnsmasq serves and the feeder script.
     pub fn dns(&self) -> PathBuf {

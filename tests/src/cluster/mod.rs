@@ -11,6 +11,7 @@ pub mod components;
 pub mod dns;
 pub mod host;
 pub mod layout;
+pub mod node;
 mod pki;
 pub mod process;
 
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use layout::{API_PORT, NODE_IP, State, kubernetes_bin};
+use node::Node;
 
 /// The components in start order; `status` reports them in this order.
 pub const COMPONENTS: [&str; 9] = [
@@ -148,16 +150,16 @@ fn start_all(state: &State) -> Result<()> {
     let t = Instant::now();
     components::start_controller_manager(state)?;
     components::start_scheduler(state)?;
-    components::start_containerd(state)?;
+    components::start_containerd(state, &Node::FIRST)?;
     for tar in &images {
-        components::import_image(state, tar)?;
+        components::import_image_into(state, &Node::FIRST, tar)?;
     }
     step("controller-manager, scheduler, containerd + images", t);
     let t = Instant::now();
-    components::start_kubelet(state)?;
+    components::start_kubelet(state, &Node::FIRST)?;
     step("kubelet: node Ready", t);
     let t = Instant::now();
-    components::start_kube_proxy(state)?;
+    components::start_kube_proxy(state, &Node::FIRST)?;
     host::install_egress_guard()?;
     step("kube-proxy synced", t);
     let t = Instant::now();
@@ -240,17 +242,157 @@ fn healthy(state: &State) -> bool {
 }
 
 fn node_ready(state: &State) -> bool {
-    components::kubectl(
+    components::node_ready(state, &Node::FIRST)
+}
+
+/// The daemons each node runs, in start order.
+const NODE_DAEMONS: [&str; 3] = ["containerd", "kubelet", "kube-proxy"];
+
+/// The nodes whose containerd runs (node 1 first).
+pub fn running_nodes(state: &State) -> Vec<Node> {
+    (1..=node::MAX_NODES)
+        .filter_map(|i| Node::new(i).ok())
+        .filter(|n| process::running_pid(state, &n.component("containerd")).is_some())
+        .collect()
+}
+
+/// Starts the cluster if needed and makes sure it has nodes 1 to `count` (see [`node`]): each extra
+/// node that is missing or unhealthy is (re)started. Returns with nodes `count + 1` and up left as
+/// they are; [`remove_nodes_above`] takes them away.
+pub fn up_with_nodes(count: u8) -> Result<ClusterInfo> {
+    let info = up()?;
+    let state = State::new();
+    let extra: Vec<Node> = Node::first_n(count)?.into_iter().skip(1).collect();
+    if extra.iter().all(|n| node_healthy(&state, n)) {
+        return Ok(info);
+    }
+    // Starting a node waits for every other user of the cluster: call this before the process takes
+    // its own shared lock ([`up_for_tests`]), or it waits for itself.
+    let lock = Lock::exclusive()?;
+    for node in &extra {
+        ensure_node(&state, node)?;
+    }
+    drop(lock);
+    Ok(info)
+}
+
+/// [`up_with_nodes`], then the shared lock for the rest of the test process, like [`up_for_tests`].
+/// Call it before anything else in the process uses the cluster.
+pub fn up_with_nodes_for_tests(count: u8) -> Result<ClusterInfo> {
+    up_with_nodes(count)?;
+    up_for_tests()
+}
+
+fn node_healthy(state: &State, node: &Node) -> bool {
+    NODE_DAEMONS
+        .iter()
+        .all(|d| process::running_pid(state, &node.component(d)).is_some())
+        && components::node_ready(state, node)
+}
+
+/// Starts extra node `node`, after removing what a previous, unhealthy start left.
+fn ensure_node(state: &State, node: &Node) -> Result<()> {
+    if node_healthy(state, node) {
+        return Ok(());
+    }
+    remove_node(state, node)?;
+    start_node(state, node, true)
+}
+
+/// Starts `node`'s namespaces (when missing) and daemons; `import` the cached images first.
+fn start_node(state: &State, node: &Node, import: bool) -> Result<()> {
+    let start = Instant::now();
+    eprintln!("==> cluster: starting node {}", node.name());
+    let result = (|| -> Result<()> {
+        node.create_namespaces(state)?;
+        components::start_containerd(state, node)?;
+        if import {
+            for tar in crate::images::all_tars()? {
+                components::import_image_into(state, node, &tar)?;
+            }
+        }
+        components::start_kubelet(state, node)?;
+        components::start_kube_proxy(state, node)
+    })();
+    result.with_context(|| {
+        format!(
+            "node {} did not start; logs are in {} (`cargo xtask cluster down` removes everything)",
+            node.name(),
+            state.root.join("logs").display()
+        )
+    })?;
+    eprintln!(
+        "==> cluster: node {} up in {:.1}s",
+        node.name(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Simulates the loss of extra node `node`, as a power cut: its daemons and every process of its pods
+/// are SIGKILLed. Its namespaces, files and Node object stay, so that [`restart_node`] brings the same
+/// node back, as a reboot would. Takes no lock (see [`remove_nodes_above`]).
+pub fn kill_node(node: &Node) -> Result<()> {
+    if node.is_first() {
+        bail!("node 1 runs the control plane: only extra nodes can be killed");
+    }
+    let state = State::new();
+    for _ in 0..2 {
+        process::terminate(&node.processes(&state), Duration::ZERO);
+    }
+    if let Some(root) = node.cgroup_root() {
+        host::remove_cgroup_tree(root.trim_start_matches('/'));
+    }
+    Ok(())
+}
+
+/// Starts a killed extra node's daemons again on the state it kept (see [`kill_node`]) and waits until
+/// it is Ready.
+pub fn restart_node(node: &Node) -> Result<()> {
+    let state = State::new();
+    start_node(&state, node, false)
+}
+
+/// Stops extra node `node` (its daemons, then its pods) and removes its Node object and everything it
+/// made on the host. Node 1 cannot be removed this way (`down` removes the cluster).
+pub fn remove_node(state: &State, node: &Node) -> Result<()> {
+    if node.is_first() {
+        bail!("node 1 is the cluster itself: use `cargo xtask cluster down`");
+    }
+    let dir = node.dir(state);
+    for _ in 0..2 {
+        process::terminate(&node.processes(state), Duration::from_secs(5));
+    }
+    node.remove_namespaces(state);
+    // The Node object: its pods are gone with it (the pod GC deletes pods bound to a missing node).
+    let _ = components::kubectl(
         &state.kubeconfig(),
         &[
-            "get",
+            "delete",
             "node",
-            layout::NODE_NAME,
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            &node.name(),
+            "--ignore-not-found",
+            "--wait=false",
         ],
-    )
-    .is_ok_and(|s| s.trim() == "True")
+    );
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Removes every extra node above `count`, for a test that added nodes and leaves the cluster with
+/// the one node the other tests expect. It takes no lock (the test holds the shared one): only the
+/// process that added the nodes may use them.
+pub fn remove_nodes_above(count: u8) -> Result<()> {
+    let state = State::new();
+    for i in (count.max(1) + 1)..=node::MAX_NODES {
+        let node = Node::new(i)?;
+        if node.dir(&state).exists() {
+            remove_node(&state, &node)?;
+        }
+    }
+    Ok(())
 }
 
 /// Stops every process of the cluster and removes everything it created (see [`host::clean`]).
@@ -296,6 +438,31 @@ pub fn status() -> Result<String> {
             }
             None => out += &format!("{c:<24} NOT RUNNING (log: {})\n", state.log(c).display()),
         }
+    }
+    for node in (2..=node::MAX_NODES).filter_map(|i| Node::new(i).ok()) {
+        if !node.dir(&state).exists() {
+            continue;
+        }
+        for d in NODE_DAEMONS {
+            let c = node.component(d);
+            match process::running_pid(&state, &c) {
+                Some(pid) => {
+                    let kib = rss_kib(pid);
+                    total_kib += kib;
+                    out += &format!("{c:<24} running  pid {pid:<8} {:>6} MiB\n", kib / 1024);
+                }
+                None => out += &format!("{c:<24} NOT RUNNING (log: {})\n", state.log(&c).display()),
+            }
+        }
+        out += &format!(
+            "node {}: {}\n",
+            node.name(),
+            if components::node_ready(&state, &node) {
+                "Ready"
+            } else {
+                "not Ready"
+            }
+        );
     }
     let pods_kib = kubepods_memory_kib();
     out += &format!(

@@ -77,6 +77,25 @@ pub fn pids_mentioning(needle: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Every process (but this one) in the network namespace bound at `netns` (an `ip netns` file).
+pub fn pids_in_netns(netns: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(want) = fs::metadata(netns).map(|m| (m.dev(), m.ino())) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| (m.dev(), m.ino()) == want)
+        })
+        .collect()
+}
+
 /// Sends SIGTERM to `pids`, waits up to `grace` for them to go, then SIGKILLs the rest.
 pub fn terminate(pids: &[u32], grace: Duration) {
     for &pid in pids {

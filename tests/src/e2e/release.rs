@@ -298,10 +298,41 @@ impl Release {
 
     /// `kubectl exec` in the agent pod.
     pub fn exec_agent(&self, command: &[&str]) -> Result<String> {
-        let pod = self.agent_pod()?;
-        let mut args = vec!["exec", pod.as_str(), "--"];
+        self.exec_in(&self.agent_pod()?, command)
+    }
+
+    /// `kubectl exec` in every running agent pod (one per node); their outputs, concatenated.
+    pub fn exec_agents(&self, command: &[&str]) -> Result<String> {
+        let mut all = String::new();
+        for pod in self.pods("agent")? {
+            all += &self.exec_in(&pod, command)?;
+        }
+        Ok(all)
+    }
+
+    /// `kubectl exec` in pod `pod` of the release namespace.
+    pub fn exec_in(&self, pod: &str, command: &[&str]) -> Result<String> {
+        let mut args = vec!["exec", pod, "--"];
         args.extend_from_slice(command);
         self.kubectl(&args)
+    }
+
+    /// The running agent pod on Node `node`.
+    pub fn agent_pod_on(&self, node: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            &self.selector("agent"),
+            "--field-selector",
+            &format!("status.phase=Running,spec.nodeName={node}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        match out.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [one] => Ok(one.to_string()),
+            other => bail!("expected one running agent pod on {node}, found {other:?}"),
+        }
     }
 
     /// Waits until the controller Deployment has an available replica and the agent DaemonSet has every

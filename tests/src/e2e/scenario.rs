@@ -67,7 +67,7 @@ pub fn release_values(release_namespace: &str) -> Vec<String> {
         // The local cluster's ranges: external peers outside them are learned without the grace.
         format!(
             "controller.clusterCIDRs={{{},{}}}",
-            crate::cluster::layout::POD_CIDR,
+            crate::cluster::layout::CLUSTER_CIDR,
             crate::cluster::layout::SERVICE_CIDR
         ),
     ]
@@ -99,10 +99,33 @@ pub struct Workload {
     pub service_ip: String,
 }
 
+/// Which node each of the scenario's pods runs on (by Node name); `None`: wherever the scheduler puts
+/// it (node 1 of the local cluster: extra nodes are tainted).
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    /// The node of `http-client`.
+    pub client: Option<String>,
+    /// The node of `http-server`.
+    pub server: Option<String>,
+}
+
 /// Creates the scenario's workload in a fresh namespace `name`: ServiceAccounts `http-client-sa` and
 /// `http-server-sa`, Service `http-service` (TCP 18080→18080, TCP 18082→18082, UDP 18083→18081),
 /// Deployment `http-server` echoing on TCP 18080, TCP 18082 and UDP 18081, Deployment `http-client`.
 pub fn create_workload(kubeconfig: &Path, name: &str) -> Result<Workload> {
+    create_workload_on(kubeconfig, name, &Placement::default())
+}
+
+/// [`create_workload`] with the pods on the nodes `placement` names.
+pub fn create_workload_on(
+    kubeconfig: &Path,
+    name: &str,
+    placement: &Placement,
+) -> Result<Workload> {
+    let placed = |manifest: String, node: &Option<String>| match node {
+        Some(node) => workload::on_node(&manifest, node),
+        None => Ok(manifest),
+    };
     let ns = Namespace::create(kubeconfig, name)?;
     ns.service_account("http-client-sa")?;
     ns.service_account("http-server-sa")?;
@@ -115,18 +138,19 @@ pub fn create_workload(kubeconfig: &Path, name: &str) -> Result<Workload> {
             {"name": "udp-18083", "port": 18083, "targetPort": 18081, "protocol": "UDP"}]}
     });
     ns.apply(&service.to_string())?;
-    ns.apply(&workload::deployment(
-        "http-server",
-        "http-server-sa",
-        &workload::echo_server_script(&[18080, 18082], &[18081]),
-        &[(18080, "TCP"), (18082, "TCP"), (18081, "UDP")],
-    ))?;
-    ns.apply(&workload::deployment(
-        "http-client",
-        "http-client-sa",
-        "sleep 100000",
-        &[],
-    ))?;
+    ns.apply(&placed(
+        workload::deployment(
+            "http-server",
+            "http-server-sa",
+            &workload::echo_server_script(&[18080, 18082], &[18081]),
+            &[(18080, "TCP"), (18082, "TCP"), (18081, "UDP")],
+        ),
+        &placement.server,
+    )?)?;
+    ns.apply(&placed(
+        workload::deployment("http-client", "http-client-sa", "sleep 100000", &[]),
+        &placement.client,
+    )?)?;
     let server = ns.wait_for_deployment("http-server")?.remove(0);
     let client = ns.wait_for_deployment("http-client")?.remove(0);
     ns.wait_for_endpoints(SERVICE, 1)?;
@@ -458,10 +482,10 @@ pub fn remove_stale_nft_tables() {
     }
 }
 
-/// One JSON flow line of the agent's `flows -o json`.
+/// The JSON flow lines of every agent's `flows -o json` (one agent per node).
 fn agent_flows(release: &Release, namespace: &str, since: Duration) -> Result<Vec<Value>> {
     let since = format!("{}s", since.as_secs().max(1));
-    let out = release.exec_agent(&[
+    let out = release.exec_agents(&[
         "network-enforcer-agent",
         "flows",
         "--since",
@@ -487,10 +511,24 @@ pub fn run(
     name: &str,
     enforcer: Enforcer,
 ) -> Result<Timings> {
+    run_on(kubeconfig, release, name, enforcer, &Placement::default())
+}
+
+/// [`run`] with the pods on the nodes `placement` names (the multi-node suite: client and server on
+/// different nodes, each seen by its own node's agent).
+pub fn run_on(
+    kubeconfig: &Path,
+    release: &Release,
+    name: &str,
+    enforcer: Enforcer,
+    placement: &Placement,
+) -> Result<Timings> {
     let started = Instant::now();
     remove_stale_nft_tables();
-    say("creating the workload (http-client, http-server, http-service)");
-    let w = create_workload(kubeconfig, name)?;
+    say(&format!(
+        "creating the workload (http-client, http-server, http-service) on {placement:?}"
+    ));
+    let w = create_workload_on(kubeconfig, name, placement)?;
     let n = w.ns.name.clone();
 
     // Step 1: TCP to 18080 works.

@@ -256,6 +256,21 @@ pub fn deployment(name: &str, account: &str, script: &str, ports: &[(u16, &str)]
     .to_string()
 }
 
+/// A Deployment manifest of [`deployment`] with its pods on Node `node`: a node selector on the
+/// hostname label and a toleration of the local cluster's extra-node taint.
+pub fn on_node(manifest: &str, node: &str) -> Result<String> {
+    let mut d: serde_json::Value =
+        serde_json::from_str(manifest).context("a Deployment manifest")?;
+    let spec = &mut d["spec"]["template"]["spec"];
+    spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    spec["tolerations"] = json!([{
+        "key": crate::cluster::node::EXTRA_NODE_TAINT_KEY,
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    }]);
+    Ok(d.to_string())
+}
+
 /// A shell script that echoes back every TCP connection on `tcp` ports and every UDP datagram on `udp`
 /// ports: our echo server (`tests/src/bin/echo-server.rs`), one process for all ports. Not socat: its
 /// forking servers stalled under parallel load (see the echo server's docs).

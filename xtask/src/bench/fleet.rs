@@ -785,7 +785,7 @@ impl Controller {
                 "CLUSTER_CIDRS",
                 format!(
                     "{},{}",
-                    network_enforcer_tests::cluster::layout::POD_CIDR,
+                    network_enforcer_tests::cluster::layout::CLUSTER_CIDR,
                     network_enforcer_tests::cluster::layout::SERVICE_CIDR
                 ),
             )

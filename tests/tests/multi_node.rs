@@ -1,0 +1,390 @@
+//! The multi-node suite, on the local cluster with a second node (`cargo xtask cluster up --nodes 2`,
+//! docs/local-cluster.md "Several nodes"), our chart installed once with the agent enforcing
+//! NetworkPolicies, one agent per node:
+//!
+//! 1. the end-to-end scenario with `http-client` on node 1 and `http-server` on node 2: each agent sees
+//!    one end of every connection; the proposals must be exactly the scenario's, the monitor policies
+//!    must count each violation once although both agents report it, and protect must block the denied
+//!    flow on the client's node while allowed traffic crosses;
+//! 2. node binding: node 2's agent's own token (read from its container), used to report a flow of
+//!    node 1's client, is refused; the same token reporting node 2's server is accepted;
+//! 3. node loss: node 2's daemons and pods are killed as by a power cut; node 1 goes on learning (a
+//!    workload on node 1 is learned exactly) and the proposals learned before are unchanged; node 2 comes
+//!    back, its agent resumes and learns a workload that runs only on node 2.
+//!
+//! One test function: the steps share one cluster start and one install (the suite's cost is mostly
+//! pod start-ups on two cores). Node 2 is removed at the end, so later test binaries see one node.
+//! Needs root, `cargo xtask setup` and the binaries (`cargo build --bins`).
+
+use anyhow::{Context, Result, ensure};
+use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
+use network_enforcer_api::uplink::{FlowRecord, LocalPod};
+use network_enforcer_tests::cluster::{self, node::Node};
+use network_enforcer_tests::e2e::poll;
+use network_enforcer_tests::e2e::release::{self, Release};
+use network_enforcer_tests::e2e::scenario::{self, Placement, Workload};
+use network_enforcer_tests::e2e::workload::Protocol;
+use network_enforcer_tests::fixture;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The agents' metrics port (each agent listens on its node's address).
+const METRICS_PORT: u16 = 29467;
+
+/// A metric of the agent on `node`, read from its node address.
+fn agent_metric(node: &Node, name: &str) -> Result<f64> {
+    let text = release::http_get(&format!("{}:{METRICS_PORT}", node.ip()), "/metrics")?;
+    Ok(release::metric(&text, name).unwrap_or(0.0))
+}
+
+/// Removes the extra nodes when the test ends, also when it fails.
+struct ExtraNodes;
+
+impl Drop for ExtraNodes {
+    fn drop(&mut self) {
+        if let Err(e) = cluster::remove_nodes_above(1) {
+            eprintln!("warning: removing the extra nodes: {e:#}");
+        }
+    }
+}
+
+#[test]
+fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() -> Result<()> {
+    // Before anything else takes this process's shared lock on the cluster (starting a node waits for
+    // every other user).
+    cluster::up_with_nodes(2)?;
+    let _nodes = ExtraNodes;
+    let cluster = fixture::cluster_with_crds()?;
+    let kubeconfig = &cluster.kubeconfig;
+    let (one, two) = (Node::FIRST, Node::new(2)?);
+    release::images_from_debug_build()?;
+
+    let namespace = "ne-multi-system";
+    let mut values = scenario::release_values(namespace);
+    values.push(scenario::AGENT_ENFORCEMENT.to_string());
+    values.push(format!("agent.metricsPort={METRICS_PORT}"));
+    let release = Release::install(kubeconfig, "ne-multi", namespace, &values)?;
+    let agents = [
+        release.agent_pod_on(&one.name())?,
+        release.agent_pod_on(&two.name())?,
+    ];
+    eprintln!("agents: {agents:?}");
+
+    // 1. The scenario across nodes.
+    let across = Placement {
+        client: Some(one.name()),
+        server: Some(two.name()),
+    };
+    let timings = scenario::run_on(
+        kubeconfig,
+        &release,
+        &format!("multi-{}-across", std::process::id()),
+        scenario::Enforcer::Agent,
+        &across,
+    )?;
+    eprintln!(
+        "across nodes: scenario {:.1}s, first packet to proposal {:?}",
+        timings.scenario.as_secs_f64(),
+        timings.first_packet_to_proposal
+    );
+
+    // Each agent sees every node's sockets (one kernel) but reports its own node's pods only: the
+    // controller refused nothing from either.
+    for node in [&one, &two] {
+        let rejected = agent_metric(node, "network_enforcer_agent_uplink_records_rejected_total")?;
+        let accepted = agent_metric(node, "network_enforcer_agent_uplink_records_accepted_total")?;
+        eprintln!(
+            "agent on {}: {accepted} records accepted, {rejected} refused",
+            node.name()
+        );
+        ensure!(
+            accepted > 0.0 && rejected == 0.0,
+            "the agent on {} reported records the controller refused (another node's pods?): \
+             {accepted} accepted, {rejected} refused",
+            node.name()
+        );
+    }
+
+    // A workload learned before the node loss, its client on node 1 and its server on node 2.
+    let before = learn(
+        kubeconfig,
+        &format!("multi-{}-before", std::process::id()),
+        &across,
+    )?;
+
+    // 2. Node binding, with the real token of node 2's agent. The accepted record is learned: the
+    // server gets an egress proposal to the made-up peer; the refused one must not reach the client's.
+    node_binding(&release, &two, &before)?;
+    let learned_before = poll(
+        "the accepted record's proposal (http-server's egress to 203.0.113.7:18445)",
+        scenario::LEARN_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let specs = scenario::proposal_specs(&before)?;
+            Ok(specs
+                .get("deployment-http-server-egress")
+                .is_some_and(|p| p.to_string().contains("18445"))
+                .then_some(specs))
+        },
+        || format!("{:#?}", scenario::proposal_specs(&before)),
+    )?;
+    let client_egress = learned_before
+        .get(scenario::EGRESS)
+        .context("the client's egress proposal")?
+        .to_string();
+    ensure!(
+        !client_egress.contains("18444") && !client_egress.contains("203.0.113.7"),
+        "the refused record was learned: {client_egress}"
+    );
+
+    let (_, container_before) = agent_on(&release, &two.name())?
+        .context("node 2's agent is not ready before the node loss")?;
+    // 3. Node loss.
+    cluster::kill_node(&two)?;
+    let lost = Instant::now();
+    eprintln!("node {} killed", two.name());
+    // Node 1 keeps learning while node 2 is gone.
+    let during = learn(
+        kubeconfig,
+        &format!("multi-{}-during", std::process::id()),
+        &Placement {
+            client: Some(one.name()),
+            server: Some(one.name()),
+        },
+    )?;
+    eprintln!(
+        "learned on node 1 {:.1}s after node 2 was lost",
+        lost.elapsed().as_secs_f64()
+    );
+    ensure!(
+        scenario::proposal_specs(&before)? == learned_before,
+        "proposals learned before the node loss changed: {:#?}",
+        scenario::proposal_specs(&before)
+    );
+    drop(during);
+
+    cluster::restart_node(&two)?;
+    let back = Instant::now();
+    let agent = poll(
+        "node 2's agent to run again",
+        Duration::from_secs(180),
+        Duration::from_secs(1),
+        || {
+            Ok(agent_on(&release, &two.name())?
+                .filter(|(_, container)| *container != container_before)
+                .map(|(pod, _)| pod))
+        },
+        || release.describe(),
+    )?;
+    eprintln!(
+        "node 2 back; its agent {agent} ready after {:.1}s",
+        back.elapsed().as_secs_f64()
+    );
+    // Only node 2's agent can learn this one: both pods run there.
+    let after = learn(
+        kubeconfig,
+        &format!("multi-{}-after", std::process::id()),
+        &Placement {
+            client: Some(two.name()),
+            server: Some(two.name()),
+        },
+    )?;
+    eprintln!(
+        "learned on node 2 {:.1}s after it came back",
+        back.elapsed().as_secs_f64()
+    );
+    ensure!(
+        scenario::proposal_specs(&before)? == learned_before,
+        "proposals learned before the node loss changed after node 2 came back"
+    );
+    drop((before, after));
+    release.uninstall()
+}
+
+/// Reports one flow for `before`'s client (node 1) and one for its server (node 2) with node 2's
+/// agent's token, TLS settings and node name, through the agent's own uplink: the first must be
+/// refused, the second accepted.
+fn node_binding(release: &Release, two: &Node, before: &Workload) -> Result<()> {
+    let agent = AgentProcess::find(release, &two.name())?;
+    let env = |key: &str| agent.env.get(key).cloned().unwrap_or_default();
+    let url = env("NE_CONTROLLER_URL");
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.trim_end_matches('/').parse::<u16>().ok())
+        .with_context(|| format!("no port in NE_CONTROLLER_URL {url:?}"))?;
+    let host = url
+        .trim_start_matches("https://")
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    // The URL names the Service's DNS name, which the host cannot resolve: go to its ClusterIP and
+    // check the certificate against the name.
+    let service = host.split('.').next().unwrap_or_default();
+    let cluster_ip = release.kubectl(&[
+        "get",
+        "service",
+        service,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    let server_name = Some(env("NE_CONTROLLER_SERVER_NAME"))
+        .filter(|s| !s.is_empty())
+        .unwrap_or(host);
+    let dir = std::env::temp_dir().join(format!("ne-multi-binding-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let token = dir.join("token");
+    std::fs::copy(
+        agent.file("/var/run/secrets/network-enforcer/token"),
+        &token,
+    )
+    .context("reading node 2's agent token")?;
+    let ca = dir.join("ca.crt");
+    std::fs::copy(agent.file(&env("NE_CONTROLLER_CA_FILE")), &ca)
+        .context("reading node 2's agent CA bundle")?;
+
+    let record = |pod: &str, port: u32| FlowRecord {
+        local: Some(LocalPod {
+            namespace: before.ns.name.clone(),
+            name: pod.to_string(),
+            uid: String::new(),
+        }),
+        peer_ip: vec![203, 0, 113, 7],
+        port,
+        protocol: 1,
+        direction: 1,
+        outcome: 1,
+        count: 1,
+        source: 1,
+        ..FlowRecord::default()
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let (accepted, rejected) = runtime.block_on(async {
+        let config = UplinkConfig::new(
+            format!("https://{}:{port}", cluster_ip.trim()),
+            &token,
+            two.name(),
+        )
+        .tls(&ca, Some(server_name));
+        let counters = UplinkCounters::default();
+        let (sender, task) = uplink::spawn(config, counters.clone())?;
+        // Node 1's client: not node 2's to report.
+        ensure!(
+            sender.send(vec![record(&before.client.0, 18444)]),
+            "queue full"
+        );
+        // Node 2's server: node 2's own.
+        ensure!(
+            sender.send(vec![record(&before.server.0, 18445)]),
+            "queue full"
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while counters.batches_acked.get() < 2 {
+            ensure!(
+                Instant::now() < deadline,
+                "no acknowledgement from the controller: {} sent, {} reconnects",
+                counters.batches_sent.get(),
+                counters.reconnects.get()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        task.abort();
+        anyhow::Ok((
+            counters.records_accepted.get(),
+            counters.records_rejected.get(),
+        ))
+    })?;
+    let _ = std::fs::remove_dir_all(&dir);
+    ensure!(
+        (accepted, rejected) == (1, 1),
+        "node 2's token: expected node 1's client refused and node 2's server accepted, got \
+         {accepted} accepted, {rejected} refused"
+    );
+    eprintln!("node binding: node 2's token reporting node 1's pod refused, its own pod accepted");
+    Ok(())
+}
+
+/// The agent process of a node, seen from the host: its environment and files (through
+/// `/proc/<pid>/root`, which also reaches into the node's mount namespace).
+struct AgentProcess {
+    pid: u32,
+    env: BTreeMap<String, String>,
+}
+
+impl AgentProcess {
+    fn find(release: &Release, node: &str) -> Result<Self> {
+        let pod = release.agent_pod_on(node)?;
+        let uid = release.kubectl(&["get", "pod", &pod, "-o", "jsonpath={.metadata.uid}"])?;
+        let uid = uid.trim();
+        for entry in std::fs::read_dir("/proc")?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains("network-enforcer-agent")
+                && cgroup.contains(uid)
+            {
+                let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+                let env = environ
+                    .split(|b| *b == 0)
+                    .filter_map(|kv| {
+                        let kv = String::from_utf8_lossy(kv);
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
+                    .collect();
+                return Ok(Self { pid, env });
+            }
+        }
+        anyhow::bail!("no agent process of pod {pod} ({uid}) on this machine")
+    }
+
+    fn file(&self, path: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/{}/root{path}", self.pid))
+    }
+}
+
+/// Creates the scenario's workload in `name` on `placement`, sends TCP 18080 and waits until exactly
+/// the scenario's two proposals are learned.
+fn learn(kubeconfig: &std::path::Path, name: &str, placement: &Placement) -> Result<Workload> {
+    let w = scenario::create_workload_on(kubeconfig, name, placement)?;
+    w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(60))?;
+    let expected = scenario::expected_proposal_specs(name);
+    let mut last: BTreeMap<String, Value> = BTreeMap::new();
+    poll(
+        &format!("exactly the scenario's two proposals in {name}"),
+        scenario::LEARN_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            last = scenario::proposal_specs(&w)?;
+            Ok((last == expected).then_some(()))
+        },
+        || format!("expected {expected:#?}\n{}", w.ns.describe()),
+    )
+    .with_context(|| format!("placement {placement:?}"))?;
+    Ok(w)
+}
+
+/// The agent pod on `node` and its container's ID, when the pod is Ready. A container started after a
+/// node loss has a new ID (the pod's status from before the loss stays Ready until the node controller
+/// notices).
+fn agent_on(release: &Release, node: &str) -> Result<Option<(String, String)>> {
+    let Ok(pod) = release.agent_pod_on(node) else {
+        return Ok(None);
+    };
+    let status = release.kubectl(&[
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.containerStatuses[0].containerID}",
+    ])?;
+    Ok(
+        match status.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["True", container] => Some((pod, container.to_string())),
+            _ => None,
+        },
+    )
+}
