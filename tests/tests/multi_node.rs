@@ -8,9 +8,11 @@
 //!    flow on the client's node while allowed traffic crosses;
 //! 2. node binding: node 2's agent's own token (read from its container), used to report a flow of
 //!    node 1's client, is refused; the same token reporting node 2's server is accepted;
-//! 3. node loss: node 2's daemons and pods are killed as by a power cut; node 1 goes on learning (a
-//!    workload on node 1 is learned exactly) and the proposals learned before are unchanged; node 2 comes
-//!    back, its agent resumes and learns a workload that runs only on node 2.
+//! 3. node loss: the controller runs two replicas, one per node, and the leader is moved to node 2;
+//!    node 2's daemons and pods are killed as by a power cut; the replica on node 1 takes over, node 1
+//!    goes on learning (a workload on node 1 is learned exactly, its agent drops no batch) and the
+//!    proposals learned before are unchanged; node 2 comes back, its agent resumes and learns a workload
+//!    that runs only on node 2.
 //!
 //! One test function: the steps share one cluster start and one install (the suite's cost is mostly
 //! pod start-ups on two cores). Node 2 is removed at the end, so later test binaries see one node.
@@ -64,6 +66,21 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
     let mut values = scenario::release_values(namespace);
     values.push(scenario::AGENT_ENFORCEMENT.to_string());
     values.push(format!("agent.metricsPort={METRICS_PORT}"));
+    // Two controller replicas, one per node, electing a leader.
+    values.extend(
+        [
+            "controller.replicas=2",
+            "controller.tolerations[0].operator=Exists",
+            "controller.tolerations[0].effect=NoSchedule",
+            "controller.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey=kubernetes.io/hostname",
+            "controller.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchLabels.app\\.kubernetes\\.io/component=controller",
+        ]
+        .map(String::from),
+    );
+    values.push(format!(
+        "controller.tolerations[0].key={}",
+        network_enforcer_tests::cluster::node::EXTRA_NODE_TAINT_KEY
+    ));
     let release = Release::install(kubeconfig, "ne-multi", namespace, &values)?;
     let agents = [
         release.agent_pod_on(&one.name())?,
@@ -140,10 +157,39 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
 
     let (_, container_before) = agent_on(&release, &two.name())?
         .context("node 2's agent is not ready before the node loss")?;
-    // 3. Node loss.
+    // 3. Node loss, with the controller's leader on the lost node. Move the leadership to node 2 first
+    // when node 1's replica holds it.
+    let (first_leader, node) = leader(&release)?;
+    if node == one.name() {
+        release.kubectl(&["delete", "pod", &first_leader, "--wait=false"])?;
+        poll(
+            "the replica on node 2 to take the leadership",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || Ok(leader(&release).ok().filter(|(_, n)| *n == two.name())),
+            || release.describe(),
+        )?;
+    }
+    let (leader_before, _) = leader(&release)?;
+    let dropped_before = agent_metric(&one, "network_enforcer_agent_uplink_batches_dropped_total")?;
     cluster::kill_node(&two)?;
     let lost = Instant::now();
-    eprintln!("node {} killed", two.name());
+    eprintln!(
+        "node {} killed with the controller's leader {leader_before}",
+        two.name()
+    );
+    let (leader_after, _) = poll(
+        "the replica on node 1 to take over",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || Ok(leader(&release).ok().filter(|(_, n)| *n == one.name())),
+        || release.describe(),
+    )?;
+    let takeover = lost.elapsed();
+    eprintln!(
+        "{leader_after} on node 1 took over {:.1}s after node 2 was lost",
+        takeover.as_secs_f64()
+    );
     // Node 1 keeps learning while node 2 is gone.
     let during = learn(
         kubeconfig,
@@ -156,6 +202,12 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
     eprintln!(
         "learned on node 1 {:.1}s after node 2 was lost",
         lost.elapsed().as_secs_f64()
+    );
+    let dropped = agent_metric(&one, "network_enforcer_agent_uplink_batches_dropped_total")?;
+    ensure!(
+        dropped == dropped_before,
+        "node 1's agent dropped {} batches while the leader moved",
+        dropped - dropped_before
     );
     ensure!(
         scenario::proposal_specs(&before)? == learned_before,
@@ -365,6 +417,21 @@ fn learn(kubeconfig: &std::path::Path, name: &str, placement: &Placement) -> Res
     )
     .with_context(|| format!("placement {placement:?}"))?;
     Ok(w)
+}
+
+/// The controller replica holding the leader Lease, and its node.
+fn leader(release: &Release) -> Result<(String, String)> {
+    let holder = release.kubectl(&[
+        "get",
+        "lease",
+        &release.object_name("controller"),
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])?;
+    let holder = holder.trim().to_string();
+    ensure!(!holder.is_empty(), "the controller Lease has no holder");
+    let node = release.kubectl(&["get", "pod", &holder, "-o", "jsonpath={.spec.nodeName}"])?;
+    Ok((holder, node.trim().to_string()))
 }
 
 /// The agent pod on `node` and its container's ID, when the pod is Ready. A container started after a
