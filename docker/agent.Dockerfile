@@ -15,11 +15,19 @@
 #   runtime         distroless (glibc + libgcc only, no shell) plus nft. The agent runs as root with only the
 #                   capabilities the chart grants (BPF, PERFMON, NET_ADMIN): loading eBPF programs and
 #                   reading the host's /proc need uid 0 plus those capabilities.
+#
+# A binary built beforehand can go in instead of `build`'s: put it at prebuilt/network-enforcer-agent in
+# the build context and pass --build-arg BINARY=prebuilt (the local test cluster does this, with
+# DEBIAN_IMAGE and RUNTIME_IMAGE pointing at a Debian base it made itself, as it cannot pull). BuildKit
+# builds only the stages the target needs.
 
 ARG RUST_VERSION=1.95
+ARG BUILD_IMAGE=docker.io/library/rust:${RUST_VERSION}-bookworm
+ARG DEBIAN_IMAGE=docker.io/library/debian:bookworm-slim
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12
+ARG BINARY=build
 
-FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS ebpf-toolchain
+FROM ${BUILD_IMAGE} AS ebpf-toolchain
 ARG BPF_LINKER_VERSION=0.13.0
 # rustc-web/cargo-web and LLVM 22 come from bookworm-security, which the base image's sources include.
 RUN apt-get update \
@@ -39,17 +47,27 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --locked --release --package network-enforcer-agent --bin network-enforcer-agent \
     && install -D -m 0755 target/release/network-enforcer-agent /out/network-enforcer-agent
 
-FROM docker.io/library/debian:bookworm-slim AS nft
-# glibc itself comes with the runtime image; everything else nft loads is gathered under /out.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables \
-    && rm -rf /var/lib/apt/lists/* \
+FROM scratch AS prebuilt
+COPY prebuilt/network-enforcer-agent /out/network-enforcer-agent
+
+FROM ${BINARY} AS binary
+
+FROM ${DEBIAN_IMAGE} AS nft
+# glibc itself comes with the runtime image; everything else nft loads is gathered under /out. A base
+# that has nftables already (the local test cluster's) needs no package download. The libraries go
+# into their real directory (/usr/lib/...): on a merged-/usr runtime base /lib is a symlink, which
+# copying a /lib directory would replace, taking the dynamic loader with it.
+RUN (dpkg -s nftables >/dev/null 2>&1 \
+        || (apt-get update \
+            && apt-get install -y --no-install-recommends nftables \
+            && rm -rf /var/lib/apt/lists/*)) \
     && install -D -m 0755 /usr/sbin/nft /out/usr/sbin/nft \
-    && ldd /usr/sbin/nft | awk '/=> \// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' \
-       | xargs -I{} cp --parents -L {} /out
+    && for lib in $(ldd /usr/sbin/nft | awk '/=> \// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux'); do \
+         dir="/out$(readlink -f "$(dirname "$lib")")" && mkdir -p "$dir" && cp -L "$lib" "$dir/" || exit 1; \
+       done
 
 FROM ${RUNTIME_IMAGE} AS runtime
-COPY --from=build /out/network-enforcer-agent /usr/local/bin/network-enforcer-agent
+COPY --from=binary /out/network-enforcer-agent /usr/local/bin/network-enforcer-agent
 COPY --from=nft /out/ /
 USER 0:0
 # Prometheus /metrics on the node (the agent uses the host network).

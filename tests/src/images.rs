@@ -370,20 +370,3 @@ fn test_image() -> Result<ImageSpec> {
     spec.cmd = vec!["sh".into()];
     Ok(spec)
 }
-
-/// An image of one of our binaries: the host file `binary` at `/usr/local/bin/<file_name>` (its
-/// entrypoint) with the shared libraries it loads. The agent's also has the host's `nft` (its
-/// NetworkPolicy enforcement installs rules with it), as docker/agent.Dockerfile installs nftables.
-pub fn binary_image(name: &str, binary: &Path, file_name: &str) -> Result<ImageSpec> {
-    let mut spec = ImageSpec::new(name);
-    let in_image = format!("/usr/local/bin/{file_name}");
-    spec.add_binary_with_libraries(binary, &in_image)?;
-    if name == "agent" {
-        spec.add_binary_with_libraries(Path::new("/usr/sbin/nft"), "/usr/sbin/nft")
-            .context(
-                "adding nft to the agent image (apt install nftables; `cargo xtask setup` does)",
-            )?;
-    }
-    spec.entrypoint = vec![in_image];
-    Ok(spec)
-}

@@ -1,7 +1,8 @@
-//! Shared fixtures for end-to-end tests, and the local single-node Kubernetes cluster they run on.
+//! Shared fixtures for end-to-end tests, and the local Kubernetes cluster they run on.
 //!
 //! - [`cluster`]: start, stop and inspect the cluster (synchronous; also behind `cargo xtask cluster`).
-//! - [`images`]: local container images as docker-archive tars (no registry, no container engine).
+//! - [`images`]: the cluster's base images as docker-archive tars (no registry, no container engine).
+//! - [`buildah`]: our images, built from the shipped Dockerfiles with buildah on a local Debian base.
 //! - [`fixture`]: the async test fixture: one shared cluster, one namespace per test, clean-up on drop.
 //! - [`section10`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
 //!   records).
@@ -10,6 +11,7 @@
 //! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
 //!   differential).
 
+pub mod buildah;
 pub mod cluster;
 pub mod e2e;
 pub mod fixture;

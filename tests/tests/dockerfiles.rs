@@ -1,5 +1,6 @@
-//! The image Dockerfiles (`docker/*.Dockerfile`), parsed: no container engine exists here, so this checks
-//! what a build depends on: multi-stage builds whose runtime stage is a minimal image, the controller
+//! The image Dockerfiles (`docker/*.Dockerfile`), parsed. Every end-to-end test runs images built from
+//! them with buildah (`network_enforcer_tests::buildah`), but with a local Debian base and a prebuilt
+//! binary, as nothing can be pulled here; this checks what a user's default build depends on: multi-stage builds whose runtime stage is a minimal image, the controller
 //! running as a non-root user, the agent's build stage installing the same eBPF toolchain as
 //! `cargo xtask setup` (xtask/src/setup/ebpf.rs), locked release builds of the binary the chart runs, and
 //! entrypoints at the path the chart's `command` finds on PATH.
@@ -100,11 +101,14 @@ impl Dockerfile {
         last
     }
 
-    /// A base image reference with `${ARG}` replaced by the global default.
+    /// A base image reference with `${ARG}` replaced by the global default (defaults may name
+    /// earlier ARGs).
     fn resolve(&self, base: &str) -> String {
         let mut out = base.to_string();
-        for (k, v) in &self.global_args {
-            out = out.replace(&format!("${{{k}}}"), v);
+        for _ in 0..self.global_args.len() {
+            for (k, v) in &self.global_args {
+                out = out.replace(&format!("${{{k}}}"), v);
+            }
         }
         assert!(!out.contains('$'), "unresolved {base}");
         out
@@ -147,6 +151,25 @@ fn check_common(file: &Dockerfile, binary: &str, extra_copies: &[&str]) {
         "the build copies the workspace"
     );
 
+    assert_eq!(
+        file.resolve(&file.stages[0].base),
+        format!(
+            "docker.io/library/rust:{}-bookworm",
+            file.resolve("${RUST_VERSION}")
+        ),
+        "users' builds compile in the Rust image"
+    );
+    // The binary comes from `build` unless BINARY=prebuilt takes one from the build context.
+    assert_eq!(file.resolve("${BINARY}"), "build");
+    assert_eq!(file.resolve(&file.stage("binary").base), "build");
+    assert_eq!(file.stage("binary").base, "${BINARY}");
+    let prebuilt = file.stage("prebuilt");
+    assert_eq!(prebuilt.base, "scratch");
+    assert_eq!(
+        prebuilt.all("COPY"),
+        [format!("prebuilt/{binary} /out/{binary}").as_str()]
+    );
+
     let runtime = file.runtime();
     let base = file.resolve(&runtime.base);
     assert!(
@@ -158,7 +181,7 @@ fn check_common(file: &Dockerfile, binary: &str, extra_copies: &[&str]) {
         "nothing runs in the runtime stage (no shell)"
     );
     let copies = runtime.all("COPY");
-    let binary_copy = format!("--from=build /out/{binary} /usr/local/bin/{binary}");
+    let binary_copy = format!("--from=binary /out/{binary} /usr/local/bin/{binary}");
     let mut expected = vec![binary_copy.as_str()];
     expected.extend_from_slice(extra_copies);
     assert_eq!(copies, expected);
@@ -203,7 +226,17 @@ fn agent_image_builds_with_the_setup_ebpf_toolchain() {
         .iter()
         .filter_map(|s| s.name.as_deref())
         .collect();
-    assert_eq!(names, ["ebpf-toolchain", "build", "nft", "runtime"]);
+    assert_eq!(
+        names,
+        [
+            "ebpf-toolchain",
+            "build",
+            "prebuilt",
+            "binary",
+            "nft",
+            "runtime"
+        ]
+    );
     assert!(
         file.stage("nft")
             .runs()

@@ -393,8 +393,44 @@ impl AgentProcess {
         anyhow::bail!("no agent process of pod {pod} ({uid}) on this machine")
     }
 
+    /// `path` inside the container, as a host path. Symlinks are followed inside the container's root:
+    /// through `/proc/<pid>/root`, an absolute link (Debian's `/var/run` → `/run`) would lead to the
+    /// host's file system instead.
     fn file(&self, path: &str) -> std::path::PathBuf {
-        std::path::PathBuf::from(format!("/proc/{}/root{path}", self.pid))
+        let root = std::path::PathBuf::from(format!("/proc/{}/root", self.pid));
+        let mut pending: Vec<String> = path
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .rev()
+            .map(String::from)
+            .collect();
+        let mut inside = std::path::PathBuf::from("/");
+        // A bound on links followed, as the kernel has.
+        for _ in 0..256 {
+            let Some(part) = pending.pop() else { break };
+            let candidate = inside.join(&part);
+            let host = root.join(candidate.strip_prefix("/").unwrap_or(&candidate));
+            match std::fs::read_link(&host) {
+                Ok(target) => {
+                    if target.is_absolute() {
+                        inside = "/".into();
+                    }
+                    pending.extend(
+                        target
+                            .to_string_lossy()
+                            .split('/')
+                            .filter(|p| !p.is_empty())
+                            .rev()
+                            .map(String::from),
+                    );
+                }
+                Err(_) if part == ".." => {
+                    inside.pop();
+                }
+                Err(_) => inside = candidate,
+            }
+        }
+        root.join(inside.strip_prefix("/").unwrap_or(&inside))
     }
 }
 

@@ -1,7 +1,8 @@
-//! `cargo xtask image <name>`: local images for the local cluster (no container engine needed).
-//! `pause`, `dns`, `test`: the cluster's base images. `agent`, `controller`: our binaries (debug
-//! profile, or release with `NETWORK_ENFORCER_IMAGE_PROFILE=release`) plus the shared libraries they
-//! load, as `network-enforcer.local/<name>:dev` with the binary at `/usr/local/bin/network-enforcer-<name>`.
+//! `cargo xtask image <name>`: local images for the local cluster.
+//! `pause`, `dns`, `test`: the cluster's base images (written directly, no container engine). `agent`,
+//! `controller`: built with buildah from the shipped `docker/<name>.Dockerfile` on a local Debian base,
+//! with our binary (debug profile, or release with `NETWORK_ENFORCER_IMAGE_PROFILE=release`) as its
+//! prebuilt binary, as `network-enforcer.local/<name>:dev` (see `network_enforcer_tests::buildah`).
 //! `all`: both of ours.
 //! The image is written to `~/.cache/network-enforcer/images/<name>.tar` and, when the cluster runs,
 //! imported into its containerd (pods use it with `imagePullPolicy: Never`).

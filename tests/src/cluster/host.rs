@@ -114,29 +114,18 @@ pub fn install_egress_guard() -> Result<()> {
         .is_ok_and(|o| o.status.success());
     if !exists {
         output(Command::new("iptables").args(["-w", "-N", GUARD_CHAIN]))?;
+        let append = |rule: &[&str]| {
+            output(
+                Command::new("iptables")
+                    .args(["-w", "-A", GUARD_CHAIN, "-s", CLUSTER_CIDR])
+                    .args(rule),
+            )
+        };
         let extra_nodes = format!("{}+", node::HOST_VETH_PREFIX);
         for out in [BRIDGE, extra_nodes.as_str()] {
-            output(Command::new("iptables").args([
-                "-w",
-                "-A",
-                GUARD_CHAIN,
-                "-s",
-                CLUSTER_CIDR,
-                "-o",
-                out,
-                "-j",
-                "RETURN",
-            ]))?;
+            append(&["-o", out, "-j", "RETURN"])?;
         }
-        output(Command::new("iptables").args([
-            "-w",
-            "-A",
-            GUARD_CHAIN,
-            "-s",
-            CLUSTER_CIDR,
-            "-j",
-            "DROP",
-        ]))?;
+        append(&["-j", "DROP"])?;
     }
     let jump = ["FORWARD", "-j", GUARD_CHAIN];
     let present = Command::new("iptables")

@@ -62,19 +62,10 @@ pub fn alive(pid: u32) -> bool {
 /// Every process whose command line mentions `needle` (our daemons all name the state directory in
 /// their arguments), except this process.
 pub fn pids_mentioning(needle: &str) -> Vec<u32> {
-    let me = std::process::id();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(needle))
-                .unwrap_or(false)
-        })
-        .collect()
+    pids_where(|pid| {
+        fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+    })
 }
 
 /// Every process (but this one) in the network namespace bound at `netns` (an `ip netns` file).
@@ -83,16 +74,20 @@ pub fn pids_in_netns(netns: &Path) -> Vec<u32> {
     let Ok(want) = fs::metadata(netns).map(|m| (m.dev(), m.ino())) else {
         return Vec::new();
     };
+    pids_where(|pid| {
+        fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| (m.dev(), m.ino()) == want)
+    })
+}
+
+/// Every process but this one for which `keep` holds.
+fn pids_where(keep: impl Fn(u32) -> bool) -> Vec<u32> {
     let me = std::process::id();
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| (m.dev(), m.ino()) == want)
-        })
+        .filter(|&pid| pid != me && keep(pid))
         .collect()
 }
 

@@ -53,9 +53,9 @@ pub fn debug_binary(component: &str) -> PathBuf {
         .join(format!("network-enforcer-{component}"))
 }
 
-/// Builds image `network-enforcer.local/<component>:dev` from `binary` (debug info stripped, plus the
-/// shared libraries it loads) into the image cache and imports it into the cluster's containerd when
-/// the cluster runs. The tar is rewritten only when the binary is newer. Returns the tar's path.
+/// Builds image `network-enforcer.local/<component>:dev` from the shipped `docker/<component>.Dockerfile`
+/// with `binary` (debug info stripped) as its prebuilt binary ([`crate::buildah`]) into the image cache
+/// and imports it into the cluster's containerd when the cluster runs. The tar is rewritten only when the binary is newer. Returns the tar's path.
 pub fn build_image(component: &str, binary: &Path) -> Result<PathBuf> {
     let tar = images::tar_path(component);
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -66,11 +66,6 @@ pub fn build_image(component: &str, binary: &Path) -> Result<PathBuf> {
         )
     })?;
     if modified(&tar).is_none_or(|t| t < binary_time) {
-        let file_name = binary
-            .file_name()
-            .context("binary path without a file name")?
-            .to_string_lossy()
-            .into_owned();
         let stripped = tar.with_extension("bin");
         if let Some(dir) = stripped.parent() {
             std::fs::create_dir_all(dir)?;
@@ -82,10 +77,10 @@ pub fn build_image(component: &str, binary: &Path) -> Result<PathBuf> {
                 .arg(&stripped)
                 .arg(binary),
         )?;
-        let spec = images::binary_image(component, &stripped, &file_name);
-        let written = spec.and_then(|spec| spec.write(&tar));
+        let reference = format!("{}/{component}:{}", images::REGISTRY, images::TAG);
+        let built = crate::buildah::build(component, &stripped, &reference, &tar);
         let _ = std::fs::remove_file(&stripped);
-        written.with_context(|| format!("writing {}", tar.display()))?;
+        built.with_context(|| format!("building image {reference}"))?;
     }
     let state = State::new();
     if process::running_pid(&state, "containerd").is_some() {

@@ -18,7 +18,8 @@ use std::time::Instant;
 use crate::run;
 
 /// Debian packages: the Go toolchain and reflect2 for the build, the node's runtime parts, the tools
-/// images are made from (busybox-static, socat, dnsmasq-base, gcc for pause, binutils to strip ours).
+/// images are made from (busybox-static, socat, dnsmasq-base, gcc for pause, binutils to strip ours;
+/// buildah and debootstrap for ours, built from docker/*.Dockerfile on a local Debian base).
 const PACKAGES: &[&str] = &[
     "golang-1.19-go",
     "golang-github-modern-go-reflect2-dev",
@@ -37,6 +38,8 @@ const PACKAGES: &[&str] = &[
     "gcc",
     "binutils",
     "libc6-dev",
+    "buildah",
+    "debootstrap",
 ];
 
 /// The binaries we build, in the order `cmd/<name>` is built.
@@ -61,6 +64,8 @@ pub fn install() -> Result<()> {
         build(binary).with_context(|| format!("building {binary}"))?;
     }
     network_enforcer_tests::images::ensure_base_images().context("building the base images")?;
+    network_enforcer_tests::buildah::ensure_debian_base()
+        .context("making the Debian base our images are built on")?;
     println!(
         "    kubernetes: v1.20.2 binaries in {} ({:.1}s)",
         kubernetes_bin("").display(),
