@@ -37,10 +37,7 @@ fn buildah() -> Command {
 
 fn require_tools() -> Result<()> {
     for tool in ["buildah", "debootstrap"] {
-        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .chain(["/usr/sbin".into(), "/sbin".into()])
-            .any(|d| d.join(tool).exists());
-        if !found {
+        if crate::cluster::which(tool).is_none() {
             bail!("{tool} is missing: `cargo xtask setup` installs it (Debian package {tool})");
         }
     }

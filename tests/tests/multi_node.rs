@@ -20,13 +20,13 @@
 
 use anyhow::{Context, Result, ensure};
 use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
-use network_enforcer_api::uplink::{FlowRecord, LocalPod};
+use network_enforcer_api::uplink::{Direction, Outcome, Protocol};
 use network_enforcer_tests::cluster::{self, node::Node};
 use network_enforcer_tests::e2e::poll;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::{self, Placement, Workload};
-use network_enforcer_tests::e2e::workload::Protocol;
-use network_enforcer_tests::fixture;
+use network_enforcer_tests::e2e::workload::Protocol as Payload;
+use network_enforcer_tests::{fixture, section10};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -296,20 +296,16 @@ fn node_binding(release: &Release, two: &Node, before: &Workload) -> Result<()> 
     std::fs::copy(agent.file(&env("NE_CONTROLLER_CA_FILE")), &ca)
         .context("reading node 2's agent CA bundle")?;
 
-    let record = |pod: &str, port: u32| FlowRecord {
-        local: Some(LocalPod {
-            namespace: before.ns.name.clone(),
-            name: pod.to_string(),
-            uid: String::new(),
-        }),
-        peer_ip: vec![203, 0, 113, 7],
-        port,
-        protocol: 1,
-        direction: 1,
-        outcome: 1,
-        count: 1,
-        source: 1,
-        ..FlowRecord::default()
+    let record = |pod: &str, port: u32| {
+        section10::flow_record(
+            &before.ns.name,
+            pod,
+            std::net::IpAddr::from([203, 0, 113, 7]),
+            port,
+            Protocol::Tcp,
+            Direction::Outbound,
+            Outcome::Established,
+        )
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let (accepted, rejected) = runtime.block_on(async {
@@ -438,7 +434,7 @@ impl AgentProcess {
 /// the scenario's two proposals are learned.
 fn learn(kubeconfig: &std::path::Path, name: &str, placement: &Placement) -> Result<Workload> {
     let w = scenario::create_workload_on(kubeconfig, name, placement)?;
-    w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(60))?;
+    w.send_until_echoed(Payload::Tcp, 18080, Duration::from_secs(60))?;
     let expected = scenario::expected_proposal_specs(name);
     let mut last: BTreeMap<String, Value> = BTreeMap::new();
     poll(

@@ -220,7 +220,8 @@ fn check_prerequisites() -> Result<()> {
     Ok(())
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// Where `tool` is on PATH (or in /usr/sbin, /sbin).
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .map(|d| d.join(tool))
@@ -274,13 +275,6 @@ pub fn up_with_nodes(count: u8) -> Result<ClusterInfo> {
     }
     drop(lock);
     Ok(info)
-}
-
-/// [`up_with_nodes`], then the shared lock for the rest of the test process, like [`up_for_tests`].
-/// Call it before anything else in the process uses the cluster.
-pub fn up_with_nodes_for_tests(count: u8) -> Result<ClusterInfo> {
-    up_with_nodes(count)?;
-    up_for_tests()
 }
 
 fn node_healthy(state: &State, node: &Node) -> bool {
@@ -427,41 +421,37 @@ pub fn status() -> Result<String> {
     if !state.root.exists() {
         return Ok("the local cluster is not running (no state directory)".to_string());
     }
+    let extra: Vec<Node> = (2..=node::MAX_NODES)
+        .filter_map(|i| Node::new(i).ok())
+        .filter(|n| n.dir(&state).exists())
+        .collect();
+    let daemons = COMPONENTS
+        .iter()
+        .filter(|c| **c != "dns")
+        .map(|c| c.to_string())
+        .chain(
+            extra
+                .iter()
+                .flat_map(|n| NODE_DAEMONS.iter().map(|d| n.component(d))),
+        );
     let mut out = String::new();
     let mut total_kib = 0;
-    for c in COMPONENTS.iter().filter(|c| **c != "dns") {
-        match process::running_pid(&state, c) {
+    for c in daemons {
+        match process::running_pid(&state, &c) {
             Some(pid) => {
                 let kib = rss_kib(pid);
                 total_kib += kib;
                 out += &format!("{c:<24} running  pid {pid:<8} {:>6} MiB\n", kib / 1024);
             }
-            None => out += &format!("{c:<24} NOT RUNNING (log: {})\n", state.log(c).display()),
+            None => out += &format!("{c:<24} NOT RUNNING (log: {})\n", state.log(&c).display()),
         }
     }
-    for node in (2..=node::MAX_NODES).filter_map(|i| Node::new(i).ok()) {
-        if !node.dir(&state).exists() {
-            continue;
-        }
-        for d in NODE_DAEMONS {
-            let c = node.component(d);
-            match process::running_pid(&state, &c) {
-                Some(pid) => {
-                    let kib = rss_kib(pid);
-                    total_kib += kib;
-                    out += &format!("{c:<24} running  pid {pid:<8} {:>6} MiB\n", kib / 1024);
-                }
-                None => out += &format!("{c:<24} NOT RUNNING (log: {})\n", state.log(&c).display()),
-            }
-        }
+    for node in &extra {
+        let ready = components::node_ready(&state, node);
         out += &format!(
             "node {}: {}\n",
             node.name(),
-            if components::node_ready(&state, &node) {
-                "Ready"
-            } else {
-                "not Ready"
-            }
+            if ready { "Ready" } else { "not Ready" }
         );
     }
     let pods_kib = kubepods_memory_kib();
