@@ -25,6 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// The agent's metrics. Cheap to clone (the counters are shared atomics).
@@ -34,6 +35,8 @@ pub struct AgentMetrics {
     events: Counter,
     events_lost: Counter,
     dedupe_hits: Counter,
+    program_runs: Counter,
+    program_run_seconds: Counter<f64, AtomicU64>,
     decode_errors: Counter,
     edges: Counter,
     unattributed_edges: Counter,
@@ -97,11 +100,21 @@ impl AgentMetrics {
             "dedupe_hits",
             "Occurrences the kernel folded into an earlier event of the same edge",
         );
+        let program_runs = counter(
+            "ebpf_program_runs",
+            "Runs of the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
+        );
         let decode_errors = counter("decode_errors", "Kernel records that could not be decoded");
         let edges = counter("edges", "Aggregated edges flushed");
         let unattributed_edges = counter(
             "unattributed_edges",
             "Flushed edges whose network namespace belongs to no known pod",
+        );
+        let program_run_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "ebpf_program_run_seconds",
+            "Time the kernel spent in the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
+            program_run_seconds.clone(),
         );
         let events_dropped = Family::<DropLabel, Counter>::default();
         registry.register(
@@ -198,6 +211,8 @@ impl AgentMetrics {
             events,
             events_lost,
             dedupe_hits,
+            program_runs,
+            program_run_seconds,
             decode_errors,
             edges,
             unattributed_edges,
@@ -387,6 +402,10 @@ impl AgentMetrics {
             .inc_by(now.ring_buffer_full.saturating_sub(before.ring_buffer_full));
         self.dedupe_hits
             .inc_by(now.dedupe_hits.saturating_sub(before.dedupe_hits));
+        self.program_runs
+            .inc_by(now.program_runs.saturating_sub(before.program_runs));
+        self.program_run_seconds
+            .inc_by(now.program_run_ns.saturating_sub(before.program_run_ns) as f64 / 1e9);
     }
 
     /// Counts newly seen decode errors.
@@ -625,12 +644,16 @@ mod tests {
         let first = KernelCounters {
             ring_buffer_full: 5,
             dedupe_hits: 10,
-            unknown_family: 0,
+            program_runs: 100,
+            program_run_ns: 500_000_000,
+            ..KernelCounters::default()
         };
         let second = KernelCounters {
             ring_buffer_full: 7,
             dedupe_hits: 30,
-            unknown_family: 0,
+            program_runs: 400,
+            program_run_ns: 2_000_000_000,
+            ..KernelCounters::default()
         };
         m.kernel(&zero, &first);
         m.kernel(&first, &second);
@@ -644,6 +667,8 @@ mod tests {
         for line in [
             "network_enforcer_agent_events_lost_total 7",
             "network_enforcer_agent_dedupe_hits_total 30",
+            "network_enforcer_agent_ebpf_program_runs_total 400",
+            "network_enforcer_agent_ebpf_program_run_seconds_total 2.0",
             "network_enforcer_agent_events_total 3",
             "network_enforcer_agent_edges_total 4",
             "network_enforcer_agent_unattributed_edges_total 1",

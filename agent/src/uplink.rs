@@ -30,7 +30,6 @@ use network_enforcer_api::uplink::{self as proto, BatchAck, FlowBatch, FlowRecor
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,10 +44,7 @@ pub fn flow_record(edge: &Edge, local: LocalPod, clock: &WallClock) -> FlowRecor
     let key = &edge.key;
     FlowRecord {
         local: Some(local),
-        peer_ip: match key.peer_ip {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        },
+        peer_ip: network_enforcer_api::uplink::ip_bytes(key.peer_ip),
         port: u32::from(key.port),
         protocol: match key.protocol {
             Protocol::Tcp => proto::Protocol::Tcp,

@@ -1,5 +1,7 @@
 //! The contracts of network-enforcer, shared by the controller, the agent, the chart and the tests.
 //!
+//! - [`authorization_policy`]: the Istio `AuthorizationPolicy` fields the controller renders (Istio's
+//!   kind, typed here because no Istio crate is used).
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
@@ -10,6 +12,7 @@
 //!
 //! Nothing in this crate does I/O.
 
+pub mod authorization_policy;
 pub mod crd;
 pub mod duration;
 pub mod keys;
@@ -50,6 +53,14 @@ pub fn crd_manifests() -> Vec<(&'static str, String)> {
 pub mod uplink {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("networkenforcer.agent.v1");
+
+    /// An address in the wire form of `FlowRecord.peer_ip`: 4 bytes for IPv4, 16 for IPv6.
+    pub fn ip_bytes(ip: std::net::IpAddr) -> Vec<u8> {
+        match ip {
+            std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+            std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+        }
+    }
 }
 
 /// Our subset of Cilium Hubble's observer API (`proto/hubble/observer.proto`): `observer.Observer/GetFlows`.

@@ -261,7 +261,7 @@ fn main() {
     let before = live();
     let n_edges = 100_000usize;
     for e in 0..n_edges {
-        let obs = network_enforcer_controller::learn::Observation {
+        let obs = network_enforcer_controller::learn::ReportedConnection {
             local: ("ns-0".into(), "app-1-5d8f7c9b4-00000".into()),
             peer: Ipv4Addr::new(100, 64 + (e >> 16) as u8, (e >> 8) as u8, e as u8).into(),
             port: 443,
@@ -334,7 +334,7 @@ async fn steady_load() -> (f64, f64) {
         let tick = Instant::now();
         for w in 0..workloads {
             for _ in 0..1_000 {
-                let obs = network_enforcer_controller::learn::Observation {
+                let obs = network_enforcer_controller::learn::ReportedConnection {
                     local: (ns.name.clone(), format!("w{w}-5d8f7c9b4-00000")),
                     peer: Ipv4Addr::new(198, 51, 100, f as u8 + 1).into(),
                     port: 443,

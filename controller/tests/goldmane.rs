@@ -15,8 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use network_enforcer_api::Backend;
 use network_enforcer_api::goldmane::flows_server::{Flows, FlowsServer};
 use network_enforcer_api::goldmane::{
-    Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, PolicyHit, PolicyKind,
-    PolicyTrace, Reporter,
+    Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, Reporter,
 };
 use network_enforcer_api::uplink::{Direction, Outcome};
 use network_enforcer_controller::cluster::index::Index;
@@ -25,13 +24,13 @@ use network_enforcer_controller::ingest::Learning;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
 use network_enforcer_controller::sources::goldmane::{
-    Goldmane, GoldmaneConfig, GoldmaneHealth, NameIndex, ObjectRef,
+    Goldmane, GoldmaneConfig, GoldmaneHealth, ObjectRef,
 };
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
@@ -216,22 +215,9 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         .unwrap();
 
     let mut denied_trace = key(Action::Deny, Reporter::Src);
-    denied_trace.policies = Some(PolicyTrace {
-        enforced_policies: vec![PolicyHit {
-            kind: PolicyKind::EndOfTier as i32,
-            tier: "default".into(),
-            action: Action::Deny as i32,
-            rule_index: -1,
-            trigger: Some(Box::new(PolicyHit {
-                kind: PolicyKind::NetworkPolicy as i32,
-                namespace: "shop".into(),
-                name: "client-egress".into(),
-                ..PolicyHit::default()
-            })),
-            ..PolicyHit::default()
-        }],
-        pending_policies: vec![],
-    });
+    denied_trace.policies = Some(
+        network_enforcer_tests::e2e::sources::goldmane::end_of_tier_deny("shop", "client-egress"),
+    );
     let mut host = key(Action::Allow, Reporter::Dst);
     host.source_type = EndpointType::HostEndpoint as i32;
     let script = Arc::new(Script::default());
@@ -274,9 +260,6 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         }
     });
 
-    let mut names = NameIndex::default();
-    names.apply("shop", "client-5f7d9c-abcde", Some("client-5f7d9c-"));
-    names.apply("shop", "server-77f9b-xyz12", Some("server-77f9b-"));
     let evidence = Arc::new(EvidenceQueue::default());
     let writer = Arc::new(ProposalWriter::new(
         ns.client.clone(),
@@ -306,7 +289,6 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
             config,
             client: ns.client.clone(),
             learning,
-            names: Arc::new(RwLock::new(names)),
             health: health.clone(),
             readiness: None,
         }

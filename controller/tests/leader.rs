@@ -18,7 +18,7 @@ use network_enforcer_controller::ingest::{
     AgentIdentity, Authenticate, IngestService, Learning, Limits,
 };
 use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
-use network_enforcer_controller::learn::{Observation, Opened};
+use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, send_batches};
@@ -127,8 +127,14 @@ impl Replica {
     }
 }
 
-fn observation(ns: &str, local: &str, peer: IpAddr, port: u16, protocol: Protocol) -> Observation {
-    Observation {
+fn observation(
+    ns: &str,
+    local: &str,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> ReportedConnection {
+    ReportedConnection {
         local: (ns.into(), local.into()),
         peer,
         port,

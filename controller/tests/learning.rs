@@ -14,7 +14,7 @@ use network_enforcer_api::{
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
-use network_enforcer_controller::learn::{Observation, Opened};
+use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
 use serde_json::{Value, json};
@@ -34,8 +34,8 @@ fn observation(
     port: u16,
     protocol: Protocol,
     opened: Opened,
-) -> Observation {
-    Observation {
+) -> ReportedConnection {
+    ReportedConnection {
         local: (ns.into(), local.into()),
         peer,
         port,

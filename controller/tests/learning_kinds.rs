@@ -15,7 +15,7 @@ use kube::api::{
 use network_enforcer_api::{Backend, Protocol, WorkloadKind, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
-use network_enforcer_controller::learn::{Observation, Opened};
+use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use network_enforcer_tests::section10::pod_json;
@@ -39,7 +39,7 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
 
     let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new())
         .with_max_external_peers(5);
-    let to = |i: u8| Observation {
+    let to = |i: u8| ReportedConnection {
         local: (ns.name.clone(), "debug".into()),
         peer: IpAddr::from([198, 51, 100, i]),
         port: 443,
@@ -247,7 +247,7 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
     ] {
         writer.observe(
             &ix,
-            &Observation {
+            &ReportedConnection {
                 local: (ns.name.clone(), local.into()),
                 peer,
                 port: 8080,

@@ -8,7 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::{
     AcknowledgedViolation, Backend, Direction, PolicyMode, Protocol, ViolationRecord, WorkloadRef,
 };
-use network_enforcer_controller::monitor::otlp::{Otlp, OtlpConfig, OtlpProtocol, ViolationSink};
+use network_enforcer_controller::monitor::otlp::{
+    AttributeValue, EventSeverity, OBSERVED_EVENT, Otlp, OtlpConfig, OtlpProtocol, ViolationSink,
+    acknowledged_event, observed_event,
+};
 use network_enforcer_controller::monitor::violations::Observation;
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
     LogsService, LogsServiceServer,
@@ -324,6 +327,73 @@ fn assert_events(records: &[LogRecord]) {
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     assert_eq!(attributes(&ack.attributes), expected);
+}
+
+/// The observed event leaves out empty strings (here the destination is an address) but always
+/// carries the port, 0 when the record has none; its attributes come in a fixed order.
+#[test]
+fn observed_leaves_out_empty_strings_but_always_has_the_port() {
+    let o = Observation {
+        dst_port: None,
+        dest: acknowledged().violation.dest,
+        ..observation()
+    };
+    let event = observed_event(Backend::Kubernetes, &o);
+    assert_eq!(
+        (event.name, event.severity),
+        (OBSERVED_EVENT, EventSeverity::Warn)
+    );
+    let keys: Vec<&str> = event.attributes.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        keys,
+        [
+            "enforcement.provider",
+            "action",
+            "source.workload.name",
+            "source.workload.namespace",
+            "source.workload.kind",
+            "source.workload.identity",
+            "network.transport",
+            "destination.port",
+            "policy.ref.namespace",
+            "policy.ref.name",
+        ]
+    );
+    assert_eq!(event.attributes[7].1, AttributeValue::Int(0));
+}
+
+/// The acknowledged event has all 16 attributes in a fixed order, also the empty ones.
+#[test]
+fn acknowledged_has_every_attribute_even_empty_ones() {
+    let event = acknowledged_event(&AcknowledgedViolation {
+        reason: String::new(),
+        ..acknowledged()
+    });
+    assert_eq!(event.severity, EventSeverity::Info);
+    let keys: Vec<&str> = event.attributes.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        keys,
+        [
+            "id",
+            "timestamp",
+            "reason",
+            "source.namespace",
+            "source.workload.kind",
+            "source.workload.name",
+            "source.workload.identity",
+            "dest.namespace",
+            "dest.workload.kind",
+            "dest.workload.name",
+            "dest.workload.identity",
+            "protocol",
+            "dstPort",
+            "action",
+            "denyingPolicy.namespace",
+            "denyingPolicy.name",
+        ]
+    );
+    assert_eq!(event.attributes[2].1, AttributeValue::String(String::new()));
+    assert_eq!(event.attributes[12].1, AttributeValue::Int(443));
 }
 
 fn emit_both(sink: &dyn ViolationSink) {

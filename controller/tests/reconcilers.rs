@@ -8,12 +8,12 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
+use network_enforcer_api::authorization_policy::AuthorizationPolicy;
 use network_enforcer_api::crd::rules;
 use network_enforcer_api::keys::{
     PROMOTE_LABEL, PROMOTED_FROM_LABEL, RENDERED_GENERATION_ANNOTATION,
 };
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::policy::authorization_policy::AuthorizationPolicy;
 use network_enforcer_controller::reconcile::{self, Settings};
 use network_enforcer_controller::tools::uninstall;
 use network_enforcer_tests::fixture::TestNamespace;
@@ -471,24 +471,9 @@ async fn policies_for_jobs_and_bare_pods_do_not_overlap_their_own_pods() -> Resu
     Ok(())
 }
 
-/// A minimal stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here): same group, version,
-/// kind and plural, with an open schema.
+/// The stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here).
 fn authorization_policy_crd() -> CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "authorizationpolicies.security.istio.io"},
-        "spec": {
-            "group": "security.istio.io",
-            "scope": "Namespaced",
-            "names": {"kind": "AuthorizationPolicy", "plural": "authorizationpolicies",
-                      "singular": "authorizationpolicy", "listKind": "AuthorizationPolicyList"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                          "schema": {"openAPIV3Schema": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": true}}}]
-        }
-    }))
-    .unwrap()
+    serde_json::from_value(network_enforcer_tests::fixture::authorization_policy_crd()).unwrap()
 }
 
 #[tokio::test]

@@ -18,42 +18,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use webdriver::{Browser, Running, free_port, http};
 
-/// The scenario's learned objects: http-client calls http-server on TCP 18080 and the cluster DNS,
-/// and an outside address calls http-server too; the client's egress proposal is promoted into a
-/// monitor policy (the controller then deletes that proposal, as after a real promotion).
-const OBJECTS: &str = r#"
-apiVersion: networkenforcer.kubewarden.io/v1alpha1
-kind: WorkloadNetworkPolicyProposal
-metadata: {name: deployment-http-client-egress}
-spec:
-  backend: kubernetes
-  direction: Egress
-  targetRef: {kind: Deployment, name: http-client}
-  kubernetes:
-    podSelector: {matchLabels: {app: http-client}}
-    policyTypes: [Egress]
-    egress:
-      - to: [{podSelector: {matchLabels: {app: http-server}}}]
-        ports: [{protocol: TCP, port: 18080}]
-      - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]
-        ports: [{protocol: UDP, port: 53}]
----
-apiVersion: networkenforcer.kubewarden.io/v1alpha1
-kind: WorkloadNetworkPolicyProposal
-metadata: {name: deployment-http-server-ingress}
-spec:
-  backend: kubernetes
-  direction: Ingress
-  targetRef: {kind: Deployment, name: http-server}
-  kubernetes:
-    podSelector: {matchLabels: {app: http-server}}
-    policyTypes: [Ingress]
-    ingress:
-      - from: [{podSelector: {matchLabels: {app: http-client}}}]
-        ports: [{protocol: TCP, port: 18080}]
-      - from: [{ipBlock: {cidr: 203.0.113.7/32}}]
-        ports: [{protocol: TCP, port: 18080}]
----
+/// The scenario's learned proposals, shared with the web view's unit tests: http-client calls
+/// http-server on TCP 18080 and the cluster DNS, and outside addresses call http-server too.
+const PROPOSALS: &str = include_str!("data/scenario-proposals.yaml");
+
+/// The client's egress proposal promoted into a monitor policy (the controller then deletes that
+/// proposal, as after a real promotion).
+const POLICY: &str = r#"
 apiVersion: networkenforcer.kubewarden.io/v1alpha1
 kind: WorkloadNetworkPolicy
 metadata:
@@ -82,19 +53,18 @@ const EDGES_SCRIPT: &str = "return Array.from(document.querySelectorAll('#graph 
 async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() -> Result<()> {
     let ns = TestNamespace::create_with_crds("web-view").await?;
     let n = ns.name.clone();
-    for document in OBJECTS.split("\n---\n") {
-        let mut value: Value = serde_yaml::from_str(document)?;
+    let proposals: Vec<Value> = serde_yaml::from_str(PROPOSALS)?;
+    for mut value in proposals {
         value["metadata"]["namespace"] = json!(n);
-        if value["kind"] == "WorkloadNetworkPolicy" {
-            ns.api::<WorkloadNetworkPolicy>()
-                .create(&PostParams::default(), &serde_json::from_value(value)?)
-                .await?;
-        } else {
-            ns.api::<WorkloadNetworkPolicyProposal>()
-                .create(&PostParams::default(), &serde_json::from_value(value)?)
-                .await?;
-        }
+        ns.api::<WorkloadNetworkPolicyProposal>()
+            .create(&PostParams::default(), &serde_json::from_value(value)?)
+            .await?;
     }
+    let mut policy: Value = serde_yaml::from_str(POLICY)?;
+    policy["metadata"]["namespace"] = json!(n);
+    ns.api::<WorkloadNetworkPolicy>()
+        .create(&PostParams::default(), &serde_json::from_value(policy)?)
+        .await?;
     let (ui, metrics, ingest) = (free_port()?, free_port()?, free_port()?);
     let _controller = Running(
         std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
@@ -255,15 +225,16 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     )?;
     browser.screenshot(&out.join("workload.png"))?;
 
-    // The proposal diff page: both learned peers would be newly allowed.
+    // The proposal diff page: the three learned peers (the client and two outside ranges) would be
+    // newly allowed.
     browser.open(&format!("{base}#/diff/{n}/deployment-http-server-ingress"))?;
     let rows = browser.wait_for(
         "the diff table",
         Duration::from_secs(10),
         "const t = document.querySelector('table#diff'); return t ? t.rows.length : null",
     )?;
-    // Header and the two learned peers.
-    assert_eq!(rows, json!(3), "diff rows");
+    // Header and the three learned peers.
+    assert_eq!(rows, json!(4), "diff rows");
     browser.screenshot(&out.join("diff.png"))?;
     drop(browser);
     let _ = std::fs::remove_dir_all(&profile);

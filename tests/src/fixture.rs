@@ -372,6 +372,25 @@ pub fn strip_for_v1_20(yaml: &str) -> Result<String> {
     Ok(out)
 }
 
+/// A stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here): the same group, version,
+/// kind and plural, with an open schema.
+pub fn authorization_policy_crd() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "authorizationpolicies.security.istio.io"},
+        "spec": {
+            "group": "security.istio.io",
+            "scope": "Namespaced",
+            "names": {"kind": "AuthorizationPolicy", "plural": "authorizationpolicies",
+                      "singular": "authorizationpolicy", "listKind": "AuthorizationPolicyList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

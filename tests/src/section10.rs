@@ -228,10 +228,7 @@ pub fn flow_record(
             name: pod.into(),
             uid: String::new(),
         }),
-        peer_ip: match peer {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        },
+        peer_ip: network_enforcer_api::uplink::ip_bytes(peer),
         port,
         protocol: protocol as i32,
         direction: direction as i32,

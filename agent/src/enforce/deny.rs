@@ -91,10 +91,7 @@ pub fn record(denied: &Denied, index: &DenyIndex, now_ms: i64) -> Option<FlowRec
             name: local.name.clone(),
             uid: String::new(),
         }),
-        peer_ip: match peer.ip() {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        },
+        peer_ip: network_enforcer_api::uplink::ip_bytes(peer.ip()),
         // The service port: the destination's, whichever side was refused.
         port: u32::from(denied.destination.port()),
         protocol: protocol as i32,

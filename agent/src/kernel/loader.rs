@@ -68,6 +68,12 @@ pub struct KernelCounters {
     pub dedupe_hits: u64,
     /// TCP state changes of an unknown address family (should stay 0).
     pub unknown_family: u64,
+    /// Runs of our programs and the time the kernel spent in them, summed over the programs. Both stay
+    /// 0 unless the kernel keeps BPF statistics (`sysctl kernel.bpf_stats_enabled=1`): they are what
+    /// the agent costs inside the kernel (docs/operations.md, "Kernel cost").
+    pub program_runs: u64,
+    /// See [`KernelCounters::program_runs`].
+    pub program_run_ns: u64,
 }
 
 impl DataPlane {
@@ -187,10 +193,25 @@ impl DataPlane {
                 })?;
             Ok(values.iter().sum())
         };
+        // A program that is not loaded (a hook this kernel refused) has no statistics: skip it.
+        let (program_runs, program_run_ns) = self
+            .ebpf
+            .programs()
+            .filter_map(|(_, program)| program.info().ok())
+            .fold((0u64, 0u64), |(runs, ns), info| {
+                (
+                    runs.saturating_add(info.run_count()),
+                    ns.saturating_add(
+                        u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                    ),
+                )
+            });
         Ok(KernelCounters {
             ring_buffer_full: sum(Counter::RingBufferFull)?,
             dedupe_hits: sum(Counter::DedupeHit)?,
             unknown_family: sum(Counter::UnknownFamily)?,
+            program_runs,
+            program_run_ns,
         })
     }
 }

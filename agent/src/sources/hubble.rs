@@ -151,10 +151,7 @@ pub fn convert(flow: &Flow, node: Option<&str>) -> Result<FlowRecord, Skip> {
             name: local.pod_name.clone(),
             uid: String::new(),
         }),
-        peer_ip: match peer_ip {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        },
+        peer_ip: network_enforcer_api::uplink::ip_bytes(peer_ip),
         port,
         protocol: protocol as i32,
         direction: direction as i32,

@@ -33,7 +33,7 @@ use crate::uplink::{Receipt, ReceiptWatch};
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, Peer};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// Where a line was read: its file and where a restart must resume to read it again.
@@ -301,13 +301,6 @@ pub fn register_metrics(registry: &mut prometheus_client::registry::Registry) {
     );
 }
 
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
 /// The record of an inbound connection to `workload` from `peer`.
 fn record(
     workload: &(String, String),
@@ -322,7 +315,7 @@ fn record(
             name: workload.1.clone(),
             uid: String::new(),
         }),
-        peer_ip: ip_bytes(peer.ip()),
+        peer_ip: network_enforcer_api::uplink::ip_bytes(peer.ip()),
         port: u32::from(port),
         protocol: uplink::Protocol::Tcp as i32,
         direction: uplink::Direction::Inbound as i32,

@@ -37,7 +37,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 /// A pod, by namespace and name.
-pub type PodKey = (String, String);
+pub type PodName = (String, String);
 
 /// A workload, by namespace, kind and name.
 pub type WorkloadKey = (String, WorkloadKind, String);
@@ -59,10 +59,12 @@ pub const JOB_POD_LABELS: [&str; 4] = [
 
 /// What the index keeps of a pod.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PodInfo {
+pub struct PodRecord {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// `metadata.generateName` ("" when none): Calico Goldmane names pods by it.
+    pub generate_name: String,
     pub labels: BTreeMap<String, String>,
     pub ips: Vec<IpAddr>,
     pub node: Option<String>,
@@ -143,7 +145,7 @@ struct EndpointSubset {
 
 /// A backend of a Service and the port it is reached on after kube-proxy's DNAT: a workload on its
 /// container port, or (behind a Service without a selector) whatever its Endpoints' address is.
-pub type Backend = (Endpoint, u16);
+pub type Backend = (FlowEnd, u16);
 
 /// The backends of one Service, kept up to date by the index.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -159,19 +161,19 @@ struct Backends {
 /// Who held an IP, and when (ms since the epoch).
 #[derive(Clone, Debug, PartialEq)]
 struct IpLease {
-    pod: PodKey,
+    pod: PodName,
     since: i64,
     until: Option<i64>,
 }
 
 /// One side of a flow, at workload level.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Endpoint {
+pub enum FlowEnd {
     /// Pods of a workload (or a bare pod, whose `kind` is `None`).
     Workload(Arc<WorkloadEndpoint>),
     /// A pod on its node's network (`hostNetwork: true`), known as a pod: the local pod of a record, or
     /// a Service backend. Its workload still gets proposals of its own, but as a peer of others it is
-    /// its node's address `ip` ([`Endpoint::as_peer`]): its traffic carries that address, and no
+    /// its node's address `ip` ([`FlowEnd::as_peer`]): its traffic carries that address, and no
     /// NetworkPolicy pod selector matches host-network traffic.
     HostNetwork {
         workload: Arc<WorkloadEndpoint>,
@@ -184,20 +186,20 @@ pub enum Endpoint {
     External(IpAddr),
 }
 
-impl Endpoint {
+impl FlowEnd {
     /// The workload this side of a flow is, whose proposals it gets: a pod's (host network or not).
     pub fn workload(&self) -> Option<&Arc<WorkloadEndpoint>> {
         match self {
-            Endpoint::Workload(w) | Endpoint::HostNetwork { workload: w, .. } => Some(w),
-            Endpoint::Node { .. } | Endpoint::External(_) => None,
+            FlowEnd::Workload(w) | FlowEnd::HostNetwork { workload: w, .. } => Some(w),
+            FlowEnd::Node { .. } | FlowEnd::External(_) => None,
         }
     }
 
     /// This endpoint as the peer in another workload's proposal: a host-network pod is its node's
     /// address, the same peer the other side's record names it by (one connection, one peer).
-    pub fn as_peer(&self) -> Endpoint {
+    pub fn as_peer(&self) -> FlowEnd {
         match self {
-            Endpoint::HostNetwork { ip, node, .. } => Endpoint::Node {
+            FlowEnd::HostNetwork { ip, node, .. } => FlowEnd::Node {
                 ip: *ip,
                 name: node.clone(),
             },
@@ -270,7 +272,7 @@ pub enum Resolved {
     /// A Service with no ready backend: nothing to learn yet.
     ServiceWithoutBackends { namespace: String, name: String },
     /// Not a pod: a node or an external address, on the port as seen.
-    Address(Endpoint, u16),
+    Address(FlowEnd, u16),
 }
 
 /// [`Resolved`], borrowed from the index: what the learning hot path uses (no copies per record).
@@ -284,7 +286,7 @@ pub enum ResolvedRef<'a> {
     /// A Service with no ready backend on that port.
     ServiceWithoutBackends(&'a ServiceInfo),
     /// A node or an external address, on the port as seen.
-    Address(Endpoint, u16),
+    Address(FlowEnd, u16),
 }
 
 impl ResolvedRef<'_> {
@@ -292,7 +294,7 @@ impl ResolvedRef<'_> {
     pub fn to_owned(&self) -> Resolved {
         match self {
             ResolvedRef::Pod(w, port) => {
-                Resolved::Backends(vec![(Endpoint::Workload(Arc::clone(w)), *port)])
+                Resolved::Backends(vec![(FlowEnd::Workload(Arc::clone(w)), *port)])
             }
             ResolvedRef::Backends(b) => Resolved::Backends(b.to_vec()),
             ResolvedRef::ServiceWithoutBackends(svc) => Resolved::ServiceWithoutBackends {
@@ -308,27 +310,27 @@ impl ResolvedRef<'_> {
 /// up its local pod by name).
 #[derive(Debug, Default)]
 struct PodMap {
-    by_namespace: HashMap<String, HashMap<String, PodInfo>>,
+    by_namespace: HashMap<String, HashMap<String, PodRecord>>,
     len: usize,
 }
 
 impl PodMap {
-    fn get_str(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
+    fn get_str(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
         self.by_namespace.get(namespace)?.get(name)
     }
 
-    fn get(&self, key: &PodKey) -> Option<&PodInfo> {
+    fn get(&self, key: &PodName) -> Option<&PodRecord> {
         self.get_str(&key.0, &key.1)
     }
 
-    fn insert(&mut self, key: PodKey, pod: PodInfo) {
+    fn insert(&mut self, key: PodName, pod: PodRecord) {
         let names = self.by_namespace.entry(key.0).or_default();
         if names.insert(key.1, pod).is_none() {
             self.len += 1;
         }
     }
 
-    fn remove(&mut self, key: &PodKey) -> Option<PodInfo> {
+    fn remove(&mut self, key: &PodName) -> Option<PodRecord> {
         let names = self.by_namespace.get_mut(&key.0)?;
         let pod = names.remove(&key.1)?;
         self.len -= 1;
@@ -338,7 +340,7 @@ impl PodMap {
         Some(pod)
     }
 
-    fn values(&self) -> impl Iterator<Item = &PodInfo> {
+    fn values(&self) -> impl Iterator<Item = &PodRecord> {
         self.by_namespace.values().flat_map(HashMap::values)
     }
 
@@ -352,9 +354,9 @@ impl PodMap {
 pub struct Index {
     pods: PodMap,
     /// Pods by uid (agents that only know the uid from the pod's cgroup path report it).
-    uids: HashMap<String, PodKey>,
+    uids: HashMap<String, PodName>,
     /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
-    deleted: HashMap<PodKey, i64>,
+    deleted: HashMap<PodName, i64>,
     leases: HashMap<IpAddr, Vec<IpLease>>,
     workloads: HashMap<WorkloadKey, WorkloadInfo>,
     /// Pod names per namespace (live and recently deleted), for Service selection.
@@ -363,6 +365,8 @@ pub struct Index {
     pods_of_workload: HashMap<WorkloadKey, BTreeSet<String>>,
     /// Pod names per Job (namespace, name), to re-resolve their owner when the Job is seen.
     pods_of_job: HashMap<(String, String), BTreeSet<String>>,
+    /// Pod names per (namespace, generateName), for flow sources that name pods that way.
+    pods_generated_as: HashMap<(String, String), BTreeSet<String>>,
     jobs: HashMap<(String, String), JobInfo>,
     services: HashMap<ServiceKey, ServiceInfo>,
     service_ips: HashMap<IpAddr, ServiceKey>,
@@ -396,6 +400,7 @@ impl Default for Index {
             pods_in_namespace: HashMap::new(),
             pods_of_workload: HashMap::new(),
             pods_of_job: HashMap::new(),
+            pods_generated_as: HashMap::new(),
             jobs: HashMap::new(),
             services: HashMap::new(),
             service_ips: HashMap::new(),
@@ -476,7 +481,7 @@ fn cronjob_of(
 
 /// Whether `pod` backs `svc`: a live, running pod with an IP in the Service's namespace that its selector
 /// picks.
-fn backs(svc: &ServiceInfo, pod: &PodInfo, deleted: bool) -> bool {
+fn backs(svc: &ServiceInfo, pod: &PodRecord, deleted: bool) -> bool {
     let Some(selector) = &svc.selector else {
         return false;
     };
@@ -488,7 +493,7 @@ fn backs(svc: &ServiceInfo, pod: &PodInfo, deleted: bool) -> bool {
 }
 
 /// The container port `target` names on `pod` for `proto`.
-fn container_port(target: &IntOrString, pod: &PodInfo, proto: Protocol) -> Option<u16> {
+fn container_port(target: &IntOrString, pod: &PodRecord, proto: Protocol) -> Option<u16> {
     match target {
         IntOrString::Int(n) => u16::try_from(*n).ok(),
         IntOrString::String(name) => pod
@@ -533,10 +538,11 @@ impl Index {
         let owner = workload::owner_of(pod)
             .or_else(|| job.as_ref().map(|j| self.job_owner(&key.0, &j.name)));
         let foreign_controller = controller_kind.filter(|_| owner.is_none());
-        let mut info = PodInfo {
+        let mut info = PodRecord {
             namespace: key.0.clone(),
             name: key.1.clone(),
             uid: pod.uid().unwrap_or_default(),
+            generate_name: pod.metadata.generate_name.clone().unwrap_or_default(),
             labels: pod.labels().clone(),
             ips: ips.clone(),
             node: spec.and_then(|s| s.node_name.clone()),
@@ -610,14 +616,14 @@ impl Index {
         if let Some(old) = &old {
             self.release(&key, &old.ips, now_ms);
         }
-        // Keep the PodInfo for the IP history window, so late records still resolve.
+        // Keep the PodRecord for the IP history window, so late records still resolve.
         self.deleted.insert(key.clone(), now_ms);
         self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
         self.update_backends_of(&key, old.as_ref());
         self.forget_expired(now_ms);
     }
 
-    fn release(&mut self, key: &PodKey, ips: &[IpAddr], now_ms: i64) {
+    fn release(&mut self, key: &PodName, ips: &[IpAddr], now_ms: i64) {
         for ip in ips {
             for l in self.leases.entry(*ip).or_default().iter_mut() {
                 if &l.pod == key && l.until.is_none() {
@@ -629,7 +635,7 @@ impl Index {
     }
 
     /// Records `pod` in the per-namespace, per-workload and per-Job sets.
-    fn link(&mut self, pod: &PodInfo) {
+    fn link(&mut self, pod: &PodRecord) {
         self.pods_in_namespace
             .entry(pod.namespace.clone())
             .or_default()
@@ -646,10 +652,16 @@ impl Index {
                 .or_default()
                 .insert(pod.name.clone());
         }
+        if !pod.generate_name.is_empty() {
+            self.pods_generated_as
+                .entry((pod.namespace.clone(), pod.generate_name.clone()))
+                .or_default()
+                .insert(pod.name.clone());
+        }
     }
 
     /// Undoes [`Index::link`].
-    fn unlink(&mut self, pod: &PodInfo) {
+    fn unlink(&mut self, pod: &PodRecord) {
         remove_from(&mut self.pods_in_namespace, &pod.namespace, &pod.name);
         if let Some(w) = &pod.owner {
             let key = (pod.namespace.clone(), w.kind, w.name.clone());
@@ -659,6 +671,8 @@ impl Index {
             let key = (pod.namespace.clone(), j.name.clone());
             remove_from(&mut self.pods_of_job, &key, &pod.name);
         }
+        let key = (pod.namespace.clone(), pod.generate_name.clone());
+        remove_from(&mut self.pods_generated_as, &key, &pod.name);
     }
 
     /// Forgets IP history and deleted pods older than [`IP_HISTORY_MS`] (also done on every pod change).
@@ -682,7 +696,7 @@ impl Index {
             }
         }
         self.next_expiry = next;
-        let expired: Vec<PodKey> = self
+        let expired: Vec<PodName> = self
             .deleted
             .iter()
             .filter(|(_, at)| **at + IP_HISTORY_MS < now_ms)
@@ -748,7 +762,7 @@ impl Index {
     }
 
     /// The workload endpoint of a pod, from its owner and what the index knows of that owner.
-    fn compute_endpoint(&self, pod: &PodInfo) -> WorkloadEndpoint {
+    fn compute_endpoint(&self, pod: &PodRecord) -> WorkloadEndpoint {
         let Some(owner) = &pod.owner else {
             // A bare pod is its own unit: named after itself, owned by itself, selected by its labels
             // (NetworkPolicies select by label only; all of its labels is the narrowest selector there is).
@@ -841,7 +855,7 @@ impl Index {
     /// the per-port backends of every Service it joined, left or changed in.
     /// Also recomputes the Services without a selector whose Endpoints list one of its IPs, before or
     /// after (a pod taking, leaving or changing behind such an address), whatever their namespace.
-    fn update_backends_of(&mut self, key: &PodKey, before: Option<&PodInfo>) {
+    fn update_backends_of(&mut self, key: &PodName, before: Option<&PodRecord>) {
         if !self.endpoint_addresses.is_empty() {
             let ips: Vec<IpAddr> = before
                 .into_iter()
@@ -990,13 +1004,13 @@ impl Index {
     }
 
     /// A pod by uid, as `(namespace, name)`.
-    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodInfo> {
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodRecord> {
         self.uids.get(uid).and_then(|key| self.pods.get(key))
     }
 
     /// Every pod held, live and recently deleted (see [`IP_HISTORY_MS`]): the violation evaluator's
     /// view is derived from these, so the index stays the one source of truth about pods.
-    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+    pub fn pods(&self) -> impl Iterator<Item = &PodRecord> {
         self.pods.values()
     }
 
@@ -1414,17 +1428,17 @@ impl Index {
             b.by_port.values().flatten().any(|(endpoint, p)| {
                 *p == port
                     && match endpoint {
-                        Endpoint::Node { ip: at, .. }
-                        | Endpoint::External(at)
-                        | Endpoint::HostNetwork { ip: at, .. } => *at == ip,
-                        Endpoint::Workload(_) => false,
+                        FlowEnd::Node { ip: at, .. }
+                        | FlowEnd::External(at)
+                        | FlowEnd::HostNetwork { ip: at, .. } => *at == ip,
+                        FlowEnd::Workload(_) => false,
                     }
             })
         })
     }
 
     /// The pod that held `ip` at `at_ms` (or holds it now, for records newer than the last change).
-    pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&PodInfo> {
+    pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&PodRecord> {
         let leases = self.leases.get(&ip)?;
         let lease = leases
             .iter()
@@ -1435,8 +1449,22 @@ impl Index {
     }
 
     /// A pod by namespace and name (also one deleted within [`IP_HISTORY_MS`]).
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
         self.pods.get_str(namespace, name)
+    }
+
+    /// The live pods of `namespace` whose generateName is `generate_name`, in name order.
+    pub fn pods_generated_as<'a>(
+        &'a self,
+        namespace: &str,
+        generate_name: &str,
+    ) -> impl Iterator<Item = &'a PodRecord> + 'a {
+        self.pods_generated_as
+            .get_key_value(&(namespace.to_string(), generate_name.to_string()))
+            .into_iter()
+            .flat_map(|((namespace, _), names)| names.iter().map(move |name| (namespace, name)))
+            .filter(|(namespace, name)| self.pod_exists(namespace, name))
+            .filter_map(|(namespace, name)| self.pod(namespace, name))
     }
 
     /// Whether workload `w` has a pod (live or recently deleted) on `node`.
@@ -1463,7 +1491,7 @@ impl Index {
     }
 
     /// The workload endpoint of a pod.
-    pub fn endpoint_of(&self, pod: &PodInfo) -> WorkloadEndpoint {
+    pub fn endpoint_of(&self, pod: &PodRecord) -> WorkloadEndpoint {
         (*pod.endpoint).clone()
     }
 
@@ -1503,12 +1531,12 @@ impl Index {
     }
 
     /// `pod` as one end of a flow whose other end is `peer`: its workload, or for a host-network pod
-    /// [`Endpoint::HostNetwork`] at its address of `peer`'s family (a host-network pod's IPs are its
+    /// [`FlowEnd::HostNetwork`] at its address of `peer`'s family (a host-network pod's IPs are its
     /// node's; its node's addresses stand in until the kubelet has reported them). `None` for a
     /// host-network pod with no address of that family yet.
-    pub fn pod_endpoint(&self, pod: &PodInfo, peer: IpAddr) -> Option<Endpoint> {
+    pub fn pod_endpoint(&self, pod: &PodRecord, peer: IpAddr) -> Option<FlowEnd> {
         if !pod.host_network {
-            return Some(Endpoint::Workload(pod.endpoint.clone()));
+            return Some(FlowEnd::Workload(pod.endpoint.clone()));
         }
         let node = pod.node.clone().unwrap_or_default();
         let same_family = |ip: &&IpAddr| ip.is_ipv4() == peer.is_ipv4();
@@ -1522,7 +1550,7 @@ impl Index {
                 .min()
                 .copied()
         })?;
-        Some(Endpoint::HostNetwork {
+        Some(FlowEnd::HostNetwork {
             workload: pod.endpoint.clone(),
             ip,
             node,
@@ -1531,16 +1559,16 @@ impl Index {
 
     /// What an address that is no Service ClusterIP is at `at_ms`: the workload of the pod that held it,
     /// a node, or an outside address.
-    fn address_endpoint(&self, ip: IpAddr, at_ms: i64) -> Endpoint {
+    fn address_endpoint(&self, ip: IpAddr, at_ms: i64) -> FlowEnd {
         if let Some(pod) = self.pod_at(ip, at_ms) {
-            return Endpoint::Workload(pod.endpoint.clone());
+            return FlowEnd::Workload(pod.endpoint.clone());
         }
         match self.nodes.get(&ip) {
-            Some(node) => Endpoint::Node {
+            Some(node) => FlowEnd::Node {
                 ip,
                 name: node.clone(),
             },
-            None => Endpoint::External(ip),
+            None => FlowEnd::External(ip),
         }
     }
 }
@@ -1598,7 +1626,7 @@ mod tests {
             Resolved::Backends(b) => b
                 .into_iter()
                 .map(|(e, p)| match e {
-                    Endpoint::Workload(w) => (w.name.clone(), p),
+                    FlowEnd::Workload(w) => (w.name.clone(), p),
                     other => panic!("not a workload: {other:?}"),
                 })
                 .collect(),
@@ -1672,19 +1700,19 @@ mod tests {
         ix.delete_service("ns", "web");
         assert!(matches!(
             ix.resolve("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T),
-            Resolved::Address(Endpoint::External(_), 80)
+            Resolved::Address(FlowEnd::External(_), 80)
         ));
     }
 
     /// A compact description of what an address resolves to, for table tests.
     fn described(resolved: Resolved) -> Vec<String> {
-        let name = |e: &Endpoint| match e {
-            Endpoint::Workload(w) => format!("workload {}", w.name),
-            Endpoint::HostNetwork { workload, ip, node } => {
+        let name = |e: &FlowEnd| match e {
+            FlowEnd::Workload(w) => format!("workload {}", w.name),
+            FlowEnd::HostNetwork { workload, ip, node } => {
                 format!("host network {} on {node} {ip}", workload.name)
             }
-            Endpoint::Node { ip, name } => format!("node {name} {ip}"),
-            Endpoint::External(ip) => format!("external {ip}"),
+            FlowEnd::Node { ip, name } => format!("node {name} {ip}"),
+            FlowEnd::External(ip) => format!("external {ip}"),
         };
         match resolved {
             Resolved::Backends(b) => b.iter().map(|(e, p)| format!("{}:{p}", name(e))).collect(),
@@ -1848,7 +1876,7 @@ mod tests {
         assert_eq!(endpoint.uid.as_deref(), Some("uid-deploy-db"));
         let first = match ix.resolve_ref("10.96.0.3".parse().unwrap(), 80, Protocol::TCP, T) {
             ResolvedRef::Backends(b) => {
-                assert!(matches!(&b[0].0, Endpoint::Workload(w) if Arc::ptr_eq(w, &endpoint)));
+                assert!(matches!(&b[0].0, FlowEnd::Workload(w) if Arc::ptr_eq(w, &endpoint)));
                 b.as_ptr()
             }
             other => panic!("{other:?}"),
@@ -1937,7 +1965,7 @@ mod tests {
         );
         match ix.resolve_ref("10.96.0.1".parse().unwrap(), 80, Protocol::TCP, T) {
             ResolvedRef::Backends(b) => {
-                assert!(matches!(&b[0].0, Endpoint::Workload(w) if Arc::ptr_eq(w, &after)))
+                assert!(matches!(&b[0].0, FlowEnd::Workload(w) if Arc::ptr_eq(w, &after)))
             }
             other => panic!("{other:?}"),
         }

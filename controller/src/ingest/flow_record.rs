@@ -13,14 +13,14 @@
 //! workload. Finding those pods walks the index's pods, which is acceptable because it happens only for
 //! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
 
-use crate::cluster::index::{Endpoint, Index, PodInfo, ResolvedRef};
+use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef};
 use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
 use std::net::IpAddr;
 
 /// The local pod a record names: by namespace/name when the agent watches pods, by uid alone (from the
 /// pod's cgroup path) when it does not. `None` when the record names none or the index does not know it.
-pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodInfo> {
+pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodRecord> {
     let local = record.local.as_ref()?;
     if local.name.is_empty() {
         index.pod_by_uid(&local.uid)
@@ -142,7 +142,7 @@ pub fn peer_address(
     // Only addresses that lead nowhere in the cluster's pods: a Service is resolved to its backends.
     if !matches!(
         index.resolve_ref(fields.peer, fields.port, fields.protocol, at_ms),
-        ResolvedRef::Address(Endpoint::External(_) | Endpoint::Node { .. }, _)
+        ResolvedRef::Address(FlowEnd::External(_) | FlowEnd::Node { .. }, _)
     ) {
         return address;
     }
@@ -157,7 +157,7 @@ pub fn peer_address(
     let Some((namespace, account)) = parse_principal(&named.principal) else {
         return address;
     };
-    let mut found: Option<(&PodInfo, crate::cluster::index::WorkloadEndpoint)> = None;
+    let mut found: Option<(&PodRecord, crate::cluster::index::WorkloadEndpoint)> = None;
     for pod in index
         .pods()
         .filter(|p| p.namespace == namespace && p.service_account == account && !p.ips.is_empty())

@@ -31,7 +31,7 @@ pub mod tls;
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
 use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
-use crate::learn::{Observation, Opened, Reporter};
+use crate::learn::{Opened, ReportedConnection, Reporter};
 use flow_record::{BadField, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -235,7 +235,7 @@ pub fn observation(
     record: &FlowRecord,
     index: &Index,
     node: &str,
-) -> Result<Option<Observation>, Refused> {
+) -> Result<Option<ReportedConnection>, Refused> {
     read(record, index, node, Reporter::Node).map(|o| o.map(|(o, _)| o))
 }
 
@@ -245,7 +245,7 @@ fn read(
     index: &Index,
     node: &str,
     reporter: Reporter,
-) -> Result<Option<(Observation, PeerFrom)>, Refused> {
+) -> Result<Option<(ReportedConnection, PeerFrom)>, Refused> {
     let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
     // Either way of naming the pod, the index decides which pod it is and where it runs.
     let pod = flow_record::local_pod(record, index)
@@ -270,7 +270,7 @@ fn read(
     }
     let (peer, from) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
     Ok(Some((
-        Observation {
+        ReportedConnection {
             local: (pod.namespace.clone(), pod.name.clone()),
             peer,
             port: fields.port,

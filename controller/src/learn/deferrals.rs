@@ -25,8 +25,8 @@
 //! was over (by then it was learned and written), so a controller restart within the grace loses
 //! nothing: the agent sends it again.
 
-use crate::cluster::index::{Endpoint, Index};
-use crate::learn::{self, Flow, Observation, Opened, Unresolved};
+use crate::cluster::index::{FlowEnd, Index};
+use crate::learn::{self, NoFlow, Opened, ReportedConnection, WorkloadFlow};
 use ipnet::IpNet;
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -39,7 +39,7 @@ pub const DEFAULT_GRACE_MS: i64 = 30_000;
 pub const MAX_WAITING: usize = 100_000;
 
 /// What an observation resolves to.
-pub type Resolution = Result<Vec<Flow>, Unresolved>;
+pub type Resolution = Result<Vec<WorkloadFlow>, NoFlow>;
 
 /// Whether a resolution might improve once the index catches up: it failed, or a peer is an external
 /// address that a pod or Service could still turn out to have: any address when `cluster_cidrs` is
@@ -54,13 +54,13 @@ pub fn may_improve(resolution: &Resolution, opened: Opened, cluster_cidrs: &[IpN
                 Opened::Outbound => &f.destination,
                 Opened::Inbound => &f.source,
             };
-            matches!(peer, Endpoint::External(ip) if in_cluster(ip))
+            matches!(peer, FlowEnd::External(ip) if in_cluster(ip))
         }),
     }
 }
 
 struct Waiting {
-    obs: Observation,
+    obs: ReportedConnection,
     until_ms: i64,
 }
 
@@ -68,7 +68,7 @@ struct Waiting {
 #[derive(Debug, Default)]
 pub struct Decided {
     /// Observations to merge, with their resolution.
-    pub ready: Vec<(Observation, Resolution)>,
+    pub ready: Vec<(ReportedConnection, Resolution)>,
     /// How many of them the index caught up with.
     pub resolved: u64,
     /// How many of them ran out of grace.
@@ -121,9 +121,9 @@ impl Deferrals {
     pub fn admit(
         &self,
         index: &Index,
-        obs: &Observation,
+        obs: &ReportedConnection,
         now_ms: i64,
-        overflow: &mut Vec<(Observation, Resolution)>,
+        overflow: &mut Vec<(ReportedConnection, Resolution)>,
     ) -> Option<Resolution> {
         let resolution = learn::flows(index, obs);
         if self.grace_ms == 0 || !may_improve(&resolution, obs.opened, &self.cluster_cidrs) {
@@ -190,8 +190,8 @@ mod tests {
         .unwrap()
     }
 
-    fn inbound_from(peer: &str, at_ms: i64) -> Observation {
-        Observation {
+    fn inbound_from(peer: &str, at_ms: i64) -> ReportedConnection {
+        ReportedConnection {
             local: ("shop".into(), "api".into()),
             peer: peer.parse().unwrap(),
             port: 8080,
@@ -202,7 +202,7 @@ mod tests {
         }
     }
 
-    fn peer_of(r: &Resolution) -> Endpoint {
+    fn peer_of(r: &Resolution) -> FlowEnd {
         r.as_ref().unwrap()[0].source.clone()
     }
 
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!((d.resolved, d.expired), (1, 0));
         assert_eq!(d.ready.len(), 1);
         match peer_of(&d.ready[0].1) {
-            Endpoint::Workload(w) => assert_eq!(w.name, "frontend"),
+            FlowEnd::Workload(w) => assert_eq!(w.name, "frontend"),
             other => panic!("expected the frontend pod, got {other:?}"),
         }
         assert!(deferrals.is_empty());
@@ -253,7 +253,7 @@ mod tests {
         assert_eq!((d.resolved, d.expired), (0, 1));
         assert_eq!(
             peer_of(&d.ready[0].1),
-            Endpoint::External("203.0.113.9".parse().unwrap())
+            FlowEnd::External("203.0.113.9".parse().unwrap())
         );
     }
 
@@ -291,7 +291,7 @@ mod tests {
         let outside = deferrals.admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow);
         assert_eq!(
             outside.map(|r| peer_of(&r)),
-            Some(Endpoint::External("203.0.113.9".parse().unwrap()))
+            Some(FlowEnd::External("203.0.113.9".parse().unwrap()))
         );
         // Inside a pod range or the Service range: a pod or Service not listed yet may have it.
         for peer in ["10.0.0.3", "10.96.7.7"] {
@@ -324,6 +324,6 @@ mod tests {
         );
         let d = deferrals.settle(&index, 1_000);
         assert_eq!(d.expired, 1);
-        assert!(matches!(d.ready[0].1, Err(Unresolved::UnknownLocalPod(..))));
+        assert!(matches!(d.ready[0].1, Err(NoFlow::UnknownLocalPod(..))));
     }
 }

@@ -8,7 +8,7 @@
 pub mod deferrals;
 pub mod proposal_writer;
 
-use crate::cluster::index::{Endpoint, Index, PodKey, ResolvedRef, WorkloadEndpoint};
+use crate::cluster::index::{FlowEnd, Index, PodName, ResolvedRef, WorkloadEndpoint};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -37,8 +37,8 @@ pub enum Opened {
 
 /// One allowed connection as an agent reports it, with the local side already known.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Observation {
-    pub local: PodKey,
+pub struct ReportedConnection {
+    pub local: PodName,
     pub peer: IpAddr,
     /// The service port: the peer's port when outbound, the local port when inbound.
     pub port: u16,
@@ -72,16 +72,16 @@ pub fn is_peer_side(opened: Opened, direction: Direction) -> bool {
 
 /// A connection between two endpoints on a destination (container) port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Flow {
-    pub source: Endpoint,
-    pub destination: Endpoint,
+pub struct WorkloadFlow {
+    pub source: FlowEnd,
+    pub destination: FlowEnd,
     pub protocol: Protocol,
     pub port: u16,
 }
 
 /// Why an observation produced no flow. Counted as a metric by the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unresolved {
+pub enum NoFlow {
     #[error("the local pod {0}/{1} is not in the index (deleted, or not yet seen)")]
     UnknownLocalPod(String, String),
     #[error("Service {0}/{1} has no backend for that port yet")]
@@ -90,52 +90,52 @@ pub enum Unresolved {
     HostAddressUnknown(String, String),
 }
 
-impl Unresolved {
+impl NoFlow {
     /// The `outcome` label counted in `resolutions_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            Unresolved::UnknownLocalPod(..) => "unknown_local_pod",
-            Unresolved::ServiceWithoutBackends(..) => "service_without_backends",
-            Unresolved::HostAddressUnknown(..) => "host_address_unknown",
+            NoFlow::UnknownLocalPod(..) => "unknown_local_pod",
+            NoFlow::ServiceWithoutBackends(..) => "service_without_backends",
+            NoFlow::HostAddressUnknown(..) => "host_address_unknown",
         }
     }
 }
 
 /// The workload-level flows an observation stands for (a Service with several backend workloads gives one
-/// flow per workload). A host-network local pod is [`Endpoint::HostNetwork`] at its node's address, so
+/// flow per workload). A host-network local pod is [`FlowEnd::HostNetwork`] at its node's address, so
 /// the peer learns it as that address, as the peer's own record does.
-pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> {
+pub fn flows(index: &Index, obs: &ReportedConnection) -> Result<Vec<WorkloadFlow>, NoFlow> {
     let local = index
         .pod(&obs.local.0, &obs.local.1)
-        .ok_or_else(|| Unresolved::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
+        .ok_or_else(|| NoFlow::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
     let local = index
         .pod_endpoint(local, obs.peer)
-        .ok_or_else(|| Unresolved::HostAddressUnknown(obs.local.0.clone(), obs.local.1.clone()))?;
+        .ok_or_else(|| NoFlow::HostAddressUnknown(obs.local.0.clone(), obs.local.1.clone()))?;
     match obs.opened {
         Opened::Outbound => match index.resolve_ref(obs.peer, obs.port, obs.protocol, obs.at_ms) {
-            ResolvedRef::Pod(w, port) => Ok(vec![Flow {
+            ResolvedRef::Pod(w, port) => Ok(vec![WorkloadFlow {
                 source: local,
-                destination: Endpoint::Workload(w.clone()),
+                destination: FlowEnd::Workload(w.clone()),
                 protocol: obs.protocol,
                 port,
             }]),
             // What the connection reached after kube-proxy's DNAT, which is what NetworkPolicies see.
             ResolvedRef::Backends(backends) => Ok(backends
                 .iter()
-                .map(|(backend, port)| Flow {
+                .map(|(backend, port)| WorkloadFlow {
                     source: local.clone(),
                     destination: backend.clone(),
                     protocol: obs.protocol,
                     port: *port,
                 })
                 .collect()),
-            ResolvedRef::Address(peer, port) => Ok(vec![Flow {
+            ResolvedRef::Address(peer, port) => Ok(vec![WorkloadFlow {
                 source: local,
                 destination: peer,
                 protocol: obs.protocol,
                 port,
             }]),
-            ResolvedRef::ServiceWithoutBackends(svc) => Err(Unresolved::ServiceWithoutBackends(
+            ResolvedRef::ServiceWithoutBackends(svc) => Err(NoFlow::ServiceWithoutBackends(
                 svc.namespace.clone(),
                 svc.name.clone(),
             )),
@@ -143,11 +143,11 @@ pub fn flows(index: &Index, obs: &Observation) -> Result<Vec<Flow>, Unresolved> 
         Opened::Inbound => {
             // An inbound peer is never a ClusterIP (kube-proxy preserves the client IP).
             let source = match index.resolve_ref(obs.peer, 0, obs.protocol, obs.at_ms) {
-                ResolvedRef::Pod(w, _) => Endpoint::Workload(w.clone()),
+                ResolvedRef::Pod(w, _) => FlowEnd::Workload(w.clone()),
                 ResolvedRef::Address(peer, _) => peer,
-                _ => Endpoint::External(obs.peer),
+                _ => FlowEnd::External(obs.peer),
             };
-            Ok(vec![Flow {
+            Ok(vec![WorkloadFlow {
                 source,
                 destination: local,
                 protocol: obs.protocol,
@@ -179,7 +179,7 @@ impl Target {
 pub enum Edge {
     /// kubernetes backend: the peer, on the destination (container) port.
     Kubernetes {
-        peer: Endpoint,
+        peer: FlowEnd,
         protocol: Protocol,
         port: u16,
     },
@@ -196,7 +196,7 @@ impl Edge {
     pub fn external(&self) -> Option<IpAddr> {
         match self {
             Edge::Kubernetes {
-                peer: Endpoint::External(ip),
+                peer: FlowEnd::External(ip),
                 ..
             } => Some(*ip),
             _ => None,
@@ -228,16 +228,16 @@ fn proposal_kind(w: &WorkloadEndpoint) -> Option<WorkloadKind> {
 
 /// Whether an endpoint can be written as a peer: not an unselectable workload (a host-network pod is
 /// a peer by its address).
-fn usable_peer(e: &Endpoint) -> bool {
+fn usable_peer(e: &FlowEnd) -> bool {
     match e {
-        Endpoint::Workload(w) => w.selectable(),
+        FlowEnd::Workload(w) => w.selectable(),
         _ => true,
     }
 }
 
 /// Whether a flow has a workload side no selector can name exactly (a bare pod without labels, a
 /// CronJob whose runs share no label): what it teaches about that side is skipped.
-pub fn has_unselectable_side(flow: &Flow) -> bool {
+pub fn has_unselectable_side(flow: &WorkloadFlow) -> bool {
     [&flow.source, &flow.destination]
         .into_iter()
         .any(|e| e.workload().is_some_and(|w| !w.selectable()))
@@ -247,8 +247,8 @@ pub fn has_unselectable_side(flow: &Flow) -> bool {
 /// egress and the destination's ingress; istio → the destination's ingress only, TCP only, from a
 /// workload with an identity. Bare pods get proposals of kind `Pod`; an unselectable workload (see
 /// [`WorkloadEndpoint::selectable`]) gets no proposal and is no peer. A host-network pod gets its own
-/// proposals but is a peer of others as its node's address ([`Endpoint::as_peer`]).
-pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
+/// proposals but is a peer of others as its node's address ([`FlowEnd::as_peer`]).
+pub fn edges(flow: &WorkloadFlow, backend: Backend) -> Vec<(Target, Edge)> {
     let mut out = Vec::new();
     match backend {
         Backend::Kubernetes => {
@@ -287,7 +287,7 @@ pub fn edges(flow: &Flow, backend: Backend) -> Vec<(Target, Edge)> {
         }
         Backend::Istio => {
             // Not host-network pods: the mesh neither captures them nor gives them an identity.
-            if let (Endpoint::Workload(src), Endpoint::Workload(dst), Protocol::TCP) =
+            if let (FlowEnd::Workload(src), FlowEnd::Workload(dst), Protocol::TCP) =
                 (&flow.source, &flow.destination, flow.protocol)
             {
                 if let Some(kind) = proposal_kind(dst) {
@@ -316,9 +316,9 @@ pub fn principal(w: &WorkloadEndpoint) -> String {
 
 /// The NetworkPolicy peer for an endpoint, as in the reference: a workload by namespace name and its
 /// own selector; anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
-pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
+pub fn peer_of(endpoint: &FlowEnd) -> NetworkPolicyPeer {
     match endpoint {
-        Endpoint::Workload(w) => NetworkPolicyPeer {
+        FlowEnd::Workload(w) => NetworkPolicyPeer {
             namespace_selector: Some(LabelSelector {
                 match_labels: Some(BTreeMap::from([(
                     NAMESPACE_NAME_LABEL.to_string(),
@@ -329,7 +329,7 @@ pub fn peer_of(endpoint: &Endpoint) -> NetworkPolicyPeer {
             pod_selector: Some(w.label_selector()),
             ip_block: None,
         },
-        Endpoint::Node { ip, .. } | Endpoint::HostNetwork { ip, .. } | Endpoint::External(ip) => {
+        FlowEnd::Node { ip, .. } | FlowEnd::HostNetwork { ip, .. } | FlowEnd::External(ip) => {
             NetworkPolicyPeer {
                 ip_block: Some(IPBlock {
                     cidr: match ip {
@@ -699,7 +699,7 @@ fn merge_rules<'e, R>(
             end_port: None,
         };
         let address_key = (protocol.as_str().to_string(), i32::from(*port));
-        let single = !matches!(peer, Endpoint::Workload(_));
+        let single = !matches!(peer, FlowEnd::Workload(_));
         let count = addresses.get(&address_key).copied().unwrap_or(0);
         let capped = edge.external().is_some() && count >= limits.max_external_peers;
         let key = peers_key(&Some(&peers));
@@ -880,8 +880,14 @@ mod tests {
         ix
     }
 
-    fn obs(local: &str, peer: &str, port: u16, protocol: Protocol, opened: Opened) -> Observation {
-        Observation {
+    fn obs(
+        local: &str,
+        peer: &str,
+        port: u16,
+        protocol: Protocol,
+        opened: Opened,
+    ) -> ReportedConnection {
+        ReportedConnection {
             local: ("shop".into(), local.into()),
             peer: peer.parse().unwrap(),
             port,
@@ -894,7 +900,7 @@ mod tests {
 
     /// Learns `observations` into proposals, as the writer would, and returns them by name.
     fn learn(
-        observations: &[Observation],
+        observations: &[ReportedConnection],
         backend: Backend,
     ) -> BTreeMap<String, WorkloadNetworkPolicyProposal> {
         let ix = index();
@@ -912,7 +918,7 @@ mod tests {
         out
     }
 
-    fn scenario() -> Vec<Observation> {
+    fn scenario() -> Vec<ReportedConnection> {
         vec![
             obs(
                 "http-client-aaa-1",
@@ -1107,7 +1113,7 @@ mod tests {
                 &ix,
                 &obs("gone", "10.0.0.2", 1, Protocol::TCP, Opened::Outbound)
             ),
-            Err(Unresolved::UnknownLocalPod(..))
+            Err(NoFlow::UnknownLocalPod(..))
         ));
         assert!(matches!(
             flows(
@@ -1120,7 +1126,7 @@ mod tests {
                     Opened::Outbound
                 )
             ),
-            Err(Unresolved::ServiceWithoutBackends(..))
+            Err(NoFlow::ServiceWithoutBackends(..))
         ));
     }
 
@@ -1145,7 +1151,7 @@ mod tests {
             "other-1"
         );
     }
-    fn flow_to(ix: &Index, local: &str, peer: &str, port: u16) -> Flow {
+    fn flow_to(ix: &Index, local: &str, peer: &str, port: u16) -> WorkloadFlow {
         flows(ix, &obs(local, peer, port, Protocol::TCP, Opened::Outbound))
             .unwrap()
             .remove(0)
@@ -1154,7 +1160,7 @@ mod tests {
     #[test]
     fn merging_many_edges_at_once_equals_merging_them_one_by_one() {
         let ix = index();
-        let client = Endpoint::Workload(
+        let client = FlowEnd::Workload(
             ix.pod("shop", "http-client-aaa-1")
                 .unwrap()
                 .endpoint
@@ -1162,7 +1168,7 @@ mod tests {
         );
         let target = Target {
             workload: match &client {
-                Endpoint::Workload(w) => w.clone(),
+                FlowEnd::Workload(w) => w.clone(),
                 _ => unreachable!(),
             },
             kind: WorkloadKind::Deployment,
@@ -1173,8 +1179,8 @@ mod tests {
         for i in 0..300u32 {
             let peer = match i % 3 {
                 0 => server.clone(),
-                1 => Endpoint::External(IpAddr::from([198, 51, (i / 256) as u8, i as u8])),
-                _ => Endpoint::External(IpAddr::from([198, 51, 0, (i % 7) as u8])),
+                1 => FlowEnd::External(IpAddr::from([198, 51, (i / 256) as u8, i as u8])),
+                _ => FlowEnd::External(IpAddr::from([198, 51, 0, (i % 7) as u8])),
             };
             all.push(Edge::Kubernetes {
                 peer,
@@ -1264,7 +1270,7 @@ mod tests {
             direction: Direction::Egress,
         };
         let to = |port: u16| Edge::Kubernetes {
-            peer: Endpoint::External(IpAddr::from([203, 0, 113, 7])),
+            peer: FlowEnd::External(IpAddr::from([203, 0, 113, 7])),
             protocol: Protocol::UDP,
             port,
         };
@@ -1328,7 +1334,7 @@ mod tests {
         };
         let peers: Vec<Edge> = (0..200u16)
             .map(|i| Edge::Kubernetes {
-                peer: Endpoint::External(IpAddr::from([203, 0, (i / 250) as u8, (i % 250) as u8])),
+                peer: FlowEnd::External(IpAddr::from([203, 0, (i / 250) as u8, (i % 250) as u8])),
                 protocol: Protocol::TCP,
                 port: 1000 + i,
             })
@@ -1372,7 +1378,7 @@ mod tests {
         };
         let peers: Vec<Edge> = (0..5)
             .map(|i| Edge::Kubernetes {
-                peer: Endpoint::External(IpAddr::from([203, 0, 113, i])),
+                peer: FlowEnd::External(IpAddr::from([203, 0, 113, i])),
                 protocol: Protocol::TCP,
                 port: 443,
             })
@@ -1384,7 +1390,7 @@ mod tests {
         let merged = merge(
             &mut spec,
             &[Edge::Kubernetes {
-                peer: Endpoint::External(IpAddr::from([203, 0, 113, 0])),
+                peer: FlowEnd::External(IpAddr::from([203, 0, 113, 0])),
                 protocol: Protocol::TCP,
                 port: 8443,
             }],
@@ -1407,7 +1413,7 @@ mod tests {
             direction: Direction::Egress,
         };
         let external = |i: u8, port: u16| Edge::Kubernetes {
-            peer: Endpoint::External(IpAddr::from([203, 0, 113, i])),
+            peer: FlowEnd::External(IpAddr::from([203, 0, 113, i])),
             protocol: Protocol::TCP,
             port,
         };
@@ -1677,7 +1683,7 @@ mod tests {
         let node_peer = |port: u16| format!("192.168.1.1/32 TCP/{port}");
         let server_peer = |port: u16| format!("app=http-server TCP/{port}");
         // (what the agents reported, the proposal looked at, its rules)
-        let cases: Vec<(&str, Vec<Observation>, &str, Vec<String>)> = vec![
+        let cases: Vec<(&str, Vec<ReportedConnection>, &str, Vec<String>)> = vec![
             (
                 "the client's record: the callee learns the node address",
                 vec![probe_to_server.clone()],
@@ -1745,16 +1751,13 @@ mod tests {
 
         // A host-network pod with no address of the peer's family anywhere: not learned yet (waits
         // for the index like an unknown pod), never as a pod selector.
-        let v6 = Observation {
+        let v6 = ReportedConnection {
             peer: "fd00::2".parse().unwrap(),
             ..tcp("probe-x", "10.0.0.2", 18080, Opened::Outbound)
         };
         assert_eq!(
             flows(&ix, &v6),
-            Err(Unresolved::HostAddressUnknown(
-                "shop".into(),
-                "probe-x".into()
-            ))
+            Err(NoFlow::HostAddressUnknown("shop".into(), "probe-x".into()))
         );
         assert!(deferrals::may_improve(
             &flows(&ix, &v6),

@@ -14,9 +14,9 @@
 //! past the cap they are counted (`resolutions_total{outcome="external_capped"}`), logged, and reported
 //! with an `ExternalPeersCapped` Event on the proposal, never silently widened to a larger CIDR.
 
-use crate::cluster::index::{Endpoint, Index};
+use crate::cluster::index::{FlowEnd, Index};
 use crate::learn::deferrals::{Deferrals, Resolution};
-use crate::learn::{self, Edge, Observation, Target, Unresolved};
+use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
 use crate::policy::provenance::{Provenance, SigningKey};
 use crate::runtime::metrics::ControllerMetrics;
 use futures::StreamExt as _;
@@ -489,7 +489,7 @@ impl ProposalWriter {
     }
 
     /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
-    pub fn observe(&self, index: &Index, obs: &Observation) -> Result<usize, Unresolved> {
+    pub fn observe(&self, index: &Index, obs: &ReportedConnection) -> Result<usize, NoFlow> {
         self.merge(
             index,
             obs,
@@ -510,10 +510,10 @@ impl ProposalWriter {
     pub fn observe_or_wait(
         &self,
         index: &Index,
-        obs: &Observation,
+        obs: &ReportedConnection,
         now_ms: i64,
         waits: &mut WaitsFor,
-    ) -> Result<usize, Unresolved> {
+    ) -> Result<usize, NoFlow> {
         let mut overflow = Vec::new();
         let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
         for (old, resolution) in overflow {
@@ -561,10 +561,10 @@ impl ProposalWriter {
     fn merge(
         &self,
         index: &Index,
-        obs: &Observation,
+        obs: &ReportedConnection,
         flows: Resolution,
         waits: &mut WaitsFor,
-    ) -> Result<usize, Unresolved> {
+    ) -> Result<usize, NoFlow> {
         let mut produced = 0;
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
         // The node whose agent reported this, when it may speak only for its own pods.
@@ -585,10 +585,10 @@ impl ProposalWriter {
             };
             self.metrics.resolved(
                 match peer {
-                    Endpoint::Workload(_) => "workload",
-                    Endpoint::HostNetwork { .. } => "host_network",
-                    Endpoint::Node { .. } => "node",
-                    Endpoint::External(_) => "external",
+                    FlowEnd::Workload(_) => "workload",
+                    FlowEnd::HostNetwork { .. } => "host_network",
+                    FlowEnd::Node { .. } => "node",
+                    FlowEnd::External(_) => "external",
                 },
                 1,
             );
@@ -993,8 +993,8 @@ mod tests {
         .unwrap()
     }
 
-    fn inbound(namespace: &str, local: &str, peer: &str) -> Observation {
-        Observation {
+    fn inbound(namespace: &str, local: &str, peer: &str) -> ReportedConnection {
+        ReportedConnection {
             local: (namespace.into(), local.into()),
             peer: peer.parse().unwrap(),
             port: 8080,
@@ -1067,7 +1067,7 @@ mod tests {
             api.iter().all(|e| !matches!(
                 e,
                 Edge::Kubernetes {
-                    peer: Endpoint::External(_),
+                    peer: FlowEnd::External(_),
                     ..
                 }
             )),
@@ -1094,7 +1094,7 @@ mod tests {
         index.apply_pod(&on("client", "10.0.0.1", "node-a"), 0);
         index.apply_pod(&on("remote", "10.0.0.2", "node-b"), 0);
         index.apply_pod(&on("local", "10.0.0.3", "node-a"), 0);
-        let to = |peer: &str, reporter| Observation {
+        let to = |peer: &str, reporter| ReportedConnection {
             local: ("shop".into(), "client".into()),
             peer: peer.parse().unwrap(),
             port: 8080,
@@ -1103,7 +1103,7 @@ mod tests {
             at_ms: 0,
             reporter,
         };
-        let learned = |trust: bool, obs: &Observation| {
+        let learned = |trust: bool, obs: &ReportedConnection| {
             let writer = unreachable().with_trust_remote_peers(trust);
             writer.observe(&index, obs).unwrap();
             pending_names(&writer)
@@ -1137,7 +1137,7 @@ mod tests {
             assert_eq!(learned(trust, &obs), expected, "{trust} {obs:?}");
         }
         // Seen from the remote pod's side (its own node's report), the ingress is learned.
-        let inbound = Observation {
+        let inbound = ReportedConnection {
             local: ("shop".into(), "remote".into()),
             peer: "10.0.0.1".parse().unwrap(),
             opened: learn::Opened::Inbound,
@@ -1152,12 +1152,12 @@ mod tests {
     #[test]
     fn pending_edges_dedupe_keep_arrival_order_and_cap_external_addresses() {
         let external = |i: u8, port: u16| Edge::Kubernetes {
-            peer: Endpoint::External([203, 0, 113, i].into()),
+            peer: FlowEnd::External([203, 0, 113, i].into()),
             protocol: Protocol::TCP,
             port,
         };
         let node = Edge::Kubernetes {
-            peer: Endpoint::Node {
+            peer: FlowEnd::Node {
                 ip: [10, 0, 0, 1].into(),
                 name: "n".into(),
             },
@@ -1185,7 +1185,7 @@ mod tests {
     #[test]
     fn a_proposal_keeps_a_bounded_number_of_edges_pending() {
         let edge = |i: usize| Edge::Kubernetes {
-            peer: Endpoint::External(std::net::Ipv4Addr::from(0x0a00_0000 + i as u32).into()),
+            peer: FlowEnd::External(std::net::Ipv4Addr::from(0x0a00_0000 + i as u32).into()),
             protocol: Protocol::UDP,
             port: 1 + (i % 60_000) as u16,
         };

@@ -3,7 +3,6 @@
 //! whether a proposal is what the controller learned ([`provenance`]), how much each rule is used
 //! ([`rule_usage`]), what the observed traffic says before protect ([`protect_gate`]) and the conditions reported on each object.
 
-pub mod authorization_policy;
 pub mod conditions;
 pub mod promote;
 pub mod protect_gate;

@@ -7,12 +7,12 @@
 //! valid generations are rendered: that is what lets a rendering stay in force while its policy is
 //! invalid, see [`crate::policy::validity`]).
 
-use crate::policy::authorization_policy::{
-    AuthorizationPolicy, AuthorizationPolicySpec, WorkloadSelector,
-};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
+use network_enforcer_api::authorization_policy::{
+    AuthorizationPolicy, AuthorizationPolicySpec, WorkloadSelector,
+};
 use network_enforcer_api::keys::{ISTIO_DRY_RUN_ANNOTATION, RENDERED_GENERATION_ANNOTATION};
 use network_enforcer_api::{Backend, PolicyMode, WorkloadNetworkPolicy};
 use std::collections::BTreeMap;

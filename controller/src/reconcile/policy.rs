@@ -4,7 +4,6 @@
 
 use super::{Context, Error, Settings, publish, scoped_api};
 use crate::cluster::workload;
-use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::protect_gate;
 use crate::policy::render::{self, Desired};
@@ -22,6 +21,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::authorization_policy::AuthorizationPolicy;
 use network_enforcer_api::keys::FIELD_MANAGER;
 use network_enforcer_api::selector;
 use network_enforcer_api::validation::{self, Violation};

@@ -13,9 +13,9 @@
 //!   status sync see Goldmane flows exactly like eBPF ones, except that a cluster-wide source may teach
 //!   both sides of a connection (docs/behaviour.md §1.5, §7.5).
 //! - **Names.** Goldmane names a workload pod by its `generateName` followed by `*`
-//!   (`http-client-5f7d9c-*`). [`NameIndex`] maps `(namespace, generateName)` to the pods carrying it,
-//!   fed by a metadata-only pod watch; any live pod of that set stands for its workload (the replicas
-//!   of a ReplicaSet share labels and owner). No pod is listed per flow.
+//!   (`http-client-5f7d9c-*`). The controller's one index keeps pods by `(namespace, generateName)`
+//!   ([`Index::pods_generated_as`]); any live pod of that set stands for its workload (the replicas
+//!   of a ReplicaSet share labels and owner). No pod is listed per flow, and no second watch runs.
 //! - **Re-sends.** Goldmane pushes every flow of the last complete 15 s window at each rollover, so a
 //!   long-lived or repeated connection comes back every 15 s under the same key. [`Dedupe`] lets one
 //!   flow key through at most once per [`Dedupe::WINDOW`] (of the flows' own times), so
@@ -27,15 +27,11 @@
 //! - **Failures.** Every failure is logged with a hint and counted; reconnects follow a capped
 //!   exponential backoff with jitter; the task never ends.
 
-use crate::cluster::index::{Index, PodInfo};
+use crate::cluster::index::{Index, PodRecord};
 use crate::ingest::Learning;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use network_enforcer_api::goldmane::flows_client::FlowsClient;
 use network_enforcer_api::goldmane::{
     Action, EndpointType, Filter, Flow, FlowStreamRequest, PolicyHit, PolicyKind, Reporter,
@@ -43,75 +39,21 @@ use network_enforcer_api::goldmane::{
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod, Peer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// The address the Calico operator gives Goldmane.
 pub const DEFAULT_ADDRESS: &str = "goldmane.calico-system.svc:7443";
 
-/// `(namespace, generateName)` → the pods carrying it, and back. Pure state fed by pod events.
-#[derive(Debug, Default)]
-pub struct NameIndex {
-    sets: HashMap<(String, String), BTreeSet<String>>,
-    of: HashMap<(String, String), String>,
-}
-
-impl NameIndex {
-    /// Records a pod's generateName (`None`: it has none).
-    pub fn apply(&mut self, namespace: &str, name: &str, generate_name: Option<&str>) {
-        self.delete(namespace, name);
-        if let Some(g) = generate_name.filter(|g| !g.is_empty()) {
-            self.sets
-                .entry((namespace.to_string(), g.to_string()))
-                .or_default()
-                .insert(name.to_string());
-            self.of
-                .insert((namespace.to_string(), name.to_string()), g.to_string());
-        }
-    }
-
-    /// Forgets a pod.
-    pub fn delete(&mut self, namespace: &str, name: &str) {
-        if let Some(g) = self.of.remove(&(namespace.to_string(), name.to_string())) {
-            let key = (namespace.to_string(), g);
-            if let Some(set) = self.sets.get_mut(&key) {
-                set.remove(name);
-                if set.is_empty() {
-                    self.sets.remove(&key);
-                }
-            }
-        }
-    }
-
-    /// The pods whose generateName is `generate_name`, in name order.
-    pub fn pods<'a>(
-        &'a self,
-        namespace: &str,
-        generate_name: &str,
-    ) -> impl Iterator<Item = &'a String> + 'a {
-        self.sets
-            .get(&(namespace.to_string(), generate_name.to_string()))
-            .into_iter()
-            .flatten()
-    }
-}
-
 /// The pod a Goldmane endpoint name stands for: `<generateName>*` → a pod of that set the index knows
 /// with an address (the first by name, so the choice is stable); a plain name → that pod.
-pub fn resolve_name<'a>(
-    names: &NameIndex,
-    index: &'a Index,
-    namespace: &str,
-    name: &str,
-) -> Option<&'a PodInfo> {
+pub fn resolve_name<'a>(index: &'a Index, namespace: &str, name: &str) -> Option<&'a PodRecord> {
     match name.strip_suffix('*') {
-        Some(generate_name) => names
-            .pods(namespace, generate_name)
-            .filter_map(|pod| index.pod(namespace, pod))
+        Some(generate_name) => index
+            .pods_generated_as(namespace, generate_name)
             .find(|p| !p.ips.is_empty()),
         None => index.pod(namespace, name).filter(|p| !p.ips.is_empty()),
     }
@@ -167,18 +109,11 @@ pub fn denying_policy(hits: &[PolicyHit]) -> Option<String> {
     })
 }
 
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
 /// Converts one Goldmane flow into the record the agent on the reporting pod's node would send, and
 /// that node. `pod` resolves a Goldmane endpoint name (see [`resolve_name`]). Pure.
 pub fn convert<'a>(
     flow: &Flow,
-    pod: impl Fn(&str, &str) -> Option<&'a PodInfo>,
+    pod: impl Fn(&str, &str) -> Option<&'a PodRecord>,
 ) -> Result<(String, FlowRecord), Skip> {
     let key = flow.key.as_ref().ok_or(Skip::NoKey)?;
     let workload = EndpointType::WorkloadEndpoint as i32;
@@ -230,7 +165,7 @@ pub fn convert<'a>(
             name: local.name.clone(),
             uid: local.uid.clone(),
         }),
-        peer_ip: ip_bytes(peer.ips[0]),
+        peer_ip: network_enforcer_api::uplink::ip_bytes(peer.ips[0]),
         port: u32::from(port),
         protocol: protocol as i32,
         direction: if outbound {
@@ -392,16 +327,14 @@ impl GoldmaneArgs {
             ca = %config.ca_config_map, "Goldmane source on");
         let health = GoldmaneHealth::default();
         health.register(metrics);
-        let names = Arc::new(RwLock::new(NameIndex::default()));
         let source = Goldmane {
             config,
-            client: client.clone(),
+            client,
             learning,
-            names: names.clone(),
             health,
             readiness: Some(readiness()),
         };
-        tokio::join!(watch_names(client, names), source.run());
+        source.run().await;
     }
 }
 
@@ -675,47 +608,6 @@ impl GoldmaneHealth {
     }
 }
 
-/// Keeps a [`NameIndex`] current from a metadata-only watch of all pods. Runs forever.
-pub async fn watch_names(client: Client, names: Arc<RwLock<NameIndex>>) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client);
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut seen = crate::cluster::watches::Seen::default();
-    while let Some(event) = events.next().await {
-        let apply = |names: &mut NameIndex, pod: &PartialObjectMeta<Pod>| {
-            let m = &pod.metadata;
-            names.apply(
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-                m.generate_name.as_deref(),
-            );
-        };
-        match event {
-            Ok(Event::Init) => seen.relist(),
-            Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
-                seen.applied(crate::cluster::watches::key_of(&pod));
-                apply(&mut names.write().expect("names lock"), &pod)
-            }
-            Ok(Event::Delete(pod)) => {
-                seen.deleted(&crate::cluster::watches::key_of(&pod));
-                names.write().expect("names lock").delete(
-                    pod.metadata.namespace.as_deref().unwrap_or_default(),
-                    pod.metadata.name.as_deref().unwrap_or_default(),
-                )
-            }
-            Ok(Event::InitDone) => {
-                // Pods deleted while the watch was down get no delete event.
-                let mut names = names.write().expect("names lock");
-                for (namespace, name) in seen.relisted() {
-                    names.delete(namespace.as_deref().unwrap_or_default(), &name);
-                }
-            }
-            Err(error) => tracing::warn!(%error, "pod name watch failed; retrying with backoff"),
-        }
-    }
-}
-
 fn jitter() -> f64 {
     use std::hash::BuildHasher;
     let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
@@ -740,8 +632,6 @@ pub struct Goldmane {
     pub client: Client,
     /// Where records go.
     pub learning: Arc<Learning>,
-    /// `generateName` index (kept current by [`watch_names`]).
-    pub names: Arc<RwLock<NameIndex>>,
     /// Metrics.
     pub health: GoldmaneHealth,
     /// `/readyz` detail (not required for readiness: Goldmane being down must not stop the controller).
@@ -757,8 +647,7 @@ impl Goldmane {
         }
         let converted = {
             let index = self.learning.index.index.read().expect("index lock");
-            let names = self.names.read().expect("names lock");
-            convert(flow, |ns, name| resolve_name(&names, &index, ns, name))
+            convert(flow, |ns, name| resolve_name(&index, ns, name))
         };
         match converted {
             Ok(record) => {
@@ -839,18 +728,26 @@ impl Goldmane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use network_enforcer_api::goldmane::{FlowKey, PolicyTrace};
+    use k8s_openapi::api::core::v1::Pod;
+    use network_enforcer_api::goldmane::FlowKey;
     use serde_json::json;
 
+    /// Two pods made from a template (by generateName) and one without.
     fn index() -> Index {
         let mut index = Index::default();
-        for (name, node, ip) in [
-            ("client-5f7d9c-abcde", "node-a", "10.0.0.1"),
-            ("server-77f-xyz12", "node-b", "10.0.0.2"),
-            ("lonely", "node-b", "10.0.0.3"),
+        for (name, generate_name, node, ip) in [
+            (
+                "client-5f7d9c-abcde",
+                "client-5f7d9c-",
+                "node-a",
+                "10.0.0.1",
+            ),
+            ("server-77f-xyz12", "server-77f-", "node-b", "10.0.0.2"),
+            ("lonely", "", "node-b", "10.0.0.3"),
         ] {
             let pod: Pod = serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
+                "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                             "generateName": generate_name},
                 "spec": {"nodeName": node, "containers": []},
                 "status": {"phase": "Running", "podIP": ip}
             }))
@@ -858,14 +755,6 @@ mod tests {
             index.apply_pod(&pod, 1_000);
         }
         index
-    }
-
-    fn names() -> NameIndex {
-        let mut n = NameIndex::default();
-        n.apply("shop", "client-5f7d9c-abcde", Some("client-5f7d9c-"));
-        n.apply("shop", "server-77f-xyz12", Some("server-77f-"));
-        n.apply("shop", "lonely", None);
-        n
     }
 
     fn flow(action: Action, reporter: Reporter) -> Flow {
@@ -891,8 +780,8 @@ mod tests {
     }
 
     fn run(f: &Flow) -> Result<(String, FlowRecord), Skip> {
-        let (index, names) = (index(), names());
-        convert(f, |ns, n| resolve_name(&names, &index, ns, n))
+        let index = index();
+        convert(f, |ns, n| resolve_name(&index, ns, n))
     }
 
     #[test]
@@ -919,22 +808,12 @@ mod tests {
     #[test]
     fn deny_by_the_source_is_egress_by_the_destination_ingress_with_the_policy() {
         let mut f = flow(Action::Deny, Reporter::Src);
-        f.key.as_mut().unwrap().policies = Some(PolicyTrace {
-            enforced_policies: vec![PolicyHit {
-                kind: PolicyKind::EndOfTier as i32,
-                tier: "default".into(),
-                action: Action::Deny as i32,
-                rule_index: -1,
-                trigger: Some(Box::new(PolicyHit {
-                    kind: PolicyKind::NetworkPolicy as i32,
-                    namespace: "shop".into(),
-                    name: "client-egress".into(),
-                    ..PolicyHit::default()
-                })),
-                ..PolicyHit::default()
-            }],
-            pending_policies: vec![],
-        });
+        f.key.as_mut().unwrap().policies = Some(
+            network_enforcer_tests::e2e::sources::goldmane::end_of_tier_deny(
+                "shop",
+                "client-egress",
+            ),
+        );
         let (node, r) = run(&f).unwrap();
         assert_eq!(node, "node-a");
         assert_eq!(r.local.as_ref().unwrap().name, "client-5f7d9c-abcde");
@@ -995,17 +874,36 @@ mod tests {
     }
 
     #[test]
-    fn the_name_index_follows_pods() {
-        let mut n = names();
-        n.apply("shop", "client-5f7d9c-zzzzz", Some("client-5f7d9c-"));
-        assert_eq!(n.pods("shop", "client-5f7d9c-").count(), 2);
-        n.delete("shop", "client-5f7d9c-abcde");
-        n.delete("shop", "client-5f7d9c-zzzzz");
-        assert_eq!(n.pods("shop", "client-5f7d9c-").count(), 0);
+    fn generate_names_follow_the_pods_of_the_index() {
+        let mut index = index();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "client-5f7d9c-zzzzz", "namespace": "shop", "uid": "uid-z",
+                         "generateName": "client-5f7d9c-"},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.9"}
+        }))
+        .unwrap();
+        index.apply_pod(&pod, 2_000);
+        let name =
+            |index: &Index| resolve_name(index, "shop", "client-5f7d9c-*").map(|p| p.name.clone());
+        assert_eq!(index.pods_generated_as("shop", "client-5f7d9c-").count(), 2);
         assert_eq!(
-            (n.sets.len(), n.of.len()),
-            (1, 1),
-            "the emptied set is gone; only the server pod is left"
+            name(&index).as_deref(),
+            Some("client-5f7d9c-abcde"),
+            "the first by name"
+        );
+        index.delete_pod("shop", "client-5f7d9c-abcde", 3_000);
+        assert_eq!(
+            name(&index).as_deref(),
+            Some("client-5f7d9c-zzzzz"),
+            "a deleted pod stands for nothing"
+        );
+        index.delete_pod("shop", "client-5f7d9c-zzzzz", 3_000);
+        assert_eq!(name(&index), None);
+        assert_eq!(index.pods_generated_as("shop", "server-77f-").count(), 1);
+        assert_eq!(
+            resolve_name(&index, "shop", "lonely*").map(|p| p.name.as_str()),
+            None
         );
     }
 

@@ -14,7 +14,6 @@
 //!    *and* controlled by a WorkloadNetworkPolicy. The policies themselves stay; a reinstall renders
 //!    them again.
 
-use crate::policy::authorization_policy::AuthorizationPolicy;
 use crate::policy::render::MANAGED_BY_LABEL;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,6 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::authorization_policy::AuthorizationPolicy;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};

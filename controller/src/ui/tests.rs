@@ -10,41 +10,9 @@ use std::sync::Arc;
 /// 2026-01-01T00:10:00Z.
 const NOW_MS: i64 = 1_767_226_200_000;
 
-/// The end-to-end scenario's workloads (docs/development.md): http-client calls http-server on TCP
-/// 18080 and the cluster DNS; http-server also hears from one outside address.
-const PROPOSALS: &str = r#"
-- apiVersion: networkenforcer.kubewarden.io/v1alpha1
-  kind: WorkloadNetworkPolicyProposal
-  metadata: {name: deployment-http-client-egress, namespace: demo}
-  spec:
-    backend: kubernetes
-    direction: Egress
-    targetRef: {kind: Deployment, name: http-client}
-    kubernetes:
-      podSelector: {matchLabels: {app: http-client}}
-      policyTypes: [Egress]
-      egress:
-        - to: [{podSelector: {matchLabels: {app: http-server}}}]
-          ports: [{protocol: TCP, port: 18080}]
-        - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]
-          ports: [{protocol: UDP, port: 53}]
-  status: {peerCount: 2, lastLearnedTime: "2026-01-01T00:00:00Z"}
-- apiVersion: networkenforcer.kubewarden.io/v1alpha1
-  kind: WorkloadNetworkPolicyProposal
-  metadata: {name: deployment-http-server-ingress, namespace: demo}
-  spec:
-    backend: kubernetes
-    direction: Ingress
-    targetRef: {kind: Deployment, name: http-server}
-    kubernetes:
-      podSelector: {matchLabels: {app: http-server}}
-      policyTypes: [Ingress]
-      ingress:
-        - from: [{podSelector: {matchLabels: {app: http-client}}}]
-          ports: [{protocol: TCP, port: 18080}]
-        - from: [{ipBlock: {cidr: 203.0.113.7/32}}, {ipBlock: {cidr: 198.51.100.0/24}}]
-          ports: [{protocol: TCP, port: 18080}]
-"#;
+/// The end-to-end scenario's proposals (docs/development.md): http-client calls http-server on TCP
+/// 18080 and the cluster DNS; http-server also hears from two outside peers.
+const PROPOSALS: &str = include_str!("../../tests/data/scenario-proposals.yaml");
 
 /// http-client's egress policy, promoted from its proposal, in `mode`, with one violation (the
 /// client calling the db) recorded with `action` at `timestamp`, and the rule usage other

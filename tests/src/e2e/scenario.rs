@@ -14,7 +14,7 @@
 use anyhow::{Context, Result, bail, ensure};
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
 use network_enforcer_api::{
-    Direction, PolicyMode, Protocol as CrdProtocol, WorkloadNetworkPolicy,
+    Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord, WorkloadNetworkPolicy,
     WorkloadNetworkPolicyProposal,
 };
 use serde_json::{Value, json};
@@ -578,54 +578,9 @@ pub fn run_on(
     say("step 4: UDP http-service:18083 (not in either policy) still echoes");
     w.send_until_echoed(Protocol::Udp, 18083, Duration::from_secs(30))?;
     let (client_pod, server_pod) = (&w.client.0, &w.server.0);
-    for name in [EGRESS, INGRESS] {
-        let policy = poll(
-            &format!("a violation on {name}"),
-            STEP_TIMEOUT,
-            Duration::from_millis(250),
-            || {
-                let p = w.policies()?.remove(name);
-                Ok(p.filter(|p| status_counts(p).0 > 0))
-            },
-            || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
-        )?;
-        let s = policy.status.clone().unwrap_or_default();
-        ensure!(
-            (s.violation_count, s.active_violation_count) == (1, 1),
-            "{name}: expected exactly one violation: {s:#?}"
-        );
-        let v = &s.violations[0];
-        ensure!(
-            (
-                v.source.owner_name.as_str(),
-                v.dest.owner_name.as_str(),
-                v.protocol,
-                v.dst_port,
-                v.action
-            ) == (
-                "http-client",
-                "http-server",
-                CrdProtocol::UDP,
-                Some(18081),
-                PolicyMode::Monitor
-            ),
-            "{name}: {v:#?}"
-        );
-        ensure!(
-            (
-                v.denying_policy_namespace.as_str(),
-                v.denying_policy_name.as_str()
-            ) == (n.as_str(), name),
-            "{name}: denying policy: {v:#?}"
-        );
-        let direction = if name == EGRESS {
-            Direction::Egress
-        } else {
-            Direction::Ingress
-        };
-        ensure!(v.direction == Some(direction), "{name}: {v:#?}");
-    }
-    say("step 4: one monitor violation on each policy");
+    one_monitor_violation_on_each(&w, || {
+        format!("policies: {:#?}\n{}", w.policies(), release.describe())
+    })?;
     // Proposals are not re-created, specs unchanged: watch for one agent flush and one controller
     // flush after fresh traffic of both kinds.
     w.send_until_echoed(Protocol::Tcp, 18080, Duration::from_secs(30))?;
@@ -848,5 +803,77 @@ pub fn require_samples(samples: &[Duration]) -> Result<()> {
     if samples.is_empty() {
         bail!("no first-packet-to-proposal samples");
     }
+    Ok(())
+}
+
+/// Step 4's check: each policy has exactly one violation, the client's UDP to the server's 18081
+/// in monitor mode, in the policy's direction. `describe` says what the test saw on a timeout.
+pub fn one_monitor_violation_on_each(w: &Workload, describe: impl Fn() -> String) -> Result<()> {
+    for name in [EGRESS, INGRESS] {
+        let policy = poll(
+            &format!("a violation on {name}"),
+            STEP_TIMEOUT,
+            Duration::from_millis(250),
+            || {
+                let p = w.policies()?.remove(name);
+                Ok(p.filter(|p| status_counts(p).0 > 0))
+            },
+            &describe,
+        )?;
+        let s = policy.status.clone().unwrap_or_default();
+        ensure!(
+            (s.violation_count, s.active_violation_count) == (1, 1),
+            "{name}: expected exactly one violation: {s:#?}"
+        );
+        let direction = if name == EGRESS {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        };
+        check_udp_violation(
+            &s.violations[0],
+            &w.ns.name,
+            name,
+            PolicyMode::Monitor,
+            direction,
+        )?;
+    }
+    say("step 4: one monitor violation on each policy");
+    Ok(())
+}
+
+/// Checks one violation record of the scenario: the client's UDP to the server's 18081 with `action`
+/// on policy `name` in `namespace`, in `direction`.
+pub fn check_udp_violation(
+    v: &ViolationRecord,
+    namespace: &str,
+    name: &str,
+    action: PolicyMode,
+    direction: Direction,
+) -> Result<()> {
+    ensure!(
+        (
+            v.source.owner_name.as_str(),
+            v.dest.owner_name.as_str(),
+            v.protocol,
+            v.dst_port,
+            v.action
+        ) == (
+            "http-client",
+            "http-server",
+            CrdProtocol::UDP,
+            Some(18081),
+            action
+        ),
+        "{name}: {v:#?}"
+    );
+    ensure!(
+        (
+            v.denying_policy_namespace.as_str(),
+            v.denying_policy_name.as_str()
+        ) == (namespace, name),
+        "{name}: denying policy: {v:#?}"
+    );
+    ensure!(v.direction == Some(direction), "{name}: {v:#?}");
     Ok(())
 }

@@ -33,6 +33,8 @@ use crate::run;
 
 /// How long each phase generates load.
 const PHASE: Duration = Duration::from_secs(10);
+/// The agent's shipped `--dedupe-seconds` (the chart's `agent.dedupeSeconds`).
+const DEFAULT_DEDUPE_SECONDS: u64 = 5;
 /// Client threads (the machine has two cores; more threads only queue).
 const CLIENTS: usize = 2;
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
@@ -94,10 +96,11 @@ pub fn run() -> Result<()> {
         .max(1);
     let pods = Pods::create()?;
     let (mut baseline, mut agent, mut tcplife) = (Vec::new(), Vec::new(), Vec::new());
+    let mut agent_default = Vec::new();
     let (mut cpu, mut events_read, mut lost, mut rss) = (0.0, 0u64, 0u64, 0.0f64);
     let mut agent_storms = Vec::new();
     for round in 1..=rounds {
-        // Interleaved (ABC ABC ...): a drift of the machine's speed shows in every phase alike,
+        // Interleaved (ABCD ABCD ...): a drift of the machine's speed shows in every phase alike,
         // and in the spread of the baseline, instead of favouring whichever phase ran first.
         println!(
             "==> round {round}/{rounds}: no observer ({}s)",
@@ -107,27 +110,18 @@ pub fn run() -> Result<()> {
         println!("    {b}");
         baseline.push(b.rate());
 
-        println!("==> round {round}/{rounds}: our agent");
-        let running = Agent::start(&agent_bin)?;
-        let cpu_before = running.cpu_seconds()?;
-        let events_before = running.metric("network_enforcer_agent_events_total")?;
-        let a = storm(&pods)?;
-        // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
-        std::thread::sleep(Duration::from_secs(3));
-        let round_cpu = running.cpu_seconds()? - cpu_before;
-        let round_events = running.metric("network_enforcer_agent_events_total")? - events_before;
-        let round_lost = running.metric("network_enforcer_agent_events_lost_total")?;
-        let round_rss = running.peak_rss_mib()?;
-        drop(running);
         println!(
-            "    {a}; agent {round_cpu:.2} s CPU, {round_events} events read, {round_lost} lost, peak RSS {round_rss:.1} MiB"
+            "==> round {round}/{rounds}: our agent, every event reported (--dedupe-seconds 0)"
         );
-        agent.push(a.rate());
-        cpu += round_cpu;
-        events_read += round_events;
-        lost += round_lost;
-        rss = rss.max(round_rss);
-        agent_storms.push(a);
+        let running = Agent::start(&agent_bin, 0)?;
+        let phase = running.phase(&pods)?;
+        println!("    {phase}");
+        agent.push(phase.storm.rate());
+        cpu += phase.cpu_s;
+        events_read += phase.events;
+        lost += phase.lost;
+        rss = rss.max(phase.rss_mib);
+        agent_storms.push(phase.storm);
 
         println!("==> round {round}/{rounds}: tcplife");
         let observer = Observer::start(Command::new(&tcplife_bin))?;
@@ -135,6 +129,34 @@ pub fn run() -> Result<()> {
         drop(observer);
         println!("    {t}");
         tcplife.push(t.rate());
+
+        println!(
+            "==> round {round}/{rounds}: our agent, shipped settings (--dedupe-seconds {DEFAULT_DEDUPE_SECONDS})"
+        );
+        let phase = Agent::start(&agent_bin, DEFAULT_DEDUPE_SECONDS)?.phase(&pods)?;
+        println!("    {phase}");
+        agent_default.push(phase.storm.rate());
+        lost += phase.lost;
+    }
+
+    // What the agent costs inside the kernel, from the kernel's own BPF statistics: kept only for
+    // these phases, because keeping them adds two clock reads to every program run.
+    let mut kernel = Vec::new();
+    for dedupe in [0, DEFAULT_DEDUPE_SECONDS] {
+        println!("==> kernel time of our programs (--dedupe-seconds {dedupe}, BPF statistics on)");
+        let stats = BpfStats::enable()?;
+        let phase = Agent::start(&agent_bin, dedupe)?.phase(&pods)?;
+        drop(stats);
+        let connections = (phase.storm.tcp + phase.storm.udp).max(1) as f64;
+        println!(
+            "    {phase}; {:.3} s in the kernel's runs of our programs, {:.0} ns per connection",
+            phase.kernel_s,
+            phase.kernel_s * 1e9 / connections
+        );
+        kernel.push((
+            phase.kernel_s * 1e9 / connections,
+            phase.kernel_s / phase.storm.secs,
+        ));
     }
     drop(pods);
 
@@ -144,16 +166,27 @@ pub fn run() -> Result<()> {
     let (base, base_spread) = median_spread(&baseline);
     let (with_agent, agent_spread) = median_spread(&agent);
     let (with_tcplife, tcplife_spread) = median_spread(&tcplife);
+    let (with_agent_default, agent_default_spread) = median_spread(&agent_default);
     let tcp: u64 = agent_storms.iter().map(|s| s.tcp).sum();
     let udp: u64 = agent_storms.iter().map(|s| s.udp).sum();
     // Every TCP connection is an outbound and an inbound event; every datagram a send and a receive.
     let expected = 2 * (tcp + udp);
     let mut figures = vec![
-        Figure::new("rounds", rounds as f64, "ABC rounds"),
+        Figure::new("rounds", rounds as f64, "ABCD rounds"),
         Figure::new("conn_rate_baseline", base, "conn/s (median)"),
         Figure::new("conn_rate_baseline_spread", base_spread, "(max-min)/median"),
         Figure::new("conn_rate_agent", with_agent, "conn/s (median)"),
         Figure::new("conn_rate_agent_spread", agent_spread, "(max-min)/median"),
+        Figure::new(
+            "conn_rate_agent_default",
+            with_agent_default,
+            "conn/s (median)",
+        ),
+        Figure::new(
+            "conn_rate_agent_default_spread",
+            agent_default_spread,
+            "(max-min)/median",
+        ),
         Figure::new("conn_rate_tcplife", with_tcplife, "conn/s (median)"),
         Figure::new(
             "conn_rate_tcplife_spread",
@@ -172,6 +205,11 @@ pub fn run() -> Result<()> {
         figures.extend([
             Figure::new("conn_rate_ratio_agent", with_agent / base, "of baseline"),
             Figure::new(
+                "conn_rate_ratio_agent_default",
+                with_agent_default / base,
+                "of baseline",
+            ),
+            Figure::new(
                 "conn_rate_ratio_tcplife",
                 with_tcplife / base,
                 "of baseline",
@@ -189,6 +227,22 @@ pub fn run() -> Result<()> {
         Figure::new("cpu_s_per_million_conn", cpu / (tcp as f64 / 1e6), "CPU s"),
         Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/CPU-s"),
         Figure::new("agent_peak_rss_mib", rss, "MiB"),
+        Figure::new("kernel_ns_per_conn", kernel[0].0, "ns in our programs"),
+        Figure::new(
+            "kernel_cpu_share",
+            kernel[0].1,
+            "CPU-s in our programs per second",
+        ),
+        Figure::new(
+            "kernel_ns_per_conn_default",
+            kernel[1].0,
+            "ns in our programs",
+        ),
+        Figure::new(
+            "kernel_cpu_share_default",
+            kernel[1].1,
+            "CPU-s in our programs per second",
+        ),
     ]);
     report("agent", &figures)?;
     Ok(())
@@ -463,14 +517,15 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(bin: &Path) -> Result<Self> {
+    fn start(bin: &Path, dedupe_seconds: u64) -> Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let socket_dir = std::env::temp_dir().join(format!("ne-bench-{}", std::process::id()));
         let child = Command::new(bin)
             .env("RUST_LOG", "warn")
             .env_remove("NODE_NAME")
-            .args(["run", "--dedupe-seconds", "0", "--flush-seconds", "1"])
+            .args(["run", "--flush-seconds", "1", "--dedupe-seconds"])
+            .arg(dedupe_seconds.to_string())
             .arg("--metrics-address")
             .arg(metrics.to_string())
             .arg("--debug-socket")
@@ -525,8 +580,27 @@ impl Agent {
         Ok(kib / 1024.0)
     }
 
+    /// One storm with the agent running, and what the agent did meanwhile; stops the agent.
+    fn phase(self, pods: &Pods) -> Result<AgentPhase> {
+        let cpu_before = self.cpu_seconds()?;
+        let events_before = self.metric("network_enforcer_agent_events_total")?;
+        let kernel_before = self.metric("network_enforcer_agent_ebpf_program_run_seconds_total")?;
+        let storm = storm(pods)?;
+        // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(AgentPhase {
+            cpu_s: self.cpu_seconds()? - cpu_before,
+            events: (self.metric("network_enforcer_agent_events_total")? - events_before) as u64,
+            lost: self.metric("network_enforcer_agent_events_lost_total")? as u64,
+            rss_mib: self.peak_rss_mib()?,
+            kernel_s: self.metric("network_enforcer_agent_ebpf_program_run_seconds_total")?
+                - kernel_before,
+            storm,
+        })
+    }
+
     /// A counter from the agent's /metrics.
-    fn metric(&self, name: &str) -> Result<u64> {
+    fn metric(&self, name: &str) -> Result<f64> {
         let mut stream = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(
@@ -541,7 +615,6 @@ impl Agent {
             .context(format!("{name} not in /metrics"))?
             .trim()
             .parse::<f64>()
-            .map(|v| v as u64)
             .context("parsing a metric")
     }
 }
@@ -553,6 +626,50 @@ impl Drop for Agent {
             .status();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.socket_dir);
+    }
+}
+
+/// What one storm with our agent running measured.
+struct AgentPhase {
+    storm: Storm,
+    /// The agent process's CPU time.
+    cpu_s: f64,
+    events: u64,
+    lost: u64,
+    rss_mib: f64,
+    /// Time the kernel spent in our programs (0 unless [`BpfStats`] are on).
+    kernel_s: f64,
+}
+
+impl std::fmt::Display for AgentPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; agent {:.2} s CPU, {} events read, {} lost, peak RSS {:.1} MiB",
+            self.storm, self.cpu_s, self.events, self.lost, self.rss_mib
+        )
+    }
+}
+
+/// The kernel's BPF run-time statistics, on while this lives (`kernel.bpf_stats_enabled`).
+struct BpfStats {
+    before: String,
+}
+
+impl BpfStats {
+    const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn enable() -> Result<Self> {
+        let before = std::fs::read_to_string(Self::SYSCTL)
+            .with_context(|| format!("reading {}", Self::SYSCTL))?;
+        std::fs::write(Self::SYSCTL, "1").with_context(|| format!("writing {}", Self::SYSCTL))?;
+        Ok(Self { before })
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::SYSCTL, self.before.trim());
     }
 }
 

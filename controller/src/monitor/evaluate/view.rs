@@ -105,11 +105,11 @@ impl PodInfo {
     }
 }
 
-impl From<&crate::cluster::index::PodInfo> for PodInfo {
+impl From<&crate::cluster::index::PodRecord> for PodInfo {
     /// The evaluator's view of a pod the controller's [`crate::cluster::index::Index`] holds: derived, never
     /// kept apart, so the index stays the one source of truth. The index keeps only named container
     /// ports, which are all that named-port resolution needs.
-    fn from(pod: &crate::cluster::index::PodInfo) -> Self {
+    fn from(pod: &crate::cluster::index::PodRecord) -> Self {
         PodInfo {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),

@@ -120,13 +120,13 @@ pub fn observed_flows(
                     .into_iter()
                     .filter_map(|(backend, port)| {
                         let side = match backend {
-                            index::Endpoint::Workload(workload) => workload_side(view, &workload)?,
+                            index::FlowEnd::Workload(workload) => workload_side(view, &workload)?,
                             // As NetworkPolicies see it: its address (see `pod_side`).
-                            index::Endpoint::HostNetwork { workload, ip, .. } => FlowSide {
+                            index::FlowEnd::HostNetwork { workload, ip, .. } => FlowSide {
                                 endpoint: Endpoint::Ip(ip),
                                 workload: workload_ref(&workload),
                             },
-                            index::Endpoint::Node { ip, .. } | index::Endpoint::External(ip) => {
+                            index::FlowEnd::Node { ip, .. } | index::FlowEnd::External(ip) => {
                                 address_side(ip)
                             }
                         };
@@ -153,7 +153,7 @@ pub fn observed_flows(
 
 /// A pod of the index as a flow side: evaluated as itself (hostNetwork pods by their address, as
 /// NetworkPolicies see them), named by its workload.
-fn pod_side(index: &Index, pod: &index::PodInfo) -> FlowSide {
+fn pod_side(index: &Index, pod: &index::PodRecord) -> FlowSide {
     let endpoint = match (pod.host_network, pod.ips.first()) {
         (true, Some(ip)) => Endpoint::Ip(*ip),
         _ => Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),

@@ -418,6 +418,30 @@ fn profile_trace(pod: &PodInfo) -> PolicyTrace {
     }
 }
 
+/// The hits Calico reports when NetworkPolicy `namespace/name` selects a flow and none of its rules
+/// allows it: the default tier ends with a deny whose trigger is that policy.
+pub fn end_of_tier_deny(namespace: &str, name: &str) -> PolicyTrace {
+    let hit = |kind: PolicyKind| PolicyHit {
+        kind: kind as i32,
+        tier: "default".into(),
+        action: Action::Deny as i32,
+        policy_index: 0,
+        rule_index: -1,
+        ..PolicyHit::default()
+    };
+    PolicyTrace {
+        enforced_policies: vec![PolicyHit {
+            trigger: Some(Box::new(PolicyHit {
+                namespace: namespace.into(),
+                name: name.into(),
+                ..hit(PolicyKind::NetworkPolicy)
+            })),
+            ..hit(PolicyKind::EndOfTier)
+        }],
+        pending_policies: vec![],
+    }
+}
+
 /// Turns the scenario's events into Felix's flow reports and hands them to a [`FakeGoldmane`].
 pub struct GoldmaneDataPlane {
     /// The server.
@@ -547,27 +571,7 @@ impl DataPlane for GoldmaneDataPlane {
                 // The egress NetworkPolicy selects the client and no rule allows the flow: the
                 // default tier ends with a deny whose trigger is that policy. Reported by the
                 // source only (nothing reached the destination), and still retried at the rollover.
-                let trace = PolicyTrace {
-                    enforced_policies: vec![PolicyHit {
-                        kind: PolicyKind::EndOfTier as i32,
-                        tier: "default".into(),
-                        action: Action::Deny as i32,
-                        policy_index: 0,
-                        rule_index: -1,
-                        trigger: Some(Box::new(PolicyHit {
-                            kind: PolicyKind::NetworkPolicy as i32,
-                            namespace: egress_policy.0.into(),
-                            name: egress_policy.1.into(),
-                            tier: "default".into(),
-                            action: Action::Deny as i32,
-                            policy_index: 0,
-                            rule_index: -1,
-                            trigger: None,
-                        })),
-                        ..PolicyHit::default()
-                    }],
-                    pending_policies: vec![],
-                };
+                let trace = end_of_tier_deny(egress_policy.0, egress_policy.1);
                 self.goldmane.report(
                     Self::flow(
                         &pods.client,

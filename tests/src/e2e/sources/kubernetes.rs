@@ -4,7 +4,7 @@
 //! eBPF scenario's (`super::super::scenario`): exact proposal specs, exact violation counts and fields.
 
 use anyhow::{Context, Result, ensure};
-use network_enforcer_api::{Direction, PolicyMode, Protocol as CrdProtocol, ViolationRecord};
+use network_enforcer_api::{Direction, PolicyMode};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use super::super::poll;
 use super::super::release::Release;
 use super::super::scenario::{
     self, EGRESS, INGRESS, LEARN_TIMEOUT, STATUS_INTERVAL_SECONDS, STEP_TIMEOUT, Workload,
-    expected_proposal_specs, proposal_specs, say, status_counts,
+    check_udp_violation, expected_proposal_specs, proposal_specs, say, status_counts,
 };
 use super::{PodInfo, dns_pod, node_name};
 
@@ -58,42 +58,6 @@ pub trait DataPlane {
 
     /// What the fake saw of its client (requests, connections), for failure messages.
     fn describe(&self) -> String;
-}
-
-/// Checks one violation record of the scenario: the client's UDP to the server's 18081 with `action`
-/// on policy `name` in `namespace`, in `direction`.
-pub fn check_udp_violation(
-    v: &ViolationRecord,
-    namespace: &str,
-    name: &str,
-    action: PolicyMode,
-    direction: Direction,
-) -> Result<()> {
-    ensure!(
-        (
-            v.source.owner_name.as_str(),
-            v.dest.owner_name.as_str(),
-            v.protocol,
-            v.dst_port,
-            v.action
-        ) == (
-            "http-client",
-            "http-server",
-            CrdProtocol::UDP,
-            Some(18081),
-            action
-        ),
-        "{name}: {v:#?}"
-    );
-    ensure!(
-        (
-            v.denying_policy_namespace.as_str(),
-            v.denying_policy_name.as_str()
-        ) == (namespace, name),
-        "{name}: denying policy: {v:#?}"
-    );
-    ensure!(v.direction == Some(direction), "{name}: {v:#?}");
-    Ok(())
 }
 
 /// Runs the Kubernetes-backend scenario in a new namespace `name` against `release` (installed with
@@ -161,30 +125,7 @@ pub fn run(
     // Step 4: UDP 18083 still echoes; one monitor violation on each policy.
     say("step 4: the data plane reports UDP http-service:18083 forwarded");
     plane.report(&pods, Event::Udp18083, egress_policy)?;
-    for name in [EGRESS, INGRESS] {
-        let policy = poll(
-            &format!("a violation on {name}"),
-            STEP_TIMEOUT,
-            Duration::from_millis(250),
-            || {
-                let p = w.policies()?.remove(name);
-                Ok(p.filter(|p| status_counts(p).0 > 0))
-            },
-            || describe(&w, plane.describe()),
-        )?;
-        let s = policy.status.clone().unwrap_or_default();
-        ensure!(
-            (s.violation_count, s.active_violation_count) == (1, 1),
-            "{name}: expected exactly one violation: {s:#?}"
-        );
-        let direction = if name == EGRESS {
-            Direction::Egress
-        } else {
-            Direction::Ingress
-        };
-        check_udp_violation(&s.violations[0], &n, name, PolicyMode::Monitor, direction)?;
-    }
-    say("step 4: one monitor violation on each policy");
+    scenario::one_monitor_violation_on_each(&w, || describe(&w, plane.describe()))?;
     // Proposals are not re-created, specs unchanged: an allowed flow again, then one agent flush and
     // a few controller flushes.
     plane.report(&pods, Event::Tcp18080, egress_policy)?;

@@ -316,23 +316,10 @@ pub fn expected_proposal_spec(namespace: &str) -> Value {
     })
 }
 
-/// A stand-in for Istio's AuthorizationPolicy CRD (no Istio exists here): same group, version, kind
-/// and plural, open schema. Applied if missing (shared by every test of the cluster; never deleted).
+/// The stand-in for Istio's AuthorizationPolicy CRD ([`crate::fixture::authorization_policy_crd`]),
+/// applied if missing (shared by every test of the cluster; never deleted).
 pub fn ensure_authorization_policy_crd(kubeconfig: &Path) -> Result<()> {
-    let crd = json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "authorizationpolicies.security.istio.io"},
-        "spec": {
-            "group": "security.istio.io",
-            "scope": "Namespaced",
-            "names": {"kind": "AuthorizationPolicy", "plural": "authorizationpolicies",
-                      "singular": "authorizationpolicy", "listKind": "AuthorizationPolicyList"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                          "schema": {"openAPIV3Schema": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": true}}}]
-        }
-    });
+    let crd = crate::fixture::authorization_policy_crd();
     let existing = crate::cluster::components::kubectl(
         kubeconfig,
         &[

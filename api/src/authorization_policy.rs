@@ -25,7 +25,7 @@ pub struct AuthorizationPolicySpec {
     pub action: Option<String>,
     /// Allow rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rules: Vec<network_enforcer_api::IstioRule>,
+    pub rules: Vec<crate::IstioRule>,
 }
 
 /// Istio's workload selector.
