@@ -25,6 +25,7 @@
 
 use crate::aggregate::{Edge, WallClock};
 use crate::kernel::events::{Direction, Outcome, Protocol};
+use network_enforcer_api::backoff::{Backoff, jitter};
 use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
 use network_enforcer_api::uplink::{self as proto, BatchAck, FlowBatch, FlowRecord, LocalPod};
 use prometheus_client::metrics::counter::Counter;
@@ -251,46 +252,6 @@ impl ResendBuffer {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
-}
-
-/// Capped exponential backoff between reconnects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The wait before the first retry (before jitter).
-    pub initial: Duration,
-    /// The longest wait (before jitter).
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before retry number `attempt` (0 for the first): `initial * 2^attempt` capped at `max`,
-    /// then scaled into `[1/2, 1)` of that by `jitter` in `[0, 1)` ("equal jitter"), so that agents cut
-    /// off together do not come back together, and a retry never comes sooner than half the nominal wait.
-    pub fn delay(&self, attempt: u32, jitter: f64) -> Duration {
-        let nominal = self
-            .initial
-            .checked_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX))
-            .unwrap_or(self.max)
-            .min(self.max);
-        nominal.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
-    }
-}
-
-/// A number in `[0, 1)`, different at every call. `RandomState` is seeded randomly per thread and
-/// re-keyed at every construction, which is plenty for spreading reconnects without a random crate.
-pub fn jitter() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The uplink's counters, as Prometheus metrics (cheap to clone: shared atomics).
@@ -1007,34 +968,6 @@ mod tests {
         assert!(!sender.send_with_receipts(records(1), vec![full]));
         assert!(full_watch.settled(), "dropped and counted: gone either way");
         assert_eq!(sender.counters.batches_dropped.get(), 1);
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
-        let backoff = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-        };
-        let top = |attempt| backoff.delay(attempt, 1.0);
-        assert_eq!(top(0), Duration::from_millis(100));
-        assert_eq!(top(1), Duration::from_millis(200));
-        assert_eq!(top(4), Duration::from_millis(1600));
-        assert_eq!(top(5), Duration::from_secs(2), "capped");
-        assert_eq!(top(64), Duration::from_secs(2), "no overflow");
-        assert_eq!(top(u32::MAX), Duration::from_secs(2));
-        assert_eq!(backoff.delay(1, 0.0), Duration::from_millis(100));
-        assert_eq!(backoff.delay(1, 0.5), Duration::from_millis(150));
-    }
-
-    #[test]
-    fn jitter_stays_in_range_and_varies() {
-        let samples: Vec<f64> = (0..64).map(|_| jitter()).collect();
-        assert!(samples.iter().all(|j| (0.0..1.0).contains(j)));
-        let distinct = samples
-            .iter()
-            .map(|j| j.to_bits())
-            .collect::<std::collections::BTreeSet<_>>();
-        assert!(distinct.len() > 32, "{distinct:?}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use network_enforcer_agent::sources::hubble::{self, HubbleConfig, RelayTls, Target};
 use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
-use network_enforcer_agent::uplink::Backoff;
+use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::hubble::observer_server::{Observer, ObserverServer};
 use network_enforcer_api::hubble::{
     Endpoint, Flow, GetFlowsRequest, GetFlowsResponse, Ip, Layer4, LostEvent, Policy, Tcp,

@@ -6,7 +6,8 @@
 
 use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
 use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
-use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters, UplinkSender};
+use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters, UplinkSender};
+use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::FlowRecord;
 use network_enforcer_tests::stand_in_controller::serve_recorder;
 use std::io::Write;

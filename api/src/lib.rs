@@ -2,6 +2,7 @@
 //!
 //! - [`authorization_policy`]: the Istio `AuthorizationPolicy` fields the controller renders (Istio's
 //!   kind, typed here because no Istio crate is used).
+//! - [`backoff`]: capped exponential backoff with jitter between reconnects.
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
@@ -13,6 +14,7 @@
 //! Nothing in this crate does I/O.
 
 pub mod authorization_policy;
+pub mod backoff;
 pub mod crd;
 pub mod duration;
 pub mod keys;

@@ -13,6 +13,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Patch, PatchParams, PostParams};
 use network_enforcer_api::Backend;
+use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::goldmane::flows_server::{Flows, FlowsServer};
 use network_enforcer_api::goldmane::{
     Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, Reporter,
@@ -281,8 +282,10 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         namespace: ns.name.clone(),
         name: "goldmane-ca-bundle".into(),
     };
-    config.backoff_initial = Duration::from_millis(20);
-    config.backoff_max = Duration::from_millis(300);
+    config.backoff = Backoff {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(300),
+    };
     let health = GoldmaneHealth::default();
     let source = tokio::spawn(
         Goldmane {

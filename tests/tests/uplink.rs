@@ -7,7 +7,8 @@
 //! The controller's index is empty, so it refuses every record as "not on the node": that refusal, counted
 //! in the acks, is the proof that the controller really read the records.
 
-use network_enforcer_agent::uplink::{self, Backoff, UplinkConfig, UplinkCounters};
+use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
+use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
 use network_enforcer_api::uplink::{FlowRecord, LocalPod};
 use network_enforcer_controller::cluster::index::Index;

@@ -11,7 +11,7 @@
 //! Hubble still has in its ring buffer.
 
 use super::{RecordSink, SourceHealth, now_ms};
-use crate::uplink::{Backoff, jitter};
+use network_enforcer_api::backoff::{Backoff, jitter};
 use network_enforcer_api::hubble::observer_client::ObserverClient;
 use network_enforcer_api::hubble::{
     self as proto, Flow, GetFlowsRequest, TrafficDirection, Verdict, get_flows_response, layer4,

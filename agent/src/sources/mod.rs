@@ -10,7 +10,7 @@
 //!
 //! Every source folds its records into one [`RecordSink`]; the agent's flush drains it next to the eBPF
 //! edges and hands everything to the uplink, so there is one path to the controller. Every source
-//! reports its health in [`SourceMetrics`], retries with [`crate::uplink::Backoff`] and never ends the
+//! reports its health in [`SourceMetrics`], retries with [`network_enforcer_api::backoff::Backoff`] and never ends the
 //! process.
 
 pub mod hubble;

@@ -32,6 +32,7 @@ use crate::ingest::Learning;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::api::Api;
+use network_enforcer_api::backoff::{Backoff, jitter};
 use network_enforcer_api::goldmane::flows_client::FlowsClient;
 use network_enforcer_api::goldmane::{
     Action, EndpointType, Filter, Flow, FlowStreamRequest, PolicyHit, PolicyKind, Reporter,
@@ -379,10 +380,8 @@ pub struct GoldmaneConfig {
     pub ca_config_map: ObjectRef,
     /// The CA bundle's key in the ConfigMap.
     pub ca_key: String,
-    /// Waits between reconnects.
-    pub backoff_initial: Duration,
-    /// The longest wait between reconnects.
-    pub backoff_max: Duration,
+    /// Waits between reconnects (500 ms doubling up to 60 s).
+    pub backoff: Backoff,
 }
 
 impl GoldmaneConfig {
@@ -401,8 +400,10 @@ impl GoldmaneConfig {
                 name: "goldmane-ca-bundle".into(),
             },
             ca_key: "tigera-ca-bundle.crt".into(),
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(60),
+            backoff: Backoff {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(60),
+            },
         }
     }
 
@@ -608,22 +609,6 @@ impl GoldmaneHealth {
     }
 }
 
-fn jitter() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The wait before retry `attempt`: `initial * 2^attempt` capped at `max`, scaled into [1/2, 1).
-pub fn backoff(config: &GoldmaneConfig, attempt: u32) -> Duration {
-    let nominal = config
-        .backoff_initial
-        .checked_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX))
-        .unwrap_or(config.backoff_max)
-        .min(config.backoff_max);
-    nominal.mul_f64(0.5 + jitter() / 2.0)
-}
-
 /// Everything [`Goldmane::run`] needs.
 pub struct Goldmane {
     /// Settings.
@@ -701,7 +686,7 @@ impl Goldmane {
             if self.health.messages.get() > received {
                 attempt = 0;
             }
-            let delay = backoff(&self.config, attempt);
+            let delay = self.config.backoff.delay(attempt, jitter());
             attempt = attempt.saturating_add(1);
             let hint = match &error {
                 GoldmaneError::Api { .. } | GoldmaneError::MissingKey { .. } => {
