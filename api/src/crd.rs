@@ -412,6 +412,17 @@ impl Protocol {
             Protocol::SCTP => "SCTP",
         }
     }
+
+    /// A `protocol` field of the Kubernetes API (container ports, NetworkPolicy and Service ports):
+    /// TCP when absent, as the API defaults it; `None` for a value the API does not define.
+    pub fn from_kubernetes(value: Option<&str>) -> Option<Protocol> {
+        match value {
+            None | Some("TCP") => Some(Protocol::TCP),
+            Some("UDP") => Some(Protocol::UDP),
+            Some("SCTP") => Some(Protocol::SCTP),
+            Some(_) => None,
+        }
+    }
 }
 
 /// One side of a violating flow.
@@ -549,4 +560,24 @@ pub struct WorkloadNetworkPolicyProposalStatus {
     /// Learning progress and promotion problems (e.g. a policy of the same name already exists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_protocol_fields_default_to_tcp_and_refuse_unknown_values() {
+        for (value, want) in [
+            (None, Some(Protocol::TCP)),
+            (Some("TCP"), Some(Protocol::TCP)),
+            (Some("UDP"), Some(Protocol::UDP)),
+            (Some("SCTP"), Some(Protocol::SCTP)),
+            (Some("tcp"), None),
+            (Some("ICMP"), None),
+            (Some(""), None),
+        ] {
+            assert_eq!(Protocol::from_kubernetes(value), want, "{value:?}");
+        }
+    }
 }

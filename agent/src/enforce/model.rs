@@ -26,12 +26,13 @@ pub enum L4 {
 impl L4 {
     /// `TCP` (also when absent, the API default), `UDP`, `SCTP`; `None` for anything else.
     pub fn parse(protocol: Option<&str>) -> Option<Self> {
-        match protocol.unwrap_or("TCP") {
-            "TCP" => Some(L4::Tcp),
-            "UDP" => Some(L4::Udp),
-            "SCTP" => Some(L4::Sctp),
-            _ => None,
-        }
+        Some(
+            match network_enforcer_api::Protocol::from_kubernetes(protocol)? {
+                network_enforcer_api::Protocol::TCP => L4::Tcp,
+                network_enforcer_api::Protocol::UDP => L4::Udp,
+                network_enforcer_api::Protocol::SCTP => L4::Sctp,
+            },
+        )
     }
 }
 

@@ -416,12 +416,9 @@ impl Default for Index {
     }
 }
 
+/// A port's protocol; one the API does not define is taken as TCP, its default.
 fn protocol(p: Option<&str>) -> Protocol {
-    match p {
-        Some("UDP") => Protocol::UDP,
-        Some("SCTP") => Protocol::SCTP,
-        _ => Protocol::TCP,
-    }
+    Protocol::from_kubernetes(p).unwrap_or(Protocol::TCP)
 }
 
 /// The controller ownerReference of an object, as (kind, reference).

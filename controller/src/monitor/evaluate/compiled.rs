@@ -13,7 +13,7 @@
 //! the tests check that both answer the same.
 
 use super::EvalError;
-use super::network_policy::{has_policy_type, parse_protocol};
+use super::network_policy::has_policy_type;
 use super::view::{ClusterView, Endpoint, Labels, PodInfo, PodRef, PolicyRef};
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer, NetworkPolicyPort};
@@ -275,7 +275,7 @@ fn compile_block(block: &IPBlock) -> Option<Peer<'static>> {
 
 impl<'a> Port<'a> {
     fn compile(port: &'a NetworkPolicyPort) -> Self {
-        let Some(protocol) = parse_protocol(port.protocol.as_deref()) else {
+        let Some(protocol) = Protocol::from_kubernetes(port.protocol.as_deref()) else {
             return Port::Nothing;
         };
         match (&port.port, port.end_port) {

@@ -383,7 +383,7 @@ fn ports_match(ports: Option<&[NetworkPolicyPort]>, query: &PortQuery<'_>) -> bo
 }
 
 fn port_matches(rule: &NetworkPolicyPort, query: &PortQuery<'_>) -> bool {
-    let Some(protocol) = parse_protocol(rule.protocol.as_deref()) else {
+    let Some(protocol) = Protocol::from_kubernetes(rule.protocol.as_deref()) else {
         return false;
     };
     if protocol != query.protocol {
@@ -404,16 +404,6 @@ fn port_matches(rule: &NetworkPolicyPort, query: &PortQuery<'_>) -> bool {
             })
         }),
         (Some(IntOrString::String(_)), Some(_)) => false,
-    }
-}
-
-/// A NetworkPolicy port protocol: TCP when absent, `None` for an unknown value.
-pub(crate) fn parse_protocol(protocol: Option<&str>) -> Option<Protocol> {
-    match protocol {
-        None | Some("TCP") => Some(Protocol::TCP),
-        Some("UDP") => Some(Protocol::UDP),
-        Some("SCTP") => Some(Protocol::SCTP),
-        Some(_) => None,
     }
 }
 

@@ -81,12 +81,7 @@ impl PodInfo {
             .flat_map(|spec| spec.containers.iter())
             .flat_map(|c| c.ports.iter().flatten())
             .filter_map(|p| {
-                let protocol = match p.protocol.as_deref() {
-                    None | Some("TCP") => Protocol::TCP,
-                    Some("UDP") => Protocol::UDP,
-                    Some("SCTP") => Protocol::SCTP,
-                    Some(_) => return None,
-                };
+                let protocol = Protocol::from_kubernetes(p.protocol.as_deref())?;
                 Some(ContainerPort {
                     name: p.name.clone(),
                     port: u16::try_from(p.container_port).ok()?,

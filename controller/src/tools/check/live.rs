@@ -232,11 +232,8 @@ fn scenario_pod(pod: &Pod) -> ScenarioPod {
                 Some(ScenarioPort {
                     name: p.name.clone(),
                     container_port: u16::try_from(p.container_port).ok()?,
-                    protocol: match p.protocol.as_deref() {
-                        Some("UDP") => Protocol::UDP,
-                        Some("SCTP") => Protocol::SCTP,
-                        _ => Protocol::TCP,
-                    },
+                    protocol: Protocol::from_kubernetes(p.protocol.as_deref())
+                        .unwrap_or(Protocol::TCP),
                 })
             })
             .collect(),

@@ -105,7 +105,7 @@ const PORT_RANGE: &str = "must be between 1 and 65535";
 
 fn port(field: &str, port: &NetworkPolicyPort) -> Checked {
     if let Some(protocol) = &port.protocol {
-        if !matches!(protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+        if network_enforcer_api::Protocol::from_kubernetes(Some(protocol)).is_none() {
             invalid(
                 format!("{field}.protocol"),
                 format!("{protocol:?} is not supported: expected TCP, UDP or SCTP"),
