@@ -13,7 +13,7 @@ use network_enforcer_tests::stand_in_controller::serve_recorder;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODE: &str = "node-1";
 
@@ -104,11 +104,15 @@ fn poll_and_flush(reader: &mut Reader, sink: &RecordSink, sender: &UplinkSender)
 }
 
 async fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    network_enforcer_tests::wait::until(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        done,
+        String::new,
+    )
+    .await
+    .unwrap();
 }
 
 /// Reads a learned connection, ships it, and "kills" the agent once the controller has read the batch

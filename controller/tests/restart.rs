@@ -166,16 +166,14 @@ impl Drop for Controller {
 
 /// Waits up to 90 s for `done`, failing with `state`.
 async fn eventually(what: &str, done: impl Fn() -> bool, state: impl Fn() -> String) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !done() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {}",
-            state()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+    network_enforcer_tests::wait::until(
+        what,
+        Duration::from_secs(90),
+        Duration::from_millis(20),
+        done,
+        state,
+    )
+    .await
 }
 
 fn agent_state(c: &UplinkCounters) -> String {

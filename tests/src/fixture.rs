@@ -20,7 +20,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cluster::{self, ClusterInfo, components::kubectl, process};
 
@@ -157,35 +157,15 @@ impl TestNamespace {
 
     /// Polls `check` every 250 ms until it returns `Some`, failing after `timeout` with `what` and a
     /// description of the namespace (pods, events) to make the failure readable.
-    pub async fn wait_for<T, F, Fut>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut check: F,
-    ) -> Result<T>
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<T>>>,
     {
-        let deadline = Instant::now() + timeout;
-        let mut last_err = None;
-        loop {
-            match check().await {
-                Ok(Some(v)) => return Ok(v),
-                Ok(None) => {}
-                Err(e) => last_err = Some(e),
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "timed out after {timeout:?} waiting for {what}{}\n{}",
-                    last_err
-                        .map(|e| format!(" (last error: {e:#})"))
-                        .unwrap_or_default(),
-                    self.describe()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        crate::wait::eventually(what, timeout, Duration::from_millis(250), check, || {
+            self.describe()
+        })
+        .await
     }
 
     /// Waits until pod `name` has terminated successfully and returns its log.

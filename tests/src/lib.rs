@@ -8,6 +8,7 @@
 //!   records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
 //! - [`stand_in_controller`]: a stand-in for the controller's uplink endpoint that records what it reads.
+//! - [`wait`]: the one polling loop (blocking and async) every test waits with.
 //! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
 //!   differential).
 
@@ -19,3 +20,4 @@ pub mod images;
 pub mod netpol;
 pub mod section10;
 pub mod stand_in_controller;
+pub mod wait;

@@ -245,15 +245,15 @@ fn snapshot(c: &UplinkCounters) -> String {
 
 /// Waits up to 20 s for `done`, failing with the counters.
 async fn eventually(what: &str, counters: &UplinkCounters, done: impl Fn(&UplinkCounters) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done(counters) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {}",
-            snapshot(counters)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    network_enforcer_tests::wait::until(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || done(counters),
+        || snapshot(counters),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]

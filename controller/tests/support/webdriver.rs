@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each user takes what it needs
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use std::io::{Read as _, Write as _};
@@ -177,20 +177,24 @@ impl Browser {
 
     /// Polls `script` every 100 ms until it returns something truthy (not null/false/""); its value.
     pub fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let value = self.run(script)?;
-            let truthy =
-                !matches!(&value, Value::Null | Value::Bool(false)) && value.as_str() != Some("");
-            if truthy {
-                return Ok(value);
-            }
-            if Instant::now() > deadline {
-                let page = self.run("return document.body.innerText.slice(0, 2000)")?;
-                bail!("timed out after {timeout:?} waiting for {what}; the page says:\n{page}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        network_enforcer_tests::wait::poll(
+            what,
+            timeout,
+            Duration::from_millis(100),
+            || {
+                let value = self.run(script)?;
+                let truthy = !matches!(&value, Value::Null | Value::Bool(false))
+                    && value.as_str() != Some("");
+                Ok(truthy.then_some(value))
+            },
+            || {
+                let page = self
+                    .run("return document.body.innerText.slice(0, 2000)")
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|e| format!("(no page: {e:#})"));
+                format!("the page says:\n{page}")
+            },
+        )
     }
 
     pub fn screenshot(&self, path: &std::path::Path) -> Result<()> {

@@ -14,37 +14,8 @@ pub mod sources;
 pub mod workload;
 
 use anyhow::{Result, bail};
-use std::time::{Duration, Instant};
 
-/// Polls `check` every `every` until it returns `Some`, failing after `timeout` with `what`, the last
-/// error and `describe()` (what the cluster looked like) to make the failure readable.
-pub fn poll<T>(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut check: impl FnMut() -> Result<Option<T>>,
-    describe: impl Fn() -> String,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    let mut last_err = None;
-    loop {
-        match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {timeout:?} waiting for {what}{}\n{}",
-                last_err
-                    .map(|e| format!(" (last error: {e:#})"))
-                    .unwrap_or_default(),
-                describe()
-            );
-        }
-        std::thread::sleep(every);
-    }
-}
+pub use crate::wait::poll;
 
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
