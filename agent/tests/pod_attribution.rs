@@ -6,13 +6,15 @@
 mod support;
 
 use network_enforcer_agent::LoadOptions;
-use network_enforcer_agent::identity::pod_identity::{Attribution, PodIdentities};
-use network_enforcer_agent::kernel::host::cgroup2_root;
+use network_enforcer_agent::identity::attribution::{Attributor, Owner, PodRef};
+use network_enforcer_agent::identity::pod_identity::Scanner;
+use network_enforcer_agent::kernel::host::{NodeCgroups, cgroup2_root};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{PodPair, collect, load};
 
@@ -142,7 +144,13 @@ async fn events_are_attributed_to_pods_by_namespace_or_host_network_cgroup() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let identities = PodIdentities::scan(Path::new("/proc"), &cgroup2_root().unwrap()).unwrap();
+    // As in production: a scan feeds the attribution state, which resolves each event.
+    let attributor = Arc::new(Mutex::new(Attributor::default()));
+    let node = NodeCgroups {
+        mount: cgroup2_root().unwrap(),
+        pods: None,
+    };
+    Scanner::new(node, attributor.clone()).scan().unwrap();
     for child in &mut shells.0 {
         writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
     }
@@ -165,30 +173,35 @@ async fn events_are_attributed_to_pods_by_namespace_or_host_network_cgroup() {
                 }
             })
             .unwrap();
-        identities.attribute(e.netns_ino, e.cgroup_id)
+        attributor
+            .lock()
+            .unwrap()
+            .resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic)
     };
 
     // The pod's outbound connection: by its network namespace.
     assert_eq!(
         attributed(false, server),
-        Attribution::Pod {
+        Owner::Pod(PodRef {
             uid: POD_UID.into(),
+            name: None,
             host_network: false
-        }
+        })
     );
     // The hostNetwork pod's outbound connection: host namespace, but the pod's cgroup.
     let host_pod_event = events.iter().find(|e| e.remote == host_server).unwrap();
     assert_eq!(host_pod_event.cgroup_id, Some(kubepods.cgroup_id(1)));
     assert_eq!(
         attributed(false, host_server),
-        Attribution::Pod {
+        Owner::Pod(PodRef {
             uid: HOST_NETWORK_POD_UID.into(),
+            name: None,
             host_network: true
-        }
+        })
     );
     // The server in a namespace no pod lives in: unknown, not guessed.
-    assert_eq!(attributed(true, server), Attribution::Unknown);
+    assert_eq!(attributed(true, server), Owner::Unknown);
     // The test process itself listens in the host namespace, outside any pod cgroup: the host.
-    assert_eq!(attributed(true, host_server), Attribution::Host);
+    assert_eq!(attributed(true, host_server), Owner::Host);
     drop(shells);
 }

@@ -1,11 +1,13 @@
 //! Who the local side of an edge is, as a pure state machine over plain data: the pod watch feeds it
 //! pods (UID, namespace, name, IPs), the `/proc` + cgroup scans ([`crate::identity::pod_identity`]) feed it network
 //! namespaces and cgroups, and [`Attributor::resolve`] answers for a (netns, cgroup, local IP, time).
+//! This is the agent's only attribution path.
 //!
 //! Rules, in order:
 //! - a socket in a pod's own network namespace (known from a scan) is that pod's;
-//! - a socket in a namespace no scan knows (the pod ended before the scan, or started after it) is the pod
-//!   that held its local IP at the event's time, from the pod watch's short IP history;
+//! - a socket in a namespace no scan knows (the pod ended before the scan, or started after it, or the scan
+//!   could not read it) is the pod whose cgroup created it, else the pod that held its local IP at the
+//!   event's time, from the pod watch's short IP history;
 //! - a socket in the host namespace is a hostNetwork pod's when its cgroup is a pod's, else the host's;
 //! - anything else is [`Owner::Unknown`] (counted by the caller, never guessed).
 //!
@@ -493,6 +495,41 @@ mod tests {
             at.pod_by_ip(ip("192.168.1.10"), s(1)),
             None,
             "a hostNetwork pod's IP is the node's and names no pod"
+        );
+    }
+
+    #[test]
+    fn resolves_by_namespace_then_by_cgroup_on_the_host_network() {
+        // Scan results only, no pod watch: owners carry UIDs only.
+        let mut at = Attributor::default();
+        at.observe_scan(HOST_NS, [(10, "pod-a")], [(99, "pod-h")], s(1));
+        let pod = |uid: &str, host_network| {
+            Owner::Pod(PodRef {
+                uid: uid.into(),
+                name: None,
+                host_network,
+            })
+        };
+        let local = ip("10.1.0.5"); // leased by no pod
+        let resolve = |netns, cgroup| at.resolve(netns, cgroup, local, s(1));
+        assert_eq!(resolve(Some(10), Some(5)), pod("pod-a", false));
+        assert_eq!(resolve(Some(HOST_NS), Some(99)), pod("pod-h", true));
+        assert_eq!(resolve(Some(HOST_NS), Some(5)), Owner::Host);
+        assert_eq!(resolve(None, None), Owner::Host);
+        assert_eq!(
+            resolve(Some(11), Some(99)),
+            pod("pod-h", false),
+            "a namespace the scan could not read is the pod whose cgroup created the socket"
+        );
+        assert_eq!(
+            resolve(Some(10), Some(99)),
+            pod("pod-a", false),
+            "the scanned namespace wins over the cgroup"
+        );
+        assert_eq!(
+            resolve(Some(11), Some(5)),
+            Owner::Unknown,
+            "a foreign namespace with a cgroup that is no pod's is not guessed"
         );
     }
 

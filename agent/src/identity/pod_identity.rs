@@ -1,17 +1,15 @@
-//! Which pod a kernel event belongs to, from what the kernel reports: the socket's network namespace and
-//! cgroup. The kubelet puts every container in a cgroup whose path names the pod UID
+//! The pod UIDs behind what the kernel reports of a socket: its network namespace and cgroup. The
+//! kubelet puts every container in a cgroup whose path names the pod UID
 //! (`.../kubepods/besteffort/pod<UID>/<container>` with the cgroupfs driver,
 //! `.../kubepods-besteffort-pod<UID_with_underscores>.slice/...` with the systemd driver), so:
 //!
 //! - cgroup id → pod UID: walk the cgroup v2 tree; a cgroup's id is its directory's inode number;
 //! - network namespace → pod UID: for each process in a pod cgroup, `/proc/PID/ns/net` names its pod's
 //!   namespace (all containers of a pod share it). Where that link may not be read (it needs
-//!   CAP_SYS_PTRACE when the target holds capabilities the agent lacks), the socket's own cgroup names
-//!   the pod.
+//!   CAP_SYS_PTRACE when the target holds capabilities the agent lacks), attribution goes by the socket's
+//!   own cgroup.
 //!
-//! A socket in a pod's own namespace belongs to that pod; a socket in the host namespace belongs to a
-//! hostNetwork pod when its cgroup is a pod's, else to the host. Anything else (a namespace no pod
-//! process is in, e.g. a pod that just ended) is unknown and must be counted, not guessed.
+//! Attribution happens in [`crate::identity::attribution`] only; this module only scans.
 //!
 //! The agent needs the host's `/proc` (DaemonSet `hostPID: true`), the host network namespace
 //! (`hostNetwork: true`) and the cgroup tree for this; a process whose namespace it may not read is skipped. Pod UIDs are
@@ -25,22 +23,6 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// Who an event belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Attribution {
-    /// A pod, by UID.
-    Pod {
-        /// The pod's UID.
-        uid: String,
-        /// The pod uses the host's network namespace.
-        host_network: bool,
-    },
-    /// The node itself (host network namespace, not in a pod cgroup).
-    Host,
-    /// A network namespace no known pod is in.
-    Unknown,
-}
 
 /// The pod UID named by a cgroup path, if it is (inside) a Kubernetes pod cgroup.
 pub fn pod_uid_from_cgroup_path(path: &str) -> Option<String> {
@@ -145,36 +127,6 @@ impl PodIdentities {
                 }
             }
             self.walk_cgroups(root, &path, depth + 1);
-        }
-    }
-
-    /// Who a socket with this network namespace and cgroup belongs to.
-    pub fn attribute(&self, netns: Option<u32>, cgroup: Option<u64>) -> Attribution {
-        match netns {
-            // A pod's own namespace: named by the scan of /proc, or else by the socket's cgroup. The
-            // fallback matters where the agent may not read other processes' /proc/PID/ns/net (the
-            // target's capabilities are not a subset of the agent's: that check wants CAP_SYS_PTRACE,
-            // which the agent does not ask for). A socket's cgroup is its creator's, a pod container;
-            // a host process that entered a pod's namespace (a CNI plugin) has no pod cgroup and stays
-            // unknown.
-            Some(ns) if ns != self.host_netns => match self
-                .by_netns
-                .get(&ns)
-                .or_else(|| cgroup.and_then(|c| self.by_cgroup.get(&c)))
-            {
-                Some(uid) => Attribution::Pod {
-                    uid: uid.clone(),
-                    host_network: false,
-                },
-                None => Attribution::Unknown,
-            },
-            _ => match cgroup.and_then(|c| self.by_cgroup.get(&c)) {
-                Some(uid) => Attribution::Pod {
-                    uid: uid.clone(),
-                    host_network: true,
-                },
-                None => Attribution::Host,
-            },
         }
     }
 
@@ -283,37 +235,5 @@ mod tests {
         ] {
             assert_eq!(pod_uid_from_cgroup_path(path), None, "{path}");
         }
-    }
-
-    #[test]
-    fn attributes_by_namespace_then_by_cgroup_on_the_host_network() {
-        let ids = PodIdentities {
-            host_netns: 1,
-            by_netns: HashMap::from([(10, "pod-a".to_string())]),
-            by_cgroup: HashMap::from([(99, "pod-h".to_string())]),
-        };
-        let pod = |uid: &str, host_network| Attribution::Pod {
-            uid: uid.into(),
-            host_network,
-        };
-        assert_eq!(ids.attribute(Some(10), Some(5)), pod("pod-a", false));
-        assert_eq!(ids.attribute(Some(1), Some(99)), pod("pod-h", true));
-        assert_eq!(ids.attribute(Some(1), Some(5)), Attribution::Host);
-        assert_eq!(ids.attribute(None, None), Attribution::Host);
-        assert_eq!(
-            ids.attribute(Some(11), Some(99)),
-            pod("pod-h", false),
-            "a namespace the scan could not read is the pod whose cgroup created the socket"
-        );
-        assert_eq!(
-            ids.attribute(Some(10), Some(99)),
-            pod("pod-a", false),
-            "the scanned namespace wins over the cgroup"
-        );
-        assert_eq!(
-            ids.attribute(Some(11), Some(5)),
-            Attribution::Unknown,
-            "a foreign namespace with a cgroup that is no pod's is not guessed"
-        );
     }
 }
