@@ -99,41 +99,11 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
             "deployment-http-server-ingress"
         ]
     );
-    assert_eq!(
-        specs[0].1,
-        json!({
-            "backend": "kubernetes", "direction": "Egress",
-            "targetRef": {"kind": "Deployment", "name": "http-client"},
-            "kubernetes": {
-                "podSelector": {"matchLabels": {"app": "http-client"}},
-                "policyTypes": ["Egress"],
-                "egress": [
-                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}},
-                             "podSelector": {"matchLabels": {"app": "http-server"}}}],
-                     "ports": [{"protocol": "TCP", "port": 18080}]},
-                    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-                     "ports": [{"protocol": "UDP", "port": 53}]}
-                ]
-            }
-        })
-    );
-    assert_eq!(
-        specs[1].1,
-        json!({
-            "backend": "kubernetes", "direction": "Ingress",
-            "targetRef": {"kind": "Deployment", "name": "http-server"},
-            "kubernetes": {
-                "podSelector": {"matchLabels": {"app": "http-server"}},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}},
-                               "podSelector": {"matchLabels": {"app": "http-client"}}}],
-                     "ports": [{"protocol": "TCP", "port": 18080}]}
-                ]
-            }
-        })
-    );
+    // The scenario's proposals (docs/development.md), rules in the order the controller writes them.
+    let expected = network_enforcer_tests::e2e::scenario::expected_proposal_specs_as_written(n);
+    for (name, spec) in &specs {
+        assert_eq!(Some(spec), expected.get(name), "{name}");
+    }
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     let ingress = proposals.get("deployment-http-server-ingress").await?;
     let server_deployment = ns.api::<Deployment>().get("http-server").await?;

@@ -254,8 +254,8 @@ pub fn expected_proposal_specs(namespace: &str) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// [`expected_proposal_specs`] in the reference's rule order.
-fn expected_proposal_specs_as_written(namespace: &str) -> BTreeMap<String, Value> {
+/// [`expected_proposal_specs`] in the order the controller writes the rules.
+pub fn expected_proposal_specs_as_written(namespace: &str) -> BTreeMap<String, Value> {
     let peer = |ns: &str, key: &str, value: &str| {
         json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                "podSelector": {"matchLabels": {key: value}}})
