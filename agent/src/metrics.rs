@@ -17,7 +17,6 @@ use crate::identity::pod_watch::PodWatchCounters;
 use crate::kernel::loader::KernelCounters;
 use crate::pipeline::Dropped;
 use crate::uplink::UplinkCounters;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -433,10 +432,7 @@ impl AgentMetrics {
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        network_enforcer_api::metrics::render(&self.registry)
     }
 
     /// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
@@ -458,18 +454,7 @@ impl AgentMetrics {
         axum::Router::new()
             .route(
                 "/metrics",
-                axum::routing::get(move || {
-                    let metrics = metrics.clone();
-                    async move {
-                        (
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            metrics.encode(),
-                        )
-                    }
-                }),
+                network_enforcer_api::metrics::route(move || metrics.encode()),
             )
             .route(
                 "/healthz",

@@ -6,18 +6,22 @@
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
+//! - `metrics` (feature `metrics`): the Prometheus `/metrics` text and route of the agent and the
+//!   controller.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
 //! - [`pod`]: a Pod's addresses and whether it has finished, read the same way everywhere.
 //! - [`selector`]: label selector semantics (`metav1.LabelSelector`), for the controller and the agent.
 //! - [`validation`]: the CRDs' CEL rules in Rust, for clusters and paths that do not run them.
 //!
-//! Nothing in this crate does I/O.
+//! Nothing in this crate does I/O (the `metrics` route only answers requests a server hands it).
 
 pub mod authorization_policy;
 pub mod backoff;
 pub mod crd;
 pub mod duration;
 pub mod keys;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod naming;
 pub mod pod;
 pub mod selector;

@@ -130,18 +130,7 @@ pub fn router(metrics: ControllerMetrics, health: Health) -> axum::Router {
     axum::Router::new()
         .route(
             "/metrics",
-            axum::routing::get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
+            network_enforcer_api::metrics::route(move || metrics.encode()),
         )
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(

@@ -24,7 +24,6 @@
 //! Other modules register their own metrics with [`ControllerMetrics::register`].
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -360,13 +359,7 @@ impl ControllerMetrics {
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(
-            &mut out,
-            &self.registry.lock().expect("metrics registry lock"),
-        );
-        out
+        network_enforcer_api::metrics::render(&self.registry.lock().expect("metrics registry lock"))
     }
 }
 
