@@ -31,8 +31,9 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use network_enforcer_agent::enforce::compile::{Peers, Ruleset, compile};
-use network_enforcer_agent::enforce::model::{Cluster, L4};
+use network_enforcer_agent::enforce::model::Cluster;
 use network_enforcer_agent::enforce::nft;
+use network_enforcer_api::Protocol;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -679,7 +680,7 @@ fn check_endpoints(
             let port = a.ports.as_ref().is_none_or(|ranges| {
                 ranges
                     .iter()
-                    .any(|r| r.protocol == L4::Tcp && r.first <= port && port <= r.last)
+                    .any(|r| r.protocol == Protocol::TCP && r.first <= port && port <= r.last)
             });
             peer && port
         })

@@ -413,6 +413,23 @@ impl Protocol {
         }
     }
 
+    /// The lower-case name, as the agent's flow records and its `--protocol` flag write it, and as
+    /// nftables names the protocol: `tcp`, `udp`, `sctp`.
+    pub fn as_lowercase_str(self) -> &'static str {
+        match self {
+            Protocol::TCP => "tcp",
+            Protocol::UDP => "udp",
+            Protocol::SCTP => "sctp",
+        }
+    }
+
+    /// The inverse of [`Protocol::as_lowercase_str`]; `None` for any other text (`TCP` included).
+    pub fn from_lowercase(value: &str) -> Option<Protocol> {
+        [Protocol::TCP, Protocol::UDP, Protocol::SCTP]
+            .into_iter()
+            .find(|p| p.as_lowercase_str() == value)
+    }
+
     /// A `protocol` field of the Kubernetes API (container ports, NetworkPolicy and Service ports):
     /// TCP when absent, as the API defaults it; `None` for a value the API does not define.
     pub fn from_kubernetes(value: Option<&str>) -> Option<Protocol> {
@@ -422,6 +439,13 @@ impl Protocol {
             Some("SCTP") => Some(Protocol::SCTP),
             Some(_) => None,
         }
+    }
+}
+
+/// The Kubernetes spelling, [`Protocol::as_str`].
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -579,5 +603,25 @@ mod tests {
         ] {
             assert_eq!(Protocol::from_kubernetes(value), want, "{value:?}");
         }
+    }
+
+    #[test]
+    fn protocols_have_one_name_per_spelling() {
+        for (p, upper, lower) in [
+            (Protocol::TCP, "TCP", "tcp"),
+            (Protocol::UDP, "UDP", "udp"),
+            (Protocol::SCTP, "SCTP", "sctp"),
+        ] {
+            assert_eq!(p.as_str(), upper);
+            assert_eq!(p.to_string(), upper);
+            // Debug and serde spell it as Display does (tables printed Debug before).
+            assert_eq!(format!("{p:?}"), upper);
+            assert_eq!(serde_json::to_value(p).unwrap(), upper);
+            assert_eq!(Protocol::from_kubernetes(Some(upper)), Some(p));
+            assert_eq!(p.as_lowercase_str(), lower);
+            assert_eq!(Protocol::from_lowercase(lower), Some(p));
+            assert_eq!(Protocol::from_lowercase(upper), None);
+        }
+        assert_eq!(Protocol::from_lowercase("icmp"), None);
     }
 }

@@ -111,10 +111,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
 /// Lower-case name of a protocol, as shown and as accepted by `--protocol`.
 pub fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-    }
+    network_enforcer_api::Protocol::from(p).as_lowercase_str()
 }
 
 /// Lower-case name of a direction.

@@ -316,10 +316,10 @@ impl TryFrom<EventRecord> for ConnectionEvent {
     type Error = String;
 
     fn try_from(r: EventRecord) -> Result<Self, String> {
-        let protocol = match r.protocol.as_str() {
-            "tcp" => Protocol::Tcp,
-            "udp" => Protocol::Udp,
-            other => return Err(format!("unknown protocol {other:?}")),
+        let protocol = match network_enforcer_api::Protocol::from_lowercase(&r.protocol) {
+            Some(network_enforcer_api::Protocol::TCP) => Protocol::Tcp,
+            Some(network_enforcer_api::Protocol::UDP) => Protocol::Udp,
+            _ => return Err(format!("unknown protocol {:?}", r.protocol)),
         };
         let direction = match r.direction.as_str() {
             "outbound" => Direction::Outbound,

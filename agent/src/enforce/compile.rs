@@ -17,9 +17,10 @@
 //! What cannot be enforced is reported in [`Ruleset::warnings`] and allows nothing (SCTP, an invalid
 //! CIDR): a policy is never widened by what it cannot express.
 
-use crate::enforce::model::{Cluster, L4, PodEntry};
+use crate::enforce::model::{Cluster, PodEntry};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use network_enforcer_api::Protocol;
 use network_enforcer_api::selector;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -82,7 +83,7 @@ pub enum Peers {
 /// Ports `first..=last` of one protocol; `0..=65535` is the whole protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PortRange {
-    pub protocol: L4,
+    pub protocol: Protocol,
     pub first: u16,
     pub last: u16,
 }
@@ -296,11 +297,11 @@ impl<'a> Policy<'a> {
         let mut numbered = Vec::new();
         let mut named = Vec::new();
         for port in ports {
-            let Some(protocol) = L4::parse(port.protocol.as_deref()) else {
+            let Some(protocol) = Protocol::from_kubernetes(port.protocol.as_deref()) else {
                 self.warn(warnings, format!("unknown protocol {:?}", port.protocol));
                 continue;
             };
-            if protocol == L4::Sctp {
+            if protocol == Protocol::SCTP {
                 self.warn(
                     warnings,
                     "SCTP ports are not enforced (they allow nothing)".into(),
@@ -538,7 +539,7 @@ mod tests {
 
     fn tcp(first: u16, last: u16) -> PortRange {
         PortRange {
-            protocol: L4::Tcp,
+            protocol: Protocol::TCP,
             first,
             last,
         }
@@ -680,7 +681,7 @@ mod tests {
                     },
                     ports: Some(vec![
                         PortRange {
-                            protocol: L4::Udp,
+                            protocol: Protocol::UDP,
                             first: 0,
                             last: u16::MAX,
                         },

@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use network_enforcer_api::Protocol;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::pod;
 use std::collections::BTreeMap;
@@ -15,33 +16,12 @@ pub type Labels = BTreeMap<String, String>;
 /// `(namespace, name)`.
 pub type Key = (String, String);
 
-/// A transport protocol as NetworkPolicy ports name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum L4 {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl L4 {
-    /// `TCP` (also when absent, the API default), `UDP`, `SCTP`; `None` for anything else.
-    pub fn parse(protocol: Option<&str>) -> Option<Self> {
-        Some(
-            match network_enforcer_api::Protocol::from_kubernetes(protocol)? {
-                network_enforcer_api::Protocol::TCP => L4::Tcp,
-                network_enforcer_api::Protocol::UDP => L4::Udp,
-                network_enforcer_api::Protocol::SCTP => L4::Sctp,
-            },
-        )
-    }
-}
-
 /// A container port with a name: what a NetworkPolicy's named port resolves to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NamedPort {
     pub name: String,
     pub port: u16,
-    pub protocol: L4,
+    pub protocol: Protocol,
 }
 
 /// What enforcement needs of a pod.
@@ -76,7 +56,7 @@ impl PodEntry {
                 Some(NamedPort {
                     name: p.name.clone()?,
                     port: u16::try_from(p.container_port).ok()?,
-                    protocol: L4::parse(p.protocol.as_deref())?,
+                    protocol: Protocol::from_kubernetes(p.protocol.as_deref())?,
                 })
             })
             .collect();
@@ -93,7 +73,7 @@ impl PodEntry {
     }
 
     /// The number `name` stands for on this pod for `protocol`, if a container declares it.
-    pub fn resolve(&self, name: &str, protocol: L4) -> Option<u16> {
+    pub fn resolve(&self, name: &str, protocol: Protocol) -> Option<u16> {
         self.named_ports
             .iter()
             .find(|p| p.name == name && p.protocol == protocol)
@@ -197,8 +177,8 @@ mod tests {
         assert_eq!(key, ("x".to_string(), "a".to_string()));
         assert_eq!(entry.ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
         assert_eq!(entry.node.as_deref(), Some("n1"));
-        assert_eq!(entry.resolve("serve-80-udp", L4::Udp), Some(80));
-        assert_eq!(entry.resolve("serve-80-udp", L4::Tcp), None);
+        assert_eq!(entry.resolve("serve-80-udp", Protocol::UDP), Some(80));
+        assert_eq!(entry.resolve("serve-80-udp", Protocol::TCP), None);
         assert_eq!(entry.named_ports.len(), 2);
         pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
         assert!(PodEntry::from_pod(&pod).unwrap().1.ips.is_empty());

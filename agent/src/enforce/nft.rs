@@ -25,7 +25,7 @@
 //! rules.
 
 use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side};
-use crate::enforce::model::L4;
+use network_enforcer_api::Protocol;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -266,18 +266,18 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets) -> Vec<String> 
     let ports: Vec<String> = match &allow.ports {
         None => vec![String::new()],
         Some(ranges) => {
-            let mut by_protocol: BTreeMap<L4, Vec<PortRange>> = BTreeMap::new();
+            let mut by_protocol: BTreeMap<Protocol, Vec<PortRange>> = BTreeMap::new();
             for r in ranges {
                 by_protocol.entry(r.protocol).or_default().push(*r);
             }
             by_protocol
                 .into_iter()
                 .filter_map(|(protocol, ranges)| {
-                    let name = match protocol {
-                        L4::Tcp => "tcp",
-                        L4::Udp => "udp",
-                        L4::Sctp => return None,
-                    };
+                    // SCTP is not enforced (compile warns and allows nothing for it).
+                    if protocol == Protocol::SCTP {
+                        return None;
+                    }
+                    let name = protocol.as_lowercase_str();
                     if ranges.iter().any(PortRange::is_whole_protocol) {
                         return Some(format!("meta l4proto {name} "));
                     }
@@ -381,9 +381,9 @@ mod tests {
                                         .collect(),
                                 )),
                                 ports: Some(vec![
-                                    range(L4::Tcp, 80, 80),
-                                    range(L4::Tcp, 9000, 9010),
-                                    range(L4::Udp, 0, u16::MAX),
+                                    range(Protocol::TCP, 80, 80),
+                                    range(Protocol::TCP, 9000, 9010),
+                                    range(Protocol::UDP, 0, u16::MAX),
                                 ]),
                             },
                             Allow {
@@ -404,7 +404,7 @@ mod tests {
                                         Cidr::parse("10.2.0.0/16").unwrap(),
                                     ],
                                 },
-                                ports: Some(vec![range(L4::Tcp, 443, 443)]),
+                                ports: Some(vec![range(Protocol::TCP, 443, 443)]),
                             },
                         ],
                     }),

@@ -19,6 +19,15 @@ pub enum Protocol {
     Udp,
 }
 
+impl From<Protocol> for network_enforcer_api::Protocol {
+    fn from(p: Protocol) -> Self {
+        match p {
+            Protocol::Tcp => network_enforcer_api::Protocol::TCP,
+            Protocol::Udp => network_enforcer_api::Protocol::UDP,
+        }
+    }
+}
+
 /// One connection event as user space sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionEvent {

@@ -1016,14 +1016,11 @@ fn one() -> u64 {
 
 fn lowercase_protocol<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
     let name = String::deserialize(d)?;
-    match name.to_ascii_lowercase().as_str() {
-        "tcp" => Ok(Protocol::TCP),
-        "udp" => Ok(Protocol::UDP),
-        "sctp" => Ok(Protocol::SCTP),
-        _ => Err(serde::de::Error::custom(format!(
+    Protocol::from_lowercase(&name.to_ascii_lowercase()).ok_or_else(|| {
+        serde::de::Error::custom(format!(
             "unknown protocol {name:?}: expected tcp, udp or sctp"
-        ))),
-    }
+        ))
+    })
 }
 
 /// Parses JSON lines of agent records; blank lines are skipped. Errors name the line and field
@@ -1127,7 +1124,7 @@ impl CheckReport {
                 vec![
                     peer_text(&r.from),
                     peer_text(&r.to),
-                    format!("{:?}", r.protocol),
+                    r.protocol.to_string(),
                     r.port.to_string(),
                     if r.allowed { "ALLOW" } else { "DENY" }.to_string(),
                     side_text(&r.egress),
@@ -1151,7 +1148,7 @@ impl CheckReport {
             rows.push(vec![
                 peer_text(&r.from),
                 peer_text(&r.to),
-                format!("{:?}", r.protocol),
+                r.protocol.to_string(),
                 r.port.to_string(),
                 if r.allowed { "ALLOW" } else { "DENY" }.to_string(),
                 "egress".to_string(),
@@ -1179,7 +1176,7 @@ impl ReplayReport {
                     sign.to_string(),
                     peer_text(&c.from),
                     peer_text(&c.to),
-                    format!("{:?}", c.protocol),
+                    c.protocol.to_string(),
                     c.port.to_string(),
                     c.passed.to_string(),
                     c.failed.to_string(),

@@ -24,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::RuleUsage;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{
-    Direction, IstioPolicy, PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
-    WorkloadRef,
+    Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
+    WorkloadNetworkPolicyProposal, WorkloadRef,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -556,7 +556,7 @@ pub(crate) fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<St
     ports
         .iter()
         .map(|p| {
-            let protocol = p.protocol.as_deref().unwrap_or("TCP");
+            let protocol = p.protocol.as_deref().unwrap_or(Protocol::TCP.as_str());
             match (&p.port, p.end_port) {
                 (None, _) => format!("{protocol} any"),
                 (Some(IntOrString::Int(port)), Some(end)) => format!("{protocol} {port}-{end}"),

@@ -135,7 +135,7 @@ impl DiffReport {
                             sign.to_string(),
                             peer_text(&c.from),
                             peer_text(&c.to),
-                            format!("{:?}", c.protocol),
+                            c.protocol.to_string(),
                             c.port.to_string(),
                         ]
                     } else {

@@ -8,7 +8,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
-use network_enforcer_api::{Direction, IstioRule};
+use network_enforcer_api::{Direction, IstioRule, Protocol};
 use serde::Serialize;
 
 /// How one side of a flow was decided.
@@ -209,7 +209,7 @@ fn selector_text(selector: &LabelSelector) -> String {
 
 /// `TCP/8080`, `TCP/5000-9000`, `TCP/http` (a named port), `UDP/*` (every port of the protocol).
 fn port_text(port: &NetworkPolicyPort) -> String {
-    let protocol = port.protocol.as_deref().unwrap_or("TCP");
+    let protocol = port.protocol.as_deref().unwrap_or(Protocol::TCP.as_str());
     let number = match (&port.port, port.end_port) {
         (None, _) => "*".to_string(),
         (Some(IntOrString::Int(p)), Some(end)) => format!("{p}-{end}"),
