@@ -12,7 +12,7 @@ use crate::monitor::edge_history::HistoryEdge;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
-use network_enforcer_api::{Protocol, WorkloadNetworkPolicy, WorkloadRef};
+use network_enforcer_api::{Protocol, WorkloadNetworkPolicy, WorkloadRef, pod};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -205,12 +205,7 @@ fn evaluable(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false);
-    let status = pod.status.as_ref();
-    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
-    let has_ip = status
-        .and_then(|s| s.pod_ip.as_deref())
-        .is_some_and(|ip| ip.parse::<std::net::IpAddr>().is_ok());
-    !spec_host && has_ip && !matches!(phase, "Succeeded" | "Failed")
+    !spec_host && !pod::ips(pod).is_empty() && !pod::finished(pod)
 }
 
 fn scenario_pod(pod: &Pod) -> ScenarioPod {
@@ -219,11 +214,8 @@ fn scenario_pod(pod: &Pod) -> ScenarioPod {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         labels: pod.labels().clone(),
-        ip: pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_deref())
-            .and_then(|ip| ip.parse().ok()),
+        // A scenario pod has one address; the first of `status.podIPs` is the primary one.
+        ip: pod::ips(pod).first().copied(),
         ports: spec
             .into_iter()
             .flat_map(|s| &s.containers)
@@ -384,5 +376,24 @@ mod tests {
         );
         // The checker takes it as it is.
         super::super::Checker::new(scenario).expect("a valid scenario");
+    }
+
+    #[test]
+    fn pod_addresses_are_read_as_everywhere_else() {
+        // Dual stack: `podIPs` first, its first entry is the scenario pod's address.
+        let mut dual = pod("dual", "web", "10.1.0.5", None);
+        dual.status.as_mut().unwrap().pod_ips =
+            Some(serde_json::from_value(json!([{"ip": "fd00::5"}, {"ip": "10.1.0.5"}])).unwrap());
+        let input = LiveInput {
+            pods: vec![dual, pod("no-address", "web", "not-an-ip", None)],
+            ..LiveInput::default()
+        };
+        let (scenario, _) = scenario(&input);
+        let pods: Vec<(&str, Option<std::net::IpAddr>)> = scenario
+            .pods
+            .iter()
+            .map(|p| (p.name.as_str(), p.ip))
+            .collect();
+        assert_eq!(pods, [("dual", Some("fd00::5".parse().unwrap()))]);
     }
 }
