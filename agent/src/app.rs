@@ -258,10 +258,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         source_records = Some(Default::default());
     }
     if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
-        metrics.source_enabled("hubble");
+        metrics.source_enabled(crate::sources::SourceName::hubble);
     }
     if args.sources.ztunnel_log_glob.is_some() {
-        metrics.source_enabled("ztunnel");
+        metrics.source_enabled(crate::sources::SourceName::ztunnel);
     }
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;

@@ -72,7 +72,7 @@ struct Enabled {
     pod_watch: bool,
     enforcement: bool,
     uplink: bool,
-    sources: Vec<String>,
+    sources: Vec<crate::sources::SourceName>,
 }
 
 impl Default for AgentMetrics {
@@ -266,11 +266,11 @@ impl AgentMetrics {
         self.enabled.lock().expect("enabled lock").uplink = true;
     }
 
-    /// Records that flow source `name` (`hubble`, `ztunnel`) runs: `/readyz` reports its health.
-    pub fn source_enabled(&self, name: &str) {
+    /// Records that flow source `source` runs: `/readyz` reports its health.
+    pub fn source_enabled(&self, source: crate::sources::SourceName) {
         let mut enabled = self.enabled.lock().expect("enabled lock");
-        if !enabled.sources.iter().any(|s| s == name) {
-            enabled.sources.push(name.to_string());
+        if !enabled.sources.contains(&source) {
+            enabled.sources.push(source);
         }
     }
 
@@ -363,8 +363,9 @@ impl AgentMetrics {
                 },
             );
         }
-        for name in &enabled.sources {
-            let h = self.sources.source(name);
+        for &source in &enabled.sources {
+            let name = source.as_str();
+            let h = self.sources.source(source);
             let connected = h.connected.get() == 1;
             let last = h.last_message.get();
             components.insert(
@@ -540,8 +541,8 @@ mod tests {
         let m = AgentMetrics::new();
         m.pod_watch_enabled();
         m.uplink_enabled();
-        m.source_enabled("ztunnel");
-        m.source_enabled("ztunnel");
+        m.source_enabled(crate::sources::SourceName::ztunnel);
+        m.source_enabled(crate::sources::SourceName::ztunnel);
         let (status, body) = get(&m, "/readyz").await;
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["ready"], false);
@@ -573,7 +574,7 @@ mod tests {
 
         m.uplink().connected.set(1);
         m.uplink().pending_batches.set(2);
-        let source = m.sources().source("ztunnel");
+        let source = m.sources().source(crate::sources::SourceName::ztunnel);
         source.connected.set(1);
         source.messages.inc_by(12);
         source.errors.inc();

@@ -4,7 +4,7 @@
 //! with TLS (with and without client certificates) as Hubble Relay. No real Hubble exists here.
 
 use network_enforcer_agent::sources::hubble::{self, HubbleConfig, RelayTls, Target};
-use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName};
 use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::hubble::observer_server::{Observer, ObserverServer};
 use network_enforcer_api::hubble::{
@@ -201,7 +201,7 @@ async fn socket_stream_skips_replies_and_other_drops_and_resumes_without_loss_or
     let client = tokio::spawn(hubble::run(
         config(Target::Socket(socket.clone()), None),
         sink.clone(),
-        metrics.source("hubble"),
+        metrics.source(SourceName::hubble),
     ));
     let mut records = collect(&sink, 3).await;
     // The repeat of the denied flow comes before the new flow in the second session, so it has been
@@ -254,7 +254,7 @@ async fn a_missing_socket_is_retried_until_hubble_appears() {
     let client = tokio::spawn(hubble::run(
         config(Target::Socket(socket.clone()), None),
         sink.clone(),
-        metrics.source("hubble"),
+        metrics.source(SourceName::hubble),
     ));
     // Several failed attempts, and the task is still there.
     for _ in 0..500 {
@@ -385,7 +385,7 @@ async fn relay_with_mutual_tls_streams_only_this_nodes_flows() {
     let client = tokio::spawn(hubble::run(
         config(target, Some("node-a")),
         sink.clone(),
-        metrics.source("hubble"),
+        metrics.source(SourceName::hubble),
     ));
     let records = collect(&sink, 1).await;
     assert_eq!(records.len(), 1);
@@ -418,7 +418,7 @@ async fn relay_requiring_client_certs_refuses_a_client_without_one() {
     let client = tokio::spawn(hubble::run(
         config(target, None),
         sink.clone(),
-        metrics.source("hubble"),
+        metrics.source(SourceName::hubble),
     ));
     // Wait for a few failed attempts.
     for _ in 0..1000 {
@@ -460,7 +460,7 @@ async fn relay_with_server_tls_only_accepts_a_client_without_a_certificate() {
     let client = tokio::spawn(hubble::run(
         config(target, None),
         sink.clone(),
-        SourceMetrics::default().source("hubble"),
+        SourceMetrics::default().source(SourceName::hubble),
     ));
     let mut records = collect(&sink, 2).await;
     records.sort_by_key(|r| r.port);

@@ -4,8 +4,10 @@
 //! truncation, malformed and pre-1.30 lines, and an agent restart with the saved positions: saved only
 //! up to lines whose records were acknowledged (docs/flow-sources.md, "Read positions").
 
-use network_enforcer_agent::sources::SourceMetrics;
-use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
+use network_enforcer_agent::sources::ztunnel::{
+    FailureDirection, FailureLabels, FailureReason, Reader, ZtunnelConfig,
+};
+use network_enforcer_agent::sources::{SourceMetrics, SourceName};
 use network_enforcer_api::uplink::{FlowRecord, Outcome};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -78,7 +80,7 @@ impl Setup {
                 state_file: Some(self.state.clone()),
                 poll: Duration::from_millis(50),
             },
-            self.metrics.source("ztunnel"),
+            self.metrics.source(SourceName::ztunnel),
         )
     }
 
@@ -555,16 +557,28 @@ fn early_denies_are_counted_by_direction_and_reason_without_records() {
         all_fixture_records(),
         "nothing more, nothing lost"
     );
-    let counted: Vec<((&str, &str), u64)> = reader
+    let counted: Vec<(FailureLabels, u64)> = reader
         .connections_failed()
         .iter()
-        .map(|((d, r), n)| ((d.as_str(), r.as_str()), *n))
+        .map(|(labels, n)| (*labels, *n))
         .collect();
     assert_eq!(
         counted,
         [
-            (("inbound", "policy_rejection"), 2),
-            (("outbound", "other"), 1)
+            (
+                FailureLabels {
+                    direction: FailureDirection::inbound,
+                    reason: FailureReason::policy_rejection
+                },
+                2
+            ),
+            (
+                FailureLabels {
+                    direction: FailureDirection::outbound,
+                    reason: FailureReason::other
+                },
+                1
+            )
         ]
     );
     // Through the agent's registry (the family is process-wide: at least this reader's counts).

@@ -5,7 +5,7 @@
 //! sending and the acknowledgement: after the restart the lines are read again.
 
 use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
-use network_enforcer_agent::sources::{RecordSink, SourceMetrics};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName};
 use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters, UplinkSender};
 use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::FlowRecord;
@@ -48,7 +48,7 @@ impl Node {
                 state_file: Some(self.dir.path().join("state/positions.json")),
                 poll: Duration::from_millis(50),
             },
-            self.metrics.source("ztunnel"),
+            self.metrics.source(SourceName::ztunnel),
         )
     }
 

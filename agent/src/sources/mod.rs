@@ -19,7 +19,7 @@ pub mod ztunnel;
 
 use crate::uplink::Receipt;
 use network_enforcer_api::uplink::{FlowRecord, LocalPod, Peer};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -125,14 +125,18 @@ impl SourceArgs {
         let sink = RecordSink::default();
         if let Some(config) = hubble {
             tracing::info!(target = ?config.target, node = ?config.node, "Hubble source on");
-            tokio::spawn(hubble::run(config, sink.clone(), metrics.source("hubble")));
+            tokio::spawn(hubble::run(
+                config,
+                sink.clone(),
+                metrics.source(SourceName::hubble),
+            ));
         }
         if let Some(config) = ztunnel {
             tracing::info!(glob = %config.glob, state = ?config.state_file, "ztunnel source on");
             tokio::spawn(ztunnel::run(
                 config,
                 sink.clone(),
-                metrics.source("ztunnel"),
+                metrics.source(SourceName::ztunnel),
             ));
         }
         Some(sink)
@@ -295,11 +299,29 @@ impl RecordSink {
     }
 }
 
+/// A flow source of the agent, as the `source` label and `/readyz` (`source/<name>`) name it (the
+/// controller has `goldmane`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum SourceName {
+    hubble,
+    ztunnel,
+}
+
+impl SourceName {
+    /// The name, as the label writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceName::hubble => "hubble",
+            SourceName::ztunnel => "ztunnel",
+        }
+    }
+}
+
 /// The label of every per-source metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
-    /// `hubble`, `ztunnel` (the controller has `goldmane`).
-    pub source: String,
+    pub source: SourceName,
 }
 
 /// Per-source health, as Prometheus metrics labelled `source`.
@@ -355,10 +377,8 @@ impl SourceMetrics {
     }
 
     /// The handle of one source.
-    pub fn source(&self, name: &str) -> SourceHealth {
-        let label = SourceLabel {
-            source: name.to_string(),
-        };
+    pub fn source(&self, source: SourceName) -> SourceHealth {
+        let label = SourceLabel { source };
         SourceHealth {
             connected: self.connected.get_or_create(&label).clone(),
             messages: self.messages.get_or_create(&label).clone(),
@@ -571,7 +591,7 @@ mod tests {
         let metrics = SourceMetrics::default();
         let mut registry = Registry::with_prefix("t");
         metrics.register(&mut registry);
-        let h = metrics.source("hubble");
+        let h = metrics.source(SourceName::hubble);
         h.message();
         h.connected.set(1);
         h.lost_events.inc_by(7);
@@ -583,6 +603,29 @@ mod tests {
             "t_source_lost_events_total{source=\"hubble\"} 7",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn source_labels_are_written_as_before() {
+        let metrics = SourceMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.source(SourceName::hubble).records.inc_by(2);
+        metrics.source(SourceName::ztunnel).errors.inc();
+        let text = network_enforcer_api::metrics::render(&registry);
+        for line in [
+            "source_records_total{source=\"hubble\"} 2",
+            "source_errors_total{source=\"ztunnel\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        // `/readyz` names a source as its label does.
+        for source in [SourceName::hubble, SourceName::ztunnel] {
+            assert!(
+                text.contains(&format!("{{source=\"{}\"}}", source.as_str())),
+                "{source:?} in {text}"
+            );
         }
     }
 }

@@ -31,6 +31,7 @@ use super::rfc3339_ms;
 use super::tail::Position;
 use crate::uplink::{Receipt, ReceiptWatch};
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, Peer};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -88,8 +89,8 @@ pub struct Access {
 /// A `connection failed` access line: ztunnel refused a connection before it knew the workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
-    /// `inbound`, `outbound`, or `unknown` when the line has no `direction`.
-    pub direction: &'static str,
+    /// The line's `direction`.
+    pub direction: FailureDirection,
     /// `src.addr`.
     pub src: SocketAddr,
     /// `dst.addr`.
@@ -243,9 +244,9 @@ pub fn parse_line(line: &str) -> Result<Event, LineError> {
             let error = text(obj, "error").unwrap_or_default();
             Ok(Event::Failed(Failure {
                 direction: match text(obj, "direction") {
-                    Some("inbound") => "inbound",
-                    Some("outbound") => "outbound",
-                    _ => "unknown",
+                    Some("inbound") => FailureDirection::inbound,
+                    Some("outbound") => FailureDirection::outbound,
+                    _ => FailureDirection::unknown,
                 },
                 src: addr("src.addr")?,
                 dst: addr("dst.addr")?,
@@ -258,25 +259,53 @@ pub fn parse_line(line: &str) -> Result<Event, LineError> {
     }
 }
 
+/// The `direction` of a `connection failed` line, as the `direction` label writes it.
+// Variants in name order: `Reader::connections_failed` is sorted by them, as by the names.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum FailureDirection {
+    inbound,
+    outbound,
+    /// The line has no (known) `direction`.
+    unknown,
+}
+
+impl FailureDirection {
+    /// The name, as the label writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureDirection::inbound => "inbound",
+            FailureDirection::outbound => "outbound",
+            FailureDirection::unknown => "unknown",
+        }
+    }
+}
+
+/// Why ztunnel refused a connection early, as the `reason` label writes it.
+// Variants in name order: `Reader::connections_failed` is sorted by them, as by the names.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum FailureReason {
+    other,
+    policy_rejection,
+}
+
 /// The labels of `source_ztunnel_connections_failed_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct FailureLabels {
-    /// `inbound`, `outbound`, `unknown`.
-    pub direction: String,
-    /// `policy_rejection` or `other`.
-    pub reason: String,
+    pub direction: FailureDirection,
+    pub reason: FailureReason,
 }
 
 impl FailureLabels {
     fn of(f: &Failure) -> Self {
         Self {
-            direction: f.direction.to_string(),
+            direction: f.direction,
             reason: if f.policy_rejection {
-                "policy_rejection"
+                FailureReason::policy_rejection
             } else {
-                "other"
-            }
-            .to_string(),
+                FailureReason::other
+            },
         }
     }
 }
@@ -494,7 +523,7 @@ pub struct Reader {
     missing_log: super::RateLimitedLog,
     failed_log: super::RateLimitedLog,
     /// Early denies read by this reader, by labels.
-    failed: BTreeMap<(String, String), u64>,
+    failed: BTreeMap<FailureLabels, u64>,
     /// Positions waiting for acknowledgements, oldest first.
     checkpoints: VecDeque<Checkpoint>,
     /// The receipt of the records polled since the last [`Reader::take_receipt`].
@@ -579,8 +608,8 @@ impl Reader {
         }
     }
 
-    /// Early denies (`connection failed`) this reader has read, by (direction, reason).
-    pub fn connections_failed(&self) -> &BTreeMap<(String, String), u64> {
+    /// Early denies (`connection failed`) this reader has read, by direction and reason.
+    pub fn connections_failed(&self) -> &BTreeMap<FailureLabels, u64> {
         &self.failed
     }
 
@@ -622,9 +651,9 @@ impl Reader {
                     health.skipped.inc();
                     let labels = FailureLabels::of(&failure);
                     CONNECTIONS_FAILED.get_or_create(&labels).inc();
-                    *failed.entry((labels.direction, labels.reason)).or_default() += 1;
+                    *failed.entry(labels).or_default() += 1;
                     if let Some(suppressed) = failed_log.allow() {
-                        tracing::info!(file = %file.display(), direction = failure.direction,
+                        tracing::info!(file = %file.display(), direction = failure.direction.as_str(),
                             src = %failure.src, dst = %failure.dst, error = %failure.error, suppressed,
                             "ztunnel refused a connection before knowing its workload; counted, not attributed");
                     }
@@ -823,7 +852,7 @@ mod tests {
         assert_eq!(
             event,
             Event::Failed(Failure {
-                direction: "inbound",
+                direction: FailureDirection::inbound,
                 src: "10.244.4.2:39010".parse().unwrap(),
                 dst: "10.244.2.9:15008".parse().unwrap(),
                 policy_rejection: true,
@@ -840,7 +869,10 @@ mod tests {
             )
             .replace(r#""direction":"inbound","#, "");
         match parse_line(&other).unwrap() {
-            Event::Failed(f) => assert_eq!((f.direction, f.policy_rejection), ("unknown", false)),
+            Event::Failed(f) => assert_eq!(
+                (f.direction, f.policy_rejection),
+                (FailureDirection::unknown, false)
+            ),
             e => panic!("{e:?}"),
         }
         let no_src = line.replace(r#""src.addr":"10.244.4.2:39010","#, "");
@@ -851,6 +883,59 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn early_deny_labels_are_written_as_before() {
+        use prometheus_client::metrics::{counter::Counter, family::Family};
+        // A family of its own: the process-wide one counts every test's readers.
+        let family = Family::<FailureLabels, Counter>::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("failed", "t", family.clone());
+        for direction in [
+            FailureDirection::inbound,
+            FailureDirection::outbound,
+            FailureDirection::unknown,
+        ] {
+            for (reason, policy_rejection) in [
+                (FailureReason::policy_rejection, true),
+                (FailureReason::other, false),
+            ] {
+                let failure = Failure {
+                    direction,
+                    src: "10.0.0.1:1".parse().unwrap(),
+                    dst: "10.0.0.2:2".parse().unwrap(),
+                    policy_rejection,
+                    error: String::new(),
+                    at_ms: 0,
+                };
+                let labels = FailureLabels::of(&failure);
+                assert_eq!(labels, FailureLabels { direction, reason });
+                family.get_or_create(&labels).inc();
+            }
+        }
+        let text = network_enforcer_api::metrics::render(&registry);
+        let mut lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        lines.sort_unstable();
+        assert_eq!(
+            lines,
+            [
+                "failed_total{direction=\"inbound\",reason=\"other\"} 1",
+                "failed_total{direction=\"inbound\",reason=\"policy_rejection\"} 1",
+                "failed_total{direction=\"outbound\",reason=\"other\"} 1",
+                "failed_total{direction=\"outbound\",reason=\"policy_rejection\"} 1",
+                "failed_total{direction=\"unknown\",reason=\"other\"} 1",
+                "failed_total{direction=\"unknown\",reason=\"policy_rejection\"} 1",
+            ]
+        );
+        // The log field spells the direction as the label does.
+        for d in [
+            FailureDirection::inbound,
+            FailureDirection::outbound,
+            FailureDirection::unknown,
+        ] {
+            assert!(text.contains(&format!("direction=\"{}\"", d.as_str())));
+        }
     }
 
     #[test]

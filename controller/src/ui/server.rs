@@ -35,7 +35,8 @@ const STYLE_CSS: &str = include_str!("assets/style.css");
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub route: &'static str,
-    pub status: String,
+    /// The HTTP status code (`200`, `404`, ...); the label writes the number.
+    pub status: u16,
 }
 
 /// Labels of `ui_request_duration_seconds`.
@@ -86,7 +87,7 @@ impl UiMetrics {
         self.requests
             .get_or_create(&RequestLabels {
                 route,
-                status: status.as_u16().to_string(),
+                status: status.as_u16(),
             })
             .inc();
         self.duration
@@ -97,10 +98,7 @@ impl UiMetrics {
     /// Requests counted for `route` with `status` (tests).
     pub fn count(&self, route: &'static str, status: u16) -> u64 {
         self.requests
-            .get_or_create(&RequestLabels {
-                route,
-                status: status.to_string(),
-            })
+            .get_or_create(&RequestLabels { route, status })
             .get()
     }
 }
@@ -536,4 +534,29 @@ pub fn router(state: UiState) -> axum::Router {
 /// Serves the web view on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, state: UiState) -> std::io::Result<()> {
     axum::serve(listener, router(state)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_labels_are_written_as_before() {
+        let registry = ControllerMetrics::new();
+        let metrics = UiMetrics::default();
+        metrics.register(&registry);
+        metrics.observe("graph", StatusCode::OK, 0.001);
+        metrics.observe("graph", StatusCode::OK, 0.001);
+        metrics.observe("not_found", StatusCode::NOT_FOUND, 0.001);
+        metrics.observe("namespaces", StatusCode::SERVICE_UNAVAILABLE, 0.001);
+        let text = registry.encode();
+        for line in [
+            "network_enforcer_controller_ui_requests_total{route=\"graph\",status=\"200\"} 2",
+            "network_enforcer_controller_ui_requests_total{route=\"not_found\",status=\"404\"} 1",
+            "network_enforcer_controller_ui_requests_total{route=\"namespaces\",status=\"503\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        assert_eq!(metrics.count("graph", 200), 2);
+    }
 }
