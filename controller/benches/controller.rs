@@ -26,9 +26,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
+use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
-use network_enforcer_controller::ingest::Learning;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::runtime::metrics::ControllerMetrics;
 use serde_json::json;
@@ -212,16 +212,10 @@ fn main() {
     drop((deployments, pods, services));
 
     // Merge throughput on one thread.
-    let writer = Arc::new(ProposalWriter::new(
-        offline_client(),
-        Backend::Kubernetes,
-        BTreeSet::new(),
-    ));
-    let learning = Learning {
-        index: Arc::new(SharedIndex::listed(ix)),
-        writer: writer.clone(),
-        evidence: None,
-    };
+    let app = App::builder(offline_client(), Backend::Kubernetes)
+        .index(Arc::new(SharedIndex::listed(ix)))
+        .build();
+    let (writer, learning) = (&app.writer, &app.learning);
     let input = batches(40, 5_000);
     let per_pass: usize = input.iter().map(|b| b.records.len()).sum();
     // Warm up (the first pass creates the pending entries; steady state repeats known edges).

@@ -19,17 +19,16 @@ use network_enforcer_api::goldmane::{
     Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, Reporter,
 };
 use network_enforcer_api::uplink::{Direction, Outcome};
+use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
-use network_enforcer_controller::ingest::Learning;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
 use network_enforcer_controller::sources::goldmane::{
     Goldmane, GoldmaneConfig, GoldmaneHealth, ObjectRef,
 };
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -262,16 +261,11 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     });
 
     let evidence = Arc::new(EvidenceQueue::default());
-    let writer = Arc::new(ProposalWriter::new(
-        ns.client.clone(),
-        Backend::Kubernetes,
-        BTreeSet::new(),
-    ));
-    let learning = Arc::new(Learning {
-        index: Arc::new(SharedIndex::listed(index())),
-        writer: writer.clone(),
-        evidence: Some(evidence.clone()),
-    });
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        .index(Arc::new(SharedIndex::listed(index())))
+        .evidence_sink(evidence.clone())
+        .build();
+    let (writer, learning) = (app.writer.clone(), app.learning.clone());
     let mut config = GoldmaneConfig::new(address);
     config.server_name = Some(SERVER_NAME.into());
     config.tls_secret = ObjectRef {

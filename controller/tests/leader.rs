@@ -12,17 +12,15 @@ use kube::{Api, ResourceExt};
 use network_enforcer_api::uplink::FlowBatch;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::{Backend, Protocol, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::{
-    AgentIdentity, Authenticate, IngestService, Learning, Limits,
-};
-use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
+use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
+use network_enforcer_controller::learn::proposal_writer::FlushReport;
 use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, send_batches};
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +48,7 @@ impl Authenticate for AnyToken {
 struct Replica {
     elector: tokio::task::JoinHandle<()>,
     leadership: watch::Receiver<Leadership>,
-    writer: Arc<ProposalWriter>,
+    app: App,
     ingest: SocketAddr,
     settings: Settings,
 }
@@ -67,27 +65,13 @@ impl Replica {
         let elector = Elector::new(ns.client.clone(), settings.clone());
         let leadership = elector.subscribe();
         let elector = tokio::spawn(elector.run());
-        let writer = Arc::new(
-            ProposalWriter::new(
-                ns.client.clone(),
-                Backend::Kubernetes,
-                BTreeSet::from(["kube-system".to_string()]),
-            )
-            .with_leader(leadership.clone()),
-        );
-        let service = IngestService {
-            admission: network_enforcer_controller::ingest::admission::Admission::new(
-                Default::default(),
-            ),
-            authenticator: Arc::new(AnyToken),
-            learning: Arc::new(Learning {
-                index: Arc::new(SharedIndex::listed(Index::default())),
-                writer: writer.clone(),
-                evidence: None,
-            }),
-            limits: Limits::default(),
-            written: None,
-        };
+        let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+            .excluded_namespaces(["kube-system".to_string()])
+            .leadership(leadership.clone())
+            .index(Arc::new(SharedIndex::listed(Index::default())))
+            .acknowledge(Acknowledge::OnceMerged)
+            .build();
+        let service = app.ingest(Arc::new(AnyToken));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let ingest = listener.local_addr()?;
         tokio::spawn(
@@ -98,7 +82,7 @@ impl Replica {
         Ok(Self {
             elector,
             leadership,
-            writer,
+            app,
             ingest,
             settings,
         })
@@ -185,15 +169,15 @@ async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> R
 
     // Both replicas see the same flow (agents of both nodes, or a replay): only the leader writes.
     for r in [&a, &b] {
-        r.writer.observe(&ix, &to_server)?;
+        r.app.writer.observe(&ix, &to_server)?;
     }
-    let report_b = b.writer.flush().await;
+    let report_b = b.app.flush().await;
     assert_eq!(
         report_b,
         FlushReport::default(),
         "the follower writes nothing"
     );
-    let report_a = a.writer.flush().await;
+    let report_a = a.app.flush().await;
     assert_eq!((report_a.written, report_a.failed), (2, 0), "{report_a:?}");
     assert_eq!(
         rules(&ns).await?,
@@ -226,8 +210,8 @@ async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> R
 
     // Learning continues on the new leader: its pending edge is written (already there: unchanged),
     // the new one added, nothing duplicated.
-    b.writer.observe(&ix, &to_dns)?;
-    let report = b.writer.flush().await;
+    b.app.writer.observe(&ix, &to_dns)?;
+    let report = b.app.flush().await;
     assert_eq!((report.written, report.failed), (1, 0), "{report:?}");
     assert_eq!(report.unchanged, 1, "{report:?}");
     assert_eq!(

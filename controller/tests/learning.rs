@@ -204,10 +204,8 @@ mod grpc {
     use super::*;
     use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
     use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
-    use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-    use network_enforcer_controller::ingest::{
-        IngestService, Learning, Limits, TokenReviewAuthenticator,
-    };
+    use network_enforcer_controller::app::{Acknowledge, App};
+    use network_enforcer_controller::ingest::{Limits, TokenReviewAuthenticator};
     use network_enforcer_tests::section10::{
         AGENT_SA, agent_token, flow_record, pod_json, send_batches as send,
     };
@@ -295,33 +293,21 @@ mod grpc {
         let bad = token(&ns, "intruder", &intruder).await?;
 
         // The controller side: index fed by real watches, writer, gRPC server on loopback.
-        let shared = Arc::new(SharedIndex::default());
-        let feed = tokio::spawn(watches::run(ns.client.clone(), shared.clone()));
-        let writer = Arc::new(ProposalWriter::new(
-            ns.client.clone(),
-            Backend::Kubernetes,
-            BTreeSet::from(["kube-system".into()]),
-        ));
-        let service = IngestService {
-            admission: network_enforcer_controller::ingest::admission::Admission::new(
-                Default::default(),
-            ),
-            authenticator: Arc::new(TokenReviewAuthenticator::new(
-                ns.client.clone(),
-                &n,
-                AGENT_SA,
-            )),
-            learning: Arc::new(Learning {
-                index: shared.clone(),
-                writer: writer.clone(),
-                evidence: None,
-            }),
-            limits: Limits {
+        let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+            .excluded_namespaces(["kube-system".to_string()])
+            .ingest_limits(Limits {
                 max_records_per_batch: 100,
                 max_batches_per_second: 1000,
-            },
-            written: None,
-        };
+            })
+            .acknowledge(Acknowledge::OnceMerged)
+            .build();
+        let (shared, writer) = (app.index.clone(), app.writer.clone());
+        let feed = tokio::spawn(app.watch_cluster());
+        let service = app.ingest(Arc::new(TokenReviewAuthenticator::new(
+            ns.client.clone(),
+            &n,
+            AGENT_SA,
+        )));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let grpc = tokio::spawn(

@@ -11,9 +11,8 @@ use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::api::{Api, PostParams};
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::Learning;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::app::App;
+use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::monitor::evaluate::attribution::{PolicyVerdict, policy_verdict};
 use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow};
 use network_enforcer_controller::monitor::violations::evidence::observed_flows;
@@ -21,32 +20,22 @@ use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The controller's side: an index fed by the real watches, and the ingest's learning in front of a
 /// writer. The index is ready (every watch listed) when this returns.
-async fn controller(ns: &TestNamespace) -> Result<(Arc<SharedIndex>, Learning, AbortOnDrop)> {
-    let shared = Arc::new(SharedIndex::default());
-    let feed = tokio::spawn(watches::run(ns.client.clone(), shared.clone()));
+async fn controller(ns: &TestNamespace) -> Result<(App, AbortOnDrop)> {
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        // Shared by every test on this cluster: learn nothing there.
+        .excluded_namespaces(["kube-system".to_string()])
+        .build();
+    let feed = tokio::spawn(app.watch_cluster());
     ns.wait_for("the index to sync", Duration::from_secs(30), || async {
-        Ok(shared.ready().then_some(()))
+        Ok(app.index.ready().then_some(()))
     })
     .await?;
-    let writer = Arc::new(ProposalWriter::new(
-        ns.client.clone(),
-        Backend::Kubernetes,
-        // Shared by every test on this cluster: learn nothing there.
-        BTreeSet::from(["kube-system".to_string()]),
-    ));
-    let learning = Learning {
-        index: shared.clone(),
-        writer,
-        evidence: None,
-    };
-    Ok((shared, learning, AbortOnDrop(feed)))
+    Ok((app, AbortOnDrop(feed)))
 }
 
 /// Stops the watches when the test ends, however it ends.
@@ -176,8 +165,9 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
         .parse()?;
     let api_port = subset.ports.as_ref().context("no ports")?[0].port;
 
-    let (shared, learning, _watches) = controller(&ns).await?;
-    let node = indexed_pod(&ns, &shared, "api-client").await?;
+    let (app, _watches) = controller(&ns).await?;
+    let (shared, learning) = (&app.index, &app.learning);
+    let node = indexed_pod(&ns, shared, "api-client").await?;
     let via_service = outbound(&ns, "api-client", service_ip, 443);
     let ack = learning.accept(
         &node,
@@ -188,7 +178,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (1, 0), "{ack:?}");
-    let report = learning.writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.created, report.failed), (1, 0), "{report:?}");
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     let proposal = proposals.get("pod-api-client-egress").await?;
@@ -210,7 +200,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
             records: vec![direct.clone()],
         },
     );
-    let report = learning.writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.written, report.unchanged), (0, 1), "{report:?}");
 
     // Promoted to protect, the learned rule allows the call through the Service, as the violation
@@ -311,9 +301,10 @@ async fn a_host_network_pod_is_learned_as_its_node_address_from_either_side() ->
         .parse()?;
     let probe_service = cluster_ip(&ns.name, "probe", &ns.client).await?;
 
-    let (shared, learning, _watches) = controller(&ns).await?;
-    let node = indexed_pod(&ns, &shared, &probe).await?;
-    indexed_pod(&ns, &shared, &server).await?;
+    let (app, _watches) = controller(&ns).await?;
+    let (shared, learning) = (&app.index, &app.learning);
+    let node = indexed_pod(&ns, shared, &probe).await?;
+    indexed_pod(&ns, shared, &server).await?;
     assert!(
         shared
             .index
@@ -342,7 +333,7 @@ async fn a_host_network_pod_is_learned_as_its_node_address_from_either_side() ->
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (5, 0), "{ack:?}");
-    let report = learning.writer.flush().await;
+    let report = app.flush().await;
     assert_eq!(report.failed, 0, "{report:?}");
 
     let node_peer = |port: u16| {

@@ -17,14 +17,13 @@ use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{Direction, FlowRecord, Outcome, Protocol};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::{
-    AgentIdentity, Authenticate, Flushes, IngestService, Learning, Limits,
-};
-use network_enforcer_controller::learn::proposal_writer::{FlushReport, ProposalWriter};
+use network_enforcer_controller::app::App;
+use network_enforcer_controller::cluster::watches::SharedIndex;
+use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
+use network_enforcer_controller::learn::flusher::Flusher;
+use network_enforcer_controller::learn::proposal_writer::FlushReport;
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,8 +48,7 @@ struct Controller {
     runtime: Option<tokio::runtime::Runtime>,
     addr: SocketAddr,
     index: Arc<SharedIndex>,
-    writer: Arc<ProposalWriter>,
-    flushes: Arc<Flushes>,
+    flusher: Arc<Flusher>,
 }
 
 impl Controller {
@@ -66,28 +64,12 @@ impl Controller {
         runtime.spawn(async move {
             let started = async {
                 let client = fixture::client().await?;
-                let index = Arc::new(SharedIndex::default());
-                tokio::spawn(watches::run(client.clone(), index.clone()));
-                let writer = Arc::new(ProposalWriter::new(
-                    client,
-                    Backend::Kubernetes,
+                let app = App::builder(client, Backend::Kubernetes)
                     // Shared by every test on this cluster: learn nothing there.
-                    BTreeSet::from(["kube-system".to_string()]),
-                ));
-                let flushes = Arc::new(Flushes::new());
-                let service = IngestService {
-                    admission: network_enforcer_controller::ingest::admission::Admission::new(
-                        Default::default(),
-                    ),
-                    authenticator: Arc::new(AgentOn(node)),
-                    learning: Arc::new(Learning {
-                        index: index.clone(),
-                        writer: writer.clone(),
-                        evidence: None,
-                    }),
-                    limits: Limits::default(),
-                    written: Some(flushes.clone()),
-                };
+                    .excluded_namespaces(["kube-system".to_string()])
+                    .build();
+                tokio::spawn(app.watch_cluster());
+                let service = app.ingest(Arc::new(AgentOn(node)));
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let listener = loop {
                     let socket = tokio::net::TcpSocket::new_v4()?;
@@ -113,41 +95,38 @@ impl Controller {
                         )),
                 );
                 if let Some(every) = flush_every {
-                    let (writer, flushes) = (writer.clone(), flushes.clone());
+                    let flusher = app.flusher.clone();
                     tokio::spawn(async move {
                         let mut tick = tokio::time::interval(every);
                         loop {
                             tick.tick().await;
-                            flushes.flush(&writer).await;
+                            flusher.flush().await;
                         }
                     });
                 }
-                anyhow::Ok((bound, index, writer, flushes))
+                anyhow::Ok((bound, app.index, app.flusher))
             };
             let _ = ready.send(started.await);
         });
-        let (addr, index, writer, flushes) = started.await.context("the controller starts")??;
+        let (addr, index, flusher) = started.await.context("the controller starts")??;
         Ok(Self {
             runtime: Some(runtime),
             addr,
             index,
-            writer,
-            flushes,
+            flusher,
         })
     }
 
     /// One flush, on the controller's runtime (its client lives there).
     async fn flush(&self) -> Result<FlushReport> {
-        let (writer, flushes) = (self.writer.clone(), self.flushes.clone());
+        let flusher = self.flusher.clone();
         let runtime = self.runtime.as_ref().context("stopped")?;
-        Ok(runtime
-            .spawn(async move { flushes.flush(&writer).await })
-            .await?)
+        Ok(runtime.spawn(async move { flusher.flush().await }).await?)
     }
 
     /// Records this controller has received.
     fn received(&self) -> u64 {
-        self.writer.metrics().records_received.get()
+        self.flusher.writer().metrics().records_received.get()
     }
 
     /// Kills the controller: no final flush, no goodbye on the streams.

@@ -11,13 +11,11 @@ use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
 use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
 use network_enforcer_api::uplink::{FlowRecord, LocalPod};
+use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::tls::{self, TlsServerConfig};
-use network_enforcer_controller::ingest::{
-    AgentIdentity, Authenticate, IngestService, Learning, Limits,
-};
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::ingest::{AgentIdentity, Authenticate, Limits};
 use network_enforcer_tests::stand_in_controller::Recorder;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -94,23 +92,12 @@ impl Controller {
             let client =
                 kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                     .unwrap();
-            IngestService {
-                admission: network_enforcer_controller::ingest::admission::Admission::new(
-                    Default::default(),
-                ),
-                authenticator: Arc::new(FixedToken),
-                learning: Arc::new(Learning {
-                    index: Arc::new(SharedIndex::listed(Index::default())),
-                    evidence: None,
-                    writer: Arc::new(ProposalWriter::new(
-                        client,
-                        network_enforcer_api::Backend::Kubernetes,
-                        Default::default(),
-                    )),
-                }),
-                limits,
-                written: None,
-            }
+            App::builder(client, network_enforcer_api::Backend::Kubernetes)
+                .index(Arc::new(SharedIndex::listed(Index::default())))
+                .ingest_limits(limits)
+                .acknowledge(Acknowledge::OnceMerged)
+                .build()
+                .ingest(Arc::new(FixedToken))
         })
         .await
     }

@@ -12,7 +12,7 @@
 //! A batch acknowledged before then would be lost if the controller stopped in between (crash,
 //! rollout, lost Lease): the agent has already forgotten it. So, with [`IngestService::written`] set
 //! (the controller binary always sets it), a batch that taught anything is acknowledged only once a
-//! flush that started after it was merged has written every pending proposal ([`Flushes`]); until then
+//! flush that started after it was merged has written every pending proposal ([`Flusher`]); until then
 //! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
 //! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
 //! duplicated rule. Violation evidence is held the same way: while any policy exists, a batch is
@@ -30,7 +30,8 @@ pub mod tls;
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
-use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
+use crate::learn::flusher::Flusher;
+use crate::learn::proposal_writer::{ProposalWriter, WaitsFor};
 use crate::learn::{Opened, ReportedConnection, Reporter};
 use flow_record::{BadField, PeerFrom};
 use futures::Stream;
@@ -41,12 +42,11 @@ use kube::{Api, Client};
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
 use std::borrow::Cow;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
 /// The audience agents' projected tokens must be issued for.
@@ -407,107 +407,6 @@ impl Holds {
     }
 }
 
-/// Counts the writer's flushes so the ingest can tell when what it merged has been written (see the
-/// module docs). The controller's flush loop goes through [`Flushes::flush`]; share one per writer.
-#[derive(Debug)]
-pub struct Flushes {
-    /// Flushes started so far.
-    started: AtomicU64,
-    /// The newest flush this replica made as leader (0: none yet), and the proposals it failed to
-    /// write. Everything else merged before that flush started is in the API server.
-    written: watch::Sender<Written>,
-}
-
-/// See [`Flushes::written`].
-#[derive(Debug, Default)]
-struct Written {
-    flush: u64,
-    /// When that flush started, ms since the epoch.
-    started_ms: i64,
-    failed: BTreeSet<u64>,
-}
-
-impl Default for Flushes {
-    fn default() -> Self {
-        Self {
-            started: AtomicU64::new(0),
-            written: watch::channel(Written::default()).0,
-        }
-    }
-}
-
-impl Flushes {
-    /// A counter with no flush yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Flushes `writer` and, when this replica leads (so the flush really wrote), records which
-    /// proposals failed: everything else merged before this flush started is written.
-    ///
-    /// Why that suffices: a flush takes every pending edge at its start; a failed proposal's edges go
-    /// back to pending before the next flush starts (flushes run one after another), so a flush in which
-    /// a proposal did not fail has written everything merged for it before it started, including edges
-    /// of its earlier failures.
-    pub async fn flush(&self, writer: &ProposalWriter) -> FlushReport {
-        let leading = writer.is_leader();
-        let started_ms = crate::cluster::watches::now_ms();
-        let number = self.begin();
-        let report = writer.flush().await;
-        if leading {
-            self.finish(number, started_ms, &report);
-        }
-        report
-    }
-
-    /// Counts a flush as started; returns its number.
-    fn begin(&self) -> u64 {
-        self.started.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    /// Records what flush `number`, made as leader and started at `started_ms`, wrote.
-    fn finish(&self, number: u64, started_ms: i64, report: &FlushReport) {
-        self.written.send_if_modified(|w| {
-            let newer = number > w.flush;
-            if newer {
-                *w = Written {
-                    flush: number,
-                    started_ms,
-                    failed: report.failed_proposals.clone(),
-                };
-            }
-            newer
-        });
-    }
-
-    /// The mark of something merged just now (call it after merging): it is written once
-    /// [`Flushes::written_for`] says so for this mark.
-    pub fn mark(&self) -> u64 {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    /// Whether everything merged before `mark` was taken for the proposals `waits` names has been
-    /// written.
-    pub fn written_for(&self, mark: u64, waits: &WaitsFor) -> bool {
-        let w = self.written.borrow();
-        w.flush > mark && waits.written_despite(w.started_ms, &w.failed)
-    }
-
-    /// Whether everything merged before `mark` was taken has been written, for every proposal.
-    pub fn written_after(&self, mark: u64) -> bool {
-        self.written_for(mark, &WaitsFor::everything())
-    }
-
-    /// The number of the newest flush recorded.
-    fn latest(&self) -> u64 {
-        self.written.borrow().flush
-    }
-
-    fn subscribe(&self) -> watch::Receiver<Written> {
-        self.written.subscribe()
-    }
-}
-
 /// Acknowledgements of one stream that wait for a flush, oldest first, with the mark of each.
 /// Bounded: an agent that keeps sending while nothing gets written is told to back off.
 const MAX_WAITING_ACKS: usize = 4096;
@@ -522,7 +421,7 @@ pub struct IngestService {
     /// `Some`: acknowledge a batch that taught something only once a flush counted here has written
     /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
     /// (for tests that flush by hand).
-    pub written: Option<Arc<Flushes>>,
+    pub written: Option<Arc<Flusher>>,
 }
 
 fn bearer<T>(request: &Request<T>) -> Result<String, Status> {
@@ -604,7 +503,7 @@ impl FlowUplink for IngestService {
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
             let mut waiting: VecDeque<(u64, Holds, BatchAck)> = VecDeque::new();
-            let mut flushed = written.as_ref().map(|w| w.subscribe());
+            let mut flushed = written.as_ref().map(|w| w.ledger().subscribe());
             let evidence = learning.evidence.clone();
             let mut settled = evidence.as_ref().and_then(|e| e.settled());
             // The (flush, settled evidence) `waiting` was last checked against.
@@ -612,7 +511,7 @@ impl FlowUplink for IngestService {
             let mut inbound_open = true;
             'stream: loop {
                 let now = (
-                    written.as_ref().map_or(0, |w| w.latest()),
+                    written.as_ref().map_or(0, |w| w.ledger().latest()),
                     settled.as_ref().map_or(0, |s| *s.borrow()),
                 );
                 if let Some(w) = written.as_ref().filter(|_| now != checked) {
@@ -620,7 +519,8 @@ impl FlowUplink for IngestService {
                     // Not only from the front: a batch behind one that waits for a failing proposal
                     // may be written already (agents acknowledge per sequence).
                     let released = |(mark, holds, _): &(u64, Holds, BatchAck)| {
-                        (holds.proposals.is_nothing() || w.written_for(*mark, &holds.proposals))
+                        (holds.proposals.is_nothing()
+                            || w.ledger().written_for(*mark, &holds.proposals))
                             && holds.evidence.is_none_or(|m| {
                                 evidence.as_ref().is_none_or(|e| e.settled_after(m))
                             })
@@ -752,7 +652,7 @@ impl FlowUplink for IngestService {
                 match &written {
                     Some(w) if !holds.is_nothing() => {
                         // Marked after merging: a flush that starts later takes these edges.
-                        waiting.push_back((w.mark(), holds, reply));
+                        waiting.push_back((w.ledger().mark(), holds, reply));
                         // Checked again even if no flush comes: the evidence may settle first.
                         checked = (u64::MAX, u64::MAX);
                         metrics.acks_waiting.inc();
@@ -842,6 +742,7 @@ mod tests {
     use super::*;
     use network_enforcer_api::uplink::LocalPod;
     use serde_json::json;
+    use std::collections::BTreeSet;
 
     fn index_with_pod(node: &str) -> Index {
         let pod: Pod = serde_json::from_value(json!({
@@ -937,34 +838,6 @@ mod tests {
         assert_eq!(observation(&r, &index, "node-a").unwrap().unwrap(), named);
     }
 
-    /// An index holding pod shop/web-1 of Deployment web (through its ReplicaSet) on node-a, so its
-    /// flows make proposals.
-    fn web_deployment_index() -> Index {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
-                         "labels": {"app": "web", "pod-template-hash": "abc"},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
-            "spec": {"nodeName": "node-a", "containers": []},
-            "status": {"phase": "Running", "podIP": "10.0.0.7"}
-        }))
-        .unwrap();
-        let mut index = Index::default();
-        index.apply_pod(&pod, 1_000);
-        index
-    }
-
-    /// A writer whose API server refuses connections.
-    fn unreachable_writer() -> ProposalWriter {
-        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .expect("a client");
-        ProposalWriter::new(
-            client,
-            network_enforcer_api::Backend::Kubernetes,
-            Default::default(),
-        )
-    }
-
     #[test]
     fn times_in_the_future_are_clamped_to_now() {
         let now = 1_000_000;
@@ -996,147 +869,6 @@ mod tests {
                 (c.first_seen_ms, c.last_seen_ms),
                 expected,
                 "{first} {last}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn a_never_seen_edge_wakes_the_flusher_and_a_repeat_does_not() {
-        let index = web_deployment_index();
-        let writer = unreachable_writer();
-        let woken = || async {
-            tokio::time::timeout(Duration::from_millis(50), writer.new_edges().notified())
-                .await
-                .is_ok()
-        };
-        let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
-            .unwrap()
-            .unwrap();
-        writer.observe(&index, &obs).unwrap();
-        assert!(woken().await, "a new edge wakes the flusher");
-        // The same edge again, pending or after a flush (here a failed one): no wake-up.
-        writer.observe(&index, &obs).unwrap();
-        Flushes::new().flush(&writer).await;
-        writer.observe(&index, &obs).unwrap();
-        assert!(!woken().await, "a repeat must not wake the flusher");
-    }
-
-    #[tokio::test]
-    async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
-        let index = web_deployment_index();
-        let writer = unreachable_writer();
-        let flushes = Flushes::new();
-        let obs = observation(&record("shop", "web-1", ""), &index, "node-a")
-            .unwrap()
-            .unwrap();
-        assert!(writer.observe(&index, &obs).unwrap() > 0);
-        let mark = flushes.mark();
-        assert!(!flushes.written_after(mark), "nothing flushed yet");
-        let report = flushes.flush(&writer).await;
-        assert_eq!(report.failed, 1, "{report:?}");
-        assert_eq!(report.failed_proposals.len(), 1, "{report:?}");
-        assert!(
-            !flushes.written_after(mark),
-            "a failed write acknowledges nothing"
-        );
-        assert_eq!(writer.pending_proposals(), 1, "kept for the next flush");
-
-        // A follower's flush writes nothing, so it marks nothing either.
-        let (leadership, follower) =
-            tokio::sync::watch::channel(crate::runtime::leader::Leadership {
-                leader: false,
-                ..Default::default()
-            });
-        let writer = unreachable_writer().with_leader(follower);
-        assert!(writer.observe(&index, &obs).unwrap() > 0);
-        let mark = flushes.mark();
-        assert_eq!(flushes.flush(&writer).await, FlushReport::default());
-        assert!(!flushes.written_after(mark));
-        drop(leadership);
-
-        // With nothing pending a flush succeeds and marks everything merged before it.
-        let empty = unreachable_writer();
-        let mark = flushes.mark();
-        assert_eq!(flushes.flush(&empty).await.failed, 0);
-        assert!(flushes.written_after(mark));
-        assert!(
-            !flushes.written_after(flushes.mark()),
-            "later merges wait for a later flush"
-        );
-    }
-
-    #[test]
-    fn a_failing_proposal_holds_back_only_the_batches_that_taught_it() {
-        let flushes = Flushes::new();
-        let waits = |keys: &[u64]| {
-            let mut w = WaitsFor::default();
-            keys.iter().for_each(|k| w.add(*k));
-            w
-        };
-        let report = |failed: &[u64]| FlushReport {
-            failed: failed.len(),
-            failed_proposals: failed.iter().copied().collect(),
-            ..FlushReport::default()
-        };
-        let mark = flushes.mark();
-        let first = flushes.begin();
-        flushes.finish(first, 0, &report(&[7]));
-        // (what the batch waits for, written after a flush in which proposal 7 failed?)
-        let cases = [
-            (waits(&[1]), true),
-            (waits(&[1, 2, 3]), true),
-            (waits(&[7]), false),
-            (waits(&[1, 7]), false),
-            (WaitsFor::everything(), false),
-            (
-                waits(&(0..=WaitsFor::MAX_PROPOSALS as u64 + 8).collect::<Vec<_>>()),
-                false,
-            ),
-        ];
-        for (w, written) in &cases {
-            assert_eq!(flushes.written_for(mark, w), *written, "{w:?}");
-        }
-        assert!(!flushes.written_after(mark));
-        // A later flush in which 7 is written releases everything merged before the first one.
-        let second = flushes.begin();
-        flushes.finish(second, 0, &report(&[]));
-        for (w, _) in &cases {
-            assert!(flushes.written_for(mark, w), "{w:?}");
-        }
-        // But nothing merged after the second flush started.
-        assert!(!flushes.written_for(flushes.mark(), &waits(&[1])));
-        // An older flush finishing late changes nothing.
-        flushes.finish(first, 0, &report(&[1]));
-        assert!(flushes.written_for(mark, &waits(&[1])));
-    }
-
-    #[test]
-    fn a_record_waiting_for_the_index_is_released_by_a_flush_after_its_grace() {
-        let flushes = Flushes::new();
-        let mut waits = WaitsFor::default();
-        waits.add(3);
-        waits.defer_until(5_000);
-        assert!(!waits.is_nothing());
-        let mark = flushes.mark();
-        // (flush started at, proposals failed in it, written)
-        let cases: [(i64, &[u64], bool); 4] = [
-            (4_000, &[], false),
-            (5_000, &[9], false),
-            (6_000, &[], true),
-            (7_000, &[3], false),
-        ];
-        for (started, failed, written) in cases {
-            let number = flushes.begin();
-            let report = FlushReport {
-                failed: failed.len(),
-                failed_proposals: failed.iter().copied().collect(),
-                ..FlushReport::default()
-            };
-            flushes.finish(number, started, &report);
-            assert_eq!(
-                flushes.written_for(mark, &waits),
-                written,
-                "{started} {failed:?}"
             );
         }
     }

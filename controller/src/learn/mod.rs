@@ -6,6 +6,7 @@
 //! writer in [`crate::learn::proposal_writer`] only batches edges and writes the result.
 
 pub mod deferrals;
+pub mod flusher;
 pub mod proposal_writer;
 
 use crate::cluster::index::{FlowEnd, Index, PodName, ResolvedRef, WorkloadEndpoint};

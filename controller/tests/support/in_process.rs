@@ -11,10 +11,8 @@ use network_enforcer_api::keys::PROMOTE_LABEL;
 use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
-use network_enforcer_controller::cluster::watches::{self, SharedIndex};
-use network_enforcer_controller::ingest::{
-    IngestService, Learning, Limits, TokenReviewAuthenticator,
-};
+use network_enforcer_controller::app::{Acknowledge, App};
+use network_enforcer_controller::ingest::TokenReviewAuthenticator;
 use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::monitor::otlp::ViolationSink;
 use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
@@ -25,7 +23,6 @@ use network_enforcer_tests::section10::{
     AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
     send_batches, service_account_with_token,
 };
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,19 +75,22 @@ impl InProcess {
         let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
         let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
 
-        let shared = Arc::new(SharedIndex::default());
-        let feed = tokio::spawn(watches::run(client.clone(), shared.clone()));
-        let sync = StatusSync::new(
-            client.clone(),
-            shared.clone(),
-            status_sync::Settings {
-                namespace: Some(n.clone()),
-                interval: Duration::from_secs(1),
-                evidence_interval: Duration::from_millis(250),
-                ..status_sync::Settings::default()
-            },
-            sink,
-        );
+        let app = App::builder(client.clone(), Backend::Kubernetes)
+            .excluded_namespaces(["kube-system".to_string()])
+            .status_sync(
+                status_sync::Settings {
+                    namespace: Some(n.clone()),
+                    interval: Duration::from_secs(1),
+                    evidence_interval: Duration::from_millis(250),
+                    ..status_sync::Settings::default()
+                },
+                sink,
+            )
+            .acknowledge(Acknowledge::OnceMerged)
+            .build();
+        let (shared, writer) = (app.index.clone(), app.writer.clone());
+        let sync = app.status_sync.clone().expect("built with a status sync");
+        let feed = tokio::spawn(app.watch_cluster());
         let reconcilers = tokio::spawn(reconcile::run(
             client.clone(),
             reconcile::Settings {
@@ -101,24 +101,11 @@ impl InProcess {
         ));
         let sync_watches = tokio::spawn(sync.clone().watches());
         let passes = tokio::spawn(sync.clone().passes_forever());
-        let writer = Arc::new(ProposalWriter::new(
+        let service = app.ingest(Arc::new(TokenReviewAuthenticator::new(
             client.clone(),
-            Backend::Kubernetes,
-            BTreeSet::from(["kube-system".to_string()]),
-        ));
-        let service = IngestService {
-            admission: network_enforcer_controller::ingest::admission::Admission::new(
-                Default::default(),
-            ),
-            authenticator: Arc::new(TokenReviewAuthenticator::new(client.clone(), &n, AGENT_SA)),
-            learning: Arc::new(Learning {
-                index: shared.clone(),
-                writer: writer.clone(),
-                evidence: Some(sync.evidence()),
-            }),
-            limits: Limits::default(),
-            written: None,
-        };
+            &n,
+            AGENT_SA,
+        )));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let grpc = tokio::spawn(async move {

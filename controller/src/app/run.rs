@@ -1,15 +1,15 @@
-//! `network-enforcer-controller run`: the controller as the binary starts it. [`run`] assembles the
-//! index and its watches, learning (proposal writer, flusher), the ingest endpoint (TLS, admission),
-//! leader election, the reconcilers, the status sync, the flow sources and the web view, then runs
-//! until SIGTERM (the last status sync and flush included).
+//! `network-enforcer-controller run`: the controller as the binary starts it. [`run`] reads the
+//! command line into an [`App`] (index, learning, flusher, ingest, status sync) and adds what only a
+//! process in the cluster has: leader election, TLS, `/metrics` and health, the reconcilers, the flow
+//! sources and the web view; then it runs until SIGTERM (the last status sync and flush included).
 
-use crate::cluster::watches::{self, SharedIndex};
-use crate::ingest::admission::{Admission, StreamLimits};
+use super::App;
+use crate::ingest::TokenReviewAuthenticator;
+use crate::ingest::admission::StreamLimits;
 use crate::ingest::auth_cache::{self, CachedAuthenticator};
 use crate::ingest::tls;
-use crate::ingest::{Flushes, IngestService, Learning, Limits, TokenReviewAuthenticator};
-use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
-use crate::monitor::status_sync::{self, StatusSync};
+use crate::learn::proposal_writer::{ExcludedWorkload, ProposalWriter};
+use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
 use crate::reconcile::{self, Settings};
@@ -89,7 +89,7 @@ pub struct RunArgs {
         env = "EXCLUDE_WORKLOADS",
         value_delimiter = ','
     )]
-    exclude_workloads: Vec<crate::learn::proposal_writer::ExcludedWorkload>,
+    exclude_workloads: Vec<ExcludedWorkload>,
     /// At most this many distinct external addresses are learned per proposal and port; further ones
     /// are counted, logged and reported with an `ExternalPeersCapped` Event (0: none is learned).
     #[arg(
@@ -212,12 +212,6 @@ pub enum LogFormat {
     Text,
 }
 
-/// After the first new edge of a burst, how long the flusher waits for the rest of it.
-const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
-/// The least time between two flushes woken by new edges (API writes stay bounded under a storm of
-/// new connections, e.g. many agents starting at once).
-const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
-
 /// The HTTP/2 flow-control windows of the ingest server, per stream and per connection.
 const INGEST_WINDOW_BYTES: u32 = 128 * 1024;
 
@@ -277,22 +271,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
     let http = crate::runtime::http::serve(http_listener, metrics.clone(), health.clone());
 
-    let index = Arc::new(SharedIndex::default());
-    let index_health = health.component("index", true);
-    let index_watch = {
-        let index = index.clone();
-        async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                if index.ready() {
-                    index_health.ready("every watch has listed");
-                } else {
-                    index_health.not_ready("listing pods, Services, workloads and nodes");
-                }
-            }
-        }
-    };
     let ingest_health = health.component("ingest", true);
     let election = if args.leader_elect {
         let identity = settings
@@ -311,47 +289,65 @@ pub async fn run(args: RunArgs) -> Result<()> {
         metrics.leader.set(1);
         None
     };
-    let writer = {
-        let writer = ProposalWriter::new(client.clone(), backend, excluded)
-            .with_excluded_workloads(args.exclude_workloads.clone())
-            .with_only_namespace(settings.namespace.clone())
-            .with_max_external_peers(args.max_external_peers_per_port)
-            .with_max_ports_per_rule(args.max_ports_per_rule)
-            .with_max_rules(args.max_rules)
-            .with_trust_remote_peers(args.trust_remote_peers)
-            .with_signing_key(signing_key)
-            .with_resolution_grace(
-                i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
-                    .unwrap_or(i64::MAX),
-            )
-            .with_cluster_cidrs(args.cluster_cidrs.clone())
-            .with_metrics(metrics.clone());
-        Arc::new(match &election {
-            Some((leadership, _)) => writer.with_leader(leadership.clone()),
-            None => writer,
-        })
-    };
     // Kept to flush queued events on the way out.
     let violation_sink = crate::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
-    let status_sync = StatusSync::new(
-        client.clone(),
-        index.clone(),
-        status_sync::Settings {
-            namespace: settings.namespace.clone(),
-            interval: args.status_update_interval,
-            // Cilium gives in-cluster pods identities that CIDR rules do not match.
-            ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
-            instance: settings.instance.clone(),
-            history: crate::monitor::edge_history::Bounds {
-                max_edges: args.edge_history_max_edges as usize,
-                retention: args.edge_history_retention,
+    let writer_settings = WriterSettings {
+        excluded_workloads: args.exclude_workloads.clone(),
+        max_external_peers_per_port: args.max_external_peers_per_port,
+        max_ports_per_rule: args.max_ports_per_rule,
+        max_rules: args.max_rules,
+        trust_remote_peers: args.trust_remote_peers,
+        signing_key,
+        resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
+            .unwrap_or(i64::MAX),
+        cluster_cidrs: args.cluster_cidrs.clone(),
+    };
+    let mut builder = App::builder(client.clone(), backend)
+        .excluded_namespaces(excluded)
+        .namespace(settings.namespace.clone())
+        .metrics(metrics.clone())
+        .configure_writer(move |w| writer_settings.apply(w))
+        .status_sync(
+            status_sync::Settings {
+                namespace: settings.namespace.clone(),
+                interval: args.status_update_interval,
+                // Cilium gives in-cluster pods identities that CIDR rules do not match.
+                ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
+                instance: settings.instance.clone(),
+                history: crate::monitor::edge_history::Bounds {
+                    max_edges: args.edge_history_max_edges as usize,
+                    retention: args.edge_history_retention,
+                },
+                ..status_sync::Settings::default()
             },
-            ..status_sync::Settings::default()
-        },
-        violation_sink.clone(),
-    );
-    status_sync.register_metrics(&metrics);
+            violation_sink.clone(),
+        )
+        .stream_limits(StreamLimits {
+            max_streams: args.max_agent_streams,
+            max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
+            ..StreamLimits::default()
+        });
+    if let Some((leadership, _)) = &election {
+        builder = builder.leadership(leadership.clone());
+    }
+    let app = builder.build();
+    let index_health = health.component("index", true);
+    let index_watch = {
+        let index = app.index.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if index.ready() {
+                    index_health.ready("every watch has listed");
+                } else {
+                    index_health.not_ready("listing pods, Services, workloads and nodes");
+                }
+            }
+        }
+    };
+    let status_sync = app.status_sync.clone().expect("built with a status sync");
     // The protect gate replays the flows the status sync has seen.
     settings.gate = Some(GateHistory(status_sync.clone()));
     let ui_address = if args.no_ui { "" } else { &args.ui_address };
@@ -363,34 +359,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &metrics,
     )
     .await?;
-    // Agents' batches and Goldmane's flows share one learning and evidence path.
-    let learning = Arc::new(Learning {
-        index: index.clone(),
-        writer: writer.clone(),
-        evidence: Some(status_sync.evidence()),
-    });
     let goldmane = args
         .goldmane
-        .run(client.clone(), learning.clone(), &metrics, || {
+        .run(client.clone(), app.learning.clone(), &metrics, || {
             health.component("goldmane", false)
         });
-    let flushes = Arc::new(Flushes::new());
-    let ingest = IngestService {
-        // Reconnects within a short window reuse the last review (see auth_cache).
-        authenticator: Arc::new(CachedAuthenticator::new(
-            TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name),
-            auth_cache::TTL,
-        )),
-        learning: learning.clone(),
-        limits: Limits::default(),
-        admission: Admission::new(StreamLimits {
-            max_streams: args.max_agent_streams,
-            max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
-            ..StreamLimits::default()
-        }),
-        // Agents' batches are acknowledged once written (they resend them after a restart otherwise).
-        written: Some(flushes.clone()),
-    };
+    // Reconnects within a short window reuse the last review (see auth_cache).
+    let ingest = app.ingest(Arc::new(CachedAuthenticator::new(
+        TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name),
+        auth_cache::TTL,
+    )));
     let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
         .await
         .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
@@ -469,33 +447,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             ))
         }
     };
-    // For the last flush on the way out.
-    let (last_writer, last_flushes, last_sync) =
-        (writer.clone(), flushes.clone(), status_sync.clone());
-    let (settle_index, last_index) = (index.clone(), index.clone());
     let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
-    let flusher = async move {
-        let mut tick = tokio::time::interval(flush_every);
-        let mut last_flush = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = writer.new_edges().notified() => {
-                    // A connection never learned before: write it soon, once the rest of its burst
-                    // is in, and no more often than every NEW_EDGE_MIN_GAP.
-                    let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
-                        .max(last_flush + NEW_EDGE_MIN_GAP);
-                    tokio::time::sleep_until(at).await;
-                }
-            }
-            last_flush = tokio::time::Instant::now();
-            settle_waiting(&writer, &settle_index, watches::now_ms());
-            let report = flushes.flush(&writer).await;
-            if report != FlushReport::default() {
-                tracing::info!(?report, "flushed proposals");
-            }
-        }
-    };
+    let flusher = app.flusher.run(flush_every);
     // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
     // restarts as a clean follower instead of stopping its tasks halfway.
     let mut leadership = election.as_ref().map(|(l, _)| l.clone());
@@ -506,7 +459,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             () = reconcile::run(client.clone(), settings) => {}
             () = flusher => {}
-            () = status_sync.run() => {}
+            () = status_sync.clone().run() => {}
             () = goldmane => {}
         }
     };
@@ -534,7 +487,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let result = tokio::select! {
         () = stop => Ok(()),
         () = leading => Ok(()),
-        () = watches::run(client.clone(), index) => Ok(()),
+        () = app.watch_cluster() => Ok(()),
         result = grpc => result.context("serving the agent ingest endpoint"),
         () = index_watch => Ok(()),
         () = readiness => Ok(()),
@@ -549,15 +502,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // resourceVersion, so they cannot overwrite what the new leader wrote meanwhile (a conflict just
     // fails), and the records merge.
     // (A replica whose status sync has run has led.)
-    if last_writer.is_leader() || last_sync.passes() > 0 {
+    if app.writer.is_leader() || status_sync.passes() > 0 {
         let last = async {
-            // Whatever still waits for the index is learned as it resolves now.
-            settle_waiting(&last_writer, &last_index, i64::MAX);
-            let report = last_flushes.flush(&last_writer).await;
+            let report = app.flusher.last_flush().await;
             // Only a sync that has run before has listed the policies the observations belong to.
-            let synced = if last_sync.passes() > 0 {
-                last_sync.attribute_evidence();
-                Some(last_sync.sync_all().await)
+            let synced = if status_sync.passes() > 0 {
+                status_sync.attribute_evidence();
+                Some(status_sync.sync_all().await)
             } else {
                 None
             };
@@ -578,15 +529,28 @@ pub async fn run(args: RunArgs) -> Result<()> {
     result
 }
 
-/// Learns the observations that waited for the index and may now be placed (before a flush).
-fn settle_waiting(writer: &ProposalWriter, index: &SharedIndex, now_ms: i64) {
-    let index = index.index.read().expect("index lock");
-    let edges = writer.settle_waiting(&index, now_ms);
-    if edges > 0 {
-        tracing::debug!(
-            edges,
-            waiting = writer.waiting(),
-            "learned flows that waited for the index"
-        );
+/// The proposal writer's settings from the command line.
+struct WriterSettings {
+    excluded_workloads: Vec<ExcludedWorkload>,
+    max_external_peers_per_port: usize,
+    max_ports_per_rule: usize,
+    max_rules: usize,
+    trust_remote_peers: bool,
+    signing_key: Option<Arc<SigningKey>>,
+    resolution_grace_ms: i64,
+    cluster_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl WriterSettings {
+    fn apply(self, writer: ProposalWriter) -> ProposalWriter {
+        writer
+            .with_excluded_workloads(self.excluded_workloads)
+            .with_max_external_peers(self.max_external_peers_per_port)
+            .with_max_ports_per_rule(self.max_ports_per_rule)
+            .with_max_rules(self.max_rules)
+            .with_trust_remote_peers(self.trust_remote_peers)
+            .with_signing_key(self.signing_key)
+            .with_resolution_grace(self.resolution_grace_ms)
+            .with_cluster_cidrs(self.cluster_cidrs)
     }
 }

@@ -1,0 +1,239 @@
+//! The controller as one value: [`App`], built by [`AppBuilder`]. The binary ([`run`]), every test and
+//! every bench build it the same way, so what they exercise is what runs in the cluster.
+//!
+//! An [`App`] holds the learning path of one record (docs/design.md, "Architecture"): the index the
+//! watches feed ([`crate::cluster`]), the proposal writer ([`crate::learn::proposal_writer`]) and its
+//! [`Flusher`] (the one owner of flushes and of what acknowledgements wait for), the [`Learning`]
+//! every source hands its records to (agents through [`App::ingest`], Goldmane), and optionally the
+//! [`StatusSync`] that turns the same records into violations. [`run`] adds what only a process in
+//! the cluster has: leader election, TLS, the HTTP endpoints, the reconcilers and the web view.
+
+pub mod run;
+
+pub use run::{RunArgs, run};
+
+use crate::cluster::watches::{self, SharedIndex};
+use crate::ingest::admission::{Admission, StreamLimits};
+use crate::ingest::{Authenticate, IngestService, Learning, Limits};
+use crate::learn::flusher::Flusher;
+use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
+use crate::monitor::otlp::ViolationSink;
+use crate::monitor::status_sync::{self, EvidenceSink, StatusSync};
+use crate::runtime::leader::Leadership;
+use crate::runtime::metrics::ControllerMetrics;
+use kube::Client;
+use network_enforcer_api::Backend;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// When an agent's batch is acknowledged (docs/behaviour.md §1.10).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Acknowledge {
+    /// A batch that taught something is acknowledged once a flush has written it: nothing an agent
+    /// was told is safe is lost if the controller stops. What the controller does.
+    #[default]
+    OnceWritten,
+    /// Once merged in memory. For tests that read the acknowledgements first and then drive
+    /// [`App::flush`] by hand, to look at one flush's report.
+    OnceMerged,
+}
+
+/// See the module docs.
+pub struct App {
+    pub client: Client,
+    pub metrics: ControllerMetrics,
+    pub index: Arc<SharedIndex>,
+    pub writer: Arc<ProposalWriter>,
+    pub flusher: Arc<Flusher>,
+    pub learning: Arc<Learning>,
+    /// `None`: no violations are recorded (built without [`AppBuilder::status_sync`]).
+    pub status_sync: Option<Arc<StatusSync>>,
+    acknowledge: Acknowledge,
+    limits: Limits,
+    admission: Arc<Admission>,
+}
+
+type ConfigureWriter = Box<dyn FnOnce(ProposalWriter) -> ProposalWriter + Send>;
+
+/// Builds an [`App`]; every setting has the controller's default.
+pub struct AppBuilder {
+    client: Client,
+    backend: Backend,
+    excluded_namespaces: BTreeSet<String>,
+    namespace: Option<String>,
+    configure_writer: Option<ConfigureWriter>,
+    leadership: Option<watch::Receiver<Leadership>>,
+    index: Option<Arc<SharedIndex>>,
+    status_sync: Option<(status_sync::Settings, Arc<dyn ViolationSink>)>,
+    evidence: Option<Arc<dyn EvidenceSink>>,
+    metrics: Option<ControllerMetrics>,
+    acknowledge: Acknowledge,
+    limits: Limits,
+    stream_limits: StreamLimits,
+}
+
+impl App {
+    /// A builder of the controller learning for `backend` through `client`.
+    pub fn builder(client: Client, backend: Backend) -> AppBuilder {
+        AppBuilder {
+            client,
+            backend,
+            excluded_namespaces: BTreeSet::new(),
+            namespace: None,
+            configure_writer: None,
+            leadership: None,
+            index: None,
+            status_sync: None,
+            evidence: None,
+            metrics: None,
+            acknowledge: Acknowledge::default(),
+            limits: Limits::default(),
+            stream_limits: StreamLimits::default(),
+        }
+    }
+
+    /// The gRPC service agents stream to, authenticating them with `authenticator`.
+    pub fn ingest(&self, authenticator: Arc<dyn Authenticate>) -> IngestService {
+        IngestService {
+            authenticator,
+            learning: self.learning.clone(),
+            limits: self.limits.clone(),
+            admission: self.admission.clone(),
+            written: match self.acknowledge {
+                Acknowledge::OnceWritten => Some(self.flusher.clone()),
+                Acknowledge::OnceMerged => None,
+            },
+        }
+    }
+
+    /// Feeds the index from the cluster's watches; runs until dropped.
+    pub fn watch_cluster(&self) -> impl Future<Output = ()> + Send + 'static {
+        watches::run(self.client.clone(), self.index.clone())
+    }
+
+    /// One flush now ([`Flusher::flush`]).
+    pub async fn flush(&self) -> FlushReport {
+        self.flusher.flush().await
+    }
+}
+
+impl AppBuilder {
+    /// Learns nothing for workloads in these namespaces (they are still resolved as peers).
+    pub fn excluded_namespaces(mut self, namespaces: impl IntoIterator<Item = String>) -> Self {
+        self.excluded_namespaces = namespaces.into_iter().collect();
+        self
+    }
+
+    /// Watches and learns for this namespace only (`None`: all namespaces).
+    pub fn namespace(mut self, namespace: Option<String>) -> Self {
+        self.namespace = namespace;
+        self
+    }
+
+    /// Further settings of the proposal writer (its limits, exclusions, grace, signing key).
+    pub fn configure_writer(
+        mut self,
+        configure: impl FnOnce(ProposalWriter) -> ProposalWriter + Send + 'static,
+    ) -> Self {
+        self.configure_writer = Some(Box::new(configure));
+        self
+    }
+
+    /// Writes only while `leadership` says this replica leads (and the ingest refuses agents
+    /// otherwise); without it this replica always leads.
+    pub fn leadership(mut self, leadership: watch::Receiver<Leadership>) -> Self {
+        self.leadership = Some(leadership);
+        self
+    }
+
+    /// Resolves against this index instead of a new one (e.g. one listed by hand).
+    pub fn index(mut self, index: Arc<SharedIndex>) -> Self {
+        self.index = Some(index);
+        self
+    }
+
+    /// Records violations: every accepted record is also evidence for a status sync with `settings`,
+    /// reporting to `sink`.
+    pub fn status_sync(
+        mut self,
+        settings: status_sync::Settings,
+        sink: Arc<dyn ViolationSink>,
+    ) -> Self {
+        self.status_sync = Some((settings, sink));
+        self
+    }
+
+    /// Hands every accepted record to `sink` as violation evidence, instead of to the status sync's
+    /// queue (e.g. to look at what a source delivers).
+    pub fn evidence_sink(mut self, sink: Arc<dyn EvidenceSink>) -> Self {
+        self.evidence = Some(sink);
+        self
+    }
+
+    /// Counts into `metrics` (the process's registry).
+    pub fn metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// When agents' batches are acknowledged.
+    pub fn acknowledge(mut self, acknowledge: Acknowledge) -> Self {
+        self.acknowledge = acknowledge;
+        self
+    }
+
+    /// Per-stream limits of the ingest (records per batch, batches per second).
+    pub fn ingest_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How many agent streams at once, and for how long.
+    pub fn stream_limits(mut self, limits: StreamLimits) -> Self {
+        self.stream_limits = limits;
+        self
+    }
+
+    pub fn build(self) -> App {
+        let metrics = self.metrics.unwrap_or_default();
+        let index = self.index.unwrap_or_default();
+        let mut writer =
+            ProposalWriter::new(self.client.clone(), self.backend, self.excluded_namespaces)
+                .with_only_namespace(self.namespace)
+                .with_metrics(metrics.clone());
+        if let Some(configure) = self.configure_writer {
+            writer = configure(writer);
+        }
+        if let Some(leadership) = self.leadership {
+            writer = writer.with_leader(leadership);
+        }
+        let writer = Arc::new(writer);
+        let status_sync = self.status_sync.map(|(settings, sink)| {
+            let sync = StatusSync::new(self.client.clone(), index.clone(), settings, sink);
+            sync.register_metrics(&metrics);
+            sync
+        });
+        // Agents' batches and cluster-wide sources share one learning and evidence path.
+        let learning = Arc::new(Learning {
+            index: index.clone(),
+            writer: writer.clone(),
+            evidence: self
+                .evidence
+                .or_else(|| status_sync.as_ref().map(|s| s.evidence())),
+        });
+        App {
+            client: self.client,
+            metrics,
+            flusher: Arc::new(Flusher::new(index.clone(), writer.clone())),
+            index,
+            writer,
+            learning,
+            status_sync,
+            acknowledge: self.acknowledge,
+            limits: self.limits,
+            admission: Admission::new(self.stream_limits),
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! The flusher: the one owner of the flush and acknowledgement cycle (docs/behaviour.md §1.10).
+//!
+//! Learned edges wait in the [`ProposalWriter`] until a flush writes them. A flush here, and only
+//! here: settles the observations that waited for the index ([`crate::learn::deferrals`]), writes
+//! every pending proposal, and records what it wrote in a ledger. The ingest holds back a batch's
+//! acknowledgement until the ledger says that what the batch taught is in the API server
+//! ([`Flusher::mark`] after merging, then [`Flusher::written_for`]); it never flushes itself.
+//!
+//! Why a ledger of flushes suffices: a flush takes every pending edge at its start; a failed
+//! proposal's edges go back to pending before the next flush starts (flushes run one after another),
+//! so a flush in which a proposal did not fail has written everything merged for it before it
+//! started, including the edges of its earlier failures.
+//!
+//! When: every `--flush-interval-seconds`, and soon after an edge never seen before
+//! ([`ProposalWriter::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no
+//! more often than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a
+//! storm of API writes.
+
+use crate::cluster::watches::{self, SharedIndex};
+use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// After the first new edge of a burst, how long the flusher waits for the rest of it.
+pub const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
+/// The least time between two flushes woken by new edges.
+pub const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
+
+/// See the module docs. One per writer; flushes run one after another ([`Flusher::run`] and the
+/// last flush on the way out are never concurrent).
+pub struct Flusher {
+    index: Arc<SharedIndex>,
+    writer: Arc<ProposalWriter>,
+    ledger: Ledger,
+}
+
+/// What the flushes wrote, for the acknowledgements that wait for them. Pure bookkeeping.
+#[derive(Debug)]
+pub struct Ledger {
+    /// Flushes started so far.
+    started: AtomicU64,
+    /// The newest flush this replica made as leader (0: none yet), and the proposals it failed to
+    /// write. Everything else merged before that flush started is in the API server.
+    written: watch::Sender<Written>,
+}
+
+/// What the newest flush made as leader wrote (see [`Ledger::written_for`]).
+#[derive(Debug, Default)]
+pub struct Written {
+    flush: u64,
+    /// When that flush started, ms since the epoch.
+    started_ms: i64,
+    failed: BTreeSet<u64>,
+}
+
+impl Flusher {
+    /// A flusher of `writer`, which settles deferred observations against `index`.
+    pub fn new(index: Arc<SharedIndex>, writer: Arc<ProposalWriter>) -> Self {
+        Self {
+            index,
+            writer,
+            ledger: Ledger::default(),
+        }
+    }
+
+    /// What the flushes wrote (for the acknowledgements that wait for them).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The writer this flushes.
+    pub fn writer(&self) -> &Arc<ProposalWriter> {
+        &self.writer
+    }
+
+    /// Settles what waited for the index and whose grace is over, then writes every pending
+    /// proposal; when this replica leads (so the flush really wrote), records which proposals failed.
+    pub async fn flush(&self) -> FlushReport {
+        self.flush_settling(watches::now_ms()).await
+    }
+
+    /// The flush on the way out: everything still waiting for the index is learned as it resolves now.
+    pub async fn last_flush(&self) -> FlushReport {
+        self.flush_settling(i64::MAX).await
+    }
+
+    async fn flush_settling(&self, now_ms: i64) -> FlushReport {
+        self.settle_waiting(now_ms);
+        let leading = self.writer.is_leader();
+        let started_ms = watches::now_ms();
+        let number = self.ledger.begin();
+        let report = self.writer.flush().await;
+        if leading {
+            self.ledger.finish(number, started_ms, &report);
+        }
+        report
+    }
+
+    /// Flushes every `every`, and soon after a new edge (see the module docs); runs until dropped.
+    pub async fn run(&self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        let mut last_flush = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.writer.new_edges().notified() => {
+                    let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
+                        .max(last_flush + NEW_EDGE_MIN_GAP);
+                    tokio::time::sleep_until(at).await;
+                }
+            }
+            last_flush = tokio::time::Instant::now();
+            let report = self.flush().await;
+            if report != FlushReport::default() {
+                tracing::info!(?report, "flushed proposals");
+            }
+        }
+    }
+
+    /// Learns the observations that waited for the index and may now be placed.
+    fn settle_waiting(&self, now_ms: i64) {
+        let index = self.index.index.read().expect("index lock");
+        let edges = self.writer.settle_waiting(&index, now_ms);
+        if edges > 0 {
+            tracing::debug!(
+                edges,
+                waiting = self.writer.waiting(),
+                "learned flows that waited for the index"
+            );
+        }
+    }
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            started: AtomicU64::new(0),
+            written: watch::channel(Written::default()).0,
+        }
+    }
+}
+
+impl Ledger {
+    /// Counts a flush as started; returns its number.
+    fn begin(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Records what flush `number`, made as leader and started at `started_ms`, wrote.
+    fn finish(&self, number: u64, started_ms: i64, report: &FlushReport) {
+        self.written.send_if_modified(|w| {
+            let newer = number > w.flush;
+            if newer {
+                *w = Written {
+                    flush: number,
+                    started_ms,
+                    failed: report.failed_proposals.clone(),
+                };
+            }
+            newer
+        });
+    }
+
+    /// The mark of something merged just now (call it after merging): it is written once
+    /// [`Ledger::written_for`] says so for this mark.
+    pub fn mark(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Whether everything merged before `mark` was taken for the proposals `waits` names has been
+    /// written.
+    pub fn written_for(&self, mark: u64, waits: &WaitsFor) -> bool {
+        let w = self.written.borrow();
+        w.flush > mark && waits.written_despite(w.started_ms, &w.failed)
+    }
+
+    /// Whether everything merged before `mark` was taken has been written, for every proposal.
+    pub fn written_after(&self, mark: u64) -> bool {
+        self.written_for(mark, &WaitsFor::everything())
+    }
+
+    /// The number of the newest flush recorded.
+    pub fn latest(&self) -> u64 {
+        self.written.borrow().flush
+    }
+
+    /// Changes whenever a flush made as leader is recorded.
+    pub fn subscribe(&self) -> watch::Receiver<Written> {
+        self.written.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::index::Index;
+    use crate::ingest::observation;
+    use k8s_openapi::api::core::v1::Pod;
+    use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
+    use serde_json::json;
+
+    /// An index holding pod shop/web-1 of Deployment web (through its ReplicaSet) on node-a, so its
+    /// flows make proposals.
+    fn web_deployment_index() -> Index {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-web-1",
+                         "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "web-abc", "uid": "uid-rs", "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
+        }))
+        .unwrap();
+        let mut index = Index::default();
+        index.apply_pod(&pod, 1_000);
+        index
+    }
+
+    /// An outbound TCP connection of shop/web-1 to 10.0.0.9.
+    fn record() -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                namespace: "shop".into(),
+                name: "web-1".into(),
+                uid: String::new(),
+            }),
+            peer_ip: vec![10, 0, 0, 9],
+            port: 8080,
+            protocol: uplink::Protocol::Tcp as i32,
+            direction: uplink::Direction::Outbound as i32,
+            outcome: uplink::Outcome::Established as i32,
+            last_seen_ms: 2_000,
+            ..FlowRecord::default()
+        }
+    }
+
+    /// A writer whose API server refuses connections.
+    fn unreachable_writer() -> ProposalWriter {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .expect("a client");
+        ProposalWriter::new(
+            client,
+            network_enforcer_api::Backend::Kubernetes,
+            Default::default(),
+        )
+    }
+
+    fn flusher(index: Index, writer: ProposalWriter) -> Flusher {
+        Flusher::new(Arc::new(SharedIndex::listed(index)), Arc::new(writer))
+    }
+
+    #[tokio::test]
+    async fn a_never_seen_edge_wakes_the_flusher_and_a_repeat_does_not() {
+        let index = web_deployment_index();
+        let flusher = flusher(web_deployment_index(), unreachable_writer());
+        let writer = flusher.writer();
+        let woken = || async {
+            tokio::time::timeout(Duration::from_millis(50), writer.new_edges().notified())
+                .await
+                .is_ok()
+        };
+        let obs = observation(&record(), &index, "node-a").unwrap().unwrap();
+        writer.observe(&index, &obs).unwrap();
+        assert!(woken().await, "a new edge wakes the flusher");
+        // The same edge again, pending or after a flush (here a failed one): no wake-up.
+        writer.observe(&index, &obs).unwrap();
+        flusher.flush().await;
+        writer.observe(&index, &obs).unwrap();
+        assert!(!woken().await, "a repeat must not wake the flusher");
+    }
+
+    #[tokio::test]
+    async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
+        let index = web_deployment_index();
+        let flushes = flusher(web_deployment_index(), unreachable_writer());
+        let writer = flushes.writer();
+        let obs = observation(&record(), &index, "node-a").unwrap().unwrap();
+        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        let mark = flushes.ledger().mark();
+        assert!(!flushes.ledger().written_after(mark), "nothing flushed yet");
+        let report = flushes.flush().await;
+        assert_eq!(report.failed, 1, "{report:?}");
+        assert_eq!(report.failed_proposals.len(), 1, "{report:?}");
+        assert!(
+            !flushes.ledger().written_after(mark),
+            "a failed write acknowledges nothing"
+        );
+        assert_eq!(writer.pending_proposals(), 1, "kept for the next flush");
+
+        // A follower's flush writes nothing, so it marks nothing either.
+        let (leadership, follower) =
+            tokio::sync::watch::channel(crate::runtime::leader::Leadership {
+                leader: false,
+                ..Default::default()
+            });
+        let following = self::flusher(
+            web_deployment_index(),
+            unreachable_writer().with_leader(follower),
+        );
+        assert!(following.writer().observe(&index, &obs).unwrap() > 0);
+        let mark = following.ledger().mark();
+        assert_eq!(following.flush().await, FlushReport::default());
+        assert!(!following.ledger().written_after(mark));
+        drop(leadership);
+
+        // With nothing pending a flush succeeds and marks everything merged before it.
+        let empty = self::flusher(web_deployment_index(), unreachable_writer());
+        let mark = empty.ledger().mark();
+        assert_eq!(empty.flush().await.failed, 0);
+        assert!(empty.ledger().written_after(mark));
+        assert!(
+            !empty.ledger().written_after(empty.ledger().mark()),
+            "later merges wait for a later flush"
+        );
+    }
+
+    #[test]
+    fn a_failing_proposal_holds_back_only_the_batches_that_taught_it() {
+        let flushes = Ledger::default();
+        let waits = |keys: &[u64]| {
+            let mut w = WaitsFor::default();
+            keys.iter().for_each(|k| w.add(*k));
+            w
+        };
+        let report = |failed: &[u64]| FlushReport {
+            failed: failed.len(),
+            failed_proposals: failed.iter().copied().collect(),
+            ..FlushReport::default()
+        };
+        let mark = flushes.mark();
+        let first = flushes.begin();
+        flushes.finish(first, 0, &report(&[7]));
+        // (what the batch waits for, written after a flush in which proposal 7 failed?)
+        let cases = [
+            (waits(&[1]), true),
+            (waits(&[1, 2, 3]), true),
+            (waits(&[7]), false),
+            (waits(&[1, 7]), false),
+            (WaitsFor::everything(), false),
+            (
+                waits(&(0..=WaitsFor::MAX_PROPOSALS as u64 + 8).collect::<Vec<_>>()),
+                false,
+            ),
+        ];
+        for (w, written) in &cases {
+            assert_eq!(flushes.written_for(mark, w), *written, "{w:?}");
+        }
+        assert!(!flushes.written_after(mark));
+        // A later flush in which 7 is written releases everything merged before the first one.
+        let second = flushes.begin();
+        flushes.finish(second, 0, &report(&[]));
+        for (w, _) in &cases {
+            assert!(flushes.written_for(mark, w), "{w:?}");
+        }
+        // But nothing merged after the second flush started.
+        assert!(!flushes.written_for(flushes.mark(), &waits(&[1])));
+        // An older flush finishing late changes nothing.
+        flushes.finish(first, 0, &report(&[1]));
+        assert!(flushes.written_for(mark, &waits(&[1])));
+    }
+
+    #[test]
+    fn a_record_waiting_for_the_index_is_released_by_a_flush_after_its_grace() {
+        let flushes = Ledger::default();
+        let mut waits = WaitsFor::default();
+        waits.add(3);
+        waits.defer_until(5_000);
+        assert!(!waits.is_nothing());
+        let mark = flushes.mark();
+        // (flush started at, proposals failed in it, written)
+        let cases: [(i64, &[u64], bool); 4] = [
+            (4_000, &[], false),
+            (5_000, &[9], false),
+            (6_000, &[], true),
+            (7_000, &[3], false),
+        ];
+        for (started, failed, written) in cases {
+            let number = flushes.begin();
+            let report = FlushReport {
+                failed: failed.len(),
+                failed_proposals: failed.iter().copied().collect(),
+                ..FlushReport::default()
+            };
+            flushes.finish(number, started, &report);
+            assert_eq!(
+                flushes.written_for(mark, &waits),
+                written,
+                "{started} {failed:?}"
+            );
+        }
+    }
+}
