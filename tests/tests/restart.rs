@@ -22,6 +22,7 @@ use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
 use network_enforcer_controller::learn::flusher::Flusher;
 use network_enforcer_controller::learn::proposal_writer::FlushReport;
+use network_enforcer_tests::e2e::release::debug_binary;
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
 use std::net::{IpAddr, SocketAddr};
@@ -470,7 +471,7 @@ impl BinaryController {
         );
         std::fs::write(&token.0, agent_token(ns, AGENT_SA, &agent_pod).await?)?;
         let (ingest, metrics) = (free_port()?, free_port()?);
-        let process = std::process::Command::new(env!("CARGO_BIN_EXE_network-enforcer-controller"))
+        let process = std::process::Command::new(debug_binary("controller"))
             .arg("run")
             .env("KUBECONFIG", ns.kubeconfig())
             .env("WATCH_NAMESPACE", &n)
