@@ -15,6 +15,7 @@ use network_enforcer_api::keys::{
 };
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::reconcile::{self, Settings};
+use network_enforcer_controller::runtime::metrics::{ReconcileMetrics, Reconciler};
 use network_enforcer_controller::tools::uninstall;
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
@@ -22,8 +23,8 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A controller for one test namespace; stopped when dropped.
-struct RunningController(tokio::task::JoinHandle<()>);
+/// A controller for one test namespace, with its reconcile counters; stopped when dropped.
+struct RunningController(tokio::task::JoinHandle<()>, ReconcileMetrics);
 
 impl Drop for RunningController {
     fn drop(&mut self) {
@@ -37,7 +38,23 @@ fn start_controller(ns: &TestNamespace) -> RunningController {
         istio_recheck: Duration::from_secs(1),
         ..Settings::default()
     };
-    RunningController(tokio::spawn(reconcile::run(ns.client.clone(), settings)))
+    run_controller(ns, settings)
+}
+
+fn run_controller(ns: &TestNamespace, settings: Settings) -> RunningController {
+    let metrics = settings.metrics.clone();
+    RunningController(
+        tokio::spawn(reconcile::run(ns.client.clone(), settings)),
+        metrics,
+    )
+}
+
+impl RunningController {
+    /// Stops the reconcilers and waits until their task has ended.
+    async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
 }
 
 fn kubernetes_proposal(
@@ -111,7 +128,7 @@ async fn set_mode(api: &Api<WorkloadNetworkPolicy>, name: &str, mode: PolicyMode
 #[tokio::test]
 async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
     let ns = TestNamespace::create_with_crds("promote").await?;
-    let _controller = start_controller(&ns);
+    let controller = start_controller(&ns);
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     let policies = ns.api::<WorkloadNetworkPolicy>();
     let netpols = ns.api::<NetworkPolicy>();
@@ -119,8 +136,12 @@ async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
     let proposal = kubernetes_proposal(&ns.name, name, None);
     proposals.create(&PostParams::default(), &proposal).await?;
 
-    // Learning owns an unlabelled proposal: nothing happens to it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Learning owns an unlabelled proposal: nothing happens to it once it has been reconciled (the
+    // namespace holds no other proposal, so the first reconcile is this one's).
+    ns.wait_for("the proposal's first reconcile", WAIT, || async {
+        Ok((controller.1.runs(Reconciler::proposal) > 0).then_some(()))
+    })
+    .await?;
     assert!(proposals.get_opt(name).await?.is_some());
     assert!(policies.get_opt(name).await?.is_none());
 
@@ -211,8 +232,7 @@ async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
 
     // Uninstall clean-up removes what we rendered (with no controller running to put it back), and
     // nothing else.
-    drop(_controller);
-    tokio::time::sleep(Duration::from_millis(200)).await; // let the aborted task stop
+    controller.stop().await;
     let foreign: NetworkPolicy = serde_json::from_value(json!({
         "metadata": {"name": "not-ours", "namespace": ns.name,
                      "labels": {"app.kubernetes.io/managed-by": "network-enforcer"}},
@@ -284,11 +304,8 @@ async fn refused_promotions_are_reported_and_keep_the_proposal() -> Result<()> {
             &kubernetes_proposal(&ns.name, name, None),
         )
         .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        proposals.get_opt(name).await?.is_some(),
-        "a hand-made policy does not remove the proposal"
-    );
+    // Whether a policy is this proposal's promotion is decided before its label is looked at, so the
+    // labelled proposal below, reconciled with the hand-made policy present, shows it is kept.
     let label = json!({"metadata": {"labels": {PROMOTE_LABEL: "protect"}}});
     proposals
         .patch(name, &PatchParams::default(), &Patch::Merge(&label))
@@ -301,6 +318,10 @@ async fn refused_promotions_are_reported_and_keep_the_proposal() -> Result<()> {
         })
         .await?;
     assert_eq!(promoted.reason, "PolicyExists");
+    assert!(
+        proposals.get_opt(name).await?.is_some(),
+        "a hand-made policy does not remove the proposal"
+    );
     let policy = policies.get(name).await?;
     assert_eq!(
         policy.spec.mode,
@@ -1008,7 +1029,7 @@ async fn only_proposals_the_controller_signed_are_promoted() -> Result<()> {
         signing_key: Some(key.clone()),
         ..Settings::default()
     };
-    let _controller = RunningController(tokio::spawn(reconcile::run(ns.client.clone(), settings)));
+    let _controller = run_controller(&ns, settings);
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     let policies = ns.api::<WorkloadNetworkPolicy>();
     let promoted_condition = |name: &'static str| {

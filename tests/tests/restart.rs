@@ -519,6 +519,16 @@ impl BinaryController {
         text.lines().any(|l| l == line)
     }
 
+    /// The value of the metric named `name` (without labels) in `/metrics`.
+    async fn metric(&self, name: &str) -> Result<u64> {
+        let text = http_get(self.metrics, "/metrics")
+            .await
+            .context("reading /metrics")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .with_context(|| format!("{name} is not in /metrics"))
+    }
+
     /// Waits until `/metrics` has the line `line`.
     async fn wait_for_metric(&self, ns: &TestNamespace, what: &str, line: &str) -> Result<()> {
         ns.wait_for(what, Duration::from_secs(90), || async {
@@ -693,7 +703,7 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
         .create(&kube::api::PostParams::default(), &guard)
         .await?;
     let controller = BinaryController::start(&ns, "1", "1h").await?;
-    // Leading, then a few evidence passes so that its status sync knows the policy.
+    // Leading, and its evidence passes evaluate the policy.
     controller
         .wait_for_metric(
             &ns,
@@ -701,7 +711,13 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
             "network_enforcer_controller_leader 1",
         )
         .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the evidence passes to know the policy",
+            "network_enforcer_controller_evidence_policies 1",
+        )
+        .await?;
     assert!(controller.agent.send(vec![flow_record(
         &n,
         &server,
@@ -720,7 +736,19 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
     )
     .await?;
     // Written, flushed again and again (every second), yet held: the violation is not in a status.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let flushes = controller
+        .metric("network_enforcer_controller_proposal_flushes_total")
+        .await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "three more flushes",
+            &format!(
+                "network_enforcer_controller_proposal_flushes_total {}",
+                flushes + 3
+            ),
+        )
+        .await?;
     assert_eq!(
         controller.counters.batches_acked.get(),
         0,

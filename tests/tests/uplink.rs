@@ -294,7 +294,12 @@ async fn a_batch_sent_while_the_controller_is_down_is_delivered_after_it_returns
         c.pending_batches.get() == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another attempt to reach the stopped controller, and the batch is still held.
+    let reconnects = counters.reconnects.get();
+    eventually("another reconnect attempt", &counters, |c| {
+        c.reconnects.get() > reconnects
+    })
+    .await;
     assert_eq!(counters.batches_acked.get(), 1, "{}", snapshot(&counters));
     assert!(!task.is_finished());
 

@@ -93,6 +93,7 @@ impl Flusher {
         let started_ms = watches::now_ms();
         let number = self.ledger.begin();
         let report = self.writer.flush().await;
+        self.writer.metrics().flushes.inc();
         if leading {
             self.ledger.finish(number, started_ms, &report);
         }

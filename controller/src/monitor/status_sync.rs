@@ -304,6 +304,8 @@ pub struct SyncMetrics {
     pub observations_dropped: Family<Reason, Counter>,
     /// Observations waiting for the status patch that records them.
     pub pending_observations: Gauge,
+    /// WorkloadNetworkPolicies the last evidence pass evaluated records against.
+    pub policies_evaluated: Gauge,
     /// Edges held by the protect gate's history.
     pub history_edges: Gauge,
     /// Edges evicted from that history by its bound (the least recently seen first).
@@ -435,6 +437,11 @@ impl StatusSync {
             "pending_violation_observations",
             "Violation observations waiting for the status patch that records them",
             m.pending_observations.clone(),
+        );
+        metrics.register(
+            "evidence_policies",
+            "WorkloadNetworkPolicies the last evidence pass evaluated flow records against",
+            m.policies_evaluated.clone(),
         );
         metrics.register(
             "edge_history_edges",
@@ -591,6 +598,7 @@ impl StatusSync {
         self.queue
             .policies_exist
             .store(!set.is_empty(), Ordering::Release);
+        self.metrics.policies_evaluated.set(policies.len() as i64);
         if records.is_empty() {
             self.settle_if_written(drain);
             return 0;

@@ -112,6 +112,13 @@ impl ReconcileMetrics {
         );
     }
 
+    /// Reconciles of `controller` run so far.
+    pub fn runs(&self, controller: Reconciler) -> u64 {
+        self.runs
+            .get_or_create(&ReconcilerLabel { controller })
+            .get()
+    }
+
     /// Counts one reconcile of `controller` that took `seconds`.
     pub fn observe(&self, controller: Reconciler, seconds: f64, failed: bool) {
         let label = ReconcilerLabel { controller };
@@ -128,6 +135,8 @@ impl ReconcileMetrics {
 pub struct ControllerMetrics {
     registry: Arc<Mutex<Registry>>,
     pub records_received: Counter,
+    /// Flushes of the proposal writer (each writes every proposal with pending edges).
+    pub flushes: Counter,
     records_rejected: Family<Reason, Counter>,
     batches_refused: Family<Reason, Counter>,
     resolutions: Family<Outcome, Counter>,
@@ -154,6 +163,12 @@ impl ControllerMetrics {
     /// Registers every metric under the `network_enforcer_controller` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("network_enforcer_controller");
+        let flushes = Counter::default();
+        registry.register(
+            "proposal_flushes",
+            "Flushes of the learned edges into proposals (every --flush-interval-seconds, and soon after a new edge)",
+            flushes.clone(),
+        );
         let records_received = Counter::default();
         registry.register(
             "records_received",
@@ -242,6 +257,7 @@ impl ControllerMetrics {
         Self {
             registry: Arc::new(Mutex::new(registry)),
             records_received,
+            flushes,
             records_rejected,
             batches_refused,
             resolutions,
