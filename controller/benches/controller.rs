@@ -29,7 +29,7 @@ use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
+use network_enforcer_controller::learn::learner::Learner;
 use network_enforcer_controller::runtime::metrics::ControllerMetrics;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -215,7 +215,7 @@ fn main() {
     let app = App::builder(offline_client(), Backend::Kubernetes)
         .index(Arc::new(SharedIndex::listed(ix)))
         .build();
-    let (writer, learning) = (&app.writer, &app.learning);
+    let (learner, learning) = (&app.learner, &app.learning);
     let input = batches(40, 5_000);
     let per_pass: usize = input.iter().map(|b| b.records.len()).sum();
     // Warm up (the first pass creates the pending entries; steady state repeats known edges).
@@ -244,13 +244,13 @@ fn main() {
     };
     eprintln!(
         "merged {total} records in {elapsed:.3}s ({cpu:.3}s on the CPU) into {} proposals",
-        writer.pending_proposals()
+        learner.pending_proposals()
     );
 
     // Memory per edge: 100k distinct external /32 peers of one workload (no fan-out cap here: this
     // measures what an edge costs, not the cap).
-    let edges_writer = ProposalWriter::new(offline_client(), Backend::Kubernetes, BTreeSet::new())
-        .with_max_external_peers(usize::MAX);
+    let edges_learner =
+        Learner::new(Backend::Kubernetes, BTreeSet::new()).with_max_external_peers(usize::MAX);
     let ix = learning.index.index.read().unwrap();
     let before = live();
     let n_edges = 100_000usize;
@@ -264,7 +264,7 @@ fn main() {
             at_ms: 2_000,
             reporter: network_enforcer_controller::learn::Reporter::Node,
         };
-        edges_writer.observe(&ix, &obs).unwrap();
+        edges_learner.observe(&ix, &obs).unwrap();
     }
     let bytes_per_edge = (live() - before) as f64 / n_edges as f64;
     drop(ix);
@@ -319,8 +319,9 @@ async fn steady_load() -> (f64, f64) {
         ix.apply_pod(&pod, 1_000);
     }
     let metrics = ControllerMetrics::new();
-    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new())
-        .with_metrics(metrics.clone());
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        .metrics(metrics.clone())
+        .build();
     let flushes = 10usize;
     let interval = Duration::from_secs(1);
     let started = Instant::now();
@@ -337,10 +338,10 @@ async fn steady_load() -> (f64, f64) {
                     at_ms: 2_000,
                     reporter: network_enforcer_controller::learn::Reporter::Node,
                 };
-                writer.observe(&ix, &obs).unwrap();
+                app.learner.observe(&ix, &obs).unwrap();
             }
         }
-        let report = writer.flush().await;
+        let report = app.flush().await;
         assert_eq!(report.failed, 0, "{report:?}");
         if let Some(rest) = interval.checked_sub(tick.elapsed()) {
             tokio::time::sleep(rest).await;

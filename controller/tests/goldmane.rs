@@ -265,7 +265,7 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         .index(Arc::new(SharedIndex::listed(index())))
         .evidence_sink(evidence.clone())
         .build();
-    let (writer, learning) = (app.writer.clone(), app.learning.clone());
+    let (learner, learning) = (app.learner.clone(), app.learning.clone());
     let mut config = GoldmaneConfig::new(address);
     config.server_name = Some(SERVER_NAME.into());
     config.tls_secret = ObjectRef {
@@ -390,7 +390,7 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     );
     assert_eq!(allowed.port, 8080);
     assert_eq!(
-        writer.pending_proposals(),
+        learner.pending_proposals(),
         2,
         "learned: client egress and server ingress"
     );

@@ -16,7 +16,7 @@ use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
-use network_enforcer_controller::learn::proposal_writer::FlushReport;
+use network_enforcer_controller::learn::flusher::FlushReport;
 use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
@@ -169,7 +169,7 @@ async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> R
 
     // Both replicas see the same flow (agents of both nodes, or a replay): only the leader writes.
     for r in [&a, &b] {
-        r.app.writer.observe(&ix, &to_server)?;
+        r.app.learner.observe(&ix, &to_server)?;
     }
     let report_b = b.app.flush().await;
     assert_eq!(
@@ -210,7 +210,7 @@ async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> R
 
     // Learning continues on the new leader: its pending edge is written (already there: unchanged),
     // the new one added, nothing duplicated.
-    b.app.writer.observe(&ix, &to_dns)?;
+    b.app.learner.observe(&ix, &to_dns)?;
     let report = b.app.flush().await;
     assert_eq!((report.written, report.failed), (1, 0), "{report:?}");
     assert_eq!(report.unchanged, 1, "{report:?}");

@@ -11,9 +11,9 @@ use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
 use network_enforcer_api::{
     Backend, Protocol, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
+use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
@@ -83,11 +83,13 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     };
     // kube-system is shared by every test on this cluster: learn nothing there.
     let excluded = BTreeSet::from(["kube-system".to_string()]);
-    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, excluded.clone());
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        .excluded_namespaces(excluded.clone())
+        .build();
     for o in scenario(&clients[0]) {
-        writer.observe(&ix, &o)?;
+        app.learner.observe(&ix, &o)?;
     }
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.written, report.failed), (2, 0), "{report:?}");
 
     let specs = specs_in(&ns).await?;
@@ -119,11 +121,11 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     for _ in 0..100 {
         for client in &clients {
             for o in scenario(client) {
-                writer.observe(&ix, &o)?;
+                app.learner.observe(&ix, &o)?;
             }
         }
     }
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.written, report.unchanged), (0, 2), "{report:?}");
     assert_eq!(specs_in(&ns).await?, specs, "specs unchanged");
 
@@ -142,7 +144,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     proposals
         .delete("deployment-http-client-egress", &DeleteParams::default())
         .await?;
-    writer.observe(
+    app.learner.observe(
         &ix,
         &observation(
             n,
@@ -153,7 +155,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
             Opened::Outbound,
         ),
     )?;
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.promoted, report.written), (1, 1), "{report:?}");
     assert!(
         proposals
@@ -167,9 +169,11 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     proposals
         .delete("deployment-http-server-ingress", &DeleteParams::default())
         .await?;
-    let istio = ProposalWriter::new(ns.client.clone(), Backend::Istio, excluded);
+    let istio = App::builder(ns.client.clone(), Backend::Istio)
+        .excluded_namespaces(excluded)
+        .build();
     for o in scenario(&clients[0]) {
-        istio.observe(&ix, &o)?;
+        istio.learner.observe(&ix, &o)?;
     }
     assert_eq!(istio.flush().await.written, 1);
     let specs = specs_in(&ns).await?;
@@ -301,7 +305,7 @@ mod grpc {
             })
             .acknowledge(Acknowledge::OnceMerged)
             .build();
-        let (shared, writer) = (app.index.clone(), app.writer.clone());
+        let shared = app.index.clone();
         let feed = tokio::spawn(app.watch_cluster());
         let service = app.ingest(Arc::new(TokenReviewAuthenticator::new(
             ns.client.clone(),
@@ -384,7 +388,7 @@ mod grpc {
             .unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
         assert_eq!(
-            writer.pending_proposals(),
+            app.learner.pending_proposals(),
             0,
             "nothing from refused streams"
         );
@@ -445,7 +449,7 @@ mod grpc {
             status.message()
         );
 
-        let report = writer.flush().await;
+        let report = app.flush().await;
         assert_eq!(report.written, 2, "{report:?}");
         let names: Vec<String> = specs_in(&ns).await?.into_iter().map(|(n, _)| n).collect();
         assert_eq!(

@@ -13,14 +13,13 @@ use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
 };
 use network_enforcer_api::{Backend, Protocol, WorkloadKind, WorkloadNetworkPolicyProposal};
+use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::learn::{Opened, ReportedConnection};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use network_enforcer_tests::section10::pod_json;
 use serde_json::json;
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -37,8 +36,9 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
     let mut ix = Index::default();
     ix.apply_pod(&pod, now);
 
-    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new())
-        .with_max_external_peers(5);
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        .configure_learner(|l| l.with_max_external_peers(5))
+        .build();
     let to = |i: u8| ReportedConnection {
         local: (ns.name.clone(), "debug".into()),
         peer: IpAddr::from([198, 51, 100, i]),
@@ -49,9 +49,9 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
         reporter: network_enforcer_controller::learn::Reporter::Node,
     };
     for i in 1..=5 {
-        writer.observe(&ix, &to(i))?;
+        app.learner.observe(&ix, &to(i))?;
     }
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!(
         (report.created, report.capped, report.failed),
         (1, 0, 0),
@@ -60,9 +60,9 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
 
     // Three more addresses on the same port: the stored proposal is at the cap.
     for i in 6..=8 {
-        writer.observe(&ix, &to(i))?;
+        app.learner.observe(&ix, &to(i))?;
     }
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!(
         (report.written, report.unchanged, report.capped),
         (0, 1, 3),
@@ -239,13 +239,13 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
     for pod in ns.api::<Pod>().list(&ListParams::default()).await? {
         ix.apply_pod(&pod, now);
     }
-    let writer = ProposalWriter::new(ns.client.clone(), Backend::Kubernetes, BTreeSet::new());
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes).build();
     // Both ends' agents report the run's call to the server.
     for (local, peer, opened) in [
         (run_pod.as_str(), server_ip, Opened::Outbound),
         ("server", run_ip, Opened::Inbound),
     ] {
-        writer.observe(
+        app.learner.observe(
             &ix,
             &ReportedConnection {
                 local: (ns.name.clone(), local.into()),
@@ -258,7 +258,7 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
             },
         )?;
     }
-    let report = writer.flush().await;
+    let report = app.flush().await;
     assert_eq!((report.created, report.failed), (2, 0), "{report:?}");
 
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();

@@ -85,7 +85,7 @@ async fn learn(c: &InProcess) -> Result<Vec<FlowRecord>> {
     c.send([tcp.clone(), vec![dns]].concat()).await?;
     // Evidence of the learning flows is evaluated now, while no policy exists: they match no rule.
     c.sync.attribute_evidence();
-    let report = c.writer.flush().await;
+    let report = c.app.flush().await;
     ensure!(report.written == 2, "{report:?}");
     Ok(tcp)
 }

@@ -75,7 +75,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     let (client_pod, client_ip, server_pod) =
         (c.client_pod.clone(), c.client_ip, c.server_pod.clone());
     let (service_ip, dns) = (c.service_ip, c.dns);
-    let (sync, writer, agent) = (c.sync.clone(), c.writer.clone(), &c);
+    let (sync, agent) = (c.sync.clone(), &c);
     use uplink::Direction::{Inbound, Outbound};
     use uplink::Outcome::{Datagram, Established, Failed};
     use uplink::Protocol::{Tcp, Udp};
@@ -91,7 +91,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
 
     // Step 2 (learning) and 3 (promotion to monitor).
     agent.send(allowed.clone()).await?;
-    let report = writer.flush().await;
+    let report = c.app.flush().await;
     ensure!(report.written == 2, "{report:?}");
     for name in [EGRESS, INGRESS] {
         c.promote(name, "monitor").await?;
@@ -148,7 +148,7 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
         assert_eq!(s.observed_generation, policy.metadata.generation);
     }
     // Proposals are not re-created by what the policies now govern.
-    writer.flush().await;
+    c.app.flush().await;
     assert!(
         ns.api::<WorkloadNetworkPolicyProposal>()
             .list(&ListParams::default())
@@ -407,7 +407,7 @@ async fn a_clock_skewed_agent_does_not_date_violations_ahead() -> Result<()> {
         c.record(&c.server_pod, c.client_ip, 18080, Tcp, Inbound, Established),
     ])
     .await?;
-    let report = c.writer.flush().await;
+    let report = c.app.flush().await;
     ensure!(report.written == 2, "{report:?}");
     c.promote(EGRESS, "monitor").await?;
     let policies = ns.api::<WorkloadNetworkPolicy>();

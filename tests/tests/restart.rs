@@ -20,8 +20,7 @@ use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
-use network_enforcer_controller::learn::flusher::Flusher;
-use network_enforcer_controller::learn::proposal_writer::FlushReport;
+use network_enforcer_controller::learn::flusher::{FlushReport, Flusher};
 use network_enforcer_tests::e2e::release::debug_binary;
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
@@ -127,7 +126,7 @@ impl Controller {
 
     /// Records this controller has received.
     fn received(&self) -> u64 {
-        self.flusher.writer().metrics().records_received.get()
+        self.flusher.learner().metrics().records_received.get()
     }
 
     /// Kills the controller: no final flush, no goodbye on the streams.

@@ -1,11 +1,12 @@
-//! The controller as one value: [`App`], built by [`AppBuilder`]. The binary ([`run`]), every test and
+//! The controller as one value: [`App`], built by [`AppBuilder`]. The binary ([`run()`]), every test and
 //! every bench build it the same way, so what they exercise is what runs in the cluster.
 //!
 //! An [`App`] holds the learning path of one record (docs/design.md, "Architecture"): the index the
-//! watches feed ([`crate::cluster`]), the proposal writer ([`crate::learn::proposal_writer`]) and its
-//! [`Flusher`] (the one owner of flushes and of what acknowledgements wait for), the [`Learning`]
+//! watches feed ([`crate::cluster`]), the [`Learner`] (what was learned and not written yet), the
+//! [`ProposalWriter`] (API writes) and the [`Flusher`] between them (the one owner of flushes and of
+//! what acknowledgements wait for), the [`Learning`]
 //! every source hands its records to (agents through [`App::ingest`], Goldmane), and optionally the
-//! [`StatusSync`] that turns the same records into violations. [`run`] adds what only a process in
+//! [`StatusSync`] that turns the same records into violations. [`run()`] adds what only a process in
 //! the cluster has: leader election, TLS, the HTTP endpoints, the reconcilers and the web view.
 
 pub mod run;
@@ -15,10 +16,12 @@ pub use run::{RunArgs, run};
 use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
 use crate::ingest::{Authenticate, IngestService, Learning, Limits};
-use crate::learn::flusher::Flusher;
-use crate::learn::proposal_writer::{FlushReport, ProposalWriter};
+use crate::learn::flusher::{FlushReport, Flusher};
+use crate::learn::learner::Learner;
+use crate::learn::proposal_writer::ProposalWriter;
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::status_sync::{self, EvidenceSink, StatusSync};
+use crate::policy::provenance::SigningKey;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::ControllerMetrics;
 use kube::Client;
@@ -45,6 +48,7 @@ pub struct App {
     pub client: Client,
     pub metrics: ControllerMetrics,
     pub index: Arc<SharedIndex>,
+    pub learner: Arc<Learner>,
     pub writer: Arc<ProposalWriter>,
     pub flusher: Arc<Flusher>,
     pub learning: Arc<Learning>,
@@ -55,7 +59,7 @@ pub struct App {
     admission: Arc<Admission>,
 }
 
-type ConfigureWriter = Box<dyn FnOnce(ProposalWriter) -> ProposalWriter + Send>;
+type ConfigureLearner = Box<dyn FnOnce(Learner) -> Learner + Send>;
 
 /// Builds an [`App`]; every setting has the controller's default.
 pub struct AppBuilder {
@@ -63,7 +67,8 @@ pub struct AppBuilder {
     backend: Backend,
     excluded_namespaces: BTreeSet<String>,
     namespace: Option<String>,
-    configure_writer: Option<ConfigureWriter>,
+    configure_learner: Option<ConfigureLearner>,
+    signing_key: Option<Arc<SigningKey>>,
     leadership: Option<watch::Receiver<Leadership>>,
     index: Option<Arc<SharedIndex>>,
     status_sync: Option<(status_sync::Settings, Arc<dyn ViolationSink>)>,
@@ -82,7 +87,8 @@ impl App {
             backend,
             excluded_namespaces: BTreeSet::new(),
             namespace: None,
-            configure_writer: None,
+            configure_learner: None,
+            signing_key: None,
             leadership: None,
             index: None,
             status_sync: None,
@@ -132,12 +138,18 @@ impl AppBuilder {
         self
     }
 
-    /// Further settings of the proposal writer (its limits, exclusions, grace, signing key).
-    pub fn configure_writer(
+    /// Further settings of the learner (its limits, exclusions, resolution grace, trust).
+    pub fn configure_learner(
         mut self,
-        configure: impl FnOnce(ProposalWriter) -> ProposalWriter + Send + 'static,
+        configure: impl FnOnce(Learner) -> Learner + Send + 'static,
     ) -> Self {
-        self.configure_writer = Some(Box::new(configure));
+        self.configure_learner = Some(Box::new(configure));
+        self
+    }
+
+    /// Signs every proposal written with `key` ([`crate::policy::provenance`]); `None`: unsigned.
+    pub fn signing_key(mut self, key: Option<Arc<SigningKey>>) -> Self {
+        self.signing_key = key;
         self
     }
 
@@ -199,17 +211,20 @@ impl AppBuilder {
     pub fn build(self) -> App {
         let metrics = self.metrics.unwrap_or_default();
         let index = self.index.unwrap_or_default();
-        let mut writer =
-            ProposalWriter::new(self.client.clone(), self.backend, self.excluded_namespaces)
-                .with_only_namespace(self.namespace)
-                .with_metrics(metrics.clone());
-        if let Some(configure) = self.configure_writer {
-            writer = configure(writer);
+        let mut learner = Learner::new(self.backend, self.excluded_namespaces)
+            .with_only_namespace(self.namespace)
+            .with_metrics(metrics.clone());
+        if let Some(configure) = self.configure_learner {
+            learner = configure(learner);
         }
+        let mut writer = ProposalWriter::new(self.client.clone(), self.backend)
+            .with_limits(*learner.limits())
+            .with_signing_key(self.signing_key)
+            .with_metrics(metrics.clone());
         if let Some(leadership) = self.leadership {
             writer = writer.with_leader(leadership);
         }
-        let writer = Arc::new(writer);
+        let (learner, writer) = (Arc::new(learner), Arc::new(writer));
         let status_sync = self.status_sync.map(|(settings, sink)| {
             let sync = StatusSync::new(self.client.clone(), index.clone(), settings, sink);
             sync.register_metrics(&metrics);
@@ -218,6 +233,7 @@ impl AppBuilder {
         // Agents' batches and cluster-wide sources share one learning and evidence path.
         let learning = Arc::new(Learning {
             index: index.clone(),
+            learner: learner.clone(),
             writer: writer.clone(),
             evidence: self
                 .evidence
@@ -226,8 +242,9 @@ impl AppBuilder {
         App {
             client: self.client,
             metrics,
-            flusher: Arc::new(Flusher::new(index.clone(), writer.clone())),
+            flusher: Arc::new(Flusher::new(index.clone(), learner.clone(), writer.clone())),
             index,
+            learner,
             writer,
             learning,
             status_sync,

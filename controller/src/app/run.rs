@@ -1,4 +1,4 @@
-//! `network-enforcer-controller run`: the controller as the binary starts it. [`run`] reads the
+//! `network-enforcer-controller run`: the controller as the binary starts it. [`run()`] reads the
 //! command line into an [`App`] (index, learning, flusher, ingest, status sync) and adds what only a
 //! process in the cluster has: leader election, TLS, `/metrics` and health, the reconcilers, the flow
 //! sources and the web view; then it runs until SIGTERM (the last status sync and flush included).
@@ -8,7 +8,7 @@ use crate::ingest::TokenReviewAuthenticator;
 use crate::ingest::admission::StreamLimits;
 use crate::ingest::auth_cache::{self, CachedAuthenticator};
 use crate::ingest::tls;
-use crate::learn::proposal_writer::{ExcludedWorkload, ProposalWriter};
+use crate::learn::learner::{self, ExcludedWorkload, Learner};
 use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
@@ -95,7 +95,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "MAX_EXTERNAL_PEERS_PER_PORT",
-        default_value_t = crate::learn::proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS
+        default_value_t = learner::DEFAULT_MAX_EXTERNAL_PEERS
     )]
     max_external_peers_per_port: usize,
     /// At most this many port entries per learned rule: past it, runs of consecutive ports collapse
@@ -292,13 +292,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Kept to flush queued events on the way out.
     let violation_sink = crate::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
-    let writer_settings = WriterSettings {
+    let learner_settings = LearnerSettings {
         excluded_workloads: args.exclude_workloads.clone(),
         max_external_peers_per_port: args.max_external_peers_per_port,
         max_ports_per_rule: args.max_ports_per_rule,
         max_rules: args.max_rules,
         trust_remote_peers: args.trust_remote_peers,
-        signing_key,
         resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
             .unwrap_or(i64::MAX),
         cluster_cidrs: args.cluster_cidrs.clone(),
@@ -307,7 +306,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .excluded_namespaces(excluded)
         .namespace(settings.namespace.clone())
         .metrics(metrics.clone())
-        .configure_writer(move |w| writer_settings.apply(w))
+        .configure_learner(move |l| learner_settings.apply(l))
+        .signing_key(signing_key)
         .status_sync(
             status_sync::Settings {
                 namespace: settings.namespace.clone(),
@@ -529,27 +529,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
     result
 }
 
-/// The proposal writer's settings from the command line.
-struct WriterSettings {
+/// The learner's settings from the command line.
+struct LearnerSettings {
     excluded_workloads: Vec<ExcludedWorkload>,
     max_external_peers_per_port: usize,
     max_ports_per_rule: usize,
     max_rules: usize,
     trust_remote_peers: bool,
-    signing_key: Option<Arc<SigningKey>>,
     resolution_grace_ms: i64,
     cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
-impl WriterSettings {
-    fn apply(self, writer: ProposalWriter) -> ProposalWriter {
-        writer
+impl LearnerSettings {
+    fn apply(self, learner: Learner) -> Learner {
+        learner
             .with_excluded_workloads(self.excluded_workloads)
             .with_max_external_peers(self.max_external_peers_per_port)
             .with_max_ports_per_rule(self.max_ports_per_rule)
             .with_max_rules(self.max_rules)
             .with_trust_remote_peers(self.trust_remote_peers)
-            .with_signing_key(self.signing_key)
             .with_resolution_grace(self.resolution_grace_ms)
             .with_cluster_cidrs(self.cluster_cidrs)
     }

@@ -8,7 +8,7 @@
 //! Limits (records per batch, batches per second per stream, message size) are answered with a clear
 //! status and counted; nothing an agent sends can crash the controller.
 //!
-//! **Acknowledged means written.** Learned edges wait in the [`ProposalWriter`] until its next flush.
+//! **Acknowledged means written.** Learned edges wait in the [`Learner`] until the next flush.
 //! A batch acknowledged before then would be lost if the controller stopped in between (crash,
 //! rollout, lost Lease): the agent has already forgotten it. So, with [`IngestService::written`] set
 //! (the controller binary always sets it), a batch that taught anything is acknowledged only once a
@@ -31,7 +31,8 @@ pub mod tls;
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
 use crate::learn::flusher::Flusher;
-use crate::learn::proposal_writer::{ProposalWriter, WaitsFor};
+use crate::learn::learner::{Learner, WaitsFor};
+use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{Opened, ReportedConnection, Reporter};
 use flow_record::{BadField, PeerFrom};
 use futures::Stream;
@@ -192,10 +193,12 @@ impl Default for Limits {
     }
 }
 
-/// Where accepted records go: the index to resolve them, the writer to learn from them, and the
+/// Where accepted records go: the index to resolve them, the learner to learn from them, and the
 /// status sync that turns them into violation evidence (docs/behaviour.md §3).
 pub struct Learning {
     pub index: Arc<SharedIndex>,
+    pub learner: Arc<Learner>,
+    /// Whose leadership decides whether agents' streams are taken.
     pub writer: Arc<ProposalWriter>,
     /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
     pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
@@ -321,7 +324,7 @@ impl Learning {
 
     fn take_in_as(&self, node: &str, batch: &FlowBatch, reporter: Reporter) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
-        let metrics = self.writer.metrics();
+        let metrics = self.learner.metrics();
         let now_ms = crate::cluster::watches::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
@@ -337,7 +340,7 @@ impl Learning {
                     if from != PeerFrom::Address {
                         metrics.resolved(from.label(), 1);
                     }
-                    self.writer
+                    self.learner
                         .observe_or_wait(&index, &o, now_ms, &mut waits)
                         .map(|_| ())
                         .map_err(|e| e.to_string())
@@ -447,14 +450,14 @@ impl FlowUplink for IngestService {
     ) -> Result<Response<Self::StreamStream>, Status> {
         if !self.learning.index.ready() {
             self.learning
-                .writer
+                .learner
                 .metrics()
                 .batch_refused("index_not_synced");
             return Err(Status::unavailable(
                 "the controller is still listing the cluster; retry shortly",
             ));
         }
-        let metrics = self.learning.writer.metrics().clone();
+        let metrics = self.learning.learner.metrics().clone();
         if let Some(status) = not_leader(&self.learning.writer) {
             metrics.batch_refused("not_leader");
             return Err(status);
@@ -490,7 +493,7 @@ impl FlowUplink for IngestService {
         let written = self.written.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let metrics = learning.writer.metrics().clone();
+            let metrics = learning.learner.metrics().clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.
             let _open = GaugeGuard(metrics.agent_streams.clone());

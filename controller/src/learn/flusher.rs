@@ -1,10 +1,10 @@
 //! The flusher: the one owner of the flush and acknowledgement cycle (docs/behaviour.md §1.10).
 //!
-//! Learned edges wait in the [`ProposalWriter`] until a flush writes them. A flush here, and only
+//! Learned edges wait in the [`Learner`] until a flush has the [`ProposalWriter`] write them. A flush here, and only
 //! here: settles the observations that waited for the index ([`crate::learn::deferrals`]), writes
 //! every pending proposal, and records what it wrote in a ledger. The ingest holds back a batch's
 //! acknowledgement until the ledger says that what the batch taught is in the API server
-//! ([`Flusher::mark`] after merging, then [`Flusher::written_for`]); it never flushes itself.
+//! ([`Ledger::mark`] after merging, then [`Ledger::written_for`]); it never flushes itself.
 //!
 //! Why a ledger of flushes suffices: a flush takes every pending edge at its start; a failed
 //! proposal's edges go back to pending before the next flush starts (flushes run one after another),
@@ -12,27 +12,91 @@
 //! started, including the edges of its earlier failures.
 //!
 //! When: every `--flush-interval-seconds`, and soon after an edge never seen before
-//! ([`ProposalWriter::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no
+//! ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no
 //! more often than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a
 //! storm of API writes.
 
 use crate::cluster::watches::{self, SharedIndex};
-use crate::learn::proposal_writer::{FlushReport, ProposalWriter, WaitsFor};
+use crate::learn::Target;
+use crate::learn::learner::{Learner, PendingEdges, WaitsFor};
+use crate::learn::proposal_writer::{ProposalWriter, refused_for_good};
+use futures::StreamExt as _;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// After the first new edge of a burst, how long the flusher waits for the rest of it.
 pub const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
 /// The least time between two flushes woken by new edges.
 pub const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
+/// Proposals a flush writes at once: proposals are separate objects, and several writes at once keep
+/// a flush (and the acknowledgements waiting for it) short when many proposals have new edges.
+const CONCURRENT_WRITES: usize = 8;
+
+/// The outcome of one flush.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Proposals created or updated.
+    pub written: usize,
+    /// Of those, proposals created.
+    pub created: usize,
+    /// Proposals whose spec already held every edge.
+    pub unchanged: usize,
+    /// Proposals skipped because a policy was promoted from them.
+    pub promoted: usize,
+    /// Proposals whose write failed; their edges wait for the next flush.
+    pub failed: usize,
+    /// Those proposals, by [`Learner::proposal_key`]: acknowledgements waiting for one of them
+    /// wait for a later flush; the others need not ([`WaitsFor`]).
+    pub failed_proposals: BTreeSet<u64>,
+    /// Proposals the API server refused for their content (invalid or too large); their new edges
+    /// were dropped and logged.
+    pub refused: usize,
+    /// Conflicts (409) retried.
+    pub conflicts: usize,
+    /// External peers not learned because their proposal and port had reached the cap.
+    pub capped: usize,
+    /// Proposals not learned into because their spec is not what the controller wrote
+    /// ([`crate::policy::provenance`]).
+    pub foreign: usize,
+}
+
+impl FlushReport {
+    /// Adds `other`'s counts to these.
+    fn add(&mut self, other: &FlushReport) {
+        // Destructured: a new field must be added here too.
+        let FlushReport {
+            written,
+            created,
+            unchanged,
+            promoted,
+            failed,
+            failed_proposals,
+            refused,
+            conflicts,
+            capped,
+            foreign,
+        } = other;
+        self.written += written;
+        self.created += created;
+        self.unchanged += unchanged;
+        self.promoted += promoted;
+        self.failed += failed;
+        self.failed_proposals.extend(failed_proposals);
+        self.refused += refused;
+        self.conflicts += conflicts;
+        self.capped += capped;
+        self.foreign += foreign;
+    }
+}
 
 /// See the module docs. One per writer; flushes run one after another ([`Flusher::run`] and the
 /// last flush on the way out are never concurrent).
 pub struct Flusher {
     index: Arc<SharedIndex>,
+    learner: Arc<Learner>,
     writer: Arc<ProposalWriter>,
     ledger: Ledger,
 }
@@ -57,10 +121,16 @@ pub struct Written {
 }
 
 impl Flusher {
-    /// A flusher of `writer`, which settles deferred observations against `index`.
-    pub fn new(index: Arc<SharedIndex>, writer: Arc<ProposalWriter>) -> Self {
+    /// A flusher of what `learner` learned through `writer`; deferred observations settle against
+    /// `index`.
+    pub fn new(
+        index: Arc<SharedIndex>,
+        learner: Arc<Learner>,
+        writer: Arc<ProposalWriter>,
+    ) -> Self {
         Self {
             index,
+            learner,
             writer,
             ledger: Ledger::default(),
         }
@@ -71,9 +141,9 @@ impl Flusher {
         &self.ledger
     }
 
-    /// The writer this flushes.
-    pub fn writer(&self) -> &Arc<ProposalWriter> {
-        &self.writer
+    /// The learner this flushes.
+    pub fn learner(&self) -> &Arc<Learner> {
+        &self.learner
     }
 
     /// Settles what waited for the index and whose grace is over, then writes every pending
@@ -92,10 +162,74 @@ impl Flusher {
         let leading = self.writer.is_leader();
         let started_ms = watches::now_ms();
         let number = self.ledger.begin();
-        let report = self.writer.flush().await;
-        self.writer.metrics().flushes.inc();
+        let report = self.write_pending().await;
+        self.learner.metrics().flushes.inc();
         if leading {
             self.ledger.finish(number, started_ms, &report);
+        }
+        report
+    }
+
+    /// Writes every proposal with pending edges.
+    async fn write_pending(&self) -> FlushReport {
+        if !self.writer.is_leader() {
+            // A follower learns nothing (its ingest refuses streams); anything left from before it
+            // lost the lead waits, and is written if it leads again.
+            return FlushReport::default();
+        }
+        let batch = self.learner.take_pending();
+        let mut writes = futures::stream::iter(batch)
+            .map(|(target, edges)| self.write_one(target, edges))
+            .buffer_unordered(CONCURRENT_WRITES);
+        let mut report = FlushReport::default();
+        while let Some(one) = writes.next().await {
+            report.add(&one);
+        }
+        drop(writes);
+        self.learner.count_pending();
+        report
+    }
+
+    /// Writes one proposal's pending edges: what happened, as a report of its own. Written or refused
+    /// for good, its edges are decided; a failed write puts them back for the next flush.
+    async fn write_one(&self, target: Target, edges: PendingEdges) -> FlushReport {
+        let mut report = FlushReport::default();
+        // Refused while pending: already counted; the write's Event names them too.
+        let pending_capped = edges.capped().clone();
+        let overflow = edges.overflow();
+        let edges = edges.into_ordered();
+        let started = Instant::now();
+        let result = self
+            .writer
+            .write(&target, &edges, (&pending_capped, overflow), &mut report)
+            .await;
+        let metrics = self.learner.metrics();
+        metrics
+            .write_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.writer
+            .count(&FlushReport::default(), &report, result.is_err());
+        if result.as_ref().map_or_else(refused_for_good, |_| true) {
+            self.learner.decided(&target, &edges);
+        }
+        match result {
+            Ok(()) => {}
+            Err(error) if refused_for_good(&error) => {
+                report.refused += 1;
+                metrics.resolved("write_refused", edges.len() as u64);
+                tracing::error!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                    edges = edges.len(),
+                    "the API server refused the proposal; its new edges are dropped (writing them again cannot succeed)");
+            }
+            Err(error) => {
+                report.failed += 1;
+                report
+                    .failed_proposals
+                    .insert(self.learner.proposal_key(&target));
+                tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %error,
+                    "writing a proposal failed; its edges are kept for the next flush");
+                self.learner.keep_for_retry(target, edges);
+            }
         }
         report
     }
@@ -107,7 +241,7 @@ impl Flusher {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                () = self.writer.new_edges().notified() => {
+                () = self.learner.new_edges().notified() => {
                     let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
                         .max(last_flush + NEW_EDGE_MIN_GAP);
                     tokio::time::sleep_until(at).await;
@@ -124,11 +258,11 @@ impl Flusher {
     /// Learns the observations that waited for the index and may now be placed.
     fn settle_waiting(&self, now_ms: i64) {
         let index = self.index.index.read().expect("index lock");
-        let edges = self.writer.settle_waiting(&index, now_ms);
+        let edges = self.learner.settle_waiting(&index, now_ms);
         if edges > 0 {
             tracing::debug!(
                 edges,
-                waiting = self.writer.waiting(),
+                waiting = self.learner.waiting(),
                 "learned flows that waited for the index"
             );
         }
@@ -243,34 +377,35 @@ mod tests {
         let client =
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                 .expect("a client");
-        ProposalWriter::new(
-            client,
-            network_enforcer_api::Backend::Kubernetes,
-            Default::default(),
-        )
+        ProposalWriter::new(client, network_enforcer_api::Backend::Kubernetes)
     }
 
     fn flusher(index: Index, writer: ProposalWriter) -> Flusher {
-        Flusher::new(Arc::new(SharedIndex::listed(index)), Arc::new(writer))
+        let learner = Learner::new(network_enforcer_api::Backend::Kubernetes, BTreeSet::new());
+        Flusher::new(
+            Arc::new(SharedIndex::listed(index)),
+            Arc::new(learner),
+            Arc::new(writer),
+        )
     }
 
     #[tokio::test]
     async fn a_never_seen_edge_wakes_the_flusher_and_a_repeat_does_not() {
         let index = web_deployment_index();
         let flusher = flusher(web_deployment_index(), unreachable_writer());
-        let writer = flusher.writer();
+        let learner = flusher.learner();
         let woken = || async {
-            tokio::time::timeout(Duration::from_millis(50), writer.new_edges().notified())
+            tokio::time::timeout(Duration::from_millis(50), learner.new_edges().notified())
                 .await
                 .is_ok()
         };
         let obs = observation(&record(), &index, "node-a").unwrap().unwrap();
-        writer.observe(&index, &obs).unwrap();
+        learner.observe(&index, &obs).unwrap();
         assert!(woken().await, "a new edge wakes the flusher");
         // The same edge again, pending or after a flush (here a failed one): no wake-up.
-        writer.observe(&index, &obs).unwrap();
+        learner.observe(&index, &obs).unwrap();
         flusher.flush().await;
-        writer.observe(&index, &obs).unwrap();
+        learner.observe(&index, &obs).unwrap();
         assert!(!woken().await, "a repeat must not wake the flusher");
     }
 
@@ -278,9 +413,9 @@ mod tests {
     async fn only_a_flush_that_wrote_everything_marks_what_was_merged_before_it() {
         let index = web_deployment_index();
         let flushes = flusher(web_deployment_index(), unreachable_writer());
-        let writer = flushes.writer();
+        let learner = flushes.learner();
         let obs = observation(&record(), &index, "node-a").unwrap().unwrap();
-        assert!(writer.observe(&index, &obs).unwrap() > 0);
+        assert!(learner.observe(&index, &obs).unwrap() > 0);
         let mark = flushes.ledger().mark();
         assert!(!flushes.ledger().written_after(mark), "nothing flushed yet");
         let report = flushes.flush().await;
@@ -290,7 +425,7 @@ mod tests {
             !flushes.ledger().written_after(mark),
             "a failed write acknowledges nothing"
         );
-        assert_eq!(writer.pending_proposals(), 1, "kept for the next flush");
+        assert_eq!(learner.pending_proposals(), 1, "kept for the next flush");
 
         // A follower's flush writes nothing, so it marks nothing either.
         let (leadership, follower) =
@@ -302,7 +437,7 @@ mod tests {
             web_deployment_index(),
             unreachable_writer().with_leader(follower),
         );
-        assert!(following.writer().observe(&index, &obs).unwrap() > 0);
+        assert!(following.learner().observe(&index, &obs).unwrap() > 0);
         let mark = following.ledger().mark();
         assert_eq!(following.flush().await, FlushReport::default());
         assert!(!following.ledger().written_after(mark));

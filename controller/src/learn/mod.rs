@@ -2,11 +2,13 @@
 //! connection adds to which proposal.
 //!
 //! `flows` turns an agent observation into workload-level flows using the [`Index`]; `edges` turns a
-//! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure: the
-//! writer in [`crate::learn::proposal_writer`] only batches edges and writes the result.
+//! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure.
+//! Around them: the [`learner`] holds what was learned and not written yet, the [`flusher`] takes it
+//! and has the [`proposal_writer`] write each proposal.
 
 pub mod deferrals;
 pub mod flusher;
+pub mod learner;
 pub mod proposal_writer;
 
 use crate::cluster::index::{FlowEnd, Index, PodName, ResolvedRef, WorkloadEndpoint};
@@ -428,7 +430,7 @@ pub const DEFAULT_MAX_RULES: usize = 500;
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_external_peers: proposal_writer::DEFAULT_MAX_EXTERNAL_PEERS,
+            max_external_peers: learner::DEFAULT_MAX_EXTERNAL_PEERS,
             max_ports_per_rule: DEFAULT_MAX_PORTS_PER_RULE,
             max_rules: DEFAULT_MAX_RULES,
         }

@@ -1,9 +1,9 @@
 //! Prometheus metrics of the controller, served on `/metrics` by [`crate::runtime::http`].
 //!
 //! One [`ControllerMetrics`] per process, cloned into whatever counts (the clones share the same atomics).
-//! The ingest path gets it through the [`crate::learn::proposal_writer::ProposalWriter`] it feeds
-//! ([`crate::learn::proposal_writer::ProposalWriter::with_metrics`]), so the gRPC service, learning and the writer all
-//! count into one registry. Every name carries the `network_enforcer_controller` prefix:
+//! [`crate::app::AppBuilder::metrics`] hands one to the learner, the writer and the status sync, and
+//! the gRPC service counts through the learner ([`crate::learn::learner::Learner::metrics`]): all count
+//! into one registry. Every name carries the `network_enforcer_controller` prefix:
 //!
 //! | metric | labels | what |
 //! |---|---|---|

@@ -13,7 +13,6 @@ use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::ingest::TokenReviewAuthenticator;
-use network_enforcer_controller::learn::proposal_writer::ProposalWriter;
 use network_enforcer_controller::monitor::otlp::ViolationSink;
 use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
 use network_enforcer_controller::policy::protect_gate::GateHistory;
@@ -40,7 +39,7 @@ pub struct InProcess {
     /// `kube-system/kube-dns`'s ClusterIP.
     pub dns: IpAddr,
     pub sync: Arc<StatusSync>,
-    pub writer: Arc<ProposalWriter>,
+    pub app: App,
     /// The status sync's passes, until a test stops them ([`InProcess::stop_passes`]).
     passes: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     token: String,
@@ -88,7 +87,7 @@ impl InProcess {
             )
             .acknowledge(Acknowledge::OnceMerged)
             .build();
-        let (shared, writer) = (app.index.clone(), app.writer.clone());
+        let shared = app.index.clone();
         let sync = app.status_sync.clone().expect("built with a status sync");
         let feed = tokio::spawn(app.watch_cluster());
         let reconcilers = tokio::spawn(reconcile::run(
@@ -140,7 +139,7 @@ impl InProcess {
             service_ip,
             dns,
             sync,
-            writer,
+            app,
             passes: std::sync::Mutex::new(Some(passes)),
             token,
             node,

@@ -1,0 +1,810 @@
+//! The learner: what the controller has learned and not written yet (docs/behaviour.md §1.3, §1.8 to
+//! §1.10). Pure in-memory state, no API calls: the [`crate::learn::flusher::Flusher`] takes its pending
+//! edges and hands them to the [`crate::learn::proposal_writer::ProposalWriter`].
+//!
+//! Agents report the same connection many times (both ends, every replica, every window). An
+//! observation is resolved against the index ([`learn::flows`]), turned into proposal edges
+//! ([`learn::edges`]) and merged per proposal into [`PendingEdges`], a hash set kept in arrival order.
+//! Observations the index cannot place yet wait in [`Deferrals`]. External peers are capped per
+//! proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]): past the cap they are counted
+//! (`resolutions_total{outcome="external_capped"}`) and reported with the proposal's write, never
+//! silently widened to a larger CIDR. The learner remembers which edges it has seen (a new one wakes
+//! the flusher, [`Learner::new_edges`]) and which a flush has decided (a batch of only those needs no
+//! flush before its acknowledgement, [`WaitsFor`]).
+
+use crate::cluster::index::{FlowEnd, Index};
+use crate::learn::deferrals::{Deferrals, Resolution};
+use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
+use crate::runtime::metrics::ControllerMetrics;
+use network_enforcer_api::{Backend, Protocol, WorkloadKind};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher as _;
+use std::sync::Mutex;
+
+/// Default cap on distinct external addresses learned per proposal and (protocol, port)
+/// (`--max-external-peers-per-port`).
+pub const DEFAULT_MAX_EXTERNAL_PEERS: usize = 50;
+
+/// The proposals whose next write an acknowledgement waits for: those a batch gave edges no flush has
+/// decided yet. A proposal whose write keeps failing then holds back only the batches that taught it
+/// something. Bounded: a batch that touched more than [`WaitsFor::MAX_PROPOSALS`] proposals waits for a
+/// flush in which nothing failed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WaitsFor {
+    proposals: Vec<u64>,
+    everything: bool,
+    /// An observation waits for the index ([`crate::learn::deferrals`]) until then (ms since the
+    /// epoch): only a flush that starts later, with no failure, has surely written it.
+    deferred_until_ms: Option<i64>,
+}
+
+impl WaitsFor {
+    /// Proposals remembered one by one before the batch waits for everything.
+    pub const MAX_PROPOSALS: usize = 64;
+
+    /// Waits for every proposal.
+    pub fn everything() -> Self {
+        Self {
+            proposals: Vec::new(),
+            everything: true,
+            deferred_until_ms: None,
+        }
+    }
+
+    /// Adds an observation that waits for the index until `until_ms`.
+    pub fn defer_until(&mut self, until_ms: i64) {
+        self.deferred_until_ms = Some(self.deferred_until_ms.map_or(until_ms, |d| d.max(until_ms)));
+    }
+
+    /// Adds the proposal `key` ([`Learner::proposal_key`]).
+    pub fn add(&mut self, key: u64) {
+        if self.everything || self.proposals.contains(&key) {
+            return;
+        }
+        if self.proposals.len() == Self::MAX_PROPOSALS {
+            self.proposals = Vec::new();
+            self.everything = true;
+        } else {
+            self.proposals.push(key);
+        }
+    }
+
+    /// Nothing to wait for: the acknowledgement may go at once.
+    pub fn is_nothing(&self) -> bool {
+        !self.everything && self.proposals.is_empty() && self.deferred_until_ms.is_none()
+    }
+
+    /// Whether a flush that started at `started_ms`, in which `failed` proposals failed (and every
+    /// other was written), wrote all this waits for.
+    pub fn written_despite(&self, started_ms: i64, failed: &BTreeSet<u64>) -> bool {
+        if let Some(until) = self.deferred_until_ms {
+            // Where a waiting observation goes is known only once it is learned.
+            return started_ms >= until && failed.is_empty();
+        }
+        if failed.is_empty() {
+            return true;
+        }
+        !self.everything && !self.proposals.iter().any(|p| failed.contains(p))
+    }
+}
+
+/// What [`PendingEdges::add`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Added {
+    New,
+    /// Already pending.
+    Known,
+    /// Refused: the port's pending external addresses are at the cap.
+    Capped,
+    /// Refused: the proposal has [`MAX_PENDING_EDGES`] pending already.
+    Overflow,
+}
+
+/// The most edges one proposal keeps pending between two flushes. Agents report an active edge again
+/// in later windows, so one refused now is learned after the flush has made room; the bound keeps a
+/// workload reaching huge numbers of peers or ports from growing the controller's memory.
+pub const MAX_PENDING_EDGES: usize = 20_000;
+
+/// The edges waiting for one proposal's next write.
+#[derive(Debug, Default)]
+pub struct PendingEdges {
+    /// Each edge with its arrival number (the write keeps arrival order: rules appear as first seen).
+    edges: HashMap<Edge, u32>,
+    /// External edges pending per (protocol, port), for the cap.
+    external: HashMap<(Protocol, u16), usize>,
+    /// External edges refused by the cap per (protocol, port), for the proposal's Event at the write.
+    capped: BTreeMap<(Protocol, u16), usize>,
+    /// Edges refused because [`MAX_PENDING_EDGES`] were pending.
+    overflow: usize,
+}
+
+impl PendingEdges {
+    /// Adds `edge` unless it is already pending or would take its port's pending external addresses
+    /// past `max_external`.
+    pub fn add(&mut self, edge: Edge, max_external: usize) -> Added {
+        if self.edges.contains_key(&edge) {
+            return Added::Known;
+        }
+        if self.edges.len() >= MAX_PENDING_EDGES {
+            self.overflow += 1;
+            return Added::Overflow;
+        }
+        if edge.external().is_some() {
+            let count = self.external.entry(edge.port()).or_default();
+            if *count >= max_external {
+                *self.capped.entry(edge.port()).or_default() += 1;
+                return Added::Capped;
+            }
+            *count += 1;
+        }
+        let n = self.edges.len() as u32;
+        self.edges.insert(edge, n);
+        Added::New
+    }
+
+    /// Number of edges.
+    pub fn len(&self) -> usize {
+        self.edges.len()
+    }
+
+    /// Whether no edge is pending.
+    pub fn is_empty(&self) -> bool {
+        self.edges.is_empty()
+    }
+
+    /// External edges refused by the cap since this was created, per (protocol, port).
+    pub fn capped(&self) -> &BTreeMap<(Protocol, u16), usize> {
+        &self.capped
+    }
+
+    /// Edges refused because [`MAX_PENDING_EDGES`] were pending.
+    pub fn overflow(&self) -> usize {
+        self.overflow
+    }
+
+    /// The edges in arrival order.
+    pub fn into_ordered(self) -> Vec<Edge> {
+        let mut edges: Vec<(Edge, u32)> = self.edges.into_iter().collect();
+        edges.sort_unstable_by_key(|(_, n)| *n);
+        edges.into_iter().map(|(e, _)| e).collect()
+    }
+}
+
+/// A workload excluded from learning (`--exclude-workload namespace/kind/name`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExcludedWorkload {
+    pub namespace: String,
+    /// Lowercase kind: `deployment`, `statefulset`, `daemonset`, `cronjob`, `job`, `pod`.
+    pub kind: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ExcludedWorkload {
+    type Err = String;
+
+    /// `namespace/kind/name`, kind case-insensitive (`shop/Deployment/web`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let [namespace, kind, name] = parts.as_slice() else {
+            return Err(format!(
+                "{s:?}: expected namespace/kind/name, e.g. shop/deployment/web"
+            ));
+        };
+        let kind = kind.to_ascii_lowercase();
+        let kinds: Vec<String> = WorkloadKind::ALL
+            .iter()
+            .map(|k| k.as_str().to_ascii_lowercase())
+            .collect();
+        if !kinds.contains(&kind) {
+            return Err(format!(
+                "{s:?}: kind {kind:?} is not one of {}",
+                kinds.join(", ")
+            ));
+        }
+        if namespace.is_empty() || name.is_empty() {
+            return Err(format!("{s:?}: namespace and name must not be empty"));
+        }
+        Ok(Self {
+            namespace: namespace.to_string(),
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// See the module docs.
+pub struct Learner {
+    backend: Backend,
+    excluded_namespaces: BTreeSet<String>,
+    excluded_workloads: BTreeSet<ExcludedWorkload>,
+    /// Learns for this namespace only (`--namespace`/`WATCH_NAMESPACE`); `None`: every namespace.
+    only_namespace: Option<String>,
+    pending: Mutex<HashMap<Target, PendingEdges>>,
+    /// Observations waiting for the index to catch up ([`crate::learn::deferrals`]).
+    waiting: Deferrals,
+    limits: learn::Limits,
+    metrics: ControllerMetrics,
+    /// Lets an agent teach its peers' proposals even when they have no pod on its node
+    /// (`--trust-remote-peers`; see [`learn::Reporter::Node`]).
+    trust_remote_peers: bool,
+    /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
+    /// the flusher ([`Learner::new_edges`]) so it is written without waiting for the tick.
+    seen: Mutex<HashSet<u64>>,
+    /// Edges a flush has decided (written, or refused for good), by the same hash, bounded by
+    /// [`SEEN_EDGES`]: a record of only these waits for no flush, so its acknowledgement goes at once.
+    decided: Mutex<HashSet<u64>>,
+    seen_hasher: std::hash::RandomState,
+    new_edges: tokio::sync::Notify,
+}
+
+/// How many (proposal, edge) pairs the learner remembers to tell new edges from repeats; when full it
+/// starts over (every edge then looks new once: early flushes that write nothing new).
+pub const SEEN_EDGES: usize = 262_144;
+
+impl Learner {
+    /// A learner for `backend` that learns nothing for workloads in `excluded_namespaces` (they are
+    /// still resolved as peers of others).
+    pub fn new(backend: Backend, excluded_namespaces: BTreeSet<String>) -> Self {
+        Self {
+            backend,
+            excluded_namespaces,
+            excluded_workloads: BTreeSet::new(),
+            only_namespace: None,
+            pending: Mutex::new(HashMap::new()),
+            waiting: Deferrals::new(0),
+            limits: learn::Limits::default(),
+            metrics: ControllerMetrics::new(),
+            trust_remote_peers: false,
+            seen: Mutex::new(HashSet::new()),
+            decided: Mutex::new(HashSet::new()),
+            seen_hasher: std::hash::RandomState::new(),
+            new_edges: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Notified when an edge no earlier observation produced is pending: the flusher writes soon
+    /// instead of at its next tick ([`crate::learn::flusher`]).
+    pub fn new_edges(&self) -> &tokio::sync::Notify {
+        &self.new_edges
+    }
+
+    /// Learns nothing for these workloads either (they are still resolved as peers of others).
+    pub fn with_excluded_workloads(
+        mut self,
+        workloads: impl IntoIterator<Item = ExcludedWorkload>,
+    ) -> Self {
+        self.excluded_workloads.extend(workloads);
+        self
+    }
+
+    /// Learns at most `max` distinct external addresses per proposal and (protocol, port); past that,
+    /// further ones are counted, logged and reported with an Event instead (`0`: no external peer is
+    /// learned).
+    pub fn with_max_external_peers(mut self, max: usize) -> Self {
+        self.limits.max_external_peers = max;
+        self
+    }
+
+    /// Holds at most `max` port entries per rule (runs of consecutive ports collapse into ranges
+    /// first); further ports are counted, logged and reported with an Event.
+    pub fn with_max_ports_per_rule(mut self, max: usize) -> Self {
+        self.limits.max_ports_per_rule = max.max(1);
+        self
+    }
+
+    /// Holds at most `max` rules (peers) per proposal; further peers are counted, logged and reported
+    /// with an Event.
+    pub fn with_max_rules(mut self, max: usize) -> Self {
+        self.limits.max_rules = max.max(1);
+        self
+    }
+
+    /// Lets observations the index cannot place yet wait up to `grace_ms` for it
+    /// ([`Learner::observe_or_wait`], [`crate::learn::deferrals`]); without it (0, the default) everything
+    /// is learned as it resolves on arrival.
+    pub fn with_resolution_grace(mut self, grace_ms: i64) -> Self {
+        self.waiting = Deferrals::new(grace_ms);
+        self
+    }
+
+    /// With the resolution grace: external addresses outside `cidrs` (the ranges the cluster gives
+    /// pods and Services) are learned at once ([`Deferrals::with_cluster_cidrs`]). Call after
+    /// [`Learner::with_resolution_grace`].
+    pub fn with_cluster_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
+        let waiting = std::mem::take(&mut self.waiting);
+        self.waiting = waiting.with_cluster_cidrs(cidrs);
+        self
+    }
+
+    /// Learns for workloads in `namespace` only (a controller that watches one namespace must not
+    /// write proposals elsewhere: its agents report the whole node). Peers elsewhere still resolve.
+    pub fn with_only_namespace(mut self, namespace: Option<String>) -> Self {
+        self.only_namespace = namespace;
+        self
+    }
+
+    /// Lets an agent's report teach the peer's proposal even when the peer's workload has no pod on
+    /// the agent's node (see [`learn::Reporter::Node`]): for clusters whose agents do not all report.
+    pub fn with_trust_remote_peers(mut self, trust: bool) -> Self {
+        self.trust_remote_peers = trust;
+        self
+    }
+
+    /// Counts into `metrics` (the process's registry) instead of a private one. The ingest counts into
+    /// the same metrics through [`Learner::metrics`].
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this learner (and the ingest and writer around it) counts into.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
+    }
+
+    /// The limits a proposal's write merges within.
+    pub fn limits(&self) -> &learn::Limits {
+        &self.limits
+    }
+
+    fn excluded(&self, target: &Target) -> bool {
+        // No allocation: this runs for every edge of every record.
+        self.only_namespace
+            .as_ref()
+            .is_some_and(|only| *only != target.workload.namespace)
+            || self
+                .excluded_namespaces
+                .contains(&target.workload.namespace)
+            || self.excluded_workloads.iter().any(|w| {
+                w.namespace == target.workload.namespace
+                    && w.name == target.workload.name
+                    && w.kind.eq_ignore_ascii_case(target.kind.as_str())
+            })
+    }
+
+    /// Adds what `obs` teaches to the pending edges; returns how many edges it produced.
+    pub fn observe(&self, index: &Index, obs: &ReportedConnection) -> Result<usize, NoFlow> {
+        self.merge(
+            index,
+            obs,
+            learn::flows(index, obs),
+            &mut WaitsFor::default(),
+        )
+    }
+
+    /// The key of `target`'s proposal in [`WaitsFor`] and [`crate::learn::flusher::FlushReport::failed_proposals`].
+    pub fn proposal_key(&self, target: &Target) -> u64 {
+        self.seen_hasher.hash_one(target)
+    }
+
+    /// [`Learner::observe`], except that an observation the index cannot place yet (its peer
+    /// resolves to an external address, or it does not resolve) waits for the index instead
+    /// (see [`crate::learn::deferrals`]; 0 edges now, learned by a later [`Learner::settle_waiting`]).
+    /// Adds the proposals its undecided edges went to to `waits`.
+    pub fn observe_or_wait(
+        &self,
+        index: &Index,
+        obs: &ReportedConnection,
+        now_ms: i64,
+        waits: &mut WaitsFor,
+    ) -> Result<usize, NoFlow> {
+        let mut overflow = Vec::new();
+        let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
+        for (old, resolution) in overflow {
+            self.metrics.resolved("deferred_expired", 1);
+            let _ = self.merge(index, &old, resolution, &mut WaitsFor::default());
+        }
+        match now {
+            Some(resolution) => self.merge(index, obs, resolution, waits),
+            None => {
+                self.metrics.resolved("deferred", 1);
+                waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
+                Ok(0)
+            }
+        }
+    }
+
+    /// Resolves the waiting observations again and learns those the index now places or whose grace
+    /// is over (`now_ms = i64::MAX`: all of them, on the way out). Call it before every flush; returns
+    /// how many edges that produced.
+    pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
+        if self.waiting.is_empty() {
+            return 0;
+        }
+        let decided = self.waiting.settle(index, now_ms);
+        self.metrics.resolved("deferred_resolved", decided.resolved);
+        self.metrics.resolved("deferred_expired", decided.expired);
+        decided
+            .ready
+            .into_iter()
+            .filter_map(|(obs, resolution)| {
+                self.merge(index, &obs, resolution, &mut WaitsFor::default())
+                    .ok()
+            })
+            .sum()
+    }
+
+    /// Number of observations waiting for the index.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one. Returns how many
+    /// of its edges a flush has yet to decide (0: its acknowledgement need not wait), and adds their
+    /// proposals to `waits`.
+    fn merge(
+        &self,
+        index: &Index,
+        obs: &ReportedConnection,
+        flows: Resolution,
+        waits: &mut WaitsFor,
+    ) -> Result<usize, NoFlow> {
+        let mut produced = 0;
+        let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
+        // The node whose agent reported this, when it may speak only for its own pods.
+        let reporting_node = match obs.reporter {
+            learn::Reporter::Node if !self.trust_remote_peers => index
+                .pod(&obs.local.0, &obs.local.1)
+                .and_then(|p| p.node.as_deref()),
+            _ => None,
+        };
+        let (mut added, mut capped) = (0i64, 0u64);
+        let mut fresh = false;
+        let mut pending = self.pending.lock().expect("pending edges lock");
+        for flow in flows {
+            // The peer is the side that is not the local pod's workload.
+            let peer = match obs.opened {
+                learn::Opened::Outbound => &flow.destination,
+                learn::Opened::Inbound => &flow.source,
+            };
+            self.metrics.resolved(
+                match peer {
+                    FlowEnd::Workload(_) => "workload",
+                    FlowEnd::HostNetwork { .. } => "host_network",
+                    FlowEnd::Node { .. } => "node",
+                    FlowEnd::External(_) => "external",
+                },
+                1,
+            );
+            if learn::has_unselectable_side(&flow) {
+                self.metrics.resolved("unselectable_workload", 1);
+            }
+            for (target, edge) in learn::edges(&flow, self.backend) {
+                if self.excluded(&target) {
+                    continue;
+                }
+                if let Some(node) = reporting_node
+                    && learn::is_peer_side(obs.opened, target.direction)
+                    && !index.has_pod_on(&target.workload, node)
+                {
+                    // The peer's own node reports this connection from its side.
+                    self.metrics.resolved("peer_elsewhere_not_taught", 1);
+                    continue;
+                }
+                let hash = self.seen_hasher.hash_one((&target, &edge));
+                // Still merged again at the next flush (a no-op unless the proposal lost it).
+                if !self
+                    .decided
+                    .lock()
+                    .expect("decided edges lock")
+                    .contains(&hash)
+                {
+                    produced += 1;
+                    waits.add(self.proposal_key(&target));
+                }
+                let edges = match pending.get_mut(&target) {
+                    Some(edges) => edges,
+                    None => pending.entry(target).or_default(),
+                };
+                match edges.add(edge, self.limits.max_external_peers) {
+                    Added::New => {
+                        added += 1;
+                        let mut seen = self.seen.lock().expect("seen edges lock");
+                        if seen.len() >= SEEN_EDGES {
+                            seen.clear();
+                        }
+                        fresh |= seen.insert(hash);
+                    }
+                    Added::Known => {}
+                    Added::Capped => capped += 1,
+                    // Counted and reported with the proposal's write.
+                    Added::Overflow => {}
+                }
+            }
+        }
+        if added > 0 {
+            self.metrics.pending_edges.inc_by(added);
+            self.metrics.pending_proposals.set(pending.len() as i64);
+        }
+        if fresh {
+            self.new_edges.notify_one();
+        }
+        if capped > 0 {
+            // Reported with the proposal's Event when the pending ones are written.
+            self.metrics.resolved("external_capped", capped);
+        }
+
+        Ok(produced)
+    }
+
+    /// Number of proposals with edges waiting to be written.
+    pub fn pending_proposals(&self) -> usize {
+        self.pending.lock().expect("pending edges lock").len()
+    }
+
+    /// Takes every pending edge, by proposal, for a flush.
+    pub fn take_pending(&self) -> HashMap<Target, PendingEdges> {
+        std::mem::take(&mut *self.pending.lock().expect("pending edges lock"))
+    }
+
+    /// Remembers that a flush decided `edges` of `target` (wrote them, or refused them for good).
+    pub fn decided(&self, target: &Target, edges: &[Edge]) {
+        let mut known = self.decided.lock().expect("decided edges lock");
+        if known.len() + edges.len() > SEEN_EDGES {
+            known.clear();
+        }
+        known.extend(edges.iter().map(|e| self.seen_hasher.hash_one((target, e))));
+    }
+
+    /// Puts back the edges of a write that failed, for the next flush.
+    pub fn keep_for_retry(&self, target: Target, edges: Vec<Edge>) {
+        let mut pending = self.pending.lock().expect("pending edges lock");
+        let kept = pending.entry(target).or_default();
+        for e in edges {
+            // Kept edges already passed the cap once; only the merge decides again.
+            let _ = kept.add(e, usize::MAX);
+        }
+    }
+
+    /// Brings the pending gauges up to date (after a flush).
+    pub fn count_pending(&self) {
+        let pending = self.pending.lock().expect("pending edges lock");
+        self.metrics.pending_proposals.set(pending.len() as i64);
+        self.metrics
+            .pending_edges
+            .set(pending.values().map(PendingEdges::len).sum::<usize>() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bare_pod(namespace: &str, name: &str, ip: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}"),
+                         "labels": {"app": name}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn inbound(namespace: &str, local: &str, peer: &str) -> ReportedConnection {
+        ReportedConnection {
+            local: (namespace.into(), local.into()),
+            peer: peer.parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::TCP,
+            opened: learn::Opened::Inbound,
+            at_ms: 0,
+            reporter: learn::Reporter::Node,
+        }
+    }
+
+    fn learner() -> Learner {
+        Learner::new(Backend::Kubernetes, BTreeSet::new())
+    }
+
+    fn pending_names(learner: &Learner) -> BTreeSet<String> {
+        let pending = learner.pending.lock().unwrap();
+        pending
+            .keys()
+            .map(|t| format!("{}/{}", t.workload.namespace, t.name()))
+            .collect()
+    }
+
+    #[test]
+    fn a_peer_whose_ip_the_index_learns_late_waits_and_is_learned_as_its_pod() {
+        let learner = learner()
+            .with_resolution_grace(30_000)
+            .with_only_namespace(Some("shop".into()));
+        let mut index = Index::default();
+        index.apply_pod(&bare_pod("shop", "api", "10.0.0.2"), 0);
+        index.apply_pod(&bare_pod("other", "web", "10.0.0.5"), 0);
+
+        // The frontend's first connection arrives before its IP is in the index.
+        let obs = inbound("shop", "api", "10.0.0.3");
+        let mut waits = WaitsFor::default();
+        assert_eq!(
+            learner.observe_or_wait(&index, &obs, 1_000, &mut waits),
+            Ok(0)
+        );
+        assert!(
+            !waits.is_nothing(),
+            "its acknowledgement waits until it is learned and written"
+        );
+        assert_eq!(learner.waiting(), 1);
+        assert!(
+            pending_names(&learner).is_empty(),
+            "no /32 rule for a pod IP"
+        );
+        index.apply_pod(&bare_pod("shop", "frontend", "10.0.0.3"), 2_000);
+        assert!(learner.settle_waiting(&index, 3_000) > 0);
+        assert_eq!(learner.waiting(), 0);
+        assert_eq!(
+            pending_names(&learner),
+            BTreeSet::from([
+                "shop/pod-api-ingress".to_string(),
+                "shop/pod-frontend-egress".to_string()
+            ])
+        );
+        let mut pending = learner.pending.lock().unwrap();
+        let key = pending
+            .keys()
+            .find(|t| t.workload.name == "api")
+            .cloned()
+            .unwrap();
+        let api = pending.remove(&key).unwrap().into_ordered();
+        assert!(
+            api.iter().all(|e| !matches!(
+                e,
+                Edge::Kubernetes {
+                    peer: FlowEnd::External(_),
+                    ..
+                }
+            )),
+            "{api:?}"
+        );
+        drop(pending);
+
+        // A workload in another namespace than the one this controller watches teaches nothing.
+        let elsewhere = inbound("other", "web", "10.0.0.2");
+        learner
+            .observe_or_wait(&index, &elsewhere, 4_000, &mut WaitsFor::default())
+            .unwrap();
+        assert!(!pending_names(&learner).contains("other/pod-web-ingress"));
+    }
+
+    #[test]
+    fn an_agent_teaches_a_peer_s_proposal_only_when_the_peer_has_a_pod_on_its_node() {
+        let on = |name: &str, ip: &str, node: &str| {
+            let mut pod = bare_pod("shop", name, ip);
+            pod.spec.as_mut().unwrap().node_name = Some(node.into());
+            pod
+        };
+        let mut index = Index::default();
+        index.apply_pod(&on("client", "10.0.0.1", "node-a"), 0);
+        index.apply_pod(&on("remote", "10.0.0.2", "node-b"), 0);
+        index.apply_pod(&on("local", "10.0.0.3", "node-a"), 0);
+        let to = |peer: &str, reporter| ReportedConnection {
+            local: ("shop".into(), "client".into()),
+            peer: peer.parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::TCP,
+            opened: learn::Opened::Outbound,
+            at_ms: 0,
+            reporter,
+        };
+        let learned = |trust: bool, obs: &ReportedConnection| {
+            let learner = learner().with_trust_remote_peers(trust);
+            learner.observe(&index, obs).unwrap();
+            pending_names(&learner)
+        };
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        use learn::Reporter::{Cluster, Node};
+        // (trust flag, observation, proposals taught)
+        let cases = [
+            (
+                false,
+                to("10.0.0.2", Node),
+                names(&["shop/pod-client-egress"]),
+            ),
+            (
+                false,
+                to("10.0.0.3", Node),
+                names(&["shop/pod-client-egress", "shop/pod-local-ingress"]),
+            ),
+            (
+                false,
+                to("10.0.0.2", Cluster),
+                names(&["shop/pod-client-egress", "shop/pod-remote-ingress"]),
+            ),
+            (
+                true,
+                to("10.0.0.2", Node),
+                names(&["shop/pod-client-egress", "shop/pod-remote-ingress"]),
+            ),
+        ];
+        for (trust, obs, expected) in cases {
+            assert_eq!(learned(trust, &obs), expected, "{trust} {obs:?}");
+        }
+        // Seen from the remote pod's side (its own node's report), the ingress is learned.
+        let inbound = ReportedConnection {
+            local: ("shop".into(), "remote".into()),
+            peer: "10.0.0.1".parse().unwrap(),
+            opened: learn::Opened::Inbound,
+            ..to("10.0.0.1", Node)
+        };
+        assert_eq!(
+            learned(false, &inbound),
+            names(&["shop/pod-remote-ingress"])
+        );
+    }
+
+    #[test]
+    fn pending_edges_dedupe_keep_arrival_order_and_cap_external_addresses() {
+        let external = |i: u8, port: u16| Edge::Kubernetes {
+            peer: FlowEnd::External([203, 0, 113, i].into()),
+            protocol: Protocol::TCP,
+            port,
+        };
+        let node = Edge::Kubernetes {
+            peer: FlowEnd::Node {
+                ip: [10, 0, 0, 1].into(),
+                name: "n".into(),
+            },
+            protocol: Protocol::TCP,
+            port: 443,
+        };
+        let mut pending = PendingEdges::default();
+        assert_eq!(pending.add(external(9, 443), 2), Added::New);
+        assert_eq!(pending.add(external(9, 443), 2), Added::Known);
+        assert_eq!(
+            pending.add(node.clone(), 2),
+            Added::New,
+            "nodes are not capped"
+        );
+        assert_eq!(pending.add(external(1, 443), 2), Added::New);
+        assert_eq!(pending.add(external(2, 443), 2), Added::Capped);
+        assert_eq!(pending.add(external(2, 80), 2), Added::New, "per port");
+        assert_eq!(pending.len(), 4);
+        assert_eq!(
+            pending.into_ordered(),
+            [external(9, 443), node, external(1, 443), external(2, 80)]
+        );
+    }
+
+    #[test]
+    fn a_proposal_keeps_a_bounded_number_of_edges_pending() {
+        let edge = |i: usize| Edge::Kubernetes {
+            peer: FlowEnd::External(std::net::Ipv4Addr::from(0x0a00_0000 + i as u32).into()),
+            protocol: Protocol::UDP,
+            port: 1 + (i % 60_000) as u16,
+        };
+        let mut pending = PendingEdges::default();
+        for i in 0..MAX_PENDING_EDGES {
+            assert_eq!(pending.add(edge(i), usize::MAX), Added::New);
+        }
+        assert_eq!(pending.add(edge(0), usize::MAX), Added::Known);
+        assert_eq!(
+            pending.add(edge(MAX_PENDING_EDGES), usize::MAX),
+            Added::Overflow
+        );
+        assert_eq!(pending.len(), MAX_PENDING_EDGES);
+        assert_eq!(pending.overflow(), 1, "counted for the write's Event");
+    }
+
+    #[test]
+    fn excluded_workloads_parse_and_refuse_bad_input() {
+        let w: ExcludedWorkload = "shop/Deployment/web".parse().unwrap();
+        assert_eq!(
+            w,
+            ExcludedWorkload {
+                namespace: "shop".into(),
+                kind: "deployment".into(),
+                name: "web".into()
+            }
+        );
+        assert!("shop/web".parse::<ExcludedWorkload>().is_err());
+        assert!("shop/replicaset/web".parse::<ExcludedWorkload>().is_err());
+        assert_eq!(
+            "shop/CronJob/backup"
+                .parse::<ExcludedWorkload>()
+                .unwrap()
+                .kind,
+            "cronjob"
+        );
+        assert!("/deployment/web".parse::<ExcludedWorkload>().is_err());
+    }
+}
