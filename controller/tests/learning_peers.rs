@@ -13,6 +13,7 @@ use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::watches::SharedIndex;
+use network_enforcer_controller::ingest::flow_record::decode;
 use network_enforcer_controller::monitor::evaluate::attribution::{PolicyVerdict, policy_verdict};
 use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow};
 use network_enforcer_controller::monitor::violations::evidence::observed_flows;
@@ -216,12 +217,13 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
     let view = ClusterView::from_index(&index, std::iter::empty(), std::iter::empty());
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let flows = observed_flows(&index, &view, &via_service, &now)?;
+    let flows = observed_flows(&index, &view, &decode(&via_service, &index, None)?, &now)?;
     let flows: Vec<Flow> = flows.iter().map(|f| f.flow()).collect();
-    let direct_flows: Vec<Flow> = observed_flows(&index, &view, &direct, &now)?
-        .iter()
-        .map(|f| f.flow())
-        .collect();
+    let direct_flows: Vec<Flow> =
+        observed_flows(&index, &view, &decode(&direct, &index, None)?, &now)?
+            .iter()
+            .map(|f| f.flow())
+            .collect();
     assert_eq!(flows, direct_flows, "one call, one flow");
     let [flow] = flows.as_slice() else {
         panic!("one flow expected: {flows:?}");

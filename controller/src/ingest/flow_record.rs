@@ -1,6 +1,7 @@
-//! Reading a [`FlowRecord`] against the index, shared by learning ([`crate::ingest`]) and violation
-//! evidence ([`crate::monitor::violations::evidence`]): the local pod it belongs to, its address, port and
-//! protocol fields, and which address stands for the peer.
+//! Reading a [`FlowRecord`] against the index, once, for learning ([`crate::ingest`]) and violation
+//! evidence ([`crate::monitor::violations::evidence`]) alike: [`decode`] checks its fields, finds the
+//! local pod it belongs to and the address that stands for its peer, or says why it cannot
+//! ([`BadRecord`]).
 //!
 //! **The peer.** Usually the record's address: a pod, a Service ClusterIP, a node, or the outside
 //! world. Flow sources that see more than an address (Hubble, Goldmane, ztunnel) also name the peer:
@@ -14,6 +15,7 @@
 //! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
 
 use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef};
+use crate::learn::Opened;
 use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
 use std::net::IpAddr;
@@ -56,15 +58,85 @@ fn shown(s: &str) -> String {
     out
 }
 
-/// A field of a record that cannot be used.
+/// Why a record cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BadField {
+pub enum BadRecord {
+    #[error("record has no local pod")]
+    NoLocalPod,
+    #[error("pod {0} is not known")]
+    UnknownLocalPod(String),
+    #[error("pod {0} is not known on node {1}")]
+    NotOnNode(String, String),
     #[error("peer address has {0} bytes; expected 4 or 16")]
-    Address(usize),
+    BadAddress(usize),
     #[error("port {0} is out of range")]
-    Port(u32),
+    BadPort(u32),
     #[error("unknown protocol or direction")]
-    Enum,
+    BadEnum,
+}
+
+impl BadRecord {
+    /// The `reason` label of `records_rejected_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BadRecord::NoLocalPod => "no_local_pod",
+            BadRecord::UnknownLocalPod(_) => "unknown_local_pod",
+            BadRecord::NotOnNode(..) => "not_on_node",
+            BadRecord::BadAddress(_) => "bad_address",
+            BadRecord::BadPort(_) => "bad_port",
+            BadRecord::BadEnum => "bad_enum",
+        }
+    }
+}
+
+/// A record read against the index ([`decode`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decoded<'a> {
+    /// The pod the record belongs to.
+    pub local: &'a PodRecord,
+    /// The address that stands for the peer ([`peer_address`]), and why.
+    pub peer: IpAddr,
+    pub peer_from: PeerFrom,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub opened: Opened,
+    /// When the connection was last seen, ms since the epoch.
+    pub at_ms: i64,
+}
+
+/// Reads `record` against `index`: its local pod (which must run on `node`, when given: an agent
+/// speaks only for its own node's pods), its fields, and the address standing for its peer.
+pub fn decode<'a>(
+    record: &FlowRecord,
+    index: &'a Index,
+    node: Option<&str>,
+) -> Result<Decoded<'a>, BadRecord> {
+    let named = record.local.as_ref().ok_or(BadRecord::NoLocalPod)?;
+    // Either way of naming the pod, the index decides which pod it is and where it runs.
+    let local = match (local_pod(record, index), node) {
+        (Some(pod), Some(node)) if pod.node.as_deref() != Some(node) => None,
+        (pod, _) => pod,
+    };
+    let local = local.ok_or_else(|| match node {
+        Some(node) => BadRecord::NotOnNode(describe_local(named), node.into()),
+        None => BadRecord::UnknownLocalPod(describe_local(named)),
+    })?;
+    let fields = fields(record)?;
+    let opened = match uplink::Direction::try_from(record.direction) {
+        Ok(uplink::Direction::Outbound) => Opened::Outbound,
+        Ok(uplink::Direction::Inbound) => Opened::Inbound,
+        _ => return Err(BadRecord::BadEnum),
+    };
+    let (peer, peer_from) = peer_address(index, record, &fields, record.last_seen_ms);
+    Ok(Decoded {
+        local,
+        peer,
+        peer_from,
+        port: fields.port,
+        protocol: fields.protocol,
+        opened,
+        at_ms: record.last_seen_ms,
+    })
 }
 
 /// The peer address, port and protocol of a record, checked.
@@ -76,7 +148,7 @@ pub struct Fields {
 }
 
 /// Reads the peer address (4 or 16 bytes), port and protocol (TCP or UDP) of `record`.
-pub fn fields(record: &FlowRecord) -> Result<Fields, BadField> {
+pub fn fields(record: &FlowRecord) -> Result<Fields, BadRecord> {
     let peer: IpAddr = match record.peer_ip.len() {
         4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
             .expect("4 bytes")
@@ -84,13 +156,13 @@ pub fn fields(record: &FlowRecord) -> Result<Fields, BadField> {
         16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
             .expect("16 bytes")
             .into(),
-        n => return Err(BadField::Address(n)),
+        n => return Err(BadRecord::BadAddress(n)),
     };
-    let port = u16::try_from(record.port).map_err(|_| BadField::Port(record.port))?;
+    let port = u16::try_from(record.port).map_err(|_| BadRecord::BadPort(record.port))?;
     let protocol = match uplink::Protocol::try_from(record.protocol) {
         Ok(uplink::Protocol::Tcp) => Protocol::TCP,
         Ok(uplink::Protocol::Udp) => Protocol::UDP,
-        _ => return Err(BadField::Enum),
+        _ => return Err(BadRecord::BadEnum),
     };
     Ok(Fields {
         peer,
@@ -346,6 +418,58 @@ mod tests {
     }
 
     #[test]
+    fn decode_checks_the_local_pod_and_its_node_first_then_the_fields() {
+        let index = index();
+        let ok = record([10, 0, 0, 9], None);
+        let with = |f: &dyn Fn(&mut FlowRecord)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            r
+        };
+        let unknown = with(&|r| r.local.as_mut().unwrap().name = "gone".into());
+        let bad_port = with(&|r| r.port = 70_000);
+        let no_local = with(&|r| r.local = None);
+        let bad_direction = with(&|r| r.direction = 99);
+        let not_on = |node: &str| BadRecord::NotOnNode("shop/web-1".into(), node.into());
+        // (record, node the agent speaks for, expected error)
+        let cases: [(&FlowRecord, Option<&str>, BadRecord); 7] = [
+            (&no_local, Some("node-a"), BadRecord::NoLocalPod),
+            (
+                &unknown,
+                None,
+                BadRecord::UnknownLocalPod("shop/gone".into()),
+            ),
+            (
+                &unknown,
+                Some("node-a"),
+                BadRecord::NotOnNode("shop/gone".into(), "node-a".into()),
+            ),
+            (&ok, Some("node-b"), not_on("node-b")),
+            (&bad_port, Some("node-b"), not_on("node-b")),
+            (&bad_port, None, BadRecord::BadPort(70_000)),
+            (&bad_direction, Some("node-a"), BadRecord::BadEnum),
+        ];
+        for (record, node, expected) in cases {
+            assert_eq!(
+                decode(record, &index, node).err(),
+                Some(expected.clone()),
+                "{node:?} {expected}"
+            );
+        }
+        let decoded = decode(&ok, &index, Some("node-a")).unwrap();
+        assert_eq!(
+            (
+                decoded.local.name.as_str(),
+                decoded.peer,
+                decoded.port,
+                decoded.opened
+            ),
+            ("web-1", "10.0.0.9".parse().unwrap(), 8080, Opened::Inbound)
+        );
+        assert_eq!(decode(&ok, &index, None).unwrap(), decoded);
+    }
+
+    #[test]
     fn fields_are_checked() {
         let mut r = record([10, 0, 0, 1], None);
         assert_eq!(
@@ -357,13 +481,13 @@ mod tests {
             }
         );
         r.peer_ip = vec![1, 2, 3];
-        assert_eq!(fields(&r), Err(BadField::Address(3)));
+        assert_eq!(fields(&r), Err(BadRecord::BadAddress(3)));
         r.peer_ip = vec![0; 16];
         r.port = 70_000;
-        assert_eq!(fields(&r), Err(BadField::Port(70_000)));
+        assert_eq!(fields(&r), Err(BadRecord::BadPort(70_000)));
         r.port = 1;
         r.protocol = 99;
-        assert_eq!(fields(&r), Err(BadField::Enum));
+        assert_eq!(fields(&r), Err(BadRecord::BadEnum));
     }
 
     #[test]

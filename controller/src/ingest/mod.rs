@@ -33,8 +33,8 @@ use crate::cluster::watches::SharedIndex;
 use crate::learn::flusher::Flusher;
 use crate::learn::learner::{Learner, WaitsFor};
 use crate::learn::proposal_writer::ProposalWriter;
-use crate::learn::{Opened, ReportedConnection, Reporter};
-use flow_record::{BadField, PeerFrom};
+use crate::learn::{ReportedConnection, Reporter};
+use flow_record::{BadRecord, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -204,66 +204,24 @@ pub struct Learning {
     pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
 }
 
-/// Why one record was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    #[error("record has no local pod")]
-    NoLocalPod,
-    #[error("peer address has {0} bytes; expected 4 or 16")]
-    BadAddress(usize),
-    #[error("port {0} is out of range")]
-    BadPort(u32),
-    #[error("unknown protocol or direction")]
-    BadEnum,
-    #[error("pod {0} is not known on node {1}")]
-    NotOnNode(String, String),
-}
-
-impl Refused {
-    /// The `reason` label of `records_rejected_total`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Refused::NoLocalPod => "no_local_pod",
-            Refused::BadAddress(_) => "bad_address",
-            Refused::BadPort(_) => "bad_port",
-            Refused::BadEnum => "bad_enum",
-            Refused::NotOnNode(..) => "not_on_node",
-        }
-    }
-}
-
 /// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
 /// denials: those are violation evidence, not learning).
 pub fn observation(
     record: &FlowRecord,
     index: &Index,
     node: &str,
-) -> Result<Option<ReportedConnection>, Refused> {
+) -> Result<Option<ReportedConnection>, BadRecord> {
     read(record, index, node, Reporter::Node).map(|o| o.map(|(o, _)| o))
 }
 
-/// [`observation`], also saying which address stands for the peer ([`flow_record::peer_address`]).
+/// [`observation`], also saying which address stands for the peer.
 fn read(
     record: &FlowRecord,
     index: &Index,
     node: &str,
     reporter: Reporter,
-) -> Result<Option<(ReportedConnection, PeerFrom)>, Refused> {
-    let local = record.local.as_ref().ok_or(Refused::NoLocalPod)?;
-    // Either way of naming the pod, the index decides which pod it is and where it runs.
-    let pod = flow_record::local_pod(record, index)
-        .filter(|p| p.node.as_deref() == Some(node))
-        .ok_or_else(|| Refused::NotOnNode(flow_record::describe_local(local), node.into()))?;
-    let fields = flow_record::fields(record).map_err(|e| match e {
-        BadField::Address(n) => Refused::BadAddress(n),
-        BadField::Port(p) => Refused::BadPort(p),
-        BadField::Enum => Refused::BadEnum,
-    })?;
-    let opened = match uplink::Direction::try_from(record.direction) {
-        Ok(uplink::Direction::Outbound) => Opened::Outbound,
-        Ok(uplink::Direction::Inbound) => Opened::Inbound,
-        _ => return Err(Refused::BadEnum),
-    };
+) -> Result<Option<(ReportedConnection, PeerFrom)>, BadRecord> {
+    let decoded = flow_record::decode(record, index, Some(node))?;
     let learns = matches!(
         uplink::Outcome::try_from(record.outcome),
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
@@ -271,18 +229,17 @@ fn read(
     if !learns {
         return Ok(None);
     }
-    let (peer, from) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
     Ok(Some((
         ReportedConnection {
-            local: (pod.namespace.clone(), pod.name.clone()),
-            peer,
-            port: fields.port,
-            protocol: fields.protocol,
-            opened,
-            at_ms: record.last_seen_ms,
+            local: (decoded.local.namespace.clone(), decoded.local.name.clone()),
+            peer: decoded.peer,
+            port: decoded.port,
+            protocol: decoded.protocol,
+            opened: decoded.opened,
+            at_ms: decoded.at_ms,
             reporter,
         },
-        from,
+        decoded.peer_from,
     )))
 }
 
@@ -795,12 +752,12 @@ mod tests {
         for r in [record("shop", "web-1", ""), record("", "", "uid-web-1")] {
             assert!(matches!(
                 observation(&r, &index, "node-b"),
-                Err(Refused::NotOnNode(..))
+                Err(BadRecord::NotOnNode(..))
             ));
         }
         assert!(matches!(
             observation(&record("", "", "uid-nope"), &index, "node-a"),
-            Err(Refused::NotOnNode(..))
+            Err(BadRecord::NotOnNode(..))
         ));
         let mut failed = record("shop", "web-1", "");
         failed.outcome = uplink::Outcome::Failed as i32;

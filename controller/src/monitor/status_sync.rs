@@ -25,6 +25,7 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
+use crate::ingest::flow_record;
 use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
 use crate::monitor::evaluate::attribution::{
     self, PolicyKey, PolicySet, RuleMatch, record_allowed_now,
@@ -620,7 +621,13 @@ impl StatusSync {
             let Some(kind) = EvidenceKind::of(record) else {
                 continue;
             };
-            let flows = match observed_flows(&index, &view, record, &now) {
+            let flows = match flow_record::decode(record, &index, None) {
+                Ok(decoded) => {
+                    observed_flows(&index, &view, &decoded, &now).map_err(|e| e.to_string())
+                }
+                Err(bad) => Err(bad.to_string()),
+            };
+            let flows = match flows {
                 Ok(flows) => flows,
                 Err(unresolved) => {
                     self.metrics.evidence_unresolved.inc();

@@ -8,8 +8,8 @@
 
 use super::Observation;
 use crate::cluster::index::{self, Index, Resolved, WorkloadEndpoint};
-use crate::ingest::flow_record::{self, BadField};
-use crate::learn::principal;
+use crate::ingest::flow_record::Decoded;
+use crate::learn::{NoFlow, Opened, principal};
 use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -61,45 +61,23 @@ impl EvidenceKind {
     }
 }
 
-/// Why a record gives no flow to evaluate.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Unresolved {
-    #[error("the record names no local pod the index knows")]
-    UnknownLocalPod,
-    #[error("peer address has {0} bytes; expected 4 or 16")]
-    BadAddress(usize),
-    #[error("port {0} is out of range")]
-    BadPort(u32),
-    #[error("unknown protocol or direction")]
-    BadEnum,
-    #[error("Service {0}/{1} has no backend for that port")]
-    ServiceWithoutBackends(String, String),
-}
-
-/// The flows between evaluable endpoints a record stands for, as of the record's last sighting: one
-/// for a pod or outside address, one per backend for a Service ClusterIP (kube-proxy picked one of
-/// them; pods of a workload share their template's labels and ports, so any of its pods stands for it;
-/// a selector-less Service's backends are the addresses of its Endpoints, on their ports).
+/// The flows between evaluable endpoints a decoded record stands for, as of the record's last
+/// sighting: one for a pod or outside address, one per backend for a Service ClusterIP (kube-proxy
+/// picked one of them; pods of a workload share their template's labels and ports, so any of its pods
+/// stands for it; a selector-less Service's backends are the addresses of its Endpoints, on their
+/// ports).
 pub fn observed_flows(
     index: &Index,
     view: &ClusterView,
-    record: &FlowRecord,
+    record: &Decoded,
     now: &Time,
-) -> Result<Vec<ObservedFlow>, Unresolved> {
-    let local = flow_record::local_pod(record, index).ok_or(Unresolved::UnknownLocalPod)?;
-    let fields = flow_record::fields(record).map_err(|e| match e {
-        BadField::Address(n) => Unresolved::BadAddress(n),
-        BadField::Port(p) => Unresolved::BadPort(p),
-        BadField::Enum => Unresolved::BadEnum,
-    })?;
-    let (port, protocol) = (fields.port, fields.protocol);
-    // The source's own naming of the peer stands in when the address leads to no pod or Service.
-    let (peer, _) = flow_record::peer_address(index, record, &fields, record.last_seen_ms);
-    let seen_at = k8s_openapi::jiff::Timestamp::from_millisecond(record.last_seen_ms)
+) -> Result<Vec<ObservedFlow>, NoFlow> {
+    let (peer, port, protocol, at) = (record.peer, record.port, record.protocol, record.at_ms);
+    let seen_at = k8s_openapi::jiff::Timestamp::from_millisecond(at)
         .ok()
-        .filter(|_| record.last_seen_ms > 0)
+        .filter(|_| at > 0)
         .map_or_else(|| now.clone(), Time);
-    let local_side = pod_side(index, local);
+    let local_side = pod_side(index, record.local);
     let flow = |source: FlowSide, destination: FlowSide, port: u16| ObservedFlow {
         source,
         destination,
@@ -107,9 +85,8 @@ pub fn observed_flows(
         port,
         seen_at: seen_at.clone(),
     };
-    let at = record.last_seen_ms;
-    match uplink::Direction::try_from(record.direction) {
-        Ok(uplink::Direction::Outbound) => {
+    match record.opened {
+        Opened::Outbound => {
             if let Some(pod) = index.pod_at(peer, at) {
                 return Ok(vec![flow(local_side, pod_side(index, pod), port)]);
             }
@@ -135,11 +112,11 @@ pub fn observed_flows(
                     .collect()),
                 Resolved::Address(_, port) => Ok(vec![flow(local_side, address_side(peer), port)]),
                 Resolved::ServiceWithoutBackends { namespace, name } => {
-                    Err(Unresolved::ServiceWithoutBackends(namespace, name))
+                    Err(NoFlow::ServiceWithoutBackends(namespace, name))
                 }
             }
         }
-        Ok(uplink::Direction::Inbound) => {
+        Opened::Inbound => {
             // An inbound peer is never a ClusterIP: kube-proxy keeps the client's address.
             let source = match index.pod_at(peer, at) {
                 Some(pod) => pod_side(index, pod),
@@ -147,7 +124,6 @@ pub fn observed_flows(
             };
             Ok(vec![flow(source, local_side, port)])
         }
-        _ => Err(Unresolved::BadEnum),
     }
 }
 
@@ -396,6 +372,7 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::flow_record::{BadRecord, decode};
     use k8s_openapi::jiff::Timestamp;
     use std::collections::BTreeMap;
 
@@ -563,7 +540,13 @@ mod tests {
             18083,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(&index, &view, &via_service, &now).unwrap();
+        let flows = observed_flows(
+            &index,
+            &view,
+            &decode(&via_service, &index, None).unwrap(),
+            &now,
+        )
+        .unwrap();
         assert_eq!(flows[0].source.workload.owner_name, "client");
         assert_eq!(flows[0].source.workload.owner_kind, "Deployment");
         assert_eq!(
@@ -583,7 +566,15 @@ mod tests {
             uplink::Direction::Inbound,
         );
         assert_eq!(
-            endpoints(observed_flows(&index, &view, &received, &now).unwrap()),
+            endpoints(
+                observed_flows(
+                    &index,
+                    &view,
+                    &decode(&received, &index, None).unwrap(),
+                    &now
+                )
+                .unwrap()
+            ),
             [(client.clone(), server.clone(), 18081, seen.clone())]
         );
         // Outside addresses and hostNetwork pods are bare IPs; a record without a time is "now".
@@ -594,7 +585,13 @@ mod tests {
             uplink::Direction::Outbound,
         );
         outside.last_seen_ms = 0;
-        let flows = observed_flows(&index, &view, &outside, &now).unwrap();
+        let flows = observed_flows(
+            &index,
+            &view,
+            &decode(&outside, &index, None).unwrap(),
+            &now,
+        )
+        .unwrap();
         assert_eq!(flows[0].destination.workload.address, "1.1.1.1");
         assert_eq!(
             endpoints(flows),
@@ -611,7 +608,8 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(&index, &view, &host, &now).unwrap();
+        let flows =
+            observed_flows(&index, &view, &decode(&host, &index, None).unwrap(), &now).unwrap();
         // hostNetwork pods share their node's address and never claim it in the index.
         assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
         assert_eq!(
@@ -620,15 +618,15 @@ mod tests {
         );
         // What cannot be resolved says why.
         let unknown = sent("gone", [10, 0, 0, 2], 1, uplink::Direction::Outbound);
-        assert_eq!(
-            observed_flows(&index, &view, &unknown, &now),
-            Err(Unresolved::UnknownLocalPod)
-        );
+        assert!(matches!(
+            decode(&unknown, &index, None),
+            Err(BadRecord::UnknownLocalPod(_))
+        ));
         let mut bad = via_service.clone();
         bad.peer_ip = vec![1, 2, 3];
         assert_eq!(
-            observed_flows(&index, &view, &bad, &now),
-            Err(Unresolved::BadAddress(3))
+            decode(&bad, &index, None).err(),
+            Some(BadRecord::BadAddress(3))
         );
         let no_port = sent(
             "client-5d8f7c9b6-a",
@@ -637,8 +635,13 @@ mod tests {
             uplink::Direction::Outbound,
         );
         assert!(matches!(
-            observed_flows(&index, &view, &no_port, &now),
-            Err(Unresolved::ServiceWithoutBackends(..))
+            observed_flows(
+                &index,
+                &view,
+                &decode(&no_port, &index, None).unwrap(),
+                &now
+            ),
+            Err(NoFlow::ServiceWithoutBackends(..))
         ));
     }
 
@@ -675,7 +678,8 @@ mod tests {
         );
         call.protocol = uplink::Protocol::Tcp as i32;
         call.outcome = uplink::Outcome::Established as i32;
-        let flows = observed_flows(&index, &view, &call, &now).unwrap();
+        let flows =
+            observed_flows(&index, &view, &decode(&call, &index, None).unwrap(), &now).unwrap();
         assert_eq!(
             flows
                 .iter()
@@ -704,7 +708,8 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(&index, &view, &call, &now).unwrap();
+        let flows =
+            observed_flows(&index, &view, &decode(&call, &index, None).unwrap(), &now).unwrap();
         assert_eq!(
             flows
                 .iter()
