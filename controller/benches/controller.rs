@@ -166,10 +166,6 @@ fn batches(count: usize, size: usize) -> Vec<FlowBatch> {
     out
 }
 
-fn offline_client() -> kube::Client {
-    kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
-}
-
 /// CPU time of the calling thread in seconds (Linux schedstat, nanoseconds), or 0 when unknown.
 fn thread_cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
@@ -212,9 +208,12 @@ fn main() {
     drop((deployments, pods, services));
 
     // Merge throughput on one thread.
-    let app = App::builder(offline_client(), Backend::Kubernetes)
-        .index(Arc::new(SharedIndex::listed(ix)))
-        .build();
+    let app = App::builder(
+        network_enforcer_tests::fixture::offline_client(),
+        Backend::Kubernetes,
+    )
+    .index(Arc::new(SharedIndex::listed(ix)))
+    .build();
     let (learner, learning) = (&app.learner, &app.learning);
     let input = batches(40, 5_000);
     let per_pass: usize = input.iter().map(|b| b.records.len()).sum();

@@ -58,6 +58,13 @@ pub async fn client() -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// A client whose API server refuses connections (nothing listens on port 9): for code that needs a
+/// client but must not reach a cluster.
+pub fn offline_client() -> Client {
+    Client::try_from(Config::new("http://127.0.0.1:9".parse().expect("a URL")))
+        .expect("a client that is never used")
+}
+
 /// One test's namespace on the shared cluster; deleted on drop.
 pub struct TestNamespace {
     /// Admin client.

@@ -89,15 +89,15 @@ impl Controller {
     ) -> Self {
         Self::serve(addr, tls, move || {
             // Nothing reaches the writer (every record is refused first); it needs a client all the same.
-            let client =
-                kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                    .unwrap();
-            App::builder(client, network_enforcer_api::Backend::Kubernetes)
-                .index(Arc::new(SharedIndex::listed(Index::default())))
-                .ingest_limits(limits)
-                .acknowledge(Acknowledge::OnceMerged)
-                .build()
-                .ingest(Arc::new(FixedToken))
+            App::builder(
+                network_enforcer_tests::fixture::offline_client(),
+                network_enforcer_api::Backend::Kubernetes,
+            )
+            .index(Arc::new(SharedIndex::listed(Index::default())))
+            .ingest_limits(limits)
+            .acknowledge(Acknowledge::OnceMerged)
+            .build()
+            .ingest(Arc::new(FixedToken))
         })
         .await
     }

@@ -374,10 +374,10 @@ mod tests {
 
     /// A writer whose API server refuses connections.
     fn unreachable_writer() -> ProposalWriter {
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .expect("a client");
-        ProposalWriter::new(client, network_enforcer_api::Backend::Kubernetes)
+        ProposalWriter::new(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
     }
 
     fn flusher(index: Index, writer: ProposalWriter) -> Flusher {

@@ -1080,10 +1080,8 @@ mod tests {
 
     /// A status sync whose API server is never reached.
     fn offline_sync() -> Arc<StatusSync> {
-        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .expect("a client that is never used");
         StatusSync::new(
-            client,
+            network_enforcer_tests::fixture::offline_client(),
             Arc::new(SharedIndex::default()),
             Settings::default(),
             Arc::new(crate::monitor::otlp::Disabled),
