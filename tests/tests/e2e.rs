@@ -1,8 +1,8 @@
 //! The reference's end-to-end scenario, Kubernetes backend, eBPF-only provider: our chart installed
 //! into the local cluster with our images, real `http-client` / `http-server` pods, real traffic
 //! from inside the client pod, every flow seen by our agent's eBPF programs; learn, promote to monitor,
-//! violations, protect with the blocked flow dropped by the agent's own NetworkPolicy enforcement
-//! (and, in the first run, by an nftables drop standing in for an enforcing CNI).
+//! violations, protect with the blocked flow dropped by the agent's own NetworkPolicy enforcement,
+//! turned on by a `helm upgrade` of the install.
 //! The steps and assertions are in `network_enforcer_tests::e2e::scenario`; the scenario runs three times
 //! in a row on one install (`NE_E2E_RUNS`). Needs root, `cargo xtask setup` and the binaries
 //! (`cargo build --bins`; `cargo test --workspace` builds them).
@@ -33,36 +33,27 @@ fn spec_section_10_kubernetes_backend_with_the_ebpf_provider_learns_monitors_and
         namespace,
         &scenario::release_values(namespace),
     )?;
+    // The chart's default agent does not enforce: an upgrade turns enforcement on for every run (and
+    // the uninstall at the end must remove the agent's table).
+    release.upgrade(&[scenario::AGENT_ENFORCEMENT.to_string()])?;
+    ensure!(
+        release.enforcement_rules()?.is_some(),
+        "the agent enforces but installed no table {}",
+        release.enforcement_table()
+    );
     let runs = runs()?;
     let mut latencies = Vec::new();
     for run in 1..=runs {
-        // The first run stands in for an enforcing CNI with an nftables drop (the chart's default:
-        // the agent does not enforce); then the release is upgraded so that the agent enforces, and
-        // later runs are blocked by the agent alone. The uninstall at the end must remove its table.
-        let enforcer = if run == 1 && runs > 1 {
-            scenario::Enforcer::SimulatedCni
-        } else {
-            scenario::Enforcer::Agent
-        };
-        if enforcer == scenario::Enforcer::Agent && release.enforcement_rules()?.is_none() {
-            release.upgrade(&[scenario::AGENT_ENFORCEMENT.to_string()])?;
-            ensure!(
-                release.enforcement_rules()?.is_some(),
-                "the agent enforces but installed no table {}",
-                release.enforcement_table()
-            );
-        }
         // Each run in a fresh namespace against the same install: a later run must not pass on what
         // an earlier one learned (names differ, so nothing carries over).
         let timings = scenario::run(
             &cluster.kubeconfig,
             &release,
             &format!("e2e-{}-{run}", std::process::id()),
-            enforcer,
         )?;
         ensure!(timings.first_packet_to_proposal.len() == 2, "{timings:?}");
         eprintln!(
-            "run {run}/{runs} ({enforcer:?}): scenario {:.1}s, first packet to proposal {:?}",
+            "run {run}/{runs}: scenario {:.1}s, first packet to proposal {:?}",
             timings.scenario.as_secs_f64(),
             timings.first_packet_to_proposal
         );

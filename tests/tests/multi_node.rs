@@ -97,7 +97,6 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
         kubeconfig,
         &release,
         &format!("multi-{}-across", std::process::id()),
-        scenario::Enforcer::Agent,
         &across,
     )?;
     eprintln!(

@@ -68,7 +68,6 @@ pub fn run() -> Result<()> {
     ));
     check_interrupted()?;
 
-    scenario::remove_stale_nft_tables();
     let mut app = deploy_app(&cluster.kubeconfig)?;
     check_interrupted()?;
     show_lifecycle(&app, &release)?;

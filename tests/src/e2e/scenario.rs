@@ -4,12 +4,10 @@
 //! inside the pods.
 //!
 //! The local cluster's CNI does not enforce NetworkPolicy. When the scenario says a flow becomes
-//! blocked (step 5: UDP from `http-client` to `http-service:18083`), either the agent's own
-//! enforcement blocks it through the NetworkPolicy the controller rendered ([`Enforcer::Agent`], the
-//! chart's `agent.enforcement.mode=networkpolicy`), or [`NftDrop`] drops exactly that flow on the node
-//! as an enforcing CNI would ([`Enforcer::SimulatedCni`], enforcement off), so the path where a CNI
-//! enforces stays tested too. Which flow must be blocked comes from the scenario, never from our
-//! evaluator.
+//! blocked (step 5: UDP from `http-client` to `http-service:18083`), the agent's own enforcement
+//! blocks it through the NetworkPolicy the controller rendered (the release is installed with
+//! [`AGENT_ENFORCEMENT`], the chart's `agent.enforcement.mode=networkpolicy`). Which flow must be
+//! blocked comes from the scenario, never from our evaluator.
 
 use anyhow::{Context, Result, bail, ensure};
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL};
@@ -20,13 +18,11 @@ use network_enforcer_api::{
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::poll;
 use super::release::Release;
 use super::workload::{self, Namespace, Protocol, send};
-use crate::cluster::process::output;
 
 /// The proposal learned for the client's egress.
 pub const EGRESS: &str = "deployment-http-client-egress";
@@ -41,16 +37,6 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the controller writes WorkloadNetworkPolicy status in these installs (chart value
 /// `controller.wnpStatusUpdateInterval`; the reference's default is 30 s).
 pub const STATUS_INTERVAL_SECONDS: u64 = 5;
-
-/// Who blocks what protect denies in step 5.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Enforcer {
-    /// The agent enforces the rendered NetworkPolicies (release installed with
-    /// [`AGENT_ENFORCEMENT`]).
-    Agent,
-    /// An nftables drop written by the test stands in for an enforcing CNI (enforcement off).
-    SimulatedCni,
-}
 
 /// The `--set` value that makes the agent enforce NetworkPolicies.
 pub const AGENT_ENFORCEMENT: &str = "agent.enforcement.mode=networkpolicy";
@@ -411,77 +397,6 @@ pub fn spec_without_mode(policy: &WorkloadNetworkPolicy) -> Result<Value> {
     Ok(spec)
 }
 
-/// An nftables table dropping one flow on the node, removed on drop: what an enforcing CNI does for
-/// a denied egress. The rule sits in `prerouting` before conntrack and NAT, so it sees the packet as
-/// the client sent it (to the Service's ClusterIP and port).
-pub struct NftDrop {
-    table: String,
-}
-
-impl NftDrop {
-    /// Drops UDP from `source` to `destination:port`.
-    pub fn udp(source: &str, destination: &str, port: u16) -> Result<Self> {
-        Self::new("udp", source, destination, port)
-    }
-
-    /// Drops TCP from `source` to `destination:port` (connection attempts time out).
-    pub fn tcp(source: &str, destination: &str, port: u16) -> Result<Self> {
-        Self::new("tcp", source, destination, port)
-    }
-
-    fn new(protocol: &str, source: &str, destination: &str, port: u16) -> Result<Self> {
-        let table = format!("ne_e2e_{}", std::process::id());
-        let _ = Command::new("nft")
-            .args(["delete", "table", "ip", &table])
-            .output();
-        let script = format!(
-            "table ip {table} {{\n  chain prerouting {{\n    type filter hook prerouting priority -400; policy accept;\n    ip saddr {source} ip daddr {destination} {protocol} dport {port} counter drop\n  }}\n}}\n"
-        );
-        crate::cluster::process::output_with_input(
-            Command::new("nft").args(["-f", "-"]),
-            script.as_bytes(),
-        )
-        .context("installing the nftables drop (needs root and nft)")?;
-        Ok(Self { table })
-    }
-
-    /// Packets the rule has dropped so far.
-    pub fn dropped(&self) -> Result<u64> {
-        let text = output(Command::new("nft").args(["list", "table", "ip", &self.table]))?;
-        let packets = text
-            .split_whitespace()
-            .skip_while(|w| *w != "packets")
-            .nth(1)
-            .context("no counter in the nftables rule")?;
-        Ok(packets.parse()?)
-    }
-}
-
-impl Drop for NftDrop {
-    fn drop(&mut self) {
-        if let Err(e) = output(Command::new("nft").args(["delete", "table", "ip", &self.table])) {
-            eprintln!("warning: removing nftables table {}: {e:#}", self.table);
-        }
-    }
-}
-
-/// Removes drop tables of earlier runs that were killed (their pid is gone).
-pub fn remove_stale_nft_tables() {
-    let Ok(tables) = output(Command::new("nft").args(["list", "tables", "ip"])) else {
-        return;
-    };
-    for table in tables.lines().filter_map(|l| l.strip_prefix("table ip ")) {
-        let pid = table
-            .strip_prefix("ne_e2e_")
-            .and_then(|p| p.trim().parse().ok());
-        if pid.is_some_and(|pid| !crate::cluster::process::alive(pid)) {
-            let _ = Command::new("nft")
-                .args(["delete", "table", "ip", table.trim()])
-                .output();
-        }
-    }
-}
-
 /// The JSON flow lines of every agent's `flows -o json` (one agent per node).
 fn agent_flows(release: &Release, namespace: &str, since: Duration) -> Result<Vec<Value>> {
     let since = format!("{}s", since.as_secs().max(1));
@@ -504,14 +419,9 @@ fn agent_flows(release: &Release, namespace: &str, since: Duration) -> Result<Ve
 }
 
 /// Runs the whole Kubernetes-backend scenario in namespace `name` against `release` (installed with
-/// [`release_values`]) and returns what it measured. Fails at the first step that does not hold.
-pub fn run(
-    kubeconfig: &Path,
-    release: &Release,
-    name: &str,
-    enforcer: Enforcer,
-) -> Result<Timings> {
-    run_on(kubeconfig, release, name, enforcer, &Placement::default())
+/// [`release_values`] and [`AGENT_ENFORCEMENT`]) and returns what it measured. Fails at the first step that does not hold.
+pub fn run(kubeconfig: &Path, release: &Release, name: &str) -> Result<Timings> {
+    run_on(kubeconfig, release, name, &Placement::default())
 }
 
 /// [`run`] with the pods on the nodes `placement` names (the multi-node suite: client and server on
@@ -520,11 +430,9 @@ pub fn run_on(
     kubeconfig: &Path,
     release: &Release,
     name: &str,
-    enforcer: Enforcer,
     placement: &Placement,
 ) -> Result<Timings> {
     let started = Instant::now();
-    remove_stale_nft_tables();
     say(&format!(
         "creating the workload (http-client, http-server, http-service) on {placement:?}"
     ));
@@ -595,67 +503,39 @@ pub fn run_on(
         check_network_policy(&w, release, name)?;
     }
     // The egress policy does not allow the client's UDP to http-service:18083 (the server's 18081).
-    let (client_ip, service_ip) = (&w.client.1, &w.service_ip);
     // The blocked attempts start now (the agent's flows are looked at from here).
     let block_started = Instant::now();
-    // The simulated CNI's drop stays until the violation is checked.
-    let blocked: Option<NftDrop> = match enforcer {
-        Enforcer::Agent => {
-            let before = release.enforcement_drops()?;
-            say(
-                "step 5: the agent enforces the rendered NetworkPolicies: UDP 18083 must be dropped",
-            );
-            // The agent installs a new policy within a second or so of its creation; until then a
-            // datagram may still pass (counted as a violation like any other).
-            let mut attempt = 0;
-            poll(
-                "the agent's enforcement to drop UDP 18083",
-                Duration::from_secs(15),
-                Duration::from_millis(200),
-                || {
-                    attempt += 1;
-                    Ok(
-                        (!w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?)
-                            .then_some(()),
-                    )
-                },
-                || {
-                    release
-                        .enforcement_rules()
-                        .map(|r| format!("{r:#?}"))
-                        .unwrap_or_default()
-                },
-            )?;
-            for attempt in 0..3 {
-                ensure!(
-                    !w.send(Protocol::Udp, 18083, &format!("blocked-again-{attempt}"))?,
-                    "UDP 18083 echoed again after the agent dropped it"
-                );
-            }
-            let dropped = release.enforcement_drops()? - before;
-            ensure!(
-                dropped >= 3,
-                "the agent's deny rules counted {dropped} drops for 4 blocked datagrams"
-            );
-            None
-        }
-        Enforcer::SimulatedCni => {
-            let blocked = NftDrop::udp(client_ip, service_ip, 18083)?;
-            say("step 5: UDP 18083 is now dropped on the node (standing in for the CNI)");
-            for attempt in 0..3 {
-                ensure!(
-                    !w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?,
-                    "UDP 18083 still echoes after the drop"
-                );
-            }
-            ensure!(
-                blocked.dropped()? >= 3,
-                "the drop rule saw no packets: {}",
-                blocked.dropped()?
-            );
-            Some(blocked)
-        }
-    };
+    let before = release.enforcement_drops()?;
+    say("step 5: the agent enforces the rendered NetworkPolicies: UDP 18083 must be dropped");
+    // The agent installs a new policy within a second or so of its creation; until then a
+    // datagram may still pass (counted as a violation like any other).
+    let mut attempt = 0;
+    poll(
+        "the agent's enforcement to drop UDP 18083",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || {
+            attempt += 1;
+            Ok((!w.send(Protocol::Udp, 18083, &format!("blocked-{attempt}"))?).then_some(()))
+        },
+        || {
+            release
+                .enforcement_rules()
+                .map(|r| format!("{r:#?}"))
+                .unwrap_or_default()
+        },
+    )?;
+    for attempt in 0..3 {
+        ensure!(
+            !w.send(Protocol::Udp, 18083, &format!("blocked-again-{attempt}"))?,
+            "UDP 18083 echoed again after the agent dropped it"
+        );
+    }
+    let dropped = release.enforcement_drops()? - before;
+    ensure!(
+        dropped >= 3,
+        "the agent's deny rules counted {dropped} drops for 4 blocked datagrams"
+    );
     let egress = poll(
         &format!("the protect violation on {EGRESS}"),
         STEP_TIMEOUT,
@@ -721,7 +601,6 @@ pub fn run_on(
         sent >= 1 && !received,
         "the agent should see the client's blocked UDP sends and no arrival at the server: {flows:#?}"
     );
-    drop(blocked);
     let timings = Timings {
         scenario: started.elapsed(),
         first_packet_to_proposal,

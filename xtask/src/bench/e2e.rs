@@ -43,7 +43,6 @@ pub fn run() -> Result<()> {
             &cluster.kubeconfig,
             &release,
             &format!("bench-e2e-{}-{i}", std::process::id()),
-            scenario::Enforcer::Agent,
         )?;
         scenario_times.push(t.scenario);
         latencies.extend(t.first_packet_to_proposal);
