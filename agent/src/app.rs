@@ -287,6 +287,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         ..args.kernel.load_options()
     };
     let mut data_plane = DataPlane::load(&load_options).context("starting the eBPF data plane")?;
+    // Loading parsed the kernel's BTF (megabytes, all freed now): give it back before the scan parses it again.
+    crate::memory::release_freed();
     metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
     let scanner = Scanner::new(node_cgroups, attributor.clone());

@@ -15,6 +15,7 @@
 //! - [`uplink`]: records to the controller over a gRPC stream (resend buffer, reconnects, token rotation);
 //! - [`kernel::host`], [`kernel::btf`] and [`kernel::tracepoint_format`]: what the loader needs to know about the running kernel;
 //! - [`enforce`]: NetworkPolicy enforcement on the node (off unless `--enforcement networkpolicy`);
+//! - [`memory`]: the allocator settings that keep the agent's resident memory bounded;
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
@@ -24,6 +25,7 @@ pub mod enforce;
 pub mod error;
 pub mod identity;
 pub mod kernel;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod sources;

@@ -51,8 +51,21 @@ enum EnforcementCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// Tokio worker threads: the agent's hot path is one task (read, aggregate, flush); the others (metrics,
+/// uplink, watches) are light. Not one per core: each thread costs a stack and allocator state.
+const WORKER_THREADS: usize = 2;
+
+fn main() -> Result<()> {
+    network_enforcer_agent::memory::bound_malloc_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -57,7 +57,7 @@ const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
 /// One member of a struct or union.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Member {
     name_off: u32,
     type_id: u32,
@@ -67,20 +67,30 @@ struct Member {
     bitfield_size: u32,
 }
 
-/// One type record: its kind, name, the type it refers to (typedef, const, ...) and members.
-#[derive(Debug, Clone)]
+/// One type record: its kind, name, the type it refers to (typedef, const, ...) and where its members
+/// are (struct and union only).
+#[derive(Debug, Clone, Copy)]
 struct Type {
     kind: u32,
+    kind_flag: bool,
     name_off: u32,
     /// For modifiers and typedefs: the referenced type id.
     type_ref: u32,
-    members: Vec<Member>,
+    /// Byte offset of the first member record in the type section, and how many there are.
+    members_at: usize,
+    vlen: usize,
 }
 
-/// Parsed BTF: types by id (index 0 is `void`) and the string section.
+/// Parsed BTF: the kernel's bytes as read, and where each type record starts (index 0 is `void`).
+/// Records are decoded when asked for: the kernel's BTF has over 100,000 types, and a decoded copy of
+/// each (with its members) cost the agent more memory at start than everything it holds later.
 pub struct Btf {
-    types: Vec<Type>,
-    strings: Vec<u8>,
+    data: Vec<u8>,
+    /// The type section's and the string section's byte ranges in `data`.
+    types: std::ops::Range<usize>,
+    strings: std::ops::Range<usize>,
+    /// Offset of every type record in the type section; `u32::MAX` for `void`.
+    offsets: Vec<u32>,
 }
 
 fn read_u16(data: &[u8], at: usize) -> Option<u16> {
@@ -99,64 +109,46 @@ impl Btf {
             path: path.into(),
             source,
         })?;
-        Self::parse(&data).map_err(crate::Error::Btf)
+        Self::parse_owned(data).map_err(crate::Error::Btf)
     }
 
     /// Parses little-endian BTF (the only byte order on the architectures we run on).
     pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
+        Self::parse_owned(data.to_vec())
+    }
+
+    fn parse_owned(data: Vec<u8>) -> Result<Self, BtfError> {
         let bad = |what: &str| BtfError::Malformed(what.to_string());
-        if read_u16(data, 0) != Some(BTF_MAGIC) {
+        if read_u16(&data, 0) != Some(BTF_MAGIC) {
             return Err(bad("bad magic (not little-endian BTF)"));
         }
-        let header = |at| read_u32(data, at).ok_or_else(|| bad("truncated header"));
+        let header = |at| read_u32(&data, at).ok_or_else(|| bad("truncated header"));
         let hdr_len = header(4)? as usize;
         let (type_off, type_len) = (header(8)? as usize, header(12)? as usize);
         let (str_off, str_len) = (header(16)? as usize, header(20)? as usize);
+        let types = hdr_len + type_off..hdr_len + type_off + type_len;
+        let strings = hdr_len + str_off..hdr_len + str_off + str_len;
         let type_section = data
-            .get(hdr_len + type_off..hdr_len + type_off + type_len)
+            .get(types.clone())
             .ok_or_else(|| bad("type section out of range"))?;
-        let strings = data
-            .get(hdr_len + str_off..hdr_len + str_off + str_len)
-            .ok_or_else(|| bad("string section out of range"))?
-            .to_vec();
+        if data.get(strings.clone()).is_none() {
+            return Err(bad("string section out of range"));
+        }
 
-        let mut types = vec![Type {
-            kind: 0,
-            name_off: 0,
-            type_ref: 0,
-            members: Vec::new(),
-        }];
+        let mut offsets = vec![u32::MAX];
         let mut at = 0;
         while at < type_section.len() {
-            let word =
-                |i: usize| read_u32(type_section, at + 4 * i).ok_or_else(|| bad("truncated type"));
-            let (name_off, info, size_or_type) = (word(0)?, word(1)?, word(2)?);
+            let info = read_u32(type_section, at + 4).ok_or_else(|| bad("truncated type"))?;
+            read_u32(type_section, at + 8).ok_or_else(|| bad("truncated type"))?;
+            offsets.push(u32::try_from(at).map_err(|_| bad("type section too large"))?);
             let vlen = (info & 0xffff) as usize;
             let kind = (info >> 24) & 0x1f;
-            let kind_flag = info >> 31 == 1;
-            at += 12;
-            let mut members = Vec::new();
             let extra = match kind {
                 KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
                 KIND_ARRAY => 12,
                 KIND_STRUCT | KIND_UNION => {
-                    for i in 0..vlen {
-                        let m = |j: usize| {
-                            read_u32(type_section, at + 12 * i + 4 * j)
-                                .ok_or_else(|| bad("truncated member"))
-                        };
-                        let offset = m(2)?;
-                        let (bit_offset, bitfield_size) = if kind_flag {
-                            (offset & 0x00ff_ffff, offset >> 24)
-                        } else {
-                            (offset, 0)
-                        };
-                        members.push(Member {
-                            name_off: m(0)?,
-                            type_id: m(1)?,
-                            bit_offset,
-                            bitfield_size,
-                        });
+                    if type_section.len() < at + 12 + 12 * vlen {
+                        return Err(bad("truncated member"));
                     }
                     12 * vlen
                 }
@@ -167,20 +159,64 @@ impl Btf {
                 | KIND_TYPE_TAG => 0,
                 other => return Err(BtfError::Malformed(format!("unknown kind {other}"))),
             };
-            at += extra;
-            types.push(Type {
-                kind,
-                name_off,
-                type_ref: size_or_type,
-                members,
-            });
+            at += 12 + extra;
         }
-        Ok(Self { types, strings })
+        Ok(Self {
+            data,
+            types,
+            strings,
+            offsets,
+        })
+    }
+
+    /// The type record `id`; `None` for `void` and unknown ids.
+    fn get(&self, id: u32) -> Option<Type> {
+        let at = *self.offsets.get(id as usize)?;
+        if at == u32::MAX {
+            return None;
+        }
+        let section = &self.data[self.types.clone()];
+        let at = at as usize;
+        let word = |i: usize| read_u32(section, at + 4 * i).unwrap_or(0);
+        let info = word(1);
+        Some(Type {
+            kind: (info >> 24) & 0x1f,
+            kind_flag: info >> 31 == 1,
+            name_off: word(0),
+            type_ref: word(2),
+            members_at: at + 12,
+            vlen: (info & 0xffff) as usize,
+        })
+    }
+
+    /// The members of a struct or union (checked in bounds by the parse).
+    fn members(&self, t: Type) -> impl Iterator<Item = Member> + '_ {
+        let section = &self.data[self.types.clone()];
+        let count = if matches!(t.kind, KIND_STRUCT | KIND_UNION) {
+            t.vlen
+        } else {
+            0
+        };
+        (0..count).map(move |i| {
+            let m = |j: usize| read_u32(section, t.members_at + 12 * i + 4 * j).unwrap_or(0);
+            let offset = m(2);
+            let (bit_offset, bitfield_size) = if t.kind_flag {
+                (offset & 0x00ff_ffff, offset >> 24)
+            } else {
+                (offset, 0)
+            };
+            Member {
+                name_off: m(0),
+                type_id: m(1),
+                bit_offset,
+                bitfield_size,
+            }
+        })
     }
 
     fn name(&self, off: u32) -> &str {
-        let start = off as usize;
-        let rest = self.strings.get(start..).unwrap_or_default();
+        let strings = &self.data[self.strings.clone()];
+        let rest = strings.get(off as usize..).unwrap_or_default();
         let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).unwrap_or("")
     }
@@ -188,7 +224,7 @@ impl Btf {
     /// Follows typedefs and qualifiers to the underlying type id.
     fn resolve(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
-            match self.types.get(id as usize) {
+            match self.get(id) {
                 Some(t)
                     if matches!(
                         t.kind,
@@ -205,19 +241,16 @@ impl Btf {
 
     /// Finds `name` among the members of struct/union `id`, looking inside anonymous members too.
     /// Returns the member and its bit offset from the start of `id`.
-    fn find_member(&self, id: u32, name: &str) -> Option<(&Member, u32)> {
-        let t = self.types.get(self.resolve(id) as usize)?;
+    fn find_member(&self, id: u32, name: &str) -> Option<(Member, u32)> {
+        let t = self.get(self.resolve(id))?;
         if !matches!(t.kind, KIND_STRUCT | KIND_UNION) {
             return None;
         }
-        for m in &t.members {
-            if self.name(m.name_off) == name {
-                return Some((m, m.bit_offset));
-            }
+        if let Some(m) = self.members(t).find(|m| self.name(m.name_off) == name) {
+            return Some((m, m.bit_offset));
         }
         // Anonymous structs and unions (`union { ... };`) contribute their members to the parent.
-        t.members
-            .iter()
+        self.members(t)
             .filter(|m| m.name_off == 0 || self.name(m.name_off).is_empty())
             .find_map(|m| {
                 self.find_member(m.type_id, name)
@@ -227,16 +260,17 @@ impl Btf {
 
     /// Byte offset of `path` (dotted, e.g. `__sk_common.skc_net`) inside struct `strukt`.
     pub fn member_offset(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
-        let root = self
-            .types
-            .iter()
-            .position(|t| t.kind == KIND_STRUCT && self.name(t.name_off) == strukt)
+        let root = (1..self.offsets.len() as u32)
+            .find(|&id| {
+                self.get(id)
+                    .is_some_and(|t| t.kind == KIND_STRUCT && self.name(t.name_off) == strukt)
+            })
             .ok_or_else(|| BtfError::NoStruct(strukt.to_string()))?;
         let no_member = || BtfError::NoMember {
             strukt: strukt.to_string(),
             path: path.to_string(),
         };
-        let mut id = root as u32;
+        let mut id = root;
         let mut bits = 0u32;
         for part in path.split('.') {
             let (member, off) = self.find_member(id, part).ok_or_else(no_member)?;

@@ -154,8 +154,9 @@ pub fn scan_offsets(btf: &Btf) -> Result<ScanOffsets, ScanError> {
 /// Loads the iterator and starts one walk over every open file on the node: read the returned file
 /// to its end for the [`SocketRecord`]s. The program is unloaded when the file is closed.
 pub fn open() -> Result<std::fs::File, ScanError> {
-    let btf = Btf::from_kernel().map_err(|e| ScanError::Offsets(e.to_string()))?;
-    let offsets = scan_offsets(&btf)?;
+    // Our BTF goes before aya parses its own copies (twice, below): they are not held at once.
+    let offsets =
+        scan_offsets(&Btf::from_kernel().map_err(|e| ScanError::Offsets(e.to_string()))?)?;
     tracing::debug!(?offsets, "socket scan offsets from BTF");
     let load = |e: &dyn std::fmt::Display| ScanError::Load(e.to_string());
     let mut ebpf = EbpfLoader::new()
@@ -337,32 +338,37 @@ pub fn spawn(
     metrics: ScanMetrics,
 ) -> tokio::sync::oneshot::Receiver<Vec<ConnectionEvent>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::task::spawn_blocking(move || match scan(max_sockets) {
-        Ok(scan) => {
-            metrics.sockets.inc_by(scan.sockets);
-            metrics.connections.inc_by(scan.events.len() as u64);
-            metrics.dropped.inc_by(scan.dropped);
-            tracing::info!(
-                sockets = scan.sockets,
-                connections = scan.events.len(),
-                dropped = scan.dropped,
-                elapsed_ms = scan.elapsed.as_millis() as u64,
-                "scanned connections open before the agent started"
-            );
-            if scan.dropped > 0 {
-                tracing::warn!(
+    tokio::task::spawn_blocking(move || {
+        let scanned = scan(max_sockets);
+        // The scan's BTF parses are freed: hand the memory back rather than keep it for nothing.
+        crate::memory::release_freed();
+        match scanned {
+            Ok(scan) => {
+                metrics.sockets.inc_by(scan.sockets);
+                metrics.connections.inc_by(scan.events.len() as u64);
+                metrics.dropped.inc_by(scan.dropped);
+                tracing::info!(
+                    sockets = scan.sockets,
+                    connections = scan.events.len(),
                     dropped = scan.dropped,
-                    max_sockets,
-                    "more connections open than --max-existing-sockets (NE_MAX_EXISTING_SOCKETS): the \
-                     rest are learned when they reconnect"
+                    elapsed_ms = scan.elapsed.as_millis() as u64,
+                    "scanned connections open before the agent started"
                 );
+                if scan.dropped > 0 {
+                    tracing::warn!(
+                        dropped = scan.dropped,
+                        max_sockets,
+                        "more connections open than --max-existing-sockets (NE_MAX_EXISTING_SOCKETS): the \
+                     rest are learned when they reconnect"
+                    );
+                }
+                // A closed receiver means the agent is stopping: nothing to hand over to.
+                let _ = tx.send(scan.events);
             }
-            // A closed receiver means the agent is stopping: nothing to hand over to.
-            let _ = tx.send(scan.events);
-        }
-        Err(err) => {
-            metrics.failures.inc();
-            tracing::warn!(%err, "start-up socket scan failed; the agent goes on without it");
+            Err(err) => {
+                metrics.failures.inc();
+                tracing::warn!(%err, "start-up socket scan failed; the agent goes on without it");
+            }
         }
     });
     rx
