@@ -22,7 +22,7 @@ pub const EVENTS_MAP: &str = "EVENTS";
 pub const COUNTERS_MAP: &str = "COUNTERS";
 /// Name of the global holding the [`Config`] patched in at load time.
 pub const CONFIG_GLOBAL: &str = "CONFIG";
-/// Name of the TCP state-change tracepoint program.
+/// Name of the TCP state-change program (a raw tracepoint on `sock/inet_sock_set_state`).
 pub const TCP_STATE_PROGRAM: &str = "inet_sock_set_state";
 /// Names of the UDP cgroup `sock_addr` programs, attached at the cgroup v2 root.
 pub const UDP_PROGRAMS: [&str; 6] = [
@@ -171,56 +171,6 @@ impl Counter {
 /// Number of slots in [`COUNTERS_MAP`].
 pub const COUNTER_SLOTS: u32 = 3;
 
-/// Offsets of the fields of the `sock/inet_sock_set_state` tracepoint record, read by user space from
-/// `events/sock/inet_sock_set_state/format` in tracefs so the program does not depend on one kernel's
-/// layout. All in bytes from the start of the record.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TcpTracepointLayout {
-    /// `const void *skaddr`: the socket, used as the key of per-socket state.
-    pub skaddr: u16,
-    /// `int oldstate`.
-    pub oldstate: u16,
-    /// `int newstate`.
-    pub newstate: u16,
-    /// `__u16 sport` (host byte order).
-    pub sport: u16,
-    /// `__u16 dport` (host byte order).
-    pub dport: u16,
-    /// `__u16 family`.
-    pub family: u16,
-    /// `__u16 protocol`.
-    pub protocol: u16,
-    /// `__u8 saddr[4]`.
-    pub saddr: u16,
-    /// `__u8 daddr[4]`.
-    pub daddr: u16,
-    /// `__u8 saddr_v6[16]`.
-    pub saddr_v6: u16,
-    /// `__u8 daddr_v6[16]`.
-    pub daddr_v6: u16,
-    /// Explicit padding, always zero.
-    pub _pad: u16,
-}
-
-impl TcpTracepointLayout {
-    /// The layout of Linux 5.6 and later (x86_64), used when nothing else is known.
-    pub const DEFAULT: Self = Self {
-        skaddr: 8,
-        oldstate: 16,
-        newstate: 20,
-        sport: 24,
-        dport: 26,
-        family: 28,
-        protocol: 30,
-        saddr: 32,
-        daddr: 36,
-        saddr_v6: 40,
-        daddr_v6: 56,
-        _pad: 0,
-    };
-}
-
 /// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
 /// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.
 /// An offset of [`KernelOffsets::UNKNOWN`] means "not available on this kernel": the program then reports 0.
@@ -247,8 +197,19 @@ pub struct KernelOffsets {
     /// The programs only use it when it is 0 (as in every kernel so far): they then read the socket
     /// pointer from the start of their context.
     pub sock_addr_kern_sk: u32,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// `struct sock` → `sk_protocol` (u16).
+    pub sock_protocol: u32,
+    /// `struct sock` → `__sk_common.skc_daddr`, where `skc_daddr`, `skc_rcv_saddr`, `skc_hash`,
+    /// `skc_dport`, `skc_num` and `skc_family` follow each other (4, 4, 4, 2, 2, 2 bytes): the TCP
+    /// program reads them at once. User space checks that order in BTF.
+    pub sock_head: u32,
+    /// `struct sock` → `__sk_common.skc_v6_daddr` (16 bytes).
+    pub sock_v6_daddr: u32,
+    /// `struct sock` → `__sk_common.skc_v6_rcv_saddr` (16 bytes).
+    pub sock_v6_rcv_saddr: u32,
+    /// `struct inet_sock` (which starts with the `struct sock`) → `inet_sport` (network byte order): the
+    /// local port of a failed connect, whose `skc_num` the kernel has cleared by then.
+    pub inet_sport: u32,
 }
 
 impl KernelOffsets {
@@ -266,7 +227,11 @@ impl KernelOffsets {
         task_nsproxy: Self::UNKNOWN,
         nsproxy_net_ns: Self::UNKNOWN,
         sock_addr_kern_sk: Self::UNKNOWN,
-        _pad: 0,
+        sock_protocol: Self::UNKNOWN,
+        sock_head: Self::UNKNOWN,
+        sock_v6_daddr: Self::UNKNOWN,
+        sock_v6_rcv_saddr: Self::UNKNOWN,
+        inet_sport: Self::UNKNOWN,
     };
 }
 
@@ -274,8 +239,6 @@ impl KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Where the tracepoint's fields are.
-    pub tcp_tracepoint: TcpTracepointLayout,
     /// Where the kernel struct fields are.
     pub kernel: KernelOffsets,
     /// An edge already reported within this many nanoseconds is not reported again (0: report everything).
@@ -285,7 +248,6 @@ pub struct Config {
 impl Config {
     /// The values compiled into the programs before user space patches them.
     pub const DEFAULT: Self = Self {
-        tcp_tracepoint: TcpTracepointLayout::DEFAULT,
         kernel: KernelOffsets::NONE,
         dedupe_window_ns: 0,
     };
@@ -319,9 +281,8 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<FlowEvent>(), 72);
-        assert_eq!(size_of::<TcpTracepointLayout>(), 24);
-        assert_eq!(size_of::<KernelOffsets>(), 40);
-        assert_eq!(size_of::<Config>(), 72);
+        assert_eq!(size_of::<KernelOffsets>(), 56);
+        assert_eq!(size_of::<Config>(), 64);
     }
 
     #[test]

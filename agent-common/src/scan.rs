@@ -128,6 +128,6 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<SocketRecord>(), 56);
-        assert_eq!(size_of::<ScanOffsets>(), 88);
+        assert_eq!(size_of::<ScanOffsets>(), 104);
     }
 }

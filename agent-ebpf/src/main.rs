@@ -1,6 +1,6 @@
 //! The agent's kernel programs.
 //!
-//! - `inet_sock_set_state` (tracepoint `sock/inet_sock_set_state`) sees every TCP state change on the node,
+//! - `inet_sock_set_state` (raw tracepoint on `sock/inet_sock_set_state`) sees every TCP state change on the node,
 //!   in every network namespace, and reports three transitions:
 //!   SYN_SENT→ESTABLISHED (outbound connection), SYN_RECV→ESTABLISHED (inbound connection) and
 //!   SYN_SENT→CLOSE (an outbound attempt that failed: refused, timed out, reset, dropped; the socket error
@@ -40,9 +40,9 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
-    macros::{cgroup_sock_addr, map, tracepoint},
+    macros::{cgroup_sock_addr, map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::{SockAddrContext, TracePointContext},
+    programs::{RawTracePointContext, SockAddrContext},
 };
 use network_enforcer_agent_common::{
     AF_INET, AF_INET6, COUNTER_SLOTS, Config, Counter, DEFAULT_RING_BUFFER_BYTES, Direction,
@@ -231,42 +231,64 @@ fn socket_context(sk: u64, k: &KernelOffsets) -> (u32, u64) {
     (netns, cgroup)
 }
 
-#[tracepoint]
-pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    // A failed read of the tracepoint record means there is nothing reliable to report: skip it.
-    let _ = on_tcp_state_change(&ctx);
+/// The start of `struct sock_common`, read with one probe read (user space checks the layout in BTF:
+/// it has not changed since Linux 2.6, but a kernel that differs is refused rather than misread).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SockHead {
+    /// `skc_daddr` (network byte order).
+    daddr: [u8; 4],
+    /// `skc_rcv_saddr` (network byte order).
+    rcv_saddr: [u8; 4],
+    /// `skc_hash`.
+    _hash: u32,
+    /// `skc_dport` (network byte order).
+    dport: u16,
+    /// `skc_num`: the local port (host byte order).
+    num: u16,
+    /// `skc_family`.
+    family: u16,
+}
+
+/// A raw tracepoint (not the classic one): the kernel hands over the tracepoint's arguments as they
+/// are, instead of first building the trace record (perf buffer, every field copied) for each of the
+/// several state changes of every connection, most of which the program then ignores.
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn inet_sock_set_state(ctx: RawTracePointContext) -> i32 {
+    // TP_PROTO(const struct sock *sk, const int oldstate, const int newstate)
+    let sk: u64 = ctx.arg(0);
+    let oldstate = ctx.arg::<u64>(1) as i32;
+    let newstate = ctx.arg::<u64>(2) as i32;
+    on_tcp_state_change(sk, oldstate, newstate);
     0
 }
 
-fn on_tcp_state_change(ctx: &TracePointContext) -> Result<(), i32> {
-    let cfg = config();
-    let layout = cfg.tcp_tracepoint;
-    // SAFETY: the offsets come from the tracepoint's format file; read_at uses bpf_probe_read.
-    let (protocol, oldstate, newstate, skaddr) = unsafe {
-        (
-            ctx.read_at::<u16>(layout.protocol as usize)?,
-            ctx.read_at::<i32>(layout.oldstate as usize)?,
-            ctx.read_at::<i32>(layout.newstate as usize)?,
-            ctx.read_at::<u64>(layout.skaddr as usize)?,
-        )
-    };
-    if protocol != IPPROTO_TCP as u16 {
-        return Ok(()); // the same tracepoint also fires for SCTP and MPTCP
-    }
-
+#[inline(always)]
+fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
+    // Decided on the arguments alone: most state changes (closing, the listener's SYN_RECV child being
+    // created) end here without a single read of kernel memory.
     let (direction, outcome) = match (oldstate, newstate) {
-        (tcp_state::CLOSE, tcp_state::SYN_SENT) => {
-            // Inside connect(): remember who is connecting. A full LRU evicts the oldest entry.
-            let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-            let _ = CONNECTING.insert(skaddr, pid, 0);
-            return Ok(());
-        }
+        (tcp_state::CLOSE, tcp_state::SYN_SENT) => (Direction::Outbound, None),
         (tcp_state::SYN_SENT, tcp_state::ESTABLISHED) => {
-            (Direction::Outbound, Outcome::Established)
+            (Direction::Outbound, Some(Outcome::Established))
         }
-        (tcp_state::SYN_SENT, tcp_state::CLOSE) => (Direction::Outbound, Outcome::Failed),
-        (tcp_state::SYN_RECV, tcp_state::ESTABLISHED) => (Direction::Inbound, Outcome::Established),
-        _ => return Ok(()),
+        (tcp_state::SYN_SENT, tcp_state::CLOSE) => (Direction::Outbound, Some(Outcome::Failed)),
+        (tcp_state::SYN_RECV, tcp_state::ESTABLISHED) => {
+            (Direction::Inbound, Some(Outcome::Established))
+        }
+        _ => return,
+    };
+    let cfg = config();
+    let k = &cfg.kernel;
+    // The same tracepoint also fires for SCTP and MPTCP sockets.
+    if read_kernel::<u16>(sk, k.sock_protocol) != Some(IPPROTO_TCP as u16) {
+        return;
+    }
+    let Some(outcome) = outcome else {
+        // Inside connect(): remember who is connecting. A full LRU evicts the oldest entry.
+        let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = CONNECTING.insert(sk, pid, 0);
+        return;
     };
 
     let mut event = FlowEvent::zeroed();
@@ -277,46 +299,53 @@ fn on_tcp_state_change(ctx: &TracePointContext) -> Result<(), i32> {
     event.outcome = outcome as u8;
     if direction == Direction::Outbound {
         // SAFETY: lookup of a plain u32 value, copied out immediately.
-        if let Some(pid) = unsafe { CONNECTING.get(skaddr) } {
+        if let Some(pid) = unsafe { CONNECTING.get(sk) } {
             event.pid = *pid;
+            let _ = CONNECTING.remove(sk);
         }
-        let _ = CONNECTING.remove(skaddr);
     }
-    (event.netns_ino, event.cgroup_id) = socket_context(skaddr, &cfg.kernel);
+    (event.netns_ino, event.cgroup_id) = socket_context(sk, k);
     if outcome == Outcome::Failed {
         // tcp_reset()/tcp_write_err() set sk_err before tcp_done() moves the socket to CLOSE.
-        let err = read_kernel::<i32>(skaddr, cfg.kernel.sock_err).unwrap_or(0);
+        let err = read_kernel::<i32>(sk, k.sock_err).unwrap_or(0);
         event.error = if (0..=255).contains(&err) {
             err as u8
         } else {
             0
         };
     }
-
-    // SAFETY: offsets from the format file, sizes as declared there.
-    unsafe {
-        event.family = ctx.read_at::<u16>(layout.family as usize)?;
-        event.local_port = ctx.read_at::<u16>(layout.sport as usize)?;
-        event.remote_port = ctx.read_at::<u16>(layout.dport as usize)?;
-        match event.family {
-            AF_INET => {
-                let local = ctx.read_at::<[u8; 4]>(layout.saddr as usize)?;
-                let remote = ctx.read_at::<[u8; 4]>(layout.daddr as usize)?;
-                event.local_addr[..4].copy_from_slice(&local);
-                event.remote_addr[..4].copy_from_slice(&remote);
-            }
-            AF_INET6 => {
-                event.local_addr = ctx.read_at::<[u8; 16]>(layout.saddr_v6 as usize)?;
-                event.remote_addr = ctx.read_at::<[u8; 16]>(layout.daddr_v6 as usize)?;
-            }
-            _ => {
-                count(Counter::UnknownFamily);
-                return Ok(());
-            }
+    let Some(head) = read_kernel::<SockHead>(sk, k.sock_head) else {
+        return;
+    };
+    event.family = head.family;
+    event.local_port = if outcome == Outcome::Failed {
+        // The failed socket gave its port back (skc_num is 0 now); inet_sport still holds it.
+        read_kernel::<u16>(sk, k.inet_sport).map_or(0, u16::from_be)
+    } else {
+        head.num
+    };
+    event.remote_port = u16::from_be(head.dport);
+    match head.family {
+        AF_INET => {
+            event.local_addr[..4].copy_from_slice(&head.rcv_saddr);
+            event.remote_addr[..4].copy_from_slice(&head.daddr);
+        }
+        AF_INET6 => {
+            let (Some(local), Some(remote)) = (
+                read_kernel::<[u8; 16]>(sk, k.sock_v6_rcv_saddr),
+                read_kernel::<[u8; 16]>(sk, k.sock_v6_daddr),
+            ) else {
+                return;
+            };
+            event.local_addr = local;
+            event.remote_addr = remote;
+        }
+        _ => {
+            count(Counter::UnknownFamily);
+            return;
         }
     }
     report(&mut event, cfg.dedupe_window_ns);
-    Ok(())
 }
 
 /// `SOCK_DGRAM`.

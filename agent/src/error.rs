@@ -22,13 +22,13 @@ pub enum Error {
     )]
     NoBtf(PathBuf),
 
-    /// A pseudo file system (bpffs, tracefs) is missing and could not be mounted.
+    /// A pseudo file system (bpffs) is missing and could not be mounted.
     #[error(
         "mounting {fstype} at {path} failed: {source}; mount it on the node (`mount -t {fstype} {fstype} \
          {path}`, which systemd does at boot) or run the agent with CAP_SYS_ADMIN"
     )]
     Mount {
-        /// The file system type, e.g. `tracefs`.
+        /// The file system type, e.g. `bpf`.
         fstype: &'static str,
         /// Where it should have been mounted.
         path: PathBuf,
@@ -54,15 +54,6 @@ pub enum Error {
         "no cgroup2 file system is mounted (see /proc/self/mountinfo): the UDP hooks need cgroup v2"
     )]
     NoCgroup2,
-
-    /// The tracepoint's format file lacks a field the programs need, or describes it differently.
-    #[error("tracepoint format {path}: {reason}")]
-    TracepointFormat {
-        /// The format file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
 
     /// The kernel rejected the programs or their maps.
     #[error("loading the eBPF programs failed: {0}")]

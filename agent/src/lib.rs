@@ -13,7 +13,7 @@
 //! - [`identity::pod_identity`]: which pod an event belongs to, from its network namespace and cgroup;
 //! - [`identity::attribution`] and [`identity::pod_watch`]: pod UIDs, IPs and scans → namespace/name (pure state + the watch);
 //! - [`uplink`]: records to the controller over a gRPC stream (resend buffer, reconnects, token rotation);
-//! - [`kernel::host`], [`kernel::btf`] and [`kernel::tracepoint_format`]: what the loader needs to know about the running kernel;
+//! - [`kernel::host`] and [`kernel::btf`]: what the loader needs to know about the running kernel;
 //! - [`enforce`]: NetworkPolicy enforcement on the node (off unless `--enforcement networkpolicy`);
 //! - [`memory`]: the allocator settings that keep the agent's resident memory bounded;
 //! - [`error`]: what can go wrong, with what to do about it.

@@ -27,6 +27,9 @@ pub enum BtfError {
         /// The dotted member path.
         path: String,
     },
+    /// Members are not where the programs expect them relative to each other.
+    #[error("unexpected layout: {0}")]
+    Layout(String),
     /// The member is a bit field, which the programs cannot read by byte offset.
     #[error("member `{strukt}.{path}` is a bit field")]
     BitField {
@@ -298,7 +301,7 @@ impl Btf {
                 KernelOffsets::UNKNOWN
             }
         };
-        let offsets = KernelOffsets {
+        let mut offsets = KernelOffsets {
             sock_net: get("sock", "__sk_common.skc_net.net"),
             net_inum: get("net", "ns.inum"),
             sock_cgroup: get("sock", "sk_cgrp_data.cgroup"),
@@ -308,8 +311,35 @@ impl Btf {
             task_nsproxy: get("task_struct", "nsproxy"),
             nsproxy_net_ns: get("nsproxy", "net_ns"),
             sock_addr_kern_sk: get("bpf_sock_addr_kern", "sk"),
-            _pad: 0,
+            sock_protocol: get("sock", "sk_protocol"),
+            sock_head: get("sock", "__sk_common.skc_daddr"),
+            sock_v6_daddr: get("sock", "__sk_common.skc_v6_daddr"),
+            sock_v6_rcv_saddr: get("sock", "__sk_common.skc_v6_rcv_saddr"),
+            inet_sport: get("inet_sock", "inet_sport"),
         };
+        // The TCP program reads daddr, rcv_saddr, hash, dport, num and family in one read from
+        // `sock_head`: they must follow each other as they always have.
+        let head = offsets.sock_head;
+        for (path, at) in [
+            ("__sk_common.skc_rcv_saddr", 4),
+            ("__sk_common.skc_dport", 12),
+            ("__sk_common.skc_num", 14),
+            ("__sk_common.skc_family", 16),
+        ] {
+            match self.member_offset("sock", path) {
+                Ok(off) if head != KernelOffsets::UNKNOWN && off == head + at => {}
+                Ok(off) => {
+                    missing.push(BtfError::Layout(format!(
+                        "struct sock: {path} at {off}, expected skc_daddr + {at}"
+                    )));
+                    offsets.sock_head = KernelOffsets::UNKNOWN;
+                }
+                Err(err) => {
+                    missing.push(err);
+                    offsets.sock_head = KernelOffsets::UNKNOWN;
+                }
+            }
+        }
         (offsets, missing)
     }
 }
@@ -407,5 +437,9 @@ mod tests {
         assert!(missing.is_empty(), "{missing:?}");
         // `struct sock` starts with `struct sock_common`, whose network namespace pointer is early on.
         assert!(offsets.sock_net < 64, "{offsets:?}");
+        assert_eq!(
+            offsets.sock_head, 0,
+            "skc_daddr opens struct sock: {offsets:?}"
+        );
     }
 }

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// The conventional bpffs mount point.
 pub const BPFFS_PATH: &str = "/sys/fs/bpf";
-/// The conventional tracefs mount point (aya looks here, then under debugfs).
-pub const TRACEFS_PATH: &str = "/sys/kernel/tracing";
 
 /// Capability numbers (`include/uapi/linux/capability.h`) the programs need on kernels >= 5.8.
 const CAP_NET_ADMIN: u32 = 12;

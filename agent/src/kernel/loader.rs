@@ -5,9 +5,8 @@ use crate::error::{Error, Result};
 use crate::kernel::btf::Btf;
 use crate::kernel::events::EventReader;
 use crate::kernel::host;
-use crate::kernel::tracepoint_format;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr, TracePoint};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, RawTracePoint};
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
     CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM,
@@ -77,18 +76,26 @@ pub struct KernelCounters {
 }
 
 impl DataPlane {
-    /// Checks the host (privileges, BTF, bpffs, tracefs), loads the programs with this kernel's layout
+    /// Checks the host (privileges, BTF, bpffs), loads the programs with this kernel's layout
     /// and attaches them. Events flow into the ring buffer from here on; take the reader with
     /// [`DataPlane::events`].
     pub fn load(options: &LoadOptions) -> Result<Self> {
         host::check_privileges()?;
         host::require_btf()?;
         host::ensure_mounted("bpf", Path::new(host::BPFFS_PATH))?;
-        host::ensure_mounted("tracefs", Path::new(host::TRACEFS_PATH))?;
 
         let kernel = kernel_offsets()?;
+        // Without these the TCP program could not tell a TCP socket or read its addresses.
+        if kernel.sock_protocol == KernelOffsets::UNKNOWN
+            || kernel.sock_head == KernelOffsets::UNKNOWN
+        {
+            return Err(Error::Btf(crate::kernel::btf::BtfError::Layout(
+                "struct sock lacks sk_protocol or the usual start of struct sock_common: TCP \
+                 connections cannot be read on this kernel"
+                    .into(),
+            )));
+        }
         let config = Config {
-            tcp_tracepoint: tracepoint_format::read_tcp_layout(Path::new(host::TRACEFS_PATH))?,
             kernel,
             dedupe_window_ns: u64::try_from(options.dedupe_window.as_nanos()).unwrap_or(u64::MAX),
         };
@@ -101,7 +108,7 @@ impl DataPlane {
         }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
 
-        let program: &mut TracePoint = ebpf
+        let program: &mut RawTracePoint = ebpf
             .program_mut(TCP_STATE_PROGRAM)
             .ok_or(Error::Missing {
                 kind: "program",
@@ -114,7 +121,7 @@ impl DataPlane {
             })?;
         program
             .load()
-            .and_then(|()| program.attach("sock", "inet_sock_set_state").map(drop))
+            .and_then(|()| program.attach("inet_sock_set_state").map(drop))
             .map_err(|source| Error::Program {
                 program: TCP_STATE_PROGRAM,
                 source,
@@ -155,7 +162,7 @@ impl DataPlane {
         }
         tracing::info!(
             cgroup_root = %cgroup_root.display(),
-            "eBPF programs attached: tracepoint sock/inet_sock_set_state, UDP sock_addr hooks"
+            "eBPF programs attached: raw tracepoint inet_sock_set_state, UDP sock_addr hooks"
         );
         Ok(Self { ebpf })
     }

@@ -5,4 +5,3 @@ pub mod events;
 pub mod existing;
 pub mod host;
 pub mod loader;
-pub mod tracepoint_format;
