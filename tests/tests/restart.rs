@@ -702,7 +702,8 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
         .create(&kube::api::PostParams::default(), &guard)
         .await?;
     let controller = BinaryController::start(&ns, "1", "1h").await?;
-    // Leading, and its evidence passes evaluate the policy.
+    // Leading, and its evidence passes (which start once the status sync's watches have listed)
+    // evaluate the policy.
     controller
         .wait_for_metric(
             &ns,
@@ -717,10 +718,6 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
             "network_enforcer_controller_evidence_policies 1",
         )
         .await?;
-    // Not enough on its own: evidence can be attributed (by the protect gate's replay) before the
-    // status sync's watches have all listed, and a record evaluated then may be acknowledged without
-    // its violation (seen once). Until attribution waits for those watches, give it a few passes.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(controller.agent.send(vec![flow_record(
         &n,
         &server,

@@ -343,6 +343,10 @@ pub struct StatusSync {
     /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
     held: Mutex<HashSet<PolicyKey>>,
     passes: AtomicU64,
+    /// Set once every watch of this sync and the index have listed ([`StatusSync::wait_ready`]):
+    /// evidence evaluated before that would meet half-listed policies and pods, and a violation
+    /// missed then would be acknowledged to its agent and lost.
+    ready: AtomicBool,
     metrics: SyncMetrics,
 }
 
@@ -365,7 +369,11 @@ impl StatusSync {
                 instance: settings.instance.clone(),
             },
         );
-        let queue = EvidenceQueue::default();
+        let queue = EvidenceQueue {
+            // Until the first pass has listed the policies, any record may be evidence.
+            policies_exist: AtomicBool::new(true),
+            ..EvidenceQueue::default()
+        };
         let metrics = SyncMetrics {
             evidence_dropped: queue.dropped.clone(),
             evidence_queued: queue.queued.clone(),
@@ -396,6 +404,7 @@ impl StatusSync {
                 namespaces: namespaces_writer,
             })),
             passes: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
         })
     }
 
@@ -498,7 +507,8 @@ impl StatusSync {
         );
     }
 
-    /// Waits until every watch of this sync and the index have listed once.
+    /// Waits until every watch of this sync and the index have listed once; evidence is attributed
+    /// from then on ([`StatusSync::attribute_evidence`]).
     pub async fn wait_ready(&self) {
         let _ = self.policies.wait_until_ready().await;
         let _ = self.network_policies.wait_until_ready().await;
@@ -506,6 +516,12 @@ impl StatusSync {
         while !self.index.ready() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// Whether [`StatusSync::wait_ready`] has returned.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     /// Attributes evidence every `evidence_interval` and syncs statuses every `interval`.
@@ -574,8 +590,13 @@ impl StatusSync {
     }
 
     /// Attributes the queued records to the policies in force; returns how many observations were
-    /// queued for a status patch.
+    /// queued for a status patch. Before [`StatusSync::wait_ready`] has returned it does nothing: the
+    /// records stay queued (and unacknowledged) until the policies and pods they are judged against
+    /// have been listed.
     pub fn attribute_evidence(&self) -> usize {
+        if !self.is_ready() {
+            return 0;
+        }
         let (records, drain) = self.queue.drain_numbered();
         let policies = self.policies.state();
         // A strict protect policy the gate holds renders nothing yet: what it sees counts as monitor's.
@@ -703,14 +724,20 @@ impl StatusSync {
 
     /// Replays the edge history against `policy` (the protect gate, [`EdgeHistory::replay`]) with the
     /// cluster as it is now. Evidence queued before this call is attributed first, so the replay sees
-    /// every flow ingest accepted.
-    pub fn replay(&self, policy: &WorkloadNetworkPolicy) -> GateReport {
+    /// every flow ingest accepted. `None` before [`StatusSync::wait_ready`] has returned: the history
+    /// is not complete yet (the gate says so and checks again later).
+    pub fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
+        if !self.is_ready() {
+            return None;
+        }
         self.attribute_evidence();
         let view = self.current_view();
-        self.history
-            .lock()
-            .expect("history lock")
-            .replay(&view, policy)
+        Some(
+            self.history
+                .lock()
+                .expect("history lock")
+                .replay(&view, policy),
+        )
     }
 
     /// Notes whether the gate holds `policy` in monitor (its evidence then counts as monitor's).
@@ -911,7 +938,7 @@ impl crate::ui::EdgeSource for StatusSync {
 
 impl protect_gate::History for StatusSync {
     fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
-        Some(StatusSync::replay(self, policy))
+        StatusSync::replay(self, policy)
     }
 
     fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
@@ -1157,18 +1184,68 @@ mod tests {
         );
     }
 
+    /// An offline sync whose watches have listed an empty cluster, as [`StatusSync::watches`] would;
+    /// returns the stores' writers to add objects by hand.
+    async fn listed_offline_sync() -> (Arc<StatusSync>, Writers) {
+        let sync = StatusSync::new(
+            network_enforcer_tests::fixture::offline_client(),
+            Arc::new(SharedIndex::listed(crate::cluster::index::Index::default())),
+            Settings::default(),
+            Arc::new(crate::monitor::otlp::Disabled),
+        );
+        let mut writers = sync.writers.lock().unwrap().take().unwrap();
+        writers
+            .policies
+            .apply_watcher_event(&watcher::Event::InitDone);
+        writers
+            .network_policies
+            .apply_watcher_event(&watcher::Event::InitDone);
+        writers
+            .namespaces
+            .apply_watcher_event(&watcher::Event::InitDone);
+        sync.wait_ready().await;
+        (sync, writers)
+    }
+
+    /// Evidence handed in before the policies, NetworkPolicies and namespaces are listed is kept
+    /// (and held from acknowledgement) rather than judged against half-listed stores, by the passes
+    /// and by the protect gate's replay alike.
+    #[tokio::test]
+    async fn no_evidence_is_judged_before_the_watches_have_listed() {
+        let sync = offline_sync();
+        let evidence = sync.evidence();
+        evidence.accepted(&FlowRecord::default());
+        let mark = evidence
+            .hold()
+            .expect("before the policies are listed, any record may be evidence");
+        let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+            "kind": "WorkloadNetworkPolicy",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "protect",
+                     "targetRef": {"kind": "Deployment", "name": "web"},
+                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+        }))
+        .unwrap();
+        assert!(sync.replay(&policy).is_none(), "no history before listing");
+        assert_eq!(sync.attribute_evidence(), 0);
+        assert_eq!(sync.metrics().evidence_queued.get(), 1, "still queued");
+        assert!(!evidence.settled_after(mark), "not acknowledged");
+        assert_eq!(sync.queue.drain().len(), 1);
+    }
+
     #[tokio::test]
     async fn evidence_is_settled_only_once_its_violations_are_written() {
-        let sync = offline_sync();
+        let (sync, mut writers) = listed_offline_sync().await;
         let evidence = sync.evidence();
         let record = FlowRecord::default();
         // No policy known: nothing is evidence, nothing to wait for.
+        sync.attribute_evidence();
         evidence.accepted(&record);
         assert_eq!(evidence.hold(), None);
         sync.attribute_evidence();
 
         // A policy appears.
-        let mut writers = sync.writers.lock().unwrap().take().unwrap();
         let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
             "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
             "kind": "WorkloadNetworkPolicy",

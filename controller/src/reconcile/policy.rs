@@ -147,6 +147,10 @@ pub async fn reconcile(
             "no other policy governs this target and direction",
         ));
         let gate = protect_gate(&ctx, &policy).await;
+        if ctx.settings.gate.is_some() && gate.condition.reason == protect_gate::REASON_NO_HISTORY {
+            // The history is not ready yet (the controller has just started): check again soon.
+            requeue = requeue.min(GATE_NOT_READY_RECHECK);
+        }
         let (ready, again) = if gate.held {
             // Rendered as monitor: what protect would render stays out until the gate is clean.
             let mut as_monitor = policy.as_ref().clone();
@@ -195,6 +199,8 @@ pub async fn reconcile(
 
 /// How often a policy the protect gate holds is checked again (its history ages, NetworkPolicies change).
 const GATE_RECHECK: Duration = Duration::from_secs(60);
+/// How soon the gate is checked again while its history is not ready (the status sync has not listed yet).
+const GATE_NOT_READY_RECHECK: Duration = Duration::from_secs(10);
 
 /// The protect gate's verdict for `policy` (docs/api.md, "Protect gate"), with a Warning Event when
 /// observed flows would now be blocked and were not before (or for another reason).

@@ -123,6 +123,13 @@ impl InProcess {
             .then_some(()))
         })
         .await?;
+        // Evidence is attributed once the status sync's watches have listed; tests that drive
+        // `attribute_evidence` by hand start from there.
+        tokio::time::timeout(WAIT, sync.wait_ready())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("the status sync's watches did not list within {WAIT:?}")
+            })?;
         let service_ip = cluster_ip(&n, "http-service", &client).await?;
         let dns = cluster_ip("kube-system", "kube-dns", &client).await?;
         let tasks = vec![
