@@ -558,7 +558,6 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     // cilium; the container logs (read-only) and the state directory (the only writable one) for istio.
     let kernel = [
         ("/sys/fs/bpf", "/sys/fs/bpf", true),
-        ("/sys/kernel/tracing", "/sys/kernel/tracing", true),
         ("/sys/fs/cgroup", "/sys/fs/cgroup", true),
         ("/sys/kernel/btf", "/sys/kernel/btf", true),
     ];
