@@ -27,9 +27,7 @@ use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
 use crate::ingest::flow_record;
 use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
-use crate::monitor::evaluate::attribution::{
-    self, PolicyKey, PolicySet, RuleMatch, record_allowed_now,
-};
+use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
@@ -691,19 +689,20 @@ impl StatusSync {
                         state.usage.record(&used.policy, rule, &peer, at);
                     }
                 }
+                let at = flow.seen_at.0.as_millisecond();
                 for a in attributed {
-                    if !kind.counts_for(a.observation.action)
-                        || !state.repeats.admit(&a.observation)
+                    if !kind.counts_for(a.action()) || !state.repeats.admit_key(a.repeat_key(), at)
                     {
                         continue;
                     }
+                    let (policy, observation) = (a.key(), a.observation());
                     let backend = backends
-                        .get(&a.policy)
+                        .get(&policy)
                         .copied()
                         .unwrap_or(Backend::Kubernetes);
-                    self.sink.observed(backend, &a.observation);
-                    tracing::debug!(policy = ?a.policy, observation = ?a.observation, "violation observed");
-                    state.pending.push(a.policy, a.observation);
+                    self.sink.observed(backend, &observation);
+                    tracing::debug!(?policy, ?observation, "violation observed");
+                    state.pending.push(policy, observation);
                     queued += 1;
                 }
             }
@@ -842,6 +841,7 @@ impl StatusSync {
             (observations, read, usage)
         };
         let usage_changed = usage.as_slice() != current_usage;
+        let allowed_now = AllowedNow::new(view, policy);
         let outcome = violations::sync(
             SyncInput {
                 status: policy.status.as_ref(),
@@ -850,7 +850,7 @@ impl StatusSync {
                 observations: &observations,
                 now: &now,
             },
-            |record| record_allowed_now(view, policy, record),
+            |record| allowed_now.record(record),
         );
         let api = Api::<WorkloadNetworkPolicy>::namespaced(self.client.clone(), namespace);
         let patched = outcome.status_changed || usage_changed;

@@ -16,8 +16,9 @@
 use super::EvalError;
 use super::authorization_policy::{self, AuthzVerdict, Connection};
 use super::compiled::{self, CompiledPolicy, Resolved};
-use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
+use super::view::{ClusterView, Endpoint, FastMap, Flow, PodKey, PolicyRef};
 use crate::monitor::violations::Observation;
+use crate::monitor::violations::evidence::RepeatKey;
 use crate::policy::uniqueness;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -25,7 +26,6 @@ use network_enforcer_api::{
     Backend, Direction, PolicyMode, Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy,
     WorkloadRef,
 };
-use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// One side of an observed flow.
@@ -82,11 +82,67 @@ pub struct PolicyKey {
     pub name: String,
 }
 
-/// A violation to record on a policy.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Attributed {
-    pub policy: PolicyKey,
-    pub observation: Observation,
+/// A violation [`attribute`] found: the policy that records it, and the flow. Borrowed: the
+/// observation the policy's status records is built only when asked for
+/// ([`Attributed::observation`]), so that a repeat the status sync drops costs no copy.
+#[derive(Clone, Copy, Debug)]
+pub struct Attributed<'a> {
+    pub policy: &'a WorkloadNetworkPolicy,
+    pub flow: &'a ObservedFlow,
+}
+
+impl<'a> Attributed<'a> {
+    /// The policy's name and namespace.
+    pub fn key(&self) -> PolicyKey {
+        let (namespace, name) = self.policy_name();
+        PolicyKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// What the violation records: the policy's mode.
+    pub fn action(&self) -> PolicyMode {
+        self.policy.spec.mode
+    }
+
+    /// What the repeat window compares ([`RepeatKey`]), the same as the observation's.
+    pub fn repeat_key(&self) -> RepeatKey<'a> {
+        RepeatKey {
+            source: &self.flow.source.workload,
+            dest: &self.flow.destination.workload,
+            protocol: self.flow.protocol,
+            dst_port: Some(i32::from(self.flow.port)),
+            action: self.policy.spec.mode,
+            policy: self.policy_name(),
+            direction: self.policy.spec.direction,
+        }
+    }
+
+    /// The observation the policy's status records.
+    pub fn observation(&self) -> Observation {
+        let (namespace, name) = self.policy_name();
+        let flow = self.flow;
+        Observation {
+            timestamp: flow.seen_at.clone(),
+            source: flow.source.workload.clone(),
+            dest: flow.destination.workload.clone(),
+            protocol: flow.protocol,
+            dst_port: Some(i32::from(flow.port)),
+            action: self.policy.spec.mode,
+            direction: self.policy.spec.direction,
+            denying_policy_namespace: namespace.to_string(),
+            denying_policy_name: name.to_string(),
+        }
+    }
+
+    fn policy_name(&self) -> (&'a str, &'a str) {
+        let metadata = &self.policy.metadata;
+        (
+            metadata.namespace.as_deref().unwrap_or_default(),
+            metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
 }
 
 /// The WorkloadNetworkPolicies in force, indexed by namespace and target name so that a lookup per
@@ -95,7 +151,7 @@ pub struct Attributed {
 pub struct PolicySet<'a> {
     /// namespace → target workload name → the policies of that name's kinds and directions. The
     /// keys are the policies' own strings, which the evaluation reads next.
-    by_target: HashMap<&'a str, HashMap<&'a str, Vec<Governing<'a>>>>,
+    by_target: FastMap<&'a str, FastMap<&'a str, Vec<Governing<'a>>>>,
     len: usize,
 }
 
@@ -134,7 +190,7 @@ impl<'a> Governing<'a> {
     fn verdict<'v>(
         &self,
         view: &'v ClusterView,
-        flow: &ObservedFlow,
+        flow: FlowRef<'_>,
         source_principal: Option<&str>,
         ends: &mut Option<(Resolved<'v>, Resolved<'v>)>,
     ) -> Result<PolicyVerdict, EvalError> {
@@ -146,11 +202,7 @@ impl<'a> Governing<'a> {
                     .ok_or_else(|| missing_payload(self.policy, "kubernetes"))?;
                 let resolved = match *ends {
                     Some(resolved) => resolved,
-                    None => *ends.insert(compiled::resolve(
-                        view,
-                        &flow.source.endpoint,
-                        &flow.destination.endpoint,
-                    )?),
+                    None => *ends.insert(compiled::resolve(view, flow.source, flow.destination)?),
                 };
                 Ok(kubernetes_verdict(
                     view,
@@ -164,11 +216,42 @@ impl<'a> Governing<'a> {
             Backend::Istio => istio_verdict(
                 view,
                 self.policy,
-                &flow.destination.endpoint,
+                flow.destination,
                 flow.protocol,
                 flow.port,
                 source_principal,
             ),
+        }
+    }
+}
+
+/// A flow's endpoints, protocol and port, borrowed from an [`ObservedFlow`] or a [`Flow`].
+#[derive(Clone, Copy, Debug)]
+struct FlowRef<'f> {
+    source: &'f Endpoint,
+    destination: &'f Endpoint,
+    protocol: Protocol,
+    port: u16,
+}
+
+impl<'f> From<&'f ObservedFlow> for FlowRef<'f> {
+    fn from(flow: &'f ObservedFlow) -> Self {
+        FlowRef {
+            source: &flow.source.endpoint,
+            destination: &flow.destination.endpoint,
+            protocol: flow.protocol,
+            port: flow.port,
+        }
+    }
+}
+
+impl<'f> From<&'f Flow> for FlowRef<'f> {
+    fn from(flow: &'f Flow) -> Self {
+        FlowRef {
+            source: &flow.source,
+            destination: &flow.destination,
+            protocol: flow.protocol,
+            port: flow.port,
         }
     }
 }
@@ -295,27 +378,31 @@ pub struct RuleMatch {
     pub rules: Vec<usize>,
 }
 
+/// The violations of one flow: at most two (the source's egress policy, the destination's ingress
+/// policy), kept inline so that evaluating a flow allocates nothing.
+pub type Violations<'a> = smallvec::SmallVec<[Attributed<'a>; 2]>;
+
 /// The violations `flow` causes, in attribution order: the source's egress policy first, then (unless
 /// that one denies in protect mode) the destination's ingress policy.
-pub fn attribute(
+pub fn attribute<'a>(
     view: &ClusterView,
-    policies: &PolicySet<'_>,
-    flow: &ObservedFlow,
-) -> Result<Vec<Attributed>, EvalError> {
+    policies: &PolicySet<'a>,
+    flow: &'a ObservedFlow,
+) -> Result<Violations<'a>, EvalError> {
     attribute_with_usage(view, policies, flow, None)
 }
 
 /// [`attribute`], also adding to `usage` the rules of each policy in force that allowed the flow on
 /// its side (the side a protect egress denial stops is not evaluated: the flow never got there).
-pub fn attribute_with_usage(
+pub fn attribute_with_usage<'a>(
     view: &ClusterView,
-    policies: &PolicySet<'_>,
-    flow: &ObservedFlow,
+    policies: &PolicySet<'a>,
+    flow: &'a ObservedFlow,
     mut usage: Option<&mut Vec<RuleMatch>>,
-) -> Result<Vec<Attributed>, EvalError> {
+) -> Result<Violations<'a>, EvalError> {
     let principal = Some(flow.source.workload.identity.as_str()).filter(|p| !p.is_empty());
     let mut ends = None;
-    let mut violations = Vec::new();
+    let mut violations = Violations::new();
     let mut used = |governing: &Governing<'_>, ends: &Option<(Resolved<'_>, Resolved<'_>)>| {
         if let Some(usage) = usage.as_deref_mut() {
             let rules = governing.matching_rules(view, flow, principal, ends);
@@ -329,9 +416,12 @@ pub fn attribute_with_usage(
         }
     };
     if let Some(egress) = policies.governing_entry(&flow.source.workload, Direction::Egress) {
-        match egress.verdict(view, flow, principal, &mut ends)? {
+        match egress.verdict(view, flow.into(), principal, &mut ends)? {
             PolicyVerdict::Denies => {
-                violations.push(attributed(egress.policy, flow));
+                violations.push(Attributed {
+                    policy: egress.policy,
+                    flow,
+                });
                 if egress.policy.spec.mode == PolicyMode::Protect {
                     return Ok(violations);
                 }
@@ -342,8 +432,11 @@ pub fn attribute_with_usage(
     }
     if let Some(ingress) = policies.governing_entry(&flow.destination.workload, Direction::Ingress)
     {
-        match ingress.verdict(view, flow, principal, &mut ends)? {
-            PolicyVerdict::Denies => violations.push(attributed(ingress.policy, flow)),
+        match ingress.verdict(view, flow.into(), principal, &mut ends)? {
+            PolicyVerdict::Denies => violations.push(Attributed {
+                policy: ingress.policy,
+                flow,
+            }),
             PolicyVerdict::Allows => used(ingress, &ends),
             PolicyVerdict::NotApplicable => {}
         }
@@ -358,24 +451,6 @@ fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
     }
 }
 
-fn attributed(policy: &WorkloadNetworkPolicy, flow: &ObservedFlow) -> Attributed {
-    let key = policy_key(policy);
-    Attributed {
-        observation: Observation {
-            timestamp: flow.seen_at.clone(),
-            source: flow.source.workload.clone(),
-            dest: flow.destination.workload.clone(),
-            protocol: flow.protocol,
-            dst_port: Some(i32::from(flow.port)),
-            action: policy.spec.mode,
-            direction: policy.spec.direction,
-            denying_policy_namespace: key.namespace.clone(),
-            denying_policy_name: key.name.clone(),
-        },
-        policy: key,
-    }
-}
-
 /// What `policy` says about `flow` on its own side (egress at the source, ingress at the
 /// destination), evaluated as if rendered, whatever its mode:
 /// - kubernetes backend: `spec.kubernetes` as a NetworkPolicy of the policy's name, together with the
@@ -387,37 +462,7 @@ pub fn policy_verdict(
     flow: &Flow,
     source_principal: Option<&str>,
 ) -> Result<PolicyVerdict, EvalError> {
-    match policy.spec.backend {
-        Backend::Kubernetes => {
-            let spec = policy
-                .spec
-                .kubernetes
-                .as_ref()
-                .ok_or_else(|| missing_payload(policy, "kubernetes"))?;
-            let rendered = CompiledPolicy::compile(PolicyRef {
-                namespace: policy.metadata.namespace.as_deref().unwrap_or_default(),
-                name: policy.metadata.name.as_deref().unwrap_or_default(),
-                spec,
-            });
-            let ends = compiled::resolve(view, &flow.source, &flow.destination)?;
-            Ok(kubernetes_verdict(
-                view,
-                &rendered,
-                policy.spec.direction,
-                ends,
-                flow.protocol,
-                flow.port,
-            ))
-        }
-        Backend::Istio => istio_verdict(
-            view,
-            policy,
-            &flow.destination,
-            flow.protocol,
-            flow.port,
-            source_principal,
-        ),
-    }
+    Governing::new(policy).verdict(view, flow.into(), source_principal, &mut None)
 }
 
 fn missing_payload(policy: &WorkloadNetworkPolicy, payload: &'static str) -> EvalError {
@@ -486,30 +531,53 @@ fn istio_verdict(
 /// status bookkeeping. The record's workloads are looked up in the view and represented by their
 /// first pod (by name): pods of one workload share their template's labels and ports. Records whose
 /// flow cannot be rebuilt (the workload has no pod now, no port was recorded, the policy has no
-/// payload) are kept: only a record proven allowed is cleared.
+/// payload) are kept: only a record proven allowed is cleared. [`AllowedNow`] judges many records
+/// of one policy.
 pub fn record_allowed_now(
     view: &ClusterView,
     policy: &WorkloadNetworkPolicy,
     record: &ViolationRecord,
 ) -> bool {
-    let (Some(source), Some(destination), Some(port)) = (
-        endpoint_of(view, &record.source),
-        endpoint_of(view, &record.dest),
-        record.dst_port.and_then(|p| u16::try_from(p).ok()),
-    ) else {
-        return false;
-    };
-    let flow = Flow {
-        source,
-        destination,
-        protocol: record.protocol,
-        port,
-    };
-    let principal = Some(record.source.identity.as_str()).filter(|p| !p.is_empty());
-    matches!(
-        policy_verdict(view, policy, &flow, principal),
-        Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable)
-    )
+    AllowedNow::new(view, policy).record(record)
+}
+
+/// [`record_allowed_now`] for the records of one policy, its payload compiled once.
+pub struct AllowedNow<'a> {
+    view: &'a ClusterView,
+    governing: Governing<'a>,
+}
+
+impl<'a> AllowedNow<'a> {
+    /// Compiles `policy` for judging its records against `view`.
+    pub fn new(view: &'a ClusterView, policy: &'a WorkloadNetworkPolicy) -> Self {
+        AllowedNow {
+            view,
+            governing: Governing::new(policy),
+        }
+    }
+
+    /// Whether the policy allows `record` now (see [`record_allowed_now`]).
+    pub fn record(&self, record: &ViolationRecord) -> bool {
+        let (Some(source), Some(destination), Some(port)) = (
+            endpoint_of(self.view, &record.source),
+            endpoint_of(self.view, &record.dest),
+            record.dst_port.and_then(|p| u16::try_from(p).ok()),
+        ) else {
+            return false;
+        };
+        let flow = Flow {
+            source,
+            destination,
+            protocol: record.protocol,
+            port,
+        };
+        let principal = Some(record.source.identity.as_str()).filter(|p| !p.is_empty());
+        matches!(
+            self.governing
+                .verdict(self.view, (&flow).into(), principal, &mut None),
+            Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable)
+        )
+    }
 }
 
 /// The endpoint a recorded workload stands for now: its first pod, or its address.

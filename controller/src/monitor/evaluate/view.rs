@@ -8,13 +8,17 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{Protocol, WorkloadKind};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::OnceLock;
 
 /// Kubernetes labels of a pod or a namespace.
 pub type Labels = BTreeMap<String, String>;
+
+/// The maps a flow's evaluation looks up in: foldhash, randomly seeded per process, is several times
+/// faster than the standard SipHash on short keys such as pod and namespace names.
+pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// A pod's identity in the cluster: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -195,17 +199,19 @@ pub struct Flow {
 #[derive(Clone, Debug)]
 pub struct ClusterView {
     /// Namespace name → its slot in `namespace_labels`. Namespaces are never removed.
-    namespaces: HashMap<String, usize>,
+    namespaces: FastMap<String, usize>,
     namespace_labels: Vec<Labels>,
     /// Namespace → pod name → the pod's slot in `pod_slots`; a removed pod's slot is reused by a
     /// later insert. Two levels rather than one map of [`PodKey`]s: the namespace level is small and
-    /// stays in cache, so a lookup touches one key string in memory instead of two.
-    pods: HashMap<String, HashMap<String, usize>>,
+    /// stays in cache, so a lookup touches one key string in memory instead of two (measured: one
+    /// level keyed by [`PodKey`] is no faster).
+    pods: FastMap<String, FastMap<String, usize>>,
     pod_count: usize,
     pod_slots: Vec<Option<PodSlot>>,
     free_pod_slots: Vec<usize>,
-    /// Pods per (namespace, workload), sorted by name, to find a workload's pods without a scan.
-    workloads: HashMap<(String, WorkloadKind, String), BTreeSet<String>>,
+    /// Pods per workload (namespace → workload name → kind), to find a workload's pods without a
+    /// scan. Nested so that a lookup by `&str` allocates nothing.
+    workloads: FastMap<String, FastMap<String, WorkloadPods>>,
     /// Policies per namespace, sorted by name.
     policies: HashMap<String, Vec<NamedPolicy>>,
     ip_blocks_match_pods: bool,
@@ -213,6 +219,9 @@ pub struct ClusterView {
     /// after a change (every change empties it), so a flow never matches every policy's selectors.
     index: OnceLock<PolicyIndex>,
 }
+
+/// The pods of the workloads of one name in a namespace, per kind: pod name → slot, sorted by name.
+type WorkloadPods = Vec<(WorkloadKind, BTreeMap<String, usize>)>;
 
 /// A pod and the slot of its namespace.
 #[derive(Clone, Debug)]
@@ -235,13 +244,13 @@ pub struct PodRef<'a> {
 impl Default for ClusterView {
     fn default() -> Self {
         ClusterView {
-            namespaces: HashMap::new(),
+            namespaces: FastMap::default(),
             namespace_labels: Vec::new(),
-            pods: HashMap::new(),
+            pods: FastMap::default(),
             pod_count: 0,
             pod_slots: Vec::new(),
             free_pod_slots: Vec::new(),
-            workloads: HashMap::new(),
+            workloads: FastMap::default(),
             policies: HashMap::new(),
             ip_blocks_match_pods: true,
             index: OnceLock::new(),
@@ -296,26 +305,32 @@ impl ClusterView {
         };
         let key = pod.key();
         self.remove_pod(&key);
+        let index = self.free_pod_slots.pop().unwrap_or(self.pod_slots.len());
         if let Some(w) = &pod.workload {
-            self.workloads
-                .entry((pod.namespace.clone(), w.kind, w.name.clone()))
+            let kinds = self
+                .workloads
+                .entry(pod.namespace.clone())
                 .or_default()
-                .insert(pod.name.clone());
+                .entry(w.name.clone())
+                .or_default();
+            let pods = match kinds.iter().position(|(kind, _)| *kind == w.kind) {
+                Some(i) => &mut kinds[i].1,
+                None => {
+                    kinds.push((w.kind, BTreeMap::new()));
+                    &mut kinds.last_mut().expect("just pushed").1
+                }
+            };
+            pods.insert(pod.name.clone(), index);
         }
         let slot = Some(PodSlot {
             info: pod,
             namespace,
         });
-        let index = match self.free_pod_slots.pop() {
-            Some(free) => {
-                self.pod_slots[free] = slot;
-                free
-            }
-            None => {
-                self.pod_slots.push(slot);
-                self.pod_slots.len() - 1
-            }
-        };
+        if index == self.pod_slots.len() {
+            self.pod_slots.push(slot);
+        } else {
+            self.pod_slots[index] = slot;
+        }
         self.pods
             .entry(key.namespace)
             .or_default()
@@ -335,15 +350,30 @@ impl ClusterView {
         let pod = self.pod_slots[slot].take()?.info;
         self.free_pod_slots.push(slot);
         if let Some(w) = &pod.workload {
-            let workload_key = (pod.namespace.clone(), w.kind, w.name.clone());
-            if let Some(names) = self.workloads.get_mut(&workload_key) {
-                names.remove(&pod.name);
-                if names.is_empty() {
-                    self.workloads.remove(&workload_key);
-                }
-            }
+            self.forget_workload_pod(&pod.namespace, w, &pod.name);
         }
         Some(pod)
+    }
+
+    /// Removes `pod` from the pods of workload `w`, and the entries left empty.
+    fn forget_workload_pod(&mut self, namespace: &str, w: &Workload, pod: &str) {
+        let Some(workloads) = self.workloads.get_mut(namespace) else {
+            return;
+        };
+        if let Some(kinds) = workloads.get_mut(w.name.as_str()) {
+            if let Some(i) = kinds.iter().position(|(kind, _)| *kind == w.kind) {
+                kinds[i].1.remove(pod);
+                if kinds[i].1.is_empty() {
+                    kinds.swap_remove(i);
+                }
+            }
+            if kinds.is_empty() {
+                workloads.remove(w.name.as_str());
+            }
+        }
+        if workloads.is_empty() {
+            self.workloads.remove(namespace);
+        }
     }
 
     /// Adds or replaces the NetworkPolicy `namespace/name`.
@@ -375,6 +405,7 @@ impl ClusterView {
     }
 
     fn pod_ref_by_name(&self, namespace: &str, name: &str) -> Option<PodRef<'_>> {
+        // The map's own namespace string: the lookup has just read it.
         let (namespace, names) = self.pods.get_key_value(namespace)?;
         let slot = *names.get(name)?;
         self.slot_ref(slot, namespace)
@@ -457,10 +488,12 @@ impl ClusterView {
             .flatten()
             .filter(|pod| pod.workload.is_none());
         self.workloads
-            .get(&(namespace.to_string(), kind, name.to_string()))
+            .get(namespace)
+            .and_then(|workloads| workloads.get(name))
+            .and_then(|kinds| kinds.iter().find(|(k, _)| *k == kind))
             .into_iter()
-            .flatten()
-            .filter_map(move |pod| self.pod_ref_by_name(namespace, pod).map(|pod| pod.info))
+            .flat_map(|(_, pods)| pods.values())
+            .filter_map(|&slot| self.pod_slots.get(slot)?.as_ref().map(|pod| &pod.info))
             .chain(bare)
     }
 

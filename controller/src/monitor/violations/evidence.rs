@@ -188,30 +188,30 @@ pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
     }
 }
 
-/// The dedupe key of an observation, owned.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct RepeatKey {
-    source: WorkloadRef,
-    dest: WorkloadRef,
-    protocol: Protocol,
-    dst_port: Option<i32>,
-    action: PolicyMode,
-    policy: (String, String),
-    direction: Direction,
+/// The dedupe key of an observation: what it says, without its time. Borrowed, so that a repeat
+/// (most of a storm of denied flows) costs no copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RepeatKey<'a> {
+    pub source: &'a WorkloadRef,
+    pub dest: &'a WorkloadRef,
+    pub protocol: Protocol,
+    pub dst_port: Option<i32>,
+    pub action: PolicyMode,
+    /// The denying policy's namespace and name.
+    pub policy: (&'a str, &'a str),
+    pub direction: Direction,
 }
 
-impl RepeatKey {
-    fn of(o: &Observation) -> Self {
+impl<'a> RepeatKey<'a> {
+    /// The key of `o`.
+    pub fn of(o: &'a Observation) -> Self {
         RepeatKey {
-            source: o.source.clone(),
-            dest: o.dest.clone(),
+            source: &o.source,
+            dest: &o.dest,
             protocol: o.protocol,
             dst_port: o.dst_port,
             action: o.action,
-            policy: (
-                o.denying_policy_namespace.clone(),
-                o.denying_policy_name.clone(),
-            ),
+            policy: (&o.denying_policy_namespace, &o.denying_policy_name),
             direction: o.direction,
         }
     }
@@ -221,8 +221,12 @@ impl RepeatKey {
 #[derive(Debug)]
 pub struct RepeatFilter {
     window_ms: i64,
+    /// Keys are remembered by a keyed hash (SipHash with a per-process random key, so not
+    /// predictable from outside): nothing is copied per observation. Two different keys share one
+    /// with odds of about n²/2⁶⁵ for n keys remembered; one of them is then counted once less.
+    fingerprints: std::hash::RandomState,
     /// When each key was last counted (the observation's time, ms).
-    counted: HashMap<RepeatKey, i64>,
+    counted: HashMap<u64, i64>,
 }
 
 impl RepeatFilter {
@@ -230,6 +234,7 @@ impl RepeatFilter {
     pub fn new(window: Duration) -> Self {
         RepeatFilter {
             window_ms: i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
+            fingerprints: std::hash::RandomState::new(),
             counted: HashMap::new(),
         }
     }
@@ -237,12 +242,20 @@ impl RepeatFilter {
     /// Whether `observation` counts: true the first time its key is seen, and when its time is at
     /// least a window away from the last counted one.
     pub fn admit(&mut self, observation: &Observation) -> bool {
-        let at = observation.timestamp.0.as_millisecond();
-        let key = RepeatKey::of(observation);
-        match self.counted.get(&key) {
-            Some(last) if (at - last).abs() < self.window_ms => false,
+        self.admit_key(
+            RepeatKey::of(observation),
+            observation.timestamp.0.as_millisecond(),
+        )
+    }
+
+    /// [`RepeatFilter::admit`] for an observation of `key` at `at_ms`, before it is built.
+    pub fn admit_key(&mut self, key: RepeatKey<'_>, at_ms: i64) -> bool {
+        use std::hash::BuildHasher;
+        let fingerprint = self.fingerprints.hash_one(key);
+        match self.counted.get(&fingerprint) {
+            Some(last) if (at_ms - last).abs() < self.window_ms => false,
             _ => {
-                self.counted.insert(key, at);
+                self.counted.insert(fingerprint, at_ms);
                 true
             }
         }
