@@ -286,6 +286,11 @@ fn spec_section_10_monitor_records_on_both_policies() {
         attributed[1].observation().denying_policy_name,
         ingress_name()
     );
+    // The repeat window sees the same key before the observation is built as after.
+    for a in &attributed {
+        assert_eq!(a.repeat_key(), RepeatKey::of(&a.observation()));
+        assert_eq!(a.key().name, a.observation().denying_policy_name);
+    }
 }
 
 #[test]
