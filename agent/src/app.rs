@@ -359,7 +359,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let flushed = pipeline.flush()?;
         let counters = data_plane.counters()?;
         metrics.kernel(&kernel_before, &counters);
-        kernel_before = counters;
         metrics.decode_errors(reader.decode_errors() - decode_errors_before);
         decode_errors_before = reader.decode_errors();
         metrics.flushed(flushed.edges.len(), flushed.unattributed);
@@ -380,6 +379,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             recent_edges_evicted = evicted,
             "flush"
         );
+        kernel_before = counters;
         if flushed.dropped.total() > 0 {
             tracing::warn!(
                 dropped_pod_cap = flushed.dropped.pod_cap,

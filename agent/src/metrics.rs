@@ -15,6 +15,8 @@
 use crate::enforce::watch::EnforcementMetrics;
 use crate::identity::pod_watch::PodWatchCounters;
 use crate::kernel::loader::KernelCounters;
+#[cfg(test)]
+use crate::kernel::loader::ProgramCost;
 use crate::pipeline::Dropped;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -34,8 +36,8 @@ pub struct AgentMetrics {
     events: Counter,
     events_lost: Counter,
     dedupe_hits: Counter,
-    program_runs: Counter,
-    program_run_seconds: Counter<f64, AtomicU64>,
+    program_runs: Family<ProgramLabel, Counter>,
+    program_run_seconds: Family<ProgramLabel, Counter<f64, AtomicU64>>,
     decode_errors: Counter,
     edges: Counter,
     unattributed_edges: Counter,
@@ -59,6 +61,12 @@ pub enum DropReason {
     pod_edge_cap,
     /// The node held `--max-edges` edges.
     node_edge_cap,
+}
+
+/// One of the agent's own eBPF programs (a fixed set of a few names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProgramLabel {
+    program: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -99,20 +107,22 @@ impl AgentMetrics {
             "dedupe_hits",
             "Occurrences the kernel folded into an earlier event of the same edge",
         );
-        let program_runs = counter(
-            "ebpf_program_runs",
-            "Runs of the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
-        );
         let decode_errors = counter("decode_errors", "Kernel records that could not be decoded");
         let edges = counter("edges", "Aggregated edges flushed");
         let unattributed_edges = counter(
             "unattributed_edges",
             "Flushed edges whose network namespace belongs to no known pod",
         );
-        let program_run_seconds = Counter::<f64, AtomicU64>::default();
+        let program_runs = Family::<ProgramLabel, Counter>::default();
+        registry.register(
+            "ebpf_program_runs",
+            "Runs of each of the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
+            program_runs.clone(),
+        );
+        let program_run_seconds = Family::<ProgramLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "ebpf_program_run_seconds",
-            "Time the kernel spent in the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
+            "Time the kernel spent in each of the agent's eBPF programs (counted only while sysctl kernel.bpf_stats_enabled is 1)",
             program_run_seconds.clone(),
         );
         let events_dropped = Family::<DropLabel, Counter>::default();
@@ -402,10 +412,18 @@ impl AgentMetrics {
             .inc_by(now.ring_buffer_full.saturating_sub(before.ring_buffer_full));
         self.dedupe_hits
             .inc_by(now.dedupe_hits.saturating_sub(before.dedupe_hits));
-        self.program_runs
-            .inc_by(now.program_runs.saturating_sub(before.program_runs));
-        self.program_run_seconds
-            .inc_by(now.program_run_ns.saturating_sub(before.program_run_ns) as f64 / 1e9);
+        for (program, now) in &now.programs {
+            let before = before.programs.get(program).copied().unwrap_or_default();
+            let label = ProgramLabel {
+                program: program.clone(),
+            };
+            self.program_runs
+                .get_or_create(&label)
+                .inc_by(now.runs.saturating_sub(before.runs));
+            self.program_run_seconds
+                .get_or_create(&label)
+                .inc_by(now.run_ns.saturating_sub(before.run_ns) as f64 / 1e9);
+        }
     }
 
     /// Counts newly seen decode errors.
@@ -627,18 +645,25 @@ mod tests {
     fn kernel_counters_are_added_as_deltas() {
         let m = AgentMetrics::new();
         let zero = KernelCounters::default();
+        let cost = |runs, run_ns| ProgramCost { runs, run_ns };
         let first = KernelCounters {
             ring_buffer_full: 5,
             dedupe_hits: 10,
-            program_runs: 100,
-            program_run_ns: 500_000_000,
+            programs: [
+                ("inet_sock_set_state".to_string(), cost(100, 500_000_000)),
+                ("udp_sendmsg4".to_string(), cost(10, 1_000_000)),
+            ]
+            .into(),
             ..KernelCounters::default()
         };
         let second = KernelCounters {
             ring_buffer_full: 7,
             dedupe_hits: 30,
-            program_runs: 400,
-            program_run_ns: 2_000_000_000,
+            programs: [
+                ("inet_sock_set_state".to_string(), cost(400, 2_000_000_000)),
+                ("udp_sendmsg4".to_string(), cost(10, 1_000_000)),
+            ]
+            .into(),
             ..KernelCounters::default()
         };
         m.kernel(&zero, &first);
@@ -653,8 +678,10 @@ mod tests {
         for line in [
             "network_enforcer_agent_events_lost_total 7",
             "network_enforcer_agent_dedupe_hits_total 30",
-            "network_enforcer_agent_ebpf_program_runs_total 400",
-            "network_enforcer_agent_ebpf_program_run_seconds_total 2.0",
+            "network_enforcer_agent_ebpf_program_runs_total{program=\"inet_sock_set_state\"} 400",
+            "network_enforcer_agent_ebpf_program_run_seconds_total{program=\"inet_sock_set_state\"} 2.0",
+            "network_enforcer_agent_ebpf_program_runs_total{program=\"udp_sendmsg4\"} 10",
+            "network_enforcer_agent_ebpf_program_run_seconds_total{program=\"udp_sendmsg4\"} 0.001",
             "network_enforcer_agent_events_total 3",
             "network_enforcer_agent_edges_total 4",
             "network_enforcer_agent_unattributed_edges_total 1",

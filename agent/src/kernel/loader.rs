@@ -12,6 +12,7 @@ use network_enforcer_agent_common::{
     CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM,
     UDP_PROGRAMS,
 };
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ pub struct DataPlane {
 }
 
 /// The kernel-side counters, summed over all CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelCounters {
     /// Events dropped because the ring buffer was full.
     pub ring_buffer_full: u64,
@@ -67,12 +68,18 @@ pub struct KernelCounters {
     pub dedupe_hits: u64,
     /// TCP state changes of an unknown address family (should stay 0).
     pub unknown_family: u64,
-    /// Runs of our programs and the time the kernel spent in them, summed over the programs. Both stay
-    /// 0 unless the kernel keeps BPF statistics (`sysctl kernel.bpf_stats_enabled=1`): they are what
-    /// the agent costs inside the kernel (docs/operations.md, "Kernel cost").
-    pub program_runs: u64,
-    /// See [`KernelCounters::program_runs`].
-    pub program_run_ns: u64,
+    /// Per program, by its name (`inet_sock_set_state`, `udp_sendmsg4`, ...): its runs and the time the
+    /// kernel spent in it. Both stay 0 unless the kernel keeps BPF statistics (`sysctl
+    /// kernel.bpf_stats_enabled=1`): they are what the agent costs inside the kernel
+    /// (docs/operations.md, "Kernel cost"). A program this kernel refused is absent.
+    pub programs: BTreeMap<String, ProgramCost>,
+}
+
+/// What one of the agent's programs cost the kernel so far (see [`KernelCounters::programs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramCost {
+    pub runs: u64,
+    pub run_ns: u64,
 }
 
 impl DataPlane {
@@ -201,24 +208,23 @@ impl DataPlane {
             Ok(values.iter().sum())
         };
         // A program that is not loaded (a hook this kernel refused) has no statistics: skip it.
-        let (program_runs, program_run_ns) = self
+        let programs = self
             .ebpf
             .programs()
-            .filter_map(|(_, program)| program.info().ok())
-            .fold((0u64, 0u64), |(runs, ns), info| {
-                (
-                    runs.saturating_add(info.run_count()),
-                    ns.saturating_add(
-                        u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
-                    ),
-                )
-            });
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                let cost = ProgramCost {
+                    runs: info.run_count(),
+                    run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                };
+                Some((name.to_string(), cost))
+            })
+            .collect();
         Ok(KernelCounters {
             ring_buffer_full: sum(Counter::RingBufferFull)?,
             dedupe_hits: sum(Counter::DedupeHit)?,
             unknown_family: sum(Counter::UnknownFamily)?,
-            program_runs,
-            program_run_ns,
+            programs,
         })
     }
 }

@@ -148,15 +148,18 @@ pub fn run() -> Result<()> {
         let phase = Agent::start(&agent_bin, dedupe)?.phase(&pods)?;
         drop(stats);
         let connections = (phase.storm.tcp + phase.storm.udp).max(1) as f64;
+        let kernel_s = phase.kernel_s();
         println!(
-            "    {phase}; {:.3} s in the kernel's runs of our programs, {:.0} ns per connection",
-            phase.kernel_s,
-            phase.kernel_s * 1e9 / connections
+            "    {phase}; {kernel_s:.3} s in the kernel's runs of our programs, {:.0} ns per connection",
+            kernel_s * 1e9 / connections
         );
-        kernel.push((
-            phase.kernel_s * 1e9 / connections,
-            phase.kernel_s / phase.storm.secs,
-        ));
+        for (program, s) in &phase.kernel_by_program {
+            println!(
+                "      {program}: {:.0} ns per connection",
+                s * 1e9 / connections
+            );
+        }
+        kernel.push((kernel_s * 1e9 / connections, kernel_s / phase.storm.secs));
     }
     drop(pods);
 
@@ -584,7 +587,7 @@ impl Agent {
     fn phase(self, pods: &Pods) -> Result<AgentPhase> {
         let cpu_before = self.cpu_seconds()?;
         let events_before = self.metric("network_enforcer_agent_events_total")?;
-        let kernel_before = self.metric("network_enforcer_agent_ebpf_program_run_seconds_total")?;
+        let kernel_before = self.series(KERNEL_SECONDS)?;
         let storm = storm(pods)?;
         // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
         std::thread::sleep(Duration::from_secs(3));
@@ -593,14 +596,51 @@ impl Agent {
             events: (self.metric("network_enforcer_agent_events_total")? - events_before) as u64,
             lost: self.metric("network_enforcer_agent_events_lost_total")? as u64,
             rss_mib: self.peak_rss_mib()?,
-            kernel_s: self.metric("network_enforcer_agent_ebpf_program_run_seconds_total")?
-                - kernel_before,
+            kernel_by_program: self
+                .series(KERNEL_SECONDS)?
+                .into_iter()
+                .map(|(program, s)| {
+                    let before = kernel_before.get(&program).copied().unwrap_or(0.0);
+                    (program, s - before)
+                })
+                .collect(),
             storm,
         })
     }
 
+    /// Every series of a metric family from the agent's /metrics, by its labels (`{program="x"}`,
+    /// or empty for a metric without labels).
+    fn series(&self, name: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+        let text = self.metrics_text()?;
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?;
+                let (labels, value) = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?,
+                    None => ("", rest.strip_prefix(' ')?),
+                };
+                Some((labels, value))
+            })
+            .map(|(labels, value)| {
+                let value = value.trim().parse::<f64>().context("parsing a metric")?;
+                Ok((labels.to_string(), value))
+            })
+            .collect()
+    }
+
     /// A counter from the agent's /metrics.
     fn metric(&self, name: &str) -> Result<f64> {
+        self.metrics_text()?
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .context(format!("{name} not in /metrics"))?
+            .trim()
+            .parse::<f64>()
+            .context("parsing a metric")
+    }
+
+    /// The agent's /metrics.
+    fn metrics_text(&self) -> Result<String> {
         let mut stream = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(
@@ -610,12 +650,7 @@ impl Agent {
         )?;
         let mut text = String::new();
         stream.read_to_string(&mut text)?;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .context(format!("{name} not in /metrics"))?
-            .trim()
-            .parse::<f64>()
-            .context("parsing a metric")
+        Ok(text)
     }
 }
 
@@ -637,9 +672,20 @@ struct AgentPhase {
     events: u64,
     lost: u64,
     rss_mib: f64,
-    /// Time the kernel spent in our programs (0 unless [`BpfStats`] are on).
-    kernel_s: f64,
+    /// Time the kernel spent in each of our programs (0 unless [`BpfStats`] are on), by the metric's
+    /// labels (`program="..."`).
+    kernel_by_program: std::collections::BTreeMap<String, f64>,
 }
+
+impl AgentPhase {
+    /// Time the kernel spent in our programs.
+    fn kernel_s(&self) -> f64 {
+        self.kernel_by_program.values().sum()
+    }
+}
+
+/// The agent's metric of the time the kernel spent in its programs, per program.
+const KERNEL_SECONDS: &str = "network_enforcer_agent_ebpf_program_run_seconds_total";
 
 impl std::fmt::Display for AgentPhase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
