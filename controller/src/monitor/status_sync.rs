@@ -1207,6 +1207,19 @@ mod tests {
         (sync, writers)
     }
 
+    /// An ingress policy of Deployment `shop/web` that isolates every pod of `shop`, in `mode`.
+    fn web_ingress(mode: &str) -> WorkloadNetworkPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+            "kind": "WorkloadNetworkPolicy",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": mode,
+                     "targetRef": {"kind": "Deployment", "name": "web"},
+                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+        }))
+        .unwrap()
+    }
+
     /// Evidence handed in before the policies, NetworkPolicies and namespaces are listed is kept
     /// (and held from acknowledgement) rather than judged against half-listed stores, by the passes
     /// and by the protect gate's replay alike.
@@ -1218,15 +1231,7 @@ mod tests {
         let mark = evidence
             .hold()
             .expect("before the policies are listed, any record may be evidence");
-        let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
-            "kind": "WorkloadNetworkPolicy",
-            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
-            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "protect",
-                     "targetRef": {"kind": "Deployment", "name": "web"},
-                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
-        }))
-        .unwrap();
+        let policy = web_ingress("protect");
         assert!(sync.replay(&policy).is_none(), "no history before listing");
         assert_eq!(sync.attribute_evidence(), 0);
         assert_eq!(sync.metrics().evidence_queued.get(), 1, "still queued");
@@ -1246,15 +1251,7 @@ mod tests {
         sync.attribute_evidence();
 
         // A policy appears.
-        let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
-            "kind": "WorkloadNetworkPolicy",
-            "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
-            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
-                     "targetRef": {"kind": "Deployment", "name": "web"},
-                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
-        }))
-        .unwrap();
+        let policy = web_ingress("monitor");
         writers
             .policies
             .apply_watcher_event(&watcher::Event::Apply(policy.clone()));

@@ -94,11 +94,7 @@ pub struct Attributed<'a> {
 impl<'a> Attributed<'a> {
     /// The policy's name and namespace.
     pub fn key(&self) -> PolicyKey {
-        let (namespace, name) = self.policy_name();
-        PolicyKey {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        }
+        policy_key(self.policy)
     }
 
     /// What the violation records: the policy's mode.
