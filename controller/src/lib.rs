@@ -15,3 +15,11 @@ pub mod runtime;
 pub mod sources;
 pub mod tools;
 pub mod ui;
+
+/// Hash maps for keys the API server gives (pods, Services, namespaces, their addresses): foldhash,
+/// randomly seeded, several times faster than the standard SipHash on the short strings and addresses
+/// every flow record is looked up by. It is only minimally resistant to crafted collisions, so maps keyed
+/// by what agents send (learned edges, violation history) keep the standard hasher.
+pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
+/// The set form of [`FastMap`].
+pub(crate) type FastSet<T> = foldhash::HashSet<T>;

@@ -24,6 +24,7 @@
 //!   `Index::recompute_backends_at`), so such a record is the same two lookups.
 
 use crate::cluster::workload::{self, Workload};
+use crate::{FastMap, FastSet};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
@@ -31,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use network_enforcer_api::{Protocol, WorkloadKind};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -155,7 +156,7 @@ struct Backends {
     /// Per service port: the backend workloads and their container ports, sorted and deduplicated (one
     /// workload appears once per distinct container port, e.g. while a rollout changes a named port);
     /// for a Service without a selector, what its Endpoints' addresses are and their ports.
-    by_port: HashMap<(u16, Protocol), Vec<Backend>>,
+    by_port: FastMap<(u16, Protocol), Vec<Backend>>,
 }
 
 /// Who held an IP, and when (ms since the epoch).
@@ -310,7 +311,7 @@ impl ResolvedRef<'_> {
 /// up its local pod by name).
 #[derive(Debug, Default)]
 struct PodMap {
-    by_namespace: HashMap<String, HashMap<String, PodRecord>>,
+    by_namespace: FastMap<String, FastMap<String, PodRecord>>,
     len: usize,
 }
 
@@ -341,7 +342,7 @@ impl PodMap {
     }
 
     fn values(&self) -> impl Iterator<Item = &PodRecord> {
-        self.by_namespace.values().flat_map(HashMap::values)
+        self.by_namespace.values().flat_map(FastMap::values)
     }
 
     fn len(&self) -> usize {
@@ -354,34 +355,34 @@ impl PodMap {
 pub struct Index {
     pods: PodMap,
     /// Pods by uid (agents that only know the uid from the pod's cgroup path report it).
-    uids: HashMap<String, PodName>,
+    uids: FastMap<String, PodName>,
     /// Deleted pods, kept (for late records) until their IP history ends: when they were deleted.
-    deleted: HashMap<PodName, i64>,
-    leases: HashMap<IpAddr, Vec<IpLease>>,
-    workloads: HashMap<WorkloadKey, WorkloadInfo>,
+    deleted: FastMap<PodName, i64>,
+    leases: FastMap<IpAddr, Vec<IpLease>>,
+    workloads: FastMap<WorkloadKey, WorkloadInfo>,
     /// Pod names per namespace (live and recently deleted), for Service selection.
-    pods_in_namespace: HashMap<String, BTreeSet<String>>,
+    pods_in_namespace: FastMap<String, BTreeSet<String>>,
     /// Pod names per owner workload, to refresh their endpoints when the workload changes.
-    pods_of_workload: HashMap<WorkloadKey, BTreeSet<String>>,
+    pods_of_workload: FastMap<WorkloadKey, BTreeSet<String>>,
     /// Pod names per Job (namespace, name), to re-resolve their owner when the Job is seen.
-    pods_of_job: HashMap<(String, String), BTreeSet<String>>,
+    pods_of_job: FastMap<(String, String), BTreeSet<String>>,
     /// Pod names per (namespace, generateName), for flow sources that name pods that way.
-    pods_generated_as: HashMap<(String, String), BTreeSet<String>>,
-    jobs: HashMap<(String, String), JobInfo>,
-    services: HashMap<ServiceKey, ServiceInfo>,
-    service_ips: HashMap<IpAddr, ServiceKey>,
+    pods_generated_as: FastMap<(String, String), BTreeSet<String>>,
+    jobs: FastMap<(String, String), JobInfo>,
+    services: FastMap<ServiceKey, ServiceInfo>,
+    service_ips: FastMap<IpAddr, ServiceKey>,
     /// Service names per namespace.
-    services_in_namespace: HashMap<String, BTreeSet<String>>,
-    backends: HashMap<ServiceKey, Backends>,
+    services_in_namespace: FastMap<String, BTreeSet<String>>,
+    backends: FastMap<ServiceKey, Backends>,
     /// The Endpoints of Services without a selector, or whose Service is not indexed yet (dropped when
     /// it arrives with a selector): see the module docs.
-    endpoints: HashMap<ServiceKey, Vec<EndpointSubset>>,
+    endpoints: FastMap<ServiceKey, Vec<EndpointSubset>>,
     /// The Services whose kept Endpoints list an address, by address: whose backends to recompute when
     /// the pod or node at that address changes.
-    endpoint_addresses: HashMap<IpAddr, BTreeSet<ServiceKey>>,
-    nodes: HashMap<IpAddr, String>,
+    endpoint_addresses: FastMap<IpAddr, BTreeSet<ServiceKey>>,
+    nodes: FastMap<IpAddr, String>,
     /// Interned endpoints: the pods of one workload share one [`Arc`].
-    interned: HashSet<Arc<WorkloadEndpoint>>,
+    interned: FastSet<Arc<WorkloadEndpoint>>,
     /// Interner size after its last sweep (see [`Index::sweep_interned`]).
     interned_swept: usize,
     /// The earliest time (ms) a released IP or a deleted pod expires; [`Index::forget_expired`] has
@@ -393,23 +394,23 @@ impl Default for Index {
     fn default() -> Self {
         Index {
             pods: PodMap::default(),
-            uids: HashMap::new(),
-            deleted: HashMap::new(),
-            leases: HashMap::new(),
-            workloads: HashMap::new(),
-            pods_in_namespace: HashMap::new(),
-            pods_of_workload: HashMap::new(),
-            pods_of_job: HashMap::new(),
-            pods_generated_as: HashMap::new(),
-            jobs: HashMap::new(),
-            services: HashMap::new(),
-            service_ips: HashMap::new(),
-            services_in_namespace: HashMap::new(),
-            backends: HashMap::new(),
-            endpoints: HashMap::new(),
-            endpoint_addresses: HashMap::new(),
-            nodes: HashMap::new(),
-            interned: HashSet::new(),
+            uids: FastMap::default(),
+            deleted: FastMap::default(),
+            leases: FastMap::default(),
+            workloads: FastMap::default(),
+            pods_in_namespace: FastMap::default(),
+            pods_of_workload: FastMap::default(),
+            pods_of_job: FastMap::default(),
+            pods_generated_as: FastMap::default(),
+            jobs: FastMap::default(),
+            services: FastMap::default(),
+            service_ips: FastMap::default(),
+            services_in_namespace: FastMap::default(),
+            backends: FastMap::default(),
+            endpoints: FastMap::default(),
+            endpoint_addresses: FastMap::default(),
+            nodes: FastMap::default(),
+            interned: FastSet::default(),
             interned_swept: 0,
             next_expiry: i64::MAX,
         }
@@ -509,7 +510,7 @@ fn endpoints_key(endpoints: &Endpoints) -> ServiceKey {
     )
 }
 
-fn remove_from<K: Eq + Hash>(map: &mut HashMap<K, BTreeSet<String>>, key: &K, name: &str) {
+fn remove_from<K: Eq + Hash>(map: &mut FastMap<K, BTreeSet<String>>, key: &K, name: &str) {
     if let Some(set) = map.get_mut(key) {
         set.remove(name);
         if set.is_empty() {
@@ -915,7 +916,7 @@ impl Index {
             .first()
             .copied()
             .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        let mut by_port = HashMap::new();
+        let mut by_port = FastMap::default();
         for sp in &svc.ports {
             let mut found: BTreeSet<Backend> = BTreeSet::new();
             for name in pods {
@@ -969,8 +970,8 @@ impl Index {
         &self,
         key: &ServiceKey,
         svc: &ServiceInfo,
-    ) -> HashMap<(u16, Protocol), Vec<Backend>> {
-        let mut by_port = HashMap::new();
+    ) -> FastMap<(u16, Protocol), Vec<Backend>> {
+        let mut by_port = FastMap::default();
         let Some(subsets) = self.endpoints.get(key) else {
             return by_port;
         };
@@ -1234,7 +1235,7 @@ impl Index {
             key.clone(),
             Backends {
                 pods: members,
-                by_port: HashMap::new(),
+                by_port: FastMap::default(),
             },
         );
         if has_selector {

@@ -16,7 +16,8 @@
 use super::EvalError;
 use super::authorization_policy::{self, AuthzVerdict, Connection};
 use super::compiled::{self, CompiledPolicy, Resolved};
-use super::view::{ClusterView, Endpoint, FastMap, Flow, PodKey, PolicyRef};
+use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
+use crate::FastMap;
 use crate::monitor::violations::Observation;
 use crate::monitor::violations::evidence::RepeatKey;
 use crate::policy::uniqueness;

@@ -3,6 +3,7 @@
 //! (the controller's index, the `check` command's scenario file, a test), and a flow to evaluate.
 
 use super::compiled::PolicyIndex;
+use crate::FastMap;
 use crate::cluster::workload::{Workload, owner_of};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
@@ -15,10 +16,6 @@ use std::sync::OnceLock;
 
 /// Kubernetes labels of a pod or a namespace.
 pub type Labels = BTreeMap<String, String>;
-
-/// The maps a flow's evaluation looks up in: foldhash, randomly seeded per process, is several times
-/// faster than the standard SipHash on short keys such as pod and namespace names.
-pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// A pod's identity in the cluster: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
