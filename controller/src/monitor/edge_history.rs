@@ -39,8 +39,37 @@ impl Default for Bounds {
 /// and, for ends NetworkPolicies see by address (outside peers, hostNetwork pods), that address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Side {
-    workload: Arc<WorkloadRef>,
+    workload: Interned,
     ip: Option<IpAddr>,
+}
+
+/// A workload name from [`EdgeHistory`]'s interner, compared and hashed by identity: the interner
+/// hands out one `Arc` per distinct name and forgets a name only once no edge holds it, so two
+/// edges name the same workload exactly when they hold the same `Arc`. Looking an edge up then
+/// hashes two pointers instead of every string of both workloads.
+#[derive(Clone, Debug)]
+struct Interned(Arc<WorkloadRef>);
+
+impl PartialEq for Interned {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Interned {}
+
+impl std::hash::Hash for Interned {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
+}
+
+impl std::ops::Deref for Interned {
+    type Target = WorkloadRef;
+
+    fn deref(&self) -> &WorkloadRef {
+        &self.0
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -161,11 +190,11 @@ impl EdgeHistory {
 
     fn side(&mut self, workload: &WorkloadRef, endpoint: &Endpoint) -> Side {
         let workload = match self.names.get(workload) {
-            Some(name) => Arc::clone(name),
+            Some(name) => Interned(Arc::clone(name)),
             None => {
                 let name = Arc::new(workload.clone());
                 self.names.insert(Arc::clone(&name));
-                name
+                Interned(name)
             }
         };
         let ip = match endpoint {

@@ -84,6 +84,19 @@ fn edges_older_than_the_retention_are_forgotten_with_their_names() {
     assert_eq!((history.len(), history.expired()), (1, 1));
     // CoreDNS is named by no edge now.
     assert_eq!(history.names.len(), 2);
+    // Seen again, it is named afresh, and its repeats still compact into one edge (edges compare
+    // workloads by their interned name).
+    for seconds in [140, 150] {
+        history.record(
+            &at(observed(client(), dns(), Protocol::UDP, 53), seconds),
+            false,
+        );
+    }
+    assert_eq!((history.len(), history.names.len()), (2, 3));
+    let stats = history
+        .stats(&client().workload, &dns().workload, Protocol::UDP, 53)
+        .unwrap();
+    assert_eq!(stats.count, 2);
 }
 
 /// Each case: the flows observed, the policy replayed, and what the gate reports.
