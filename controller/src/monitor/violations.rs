@@ -49,6 +49,15 @@ pub fn cap_text(text: &str, max_chars: usize) -> String {
     }
 }
 
+/// [`cap_text`] for a string the caller owns: cut in place, no copy.
+pub fn cap_string(mut text: String, max_chars: usize) -> String {
+    if let Some((end, _)) = text.char_indices().nth(max_chars) {
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// One occurrence of a violating flow, attributed to a policy: a [`ViolationRecord`] without its id.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observation {

@@ -172,18 +172,27 @@ pub const MAX_SELECTOR_CHARS: usize = 512;
 /// How violation records name a workload: namespace, kind (`Pod` for a pod without a supported
 /// controller), name, Istio principal and selector (cut at [`MAX_SELECTOR_CHARS`]).
 pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
-    let selector = workload
-        .selector
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    // Built in one string and cut in place: the evidence pass names both ends of every record, so
+    // a copy per label (and of the whole text to cut it) showed in the controller's profile.
+    let mut selector = String::new();
+    for (k, v) in &workload.selector {
+        // Past this many bytes it has more characters than are kept (at most 4 bytes each).
+        if selector.len() > 4 * MAX_SELECTOR_CHARS {
+            break;
+        }
+        if !selector.is_empty() {
+            selector.push(',');
+        }
+        selector.push_str(k);
+        selector.push('=');
+        selector.push_str(v);
+    }
     WorkloadRef {
         namespace: workload.namespace.clone(),
         owner_kind: workload.kind.map_or("Pod", |k| k.as_str()).to_string(),
         owner_name: workload.name.clone(),
         identity: principal(workload),
-        selector: super::cap_text(&selector, MAX_SELECTOR_CHARS),
+        selector: super::cap_string(selector, MAX_SELECTOR_CHARS),
         address: String::new(),
     }
 }

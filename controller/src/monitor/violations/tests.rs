@@ -454,3 +454,21 @@ fn acknowledgement_reasons_are_cut_to_a_bound() {
         "cut and marked"
     );
 }
+
+#[test]
+fn text_is_cut_at_a_character_count_the_same_borrowed_or_owned() {
+    for (text, max, want) in [
+        ("", 3, ""),
+        ("abc", 3, "abc"),
+        ("abcd", 3, "abc…"),
+        ("héllo", 2, "hé…"),
+        ("日本語テキスト", 3, "日本語…"),
+    ] {
+        assert_eq!(cap_text(text, max), want, "{text:?} cut at {max}");
+        assert_eq!(
+            cap_string(text.to_string(), max),
+            want,
+            "{text:?} cut at {max}"
+        );
+    }
+}
