@@ -1488,9 +1488,9 @@ impl Index {
                 .contains_key(&(namespace.to_string(), name.to_string()))
     }
 
-    /// The workload endpoint of a pod.
-    pub fn endpoint_of(&self, pod: &PodRecord) -> WorkloadEndpoint {
-        (*pod.endpoint).clone()
+    /// The workload endpoint of a pod (borrowed: the evidence pass names both ends of every record).
+    pub fn endpoint_of<'a>(&self, pod: &'a PodRecord) -> &'a WorkloadEndpoint {
+        &pod.endpoint
     }
 
     /// Resolves a peer address and port as seen by a socket at `at_ms`: a pod IP, a Service ClusterIP

@@ -229,14 +229,14 @@ pub fn peer_address(
     let Some((namespace, account)) = parse_principal(&named.principal) else {
         return address;
     };
-    let mut found: Option<(&PodRecord, crate::cluster::index::WorkloadEndpoint)> = None;
+    let mut found: Option<(&PodRecord, &crate::cluster::index::WorkloadEndpoint)> = None;
     for pod in index
         .pods()
         .filter(|p| p.namespace == namespace && p.service_account == account && !p.ips.is_empty())
     {
         let workload = index.endpoint_of(pod);
         match &found {
-            Some((_, first)) if !same_workload(first, &workload) => {
+            Some((_, first)) if !same_workload(first, workload) => {
                 return (fields.peer, PeerFrom::AmbiguousPrincipal);
             }
             // Any pod of the workload names it; the lowest address makes the choice independent of

@@ -51,6 +51,10 @@ pub fn cap_text(text: &str, max_chars: usize) -> String {
 
 /// [`cap_text`] for a string the caller owns: cut in place, no copy.
 pub fn cap_string(mut text: String, max_chars: usize) -> String {
+    // No more bytes than characters allowed: nothing to count.
+    if text.len() <= max_chars {
+        return text;
+    }
     if let Some((end, _)) = text.char_indices().nth(max_chars) {
         text.truncate(end);
         text.push('…');

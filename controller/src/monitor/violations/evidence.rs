@@ -136,7 +136,7 @@ fn pod_side(index: &Index, pod: &index::PodRecord) -> FlowSide {
     };
     FlowSide {
         endpoint,
-        workload: workload_ref(&index.endpoint_of(pod)),
+        workload: workload_ref(index.endpoint_of(pod)),
     }
 }
 
