@@ -104,6 +104,7 @@ async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -
     // The first passes write one entry per rule, never matched, watched since then.
     let (egress, ingress) = ns
         .wait_for("ruleUsage entries on both policies", WAIT, || async {
+            c.passes_running()?;
             let list = policies.list(&ListParams::default()).await?;
             let get = |name: &str| {
                 list.items

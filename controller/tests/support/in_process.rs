@@ -165,6 +165,17 @@ impl InProcess {
         }
     }
 
+    /// Fails once the status sync's passes have ended without [`InProcess::stop_passes`]: a panic in
+    /// their task would otherwise show only as a test waiting for a status that never comes.
+    pub fn passes_running(&self) -> Result<()> {
+        let passes = self.passes.lock().unwrap();
+        ensure!(
+            passes.as_ref().is_none_or(|p| !p.is_finished()),
+            "the status sync's passes have ended (a panic in them?)"
+        );
+        Ok(())
+    }
+
     /// Labels proposal `name` for promotion into `mode` (`monitor` or `protect`).
     pub async fn promote(&self, name: &str, mode: &str) -> Result<()> {
         self.ns
