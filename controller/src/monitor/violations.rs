@@ -43,23 +43,28 @@ pub fn cap_reason(reason: &str) -> String {
 
 /// `text` cut to `max_chars` characters, marked with `…` when cut.
 pub fn cap_text(text: &str, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
+    match cut_at(text, max_chars) {
         None => text.to_string(),
-        Some((end, _)) => format!("{}…", &text[..end]),
+        Some(end) => format!("{}…", &text[..end]),
     }
 }
 
 /// [`cap_text`] for a string the caller owns: cut in place, no copy.
 pub fn cap_string(mut text: String, max_chars: usize) -> String {
-    // No more bytes than characters allowed: nothing to count.
-    if text.len() <= max_chars {
-        return text;
-    }
-    if let Some((end, _)) = text.char_indices().nth(max_chars) {
+    if let Some(end) = cut_at(&text, max_chars) {
         text.truncate(end);
         text.push('…');
     }
     text
+}
+
+/// Where `text` is cut to keep `max_chars` characters, if it has more.
+fn cut_at(text: &str, max_chars: usize) -> Option<usize> {
+    // No more bytes than characters allowed: nothing to count.
+    if text.len() <= max_chars {
+        return None;
+    }
+    text.char_indices().nth(max_chars).map(|(end, _)| end)
 }
 
 /// One occurrence of a violating flow, attributed to a policy: a [`ViolationRecord`] without its id.
