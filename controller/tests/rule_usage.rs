@@ -17,6 +17,7 @@ use network_enforcer_api::{
     PolicyMode, RuleUsage, WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal,
 };
 use network_enforcer_controller::monitor::otlp::Disabled;
+use network_enforcer_controller::runtime::metrics::Reason;
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::json;
 use std::sync::Arc;
@@ -106,14 +107,45 @@ async fn rule_usage_is_written_by_the_status_sync_and_unused_rules_are_named() -
         .wait_for("ruleUsage entries on both policies", WAIT, || async {
             c.passes_running()?;
             let list = policies.list(&ListParams::default()).await?;
-            let get = |name: &str| {
+            let find = |name: &str| {
                 list.items
                     .iter()
                     .find(|p| p.metadata.name.as_deref() == Some(name))
+            };
+            let get = |name: &str| {
+                find(name)
                     .filter(|p| p.spec.mode == PolicyMode::Monitor && !usage(p).is_empty())
                     .cloned()
             };
-            Ok(get(EGRESS).zip(get(INGRESS)))
+            if let Some(both) = get(EGRESS).zip(get(INGRESS)) {
+                return Ok(Some(both));
+            }
+            // Retried until the timeout, which reports the last of these: what was missing.
+            let seen = |name: &str| match find(name) {
+                None => format!("{name} absent"),
+                Some(p) => format!(
+                    "{name} in {:?} with {} ruleUsage entries",
+                    p.spec.mode,
+                    usage(p).len()
+                ),
+            };
+            let failures = |reason: &str| {
+                c.sync
+                    .metrics()
+                    .patch_failures
+                    .get_or_create(&Reason {
+                        reason: reason.into(),
+                    })
+                    .get()
+            };
+            anyhow::bail!(
+                "{}; {}; status sync passes: {}, failed patches: {} conflicts, {} errors",
+                seen(EGRESS),
+                seen(INGRESS),
+                c.sync.passes(),
+                failures("conflict"),
+                failures("error"),
+            )
         })
         .await?;
     let tcp_rule = egress_rule(&egress, 18080);

@@ -23,6 +23,7 @@ use network_enforcer_api::{
 use network_enforcer_controller::monitor::otlp::ViolationSink;
 use network_enforcer_controller::monitor::status_sync::SyncError;
 use network_enforcer_controller::monitor::violations::Observation;
+use network_enforcer_controller::runtime::metrics::Reason;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -359,14 +360,23 @@ async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Res
     }
     assert_eq!(sync.pending(&n, EGRESS), 1, "kept for the retry");
     assert_eq!(status(&policies.get(EGRESS).await?).violation_count, 2);
-    // The next passes (from the watch's fresher copy) record it, exactly once.
-    let egress = ns
-        .wait_for("the retried observation", WAIT, || async {
-            sync.sync_all().await;
-            let p = policies.get(EGRESS).await?;
-            Ok((status(&p).violation_count > 2).then_some(p))
-        })
+    // The passes retry a conflict at once from a fresh read (the watch may not have delivered the
+    // change yet), and count it.
+    let conflicts = || {
+        sync.metrics()
+            .patch_failures
+            .get_or_create(&Reason {
+                reason: "conflict".into(),
+            })
+            .get()
+    };
+    let conflicts_before = conflicts();
+    let done = sync
+        .sync_policy_or_reread(&stale, &sync.current_view())
         .await?;
+    assert_eq!((done.patched, done.observations), (true, 1), "{done:?}");
+    assert_eq!(conflicts() - conflicts_before, 1);
+    let egress = policies.get(EGRESS).await?;
     let s = status(&egress);
     assert_eq!(
         (s.violation_count, s.active_violation_count),

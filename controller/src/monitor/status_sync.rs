@@ -16,8 +16,8 @@
 //!   write per policy and interval whatever the traffic, with the cached `resourceVersion` as a
 //!   precondition, so a patch
 //!   computed from a stale copy fails instead of overwriting newer records. Pending observations are
-//!   forgotten only once the patch that contains them succeeded; a failed patch is retried at the
-//!   next interval from a fresher copy. Then consumed `acknowledge-<id>` annotations are removed, with
+//!   forgotten only once the patch that contains them succeeded; a conflicting patch is computed
+//!   again at once from a fresh read, any other failed patch at the next interval. Then consumed `acknowledge-<id>` annotations are removed, with
 //!   an Event per acknowledged record and per unknown id, and `acknowledged` reported to the sink.
 //!
 //! The evaluator's [`ClusterView`] is derived from the index at each pass (one source of truth for
@@ -245,6 +245,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub enum SyncError {
     #[error("patching the status failed: {0}")]
     Patch(#[source] kube::Error),
+    #[error("reading the policy after a conflicting patch failed: {0}")]
+    Reread(#[source] kube::Error),
     #[error("the policy has no namespace or name")]
     Unnamed,
 }
@@ -309,9 +311,20 @@ pub struct SyncMetrics {
     pub history_edges: Gauge,
     /// Edges evicted from that history by its bound (the least recently seen first).
     pub history_evicted: Counter,
+    /// Status patches that failed, by reason: `conflict` (the copy was older than the object; retried
+    /// at once from a fresh read) or `error` (retried next interval).
+    pub patch_failures: Family<Reason, Counter>,
 }
 
 impl SyncMetrics {
+    fn patch_failed(&self, reason: &str) {
+        self.patch_failures
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
     fn dropped(&self, reason: &str, n: u64) {
         if n > 0 {
             self.observations_dropped
@@ -460,6 +473,12 @@ impl StatusSync {
             "edge_history_evicted",
             "Observed edges evicted from the protect gate's history by its bound (--edge-history-max-edges)",
             m.history_evicted.clone(),
+        );
+        metrics.register(
+            "status_patch_failures",
+            "WorkloadNetworkPolicy status patches that failed: conflict (retried at once from a fresh \
+             read) or error (retried at the next interval)",
+            m.patch_failures.clone(),
         );
     }
 
@@ -788,7 +807,7 @@ impl StatusSync {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
         {
             report.policies += 1;
-            match self.sync_policy(policy, &view).await {
+            match self.sync_policy_or_reread(policy, &view).await {
                 Ok(done) => {
                     report.patched += usize::from(done.patched);
                     report.observations += done.observations;
@@ -806,6 +825,51 @@ impl StatusSync {
         self.settle_if_written(drained);
         self.passes.fetch_add(1, Ordering::AcqRel);
         report
+    }
+
+    /// [`StatusSync::sync_policy`], retried once from a copy read now when the patch conflicts: the
+    /// watch had not yet delivered another writer's change (usually the policy reconciler's
+    /// conditions, written right after a promotion), and waiting an interval for it could meet the
+    /// next change again.
+    pub async fn sync_policy_or_reread(
+        &self,
+        policy: &WorkloadNetworkPolicy,
+        view: &ClusterView,
+    ) -> Result<PolicySync, SyncError> {
+        let error = match self.sync_policy(policy, view).await {
+            Err(SyncError::Patch(kube::Error::Api(e))) if e.code == 409 => e,
+            Err(error) => {
+                if matches!(error, SyncError::Patch(_)) {
+                    self.metrics.patch_failed("error");
+                }
+                return Err(error);
+            }
+            done => return done,
+        };
+        self.metrics.patch_failed("conflict");
+        tracing::debug!(
+            namespace = ?policy.namespace(), name = %policy.name_any(), error = %error.message,
+            "status patch conflicted; retrying from a fresh read"
+        );
+        let (Some(namespace), Some(name)) = (
+            policy.metadata.namespace.as_deref(),
+            policy.metadata.name.as_deref(),
+        ) else {
+            return Err(SyncError::Unnamed);
+        };
+        let fresh = Api::<WorkloadNetworkPolicy>::namespaced(self.client.clone(), namespace)
+            .get(name)
+            .await
+            .map_err(SyncError::Reread)?;
+        let retried = self.sync_policy(&fresh, view).await;
+        if let Err(SyncError::Patch(e)) = &retried {
+            let reason = match e {
+                kube::Error::Api(e) if e.code == 409 => "conflict",
+                _ => "error",
+            };
+            self.metrics.patch_failed(reason);
+        }
+        retried
     }
 
     /// Syncs one policy's status from `policy` (its status, annotations and `resourceVersion`):
