@@ -47,7 +47,8 @@ fn side(w: usize) -> FlowSide {
             owner_name: format!("app-{w}"),
             selector: format!("app=app-{w}"),
             ..WorkloadRef::default()
-        },
+        }
+        .into(),
     }
 }
 

@@ -71,7 +71,7 @@ fn workload_ref(ns: usize, w: usize) -> WorkloadRef {
 fn side(ns: usize, w: usize, p: usize) -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new(format!("ns-{ns}"), pod_name(w, p))),
-        workload: workload_ref(ns, w),
+        workload: workload_ref(ns, w).into(),
     }
 }
 

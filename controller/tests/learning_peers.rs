@@ -16,7 +16,7 @@ use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::flow_record::decode;
 use network_enforcer_controller::monitor::evaluate::attribution::{PolicyVerdict, policy_verdict};
 use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow};
-use network_enforcer_controller::monitor::violations::evidence::observed_flows;
+use network_enforcer_controller::monitor::violations::evidence::{WorkloadNames, observed_flows};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
@@ -217,13 +217,24 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
     let view = ClusterView::from_index(&index, std::iter::empty(), std::iter::empty());
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let flows = observed_flows(&index, &view, &decode(&via_service, &index, None)?, &now)?;
+    let flows = observed_flows(
+        &index,
+        &view,
+        &mut WorkloadNames::default(),
+        &decode(&via_service, &index, None)?,
+        &now,
+    )?;
     let flows: Vec<Flow> = flows.iter().map(|f| f.flow()).collect();
-    let direct_flows: Vec<Flow> =
-        observed_flows(&index, &view, &decode(&direct, &index, None)?, &now)?
-            .iter()
-            .map(|f| f.flow())
-            .collect();
+    let direct_flows: Vec<Flow> = observed_flows(
+        &index,
+        &view,
+        &mut WorkloadNames::default(),
+        &decode(&direct, &index, None)?,
+        &now,
+    )?
+    .iter()
+    .map(|f| f.flow())
+    .collect();
     assert_eq!(flows, direct_flows, "one call, one flow");
     let [flow] = flows.as_slice() else {
         panic!("one flow expected: {flows:?}");

@@ -188,13 +188,12 @@ impl EdgeHistory {
         );
     }
 
-    fn side(&mut self, workload: &WorkloadRef, endpoint: &Endpoint) -> Side {
-        let workload = match self.names.get(workload) {
+    fn side(&mut self, workload: &Arc<WorkloadRef>, endpoint: &Endpoint) -> Side {
+        let workload = match self.names.get(&**workload) {
             Some(name) => Interned(Arc::clone(name)),
             None => {
-                let name = Arc::new(workload.clone());
-                self.names.insert(Arc::clone(&name));
-                Interned(name)
+                self.names.insert(Arc::clone(workload));
+                Interned(Arc::clone(workload))
             }
         };
         let ip = match endpoint {

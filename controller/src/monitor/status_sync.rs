@@ -31,7 +31,7 @@ use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicyS
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
-    EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, observed_flows,
+    EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WorkloadNames, observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
@@ -655,14 +655,14 @@ impl StatusSync {
         let mut matches: Vec<RuleMatch> = Vec::new();
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
         let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
+        let mut names = WorkloadNames::default();
         for record in &records {
             let Some(kind) = EvidenceKind::of(record) else {
                 continue;
             };
             let flows = match flow_record::decode(record, &index, None) {
-                Ok(decoded) => {
-                    observed_flows(&index, &view, &decoded, &now).map_err(|e| e.to_string())
-                }
+                Ok(decoded) => observed_flows(&index, &view, &mut names, &decoded, &now)
+                    .map_err(|e| e.to_string()),
                 Err(bad) => Err(bad.to_string()),
             };
             let flows = match flows {

@@ -245,7 +245,7 @@ fn replay_names_at_most_ten_examples_newest_first_and_flags_the_api_server() {
 fn a_workload_without_pods_now_is_not_evaluable() {
     let mut history = EdgeHistory::default();
     let mut gone = server();
-    gone.workload.owner_name = "retired".into();
+    Arc::make_mut(&mut gone.workload).owner_name = "retired".into();
     gone.endpoint = Endpoint::Pod(PodKey::new("demo", "retired-1"));
     history.record(&observed(client(), gone, Protocol::TCP, 18080), false);
     let report = history.replay(&cluster(), &client_egress("protect"));

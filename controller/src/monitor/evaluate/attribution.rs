@@ -28,6 +28,7 @@ use network_enforcer_api::{
     WorkloadRef,
 };
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// One side of an observed flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,8 +37,10 @@ pub struct FlowSide {
     pub endpoint: Endpoint,
     /// The side as violation records name it. `namespace`, `owner_kind` and `owner_name` find the
     /// policies targeting it; `identity` is the Istio principal; `address` names peers that are not
-    /// workloads.
-    pub workload: WorkloadRef,
+    /// workloads. Shared: the evidence pass names each workload once ([`WorkloadNames`]).
+    ///
+    /// [`WorkloadNames`]: crate::monitor::violations::evidence::WorkloadNames
+    pub workload: Arc<WorkloadRef>,
 }
 
 /// A flow as observed by a flow source, resolved to pods and workloads.
@@ -122,8 +125,8 @@ impl<'a> Attributed<'a> {
         let flow = self.flow;
         Observation {
             timestamp: flow.seen_at.clone(),
-            source: flow.source.workload.clone(),
-            dest: flow.destination.workload.clone(),
+            source: WorkloadRef::clone(&flow.source.workload),
+            dest: WorkloadRef::clone(&flow.destination.workload),
             protocol: flow.protocol,
             dst_port: Some(i32::from(flow.port)),
             action: self.policy.spec.mode,

@@ -7,6 +7,7 @@
 //! All pure: the status sync ([`crate::monitor::status_sync`]) feeds records in and patches what comes out.
 
 use super::Observation;
+use crate::FastMap;
 use crate::cluster::index::{self, Index, Resolved, WorkloadEndpoint};
 use crate::ingest::flow_record::Decoded;
 use crate::learn::{NoFlow, Opened, principal};
@@ -17,6 +18,7 @@ use network_enforcer_api::uplink::{self, FlowRecord};
 use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadKind, WorkloadRef};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Repeats of the same violation within this window of the last counted one count once.
@@ -69,6 +71,7 @@ impl EvidenceKind {
 pub fn observed_flows(
     index: &Index,
     view: &ClusterView,
+    names: &mut WorkloadNames,
     record: &Decoded,
     now: &Time,
 ) -> Result<Vec<ObservedFlow>, NoFlow> {
@@ -77,7 +80,7 @@ pub fn observed_flows(
         .ok()
         .filter(|_| at > 0)
         .map_or_else(|| now.clone(), Time);
-    let local_side = pod_side(index, record.local);
+    let local_side = pod_side(names, record.local);
     let flow = |source: FlowSide, destination: FlowSide, port: u16| ObservedFlow {
         source,
         destination,
@@ -88,7 +91,7 @@ pub fn observed_flows(
     match record.opened {
         Opened::Outbound => {
             if let Some(pod) = index.pod_at(peer, at) {
-                return Ok(vec![flow(local_side, pod_side(index, pod), port)]);
+                return Ok(vec![flow(local_side, pod_side(names, pod), port)]);
             }
             match index.resolve(peer, port, protocol, at) {
                 // The backends after kube-proxy's DNAT: a selector's workloads, or the addresses of
@@ -97,11 +100,13 @@ pub fn observed_flows(
                     .into_iter()
                     .filter_map(|(backend, port)| {
                         let side = match backend {
-                            index::FlowEnd::Workload(workload) => workload_side(view, &workload)?,
+                            index::FlowEnd::Workload(workload) => {
+                                workload_side(view, names, &workload)?
+                            }
                             // As NetworkPolicies see it: its address (see `pod_side`).
                             index::FlowEnd::HostNetwork { workload, ip, .. } => FlowSide {
                                 endpoint: Endpoint::Ip(ip),
-                                workload: workload_ref(&workload),
+                                workload: names.of(&workload),
                             },
                             index::FlowEnd::Node { ip, .. } | index::FlowEnd::External(ip) => {
                                 address_side(ip)
@@ -119,7 +124,7 @@ pub fn observed_flows(
         Opened::Inbound => {
             // An inbound peer is never a ClusterIP: kube-proxy keeps the client's address.
             let source = match index.pod_at(peer, at) {
-                Some(pod) => pod_side(index, pod),
+                Some(pod) => pod_side(names, pod),
                 None => address_side(peer),
             };
             Ok(vec![flow(source, local_side, port)])
@@ -129,19 +134,23 @@ pub fn observed_flows(
 
 /// A pod of the index as a flow side: evaluated as itself (hostNetwork pods by their address, as
 /// NetworkPolicies see them), named by its workload.
-fn pod_side(index: &Index, pod: &index::PodRecord) -> FlowSide {
+fn pod_side(names: &mut WorkloadNames, pod: &index::PodRecord) -> FlowSide {
     let endpoint = match (pod.host_network, pod.ips.first()) {
         (true, Some(ip)) => Endpoint::Ip(*ip),
         _ => Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
     };
     FlowSide {
         endpoint,
-        workload: workload_ref(index.endpoint_of(pod)),
+        workload: names.of(&pod.endpoint),
     }
 }
 
 /// A Service backend workload as a flow side: one of its pods stands for it.
-fn workload_side(view: &ClusterView, workload: &WorkloadEndpoint) -> Option<FlowSide> {
+fn workload_side(
+    view: &ClusterView,
+    names: &mut WorkloadNames,
+    workload: &Arc<WorkloadEndpoint>,
+) -> Option<FlowSide> {
     // A pod without a workload (kind `None`) is its own: `pods_of` finds it by name.
     let kind = workload.kind.unwrap_or(WorkloadKind::Pod);
     let pod = view
@@ -150,17 +159,37 @@ fn workload_side(view: &ClusterView, workload: &WorkloadEndpoint) -> Option<Flow
         .key();
     Some(FlowSide {
         endpoint: Endpoint::Pod(pod),
-        workload: workload_ref(workload),
+        workload: names.of(workload),
     })
 }
 
 fn address_side(ip: IpAddr) -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Ip(ip),
-        workload: WorkloadRef {
+        workload: Arc::new(WorkloadRef {
             address: ip.to_string(),
             ..WorkloadRef::default()
-        },
+        }),
+    }
+}
+
+/// The names ([`workload_ref`]) of the workloads an evidence pass meets, each built once: every
+/// record names both its ends, and a pass's records come from far fewer workloads than records.
+#[derive(Debug, Default)]
+pub struct WorkloadNames {
+    /// By the endpoint's address. The index shares one endpoint among a workload's pods, and the
+    /// endpoint is held here, so its address cannot be reused by another while the map lives.
+    built: FastMap<usize, (Arc<WorkloadEndpoint>, Arc<WorkloadRef>)>,
+}
+
+impl WorkloadNames {
+    /// The name of `endpoint`, built at its first use.
+    pub fn of(&mut self, endpoint: &Arc<WorkloadEndpoint>) -> Arc<WorkloadRef> {
+        let (_, name) = self
+            .built
+            .entry(Arc::as_ptr(endpoint) as usize)
+            .or_insert_with(|| (Arc::clone(endpoint), Arc::new(workload_ref(endpoint))));
+        Arc::clone(name)
     }
 }
 
@@ -565,6 +594,7 @@ mod tests {
         let flows = observed_flows(
             &index,
             &view,
+            &mut WorkloadNames::default(),
             &decode(&via_service, &index, None).unwrap(),
             &now,
         )
@@ -592,6 +622,7 @@ mod tests {
                 observed_flows(
                     &index,
                     &view,
+                    &mut WorkloadNames::default(),
                     &decode(&received, &index, None).unwrap(),
                     &now
                 )
@@ -610,6 +641,7 @@ mod tests {
         let flows = observed_flows(
             &index,
             &view,
+            &mut WorkloadNames::default(),
             &decode(&outside, &index, None).unwrap(),
             &now,
         )
@@ -630,8 +662,14 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows =
-            observed_flows(&index, &view, &decode(&host, &index, None).unwrap(), &now).unwrap();
+        let flows = observed_flows(
+            &index,
+            &view,
+            &mut WorkloadNames::default(),
+            &decode(&host, &index, None).unwrap(),
+            &now,
+        )
+        .unwrap();
         // hostNetwork pods share their node's address and never claim it in the index.
         assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
         assert_eq!(
@@ -660,6 +698,7 @@ mod tests {
             observed_flows(
                 &index,
                 &view,
+                &mut WorkloadNames::default(),
                 &decode(&no_port, &index, None).unwrap(),
                 &now
             ),
@@ -700,8 +739,14 @@ mod tests {
         );
         call.protocol = uplink::Protocol::Tcp as i32;
         call.outcome = uplink::Outcome::Established as i32;
-        let flows =
-            observed_flows(&index, &view, &decode(&call, &index, None).unwrap(), &now).unwrap();
+        let flows = observed_flows(
+            &index,
+            &view,
+            &mut WorkloadNames::default(),
+            &decode(&call, &index, None).unwrap(),
+            &now,
+        )
+        .unwrap();
         assert_eq!(
             flows
                 .iter()
@@ -730,8 +775,14 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows =
-            observed_flows(&index, &view, &decode(&call, &index, None).unwrap(), &now).unwrap();
+        let flows = observed_flows(
+            &index,
+            &view,
+            &mut WorkloadNames::default(),
+            &decode(&call, &index, None).unwrap(),
+            &now,
+        )
+        .unwrap();
         assert_eq!(
             flows
                 .iter()

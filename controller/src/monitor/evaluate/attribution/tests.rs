@@ -93,21 +93,21 @@ pub(crate) fn workload_ref(namespace: &str, name: &str, identity: &str) -> Workl
 pub(crate) fn client() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new(NS, "http-client-7d9c-abcde")),
-        workload: workload_ref(NS, "http-client", CLIENT_SA),
+        workload: workload_ref(NS, "http-client", CLIENT_SA).into(),
     }
 }
 
 pub(crate) fn server() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new(NS, "http-server-5f6b-xyzab")),
-        workload: workload_ref(NS, "http-server", "cluster.local/ns/demo/sa/http-server-sa"),
+        workload: workload_ref(NS, "http-server", "cluster.local/ns/demo/sa/http-server-sa").into(),
     }
 }
 
 pub(crate) fn dns() -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Pod(PodKey::new("kube-system", "coredns-66bc-12345")),
-        workload: workload_ref("kube-system", "coredns", ""),
+        workload: workload_ref("kube-system", "coredns", "").into(),
     }
 }
 
@@ -117,7 +117,8 @@ pub(crate) fn external(ip: &str) -> FlowSide {
         workload: WorkloadRef {
             address: ip.into(),
             ..WorkloadRef::default()
-        },
+        }
+        .into(),
     }
 }
 
@@ -591,7 +592,7 @@ fn istio_policies_are_evaluated_by_principal_and_port() {
     );
     assert!(at(udp_echo()).is_empty(), "ztunnel does not see UDP");
     let mut anonymous = client();
-    anonymous.workload.identity.clear();
+    Arc::make_mut(&mut anonymous.workload).identity.clear();
     assert_eq!(
         at(observed(anonymous, server(), Protocol::TCP, 18080)).len(),
         1
@@ -702,16 +703,16 @@ fn spec11_hand_edited_policies_give_no_false_violation() {
 // --- clearing records the current spec allows ---
 
 fn record(
-    source: WorkloadRef,
-    dest: WorkloadRef,
+    source: impl Into<Arc<WorkloadRef>>,
+    dest: impl Into<Arc<WorkloadRef>>,
     protocol: Protocol,
     port: Option<i32>,
 ) -> ViolationRecord {
     ViolationRecord {
         id: 0,
         timestamp: time(0),
-        source,
-        dest,
+        source: WorkloadRef::clone(&source.into()),
+        dest: WorkloadRef::clone(&dest.into()),
         protocol,
         dst_port: port,
         action: PolicyMode::Monitor,
