@@ -454,6 +454,28 @@ mod tests {
         assert_eq!(workload_ref(&small).selector, "app=web");
     }
 
+    #[test]
+    fn a_pass_names_each_workload_endpoint_once() {
+        let endpoint = |name: &str| {
+            Arc::new(WorkloadEndpoint {
+                namespace: "n".into(),
+                kind: Some(WorkloadKind::Deployment),
+                name: name.into(),
+                ..WorkloadEndpoint::default()
+            })
+        };
+        let (web, db) = (endpoint("web"), endpoint("db"));
+        // An equal endpoint in another allocation (a pod of the workload indexed anew) is named by
+        // value, never confused with a different one.
+        let web_again = endpoint("web");
+        let mut names = WorkloadNames::default();
+        let first = names.of(&web);
+        assert!(Arc::ptr_eq(&first, &names.of(&web)), "built once");
+        assert_eq!(*first, workload_ref(&web));
+        assert_eq!(names.of(&db).owner_name, "db");
+        assert_eq!(*names.of(&web_again), *first);
+    }
+
     fn observation(second: i64, action: PolicyMode) -> Observation {
         Observation {
             timestamp: Time(Timestamp::from_second(1_800_000_000 + second).unwrap()),
