@@ -175,7 +175,24 @@ pub fn pod_json(name: &str, sa: &str, node: Option<&str>) -> Result<Pod> {
 /// Creates `pod` and waits until it is scheduled; returns it and its node.
 pub async fn scheduled_pod(ns: &TestNamespace, pod: &Pod) -> Result<(Pod, String)> {
     let pods = ns.api::<Pod>();
-    let name = pods.create(&PostParams::default(), pod).await?.name_any();
+    // v1.20's ServiceAccount admission reads the account's token Secret from its own cache, which
+    // may lag the Secret we have seen: it then refuses the pod with a 500 ServerTimeout ("No API
+    // token found ..., retry after ...") that asks the client to retry. Any other error fails.
+    let created = ns
+        .wait_for(
+            &format!("pod {} to be admitted", pod.name_any()),
+            Duration::from_secs(60),
+            || async {
+                match pods.create(&PostParams::default(), pod).await {
+                    Err(kube::Error::Api(e)) if e.code == 500 && e.reason == "ServerTimeout" => {
+                        Err(kube::Error::Api(e).into())
+                    }
+                    created => Ok(Some(created)),
+                }
+            },
+        )
+        .await??;
+    let name = created.name_any();
     ns.wait_for(
         &format!("pod {name} to be scheduled"),
         Duration::from_secs(60),
