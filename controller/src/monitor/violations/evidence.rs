@@ -427,6 +427,17 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
     use std::collections::BTreeMap;
 
+    /// The flows `record` stands for, as one evidence pass of its own sees them.
+    fn flows_of(
+        index: &Index,
+        view: &ClusterView,
+        record: &FlowRecord,
+        now: &Time,
+    ) -> Result<Vec<ObservedFlow>, NoFlow> {
+        let decoded = decode(record, index, None).unwrap();
+        observed_flows(index, view, &mut WorkloadNames::default(), &decoded, now)
+    }
+
     #[test]
     fn a_huge_selector_is_cut_in_violation_records() {
         // A bare pod's selector is its labels: up to 256 KiB of them.
@@ -613,14 +624,7 @@ mod tests {
             18083,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(
-            &index,
-            &view,
-            &mut WorkloadNames::default(),
-            &decode(&via_service, &index, None).unwrap(),
-            &now,
-        )
-        .unwrap();
+        let flows = flows_of(&index, &view, &via_service, &now).unwrap();
         assert_eq!(flows[0].source.workload.owner_name, "client");
         assert_eq!(flows[0].source.workload.owner_kind, "Deployment");
         assert_eq!(
@@ -640,16 +644,7 @@ mod tests {
             uplink::Direction::Inbound,
         );
         assert_eq!(
-            endpoints(
-                observed_flows(
-                    &index,
-                    &view,
-                    &mut WorkloadNames::default(),
-                    &decode(&received, &index, None).unwrap(),
-                    &now
-                )
-                .unwrap()
-            ),
+            endpoints(flows_of(&index, &view, &received, &now).unwrap()),
             [(client.clone(), server.clone(), 18081, seen.clone())]
         );
         // Outside addresses and hostNetwork pods are bare IPs; a record without a time is "now".
@@ -660,14 +655,7 @@ mod tests {
             uplink::Direction::Outbound,
         );
         outside.last_seen_ms = 0;
-        let flows = observed_flows(
-            &index,
-            &view,
-            &mut WorkloadNames::default(),
-            &decode(&outside, &index, None).unwrap(),
-            &now,
-        )
-        .unwrap();
+        let flows = flows_of(&index, &view, &outside, &now).unwrap();
         assert_eq!(flows[0].destination.workload.address, "1.1.1.1");
         assert_eq!(
             endpoints(flows),
@@ -684,14 +672,7 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(
-            &index,
-            &view,
-            &mut WorkloadNames::default(),
-            &decode(&host, &index, None).unwrap(),
-            &now,
-        )
-        .unwrap();
+        let flows = flows_of(&index, &view, &host, &now).unwrap();
         // hostNetwork pods share their node's address and never claim it in the index.
         assert_eq!(flows[0].destination.workload.address, "192.168.1.1");
         assert_eq!(
@@ -717,13 +698,7 @@ mod tests {
             uplink::Direction::Outbound,
         );
         assert!(matches!(
-            observed_flows(
-                &index,
-                &view,
-                &mut WorkloadNames::default(),
-                &decode(&no_port, &index, None).unwrap(),
-                &now
-            ),
+            flows_of(&index, &view, &no_port, &now),
             Err(NoFlow::ServiceWithoutBackends(..))
         ));
     }
@@ -761,14 +736,7 @@ mod tests {
         );
         call.protocol = uplink::Protocol::Tcp as i32;
         call.outcome = uplink::Outcome::Established as i32;
-        let flows = observed_flows(
-            &index,
-            &view,
-            &mut WorkloadNames::default(),
-            &decode(&call, &index, None).unwrap(),
-            &now,
-        )
-        .unwrap();
+        let flows = flows_of(&index, &view, &call, &now).unwrap();
         assert_eq!(
             flows
                 .iter()
@@ -797,14 +765,7 @@ mod tests {
             9000,
             uplink::Direction::Outbound,
         );
-        let flows = observed_flows(
-            &index,
-            &view,
-            &mut WorkloadNames::default(),
-            &decode(&call, &index, None).unwrap(),
-            &now,
-        )
-        .unwrap();
+        let flows = flows_of(&index, &view, &call, &now).unwrap();
         assert_eq!(
             flows
                 .iter()
