@@ -364,6 +364,9 @@ pub struct Index {
     pods_in_namespace: FastMap<String, BTreeSet<String>>,
     /// Pod names per owner workload, to refresh their endpoints when the workload changes.
     pods_of_workload: FastMap<WorkloadKey, BTreeSet<String>>,
+    /// The same pods counted per node, so that [`Index::has_pod_on`] (asked for every learned edge)
+    /// is three lookups instead of one per pod of the workload.
+    nodes_of_workload: WorkloadNodes,
     /// Pod names per Job (namespace, name), to re-resolve their owner when the Job is seen.
     pods_of_job: FastMap<(String, String), BTreeSet<String>>,
     /// Pod names per (namespace, generateName), for flow sources that name pods that way.
@@ -400,6 +403,7 @@ impl Default for Index {
             workloads: FastMap::default(),
             pods_in_namespace: FastMap::default(),
             pods_of_workload: FastMap::default(),
+            nodes_of_workload: WorkloadNodes::default(),
             pods_of_job: FastMap::default(),
             pods_generated_as: FastMap::default(),
             jobs: FastMap::default(),
@@ -508,6 +512,70 @@ fn endpoints_key(endpoints: &Endpoints) -> ServiceKey {
         endpoints.namespace().unwrap_or_default(),
         endpoints.name_any(),
     )
+}
+
+/// Pods per node of each owner workload: namespace → workload name → per kind, node → pods. Nested
+/// so that a lookup by `&str` allocates nothing.
+#[derive(Debug, Default)]
+struct WorkloadNodes(FastMap<String, FastMap<String, Vec<(WorkloadKind, PodsPerNode)>>>);
+
+/// Node name → how many pods of one workload it runs.
+type PodsPerNode = FastMap<String, u32>;
+
+impl WorkloadNodes {
+    fn contains(&self, namespace: &str, kind: WorkloadKind, name: &str, node: &str) -> bool {
+        self.0
+            .get(namespace)
+            .and_then(|names| names.get(name))
+            .and_then(|kinds| kinds.iter().find(|(k, _)| *k == kind))
+            .is_some_and(|(_, nodes)| nodes.contains_key(node))
+    }
+
+    fn add(&mut self, namespace: &str, owner: &Workload, node: &str) {
+        let kinds = self
+            .0
+            .entry(namespace.to_string())
+            .or_default()
+            .entry(owner.name.clone())
+            .or_default();
+        let nodes = match kinds.iter().position(|(k, _)| *k == owner.kind) {
+            Some(i) => &mut kinds[i].1,
+            None => {
+                kinds.push((owner.kind, FastMap::default()));
+                &mut kinds.last_mut().expect("just pushed").1
+            }
+        };
+        *nodes.entry(node.to_string()).or_default() += 1;
+    }
+
+    /// Undoes one [`WorkloadNodes::add`], dropping what becomes empty.
+    fn remove(&mut self, namespace: &str, owner: &Workload, node: &str) {
+        let Some(names) = self.0.get_mut(namespace) else {
+            return;
+        };
+        let Some(kinds) = names.get_mut(owner.name.as_str()) else {
+            return;
+        };
+        let Some(i) = kinds.iter().position(|(k, _)| *k == owner.kind) else {
+            return;
+        };
+        let nodes = &mut kinds[i].1;
+        if let Some(count) = nodes.get_mut(node) {
+            *count -= 1;
+            if *count == 0 {
+                nodes.remove(node);
+            }
+        }
+        if nodes.is_empty() {
+            kinds.swap_remove(i);
+        }
+        if kinds.is_empty() {
+            names.remove(owner.name.as_str());
+        }
+        if names.is_empty() {
+            self.0.remove(namespace);
+        }
+    }
 }
 
 fn remove_from<K: Eq + Hash>(map: &mut FastMap<K, BTreeSet<String>>, key: &K, name: &str) {
@@ -643,6 +711,9 @@ impl Index {
                 .entry((pod.namespace.clone(), w.kind, w.name.clone()))
                 .or_default()
                 .insert(pod.name.clone());
+            if let Some(node) = &pod.node {
+                self.nodes_of_workload.add(&pod.namespace, w, node);
+            }
         }
         if let Some(j) = &pod.job {
             self.pods_of_job
@@ -664,6 +735,9 @@ impl Index {
         if let Some(w) = &pod.owner {
             let key = (pod.namespace.clone(), w.kind, w.name.clone());
             remove_from(&mut self.pods_of_workload, &key, &pod.name);
+            if let Some(node) = &pod.node {
+                self.nodes_of_workload.remove(&pod.namespace, w, node);
+            }
         }
         if let Some(j) = &pod.job {
             let key = (pod.namespace.clone(), j.name.clone());
@@ -1474,9 +1548,8 @@ impl Index {
         match w.kind {
             None => on_node(&w.name),
             Some(kind) => self
-                .pods_of_workload
-                .get(&(w.namespace.clone(), kind, w.name.clone()))
-                .is_some_and(|pods| pods.iter().any(|p| on_node(p))),
+                .nodes_of_workload
+                .contains(&w.namespace, kind, &w.name, node),
         }
     }
 
@@ -1630,6 +1703,105 @@ mod tests {
                 .collect(),
             _ => vec![],
         }
+    }
+
+    /// Whether `w` has a pod on `node`, by scanning every pod (live or recently deleted): the
+    /// reference [`Index::has_pod_on`]'s per-node counts must agree with.
+    fn scanned_on_node(ix: &Index, w: &WorkloadEndpoint, node: &str) -> bool {
+        ix.pods.values().any(|p| {
+            p.namespace == w.namespace
+                && p.node.as_deref() == Some(node)
+                && match w.kind {
+                    None => p.name == w.name,
+                    Some(kind) => p
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.kind == kind && o.name == w.name),
+                }
+        })
+    }
+
+    #[test]
+    fn has_pod_on_follows_pods_moving_leaving_and_expiring() {
+        let on = |name: &str, ip: &str, app: &str, node: &str| {
+            let mut p = deployment_pod(name, ip, app);
+            p.spec.as_mut().unwrap().node_name = Some(node.into());
+            p
+        };
+        let mut bare = pod("bare", "10.0.0.9", json!({"app": "bare"}), None);
+        bare.spec.as_mut().unwrap().node_name = Some("n1".into());
+        let mut ix = Index::default();
+        // Every workload and bare pod seen so far, asked about every node after every step.
+        let mut endpoints: Vec<Arc<WorkloadEndpoint>> = Vec::new();
+        let mut check = |ix: &Index, step: &str, expected_on: &[(&str, &str)]| {
+            for p in ix.pods.values() {
+                if !endpoints.iter().any(|e| **e == *p.endpoint) {
+                    endpoints.push(p.endpoint.clone());
+                }
+            }
+            for w in &endpoints {
+                for node in ["n1", "n2", "n3"] {
+                    let expected = scanned_on_node(ix, w, node);
+                    assert_eq!(
+                        ix.has_pod_on(w, node),
+                        expected,
+                        "{step}: {}/{} on {node}",
+                        w.namespace,
+                        w.name
+                    );
+                    assert_eq!(
+                        expected,
+                        expected_on.contains(&(w.name.as_str(), node)),
+                        "{step}: the reference disagrees with the test for {} on {node}",
+                        w.name
+                    );
+                }
+            }
+        };
+        ix.apply_pod(&on("web-1", "10.0.0.1", "web", "n1"), T);
+        ix.apply_pod(&on("web-2", "10.0.0.2", "web", "n2"), T);
+        ix.apply_pod(&on("db-1", "10.0.0.3", "db", "n2"), T);
+        ix.apply_pod(&bare, T);
+        check(
+            &ix,
+            "placed",
+            &[("web", "n1"), ("web", "n2"), ("db", "n2"), ("bare", "n1")],
+        );
+        // A Deployment seen later changes its pods' endpoint (its uid and selector): relinked.
+        ix.apply_deployment(&deployment("web", json!({"app": "web"})));
+        check(
+            &ix,
+            "deployment seen",
+            &[("web", "n1"), ("web", "n2"), ("db", "n2"), ("bare", "n1")],
+        );
+        // A pod re-applied on another node moves; two pods on one node count once each.
+        ix.apply_pod(&on("web-2", "10.0.0.2", "web", "n1"), T + 1);
+        ix.apply_pod(&on("db-2", "10.0.0.4", "db", "n2"), T + 1);
+        check(&ix, "moved", &[("web", "n1"), ("db", "n2"), ("bare", "n1")]);
+        // A deleted pod still counts for its IP history, then no more.
+        ix.delete_pod("ns", "db-1", T + 2);
+        check(
+            &ix,
+            "db-1 deleted",
+            &[("web", "n1"), ("db", "n2"), ("bare", "n1")],
+        );
+        ix.delete_pod("ns", "db-2", T + 2);
+        ix.delete_pod("ns", "bare", T + 2);
+        check(
+            &ix,
+            "db deleted",
+            &[("web", "n1"), ("db", "n2"), ("bare", "n1")],
+        );
+        ix.forget_expired(T + 3 + IP_HISTORY_MS);
+        check(&ix, "expired", &[("web", "n1")]);
+        assert!(
+            ix.nodes_of_workload
+                .0
+                .get("ns")
+                .is_some_and(|names| names.len() == 1),
+            "emptied entries are dropped: {:?}",
+            ix.nodes_of_workload
+        );
     }
 
     /// Resolution of a ClusterIP by scanning every pod, as the index did before keeping backends: the

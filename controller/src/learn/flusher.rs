@@ -6,15 +6,19 @@
 //! acknowledgement until the ledger says that what the batch taught is in the API server
 //! ([`Ledger::mark`] after merging, then [`Ledger::written_for`]); it never flushes itself.
 //!
-//! Why a ledger of flushes suffices: a flush takes every pending edge at its start; a failed
-//! proposal's edges go back to pending before the next flush starts (flushes run one after another),
-//! so a flush in which a proposal did not fail has written everything merged for it before it
-//! started, including the edges of its earlier failures.
+//! Why a ledger of flushes suffices: a flush takes, at its start, every pending edge an
+//! acknowledgement can wait for (every edge no flush has decided yet); a failed proposal's edges go
+//! back to pending before the next flush starts (flushes run one after another), so a flush in which
+//! a proposal did not fail has written everything merged for it before it started, including the
+//! edges of its earlier failures.
 //!
-//! When: every `--flush-interval-seconds`, and soon after an edge never seen before
-//! ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no
-//! more often than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a
-//! storm of API writes.
+//! When: every `--flush-interval-seconds`, writing every proposal with pending edges (repeats of
+//! written edges included: a proposal that lost a rule gets it back); and soon after an edge never
+//! seen before ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and
+//! no more often than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a
+//! storm of API writes. That flush writes only the proposals with undecided edges
+//! ([`Learner::take_undecided`]), so the acknowledgements waiting for it do not also wait for every
+//! proposal agents merely repeat (two API reads each).
 
 use crate::cluster::watches::{self, SharedIndex};
 use crate::learn::Target;
@@ -149,20 +153,28 @@ impl Flusher {
     /// Settles what waited for the index and whose grace is over, then writes every pending
     /// proposal; when this replica leads (so the flush really wrote), records which proposals failed.
     pub async fn flush(&self) -> FlushReport {
-        self.flush_settling(watches::now_ms()).await
+        self.flush_settling(watches::now_ms(), Take::Everything)
+            .await
+    }
+
+    /// The flush woken by new edges: [`Flusher::flush`], writing only the proposals with an edge no
+    /// flush has decided yet ([`Learner::take_undecided`]); the rest waits for the regular flush.
+    pub async fn flush_new(&self) -> FlushReport {
+        self.flush_settling(watches::now_ms(), Take::Undecided)
+            .await
     }
 
     /// The flush on the way out: everything still waiting for the index is learned as it resolves now.
     pub async fn last_flush(&self) -> FlushReport {
-        self.flush_settling(i64::MAX).await
+        self.flush_settling(i64::MAX, Take::Everything).await
     }
 
-    async fn flush_settling(&self, now_ms: i64) -> FlushReport {
+    async fn flush_settling(&self, now_ms: i64, take: Take) -> FlushReport {
         self.settle_waiting(now_ms);
         let leading = self.writer.is_leader();
         let started_ms = watches::now_ms();
         let number = self.ledger.begin();
-        let report = self.write_pending().await;
+        let report = self.write_pending(take).await;
         self.learner.metrics().flushes.inc();
         if leading {
             self.ledger.finish(number, started_ms, &report);
@@ -170,14 +182,17 @@ impl Flusher {
         report
     }
 
-    /// Writes every proposal with pending edges.
-    async fn write_pending(&self) -> FlushReport {
+    /// Writes the proposals with pending edges `take` names.
+    async fn write_pending(&self, take: Take) -> FlushReport {
         if !self.writer.is_leader() {
             // A follower learns nothing (its ingest refuses streams); anything left from before it
             // lost the lead waits, and is written if it leads again.
             return FlushReport::default();
         }
-        let batch = self.learner.take_pending();
+        let batch = match take {
+            Take::Everything => self.learner.take_pending(),
+            Take::Undecided => self.learner.take_undecided(),
+        };
         let mut writes = futures::stream::iter(batch)
             .map(|(target, edges)| self.write_one(target, edges))
             .buffer_unordered(CONCURRENT_WRITES);
@@ -239,16 +254,17 @@ impl Flusher {
         let mut tick = tokio::time::interval(every);
         let mut last_flush = tokio::time::Instant::now();
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
+            let take = tokio::select! {
+                _ = tick.tick() => Take::Everything,
                 () = self.learner.new_edges().notified() => {
                     let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
                         .max(last_flush + NEW_EDGE_MIN_GAP);
                     tokio::time::sleep_until(at).await;
+                    Take::Undecided
                 }
-            }
+            };
             last_flush = tokio::time::Instant::now();
-            let report = self.flush().await;
+            let report = self.flush_settling(watches::now_ms(), take).await;
             if report != FlushReport::default() {
                 tracing::info!(?report, "flushed proposals");
             }
@@ -267,6 +283,14 @@ impl Flusher {
             );
         }
     }
+}
+
+/// Which pending proposals a flush writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Take {
+    Everything,
+    /// Those an acknowledgement may wait for ([`Learner::take_undecided`]).
+    Undecided,
 }
 
 impl Default for Ledger {

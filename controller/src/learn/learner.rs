@@ -16,8 +16,9 @@ use crate::cluster::index::{FlowEnd, Index};
 use crate::learn::deferrals::{Deferrals, Resolution};
 use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
 use crate::runtime::metrics::ControllerMetrics;
+use crate::{FastMap, FastSet};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher as _;
 use std::sync::Mutex;
 
@@ -116,6 +117,11 @@ pub struct PendingEdges {
     capped: BTreeMap<(Protocol, u16), usize>,
     /// Edges refused because [`MAX_PENDING_EDGES`] were pending.
     overflow: usize,
+    /// Whether an edge came in that no flush had decided (written, or refused for good): an
+    /// acknowledgement may wait for this proposal's next write. Without one, every edge here repeats
+    /// what the proposal holds already, and the write can wait for the regular flush
+    /// ([`Learner::take_undecided`]).
+    undecided: bool,
 }
 
 impl PendingEdges {
@@ -145,6 +151,11 @@ impl PendingEdges {
     /// Number of edges.
     pub fn len(&self) -> usize {
         self.edges.len()
+    }
+
+    /// Whether an acknowledgement may wait for these edges' write (see `undecided`).
+    pub fn undecided(&self) -> bool {
+        self.undecided
     }
 
     /// Whether no edge is pending.
@@ -219,7 +230,8 @@ pub struct Learner {
     excluded_workloads: BTreeSet<ExcludedWorkload>,
     /// Learns for this namespace only (`--namespace`/`WATCH_NAMESPACE`); `None`: every namespace.
     only_namespace: Option<String>,
-    pending: Mutex<HashMap<Target, PendingEdges>>,
+    /// foldhash (randomly seeded): every learned edge looks its proposal up here.
+    pending: Mutex<FastMap<Target, PendingEdges>>,
     /// Observations waiting for the index to catch up ([`crate::learn::deferrals`]).
     waiting: Deferrals,
     limits: learn::Limits,
@@ -229,10 +241,12 @@ pub struct Learner {
     trust_remote_peers: bool,
     /// Edges merged before, by hash of (proposal, edge), bounded by [`SEEN_EDGES`]: a new one wakes
     /// the flusher ([`Learner::new_edges`]) so it is written without waiting for the tick.
-    seen: Mutex<HashSet<u64>>,
+    seen: Mutex<FastSet<u64>>,
     /// Edges a flush has decided (written, or refused for good), by the same hash, bounded by
     /// [`SEEN_EDGES`]: a record of only these waits for no flush, so its acknowledgement goes at once.
-    decided: Mutex<HashSet<u64>>,
+    decided: Mutex<FastSet<u64>>,
+    /// Hashes proposals ([`Learner::proposal_key`]) and their edges ([`Learner::edge_key`]). SipHash:
+    /// the keys stand for the values in `seen` and `decided`, so they must not collide.
     seen_hasher: std::hash::RandomState,
     new_edges: tokio::sync::Notify,
 }
@@ -250,13 +264,13 @@ impl Learner {
             excluded_namespaces,
             excluded_workloads: BTreeSet::new(),
             only_namespace: None,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(FastMap::default()),
             waiting: Deferrals::new(0),
             limits: learn::Limits::default(),
             metrics: ControllerMetrics::new(),
             trust_remote_peers: false,
-            seen: Mutex::new(HashSet::new()),
-            decided: Mutex::new(HashSet::new()),
+            seen: Mutex::new(FastSet::default()),
+            decided: Mutex::new(FastSet::default()),
             seen_hasher: std::hash::RandomState::new(),
             new_edges: tokio::sync::Notify::new(),
         }
@@ -377,6 +391,13 @@ impl Learner {
         self.seen_hasher.hash_one(target)
     }
 
+    /// The key of `edge` of the proposal keyed `proposal` in `seen` and `decided`. From the proposal's
+    /// key rather than the proposal itself: a proposal names its workload in full (selector
+    /// included), and every learned edge needs both keys.
+    fn edge_key(&self, proposal: u64, edge: &Edge) -> u64 {
+        self.seen_hasher.hash_one((proposal, edge))
+    }
+
     /// [`Learner::observe`], except that an observation the index cannot place yet (its peer
     /// resolves to an external address, or it does not resolve) waits for the index instead
     /// (see [`crate::learn::deferrals`]; 0 edges now, learned by a later [`Learner::settle_waiting`]).
@@ -481,21 +502,24 @@ impl Learner {
                     self.metrics.resolved("peer_elsewhere_not_taught", 1);
                     continue;
                 }
-                let hash = self.seen_hasher.hash_one((&target, &edge));
-                // Still merged again at the next flush (a no-op unless the proposal lost it).
-                if !self
+                let proposal = self.proposal_key(&target);
+                let hash = self.edge_key(proposal, &edge);
+                // A decided edge is still merged again at the next regular flush (a no-op unless the
+                // proposal lost it), but no acknowledgement waits for it.
+                let undecided = !self
                     .decided
                     .lock()
                     .expect("decided edges lock")
-                    .contains(&hash)
-                {
+                    .contains(&hash);
+                if undecided {
                     produced += 1;
-                    waits.add(self.proposal_key(&target));
+                    waits.add(proposal);
                 }
                 let edges = match pending.get_mut(&target) {
                     Some(edges) => edges,
                     None => pending.entry(target).or_default(),
                 };
+                edges.undecided |= undecided;
                 match edges.add(edge, self.limits.max_external_peers) {
                     Added::New => {
                         added += 1;
@@ -533,8 +557,22 @@ impl Learner {
     }
 
     /// Takes every pending edge, by proposal, for a flush.
-    pub fn take_pending(&self) -> HashMap<Target, PendingEdges> {
+    pub fn take_pending(&self) -> FastMap<Target, PendingEdges> {
         std::mem::take(&mut *self.pending.lock().expect("pending edges lock"))
+    }
+
+    /// Takes the pending edges of the proposals that hold an edge no flush has decided yet
+    /// ([`PendingEdges::undecided`]): every edge an acknowledgement waits for. The others only repeat
+    /// what their proposals hold; they stay for the next [`Learner::take_pending`]. A flush woken by
+    /// new edges writes these alone: rewriting every proposal an agent repeats (two reads each)
+    /// would make that flush, and the acknowledgements waiting for it, as slow as a regular one.
+    pub fn take_undecided(&self) -> FastMap<Target, PendingEdges> {
+        let mut pending = self.pending.lock().expect("pending edges lock");
+        let (undecided, repeats) = std::mem::take(&mut *pending)
+            .into_iter()
+            .partition(|(_, edges)| edges.undecided);
+        *pending = repeats;
+        undecided
     }
 
     /// Remembers that a flush decided `edges` of `target` (wrote them, or refused them for good).
@@ -543,13 +581,16 @@ impl Learner {
         if known.len() + edges.len() > SEEN_EDGES {
             known.clear();
         }
-        known.extend(edges.iter().map(|e| self.seen_hasher.hash_one((target, e))));
+        let proposal = self.proposal_key(target);
+        known.extend(edges.iter().map(|e| self.edge_key(proposal, e)));
     }
 
     /// Puts back the edges of a write that failed, for the next flush.
     pub fn keep_for_retry(&self, target: Target, edges: Vec<Edge>) {
         let mut pending = self.pending.lock().expect("pending edges lock");
         let kept = pending.entry(target).or_default();
+        // Acknowledgements wait for them.
+        kept.undecided = true;
         for e in edges {
             // Kept edges already passed the cap once; only the merge decides again.
             let _ = kept.add(e, usize::MAX);
@@ -602,6 +643,60 @@ mod tests {
             .keys()
             .map(|t| format!("{}/{}", t.workload.namespace, t.name()))
             .collect()
+    }
+
+    fn names(pending: &FastMap<Target, PendingEdges>) -> BTreeSet<String> {
+        pending.keys().map(Target::name).collect()
+    }
+
+    #[test]
+    fn a_flush_for_new_edges_takes_only_the_proposals_an_acknowledgement_waits_for() {
+        let learner = learner();
+        let mut index = Index::default();
+        for (name, ip) in [("api", "10.0.0.2"), ("web", "10.0.0.5"), ("db", "10.0.0.7")] {
+            index.apply_pod(&bare_pod("shop", name, ip), 0);
+        }
+        // web → api is learned and written: its edges are decided.
+        let web_to_api = inbound("shop", "api", "10.0.0.5");
+        let mut waits = WaitsFor::default();
+        learner
+            .observe_or_wait(&index, &web_to_api, 0, &mut waits)
+            .unwrap();
+        assert!(!waits.is_nothing());
+        for (target, edges) in learner.take_pending() {
+            learner.decided(&target, &edges.into_ordered());
+        }
+
+        // Repeated, it waits for no write; web → db is new.
+        let mut waits = WaitsFor::default();
+        learner
+            .observe_or_wait(&index, &web_to_api, 1, &mut waits)
+            .unwrap();
+        assert!(waits.is_nothing(), "{waits:?}");
+        let mut waits = WaitsFor::default();
+        learner
+            .observe_or_wait(&index, &inbound("shop", "db", "10.0.0.5"), 2, &mut waits)
+            .unwrap();
+        assert!(!waits.is_nothing());
+
+        // The flush for new edges writes db's ingress and web's egress (which gained db); api's
+        // ingress only repeats a written edge and waits for the regular flush.
+        assert_eq!(
+            names(&learner.take_undecided()),
+            BTreeSet::from(["pod-db-ingress".to_string(), "pod-web-egress".to_string()])
+        );
+        assert_eq!(
+            names(&learner.take_pending()),
+            BTreeSet::from(["pod-api-ingress".to_string()])
+        );
+
+        // A failed write's edges are put back as undecided: the acknowledgements still wait for them.
+        let target = learner
+            .observe_or_wait(&index, &web_to_api, 3, &mut WaitsFor::default())
+            .map(|_| learner.take_pending().into_keys().next().unwrap())
+            .unwrap();
+        learner.keep_for_retry(target, vec![]);
+        assert_eq!(names(&learner.take_undecided()).len(), 1);
     }
 
     #[test]

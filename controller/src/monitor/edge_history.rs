@@ -8,8 +8,8 @@
 
 use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
+use crate::{FastMap, FastSet};
 use network_enforcer_api::{Direction, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef};
-use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,8 +135,10 @@ pub struct GateReport {
 #[derive(Debug)]
 pub struct EdgeHistory {
     bounds: Bounds,
-    edges: HashMap<EdgeKey, EdgeStats>,
-    names: HashSet<Arc<WorkloadRef>>,
+    /// foldhash (randomly seeded) rather than SipHash: every accepted record looks up its edge and
+    /// both workload names here, and a name hashes six strings.
+    edges: FastMap<EdgeKey, EdgeStats>,
+    names: FastSet<Arc<WorkloadRef>>,
     evicted: u64,
     expired: u64,
 }
@@ -151,8 +153,8 @@ impl EdgeHistory {
     pub fn new(bounds: Bounds) -> Self {
         Self {
             bounds,
-            edges: HashMap::new(),
-            names: HashSet::new(),
+            edges: FastMap::default(),
+            names: FastSet::default(),
             evicted: 0,
             expired: 0,
         }
