@@ -12,13 +12,13 @@
 //! a proposal did not fail has written everything merged for it before it started, including the
 //! edges of its earlier failures.
 //!
-//! When: every `--flush-interval-seconds`, writing every proposal with pending edges (repeats of
-//! written edges included: a proposal that lost a rule gets it back); and soon after an edge never
-//! seen before ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and
-//! no more often than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a
-//! storm of API writes. That flush writes only the proposals with undecided edges
-//! ([`Learner::take_undecided`]), so the acknowledgements waiting for it do not also wait for every
-//! proposal agents merely repeat (two API reads each).
+//! When: every `--flush-interval-seconds`, and soon after an edge never seen before
+//! ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no more often
+//! than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a storm of API
+//! writes. A flush writes the proposals with undecided edges ([`Learner::take_undecided`]); the
+//! proposals agents merely repeat (two API reads each, to find nothing new) are written by a regular
+//! flush every [`RECHECK_REPEATS_EVERY`], which restores an edge a proposal lost. So neither the
+//! acknowledgements waiting for a flush nor the API server pay for the repeats every few seconds.
 
 use crate::cluster::watches::{self, SharedIndex};
 use crate::learn::Target;
@@ -35,6 +35,11 @@ use tokio::sync::watch;
 pub const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
 /// The least time between two flushes woken by new edges.
 pub const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
+/// How often a regular flush also writes the proposals whose pending edges all repeat what a flush
+/// wrote before ([`Learner::take_pending`]): reading each of them back (two reads) is what restores
+/// an edge a proposal lost, e.g. one deleted by hand, and doing it at every flush would read every
+/// proposal agents keep reporting every few seconds.
+pub const RECHECK_REPEATS_EVERY: Duration = Duration::from_secs(60);
 /// Proposals a flush writes at once: proposals are separate objects, and several writes at once keep
 /// a flush (and the acknowledgements waiting for it) short when many proposals have new edges.
 const CONCURRENT_WRITES: usize = 8;
@@ -253,9 +258,18 @@ impl Flusher {
     pub async fn run(&self, every: Duration) {
         let mut tick = tokio::time::interval(every);
         let mut last_flush = tokio::time::Instant::now();
+        // The first regular flush takes everything.
+        let mut last_recheck: Option<tokio::time::Instant> = None;
         loop {
             let take = tokio::select! {
-                _ = tick.tick() => Take::Everything,
+                _ = tick.tick() => {
+                    let now = tokio::time::Instant::now();
+                    let take = regular_take(last_recheck, now);
+                    if take == Take::Everything {
+                        last_recheck = Some(now);
+                    }
+                    take
+                }
                 () = self.learner.new_edges().notified() => {
                     let at = (tokio::time::Instant::now() + NEW_EDGE_SETTLE)
                         .max(last_flush + NEW_EDGE_MIN_GAP);
@@ -282,6 +296,15 @@ impl Flusher {
                 "learned flows that waited for the index"
             );
         }
+    }
+}
+
+/// What the regular flush at `now` takes, when the last one that took everything was at
+/// `last_recheck` ([`RECHECK_REPEATS_EVERY`]).
+fn regular_take(last_recheck: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Take {
+    match last_recheck {
+        Some(at) if now.saturating_duration_since(at) < RECHECK_REPEATS_EVERY => Take::Undecided,
+        _ => Take::Everything,
     }
 }
 
@@ -360,6 +383,26 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
     use serde_json::json;
+
+    #[test]
+    fn a_regular_flush_rechecks_repeated_proposals_once_a_minute() {
+        let start = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        for (last_recheck, now, take) in [
+            (None, start, Take::Everything),
+            (Some(start), start, Take::Undecided),
+            (Some(start), start + s(2), Take::Undecided),
+            (Some(start), start + s(59), Take::Undecided),
+            (Some(start), start + s(60), Take::Everything),
+            (Some(start + s(1)), start, Take::Undecided),
+        ] {
+            assert_eq!(
+                regular_take(last_recheck, now),
+                take,
+                "{last_recheck:?} {now:?}"
+            );
+        }
+    }
 
     /// An index holding pod shop/web-1 of Deployment web (through its ReplicaSet) on node-a, so its
     /// flows make proposals.

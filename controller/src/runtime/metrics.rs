@@ -213,13 +213,13 @@ impl ControllerMetrics {
         let pending_proposals = Gauge::default();
         registry.register(
             "pending_proposals",
-            "Proposals with learned edges waiting for the next flush",
+            "Proposals with learned edges waiting for a flush (those only repeating written edges wait up to a minute, for the recheck)",
             pending_proposals.clone(),
         );
         let pending_edges = Gauge::default();
         registry.register(
             "pending_edges",
-            "Learned edges waiting for the next flush",
+            "Learned edges waiting for a flush (repeats of written edges wait up to a minute, for the recheck)",
             pending_edges.clone(),
         );
         let token_reviews = Family::<ResultLabel, Counter>::default();
