@@ -16,7 +16,7 @@
 //! ([`Learner::new_edges`]): once the rest of its burst is in ([`NEW_EDGE_SETTLE`]) and no more often
 //! than every [`NEW_EDGE_MIN_GAP`], so a storm of new connections cannot turn into a storm of API
 //! writes. A flush writes the proposals with undecided edges ([`Learner::take_undecided`]); the
-//! proposals agents merely repeat (two API reads each, to find nothing new) are written by a regular
+//! proposals agents merely repeat (an API read each, to find nothing new) are written by a regular
 //! flush every [`RECHECK_REPEATS_EVERY`], which restores an edge a proposal lost. So neither the
 //! acknowledgements waiting for a flush nor the API server pay for the repeats every few seconds.
 
@@ -36,7 +36,7 @@ pub const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
 /// The least time between two flushes woken by new edges.
 pub const NEW_EDGE_MIN_GAP: Duration = Duration::from_millis(500);
 /// How often a regular flush also writes the proposals whose pending edges all repeat what a flush
-/// wrote before ([`Learner::take_pending`]): reading each of them back (two reads) is what restores
+/// wrote before ([`Learner::take_pending`]): reading each of them back is what restores
 /// an edge a proposal lost, e.g. one deleted by hand, and doing it at every flush would read every
 /// proposal agents keep reporting every few seconds.
 pub const RECHECK_REPEATS_EVERY: Duration = Duration::from_secs(60);

@@ -564,7 +564,7 @@ impl Learner {
     /// Takes the pending edges of the proposals that hold an edge no flush has decided yet
     /// ([`PendingEdges::undecided`]): every edge an acknowledgement waits for. The others only repeat
     /// what their proposals hold; they stay for the next [`Learner::take_pending`]. A flush woken by
-    /// new edges writes these alone: rewriting every proposal an agent repeats (two reads each)
+    /// new edges writes these alone: rewriting every proposal an agent repeats (a read each)
     /// would make that flush, and the acknowledgements waiting for it, as slow as a regular one.
     pub fn take_undecided(&self) -> FastMap<Target, PendingEdges> {
         let mut pending = self.pending.lock().expect("pending edges lock");

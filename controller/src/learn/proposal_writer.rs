@@ -245,6 +245,19 @@ impl ProposalWriter {
         }
     }
 
+    /// Whether a policy was promoted from proposal `namespace/name`.
+    async fn promoted(&self, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+        let policies: Api<WorkloadNetworkPolicy> = Api::namespaced(self.client.clone(), namespace);
+        Ok(policies.get_opt(name).await?.is_some_and(|policy| {
+            policy
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(PROMOTED_FROM_LABEL))
+                == Some(&promoted_from_value(name))
+        }))
+    }
+
     /// Writes `edges` into `target`'s proposal (what the pending set refused, `pending_capped`, goes
     /// into its Events too), adding what happened to `report`.
     pub async fn write(
@@ -258,25 +271,18 @@ impl ProposalWriter {
         let name = target.name();
         let proposals: Api<WorkloadNetworkPolicyProposal> =
             Api::namespaced(self.client.clone(), ns);
-        let policies: Api<WorkloadNetworkPolicy> = Api::namespaced(self.client.clone(), ns);
-        if let Some(policy) = policies.get_opt(&name).await? {
-            if policy
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(PROMOTED_FROM_LABEL))
-                == Some(&promoted_from_value(&name))
-            {
-                report.promoted += 1;
-                return Ok(());
-            }
-        }
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
         for _ in 0..CONFLICT_RETRIES {
             let existing = proposals.get_opt(&name).await?;
+            // Only a missing proposal may have been promoted (promotion deletes it): then learning
+            // must not create it again. A leftover that still exists is deleted by its reconciler.
+            if existing.is_none() && self.promoted(ns, &name).await? {
+                report.promoted += 1;
+                return Ok(());
+            }
             let mut desired = existing
                 .clone()
                 .unwrap_or_else(|| learn::new_proposal(target, self.backend));
