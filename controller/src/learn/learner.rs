@@ -15,7 +15,7 @@
 use crate::cluster::index::{FlowEnd, Index};
 use crate::learn::deferrals::{Deferrals, Resolution};
 use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
-use crate::runtime::metrics::ControllerMetrics;
+use crate::runtime::metrics::{ControllerMetrics, PeerKind};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -478,15 +478,12 @@ impl Learner {
                 learn::Opened::Outbound => &flow.destination,
                 learn::Opened::Inbound => &flow.source,
             };
-            self.metrics.resolved(
-                match peer {
-                    FlowEnd::Workload(_) => "workload",
-                    FlowEnd::HostNetwork { .. } => "host_network",
-                    FlowEnd::Node { .. } => "node",
-                    FlowEnd::External(_) => "external",
-                },
-                1,
-            );
+            self.metrics.resolved_peer(match peer {
+                FlowEnd::Workload(_) => PeerKind::Workload,
+                FlowEnd::HostNetwork { .. } => PeerKind::HostNetwork,
+                FlowEnd::Node { .. } => PeerKind::Node,
+                FlowEnd::External(_) => PeerKind::External,
+            });
             if learn::has_unselectable_side(&flow) {
                 self.metrics.resolved("unselectable_workload", 1);
             }

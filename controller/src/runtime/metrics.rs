@@ -43,6 +43,35 @@ pub struct Outcome {
     pub outcome: String,
 }
 
+/// What a learned flow's peer resolved to: an `outcome` of `resolutions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    Workload = 0,
+    HostNetwork = 1,
+    Node = 2,
+    External = 3,
+}
+
+impl PeerKind {
+    /// Every kind, in discriminant order.
+    pub const ALL: [PeerKind; 4] = [
+        PeerKind::Workload,
+        PeerKind::HostNetwork,
+        PeerKind::Node,
+        PeerKind::External,
+    ];
+
+    /// The `outcome` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            PeerKind::Workload => "workload",
+            PeerKind::HostNetwork => "host_network",
+            PeerKind::Node => "node",
+            PeerKind::External => "external",
+        }
+    }
+}
+
 /// A label set with one `result` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -140,6 +169,9 @@ pub struct ControllerMetrics {
     records_rejected: Family<Reason, Counter>,
     batches_refused: Family<Reason, Counter>,
     resolutions: Family<Outcome, Counter>,
+    /// The `resolutions` series of every [`PeerKind`], looked up once: one of them is counted for
+    /// every learned flow, and a lookup by label allocates and hashes its text.
+    peer_kinds: [Counter; PeerKind::ALL.len()],
     proposal_writes: Family<ResultLabel, Counter>,
     /// Seconds per proposal write.
     pub write_duration: Histogram,
@@ -254,6 +286,13 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease (or runs without leader election)",
             leader.clone(),
         );
+        let peer_kinds = PeerKind::ALL.map(|kind| {
+            resolutions
+                .get_or_create(&Outcome {
+                    outcome: kind.label().into(),
+                })
+                .clone()
+        });
         Self {
             registry: Arc::new(Mutex::new(registry)),
             records_received,
@@ -261,6 +300,7 @@ impl ControllerMetrics {
             records_rejected,
             batches_refused,
             resolutions,
+            peer_kinds,
             proposal_writes,
             write_duration,
             pending_proposals,
@@ -315,6 +355,11 @@ impl ControllerMetrics {
                 outcome: outcome.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts a learned flow whose peer resolved to `kind` (`resolutions_total{outcome}`).
+    pub fn resolved_peer(&self, kind: PeerKind) {
+        self.peer_kinds[kind as usize].inc();
     }
 
     /// Counts a proposal flush result.
@@ -389,6 +434,8 @@ mod tests {
         m.records_received.inc_by(5);
         m.record_rejected("not_on_node");
         m.resolved("external", 2);
+        m.resolved_peer(PeerKind::External);
+        m.resolved_peer(PeerKind::Node);
         m.proposal_write("created");
         m.token_review("permission_denied");
         m.pending_proposals.set(3);
@@ -413,7 +460,10 @@ mod tests {
             "network_enforcer_controller_reconcile_duration_seconds_count{controller=\"policy\"} 2",
             "network_enforcer_controller_records_received_total 5",
             "network_enforcer_controller_records_rejected_total{reason=\"not_on_node\"} 1",
-            "network_enforcer_controller_resolutions_total{outcome=\"external\"} 2",
+            // By label and through the peer kind's own series: the same counter.
+            "network_enforcer_controller_resolutions_total{outcome=\"external\"} 3",
+            "network_enforcer_controller_resolutions_total{outcome=\"node\"} 1",
+            "network_enforcer_controller_resolutions_total{outcome=\"workload\"} 0",
             "network_enforcer_controller_proposal_writes_total{result=\"created\"} 1",
             "network_enforcer_controller_token_reviews_total{result=\"permission_denied\"} 1",
             "network_enforcer_controller_pending_proposals 3",
