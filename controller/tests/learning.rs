@@ -204,6 +204,76 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     Ok(())
 }
 
+/// The writer starts from the watch cache's copy of a proposal (the binary passes it the proposal
+/// reconciler's cache): a current copy is written without reading the object; a copy the last write made
+/// stale fails its replace with 409 and the retry reads the object; so does a copy of a proposal deleted
+/// since, and the retry creates the proposal again.
+#[tokio::test]
+async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_lags() -> Result<()>
+{
+    use kube::runtime::{reflector, watcher};
+    let ns = TestNamespace::create_with_crds("learn-cache").await?;
+    let Workloads { clients, .. } = create_workloads(&ns, 1).await?;
+    let ix = index(&ns.client).await?;
+    let n = ns.name.as_str();
+    // An address outside the cluster: each edge teaches the client's egress proposal only.
+    let external: IpAddr = [192, 0, 2, 10].into();
+    let egress = |port| {
+        observation(
+            n,
+            &clients[0].0,
+            external,
+            port,
+            Protocol::TCP,
+            Opened::Outbound,
+        )
+    };
+    let (cache, mut feed) = reflector::store::<WorkloadNetworkPolicyProposal>();
+    let app = App::builder(ns.client.clone(), Backend::Kubernetes)
+        .excluded_namespaces(BTreeSet::from(["kube-system".to_string()]))
+        .proposal_cache(cache)
+        .build();
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let name = "deployment-http-client-egress";
+    let ports_in = |p: &WorkloadNetworkPolicyProposal| {
+        let spec = serde_json::to_string(&p.spec).unwrap();
+        [18080, 18081, 18082, 18083]
+            .into_iter()
+            .filter(|port| spec.contains(&port.to_string()))
+            .collect::<Vec<_>>()
+    };
+
+    let outcome = |r: &network_enforcer_controller::learn::flusher::FlushReport| {
+        (r.written, r.created, r.conflicts, r.failed)
+    };
+    // Not in the cache: read from the API (absent) and created.
+    app.learner.observe(&ix, &egress(18080))?;
+    let report = app.flush().await;
+    assert_eq!(outcome(&report), (1, 1, 0, 0), "{report:?}");
+
+    // The cache holds the current object: written from it, no conflict.
+    feed.apply_watcher_event(&watcher::Event::Apply(proposals.get(name).await?));
+    app.learner.observe(&ix, &egress(18081))?;
+    let report = app.flush().await;
+    assert_eq!(outcome(&report), (1, 0, 0, 0), "{report:?}");
+
+    // That copy is stale now (the write changed the object): 409, then read and written.
+    app.learner.observe(&ix, &egress(18082))?;
+    let report = app.flush().await;
+    assert_eq!(outcome(&report), (1, 0, 1, 0), "{report:?}");
+    assert_eq!(ports_in(&proposals.get(name).await?), [18080, 18081, 18082]);
+
+    // Deleted while the cache still holds it: the replace fails (the API server answers 409), the
+    // retry finds no proposal and creates it.
+    feed.apply_watcher_event(&watcher::Event::Apply(proposals.get(name).await?));
+    proposals.delete(name, &DeleteParams::default()).await?;
+    app.learner.observe(&ix, &egress(18083))?;
+    let report = app.flush().await;
+    assert_eq!(outcome(&report), (1, 1, 1, 0), "{report:?}");
+    assert_eq!(ports_in(&proposals.get(name).await?), [18083]);
+    Ok(())
+}
+
 mod grpc {
     use super::*;
     use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;

@@ -25,7 +25,8 @@ use crate::policy::provenance::SigningKey;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::ControllerMetrics;
 use kube::Client;
-use network_enforcer_api::Backend;
+use kube::runtime::reflector::Store;
+use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub struct AppBuilder {
     configure_learner: Option<ConfigureLearner>,
     signing_key: Option<Arc<SigningKey>>,
     leadership: Option<watch::Receiver<Leadership>>,
+    proposals: Option<Store<WorkloadNetworkPolicyProposal>>,
     index: Option<Arc<SharedIndex>>,
     status_sync: Option<(status_sync::Settings, Arc<dyn ViolationSink>)>,
     evidence: Option<Arc<dyn EvidenceSink>>,
@@ -90,6 +92,7 @@ impl App {
             configure_learner: None,
             signing_key: None,
             leadership: None,
+            proposals: None,
             index: None,
             status_sync: None,
             evidence: None,
@@ -160,6 +163,13 @@ impl AppBuilder {
         self
     }
 
+    /// Starts proposal writes from this watch cache of proposals (the proposal reconciler's,
+    /// [`crate::reconcile::Reconcilers::proposals`]) instead of reading each one from the API.
+    pub fn proposal_cache(mut self, proposals: Store<WorkloadNetworkPolicyProposal>) -> Self {
+        self.proposals = Some(proposals);
+        self
+    }
+
     /// Resolves against this index instead of a new one (e.g. one listed by hand).
     pub fn index(mut self, index: Arc<SharedIndex>) -> Self {
         self.index = Some(index);
@@ -223,6 +233,9 @@ impl AppBuilder {
             .with_metrics(metrics.clone());
         if let Some(leadership) = self.leadership {
             writer = writer.with_leader(leadership);
+        }
+        if let Some(proposals) = self.proposals {
+            writer = writer.with_cache(proposals);
         }
         let (learner, writer) = (Arc::new(learner), Arc::new(writer));
         let status_sync = self.status_sync.map(|(settings, sink)| {

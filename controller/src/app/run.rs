@@ -236,7 +236,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let mut settings = Settings {
+    let settings = Settings {
         namespace: args.namespace,
         instance: args.instance,
         resync: Duration::from_secs(args.resync_seconds),
@@ -302,7 +302,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .unwrap_or(i64::MAX),
         cluster_cidrs: args.cluster_cidrs.clone(),
     };
+    // Built before the app: the proposal writer reads proposals from the proposal reconciler's cache.
+    let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
     let mut builder = App::builder(client.clone(), backend)
+        .proposal_cache(reconcilers.proposals())
         .excluded_namespaces(excluded)
         .namespace(settings.namespace.clone())
         .metrics(metrics.clone())
@@ -349,7 +352,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let status_sync = app.status_sync.clone().expect("built with a status sync");
     // The protect gate replays the flows the status sync has seen.
-    settings.gate = Some(GateHistory(status_sync.clone()));
+    let reconcilers = reconcilers.with_gate(GateHistory(status_sync.clone()));
     let ui_address = if args.no_ui { "" } else { &args.ui_address };
     let ui = crate::ui::start(
         ui_address,
@@ -457,7 +460,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             let _ = l.wait_for(|l| l.leader).await;
         }
         tokio::select! {
-            () = reconcile::run(client.clone(), settings) => {}
+            () = reconcilers.run() => {}
             () = flusher => {}
             () = status_sync.clone().run() => {}
             () = goldmane => {}

@@ -11,11 +11,12 @@ pub mod proposal;
 use crate::policy::protect_gate::GateHistory;
 use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
-use network_enforcer_api::WorkloadNetworkPolicy;
+use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,48 +117,94 @@ where
 
 /// Runs both controllers until the process is asked to stop.
 pub async fn run(client: Client, settings: Settings) {
-    let reporter = Reporter {
-        controller: settings.reporter.clone(),
-        instance: settings.instance.clone(),
-    };
-    let recorder = Recorder::new(client.clone(), reporter);
-    let (policy_controller, policies) = policy::controller(&client, &settings);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder,
-        policies,
-        backends: Default::default(),
-        settings: settings.clone(),
-    });
-    let policies = policy_controller
-        .shutdown_on_signal()
-        .run(
-            |policy, ctx| {
-                counted(
-                    Reconciler::policy,
-                    policy::reconcile(policy, ctx.clone()),
-                    ctx,
-                )
-            },
-            policy::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| async {});
-    let proposals = proposal::controller(&client, &settings)
-        .shutdown_on_signal()
-        .run(
-            |proposal, ctx| {
-                counted(
-                    Reconciler::proposal,
-                    proposal::reconcile(proposal, ctx.clone()),
-                    ctx,
-                )
-            },
-            proposal::error_policy,
-            ctx,
-        )
-        .for_each(|_| async {});
-    tokio::join!(policies, proposals);
+    Reconcilers::new(&client, settings).run().await
+}
+
+/// Both controllers, built but not yet running (their watches start with [`Reconcilers::run`]).
+pub struct Reconcilers {
+    client: Client,
+    settings: Settings,
+    policies: Controller<WorkloadNetworkPolicy>,
+    policy_cache: Store<WorkloadNetworkPolicy>,
+    proposals: Controller<WorkloadNetworkPolicyProposal>,
+}
+
+impl Reconcilers {
+    /// The policy and proposal controllers over the watch scope of `settings`.
+    pub fn new(client: &Client, settings: Settings) -> Self {
+        let (policies, policy_cache) = policy::controller(client, &settings);
+        let proposals = proposal::controller(client, &settings);
+        Self {
+            client: client.clone(),
+            settings,
+            policies,
+            policy_cache,
+            proposals,
+        }
+    }
+
+    /// Protects policies with `gate` (see [`Settings::gate`]), known only once the status sync exists.
+    pub fn with_gate(mut self, gate: GateHistory) -> Self {
+        self.settings.gate = Some(gate);
+        self
+    }
+
+    /// The proposals the proposal controller watches, for the proposal writer: empty until
+    /// [`Reconcilers::run`] has listed them, then kept current.
+    pub fn proposals(&self) -> Store<WorkloadNetworkPolicyProposal> {
+        self.proposals.store()
+    }
+
+    /// Runs both controllers until the process is asked to stop.
+    pub async fn run(self) {
+        let Self {
+            client,
+            settings,
+            policies,
+            policy_cache,
+            proposals,
+        } = self;
+        let reporter = Reporter {
+            controller: settings.reporter.clone(),
+            instance: settings.instance.clone(),
+        };
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            policies: policy_cache,
+            backends: Default::default(),
+            settings,
+        });
+        let policies = policies
+            .shutdown_on_signal()
+            .run(
+                |policy, ctx| {
+                    counted(
+                        Reconciler::policy,
+                        policy::reconcile(policy, ctx.clone()),
+                        ctx,
+                    )
+                },
+                policy::error_policy,
+                ctx.clone(),
+            )
+            .for_each(|_| async {});
+        let proposals = proposals
+            .shutdown_on_signal()
+            .run(
+                |proposal, ctx| {
+                    counted(
+                        Reconciler::proposal,
+                        proposal::reconcile(proposal, ctx.clone()),
+                        ctx,
+                    )
+                },
+                proposal::error_policy,
+                ctx,
+            )
+            .for_each(|_| async {});
+        tokio::join!(policies, proposals);
+    }
 }
 
 /// Runs one reconcile of `controller`, counted and timed.

@@ -229,8 +229,8 @@ impl ControllerMetrics {
         let proposal_writes = Family::<ResultLabel, Counter>::default();
         registry.register(
             "proposal_writes",
-            "Proposal flush results: created, updated, unchanged, promoted (left alone), conflict (409, \
-             retried), failed (kept for the next flush)",
+            "Proposal flush results: created, updated, unchanged, promoted (left alone), conflict (409: changed \
+             since read, or the watch's copy lagged; retried), failed (kept for the next flush)",
             proposal_writes.clone(),
         );
         // 1 ms .. ~16 s.

@@ -74,7 +74,16 @@ impl InProcess {
         let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
         let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
 
+        // As the binary wires them: proposal writes start from the proposal reconciler's cache.
+        let reconcilers = reconcile::Reconcilers::new(
+            &client,
+            reconcile::Settings {
+                namespace: Some(n.clone()),
+                ..reconcile::Settings::default()
+            },
+        );
         let app = App::builder(client.clone(), Backend::Kubernetes)
+            .proposal_cache(reconcilers.proposals())
             .excluded_namespaces(["kube-system".to_string()])
             .status_sync(
                 status_sync::Settings {
@@ -90,14 +99,12 @@ impl InProcess {
         let shared = app.index.clone();
         let sync = app.status_sync.clone().expect("built with a status sync");
         let feed = tokio::spawn(app.watch_cluster());
-        let reconcilers = tokio::spawn(reconcile::run(
-            client.clone(),
-            reconcile::Settings {
-                namespace: Some(n.clone()),
-                gate: gate.then(|| GateHistory(sync.clone())),
-                ..reconcile::Settings::default()
-            },
-        ));
+        let reconcilers = if gate {
+            reconcilers.with_gate(GateHistory(sync.clone()))
+        } else {
+            reconcilers
+        };
+        let reconcilers = tokio::spawn(reconcilers.run());
         let sync_watches = tokio::spawn(sync.clone().watches());
         let passes = tokio::spawn(sync.clone().passes_forever());
         let service = app.ingest(Arc::new(TokenReviewAuthenticator::new(
