@@ -207,7 +207,8 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
 /// The writer starts from the watch cache's copy of a proposal (the binary passes it the proposal
 /// reconciler's cache): a current copy is written without reading the object; a copy the last write made
 /// stale fails its replace with 409 and the retry reads the object; so does a copy of a proposal deleted
-/// since, and the retry creates the proposal again.
+/// since, and the retry creates the proposal again; a copy that holds every edge already is not
+/// believed without reading the object.
 #[tokio::test]
 async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_lags() -> Result<()>
 {
@@ -270,6 +271,19 @@ async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_
     app.learner.observe(&ix, &egress(18083))?;
     let report = app.flush().await;
     assert_eq!(outcome(&report), (1, 1, 1, 0), "{report:?}");
+    assert_eq!(ports_in(&proposals.get(name).await?), [18083]);
+
+    // Deleted while the cache holds a copy that has the edge already: the copy alone would say
+    // "nothing to write"; the writer reads the object before deciding that, and re-creates it.
+    feed.apply_watcher_event(&watcher::Event::Apply(proposals.get(name).await?));
+    proposals.delete(name, &DeleteParams::default()).await?;
+    app.learner.observe(&ix, &egress(18083))?;
+    let report = app.flush().await;
+    assert_eq!(
+        (outcome(&report), report.unchanged),
+        ((1, 1, 0, 0), 0),
+        "{report:?}"
+    );
     assert_eq!(ports_in(&proposals.get(name).await?), [18083]);
     Ok(())
 }

@@ -7,7 +7,9 @@
 //! optimistic concurrency (resourceVersion, retried on 409) and field manager `network-enforcer`. The
 //! current object comes from the proposal reconciler's watch cache when it holds the proposal ([`ProposalWriter::with_cache`]):
 //! under a burst of new edges the API server's time is the limit, and a GET was a third of the requests
-//! of a write. A cached copy that lags fails the replace with 409, and the retry reads the object. A
+//! of a write. A cached copy that lags fails the replace with 409, and the retry reads the object; a
+//! decision not to write (nothing new, another backend, not signed) is taken on the object read from
+//! the API only, since a lagging copy may still hold what was deleted or edited out since. A
 //! proposal whose policy exists is left alone, so a promoted proposal is never re-created; one whose
 //! spec the controller did not sign is not written into. What the limits left out is counted, logged
 //! and reported with `ExternalPeersCapped` / `LearningCapped` Events on the proposal.
@@ -297,14 +299,14 @@ impl ProposalWriter {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
-        for attempt in 0..CONFLICT_RETRIES {
-            // After a conflict the cached copy is known to lag: read the object.
-            let cached = if attempt == 0 {
-                self.cached(ns, &name)
-            } else {
-                None
-            };
-            let existing = match cached {
+        // The cached copy is trusted for a write only: the replace's resourceVersion precondition
+        // checks it. Every decision not to write is made on the object as the API server holds it,
+        // since a copy that lags may still hold what was since deleted or edited out.
+        let mut cached = self.cached(ns, &name);
+        let mut conflicts = 0;
+        while conflicts < CONFLICT_RETRIES {
+            let from_cache = cached.is_some();
+            let existing = match cached.take() {
                 Some(copy) => Some(copy),
                 None => proposals.get_opt(&name).await?,
             };
@@ -318,12 +320,18 @@ impl ProposalWriter {
                 .clone()
                 .unwrap_or_else(|| learn::new_proposal(target, self.backend));
             if desired.spec.backend != self.backend {
+                if from_cache {
+                    continue;
+                }
                 tracing::warn!(proposal = %name, namespace = %ns, "proposal has another backend; not learning into it");
                 return Ok(());
             }
             if let (Some(key), Some(current)) = (&self.signing_key, &existing) {
                 let provenance = key.check(current);
                 if provenance != Provenance::Learned {
+                    if from_cache {
+                        continue;
+                    }
                     // Writing into it would sign rules the controller never learned.
                     report.foreign += 1;
                     self.metrics
@@ -341,6 +349,9 @@ impl ProposalWriter {
             let (merged, size_capped) =
                 learn::merge_within(&mut desired, edges, &self.limits, MAX_PROPOSAL_BYTES);
             if !merged.changed && existing.is_some() {
+                if from_cache {
+                    continue;
+                }
                 report.unchanged += 1;
                 self.report_capped(
                     target,
@@ -383,9 +394,11 @@ impl ProposalWriter {
                         .await?;
                     return Ok(());
                 }
-                // Changed or deleted since it was read (409; 404 would also mean deleted): read it again.
+                // Changed or deleted since it was read (409; 404 would also mean deleted): read it
+                // again. A cached copy that lagged does not use up a retry.
                 Err(kube::Error::Api(e)) if e.code == 409 || (e.code == 404 && !created) => {
-                    report.conflicts += 1
+                    report.conflicts += 1;
+                    conflicts += usize::from(!from_cache);
                 }
                 Err(e) => return Err(e),
             }
