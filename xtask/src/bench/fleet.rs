@@ -13,6 +13,11 @@
 //! external peers, UDP, and every `NE_FLEET_NEW_EDGE_EVERY` batches (default 10) one edge on a port the
 //! fleet may not have used yet (a new rule). Acknowledgements come once the controller has written
 //! what a batch taught (WIRE: acknowledged means written), so the ack latency includes the flush.
+//! `NE_FLEET_NEW_EDGES` says when the agents teach their new edges: `burst` (default) all in the same
+//! batch interval, the worst case for the acknowledgement p99 (every proposal with a new edge is
+//! written in one flush); `spread`, each agent in its own turn (agent i on the batches where
+//! sequence + i is a multiple of `NE_FLEET_NEW_EDGE_EVERY`), as nodes learning independently do.
+//! The figure `new_edges_spread` (0 or 1) says which a run used.
 //!
 //! Per phase: a fresh controller (`FLUSH_INTERVAL_SECONDS` = `NE_FLEET_FLUSH_SECONDS`, default 2, the
 //! chart's default), every agent opens a stream once and drops it (first connects: one TokenReview
@@ -88,6 +93,8 @@ struct Settings {
     pods_per_node: usize,
     flush_seconds: u64,
     new_edge_every: u64,
+    /// `NE_FLEET_NEW_EDGES=spread`: each agent teaches its new edge in its own turn.
+    new_edges_spread: bool,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
@@ -124,6 +131,11 @@ impl Settings {
             pods_per_node: env_or("NE_FLEET_PODS_PER_NODE", 3)?,
             flush_seconds: env_or("NE_FLEET_FLUSH_SECONDS", 2)?,
             new_edge_every: env_or("NE_FLEET_NEW_EDGE_EVERY", 10)?,
+            new_edges_spread: match std::env::var("NE_FLEET_NEW_EDGES").as_deref() {
+                Err(_) | Ok("") | Ok("burst") => false,
+                Ok("spread") => true,
+                Ok(other) => bail!("NE_FLEET_NEW_EDGES={other:?}: use `burst` or `spread`"),
+            },
         };
         if s.rate == 0 || s.seconds == 0 || s.batch_ms == 0 || s.apps == 0 || s.pods_per_node == 0 {
             bail!("NE_FLEET_RATE, _SECONDS, _BATCH_MS, _APPS and _PODS_PER_NODE must be above 0");
@@ -373,6 +385,11 @@ async fn phases(
             "rate_per_agent",
             f64::from(settings.rate),
             "records/s each agent offers",
+        ),
+        Figure::new(
+            "new_edges_spread",
+            f64::from(u8::from(settings.new_edges_spread)),
+            "1: agents teach new edges in turns (NE_FLEET_NEW_EDGES=spread); 0: all at once",
         ),
         Figure::new(
             "flush_interval_seconds",
@@ -1174,6 +1191,11 @@ async fn phase(
                 let window = window.clone();
                 let node = agents[i].node.clone();
                 let new_edge_every = settings.new_edge_every;
+                let new_edge_turn = if settings.new_edges_spread && new_edge_every > 0 {
+                    i as u64 % new_edge_every
+                } else {
+                    0
+                };
                 // Spread the agents' batches over the interval, as real agents' timers are.
                 let offset = interval.mul_f64((i as f64 * 0.618_034) % 1.0);
                 tasks.push(tokio::spawn(async move {
@@ -1187,7 +1209,7 @@ async fn phase(
                         interval,
                         offset,
                         per_batch,
-                        new_edge_every,
+                        (new_edge_every, new_edge_turn),
                     )
                     .await
                 }));
@@ -1398,7 +1420,7 @@ async fn agent_loop(
     interval: Duration,
     offset: Duration,
     per_batch: usize,
-    new_edge_every: u64,
+    (new_edge_every, new_edge_turn): (u64, u64),
 ) -> AgentOutcome {
     let mut out = AgentOutcome::default();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, interval);
@@ -1423,7 +1445,8 @@ async fn agent_loop(
                 }
                 let in_window = window.contains(now);
                 sequence += 1;
-                let new_edge = new_edge_every > 0 && sequence.is_multiple_of(new_edge_every);
+                let new_edge = new_edge_every > 0
+                    && (sequence + new_edge_turn).is_multiple_of(new_edge_every);
                 let batch = FlowBatch {
                     sequence,
                     node: node.clone(),
