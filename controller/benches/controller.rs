@@ -1,7 +1,8 @@
 //! Controller ingest and learning figures:
 //!
-//! - `records_merged_per_sec_per_core`: agent records taken in by `Learning::accept` (validation, node
-//!   check, resolution through the index, merge into pending proposal edges) on one thread, with the
+//! - `records_merged_per_sec_per_core`: agent records taken in by `Learning::take_in`, as a stream
+//!   hands them over (decoding each record, validation, node check, resolution through the index,
+//!   merge into pending proposal edges) on one thread, with the
 //!   end-to-end scenario's mix (client → Service ClusterIP, client → pod IP, inbound from a pod,
 //!   external peers), per second of that thread's CPU time (`/proc/thread-self/schedstat`): the machine
 //!   is shared, and wall-clock time there measures the other tenants too. `records_merged_per_sec_wall`
@@ -25,7 +26,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use network_enforcer_api::Backend;
-use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod};
+use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, encoded};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
@@ -126,7 +127,8 @@ fn record(ns: usize, d: usize, p: usize, peer: Ipv4Addr, port: u32, inbound: boo
 /// The end-to-end scenario's mix (docs/development.md): clients of every workload call their
 /// namespace's Service and a pod of workload 1, workload 0's pods see them inbound, and a few external
 /// peers.
-fn batches(count: usize, size: usize) -> Vec<FlowBatch> {
+/// Batches as they arrive on an agent's stream: records still encoded.
+fn batches(count: usize, size: usize) -> Vec<encoded::FlowBatch> {
     let mut out = Vec::with_capacity(count);
     let mut k = 0usize;
     for b in 0..count {
@@ -154,10 +156,10 @@ fn batches(count: usize, size: usize) -> Vec<FlowBatch> {
                     false,
                 ),
             };
-            records.push(r);
+            records.push(prost::Message::encode_to_vec(&r).into());
             k += 1;
         }
-        out.push(FlowBatch {
+        out.push(encoded::FlowBatch {
             sequence: b as u64 + 1,
             node: NODE.into(),
             records,
@@ -219,7 +221,7 @@ fn main() {
     let per_pass: usize = input.iter().map(|b| b.records.len()).sum();
     // Warm up (the first pass creates the pending entries; steady state repeats known edges).
     for b in input.iter().take(4) {
-        learning.accept(NODE, b);
+        learning.take_in(NODE, b);
     }
     let passes = 5;
     let cpu_started = thread_cpu_seconds();
@@ -227,7 +229,7 @@ fn main() {
     let mut accepted = 0u64;
     for _ in 0..passes {
         for b in &input {
-            accepted += u64::from(learning.accept(NODE, b).accepted);
+            accepted += u64::from(learning.take_in(NODE, b).0.accepted);
         }
     }
     let elapsed = started.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use network_enforcer_api::goldmane::{
     Action, EndpointType, Flow, FlowKey, PolicyHit, PolicyKind, PolicyTrace, Reporter,
 };
-use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod, Peer};
+use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord, LocalPod, Peer, encoded};
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::ingest::flow_record::{
     PeerFrom, describe_local, fields, local_pod, parse_principal, peer_address,
@@ -547,8 +547,9 @@ fn valid_batches() -> Vec<Vec<u8>> {
     ]
 }
 
-/// The uplink: a `FlowBatch` as the controller decodes it from an agent's stream, and each record
-/// read as the ingest reads it (fields, local pod, the address standing for the peer).
+/// The uplink: a `FlowBatch` as the controller decodes it from an agent's stream (its records left
+/// encoded), and each record decoded and read as the ingest reads it (fields, local pod, the address
+/// standing for the peer).
 #[test]
 fn uplink_batches() {
     let index = index();
@@ -559,11 +560,19 @@ fn uplink_batches() {
         2 => mutated_bytes(valid_batches()),
     ];
     run("uplink_batch", input, |data| {
-        let batch = match FlowBatch::decode(data.as_slice()) {
+        let batch = match encoded::FlowBatch::decode(data.as_slice()) {
             Ok(batch) => batch,
             Err(e) => return clear("decode", &e.to_string()),
         };
-        for record in &batch.records {
+        for bytes in &batch.records {
+            let record = match FlowRecord::decode(bytes.clone()) {
+                Ok(record) => record,
+                Err(e) => {
+                    clear("record", &e.to_string())?;
+                    continue;
+                }
+            };
+            let record = &record;
             if let Some(local) = &record.local {
                 // Each part is cut at 253 characters of at most 10 escaped characters each.
                 let shown = describe_local(local).chars().count();

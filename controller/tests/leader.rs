@@ -10,7 +10,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use network_enforcer_api::uplink::FlowBatch;
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::{Backend, Protocol, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::cluster::index::Index;
@@ -76,7 +75,7 @@ impl Replica {
         let ingest = listener.local_addr()?;
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service))
+                .add_service(service.into_server())
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         Ok(Self {

@@ -290,7 +290,6 @@ async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_
 
 mod grpc {
     use super::*;
-    use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
     use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
     use network_enforcer_controller::app::{Acknowledge, App};
     use network_enforcer_controller::ingest::{Limits, TokenReviewAuthenticator};
@@ -400,7 +399,7 @@ mod grpc {
         let addr = listener.local_addr()?;
         let grpc = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service))
+                .add_service(service.into_server())
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         ns.wait_for("the index to sync", Duration::from_secs(30), || async {

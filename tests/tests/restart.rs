@@ -14,7 +14,6 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
 use network_enforcer_api::backoff::Backoff;
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{Direction, FlowRecord, Outcome, Protocol};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::App;
@@ -89,7 +88,7 @@ impl Controller {
                 let bound = listener.local_addr()?;
                 tokio::spawn(
                     tonic::transport::Server::builder()
-                        .add_service(FlowUplinkServer::new(service))
+                        .add_service(service.into_server())
                         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
                             listener,
                         )),

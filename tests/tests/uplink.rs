@@ -9,7 +9,7 @@
 
 use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters};
 use network_enforcer_api::backoff::Backoff;
-use network_enforcer_api::uplink::flow_uplink_server::{FlowUplink, FlowUplinkServer};
+use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{FlowRecord, LocalPod};
 use network_enforcer_controller::app::{Acknowledge, App};
 use network_enforcer_controller::cluster::index::Index;
@@ -98,17 +98,30 @@ impl Controller {
             .acknowledge(Acknowledge::OnceMerged)
             .build()
             .ingest(Arc::new(FixedToken))
+            .into_server()
         })
         .await
     }
 
     /// Serves what `service` makes (inside the server's runtime) on `addr`, retrying while the
     /// previous listener on that port closes.
-    async fn serve<S: FlowUplink>(
+    async fn serve<S>(
         addr: SocketAddr,
         tls: Option<Arc<TlsServerConfig>>,
         service: impl FnOnce() -> S + Send + 'static,
-    ) -> Self {
+    ) -> Self
+    where
+        S: tonic::server::NamedService
+            + tonic::codegen::Service<
+                tonic::codegen::http::Request<tonic::body::Body>,
+                Response = tonic::codegen::http::Response<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -131,8 +144,7 @@ impl Controller {
                 }
             };
             ready.send(listener.local_addr().unwrap()).unwrap();
-            let router =
-                tonic::transport::Server::builder().add_service(FlowUplinkServer::new(service()));
+            let router = tonic::transport::Server::builder().add_service(service());
             match tls {
                 Some(tls) => router
                     .serve_with_incoming(tls::incoming(listener, tls, || {}))
@@ -443,9 +455,8 @@ async fn batches_are_split_and_paced_to_stay_within_the_controllers_limits() {
 async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
     let silent_seen = Arc::new(Mutex::new(Vec::new()));
     let seen = silent_seen.clone();
-    let mut silent = Controller::serve("127.0.0.1:0".parse().unwrap(), None, move || Recorder {
-        seen,
-        acks: false,
+    let mut silent = Controller::serve("127.0.0.1:0".parse().unwrap(), None, move || {
+        FlowUplinkServer::new(Recorder { seen, acks: false })
     })
     .await;
     let addr = silent.addr;
@@ -465,7 +476,10 @@ async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
 
     let acking_seen = Arc::new(Mutex::new(Vec::new()));
     let seen = acking_seen.clone();
-    let _acking = Controller::serve(addr, None, move || Recorder { seen, acks: true }).await;
+    let _acking = Controller::serve(addr, None, move || {
+        FlowUplinkServer::new(Recorder { seen, acks: true })
+    })
+    .await;
     eventually("both acks", &counters, |c| c.batches_acked.get() == 2).await;
     assert_eq!(
         *acking_seen.lock().unwrap(),

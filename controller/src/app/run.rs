@@ -19,7 +19,6 @@ use crate::runtime::metrics::ControllerMetrics;
 use anyhow::{Context as _, Result};
 use clap::ValueEnum;
 use network_enforcer_api::Backend;
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -407,7 +406,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let router = tonic::transport::Server::builder()
         .initial_stream_window_size(INGEST_WINDOW_BYTES)
         .initial_connection_window_size(INGEST_WINDOW_BYTES)
-        .add_service(FlowUplinkServer::new(ingest).max_decoding_message_size(8 * 1024 * 1024));
+        .add_service(ingest.into_server());
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -73,6 +73,8 @@ pub enum BadRecord {
     BadPort(u32),
     #[error("unknown protocol or direction")]
     BadEnum,
+    #[error("record is not a valid FlowRecord: {0}")]
+    Malformed(prost::DecodeError),
 }
 
 impl BadRecord {
@@ -85,6 +87,7 @@ impl BadRecord {
             BadRecord::BadAddress(_) => "bad_address",
             BadRecord::BadPort(_) => "bad_port",
             BadRecord::BadEnum => "bad_enum",
+            BadRecord::Malformed(_) => "malformed",
         }
     }
 }

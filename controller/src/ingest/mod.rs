@@ -40,8 +40,12 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplink;
+use network_enforcer_api::uplink::encoded::{
+    self,
+    flow_uplink_server::{FlowUplink, FlowUplinkServer},
+};
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
+use prost::Message;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -264,53 +268,74 @@ pub fn clamp_times(record: &FlowRecord, now_ms: i64) -> Cow<'_, FlowRecord> {
 impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
-        self.take_in(node, batch).0
+        let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
+        self.take_in_as(node, batch.sequence, records, Reporter::Node)
+            .0
     }
 
     /// [`Learning::accept`] for records of a cluster-wide source the controller reads itself (Calico
     /// Goldmane), filed under the node of their local pod: they may teach both sides of a connection.
     pub fn accept_from_cluster_source(&self, node: &str, batch: &FlowBatch) -> BatchAck {
-        self.take_in_as(node, batch, Reporter::Cluster).0
+        let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
+        self.take_in_as(node, batch.sequence, records, Reporter::Cluster)
+            .0
     }
 
-    /// [`Learning::accept`], also saying what the acknowledgement must wait for: the proposals the
-    /// batch gave edges no flush has decided yet, and the status patch of its violation evidence.
-    pub fn take_in(&self, node: &str, batch: &FlowBatch) -> (BatchAck, Holds) {
-        self.take_in_as(node, batch, Reporter::Node)
+    /// [`Learning::accept`] for a batch as it came off an agent's stream, its records decoded one by
+    /// one here (a record that does not decode is refused alone), also saying what the
+    /// acknowledgement must wait for: the proposals the batch gave edges no flush has decided yet,
+    /// and the status patch of its violation evidence.
+    pub fn take_in(&self, node: &str, batch: &encoded::FlowBatch) -> (BatchAck, Holds) {
+        let records = batch.records.iter().map(|bytes| {
+            FlowRecord::decode(bytes.clone())
+                .map(Cow::Owned)
+                .map_err(BadRecord::Malformed)
+        });
+        self.take_in_as(node, batch.sequence, records, Reporter::Node)
     }
 
-    fn take_in_as(&self, node: &str, batch: &FlowBatch, reporter: Reporter) -> (BatchAck, Holds) {
+    fn take_in_as<'a>(
+        &self,
+        node: &str,
+        sequence: u64,
+        records: impl ExactSizeIterator<Item = Result<Cow<'a, FlowRecord>, BadRecord>>,
+        reporter: Reporter,
+    ) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.learner.metrics();
         let now_ms = crate::cluster::watches::now_ms();
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
         let mut evidence_handed = false;
-        for original in &batch.records {
-            let record = clamp_times(original, now_ms);
-            if matches!(record, Cow::Owned(_)) {
-                metrics.resolved("future_time_clamped", 1);
-            }
-            let record = &*record;
-            let result = read(record, &index, node, reporter).map(|obs| match obs {
-                Some((o, from)) => {
-                    if from != PeerFrom::Address {
-                        metrics.resolved(from.label(), 1);
+        let received = records.len() as u64;
+        for original in records {
+            let result = original.and_then(|original| {
+                let record = clamp_times(&original, now_ms);
+                if matches!(record, Cow::Owned(_)) {
+                    metrics.resolved("future_time_clamped", 1);
+                }
+                let record = &*record;
+                let result = read(record, &index, node, reporter).map(|obs| match obs {
+                    Some((o, from)) => {
+                        if from != PeerFrom::Address {
+                            metrics.resolved(from.label(), 1);
+                        }
+                        self.learner
+                            .observe_or_wait(&index, &o, now_ms, &mut waits)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
                     }
-                    self.learner
-                        .observe_or_wait(&index, &o, now_ms, &mut waits)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                    None => {
+                        metrics.resolved("not_learned", 1);
+                        Ok(())
+                    }
+                });
+                if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
+                    evidence.accepted(record);
+                    evidence_handed = true;
                 }
-                None => {
-                    metrics.resolved("not_learned", 1);
-                    Ok(())
-                }
+                result
             });
-            if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
-                evidence.accepted(record);
-                evidence_handed = true;
-            }
             match result {
                 Ok(Ok(())) => accepted += 1,
                 Ok(Err(unresolved)) => {
@@ -327,13 +352,13 @@ impl Learning {
                 }
             }
         }
-        metrics.records_received.inc_by(batch.records.len() as u64);
+        metrics.records_received.inc_by(received);
         if rejected > 0 {
-            tracing::warn!(node, sequence = batch.sequence, rejected, %reason, "refused records");
+            tracing::warn!(node, sequence, rejected, %reason, "refused records");
         }
         (
             BatchAck {
-                sequence: batch.sequence,
+                sequence,
                 accepted,
                 rejected,
                 reason,
@@ -384,6 +409,16 @@ pub struct IngestService {
     pub written: Option<Arc<Flusher>>,
 }
 
+/// The largest batch message an agent may send, encoded.
+pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+impl IngestService {
+    /// The gRPC service to serve: the one the controller binary runs and the tests start.
+    pub fn into_server(self) -> FlowUplinkServer<Self> {
+        FlowUplinkServer::new(self).max_decoding_message_size(MAX_BATCH_BYTES)
+    }
+}
+
 fn bearer<T>(request: &Request<T>) -> Result<String, Status> {
     let value = request
         .metadata()
@@ -403,7 +438,7 @@ impl FlowUplink for IngestService {
 
     async fn stream(
         &self,
-        request: Request<Streaming<FlowBatch>>,
+        request: Request<Streaming<encoded::FlowBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         if !self.learning.index.ready() {
             self.learning
@@ -659,7 +694,7 @@ fn agent_pod_present(learning: &Learning, pod: &str) -> bool {
 async fn merge(
     learning: &Arc<Learning>,
     node: &str,
-    batch: FlowBatch,
+    batch: encoded::FlowBatch,
 ) -> Result<(BatchAck, Holds), tokio::task::JoinError> {
     static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
     let slots = SLOTS.get_or_init(|| {
@@ -731,6 +766,36 @@ mod tests {
             last_seen_ms: 2_000,
             ..FlowRecord::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_record_that_does_not_decode_is_refused_alone() {
+        let app = crate::app::App::builder(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
+        .index(Arc::new(SharedIndex::listed(index_with_pod("node-a"))))
+        .build();
+        let good = prost::bytes::Bytes::from(record("shop", "web-1", "").encode_to_vec());
+        // Field 1 (the local pod) announces 100 bytes and ends after one.
+        let truncated = prost::bytes::Bytes::from_static(&[0x0a, 100, 0]);
+        let batch = encoded::FlowBatch {
+            sequence: 7,
+            node: "node-a".into(),
+            records: vec![good.clone(), truncated, good],
+        };
+        let (ack, _) = app.learning.take_in("node-a", &batch);
+        assert_eq!((ack.sequence, ack.accepted, ack.rejected), (7, 2, 1));
+        assert!(
+            ack.reason.starts_with("record is not a valid FlowRecord"),
+            "{}",
+            ack.reason
+        );
+        let text = app.learner.metrics().encode();
+        assert!(
+            text.contains("records_rejected_total{reason=\"malformed\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]

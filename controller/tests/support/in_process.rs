@@ -8,7 +8,6 @@
 use anyhow::{Result, ensure};
 use kube::api::{Patch, PatchParams};
 use network_enforcer_api::keys::PROMOTE_LABEL;
-use network_enforcer_api::uplink::flow_uplink_server::FlowUplinkServer;
 use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
 use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::{Acknowledge, App};
@@ -116,7 +115,7 @@ impl InProcess {
         let address = listener.local_addr()?;
         let grpc = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
-                .add_service(FlowUplinkServer::new(service))
+                .add_service(service.into_server())
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await;
         });
