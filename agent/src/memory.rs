@@ -5,26 +5,14 @@
 //! parsed three times by aya (loading the live programs, loading the start-up scan's iterator and
 //! attaching it), and glibc gave each thread that did so its own arena, keeping what they freed.
 
-/// Caps glibc's malloc arenas at [`MALLOC_ARENAS`]: threads then reuse the memory other threads
-/// freed instead of each growing an arena of its own. Call it before any thread starts.
+/// Caps glibc's malloc arenas at [`MALLOC_ARENAS`]
+/// ([`network_enforcer_api::memory::bound_malloc_arenas`]). Call it before any thread starts.
 pub fn bound_malloc_arenas() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes allocator parameters; called before other threads exist.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
-    }
+    network_enforcer_api::memory::bound_malloc_arenas(MALLOC_ARENAS);
 }
 
 /// glibc's malloc arenas the agent allows (glibc's default is 8 per core: 512 on a 64-core node).
 /// The agent's hot path is one task; two arenas are enough to keep its threads from contending.
 pub const MALLOC_ARENAS: i32 = 2;
 
-/// Hands memory freed after a burst (loading the programs, the start-up scan) back to the kernel:
-/// glibc keeps freed memory for reuse, and pages it never reuses would stay resident.
-pub fn release_freed() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+pub use network_enforcer_api::memory::release_freed;

@@ -6,6 +6,8 @@
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
+//! - [`memory`]: the glibc allocator settings that keep the agent's and the controller's resident memory
+//!   bounded.
 //! - `metrics` (feature `metrics`): the Prometheus `/metrics` text and route of the agent and the
 //!   controller.
 //! - [`naming`]: proposal names and the `promoted-from` label value, kept within Kubernetes limits.
@@ -20,6 +22,7 @@ pub mod backoff;
 pub mod crd;
 pub mod duration;
 pub mod keys;
+pub mod memory;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod naming;

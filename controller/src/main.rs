@@ -4,7 +4,7 @@
 //! Parses the command line and starts the command: [`app::run`] (the controller) or one of
 //! [`commands`] (`check`, `graph`, `cleanup`).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use network_enforcer_controller::app::{self, RunArgs};
 use network_enforcer_controller::tools::commands::{self, CheckArgs, CleanupArgs, GraphArgs};
@@ -40,8 +40,22 @@ enum Command {
     Graph(GraphArgs),
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Before the runtime starts its threads (network_enforcer_api::memory): one malloc arena per core
+    // instead of glibc's 8. Streams' buffers are allocated on the runtime's workers and freed on the
+    // merge pool; more arenas kept more of them (at 1,000 busy agents, 700 MiB instead of 635).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    network_enforcer_api::memory::bound_malloc_arenas(
+        i32::try_from(cores.max(2)).unwrap_or(i32::MAX),
+    );
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> Result<()> {
     match Cli::parse().command {
         Command::Crds => {
             for (_, yaml) in network_enforcer_api::crd_manifests() {

@@ -27,7 +27,7 @@
 //!
 //! Invalid input is refused with a [`CheckError`] naming the offending field
 //! (`flows[2].from.pod: ...`). Policies are validated as the API server
-//! validates them ([`validate`]): one it would refuse is refused here too, not evaluated.
+//! validates them (module `validate`): one it would refuse is refused here too, not evaluated.
 
 mod diff;
 pub mod explain;

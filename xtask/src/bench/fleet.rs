@@ -27,7 +27,8 @@
 //! (utime+stime from /proc) and peak RSS (VmHWM), the simulator's own CPU and the whole machine's,
 //! proposal spec writes per second (`proposal_writes_total`), TokenReviews per connect (the API
 //! server's `apiserver_request_total` for `tokenreviews`: the controller has no metric for reviews it
-//! answered from its cache), refused streams and records. Everything the bench created (namespaces,
+//! answered from its cache), refused streams and records, and the records the controller's evidence
+//! queue dropped (`evidence_records_dropped_total`). Everything the bench created (namespaces,
 //! Nodes) is deleted at the end, also on failure.
 //!
 //! The xtask binary is a debug build; this bench re-runs itself from a release build of the xtask so
@@ -372,6 +373,11 @@ async fn phases(
                 at("rejected_records", n),
                 r.rejected as f64,
                 "records refused",
+            ),
+            Figure::new(
+                at("evidence_dropped", n),
+                r.evidence_dropped as f64,
+                "records the controller's evidence queue dropped (full: the protect gate's edge history misses them)",
             ),
             Figure::new(
                 at("unacked_batches", n),
@@ -1014,6 +1020,7 @@ struct PhaseResult {
     machine_cores: f64,
     refused_streams: u64,
     rejected: u64,
+    evidence_dropped: u64,
     unacked: u64,
     first_error: Option<String>,
 }
@@ -1056,12 +1063,13 @@ impl PhaseResult {
         );
         println!(
             "    connects: {:.1}s, {:.2} TokenReviews per first connect, {:.2} per reconnect; \
-             refused streams {}, rejected records {}, unacked batches {}",
+             refused streams {}, rejected records {}, evidence dropped {}, unacked batches {}",
             self.connect_seconds,
             self.reviews_first,
             self.reviews_reconnect,
             self.refused_streams,
             self.rejected,
+            self.evidence_dropped,
             self.unacked
         );
         println!(
@@ -1362,6 +1370,9 @@ async fn phase(
             * std::thread::available_parallelism().map_or(2.0, |n| n.get() as f64),
         refused_streams,
         rejected: outcomes.iter().map(|o| o.rejected).sum(),
+        evidence_dropped: (counter(&metrics2, "evidence_records_dropped_total", &[])
+            - counter(&metrics0, "evidence_records_dropped_total", &[]))
+            as u64,
         unacked: outcomes.iter().map(|o| o.unacked).sum(),
         first_error: outcomes.iter().find_map(|o| o.error.clone()),
     })
