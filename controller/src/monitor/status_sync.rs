@@ -2,8 +2,9 @@
 //! WorkloadNetworkPolicies that deny them.
 //!
 //! - **Evidence in.** Ingest hands every accepted record to an [`EvidenceQueue`] (never blocking: a
-//!   full queue drops its oldest record and counts it). Every `evidence_interval` the queued records
-//!   are resolved against the controller's [`Index`] (IP history, Services), evaluated against the
+//!   full queue drops its oldest record and counts it). Every `evidence_interval`, and as soon as the
+//!   queue is half full (at a high record rate a fixed interval would drop what a pass could take),
+//!   the queued records are resolved against the controller's [`Index`] (IP history, Services), evaluated against the
 //!   policies in force ([`attribution::attribute`]: egress first; a protect egress denial hides the
 //!   flow from the destination's ingress policy), filtered by what evidence counts for the policy's
 //!   mode ([`EvidenceKind::counts_for`]) and by the repeat window ([`RepeatFilter`]), reported to the
@@ -109,6 +110,9 @@ pub struct EvidenceQueue {
     settled: watch::Sender<u64>,
     /// Whether a policy existed at the last attribution: without one no record is evidence.
     policies_exist: AtomicBool,
+    /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
+    /// interval.
+    half_full: tokio::sync::Notify,
 }
 
 /// The queue's records, each with its size, and their total size.
@@ -120,7 +124,18 @@ struct Queued {
     drains: u64,
 }
 
+/// Whether a queue of `records` holding `bytes` has reached half of either bound.
+fn is_half_full(records: usize, bytes: usize) -> bool {
+    records >= MAX_QUEUED_RECORDS / 2 || bytes >= MAX_QUEUED_BYTES / 2
+}
+
 impl EvidenceQueue {
+    /// Resolves once the queue has reached half its bound since the last call (or since the queue
+    /// was made, for the first call).
+    pub async fn half_full(&self) {
+        self.half_full.notified().await;
+    }
+
     /// Takes every queued record.
     pub fn drain(&self) -> Vec<FlowRecord> {
         self.drain_numbered().0
@@ -171,9 +186,13 @@ impl EvidenceSink for EvidenceQueue {
             }
             self.dropped.inc();
         }
+        let was_half_full = is_half_full(queued.records.len(), queued.bytes);
         queued.records.push_back((record.clone(), size));
         queued.bytes += size;
         self.queued.set(queued.records.len() as i64);
+        if !was_half_full && is_half_full(queued.records.len(), queued.bytes) {
+            self.half_full.notify_one();
+        }
     }
 
     fn hold(&self) -> Option<u64> {
@@ -541,7 +560,8 @@ impl StatusSync {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Attributes evidence every `evidence_interval` and syncs statuses every `interval`.
+    /// Attributes evidence every `evidence_interval` and whenever the queue is half full, and syncs
+    /// statuses every `interval`.
     pub async fn passes_forever(self: Arc<Self>) {
         self.wait_ready().await;
         tracing::info!(interval = ?self.settings.interval, "status sync started");
@@ -553,16 +573,30 @@ impl StatusSync {
         loop {
             tokio::select! {
                 _ = evidence.tick() => {
-                    self.attribute_evidence();
+                    self.attribute_evidence_off_runtime().await;
+                }
+                _ = self.queue.half_full() => {
+                    self.attribute_evidence_off_runtime().await;
+                    // The regular pass comes an interval after this one.
+                    evidence.reset();
                 }
                 _ = status.tick() => {
-                    self.attribute_evidence();
+                    self.attribute_evidence_off_runtime().await;
                     let report = self.sync_all().await;
                     if report.patched > 0 || report.failed > 0 {
                         tracing::info!(?report, "synced policy statuses");
                     }
                 }
             }
+        }
+    }
+
+    /// [`StatusSync::attribute_evidence`] on the blocking pool: a pass over a full queue is CPU work
+    /// that would hold up one of the runtime's workers (and the streams and writes it runs).
+    async fn attribute_evidence_off_runtime(self: &Arc<Self>) {
+        let sync = self.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || sync.attribute_evidence()).await {
+            tracing::error!(%error, "an evidence pass failed");
         }
     }
 
@@ -1177,6 +1211,30 @@ mod tests {
             Settings::default(),
             Arc::new(crate::monitor::otlp::Disabled),
         )
+    }
+
+    #[tokio::test]
+    async fn a_half_full_queue_calls_for_a_pass_once_per_fill() {
+        use futures::FutureExt;
+        let queue = EvidenceQueue::default();
+        let record = |port| FlowRecord {
+            port,
+            ..FlowRecord::default()
+        };
+        for fill in 0..2 {
+            for port in 0..(MAX_QUEUED_RECORDS / 2 - 1) as u32 {
+                queue.accepted(&record(port));
+            }
+            assert!(queue.half_full().now_or_never().is_none(), "fill {fill}");
+            queue.accepted(&record(0));
+            assert!(queue.half_full().now_or_never().is_some(), "fill {fill}");
+            queue.accepted(&record(0));
+            assert!(
+                queue.half_full().now_or_never().is_none(),
+                "fill {fill}: once until the next drain"
+            );
+            queue.drain();
+        }
     }
 
     #[tokio::test]
