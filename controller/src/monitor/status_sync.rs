@@ -4,12 +4,12 @@
 //! - **Evidence in.** Ingest hands every accepted record to an [`EvidenceQueue`] (never blocking: a
 //!   full queue drops its oldest record and counts it). Every `evidence_interval`, and as soon as the
 //!   queue is half full (at a high record rate a fixed interval would drop what a pass could take),
-//!   the queued records are resolved against the controller's [`Index`] (IP history, Services), evaluated against the
-//!   policies in force ([`attribution::attribute`]: egress first; a protect egress denial hides the
-//!   flow from the destination's ingress policy), filtered by what evidence counts for the policy's
-//!   mode ([`EvidenceKind::counts_for`]) and by the repeat window ([`RepeatFilter`]), reported to the
-//!   [`ViolationSink`], and queued per policy ([`Pending`]). The rules that allowed each flow are
-//!   noted in a [`UsageTracker`] (rule usage, docs/api.md).
+//!   the queued records are resolved against the controller's [`Index`] (IP history, Services),
+//!   evaluated against the policies in force ([`attribution::attribute`]: egress first; a protect
+//!   egress denial hides the flow from the destination's ingress policy), filtered by what evidence
+//!   counts for the policy's mode ([`EvidenceKind::counts_for`]) and by the repeat window
+//!   ([`RepeatFilter`]), reported to the [`ViolationSink`], and queued per policy ([`Pending`]).
+//!   The rules that allowed each flow are noted in a [`UsageTracker`] (rule usage, docs/api.md).
 //! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status
 //!   goes through [`violations::sync`] (merge, clear, acknowledge, counters) and [`rule_usage::merge`]
 //!   (`ruleUsage`). Only a changed status is patched: a JSON merge patch of the violation fields and
