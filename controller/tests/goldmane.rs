@@ -6,8 +6,8 @@
 //! Checked: the mutual-TLS connect with material read through the API; a wrong client certificate is
 //! refused and the source recovers once the Secret is fixed (re-read on reconnect); a disconnect
 //! mid-stream; 15-s re-sends counted once; `Allow` reported by the destination reaching learning
-//! (pending proposal edges) and `Deny` reaching the violation evidence queue with its direction and
-//! policy, under the reporting pod's node, the same path as agent batches.
+//! (pending proposal edges) and `Deny` reaching the violation evidence queue as blocked, with its
+//! direction, under the reporting pod's node, the same path as agent batches.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -18,11 +18,11 @@ use network_enforcer_api::goldmane::flows_server::{Flows, FlowsServer};
 use network_enforcer_api::goldmane::{
     Action, EndpointType, Flow, FlowKey, FlowResult, FlowStreamRequest, Reporter,
 };
-use network_enforcer_api::uplink::{Direction, Outcome};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
+use network_enforcer_controller::monitor::violations::evidence::EvidenceKind;
 use network_enforcer_controller::sources::goldmane::{
     Goldmane, GoldmaneConfig, GoldmaneHealth, ObjectRef,
 };
@@ -344,51 +344,36 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         2,
         "the source's Allow and the host endpoint"
     );
-    let mut summary: Vec<(i32, i32, String, String)> = records
+    let mut summary: Vec<(String, String, String)> = records
         .iter()
-        .map(|r| {
+        .map(|e| {
             (
-                r.outcome,
-                r.direction,
-                r.local.as_ref().unwrap().name.clone(),
-                r.policy.clone(),
+                format!("{:?}", e.kind),
+                format!("{:?}", e.record.opened),
+                e.record.local.name.clone(),
             )
         })
         .collect();
     summary.sort();
+    let entry = |kind: &str, opened: &str, pod: &str| (kind.into(), opened.into(), pod.into());
     assert_eq!(
         summary,
         vec![
-            (
-                Outcome::Established as i32,
-                Direction::Inbound as i32,
-                "server-77f9b-xyz12".into(),
-                String::new()
-            ),
-            (
-                Outcome::Denied as i32,
-                Direction::Outbound as i32,
-                "client-5f7d9c-abcde".into(),
-                "shop/client-egress".into()
-            ),
-            (
-                Outcome::Denied as i32,
-                Direction::Inbound as i32,
-                "server-77f9b-xyz12".into(),
-                String::new()
-            ),
+            entry("Blocked", "Inbound", "server-77f9b-xyz12"),
+            entry("Blocked", "Outbound", "client-5f7d9c-abcde"),
+            entry("WentThrough", "Inbound", "server-77f9b-xyz12"),
         ]
     );
     let allowed = records
         .iter()
-        .find(|r| r.outcome == Outcome::Established as i32)
+        .find(|e| e.kind == EvidenceKind::WentThrough)
         .unwrap();
     assert_eq!(
-        allowed.peer_ip,
-        vec![10, 1, 0, 1],
+        allowed.record.peer,
+        std::net::IpAddr::from([10, 1, 0, 1]),
         "the client pod's address"
     );
-    assert_eq!(allowed.port, 8080);
+    assert_eq!(allowed.record.port, 8080);
     assert_eq!(
         learner.pending_proposals(),
         2,

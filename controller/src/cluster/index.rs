@@ -59,7 +59,7 @@ pub const JOB_POD_LABELS: [&str; 4] = [
 ];
 
 /// What the index keeps of a pod.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodRecord {
     pub namespace: String,
     pub name: String,
@@ -308,25 +308,26 @@ impl ResolvedRef<'_> {
 }
 
 /// Pods by namespace, then name: looked up by `&str` without building an owned key (every record looks
-/// up its local pod by name).
+/// up its local pod by name). Each record is shared: a record read against the index keeps its local
+/// pod ([`crate::ingest::flow_record::Decoded`]) without copying it; a changed pod is a new record.
 #[derive(Debug, Default)]
 struct PodMap {
-    by_namespace: FastMap<String, FastMap<String, PodRecord>>,
+    by_namespace: FastMap<String, FastMap<String, Arc<PodRecord>>>,
     len: usize,
 }
 
 impl PodMap {
-    fn get_str(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
+    fn get_str(&self, namespace: &str, name: &str) -> Option<&Arc<PodRecord>> {
         self.by_namespace.get(namespace)?.get(name)
     }
 
     fn get(&self, key: &PodName) -> Option<&PodRecord> {
-        self.get_str(&key.0, &key.1)
+        self.get_str(&key.0, &key.1).map(|pod| &**pod)
     }
 
     fn insert(&mut self, key: PodName, pod: PodRecord) {
         let names = self.by_namespace.entry(key.0).or_default();
-        if names.insert(key.1, pod).is_none() {
+        if names.insert(key.1, Arc::new(pod)).is_none() {
             self.len += 1;
         }
     }
@@ -338,11 +339,14 @@ impl PodMap {
         if names.is_empty() {
             self.by_namespace.remove(&key.0);
         }
-        Some(pod)
+        Some(Arc::unwrap_or_clone(pod))
     }
 
     fn values(&self) -> impl Iterator<Item = &PodRecord> {
-        self.by_namespace.values().flat_map(FastMap::values)
+        self.by_namespace
+            .values()
+            .flat_map(FastMap::values)
+            .map(|pod| &**pod)
     }
 
     fn len(&self) -> usize {
@@ -1075,9 +1079,11 @@ impl Index {
         by_port
     }
 
-    /// A pod by uid, as `(namespace, name)`.
-    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodRecord> {
-        self.uids.get(uid).and_then(|key| self.pods.get(key))
+    /// A pod by uid (also one deleted within [`IP_HISTORY_MS`]).
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&Arc<PodRecord>> {
+        self.uids
+            .get(uid)
+            .and_then(|key| self.pods.get_str(&key.0, &key.1))
     }
 
     /// Every pod held, live and recently deleted (see [`IP_HISTORY_MS`]): the violation evaluator's
@@ -1521,7 +1527,7 @@ impl Index {
     }
 
     /// A pod by namespace and name (also one deleted within [`IP_HISTORY_MS`]).
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodRecord>> {
         self.pods.get_str(namespace, name)
     }
 
@@ -1530,7 +1536,7 @@ impl Index {
         &'a self,
         namespace: &str,
         generate_name: &str,
-    ) -> impl Iterator<Item = &'a PodRecord> + 'a {
+    ) -> impl Iterator<Item = &'a Arc<PodRecord>> + 'a {
         self.pods_generated_as
             .get_key_value(&(namespace.to_string(), generate_name.to_string()))
             .into_iter()

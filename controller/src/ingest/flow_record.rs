@@ -19,10 +19,11 @@ use crate::learn::Opened;
 use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// The local pod a record names: by namespace/name when the agent watches pods, by uid alone (from the
 /// pod's cgroup path) when it does not. `None` when the record names none or the index does not know it.
-pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a PodRecord> {
+pub fn local_pod<'a>(record: &FlowRecord, index: &'a Index) -> Option<&'a Arc<PodRecord>> {
     let local = record.local.as_ref()?;
     if local.name.is_empty() {
         index.pod_by_uid(&local.uid)
@@ -92,11 +93,12 @@ impl BadRecord {
     }
 }
 
-/// A record read against the index ([`decode`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Decoded<'a> {
-    /// The pod the record belongs to.
-    pub local: &'a PodRecord,
+/// A record read against the index ([`decode`]). Holds none of the agent's strings: what the
+/// status sync queues of a record as violation evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    /// The pod the record belongs to, shared with the index (so one deleted meanwhile is still known).
+    pub local: Arc<PodRecord>,
     /// The address that stands for the peer ([`peer_address`]), and why.
     pub peer: IpAddr,
     pub peer_from: PeerFrom,
@@ -109,11 +111,11 @@ pub struct Decoded<'a> {
 
 /// Reads `record` against `index`: its local pod (which must run on `node`, when given: an agent
 /// speaks only for its own node's pods), its fields, and the address standing for its peer.
-pub fn decode<'a>(
+pub fn decode(
     record: &FlowRecord,
-    index: &'a Index,
+    index: &Index,
     node: Option<&str>,
-) -> Result<Decoded<'a>, BadRecord> {
+) -> Result<Decoded, BadRecord> {
     let named = record.local.as_ref().ok_or(BadRecord::NoLocalPod)?;
     // Either way of naming the pod, the index decides which pod it is and where it runs.
     let local = match (local_pod(record, index), node) {
@@ -132,7 +134,7 @@ pub fn decode<'a>(
     };
     let (peer, peer_from) = peer_address(index, record, &fields, record.last_seen_ms);
     Ok(Decoded {
-        local,
+        local: local.clone(),
         peer,
         peer_from,
         port: fields.port,

@@ -34,7 +34,8 @@ use crate::learn::flusher::Flusher;
 use crate::learn::learner::{Learner, WaitsFor};
 use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{ReportedConnection, Reporter};
-use flow_record::{BadRecord, PeerFrom};
+use crate::monitor::violations::evidence::Evidence;
+use flow_record::{BadRecord, Decoded, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -215,36 +216,29 @@ pub fn observation(
     index: &Index,
     node: &str,
 ) -> Result<Option<ReportedConnection>, BadRecord> {
-    read(record, index, node, Reporter::Node).map(|o| o.map(|(o, _)| o))
+    let decoded = flow_record::decode(record, index, Some(node))?;
+    Ok(learned(record, &decoded, Reporter::Node))
 }
 
-/// [`observation`], also saying which address stands for the peer.
-fn read(
+/// What `record`, read as `decoded`, teaches: `None` for records that teach nothing.
+fn learned(
     record: &FlowRecord,
-    index: &Index,
-    node: &str,
+    decoded: &Decoded,
     reporter: Reporter,
-) -> Result<Option<(ReportedConnection, PeerFrom)>, BadRecord> {
-    let decoded = flow_record::decode(record, index, Some(node))?;
+) -> Option<ReportedConnection> {
     let learns = matches!(
         uplink::Outcome::try_from(record.outcome),
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
     );
-    if !learns {
-        return Ok(None);
-    }
-    Ok(Some((
-        ReportedConnection {
-            local: (decoded.local.namespace.clone(), decoded.local.name.clone()),
-            peer: decoded.peer,
-            port: decoded.port,
-            protocol: decoded.protocol,
-            opened: decoded.opened,
-            at_ms: decoded.at_ms,
-            reporter,
-        },
-        decoded.peer_from,
-    )))
+    learns.then(|| ReportedConnection {
+        local: (decoded.local.namespace.clone(), decoded.local.name.clone()),
+        peer: decoded.peer,
+        port: decoded.port,
+        protocol: decoded.protocol,
+        opened: decoded.opened,
+        at_ms: decoded.at_ms,
+        reporter,
+    })
 }
 
 /// How far ahead of this controller's clock an agent's clock may run before its times are not
@@ -315,10 +309,11 @@ impl Learning {
                     metrics.resolved("future_time_clamped", 1);
                 }
                 let record = &*record;
-                let result = read(record, &index, node, reporter).map(|obs| match obs {
-                    Some((o, from)) => {
-                        if from != PeerFrom::Address {
-                            metrics.resolved(from.label(), 1);
+                let decoded = flow_record::decode(record, &index, Some(node))?;
+                let learning = match learned(record, &decoded, reporter) {
+                    Some(o) => {
+                        if decoded.peer_from != PeerFrom::Address {
+                            metrics.resolved(decoded.peer_from.label(), 1);
                         }
                         self.learner
                             .observe_or_wait(&index, &o, now_ms, &mut waits)
@@ -329,12 +324,14 @@ impl Learning {
                         metrics.resolved("not_learned", 1);
                         Ok(())
                     }
-                });
-                if let (Ok(_), Some(evidence)) = (&result, &self.evidence) {
-                    evidence.accepted(record);
-                    evidence_handed = true;
+                };
+                if let Some(sink) = &self.evidence {
+                    if let Some(evidence) = Evidence::of(record, decoded) {
+                        sink.accepted(evidence);
+                        evidence_handed = true;
+                    }
                 }
-                result
+                Ok(learning)
             });
             match result {
                 Ok(Ok(())) => accepted += 1,
@@ -795,6 +792,65 @@ mod tests {
         assert!(
             text.contains("records_rejected_total{reason=\"malformed\"} 1"),
             "{text}"
+        );
+    }
+
+    /// The evidence pass judges what ingest read from a record (its local pod, the address standing
+    /// for its peer), not a copy of the record: a record refused here, or one that says nothing about
+    /// its flow, is not queued.
+    #[tokio::test]
+    async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
+        use crate::monitor::violations::evidence::EvidenceKind;
+        let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
+        let app = crate::app::App::builder(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
+        .index(Arc::new(SharedIndex::listed(index_with_pod("node-a"))))
+        .evidence_sink(queue.clone())
+        .build();
+        let with = |uid: &str, outcome: uplink::Outcome| FlowRecord {
+            outcome: outcome as i32,
+            ..record("", "", uid)
+        };
+        let batch = FlowBatch {
+            sequence: 3,
+            node: "node-a".into(),
+            records: vec![
+                with("uid-web-1", uplink::Outcome::Established),
+                with("uid-web-1", uplink::Outcome::Unspecified),
+                with("uid-elsewhere", uplink::Outcome::Established),
+                with("uid-web-1", uplink::Outcome::Failed),
+            ],
+        };
+        let ack = app.learning.accept("node-a", &batch);
+        assert_eq!((ack.accepted, ack.rejected), (3, 1), "{}", ack.reason);
+        let queued: Vec<_> = queue
+            .drain()
+            .into_iter()
+            .map(|e| {
+                let r = e.record;
+                (
+                    e.kind,
+                    r.local.name.clone(),
+                    r.peer,
+                    r.port,
+                    r.opened,
+                    r.at_ms,
+                )
+            })
+            .collect();
+        let peer = std::net::IpAddr::from([10, 0, 0, 9]);
+        let web_1 = |kind| {
+            let opened = crate::learn::Opened::Outbound;
+            (kind, "web-1".to_string(), peer, 8080, opened, 2_000)
+        };
+        assert_eq!(
+            queued,
+            vec![
+                web_1(EvidenceKind::WentThrough),
+                web_1(EvidenceKind::Blocked)
+            ]
         );
     }
 

@@ -26,13 +26,12 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
-use crate::ingest::flow_record;
 use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
-    EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WorkloadNames, observed_flows,
+    Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WorkloadNames, observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
@@ -48,7 +47,6 @@ use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use network_enforcer_api::uplink::FlowRecord;
 use network_enforcer_api::{
     AcknowledgedViolation, Backend, Direction, PolicyMode, RuleUsage, WorkloadNetworkPolicy,
     WorkloadRef,
@@ -64,16 +62,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// At most this many records wait in the [`EvidenceQueue`] between two passes.
-pub const MAX_QUEUED_RECORDS: usize = 200_000;
-/// And at most this many bytes (their encoded size plus the record itself): records carry strings from
-/// the agents, so a count alone does not bound the memory.
-pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
+/// At most this many records wait in the [`EvidenceQueue`] between two passes. Each is an
+/// [`Evidence`] of fixed size (its local pod is shared with the index), so this bounds the memory
+/// too: about 16 MB. A pass starts at half of it; the other half is what arrives during a pass
+/// (at 1,000 agents on two cores, 200,000 records were not always enough).
+pub const MAX_QUEUED_RECORDS: usize = 400_000;
 
 /// Where ingest hands every accepted record, as violation evidence. Must return at once.
 pub trait EvidenceSink: Send + Sync {
-    /// An authenticated agent's record was accepted.
-    fn accepted(&self, record: &FlowRecord);
+    /// An authenticated agent's record was accepted; this is what ingest read from it.
+    fn accepted(&self, evidence: Evidence);
 
     /// Called after handing records in: the mark to wait for ([`EvidenceSink::settled_after`]) before
     /// acknowledging them, or `None` when they need no wait (no policy, so no record is evidence).
@@ -92,7 +90,7 @@ pub trait EvidenceSink: Send + Sync {
     }
 }
 
-/// Records waiting for the next evidence pass; bounded in records and bytes, dropping the oldest.
+/// Records waiting for the next evidence pass; bounded, dropping the oldest.
 ///
 /// It also tells ingest when evidence is safe to acknowledge: an agent forgets an acknowledged batch, so
 /// a violation found in it must be in a policy's status by then (or the controller's restart would lose
@@ -115,18 +113,12 @@ pub struct EvidenceQueue {
     half_full: tokio::sync::Notify,
 }
 
-/// The queue's records, each with its size, and their total size.
+/// The queue's records.
 #[derive(Debug, Default)]
 struct Queued {
-    records: VecDeque<(FlowRecord, usize)>,
-    bytes: usize,
+    records: VecDeque<Evidence>,
     /// Drains so far; counted under the lock, so a record is either in drain `n` or handed in after it.
     drains: u64,
-}
-
-/// Whether a queue of `records` holding `bytes` has reached half of either bound.
-fn is_half_full(records: usize, bytes: usize) -> bool {
-    records >= MAX_QUEUED_RECORDS / 2 || bytes >= MAX_QUEUED_BYTES / 2
 }
 
 impl EvidenceQueue {
@@ -137,17 +129,17 @@ impl EvidenceQueue {
     }
 
     /// Takes every queued record.
-    pub fn drain(&self) -> Vec<FlowRecord> {
+    pub fn drain(&self) -> Vec<Evidence> {
         self.drain_numbered().0
     }
 
     /// Takes every queued record; also returns the drain's number.
-    fn drain_numbered(&self) -> (Vec<FlowRecord>, u64) {
+    fn drain_numbered(&self) -> (Vec<Evidence>, u64) {
         let mut queued = self.queued_records.lock().expect("evidence lock");
         self.queued.set(0);
-        queued.bytes = 0;
         queued.drains += 1;
-        let records = queued.records.drain(..).map(|(r, _)| r).collect();
+        // The queue's buffer itself: nothing copied, and nothing kept between passes.
+        let records = std::mem::take(&mut queued.records).into();
         (records, queued.drains)
     }
 
@@ -174,23 +166,16 @@ impl EvidenceQueue {
 }
 
 impl EvidenceSink for EvidenceQueue {
-    fn accepted(&self, record: &FlowRecord) {
-        let size = std::mem::size_of::<FlowRecord>() + prost::Message::encoded_len(record);
+    fn accepted(&self, evidence: Evidence) {
         let mut queued = self.queued_records.lock().expect("evidence lock");
-        while !queued.records.is_empty()
-            && (queued.records.len() >= MAX_QUEUED_RECORDS
-                || queued.bytes + size > MAX_QUEUED_BYTES)
-        {
-            if let Some((_, old)) = queued.records.pop_front() {
-                queued.bytes -= old;
-            }
+        if queued.records.len() >= MAX_QUEUED_RECORDS {
+            queued.records.pop_front();
             self.dropped.inc();
         }
-        let was_half_full = is_half_full(queued.records.len(), queued.bytes);
-        queued.records.push_back((record.clone(), size));
-        queued.bytes += size;
+        queued.records.push_back(evidence);
         self.queued.set(queued.records.len() as i64);
-        if !was_half_full && is_half_full(queued.records.len(), queued.bytes) {
+        // Once per fill: a queue stays half full until it is drained.
+        if queued.records.len() == MAX_QUEUED_RECORDS / 2 {
             self.half_full.notify_one();
         }
     }
@@ -317,7 +302,8 @@ pub struct SyncMetrics {
     pub evidence_dropped: Counter,
     /// Records waiting for the next evidence pass.
     pub evidence_queued: Gauge,
-    /// Records that resolved to no flow (unknown local pod, Service without backends, malformed).
+    /// Records that resolved to no flow (a Service without backends). A record whose local pod is
+    /// unknown or that is malformed is refused at ingest and never queued.
     pub evidence_unresolved: Counter,
     /// Observations dropped before a status patch recorded them, by reason: `policy_queue_full`
     /// ([`crate::monitor::violations::evidence::MAX_PENDING_PER_POLICY`]) or `policy_deleted`.
@@ -463,8 +449,7 @@ impl StatusSync {
         );
         metrics.register(
             "evidence_records_unresolved",
-            "Flow records that resolved to no flow to evaluate (unknown local pod, Service without \
-             backends, malformed)",
+            "Flow records that resolved to no flow to evaluate (a Service without backends)",
             m.evidence_unresolved.clone(),
         );
         metrics.register(
@@ -690,16 +675,9 @@ impl StatusSync {
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
         let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
         let mut names = WorkloadNames::default();
-        for record in &records {
-            let Some(kind) = EvidenceKind::of(record) else {
-                continue;
-            };
-            let flows = match flow_record::decode(record, &index, None) {
-                Ok(decoded) => observed_flows(&index, &view, &mut names, &decoded, &now)
-                    .map_err(|e| e.to_string()),
-                Err(bad) => Err(bad.to_string()),
-            };
-            let flows = match flows {
+        for Evidence { kind, record } in &records {
+            let kind = *kind;
+            let flows = match observed_flows(&index, &view, &mut names, record, &now) {
                 Ok(flows) => flows,
                 Err(unresolved) => {
                     self.metrics.evidence_unresolved.inc();
@@ -1143,44 +1121,58 @@ mod tests {
         }
     }
 
+    /// Evidence of a connection from a pod the tests' index does not hold, told apart by `at_ms`.
+    fn evidence(at_ms: i64) -> Evidence {
+        Evidence {
+            kind: EvidenceKind::WentThrough,
+            record: crate::ingest::flow_record::Decoded {
+                local: Arc::default(),
+                peer: std::net::IpAddr::from([192, 0, 2, 1]),
+                peer_from: crate::ingest::flow_record::PeerFrom::Address,
+                port: 443,
+                protocol: network_enforcer_api::Protocol::TCP,
+                opened: crate::learn::Opened::Outbound,
+                at_ms,
+            },
+        }
+    }
+
     #[test]
     fn the_evidence_queue_never_blocks_and_drops_the_oldest() {
         let queue = EvidenceQueue::default();
-        for port in 0..(MAX_QUEUED_RECORDS as u32 + 2) {
-            queue.accepted(&FlowRecord {
-                port,
-                ..FlowRecord::default()
-            });
+        for at in 0..(MAX_QUEUED_RECORDS as i64 + 2) {
+            queue.accepted(evidence(at));
         }
         assert_eq!(queue.dropped(), 2);
         let records = queue.drain();
         assert_eq!(records.len(), MAX_QUEUED_RECORDS);
-        assert_eq!(records[0].port, 2);
+        assert_eq!(records[0].record.at_ms, 2);
         assert!(queue.drain().is_empty());
     }
 
+    /// The queue's bound in records is a bound in memory: an entry holds no string of the agent's
+    /// (a local pod is shared with the index), so a full queue is about 16 MB whatever the records
+    /// carried.
     #[test]
-    fn the_evidence_queue_is_bounded_in_bytes_too() {
+    fn a_queued_record_is_small_and_holds_no_strings_of_its_own() {
+        assert!(
+            std::mem::size_of::<Evidence>() <= 48,
+            "{} bytes",
+            std::mem::size_of::<Evidence>()
+        );
+        let pod = Arc::new(crate::cluster::index::PodRecord {
+            namespace: "n".repeat(1024 * 1024),
+            ..Default::default()
+        });
         let queue = EvidenceQueue::default();
-        // 1 MiB of strings per record: 64 MiB hold fewer than 64 of them.
-        let big = |port| FlowRecord {
-            port,
-            local: Some(network_enforcer_api::uplink::LocalPod {
-                namespace: "n".repeat(1024 * 1024),
-                ..Default::default()
-            }),
-            ..FlowRecord::default()
-        };
-        for port in 0..100 {
-            queue.accepted(&big(port));
+        for at in 0..1_000 {
+            let mut e = evidence(at);
+            e.record.local = pod.clone();
+            queue.accepted(e);
         }
-        let kept = queue.drain();
-        assert_eq!(kept.len(), 63);
-        assert_eq!(queue.dropped(), 37);
-        assert_eq!(kept.last().map(|r| r.port), Some(99), "the newest are kept");
-        // After a drain the budget is whole again.
-        queue.accepted(&big(100));
-        assert_eq!(queue.drain().len(), 1);
+        assert_eq!(Arc::strong_count(&pod), 1_001, "one pod, shared");
+        queue.drain();
+        assert_eq!(Arc::strong_count(&pod), 1, "released by the drain");
     }
 
     fn observation(port: i32) -> crate::monitor::violations::Observation {
@@ -1217,18 +1209,14 @@ mod tests {
     async fn a_half_full_queue_calls_for_a_pass_once_per_fill() {
         use futures::FutureExt;
         let queue = EvidenceQueue::default();
-        let record = |port| FlowRecord {
-            port,
-            ..FlowRecord::default()
-        };
         for fill in 0..2 {
-            for port in 0..(MAX_QUEUED_RECORDS / 2 - 1) as u32 {
-                queue.accepted(&record(port));
+            for at in 0..(MAX_QUEUED_RECORDS / 2 - 1) as i64 {
+                queue.accepted(evidence(at));
             }
             assert!(queue.half_full().now_or_never().is_none(), "fill {fill}");
-            queue.accepted(&record(0));
+            queue.accepted(evidence(0));
             assert!(queue.half_full().now_or_never().is_some(), "fill {fill}");
-            queue.accepted(&record(0));
+            queue.accepted(evidence(0));
             assert!(
                 queue.half_full().now_or_never().is_none(),
                 "fill {fill}: once until the next drain"
@@ -1243,11 +1231,8 @@ mod tests {
         let registry = ControllerMetrics::new();
         sync.register_metrics(&registry);
         let evidence = sync.evidence();
-        for port in 0..(MAX_QUEUED_RECORDS as u32 + 3) {
-            evidence.accepted(&FlowRecord {
-                port,
-                ..FlowRecord::default()
-            });
+        for at in 0..(MAX_QUEUED_RECORDS as i64 + 3) {
+            evidence.accepted(self::evidence(at));
         }
         let text = registry.encode();
         let p = "network_enforcer_controller_";
@@ -1349,7 +1334,7 @@ mod tests {
     async fn no_evidence_is_judged_before_the_watches_have_listed() {
         let sync = offline_sync();
         let evidence = sync.evidence();
-        evidence.accepted(&FlowRecord::default());
+        evidence.accepted(self::evidence(0));
         let mark = evidence
             .hold()
             .expect("before the policies are listed, any record may be evidence");
@@ -1365,10 +1350,10 @@ mod tests {
     async fn evidence_is_settled_only_once_its_violations_are_written() {
         let (sync, mut writers) = listed_offline_sync().await;
         let evidence = sync.evidence();
-        let record = FlowRecord::default();
+        let record = self::evidence(0);
         // No policy known: nothing is evidence, nothing to wait for.
         sync.attribute_evidence();
-        evidence.accepted(&record);
+        evidence.accepted(record.clone());
         assert_eq!(evidence.hold(), None);
         sync.attribute_evidence();
 
@@ -1380,7 +1365,7 @@ mod tests {
         sync.attribute_evidence();
 
         // Handed in: waits for the next drain to settle.
-        evidence.accepted(&record);
+        evidence.accepted(record.clone());
         let mark = evidence.hold().expect("a policy exists: evidence waits");
         assert!(!evidence.settled_after(mark));
         // That drain finds a violation (here put in by hand: the record resolves to no pod), so it
@@ -1404,7 +1389,7 @@ mod tests {
         sync.attribute_evidence();
         assert!(evidence.settled_after(mark));
         // Something handed in later waits for a later drain.
-        evidence.accepted(&record);
+        evidence.accepted(record.clone());
         let later = evidence.hold().unwrap();
         assert!(!evidence.settled_after(later));
         sync.attribute_evidence();

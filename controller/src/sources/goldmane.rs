@@ -52,12 +52,13 @@ pub const DEFAULT_ADDRESS: &str = "goldmane.calico-system.svc:7443";
 /// The pod a Goldmane endpoint name stands for: `<generateName>*` → a pod of that set the index knows
 /// with an address (the first by name, so the choice is stable); a plain name → that pod.
 pub fn resolve_name<'a>(index: &'a Index, namespace: &str, name: &str) -> Option<&'a PodRecord> {
-    match name.strip_suffix('*') {
+    let pod = match name.strip_suffix('*') {
         Some(generate_name) => index
             .pods_generated_as(namespace, generate_name)
             .find(|p| !p.ips.is_empty()),
         None => index.pod(namespace, name).filter(|p| !p.ips.is_empty()),
-    }
+    };
+    pod.map(Arc::as_ref)
 }
 
 /// Why a Goldmane flow produced no record.

@@ -63,6 +63,25 @@ impl EvidenceKind {
     }
 }
 
+/// An accepted record as violation evidence: what ingest read from it, kept until the next evidence
+/// pass. Small (no strings of the agent's; its local pod shared with the index) because up to
+/// [`crate::monitor::status_sync::MAX_QUEUED_RECORDS`] of them wait between two passes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evidence {
+    pub kind: EvidenceKind,
+    pub record: Decoded,
+}
+
+impl Evidence {
+    /// `record`, read as `decoded`, as evidence; `None` for a record with an unknown outcome.
+    pub fn of(record: &FlowRecord, decoded: Decoded) -> Option<Evidence> {
+        Some(Evidence {
+            kind: EvidenceKind::of(record)?,
+            record: decoded,
+        })
+    }
+}
+
 /// The flows between evaluable endpoints a decoded record stands for, as of the record's last
 /// sighting: one for a pod or outside address, one per backend for a Service ClusterIP (kube-proxy
 /// picked one of them; pods of a workload share their template's labels and ports, so any of its pods
@@ -80,7 +99,7 @@ pub fn observed_flows(
         .ok()
         .filter(|_| at > 0)
         .map_or_else(|| now.clone(), Time);
-    let local_side = pod_side(names, record.local);
+    let local_side = pod_side(names, &record.local);
     let flow = |source: FlowSide, destination: FlowSide, port: u16| ObservedFlow {
         source,
         destination,
