@@ -5,12 +5,14 @@
 //! (`cargo build --bins`; `cargo test --workspace` builds them).
 
 use anyhow::Result;
+use network_enforcer_tests::cluster::components::kubectl;
 use network_enforcer_tests::e2e::poll;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::{self, EGRESS};
 use network_enforcer_tests::e2e::workload::{Protocol, send};
 use network_enforcer_tests::fixture;
 use serde_json::json;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The agent's flush interval: far longer than the test, so only the flush at SIGTERM can deliver the
@@ -54,6 +56,7 @@ fn an_agent_stopped_with_sigterm_first_sends_the_edges_it_has_not_flushed() -> R
     // SIGTERM, as in a rollout; the DaemonSet starts a new agent, which never saw this connection.
     release.kubectl(&["delete", "pod", &agent, "--wait=false"])?;
     let deleted = Instant::now();
+    let stopping_log = keep_log_while_it_exists(&cluster.kubeconfig, release_ns, &agent);
 
     let rule = json!({
         "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": app_ns}},
@@ -76,9 +79,10 @@ fn an_agent_stopped_with_sigterm_first_sends_the_edges_it_has_not_flushed() -> R
         },
         || {
             format!(
-                "proposals: {:?}\n{}",
+                "proposals: {:?}\n{}--- the stopping agent's log ---\n{}",
                 scenario::proposal_specs(&w),
-                release.describe()
+                release.describe(),
+                stopping_log.lock().expect("log lock")
             )
         },
     )?;
@@ -87,4 +91,31 @@ fn an_agent_stopped_with_sigterm_first_sends_the_edges_it_has_not_flushed() -> R
         deleted.elapsed().as_secs_f64()
     );
     release.uninstall()
+}
+
+/// The log of `pod`, read again every half second until the pod is gone: a failure is explained by
+/// the stopping agent's own last words, which `kubectl logs` no longer has by then.
+fn keep_log_while_it_exists(
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    pod: &str,
+) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::from("(not read yet)")));
+    let (kubeconfig, namespace, pod, kept) = (
+        kubeconfig.to_path_buf(),
+        format!("--namespace={namespace}"),
+        pod.to_string(),
+        log.clone(),
+    );
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        while started.elapsed() < LEARN_TIMEOUT {
+            match kubectl(&kubeconfig, &[namespace.as_str(), "logs", pod.as_str()]) {
+                Ok(text) => *kept.lock().expect("log lock") = text,
+                Err(_) => break,
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    log
 }
