@@ -139,6 +139,11 @@ pub struct EdgeHistory {
     /// both workload names here, and a name hashes six strings.
     edges: FastMap<EdgeKey, EdgeStats>,
     names: FastSet<Arc<WorkloadRef>>,
+    /// The addresses of the names in `names`: a caller that hands in the name the history holds
+    /// (the evidence pass keeps them, see [`EdgeHistory::interned`]) is found without hashing or
+    /// comparing its strings. An address here is a live allocation `names` holds, so no other name
+    /// can have it.
+    held_at: FastSet<usize>,
     evicted: u64,
     expired: u64,
 }
@@ -155,6 +160,7 @@ impl EdgeHistory {
             bounds,
             edges: FastMap::default(),
             names: FastSet::default(),
+            held_at: FastSet::default(),
             evicted: 0,
             expired: 0,
         }
@@ -191,11 +197,16 @@ impl EdgeHistory {
     }
 
     fn side(&mut self, workload: &Arc<WorkloadRef>, endpoint: &Endpoint) -> Side {
-        let workload = match self.names.get(&**workload) {
-            Some(name) => Interned(Arc::clone(name)),
-            None => {
-                self.names.insert(Arc::clone(workload));
-                Interned(Arc::clone(workload))
+        let workload = if self.held_at.contains(&(Arc::as_ptr(workload) as usize)) {
+            Interned(Arc::clone(workload))
+        } else {
+            match self.names.get(&**workload) {
+                Some(name) => Interned(Arc::clone(name)),
+                None => {
+                    self.names.insert(Arc::clone(workload));
+                    self.held_at.insert(Arc::as_ptr(workload) as usize);
+                    Interned(Arc::clone(workload))
+                }
             }
         };
         let ip = match endpoint {
@@ -236,7 +247,20 @@ impl EdgeHistory {
     }
 
     fn drop_unused_names(&mut self) {
-        self.names.retain(|name| Arc::strong_count(name) > 1);
+        let held_at = &mut self.held_at;
+        self.names.retain(|name| {
+            let used = Arc::strong_count(name) > 1;
+            if !used {
+                held_at.remove(&(Arc::as_ptr(name) as usize));
+            }
+            used
+        });
+    }
+
+    /// The history's own copy of `name`, if an edge names it: handing that copy to
+    /// [`EdgeHistory::record`] later spares comparing the name's strings.
+    pub fn interned(&self, name: &WorkloadRef) -> Option<Arc<WorkloadRef>> {
+        self.names.get(name).cloned()
     }
 
     /// Edges held now.

@@ -292,6 +292,8 @@ struct State {
     pending_dropped_counted: u64,
     /// The rules that allowed flows since the process started, merged into `ruleUsage` at each sync.
     usage: UsageTracker<PolicyKey>,
+    /// The workload names evidence passes built, kept for the next pass.
+    names: WorkloadNames,
 }
 
 /// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
@@ -407,6 +409,7 @@ impl StatusSync {
                 repeats: RepeatFilter::new(settings.repeat_window),
                 pending_dropped_counted: 0,
                 usage: UsageTracker::default(),
+                names: WorkloadNames::default(),
             }),
             history: Mutex::new(EdgeHistory::new(settings.history)),
             held: Mutex::default(),
@@ -674,7 +677,7 @@ impl StatusSync {
         let mut matches: Vec<RuleMatch> = Vec::new();
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
         let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
-        let mut names = WorkloadNames::default();
+        let mut names = std::mem::take(&mut state.names);
         for Evidence { kind, record } in &records {
             let kind = *kind;
             let flows = match observed_flows(&index, &view, &mut names, record, &now) {
@@ -740,6 +743,8 @@ impl StatusSync {
         }
         state.repeats.forget_before(now.0.as_millisecond());
         history.forget_expired(now.0.as_millisecond());
+        names.end_pass(|name| history.interned(name));
+        state.names = names;
         self.metrics.history_edges.set(history.len() as i64);
         let evicted = history.evicted();
         self.metrics

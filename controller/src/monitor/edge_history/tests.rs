@@ -282,3 +282,37 @@ fn edges_of_a_namespace_newest_first_and_bounded() {
     let (edges, truncated) = history.edges_in("demo", 2);
     assert!(truncated && edges.len() == 2);
 }
+
+#[test]
+fn the_history_hands_out_its_own_copy_of_a_name_and_forgets_its_address_with_it() {
+    let mut history = EdgeHistory::new(Bounds {
+        retention: Duration::from_secs(60),
+        ..Bounds::default()
+    });
+    let first = at(observed(client(), server(), Protocol::TCP, 18080), 0);
+    history.record(&first, false);
+    // A later pass built its own copy of the client's name: the same edge, and the history's copy
+    // is the first one, which the next records then hand in (found by its address).
+    let later = at(observed(client(), server(), Protocol::TCP, 18080), 10);
+    assert!(!Arc::ptr_eq(&later.source.workload, &first.source.workload));
+    let own = history.interned(&later.source.workload).expect("named");
+    assert!(Arc::ptr_eq(&own, &first.source.workload));
+    let mut handed_back = later.clone();
+    handed_back.source.workload = own;
+    history.record(&later, false);
+    history.record(&handed_back, false);
+    assert_eq!(history.len(), 1);
+    let stats = history
+        .stats(&client().workload, &server().workload, Protocol::TCP, 18080)
+        .unwrap();
+    assert_eq!(stats.count, 3);
+    assert_eq!(history.held_at.len(), history.names.len());
+    // Expired with nothing else holding them, the names and their addresses go together.
+    drop((first, later, handed_back));
+    history.forget_expired(time(200).0.as_millisecond());
+    assert_eq!(
+        (history.len(), history.names.len(), history.held_at.len()),
+        (0, 0, 0)
+    );
+    assert!(history.interned(&client().workload).is_none());
+}

@@ -192,23 +192,60 @@ fn address_side(ip: IpAddr) -> FlowSide {
     }
 }
 
-/// The names ([`workload_ref`]) of the workloads an evidence pass meets, each built once: every
-/// record names both its ends, and a pass's records come from far fewer workloads than records.
+/// The names ([`workload_ref`]) of the workloads evidence passes meet, each built once: every record
+/// names both its ends, and a pass's records come from far fewer workloads than records. Kept from
+/// one pass to the next (a name no record of a pass used is forgotten at its end), so that the edge
+/// history, which knows its names by address, finds them without comparing their strings.
 #[derive(Debug, Default)]
 pub struct WorkloadNames {
     /// By the endpoint's address. The index shares one endpoint among a workload's pods, and the
     /// endpoint is held here, so its address cannot be reused by another while the map lives.
-    built: FastMap<usize, (Arc<WorkloadEndpoint>, Arc<WorkloadRef>)>,
+    built: FastMap<usize, Built>,
+}
+
+#[derive(Debug)]
+struct Built {
+    /// Held so that its address stays this entry's key.
+    _endpoint: Arc<WorkloadEndpoint>,
+    name: Arc<WorkloadRef>,
+    /// Asked for since the last [`WorkloadNames::end_pass`].
+    used: bool,
 }
 
 impl WorkloadNames {
     /// The name of `endpoint`, built at its first use.
     pub fn of(&mut self, endpoint: &Arc<WorkloadEndpoint>) -> Arc<WorkloadRef> {
-        let (_, name) = self
+        let built = self
             .built
             .entry(Arc::as_ptr(endpoint) as usize)
-            .or_insert_with(|| (Arc::clone(endpoint), Arc::new(workload_ref(endpoint))));
-        Arc::clone(name)
+            .or_insert_with(|| Built {
+                _endpoint: Arc::clone(endpoint),
+                name: Arc::new(workload_ref(endpoint)),
+                used: false,
+            });
+        built.used = true;
+        Arc::clone(&built.name)
+    }
+
+    /// Ends a pass: forgets the names it did not use, and takes each kept name as `interned` holds
+    /// an equal one (the edge history's own copy), so that later passes hand out that copy.
+    pub fn end_pass(&mut self, mut interned: impl FnMut(&WorkloadRef) -> Option<Arc<WorkloadRef>>) {
+        self.built
+            .retain(|_, built| std::mem::take(&mut built.used));
+        for built in self.built.values_mut() {
+            if let Some(name) = interned(&built.name) {
+                built.name = name;
+            }
+        }
+    }
+
+    /// Names held.
+    pub fn len(&self) -> usize {
+        self.built.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.built.is_empty()
     }
 }
 
@@ -504,6 +541,37 @@ mod tests {
         assert_eq!(*first, workload_ref(&web));
         assert_eq!(names.of(&db).owner_name, "db");
         assert_eq!(*names.of(&web_again), *first);
+    }
+
+    #[test]
+    fn names_outlive_a_pass_that_used_them_and_take_the_copy_the_history_holds() {
+        let endpoint = |name: &str| {
+            Arc::new(WorkloadEndpoint {
+                namespace: "n".into(),
+                kind: Some(WorkloadKind::Deployment),
+                name: name.into(),
+                ..WorkloadEndpoint::default()
+            })
+        };
+        let (web, db) = (endpoint("web"), endpoint("db"));
+        let mut names = WorkloadNames::default();
+        let (web_name, _) = (names.of(&web), names.of(&db));
+        // The history holds an equal copy of web's name (from an earlier pass), none of db's.
+        let held = Arc::new(workload_ref(&web));
+        names.end_pass(|name| (*name == *held).then(|| Arc::clone(&held)));
+        assert_eq!(names.len(), 2);
+        assert!(Arc::ptr_eq(&names.of(&web), &held), "the history's copy");
+        assert!(!Arc::ptr_eq(&names.of(&web), &web_name));
+        // A pass that meets only web forgets db's name (and releases its endpoint).
+        names.end_pass(|_| None);
+        names.of(&web);
+        names.end_pass(|_| None);
+        assert_eq!(names.len(), 1);
+        assert_eq!(Arc::strong_count(&db), 1);
+        assert!(
+            Arc::ptr_eq(&names.of(&web), &held),
+            "kept from pass to pass"
+        );
     }
 
     fn observation(second: i64, action: PolicyMode) -> Observation {
