@@ -255,9 +255,13 @@ fn main() {
     let ix = learning.index.index.read().unwrap();
     let before = live();
     let n_edges = 100_000usize;
+    let local = ix
+        .pod("ns-0", "app-1-5d8f7c9b4-00000")
+        .expect("the bench's pod is indexed")
+        .clone();
     for e in 0..n_edges {
         let obs = network_enforcer_controller::learn::ReportedConnection {
-            local: ("ns-0".into(), "app-1-5d8f7c9b4-00000".into()),
+            local: local.clone(),
             peer: Ipv4Addr::new(100, 64 + (e >> 16) as u8, (e >> 8) as u8, e as u8).into(),
             port: 443,
             protocol: network_enforcer_api::Protocol::TCP,
@@ -329,9 +333,13 @@ async fn steady_load() -> (f64, f64) {
     for f in 0..flushes {
         let tick = Instant::now();
         for w in 0..workloads {
+            let local = ix
+                .pod(&ns.name, &format!("w{w}-5d8f7c9b4-00000"))
+                .expect("the bench's pod is indexed")
+                .clone();
             for _ in 0..1_000 {
                 let obs = network_enforcer_controller::learn::ReportedConnection {
-                    local: (ns.name.clone(), format!("w{w}-5d8f7c9b4-00000")),
+                    local: local.clone(),
                     peer: Ipv4Addr::new(198, 51, 100, f as u8 + 1).into(),
                     port: 443,
                     protocol: network_enforcer_api::Protocol::TCP,

@@ -111,6 +111,7 @@ impl Replica {
 }
 
 fn observation(
+    ix: &Index,
     ns: &str,
     local: &str,
     peer: IpAddr,
@@ -118,7 +119,7 @@ fn observation(
     protocol: Protocol,
 ) -> ReportedConnection {
     ReportedConnection {
-        local: (ns.into(), local.into()),
+        local: ix.pod(ns, local).expect("the pod is in the index").clone(),
         peer,
         port,
         protocol,
@@ -153,8 +154,8 @@ async fn one_of_two_replicas_writes_and_the_other_takes_over_when_it_dies() -> R
     let service = cluster_ip(&ns.name, "http-service", &ns.client).await?;
     let dns = cluster_ip("kube-system", "kube-dns", &ns.client).await?;
     let client = clients[0].0.as_str();
-    let to_server = observation(&ns.name, client, service, 18080, Protocol::TCP);
-    let to_dns = observation(&ns.name, client, dns, 53, Protocol::UDP);
+    let to_server = observation(&ix, &ns.name, client, service, 18080, Protocol::TCP);
+    let to_dns = observation(&ix, &ns.name, client, dns, 53, Protocol::UDP);
 
     let mut a = Replica::start(&ns, "controller-a").await?;
     a.wait_until("leadership", |l| l.leader).await?;

@@ -28,6 +28,7 @@ async fn index(client: &kube::Client) -> Result<Index> {
 }
 
 fn observation(
+    ix: &Index,
     ns: &str,
     local: &str,
     peer: IpAddr,
@@ -36,7 +37,7 @@ fn observation(
     opened: Opened,
 ) -> ReportedConnection {
     ReportedConnection {
-        local: (ns.into(), local.into()),
+        local: ix.pod(ns, local).expect("the pod is in the index").clone(),
         peer,
         port,
         protocol,
@@ -70,6 +71,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     let scenario = |client: &(String, IpAddr)| {
         vec![
             observation(
+                &ix,
                 n,
                 &client.0,
                 service,
@@ -77,8 +79,16 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
                 Protocol::TCP,
                 Opened::Outbound,
             ),
-            observation(n, &client.0, dns, 53, Protocol::UDP, Opened::Outbound),
-            observation(n, &server, client.1, 18080, Protocol::TCP, Opened::Inbound),
+            observation(&ix, n, &client.0, dns, 53, Protocol::UDP, Opened::Outbound),
+            observation(
+                &ix,
+                n,
+                &server,
+                client.1,
+                18080,
+                Protocol::TCP,
+                Opened::Inbound,
+            ),
         ]
     };
     // kube-system is shared by every test on this cluster: learn nothing there.
@@ -147,6 +157,7 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     app.learner.observe(
         &ix,
         &observation(
+            &ix,
             n,
             &clients[0].0,
             service,
@@ -221,6 +232,7 @@ async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_
     let external: IpAddr = [192, 0, 2, 10].into();
     let egress = |port| {
         observation(
+            &ix,
             n,
             &clients[0].0,
             external,

@@ -40,7 +40,7 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
         .configure_learner(|l| l.with_max_external_peers(5))
         .build();
     let to = |i: u8| ReportedConnection {
-        local: (ns.name.clone(), "debug".into()),
+        local: ix.pod(&ns.name, "debug").expect("indexed").clone(),
         peer: IpAddr::from([198, 51, 100, i]),
         port: 443,
         protocol: Protocol::TCP,
@@ -248,7 +248,7 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
         app.learner.observe(
             &ix,
             &ReportedConnection {
-                local: (ns.name.clone(), local.into()),
+                local: ix.pod(&ns.name, local).expect("indexed").clone(),
                 peer,
                 port: 8080,
                 protocol: Protocol::TCP,

@@ -231,7 +231,7 @@ fn learned(
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
     );
     learns.then(|| ReportedConnection {
-        local: (decoded.local.namespace.clone(), decoded.local.name.clone()),
+        local: decoded.local.clone(),
         peer: decoded.peer,
         port: decoded.port,
         protocol: decoded.protocol,
@@ -864,7 +864,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(by_name, by_uid);
-        assert_eq!(by_uid.local, ("shop".to_string(), "web-1".to_string()));
+        assert_eq!(
+            (by_uid.local.namespace.as_str(), by_uid.local.name.as_str()),
+            ("shop", "web-1")
+        );
     }
 
     #[test]

@@ -464,9 +464,7 @@ impl Learner {
         let flows = flows.inspect_err(|e| self.metrics.resolved(e.label(), 1))?;
         // The node whose agent reported this, when it may speak only for its own pods.
         let reporting_node = match obs.reporter {
-            learn::Reporter::Node if !self.trust_remote_peers => index
-                .pod(&obs.local.0, &obs.local.1)
-                .and_then(|p| p.node.as_deref()),
+            learn::Reporter::Node if !self.trust_remote_peers => obs.local.node.as_deref(),
             _ => None,
         };
         let (mut added, mut capped) = (0i64, 0u64);
@@ -618,9 +616,10 @@ mod tests {
         .unwrap()
     }
 
-    fn inbound(namespace: &str, local: &str, peer: &str) -> ReportedConnection {
+    /// A connection to pod `namespace/local`, as ingest found that pod in `index`.
+    fn inbound(index: &Index, namespace: &str, local: &str, peer: &str) -> ReportedConnection {
         ReportedConnection {
-            local: (namespace.into(), local.into()),
+            local: index.pod(namespace, local).expect("indexed").clone(),
             peer: peer.parse().unwrap(),
             port: 8080,
             protocol: Protocol::TCP,
@@ -654,7 +653,7 @@ mod tests {
             index.apply_pod(&bare_pod("shop", name, ip), 0);
         }
         // web → api is learned and written: its edges are decided.
-        let web_to_api = inbound("shop", "api", "10.0.0.5");
+        let web_to_api = inbound(&index, "shop", "api", "10.0.0.5");
         let mut waits = WaitsFor::default();
         learner
             .observe_or_wait(&index, &web_to_api, 0, &mut waits)
@@ -672,7 +671,12 @@ mod tests {
         assert!(waits.is_nothing(), "{waits:?}");
         let mut waits = WaitsFor::default();
         learner
-            .observe_or_wait(&index, &inbound("shop", "db", "10.0.0.5"), 2, &mut waits)
+            .observe_or_wait(
+                &index,
+                &inbound(&index, "shop", "db", "10.0.0.5"),
+                2,
+                &mut waits,
+            )
             .unwrap();
         assert!(!waits.is_nothing());
 
@@ -706,7 +710,7 @@ mod tests {
         index.apply_pod(&bare_pod("other", "web", "10.0.0.5"), 0);
 
         // The frontend's first connection arrives before its IP is in the index.
-        let obs = inbound("shop", "api", "10.0.0.3");
+        let obs = inbound(&index, "shop", "api", "10.0.0.3");
         let mut waits = WaitsFor::default();
         assert_eq!(
             learner.observe_or_wait(&index, &obs, 1_000, &mut waits),
@@ -751,7 +755,7 @@ mod tests {
         drop(pending);
 
         // A workload in another namespace than the one this controller watches teaches nothing.
-        let elsewhere = inbound("other", "web", "10.0.0.2");
+        let elsewhere = inbound(&index, "other", "web", "10.0.0.2");
         learner
             .observe_or_wait(&index, &elsewhere, 4_000, &mut WaitsFor::default())
             .unwrap();
@@ -770,7 +774,7 @@ mod tests {
         index.apply_pod(&on("remote", "10.0.0.2", "node-b"), 0);
         index.apply_pod(&on("local", "10.0.0.3", "node-a"), 0);
         let to = |peer: &str, reporter| ReportedConnection {
-            local: ("shop".into(), "client".into()),
+            local: index.pod("shop", "client").expect("indexed").clone(),
             peer: peer.parse().unwrap(),
             port: 8080,
             protocol: Protocol::TCP,
@@ -813,7 +817,7 @@ mod tests {
         }
         // Seen from the remote pod's side (its own node's report), the ingress is learned.
         let inbound = ReportedConnection {
-            local: ("shop".into(), "remote".into()),
+            local: index.pod("shop", "remote").expect("indexed").clone(),
             peer: "10.0.0.1".parse().unwrap(),
             opened: learn::Opened::Inbound,
             ..to("10.0.0.1", Node)

@@ -11,7 +11,7 @@ pub mod flusher;
 pub mod learner;
 pub mod proposal_writer;
 
-use crate::cluster::index::{FlowEnd, Index, PodName, ResolvedRef, WorkloadEndpoint};
+use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef, WorkloadEndpoint};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -39,9 +39,11 @@ pub enum Opened {
 }
 
 /// One allowed connection as an agent reports it, with the local side already known.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ReportedConnection {
-    pub local: PodName,
+    /// The local pod as ingest found it in the index (shared with it): learning needs no second
+    /// lookup by name, and a pod deleted since is learned as it was.
+    pub local: Arc<PodRecord>,
     pub peer: IpAddr,
     /// The service port: the peer's port when outbound, the local port when inbound.
     pub port: u16,
@@ -85,8 +87,6 @@ pub struct WorkloadFlow {
 /// Why an observation produced no flow. Counted as a metric by the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoFlow {
-    #[error("the local pod {0}/{1} is not in the index (deleted, or not yet seen)")]
-    UnknownLocalPod(String, String),
     #[error("Service {0}/{1} has no backend for that port yet")]
     ServiceWithoutBackends(String, String),
     #[error("the host-network pod {0}/{1} has no address of the peer's family yet")]
@@ -97,7 +97,6 @@ impl NoFlow {
     /// The `outcome` label counted in `resolutions_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            NoFlow::UnknownLocalPod(..) => "unknown_local_pod",
             NoFlow::ServiceWithoutBackends(..) => "service_without_backends",
             NoFlow::HostAddressUnknown(..) => "host_address_unknown",
         }
@@ -108,12 +107,9 @@ impl NoFlow {
 /// flow per workload). A host-network local pod is [`FlowEnd::HostNetwork`] at its node's address, so
 /// the peer learns it as that address, as the peer's own record does.
 pub fn flows(index: &Index, obs: &ReportedConnection) -> Result<Vec<WorkloadFlow>, NoFlow> {
-    let local = index
-        .pod(&obs.local.0, &obs.local.1)
-        .ok_or_else(|| NoFlow::UnknownLocalPod(obs.local.0.clone(), obs.local.1.clone()))?;
-    let local = index
-        .pod_endpoint(local, obs.peer)
-        .ok_or_else(|| NoFlow::HostAddressUnknown(obs.local.0.clone(), obs.local.1.clone()))?;
+    let local = index.pod_endpoint(&obs.local, obs.peer).ok_or_else(|| {
+        NoFlow::HostAddressUnknown(obs.local.namespace.clone(), obs.local.name.clone())
+    })?;
     match obs.opened {
         Opened::Outbound => match index.resolve_ref(obs.peer, obs.port, obs.protocol, obs.at_ms) {
             ResolvedRef::Pod(w, port) => Ok(vec![WorkloadFlow {
@@ -883,6 +879,7 @@ mod tests {
         ix
     }
 
+    /// A connection of pod `shop/local` of [`index`].
     fn obs(
         local: &str,
         peer: &str,
@@ -890,8 +887,20 @@ mod tests {
         protocol: Protocol,
         opened: Opened,
     ) -> ReportedConnection {
+        obs_in(&index(), local, peer, port, protocol, opened)
+    }
+
+    /// A connection of pod `shop/local`, as ingest found it in `ix`.
+    fn obs_in(
+        ix: &Index,
+        local: &str,
+        peer: &str,
+        port: u16,
+        protocol: Protocol,
+        opened: Opened,
+    ) -> ReportedConnection {
         ReportedConnection {
-            local: ("shop".into(), local.into()),
+            local: ix.pod("shop", local).expect("indexed").clone(),
             peer: peer.parse().unwrap(),
             port,
             protocol,
@@ -1109,15 +1118,8 @@ mod tests {
     }
 
     #[test]
-    fn unknown_local_pods_and_empty_services_are_reported() {
+    fn services_without_backends_are_reported() {
         let ix = index();
-        assert!(matches!(
-            flows(
-                &ix,
-                &obs("gone", "10.0.0.2", 1, Protocol::TCP, Opened::Outbound)
-            ),
-            Err(NoFlow::UnknownLocalPod(..))
-        ));
         assert!(matches!(
             flows(
                 &ix,
@@ -1155,9 +1157,12 @@ mod tests {
         );
     }
     fn flow_to(ix: &Index, local: &str, peer: &str, port: u16) -> WorkloadFlow {
-        flows(ix, &obs(local, peer, port, Protocol::TCP, Opened::Outbound))
-            .unwrap()
-            .remove(0)
+        flows(
+            ix,
+            &obs_in(ix, local, peer, port, Protocol::TCP, Opened::Outbound),
+        )
+        .unwrap()
+        .remove(0)
     }
 
     #[test]
@@ -1486,14 +1491,16 @@ mod tests {
         ix.apply_pod(&run, T);
         let mut learned: BTreeMap<String, WorkloadNetworkPolicyProposal> = BTreeMap::new();
         for o in [
-            obs(
+            obs_in(
+                &ix,
                 "debug",
                 "10.96.0.20",
                 18080,
                 Protocol::TCP,
                 Opened::Outbound,
             ),
-            obs(
+            obs_in(
+                &ix,
                 "report-29000-q",
                 "10.0.0.9",
                 8080,
@@ -1574,14 +1581,16 @@ mod tests {
         naked.metadata.labels = Some(BTreeMap::new());
         ix.apply_pod(&naked, T);
         for o in [
-            obs(
+            obs_in(
+                &ix,
                 "naked",
                 "10.96.0.20",
                 18080,
                 Protocol::TCP,
                 Opened::Outbound,
             ),
-            obs(
+            obs_in(
+                &ix,
                 "http-client-aaa-1",
                 "10.0.0.9",
                 80,
@@ -1671,7 +1680,7 @@ mod tests {
     fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
         let ix = index_with_host_network();
         let tcp = |local: &str, peer: &str, port: u16, opened: Opened| {
-            obs(local, peer, port, Protocol::TCP, opened)
+            obs_in(&ix, local, peer, port, Protocol::TCP, opened)
         };
         let (probe_to_server, server_from_probe) = (
             tcp("probe-x", "10.0.0.2", 18080, Opened::Outbound),
