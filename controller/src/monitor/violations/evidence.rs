@@ -521,20 +521,22 @@ mod tests {
         assert_eq!(workload_ref(&small).selector, "app=web");
     }
 
+    /// Deployment `n/name` as the index shares it among the workload's pods.
+    fn deployment(name: &str) -> Arc<WorkloadEndpoint> {
+        Arc::new(WorkloadEndpoint {
+            namespace: "n".into(),
+            kind: Some(WorkloadKind::Deployment),
+            name: name.into(),
+            ..WorkloadEndpoint::default()
+        })
+    }
+
     #[test]
     fn a_pass_names_each_workload_endpoint_once() {
-        let endpoint = |name: &str| {
-            Arc::new(WorkloadEndpoint {
-                namespace: "n".into(),
-                kind: Some(WorkloadKind::Deployment),
-                name: name.into(),
-                ..WorkloadEndpoint::default()
-            })
-        };
-        let (web, db) = (endpoint("web"), endpoint("db"));
+        let (web, db) = (deployment("web"), deployment("db"));
         // An equal endpoint in another allocation (a pod of the workload indexed anew) is named by
         // value, never confused with a different one.
-        let web_again = endpoint("web");
+        let web_again = deployment("web");
         let mut names = WorkloadNames::default();
         let first = names.of(&web);
         assert!(Arc::ptr_eq(&first, &names.of(&web)), "built once");
@@ -545,15 +547,7 @@ mod tests {
 
     #[test]
     fn names_outlive_a_pass_that_used_them_and_take_the_copy_the_history_holds() {
-        let endpoint = |name: &str| {
-            Arc::new(WorkloadEndpoint {
-                namespace: "n".into(),
-                kind: Some(WorkloadKind::Deployment),
-                name: name.into(),
-                ..WorkloadEndpoint::default()
-            })
-        };
-        let (web, db) = (endpoint("web"), endpoint("db"));
+        let (web, db) = (deployment("web"), deployment("db"));
         let mut names = WorkloadNames::default();
         let (web_name, _) = (names.of(&web), names.of(&db));
         // The history holds an equal copy of web's name (from an earlier pass), none of db's.
