@@ -251,11 +251,14 @@ impl AppBuilder {
             evidence: self
                 .evidence
                 .or_else(|| status_sync.as_ref().map(|s| s.evidence())),
+            early: Default::default(),
         });
+        let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())
+            .with_settle_first(learning.clone());
         App {
             client: self.client,
             metrics,
-            flusher: Arc::new(Flusher::new(index.clone(), learner.clone(), writer.clone())),
+            flusher: Arc::new(flusher),
             index,
             learner,
             writer,

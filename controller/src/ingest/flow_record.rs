@@ -109,29 +109,33 @@ pub struct Decoded {
     pub at_ms: i64,
 }
 
-/// Reads `record` against `index`: its local pod (which must run on `node`, when given: an agent
-/// speaks only for its own node's pods), its fields, and the address standing for its peer.
+/// Reads `record` against `index`: its fields, its local pod (which must run on `node`, when given:
+/// an agent speaks only for its own node's pods), and the address standing for its peer.
+///
+/// With `node` given, a pod the index does not know, or knows without a node yet (its binding not
+/// seen), is [`BadRecord::UnknownLocalPod`]: the index may still catch up
+/// ([`crate::ingest::early_records`]). A pod known on another node is [`BadRecord::NotOnNode`].
 pub fn decode(
     record: &FlowRecord,
     index: &Index,
     node: Option<&str>,
 ) -> Result<Decoded, BadRecord> {
     let named = record.local.as_ref().ok_or(BadRecord::NoLocalPod)?;
-    // Either way of naming the pod, the index decides which pod it is and where it runs.
-    let local = match (local_pod(record, index), node) {
-        (Some(pod), Some(node)) if pod.node.as_deref() != Some(node) => None,
-        (pod, _) => pod,
-    };
-    let local = local.ok_or_else(|| match node {
-        Some(node) => BadRecord::NotOnNode(describe_local(named), node.into()),
-        None => BadRecord::UnknownLocalPod(describe_local(named)),
-    })?;
     let fields = fields(record)?;
     let opened = match uplink::Direction::try_from(record.direction) {
         Ok(uplink::Direction::Outbound) => Opened::Outbound,
         Ok(uplink::Direction::Inbound) => Opened::Inbound,
         _ => return Err(BadRecord::BadEnum),
     };
+    // Either way of naming the pod, the index decides which pod it is and where it runs.
+    let local = local_pod(record, index)
+        .filter(|pod| node.is_none() || pod.node.is_some())
+        .ok_or_else(|| BadRecord::UnknownLocalPod(describe_local(named)))?;
+    if let Some(node) = node
+        && local.node.as_deref() != Some(node)
+    {
+        return Err(BadRecord::NotOnNode(describe_local(named), node.into()));
+    }
     let (peer, peer_from) = peer_address(index, record, &fields, record.last_seen_ms);
     Ok(Decoded {
         local: local.clone(),
@@ -423,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_checks_the_local_pod_and_its_node_first_then_the_fields() {
+    fn decode_checks_the_fields_then_the_local_pod_and_its_node() {
         let index = index();
         let ok = record([10, 0, 0, 9], None);
         let with = |f: &dyn Fn(&mut FlowRecord)| {
@@ -447,10 +451,10 @@ mod tests {
             (
                 &unknown,
                 Some("node-a"),
-                BadRecord::NotOnNode("shop/gone".into(), "node-a".into()),
+                BadRecord::UnknownLocalPod("shop/gone".into()),
             ),
             (&ok, Some("node-b"), not_on("node-b")),
-            (&bad_port, Some("node-b"), not_on("node-b")),
+            (&bad_port, Some("node-b"), BadRecord::BadPort(70_000)),
             (&bad_port, None, BadRecord::BadPort(70_000)),
             (&bad_direction, Some("node-a"), BadRecord::BadEnum),
         ];

@@ -4,7 +4,8 @@
 //! Every stream is authenticated before a record is read: the agent presents its projected ServiceAccount
 //! token (audience [`AUDIENCE`]), the controller checks it with a TokenReview, requires the agent's
 //! ServiceAccount, and learns the agent's node from the pod the token is bound to. Records are accepted
-//! only for pods the index places on that node, so a compromised agent cannot speak for other nodes.
+//! only for pods the index places on that node, so a compromised agent cannot speak for other nodes; a
+//! record for a pod the index has not seen yet waits for it a little ([`early_records`]).
 //! Limits (records per batch, batches per second per stream, message size) are answered with a clear
 //! status and counted; nothing an agent sends can crash the controller.
 //!
@@ -25,16 +26,18 @@
 
 pub mod admission;
 pub mod auth_cache;
+pub mod early_records;
 pub mod flow_record;
 pub mod tls;
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
-use crate::learn::flusher::Flusher;
+use crate::learn::flusher::{Flusher, Ledger};
 use crate::learn::learner::{Learner, WaitsFor};
 use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{ReportedConnection, Reporter};
 use crate::monitor::violations::evidence::Evidence;
+use early_records::EarlyRecords;
 use flow_record::{BadRecord, Decoded, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -207,6 +210,8 @@ pub struct Learning {
     pub writer: Arc<ProposalWriter>,
     /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
     pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
+    /// Records that arrived before the index knew their pod ([`early_records`]).
+    pub early: EarlyRecords,
 }
 
 /// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
@@ -298,9 +303,13 @@ impl Learning {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.learner.metrics();
         let now_ms = crate::cluster::watches::now_ms();
+        if self.early.due(now_ms) {
+            self.settle_early(&index, now_ms);
+        }
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
         let mut evidence_handed = false;
+        let mut early = false;
         let received = records.len() as u64;
         for original in records {
             let result = original.and_then(|original| {
@@ -308,30 +317,36 @@ impl Learning {
                 if matches!(record, Cow::Owned(_)) {
                     metrics.resolved("future_time_clamped", 1);
                 }
-                let record = &*record;
-                let decoded = flow_record::decode(record, &index, Some(node))?;
-                let learning = match learned(record, &decoded, reporter) {
-                    Some(o) => {
-                        if decoded.peer_from != PeerFrom::Address {
-                            metrics.resolved(decoded.peer_from.label(), 1);
+                let taken = self.take_one(
+                    &index,
+                    node,
+                    &record,
+                    reporter,
+                    now_ms,
+                    &mut waits,
+                    &mut evidence_handed,
+                );
+                match taken {
+                    Err(BadRecord::UnknownLocalPod(pod)) => {
+                        let grace_ms = self.learner.resolution_grace_ms();
+                        match self.early.hold(node, reporter, &record, now_ms, grace_ms) {
+                            Ok(until_ms) => {
+                                metrics.resolved("local_pod_deferred", 1);
+                                metrics.records_waiting_for_pod.set(self.early.len() as i64);
+                                waits.defer_until(until_ms);
+                                early = true;
+                                Ok(Ok(()))
+                            }
+                            Err(why) => {
+                                if why == early_records::NoWait::Full {
+                                    metrics.resolved("local_pod_waiting_full", 1);
+                                }
+                                Err(BadRecord::UnknownLocalPod(pod))
+                            }
                         }
-                        self.learner
-                            .observe_or_wait(&index, &o, now_ms, &mut waits)
-                            .map(|_| ())
-                            .map_err(|e| e.to_string())
                     }
-                    None => {
-                        metrics.resolved("not_learned", 1);
-                        Ok(())
-                    }
-                };
-                if let Some(sink) = &self.evidence {
-                    if let Some(evidence) = Evidence::of(record, decoded) {
-                        sink.accepted(evidence);
-                        evidence_handed = true;
-                    }
+                    taken => taken,
                 }
-                Ok(learning)
             });
             match result {
                 Ok(Ok(())) => accepted += 1,
@@ -367,8 +382,107 @@ impl Learning {
                     .as_ref()
                     .filter(|_| evidence_handed)
                     .and_then(|e| e.hold()),
+                early,
             },
         )
+    }
+
+    /// Takes in one record from `node` as of `now_ms`: learns from it (adding what its
+    /// acknowledgement waits for to `waits`) and hands it to the evidence sink. `Ok(Err(_))`: accepted
+    /// but not resolvable.
+    #[allow(clippy::too_many_arguments)]
+    fn take_one(
+        &self,
+        index: &Index,
+        node: &str,
+        record: &FlowRecord,
+        reporter: Reporter,
+        now_ms: i64,
+        waits: &mut WaitsFor,
+        evidence_handed: &mut bool,
+    ) -> Result<Result<(), String>, BadRecord> {
+        let metrics = self.learner.metrics();
+        let decoded = flow_record::decode(record, index, Some(node))?;
+        let learning = match learned(record, &decoded, reporter) {
+            Some(o) => {
+                if decoded.peer_from != PeerFrom::Address {
+                    metrics.resolved(decoded.peer_from.label(), 1);
+                }
+                self.learner
+                    .observe_or_wait(index, &o, now_ms, waits)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+            None => {
+                metrics.resolved("not_learned", 1);
+                Ok(())
+            }
+        };
+        if let Some(sink) = &self.evidence
+            && let Some(evidence) = Evidence::of(record, decoded)
+        {
+            sink.accepted(evidence);
+            *evidence_handed = true;
+        }
+        Ok(learning)
+    }
+
+    /// Takes in the records that waited for their pod and whose pod the index now knows, as of
+    /// their arrival (so what waits for the index further ends with their batch's wait), and refuses
+    /// those whose grace is over at `now_ms`. Called by batches as they come and before every flush.
+    pub fn settle_early(&self, index: &Index, now_ms: i64) {
+        let decided = self.early.take_decided(index, now_ms);
+        let metrics = self.learner.metrics();
+        metrics.records_waiting_for_pod.set(self.early.len() as i64);
+        for early in decided.placed {
+            let taken = self.take_one(
+                index,
+                &early.node,
+                &early.record,
+                early.reporter,
+                early.arrived_ms,
+                &mut WaitsFor::default(),
+                &mut false,
+            );
+            match taken {
+                Ok(_) => metrics.resolved("local_pod_deferred_resolved", 1),
+                Err(refused) => {
+                    metrics.record_rejected(refused.label());
+                    tracing::warn!(node = %early.node, reason = %refused,
+                        "refused a record that waited for its pod");
+                }
+            }
+        }
+        if now_ms == i64::MAX {
+            // On the way out: not refused, their batches are not acknowledged and come again.
+            if !decided.expired.is_empty() {
+                tracing::info!(
+                    records = decided.expired.len(),
+                    "records still waiting for their pods are left to their agents to send again"
+                );
+            }
+            return;
+        }
+        for early in decided.expired {
+            metrics.resolved("local_pod_deferred_expired", 1);
+            metrics.record_rejected("unknown_local_pod");
+            let pod = early
+                .record
+                .local
+                .as_ref()
+                .map(flow_record::describe_local)
+                .unwrap_or_default();
+            tracing::warn!(node = %early.node, %pod,
+                "refused a record: its pod did not reach the index within the resolution grace");
+        }
+    }
+}
+
+impl crate::learn::flusher::SettleFirst for Learning {
+    fn settle_first(&self, index: &Index, now_ms: i64) {
+        if !self.early.is_empty() {
+            self.settle_early(index, now_ms);
+        }
     }
 }
 
@@ -380,12 +494,41 @@ pub struct Holds {
     /// The status patch of violations found in its records: a mark of the evidence sink
     /// ([`crate::monitor::status_sync::EvidenceSink::hold`]).
     pub evidence: Option<u64>,
+    /// Some of its records waited for their pod ([`early_records`]): once `proposals` are written
+    /// (their wait is over, so they were taken in or refused), the evidence mark is taken again, to
+    /// cover what they were found to be.
+    pub early: bool,
 }
 
 impl Holds {
     /// Nothing to wait for: the acknowledgement may go at once.
     pub fn is_nothing(&self) -> bool {
-        self.proposals.is_nothing() && self.evidence.is_none()
+        self.proposals.is_nothing() && self.evidence.is_none() && !self.early
+    }
+
+    /// Whether the acknowledgement of a batch merged at `mark` may go: its proposals are written
+    /// (`written`) and its evidence is in statuses (`evidence`). A batch whose records waited for
+    /// their pod takes its evidence mark again once its wait is over (see [`Holds::early`]).
+    /// Checked again whenever a flush or an evidence pass ends.
+    pub fn ready(
+        &mut self,
+        mark: u64,
+        written: &Ledger,
+        evidence: Option<&dyn crate::monitor::status_sync::EvidenceSink>,
+    ) -> bool {
+        // Not only the oldest batch: one behind a batch that waits for a failing proposal may be
+        // written already (agents acknowledge per sequence).
+        let proposals_written =
+            self.proposals.is_nothing() || written.written_for(mark, &self.proposals);
+        if self.early && proposals_written {
+            self.early = false;
+            self.evidence = self.evidence.max(evidence.and_then(|e| e.hold()));
+        }
+        !self.early
+            && proposals_written
+            && self
+                .evidence
+                .is_none_or(|m| evidence.is_none_or(|e| e.settled_after(m)))
     }
 }
 
@@ -508,19 +651,15 @@ impl FlowUplink for IngestService {
                 );
                 if let Some(w) = written.as_ref().filter(|_| now != checked) {
                     checked = now;
-                    // Not only from the front: a batch behind one that waits for a failing proposal
-                    // may be written already (agents acknowledge per sequence).
-                    let released = |(mark, holds, _): &(u64, Holds, BatchAck)| {
-                        (holds.proposals.is_nothing()
-                            || w.ledger().written_for(*mark, &holds.proposals))
-                            && holds.evidence.is_none_or(|m| {
-                                evidence.as_ref().is_none_or(|e| e.settled_after(m))
-                            })
-                    };
-                    let (ready, still): (VecDeque<_>, VecDeque<_>) =
-                        std::mem::take(&mut waiting).into_iter().partition(released);
-                    waiting = still;
-                    for (_, _, ack) in ready {
+                    let mut ready = Vec::new();
+                    for (mark, mut holds, ack) in std::mem::take(&mut waiting) {
+                        if holds.ready(mark, w.ledger(), evidence.as_deref()) {
+                            ready.push(ack);
+                        } else {
+                            waiting.push_back((mark, holds, ack));
+                        }
+                    }
+                    for ack in ready {
                         metrics.acks_waiting.dec();
                         if tx.send(Ok(ack)).await.is_err() {
                             break 'stream;
@@ -854,6 +993,174 @@ mod tests {
         );
     }
 
+    /// A labelled pod `name` at `ip` on `node`.
+    fn pod_on(name: &str, ip: &str, node: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                         "labels": {"app": name}},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    /// `batch` as it comes off an agent's stream.
+    fn encoded_batch(sequence: u64, node: &str, records: &[FlowRecord]) -> encoded::FlowBatch {
+        encoded::FlowBatch {
+            sequence,
+            node: node.into(),
+            records: records
+                .iter()
+                .map(|r| prost::bytes::Bytes::from(r.encode_to_vec()))
+                .collect(),
+        }
+    }
+
+    /// The controller's watch can deliver a pod after its agent reported its first connections:
+    /// those records wait for it (within the resolution grace) instead of being refused, so they
+    /// are learned and judged once it comes.
+    #[tokio::test]
+    async fn records_that_arrive_before_their_pod_wait_for_it() {
+        use crate::monitor::violations::evidence::EvidenceKind;
+        let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
+        let mut index = index_with_pod("node-a");
+        // The peer every record names (10.0.0.9).
+        index.apply_pod(&pod_on("api", "10.0.0.9", "node-a"), 1_000);
+        let app = crate::app::App::builder(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
+        .index(Arc::new(SharedIndex::listed(index)))
+        .configure_learner(|l| l.with_resolution_grace(30_000))
+        .evidence_sink(queue.clone())
+        .build();
+        let failed = FlowRecord {
+            outcome: uplink::Outcome::Failed as i32,
+            ..record("shop", "web-2", "")
+        };
+        let records = [
+            record("shop", "web-2", ""),
+            failed,
+            record("shop", "web-3", ""),
+            record("shop", "never", ""),
+        ];
+        let (ack, holds) = app
+            .learning
+            .take_in("node-a", &encoded_batch(5, "node-a", &records));
+        assert_eq!((ack.accepted, ack.rejected), (4, 0), "{}", ack.reason);
+        assert!(holds.early && !holds.proposals.is_nothing(), "{holds:?}");
+        assert_eq!(app.learning.early.len(), 4);
+        assert_eq!(app.learner.pending_proposals(), 0);
+        assert!(queue.drain().is_empty());
+
+        // web-2 reaches the index on the node that reported it, web-3 on another node.
+        {
+            let mut index = app.index.index.write().unwrap();
+            index.apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 2_000);
+            index.apply_pod(&pod_on("web-3", "10.0.0.10", "node-b"), 2_000);
+        }
+        let now = crate::cluster::watches::now_ms();
+        app.learning
+            .settle_early(&app.index.index.read().unwrap(), now);
+        assert_eq!(app.learning.early.len(), 1, "only `never` still waits");
+        // web-2's egress and api's ingress.
+        assert_eq!(app.learner.pending_proposals(), 2);
+        let kinds: Vec<_> = queue
+            .drain()
+            .into_iter()
+            .map(|e| (e.kind, e.record.local.name.clone()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EvidenceKind::WentThrough, "web-2".to_string()),
+                (EvidenceKind::Blocked, "web-2".to_string())
+            ]
+        );
+        // The grace runs out for the pod that never comes.
+        app.learning
+            .settle_early(&app.index.index.read().unwrap(), now + 30_001);
+        assert!(app.learning.early.is_empty());
+        let text = app.learner.metrics().encode();
+        for line in [
+            "records_rejected_total{reason=\"not_on_node\"} 1",
+            "records_rejected_total{reason=\"unknown_local_pod\"} 1",
+            "resolutions_total{outcome=\"local_pod_deferred\"} 4",
+            "resolutions_total{outcome=\"local_pod_deferred_resolved\"} 2",
+            "resolutions_total{outcome=\"local_pod_deferred_expired\"} 1",
+            "records_waiting_for_pod 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    /// Evidence whose marks can be settled by hand.
+    #[derive(Default)]
+    struct Marks {
+        handed: std::sync::atomic::AtomicU64,
+        taken: std::sync::atomic::AtomicU64,
+        settled: std::sync::atomic::AtomicU64,
+    }
+
+    impl crate::monitor::status_sync::EvidenceSink for Marks {
+        fn accepted(&self, _: Evidence) {
+            self.handed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn hold(&self) -> Option<u64> {
+            Some(self.taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+        }
+        fn settled_after(&self, mark: u64) -> bool {
+            self.settled.load(std::sync::atomic::Ordering::SeqCst) > mark
+        }
+    }
+
+    /// A batch whose records waited for their pod is acknowledged once its wait is over and a flush
+    /// wrote what they taught, and then only once the evidence they gave (handed in after the batch
+    /// was merged) is in statuses: an agent forgets what was acknowledged.
+    #[tokio::test]
+    async fn a_batch_that_waited_for_its_pod_is_acknowledged_after_its_evidence() {
+        use std::sync::atomic::Ordering;
+        let marks = Arc::new(Marks::default());
+        let app = crate::app::App::builder(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
+        .index(Arc::new(SharedIndex::listed(index_with_pod("node-a"))))
+        .configure_learner(|l| l.with_resolution_grace(20))
+        .evidence_sink(marks.clone())
+        .build();
+        // A failed attempt: evidence, nothing to learn (and so nothing for the flush to write).
+        let failed = FlowRecord {
+            outcome: uplink::Outcome::Failed as i32,
+            ..record("shop", "web-2", "")
+        };
+        let (ack, mut holds) = app
+            .learning
+            .take_in("node-a", &encoded_batch(1, "node-a", &[failed]));
+        assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+        let mark = app.flusher.ledger().mark();
+        let ledger = app.flusher.ledger();
+        assert!(!holds.ready(mark, ledger, Some(&*marks)), "no flush yet");
+
+        app.index
+            .index
+            .write()
+            .unwrap()
+            .apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 2_000);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The flush settles the record first: judged now, after the batch was merged.
+        app.flusher.flush().await;
+        assert_eq!(marks.handed.load(Ordering::SeqCst), 1);
+        assert!(
+            !holds.ready(mark, ledger, Some(&*marks)),
+            "its evidence is not in a status yet"
+        );
+        assert_eq!(holds.evidence, Some(1), "the mark taken after the wait");
+        marks.settled.store(2, Ordering::SeqCst);
+        assert!(holds.ready(mark, ledger, Some(&*marks)));
+    }
+
     #[test]
     fn records_name_the_pod_by_name_or_by_uid() {
         let index = index_with_pod("node-a");
@@ -881,7 +1188,7 @@ mod tests {
         }
         assert!(matches!(
             observation(&record("", "", "uid-nope"), &index, "node-a"),
-            Err(BadRecord::NotOnNode(..))
+            Err(BadRecord::UnknownLocalPod(..))
         ));
         let mut failed = record("shop", "web-1", "");
         failed.outcome = uplink::Outcome::Failed as i32;

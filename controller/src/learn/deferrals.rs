@@ -5,8 +5,8 @@
 //! IP after the sandbox is up, its containers may already be talking), and agents report within a
 //! second or two. Learned at once, such a peer resolves to no pod and becomes an `ipBlock` /32 rule for
 //! a pod IP: wrong, and never removed. The same holds for a Service whose backends are not listed yet.
-//! (A record whose local pod the controller's watch has not seen yet is refused at ingest, counted in
-//! `records_rejected_total{reason="unknown_local_pod"}`.)
+//! (A record whose local pod the controller's watch has not delivered yet waits at ingest, before it
+//! becomes an observation: [`crate::ingest::early_records`].)
 //!
 //! So an observation that resolves to an external address, or not at all, waits up to the grace
 //! (`--resolution-grace-seconds`, default 30 s) and is resolved again before every flush; it is learned

@@ -20,6 +20,7 @@
 //! flush every [`RECHECK_REPEATS_EVERY`], which restores an edge a proposal lost. So neither the
 //! acknowledgements waiting for a flush nor the API server pay for the repeats every few seconds.
 
+use crate::cluster::index::Index;
 use crate::cluster::watches::{self, SharedIndex};
 use crate::learn::Target;
 use crate::learn::learner::{Learner, PendingEdges, WaitsFor};
@@ -108,6 +109,15 @@ pub struct Flusher {
     learner: Arc<Learner>,
     writer: Arc<ProposalWriter>,
     ledger: Ledger,
+    first: Option<Arc<dyn SettleFirst>>,
+}
+
+/// What else waits for the index, outside the learner, and is settled at the start of every flush
+/// before the learner's own waiting observations: ingest's records whose pod the index did not know
+/// yet ([`crate::ingest::early_records`]).
+pub trait SettleFirst: Send + Sync {
+    /// Takes in or refuses what waited, against `index` at `now_ms` (`i64::MAX`: on the way out).
+    fn settle_first(&self, index: &Index, now_ms: i64);
 }
 
 /// What the flushes wrote, for the acknowledgements that wait for them. Pure bookkeeping.
@@ -142,7 +152,14 @@ impl Flusher {
             learner,
             writer,
             ledger: Ledger::default(),
+            first: None,
         }
+    }
+
+    /// Settles `first` at the start of every flush, before the learner's waiting observations.
+    pub fn with_settle_first(mut self, first: Arc<dyn SettleFirst>) -> Self {
+        self.first = Some(first);
+        self
     }
 
     /// What the flushes wrote (for the acknowledgements that wait for them).
@@ -177,7 +194,8 @@ impl Flusher {
     async fn flush_settling(&self, now_ms: i64, take: Take) -> FlushReport {
         self.settle_waiting(now_ms);
         let leading = self.writer.is_leader();
-        let started_ms = watches::now_ms();
+        // No later than the settling: what waited until before it was decided, so is in this flush.
+        let started_ms = watches::now_ms().min(now_ms);
         let number = self.ledger.begin();
         let report = self.write_pending(take).await;
         self.learner.metrics().flushes.inc();
@@ -288,6 +306,9 @@ impl Flusher {
     /// Learns the observations that waited for the index and may now be placed.
     fn settle_waiting(&self, now_ms: i64) {
         let index = self.index.index.read().expect("index lock");
+        if let Some(first) = &self.first {
+            first.settle_first(&index, now_ms);
+        }
         let edges = self.learner.settle_waiting(&index, now_ms);
         if edges > 0 {
             tracing::debug!(

@@ -445,6 +445,11 @@ impl Learner {
             .sum()
     }
 
+    /// How long an observation may wait for the index, in milliseconds (0: none waits).
+    pub fn resolution_grace_ms(&self) -> i64 {
+        self.waiting.grace_ms()
+    }
+
     /// Number of observations waiting for the index.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

@@ -18,6 +18,7 @@
 //! | `agent_streams` | | agent streams currently open |
 //! | `agent_streams_closed_total` | `reason` | streams the controller closed: replaced, expired, pod_deleted |
 //! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
+//! | `records_waiting_for_pod` | | records that arrived before the index knew their pod |
 //! | `leader` | | 1 while this replica holds the leader Lease |
 //! | `reconcile_runs_total` / `reconcile_failures_total` / `reconcile_duration_seconds` | `controller` | each reconciler's runs, failures and time |
 //!
@@ -182,6 +183,8 @@ pub struct ControllerMetrics {
     streams_closed: Family<Reason, Counter>,
     /// Batch acknowledgements held until a flush has written what the batch taught.
     pub acks_waiting: Gauge,
+    /// Records that arrived before their pod reached the index, waiting for it.
+    pub records_waiting_for_pod: Gauge,
     pub leader: Gauge,
 }
 
@@ -280,6 +283,13 @@ impl ControllerMetrics {
              unacknowledged batches after a controller restart)",
             acks_waiting.clone(),
         );
+        let records_waiting_for_pod = Gauge::default();
+        registry.register(
+            "records_waiting_for_pod",
+            "Records that arrived before the index knew their pod, waiting for it (up to the \
+             resolution grace; at most 10,000)",
+            records_waiting_for_pod.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -309,6 +319,7 @@ impl ControllerMetrics {
             agent_streams,
             streams_closed,
             acks_waiting,
+            records_waiting_for_pod,
             leader,
         }
     }
