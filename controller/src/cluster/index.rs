@@ -163,6 +163,10 @@ struct Backends {
 #[derive(Clone, Debug, PartialEq)]
 struct IpLease {
     pod: PodName,
+    /// The pod's record, kept here so a lookup by IP (every record's peer) is one map lookup rather
+    /// than two more by namespace and name. [`Index::put_pod`] keeps it current while the pod holds
+    /// the IP and at the change that releases it; after that it is the record of then.
+    record: Arc<PodRecord>,
     since: i64,
     until: Option<i64>,
 }
@@ -325,21 +329,21 @@ impl PodMap {
         self.get_str(&key.0, &key.1).map(|pod| &**pod)
     }
 
-    fn insert(&mut self, key: PodName, pod: PodRecord) {
+    fn insert(&mut self, key: PodName, pod: Arc<PodRecord>) {
         let names = self.by_namespace.entry(key.0).or_default();
-        if names.insert(key.1, Arc::new(pod)).is_none() {
+        if names.insert(key.1, pod).is_none() {
             self.len += 1;
         }
     }
 
-    fn remove(&mut self, key: &PodName) -> Option<PodRecord> {
+    fn remove(&mut self, key: &PodName) -> Option<Arc<PodRecord>> {
         let names = self.by_namespace.get_mut(&key.0)?;
         let pod = names.remove(&key.1)?;
         self.len -= 1;
         if names.is_empty() {
             self.by_namespace.remove(&key.0);
         }
-        Some(Arc::unwrap_or_clone(pod))
+        Some(pod)
     }
 
     fn values(&self) -> impl Iterator<Item = &PodRecord> {
@@ -640,6 +644,7 @@ impl Index {
         };
         let endpoint = self.compute_endpoint(&info);
         info.endpoint = self.intern(endpoint);
+        let info = Arc::new(info);
         // Host-network pods share the node's IP: the IP says nothing about which pod it is.
         if !host_network && !terminated {
             for ip in &ips {
@@ -652,6 +657,7 @@ impl Index {
                     }
                     leases.push(IpLease {
                         pod: key.clone(),
+                        record: info.clone(),
                         since: now_ms,
                         until: None,
                     });
@@ -674,8 +680,9 @@ impl Index {
             self.uids.insert(info.uid.clone(), key.clone());
         }
         self.link(&info);
-        self.pods.insert(key.clone(), info);
-        self.update_backends_of(&key, old.as_ref());
+        let before_ips = old.as_ref().map(|o| o.ips.clone()).unwrap_or_default();
+        self.put_pod(&key, info, &before_ips);
+        self.update_backends_of(&key, old.as_deref());
         self.forget_expired(now_ms);
     }
 
@@ -691,6 +698,20 @@ impl Index {
         self.next_expiry = self.next_expiry.min(now_ms + IP_HISTORY_MS);
         self.update_backends_of(&key, old.as_ref());
         self.forget_expired(now_ms);
+    }
+
+    /// Stores `pod` as the newest record of `key`, also in the leases it holds on its addresses and
+    /// on `before_ips` (those of its previous record: a late record for one still finds it).
+    fn put_pod(&mut self, key: &PodName, pod: Arc<PodRecord>, before_ips: &[IpAddr]) {
+        for ip in pod.ips.iter().chain(before_ips) {
+            let Some(leases) = self.leases.get_mut(ip) else {
+                continue;
+            };
+            for lease in leases.iter_mut().filter(|l| l.pod == *key) {
+                lease.record = pod.clone();
+            }
+        }
+        self.pods.insert(key.clone(), pod);
     }
 
     fn release(&mut self, key: &PodName, ips: &[IpAddr], now_ms: i64) {
@@ -922,7 +943,7 @@ impl Index {
             }
             self.unlink(&before);
             self.link(&pod);
-            self.pods.insert(key.clone(), pod);
+            self.put_pod(&key, Arc::new(pod), &before.ips);
             self.update_backends_of(&key, Some(&before));
         }
     }
@@ -1523,7 +1544,7 @@ impl Index {
             .rev()
             .find(|l| l.since <= at_ms && l.until.is_none_or(|u| at_ms < u))
             .or_else(|| leases.iter().rev().find(|l| l.until.is_none()))?;
-        self.pods.get(&lease.pod)
+        Some(&lease.record)
     }
 
     /// A pod by namespace and name (also one deleted within [`IP_HISTORY_MS`]).
@@ -1725,6 +1746,56 @@ mod tests {
                         .is_some_and(|o| o.kind == kind && o.name == w.name),
                 }
         })
+    }
+
+    /// A lookup by address hands out the pod's record as the index holds it, after every kind of
+    /// change to the pod or its workload (the lease keeps its own reference to it).
+    #[test]
+    fn an_address_finds_the_pods_current_record() {
+        let mut ix = Index::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap());
+        let same = |ix: &Index, ip: IpAddr, at: i64| {
+            let by_name: *const PodRecord = &**ix.pod("ns", "web-1").expect("indexed");
+            ix.pod_at(ip, at).is_some_and(|p| std::ptr::eq(p, by_name))
+        };
+        ix.apply_pod(&deployment_pod("web-1", "10.0.0.5", "web"), T);
+        assert!(same(&ix, a, T));
+        // Its labels change.
+        let mut relabelled = deployment_pod("web-1", "10.0.0.5", "web");
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "front".into());
+        ix.apply_pod(&relabelled, T + 1);
+        assert!(same(&ix, a, T + 1));
+        assert_eq!(
+            ix.pod_at(a, T + 1)
+                .unwrap()
+                .labels
+                .get("tier")
+                .map(String::as_str),
+            Some("front")
+        );
+        // Its workload arrives: the pod's owner and endpoint are computed again.
+        let before = ix.pod("ns", "web-1").unwrap().clone();
+        ix.apply_deployment(&deployment("web", json!({"app": "web"})));
+        assert!(
+            !Arc::ptr_eq(&before, ix.pod("ns", "web-1").unwrap()),
+            "a new record"
+        );
+        assert!(same(&ix, a, T + 2));
+        // A new address: a late record for the old one still finds the pod as it is now.
+        ix.apply_pod(&deployment_pod("web-1", "10.0.0.6", "web"), T + 3);
+        assert!(same(&ix, b, T + 3) && same(&ix, a, T + 2));
+        // Deleted, then made again under the same name (a StatefulSet's pod) with the same address.
+        ix.delete_pod("ns", "web-1", T + 4);
+        assert!(same(&ix, b, T + 3));
+        ix.apply_pod(&deployment_pod("web-1", "10.0.0.6", "web"), T + 5);
+        assert!(same(&ix, b, T + 5) && same(&ix, b, T + 3));
+        // The address it gave up two changes ago keeps the record of then.
+        assert_eq!(ix.pod_at(a, T + 2).map(|p| p.name.as_str()), Some("web-1"));
     }
 
     #[test]
