@@ -434,6 +434,8 @@ impl Learning {
         let decided = self.early.take_decided(index, now_ms);
         let metrics = self.learner.metrics();
         metrics.records_waiting_for_pod.set(self.early.len() as i64);
+        // One log line per settling, not per record: a hostile agent may name many pods.
+        let mut refused: Option<(u64, String, BadRecord)> = None;
         for early in decided.placed {
             let taken = self.take_one(
                 index,
@@ -446,35 +448,39 @@ impl Learning {
             );
             match taken {
                 Ok(_) => metrics.resolved("local_pod_deferred_resolved", 1),
-                Err(refused) => {
-                    metrics.record_rejected(refused.label());
-                    tracing::warn!(node = %early.node, reason = %refused,
-                        "refused a record that waited for its pod");
+                Err(why) => {
+                    metrics.record_rejected(why.label());
+                    let first = refused.get_or_insert((0, early.node, why));
+                    first.0 += 1;
                 }
             }
         }
+        if let Some((records, node, reason)) = refused {
+            tracing::warn!(records, first_node = %node, first_reason = %reason,
+                "refused records that waited for their pod");
+        }
+        let Some(first) = decided.expired.first() else {
+            return;
+        };
         if now_ms == i64::MAX {
             // On the way out: not refused, their batches are not acknowledged and come again.
-            if !decided.expired.is_empty() {
-                tracing::info!(
-                    records = decided.expired.len(),
-                    "records still waiting for their pods are left to their agents to send again"
-                );
-            }
+            tracing::info!(
+                records = decided.expired.len(),
+                "records still waiting for their pods are left to their agents to send again"
+            );
             return;
         }
-        for early in decided.expired {
-            metrics.resolved("local_pod_deferred_expired", 1);
-            metrics.record_rejected("unknown_local_pod");
-            let pod = early
-                .record
-                .local
-                .as_ref()
-                .map(flow_record::describe_local)
-                .unwrap_or_default();
-            tracing::warn!(node = %early.node, %pod,
-                "refused a record: its pod did not reach the index within the resolution grace");
-        }
+        let expired = decided.expired.len() as u64;
+        metrics.resolved("local_pod_deferred_expired", expired);
+        metrics.records_rejected_by("unknown_local_pod", expired);
+        let pod = first
+            .record
+            .local
+            .as_ref()
+            .map(flow_record::describe_local)
+            .unwrap_or_default();
+        tracing::warn!(records = expired, first_node = %first.node, first_pod = %pod,
+            "refused records: their pods did not reach the index within the resolution grace");
     }
 }
 

@@ -334,11 +334,16 @@ impl ControllerMetrics {
 
     /// Counts a refused record.
     pub fn record_rejected(&self, reason: &str) {
+        self.records_rejected_by(reason, 1);
+    }
+
+    /// Counts `n` records refused for `reason`.
+    pub fn records_rejected_by(&self, reason: &str, n: u64) {
         self.records_rejected
             .get_or_create(&Reason {
                 reason: reason.into(),
             })
-            .inc();
+            .inc_by(n);
     }
 
     /// Counts a stream the controller closed.
