@@ -399,6 +399,8 @@ mod grpc {
                 max_batches_per_second: 1000,
             })
             .acknowledge(Acknowledge::OnceMerged)
+            // Records for a pod the watch has not delivered yet wait for it this long.
+            .configure_learner(|l| l.with_resolution_grace(120_000))
             .build();
         let shared = app.index.clone();
         let feed = tokio::spawn(app.watch_cluster());
@@ -530,6 +532,43 @@ mod grpc {
             acks[1].reason
         );
 
+        // A record for a pod the watch has not delivered yet (here: not even created yet) is
+        // accepted and waits; the pod comes, and the flush learns it.
+        let early = record(
+            &n,
+            "late",
+            service_ip,
+            18080,
+            uplink::Protocol::Tcp,
+            uplink::Direction::Outbound,
+        );
+        let acks = send(addr, &good, vec![batch(10, &node, vec![early])])
+            .await
+            .expect("the agent's stream is accepted");
+        assert_eq!(
+            (acks[0].accepted, acks[0].rejected),
+            (1, 0),
+            "{}",
+            acks[0].reason
+        );
+        assert_eq!(app.learning.early.len(), 1, "it waits for its pod");
+        pods.create(&PostParams::default(), &pod_json("late", "default", None)?)
+            .await?;
+        ns.wait_for(
+            "the index to see the late pod on its node",
+            Duration::from_secs(60),
+            || async {
+                Ok(shared
+                    .index
+                    .read()
+                    .unwrap()
+                    .pod(&n, "late")
+                    .is_some_and(|p| p.node.is_some())
+                    .then_some(()))
+            },
+        )
+        .await?;
+
         // Over the limit: a clear status, the stream ends.
         let too_many = vec![scenario[0].clone(); 101];
         let denied = send(addr, &good, vec![batch(9, &node, too_many)]).await;
@@ -545,13 +584,18 @@ mod grpc {
         );
 
         let report = app.flush().await;
-        assert_eq!(report.written, 2, "{report:?}");
+        assert!(
+            app.learning.early.is_empty(),
+            "the flush took the late pod's record in"
+        );
+        assert_eq!(report.written, 3, "{report:?}");
         let names: Vec<String> = specs_in(&ns).await?.into_iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
             [
                 "deployment-http-client-egress",
-                "deployment-http-server-ingress"
+                "deployment-http-server-ingress",
+                "pod-late-egress"
             ]
         );
         grpc.abort();
