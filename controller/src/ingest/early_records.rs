@@ -22,8 +22,8 @@ use crate::learn::Reporter;
 use network_enforcer_api::uplink::FlowRecord;
 use prost::Message;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// At most this many records wait for their pods.
 pub const MAX_WAITING: usize = 10_000;
@@ -76,6 +76,8 @@ pub struct Decided {
 #[derive(Debug, Default)]
 pub struct EarlyRecords {
     waiting: Mutex<Waiting>,
+    /// Held by whoever takes records out to take them in ([`EarlyRecords::settling`]).
+    settling: Mutex<()>,
     /// How many wait, read without the lock by every batch.
     len: AtomicUsize,
     /// When a batch last looked at them, ms since the epoch.
@@ -136,6 +138,18 @@ impl EarlyRecords {
         });
         self.len.store(waiting.records.len(), Ordering::Relaxed);
         Ok(until_ms)
+    }
+
+    /// The right to take records out ([`EarlyRecords::take_decided`]) and take them in, held until
+    /// they are: a flush that settles must not start writing while another thread has records out
+    /// but not merged yet (it would write without them, and acknowledge their batches).
+    /// `wait: false` (a batch's look): `None` when someone else settles.
+    pub fn settling(&self, wait: bool) -> Option<MutexGuard<'_, ()>> {
+        if wait {
+            Some(self.settling.lock().expect("early records settling lock"))
+        } else {
+            self.settling.try_lock().ok()
+        }
     }
 
     /// Whether a batch arriving at `now_ms` should look at the waiting records: some wait and no batch
@@ -275,6 +289,23 @@ mod tests {
         let decided = early.take_decided(&Index::default(), 1);
         assert_eq!(decided.expired.len(), MAX_WAITING);
         assert!(early.hold("a", Reporter::Node, &r, 1, 1).is_ok());
+    }
+
+    #[test]
+    fn one_thread_settles_at_a_time_and_a_batch_does_not_wait_for_it() {
+        let early = EarlyRecords::default();
+        let held = early.settling(false).expect("nobody settles yet");
+        assert!(early.settling(false).is_none(), "a batch's look skips");
+        std::thread::scope(|s| {
+            let flush = s.spawn(|| early.settling(true).is_some());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                !flush.is_finished(),
+                "a flush waits until the records are merged"
+            );
+            drop(held);
+            assert!(flush.join().unwrap());
+        });
     }
 
     #[test]

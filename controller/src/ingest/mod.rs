@@ -304,7 +304,7 @@ impl Learning {
         let metrics = self.learner.metrics();
         let now_ms = crate::cluster::watches::now_ms();
         if self.early.due(now_ms) {
-            self.settle_early(&index, now_ms);
+            self.settle_early(&index, now_ms, false);
         }
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
@@ -332,7 +332,7 @@ impl Learning {
                         match self.early.hold(node, reporter, &record, now_ms, grace_ms) {
                             Ok(until_ms) => {
                                 metrics.resolved("local_pod_deferred", 1);
-                                metrics.records_waiting_for_pod.set(self.early.len() as i64);
+                                metrics.records_waiting_for_pod.inc();
                                 waits.defer_until(until_ms);
                                 early = true;
                                 Ok(Ok(()))
@@ -427,13 +427,22 @@ impl Learning {
         Ok(learning)
     }
 
-    /// Takes in the records that waited for their pod and whose pod the index now knows, as of
-    /// their arrival (so what waits for the index further ends with their batch's wait), and refuses
-    /// those whose grace is over at `now_ms`. Called by batches as they come and before every flush.
-    pub fn settle_early(&self, index: &Index, now_ms: i64) {
+    /// Takes in the records that waited for their pod and whose pod the index now knows, and refuses
+    /// those whose grace is over at `now_ms`. Called by batches as they come (`wait: false`: not when
+    /// another thread is at it) and before every flush (`wait: true`).
+    ///
+    /// A record is taken in as of its arrival: should its peer then wait for the index too, that
+    /// wait ends when its batch's does (both are the grace from its arrival), so the flush that
+    /// releases the batch's acknowledgement decides it.
+    pub fn settle_early(&self, index: &Index, now_ms: i64, wait: bool) {
+        let Some(_settling) = self.early.settling(wait) else {
+            return;
+        };
         let decided = self.early.take_decided(index, now_ms);
         let metrics = self.learner.metrics();
-        metrics.records_waiting_for_pod.set(self.early.len() as i64);
+        metrics
+            .records_waiting_for_pod
+            .dec_by((decided.placed.len() + decided.expired.len()) as i64);
         // One log line per settling, not per record: a hostile agent may name many pods.
         let mut refused: Option<(u64, String, BadRecord)> = None;
         for early in decided.placed {
@@ -486,9 +495,8 @@ impl Learning {
 
 impl crate::learn::flusher::SettleFirst for Learning {
     fn settle_first(&self, index: &Index, now_ms: i64) {
-        if !self.early.is_empty() {
-            self.settle_early(index, now_ms);
-        }
+        // Even when none waits: a batch's look may have taken the last ones out and be merging them.
+        self.settle_early(index, now_ms, true);
     }
 }
 
@@ -1067,7 +1075,7 @@ mod tests {
         }
         let now = crate::cluster::watches::now_ms();
         app.learning
-            .settle_early(&app.index.index.read().unwrap(), now);
+            .settle_early(&app.index.index.read().unwrap(), now, true);
         assert_eq!(app.learning.early.len(), 1, "only `never` still waits");
         // web-2's egress and api's ingress.
         assert_eq!(app.learner.pending_proposals(), 2);
@@ -1085,7 +1093,7 @@ mod tests {
         );
         // The grace runs out for the pod that never comes.
         app.learning
-            .settle_early(&app.index.index.read().unwrap(), now + 30_001);
+            .settle_early(&app.index.index.read().unwrap(), now + 30_001, true);
         assert!(app.learning.early.is_empty());
         let text = app.learner.metrics().encode();
         for line in [
