@@ -680,8 +680,8 @@ impl Index {
             self.uids.insert(info.uid.clone(), key.clone());
         }
         self.link(&info);
-        let before_ips = old.as_ref().map(|o| o.ips.clone()).unwrap_or_default();
-        self.put_pod(&key, info, &before_ips);
+        let before_ips: &[IpAddr] = old.as_deref().map_or(&[], |o| &o.ips);
+        self.put_pod(&key, info, before_ips);
         self.update_backends_of(&key, old.as_deref());
         self.forget_expired(now_ms);
     }
@@ -943,7 +943,8 @@ impl Index {
             }
             self.unlink(&before);
             self.link(&pod);
-            self.put_pod(&key, Arc::new(pod), &before.ips);
+            // Same addresses as before: only owner and endpoint were computed again.
+            self.put_pod(&key, Arc::new(pod), &[]);
             self.update_backends_of(&key, Some(&before));
         }
     }

@@ -317,15 +317,12 @@ impl Learning {
                 if matches!(record, Cow::Owned(_)) {
                     metrics.resolved("future_time_clamped", 1);
                 }
-                let taken = self.take_one(
-                    &index,
+                let from = Arrival {
                     node,
-                    &record,
                     reporter,
-                    now_ms,
-                    &mut waits,
-                    &mut evidence_handed,
-                );
+                    at_ms: now_ms,
+                };
+                let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence_handed);
                 match taken {
                     Err(BadRecord::UnknownLocalPod(pod)) => {
                         let grace_ms = self.learner.resolution_grace_ms();
@@ -387,29 +384,26 @@ impl Learning {
         )
     }
 
-    /// Takes in one record from `node` as of `now_ms`: learns from it (adding what its
+    /// Takes in one record as it arrived (`from`): learns from it (adding what its
     /// acknowledgement waits for to `waits`) and hands it to the evidence sink. `Ok(Err(_))`: accepted
     /// but not resolvable.
-    #[allow(clippy::too_many_arguments)]
     fn take_one(
         &self,
         index: &Index,
-        node: &str,
+        from: Arrival<'_>,
         record: &FlowRecord,
-        reporter: Reporter,
-        now_ms: i64,
         waits: &mut WaitsFor,
         evidence_handed: &mut bool,
     ) -> Result<Result<(), String>, BadRecord> {
         let metrics = self.learner.metrics();
-        let decoded = flow_record::decode(record, index, Some(node))?;
-        let learning = match learned(record, &decoded, reporter) {
+        let decoded = flow_record::decode(record, index, Some(from.node))?;
+        let learning = match learned(record, &decoded, from.reporter) {
             Some(o) => {
                 if decoded.peer_from != PeerFrom::Address {
                     metrics.resolved(decoded.peer_from.label(), 1);
                 }
                 self.learner
-                    .observe_or_wait(index, &o, now_ms, waits)
+                    .observe_or_wait(index, &o, from.at_ms, waits)
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             }
@@ -446,12 +440,15 @@ impl Learning {
         // One log line per settling, not per record: a hostile agent may name many pods.
         let mut refused: Option<(u64, String, BadRecord)> = None;
         for early in decided.placed {
+            let from = Arrival {
+                node: &early.node,
+                reporter: early.reporter,
+                at_ms: early.arrived_ms,
+            };
             let taken = self.take_one(
                 index,
-                &early.node,
+                from,
                 &early.record,
-                early.reporter,
-                early.arrived_ms,
                 &mut WaitsFor::default(),
                 &mut false,
             );
@@ -498,6 +495,14 @@ impl crate::learn::flusher::SettleFirst for Learning {
         // Even when none waits: a batch's look may have taken the last ones out and be merging them.
         self.settle_early(index, now_ms, true);
     }
+}
+
+/// Who sent a record (the node whose stream it came on, and as what) and when it arrived.
+#[derive(Clone, Copy, Debug)]
+struct Arrival<'a> {
+    node: &'a str,
+    reporter: Reporter,
+    at_ms: i64,
 }
 
 /// What a batch's acknowledgement waits for (see the module docs).
@@ -901,6 +906,23 @@ mod tests {
         index
     }
 
+    /// The controller as tests of ingest need it: `index`, observations waiting up to `grace_ms`
+    /// for it, accepted records handed to `evidence`.
+    fn app_with(
+        index: Index,
+        grace_ms: i64,
+        evidence: Arc<dyn crate::monitor::status_sync::EvidenceSink>,
+    ) -> crate::app::App {
+        crate::app::App::builder(
+            network_enforcer_tests::fixture::offline_client(),
+            network_enforcer_api::Backend::Kubernetes,
+        )
+        .index(Arc::new(SharedIndex::listed(index)))
+        .configure_learner(move |l| l.with_resolution_grace(grace_ms))
+        .evidence_sink(evidence)
+        .build()
+    }
+
     fn record(namespace: &str, name: &str, uid: &str) -> FlowRecord {
         FlowRecord {
             local: Some(LocalPod {
@@ -955,13 +977,7 @@ mod tests {
     async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
         use crate::monitor::violations::evidence::EvidenceKind;
         let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
-        let app = crate::app::App::builder(
-            network_enforcer_tests::fixture::offline_client(),
-            network_enforcer_api::Backend::Kubernetes,
-        )
-        .index(Arc::new(SharedIndex::listed(index_with_pod("node-a"))))
-        .evidence_sink(queue.clone())
-        .build();
+        let app = app_with(index_with_pod("node-a"), 0, queue.clone());
         let with = |uid: &str, outcome: uplink::Outcome| FlowRecord {
             outcome: outcome as i32,
             ..record("", "", uid)
@@ -1040,14 +1056,7 @@ mod tests {
         let mut index = index_with_pod("node-a");
         // The peer every record names (10.0.0.9).
         index.apply_pod(&pod_on("api", "10.0.0.9", "node-a"), 1_000);
-        let app = crate::app::App::builder(
-            network_enforcer_tests::fixture::offline_client(),
-            network_enforcer_api::Backend::Kubernetes,
-        )
-        .index(Arc::new(SharedIndex::listed(index)))
-        .configure_learner(|l| l.with_resolution_grace(30_000))
-        .evidence_sink(queue.clone())
-        .build();
+        let app = app_with(index, 30_000, queue.clone());
         let failed = FlowRecord {
             outcome: uplink::Outcome::Failed as i32,
             ..record("shop", "web-2", "")
@@ -1136,14 +1145,7 @@ mod tests {
     async fn a_batch_that_waited_for_its_pod_is_acknowledged_after_its_evidence() {
         use std::sync::atomic::Ordering;
         let marks = Arc::new(Marks::default());
-        let app = crate::app::App::builder(
-            network_enforcer_tests::fixture::offline_client(),
-            network_enforcer_api::Backend::Kubernetes,
-        )
-        .index(Arc::new(SharedIndex::listed(index_with_pod("node-a"))))
-        .configure_learner(|l| l.with_resolution_grace(20))
-        .evidence_sink(marks.clone())
-        .build();
+        let app = app_with(index_with_pod("node-a"), 20, marks.clone());
         // A failed attempt: evidence, nothing to learn (and so nothing for the flush to write).
         let failed = FlowRecord {
             outcome: uplink::Outcome::Failed as i32,
