@@ -347,6 +347,7 @@ fn rbac_is_exactly_least_privilege() {
             ("", "services", READ),
             ("", "nodes", READ),
             ("", "namespaces", READ),
+            ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
             ("", "endpoints", &["list", "watch"]),
             ("apps", "deployments", READ),
             ("apps", "statefulsets", READ),

@@ -1,11 +1,12 @@
-//! Keeps the [`Index`] current from watches of pods, Services, Endpoints, workloads, Jobs and nodes,
-//! cluster-wide.
+//! Keeps the [`Index`] current from watches of pods, Services, EndpointSlices (or Endpoints),
+//! workloads, Jobs and nodes, cluster-wide.
 
 use crate::cluster::index::Index;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -16,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// The kinds watched; the index is ready when each has listed once (Jobs too: a CronJob's run seen
-/// before its Job would be learned as a Job of its own; Endpoints too: a call to the `kubernetes`
-/// Service before its Endpoints are listed would resolve to no backend and be dropped).
+/// before its Job would be learned as a Job of its own; endpoints too: a call to the `kubernetes`
+/// Service before its endpoints are listed would resolve to no backend and be dropped).
 const KINDS: usize = 8;
 
 /// A shared index and whether every watch has completed its first list.
@@ -47,6 +48,51 @@ impl SharedIndex {
 /// Wall-clock milliseconds since the epoch: the clock of index changes and agents' records.
 pub fn now_ms() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_millisecond()
+}
+
+/// Where the endpoints of Services are read from: EndpointSlices where the API server serves
+/// `discovery.k8s.io/v1` (v1.21 and later: what kube-proxy reads, and the only place for slices a
+/// controller writes itself), else v1 Endpoints (deprecated since v1.33, still served everywhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointsSource {
+    EndpointSlices,
+    Endpoints,
+}
+
+impl EndpointsSource {
+    /// Asks the API server's discovery which source it serves. An error other than "not served"
+    /// (the API server unreachable, a forbidden discovery) is returned: guessing would silently pick
+    /// the wrong source for the process's life.
+    pub async fn discover(client: &Client) -> Result<Self, kube::Error> {
+        match client.list_api_group_resources("discovery.k8s.io/v1").await {
+            Ok(list) if list.resources.iter().any(|r| r.name == "endpointslices") => {
+                Ok(Self::EndpointSlices)
+            }
+            Ok(_) => Ok(Self::Endpoints),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Self::Endpoints),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`EndpointsSource::discover`], asked again with a backoff (1 s doubling to 30 s) until the API
+    /// server answers: the index cannot be ready without it.
+    pub async fn discover_until_answered(client: &Client) -> Self {
+        let mut wait = std::time::Duration::from_secs(1);
+        loop {
+            match Self::discover(client).await {
+                Ok(source) => {
+                    tracing::info!(?source, "endpoints of Services are read from this source");
+                    return source;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?wait,
+                        "cannot ask the API server whether it serves discovery.k8s.io/v1 EndpointSlices; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        }
+    }
 }
 
 /// The index built once from the cluster's current objects of every watched kind, as the watches
@@ -92,15 +138,22 @@ pub async fn snapshot(client: &Client) -> Result<Index, kube::Error> {
         .await?
         .iter()
         .for_each(|s| ix.apply_service(s));
-    list::<Endpoints>(client)
-        .await?
-        .iter()
-        .for_each(|e| ix.apply_endpoints(e));
+    match EndpointsSource::discover(client).await? {
+        EndpointsSource::EndpointSlices => list::<EndpointSlice>(client)
+            .await?
+            .iter()
+            .for_each(|s| ix.apply_endpoint_slice(s)),
+        EndpointsSource::Endpoints => list::<Endpoints>(client)
+            .await?
+            .iter()
+            .for_each(|e| ix.apply_endpoints(e)),
+    }
     Ok(ix)
 }
 
 /// Runs the watches until the process stops.
 pub async fn run(client: Client, shared: Arc<SharedIndex>) {
+    let source = EndpointsSource::discover_until_answered(&client).await;
     tokio::join!(
         watch::<Pod>(
             &client,
@@ -111,21 +164,57 @@ pub async fn run(client: Client, shared: Arc<SharedIndex>) {
         watch::<Service>(&client, &shared, Index::apply_service, |ix, s| {
             ix.delete_service(&s.namespace().unwrap_or_default(), &s.name_any())
         }),
-        // Every Endpoints object streams through; the index keeps those of selector-less Services, and
-        // only events that change what it keeps take the write lock (see `Index::endpoints_change`).
-        watch_changes::<Endpoints>(
-            &client,
-            &shared,
-            Index::apply_endpoints,
-            |ix, e| ix.delete_endpoints(&e.namespace().unwrap_or_default(), &e.name_any()),
-            Some(|ix, e, deleted| {
-                if deleted {
-                    ix.holds_endpoints(&e.namespace().unwrap_or_default(), &e.name_any())
-                } else {
-                    ix.endpoints_change(e)
+        // Every endpoints object streams through; only events that change what the index keeps take
+        // the write lock (see `Index::endpoints_change`).
+        async {
+            match source {
+                EndpointsSource::EndpointSlices => {
+                    watch_changes::<EndpointSlice>(
+                        &client,
+                        &shared,
+                        Index::apply_endpoint_slice,
+                        |ix, s| {
+                            ix.delete_endpoint_slice(
+                                &s.namespace().unwrap_or_default(),
+                                &s.name_any(),
+                            )
+                        },
+                        Some(|ix, s, deleted| {
+                            if deleted {
+                                ix.holds_endpoint_slice(
+                                    &s.namespace().unwrap_or_default(),
+                                    &s.name_any(),
+                                )
+                            } else {
+                                ix.endpoint_slice_change(s)
+                            }
+                        }),
+                    )
+                    .await
                 }
-            }),
-        ),
+                EndpointsSource::Endpoints => {
+                    watch_changes::<Endpoints>(
+                        &client,
+                        &shared,
+                        Index::apply_endpoints,
+                        |ix, e| {
+                            ix.delete_endpoints(&e.namespace().unwrap_or_default(), &e.name_any())
+                        },
+                        Some(|ix, e, deleted| {
+                            if deleted {
+                                ix.holds_endpoints(
+                                    &e.namespace().unwrap_or_default(),
+                                    &e.name_any(),
+                                )
+                            } else {
+                                ix.endpoints_change(e)
+                            }
+                        }),
+                    )
+                    .await
+                }
+            }
+        },
         watch::<Deployment>(&client, &shared, Index::apply_deployment, |ix, d| {
             ix.delete_workload(
                 &d.namespace().unwrap_or_default(),

@@ -6,10 +6,13 @@
 //! named container ports), workloads (uid and selector), Jobs (for the Job → CronJob owner chain),
 //! Services (ClusterIPs, selector, ports) and node IPs. The backends of a Service with a selector are the
 //! pods it picks, as kube-proxy would. A Service without a selector (the `kubernetes` Service in front of
-//! the API servers, a Service in front of an outside database) has its backends only in its Endpoints
-//! object, so the index keeps those, and only those: the ready addresses and ports of the Endpoints of
-//! Services that have no selector, or that the index has not seen yet. EndpointSlices are not used (v1.20
-//! does not serve `discovery.k8s.io/v1`; Endpoints v1 is served everywhere).
+//! the API servers, a Service in front of an outside database) has its backends only in what its
+//! endpoints objects publish: its `discovery.k8s.io/v1` EndpointSlices where the API server serves them
+//! (v1.21 and later; the source kube-proxy reads, and the only one for slices a controller writes
+//! directly), else its v1 Endpoints (the watches choose at start, see `watches::EndpointsSource`).
+//! The index keeps, per Service, the ready addresses and ports each such object publishes (and the
+//! serving, terminating ones kube-proxy falls back to), for every Service: a Service that loses its
+//! selector is then resolved through them at once, without waiting for their next change.
 //!
 //! Resolution is on the ingest hot path (every record, every replica), so the index does its work when
 //! the cluster changes, not when a record arrives:
@@ -18,9 +21,9 @@
 //! - every Service keeps its backend pods and, per service port, the backend workloads with their
 //!   container ports (named target ports resolved per backend pod), updated on pod, Service and workload
 //!   changes. A ClusterIP record is then two hash lookups instead of a scan of every pod;
-//! - a Service without a selector keeps the same per-port backends, computed from its Endpoints' ready
+//! - a Service without a selector keeps the same per-port backends, computed from its endpoints' ready
 //!   addresses (a pod's IP is that pod's workload, a node's IP the node, anything else external) when its
-//!   Endpoints, itself, or a pod or node at one of those addresses changes (see
+//!   endpoints, itself, or a pod or node at one of those addresses changes (see
 //!   `Index::recompute_backends_at`), so such a record is the same two lookups.
 
 use crate::cluster::workload::{self, Workload};
@@ -28,6 +31,7 @@ use crate::{FastMap, FastSet};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -136,13 +140,23 @@ pub struct ServicePort {
     pub name: String,
 }
 
-/// One subset of an Endpoints object, as far as resolution needs it: the ready addresses, and the
-/// ports each of them serves (name, port, protocol).
+/// What one endpoints object (a subset of an Endpoints object, or one EndpointSlice) publishes for a
+/// Service, as far as resolution needs it: the addresses kube-proxy sends to, and the ports each of
+/// them serves (name, port, protocol).
 #[derive(Clone, Debug, PartialEq)]
 struct EndpointSubset {
+    /// Ready addresses.
     addresses: Vec<IpAddr>,
+    /// Addresses that are terminating but still serving: kube-proxy sends to them only when a service
+    /// port has no ready address (EndpointSlices only; v1 Endpoints do not tell).
+    terminating: Vec<IpAddr>,
     ports: Vec<(String, u16, Protocol)>,
 }
+
+/// A Service's endpoints by the object that publishes them: the Endpoints object (named as the
+/// Service) or each of its EndpointSlices (a Service has one per address family, more past 100
+/// endpoints).
+type EndpointParts = BTreeMap<String, Vec<EndpointSubset>>;
 
 /// A backend of a Service and the port it is reached on after kube-proxy's DNAT: a workload on its
 /// container port, or (behind a Service without a selector) whatever its Endpoints' address is.
@@ -385,11 +399,15 @@ pub struct Index {
     /// Service names per namespace.
     services_in_namespace: FastMap<String, BTreeSet<String>>,
     backends: FastMap<ServiceKey, Backends>,
-    /// The Endpoints of Services without a selector, or whose Service is not indexed yet (dropped when
-    /// it arrives with a selector): see the module docs.
-    endpoints: FastMap<ServiceKey, Vec<EndpointSubset>>,
-    /// The Services whose kept Endpoints list an address, by address: whose backends to recompute when
-    /// the pod or node at that address changes.
+    /// Every Service's endpoints as its endpoints objects publish them (see the module docs); used for
+    /// the Services without a selector, or whose Service is not indexed yet.
+    endpoints: FastMap<ServiceKey, EndpointParts>,
+    /// The Service each held EndpointSlice belongs to, by (namespace, slice name): a slice is deleted
+    /// by name, and its `kubernetes.io/service-name` label may change.
+    slice_services: FastMap<(String, String), ServiceKey>,
+    /// The addresses of the endpoints of the Services resolved through them (no selector, or not
+    /// indexed yet), by address: whose backends to recompute when the pod or node at that address
+    /// changes.
     endpoint_addresses: FastMap<IpAddr, BTreeSet<ServiceKey>>,
     nodes: FastMap<IpAddr, String>,
     /// Interned endpoints: the pods of one workload share one [`Arc`].
@@ -420,6 +438,7 @@ impl Default for Index {
             services_in_namespace: FastMap::default(),
             backends: FastMap::default(),
             endpoints: FastMap::default(),
+            slice_services: FastMap::default(),
             endpoint_addresses: FastMap::default(),
             nodes: FastMap::default(),
             interned: FastSet::default(),
@@ -514,14 +533,6 @@ fn container_port(target: &IntOrString, pod: &PodRecord, proto: Protocol) -> Opt
     }
 }
 
-/// The Service an Endpoints object belongs to (same namespace and name).
-fn endpoints_key(endpoints: &Endpoints) -> ServiceKey {
-    (
-        endpoints.namespace().unwrap_or_default(),
-        endpoints.name_any(),
-    )
-}
-
 /// Pods per node of each owner workload: namespace → workload name → per kind, node → pods. Nested
 /// so that a lookup by `&str` allocates nothing.
 #[derive(Debug, Default)]
@@ -595,6 +606,7 @@ fn remove_from<K: Eq + Hash>(map: &mut FastMap<K, BTreeSet<String>>, key: &K, na
     }
 }
 
+mod endpoints;
 mod nodes;
 mod pods;
 mod resolve;

@@ -1,4 +1,5 @@
-//! Services and their backends: selector-based (from pods) and selector-less (from Endpoints).
+//! Services and their backends: selector-based (from pods) and selector-less (from their endpoints,
+//! kept in `endpoints.rs`).
 
 use super::*;
 
@@ -113,7 +114,8 @@ impl Index {
     }
 
     /// The backends of `svc`, a Service without a selector, per service port: every ready address of
-    /// its Endpoints that serves the port of the same name and protocol (how kube-proxy pairs them), as
+    /// its endpoints that serves the port of the same name and protocol (how kube-proxy pairs them), or,
+    /// when the port has no ready address, every serving terminating one (kube-proxy's fallback), as
     /// the endpoint that address is now ([`Index::address_endpoint`]), on the Endpoints' port: what the
     /// connection reaches after DNAT.
     ///
@@ -126,7 +128,7 @@ impl Index {
         svc: &ServiceInfo,
     ) -> FastMap<(u16, Protocol), Vec<Backend>> {
         let mut by_port = FastMap::default();
-        let Some(subsets) = self.endpoints.get(key) else {
+        let Some(parts) = self.endpoints.get(key) else {
             return by_port;
         };
         for (i, sp) in svc.ports.iter().enumerate() {
@@ -135,18 +137,30 @@ impl Index {
             if svc.ports[..i].iter().any(same) {
                 continue;
             }
-            let mut found: BTreeSet<Backend> = BTreeSet::new();
-            for subset in subsets {
-                for (_, target, _) in subset
-                    .ports
-                    .iter()
-                    .filter(|(name, _, pr)| *name == sp.name && *pr == sp.protocol)
-                {
-                    for ip in &subset.addresses {
-                        // `i64::MAX`: whoever holds the address now.
-                        found.insert((self.address_endpoint(*ip, i64::MAX), *target));
+            let serving = |terminating: bool| {
+                let mut found: BTreeSet<Backend> = BTreeSet::new();
+                for subset in parts.values().flatten() {
+                    let addresses = if terminating {
+                        &subset.terminating
+                    } else {
+                        &subset.addresses
+                    };
+                    for (_, target, _) in subset
+                        .ports
+                        .iter()
+                        .filter(|(name, _, pr)| *name == sp.name && *pr == sp.protocol)
+                    {
+                        for ip in addresses {
+                            // `i64::MAX`: whoever holds the address now.
+                            found.insert((self.address_endpoint(*ip, i64::MAX), *target));
+                        }
                     }
                 }
+                found
+            };
+            let mut found = serving(false);
+            if found.is_empty() {
+                found = serving(true);
             }
             if !found.is_empty() {
                 by_port.insert((sp.port, sp.protocol), found.into_iter().collect());
@@ -159,8 +173,11 @@ impl Index {
     pub fn apply_service(&mut self, svc: &Service) {
         let namespace = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
-        self.delete_service(&namespace, &name);
+        let key = (namespace.clone(), name.clone());
+        let routed_before = self.routed_addresses(&key);
+        self.remove_service(&key);
         let Some(spec) = svc.spec.as_ref() else {
+            self.reindex_endpoint_addresses(&key, routed_before);
             return;
         };
         let ips: Vec<IpAddr> = spec
@@ -191,8 +208,6 @@ impl Index {
                 .collect(),
             ips,
         };
-        let key = (namespace.clone(), name.clone());
-        let has_selector = info.selector.is_some();
         for ip in &info.ips {
             self.service_ips.insert(*ip, key.clone());
         }
@@ -221,145 +236,31 @@ impl Index {
                 by_port: FastMap::default(),
             },
         );
-        if has_selector {
-            // Resolved through its pods: its Endpoints are not needed.
-            self.store_endpoints(key.clone(), None);
-        }
+        // A selector added or removed moves the Service between its pods and its endpoints, both
+        // already held: resolved again now.
+        self.reindex_endpoint_addresses(&key, routed_before);
         self.recompute_backends(&key);
     }
 
-    /// Removes a Service.
+    /// Removes a Service. Its endpoints stay (as for a Service not indexed yet) until their objects go.
     pub fn delete_service(&mut self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(old) = self.services.remove(&key) {
+        let routed_before = self.routed_addresses(&key);
+        self.remove_service(&key);
+        self.reindex_endpoint_addresses(&key, routed_before);
+    }
+
+    /// Forgets the Service `key` and its backends.
+    fn remove_service(&mut self, key: &ServiceKey) {
+        let name = key.1.as_str();
+        if let Some(old) = self.services.remove(key) {
             for ip in &old.ips {
-                if self.service_ips.get(ip) == Some(&key) {
+                if self.service_ips.get(ip) == Some(key) {
                     self.service_ips.remove(ip);
                 }
             }
         }
-        self.backends.remove(&key);
+        self.backends.remove(key);
         remove_from(&mut self.services_in_namespace, &key.0, name);
-    }
-
-    /// Adds or updates an Endpoints object. Kept only when its Service has no selector or is not indexed
-    /// yet (the watches list in any order); a Service with a selector is resolved through its pods.
-    pub fn apply_endpoints(&mut self, endpoints: &Endpoints) {
-        let key = endpoints_key(endpoints);
-        let kept = self.endpoints_kept(&key, endpoints);
-        self.set_endpoints(key, kept);
-    }
-
-    /// Whether [`Index::apply_endpoints`] would change the index: the watch checks this under the read
-    /// lock and takes the write lock only when it would (most Endpoints are of Services with a selector,
-    /// or are leader-election records without addresses, updated every few seconds). Skipping an event
-    /// that changes nothing is the same as applying it then, so a Service arriving later still finds
-    /// what it would have.
-    pub fn endpoints_change(&self, endpoints: &Endpoints) -> bool {
-        let key = endpoints_key(endpoints);
-        self.endpoints.get(&key) != self.endpoints_kept(&key, endpoints).as_ref()
-    }
-
-    /// Whether the index keeps the Endpoints `namespace`/`name` ([`Index::delete_endpoints`] changes
-    /// nothing otherwise).
-    pub fn holds_endpoints(&self, namespace: &str, name: &str) -> bool {
-        self.endpoints
-            .contains_key(&(namespace.to_string(), name.to_string()))
-    }
-
-    /// Removes an Endpoints object.
-    pub fn delete_endpoints(&mut self, namespace: &str, name: &str) {
-        self.set_endpoints((namespace.to_string(), name.to_string()), None);
-    }
-
-    /// What the index keeps of `endpoints` (of the Service `key`): its ready addresses and their ports,
-    /// `None` when there are none or the Service has a selector.
-    pub(super) fn endpoints_kept(
-        &self,
-        key: &ServiceKey,
-        endpoints: &Endpoints,
-    ) -> Option<Vec<EndpointSubset>> {
-        if self
-            .services
-            .get(key)
-            .is_some_and(|svc| svc.selector.is_some())
-        {
-            return None;
-        }
-        let subsets: Vec<EndpointSubset> = endpoints
-            .subsets
-            .iter()
-            .flatten()
-            .map(|subset| EndpointSubset {
-                // Not-ready addresses receive no traffic from kube-proxy.
-                addresses: subset
-                    .addresses
-                    .iter()
-                    .flatten()
-                    .filter_map(|a| a.ip.parse().ok())
-                    .collect(),
-                ports: subset
-                    .ports
-                    .iter()
-                    .flatten()
-                    .filter_map(|p| {
-                        Some((
-                            p.name.clone().unwrap_or_default(),
-                            u16::try_from(p.port).ok()?,
-                            protocol(p.protocol.as_deref()),
-                        ))
-                    })
-                    .collect(),
-            })
-            .filter(|subset| !subset.addresses.is_empty() && !subset.ports.is_empty())
-            .collect();
-        Some(subsets).filter(|s| !s.is_empty())
-    }
-
-    /// Sets (or with `None` removes) the kept Endpoints of the Service `key` and recomputes the
-    /// Service's backends if they changed.
-    pub(super) fn set_endpoints(&mut self, key: ServiceKey, subsets: Option<Vec<EndpointSubset>>) {
-        if self.store_endpoints(key.clone(), subsets) {
-            self.recompute_backends(&key);
-        }
-    }
-
-    /// Sets (or with `None` removes) the kept Endpoints of the Service `key`, keeping
-    /// [`Index::endpoint_addresses`] in step; whether they changed.
-    pub(super) fn store_endpoints(
-        &mut self,
-        key: ServiceKey,
-        subsets: Option<Vec<EndpointSubset>>,
-    ) -> bool {
-        if self.endpoints.get(&key) == subsets.as_ref() {
-            return false;
-        }
-        let old = match subsets {
-            Some(subsets) => {
-                for ip in subsets.iter().flat_map(|s| &s.addresses) {
-                    self.endpoint_addresses
-                        .entry(*ip)
-                        .or_default()
-                        .insert(key.clone());
-                }
-                self.endpoints.insert(key.clone(), subsets)
-            }
-            None => self.endpoints.remove(&key),
-        };
-        for ip in old.iter().flatten().flat_map(|s| &s.addresses) {
-            let listed = self
-                .endpoints
-                .get(&key)
-                .is_some_and(|now| now.iter().any(|s| s.addresses.contains(ip)));
-            if !listed {
-                if let Some(services) = self.endpoint_addresses.get_mut(ip) {
-                    services.remove(&key);
-                    if services.is_empty() {
-                        self.endpoint_addresses.remove(ip);
-                    }
-                }
-            }
-        }
-        true
     }
 }

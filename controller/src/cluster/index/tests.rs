@@ -389,9 +389,14 @@ fn services_without_a_selector_resolve_through_their_endpoints() {
     assert!(api("10.244.0.1", 16443) && api("10.96.0.1", 443));
     assert!(!api("10.244.0.1", 22) && !api("192.0.2.7", 8080) && !api("10.0.0.5", 16443));
 
-    // Only selector-less Services' Endpoints are kept: a Service that gets a selector drops them,
-    // and the Endpoints of a Service with one are not stored at all.
-    assert_eq!(ix.endpoints.len(), 2);
+    // A Service that gets a selector is resolved through its pods at once; its endpoints are kept
+    // but route nothing (no address of theirs is followed).
+    let routes_to = |ix: &Index, name: &str| {
+        ix.endpoint_addresses
+            .values()
+            .any(|services| services.contains(&("ns".to_string(), name.to_string())))
+    };
+    assert!(routes_to(&ix, "multi"));
     let mut selected = multi.clone();
     selected.spec.as_mut().unwrap().selector = Some(BTreeMap::from([("app".into(), "db".into())]));
     ix.apply_service(&selected);
@@ -400,18 +405,27 @@ fn services_without_a_selector_resolve_through_their_endpoints() {
         "multi",
         json!([{"addresses": [{"ip": "192.0.2.7"}], "ports": [{"name": "a", "port": 8080}]}]),
     ));
-    assert_eq!(ix.endpoints.len(), 1);
+    assert!(!routes_to(&ix, "multi"));
     assert_eq!(
         described(ix.resolve("10.96.0.2".parse().unwrap(), 80, Protocol::TCP, T)),
         ["workload db:80"],
         "resolved through its pods"
+    );
+    // It loses its selector: resolved through the endpoints it already has, at once, without waiting
+    // for their next change.
+    ix.apply_service(&multi);
+    assert!(routes_to(&ix, "multi"));
+    assert_eq!(
+        described(ix.resolve("10.96.0.2".parse().unwrap(), 80, Protocol::TCP, T)),
+        ["external 192.0.2.7:8080"],
+        "resolved through its endpoints"
     );
     ix.delete_endpoints("default", "kubernetes");
     assert_eq!(
         described(ix.resolve("10.96.0.1".parse().unwrap(), 443, Protocol::TCP, T)),
         ["no backend in kubernetes"]
     );
-    assert!(ix.endpoints.is_empty());
+    assert!(!ix.holds_endpoints("default", "kubernetes"));
 }
 
 #[test]
@@ -491,14 +505,18 @@ fn a_selector_less_services_backends_follow_its_endpoints_and_what_is_at_their_a
     assert!(!ix.holds_endpoints("ns", "ext"));
     assert!(ix.endpoint_addresses.is_empty());
 
-    // The Endpoints of a Service with a selector, and ones without ready addresses, change nothing.
+    // The Endpoints of a Service with a selector are kept but route nothing; ones without ready
+    // addresses change nothing.
     ix.apply_service(&service(json!({"app": "db"}), json!(8080)));
     let selected = endpoints(
         "ns",
         "web",
         json!([{"addresses": [{"ip": "10.0.0.8"}], "ports": [{"port": 8080}]}]),
     );
+    assert!(ix.endpoints_change(&selected));
+    ix.apply_endpoints(&selected);
     assert!(!ix.endpoints_change(&selected));
+    assert!(ix.endpoint_addresses.is_empty());
     let leader = endpoints("kube-system", "kube-scheduler", json!(null));
     assert!(!ix.endpoints_change(&leader));
 }
@@ -850,4 +868,236 @@ fn the_interner_forgets_endpoints_nobody_holds() {
         T + IP_HISTORY_MS + 2,
     );
     assert!(ix.interned.len() < 300, "{} interned", ix.interned.len());
+}
+
+/// A `discovery.k8s.io/v1` EndpointSlice as the API server serves it.
+fn slice(
+    name: &str,
+    service: Option<&str>,
+    family: &str,
+    body: serde_json::Value,
+) -> EndpointSlice {
+    let mut slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "ns",
+            "labels": {"endpointslice.kubernetes.io/managed-by": "external-controller"}},
+        "addressType": family,
+    });
+    if let Some(service) = service {
+        slice["metadata"]["labels"]["kubernetes.io/service-name"] = json!(service);
+    }
+    slice
+        .as_object_mut()
+        .unwrap()
+        .extend(body.as_object().unwrap().clone());
+    serde_json::from_value(slice).unwrap()
+}
+
+#[test]
+fn services_without_a_selector_resolve_through_their_endpoint_slices() {
+    let mut ix = Index::default();
+    ix.apply_pod(&deployment_pod("db-h-1", "10.0.0.5", "db"), T);
+    // Dual-stack, split over three slices (two IPv4, one IPv6); listed before the Service.
+    let v4a = slice(
+        "ext-a",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [
+            {"addresses": ["192.0.2.7"], "conditions": {"ready": true}},
+            // Not ready and not terminating: no traffic.
+            {"addresses": ["192.0.2.8"], "conditions": {"ready": false}},
+            // No conditions at all: ready (nil is ready).
+            {"addresses": ["10.0.0.5"]}],
+          "ports": [{"name": "sql", "port": 5432, "protocol": "TCP"}]}),
+    );
+    let v4b = slice(
+        "ext-b",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["192.0.2.9"], "conditions": {"ready": true}}],
+          "ports": [{"name": "sql", "port": 5432}]}),
+    );
+    let v6 = slice(
+        "ext-v6",
+        Some("ext"),
+        "IPv6",
+        json!({"endpoints": [{"addresses": ["2001:db8::7"]}],
+          "ports": [{"name": "sql", "port": 5432}]}),
+    );
+    for s in [&v4a, &v4b, &v6] {
+        assert!(ix.endpoint_slice_change(s));
+        ix.apply_endpoint_slice(s);
+        assert!(
+            !ix.endpoint_slice_change(s),
+            "applied: nothing left to change"
+        );
+    }
+    let ext: Service = serde_json::from_value(json!({
+        "metadata": {"name": "ext", "namespace": "ns"},
+        "spec": {"clusterIPs": ["10.96.0.9", "fd00::9"],
+                 "ports": [{"name": "sql", "port": 5432}]}
+    }))
+    .unwrap();
+    ix.apply_service(&ext);
+    let resolved = |ix: &Index| {
+        let mut all = described(ix.resolve("10.96.0.9".parse().unwrap(), 5432, Protocol::TCP, T));
+        all.sort();
+        all
+    };
+    assert_eq!(
+        resolved(&ix),
+        [
+            "external 192.0.2.7:5432",
+            "external 192.0.2.9:5432",
+            "external 2001:db8::7:5432",
+            "workload db:5432"
+        ]
+    );
+
+    // A slice's endpoints change: only that slice's part is replaced.
+    let v4b_moved = slice(
+        "ext-b",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["192.0.2.10"]}], "ports": [{"name": "sql", "port": 5432}]}),
+    );
+    ix.apply_endpoint_slice(&v4b_moved);
+    assert!(resolved(&ix).contains(&"external 192.0.2.10:5432".to_string()));
+    assert!(!resolved(&ix).contains(&"external 192.0.2.9:5432".to_string()));
+
+    // Deleted slices leave; the last one leaves no backend and nothing to follow.
+    assert!(ix.holds_endpoint_slice("ns", "ext-v6"));
+    ix.delete_endpoint_slice("ns", "ext-v6");
+    assert!(!ix.holds_endpoint_slice("ns", "ext-v6"));
+    assert!(!resolved(&ix).contains(&"external 2001:db8::7:5432".to_string()));
+    ix.delete_endpoint_slice("ns", "ext-a");
+    ix.delete_endpoint_slice("ns", "ext-b");
+    assert_eq!(resolved(&ix), ["no backend in ext"]);
+    assert!(ix.endpoint_addresses.is_empty());
+
+    // A pod taking a slice's address is followed as for Endpoints.
+    ix.apply_endpoint_slice(&slice(
+        "ext-a",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["10.0.0.6"]}], "ports": [{"name": "sql", "port": 5432}]}),
+    ));
+    assert_eq!(resolved(&ix), ["external 10.0.0.6:5432"]);
+    ix.apply_pod(&deployment_pod("db-h-2", "10.0.0.6", "db"), T);
+    assert_eq!(resolved(&ix), ["workload db:5432"]);
+
+    // A slice without the service-name label, or whose label moves to another Service, is no longer
+    // this Service's.
+    let orphan = slice(
+        "ext-a",
+        None,
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["10.0.0.6"]}], "ports": [{"name": "sql", "port": 5432}]}),
+    );
+    assert!(ix.endpoint_slice_change(&orphan));
+    ix.apply_endpoint_slice(&orphan);
+    assert_eq!(resolved(&ix), ["no backend in ext"]);
+    assert!(!ix.holds_endpoint_slice("ns", "ext-a"));
+
+    // FQDN slices and slices without a numbered port publish nothing resolvable.
+    let fqdn = slice(
+        "ext-fqdn",
+        Some("ext"),
+        "FQDN",
+        json!({"endpoints": [{"addresses": ["db.example.com"]}], "ports": [{"name": "sql", "port": 5432}]}),
+    );
+    let portless = slice(
+        "ext-any",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["192.0.2.7"]}], "ports": [{"name": "sql"}]}),
+    );
+    for s in [&fqdn, &portless] {
+        assert!(!ix.endpoint_slice_change(s));
+        ix.apply_endpoint_slice(s);
+    }
+    assert_eq!(resolved(&ix), ["no backend in ext"]);
+}
+
+#[test]
+fn terminating_endpoints_serve_a_port_only_when_it_has_no_ready_one() {
+    let mut ix = Index::default();
+    let ext: Service = serde_json::from_value(json!({
+        "metadata": {"name": "ext", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.9", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}
+    }))
+    .unwrap();
+    ix.apply_service(&ext);
+    let terminating = json!({"ready": false, "serving": true, "terminating": true});
+    let gone = json!({"ready": false, "serving": false, "terminating": true});
+    ix.apply_endpoint_slice(&slice(
+        "ext-1",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [
+            {"addresses": ["192.0.2.1"], "conditions": {"ready": true}},
+            {"addresses": ["192.0.2.2"], "conditions": terminating},
+            {"addresses": ["192.0.2.3"], "conditions": gone}],
+          "ports": [{"name": "a", "port": 8080}]}),
+    ));
+    ix.apply_endpoint_slice(&slice(
+        "ext-2",
+        Some("ext"),
+        "IPv4",
+        json!({"endpoints": [
+            {"addresses": ["192.0.2.4"], "conditions": terminating},
+            {"addresses": ["192.0.2.5"], "conditions": gone}],
+          "ports": [{"name": "b", "port": 8081}]}),
+    ));
+    let at = |port| described(ix.resolve("10.96.0.9".parse().unwrap(), port, Protocol::TCP, T));
+    // Port a has a ready endpoint: only it. Port b has none: its serving terminating endpoint.
+    assert_eq!(at(80), ["external 192.0.2.1:8080"]);
+    assert_eq!(at(81), ["external 192.0.2.4:8081"]);
+}
+
+#[test]
+fn a_service_losing_or_gaining_its_selector_is_resolved_again_at_once() {
+    let mut ix = Index::default();
+    ix.apply_pod(&deployment_pod("db-h-1", "10.0.0.5", "db"), T);
+    let with_selector: Service = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.9", "selector": {"app": "db"},
+                 "ports": [{"name": "sql", "port": 5432}]}
+    }))
+    .unwrap();
+    ix.apply_service(&with_selector);
+    // The slices the EndpointSlice controller wrote for it, and one another controller adds.
+    ix.apply_endpoint_slice(&slice(
+        "db-x",
+        Some("db"),
+        "IPv4",
+        json!({"endpoints": [{"addresses": ["10.0.0.5"]}, {"addresses": ["192.0.2.7"]}],
+          "ports": [{"name": "sql", "port": 5432}]}),
+    ));
+    let resolved = |ix: &Index| {
+        let mut all = described(ix.resolve("10.96.0.9".parse().unwrap(), 5432, Protocol::TCP, T));
+        all.sort();
+        all
+    };
+    assert_eq!(resolved(&ix), ["workload db:5432"], "through its pods");
+    assert!(ix.endpoint_addresses.is_empty());
+    // The selector is removed: what its slices publish, now, with no slice event.
+    let mut without = with_selector.clone();
+    without.spec.as_mut().unwrap().selector = None;
+    ix.apply_service(&without);
+    assert_eq!(
+        resolved(&ix),
+        ["external 192.0.2.7:5432", "workload db:5432"],
+        "through its slices"
+    );
+    assert_eq!(ix.endpoint_addresses.len(), 2);
+    // And back.
+    ix.apply_service(&with_selector);
+    assert_eq!(resolved(&ix), ["workload db:5432"]);
+    assert!(ix.endpoint_addresses.is_empty());
+    // Deleted, its slices stay (as for a Service not seen yet) until they go.
+    ix.delete_service("ns", "db");
+    assert_eq!(ix.endpoint_addresses.len(), 2);
+    ix.delete_endpoint_slice("ns", "db-x");
+    assert!(ix.endpoint_addresses.is_empty());
 }
