@@ -1,9 +1,15 @@
 //! Which workload a pod belongs to, as in the reference: a ReplicaSet named
 //! `<deployment>-<pod-template-hash>` means its Deployment; StatefulSet and DaemonSet own their pods
-//! directly.
+//! directly; a Job's pods belong to its CronJob, else to the Job; a pod without a controller is its own
+//! unit. One model for the controller's index, `check` (scenario and `--from-cluster`) and the
+//! reconciler's overlap condition: [`unit_of`], with the Job → CronJob step from [`JobOwners`] or the
+//! index's Jobs.
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use network_enforcer_api::WorkloadKind;
+use std::collections::BTreeMap;
 
 /// A workload: kind and name, in the pod's namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +78,48 @@ pub fn unit_of(pod: &Pod, cronjob_of_job: impl Fn(&str) -> Option<String>) -> Op
             },
         }),
         Some(_) => None,
+    }
+}
+
+/// A Job's CronJob ownerReference: the controller one first, else one not marked `controller`. The
+/// CronJob controller marks its scheduled runs' reference as controller; `kubectl create job
+/// --from=cronjob/<name>` of v1.20 sets the reference without it, and such a manual run is still a run
+/// of the CronJob.
+pub fn cronjob_reference(refs: &[OwnerReference]) -> Option<&OwnerReference> {
+    refs.iter()
+        .filter(|o| o.kind == "CronJob")
+        .max_by_key(|o| o.controller == Some(true))
+}
+
+/// The CronJob each of a set of Jobs was made from ([`cronjob_reference`]), by namespace and Job
+/// name: the Job → CronJob step of [`unit_of`] for callers that list Jobs rather than keep an index.
+#[derive(Clone, Debug, Default)]
+pub struct JobOwners(BTreeMap<(String, String), String>);
+
+impl JobOwners {
+    pub fn new<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Self {
+        Self(
+            jobs.into_iter()
+                .filter_map(|job| {
+                    let refs = job.metadata.owner_references.as_deref()?;
+                    Some((
+                        (
+                            job.metadata.namespace.clone().unwrap_or_default(),
+                            job.metadata.name.clone()?,
+                        ),
+                        cronjob_reference(refs)?.name.clone(),
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    /// The unit `pod` belongs to ([`unit_of`]), its Jobs' CronJobs looked up here.
+    pub fn unit(&self, pod: &Pod) -> Option<Workload> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        unit_of(pod, |job| {
+            self.0.get(&(namespace.clone(), job.to_string())).cloned()
+        })
     }
 }
 

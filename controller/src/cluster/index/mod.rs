@@ -489,18 +489,11 @@ pub fn without_run_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String,
         .collect()
 }
 
-/// The CronJob a Job was made from: its CronJob ownerReference, the controller one first, else one not
-/// marked `controller`. The CronJob controller marks its scheduled runs' reference as controller;
-/// `kubectl create job --from=cronjob/<name>` of v1.20 sets the reference without it, and such a manual
-/// run is still a run of the CronJob.
+/// The CronJob a Job was made from ([`workload::cronjob_reference`]).
 fn cronjob_of(
     refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
 ) -> Option<OwnerRef> {
-    let refs = refs?;
-    let cronjob = refs
-        .iter()
-        .filter(|o| o.kind == "CronJob")
-        .max_by_key(|o| o.controller == Some(true))?;
+    let cronjob = workload::cronjob_reference(refs?)?;
     Some(OwnerRef {
         api_version: cronjob.api_version.clone(),
         name: cronjob.name.clone(),

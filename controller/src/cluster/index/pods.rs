@@ -16,8 +16,14 @@ impl Index {
             Some(("Job", r)) => Some(r),
             _ => None,
         };
-        let owner = workload::owner_of(pod)
-            .or_else(|| job.as_ref().map(|j| self.job_owner(&key.0, &j.name)));
+        // The one workload model (`workload::unit_of`); a bare pod's unit is itself, kept as no owner.
+        let owner = workload::unit_of(pod, |job| {
+            self.jobs
+                .get(&(key.0.clone(), job.to_string()))
+                .and_then(|j| j.cronjob.as_ref())
+                .map(|c| c.name.clone())
+        })
+        .filter(|w| w.kind != WorkloadKind::Pod);
         let foreign_controller = controller_kind.filter(|_| owner.is_none());
         let mut info = PodRecord {
             namespace: key.0.clone(),

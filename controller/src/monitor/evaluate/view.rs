@@ -4,7 +4,7 @@
 
 use super::compiled::PolicyIndex;
 use crate::FastMap;
-use crate::cluster::workload::{Workload, owner_of};
+use crate::cluster::workload::{JobOwners, Workload};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
@@ -60,7 +60,8 @@ pub struct PodInfo {
     pub ips: Vec<IpAddr>,
     /// The container ports the pod declares, used to resolve named ports.
     pub ports: Vec<ContainerPort>,
-    /// The workload owning the pod, when it has one we resolve (see [`crate::cluster::workload::owner_of`]).
+    /// The workload the pod belongs to ([`crate::cluster::workload::unit_of`]); `None` for a bare pod
+    /// (its own unit) and a pod of a controller we do not resolve.
     pub workload: Option<Workload>,
 }
 
@@ -72,9 +73,9 @@ impl PodInfo {
 
     /// What the evaluators need from a Pod object: its IPs (`status.podIPs`, else `status.podIP`),
     /// every container's declared ports (protocol TCP when unset; SCTP and UDP as declared; unknown
-    /// protocols and out-of-range numbers skipped), and its workload. `None` without a name or
-    /// namespace.
-    pub fn from_pod(pod: &Pod) -> Option<Self> {
+    /// protocols and out-of-range numbers skipped), and its workload (a Job's CronJob looked up in
+    /// `jobs`), as the controller's index has them. `None` without a name or namespace.
+    pub fn from_pod(pod: &Pod, jobs: &JobOwners) -> Option<Self> {
         let ips = network_enforcer_api::pod::ips(pod);
         let ports = pod
             .spec
@@ -96,7 +97,7 @@ impl PodInfo {
             labels: pod.metadata.labels.clone().unwrap_or_default(),
             ips,
             ports,
-            workload: owner_of(pod),
+            workload: jobs.unit(pod).filter(|w| w.kind != WorkloadKind::Pod),
         })
     }
 }
@@ -598,7 +599,7 @@ mod tests {
             "status": {"podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}]}
         }))
         .unwrap();
-        let pod = PodInfo::from_pod(&object).unwrap();
+        let pod = PodInfo::from_pod(&object, &JobOwners::default()).unwrap();
         assert_eq!(pod.key(), PodKey::new("shop", "web-5d8f7c9b6-abcde"));
         assert_eq!(pod.labels.get("app").map(String::as_str), Some("web"));
         assert_eq!(
@@ -633,10 +634,10 @@ mod tests {
         let mut bare = object.clone();
         bare.spec = None;
         bare.status.as_mut().unwrap().pod_ips = None;
-        let bare = PodInfo::from_pod(&bare).unwrap();
+        let bare = PodInfo::from_pod(&bare, &JobOwners::default()).unwrap();
         assert_eq!(bare.ips, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert!(bare.ports.is_empty());
-        assert!(PodInfo::from_pod(&Pod::default()).is_none());
+        assert!(PodInfo::from_pod(&Pod::default(), &JobOwners::default()).is_none());
 
         let np: NetworkPolicy = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "deny", "namespace": "shop"}

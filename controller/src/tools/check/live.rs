@@ -7,8 +7,9 @@
 //! [`scenario`] is pure; [`load`] does the I/O.
 
 use super::{Scenario, ScenarioFlow, ScenarioNamespace, ScenarioPeer, ScenarioPod, ScenarioPort};
-use crate::cluster::workload;
+use crate::cluster::workload::JobOwners;
 use crate::monitor::edge_history::HistoryEdge;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
@@ -24,6 +25,8 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct LiveInput {
     pub namespaces: Vec<Namespace>,
     pub pods: Vec<Pod>,
+    /// The Jobs of the same namespaces: which CronJob a Job's pods belong to.
+    pub jobs: Vec<Job>,
     pub network_policies: Vec<NetworkPolicy>,
     pub policies: Vec<WorkloadNetworkPolicy>,
     pub edges: Vec<HistoryEdge>,
@@ -97,6 +100,7 @@ pub async fn load(
     };
     for ns in &namespaces_used {
         input.pods.extend(list_in(client, ns, "pods").await?);
+        input.jobs.extend(list_in(client, ns, "jobs").await?);
         input
             .network_policies
             .extend(list_in(client, ns, "networkpolicies").await?);
@@ -155,6 +159,7 @@ async fn fetch_edges(url: &str) -> Result<EdgesAnswer, String> {
 /// pod now (or an address did not parse).
 pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
     let pods: Vec<&Pod> = input.pods.iter().filter(|p| evaluable(p)).collect();
+    let jobs = JobOwners::new(&input.jobs);
     let mut scenario = Scenario {
         namespaces: input
             .namespaces
@@ -185,7 +190,10 @@ pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
     }
     let mut skipped = 0;
     for edge in &input.edges {
-        match (peer(&pods, &edge.source), peer(&pods, &edge.destination)) {
+        match (
+            peer(&pods, &jobs, &edge.source),
+            peer(&pods, &jobs, &edge.destination),
+        ) {
             (Some(from), Some(to)) => scenario.flows.push(ScenarioFlow {
                 from,
                 to,
@@ -233,8 +241,9 @@ fn scenario_pod(pod: &Pod) -> ScenarioPod {
     }
 }
 
-/// An edge's end in the scenario: its address, or a pod of its workload.
-fn peer(pods: &[&Pod], side: &WorkloadRef) -> Option<ScenarioPeer> {
+/// An edge's end in the scenario: its address, or a pod of its workload (the controller's model:
+/// [`JobOwners::unit`]).
+fn peer(pods: &[&Pod], jobs: &JobOwners, side: &WorkloadRef) -> Option<ScenarioPeer> {
     if !side.address.is_empty() {
         return Some(ScenarioPeer {
             ip: Some(side.address.parse().ok()?),
@@ -243,7 +252,8 @@ fn peer(pods: &[&Pod], side: &WorkloadRef) -> Option<ScenarioPeer> {
     }
     let pod = pods.iter().find(|p| {
         p.metadata.namespace.as_deref() == Some(side.namespace.as_str())
-            && workload::unit_of(p, |_| None)
+            && jobs
+                .unit(p)
                 .is_some_and(|w| w.kind.as_str() == side.owner_kind && w.name == side.owner_name)
     })?;
     Some(ScenarioPeer {
@@ -255,6 +265,7 @@ fn peer(pods: &[&Pod], side: &WorkloadRef) -> Option<ScenarioPeer> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use network_enforcer_api::WorkloadKind;
     use serde_json::json;
 
     fn pod(name: &str, app: &str, ip: &str, owner: Option<(&str, &str)>) -> Pod {
@@ -395,5 +406,138 @@ mod tests {
             .map(|p| (p.name.as_str(), p.ip))
             .collect();
         assert_eq!(pods, [("dual", Some("fd00::5".parse().unwrap()))]);
+    }
+
+    /// A pod of `owner` (kind, name; controller or not), in namespace `demo`.
+    fn owned_pod(name: &str, ip: &str, owner: Option<(&str, &str, bool)>) -> Pod {
+        let hash = owner
+            .filter(|(kind, _, _)| *kind == "ReplicaSet")
+            .and_then(|(_, rs, _)| rs.rsplit('-').next());
+        let mut labels = json!({"app": name});
+        if let Some(hash) = hash {
+            labels["pod-template-hash"] = json!(hash);
+        }
+        let owners = owner.map(|(kind, owner, controller)| {
+            json!([{"apiVersion": "v1", "kind": kind, "name": owner, "uid": format!("uid-{owner}"),
+                    "controller": controller}])
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "demo", "uid": format!("uid-{name}"),
+                         "labels": labels, "ownerReferences": owners},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn job(name: &str, cronjob: Option<(&str, bool)>) -> Job {
+        let owners = cronjob.map(|(cronjob, controller)| {
+            json!([{"apiVersion": "batch/v1", "kind": "CronJob", "name": cronjob,
+                    "uid": format!("uid-{cronjob}"), "controller": controller}])
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "demo", "uid": format!("uid-{name}"),
+                         "ownerReferences": owners},
+            "spec": {"template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}}
+        }))
+        .unwrap()
+    }
+
+    /// The differential test of issue 40: the same pods (and Jobs) fed to the controller's index and
+    /// to `check`'s model, which must name the same workload for every pod: the index's endpoint (what
+    /// learning writes as `targetRef`, [`WorkloadKind::Pod`] for a bare pod), `check --from-cluster`'s
+    /// lookup of an edge's pod ([`JobOwners::unit`]) and the evaluator's `PodInfo::from_pod` (against
+    /// `PodInfo` from the index's record).
+    #[test]
+    fn check_and_the_controller_agree_on_every_pods_workload() {
+        use crate::cluster::index::Index;
+        use crate::monitor::evaluate::PodInfo;
+        let jobs = vec![
+            job("tick-28000", Some(("tick", true))),
+            // `kubectl create job --from=cronjob/tick` (v1.20): a reference not marked controller.
+            job("tick-manual", Some(("tick", false))),
+            job("migrate", None),
+        ];
+        let pods = vec![
+            owned_pod(
+                "web-5d8f7c9b6-abcde",
+                "10.1.0.1",
+                Some(("ReplicaSet", "web-5d8f7c9b6", true)),
+            ),
+            owned_pod("db-0", "10.1.0.2", Some(("StatefulSet", "db", true))),
+            owned_pod("agent-x1", "10.1.0.3", Some(("DaemonSet", "agent", true))),
+            owned_pod(
+                "tick-28000-q",
+                "10.1.0.4",
+                Some(("Job", "tick-28000", true)),
+            ),
+            owned_pod(
+                "tick-manual-q",
+                "10.1.0.5",
+                Some(("Job", "tick-manual", true)),
+            ),
+            owned_pod("migrate-q", "10.1.0.6", Some(("Job", "migrate", true))),
+            // A Job not listed (yet): its own unit, in both.
+            owned_pod("other-q", "10.1.0.7", Some(("Job", "other", true))),
+            owned_pod("debug", "10.1.0.8", None),
+            // A ReplicaSet of its own (no hash) and another controller: no unit of ours.
+            owned_pod("rs-x", "10.1.0.9", Some(("ReplicaSet", "rs", true))),
+            owned_pod("custom-x", "10.1.0.10", Some(("Rollout", "custom", true))),
+            // An ownerReference that is not the controller: a bare pod.
+            owned_pod("adopted", "10.1.0.11", Some(("StatefulSet", "db", false))),
+        ];
+        let mut index = Index::default();
+        jobs.iter().for_each(|j| index.apply_job(j));
+        pods.iter().for_each(|p| index.apply_pod(p, 0));
+        let owners = JobOwners::new(&jobs);
+        let mut seen = Vec::new();
+        for pod in &pods {
+            let name = pod.name_any();
+            let record = index.pod("demo", &name).expect("indexed");
+            let endpoint = index.endpoint_of(record);
+            // What learning targets: the endpoint's kind, a bare pod itself, none for another controller.
+            let controller = match (endpoint.kind, &endpoint.foreign_controller) {
+                (Some(kind), _) => Some((kind, endpoint.name.clone())),
+                (None, None) => Some((WorkloadKind::Pod, endpoint.name.clone())),
+                (None, Some(_)) => None,
+            };
+            let check = owners.unit(pod).map(|w| (w.kind, w.name));
+            assert_eq!(check, controller, "pod {name}");
+            assert_eq!(
+                PodInfo::from_pod(pod, &owners).map(|p| p.workload),
+                Some(PodInfo::from(&**record).workload),
+                "pod {name}"
+            );
+            seen.push(check);
+        }
+        // The table covers every kind.
+        for kind in [
+            WorkloadKind::Deployment,
+            WorkloadKind::StatefulSet,
+            WorkloadKind::DaemonSet,
+            WorkloadKind::Job,
+            WorkloadKind::CronJob,
+            WorkloadKind::Pod,
+        ] {
+            assert!(seen.iter().flatten().any(|(k, _)| *k == kind), "{kind:?}");
+        }
+
+        // And an edge of the CronJob finds its run's pod in `check --from-cluster`.
+        let input = LiveInput {
+            pods: pods.clone(),
+            jobs,
+            edges: vec![edge(
+                side("CronJob", "tick"),
+                side("Deployment", "web"),
+                18080,
+            )],
+            ..LiveInput::default()
+        };
+        let (scenario, skipped) = scenario(&input);
+        assert_eq!(skipped, 0);
+        assert_eq!(
+            scenario.flows[0].from.pod.as_deref(),
+            Some("demo/tick-28000-q")
+        );
     }
 }
