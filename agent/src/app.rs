@@ -507,6 +507,15 @@ fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> 
         fail_open: e.enforcement_fail_open,
         log_group: (e.enforcement_log_group != 0).then_some(e.enforcement_log_group),
         daemonset,
+        // Where new pods' addresses are read before the API server has them; without it (no cgroup v2
+        // found) they come from the API server only.
+        pods_cgroup: match crate::kernel::host::NodeCgroups::detect() {
+            Ok(cgroups) => Some(cgroups.pods_dir()),
+            Err(error) => {
+                tracing::warn!(%error, "no cgroup v2 tree: new pods are enforced once the API server reports their addresses");
+                None
+            }
+        },
     }))
 }
 

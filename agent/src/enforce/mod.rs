@@ -5,6 +5,7 @@
 //! - [`compile`]: NetworkPolicy semantics → which pods of the node are isolated, and what they may
 //!   still send and receive (pure, table-tested);
 //! - [`nft`]: that ruleset as one nftables table, replaced atomically;
+//! - [`sandbox`]: a new pod's addresses read on the node, before the API server has them;
 //! - [`watch`]: the watches feeding the model and the loop that keeps the table current;
 //! - [`nflog`]: the packets the table denies, read back from the kernel;
 //! - [`deny`]: those denials as flow records (deny evidence for the controller).
@@ -14,4 +15,5 @@ pub mod deny;
 pub mod model;
 pub mod nflog;
 pub mod nft;
+pub mod sandbox;
 pub mod watch;

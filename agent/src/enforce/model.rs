@@ -27,9 +27,16 @@ pub struct NamedPort {
 /// What enforcement needs of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodEntry {
+    /// `metadata.uid`: how [`crate::enforce::sandbox`] finds the pod on the node.
+    pub uid: String,
     pub labels: Labels,
     /// Empty until the CNI assigned one, and again once the pod has finished (its IP may be reused).
     pub ips: Vec<IpAddr>,
+    /// Whether `ips` were read on the node ([`crate::enforce::sandbox`]) because the API server did not
+    /// report them yet.
+    pub ips_from_node: bool,
+    /// The pod has finished: it gave its addresses back.
+    pub finished: bool,
     pub node: Option<String>,
     /// Host-network pods share the node's address: they are never isolated, and selectors do not
     /// turn them into peers (their address is the node's).
@@ -43,11 +50,8 @@ impl PodEntry {
         let key = (pod.metadata.namespace.clone()?, pod.metadata.name.clone()?);
         let spec = pod.spec.as_ref();
         // A finished pod has given its address back.
-        let ips = if pod::finished(pod) {
-            Vec::new()
-        } else {
-            pod::ips(pod)
-        };
+        let finished = pod::finished(pod);
+        let ips = if finished { Vec::new() } else { pod::ips(pod) };
         let named_ports = spec
             .into_iter()
             .flat_map(|s| &s.containers)
@@ -63,8 +67,11 @@ impl PodEntry {
         Some((
             key,
             PodEntry {
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
                 labels: pod.metadata.labels.clone().unwrap_or_default(),
                 ips,
+                ips_from_node: false,
+                finished,
                 node: spec.and_then(|s| s.node_name.clone()),
                 host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
                 named_ports,
@@ -91,8 +98,50 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn apply_pod(&mut self, pod: &Pod) {
-        if let Some((key, entry)) = PodEntry::from_pod(pod) {
+        if let Some((key, mut entry)) = PodEntry::from_pod(pod) {
+            // An update that still has no address (the API server has not heard of it yet) keeps
+            // what was read on the node for the same pod.
+            if let Some(old) = self.pods.get(&key)
+                && entry.ips.is_empty()
+                && !entry.finished
+                && old.ips_from_node
+                && old.uid == entry.uid
+            {
+                entry.ips = old.ips.clone();
+                entry.ips_from_node = true;
+            }
             self.pods.insert(key, entry);
+        }
+    }
+
+    /// The pods of `node` that run in a network namespace of their own and have no address yet:
+    /// (key, uid), for [`crate::enforce::sandbox`].
+    pub fn waiting_for_address<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> impl Iterator<Item = (&'a Key, &'a str)> + 'a {
+        self.pods
+            .iter()
+            .filter(move |(_, p)| {
+                p.ips.is_empty()
+                    && !p.finished
+                    && !p.host_network
+                    && !p.uid.is_empty()
+                    && p.node.as_deref() == Some(node)
+            })
+            .map(|(key, p)| (key, p.uid.as_str()))
+    }
+
+    /// Sets the addresses read on the node for pod `key` of `uid`, unless the API server reported
+    /// some meanwhile (or the pod changed); whether it changed the model.
+    pub fn set_address_from_node(&mut self, key: &Key, uid: &str, ips: Vec<IpAddr>) -> bool {
+        match self.pods.get_mut(key) {
+            Some(p) if p.uid == uid && p.ips.is_empty() && !p.finished => {
+                p.ips = ips;
+                p.ips_from_node = true;
+                true
+            }
+            _ => false,
         }
     }
 

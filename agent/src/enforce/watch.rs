@@ -18,6 +18,7 @@ use crate::enforce::deny::{self, DenyIndex, SharedDenyIndex};
 use crate::enforce::model::Cluster;
 use crate::enforce::nflog::{self, NflogOptions};
 use crate::enforce::nft;
+use crate::enforce::sandbox;
 use crate::sources::RecordSink;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -60,7 +61,14 @@ pub struct Config {
     pub log_group: Option<u16>,
     /// The agent's DaemonSet as `(namespace, name)`: its deletion means uninstall (see [`stop`]).
     pub daemonset: Option<(String, String)>,
+    /// Where this node's pod cgroups are: a new pod's addresses are read there before the API server
+    /// reports them ([`crate::enforce::sandbox`]); `None`: from the API server only.
+    pub pods_cgroup: Option<std::path::PathBuf>,
 }
+
+/// How often the pods of this node that have no address yet are looked for on the node (only while
+/// there are such pods).
+pub const SANDBOX_POLL: Duration = Duration::from_millis(10);
 
 /// Labels of the per-direction metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,6 +99,10 @@ pub struct EnforcementMetrics {
     pub denied: Family<DirectionLabel, Counter>,
     /// Deny records lost: the flush's record buffer was full, or the NFLOG reader fell behind.
     pub deny_records_dropped: Counter,
+    /// Pods of this node whose addresses were read on the node before the API server reported them.
+    pub addresses_from_node: Counter,
+    /// From a pod of this node being seen without an address to its address read on the node.
+    pub address_from_node_seconds: Histogram,
 }
 
 impl Default for EnforcementMetrics {
@@ -106,6 +118,10 @@ impl Default for EnforcementMetrics {
             in_sync: Gauge::default(),
             denied: Family::default(),
             deny_records_dropped: Counter::default(),
+            addresses_from_node: Counter::default(),
+            address_from_node_seconds: Histogram::new([
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
         }
     }
 }
@@ -155,6 +171,16 @@ impl EnforcementMetrics {
             "Deny records lost (the record buffer was full or the NFLOG reader fell behind)",
             self.deny_records_dropped.clone(),
         );
+        r.register(
+            "addresses_from_node",
+            "Pods of this node whose addresses were read on the node before the API server reported them",
+            self.addresses_from_node.clone(),
+        );
+        r.register(
+            "address_from_node_seconds",
+            "From a pod of this node seen without an address to its address read on the node",
+            self.address_from_node_seconds.clone(),
+        );
     }
 }
 
@@ -163,6 +189,8 @@ impl EnforcementMetrics {
 struct Shared {
     cluster: Mutex<Cluster>,
     changed: Notify,
+    /// Wakes the look for new pods' addresses on the node ([`probe_sandboxes`]).
+    pods_changed: Notify,
     /// When the oldest change not yet installed arrived.
     dirty_since: Mutex<Option<Instant>>,
     pods_listed: AtomicBool,
@@ -177,6 +205,7 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(Instant::now);
         self.changed.notify_one();
+        self.pods_changed.notify_one();
     }
 
     fn listed(&self) -> bool {
@@ -254,8 +283,85 @@ pub fn spawn(
         |c, p| c.delete_policy(p),
         |c| c.policies.clear(),
     );
+    if let Some(pods_cgroup) = config.pods_cgroup.clone() {
+        tokio::spawn(probe_sandboxes(
+            shared.clone(),
+            config.node.clone(),
+            pods_cgroup,
+            metrics.clone(),
+        ));
+    }
     tokio::spawn(sync_loop(shared, config, metrics, deny_index));
     handle
+}
+
+/// Reads the addresses of this node's new pods on the node ([`sandbox::sandbox_addresses`]) while
+/// the API server has not reported them, every [`SANDBOX_POLL`] while there are such pods, and puts
+/// them in the model: the table then knows a new pod before its containers send. The API server's
+/// addresses replace them when they come.
+async fn probe_sandboxes(
+    shared: Arc<Shared>,
+    node: String,
+    pods_cgroup: std::path::PathBuf,
+    metrics: EnforcementMetrics,
+) {
+    let proc_root = std::path::Path::new("/proc");
+    // When each waiting pod (by uid) was first seen without an address.
+    let mut waiting_since: std::collections::HashMap<String, Instant> = Default::default();
+    loop {
+        let waiting: Vec<(crate::enforce::model::Key, String)> = {
+            let cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+            cluster
+                .waiting_for_address(&node)
+                .map(|(key, uid)| (key.clone(), uid.to_string()))
+                .collect()
+        };
+        waiting_since.retain(|uid, _| waiting.iter().any(|(_, u)| u == uid));
+        if waiting.is_empty() {
+            shared.pods_changed.notified().await;
+            continue;
+        }
+        let now = Instant::now();
+        for (_, uid) in &waiting {
+            waiting_since.entry(uid.clone()).or_insert(now);
+        }
+        let dir = pods_cgroup.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            waiting
+                .into_iter()
+                .filter_map(|(key, uid)| {
+                    let ips = sandbox::sandbox_addresses(proc_root, &dir, &uid)?;
+                    Some((key, uid, ips))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        if !found.is_empty() {
+            let mut changed = false;
+            {
+                let mut cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+                for (key, uid, ips) in found {
+                    if cluster.set_address_from_node(&key, &uid, ips.clone()) {
+                        changed = true;
+                        metrics.addresses_from_node.inc();
+                        let waited = waiting_since.get(&uid).map(Instant::elapsed);
+                        if let Some(waited) = waited {
+                            metrics
+                                .address_from_node_seconds
+                                .observe(waited.as_secs_f64());
+                        }
+                        tracing::info!(namespace = %key.0, pod = %key.1, ?ips, ?waited,
+                            "new pod's addresses read on the node, before the API server reported them");
+                    }
+                }
+            }
+            if changed {
+                shared.touch();
+            }
+        }
+        tokio::time::sleep(SANDBOX_POLL).await;
+    }
 }
 
 /// Watches the agent's own DaemonSet for its deletion. It has to be seen while it happens: an
