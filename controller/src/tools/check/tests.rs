@@ -1,0 +1,299 @@
+use super::*;
+
+#[test]
+fn errors_name_the_field() {
+    let err = parse_scenario("flows:\n- from: {pod: a/b}\n  to: {ip: 10.0.0.1}\n  port: x\n")
+        .unwrap_err();
+    assert_eq!(err.field, "flows[0].port", "{err}");
+    // Found by the fuzz tests: an empty key left the field empty.
+    let err = parse_scenario(r#"{"": null}"#).unwrap_err();
+    assert_eq!(err.field, ".", "{err}");
+    let err = parse_records(r#"{"": null}"#).unwrap_err();
+    assert_eq!(err.field, "line 1", "{err}");
+    let err = parse_scenario("{\"\\n\": null}").unwrap_err();
+    assert_eq!(err.field, r#""\n""#, "{err}");
+    let scenario = parse_scenario(
+        "pods: [{namespace: a, name: b}]\nflows:\n- from: {pod: a/c}\n  to: {ip: 10.0.0.1}\n  port: 80\n",
+    )
+    .unwrap();
+    let err = Checker::new(scenario).err().unwrap();
+    assert_eq!(err.field, "flows[0].from.pod", "{err}");
+    let scenario = parse_scenario(
+        "policies:\n- kind: NetworkPolicy\n  metadata: {name: x, namespace: a}\n  spec:\n    ingress: [{ports: [{port: {}}]}]\n",
+    )
+    .unwrap();
+    let err = Checker::new(scenario).err().unwrap();
+    assert_eq!(
+        err.field, "policies[0].spec.ingress[0].ports[0].port",
+        "{err}"
+    );
+}
+
+/// Policies the API server would refuse are refused, not evaluated (the rules themselves are
+/// tabled in `validate`): NetworkPolicies, the NetworkPolicy a WorkloadNetworkPolicy renders, and
+/// the CRDs' own rules.
+#[test]
+fn policies_the_api_server_refuses_are_refused_naming_the_field() {
+    let wnp = |kubernetes: &str| {
+        format!(
+            "- kind: WorkloadNetworkPolicy\n  metadata: {{name: w, namespace: a}}\n  spec:\n    backend: kubernetes\n    direction: Ingress\n    targetRef: {{kind: Deployment, name: x}}\n    kubernetes: {kubernetes}\n"
+        )
+    };
+    let np = |name: &str, spec: &str| {
+        format!(
+            "- kind: NetworkPolicy\n  metadata: {{name: {name}, namespace: a}}\n  spec: {spec}\n"
+        )
+    };
+    let valid = np("ok", "{podSelector: {}}");
+    let cases = [
+        (
+            format!(
+                "{valid}{valid_2}{bad}",
+                valid_2 = np("ok2", "{ingress: [{ports: [{port: 80}]}]}"),
+                bad = np(
+                    "bad",
+                    "{ingress: [{ports: [{port: 80}, {port: 90, endPort: 89}]}]}"
+                )
+            ),
+            "policies[2].spec.ingress[0].ports[1].endPort",
+        ),
+        (np("Bad", "{}"), "policies[0].metadata.name"),
+        (
+            np(
+                "n",
+                "{egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/16]}}]}]}",
+            ),
+            "policies[0].spec.egress[0].to[0].ipBlock.except[0]",
+        ),
+        (
+            wnp(
+                "{podSelector: {matchLabels: {app: x}}, policyTypes: [Ingress], ingress: [{ports: [{port: \"HTTP\"}]}]}",
+            ),
+            "policies[0].spec.kubernetes.ingress[0].ports[0].port",
+        ),
+        (
+            wnp("{podSelector: {}, policyTypes: [Ingress]}"),
+            "policies[0].spec",
+        ),
+    ];
+    for (policies, field) in cases {
+        let scenario = parse_scenario(&format!("policies:\n{policies}")).unwrap();
+        let err = Checker::new(scenario).err().expect(field);
+        assert_eq!(err.field, field, "{err}");
+    }
+    let scenario = parse_scenario(&format!("policies:\n{valid}")).unwrap();
+    assert!(Checker::new(scenario).is_ok());
+}
+
+/// `--explain`, side by side: the rule that allows (egress and ingress, every matching rule of
+/// every allowing policy), the policies that isolate without a matching rule, or no isolation.
+#[test]
+fn explain_names_the_rule_the_isolation_or_none() {
+    let pods = "pods:\n\
+            - {namespace: shop, name: web, labels: {app: web}, serviceAccount: web}\n\
+            - {namespace: shop, name: db, labels: {app: db}, ports: [{name: pg, containerPort: 5432}]}\n\
+            - {namespace: shop, name: api, labels: {app: api}}\n";
+    let np = |name: &str, spec: &str| {
+        format!(
+            "- {{kind: NetworkPolicy, metadata: {{name: {name}, namespace: shop}}, spec: {spec}}}\n"
+        )
+    };
+    let db_ingress = np(
+        "db-ingress",
+        "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{podSelector: {matchLabels: {app: api}}}]}, {from: [{podSelector: {matchLabels: {app: web}}}], ports: [{port: pg}]}]}",
+    );
+    let deny_all = np("deny-all", "{podSelector: {}}");
+    let web_egress = np(
+        "web-egress",
+        "{podSelector: {matchLabels: {app: web}}, policyTypes: [Egress], egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8}}], ports: [{port: 443}]}, {ports: [{protocol: UDP, port: 53}]}]}",
+    );
+    let web_egress_wnp = "- kind: WorkloadNetworkPolicy\n  metadata: {name: web-egress, namespace: shop}\n  spec:\n    backend: kubernetes\n    mode: monitor\n    direction: Egress\n    targetRef: {kind: Deployment, name: web}\n    kubernetes: {podSelector: {matchLabels: {app: web}}, policyTypes: [Egress], egress: [{to: [{podSelector: {matchLabels: {app: db}}}], ports: [{port: 5432}]}]}\n";
+    let api_istio = "- kind: WorkloadNetworkPolicy\n  metadata: {name: api-istio, namespace: shop}\n  spec:\n    backend: istio\n    direction: Ingress\n    targetRef: {kind: Deployment, name: api}\n    istio: {selector: {matchLabels: {app: api}}, rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/db]}}]}, {from: [{source: {principals: [cluster.local/ns/shop/*]}}], to: [{operation: {ports: ['80']}}]}]}\n";
+    let flow =
+        |from: &str, to: &str, port: u16| format!("- {{from: {from}, to: {to}, port: {port}}}\n");
+    let web_to_db = flow("{pod: shop/web}", "{pod: shop/db}", 5432);
+    // Name, policies, flow, and the expected egress and ingress explanations.
+    type Case = (
+        &'static str,
+        String,
+        String,
+        (Decision, &'static str),
+        (Decision, &'static str),
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "no policy: neither side is isolated",
+            String::new(),
+            web_to_db.clone(),
+            (Decision::NotIsolated, "not isolated"),
+            (Decision::NotIsolated, "not isolated"),
+        ),
+        (
+            "ingress allowed by the second rule, by its named port",
+            db_ingress.clone(),
+            web_to_db.clone(),
+            (Decision::NotIsolated, "not isolated"),
+            (
+                Decision::Allowed,
+                "allowed by np/shop/db-ingress ingress[1] from app=web ns=shop TCP/pg",
+            ),
+        ),
+        (
+            "ingress denied: two policies isolate, no rule matches",
+            format!("{db_ingress}{deny_all}"),
+            flow("{pod: shop/web}", "{pod: shop/db}", 5433),
+            (Decision::NotIsolated, "not isolated"),
+            (
+                Decision::Isolated,
+                "isolated by np/shop/db-ingress, np/shop/deny-all; no rule matches",
+            ),
+        ),
+        (
+            "egress allowed by an ipBlock rule; the address is no pod",
+            web_egress.clone(),
+            flow("{pod: shop/web}", "{ip: 10.9.9.9}", 443),
+            (
+                Decision::Allowed,
+                "allowed by np/shop/web-egress egress[0] to 10.0.0.0/8 TCP/443",
+            ),
+            (Decision::NotIsolated, "not isolated"),
+        ),
+        (
+            "egress denied, ingress allowed by every rule that matches",
+            format!(
+                "{web_egress}{}",
+                np(
+                    "db-open",
+                    "{podSelector: {}, ingress: [{}, {ports: [{port: 5432}]}]}"
+                )
+            ),
+            web_to_db.clone(),
+            (
+                Decision::Isolated,
+                "isolated by np/shop/web-egress; no rule matches",
+            ),
+            (
+                Decision::Allowed,
+                "allowed by np/shop/db-open ingress[0] from anywhere all ports; np/shop/db-open ingress[1] from anywhere TCP/5432",
+            ),
+        ),
+        (
+            "a kubernetes WorkloadNetworkPolicy is named as one",
+            web_egress_wnp.to_string(),
+            web_to_db.clone(),
+            (
+                Decision::Allowed,
+                "allowed by wnp/shop/web-egress egress[0] to app=db ns=shop TCP/5432",
+            ),
+            (Decision::NotIsolated, "not isolated"),
+        ),
+        (
+            "istio: the AuthorizationPolicy allows by its second rule",
+            api_istio.to_string(),
+            flow("{pod: shop/web}", "{pod: shop/api}", 80),
+            (Decision::NotIsolated, "not isolated"),
+            (
+                Decision::Allowed,
+                "allowed by wnp/shop/api-istio rules[1] from cluster.local/ns/shop/* TCP/80",
+            ),
+        ),
+        (
+            "istio denies what no NetworkPolicy isolates",
+            api_istio.to_string(),
+            flow("{ip: 192.0.2.1}", "{pod: shop/api}", 80),
+            (Decision::NotIsolated, "not isolated"),
+            (
+                Decision::Isolated,
+                "isolated by wnp/shop/api-istio; no rule matches",
+            ),
+        ),
+        (
+            "istio denies what a NetworkPolicy allows: only the denying policy is named",
+            format!(
+                "{api_istio}{}",
+                np(
+                    "api-open",
+                    "{podSelector: {matchLabels: {app: api}}, ingress: [{}]}"
+                )
+            ),
+            flow("{ip: 192.0.2.1}", "{pod: shop/api}", 80),
+            (Decision::NotIsolated, "not isolated"),
+            (
+                Decision::Isolated,
+                "isolated by wnp/shop/api-istio; no rule matches",
+            ),
+        ),
+    ];
+    for (name, policies, flow, egress, ingress) in cases {
+        let policies = if policies.is_empty() {
+            "policies: []\n".to_string()
+        } else {
+            format!("policies:\n{policies}")
+        };
+        let scenario = parse_scenario(&format!("{pods}{policies}flows:\n{flow}"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let checker = Checker::new(scenario).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let explained = checker.explain();
+        let result = &explained.results[0];
+        for (side, (decision, text)) in [(&result.egress, egress), (&result.ingress, ingress)] {
+            assert_eq!(side.decision, Some(decision), "{name}");
+            assert_eq!(explain::explanation_text(side), text, "{name}");
+            // Rules are listed only for an allowed side (the JSON must not show stale ones).
+            assert_eq!(
+                side.rules.is_empty(),
+                decision != Decision::Allowed,
+                "{name}"
+            );
+        }
+        // Without --explain the verdicts are the same and nothing is added.
+        let plain = &checker.run().results[0];
+        for (plain, explained) in [
+            (&plain.egress, &result.egress),
+            (&plain.ingress, &result.ingress),
+        ] {
+            assert_eq!(
+                (plain.allowed, &plain.policies),
+                (explained.allowed, &explained.policies),
+                "{name}"
+            );
+            assert_eq!((&plain.decision, plain.rules.len()), (&None, 0), "{name}");
+        }
+    }
+}
+
+#[test]
+fn with_policies_keeps_the_pods_and_flows() {
+    let scenario = parse_scenario(
+        "pods: [{namespace: a, name: p}, {namespace: a, name: q}]\nflows:\n- {from: {pod: a/p}, to: {pod: a/q}, port: 80}\n",
+    )
+    .unwrap();
+    let old = Checker::new(scenario).unwrap();
+    let deny = parse_policies(
+        "kind: NetworkPolicy\nmetadata: {name: deny, namespace: a}\nspec: {podSelector: {}}\n",
+    )
+    .unwrap();
+    let new = old.with_policies(deny).unwrap();
+    let report = diff(&old.explain(), &new.explain());
+    assert_eq!(
+        (report.flows, report.now_denied.len(), report.unchanged),
+        (1, 1, 0)
+    );
+    let change = &report.now_denied[0];
+    assert_eq!(change.new.ingress.decision, Some(Decision::Isolated));
+    assert_eq!(change.old.ingress.decision, Some(Decision::NotIsolated));
+    let bad =
+        parse_policies("- {kind: NetworkPolicy, metadata: {name: Bad, namespace: a}}\n").unwrap();
+    let err = old.with_policies(bad).err().unwrap();
+    assert_eq!(err.field, "policies[0].metadata.name", "{err}");
+}
+
+#[test]
+fn records_parse_from_agent_json_lines() {
+    let line = r#"{"first_seen":"2026-12-06T13:05:09.123Z","last_seen":"2026-12-06T13:05:10.000Z","netns_ino":1,"cgroup_id":2,"local_ip":"10.0.0.1","peer_ip":"10.0.0.2","port":53,"protocol":"udp","direction":"outbound","outcome":"datagram","error":null,"count":4}"#;
+    let records = parse_records(&format!("{line}\n\n{line}\n")).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].protocol, Protocol::UDP);
+    assert_eq!(records[0].count, 4);
+    let err = parse_records(&line.replace("udp", "icmp")).unwrap_err();
+    assert_eq!(err.field, "line 1.protocol", "{err}");
+}
