@@ -1,0 +1,295 @@
+//! Taking in a batch: each record decoded, checked against the agent's node, learned from and
+//! handed on as evidence, or left to wait for its pod.
+
+use super::*;
+
+/// Turns a record into a learning observation, or `None` for records that teach nothing (failed attempts,
+/// denials: those are violation evidence, not learning).
+pub fn observation(
+    record: &FlowRecord,
+    index: &Index,
+    node: &str,
+) -> Result<Option<ReportedConnection>, BadRecord> {
+    let decoded = flow_record::decode(record, index, Some(node))?;
+    Ok(learned(record, &decoded, Reporter::Node))
+}
+
+/// What `record`, read as `decoded`, teaches: `None` for records that teach nothing.
+fn learned(
+    record: &FlowRecord,
+    decoded: &Decoded,
+    reporter: Reporter,
+) -> Option<ReportedConnection> {
+    let learns = matches!(
+        uplink::Outcome::try_from(record.outcome),
+        Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
+    );
+    learns.then(|| ReportedConnection {
+        local: decoded.local.clone(),
+        peer: decoded.peer,
+        port: decoded.port,
+        protocol: decoded.protocol,
+        opened: decoded.opened,
+        at_ms: decoded.at_ms,
+        reporter,
+    })
+}
+
+/// How far ahead of this controller's clock an agent's clock may run before its times are not
+/// believed.
+pub const CLOCK_SKEW_MS: i64 = 60_000;
+
+/// A record whose times lie in the future (beyond [`CLOCK_SKEW_MS`]) gets them set to `now_ms`: an
+/// agent's clock or a hostile agent must not date violations ahead, where they would outrank real
+/// ones and never age out.
+pub fn clamp_times(record: &FlowRecord, now_ms: i64) -> Cow<'_, FlowRecord> {
+    let limit = now_ms.saturating_add(CLOCK_SKEW_MS);
+    if record.last_seen_ms <= limit && record.first_seen_ms <= limit {
+        return Cow::Borrowed(record);
+    }
+    let mut clamped = record.clone();
+    clamped.last_seen_ms = clamped.last_seen_ms.min(now_ms);
+    clamped.first_seen_ms = clamped.first_seen_ms.min(clamped.last_seen_ms);
+    Cow::Owned(clamped)
+}
+
+impl Learning {
+    /// Takes in a batch from the agent on `node`: returns the acknowledgement.
+    pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
+        self.take_in_as(node, batch.sequence, records, Reporter::Node)
+            .0
+    }
+
+    /// [`Learning::accept`] for records of a cluster-wide source the controller reads itself (Calico
+    /// Goldmane), filed under the node of their local pod: they may teach both sides of a connection.
+    pub fn accept_from_cluster_source(&self, node: &str, batch: &FlowBatch) -> BatchAck {
+        let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
+        self.take_in_as(node, batch.sequence, records, Reporter::Cluster)
+            .0
+    }
+
+    /// [`Learning::accept`] for a batch as it came off an agent's stream, its records decoded one by
+    /// one here (a record that does not decode is refused alone), also saying what the
+    /// acknowledgement must wait for: the proposals the batch gave edges no flush has decided yet,
+    /// and the status patch of its violation evidence.
+    pub fn take_in(&self, node: &str, batch: &encoded::FlowBatch) -> (BatchAck, Holds) {
+        let records = batch.records.iter().map(|bytes| {
+            FlowRecord::decode(bytes.clone())
+                .map(Cow::Owned)
+                .map_err(BadRecord::Malformed)
+        });
+        self.take_in_as(node, batch.sequence, records, Reporter::Node)
+    }
+
+    fn take_in_as<'a>(
+        &self,
+        node: &str,
+        sequence: u64,
+        records: impl ExactSizeIterator<Item = Result<Cow<'a, FlowRecord>, BadRecord>>,
+        reporter: Reporter,
+    ) -> (BatchAck, Holds) {
+        let index = self.index.index.read().expect("index lock");
+        let metrics = self.learner.metrics();
+        let now_ms = crate::cluster::watches::now_ms();
+        if self.early.due(now_ms) {
+            self.settle_early(&index, now_ms, false);
+        }
+        let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
+        let mut waits = WaitsFor::default();
+        let mut evidence_handed = false;
+        let mut early = false;
+        let received = records.len() as u64;
+        for original in records {
+            let result = original.and_then(|original| {
+                let record = clamp_times(&original, now_ms);
+                if matches!(record, Cow::Owned(_)) {
+                    metrics.resolved("future_time_clamped", 1);
+                }
+                let from = Arrival {
+                    node,
+                    reporter,
+                    at_ms: now_ms,
+                };
+                let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence_handed);
+                match taken {
+                    Err(BadRecord::UnknownLocalPod(pod)) => {
+                        let grace_ms = self.learner.resolution_grace_ms();
+                        match self.early.hold(node, reporter, &record, now_ms, grace_ms) {
+                            Ok(until_ms) => {
+                                metrics.resolved("local_pod_deferred", 1);
+                                metrics.records_waiting_for_pod.inc();
+                                waits.defer_until(until_ms);
+                                early = true;
+                                Ok(Ok(()))
+                            }
+                            Err(why) => {
+                                if why == early_records::NoWait::Full {
+                                    metrics.resolved("local_pod_waiting_full", 1);
+                                }
+                                Err(BadRecord::UnknownLocalPod(pod))
+                            }
+                        }
+                    }
+                    taken => taken,
+                }
+            });
+            match result {
+                Ok(Ok(())) => accepted += 1,
+                Ok(Err(unresolved)) => {
+                    // Accepted (well-formed, authorized) but not resolvable yet: counted, not an error.
+                    accepted += 1;
+                    tracing::debug!(%unresolved, "record not resolvable");
+                }
+                Err(refused) => {
+                    rejected += 1;
+                    metrics.record_rejected(refused.label());
+                    if reason.is_empty() {
+                        reason = refused.to_string();
+                    }
+                }
+            }
+        }
+        metrics.records_received.inc_by(received);
+        if rejected > 0 {
+            tracing::warn!(node, sequence, rejected, %reason, "refused records");
+        }
+        (
+            BatchAck {
+                sequence,
+                accepted,
+                rejected,
+                reason,
+            },
+            Holds {
+                proposals: waits,
+                evidence: self
+                    .evidence
+                    .as_ref()
+                    .filter(|_| evidence_handed)
+                    .and_then(|e| e.hold()),
+                early,
+            },
+        )
+    }
+
+    /// Takes in one record as it arrived (`from`): learns from it (adding what its
+    /// acknowledgement waits for to `waits`) and hands it to the evidence sink. `Ok(Err(_))`: accepted
+    /// but not resolvable.
+    fn take_one(
+        &self,
+        index: &Index,
+        from: Arrival<'_>,
+        record: &FlowRecord,
+        waits: &mut WaitsFor,
+        evidence_handed: &mut bool,
+    ) -> Result<Result<(), String>, BadRecord> {
+        let metrics = self.learner.metrics();
+        let decoded = flow_record::decode(record, index, Some(from.node))?;
+        let learning = match learned(record, &decoded, from.reporter) {
+            Some(o) => {
+                if decoded.peer_from != PeerFrom::Address {
+                    metrics.resolved(decoded.peer_from.label(), 1);
+                }
+                self.learner
+                    .observe_or_wait(index, &o, from.at_ms, waits)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+            None => {
+                metrics.resolved("not_learned", 1);
+                Ok(())
+            }
+        };
+        if let Some(sink) = &self.evidence
+            && let Some(evidence) = Evidence::of(record, decoded)
+        {
+            sink.accepted(evidence);
+            *evidence_handed = true;
+        }
+        Ok(learning)
+    }
+
+    /// Takes in the records that waited for their pod and whose pod the index now knows, and refuses
+    /// those whose grace is over at `now_ms`. Called by batches as they come (`wait: false`: not when
+    /// another thread is at it) and before every flush (`wait: true`).
+    ///
+    /// A record is taken in as of its arrival: should its peer then wait for the index too, that
+    /// wait ends when its batch's does (both are the grace from its arrival), so the flush that
+    /// releases the batch's acknowledgement decides it.
+    pub fn settle_early(&self, index: &Index, now_ms: i64, wait: bool) {
+        let Some(_settling) = self.early.settling(wait) else {
+            return;
+        };
+        let decided = self.early.take_decided(index, now_ms);
+        let metrics = self.learner.metrics();
+        metrics
+            .records_waiting_for_pod
+            .dec_by((decided.placed.len() + decided.expired.len()) as i64);
+        // One log line per settling, not per record: a hostile agent may name many pods.
+        let mut refused: Option<(u64, String, BadRecord)> = None;
+        for early in decided.placed {
+            let from = Arrival {
+                node: &early.node,
+                reporter: early.reporter,
+                at_ms: early.arrived_ms,
+            };
+            let taken = self.take_one(
+                index,
+                from,
+                &early.record,
+                &mut WaitsFor::default(),
+                &mut false,
+            );
+            match taken {
+                Ok(_) => metrics.resolved("local_pod_deferred_resolved", 1),
+                Err(why) => {
+                    metrics.record_rejected(why.label());
+                    let first = refused.get_or_insert((0, early.node, why));
+                    first.0 += 1;
+                }
+            }
+        }
+        if let Some((records, node, reason)) = refused {
+            tracing::warn!(records, first_node = %node, first_reason = %reason,
+                "refused records that waited for their pod");
+        }
+        let Some(first) = decided.expired.first() else {
+            return;
+        };
+        if now_ms == i64::MAX {
+            // On the way out: not refused, their batches are not acknowledged and come again.
+            tracing::info!(
+                records = decided.expired.len(),
+                "records still waiting for their pods are left to their agents to send again"
+            );
+            return;
+        }
+        let expired = decided.expired.len() as u64;
+        metrics.resolved("local_pod_deferred_expired", expired);
+        metrics.records_rejected_by("unknown_local_pod", expired);
+        let pod = first
+            .record
+            .local
+            .as_ref()
+            .map(flow_record::describe_local)
+            .unwrap_or_default();
+        tracing::warn!(records = expired, first_node = %first.node, first_pod = %pod,
+            "refused records: their pods did not reach the index within the resolution grace");
+    }
+}
+
+impl crate::learn::flusher::SettleFirst for Learning {
+    fn settle_first(&self, index: &Index, now_ms: i64) {
+        // Even when none waits: a batch's look may have taken the last ones out and be merging them.
+        self.settle_early(index, now_ms, true);
+    }
+}
+
+/// Who sent a record (the node whose stream it came on, and as what) and when it arrived.
+#[derive(Clone, Copy, Debug)]
+struct Arrival<'a> {
+    node: &'a str,
+    reporter: Reporter,
+    at_ms: i64,
+}
