@@ -1,0 +1,192 @@
+//! Evidence passes: queued records attributed to the policies in force, as pending observations.
+
+use super::*;
+
+impl StatusSync {
+    /// Observations waiting for policy `namespace/name`.
+    pub fn pending(&self, namespace: &str, name: &str) -> usize {
+        self.state
+            .lock()
+            .expect("state lock")
+            .pending
+            .len_of(&PolicyKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+    }
+
+    /// The evaluator's view now (what [`StatusSync::sync_policy`] evaluates against).
+    pub fn current_view(&self) -> ClusterView {
+        let index = self.index.index.read().expect("index lock");
+        self.view(&index)
+    }
+
+    /// The evaluator's view now: the index's pods, the watched namespaces and NetworkPolicies.
+    fn view(&self, index: &Index) -> ClusterView {
+        let namespaces = self.namespaces.state();
+        let network_policies = self.network_policies.state();
+        let mut view = ClusterView::from_index(
+            index,
+            namespaces
+                .iter()
+                .map(|ns| (ns.name_any(), ns.labels().clone())),
+            network_policies
+                .iter()
+                .filter_map(|np| NamedPolicy::from_network_policy(np)),
+        );
+        view.set_ip_blocks_match_pods(self.settings.ip_blocks_match_pods);
+        view
+    }
+
+    /// Attributes the queued records to the policies in force; returns how many observations were
+    /// queued for a status patch. Before [`StatusSync::wait_ready`] has returned it does nothing: the
+    /// records stay queued (and unacknowledged) until the policies and pods they are judged against
+    /// have been listed.
+    pub fn attribute_evidence(&self) -> usize {
+        if !self.is_ready() {
+            return 0;
+        }
+        let (records, drain) = self.queue.drain_numbered();
+        let policies = self.policies.state();
+        // A strict protect policy the gate holds renders nothing yet: what it sees counts as monitor's.
+        let held = self.held.lock().expect("held lock").clone();
+        let as_monitor: Vec<WorkloadNetworkPolicy> = policies
+            .iter()
+            .filter(|p| held.contains(&policy_key(p)))
+            .map(|p| {
+                let mut p = p.as_ref().clone();
+                p.spec.mode = PolicyMode::Monitor;
+                p
+            })
+            .collect();
+        let set = PolicySet::new(
+            policies
+                .iter()
+                .filter(|p| !held.contains(&policy_key(p)))
+                .map(|p| p.as_ref())
+                .chain(&as_monitor),
+        );
+        self.queue
+            .policies_exist
+            .store(!set.is_empty(), Ordering::Release);
+        self.metrics.policies_evaluated.set(policies.len() as i64);
+        if records.is_empty() {
+            self.settle_if_written(drain);
+            return 0;
+        }
+        let backends: HashMap<PolicyKey, Backend> = policies
+            .iter()
+            .map(|p| (policy_key(p), p.spec.backend))
+            .collect();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let index = self.index.index.read().expect("index lock");
+        let view = self.view(&index);
+        let mut state = self.state.lock().expect("state lock");
+        let mut history = self.history.lock().expect("history lock");
+        let mut queued = 0;
+        let mut matches: Vec<RuleMatch> = Vec::new();
+        // Each policy's rules with their fingerprints, computed once per pass for the policies used.
+        let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
+        let mut names = std::mem::take(&mut state.names);
+        for Evidence { kind, record } in &records {
+            let kind = *kind;
+            let flows = match observed_flows(&index, &view, &mut names, record, &now) {
+                Ok(flows) => flows,
+                Err(unresolved) => {
+                    self.metrics.evidence_unresolved.inc();
+                    tracing::debug!(%unresolved, "evidence not resolvable");
+                    continue;
+                }
+            };
+            for flow in flows {
+                if kind != EvidenceKind::Blocked {
+                    let to_api_server = match flow.destination.endpoint {
+                        Endpoint::Ip(ip) => index.is_api_server(ip, flow.port),
+                        Endpoint::Pod(_) => false,
+                    };
+                    history.record(&flow, to_api_server);
+                }
+                if set.is_empty() {
+                    continue;
+                }
+                matches.clear();
+                let attributed =
+                    match attribution::attribute_with_usage(&view, &set, &flow, Some(&mut matches))
+                    {
+                        Ok(attributed) => attributed,
+                        Err(error) => {
+                            tracing::debug!(%error, "evidence not evaluable");
+                            continue;
+                        }
+                    };
+                for used in &matches {
+                    let rules = rules.entry(used.policy.clone()).or_insert_with(|| {
+                        policies
+                            .iter()
+                            .find(|p| policy_key(p) == used.policy)
+                            .map(|p| rule_usage::rules_of(&p.spec))
+                            .unwrap_or_default()
+                    });
+                    let peer = peer_of(&flow, used.direction);
+                    let at = flow.seen_at.0.as_millisecond();
+                    for rule in used.rules.iter().filter_map(|&i| rules.get(i)) {
+                        state.usage.record(&used.policy, rule, &peer, at);
+                    }
+                }
+                let at = flow.seen_at.0.as_millisecond();
+                for a in attributed {
+                    if !kind.counts_for(a.action()) || !state.repeats.admit_key(a.repeat_key(), at)
+                    {
+                        continue;
+                    }
+                    let (policy, observation) = (a.key(), a.observation());
+                    let backend = backends
+                        .get(&policy)
+                        .copied()
+                        .unwrap_or(Backend::Kubernetes);
+                    self.sink.observed(backend, &observation);
+                    tracing::debug!(?policy, ?observation, "violation observed");
+                    state.pending.push(policy, observation);
+                    queued += 1;
+                }
+            }
+        }
+        state.repeats.forget_before(now.0.as_millisecond());
+        history.forget_expired(now.0.as_millisecond());
+        names.end_pass(|name| history.interned(name));
+        state.names = names;
+        self.metrics.history_edges.set(history.len() as i64);
+        let evicted = history.evicted();
+        self.metrics
+            .history_evicted
+            .inc_by(evicted.saturating_sub(self.metrics.history_evicted.get()));
+        drop(history);
+        self.count_pending(&mut state);
+        drop(state);
+        self.settle_if_written(drain);
+        queued
+    }
+
+    /// Marks drains up to `drain` settled when no observation waits for a patch.
+    pub(super) fn settle_if_written(&self, drain: u64) {
+        if self.state.lock().expect("state lock").pending.is_empty() {
+            self.queue.settle(drain);
+        }
+    }
+}
+
+/// The far end of `flow` for a policy of `direction`, as one string per distinct peer: the workload,
+/// else the address, else the identity.
+fn peer_of(flow: &attribution::ObservedFlow, direction: Direction) -> String {
+    let w: &WorkloadRef = match direction {
+        Direction::Ingress => &flow.source.workload,
+        Direction::Egress => &flow.destination.workload,
+    };
+    if !w.owner_name.is_empty() {
+        format!("{}/{}/{}", w.namespace, w.owner_kind, w.owner_name)
+    } else if !w.address.is_empty() {
+        w.address.clone()
+    } else {
+        w.identity.clone()
+    }
+}

@@ -1,0 +1,57 @@
+//! The edge history behind the protect gate and the UI.
+
+use super::*;
+
+impl StatusSync {
+    /// Replays the edge history against `policy` (the protect gate, [`EdgeHistory::replay`]) with the
+    /// cluster as it is now. Evidence queued before this call is attributed first, so the replay sees
+    /// every flow ingest accepted. `None` before [`StatusSync::wait_ready`] has returned: the history
+    /// is not complete yet (the gate says so and checks again later).
+    pub fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
+        if !self.is_ready() {
+            return None;
+        }
+        self.attribute_evidence();
+        let view = self.current_view();
+        Some(
+            self.history
+                .lock()
+                .expect("history lock")
+                .replay(&view, policy),
+        )
+    }
+
+    /// Notes whether the gate holds `policy` in monitor (its evidence then counts as monitor's).
+    pub fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
+        let mut set = self.held.lock().expect("held lock");
+        if held {
+            set.insert(policy_key(policy));
+        } else {
+            set.remove(&policy_key(policy));
+        }
+    }
+
+    /// Edges the protect gate's history holds now.
+    pub fn history_len(&self) -> usize {
+        self.history.lock().expect("history lock").len()
+    }
+}
+
+impl crate::ui::EdgeSource for StatusSync {
+    fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<edge_history::HistoryEdge>, bool) {
+        self.history
+            .lock()
+            .expect("history lock")
+            .edges_in(namespace, limit)
+    }
+}
+
+impl protect_gate::History for StatusSync {
+    fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
+        StatusSync::replay(self, policy)
+    }
+
+    fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
+        StatusSync::hold(self, policy, held)
+    }
+}

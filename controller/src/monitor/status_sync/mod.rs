@@ -1,0 +1,372 @@
+//! The status sync (docs/design.md, "Violations"): flow records become violation records on the
+//! WorkloadNetworkPolicies that deny them.
+//!
+//! - **Evidence in.** Ingest hands every accepted record to an [`EvidenceQueue`] (never blocking: a
+//!   full queue drops its oldest record and counts it). Every `evidence_interval`, and as soon as the
+//!   queue is half full (at a high record rate a fixed interval would drop what a pass could take),
+//!   the queued records are resolved against the controller's [`Index`] (IP history, Services),
+//!   evaluated against the policies in force ([`attribution::attribute`]: egress first; a protect
+//!   egress denial hides the flow from the destination's ingress policy), filtered by what evidence
+//!   counts for the policy's mode ([`EvidenceKind::counts_for`]) and by the repeat window
+//!   ([`RepeatFilter`]), reported to the [`ViolationSink`], and queued per policy ([`Pending`]).
+//!   The rules that allowed each flow are noted in a [`UsageTracker`] (rule usage, docs/api.md).
+//! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status
+//!   goes through [`violations::sync`] (merge, clear, acknowledge, counters) and [`rule_usage::merge`]
+//!   (`ruleUsage`). Only a changed status is patched: a JSON merge patch of the violation fields and
+//!   `ruleUsage` alone on the status subresource (the policy reconciler owns `conditions`), in one
+//!   write per policy and interval whatever the traffic, with the cached `resourceVersion` as a
+//!   precondition, so a patch
+//!   computed from a stale copy fails instead of overwriting newer records. Pending observations are
+//!   forgotten only once the patch that contains them succeeded; a conflicting patch is computed
+//!   again at once from a fresh read, any other failed patch at the next interval. Then consumed `acknowledge-<id>` annotations are removed, with
+//!   an Event per acknowledged record and per unknown id, and `acknowledged` reported to the sink.
+//!
+//! The evaluator's [`ClusterView`] is derived from the index at each pass (one source of truth for
+//! pods), plus namespaces and NetworkPolicies from this module's own watches.
+
+use crate::cluster::index::Index;
+use crate::cluster::watches::SharedIndex;
+use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
+use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
+use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
+use crate::monitor::otlp::ViolationSink;
+use crate::monitor::violations::evidence::{
+    Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WorkloadNames, observed_flows,
+};
+use crate::monitor::violations::{self, SyncInput, SyncOutcome};
+use crate::policy::protect_gate;
+use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
+use crate::reconcile::publish_with;
+use crate::runtime::metrics::{ControllerMetrics, Reason};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::{
+    AcknowledgedViolation, Backend, Direction, PolicyMode, RuleUsage, WorkloadNetworkPolicy,
+    WorkloadRef,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::de::DeserializeOwned;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+mod attribute;
+mod history;
+mod queue;
+mod run;
+mod settings;
+mod status;
+
+pub use queue::{EvidenceSink, MAX_QUEUED_RECORDS};
+pub use settings::{Settings, parse_duration};
+
+/// Records waiting for the next evidence pass; bounded, dropping the oldest.
+///
+/// It also tells ingest when evidence is safe to acknowledge: an agent forgets an acknowledged batch, so
+/// a violation found in it must be in a policy's status by then (or the controller's restart would lose
+/// it). Drains are numbered; a drain is *settled* once every observation it produced has been patched
+/// into a status (at once when it produced none). A batch handed in before drain `n` began is settled
+/// once drain `n` is.
+#[derive(Debug, Default)]
+pub struct EvidenceQueue {
+    queued_records: Mutex<Queued>,
+    /// Records dropped because the queue was full (`evidence_records_dropped_total`).
+    dropped: Counter,
+    /// Records queued now (`evidence_queue_records`).
+    queued: Gauge,
+    /// The newest settled drain.
+    settled: watch::Sender<u64>,
+    /// Whether a policy existed at the last attribution: without one no record is evidence.
+    policies_exist: AtomicBool,
+    /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
+    /// interval.
+    half_full: tokio::sync::Notify,
+}
+
+/// The queue's records.
+#[derive(Debug, Default)]
+struct Queued {
+    records: VecDeque<Evidence>,
+    /// Drains so far; counted under the lock, so a record is either in drain `n` or handed in after it.
+    drains: u64,
+}
+
+/// Why one policy's sync failed; its observations stay pending and it is retried next interval.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("patching the status failed: {0}")]
+    Patch(#[source] kube::Error),
+    #[error("reading the policy after a conflicting patch failed: {0}")]
+    Reread(#[source] kube::Error),
+    #[error("the policy has no namespace or name")]
+    Unnamed,
+}
+
+/// What one policy's sync did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicySync {
+    /// The status was patched.
+    pub patched: bool,
+    /// Observations recorded by the patch.
+    pub observations: usize,
+    /// Records acknowledged by the patch.
+    pub acknowledged: usize,
+    /// Acknowledge annotations removed (consumed or unknown).
+    pub annotations_removed: usize,
+}
+
+/// What one pass over every policy did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub policies: usize,
+    pub patched: usize,
+    pub failed: usize,
+    pub observations: usize,
+    pub acknowledged: usize,
+}
+
+struct Writers {
+    policies: Writer<WorkloadNetworkPolicy>,
+    network_policies: Writer<NetworkPolicy>,
+    namespaces: Writer<Namespace>,
+}
+
+#[derive(Debug)]
+struct State {
+    pending: Pending,
+    repeats: RepeatFilter,
+    /// [`Pending::dropped`] as last counted into the metrics.
+    pending_dropped_counted: u64,
+    /// The rules that allowed flows since the process started, merged into `ruleUsage` at each sync.
+    usage: UsageTracker<PolicyKey>,
+    /// The workload names evidence passes built, kept for the next pass.
+    names: WorkloadNames,
+}
+
+/// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
+/// registry. Every loss of evidence is counted somewhere here.
+#[derive(Clone, Debug, Default)]
+pub struct SyncMetrics {
+    /// Accepted records dropped before evaluation because the evidence queue was full.
+    pub evidence_dropped: Counter,
+    /// Records waiting for the next evidence pass.
+    pub evidence_queued: Gauge,
+    /// Records that resolved to no flow (a Service without backends). A record whose local pod is
+    /// unknown or that is malformed is refused at ingest and never queued.
+    pub evidence_unresolved: Counter,
+    /// Observations dropped before a status patch recorded them, by reason: `policy_queue_full`
+    /// ([`crate::monitor::violations::evidence::MAX_PENDING_PER_POLICY`]) or `policy_deleted`.
+    pub observations_dropped: Family<Reason, Counter>,
+    /// Observations waiting for the status patch that records them.
+    pub pending_observations: Gauge,
+    /// WorkloadNetworkPolicies the last evidence pass evaluated records against.
+    pub policies_evaluated: Gauge,
+    /// Edges held by the protect gate's history.
+    pub history_edges: Gauge,
+    /// Edges evicted from that history by its bound (the least recently seen first).
+    pub history_evicted: Counter,
+    /// Status patches that failed, by reason: `conflict` (the copy was older than the object; retried
+    /// at once from a fresh read) or `error` (retried next interval).
+    pub patch_failures: Family<Reason, Counter>,
+}
+
+impl SyncMetrics {
+    fn patch_failed(&self, reason: &str) {
+        self.patch_failures
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    fn dropped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.observations_dropped
+                .get_or_create(&Reason {
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
+/// The status sync. See the module docs.
+pub struct StatusSync {
+    client: Client,
+    index: Arc<SharedIndex>,
+    queue: Arc<EvidenceQueue>,
+    sink: Arc<dyn ViolationSink>,
+    recorder: Recorder,
+    settings: Settings,
+    policies: Store<WorkloadNetworkPolicy>,
+    network_policies: Store<NetworkPolicy>,
+    namespaces: Store<Namespace>,
+    writers: Mutex<Option<Writers>>,
+    state: Mutex<State>,
+    /// Every flow that went through, for the protect gate ([`StatusSync::replay`]).
+    history: Mutex<EdgeHistory>,
+    /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
+    held: Mutex<HashSet<PolicyKey>>,
+    passes: AtomicU64,
+    /// Set once every watch of this sync and the index have listed ([`StatusSync::wait_ready`]):
+    /// evidence evaluated before that would meet half-listed policies and pods, and a violation
+    /// missed then would be acknowledged to its agent and lost.
+    ready: AtomicBool,
+    metrics: SyncMetrics,
+}
+
+impl StatusSync {
+    /// A status sync over `index` (kept current by [`crate::cluster::watches::run`]) reporting to `sink`.
+    /// Start it with [`StatusSync::run`] (or [`StatusSync::watches`] plus your own passes).
+    pub fn new(
+        client: Client,
+        index: Arc<SharedIndex>,
+        settings: Settings,
+        sink: Arc<dyn ViolationSink>,
+    ) -> Arc<Self> {
+        let (policies, policies_writer) = reflector::store();
+        let (network_policies, network_policies_writer) = reflector::store();
+        let (namespaces, namespaces_writer) = reflector::store();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: settings.reporter.clone(),
+                instance: settings.instance.clone(),
+            },
+        );
+        let queue = EvidenceQueue {
+            // Until the first pass has listed the policies, any record may be evidence.
+            policies_exist: AtomicBool::new(true),
+            ..EvidenceQueue::default()
+        };
+        let metrics = SyncMetrics {
+            evidence_dropped: queue.dropped.clone(),
+            evidence_queued: queue.queued.clone(),
+            ..SyncMetrics::default()
+        };
+        Arc::new(StatusSync {
+            client,
+            index,
+            queue: Arc::new(queue),
+            metrics,
+            sink,
+            recorder,
+            state: Mutex::new(State {
+                pending: Pending::default(),
+                repeats: RepeatFilter::new(settings.repeat_window),
+                pending_dropped_counted: 0,
+                usage: UsageTracker::default(),
+                names: WorkloadNames::default(),
+            }),
+            history: Mutex::new(EdgeHistory::new(settings.history)),
+            held: Mutex::default(),
+            settings,
+            policies,
+            network_policies,
+            namespaces,
+            writers: Mutex::new(Some(Writers {
+                policies: policies_writer,
+                network_policies: network_policies_writer,
+                namespaces: namespaces_writer,
+            })),
+            passes: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        })
+    }
+
+    /// Where ingest hands accepted records ([`crate::ingest::Learning::evidence`]).
+    pub fn evidence(&self) -> Arc<dyn EvidenceSink> {
+        self.queue.clone()
+    }
+
+    /// This sync's metrics (shared atomics).
+    pub fn metrics(&self) -> &SyncMetrics {
+        &self.metrics
+    }
+
+    /// Registers this sync's metrics on the process's registry.
+    pub fn register_metrics(&self, metrics: &ControllerMetrics) {
+        let m = &self.metrics;
+        metrics.register(
+            "evidence_records_dropped",
+            "Accepted flow records dropped before evaluation because the evidence queue was full",
+            m.evidence_dropped.clone(),
+        );
+        metrics.register(
+            "evidence_queue_records",
+            "Flow records waiting for the next evidence pass",
+            m.evidence_queued.clone(),
+        );
+        metrics.register(
+            "evidence_records_unresolved",
+            "Flow records that resolved to no flow to evaluate (a Service without backends)",
+            m.evidence_unresolved.clone(),
+        );
+        metrics.register(
+            "violation_observations_dropped",
+            "Violation observations dropped before a status patch recorded them: policy_queue_full \
+             (too many waiting for one policy) or policy_deleted",
+            m.observations_dropped.clone(),
+        );
+        metrics.register(
+            "pending_violation_observations",
+            "Violation observations waiting for the status patch that records them",
+            m.pending_observations.clone(),
+        );
+        metrics.register(
+            "evidence_policies",
+            "WorkloadNetworkPolicies the last evidence pass evaluated flow records against",
+            m.policies_evaluated.clone(),
+        );
+        metrics.register(
+            "edge_history_edges",
+            "Observed edges held for the protect gate",
+            m.history_edges.clone(),
+        );
+        metrics.register(
+            "edge_history_evicted",
+            "Observed edges evicted from the protect gate's history by its bound (--edge-history-max-edges)",
+            m.history_evicted.clone(),
+        );
+        metrics.register(
+            "status_patch_failures",
+            "WorkloadNetworkPolicy status patches that failed: conflict (retried at once from a fresh \
+             read) or error (retried at the next interval)",
+            m.patch_failures.clone(),
+        );
+    }
+
+    /// Brings the pending-observation gauge and the queue-full drop counter up to date.
+    fn count_pending(&self, state: &mut State) {
+        let dropped = state.pending.dropped();
+        self.metrics.dropped(
+            "policy_queue_full",
+            dropped.saturating_sub(state.pending_dropped_counted),
+        );
+        state.pending_dropped_counted = dropped;
+        self.metrics
+            .pending_observations
+            .set(state.pending.len() as i64);
+    }
+}
+
+fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
+    PolicyKey {
+        namespace: policy.metadata.namespace.clone().unwrap_or_default(),
+        name: policy.metadata.name.clone().unwrap_or_default(),
+    }
+}
+#[cfg(test)]
+mod tests;

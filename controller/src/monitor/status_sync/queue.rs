@@ -1,0 +1,106 @@
+//! Evidence in: the queue ingest hands accepted records to, and when they are safe to acknowledge.
+
+use super::*;
+
+/// At most this many records wait in the [`EvidenceQueue`] between two passes. Each is an
+/// [`Evidence`] of fixed size (its local pod is shared with the index), so this bounds the memory
+/// too: about 16 MB. A pass starts at half of it; the other half is what arrives during a pass
+/// (at 1,000 agents on two cores, 200,000 records were not always enough).
+pub const MAX_QUEUED_RECORDS: usize = 400_000;
+
+/// Where ingest hands every accepted record, as violation evidence. Must return at once.
+pub trait EvidenceSink: Send + Sync {
+    /// An authenticated agent's record was accepted; this is what ingest read from it.
+    fn accepted(&self, evidence: Evidence);
+
+    /// Called after handing records in: the mark to wait for ([`EvidenceSink::settled_after`]) before
+    /// acknowledging them, or `None` when they need no wait (no policy, so no record is evidence).
+    fn hold(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether every violation found in records handed in before `mark` was taken is in a status.
+    fn settled_after(&self, _mark: u64) -> bool {
+        true
+    }
+
+    /// Changes whenever [`EvidenceSink::settled_after`] may have become true.
+    fn settled(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}
+
+impl EvidenceQueue {
+    /// Resolves once the queue has reached half its bound since the last call (or since the queue
+    /// was made, for the first call).
+    pub async fn half_full(&self) {
+        self.half_full.notified().await;
+    }
+
+    /// Takes every queued record.
+    pub fn drain(&self) -> Vec<Evidence> {
+        self.drain_numbered().0
+    }
+
+    /// Takes every queued record; also returns the drain's number.
+    pub(super) fn drain_numbered(&self) -> (Vec<Evidence>, u64) {
+        let mut queued = self.queued_records.lock().expect("evidence lock");
+        self.queued.set(0);
+        queued.drains += 1;
+        // The queue's buffer itself: nothing copied, and nothing kept between passes.
+        let records = std::mem::take(&mut queued.records).into();
+        (records, queued.drains)
+    }
+
+    /// Drains so far.
+    pub(super) fn drains(&self) -> u64 {
+        self.queued_records.lock().expect("evidence lock").drains
+    }
+
+    /// Every observation of drains up to `drain` is in a status.
+    pub(super) fn settle(&self, drain: u64) {
+        self.settled.send_if_modified(|settled| {
+            let newer = drain > *settled;
+            if newer {
+                *settled = drain;
+            }
+            newer
+        });
+    }
+
+    /// Records dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+}
+
+impl EvidenceSink for EvidenceQueue {
+    fn accepted(&self, evidence: Evidence) {
+        let mut queued = self.queued_records.lock().expect("evidence lock");
+        if queued.records.len() >= MAX_QUEUED_RECORDS {
+            queued.records.pop_front();
+            self.dropped.inc();
+        }
+        queued.records.push_back(evidence);
+        self.queued.set(queued.records.len() as i64);
+        // Once per fill: a queue stays half full until it is drained.
+        if queued.records.len() == MAX_QUEUED_RECORDS / 2 {
+            self.half_full.notify_one();
+        }
+    }
+
+    fn hold(&self) -> Option<u64> {
+        // Read after the records were pushed: the next drain takes them, or one already did.
+        self.policies_exist
+            .load(Ordering::Acquire)
+            .then(|| self.drains())
+    }
+
+    fn settled_after(&self, mark: u64) -> bool {
+        *self.settled.borrow() > mark
+    }
+
+    fn settled(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.settled.subscribe())
+    }
+}

@@ -1,0 +1,112 @@
+//! Running the sync: its watches, readiness, and the loop of evidence and status passes.
+
+use super::*;
+
+impl StatusSync {
+    /// Runs the watches and the passes until the process stops.
+    pub async fn run(self: Arc<Self>) {
+        tokio::join!(self.clone().watches(), self.passes_forever());
+    }
+
+    /// Runs the watches this sync needs besides the index: WorkloadNetworkPolicies and
+    /// NetworkPolicies in scope, namespaces cluster-wide. Only the first call watches.
+    pub async fn watches(self: Arc<Self>) {
+        let Some(writers) = self.writers.lock().expect("writers lock").take() else {
+            return;
+        };
+        let scoped = |client: &Client| match &self.settings.namespace {
+            Some(ns) => (
+                Api::<WorkloadNetworkPolicy>::namespaced(client.clone(), ns),
+                Api::<NetworkPolicy>::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let (policies, network_policies) = scoped(&self.client);
+        tokio::join!(
+            reflect(policies, writers.policies),
+            reflect(network_policies, writers.network_policies),
+            reflect(
+                Api::<Namespace>::all(self.client.clone()),
+                writers.namespaces
+            ),
+        );
+    }
+
+    /// Waits until every watch of this sync and the index have listed once; evidence is attributed
+    /// from then on ([`StatusSync::attribute_evidence`]).
+    pub async fn wait_ready(&self) {
+        let _ = self.policies.wait_until_ready().await;
+        let _ = self.network_policies.wait_until_ready().await;
+        let _ = self.namespaces.wait_until_ready().await;
+        while !self.index.ready() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// Whether [`StatusSync::wait_ready`] has returned.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Attributes evidence every `evidence_interval` and whenever the queue is half full, and syncs
+    /// statuses every `interval`.
+    pub async fn passes_forever(self: Arc<Self>) {
+        self.wait_ready().await;
+        tracing::info!(interval = ?self.settings.interval, "status sync started");
+        let mut evidence = tokio::time::interval(self.settings.evidence_interval);
+        let mut status = tokio::time::interval(self.settings.interval);
+        for tick in [&mut evidence, &mut status] {
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                _ = evidence.tick() => {
+                    self.attribute_evidence_off_runtime().await;
+                }
+                _ = self.queue.half_full() => {
+                    self.attribute_evidence_off_runtime().await;
+                    // The regular pass comes an interval after this one.
+                    evidence.reset();
+                }
+                _ = status.tick() => {
+                    self.attribute_evidence_off_runtime().await;
+                    let report = self.sync_all().await;
+                    if report.patched > 0 || report.failed > 0 {
+                        tracing::info!(?report, "synced policy statuses");
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`StatusSync::attribute_evidence`] on the blocking pool: a pass over a full queue is CPU work
+    /// that would hold up one of the runtime's workers (and the streams and writes it runs).
+    async fn attribute_evidence_off_runtime(self: &Arc<Self>) {
+        let sync = self.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || sync.attribute_evidence()).await {
+            tracing::error!(%error, "an evidence pass failed");
+        }
+    }
+
+    /// Completed [`StatusSync::sync_all`] passes.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Acquire)
+    }
+}
+
+async fn reflect<K>(api: Api<K>, writer: Writer<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::warn!(kind = %K::kind(&()), %error, "watch failed; retrying with backoff");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,51 @@
+//! Settings of the status sync.
+
+use super::*;
+
+/// Settings of the status sync.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch only this namespace's policies and NetworkPolicies; `None` watches all.
+    pub namespace: Option<String>,
+    /// How often statuses are synced and patched (`--status-update-interval`).
+    pub interval: Duration,
+    /// How often queued evidence is attributed (the policy's mode at that moment is the action).
+    pub evidence_interval: Duration,
+    /// See [`REPEAT_WINDOW`].
+    pub repeat_window: Duration,
+    /// Whether ipBlocks match pod IPs (see [`ClusterView::set_ip_blocks_match_pods`]); false for Cilium.
+    pub ip_blocks_match_pods: bool,
+    /// The name Events are reported under.
+    pub reporter: String,
+    /// The instance reporting Events, usually the pod name.
+    pub instance: Option<String>,
+    /// Bounds of the edge history behind the protect gate (`--edge-history-*`).
+    pub history: edge_history::Bounds,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            namespace: None,
+            interval: Duration::from_secs(30),
+            evidence_interval: Duration::from_secs(1),
+            repeat_window: REPEAT_WINDOW,
+            ip_blocks_match_pods: true,
+            reporter: "network-enforcer-controller".into(),
+            instance: None,
+            history: edge_history::Bounds::default(),
+        }
+    }
+}
+
+/// Parses a duration as the chart writes it (`30s`, `1m30s`, `500ms`, `1.5h`, `7d`; see
+/// [`network_enforcer_api::duration`]). Zero is refused: the sync would spin.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    // Far above any interval that makes sense here.
+    const MAX: Duration = Duration::from_secs(366 * 86_400);
+    match network_enforcer_api::duration::parse_duration(text, MAX) {
+        Ok(d) if d.is_zero() => Err(format!("duration {text:?} must be greater than zero")),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
