@@ -898,6 +898,64 @@ async fn a_policy_that_becomes_invalid_keeps_its_last_valid_rendering() -> Resul
     Ok(())
 }
 
+/// An invalid policy never shadows a valid one of the same target and direction, however old it is
+/// (docs/behaviour.md §4.3): when the policy in force becomes invalid, the valid duplicate takes over and
+/// the invalid one's rendering goes (both would be in force otherwise); fixed, the oldest governs again.
+#[tokio::test]
+async fn an_invalid_policy_does_not_shadow_a_valid_one() -> Result<()> {
+    let ns = TestNamespace::create_with_crds("invalid-dup").await?;
+    let _controller = start_controller(&ns);
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let netpols = ns.api::<NetworkPolicy>();
+    let (old, new) = ("web-old", "web-new");
+    policies
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, old, "web", "protect"),
+        )
+        .await?;
+    wait_for_condition(&ns, old, "Ready", "Rendered").await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // creation timestamps have 1 s resolution
+    policies
+        .create(
+            &PostParams::default(),
+            &policy_from_json(&ns.name, new, "web", "protect"),
+        )
+        .await?;
+    wait_for_condition(&ns, new, "DuplicateTarget", "DuplicateTarget").await?;
+    assert!(netpols.get_opt(new).await?.is_none());
+
+    // The older one becomes invalid (v1.20 runs no CEL): the newer, valid one governs.
+    let edit = json!({"spec": {"kubernetes": {"podSelector": {"matchLabels": null}}}});
+    policies
+        .patch(old, &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    wait_for_condition(&ns, new, "Ready", "Rendered").await?;
+    let (status, _) = wait_for_condition(&ns, new, "DuplicateTarget", "UniqueTarget").await?;
+    assert_eq!(status, "False");
+    let (_, message) = wait_for_condition(&ns, old, "Ready", "Invalid").await?;
+    assert!(message.contains("Nothing is rendered"), "{message}");
+    ns.wait_for(
+        "the invalid policy's rendering to be removed",
+        WAIT,
+        || async { Ok(netpols.get_opt(old).await?.is_none().then_some(())) },
+    )
+    .await?;
+
+    // Fixed: it is the oldest valid one again and governs; the newer one is a duplicate again.
+    let fix = json!({"spec": {"kubernetes": {"podSelector": {"matchLabels": {"app": "web"}}}}});
+    policies
+        .patch(old, &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    wait_for_condition(&ns, old, "Ready", "Rendered").await?;
+    wait_for_condition(&ns, new, "DuplicateTarget", "DuplicateTarget").await?;
+    ns.wait_for("the duplicate's rendering to be removed", WAIT, || async {
+        Ok(netpols.get_opt(new).await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 /// The uninstall clean-up's stop of the controller: a Failed pod of the controller (an evicted pod
 /// stays in the API until garbage-collected) runs nothing and must not hold the wait; when a pod does
 /// keep running past the timeout, nothing is deleted and the Deployment gets its replicas back, so a

@@ -321,6 +321,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     max_edges: args.edge_history_max_edges as usize,
                     retention: args.edge_history_retention,
                 },
+                // The reconciler's memory: both elect the same policy per target.
+                backends: settings.backends.clone(),
                 ..status_sync::Settings::default()
             },
             violation_sink.clone(),

@@ -7,13 +7,18 @@
 //! - [`on_invalid`]: whether an object rendered before the policy became invalid stays in force.
 //! - [`invalid_message`]: the `Ready=False` message: the rules' messages, then what is in force.
 
-use network_enforcer_api::Backend;
+use kube::ResourceExt;
 use network_enforcer_api::keys::RENDERED_GENERATION_ANNOTATION;
 use network_enforcer_api::validation::{self, Violation};
+use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The `Ready=False` reason (and the Warning Event's reason) of a policy or proposal that breaks a rule.
 pub const INVALID_REASON: &str = "Invalid";
+
+/// One [`Backends`] memory, shared by the policy reconciler (which fills it) and the status sync, so
+/// both judge validity, and so which policy governs a target, alike.
+pub type SharedBackends = std::sync::Arc<std::sync::Mutex<Backends>>;
 
 /// The backend of each policy (by uid) as first seen by this controller process.
 ///
@@ -46,6 +51,15 @@ impl Backends {
     pub fn retain_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
         let live: HashSet<&str> = live.into_iter().collect();
         self.seen.retain(|uid, _| live.contains(uid.as_str()));
+    }
+
+    /// Whether `policy` passes every rule of the CRDs, its backend checked against the one remembered
+    /// for it (none remembered yet: that rule is not checked). The validity the duplicate-target rule
+    /// ([`crate::policy::uniqueness`]) goes by, the same in the reconciler and in the monitor; once the
+    /// reconciler has checked a policy it agrees with that check.
+    pub fn is_valid(&self, policy: &WorkloadNetworkPolicy) -> bool {
+        let previous = self.remembered(&policy.uid().unwrap_or_default());
+        validation::validate(&policy.spec, previous).is_ok()
     }
 
     /// How many policies are remembered.

@@ -9,6 +9,7 @@ pub mod policy;
 pub mod proposal;
 
 use crate::policy::protect_gate::GateHistory;
+use crate::policy::validity::SharedBackends;
 use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
 use kube::runtime::Controller;
@@ -54,6 +55,9 @@ pub struct Settings {
     /// The observed traffic the protect gate replays (docs/api.md, "Protect gate"); `None`: no history,
     /// `WouldBlock` says so and nothing is held.
     pub gate: Option<GateHistory>,
+    /// The backend each policy had when first seen, for the immutable-backend rule; shared with the
+    /// status sync (`status_sync::Settings::backends`) so that both elect the same policy per target.
+    pub backends: SharedBackends,
 }
 
 impl Default for Settings {
@@ -68,6 +72,7 @@ impl Default for Settings {
             metrics: ReconcileMetrics::default(),
             unused_rule_after: Duration::from_secs(7 * 86_400),
             gate: None,
+            backends: SharedBackends::default(),
         }
     }
 }
@@ -78,8 +83,9 @@ pub struct Context {
     pub recorder: Recorder,
     /// Every WorkloadNetworkPolicy in scope, kept current by the policy controller's watch.
     pub policies: Store<WorkloadNetworkPolicy>,
-    /// The backend each policy had when first seen, for the immutable-backend rule.
-    pub backends: std::sync::Mutex<crate::policy::validity::Backends>,
+    /// The backend each policy had when first seen, for the immutable-backend rule
+    /// ([`Settings::backends`]).
+    pub backends: SharedBackends,
     pub settings: Settings,
 }
 
@@ -172,7 +178,7 @@ impl Reconcilers {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             policies: policy_cache,
-            backends: Default::default(),
+            backends: settings.backends.clone(),
             settings,
         });
         let policies = policies

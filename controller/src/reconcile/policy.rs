@@ -81,10 +81,34 @@ pub async fn reconcile(
         // Garbage collection removes what we rendered through the ownerReference.
         return Ok(Action::await_change());
     }
+    let rules = check_rules(&ctx, &policy, &ns).await?;
+    let siblings = ctx.policies_in(&ns);
+    // Judged after check_rules, which has remembered this policy's backend: its validity here is that
+    // check's. (name, valid) of the policy that governs the target instead of this one.
+    let winner = {
+        let backends = ctx.backends.lock().expect("backends lock");
+        uniqueness::winner_over(&policy, siblings.iter().map(|p| p.as_ref()), |p| {
+            backends.is_valid(p)
+        })
+        .map(|w| (w.name_any(), backends.is_valid(w)))
+    };
     // Clusters without the CRDs' CEL rules (< 1.25), CRDs applied without validation and restored
     // backups let invalid policies in; nothing of them is rendered (docs/api.md, "Invalid policies").
-    if let Err(violations) = check_rules(&ctx, &policy, &ns).await? {
-        let ready = refuse_invalid(&ctx, &policy, &ns, &violations).await?;
+    if let Err(violations) = rules {
+        let ready = match &winner {
+            // A valid policy governs the target: what this one rendered would add to what that one
+            // renders, so it goes, as any duplicate's does.
+            Some((_, true)) => {
+                remove_rendered(&ctx, &policy, &ns).await?;
+                Condition::new(
+                    conditions::READY,
+                    false,
+                    INVALID_REASON,
+                    validity::invalid_message(&violations, &[]),
+                )
+            }
+            _ => refuse_invalid(&ctx, &policy, &ns, &violations).await?,
+        };
         // One Event per change of the refusal, not one per resync.
         if write_conditions(&ctx, &policy, &ns, std::slice::from_ref(&ready)).await? {
             tracing::warn!(name = %policy.name_any(), namespace = %ns, message = %ready.message, "invalid policy refused");
@@ -100,14 +124,13 @@ pub async fn reconcile(
         }
         return Ok(Action::requeue(ctx.settings.resync));
     }
-    let siblings = ctx.policies_in(&ns);
     let mut wanted: Vec<Condition> = Vec::new();
     let mut requeue = ctx.settings.resync;
 
-    if let Some(winner) = uniqueness::winner_over(&policy, siblings.iter().map(|p| p.as_ref())) {
+    if let Some((winner, _)) = winner {
         let message = format!(
             "policy {} already governs {} {}/{} {}; this one renders nothing",
-            winner.name_any(),
+            winner,
             policy.spec.target_ref.kind.as_str(),
             ns,
             policy.spec.target_ref.name,
@@ -285,6 +308,19 @@ async fn rendered_as_other_backend(
         }
         Backend::Kubernetes => None,
     })
+}
+
+/// Removes whatever the policy rendered, with either backend (an invalid policy's may have changed).
+async fn remove_rendered(
+    ctx: &Context,
+    policy: &WorkloadNetworkPolicy,
+    ns: &str,
+) -> Result<(), Error> {
+    remove_owned::<NetworkPolicy>(ctx, policy, ns).await?;
+    if authorization_policy_kind_exists(ctx).await? {
+        remove_owned::<AuthorizationPolicy>(ctx, policy, ns).await?;
+    }
+    Ok(())
 }
 
 /// Renders nothing for an invalid policy: what it rendered from a valid generation stays in force,

@@ -6,6 +6,8 @@
 //! names the workload it selects the same way in both: "now" is the namespace as it is; "after" has
 //! the proposal in force as a policy (in place of the policy it was promoted into, if any).
 
+use crate::policy::uniqueness;
+use crate::policy::validity::Backends;
 use crate::tools::graph::{self, GraphInput, GraphModel};
 use crate::ui::objects::Snapshot;
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicySpec};
@@ -69,7 +71,20 @@ pub fn build(snapshot: &Snapshot, namespace: &str, name: &str) -> Option<Proposa
     };
     let policies: Vec<WorkloadNetworkPolicy> =
         snapshot.policies.iter().map(|p| p.policy.clone()).collect();
-    let current = policies.iter().find(|p| same_target(p)).cloned();
+    // The one in force, as the reconciler elects it. The web view keeps no memory of backends: the CRDs'
+    // rules alone judge validity here.
+    let nothing_remembered = Backends::default();
+    let rivals: Vec<&WorkloadNetworkPolicy> = policies.iter().filter(|p| same_target(p)).collect();
+    let current = rivals
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find(|p| {
+            uniqueness::winner_over(p, rivals.iter().copied(), |q| {
+                nothing_remembered.is_valid(q)
+            })
+            .is_none()
+        })
+        .map(|p| (*p).clone());
     let now = graph::model(
         &GraphInput {
             proposals: snapshot.proposals.clone(),

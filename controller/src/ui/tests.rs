@@ -402,6 +402,35 @@ fn proposal_diff_compares_promotion_with_policy_and_observations() {
 }
 
 #[test]
+fn proposal_diff_compares_with_the_policy_in_force_not_an_invalid_older_one() {
+    let at = |p: &mut PolicyObject, created: &str| {
+        p.policy.metadata.creation_timestamp =
+            Some(serde_json::from_value(created.into()).unwrap());
+    };
+    let mut valid = policy("monitor", "monitor", "2026-01-01T00:09:00Z");
+    valid.policy.metadata.uid = Some("valid".into());
+    at(&mut valid, "2026-01-01T00:05:00Z");
+    // Older, same target and direction, and invalid (an empty podSelector): it governs nothing.
+    let mut invalid = valid.clone();
+    invalid.policy.metadata.name = Some("older-invalid".into());
+    invalid.policy.metadata.uid = Some("older-invalid".into());
+    at(&mut invalid, "2026-01-01T00:00:00Z");
+    invalid
+        .policy
+        .spec
+        .kubernetes
+        .as_mut()
+        .unwrap()
+        .pod_selector = Some(Default::default());
+    let snapshot = snapshot(vec![invalid, valid]);
+    let diff = proposal_diff::build(&snapshot, "demo", "deployment-http-client-egress").unwrap();
+    assert_eq!(
+        diff.policy.as_deref(),
+        Some("deployment-http-client-egress")
+    );
+}
+
+#[test]
 fn rule_ports_cover_observed_ports() {
     for (rule, observed, covers) in [
         ("any port", "UDP 53", true),

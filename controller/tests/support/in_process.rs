@@ -74,13 +74,11 @@ impl InProcess {
         let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
 
         // As the binary wires them: proposal writes start from the proposal reconciler's cache.
-        let reconcilers = reconcile::Reconcilers::new(
-            &client,
-            reconcile::Settings {
-                namespace: Some(n.clone()),
-                ..reconcile::Settings::default()
-            },
-        );
+        let settings = reconcile::Settings {
+            namespace: Some(n.clone()),
+            ..reconcile::Settings::default()
+        };
+        let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
         let app = App::builder(client.clone(), Backend::Kubernetes)
             .proposal_cache(reconcilers.proposals())
             .excluded_namespaces(["kube-system".to_string()])
@@ -89,6 +87,8 @@ impl InProcess {
                     namespace: Some(n.clone()),
                     interval: Duration::from_secs(1),
                     evidence_interval: Duration::from_millis(250),
+                    // As the binary does: the reconciler's memory of backends.
+                    backends: settings.backends.clone(),
                     ..status_sync::Settings::default()
                 },
                 sink,

@@ -7,7 +7,8 @@
 //! Policies are found by `targetRef` + `direction` in the workload's namespace, never by comparing
 //! selectors (the reference's way, which breaks when both directions of one workload are promoted).
 //! When several policies claim the same target and direction, the one [`crate::policy::uniqueness`] elects
-//! (the oldest) is the one in force; the others render nothing and record nothing.
+//! (valid before invalid, then the oldest) is the one in force; the others render nothing and record
+//! nothing.
 //!
 //! "Denies" is semantic: the policy's payload is evaluated as if rendered (see [`policy_verdict`]),
 //! together with the NetworkPolicies already in force, so a hand-written NetworkPolicy that allows the
@@ -21,6 +22,7 @@ use crate::FastMap;
 use crate::monitor::violations::Observation;
 use crate::monitor::violations::evidence::RepeatKey;
 use crate::policy::uniqueness;
+use crate::policy::validity::Backends;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use network_enforcer_api::{
@@ -301,8 +303,18 @@ impl Governing<'_> {
 
 impl<'a> PolicySet<'a> {
     /// Indexes `policies`, keeping per target and direction the winner [`uniqueness::winner_over`]
-    /// elects, and skipping policies being deleted.
+    /// elects, validity judged by the CRDs' rules alone (nothing remembered of earlier backends).
     pub fn new(policies: impl IntoIterator<Item = &'a WorkloadNetworkPolicy>) -> Self {
+        let nothing_remembered = Backends::default();
+        Self::judged(policies, |p| nothing_remembered.is_valid(p))
+    }
+
+    /// Indexes `policies`, keeping per target and direction the winner [`uniqueness::winner_over`]
+    /// elects with `valid` (as the policy reconciler judges it), and skipping policies being deleted.
+    pub fn judged(
+        policies: impl IntoIterator<Item = &'a WorkloadNetworkPolicy>,
+        valid: impl Fn(&WorkloadNetworkPolicy) -> bool,
+    ) -> Self {
         let mut set = PolicySet::default();
         for policy in policies {
             if policy.metadata.deletion_timestamp.is_some() {
@@ -319,7 +331,7 @@ impl<'a> PolicySet<'a> {
             });
             match rival {
                 Some(current) => {
-                    if uniqueness::winner_over(current.policy, [policy]).is_some() {
+                    if uniqueness::winner_over(current.policy, [policy], &valid).is_some() {
                         *current = Governing::new(policy);
                     }
                 }

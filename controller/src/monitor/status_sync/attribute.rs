@@ -59,13 +59,17 @@ impl StatusSync {
                 p
             })
             .collect();
-        let set = PolicySet::new(
-            policies
-                .iter()
-                .filter(|p| !held.contains(&policy_key(p)))
-                .map(|p| p.as_ref())
-                .chain(&as_monitor),
-        );
+        let set = {
+            let backends = self.settings.backends.lock().expect("backends lock");
+            PolicySet::judged(
+                policies
+                    .iter()
+                    .filter(|p| !held.contains(&policy_key(p)))
+                    .map(|p| p.as_ref())
+                    .chain(&as_monitor),
+                |p| backends.is_valid(p),
+            )
+        };
         self.queue
             .policies_exist
             .store(!set.is_empty(), Ordering::Release);

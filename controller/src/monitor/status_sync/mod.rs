@@ -36,6 +36,7 @@ use crate::monitor::violations::evidence::{
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
 use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
+use crate::policy::validity::SharedBackends;
 use crate::reconcile::publish_with;
 use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;

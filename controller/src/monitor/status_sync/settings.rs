@@ -21,6 +21,9 @@ pub struct Settings {
     pub instance: Option<String>,
     /// Bounds of the edge history behind the protect gate (`--edge-history-*`).
     pub history: edge_history::Bounds,
+    /// The policy reconciler's memory of backends (`reconcile::Settings::backends`): which policy of a
+    /// target is in force depends on validity, judged as the reconciler judges it.
+    pub backends: SharedBackends,
 }
 
 impl Default for Settings {
@@ -34,6 +37,7 @@ impl Default for Settings {
             reporter: "network-enforcer-controller".into(),
             instance: None,
             history: edge_history::Bounds::default(),
+            backends: SharedBackends::default(),
         }
     }
 }

@@ -525,6 +525,43 @@ fn duplicate_targets_record_on_the_oldest_live_policy_only() {
 }
 
 #[test]
+fn an_invalid_older_policy_does_not_take_the_evidence_of_a_valid_one() {
+    let view = cluster();
+    // Older and invalid: an empty podSelector (rule PodSelectorNotEmpty); it allows nothing.
+    let mut old = client_egress_with(json!([]));
+    old.metadata.name = Some("old".into());
+    old.metadata.uid = Some("old".into());
+    old.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    old.spec.kubernetes.as_mut().unwrap().pod_selector = Some(Default::default());
+    let young = client_egress("monitor");
+    let policies = [old, young];
+    let set = PolicySet::new(&policies);
+    assert_eq!(set.len(), 1);
+    assert!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18080)
+        )
+        .unwrap()
+        .is_empty(),
+        "the valid one governs, and allows this flow"
+    );
+    // Judged as the reconciler judges, the old one is valid too here: the oldest governs.
+    let set = PolicySet::judged(&policies, |_| true);
+    let names: Vec<_> = attribute(
+        &view,
+        &set,
+        &observed(client(), server(), Protocol::TCP, 18080),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|a| a.key().name)
+    .collect();
+    assert_eq!(names, ["old"]);
+}
+
+#[test]
 fn a_policy_that_does_not_select_the_pod_records_nothing() {
     let view = cluster();
     let mut stray = client_egress_with(json!([]));
