@@ -1,7 +1,8 @@
 //! Policy decisions: what a promotion does ([`promote`]), what a policy renders into ([`render`]),
 //! which policy wins a target ([`uniqueness`]), what an invalid policy leaves in force ([`validity`]),
 //! whether a proposal is what the controller learned ([`provenance`]), how much each rule is used
-//! ([`rule_usage`]), what the observed traffic says before protect ([`protect_gate`]) and the conditions reported on each object.
+//! ([`rule_usage`]), what the observed traffic says before protect ([`protect_gate`]) and the conditions reported on each object
+//! ([`conditions`], [`standing`]).
 
 pub mod conditions;
 pub mod promote;
@@ -9,5 +10,6 @@ pub mod protect_gate;
 pub mod provenance;
 pub mod render;
 pub mod rule_usage;
+pub mod standing;
 pub mod uniqueness;
 pub mod validity;

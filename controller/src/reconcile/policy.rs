@@ -8,6 +8,7 @@ use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::protect_gate;
 use crate::policy::render::{self, Desired};
 use crate::policy::rule_usage;
+use crate::policy::standing::{self, Standing};
 use crate::policy::uniqueness;
 use crate::policy::validity::{self, INVALID_REASON, OnInvalid};
 use k8s_openapi::NamespaceResourceScope;
@@ -109,8 +110,15 @@ pub async fn reconcile(
             }
             _ => refuse_invalid(&ctx, &policy, &ns, &violations).await?,
         };
+        let wanted = standing::desired(
+            &policy,
+            Standing::Invalid {
+                ready: ready.clone(),
+                winner: winner.map(|(name, _)| name),
+            },
+        );
         // One Event per change of the refusal, not one per resync.
-        if write_conditions(&ctx, &policy, &ns, std::slice::from_ref(&ready)).await? {
+        if write_conditions(&ctx, &policy, &ns, &wanted).await? {
             tracing::warn!(name = %policy.name_any(), namespace = %ns, message = %ready.message, "invalid policy refused");
             publish(
                 &ctx,
@@ -124,51 +132,21 @@ pub async fn reconcile(
         }
         return Ok(Action::requeue(ctx.settings.resync));
     }
-    let mut wanted: Vec<Condition> = Vec::new();
     let mut requeue = ctx.settings.resync;
 
-    if let Some((winner, _)) = winner {
-        let message = format!(
-            "policy {} already governs {} {}/{} {}; this one renders nothing",
-            winner,
-            policy.spec.target_ref.kind.as_str(),
-            ns,
-            policy.spec.target_ref.name,
-            policy.spec.direction.as_str()
-        );
+    let standing = if let Some((winner, _)) = winner {
         remove_owned::<NetworkPolicy>(&ctx, &policy, &ns).await?;
         if policy.spec.backend == Backend::Istio && authorization_policy_kind_exists(&ctx).await? {
             remove_owned::<AuthorizationPolicy>(&ctx, &policy, &ns).await?;
         }
-        wanted.push(Condition::new(
-            conditions::DUPLICATE_TARGET,
-            true,
-            "DuplicateTarget",
-            message.clone(),
-        ));
-        wanted.push(Condition::new(
-            conditions::READY,
-            false,
-            "DuplicateTarget",
-            message,
-        ));
-        // It evaluates no traffic, so its rules cannot be used.
-        wanted.push(Condition::new(
-            conditions::UNUSED_RULES,
-            false,
-            "NotInForce",
-            "the policy is not in force (DuplicateTarget); its rules are not evaluated",
-        ));
         // The winner's deletion reaches this policy through the sibling watch, possibly before the
         // cache has dropped the winner; re-check soon rather than wait for the resync.
         requeue = DUPLICATE_RECHECK;
+        Standing::Duplicate {
+            winner,
+            overlap: overlap_condition(&ctx, &policy, &ns).await?,
+        }
     } else {
-        wanted.push(Condition::new(
-            conditions::DUPLICATE_TARGET,
-            false,
-            "UniqueTarget",
-            "no other policy governs this target and direction",
-        ));
         let gate = protect_gate(&ctx, &policy).await;
         if ctx.settings.gate.is_some() && gate.condition.reason == protect_gate::REASON_NO_HISTORY {
             // The history is not ready yet (the controller has just started): check again soon.
@@ -191,8 +169,6 @@ pub async fn reconcile(
         } else {
             render_and_apply(&ctx, &policy, &ns).await?
         };
-        wanted.push(ready);
-        wanted.push(gate.condition);
         if let Some(again) = again {
             requeue = requeue.min(again);
         }
@@ -210,13 +186,17 @@ pub async fn reconcile(
             &Time(k8s_openapi::jiff::Timestamp::now()),
             ctx.settings.unused_rule_after,
         );
-        wanted.push(unused);
         if let Some(due) = due {
             requeue = requeue.min(due + Duration::from_secs(1));
         }
-    }
-    wanted.push(overlap_condition(&ctx, &policy, &ns).await?);
-    write_conditions(&ctx, &policy, &ns, &wanted).await?;
+        Standing::InForce {
+            ready,
+            would_block: gate.condition,
+            unused_rules: unused,
+            overlap: overlap_condition(&ctx, &policy, &ns).await?,
+        }
+    };
+    write_conditions(&ctx, &policy, &ns, &standing::desired(&policy, standing)).await?;
     Ok(Action::requeue(requeue))
 }
 
