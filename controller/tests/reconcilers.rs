@@ -901,6 +901,7 @@ async fn a_policy_that_becomes_invalid_keeps_its_last_valid_rendering() -> Resul
 /// An invalid policy never shadows a valid one of the same target and direction, however old it is
 /// (docs/behaviour.md §4.3): when the policy in force becomes invalid, the valid duplicate takes over and
 /// the invalid one's rendering goes (both would be in force otherwise); fixed, the oldest governs again.
+/// On every path every condition is set anew (docs/behaviour.md §5.1).
 #[tokio::test]
 async fn an_invalid_policy_does_not_shadow_a_valid_one() -> Result<()> {
     let ns = TestNamespace::create_with_crds("invalid-dup").await?;
@@ -941,6 +942,15 @@ async fn an_invalid_policy_does_not_shadow_a_valid_one() -> Result<()> {
         || async { Ok(netpols.get_opt(old).await?.is_none().then_some(())) },
     )
     .await?;
+    // Every condition it had in force is set anew, none left over.
+    let (status, message) =
+        wait_for_condition(&ns, old, "DuplicateTarget", "DuplicateTarget").await?;
+    assert_eq!(status, "True");
+    assert!(message.starts_with(&format!("policy {new} ")), "{message}");
+    for type_ in ["SelectorOverlapsWorkload", "UnusedRules", "WouldBlock"] {
+        let (status, _) = wait_for_condition(&ns, old, type_, "Invalid").await?;
+        assert_eq!(status, "False", "{type_}");
+    }
 
     // Fixed: it is the oldest valid one again and governs; the newer one is a duplicate again.
     let fix = json!({"spec": {"kubernetes": {"podSelector": {"matchLabels": {"app": "web"}}}}});
@@ -953,6 +963,22 @@ async fn an_invalid_policy_does_not_shadow_a_valid_one() -> Result<()> {
         Ok(netpols.get_opt(new).await?.is_none().then_some(()))
     })
     .await?;
+
+    // The duplicate becomes invalid, then its winner goes: DuplicateTarget follows, on the invalid
+    // path too (it stayed True before).
+    policies
+        .patch(new, &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    wait_for_condition(&ns, new, "Ready", "Invalid").await?;
+    let (status, _) = wait_for_condition(&ns, new, "DuplicateTarget", "DuplicateTarget").await?;
+    assert_eq!(status, "True");
+    policies.delete(old, &DeleteParams::default()).await?;
+    let (status, _) = wait_for_condition(&ns, new, "DuplicateTarget", "UniqueTarget").await?;
+    assert_eq!(status, "False");
+    assert!(
+        netpols.get_opt(new).await?.is_none(),
+        "invalid: nothing rendered"
+    );
     Ok(())
 }
 

@@ -86,6 +86,18 @@ pub fn set(
     }
 }
 
+/// Whether `conditions` already say what `desired` says (status, reason and message; the generation
+/// aside): what an Event about a condition's change is published on.
+pub fn holds(conditions: &[Condition], desired: &Desired) -> bool {
+    let status = if desired.status { "True" } else { "False" };
+    conditions.iter().any(|c| {
+        c.type_ == desired.type_
+            && c.status == status
+            && c.reason == desired.reason
+            && c.message == desired.message
+    })
+}
+
 /// Removes the condition of `type_`; returns whether it was there.
 pub fn remove(conditions: &mut Vec<Condition>, type_: &str) -> bool {
     let before = conditions.len();
@@ -120,5 +132,20 @@ mod tests {
         assert_eq!(cs.len(), 1);
         assert!(remove(&mut cs, READY));
         assert!(!remove(&mut cs, READY));
+    }
+
+    #[test]
+    fn a_condition_holds_whatever_the_generation() {
+        let mut cs = vec![];
+        let invalid = Desired::new(READY, false, "Invalid", "podSelector must not be empty");
+        assert!(!holds(&cs, &invalid));
+        set(&mut cs, &invalid, Some(1), &t(10));
+        assert!(holds(&cs, &invalid));
+        set(&mut cs, &invalid, Some(2), &t(20));
+        assert!(holds(&cs, &invalid), "a new generation, the same refusal");
+        let other = Desired::new(READY, false, "Invalid", "backend is immutable");
+        assert!(!holds(&cs, &other));
+        let flipped = Desired::new(READY, true, "Invalid", "podSelector must not be empty");
+        assert!(!holds(&cs, &flipped));
     }
 }

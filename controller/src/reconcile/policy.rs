@@ -110,6 +110,12 @@ pub async fn reconcile(
             }
             _ => refuse_invalid(&ctx, &policy, &ns, &violations).await?,
         };
+        // Like any duplicate's, its DuplicateTarget must follow the winner's deletion soon (see below).
+        let requeue = if winner.is_some() {
+            DUPLICATE_RECHECK
+        } else {
+            ctx.settings.resync
+        };
         let wanted = standing::desired(
             &policy,
             Standing::Invalid {
@@ -117,8 +123,18 @@ pub async fn reconcile(
                 winner: winner.map(|(name, _)| name),
             },
         );
-        // One Event per change of the refusal, not one per resync.
-        if write_conditions(&ctx, &policy, &ns, &wanted).await? {
+        // One Event per change of the refusal, not one per resync nor per change of another
+        // condition (DuplicateTarget may flip while the refusal stays the same).
+        let news = !conditions::holds(
+            policy
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default(),
+            &ready,
+        );
+        write_conditions(&ctx, &policy, &ns, &wanted).await?;
+        if news {
             tracing::warn!(name = %policy.name_any(), namespace = %ns, message = %ready.message, "invalid policy refused");
             publish(
                 &ctx,
@@ -130,7 +146,7 @@ pub async fn reconcile(
             )
             .await;
         }
-        return Ok(Action::requeue(ctx.settings.resync));
+        return Ok(Action::requeue(requeue));
     }
     let mut requeue = ctx.settings.resync;
 
