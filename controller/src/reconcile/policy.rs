@@ -575,21 +575,10 @@ async fn overlap_condition(
     } else {
         Vec::new()
     };
-    let cronjob_of_job = |name: &str| {
-        jobs.iter()
-            .find(|j| j.metadata.name.as_deref() == Some(name))
-            .and_then(|j| {
-                j.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .find(|o| o.kind == "CronJob")
-            })
-            .map(|o| o.name.clone())
-    };
+    let jobs = workload::JobOwners::new(&jobs);
     let others: BTreeSet<String> = selected
         .iter()
-        .filter_map(|pod| match workload::unit_of(pod, cronjob_of_job) {
+        .filter_map(|pod| match jobs.unit(pod) {
             Some(w) if w.kind == target.kind && w.name == target.name => None,
             Some(w) => Some(format!("{} {}", w.kind.as_str(), w.name)),
             None => Some(format!("Pod {}", pod.name_any())),
