@@ -5,6 +5,10 @@
 //! - a policy edited: the old rule stops for new connections, the new one starts, and an established
 //!   connection the old rule allowed keeps working (the documented choice);
 //! - a new pod under a policy: isolated once its IP is known (the time is printed);
+//! - new allowed client pods (a rollout, five times, and a scale to five): their first connection is
+//!   never dropped (no SYN retransmitted in their network namespace), because the agent reads a new
+//!   pod's address on the node before the API server reports it; a new pod that is not allowed is
+//!   still blocked;
 //! - deny evidence: the refused attempts are counted by the agent;
 //! - uninstall: the agent removes its table.
 //!
@@ -66,6 +70,57 @@ fn long_lived_flows(ns: &Namespace, client: &str, when: &str) -> Result<()> {
                 .unwrap_or_default()
         },
     )
+}
+
+/// The script of a pod that, as soon as its container starts, opens one TCP connection to
+/// `ip:port` and writes socat's exit code to /tmp/first.rc and its namespace's TCP counters to
+/// /tmp/first.netstat (so the first connection's SYN retransmissions can be read back), then sleeps.
+fn first_connection_script(ip: &str, port: u16) -> String {
+    format!(
+        "socat -T3 /dev/null TCP:{ip}:{port},connect-timeout=4; echo $? > /tmp/first.rc; \
+         grep TcpExt: /proc/net/netstat > /tmp/first.netstat; exec sleep 100000"
+    )
+}
+
+/// The exit code of a pod's first connection and the SYNs its namespace retransmitted by then,
+/// once the pod has written them.
+fn first_connection(ns: &Namespace, pod: &str) -> Result<(i32, u64)> {
+    poll(
+        &format!("pod {pod} to report its first connection"),
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let out = ns
+                .exec(pod, "cat /tmp/first.rc /tmp/first.netstat 2>/dev/null")
+                .unwrap_or_default();
+            let mut lines = out.lines();
+            let (Some(rc), Some(names), Some(values)) = (lines.next(), lines.next(), lines.next())
+            else {
+                return Ok(None);
+            };
+            let rc: i32 = rc.trim().parse().with_context(|| format!("rc {rc:?}"))?;
+            let retransmits = names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(name, _)| *name == "TCPSynRetrans")
+                .and_then(|(_, v)| v.parse().ok())
+                .with_context(|| format!("no TCPSynRetrans in {out:?}"))?;
+            Ok(Some((rc, retransmits)))
+        },
+        || ns.describe(),
+    )
+}
+
+/// The pods of `app` that did not exist in `seen`, once `count` are running; adds them to `seen`.
+fn new_pods(ns: &Namespace, app: &str, seen: &mut Vec<String>) -> Result<Vec<String>> {
+    let running = ns.wait_for_deployment(app)?;
+    let fresh: Vec<String> = running
+        .into_iter()
+        .map(|(pod, _)| pod)
+        .filter(|pod| !seen.contains(pod))
+        .collect();
+    seen.extend(fresh.iter().cloned());
+    Ok(fresh)
 }
 
 #[test]
@@ -190,6 +245,91 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
         edited.elapsed().as_secs_f64()
     );
     long_lived_flows(&ns, &client, "after policy v2 removed its port")?;
+
+    // New allowed client pods (issue 49): their first connection, made the moment their container
+    // starts, must not be dropped. Before the agent read new pods' addresses on the node, the
+    // server's table learned a new client only from the API server, after its first SYN: every new
+    // pod lost that SYN (the kernel sent it again a second later).
+    ns.apply(
+        &json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "starter-ingress"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "starter"}}}],
+                             "ports": [{"protocol": "TCP", "port": 8081}]}]
+            }
+        })
+        .to_string(),
+    )?;
+    ns.apply(&workload::deployment(
+        "starter",
+        "default",
+        &first_connection_script(&server_ip, 8081),
+        &[],
+    ))?;
+    // Each new pod is read as soon as it runs: the next rollout deletes it.
+    let mut seen = Vec::new();
+    let mut checked = Vec::new();
+    let mut dropped = Vec::new();
+    let mut check_new = |ns: &Namespace| -> Result<()> {
+        for pod in new_pods(ns, "starter", &mut seen)? {
+            let (rc, retransmits) = first_connection(ns, &pod)?;
+            ensure!(rc == 0, "pod {pod}'s first connection failed (socat {rc})");
+            if retransmits > 0 {
+                dropped.push(format!("{pod}: {retransmits} SYN(s) sent again"));
+            }
+            checked.push(pod);
+        }
+        Ok(())
+    };
+    check_new(&ns)?;
+    for _ in 0..5 {
+        ns.kubectl(&["rollout", "restart", "deployment/starter"])?;
+        ns.kubectl(&["rollout", "status", "deployment/starter", "--timeout=120s"])?;
+        check_new(&ns)?;
+    }
+    ns.kubectl(&["scale", "deployment", "starter", "--replicas=5"])?;
+    check_new(&ns)?;
+    ensure!(
+        checked.len() >= 10,
+        "one pod per rollout and four more: {checked:?}"
+    );
+    ensure!(
+        dropped.is_empty(),
+        "new allowed pods lost their first SYN: {dropped:?}\n{}",
+        release.logs("agent").unwrap_or_default()
+    );
+    // Not allowed: still blocked from its first packet.
+    ns.apply(&workload::deployment(
+        "intruder",
+        "default",
+        &first_connection_script(&server_ip, 8081),
+        &[],
+    ))?;
+    let (intruder, _) = ns.wait_for_deployment("intruder")?.remove(0);
+    let (rc, _) = first_connection(&ns, &intruder)?;
+    ensure!(
+        rc != 0,
+        "a new pod the policies do not allow must stay blocked"
+    );
+    let metrics = http_get(&format!("127.0.0.1:{METRICS_PORT}"), "/metrics")?;
+    let metric = |name: &str| release::metric(&metrics, name).unwrap_or(0.0);
+    let (found, seconds) = (
+        metric("network_enforcer_agent_enforcement_address_from_node_seconds_count"),
+        metric("network_enforcer_agent_enforcement_address_from_node_seconds_sum"),
+    );
+    ensure!(
+        found >= checked.len() as f64,
+        "every new pod's address read on the node ({found} of {})",
+        checked.len()
+    );
+    eprintln!(
+        "{} new pods, none lost its first SYN; address read on the node {:.0} ms (mean) after the pod was seen without one",
+        checked.len(),
+        seconds / found * 1000.0
+    );
 
     // A new server pod: isolated as soon as its IP is known.
     ns.kubectl(&["scale", "deployment", "server", "--replicas=2"])?;

@@ -91,34 +91,48 @@ pub fn pod_cgroup(pods_dir: &Path, uid: &str) -> Option<PathBuf> {
     walk(pods_dir, uid, 1)
 }
 
-/// A process running in the pod cgroup `pod_dir` (its own `cgroup.procs`, else a container's).
-fn process_of(pod_dir: &Path) -> Option<u32> {
-    let first = |dir: &Path| {
+/// The processes in the pod cgroup `pod_dir` (its own `cgroup.procs`, then its containers').
+fn processes_of(pod_dir: &Path) -> Vec<u32> {
+    let read = |dir: &Path| -> Vec<u32> {
         std::fs::read_to_string(dir.join("cgroup.procs"))
-            .ok()?
+            .unwrap_or_default()
             .lines()
-            .find_map(|l| l.trim().parse::<u32>().ok())
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .collect()
     };
-    first(pod_dir).or_else(|| {
-        std::fs::read_dir(pod_dir)
-            .ok()?
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .find_map(|e| first(&e.path()))
-    })
+    let mut pids = read(pod_dir);
+    for entry in std::fs::read_dir(pod_dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            pids.extend(read(&entry.path()));
+        }
+    }
+    pids
 }
 
-/// The addresses of pod `uid`'s network namespace, read on the node: `None` while its sandbox has no
-/// running process, or when its namespace has no address other than loopback (a host-network pod's
-/// process is in the host's namespace: callers ask only for pods that are not).
-pub fn sandbox_addresses(proc_root: &Path, pods_dir: &Path, uid: &str) -> Option<Vec<IpAddr>> {
-    let pid = process_of(&pod_cgroup(pods_dir, uid)?)?;
-    let net = proc_root.join(pid.to_string()).join("net");
+/// The addresses of the network namespace process `pid` is in (`self`: the agent's), from
+/// `/proc/<pid>/net/` (readable for any process: unlike `/proc/<pid>/ns/net` it needs no ptrace
+/// access); `None` when that process is gone.
+fn addresses_of(proc_root: &Path, pid: &str) -> Option<Vec<IpAddr>> {
+    let net = proc_root.join(pid).join("net");
     let mut addresses = ipv4_local_addresses(&std::fs::read_to_string(net.join("fib_trie")).ok()?);
     addresses.extend(ipv6_global_addresses(
         &std::fs::read_to_string(net.join("if_inet6")).unwrap_or_default(),
     ));
-    (!addresses.is_empty()).then_some(addresses)
+    Some(addresses)
+}
+
+/// The addresses of pod `uid`'s network namespace, read on the node: `None` while no process of its
+/// cgroup is in a namespace with addresses other than loopback that are none of the agent's (the
+/// host's: the agent runs with `hostNetwork`). A process is placed in the pod's cgroup before it
+/// enters the pod's namespace (the runtime's init), so the namespace is checked, not assumed; a pod's
+/// address is its own, never the node's.
+pub fn sandbox_addresses(proc_root: &Path, pods_dir: &Path, uid: &str) -> Option<Vec<IpAddr>> {
+    let pod_dir = pod_cgroup(pods_dir, uid)?;
+    let host = addresses_of(proc_root, "self")?;
+    processes_of(&pod_dir).into_iter().find_map(|pid| {
+        let addresses = addresses_of(proc_root, &pid.to_string())?;
+        (!addresses.is_empty() && !addresses.iter().any(|a| host.contains(a))).then_some(addresses)
+    })
 }
 
 #[cfg(test)]
@@ -188,7 +202,7 @@ fd00000000000000000000000000000 02 40 00 80 eth0
         std::fs::write(pod.join("cgroup.procs"), "").unwrap();
         std::fs::write(sandbox.join("cgroup.procs"), "4242\n").unwrap();
         assert_eq!(pod_cgroup(&root.join("kubepods"), uid), Some(pod.clone()));
-        assert_eq!(process_of(&pod), Some(4242));
+        assert_eq!(processes_of(&pod), vec![4242]);
         // The systemd driver's names.
         let slice = root.join("systemd/kubepods.slice/kubepods-burstable.slice");
         let systemd = slice.join(format!(
@@ -196,31 +210,44 @@ fd00000000000000000000000000000 02 40 00 80 eth0
             uid.replace('-', "_")
         ));
         std::fs::create_dir_all(&systemd).unwrap();
-        assert_eq!(
-            pod_cgroup(&root.join("systemd/kubepods.slice"), uid),
-            Some(systemd.clone())
-        );
+        let pods = root.join("systemd/kubepods.slice");
+        assert_eq!(pod_cgroup(&pods, uid), Some(systemd.clone()));
         // No process yet: no addresses.
-        assert_eq!(process_of(&systemd), None);
-        assert_eq!(
-            sandbox_addresses(&root, &root.join("systemd/kubepods.slice"), uid),
-            None
-        );
-        // A process whose namespace we can read: this test's own.
+        assert!(processes_of(&systemd).is_empty());
+        assert_eq!(sandbox_addresses(Path::new("/proc"), &pods, uid), None);
+        // A process still in the host's namespace (this test's own: the runtime's init before it
+        // enters the pod's namespace) is not the pod's: its addresses are the node's.
         std::fs::write(
             systemd.join("cgroup.procs"),
             format!("{}\n", std::process::id()),
         )
         .unwrap();
-        let own = std::fs::read_to_string("/proc/self/net/fib_trie").unwrap_or_default();
-        let found = sandbox_addresses(
-            Path::new("/proc"),
-            &root.join("systemd/kubepods.slice"),
-            uid,
+        assert_eq!(sandbox_addresses(Path::new("/proc"), &pods, uid), None);
+        // A process in a namespace of its own: a fake /proc where "self" and the pod's process
+        // have different addresses.
+        let proc_root = root.join("proc");
+        std::fs::create_dir_all(proc_root.join("self/net")).unwrap();
+        std::fs::write(
+            proc_root.join("self/net/fib_trie"),
+            "|-- 10.244.0.1\n/32 host LOCAL\n|-- 192.0.2.2\n/32 host LOCAL\n",
         )
-        .unwrap_or_default();
-        let v4: Vec<IpAddr> = found.into_iter().filter(IpAddr::is_ipv4).collect();
-        assert_eq!(v4, ipv4_local_addresses(&own));
+        .unwrap();
+        std::fs::create_dir_all(proc_root.join("77/net")).unwrap();
+        std::fs::write(proc_root.join("77/net/fib_trie"), POD_FIB_TRIE).unwrap();
+        // Still the host's namespace (the runtime's init).
+        std::fs::create_dir_all(proc_root.join("76/net")).unwrap();
+        std::fs::copy(
+            proc_root.join("self/net/fib_trie"),
+            proc_root.join("76/net/fib_trie"),
+        )
+        .unwrap();
+        std::fs::write(systemd.join("cgroup.procs"), "76\n").unwrap();
+        assert_eq!(sandbox_addresses(&proc_root, &pods, uid), None);
+        std::fs::write(systemd.join("cgroup.procs"), "76\n77\n").unwrap();
+        assert_eq!(
+            sandbox_addresses(&proc_root, &pods, uid),
+            Some(vec!["10.244.0.7".parse::<IpAddr>().unwrap()])
+        );
         assert_eq!(pod_cgroup(&root.join("kubepods"), "no-such-uid"), None);
         std::fs::remove_dir_all(&root).unwrap();
     }
