@@ -6,6 +6,9 @@
 //!    one end of every connection; the proposals must be exactly the scenario's, the monitor policies
 //!    must count each violation once although both agents report it, and protect must block the denied
 //!    flow on the client's node while allowed traffic crosses;
+//!    New client pods on node 1 of a server protected on node 2: their first connection may lose SYNs
+//!    until node 2's agent has their address from the API server (the window is measured and printed,
+//!    and bounded: at most two SYNs sent again, the kernel's resends at 1 s and 3 s);
 //! 2. node binding: node 2's agent's own token (read from its container), used to report a flow of
 //!    node 1's client, is refused; the same token reporting node 2's server is accepted;
 //! 3. node loss: the controller runs two replicas, one per node, and the leader is moved to node 2;
@@ -121,6 +124,8 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
             node.name()
         );
     }
+
+    new_pods_across_nodes(kubeconfig, &one, &two)?;
 
     // A workload learned before the node loss, its client on node 1 and its server on node 2.
     let before = learn(
@@ -256,6 +261,69 @@ fn across_two_nodes_flows_are_learned_once_enforced_and_survive_a_node_loss() ->
 /// Reports one flow for `before`'s client (node 1) and one for its server (node 2) with node 2's
 /// agent's token, TLS settings and node name, through the agent's own uplink: the first must be
 /// refused, the second accepted.
+/// New client pods on node 1 of a server on node 2 that only they may reach: each first connection,
+/// made as the client's container starts, must get through; how many lost their first SYN (node 2
+/// learns a pod of node 1 from the API server only) is printed, and at most two resends are allowed.
+fn new_pods_across_nodes(kubeconfig: &std::path::Path, one: &Node, two: &Node) -> Result<()> {
+    use network_enforcer_tests::e2e::workload::{self, Namespace};
+    let ns = Namespace::create(kubeconfig, &format!("multi-{}-new", std::process::id()))?;
+    ns.apply(&workload::on_node(
+        &workload::deployment(
+            "server",
+            "default",
+            &workload::echo_server_script(&[8080], &[]),
+            &[(8080, "TCP")],
+        ),
+        &two.name(),
+    )?)?;
+    let (_, server_ip) = ns.wait_for_deployment("server")?.remove(0);
+    ns.apply(
+        &serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "server-ingress"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "starter"}}}],
+                             "ports": [{"protocol": "TCP", "port": 8080}]}]
+            }
+        })
+        .to_string(),
+    )?;
+    ns.apply(&workload::on_node(
+        &workload::deployment(
+            "starter",
+            "default",
+            &workload::first_connection_script(&server_ip, 8080),
+            &[],
+        ),
+        &one.name(),
+    )?)?;
+    let mut seen = Vec::new();
+    let mut pods = workload::new_pods(&ns, "starter", &mut seen)?;
+    ns.kubectl(&["scale", "deployment", "starter", "--replicas=4"])?;
+    pods.extend(workload::new_pods(&ns, "starter", &mut seen)?);
+    let mut resent = Vec::new();
+    for pod in &pods {
+        let (rc, retransmits) = workload::first_connection(&ns, pod)?;
+        ensure!(
+            rc == 0,
+            "pod {pod}'s first connection across nodes failed (socat {rc})"
+        );
+        ensure!(
+            retransmits <= 2,
+            "pod {pod}'s first connection across nodes sent {retransmits} SYNs again (at most 2: the \
+             server's node learns a new remote pod from the API server within 3 s)"
+        );
+        resent.push(retransmits);
+    }
+    eprintln!(
+        "new pods across nodes: {} pods, SYNs sent again per first connection: {resent:?}",
+        pods.len()
+    );
+    ns.delete_and_wait()
+}
+
 fn node_binding(release: &Release, two: &Node, before: &Workload) -> Result<()> {
     let agent = AgentProcess::find(release, &two.name())?;
     let env = |key: &str| agent.env.get(key).cloned().unwrap_or_default();

@@ -310,3 +310,54 @@ pub fn send(
     let reply = ns.exec(pod, &script)?;
     Ok(reply.trim() == payload)
 }
+
+/// The script of a pod that, as soon as its container starts, opens one TCP connection to
+/// `ip:port` and writes socat's exit code to /tmp/first.rc and its namespace's TCP counters to
+/// /tmp/first.netstat (so the first connection's SYN retransmissions can be read back), then sleeps.
+pub fn first_connection_script(ip: &str, port: u16) -> String {
+    format!(
+        "socat -T3 /dev/null TCP:{ip}:{port},connect-timeout=4; echo $? > /tmp/first.rc; \
+         grep TcpExt: /proc/net/netstat > /tmp/first.netstat; exec sleep 100000"
+    )
+}
+
+/// The exit code of a pod's first connection and the SYNs its namespace retransmitted by then,
+/// once the pod has written them.
+pub fn first_connection(ns: &Namespace, pod: &str) -> Result<(i32, u64)> {
+    poll(
+        &format!("pod {pod} to report its first connection"),
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let out = ns
+                .exec(pod, "cat /tmp/first.rc /tmp/first.netstat 2>/dev/null")
+                .unwrap_or_default();
+            let mut lines = out.lines();
+            let (Some(rc), Some(names), Some(values)) = (lines.next(), lines.next(), lines.next())
+            else {
+                return Ok(None);
+            };
+            let rc: i32 = rc.trim().parse().with_context(|| format!("rc {rc:?}"))?;
+            let retransmits = names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(name, _)| *name == "TCPSynRetrans")
+                .and_then(|(_, v)| v.parse().ok())
+                .with_context(|| format!("no TCPSynRetrans in {out:?}"))?;
+            Ok(Some((rc, retransmits)))
+        },
+        || ns.describe(),
+    )
+}
+
+/// The pods of `app` that did not exist in `seen`, once `count` are running; adds them to `seen`.
+pub fn new_pods(ns: &Namespace, app: &str, seen: &mut Vec<String>) -> Result<Vec<String>> {
+    let running = ns.wait_for_deployment(app)?;
+    let fresh: Vec<String> = running
+        .into_iter()
+        .map(|(pod, _)| pod)
+        .filter(|pod| !seen.contains(pod))
+        .collect();
+    seen.extend(fresh.iter().cloned());
+    Ok(fresh)
+}
