@@ -37,7 +37,7 @@ enum Command {
         /// `agent`, `controller`, or `all`.
         name: String,
     },
-    /// Run a benchmark; figures go to target/bench/<name>.json and a table on stdout.
+    /// Run a benchmark; figures go to `target/bench/<name>.json` and a table on stdout.
     Bench {
         /// The benchmark's name (see `xtask/src/bench/`).
         name: String,
@@ -84,6 +84,27 @@ fn ci() -> Result<()> {
                 "--",
                 "-D",
                 "warnings",
+            ],
+        ),
+    )?;
+    // Docs whose intra-doc links resolve (private items too: most of the code is documented for its
+    // maintainers, not as a public API).
+    let mut doc_env = env.clone();
+    doc_env.push((
+        "RUSTDOCFLAGS".to_string(),
+        "-D warnings -A rustdoc::private_intra_doc_links".to_string(),
+    ));
+    run::step(
+        "docs",
+        run::cargo(
+            &root,
+            &doc_env,
+            &[
+                "doc",
+                "--workspace",
+                "--no-deps",
+                "--document-private-items",
+                "--locked",
             ],
         ),
     )?;

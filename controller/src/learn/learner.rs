@@ -3,8 +3,8 @@
 //! edges and hands them to the [`crate::learn::proposal_writer::ProposalWriter`].
 //!
 //! Agents report the same connection many times (both ends, every replica, every window). An
-//! observation is resolved against the index ([`learn::flows`]), turned into proposal edges
-//! ([`learn::edges`]) and merged per proposal into [`PendingEdges`], a hash set kept in arrival order.
+//! observation is resolved against the index ([`learn::flows()`]), turned into proposal edges
+//! ([`learn::edges()`]) and merged per proposal into [`PendingEdges`], a hash set kept in arrival order.
 //! Observations the index cannot place yet wait in [`Deferrals`]. External peers are capped per
 //! proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]): past the cap they are counted
 //! (`resolutions_total{outcome="external_capped"}`) and reported with the proposal's write, never

@@ -62,7 +62,7 @@ pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool 
     merge(spec, [edge], &Limits::NONE).changed
 }
 
-/// Merges `edges` into `proposal` as [`merge`] does, keeping the object's JSON within `max_bytes`: when
+/// Merges `edges` into `proposal` as [`merge()`] does, keeping the object's JSON within `max_bytes`: when
 /// all of them would make it too big, the longest prefix (in arrival order) that fits. Returns what the
 /// merge did and how many edges were left out for size.
 pub fn merge_within(
@@ -259,7 +259,7 @@ pub fn merge<'e>(
 }
 
 /// Adds each kubernetes edge's port to the rule whose peers are exactly the edge's peer, or appends a
-/// new rule, with the fan-out cap of [`merge`].
+/// new rule, with the fan-out cap of [`merge()`].
 fn merge_rules<'e, R>(
     rules: &mut Vec<R>,
     parts: impl Fn(

@@ -2,7 +2,7 @@
 //! `target/bench/<name>.json` (keys named by the issues) and in a table on stdout.
 //!
 //! Each benchmark lives in its own module and ends with [`report`]; add a module and an arm to
-//! [`run`] for a new one.
+//! [`run()`] for a new one.
 
 use std::path::PathBuf;
 
@@ -19,7 +19,7 @@ mod evaluate;
 mod fleet;
 mod ui;
 
-/// Names accepted by [`run`].
+/// Names accepted by [`run()`].
 const KNOWN: &[&str] = &[
     "agent",
     "controller",
