@@ -234,8 +234,12 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
         Ok(())
     };
     check_new(&ns)?;
-    for _ in 0..5 {
-        ns.kubectl(&["rollout", "restart", "deployment/starter"])?;
+    for roll in 0..5 {
+        // Not `kubectl rollout restart`: its annotation has a one-second resolution, and a second
+        // restart within the same second is an empty patch that kubectl refuses.
+        let patch = json!({"spec": {"template": {"metadata": {"annotations": {
+            "network-enforcer.test/roll": roll.to_string()}}}}});
+        ns.kubectl(&["patch", "deployment", "starter", "-p", &patch.to_string()])?;
         ns.kubectl(&["rollout", "status", "deployment/starter", "--timeout=120s"])?;
         check_new(&ns)?;
     }
