@@ -25,9 +25,19 @@
 //! An agent batch with a waiting record is acknowledged only after a flush that started once its grace
 //! was over (by then it was learned and written), so a controller restart within the grace loses
 //! nothing: the agent sends it again.
+//!
+//! **Evidence waits here too** (docs/behaviour.md §3.2). A blocked connection whose peer is such an
+//! address (a new pod's first SYN, refused by a node that had not learned the pod's address yet)
+//! would be judged as that bare address: a violation the policy does not make. So its evidence
+//! ([`Evidence::may_wait_for_peer`]) waits in the same queue, with the same grace and bound, and is
+//! handed on to the evidence pass ([`Decided::evidence`]) once the index places its peer or the grace
+//! is over; the pass judges it as the index then resolves it. One queue, so one bound, one settling
+//! before every flush and one rule for acknowledgements.
 
 use crate::cluster::index::{FlowEnd, Index};
-use crate::learn::{self, NoFlow, Opened, ReportedConnection, WorkloadFlow};
+use crate::ingest::flow_record::Decoded;
+use crate::learn::{self, NoFlow, Opened, ReportedConnection, Reporter, WorkloadFlow};
+use crate::monitor::violations::evidence::Evidence;
 use ipnet::IpNet;
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -36,7 +46,7 @@ use std::sync::Mutex;
 /// The default grace, in milliseconds.
 pub const DEFAULT_GRACE_MS: i64 = 30_000;
 
-/// At most this many observations wait (about 100 bytes each).
+/// At most this many observations and evidence wait (about 100 bytes each).
 pub const MAX_WAITING: usize = 100_000;
 
 /// What an observation resolves to.
@@ -61,22 +71,87 @@ pub fn may_improve(resolution: &Resolution, opened: Opened, cluster_cidrs: &[IpN
 }
 
 struct Waiting {
-    obs: ReportedConnection,
+    what: Waiter,
     until_ms: i64,
 }
 
-/// What [`Deferrals`] decided about observations: learn these now.
+/// What waits for the index.
+enum Waiter {
+    /// An observation, to learn.
+    Learn(ReportedConnection),
+    /// Evidence of a blocked connection, to hand on to the evidence pass.
+    Evidence(Evidence),
+}
+
+impl Waiter {
+    /// How it resolves against `index` now, and who opened the connection.
+    fn resolve(&self, index: &Index) -> (Resolution, Opened) {
+        match self {
+            Waiter::Learn(obs) => (learn::flows(index, obs), obs.opened),
+            Waiter::Evidence(e) => (
+                learn::flows(index, &observation(&e.record)),
+                e.record.opened,
+            ),
+        }
+    }
+}
+
+/// A decoded record as learning reads it, to resolve evidence exactly as an observation resolves.
+fn observation(record: &Decoded) -> ReportedConnection {
+    ReportedConnection {
+        local: record.local.clone(),
+        peer: record.peer,
+        port: record.port,
+        protocol: record.protocol,
+        opened: record.opened,
+        at_ms: record.at_ms,
+        // Resolution does not depend on it.
+        reporter: Reporter::Node,
+    }
+}
+
+/// What [`Deferrals`] decided: learn these observations now, hand this evidence on now.
 #[derive(Debug, Default)]
 pub struct Decided {
     /// Observations to merge, with their resolution.
     pub ready: Vec<(ReportedConnection, Resolution)>,
     /// How many of them the index caught up with.
     pub resolved: u64,
-    /// How many of them ran out of grace.
+    /// How many of them ran out of grace (or of room in the queue).
     pub expired: u64,
+    /// Evidence to hand on, marked [`Evidence::waited_for_peer`]; the pass resolves it again.
+    pub evidence: Vec<Evidence>,
+    /// How many of them the index caught up with.
+    pub evidence_resolved: u64,
+    /// How many of them ran out of grace (or of room in the queue).
+    pub evidence_expired: u64,
 }
 
-/// The waiting observations (see the module docs).
+impl Decided {
+    /// Takes `what`, resolved as `resolution`: placed by the index (`resolved`), or out of time.
+    fn take(&mut self, what: Waiter, resolution: Resolution, resolved: bool) {
+        match what {
+            Waiter::Learn(obs) => {
+                if resolved {
+                    self.resolved += 1;
+                } else {
+                    self.expired += 1;
+                }
+                self.ready.push((obs, resolution));
+            }
+            Waiter::Evidence(evidence) => {
+                if resolved {
+                    self.evidence_resolved += 1;
+                } else {
+                    self.evidence_expired += 1;
+                }
+                self.evidence.push(evidence);
+            }
+        }
+    }
+}
+
+/// The waiting observations and evidence (see the module docs).
 pub struct Deferrals {
     grace_ms: i64,
     cluster_cidrs: Vec<IpNet>,
@@ -106,7 +181,7 @@ impl Deferrals {
         self
     }
 
-    /// Number of observations waiting.
+    /// Number of observations and evidence waiting.
     pub fn len(&self) -> usize {
         self.waiting.lock().expect("deferrals lock").len()
     }
@@ -117,31 +192,63 @@ impl Deferrals {
     }
 
     /// Resolves `obs` against `index` at `now_ms`: `Some` to learn it now, `None` when it waits (it
-    /// comes back from [`Deferrals::settle`]). When the queue is full, the oldest waiting observation
-    /// is decided instead and returned in `overflow`.
+    /// comes back from [`Deferrals::settle`]). When the queue is full, the oldest waiting one is
+    /// decided instead and added to `overflow`.
     pub fn admit(
         &self,
         index: &Index,
         obs: &ReportedConnection,
         now_ms: i64,
-        overflow: &mut Vec<(ReportedConnection, Resolution)>,
+        overflow: &mut Decided,
     ) -> Option<Resolution> {
         let resolution = learn::flows(index, obs);
         if self.grace_ms == 0 || !may_improve(&resolution, obs.opened, &self.cluster_cidrs) {
             return Some(resolution);
         }
+        self.wait(index, Waiter::Learn(obs.clone()), now_ms, overflow);
+        None
+    }
+
+    /// [`Deferrals::admit`] for violation evidence: `Some` to hand it on now, `None` when it waits
+    /// (it comes back from [`Deferrals::settle`] in [`Decided::evidence`]). Only evidence that
+    /// [`Evidence::may_wait_for_peer`] waits, and only when its peer resolves as an observation's
+    /// would wait.
+    pub fn admit_evidence(
+        &self,
+        index: &Index,
+        evidence: Evidence,
+        now_ms: i64,
+        overflow: &mut Decided,
+    ) -> Option<Evidence> {
+        if self.grace_ms == 0 || !evidence.may_wait_for_peer() {
+            return Some(evidence);
+        }
+        let resolution = learn::flows(index, &observation(&evidence.record));
+        if !may_improve(&resolution, evidence.record.opened, &self.cluster_cidrs) {
+            return Some(evidence);
+        }
+        let evidence = Evidence {
+            waited_for_peer: true,
+            ..evidence
+        };
+        self.wait(index, Waiter::Evidence(evidence), now_ms, overflow);
+        None
+    }
+
+    /// Queues `what` until the grace from `now_ms` is over; past [`MAX_WAITING`] the oldest is
+    /// decided now, into `overflow`.
+    fn wait(&self, index: &Index, what: Waiter, now_ms: i64, overflow: &mut Decided) {
         let mut waiting = self.waiting.lock().expect("deferrals lock");
         if waiting.len() >= MAX_WAITING
             && let Some(oldest) = waiting.pop_front()
         {
-            let r = learn::flows(index, &oldest.obs);
-            overflow.push((oldest.obs, r));
+            let (resolution, _) = oldest.what.resolve(index);
+            overflow.take(oldest.what, resolution, false);
         }
         waiting.push_back(Waiting {
-            obs: obs.clone(),
+            what,
             until_ms: now_ms.saturating_add(self.grace_ms),
         });
-        None
     }
 
     /// How long an observation may wait, in milliseconds.
@@ -149,20 +256,18 @@ impl Deferrals {
         self.grace_ms
     }
 
-    /// Resolves every waiting observation again: those the index now places, and those whose grace
-    /// is over, are returned to be learned; the others keep waiting.
+    /// Resolves every waiting observation and evidence again: those the index now places, and those
+    /// whose grace is over, are returned; the others keep waiting.
     pub fn settle(&self, index: &Index, now_ms: i64) -> Decided {
         let batch = std::mem::take(&mut *self.waiting.lock().expect("deferrals lock"));
         let mut decided = Decided::default();
         let mut still = VecDeque::new();
         for w in batch {
-            let resolution = learn::flows(index, &w.obs);
-            if !may_improve(&resolution, w.obs.opened, &self.cluster_cidrs) {
-                decided.resolved += 1;
-                decided.ready.push((w.obs, resolution));
+            let (resolution, opened) = w.what.resolve(index);
+            if !may_improve(&resolution, opened, &self.cluster_cidrs) {
+                decided.take(w.what, resolution, true);
             } else if now_ms >= w.until_ms {
-                decided.expired += 1;
-                decided.ready.push((w.obs, resolution));
+                decided.take(w.what, resolution, false);
             } else {
                 still.push_back(w);
             }
@@ -178,6 +283,7 @@ impl Deferrals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::monitor::violations::evidence::EvidenceKind;
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::Protocol;
 
@@ -215,7 +321,7 @@ mod tests {
         let mut index = Index::default();
         index.apply_pod(&pod("api", "10.0.0.2"), 0);
         let deferrals = Deferrals::new(30_000);
-        let mut overflow = Vec::new();
+        let mut overflow = Decided::default();
         let obs = inbound_from("10.0.0.3", 1_000);
         assert!(
             deferrals
@@ -238,7 +344,73 @@ mod tests {
             other => panic!("expected the frontend pod, got {other:?}"),
         }
         assert!(deferrals.is_empty());
-        assert!(overflow.is_empty());
+        assert!(overflow.ready.is_empty());
+    }
+
+    /// `obs` as violation evidence of `kind`, as ingest hands it on.
+    fn evidence_of(obs: &ReportedConnection, kind: EvidenceKind) -> Evidence {
+        Evidence {
+            kind,
+            record: Decoded {
+                local: obs.local.clone(),
+                peer: obs.peer,
+                peer_from: crate::ingest::flow_record::PeerFrom::Address,
+                port: obs.port,
+                protocol: obs.protocol,
+                opened: obs.opened,
+                at_ms: obs.at_ms,
+            },
+            waited_for_peer: false,
+        }
+    }
+
+    #[test]
+    fn blocked_evidence_waits_for_its_peer_in_the_same_queue_and_comes_back_marked() {
+        let mut index = Index::default();
+        index.apply_pod(&pod("api", "10.0.0.2"), 0);
+        index.apply_pod(&pod("known", "10.0.0.4"), 0);
+        let deferrals = Deferrals::new(30_000);
+        let mut overflow = Decided::default();
+        let blocked = |peer| evidence_of(&inbound_from(peer, 1_000), EvidenceKind::Blocked);
+        // (evidence, waits)
+        let cases = [
+            (blocked("10.0.0.3"), true),
+            (blocked("10.0.0.5"), true),
+            // A known pod is judged at once; so is a connection that went through.
+            (blocked("10.0.0.4"), false),
+            (
+                evidence_of(&inbound_from("10.0.0.3", 1_000), EvidenceKind::WentThrough),
+                false,
+            ),
+        ];
+        for (evidence, waits) in cases {
+            let now = deferrals.admit_evidence(&index, evidence.clone(), 1_000, &mut overflow);
+            assert_eq!(now.is_none(), waits, "{evidence:?}");
+            if let Some(now) = now {
+                assert_eq!(now, evidence, "handed on unchanged");
+            }
+        }
+        assert_eq!(deferrals.len(), 2);
+        // With no grace nothing waits.
+        let never = Deferrals::new(0);
+        assert!(
+            never
+                .admit_evidence(&index, blocked("10.0.0.3"), 1_000, &mut overflow)
+                .is_some()
+        );
+
+        // 10.0.0.3 becomes a pod; 10.0.0.5 does not, within the grace.
+        index.apply_pod(&pod("frontend", "10.0.0.3"), 3_000);
+        let d = deferrals.settle(&index, 4_000);
+        assert_eq!((d.evidence_resolved, d.evidence_expired), (1, 0));
+        assert!(d.ready.is_empty(), "evidence is not learned");
+        assert_eq!(d.evidence.len(), 1);
+        assert_eq!(d.evidence[0].record.peer.to_string(), "10.0.0.3");
+        assert!(d.evidence[0].waited_for_peer);
+        let d = deferrals.settle(&index, 31_000);
+        assert_eq!((d.evidence_resolved, d.evidence_expired), (0, 1));
+        assert_eq!(d.evidence[0].record.peer.to_string(), "10.0.0.5");
+        assert!(deferrals.is_empty() && overflow.evidence.is_empty());
     }
 
     #[test]
@@ -246,7 +418,7 @@ mod tests {
         let mut index = Index::default();
         index.apply_pod(&pod("api", "10.0.0.2"), 0);
         let deferrals = Deferrals::new(30_000);
-        let mut overflow = Vec::new();
+        let mut overflow = Decided::default();
         assert!(
             deferrals
                 .admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow)
@@ -266,7 +438,7 @@ mod tests {
         let mut index = Index::default();
         index.apply_pod(&pod("api", "10.0.0.2"), 0);
         index.apply_pod(&pod("frontend", "10.0.0.3"), 0);
-        let mut overflow = Vec::new();
+        let mut overflow = Decided::default();
         let waits = Deferrals::new(30_000);
         assert!(
             waits
@@ -290,7 +462,7 @@ mod tests {
             "10.0.0.0/16".parse().unwrap(),
             "10.96.0.0/12".parse().unwrap(),
         ]);
-        let mut overflow = Vec::new();
+        let mut overflow = Decided::default();
         // Outside the cluster's ranges: no pod or Service can have it, learned at once.
         let outside = deferrals.admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow);
         assert_eq!(

@@ -5,7 +5,9 @@
 //! Agents report the same connection many times (both ends, every replica, every window). An
 //! observation is resolved against the index ([`learn::flows()`]), turned into proposal edges
 //! ([`learn::edges()`]) and merged per proposal into [`PendingEdges`], a hash set kept in arrival order.
-//! Observations the index cannot place yet wait in [`Deferrals`]. External peers are capped per
+//! Observations the index cannot place yet wait in [`Deferrals`], and so does the evidence of blocked
+//! connections whose peer it cannot place yet, handed on to the evidence sink once decided
+//! ([`Learner::evidence_or_wait`]). External peers are capped per
 //! proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]): past the cap they are counted
 //! (`resolutions_total{outcome="external_capped"}`) and reported with the proposal's write, never
 //! silently widened to a larger CIDR. The learner remembers which edges it has seen (a new one wakes
@@ -13,14 +15,16 @@
 //! flush before its acknowledgement, [`WaitsFor`]).
 
 use crate::cluster::index::{FlowEnd, Index};
-use crate::learn::deferrals::{Deferrals, Resolution};
+use crate::learn::deferrals::{Decided, Deferrals, Resolution};
 use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
+use crate::monitor::status_sync::EvidenceSink;
+use crate::monitor::violations::evidence::Evidence;
 use crate::runtime::metrics::{ControllerMetrics, PeerKind};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Default cap on distinct external addresses learned per proposal and (protocol, port)
 /// (`--max-external-peers-per-port`).
@@ -232,8 +236,10 @@ pub struct Learner {
     only_namespace: Option<String>,
     /// foldhash (randomly seeded): every learned edge looks its proposal up here.
     pending: Mutex<FastMap<Target, PendingEdges>>,
-    /// Observations waiting for the index to catch up ([`crate::learn::deferrals`]).
+    /// Observations and evidence waiting for the index to catch up ([`crate::learn::deferrals`]).
     waiting: Deferrals,
+    /// Where evidence that waited goes once decided; `None`: no evidence waits.
+    evidence: Option<Arc<dyn EvidenceSink>>,
     limits: learn::Limits,
     metrics: ControllerMetrics,
     /// Lets an agent teach its peers' proposals even when they have no pod on its node
@@ -266,6 +272,7 @@ impl Learner {
             only_namespace: None,
             pending: Mutex::new(FastMap::default()),
             waiting: Deferrals::new(0),
+            evidence: None,
             limits: learn::Limits::default(),
             metrics: ControllerMetrics::new(),
             trust_remote_peers: false,
@@ -327,6 +334,14 @@ impl Learner {
     pub fn with_cluster_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
         let waiting = std::mem::take(&mut self.waiting);
         self.waiting = waiting.with_cluster_cidrs(cidrs);
+        self
+    }
+
+    /// Lets evidence of blocked connections whose peer the index cannot place yet wait for it like
+    /// observations ([`Learner::evidence_or_wait`]), then hands it to `sink`: the sink ingest hands
+    /// the rest of the evidence to.
+    pub fn with_evidence_sink(mut self, sink: Arc<dyn EvidenceSink>) -> Self {
+        self.evidence = Some(sink);
         self
     }
 
@@ -409,12 +424,9 @@ impl Learner {
         now_ms: i64,
         waits: &mut WaitsFor,
     ) -> Result<usize, NoFlow> {
-        let mut overflow = Vec::new();
+        let mut overflow = Decided::default();
         let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
-        for (old, resolution) in overflow {
-            self.metrics.resolved("deferred_expired", 1);
-            let _ = self.merge(index, &old, resolution, &mut WaitsFor::default());
-        }
+        self.take_decided(index, overflow);
         match now {
             Some(resolution) => self.merge(index, obs, resolution, waits),
             None => {
@@ -425,18 +437,76 @@ impl Learner {
         }
     }
 
-    /// Resolves the waiting observations again and learns those the index now places or whose grace
-    /// is over (`now_ms = i64::MAX`: all of them, on the way out). Call it before every flush; returns
-    /// how many edges that produced.
+    /// Violation evidence that arrived at `now_ms`: `Some` to hand on now, `None` when it waits for
+    /// the index to place its peer ([`crate::learn::deferrals`]; without an evidence sink nothing
+    /// waits). Its acknowledgement then waits as a waiting observation's does (`waits`), and the
+    /// evidence reaches the sink at a later [`Learner::settle_waiting`].
+    pub fn evidence_or_wait(
+        &self,
+        index: &Index,
+        evidence: Evidence,
+        now_ms: i64,
+        waits: &mut WaitsFor,
+    ) -> Option<Evidence> {
+        if self.evidence.is_none() {
+            return Some(evidence);
+        }
+        let mut overflow = Decided::default();
+        let (peer, local) = (evidence.record.peer, evidence.record.local.clone());
+        let now = self
+            .waiting
+            .admit_evidence(index, evidence, now_ms, &mut overflow);
+        self.take_decided(index, overflow);
+        if now.is_none() {
+            self.metrics.resolved("evidence_deferred", 1);
+            tracing::debug!(%peer, pod = %format_args!("{}/{}", local.namespace, local.name),
+                "a blocked connection waits for the index to place its peer");
+            waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
+        }
+        now
+    }
+
+    /// Resolves the waiting observations and evidence again; learns the observations the index now
+    /// places or whose grace is over, and hands such evidence to the evidence sink (`now_ms =
+    /// i64::MAX`: all of them, on the way out). Call it before every flush; returns how many edges
+    /// that produced.
     pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
         if self.waiting.is_empty() {
             return 0;
         }
         let decided = self.waiting.settle(index, now_ms);
-        self.metrics.resolved("deferred_resolved", decided.resolved);
-        self.metrics.resolved("deferred_expired", decided.expired);
-        decided
-            .ready
+        self.take_decided(index, decided)
+    }
+
+    /// Counts what waited and is decided, learns its observations and hands on its evidence; returns
+    /// how many edges that produced.
+    fn take_decided(&self, index: &Index, decided: Decided) -> usize {
+        let Decided {
+            ready,
+            resolved,
+            expired,
+            evidence,
+            evidence_resolved,
+            evidence_expired,
+        } = decided;
+        // Only what happened: this runs for every observation (an empty overflow), and a lookup by
+        // label allocates.
+        for (outcome, n) in [
+            ("deferred_resolved", resolved),
+            ("deferred_expired", expired),
+            ("evidence_deferred_resolved", evidence_resolved),
+            ("evidence_deferred_expired", evidence_expired),
+        ] {
+            if n > 0 {
+                self.metrics.resolved(outcome, n);
+            }
+        }
+        if let Some(sink) = &self.evidence {
+            for e in evidence {
+                sink.accepted(e);
+            }
+        }
+        ready
             .into_iter()
             .filter_map(|(obs, resolution)| {
                 self.merge(index, &obs, resolution, &mut WaitsFor::default())
@@ -450,7 +520,7 @@ impl Learner {
         self.waiting.grace_ms()
     }
 
-    /// Number of observations waiting for the index.
+    /// Number of observations and evidence waiting for the index.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }

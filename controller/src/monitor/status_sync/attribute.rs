@@ -92,7 +92,7 @@ impl StatusSync {
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
         let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
         let mut names = std::mem::take(&mut state.names);
-        for Evidence { kind, record } in &records {
+        for Evidence { kind, record, .. } in &records {
             let kind = *kind;
             let flows = match observed_flows(&index, &view, &mut names, record, &now) {
                 Ok(flows) => flows,

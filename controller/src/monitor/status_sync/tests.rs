@@ -24,6 +24,7 @@ fn evidence(at_ms: i64) -> Evidence {
             opened: crate::learn::Opened::Outbound,
             at_ms,
         },
+        waited_for_peer: false,
     }
 }
 

@@ -70,6 +70,9 @@ impl EvidenceKind {
 pub struct Evidence {
     pub kind: EvidenceKind,
     pub record: Decoded,
+    /// It waited for the index to place its peer ([`Evidence::may_wait_for_peer`]): the pass
+    /// counts what it came to ([`WaitedOutcome`]).
+    pub waited_for_peer: bool,
 }
 
 impl Evidence {
@@ -78,8 +81,66 @@ impl Evidence {
         Some(Evidence {
             kind: EvidenceKind::of(record)?,
             record: decoded,
+            waited_for_peer: false,
         })
     }
+
+    /// Whether this evidence may wait for the index to place its peer, as learning does
+    /// (docs/behaviour.md §1.3, §3.2): blocked connections only. A new pod's first packets can be
+    /// refused by a node that has not learned the pod's address yet; judged at once, the pod would
+    /// be a bare address, and a violation the policy does not make. Evidence of connections that
+    /// went through is judged at once, as before.
+    pub fn may_wait_for_peer(&self) -> bool {
+        self.kind == EvidenceKind::Blocked
+    }
+}
+
+/// What blocked evidence that waited for its peer came to, judged against the policies as they are
+/// at the pass (`evidence_waited_for_peer_total{outcome}`, docs/behaviour.md §3.2).
+// Variants in precedence order: a record's outcome is the greatest of its flows'.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Hash,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(non_camel_case_types)]
+pub enum WaitedOutcome {
+    /// Its peer is a pod now and no policy records the flow: refused only because a node did not
+    /// know the pod's address yet. Not a violation.
+    startup_drop,
+    /// Its peer is a pod now and a policy records a violation, named by the pod's workload.
+    violation,
+    /// Its peer is still no pod: judged as the address, as evidence that never waited.
+    unknown_address,
+}
+
+impl WaitedOutcome {
+    /// The outcome of a record from its flows, each as (its peer is a workload, a policy records a
+    /// violation of it); `None` for a record without flows. One flow still judged as an address
+    /// makes the record's outcome `unknown_address`, whatever was recorded.
+    pub fn of(flows: impl IntoIterator<Item = (bool, bool)>) -> Option<Self> {
+        flows
+            .into_iter()
+            .map(
+                |(peer_is_workload, violation)| match (peer_is_workload, violation) {
+                    (false, _) => WaitedOutcome::unknown_address,
+                    (true, true) => WaitedOutcome::violation,
+                    (true, false) => WaitedOutcome::startup_drop,
+                },
+            )
+            .max()
+    }
+}
+
+/// Whether `side`, the peer of an observed flow, is a workload (not a bare address).
+pub fn names_a_workload(side: &FlowSide) -> bool {
+    !side.workload.owner_name.is_empty()
 }
 
 /// The flows between evaluable endpoints a decoded record stands for, as of the record's last
@@ -895,6 +956,55 @@ mod tests {
         assert_eq!(counts(EvidenceKind::WentThrough), (true, false));
         assert_eq!(counts(EvidenceKind::Sent), (true, true));
         assert_eq!(counts(EvidenceKind::Blocked), (false, true));
+    }
+
+    #[test]
+    fn only_blocked_evidence_waits_for_its_peer_and_what_it_came_to() {
+        let (index, _) = cluster();
+        let local = index.pod("n", "server-5d8f7c9b6-a").unwrap().clone();
+        let evidence = |kind| Evidence {
+            kind,
+            record: Decoded {
+                local: local.clone(),
+                peer: "10.0.0.3".parse().unwrap(),
+                peer_from: crate::ingest::flow_record::PeerFrom::Address,
+                port: 8080,
+                protocol: Protocol::TCP,
+                opened: Opened::Inbound,
+                at_ms: 1_000,
+            },
+            waited_for_peer: false,
+        };
+        // A connection that went through (or a datagram) is judged at once, as before.
+        for (kind, waits) in [
+            (EvidenceKind::Blocked, true),
+            (EvidenceKind::WentThrough, false),
+            (EvidenceKind::Sent, false),
+        ] {
+            assert_eq!(evidence(kind).may_wait_for_peer(), waits, "{kind:?}");
+        }
+
+        use WaitedOutcome::{startup_drop, unknown_address, violation};
+        // (each flow: its peer is a workload, a policy records a violation) → the record's outcome
+        type Flows = &'static [(bool, bool)];
+        let cases: [(Flows, Option<WaitedOutcome>); 7] = [
+            (&[], None),
+            (&[(true, false)], Some(startup_drop)),
+            (&[(true, true)], Some(violation)),
+            (&[(false, true)], Some(unknown_address)),
+            (&[(false, false)], Some(unknown_address)),
+            // A Service's backends: one denied backend is a violation...
+            (&[(true, false), (true, true)], Some(violation)),
+            // ...and one still an address is the address.
+            (&[(true, true), (false, false)], Some(unknown_address)),
+        ];
+        for (flows, expected) in cases {
+            assert_eq!(
+                WaitedOutcome::of(flows.iter().copied()),
+                expected,
+                "{flows:?}"
+            );
+        }
     }
 
     #[test]
