@@ -221,11 +221,23 @@ impl AppBuilder {
     pub fn build(self) -> App {
         let metrics = self.metrics.unwrap_or_default();
         let index = self.index.unwrap_or_default();
+        let status_sync = self.status_sync.map(|(settings, sink)| {
+            let sync = StatusSync::new(self.client.clone(), index.clone(), settings, sink);
+            sync.register_metrics(&metrics);
+            sync
+        });
+        let evidence = self
+            .evidence
+            .or_else(|| status_sync.as_ref().map(|s| s.evidence()));
         let mut learner = Learner::new(self.backend, self.excluded_namespaces)
             .with_only_namespace(self.namespace)
             .with_metrics(metrics.clone());
         if let Some(configure) = self.configure_learner {
             learner = configure(learner);
+        }
+        if let Some(evidence) = &evidence {
+            // Evidence whose peer waits for the index goes on to where the rest goes.
+            learner = learner.with_evidence_sink(evidence.clone());
         }
         let mut writer = ProposalWriter::new(self.client.clone(), self.backend)
             .with_limits(*learner.limits())
@@ -238,19 +250,12 @@ impl AppBuilder {
             writer = writer.with_cache(proposals);
         }
         let (learner, writer) = (Arc::new(learner), Arc::new(writer));
-        let status_sync = self.status_sync.map(|(settings, sink)| {
-            let sync = StatusSync::new(self.client.clone(), index.clone(), settings, sink);
-            sync.register_metrics(&metrics);
-            sync
-        });
         // Agents' batches and cluster-wide sources share one learning and evidence path.
         let learning = Arc::new(Learning {
             index: index.clone(),
             learner: learner.clone(),
             writer: writer.clone(),
-            evidence: self
-                .evidence
-                .or_else(|| status_sync.as_ref().map(|s| s.evidence())),
+            evidence,
             early: Default::default(),
         });
         let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())

@@ -10,21 +10,23 @@ pub struct Holds {
     /// The status patch of violations found in its records: a mark of the evidence sink
     /// ([`crate::monitor::status_sync::EvidenceSink::hold`]).
     pub evidence: Option<u64>,
-    /// Some of its records waited for their pod ([`early_records`]): once `proposals` are written
-    /// (their wait is over, so they were taken in or refused), the evidence mark is taken again, to
-    /// cover what they were found to be.
-    pub early: bool,
+    /// Some of its evidence is handed to the evidence sink after the batch was merged: records that
+    /// waited for their pod ([`early_records`]), or blocked connections whose peer waited for the
+    /// index ([`crate::learn::deferrals`]). Their waits end with the grace, which `proposals` waits
+    /// for too: once `proposals` are written (so the waits are over and the evidence was handed on),
+    /// the evidence mark is taken again, to cover it.
+    pub evidence_later: bool,
 }
 
 impl Holds {
     /// Nothing to wait for: the acknowledgement may go at once.
     pub fn is_nothing(&self) -> bool {
-        self.proposals.is_nothing() && self.evidence.is_none() && !self.early
+        self.proposals.is_nothing() && self.evidence.is_none() && !self.evidence_later
     }
 
     /// Whether the acknowledgement of a batch merged at `mark` may go: its proposals are written
-    /// (`written`) and its evidence is in statuses (`evidence`). A batch whose records waited for
-    /// their pod takes its evidence mark again once its wait is over (see [`Holds::early`]).
+    /// (`written`) and its evidence is in statuses (`evidence`). A batch with evidence handed on
+    /// later takes its evidence mark again once its wait is over (see [`Holds::evidence_later`]).
     /// Checked again whenever a flush or an evidence pass ends.
     pub fn ready(
         &mut self,
@@ -36,11 +38,11 @@ impl Holds {
         // written already (agents acknowledge per sequence).
         let proposals_written =
             self.proposals.is_nothing() || written.written_for(mark, &self.proposals);
-        if self.early && proposals_written {
-            self.early = false;
+        if self.evidence_later && proposals_written {
+            self.evidence_later = false;
             self.evidence = self.evidence.max(evidence.and_then(|e| e.hold()));
         }
-        !self.early
+        !self.evidence_later
             && proposals_written
             && self
                 .evidence

@@ -97,8 +97,7 @@ impl Learning {
         }
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
-        let mut evidence_handed = false;
-        let mut early = false;
+        let mut evidence = Handed::default();
         let received = records.len() as u64;
         for original in records {
             let result = original.and_then(|original| {
@@ -111,7 +110,7 @@ impl Learning {
                     reporter,
                     at_ms: now_ms,
                 };
-                let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence_handed);
+                let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence);
                 match taken {
                     Err(BadRecord::UnknownLocalPod(pod)) => {
                         let grace_ms = self.learner.resolution_grace_ms();
@@ -120,7 +119,7 @@ impl Learning {
                                 metrics.resolved("local_pod_deferred", 1);
                                 metrics.records_waiting_for_pod.inc();
                                 waits.defer_until(until_ms);
-                                early = true;
+                                evidence.later = true;
                                 Ok(Ok(()))
                             }
                             Err(why) => {
@@ -166,23 +165,25 @@ impl Learning {
                 evidence: self
                     .evidence
                     .as_ref()
-                    .filter(|_| evidence_handed)
+                    .filter(|_| evidence.now)
                     .and_then(|e| e.hold()),
-                early,
+                evidence_later: evidence.later,
             },
         )
     }
 
     /// Takes in one record as it arrived (`from`): learns from it (adding what its
-    /// acknowledgement waits for to `waits`) and hands it to the evidence sink. `Ok(Err(_))`: accepted
-    /// but not resolvable.
+    /// acknowledgement waits for to `waits`) and hands it to the evidence sink, now or, when it is a
+    /// blocked connection whose peer the index cannot place yet, once the learner's wait for the
+    /// index is over ([`Learner::evidence_or_wait`]; noted in `evidence`). `Ok(Err(_))`: accepted but
+    /// not resolvable.
     fn take_one(
         &self,
         index: &Index,
         from: Arrival<'_>,
         record: &FlowRecord,
         waits: &mut WaitsFor,
-        evidence_handed: &mut bool,
+        evidence: &mut Handed,
     ) -> Result<Result<(), String>, BadRecord> {
         let metrics = self.learner.metrics();
         let decoded = flow_record::decode(record, index, Some(from.node))?;
@@ -202,10 +203,15 @@ impl Learning {
             }
         };
         if let Some(sink) = &self.evidence
-            && let Some(evidence) = Evidence::of(record, decoded)
+            && let Some(e) = Evidence::of(record, decoded)
         {
-            sink.accepted(evidence);
-            *evidence_handed = true;
+            match self.learner.evidence_or_wait(index, e, from.at_ms, waits) {
+                Some(e) => {
+                    sink.accepted(e);
+                    evidence.now = true;
+                }
+                None => evidence.later = true,
+            }
         }
         Ok(learning)
     }
@@ -234,12 +240,14 @@ impl Learning {
                 reporter: early.reporter,
                 at_ms: early.arrived_ms,
             };
+            // Its batch's acknowledgement already waits for the grace from its arrival, and then
+            // takes the evidence mark again (`Holds::evidence_later`).
             let taken = self.take_one(
                 index,
                 from,
                 &early.record,
                 &mut WaitsFor::default(),
-                &mut false,
+                &mut Handed::default(),
             );
             match taken {
                 Ok(_) => metrics.resolved("local_pod_deferred_resolved", 1),
@@ -284,6 +292,14 @@ impl crate::learn::flusher::SettleFirst for Learning {
         // Even when none waits: a batch's look may have taken the last ones out and be merging them.
         self.settle_early(index, now_ms, true);
     }
+}
+
+/// Whether a batch's evidence went to the evidence sink now, and whether some of it will later (it
+/// waits for its pod, or for its peer): what its acknowledgement waits for ([`Holds`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Handed {
+    now: bool,
+    later: bool,
 }
 
 /// Who sent a record (the node whose stream it came on, and as what) and when it arrived.

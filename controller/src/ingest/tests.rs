@@ -181,7 +181,10 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
         .learning
         .take_in("node-a", &encoded_batch(5, "node-a", &records));
     assert_eq!((ack.accepted, ack.rejected), (4, 0), "{}", ack.reason);
-    assert!(holds.early && !holds.proposals.is_nothing(), "{holds:?}");
+    assert!(
+        holds.evidence_later && !holds.proposals.is_nothing(),
+        "{holds:?}"
+    );
     assert_eq!(app.learning.early.len(), 4);
     assert_eq!(app.learner.pending_proposals(), 0);
     assert!(queue.drain().is_empty());
@@ -285,6 +288,60 @@ async fn a_batch_that_waited_for_its_pod_is_acknowledged_after_its_evidence() {
     assert_eq!(holds.evidence, Some(1), "the mark taken after the wait");
     marks.settled.store(2, Ordering::SeqCst);
     assert!(holds.ready(mark, ledger, Some(&*marks)));
+}
+
+/// A blocked connection whose peer the index cannot place yet is handed on as evidence only once
+/// its wait is over (docs/behaviour.md §3.2); its batch is acknowledged only after that, and after
+/// the evidence is in statuses, as for a record that waited for its pod.
+#[tokio::test]
+async fn a_batch_with_a_denial_whose_peer_waits_is_acknowledged_after_its_evidence() {
+    use std::sync::atomic::Ordering;
+    let marks = Arc::new(Marks::default());
+    let app = app_with(index_with_pod("node-a"), 20, marks.clone());
+    // The agent's enforcement refused 10.0.0.9, which is no pod yet.
+    let denied = FlowRecord {
+        outcome: uplink::Outcome::Denied as i32,
+        direction: uplink::Direction::Inbound as i32,
+        ..record("shop", "web-1", "")
+    };
+    let (ack, mut holds) = app
+        .learning
+        .take_in("node-a", &encoded_batch(1, "node-a", &[denied]));
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 0, "it waits");
+    assert!(
+        holds.evidence_later && holds.evidence.is_none(),
+        "{holds:?}"
+    );
+    let mark = app.flusher.ledger().mark();
+    let ledger = app.flusher.ledger();
+    assert!(!holds.ready(mark, ledger, Some(&*marks)), "no flush yet");
+    // A flush within the grace decides nothing.
+    app.flusher.flush().await;
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 0);
+    assert!(
+        !holds.ready(mark, ledger, Some(&*marks)),
+        "the wait is not over"
+    );
+
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // The grace is over: handed on (as the address) before the flush.
+    app.flusher.flush().await;
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 1);
+    assert!(
+        !holds.ready(mark, ledger, Some(&*marks)),
+        "its evidence is not in a status yet"
+    );
+    assert_eq!(holds.evidence, Some(1), "the mark taken after the wait");
+    marks.settled.store(2, Ordering::SeqCst);
+    assert!(holds.ready(mark, ledger, Some(&*marks)));
+    let text = app.learner.metrics().encode();
+    for line in [
+        "resolutions_total{outcome=\"evidence_deferred\"} 1",
+        "resolutions_total{outcome=\"evidence_deferred_expired\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
 }
 
 #[test]

@@ -92,7 +92,12 @@ impl StatusSync {
         // Each policy's rules with their fingerprints, computed once per pass for the policies used.
         let mut rules: HashMap<PolicyKey, Vec<RuleRef>> = HashMap::new();
         let mut names = std::mem::take(&mut state.names);
-        for Evidence { kind, record, .. } in &records {
+        for Evidence {
+            kind,
+            record,
+            waited_for_peer,
+        } in &records
+        {
             let kind = *kind;
             let flows = match observed_flows(&index, &view, &mut names, record, &now) {
                 Ok(flows) => flows,
@@ -102,7 +107,16 @@ impl StatusSync {
                     continue;
                 }
             };
+            // Evidence that waited for its peer: per flow, whether the peer is a workload now and
+            // whether a policy records it (what it came to, [`WaitedOutcome`]).
+            let mut judged: Vec<(bool, bool)> = Vec::new();
             for flow in flows {
+                let peer_is_workload = waited_for_peer.then(|| {
+                    names_a_workload(match record.opened {
+                        Opened::Inbound => &flow.source,
+                        Opened::Outbound => &flow.destination,
+                    })
+                });
                 if kind != EvidenceKind::Blocked {
                     let to_api_server = match flow.destination.endpoint {
                         Endpoint::Ip(ip) => index.is_api_server(ip, flow.port),
@@ -111,6 +125,7 @@ impl StatusSync {
                     history.record(&flow, to_api_server);
                 }
                 if set.is_empty() {
+                    judged.extend(peer_is_workload.map(|p| (p, false)));
                     continue;
                 }
                 matches.clear();
@@ -138,9 +153,14 @@ impl StatusSync {
                     }
                 }
                 let at = flow.seen_at.0.as_millisecond();
+                let mut violation = false;
                 for a in attributed {
-                    if !kind.counts_for(a.action()) || !state.repeats.admit_key(a.repeat_key(), at)
-                    {
+                    if !kind.counts_for(a.action()) {
+                        continue;
+                    }
+                    // A repeat is a violation all the same, counted once (§3.6).
+                    violation = true;
+                    if !state.repeats.admit_key(a.repeat_key(), at) {
                         continue;
                     }
                     let (policy, observation) = (a.key(), a.observation());
@@ -153,6 +173,13 @@ impl StatusSync {
                     state.pending.push(policy, observation);
                     queued += 1;
                 }
+                judged.extend(peer_is_workload.map(|p| (p, violation)));
+            }
+            if let Some(outcome) = WaitedOutcome::of(judged) {
+                self.metrics.waited_for_peer(outcome);
+                tracing::debug!(?outcome, peer = %record.peer, port = record.port,
+                    pod = %format_args!("{}/{}", record.local.namespace, record.local.name),
+                    "a blocked connection whose peer waited for the index, judged");
             }
         }
         state.repeats.forget_before(now.0.as_millisecond());

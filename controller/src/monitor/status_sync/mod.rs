@@ -9,6 +9,9 @@
 //!   egress denial hides the flow from the destination's ingress policy), filtered by what evidence
 //!   counts for the policy's mode ([`EvidenceKind::counts_for`]) and by the repeat window
 //!   ([`RepeatFilter`]), reported to the [`ViolationSink`], and queued per policy ([`Pending`]).
+//!   A blocked record whose peer the index could not place yet reaches the queue only once it is
+//!   placed or the resolution grace is over ([`crate::learn::deferrals`]); the pass counts what it
+//!   came to ([`WaitedOutcome`]: a pod the policies allow is a startup drop, no violation).
 //!   The rules that allowed each flow are noted in a [`UsageTracker`] (rule usage, docs/api.md).
 //! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status
 //!   goes through [`violations::sync`] (merge, clear, acknowledge, counters) and [`rule_usage::merge`]
@@ -26,12 +29,14 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
+use crate::learn::Opened;
 use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
-    Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WorkloadNames, observed_flows,
+    Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WaitedOutcome, WorkloadNames,
+    names_a_workload, observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
@@ -181,6 +186,15 @@ pub struct SyncMetrics {
     /// Status patches that failed, by reason: `conflict` (the copy was older than the object; retried
     /// at once from a fresh read) or `error` (retried next interval).
     pub patch_failures: Family<Reason, Counter>,
+    /// Blocked records whose peer waited for the index, by what they came to ([`WaitedOutcome`]):
+    /// `startup_drop` counts the refusals of new pods the policies allow.
+    pub waited_for_peer: Family<WaitedLabel, Counter>,
+}
+
+/// The label of `evidence_waited_for_peer_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct WaitedLabel {
+    pub outcome: WaitedOutcome,
 }
 
 impl SyncMetrics {
@@ -189,6 +203,12 @@ impl SyncMetrics {
             .get_or_create(&Reason {
                 reason: reason.into(),
             })
+            .inc();
+    }
+
+    fn waited_for_peer(&self, outcome: WaitedOutcome) {
+        self.waited_for_peer
+            .get_or_create(&WaitedLabel { outcome })
             .inc();
     }
 
@@ -340,6 +360,14 @@ impl StatusSync {
             "edge_history_evicted",
             "Observed edges evicted from the protect gate's history by its bound (--edge-history-max-edges)",
             m.history_evicted.clone(),
+        );
+        metrics.register(
+            "evidence_waited_for_peer",
+            "Blocked connections whose peer address was no pod yet, held up to the resolution grace, \
+             by what the evidence pass then found: startup_drop (the peer is a pod the policies allow: \
+             refused only because a node had not learned its address yet; no violation), violation \
+             (a pod they do not allow), unknown_address (still no pod: judged as the address)",
+            m.waited_for_peer.clone(),
         );
         metrics.register(
             "status_patch_failures",

@@ -285,3 +285,229 @@ async fn evidence_is_settled_only_once_its_violations_are_written() {
     sync.attribute_evidence();
     assert!(evidence.settled_after(later));
 }
+
+/// Pod `shop/<name>` labelled `app=<app>` at `ip` on node-a: a Deployment's (through its
+/// ReplicaSet) when `deployment`, else a bare pod.
+fn shop_pod(name: &str, app: &str, ip: &str, deployment: bool) -> k8s_openapi::api::core::v1::Pod {
+    let mut meta = serde_json::json!({"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                                      "labels": {"app": app}});
+    if deployment {
+        meta["labels"]["pod-template-hash"] = "5d8f7c9b6".into();
+        meta["ownerReferences"] = serde_json::json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "name": format!("{app}-5d8f7c9b6"), "uid": format!("uid-rs-{app}"), "controller": true}]);
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": meta,
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running", "podIP": ip}
+    }))
+    .unwrap()
+}
+
+/// A protect ingress policy of Deployment `shop/web` that allows pods labelled `app=<allowed>`
+/// on TCP 8080.
+fn web_allows(allowed: &str) -> WorkloadNetworkPolicy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "deployment-web-ingress", "namespace": "shop", "uid": "u-web"},
+        "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "protect",
+                 "targetRef": {"kind": "Deployment", "name": "web"},
+                 "kubernetes": {"podSelector": {"matchLabels": {"app": "web"}},
+                                "policyTypes": ["Ingress"],
+                                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": allowed}}}],
+                                             "ports": [{"protocol": "TCP", "port": 8080}]}]}}
+    }))
+    .unwrap()
+}
+
+/// The controller in process, without a cluster: pod `shop/web-…` of Deployment web (10.0.0.2) on
+/// node-a, ingest with the resolution grace `grace_ms`, and a status sync whose watches have listed
+/// `policy` and the namespace.
+async fn startup_drop_app(
+    grace_ms: i64,
+    policy: WorkloadNetworkPolicy,
+) -> (crate::app::App, Arc<StatusSync>, ControllerMetrics) {
+    let mut index = crate::cluster::index::Index::default();
+    index.apply_pod(&shop_pod("web-5d8f7c9b6-a", "web", "10.0.0.2", true), 0);
+    index.apply_workload(
+        "shop",
+        network_enforcer_api::WorkloadKind::Deployment,
+        "web",
+        "uid-web",
+        serde_json::from_value(serde_json::json!({"matchLabels": {"app": "web"}})).unwrap(),
+    );
+    let metrics = ControllerMetrics::new();
+    let app = crate::app::App::builder(
+        network_enforcer_tests::fixture::offline_client(),
+        Backend::Kubernetes,
+    )
+    .index(Arc::new(SharedIndex::listed(index)))
+    .configure_learner(move |l| l.with_resolution_grace(grace_ms))
+    .status_sync(
+        Settings::default(),
+        Arc::new(crate::monitor::otlp::Disabled),
+    )
+    .metrics(metrics.clone())
+    .build();
+    let sync = app.status_sync.clone().expect("a status sync");
+    let mut writers = sync.writers.lock().unwrap().take().unwrap();
+    writers
+        .policies
+        .apply_watcher_event(&watcher::Event::InitDone);
+    writers
+        .network_policies
+        .apply_watcher_event(&watcher::Event::InitDone);
+    writers
+        .namespaces
+        .apply_watcher_event(&watcher::Event::InitDone);
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}
+    }))
+    .unwrap();
+    writers
+        .namespaces
+        .apply_watcher_event(&watcher::Event::Apply(namespace));
+    writers
+        .policies
+        .apply_watcher_event(&watcher::Event::Apply(policy));
+    sync.wait_ready().await;
+    (app, sync, metrics)
+}
+
+/// The agent's enforcement refused a TCP attempt on web's port 8080 from `peer`, seen at `at_ms`:
+/// one batch of node-a's agent, as its stream delivers it.
+fn denied_from(peer: [u8; 4], at_ms: i64) -> network_enforcer_api::uplink::encoded::FlowBatch {
+    use network_enforcer_api::uplink;
+    use prost::Message;
+    let record = uplink::FlowRecord {
+        local: Some(uplink::LocalPod {
+            namespace: "shop".into(),
+            name: "web-5d8f7c9b6-a".into(),
+            uid: String::new(),
+        }),
+        peer_ip: peer.to_vec(),
+        port: 8080,
+        protocol: uplink::Protocol::Tcp as i32,
+        direction: uplink::Direction::Inbound as i32,
+        outcome: uplink::Outcome::Denied as i32,
+        first_seen_ms: at_ms,
+        last_seen_ms: at_ms,
+        ..uplink::FlowRecord::default()
+    };
+    uplink::encoded::FlowBatch {
+        sequence: 1,
+        node: "node-a".into(),
+        records: vec![prost::bytes::Bytes::from(record.encode_to_vec())],
+    }
+}
+
+/// The observations waiting for web's ingress policy's status patch.
+fn web_observations(sync: &StatusSync) -> Vec<crate::monitor::violations::Observation> {
+    sync.state.lock().unwrap().pending.get(&PolicyKey {
+        namespace: "shop".into(),
+        name: "deployment-web-ingress".into(),
+    })
+}
+
+/// How many blocked records that waited for their peer came to `outcome`.
+fn waited(metrics: &ControllerMetrics, outcome: &str) -> f64 {
+    metric(
+        &metrics.encode(),
+        &format!(
+            "network_enforcer_controller_evidence_waited_for_peer_total{{outcome=\"{outcome}\"}}"
+        ),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Issue 49: a new client's first SYN, dropped by the server's node because that node learned the
+/// client's address only after it, is reported with the client as a bare address. It must not be a
+/// violation "external → web" while the policy allows the client: the record waits for the index
+/// (docs/behaviour.md §3.2), is judged with the client's pod, and is counted as a startup drop.
+/// (Before the change the first evidence pass recorded the bare address.)
+#[tokio::test]
+async fn a_denied_record_from_a_pod_the_index_learns_late_and_the_policy_allows_is_no_violation() {
+    let (app, sync, metrics) = startup_drop_app(30_000, web_allows("client")).await;
+    let now = crate::cluster::watches::now_ms();
+    let (ack, _) = app
+        .learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    // The evidence pass of that second, before the client's IP reaches the index.
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert_eq!(web_observations(&sync), []);
+    assert_eq!(
+        app.learner.waiting(),
+        1,
+        "it waits with learning's observations"
+    );
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), now);
+    app.flush().await;
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert_eq!(web_observations(&sync), [], "the policy allows the client");
+    assert_eq!(app.learner.waiting(), 0);
+    assert_eq!(waited(&metrics, "startup_drop"), 1.0);
+    assert_eq!(waited(&metrics, "violation"), 0.0);
+    assert_eq!(waited(&metrics, "unknown_address"), 0.0);
+    assert_eq!(
+        app.metrics
+            .count("resolutions", "evidence_deferred_resolved"),
+        1
+    );
+}
+
+/// The same with a policy that does not allow the client: a violation, named by the client's
+/// workload rather than by its address.
+#[tokio::test]
+async fn a_denied_record_from_a_pod_the_index_learns_late_and_the_policy_denies_names_the_pod() {
+    let (app, sync, metrics) = startup_drop_app(30_000, web_allows("other")).await;
+    let now = crate::cluster::watches::now_ms();
+    app.learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    assert_eq!(sync.attribute_evidence(), 0);
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), now);
+    app.flush().await;
+    assert_eq!(sync.attribute_evidence(), 1);
+    let observed = web_observations(&sync);
+    assert_eq!(observed.len(), 1, "{observed:?}");
+    let source = &observed[0].source;
+    assert_eq!(
+        (
+            source.owner_kind.as_str(),
+            source.owner_name.as_str(),
+            source.address.as_str()
+        ),
+        ("Pod", "client", "")
+    );
+    assert_eq!(observed[0].dest.owner_name, "web");
+    assert_eq!(waited(&metrics, "violation"), 1.0);
+    assert_eq!(waited(&metrics, "startup_drop"), 0.0);
+}
+
+/// An address that is still no pod once the grace is over is judged as the address: one violation
+/// "10.0.0.3 → web", as before the grace existed.
+#[tokio::test]
+async fn a_denied_record_whose_peer_stays_unknown_is_a_violation_of_the_address_after_the_grace() {
+    let (app, sync, metrics) = startup_drop_app(50, web_allows("client")).await;
+    let now = crate::cluster::watches::now_ms();
+    app.learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    assert_eq!(sync.attribute_evidence(), 0, "within the grace");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    app.flush().await;
+    assert_eq!(sync.attribute_evidence(), 1);
+    let observed = web_observations(&sync);
+    assert_eq!(observed.len(), 1, "{observed:?}");
+    assert_eq!(observed[0].source.address, "10.0.0.3");
+    assert_eq!(observed[0].source.owner_name, "");
+    assert_eq!(waited(&metrics, "unknown_address"), 1.0);
+}
