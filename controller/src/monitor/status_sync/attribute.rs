@@ -39,9 +39,9 @@ impl StatusSync {
     }
 
     /// Attributes the queued records to the policies in force; returns how many observations were
-    /// queued for a status patch. Before [`StatusSync::wait_ready`] has returned it does nothing: the
-    /// records stay queued (and unacknowledged) until the policies and pods they are judged against
-    /// have been listed.
+    /// queued for a status patch. Until every watch it reads has listed ([`StatusSync::listed`]) it
+    /// does nothing: the records stay queued (and unacknowledged), since against a store not listed
+    /// yet a record finds no policy, and its batch would be acknowledged without its violation.
     pub fn attribute_evidence(&self) -> usize {
         if !self.is_ready() {
             return 0;

@@ -5,8 +5,9 @@ use super::*;
 impl StatusSync {
     /// Replays the edge history against `policy` (the protect gate, [`EdgeHistory::replay`]) with the
     /// cluster as it is now. Evidence queued before this call is attributed first, so the replay sees
-    /// every flow ingest accepted. `None` before [`StatusSync::wait_ready`] has returned: the history
-    /// is not complete yet (the gate says so and checks again later).
+    /// every flow ingest accepted. `None` until every watch evidence is judged against has listed
+    /// ([`StatusSync::listed`]): the evidence waits, so the history is not complete yet (the gate
+    /// says so and checks again later).
     pub fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {
         if !self.is_ready() {
             return None;

@@ -25,7 +25,8 @@
 //!   an Event per acknowledged record and per unknown id, and `acknowledged` reported to the sink.
 //!
 //! The evaluator's [`ClusterView`] is derived from the index at each pass (one source of truth for
-//! pods), plus namespaces and NetworkPolicies from this module's own watches.
+//! pods), plus namespaces and NetworkPolicies from this module's own watches. Nothing is judged
+//! before all of them have listed ([`Listed`]): evidence waits, queued and unacknowledged.
 
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
@@ -70,11 +71,13 @@ use tokio::sync::watch;
 
 mod attribute;
 mod history;
+mod listed;
 mod queue;
 mod run;
 mod settings;
 mod status;
 
+pub use listed::{Listed, Watch, WatchLabel};
 pub use queue::{EvidenceSink, MAX_QUEUED_RECORDS};
 pub use settings::{Settings, parse_duration};
 
@@ -189,6 +192,8 @@ pub struct SyncMetrics {
     /// Blocked records whose peer waited for the index, by what they came to ([`WaitedOutcome`]):
     /// `startup_drop` counts the refusals of new pods the policies allow.
     pub waited_for_peer: Family<WaitedLabel, Counter>,
+    /// 1 while evidence waits for the first list of that watch ([`Listed`]), 0 once it has listed.
+    pub waiting_for_watch: Family<WatchLabel, Gauge>,
 }
 
 /// The label of `evidence_waited_for_peer_total`.
@@ -241,10 +246,8 @@ pub struct StatusSync {
     /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
     held: Mutex<HashSet<PolicyKey>>,
     passes: AtomicU64,
-    /// Set once every watch of this sync and the index have listed ([`StatusSync::wait_ready`]):
-    /// evidence evaluated before that would meet half-listed policies and pods, and a violation
-    /// missed then would be acknowledged to its agent and lost.
-    ready: AtomicBool,
+    /// What evidence was last said to wait for ([`StatusSync::listed`]).
+    last_waiting: listed::LastWaiting,
     metrics: SyncMetrics,
 }
 
@@ -268,7 +271,7 @@ impl StatusSync {
             },
         );
         let queue = EvidenceQueue {
-            // Until the first pass has listed the policies, any record may be evidence.
+            // Until the first pass has judged against the listed policies, any record may be evidence.
             policies_exist: AtomicBool::new(true),
             ..EvidenceQueue::default()
         };
@@ -303,7 +306,7 @@ impl StatusSync {
                 namespaces: namespaces_writer,
             })),
             passes: AtomicU64::new(0),
-            ready: AtomicBool::new(false),
+            last_waiting: listed::LastWaiting::default(),
         })
     }
 
@@ -368,6 +371,13 @@ impl StatusSync {
              refused only because a node had not learned its address yet; no violation), violation \
              (a pod they do not allow), unknown_address (still no pod: judged as the address)",
             m.waited_for_peer.clone(),
+        );
+        metrics.register(
+            "evidence_waiting_for_watch",
+            "1 while evidence waits for the first list of this watch (policies, network_policies, \
+             namespaces, index): until every one has listed, records stay queued and their batches \
+             unacknowledged; 0 once it has listed",
+            m.waiting_for_watch.clone(),
         );
         metrics.register(
             "status_patch_failures",

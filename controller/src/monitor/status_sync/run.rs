@@ -32,23 +32,6 @@ impl StatusSync {
         );
     }
 
-    /// Waits until every watch of this sync and the index have listed once; evidence is attributed
-    /// from then on ([`StatusSync::attribute_evidence`]).
-    pub async fn wait_ready(&self) {
-        let _ = self.policies.wait_until_ready().await;
-        let _ = self.network_policies.wait_until_ready().await;
-        let _ = self.namespaces.wait_until_ready().await;
-        while !self.index.ready() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        self.ready.store(true, Ordering::Release);
-    }
-
-    /// Whether [`StatusSync::wait_ready`] has returned.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
     /// Attributes evidence every `evidence_interval` and whenever the queue is half full, and syncs
     /// statuses every `interval`.
     pub async fn passes_forever(self: Arc<Self>) {

@@ -3,8 +3,14 @@
 use super::*;
 
 impl StatusSync {
-    /// Syncs every policy's status once (see the module docs).
+    /// Syncs every policy's status once (see the module docs). Nothing until every watch evidence
+    /// is judged against has listed ([`StatusSync::listed`]): against a policy store not listed
+    /// yet, every pending observation's policy would look deleted, and with nothing pending left
+    /// the drains nobody judged yet would be settled.
     pub async fn sync_all(&self) -> PassReport {
+        if !self.is_ready() {
+            return PassReport::default();
+        }
         // Everything drained so far is pending or written; what this pass writes settles it.
         let drained = self.queue.drains();
         let policies = self.policies.state();

@@ -88,9 +88,14 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// A status sync whose API server is never reached.
 fn offline_sync() -> Arc<StatusSync> {
+    offline_sync_over(SharedIndex::default())
+}
+
+/// A status sync over `index` whose API server is never reached.
+fn offline_sync_over(index: SharedIndex) -> Arc<StatusSync> {
     StatusSync::new(
         network_enforcer_tests::fixture::offline_client(),
-        Arc::new(SharedIndex::default()),
+        Arc::new(index),
         Settings::default(),
         Arc::new(crate::monitor::otlp::Disabled),
     )
@@ -118,7 +123,7 @@ async fn a_half_full_queue_calls_for_a_pass_once_per_fill() {
 
 #[tokio::test]
 async fn dropped_evidence_and_pending_observations_are_metrics() {
-    let sync = offline_sync();
+    let (sync, _writers) = listed_offline_sync().await;
     let registry = ControllerMetrics::new();
     sync.register_metrics(&registry);
     let evidence = sync.evidence();
@@ -321,13 +326,13 @@ fn web_allows(allowed: &str) -> WorkloadNetworkPolicy {
     .unwrap()
 }
 
-/// The controller in process, without a cluster: pod `shop/web-…` of Deployment web (10.0.0.2) on
-/// node-a, ingest with the resolution grace `grace_ms`, and a status sync whose watches have listed
-/// `policy` and the namespace.
-async fn startup_drop_app(
+/// The controller in process, without a cluster, talking to the API server `client`: pod
+/// `shop/web-…` of Deployment web (10.0.0.2) on node-a, ingest with the resolution grace
+/// `grace_ms`, and a status sync whose watches have listed nothing yet; its writers fill them.
+fn shop_app(
+    client: Client,
     grace_ms: i64,
-    policy: WorkloadNetworkPolicy,
-) -> (crate::app::App, Arc<StatusSync>, ControllerMetrics) {
+) -> (crate::app::App, Arc<StatusSync>, Writers, ControllerMetrics) {
     let mut index = crate::cluster::index::Index::default();
     index.apply_pod(&shop_pod("web-5d8f7c9b6-a", "web", "10.0.0.2", true), 0);
     index.apply_workload(
@@ -338,39 +343,51 @@ async fn startup_drop_app(
         serde_json::from_value(serde_json::json!({"matchLabels": {"app": "web"}})).unwrap(),
     );
     let metrics = ControllerMetrics::new();
-    let app = crate::app::App::builder(
-        network_enforcer_tests::fixture::offline_client(),
-        Backend::Kubernetes,
-    )
-    .index(Arc::new(SharedIndex::listed(index)))
-    .configure_learner(move |l| l.with_resolution_grace(grace_ms))
-    .status_sync(
-        Settings::default(),
-        Arc::new(crate::monitor::otlp::Disabled),
-    )
-    .metrics(metrics.clone())
-    .build();
+    let app = crate::app::App::builder(client, Backend::Kubernetes)
+        .index(Arc::new(SharedIndex::listed(index)))
+        .configure_learner(move |l| l.with_resolution_grace(grace_ms))
+        .status_sync(
+            Settings::default(),
+            Arc::new(crate::monitor::otlp::Disabled),
+        )
+        .metrics(metrics.clone())
+        .build();
     let sync = app.status_sync.clone().expect("a status sync");
-    let mut writers = sync.writers.lock().unwrap().take().unwrap();
-    writers
-        .policies
-        .apply_watcher_event(&watcher::Event::InitDone);
-    writers
-        .network_policies
-        .apply_watcher_event(&watcher::Event::InitDone);
-    writers
-        .namespaces
-        .apply_watcher_event(&watcher::Event::InitDone);
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+    let writers = sync.writers.lock().unwrap().take().unwrap();
+    (app, sync, writers, metrics)
+}
+
+/// Namespace `shop`, as its watch lists it.
+fn shop_namespace() -> Namespace {
+    serde_json::from_value(serde_json::json!({
         "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}
     }))
-    .unwrap();
-    writers
-        .namespaces
-        .apply_watcher_event(&watcher::Event::Apply(namespace));
-    writers
-        .policies
-        .apply_watcher_event(&watcher::Event::Apply(policy));
+    .unwrap()
+}
+
+/// A first list of `writer`'s kind that finds `objects`, as a watch delivers it.
+fn list<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// [`shop_app`] offline, with a grace of `grace_ms`, whose watches have listed `policy` and the
+/// namespace.
+async fn startup_drop_app(
+    grace_ms: i64,
+    policy: WorkloadNetworkPolicy,
+) -> (crate::app::App, Arc<StatusSync>, ControllerMetrics) {
+    let (app, sync, mut writers, metrics) =
+        shop_app(network_enforcer_tests::fixture::offline_client(), grace_ms);
+    list(&mut writers.policies, [policy]);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
     sync.wait_ready().await;
     (app, sync, metrics)
 }
@@ -510,4 +527,170 @@ async fn a_denied_record_whose_peer_stays_unknown_is_a_violation_of_the_address_
     assert_eq!(observed[0].source.address, "10.0.0.3");
     assert_eq!(observed[0].source.owner_name, "");
     assert_eq!(waited(&metrics, "unknown_address"), 1.0);
+}
+
+/// A stand-in API server for the status sync: answers every PATCH of a status with `policy` and
+/// keeps the patch; anything else (Events) is 404, which the sync only logs.
+struct FakeApi {
+    client: Client,
+    status_patches: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
+    let status_patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let answer = serde_json::to_vec(policy).unwrap();
+    let kept = status_patches.clone();
+    let router = axum::Router::new().fallback(
+        move |method: http::Method, uri: http::Uri, body: bytes::Bytes| {
+            let (kept, answer) = (kept.clone(), answer.clone());
+            async move {
+                let json = [(http::header::CONTENT_TYPE, "application/json")];
+                if method == http::Method::PATCH && uri.path().ends_with("/status") {
+                    kept.lock()
+                        .unwrap()
+                        .push(serde_json::from_slice(&body).unwrap());
+                    (http::StatusCode::OK, json, answer)
+                } else {
+                    let status = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+                    (http::StatusCode::NOT_FOUND, json, status.to_vec())
+                }
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+    FakeApi {
+        client: Client::try_from(config).unwrap(),
+        status_patches,
+    }
+}
+
+impl FakeApi {
+    /// The violations (source workload name → destination workload name) of every status patch so far.
+    fn written(&self) -> Vec<(String, String)> {
+        self.status_patches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|p| {
+                p["status"]["violations"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|v| {
+                let name = |side: &str| {
+                    v[side]["ownerName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                (name("source"), name("dest"))
+            })
+            .collect()
+    }
+}
+
+/// Issue 42, item 1: evidence that arrives before the policies are listed waits for the list, and
+/// its batch is acknowledged only after the status write that records its violation. Against the
+/// empty store of a watch that has not listed, the passes of the first seconds (the evidence pass,
+/// the protect gate's replay, the status pass) would find "no policy" for the record and let its
+/// batch be acknowledged without its violation.
+#[tokio::test]
+async fn evidence_from_before_the_policies_are_listed_waits_and_is_acknowledged_after_its_write() {
+    let policy = web_allows("other");
+    let api = fake_api(&policy).await;
+    let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    let now = crate::cluster::watches::now_ms();
+    let (ack, mut holds) = app
+        .learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    let evidence = sync.evidence();
+    let mark = app.flusher.ledger().mark();
+    let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
+
+    // The passes that run before the policy store has listed.
+    let judged = sync.attribute_evidence();
+    let replayed = sync.replay(&policy);
+    let synced = sync.sync_all().await;
+    assert!(!acknowledged(), "acknowledged before any policy was listed");
+    assert_eq!(judged, 0);
+    assert!(replayed.is_none(), "the gate has no history yet");
+    assert_eq!(synced, PassReport::default());
+    assert_eq!(sync.metrics().evidence_queued.get(), 1, "the record waits");
+
+    list(&mut writers.policies, [policy.clone()]);
+    sync.wait_ready().await;
+    assert_eq!(sync.attribute_evidence(), 1);
+    assert!(
+        !acknowledged(),
+        "acknowledged before its violation is written"
+    );
+    let report = sync.sync_all().await;
+    assert_eq!((report.patched, report.failed), (1, 0), "{report:?}");
+    assert_eq!(api.written(), [("client".to_string(), "web".to_string())]);
+    assert!(acknowledged());
+}
+
+/// A watch whose task ended before its first list (its store's writer is gone) has not listed:
+/// its empty store would make every record "no policy", acknowledged at once.
+#[tokio::test]
+async fn a_watch_that_ended_before_listing_is_not_taken_as_listed() {
+    use futures::FutureExt;
+    let sync = offline_sync_over(SharedIndex::listed(crate::cluster::index::Index::default()));
+    drop(sync.writers.lock().unwrap().take());
+    let evidence = sync.evidence();
+    evidence.accepted(self::evidence(0));
+    let mark = evidence
+        .hold()
+        .expect("nothing listed: any record may be evidence");
+    assert!(
+        sync.wait_ready().now_or_never().is_none(),
+        "a store that never listed taken as listed"
+    );
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert_eq!(sync.metrics().evidence_queued.get(), 1, "the record waits");
+    assert!(!evidence.settled_after(mark), "acknowledged unjudged");
+}
+
+/// What evidence waits for is a metric, one gauge per watch: 1 until that watch has listed.
+#[tokio::test]
+async fn evidence_waiting_for_the_watches_is_a_metric() {
+    let sync = offline_sync_over(SharedIndex::listed(crate::cluster::index::Index::default()));
+    let registry = ControllerMetrics::new();
+    sync.register_metrics(&registry);
+    let mut writers = sync.writers.lock().unwrap().take().unwrap();
+    let waiting = |watch: &str| {
+        metric(
+            &registry.encode(),
+            &format!("network_enforcer_controller_evidence_waiting_for_watch{{watch=\"{watch}\"}}"),
+        )
+    };
+    assert_eq!(sync.attribute_evidence(), 0);
+    let all = ["policies", "network_policies", "namespaces", "index"];
+    assert_eq!(
+        all.map(waiting),
+        [Some(1.0), Some(1.0), Some(1.0), Some(0.0)]
+    );
+    list(&mut writers.namespaces, [shop_namespace()]);
+    list(&mut writers.network_policies, []);
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert_eq!(
+        all.map(waiting),
+        [Some(1.0), Some(0.0), Some(0.0), Some(0.0)]
+    );
+    assert_eq!(sync.listed().waiting_for(), [Watch::policies]);
+    list(&mut writers.policies, []);
+    assert!(sync.listed().complete());
+    assert_eq!(all.map(waiting), [Some(0.0); 4]);
 }

@@ -1,0 +1,232 @@
+//! Whether the stores evidence is judged against have completed their first list
+//! (docs/behaviour.md §1.10, §3.1).
+//!
+//! A watch that has not listed holds an empty or partial store. Judged against it, a record finds
+//! no policy (or no NetworkPolicy that allows its flow, or no labels on its namespace), nothing is
+//! recorded, and its batch is acknowledged: an agent then forgets a violation nobody wrote. So
+//! every pass that judges evidence (the evidence pass, the protect gate's replay, the status pass,
+//! and the edges `check --from-cluster` reads) asks [`StatusSync::listed`] first; until every watch
+//! has listed, evidence stays queued and its batches stay unacknowledged.
+
+use super::*;
+use futures::FutureExt;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use std::sync::atomic::AtomicU8;
+
+/// How often [`StatusSync::wait_ready`] looks again.
+const LISTED_POLL: Duration = Duration::from_millis(200);
+
+/// A watch whose first list evidence waits for: the `watch` label of
+/// `evidence_waiting_for_watch`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Watch {
+    /// WorkloadNetworkPolicies: which policy records a flow, and whether any does.
+    policies,
+    /// NetworkPolicies: the others in force beside a policy, any of which can allow its flows.
+    network_policies,
+    /// Namespaces: their labels, which namespace selectors match.
+    namespaces,
+    /// The cluster index (pods, Services, endpoints, workloads, Jobs, nodes):
+    /// [`SharedIndex::ready`].
+    index,
+}
+
+impl Watch {
+    pub const ALL: [Watch; 4] = [
+        Watch::policies,
+        Watch::network_policies,
+        Watch::namespaces,
+        Watch::index,
+    ];
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// The label set of `evidence_waiting_for_watch`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabel {
+    pub watch: Watch,
+}
+
+/// Which watches have completed their first list. Read from the stores themselves
+/// ([`StatusSync::listed`]), never kept beside them: one value, one source of truth.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Listed {
+    pub policies: bool,
+    pub network_policies: bool,
+    pub namespaces: bool,
+    pub index: bool,
+}
+
+impl Listed {
+    /// Every watch has listed.
+    pub const ALL: Listed = Listed {
+        policies: true,
+        network_policies: true,
+        namespaces: true,
+        index: true,
+    };
+
+    /// Whether `watch` has listed.
+    pub fn has(self, watch: Watch) -> bool {
+        match watch {
+            Watch::policies => self.policies,
+            Watch::network_policies => self.network_policies,
+            Watch::namespaces => self.namespaces,
+            Watch::index => self.index,
+        }
+    }
+
+    /// The watches evidence still waits for, in [`Watch::ALL`] order; empty once all have listed.
+    pub fn waiting_for(self) -> Vec<Watch> {
+        Watch::ALL.into_iter().filter(|w| !self.has(*w)).collect()
+    }
+
+    /// Whether evidence may be judged: every watch it is judged against has listed.
+    pub fn complete(self) -> bool {
+        self == Listed::ALL
+    }
+
+    /// The watches waited for, one bit each (to log only when they change).
+    fn waiting_bits(self) -> u8 {
+        self.waiting_for().into_iter().map(Watch::bit).sum()
+    }
+}
+
+/// Whether `store`'s watch has completed its first list. A store whose writer is gone without
+/// listing (its watch's task ended) has not: `wait_until_ready` fails then.
+///
+/// Polled, never awaited: the readiness is a oneshot with room for one waker, and a poll from
+/// here would take the place of an awaiting task's.
+pub(super) fn has_listed<K>(store: &Store<K>) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// What evidence was last said to wait for ([`Listed::waiting_bits`]); `NOT_YET` before the first
+/// look, so the first look logs.
+#[derive(Debug)]
+pub(super) struct LastWaiting(AtomicU8);
+
+impl LastWaiting {
+    const NOT_YET: u8 = u8::MAX;
+}
+
+impl Default for LastWaiting {
+    fn default() -> Self {
+        Self(AtomicU8::new(Self::NOT_YET))
+    }
+}
+
+impl StatusSync {
+    /// Which watches evidence is judged against have completed their first list, read from their
+    /// stores and the index now; also brings `evidence_waiting_for_watch` up to date, and logs
+    /// when what evidence waits for changes.
+    pub fn listed(&self) -> Listed {
+        let listed = Listed {
+            policies: has_listed(&self.policies),
+            network_policies: has_listed(&self.network_policies),
+            namespaces: has_listed(&self.namespaces),
+            index: self.index.ready(),
+        };
+        for watch in Watch::ALL {
+            self.metrics
+                .waiting_for_watch
+                .get_or_create(&WatchLabel { watch })
+                .set(i64::from(!listed.has(watch)));
+        }
+        let bits = listed.waiting_bits();
+        if self.last_waiting.0.swap(bits, Ordering::AcqRel) != bits {
+            if listed.complete() {
+                tracing::info!(
+                    "every watch evidence is judged against has listed: evidence passes start"
+                );
+            } else {
+                tracing::info!(waiting_for = ?listed.waiting_for(),
+                    "evidence waits for these watches to list: it stays queued and its batches unacknowledged");
+            }
+        }
+        listed
+    }
+
+    /// Waits until every watch evidence is judged against has listed ([`StatusSync::listed`]). A
+    /// watch that ended before listing never has: this then waits for ever, and so does evidence.
+    pub async fn wait_ready(&self) {
+        while !self.is_ready() {
+            tokio::time::sleep(LISTED_POLL).await;
+        }
+    }
+
+    /// Whether every watch evidence is judged against has listed.
+    pub fn is_ready(&self) -> bool {
+        self.listed().complete()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(policies: bool, network_policies: bool, namespaces: bool, index: bool) -> Listed {
+        Listed {
+            policies,
+            network_policies,
+            namespaces,
+            index,
+        }
+    }
+
+    #[test]
+    fn evidence_waits_for_every_watch_it_is_judged_against() {
+        use Watch::*;
+        // (listed, waiting for)
+        let cases = [
+            (
+                listed(false, false, false, false),
+                vec![policies, network_policies, namespaces, index],
+            ),
+            (listed(false, true, true, true), vec![policies]),
+            (listed(true, false, true, true), vec![network_policies]),
+            (listed(true, true, false, true), vec![namespaces]),
+            (listed(true, true, true, false), vec![index]),
+            (
+                listed(true, false, false, true),
+                vec![network_policies, namespaces],
+            ),
+            (listed(true, true, true, true), vec![]),
+        ];
+        for (listed, waiting) in cases.clone() {
+            assert_eq!(listed.waiting_for(), waiting, "{listed:?}");
+            assert_eq!(listed.complete(), waiting.is_empty(), "{listed:?}");
+        }
+        let bits: std::collections::HashSet<u8> =
+            cases.iter().map(|(l, _)| l.waiting_bits()).collect();
+        assert_eq!(
+            bits.len(),
+            cases.len(),
+            "each set of watches has its own bits"
+        );
+        assert_ne!(Listed::ALL.waiting_bits(), LastWaiting::NOT_YET);
+    }
+
+    #[tokio::test]
+    async fn a_store_has_listed_once_its_first_list_is_done_and_never_when_its_watch_ended() {
+        let (store, mut writer) = reflector::store::<Namespace>();
+        assert!(!has_listed(&store));
+        writer.apply_watcher_event(&watcher::Event::Init);
+        assert!(!has_listed(&store), "a list in progress");
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(has_listed(&store));
+        drop(writer);
+        assert!(has_listed(&store), "listed stays listed");
+
+        let (store, writer) = reflector::store::<Namespace>();
+        drop(writer);
+        assert!(!has_listed(&store), "a watch that ended before listing");
+    }
+}
