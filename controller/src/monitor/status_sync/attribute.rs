@@ -75,7 +75,9 @@ impl StatusSync {
             .store(!set.is_empty(), Ordering::Release);
         self.metrics.policies_evaluated.set(policies.len() as i64);
         if records.is_empty() {
-            self.settle_if_written(drain);
+            let number = drain.number();
+            drop(drain);
+            self.settle_if_written(number);
             return 0;
         }
         let backends: HashMap<PolicyKey, Backend> = policies
@@ -194,14 +196,21 @@ impl StatusSync {
         drop(history);
         self.count_pending(&mut state);
         drop(state);
-        self.settle_if_written(drain);
+        // Its observations are pending: the drain is attributed.
+        let number = drain.number();
+        drop(drain);
+        self.settle_if_written(number);
         queued
     }
 
-    /// Marks drains up to `drain` settled when no observation waits for a patch.
+    /// Marks drains up to `drain` settled when no observation waits for a patch, except drains
+    /// another pass is still attributing (the protect gate's replay runs beside the sync's own
+    /// passes): their observations are not pending yet, so that nothing is pending says nothing
+    /// about them.
     pub(super) fn settle_if_written(&self, drain: u64) {
+        let settleable = self.queue.settleable(drain);
         if self.state.lock().expect("state lock").pending.is_empty() {
-            self.queue.settle(drain);
+            self.queue.settle(settleable);
         }
     }
 }

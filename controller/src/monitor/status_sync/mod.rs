@@ -62,7 +62,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,9 +85,9 @@ pub use settings::{Settings, parse_duration};
 ///
 /// It also tells ingest when evidence is safe to acknowledge: an agent forgets an acknowledged batch, so
 /// a violation found in it must be in a policy's status by then (or the controller's restart would lose
-/// it). Drains are numbered; a drain is *settled* once every observation it produced has been patched
-/// into a status (at once when it produced none). A batch handed in before drain `n` began is settled
-/// once drain `n` is.
+/// it). Drains are numbered; a drain is *settled* once it has been attributed and every observation it
+/// produced has been patched into a status (at once when it produced none). A batch handed in before
+/// drain `n` began is settled once drain `n` is.
 #[derive(Debug, Default)]
 pub struct EvidenceQueue {
     queued_records: Mutex<Queued>,
@@ -110,6 +110,9 @@ struct Queued {
     records: VecDeque<Evidence>,
     /// Drains so far; counted under the lock, so a record is either in drain `n` or handed in after it.
     drains: u64,
+    /// Drains a pass has taken and not yet attributed: their observations are not pending yet, so
+    /// "nothing pending" says nothing about them, and neither they nor later drains are settled.
+    attributing: BTreeSet<u64>,
 }
 
 /// Why one policy's sync failed; its observations stay pending and it is retried next interval.

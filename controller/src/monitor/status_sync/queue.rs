@@ -42,19 +42,37 @@ impl EvidenceQueue {
         self.drain_numbered().0
     }
 
-    /// Takes every queued record; also returns the drain's number.
-    pub(super) fn drain_numbered(&self) -> (Vec<Evidence>, u64) {
+    /// Takes every queued record, for a pass to attribute; the drain stays *attributing* (not
+    /// settled, nor anything after it) until the returned [`Drain`] is dropped, which the pass
+    /// does once its observations are pending.
+    pub(super) fn drain_numbered(&self) -> (Vec<Evidence>, Drain<'_>) {
         let mut queued = self.queued_records.lock().expect("evidence lock");
         self.queued.set(0);
         queued.drains += 1;
+        let number = queued.drains;
+        queued.attributing.insert(number);
         // The queue's buffer itself: nothing copied, and nothing kept between passes.
         let records = std::mem::take(&mut queued.records).into();
-        (records, queued.drains)
+        (
+            records,
+            Drain {
+                queue: self,
+                number,
+            },
+        )
     }
 
     /// Drains so far.
     pub(super) fn drains(&self) -> u64 {
         self.queued_records.lock().expect("evidence lock").drains
+    }
+
+    /// The newest drain up to `drain` that [`EvidenceQueue::settle`] may settle once nothing is
+    /// pending: none a pass is still attributing, nor any after it. Read *before* looking at what
+    /// is pending: a pass that ends in between has made its observations pending by then.
+    pub(super) fn settleable(&self, drain: u64) -> u64 {
+        let queued = self.queued_records.lock().expect("evidence lock");
+        settleable(drain, queued.attributing.first().copied())
     }
 
     /// Every observation of drains up to `drain` is in a status.
@@ -103,4 +121,44 @@ impl EvidenceSink for EvidenceQueue {
     fn settled(&self) -> Option<watch::Receiver<u64>> {
         Some(self.settled.subscribe())
     }
+}
+
+/// A drain a pass is attributing ([`EvidenceQueue::drain_numbered`]); dropped once its observations
+/// are pending.
+pub(super) struct Drain<'a> {
+    queue: &'a EvidenceQueue,
+    number: u64,
+}
+
+impl Drain<'_> {
+    pub(super) fn number(&self) -> u64 {
+        self.number
+    }
+}
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The pass died with the drain's records: what they would have recorded is unknown, so
+            // they, and every batch after them, are never settled here. Their agents keep them and
+            // resend them to the next leader, rather than forget them unjudged.
+            tracing::error!(
+                drain = self.number,
+                "an evidence pass failed: batches from now on are not acknowledged by this controller"
+            );
+            return;
+        }
+        self.queue
+            .queued_records
+            .lock()
+            .expect("evidence lock")
+            .attributing
+            .remove(&self.number);
+    }
+}
+
+/// The newest drain up to `drain` that may be settled while the oldest drain still being
+/// attributed is `oldest_attributing`: only drains before it (drains are numbered from 1).
+pub(super) fn settleable(drain: u64, oldest_attributing: Option<u64>) -> u64 {
+    oldest_attributing.map_or(drain, |oldest| drain.min(oldest.saturating_sub(1)))
 }

@@ -694,3 +694,76 @@ async fn evidence_waiting_for_the_watches_is_a_metric() {
     assert!(sync.listed().complete());
     assert_eq!(all.map(waiting), [Some(0.0); 4]);
 }
+
+/// The protect gate's replay attributes on the reconciler's task while the sync's own passes run:
+/// a pass that finds the queue empty must not settle the records another pass has taken and not
+/// yet attributed (their violations are not pending yet, so "nothing pending" says nothing).
+#[tokio::test]
+async fn records_a_replay_is_attributing_are_not_settled_by_another_pass() {
+    let policy = web_allows("other");
+    let api = fake_api(&policy).await;
+    let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+    list(&mut writers.policies, [policy.clone()]);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    sync.wait_ready().await;
+    let now = crate::cluster::watches::now_ms();
+    let (_, mut holds) = app
+        .learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    let evidence = sync.evidence();
+    let mark = app.flusher.ledger().mark();
+    let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
+
+    // A watch is applying a change: the replay's pass takes the record, then waits for the index.
+    let drains = sync.queue.drains();
+    let busy = app.index.index.write().unwrap();
+    let replay = {
+        let (sync, policy) = (sync.clone(), policy.clone());
+        std::thread::spawn(move || sync.replay(&policy))
+    };
+    while sync.queue.drains() == drains {
+        std::thread::yield_now();
+    }
+    // The sync's own pass of that second finds nothing queued.
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert!(
+        !acknowledged(),
+        "acknowledged while its record was being attributed"
+    );
+    drop(busy);
+    assert!(replay.join().unwrap().is_some());
+    assert_eq!(web_observations(&sync).len(), 1);
+    assert!(
+        !acknowledged(),
+        "acknowledged before its violation is written"
+    );
+    assert_eq!(sync.sync_all().await.patched, 1);
+    assert_eq!(api.written(), [("client".to_string(), "web".to_string())]);
+    assert!(acknowledged());
+}
+
+#[test]
+fn settling_stops_before_the_oldest_drain_still_attributed() {
+    // (drain asked for, oldest drain a pass is attributing, settleable)
+    let cases = [
+        (5, None, 5),
+        (5, Some(6), 5),
+        (5, Some(5), 4),
+        (5, Some(3), 2),
+        (1, Some(1), 0),
+        (0, None, 0),
+    ];
+    for (drain, attributing, expected) in cases {
+        assert_eq!(
+            queue::settleable(drain, attributing),
+            expected,
+            "{drain} {attributing:?}"
+        );
+    }
+}
