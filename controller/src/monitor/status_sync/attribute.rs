@@ -70,9 +70,6 @@ impl StatusSync {
                 |p| backends.is_valid(p),
             )
         };
-        self.queue
-            .policies_exist
-            .store(!set.is_empty(), Ordering::Release);
         self.metrics.policies_evaluated.set(policies.len() as i64);
         if records.is_empty() {
             let number = drain.number();

@@ -96,6 +96,14 @@ impl Listed {
     }
 }
 
+/// Whether a record handed in now may be evidence, so that its batch's acknowledgement waits for
+/// the evidence pass: yes while the policies have not listed (any policy may exist), else while
+/// any policy exists. Read from the store at hand-in, not from the last pass: a policy created
+/// since would judge the record at the next pass, after an acknowledgement that did not wait.
+pub fn evidence_may_count(policies_listed: bool, policies: usize) -> bool {
+    !policies_listed || policies > 0
+}
+
 /// Whether `store`'s watch has completed its first list. A store whose writer is gone without
 /// listing (its watch's task ended) has not: `wait_until_ready` fails then.
 ///
@@ -212,6 +220,24 @@ mod tests {
             "each set of watches has its own bits"
         );
         assert_ne!(Listed::ALL.waiting_bits(), LastWaiting::NOT_YET);
+    }
+
+    #[test]
+    fn a_record_may_be_evidence_until_the_policies_are_listed_and_while_any_exists() {
+        // (policies listed, policies in the store, may count)
+        let cases = [
+            (false, 0, true),
+            (false, 3, true),
+            (true, 0, false),
+            (true, 1, true),
+        ];
+        for (is_listed, policies, counts) in cases {
+            assert_eq!(
+                evidence_may_count(is_listed, policies),
+                counts,
+                "{is_listed} {policies}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -64,7 +64,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -77,7 +77,7 @@ mod run;
 mod settings;
 mod status;
 
-pub use listed::{Listed, Watch, WatchLabel};
+pub use listed::{Listed, Watch, WatchLabel, evidence_may_count};
 pub use queue::{EvidenceSink, MAX_QUEUED_RECORDS};
 pub use settings::{Settings, parse_duration};
 
@@ -97,8 +97,9 @@ pub struct EvidenceQueue {
     queued: Gauge,
     /// The newest settled drain.
     settled: watch::Sender<u64>,
-    /// Whether a policy existed at the last attribution: without one no record is evidence.
-    policies_exist: AtomicBool,
+    /// The status sync's store of policies: without one (listed and empty) no record is evidence.
+    /// `None` (a queue of its own, in tests): every record may be.
+    policies: Option<Store<WorkloadNetworkPolicy>>,
     /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
     /// interval.
     half_full: tokio::sync::Notify,
@@ -274,8 +275,7 @@ impl StatusSync {
             },
         );
         let queue = EvidenceQueue {
-            // Until the first pass has judged against the listed policies, any record may be evidence.
-            policies_exist: AtomicBool::new(true),
+            policies: Some(policies.clone()),
             ..EvidenceQueue::default()
         };
         let metrics = SyncMetrics {

@@ -108,10 +108,12 @@ impl EvidenceSink for EvidenceQueue {
     }
 
     fn hold(&self) -> Option<u64> {
+        let may_count = self
+            .policies
+            .as_ref()
+            .is_none_or(|p| evidence_may_count(listed::has_listed(p), p.len()));
         // Read after the records were pushed: the next drain takes them, or one already did.
-        self.policies_exist
-            .load(Ordering::Acquire)
-            .then(|| self.drains())
+        may_count.then(|| self.drains())
     }
 
     fn settled_after(&self, mark: u64) -> bool {

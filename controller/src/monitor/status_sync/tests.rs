@@ -663,6 +663,25 @@ async fn a_watch_that_ended_before_listing_is_not_taken_as_listed() {
     assert!(!evidence.settled_after(mark), "acknowledged unjudged");
 }
 
+/// A record handed in once a policy is in the store is held for the pass that judges it against
+/// that policy, even when the pass before found no policy.
+#[tokio::test]
+async fn a_record_handed_in_after_a_policy_appeared_is_held() {
+    let (sync, mut writers) = listed_offline_sync().await;
+    let evidence = sync.evidence();
+    sync.attribute_evidence();
+    evidence.accepted(self::evidence(0));
+    assert_eq!(evidence.hold(), None, "no policy: nothing is evidence");
+    writers
+        .policies
+        .apply_watcher_event(&watcher::Event::Apply(web_ingress("monitor")));
+    evidence.accepted(self::evidence(1));
+    assert!(
+        evidence.hold().is_some(),
+        "acknowledged at once though the next pass judges it against the policy"
+    );
+}
+
 /// What evidence waits for is a metric, one gauge per watch: 1 until that watch has listed.
 #[tokio::test]
 async fn evidence_waiting_for_the_watches_is_a_metric() {
