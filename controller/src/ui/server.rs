@@ -106,8 +106,10 @@ impl UiMetrics {
 /// The observed edges this controller holds (the protect gate's history, docs/api.md "Protect
 /// gate"), for `/api/v1/namespaces/{ns}/edges`.
 pub trait EdgeSource: Send + Sync {
-    /// The edges with an end in `namespace`, newest first, at most `limit`; and whether more were left out.
-    fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<HistoryEdge>, bool);
+    /// The edges with an end in `namespace`, newest first, at most `limit`; and whether more were
+    /// left out. `None` while the history is not complete: the watches evidence is judged against
+    /// have not listed yet (or never do here: a follower keeps no history).
+    fn edges_in(&self, namespace: &str, limit: usize) -> Option<(Vec<HistoryEdge>, bool)>;
 }
 
 /// What the handlers share.
@@ -457,7 +459,13 @@ pub fn router(state: UiState) -> axum::Router {
                         "this process keeps no history of observed edges",
                     )
                 })?;
-                let (edges, truncated) = history.edges_in(&ns, MAX_EDGES);
+                let (edges, truncated) = history.edges_in(&ns, MAX_EDGES).ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the observed edges are not complete: this controller has not listed the \
+                         cluster yet, or is not the leader (only the leader keeps them); retry",
+                    )
+                })?;
                 Ok(Edges {
                     namespace: ns,
                     edges,

@@ -614,29 +614,30 @@ async fn api_answers_json_errors_and_counts_requests() {
     assert_eq!(metrics.count("not_found", 404), 1);
 }
 
-/// Edges from a fixed list, bounded as asked.
-struct Edges(Vec<crate::monitor::edge_history::HistoryEdge>);
+/// Edges from a fixed list, bounded as asked; `None`: a history not complete yet.
+struct Edges(Option<Vec<crate::monitor::edge_history::HistoryEdge>>);
 
 impl super::EdgeSource for Edges {
     fn edges_in(
         &self,
         namespace: &str,
         limit: usize,
-    ) -> (Vec<crate::monitor::edge_history::HistoryEdge>, bool) {
+    ) -> Option<(Vec<crate::monitor::edge_history::HistoryEdge>, bool)> {
         let mut edges: Vec<_> = self
             .0
+            .as_ref()?
             .iter()
             .filter(|e| e.source.namespace == namespace)
             .cloned()
             .collect();
         let truncated = edges.len() > limit;
         edges.truncate(limit);
-        (edges, truncated)
+        Some((edges, truncated))
     }
 }
 
 #[tokio::test]
-async fn the_edges_route_answers_the_history_or_404_without_one() {
+async fn the_edges_route_answers_the_history_or_404_without_one_or_503_before_it_is_complete() {
     let ready = || Arc::new(Gate(snapshot(Vec::new()), true.into()));
     let serve = |state: UiState| async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -668,7 +669,8 @@ async fn the_edges_route_answers_the_history_or_404_without_one() {
     };
     let metrics = UiMetrics::default();
     let with = serve(
-        UiState::new(ready(), metrics.clone()).with_edges(Arc::new(Edges(vec![edge.clone()]))),
+        UiState::new(ready(), metrics.clone())
+            .with_edges(Arc::new(Edges(Some(vec![edge.clone()])))),
     )
     .await;
     let (code, content_type, body) = get(with, "/api/v1/namespaces/demo/edges").await;
@@ -690,4 +692,12 @@ async fn the_edges_route_answers_the_history_or_404_without_one() {
     assert_eq!(code, 400);
     assert_eq!(metrics.count("edges", 200), 2);
     assert_eq!(metrics.count("edges", 400), 1);
+
+    // Not listed yet (or a follower): no answer rather than an empty one, which `check
+    // --from-cluster` would read as "no traffic, nothing would be blocked".
+    let unlisted =
+        serve(UiState::new(ready(), UiMetrics::default()).with_edges(Arc::new(Edges(None)))).await;
+    let (code, _, body) = get(unlisted, "/api/v1/namespaces/demo/edges").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("not complete"), "{body}");
 }

@@ -39,11 +39,22 @@ impl StatusSync {
 }
 
 impl crate::ui::EdgeSource for StatusSync {
-    fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<edge_history::HistoryEdge>, bool) {
-        self.history
-            .lock()
-            .expect("history lock")
-            .edges_in(namespace, limit)
+    fn edges_in(
+        &self,
+        namespace: &str,
+        limit: usize,
+    ) -> Option<(Vec<edge_history::HistoryEdge>, bool)> {
+        // Before the watches have listed, the evidence that makes the history waits in the queue
+        // (and on a follower nothing runs): an empty answer would read as "no traffic".
+        if !self.is_ready() {
+            return None;
+        }
+        Some(
+            self.history
+                .lock()
+                .expect("history lock")
+                .edges_in(namespace, limit),
+        )
     }
 }
 
