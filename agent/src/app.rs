@@ -350,7 +350,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             r = &mut shutdown => {
                 r?;
                 // The pipeline still holds every edge since the last tick (up to --flush-seconds of
-                // them): flush it once more, the same way, so a rollout loses nothing.
+                // them): flush it once more, the same way, so a rollout loses nothing. First the events
+                // still in the ring buffer: the kernel wakes the reader per batch, and `select!` may
+                // take the signal before a wakeup that is ready too.
+                if reader.read_waiting(&mut batch) > 0 {
+                    metrics.events_read(batch.len());
+                    pipeline.take_in(&batch)?;
+                    batch.clear();
+                }
                 Step::FlushAndStop
             }
         };

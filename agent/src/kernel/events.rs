@@ -188,6 +188,14 @@ impl EventReader {
         }
     }
 
+    /// Appends every event waiting in the ring buffer now to `out`, without waiting: the last read
+    /// before the agent's final flush (a record the kernel has not woken the reader for yet, or one
+    /// whose wakeup lost the race with SIGTERM, would otherwise be lost with the process). How many
+    /// records were read.
+    pub fn read_waiting(&mut self, out: &mut Vec<ConnectionEvent>) -> usize {
+        drain(self.ring.get_mut(), out, &mut self.decode_errors)
+    }
+
     /// How many records could not be decoded so far.
     pub fn decode_errors(&self) -> u64 {
         self.decode_errors
