@@ -21,6 +21,7 @@
 pub mod aggregate;
 pub mod app;
 pub mod debug;
+pub mod dns;
 pub mod enforce;
 pub mod error;
 pub mod identity;

@@ -1,5 +1,5 @@
 //! Fuzzing the agent's readers of hostile input (docs/development.md, "Fuzzing"): ztunnel log lines,
-//! Hubble flows, and the debug socket's protocol (the request a client sends the running agent, and
+//! Hubble flows, DNS responses, and the debug socket's protocol (the request a client sends the running agent, and
 //! the lines `flows` reads back). Each target must not panic and must answer a value or an error that
 //! says something. `NE_FUZZ_CASES` sets the cases per target; `cargo xtask fuzz` runs 100,000 in
 //! release.
@@ -497,6 +497,89 @@ fn debug_socket() {
             }
             Ok(Line::HistoryEnd { .. } | Line::Lagged(_)) => {}
             Err(e) => clear("line", &e.to_string())?,
+        }
+        Ok(())
+    });
+}
+
+/// DNS responses as the pods receive them, some truncated or spliced: a CNAME chain, A and AAAA
+/// records, a negative answer.
+fn valid_dns_responses() -> Vec<Vec<u8>> {
+    use simple_dns::rdata::{A, AAAA, CNAME, RData};
+    use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
+    let response = |id: u16, name: &'static str, records: Vec<(&'static str, RData<'static>)>| {
+        let mut packet = Packet::new_reply(id);
+        packet.questions.push(Question::new(
+            Name::new_unchecked(name),
+            QTYPE::TYPE(TYPE::A),
+            QCLASS::CLASS(CLASS::IN),
+            false,
+        ));
+        for (owner, data) in records {
+            packet.answers.push(ResourceRecord::new(
+                Name::new_unchecked(owner),
+                CLASS::IN,
+                30,
+                data,
+            ));
+        }
+        packet.build_bytes_vec_compressed().unwrap()
+    };
+    vec![
+        response(
+            1,
+            "api.example.com",
+            vec![
+                (
+                    "api.example.com",
+                    RData::CNAME(CNAME(Name::new_unchecked("edge.example.net"))),
+                ),
+                (
+                    "edge.example.net",
+                    RData::A(A {
+                        address: 0xc000_020a,
+                    }),
+                ),
+                (
+                    "edge.example.net",
+                    RData::AAAA(AAAA {
+                        address: 0x2001_0db8 << 96,
+                    }),
+                ),
+            ],
+        ),
+        response(2, "gone.example.com", vec![]),
+    ]
+}
+
+/// DNS responses the agent reads from pods' sockets, alone and against the query tracker.
+#[test]
+fn dns_responses() {
+    use network_enforcer_agent::dns::answer::read_answer;
+    use network_enforcer_agent::dns::tracker::{Limits, Tracker};
+    let input = prop_oneof![
+        1 => bytes(600),
+        3 => mutated_bytes(valid_dns_responses()),
+    ];
+    run("dns", input, |data| {
+        match read_answer(&data) {
+            Ok(answer) => {
+                prop_assert!(answer.name.len() <= 253);
+                prop_assert!(answer.addresses.len() <= 64 * 9);
+            }
+            Err(e) => clear("answer", &e.to_string())?,
+        }
+        // As a query and then as its own answer: no panic, and nothing believed beyond the bounds.
+        let mut tracker = Tracker::new(Limits::default());
+        let (pod, client, server) = (
+            "pod".into(),
+            "10.244.0.5:4000".parse().unwrap(),
+            "10.96.0.10:53".parse().unwrap(),
+        );
+        let now = std::time::Instant::now();
+        tracker.query(&pod, client, server, &data, now);
+        if let Err(e) = tracker.answer(&pod, client, server, &data, now) {
+            clear("tracker", &e.to_string())?;
         }
         Ok(())
     });
