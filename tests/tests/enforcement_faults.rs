@@ -26,21 +26,6 @@ use std::time::{Duration, Instant};
 /// Not the agent's default (9464): agents of other test binaries may hold that port on the host.
 const METRICS_PORT: u16 = 29464;
 
-/// The server's ingress policy allowing TCP `port` from the client only.
-fn allow_from_client(port: u16) -> String {
-    json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "server-ingress"},
-        "spec": {
-            "podSelector": {"matchLabels": {"app": "server"}},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
-                         "ports": [{"protocol": "TCP", "port": port}]}]
-        }
-    })
-    .to_string()
-}
-
 /// Whether TCP `port` of `ip` answers from the client: (8080, 8081).
 fn reach(ns: &Namespace, client: &str, ip: &str) -> Result<(bool, bool)> {
     Ok((
@@ -110,7 +95,12 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     );
 
     // Policy v1: only 8080 from the client.
-    ns.apply(&allow_from_client(8080))?;
+    ns.apply(&workload::allow_ingress(
+        "server-ingress",
+        "server",
+        "client",
+        8080,
+    ))?;
     poll(
         "the agent to enforce policy v1 (8080 allowed, 8081 denied)",
         Duration::from_secs(20),
@@ -180,7 +170,12 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     );
 
     // Policy v2: 8081 instead of 8080. New connections follow it; the established one stays.
-    ns.apply(&allow_from_client(8081))?;
+    ns.apply(&workload::allow_ingress(
+        "server-ingress",
+        "server",
+        "client",
+        8081,
+    ))?;
     let edited = Instant::now();
     poll(
         "the agent to enforce policy v2 (8080 denied, 8081 allowed)",
@@ -199,19 +194,12 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     // starts, must not be dropped. Before the agent read new pods' addresses on the node, the
     // server's table learned a new client only from the API server, after its first SYN: every new
     // pod lost that SYN (the kernel sent it again a second later).
-    ns.apply(
-        &json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": "starter-ingress"},
-            "spec": {
-                "podSelector": {"matchLabels": {"app": "server"}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "starter"}}}],
-                             "ports": [{"protocol": "TCP", "port": 8081}]}]
-            }
-        })
-        .to_string(),
-    )?;
+    ns.apply(&workload::allow_ingress(
+        "starter-ingress",
+        "server",
+        "starter",
+        8081,
+    ))?;
     ns.apply(&workload::deployment(
         "starter",
         "default",

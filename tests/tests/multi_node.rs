@@ -277,19 +277,12 @@ fn new_pods_across_nodes(kubeconfig: &std::path::Path, one: &Node, two: &Node) -
         &two.name(),
     )?)?;
     let (_, server_ip) = ns.wait_for_deployment("server")?.remove(0);
-    ns.apply(
-        &serde_json::json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": "server-ingress"},
-            "spec": {
-                "podSelector": {"matchLabels": {"app": "server"}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "starter"}}}],
-                             "ports": [{"protocol": "TCP", "port": 8080}]}]
-            }
-        })
-        .to_string(),
-    )?;
+    ns.apply(&workload::allow_ingress(
+        "server-ingress",
+        "server",
+        "starter",
+        8080,
+    ))?;
     ns.apply(&workload::on_node(
         &workload::deployment(
             "starter",

@@ -361,3 +361,19 @@ pub fn new_pods(ns: &Namespace, app: &str, seen: &mut Vec<String>) -> Result<Vec
     seen.extend(fresh.iter().cloned());
     Ok(fresh)
 }
+
+/// A NetworkPolicy `name` isolating the pods `app: <to>` for ingress and allowing TCP `port` from the
+/// pods `app: <from>` of the same namespace.
+pub fn allow_ingress(name: &str, to: &str, from: &str, port: u16) -> String {
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": to}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": from}}}],
+                         "ports": [{"protocol": "TCP", "port": port}]}]
+        }
+    })
+    .to_string()
+}
