@@ -69,6 +69,11 @@ pub struct Config {
 /// How often the pods of this node that have no address yet are looked for on the node (only while
 /// there are such pods).
 pub const SANDBOX_POLL: Duration = Duration::from_millis(10);
+/// How long a pod is looked for every [`SANDBOX_POLL`]; after that (a sandbox the runtime keeps failing
+/// to create, a CNI that is down) only every [`SANDBOX_POLL_SLOW`], so a stuck pod costs no steady scans.
+pub const SANDBOX_FAST_FOR: Duration = Duration::from_secs(10);
+/// See [`SANDBOX_FAST_FOR`].
+pub const SANDBOX_POLL_SLOW: Duration = Duration::from_secs(1);
 
 /// Labels of the per-direction metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -296,7 +301,8 @@ pub fn spawn(
 }
 
 /// Reads the addresses of this node's new pods on the node ([`sandbox::sandbox_addresses`]) while
-/// the API server has not reported them, every [`SANDBOX_POLL`] while there are such pods, and puts
+/// the API server has not reported them, every [`SANDBOX_POLL`] while there are such pods (every
+/// [`SANDBOX_POLL_SLOW`] once all have waited [`SANDBOX_FAST_FOR`]), and puts
 /// them in the model: the table then knows a new pod before its containers send. The API server's
 /// addresses replace them when they come.
 async fn probe_sandboxes(
@@ -360,7 +366,17 @@ async fn probe_sandboxes(
                 shared.touch();
             }
         }
-        tokio::time::sleep(SANDBOX_POLL).await;
+        let youngest = waiting_since.values().map(Instant::elapsed).min();
+        let pause = if youngest.is_some_and(|waited| waited < SANDBOX_FAST_FOR) {
+            SANDBOX_POLL
+        } else {
+            SANDBOX_POLL_SLOW
+        };
+        // A new pod wakes the look at once whatever the pause.
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shared.pods_changed.notified() => {}
+        }
     }
 }
 
