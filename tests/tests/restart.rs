@@ -717,6 +717,15 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
             "network_enforcer_controller_evidence_policies 1",
         )
         .await?;
+    // The first status pass runs as soon as the watches have listed, the next in an hour: a record
+    // sent before the first has ended could be written by it (this test failed so in CI).
+    controller
+        .wait_for_metric(
+            &ns,
+            "the first status pass",
+            "network_enforcer_controller_status_passes_total 1",
+        )
+        .await?;
     assert!(controller.agent.send(vec![flow_record(
         &n,
         &server,

@@ -64,7 +64,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -198,6 +198,9 @@ pub struct SyncMetrics {
     pub waited_for_peer: Family<WaitedLabel, Counter>,
     /// 1 while evidence waits for the first list of that watch ([`Listed`]), 0 once it has listed.
     pub waiting_for_watch: Family<WatchLabel, Gauge>,
+    /// Completed status passes ([`StatusSync::sync_all`]): the first runs as soon as every watch
+    /// has listed, then one every `interval`.
+    pub status_passes: Counter,
 }
 
 /// The label of `evidence_waited_for_peer_total`.
@@ -249,7 +252,6 @@ pub struct StatusSync {
     history: Mutex<EdgeHistory>,
     /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
     held: Mutex<HashSet<PolicyKey>>,
-    passes: AtomicU64,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
     metrics: SyncMetrics,
@@ -308,7 +310,6 @@ impl StatusSync {
                 network_policies: network_policies_writer,
                 namespaces: namespaces_writer,
             })),
-            passes: AtomicU64::new(0),
             last_waiting: listed::LastWaiting::default(),
         })
     }
@@ -381,6 +382,12 @@ impl StatusSync {
              namespaces, index): until every one has listed, records stay queued and their batches \
              unacknowledged; 0 once it has listed",
             m.waiting_for_watch.clone(),
+        );
+        metrics.register(
+            "status_passes",
+            "Status sync passes completed: the first as soon as every watch has listed, then one \
+             every --status-update-interval",
+            m.status_passes.clone(),
         );
         metrics.register(
             "status_patch_failures",

@@ -74,7 +74,7 @@ impl StatusSync {
 
     /// Completed [`StatusSync::sync_all`] passes.
     pub fn passes(&self) -> u64 {
-        self.passes.load(Ordering::Acquire)
+        self.metrics.status_passes.get()
     }
 }
 

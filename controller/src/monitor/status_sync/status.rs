@@ -52,7 +52,7 @@ impl StatusSync {
             }
         }
         self.settle_if_written(drained);
-        self.passes.fetch_add(1, Ordering::AcqRel);
+        self.metrics.status_passes.inc();
         report
     }
 
