@@ -37,6 +37,52 @@ pub const UDP_PROGRAMS: [&str; 6] = [
 /// Default size of the events ring buffer in bytes (a power of two, a multiple of the page size).
 pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 22;
 
+/// Name of the ring buffer map carrying [`DnsPacket`]s.
+pub const DNS_EVENTS_MAP: &str = "DNS_EVENTS";
+/// Size of the DNS ring buffer: about 800 captured messages waiting.
+pub const DNS_RING_BUFFER_BYTES: u32 = 1 << 20;
+/// The cgroup `skb` program that copies the DNS queries pods send (UDP to port 53), attached for egress.
+pub const DNS_QUERY_PROGRAM: &str = "dns_queries";
+/// The cgroup `skb` program that copies the DNS answers pods receive (UDP from port 53), attached for
+/// ingress: it runs before the datagram is queued to the pod's socket, so before the pod can read it.
+pub const DNS_ANSWER_PROGRAM: &str = "dns_answers";
+/// The most bytes of one DNS message copied to user space: the EDNS buffer size resolvers advertise
+/// since DNS Flag Day 2020 (larger answers come truncated, and then over TCP).
+pub const DNS_CAPTURE_BYTES: usize = 1232;
+/// The DNS server port.
+pub const DNS_PORT: u16 = 53;
+/// [`DnsPacket::kind`] of a query a pod sent.
+pub const DNS_QUERY: u8 = 1;
+/// [`DnsPacket::kind`] of an answer a pod received.
+pub const DNS_ANSWER: u8 = 2;
+
+/// One DNS message a pod's socket sent or received, as the kernel writes it into the
+/// [`DNS_EVENTS_MAP`] ring buffer. Addresses in network byte order (IPv4 in the first 4 bytes), ports
+/// in host byte order; "local" is the pod's socket, "remote" the DNS server.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DnsPacket {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the kernel saw the message.
+    pub timestamp_ns: u64,
+    /// cgroup v2 id of the pod socket's cgroup; 0 when unknown.
+    pub cgroup_id: u64,
+    pub local_addr: [u8; 16],
+    pub remote_addr: [u8; 16],
+    pub local_port: u16,
+    pub remote_port: u16,
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u16,
+    /// [`DNS_QUERY`] or [`DNS_ANSWER`].
+    pub kind: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u8,
+    /// The message's length on the wire (the UDP payload).
+    pub wire_len: u32,
+    /// How many of its bytes are in `payload` (at most [`DNS_CAPTURE_BYTES`]).
+    pub captured: u32,
+    pub payload: [u8; DNS_CAPTURE_BYTES],
+}
+
 /// Which side opened the connection, seen from the local socket.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -157,6 +203,10 @@ pub enum Counter {
     DedupeHit = 1,
     /// A TCP state change was seen for a family other than IPv4/IPv6 (should stay 0).
     UnknownFamily = 2,
+    /// A DNS message was not copied because the DNS ring buffer had no room.
+    DnsRingBufferFull = 3,
+    /// A DNS message longer than [`DNS_CAPTURE_BYTES`] was copied cut (user space cannot read it).
+    DnsTruncated = 4,
 }
 
 impl Counter {
@@ -165,11 +215,13 @@ impl Counter {
         Counter::RingBufferFull,
         Counter::DedupeHit,
         Counter::UnknownFamily,
+        Counter::DnsRingBufferFull,
+        Counter::DnsTruncated,
     ];
 }
 
 /// Number of slots in [`COUNTERS_MAP`].
-pub const COUNTER_SLOTS: u32 = 3;
+pub const COUNTER_SLOTS: u32 = 5;
 
 /// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
 /// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.
@@ -270,6 +322,7 @@ mod user {
     // SAFETY: these are `#[repr(C)]`, `Copy`, made only of integers and byte arrays, with explicit
     // padding fields, so every bit pattern is valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for super::FlowEvent {}
+    unsafe impl aya::Pod for super::DnsPacket {}
     unsafe impl aya::Pod for super::Config {}
 }
 

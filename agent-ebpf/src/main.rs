@@ -9,6 +9,9 @@
 //!   they cover every pod) see UDP `connect()`, `sendto()`/`sendmsg()` with an address, and
 //!   `recvfrom()`/`recvmsg()` asking for the sender's address. They always allow the operation.
 //!
+//! - `dns_queries` / `dns_answers` (cgroup `skb`, egress / ingress, in [`dns`]) copy the DNS messages
+//!   pods send and receive to the `DNS_EVENTS` ring buffer, for the names of outside peers.
+//!
 //! Events go to the `EVENTS` ring buffer as `FlowEvent`s (see `network-enforcer-agent-common`). Two LRU maps
 //! keep the event rate bounded: `EDGES` reports each edge (local pod, peer, port, protocol, direction,
 //! outcome) at most once per dedupe window, carrying the number of suppressed occurrences in the next
@@ -32,6 +35,8 @@
 //! the workspace. Only the BPF build (by the agent's build script) produces the programs.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+
+mod dns;
 
 use aya_ebpf::{
     EbpfContext as _,

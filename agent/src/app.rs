@@ -67,6 +67,10 @@ pub struct KernelArgs {
     /// The kernel reports the same edge at most once per this many seconds (0: report every event).
     #[arg(long, default_value_t = 5, env = "NE_DEDUPE_SECONDS")]
     dedupe_seconds: u64,
+    /// Do not read the pods' DNS messages: outside peers are then reported by address only, never by
+    /// the name a pod resolved them from.
+    #[arg(long, env = "NE_NO_DNS_NAMES")]
+    no_dns_names: bool,
 }
 
 impl KernelArgs {
@@ -75,6 +79,7 @@ impl KernelArgs {
             ring_buffer_bytes: self.ring_buffer_bytes,
             dedupe_window: Duration::from_secs(self.dedupe_seconds),
             cgroup: None,
+            dns: !self.no_dns_names,
         }
     }
 }

@@ -17,6 +17,7 @@ async fn a_full_ring_buffer_counts_lost_events() {
         ring_buffer_bytes: Some(RING_BYTES),
         dedupe_window: Duration::ZERO, // every connection is an event
         cgroup: None,
+        dns: false,
     });
 
     // Nothing reads the ring buffer while 200 loopback connections produce 400 events.

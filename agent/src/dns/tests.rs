@@ -3,7 +3,7 @@ use super::tracker::{Limits, Pod, Refused, Tracker};
 use simple_dns::rdata::{A, AAAA, CNAME, RData};
 use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, RCODE, ResourceRecord, TYPE};
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn query(id: u16, name: &str) -> Vec<u8> {
     let mut packet = Packet::new_query(id);
@@ -164,7 +164,7 @@ fn only_an_answer_to_a_query_the_pod_sent_is_believed_until_its_ttl_and_grace() 
         ..Limits::default()
     };
     let mut tracker = Tracker::new(limits);
-    let t0 = Instant::now();
+    let t0 = Duration::from_secs(1_000);
     let (web, other) = (pod("web"), pod("other"));
     let (client, dns) = (at("10.244.0.5:40000"), at("10.96.0.10:53"));
     let answer = response(
@@ -254,7 +254,7 @@ fn a_pod_querying_many_names_fills_only_its_own_room() {
         ..Limits::default()
     };
     let mut tracker = Tracker::new(limits);
-    let t0 = Instant::now();
+    let t0 = Duration::from_secs(1_000);
     let (spray, web) = (pod("spray"), pod("web"));
     let dns = at("10.96.0.10:53");
     for id in 0..100u16 {

@@ -2,14 +2,15 @@
 //! sent: a pending query is keyed by the pod, its socket, the server it asked and the transaction id,
 //! and an answer counts only when it matches one (same key, same question). What is believed is kept
 //! until the answer's TTL plus a grace. Everything is bounded per pod and per node, with a counter for
-//! each refusal. Plain data and `Instant`s: the capture that feeds it is the caller's.
+//! each refusal. Plain data; times are kernel CLOCK_MONOTONIC durations, the clock the captured
+//! messages and connection events carry, so they compare directly. The capture is the caller's.
 
 use super::answer::{DnsError, read_answer};
 use simple_dns::{Packet, PacketFlag};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A pod, as the caller names it (its UID, or namespace/name).
 pub type Pod = Arc<str>;
@@ -59,7 +60,9 @@ struct Exchange {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Resolution {
     name: Arc<str>,
-    until: Instant,
+    /// When the answer came: a connection before it was not to the name.
+    since: Duration,
+    until: Duration,
 }
 
 /// What was refused or dropped, by reason (for the agent's metrics).
@@ -81,9 +84,9 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct Tracker {
     limits: Limits,
-    pending: HashMap<Exchange, (Arc<str>, Instant)>,
+    pending: HashMap<Exchange, (Arc<str>, Duration)>,
     /// The pending queries in the order they came, for expiry without a scan.
-    pending_order: VecDeque<(Instant, Exchange)>,
+    pending_order: VecDeque<(Duration, Exchange)>,
     pending_of: HashMap<Pod, usize>,
     resolved: HashMap<(Pod, IpAddr), Resolution>,
     resolved_of: HashMap<Pod, usize>,
@@ -115,7 +118,7 @@ impl Tracker {
         client: SocketAddr,
         server: SocketAddr,
         payload: &[u8],
-        now: Instant,
+        now: Duration,
     ) {
         let Ok(packet) = Packet::parse(payload) else {
             self.counters.malformed += 1;
@@ -161,7 +164,7 @@ impl Tracker {
         client: SocketAddr,
         server: SocketAddr,
         payload: &[u8],
-        now: Instant,
+        now: Duration,
     ) -> Result<Vec<(IpAddr, Arc<str>)>, Refused> {
         let answer = read_answer(payload).map_err(|e| {
             self.counters.malformed += 1;
@@ -199,6 +202,7 @@ impl Tracker {
                 at,
                 Resolution {
                     name: asked.clone(),
+                    since: now,
                     until,
                 },
             );
@@ -207,17 +211,18 @@ impl Tracker {
         Ok(believed)
     }
 
-    /// The name `pod` resolved `address` from, if that still counts at `now`.
-    pub fn name_of(&self, pod: &Pod, address: IpAddr, now: Instant) -> Option<&str> {
+    /// The name `pod` resolved `address` from, if a connection at `at` was made to that name: the
+    /// answer came before `at`, and its TTL plus the grace had not ended.
+    pub fn name_of(&self, pod: &Pod, address: IpAddr, at: Duration) -> Option<&str> {
         self.resolved
             .get(&(pod.clone(), address))
-            .filter(|r| now < r.until)
+            .filter(|r| r.since <= at && at < r.until)
             .map(|r| &*r.name)
     }
 
     /// Forgets what no longer counts at `now`: resolutions past their TTL and grace, and queries past
     /// their timeout.
-    pub fn expire(&mut self, now: Instant) {
+    pub fn expire(&mut self, now: Duration) {
         self.expire_pending(now);
         let ended: Vec<(Pod, IpAddr)> = self
             .resolved
@@ -240,9 +245,9 @@ impl Tracker {
         self.resolved_of.remove(pod);
     }
 
-    fn expire_pending(&mut self, now: Instant) {
+    fn expire_pending(&mut self, now: Duration) {
         while let Some((at, _)) = self.pending_order.front() {
-            if now.saturating_duration_since(*at) < self.limits.query_timeout {
+            if now.saturating_sub(*at) < self.limits.query_timeout {
                 break;
             }
             let Some((at, key)) = self.pending_order.pop_front() else {

@@ -3,14 +3,17 @@
 
 use crate::error::{Error, Result};
 use crate::kernel::btf::Btf;
+use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::events::EventReader;
 use crate::kernel::host;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr, RawTracePoint};
+use aya::programs::{
+    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
+};
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
-    CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM,
-    UDP_PROGRAMS,
+    CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP,
+    DNS_QUERY_PROGRAM, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM, UDP_PROGRAMS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +33,8 @@ pub struct LoadOptions {
     pub dedupe_window: Duration,
     /// The cgroup v2 directory the UDP hooks attach to; `None`: the hierarchy's root.
     pub cgroup: Option<std::path::PathBuf>,
+    /// Copy the pods' DNS messages (for the names of outside peers); off: no DNS program is attached.
+    pub dns: bool,
 }
 
 impl Default for LoadOptions {
@@ -38,6 +43,7 @@ impl Default for LoadOptions {
             ring_buffer_bytes: None,
             dedupe_window: Duration::from_secs(5),
             cgroup: None,
+            dns: true,
         }
     }
 }
@@ -68,6 +74,10 @@ pub struct KernelCounters {
     pub dedupe_hits: u64,
     /// TCP state changes of an unknown address family (should stay 0).
     pub unknown_family: u64,
+    /// DNS messages not copied because the DNS ring buffer was full.
+    pub dns_ring_buffer_full: u64,
+    /// DNS messages longer than the kernel copies (user space cannot read them).
+    pub dns_truncated: u64,
     /// Per program, by its name (`inet_sock_set_state`, `udp_sendmsg4`, ...): its runs and the time the
     /// kernel spent in it. Both stay 0 unless the kernel keeps BPF statistics (`sysctl
     /// kernel.bpf_stats_enabled=1`): they are what the agent costs inside the kernel
@@ -167,9 +177,40 @@ impl DataPlane {
                     source,
                 })?;
         }
+        if options.dns {
+            for (name, direction) in [
+                (DNS_QUERY_PROGRAM, CgroupSkbAttachType::Egress),
+                (DNS_ANSWER_PROGRAM, CgroupSkbAttachType::Ingress),
+            ] {
+                let program: &mut CgroupSkb = ebpf
+                    .program_mut(name)
+                    .ok_or(Error::Missing {
+                        kind: "program",
+                        name,
+                    })?
+                    .try_into()
+                    .map_err(|source| Error::Program {
+                        program: name,
+                        source,
+                    })?;
+                program
+                    .load()
+                    .and_then(|()| {
+                        program
+                            .attach(&cgroup, direction, CgroupAttachMode::Single)
+                            .map(drop)
+                    })
+                    .map_err(|source| Error::Program {
+                        program: name,
+                        source,
+                    })?;
+            }
+        }
         tracing::info!(
             cgroup_root = %cgroup_root.display(),
-            "eBPF programs attached: raw tracepoint inet_sock_set_state, UDP sock_addr hooks"
+            dns = options.dns,
+            "eBPF programs attached: raw tracepoint inet_sock_set_state, UDP sock_addr hooks, \
+             DNS cgroup skb hooks (when dns)"
         );
         Ok(Self { ebpf })
     }
@@ -185,6 +226,26 @@ impl DataPlane {
             source,
         })?;
         EventReader::new(ring)
+    }
+
+    /// Takes the reader of the DNS ring buffer (once); `None` when DNS capture is off.
+    pub fn dns_messages(&mut self) -> Result<Option<DnsReader>> {
+        let attached = self
+            .ebpf
+            .program(DNS_ANSWER_PROGRAM)
+            .is_some_and(|p| p.fd().is_ok());
+        if !attached {
+            return Ok(None);
+        }
+        let map = self.ebpf.take_map(DNS_EVENTS_MAP).ok_or(Error::Missing {
+            kind: "map",
+            name: DNS_EVENTS_MAP,
+        })?;
+        let ring = RingBuf::try_from(map).map_err(|source| Error::Map {
+            map: DNS_EVENTS_MAP,
+            source,
+        })?;
+        Ok(Some(DnsReader::new(ring)))
     }
 
     /// Reads the kernel-side counters.
@@ -224,6 +285,8 @@ impl DataPlane {
             ring_buffer_full: sum(Counter::RingBufferFull)?,
             dedupe_hits: sum(Counter::DedupeHit)?,
             unknown_family: sum(Counter::UnknownFamily)?,
+            dns_ring_buffer_full: sum(Counter::DnsRingBufferFull)?,
+            dns_truncated: sum(Counter::DnsTruncated)?,
             programs,
         })
     }
