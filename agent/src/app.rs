@@ -10,6 +10,7 @@ use crate::enforce::{self, nft};
 use crate::identity::attribution::Attributor;
 use crate::identity::pod_identity::Scanner;
 use crate::identity::pod_watch::{self, SharedAttributor};
+use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::existing;
 use crate::metrics::AgentMetrics;
 use crate::pipeline::{EdgeCaps, Pipeline};
@@ -186,6 +187,14 @@ enum Step {
 const EARLY_FLUSH_MIN_GAP: Duration = Duration::from_millis(500);
 
 /// Sleeps until `at`, or forever without one.
+/// Waits for DNS messages, or forever when DNS capture is off.
+async fn dns_readable(dns: &mut Option<DnsReader>) -> Result<()> {
+    match dns {
+        Some(dns) => Ok(dns.readable().await?),
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -296,6 +305,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     crate::memory::release_freed();
     metrics.ebpf_attached();
     let mut reader = data_plane.events()?;
+    let mut dns = data_plane.dns_messages()?;
     let scanner = Scanner::new(node_cgroups, attributor.clone());
     let mut debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
     if let Some(peers) = peers {
@@ -310,6 +320,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut pipeline = Pipeline::new(attributor.clone(), caps)
         .with_scanner(scanner)
         .with_debug(debug);
+    if dns.is_some() {
+        pipeline = pipeline.with_dns_names(crate::dns::tracker::Limits::default());
+    }
     // Connections open before the agent started. The live programs are attached already, so every
     // connection is seen by them, by this scan or by both (the same edge); it runs in the background.
     let mut existing_scan = (args.max_existing_sockets > 0)
@@ -320,6 +333,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let mut kernel_before = KernelCounters::default();
     let mut decode_errors_before = 0;
+    let mut dns_decode_errors_before = 0;
     let clock = WallClock::now();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
     // When an edge never flushed before is held: flush it soon rather than at the next tick.
@@ -342,8 +356,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
             read = reader.read_batch(&mut batch) => {
                 read?;
                 metrics.events_read(batch.len());
+                // The DNS messages first: an answer was copied before its pod could read it, so
+                // before any connection it led to.
+                if let Some(dns) = &mut dns {
+                    dns.drain(|message| pipeline.take_dns(message));
+                }
                 pipeline.take_in(&batch)?;
                 batch.clear();
+                continue;
+            }
+            read = dns_readable(&mut dns) => {
+                read?;
+                if let Some(dns) = &mut dns {
+                    dns.drain(|message| pipeline.take_dns(message));
+                }
                 continue;
             }
             events = existing_connections(&mut existing_scan) => {
@@ -360,6 +386,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 // take the signal before a wakeup that is ready too.
                 if reader.read_waiting(&mut batch) > 0 {
                     metrics.events_read(batch.len());
+                    if let Some(dns) = &mut dns {
+                        dns.drain(|message| pipeline.take_dns(message));
+                    }
                     pipeline.take_in(&batch)?;
                     batch.clear();
                 }
@@ -371,6 +400,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let flushed = pipeline.flush()?;
         let counters = data_plane.counters()?;
         metrics.kernel(&kernel_before, &counters);
+        if let Some(dns) = &mut dns {
+            // Quiet pods' messages (no connection event read since) still count and expire.
+            dns.drain(|message| pipeline.take_dns(message));
+            metrics.decode_errors(dns.decode_errors() - dns_decode_errors_before);
+            dns_decode_errors_before = dns.decode_errors();
+        }
+        if let Some((tracker, stats)) = pipeline.dns_counters() {
+            metrics.dns(&tracker, pipeline.dns_names(), &stats, &counters);
+        }
         metrics.decode_errors(reader.decode_errors() - decode_errors_before);
         decode_errors_before = reader.decode_errors();
         metrics.flushed(flushed.edges.len(), flushed.unattributed);

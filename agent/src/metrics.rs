@@ -47,6 +47,8 @@ pub struct AgentMetrics {
     pod_watch: PodWatchCounters,
     enforcement: EnforcementMetrics,
     existing: crate::kernel::existing::ScanMetrics,
+    dns_messages: Family<DnsLabel, Counter>,
+    dns_names: Gauge,
     /// 1 once the eBPF programs are loaded and attached.
     ebpf_attached: Gauge,
     /// Which optional parts run, for `/readyz`.
@@ -72,6 +74,35 @@ struct ProgramLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DropLabel {
     reason: DropReason,
+}
+
+/// What became of a pod's DNS message (`dns_messages_total{outcome}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DnsOutcome {
+    /// A query tracked until its answer.
+    query,
+    /// An answer believed: it matched a query of the pod.
+    answer,
+    /// Not a DNS message, or outside the bounds (records, CNAME chain, name length).
+    malformed,
+    /// An answer no pending query of the pod matches (spoofed, late, or never asked).
+    unsolicited,
+    /// A query not tracked: the pod's or the node's pending queries were at their bound.
+    pending_full,
+    /// An answer's addresses not kept: the pod's or the node's names were at their bound.
+    names_full,
+    /// A message of a socket that is no known pod's.
+    unattributed,
+    /// A message longer than the kernel copies.
+    truncated,
+    /// A message the kernel could not copy: the DNS ring buffer was full.
+    ring_buffer_full,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsLabel {
+    outcome: DnsOutcome,
 }
 
 /// The parts of the agent that are switched on (the eBPF data path always is).
@@ -196,6 +227,20 @@ impl AgentMetrics {
             "1 while a stream to the controller is open",
             uplink.connected.clone(),
         );
+        let dns_messages = Family::<DnsLabel, Counter>::default();
+        registry.register(
+            "dns_messages",
+            "Pods' DNS messages by what became of them: query and answer were used to name outside \
+             peers; malformed, unsolicited, pending_full, names_full, unattributed, truncated and \
+             ring_buffer_full were not",
+            dns_messages.clone(),
+        );
+        let dns_names = Gauge::default();
+        registry.register(
+            "dns_names",
+            "Addresses the node's pods resolved from a name, held until their TTL plus the grace",
+            dns_names.clone(),
+        );
         let ebpf_attached = Gauge::default();
         registry.register(
             "ebpf_attached",
@@ -210,6 +255,8 @@ impl AgentMetrics {
         let existing = crate::kernel::existing::ScanMetrics::default();
         existing.register(&mut registry);
         Self {
+            dns_messages,
+            dns_names,
             ebpf_attached,
             enabled: Arc::default(),
             registry: Arc::new(registry),
@@ -424,6 +471,34 @@ impl AgentMetrics {
                 .get_or_create(&label)
                 .inc_by(now.run_ns.saturating_sub(before.run_ns) as f64 / 1e9);
         }
+    }
+
+    /// Brings the DNS counters up to the cumulative figures of the tracker, the pipeline and the
+    /// kernel.
+    pub fn dns(
+        &self,
+        tracker: &crate::dns::tracker::Counters,
+        resolved: usize,
+        pipeline: &crate::pipeline::DnsStats,
+        kernel: &KernelCounters,
+    ) {
+        let figures = [
+            (DnsOutcome::query, tracker.queries),
+            (DnsOutcome::answer, tracker.answers),
+            (DnsOutcome::malformed, tracker.malformed),
+            (DnsOutcome::unsolicited, tracker.unsolicited),
+            (DnsOutcome::pending_full, tracker.pending_full),
+            (DnsOutcome::names_full, tracker.names_full),
+            (DnsOutcome::unattributed, pipeline.unattributed),
+            (DnsOutcome::truncated, pipeline.truncated),
+            (DnsOutcome::ring_buffer_full, kernel.dns_ring_buffer_full),
+        ];
+        for (outcome, total) in figures {
+            let counter = self.dns_messages.get_or_create(&DnsLabel { outcome });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+        self.dns_names
+            .set(i64::try_from(resolved).unwrap_or(i64::MAX));
     }
 
     /// Counts newly seen decode errors.

@@ -16,11 +16,13 @@
 use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey, WallClock, monotonic_now};
 use crate::debug::flows::{self, PodNames};
 use crate::debug::socket::DebugServer;
+use crate::dns::tracker::{Limits, Tracker};
 use crate::error::Result;
 use crate::identity::attribution::{Attributor, Owner};
 use crate::identity::pod_identity::Scanner;
 use crate::identity::pod_watch::SharedAttributor;
-use crate::kernel::events::ConnectionEvent;
+use crate::kernel::dns_messages::{DnsKind, DnsMessage};
+use crate::kernel::events::{ConnectionEvent, Direction};
 use crate::uplink;
 use network_enforcer_api::uplink::{FlowRecord, LocalPod};
 use std::collections::{HashMap, HashSet};
@@ -94,6 +96,10 @@ pub struct Flushed {
     pub unattributed: usize,
     /// Events dropped by the caps since the last flush.
     pub dropped: Dropped,
+    /// For each of `edges` (same index), the name its pod resolved the peer from, when the edge is
+    /// outbound and the pod resolved the address before the edge's last connection (within the
+    /// answer's TTL plus the grace).
+    pub peer_names: Vec<Option<Arc<str>>>,
 }
 
 impl Flushed {
@@ -102,7 +108,8 @@ impl Flushed {
     pub fn records(&self, clock: &WallClock) -> Vec<FlowRecord> {
         self.edges
             .iter()
-            .filter_map(|(edge, owner)| match owner {
+            .enumerate()
+            .filter_map(|(i, (edge, owner))| match owner {
                 Owner::Pod(pod) => {
                     let (namespace, name) = pod
                         .name
@@ -114,7 +121,11 @@ impl Flushed {
                         namespace,
                         name,
                     };
-                    Some(uplink::flow_record(edge, local, clock))
+                    let mut record = uplink::flow_record(edge, local, clock);
+                    if let Some(Some(name)) = self.peer_names.get(i) {
+                        record.peer_name = name.to_string();
+                    }
+                    Some(record)
                 }
                 Owner::Host | Owner::Unknown => None,
             })
@@ -155,6 +166,18 @@ pub struct Pipeline {
     window_dropped: Dropped,
     dropped_total: Dropped,
     events: u64,
+    /// What each pod resolved from which name, when DNS messages are read ([`Pipeline::take_dns`]).
+    names: Option<Tracker>,
+    dns: DnsStats,
+}
+
+/// DNS messages not handed to the tracker, by reason (the tracker counts its own refusals).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnsStats {
+    /// Messages of a socket that is no known pod's (the host's, or a pod not seen yet).
+    pub unattributed: u64,
+    /// Messages longer than the kernel copies (their end is missing).
+    pub truncated: u64,
 }
 
 impl Pipeline {
@@ -172,7 +195,65 @@ impl Pipeline {
             window_dropped: Dropped::default(),
             dropped_total: Dropped::default(),
             events: 0,
+            names: None,
+            dns: DnsStats::default(),
         }
+    }
+
+    /// Reads the pods' DNS messages ([`Pipeline::take_dns`]) to name the outside peers they resolved,
+    /// within `limits`.
+    pub fn with_dns_names(mut self, limits: Limits) -> Self {
+        self.names = Some(Tracker::new(limits));
+        self
+    }
+
+    /// Takes in one DNS message a pod's socket sent or received. Hand in every message read before a
+    /// batch of connection events first: an answer is captured before its pod can read it, so before
+    /// the connection it leads to.
+    pub fn take_dns(&mut self, message: &DnsMessage<'_>) {
+        let Some(tracker) = &mut self.names else {
+            return;
+        };
+        if message.truncated {
+            self.dns.truncated += 1;
+            return;
+        }
+        let owner = lock(&self.attributor).resolve_socket(
+            message.cgroup_id,
+            message.local.ip(),
+            message.monotonic,
+        );
+        let Owner::Pod(pod) = owner else {
+            self.dns.unattributed += 1;
+            return;
+        };
+        let (local, server, payload, at) = (
+            message.local,
+            message.server,
+            message.payload,
+            message.monotonic,
+        );
+        match message.kind {
+            DnsKind::Query => tracker.query(&pod.uid, local, server, payload, at),
+            DnsKind::Answer => {
+                if let Err(refused) = tracker.answer(&pod.uid, local, server, payload, at) {
+                    tracing::debug!(pod = %pod.label(), %server, %refused, "DNS answer not believed");
+                }
+            }
+        }
+    }
+
+    /// What the DNS tracker counted so far (`None` when DNS messages are not read), and the
+    /// messages not handed to it.
+    pub fn dns_counters(&self) -> Option<(crate::dns::tracker::Counters, DnsStats)> {
+        self.names
+            .as_ref()
+            .map(|tracker| (tracker.counters().clone(), self.dns))
+    }
+
+    /// Addresses held as resolved from a name (0 when DNS messages are not read).
+    pub fn dns_names(&self) -> usize {
+        self.names.as_ref().map_or(0, Tracker::resolved)
     }
 
     /// Scans /proc and the cgroup tree with `scanner` at every flush and when unknown namespaces show.
@@ -291,6 +372,22 @@ impl Pipeline {
                 (edge, owner)
             })
             .collect();
+        let peer_names = match &mut self.names {
+            Some(tracker) => {
+                let names = edges
+                    .iter()
+                    .map(|(edge, owner)| match owner {
+                        Owner::Pod(pod) if edge.key.direction == Direction::Outbound => tracker
+                            .name_of(&pod.uid, edge.key.peer_ip, edge.stats.last_seen)
+                            .map(Arc::from),
+                        _ => None,
+                    })
+                    .collect();
+                tracker.expire(monotonic_now());
+                names
+            }
+            None => Vec::new(),
+        };
         let unattributed = edges.iter().filter(|(_, o)| *o == Owner::Unknown).count();
         if self.interval_start.elapsed() >= self.caps.interval {
             self.counted.clear();
@@ -304,6 +401,7 @@ impl Pipeline {
             edges,
             unattributed,
             dropped,
+            peer_names,
         })
     }
 }
@@ -373,6 +471,107 @@ mod tests {
             error: None,
             count: 1,
         }
+    }
+
+    /// A DNS message of pod `pod` (no cgroup: attributed by its IP) with server 10.96.0.10.
+    fn dns(pod: u32, kind: DnsKind, payload: &[u8], at_ms: u64) -> DnsMessage<'_> {
+        DnsMessage {
+            monotonic: Duration::from_millis(at_ms),
+            kind,
+            cgroup_id: None,
+            local: format!("10.0.0.{}:5353", 10 + pod).parse().unwrap(),
+            server: "10.96.0.10:53".parse().unwrap(),
+            payload,
+            truncated: false,
+        }
+    }
+
+    fn dns_exchange(id: u16, answer_ip: &str) -> (Vec<u8>, Vec<u8>) {
+        use simple_dns::rdata::{A, RData};
+        use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
+        let question = Question::new(
+            Name::new_unchecked("api.partner.test"),
+            QTYPE::TYPE(TYPE::A),
+            QCLASS::CLASS(CLASS::IN),
+            false,
+        );
+        let mut query = Packet::new_query(id);
+        query.questions.push(question.clone());
+        let mut answer = Packet::new_reply(id);
+        answer.questions.push(question);
+        let ip: std::net::Ipv4Addr = answer_ip.parse().unwrap();
+        answer.answers.push(ResourceRecord::new(
+            Name::new_unchecked("api.partner.test"),
+            CLASS::IN,
+            60,
+            RData::A(A {
+                address: u32::from(ip),
+            }),
+        ));
+        (
+            query.build_bytes_vec().unwrap(),
+            answer.build_bytes_vec().unwrap(),
+        )
+    }
+
+    #[test]
+    fn an_outbound_edge_carries_the_name_its_pod_resolved_the_peer_from() {
+        let mut pipeline =
+            Pipeline::new(attributor(2), EdgeCaps::default()).with_dns_names(Limits::default());
+        let (query, answer) = dns_exchange(7, "10.1.0.1");
+        pipeline.take_dns(&dns(0, DnsKind::Query, &query, 1_000));
+        pipeline.take_dns(&dns(0, DnsKind::Answer, &answer, 1_001));
+        // Pod 1 gets the same answer without having asked: not believed.
+        pipeline.take_dns(&dns(1, DnsKind::Answer, &answer, 1_001));
+        let at = |mut e: ConnectionEvent, ms: u64| {
+            e.monotonic = Duration::from_millis(ms);
+            e
+        };
+        let mut inbound = event(0, 100, 443);
+        inbound.direction = Direction::Inbound;
+        pipeline
+            .take_in(&[
+                at(event(0, 100, 443), 2_000), // after the answer: named
+                at(event(0, 100, 8443), 500),  // before it: an address the pod had anyway
+                at(event(1, 101, 443), 2_000), // the other pod never resolved it
+                at(inbound, 2_000),            // inbound: the peer's name is not the pod's lookup
+            ])
+            .unwrap();
+        let flushed = pipeline.flush().unwrap();
+        let mut got: Vec<(String, u16, Direction, Option<String>)> = flushed
+            .edges
+            .iter()
+            .zip(&flushed.peer_names)
+            .map(|((e, o), n)| {
+                let name = n.as_deref().map(str::to_string);
+                (label(o), e.key.port, e.key.direction, name)
+            })
+            .collect();
+        got.sort_by_key(|g| (g.0.clone(), g.1));
+        assert_eq!(
+            got,
+            [
+                (
+                    "shop/pod-0".into(),
+                    443,
+                    Direction::Outbound,
+                    Some("api.partner.test".into())
+                ),
+                ("shop/pod-0".into(), 8443, Direction::Outbound, None),
+                ("shop/pod-0".into(), 40000, Direction::Inbound, None),
+                ("shop/pod-1".into(), 443, Direction::Outbound, None),
+            ]
+        );
+        let records = flushed.records(&WallClock::now());
+        let named: Vec<&str> = records
+            .iter()
+            .filter(|r| !r.peer_name.is_empty())
+            .map(|r| r.peer_name.as_str())
+            .collect();
+        assert_eq!(named, ["api.partner.test"]);
+        let (counters, stats) = pipeline.dns_counters().unwrap();
+        assert_eq!((counters.answers, counters.unsolicited), (1, 1));
+        assert_eq!(stats, DnsStats::default());
     }
 
     fn label(owner: &Owner) -> String {

@@ -77,8 +77,8 @@ fn read(
     }
 }
 
-#[test]
-fn a_pods_query_and_its_answer_are_copied_and_only_the_matching_answer_is_believed() {
+#[tokio::test]
+async fn a_pods_query_and_its_answer_are_copied_and_only_the_matching_answer_is_believed() {
     require_root();
     let mut data_plane = DataPlane::load(&LoadOptions::default()).expect("loading the programs");
     let mut reader = data_plane
@@ -154,8 +154,8 @@ fn a_pods_query_and_its_answer_are_copied_and_only_the_matching_answer_is_believ
     assert_eq!(counters.dns_truncated, 0);
 }
 
-#[test]
-fn with_dns_names_off_no_dns_program_is_attached() {
+#[tokio::test]
+async fn with_dns_names_off_no_dns_program_is_attached() {
     require_root();
     let mut data_plane = DataPlane::load(&LoadOptions {
         dns: false,

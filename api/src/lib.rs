@@ -4,6 +4,7 @@
 //!   kind, typed here because no Istio crate is used).
 //! - [`backoff`]: capped exponential backoff with jitter between reconnects.
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
+//! - [`dns_name`]: what a host name of an outside peer is (agent, flow sources, controller, API).
 //! - [`duration`]: durations as flags and chart values write them (`30s`, `1m30s`, `7d`).
 //! - [`keys`]: every label and annotation key the product reads or writes.
 //! - [`memory`]: the glibc allocator settings that keep the agent's and the controller's resident memory
@@ -20,6 +21,7 @@
 pub mod authorization_policy;
 pub mod backoff;
 pub mod crd;
+pub mod dns_name;
 pub mod duration;
 pub mod keys;
 pub mod memory;

@@ -471,8 +471,16 @@ fn flow_record() -> impl Strategy<Value = FlowRecord> {
                 principal,
             }),
     );
+    let peer_name = name_text(&[
+        "api.partner.test",
+        "API.Partner.Test.",
+        "*.partner.test",
+        "a..b",
+        "bücher.example",
+        "",
+    ]);
     (
-        (local, address, peer),
+        (local, address, peer, peer_name),
         (
             prop_oneof![
                 select(&[0u32, 80, 65_535, 65_536, u32::MAX][..]),
@@ -491,7 +499,7 @@ fn flow_record() -> impl Strategy<Value = FlowRecord> {
     )
         .prop_map(
             |(
-                (local, peer_ip, peer),
+                (local, peer_ip, peer, peer_name),
                 (port, protocol, direction, outcome),
                 (first_seen_ms, last_seen_ms, count, source),
             )| FlowRecord {
@@ -508,6 +516,7 @@ fn flow_record() -> impl Strategy<Value = FlowRecord> {
                 peer,
                 policy: String::new(),
                 dry_run: false,
+                peer_name,
             },
         )
 }
@@ -535,6 +544,7 @@ fn valid_batches() -> Vec<Vec<u8>> {
         }),
         policy: "shop/deny-all".into(),
         dry_run: true,
+        peer_name: "api.partner.test".into(),
     };
     let batch = |records: Vec<FlowRecord>| FlowBatch {
         sequence: 7,

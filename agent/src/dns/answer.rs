@@ -6,8 +6,8 @@ use simple_dns::rdata::RData;
 use simple_dns::{Name, Packet, PacketFlag, RCODE};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// A DNS name's longest text form (RFC 1035: 255 bytes on the wire, 253 as text without the root).
-pub const MAX_NAME_LEN: usize = 253;
+pub use network_enforcer_api::dns_name::MAX_NAME_LEN;
+use network_enforcer_api::dns_name::check_label;
 /// The most CNAMEs followed from the asked name; resolvers stop at about 8 (BIND), 16 (glibc).
 pub const MAX_CHAIN: usize = 8;
 /// The most answer records read in one response; more is refused whole (no legitimate answer to one
@@ -108,17 +108,12 @@ pub fn read_answer(payload: &[u8]) -> Result<Answer, DnsError> {
     })
 }
 
-/// A name's text form, lower-case, when every label is a host-name label.
+/// A name's text form, lower-case, when every label is a host-name label
+/// ([`network_enforcer_api::dns_name`]).
 pub(super) fn host_name(name: &Name) -> Result<String, DnsError> {
     let mut text = String::new();
     for label in name.as_bytes() {
-        if label.is_empty()
-            || !label
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
-        {
-            return Err(DnsError::NotAHostName);
-        }
+        check_label(label).map_err(|_| DnsError::NotAHostName)?;
         if !text.is_empty() {
             text.push('.');
         }

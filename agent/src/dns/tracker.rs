@@ -110,6 +110,11 @@ impl Tracker {
         &self.counters
     }
 
+    /// Addresses held as resolved from a name, over all pods.
+    pub fn resolved(&self) -> usize {
+        self.resolved.len()
+    }
+
     /// A query `pod` sent from `client` to `server` (`payload`: the DNS message). Queries that are not
     /// one question for a host name are not tracked (their answers will be unsolicited).
     pub fn query(

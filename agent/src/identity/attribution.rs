@@ -383,6 +383,21 @@ impl Attributor {
             .then(|| self.pod_ref(&first.uid, false))
     }
 
+    /// Whose a socket of a pod's network namespace is, known only by its cgroup and local IP (the
+    /// kernel's packet hooks do not tell the namespace): the pod of its cgroup, else the pod that held
+    /// the IP at `at`, else unknown. Never the host: a host socket has the node's IP, which no pod
+    /// leases.
+    pub fn resolve_socket(&self, cgroup: Option<u64>, local_ip: IpAddr, at: Duration) -> Owner {
+        if let Some(seen) = cgroup.and_then(|c| self.cgroups.get(&c)) {
+            return Owner::Pod(self.pod_ref(&seen.uid, false));
+        }
+        if local_ip.is_unspecified() || local_ip.is_loopback() {
+            return Owner::Unknown;
+        }
+        self.pod_by_ip(local_ip, at)
+            .map_or(Owner::Unknown, Owner::Pod)
+    }
+
     /// Who a socket with this network namespace, cgroup and local IP was at kernel time `at`.
     pub fn resolve(
         &self,

@@ -1,10 +1,13 @@
 //! DNS messages the pods sent and received, as the kernel copied them (`agent-ebpf/src/dns.rs`):
 //! decoding the [`DnsPacket`] records and reading them from their ring buffer.
 
+use crate::error::{Error, Result};
 use aya::maps::{MapData, RingBuf};
 use network_enforcer_agent_common::{AF_INET, AF_INET6, DNS_ANSWER, DNS_QUERY, DnsPacket};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 /// A query the pod sent, or an answer it received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,26 +85,39 @@ fn v4(addr: &[u8; 16]) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))
 }
 
-/// Reads the DNS ring buffer. Not async: the caller drains it before each batch of connection events
-/// (an answer is submitted before the pod can read it, so before the pod's connection's event), and
-/// when it wakes.
+/// Reads the DNS ring buffer. The caller drains it before each batch of connection events (an answer
+/// is copied before the pod can read it, so before the pod's connection's event), and whenever the
+/// kernel wakes it ([`DnsReader::readable`]: every answer does).
 pub struct DnsReader {
-    ring: RingBuf<MapData>,
+    ring: AsyncFd<RingBuf<MapData>>,
     decode_errors: u64,
 }
 
 impl DnsReader {
-    pub(crate) fn new(ring: RingBuf<MapData>) -> Self {
-        Self {
+    pub(crate) fn new(ring: RingBuf<MapData>) -> Result<Self> {
+        // SAFETY: the ring buffer owns its map's file descriptor, open and unchanged until the RingBuf
+        // (owned by this AsyncFd) is dropped.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|err| Error::Poll(err.into()))?;
+        Ok(Self {
             ring,
             decode_errors: 0,
-        }
+        })
+    }
+
+    /// Waits until the kernel signals new messages; then drain with [`DnsReader::drain`]. Readiness is
+    /// cleared before the drain, so a message copied meanwhile wakes the next wait.
+    pub async fn readable(&mut self) -> Result<()> {
+        let mut guard = self.ring.readable_mut().await.map_err(Error::Poll)?;
+        guard.clear_ready();
+        Ok(())
     }
 
     /// Hands every message waiting now to `each`; returns how many records there were.
     pub fn drain(&mut self, mut each: impl FnMut(&DnsMessage<'_>)) -> usize {
         let mut records = 0;
-        while let Some(item) = self.ring.next() {
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
             records += 1;
             match DnsMessage::decode(&item) {
                 Ok(message) => each(&message),

@@ -245,7 +245,7 @@ impl DataPlane {
             map: DNS_EVENTS_MAP,
             source,
         })?;
-        Ok(Some(DnsReader::new(ring)))
+        DnsReader::new(ring).map(Some)
     }
 
     /// Reads the kernel-side counters.

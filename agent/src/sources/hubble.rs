@@ -133,6 +133,16 @@ pub fn convert(flow: &Flow, node: Option<&str>) -> Result<FlowRecord, Skip> {
             _ => return Err(Skip::NoDirection),
         };
     let local = pod_of(local).ok_or(Skip::NotAPod)?;
+    // The name Cilium's DNS proxy saw the local pod resolve the peer from (egress only: the names of
+    // an inbound flow's source are the peer's own lookups). A malformed one is left out.
+    let peer_name = match direction {
+        uplink::Direction::Outbound => flow
+            .destination_names
+            .iter()
+            .find_map(|n| network_enforcer_api::dns_name::host_name(n).ok())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
     let peer_ip: IpAddr = peer_ip.parse().map_err(|_| Skip::Address)?;
     let (protocol, port) = match flow.l4.as_ref().and_then(|l4| l4.protocol.as_ref()) {
         Some(layer4::Protocol::Tcp(tcp)) => (uplink::Protocol::Tcp, tcp.destination_port),
@@ -173,6 +183,7 @@ pub fn convert(flow: &Flow, node: Option<&str>) -> Result<FlowRecord, Skip> {
         } else {
             String::new()
         },
+        peer_name,
         dry_run: false,
     })
 }

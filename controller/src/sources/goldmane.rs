@@ -194,6 +194,8 @@ pub fn convert<'a>(
             String::new()
         },
         dry_run: false,
+        // Goldmane's flow logs carry no DNS names.
+        peer_name: String::new(),
     };
     Ok((node, record))
 }
