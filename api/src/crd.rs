@@ -7,7 +7,7 @@
 // kube's `printcolumn(...)` repeats keys like `type_` by design; clippy reads that as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
-use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+use k8s_openapi::api::networking::v1::{NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -315,6 +315,12 @@ pub struct WorkloadNetworkPolicySpec {
     /// blocks what it does not allow.
     #[serde(default)]
     pub mode: PolicyMode,
+    /// Outside services the workload may reach by name (direction Egress, backend kubernetes), in
+    /// addition to `kubernetes`: a connection to an address outside the cluster is allowed when the
+    /// pod resolved that address from one of the names (a DNS answer to its own query, within the
+    /// answer's TTL plus a grace) and the port matches. Optional; without it nothing changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_names: Vec<NameRule>,
 }
 
 /// What learning observed for one workload and direction; promote it with the label
@@ -381,6 +387,23 @@ pub struct WorkloadNetworkPolicyProposalSpec {
     pub target_ref: TargetRef,
     /// The direction learned: Ingress or Egress (istio: Ingress only).
     pub direction: Direction,
+    /// Outside services learned by the name the pods resolved them from (Egress; see
+    /// `WorkloadNetworkPolicy.spec.egressNames`). Addresses no pod resolved from a name stay
+    /// `ipBlock`s in `kubernetes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_names: Vec<NameRule>,
+}
+
+/// Names of outside services and the ports they may be reached on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NameRule {
+    /// Host names (`api.example.com`, lower-case, no trailing dot), or a wildcard of one leftmost
+    /// `*` label (`*.example.com`: any name below example.com, not example.com itself).
+    pub names: Vec<String>,
+    /// The ports, as in a NetworkPolicy rule; empty: every port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<NetworkPolicyPort>,
 }
 
 /// Transport protocol of a flow.

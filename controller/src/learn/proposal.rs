@@ -84,6 +84,7 @@ pub fn new_proposal(target: &Target, backend: Backend) -> WorkloadNetworkPolicyP
                 name: target.workload.name.clone(),
             },
             direction: target.direction,
+            egress_names: Vec::new(),
         },
         status: None,
     }

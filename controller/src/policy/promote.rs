@@ -102,6 +102,7 @@ pub fn policy_from(
             target_ref: spec.target_ref.clone(),
             direction: spec.direction,
             mode,
+            egress_names: spec.egress_names.clone(),
         },
         status: None,
     }

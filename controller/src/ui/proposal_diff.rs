@@ -101,6 +101,7 @@ pub fn build(snapshot: &Snapshot, namespace: &str, name: &str) -> Option<Proposa
             target_ref: target.clone(),
             direction,
             mode: PolicyMode::Monitor,
+            egress_names: proposal.spec.egress_names.clone(),
         },
     );
     promoted.metadata.namespace = Some(namespace.to_string());
