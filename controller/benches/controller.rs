@@ -268,6 +268,7 @@ fn main() {
             opened: network_enforcer_controller::learn::Opened::Outbound,
             at_ms: 2_000,
             reporter: network_enforcer_controller::learn::Reporter::Node,
+            peer_name: Default::default(),
         };
         edges_learner.observe(&ix, &obs).unwrap();
     }
@@ -346,6 +347,7 @@ async fn steady_load() -> (f64, f64) {
                     opened: network_enforcer_controller::learn::Opened::Outbound,
                     at_ms: 2_000,
                     reporter: network_enforcer_controller::learn::Reporter::Node,
+                    peer_name: Default::default(),
                 };
                 app.learner.observe(&ix, &obs).unwrap();
             }

@@ -126,6 +126,7 @@ fn observation(
         opened: Opened::Outbound,
         at_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
         reporter: network_enforcer_controller::learn::Reporter::Node,
+        peer_name: Default::default(),
     }
 }
 

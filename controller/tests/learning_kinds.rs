@@ -47,6 +47,7 @@ async fn a_bare_pod_is_its_own_unit_and_external_fan_out_is_capped() -> Result<(
         opened: Opened::Outbound,
         at_ms: now,
         reporter: network_enforcer_controller::learn::Reporter::Node,
+        peer_name: Default::default(),
     };
     for i in 1..=5 {
         app.learner.observe(&ix, &to(i))?;
@@ -255,6 +256,7 @@ async fn a_manual_run_of_a_cronjob_is_learned_as_the_cronjob() -> Result<()> {
                 opened,
                 at_ms: now,
                 reporter: network_enforcer_controller::learn::Reporter::Node,
+                peer_name: Default::default(),
             },
         )?;
     }

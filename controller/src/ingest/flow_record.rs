@@ -107,6 +107,41 @@ pub struct Decoded {
     pub opened: Opened,
     /// When the connection was last seen, ms since the epoch.
     pub at_ms: i64,
+    /// The name the local pod resolved the peer from ([`PeerName`]).
+    pub peer_name: PeerName,
+}
+
+/// A record's `peer_name`, checked.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PeerName {
+    /// None given (or an inbound record, whose peer's name is not the local pod's lookup).
+    #[default]
+    None,
+    /// A host name ([`network_enforcer_api::dns_name::host_name`]), lower-case.
+    Name(Arc<str>),
+    /// Not a host name: left out (the record is still taken, by its address), and counted.
+    Refused,
+}
+
+impl PeerName {
+    /// Reads the `peer_name` of a record opened `opened`.
+    pub fn of(text: &str, opened: Opened) -> Self {
+        if text.is_empty() || opened != Opened::Outbound {
+            return PeerName::None;
+        }
+        match network_enforcer_api::dns_name::host_name(text) {
+            Ok(name) => PeerName::Name(name.into()),
+            Err(_) => PeerName::Refused,
+        }
+    }
+
+    /// The name, when there is one.
+    pub fn name(&self) -> Option<Arc<str>> {
+        match self {
+            PeerName::Name(name) => Some(name.clone()),
+            PeerName::None | PeerName::Refused => None,
+        }
+    }
 }
 
 /// Reads `record` against `index`: its fields, its local pod (which must run on `node`, when given:
@@ -145,6 +180,7 @@ pub fn decode(
         protocol: fields.protocol,
         opened,
         at_ms: record.last_seen_ms,
+        peer_name: PeerName::of(&record.peer_name, opened),
     })
 }
 

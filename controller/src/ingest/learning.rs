@@ -32,6 +32,7 @@ fn learned(
         opened: decoded.opened,
         at_ms: decoded.at_ms,
         reporter,
+        peer_name: decoded.peer_name.name(),
     })
 }
 
@@ -187,6 +188,13 @@ impl Learning {
     ) -> Result<Result<(), String>, BadRecord> {
         let metrics = self.learner.metrics();
         let decoded = flow_record::decode(record, index, Some(from.node))?;
+        if decoded.peer_name == PeerName::Refused {
+            metrics.resolved("peer_name_refused", 1);
+            tracing::debug!(
+                node = from.node,
+                "a record's peer name is not a host name; left out"
+            );
+        }
         let learning = match learned(record, &decoded, from.reporter) {
             Some(o) => {
                 if decoded.peer_from != PeerFrom::Address {

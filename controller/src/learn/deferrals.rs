@@ -107,6 +107,7 @@ fn observation(record: &Decoded) -> ReportedConnection {
         at_ms: record.at_ms,
         // Resolution does not depend on it.
         reporter: Reporter::Node,
+        peer_name: record.peer_name.name(),
     }
 }
 
@@ -309,6 +310,7 @@ mod tests {
             opened: Opened::Inbound,
             at_ms,
             reporter: crate::learn::Reporter::Node,
+            peer_name: Default::default(),
         }
     }
 
@@ -359,6 +361,7 @@ mod tests {
                 protocol: obs.protocol,
                 opened: obs.opened,
                 at_ms: obs.at_ms,
+                peer_name: Default::default(),
             },
             waited_for_peer: false,
         }

@@ -44,17 +44,26 @@ pub fn edges(flow: &WorkloadFlow, backend: Backend) -> Vec<(Target, Edge)> {
         Backend::Kubernetes => {
             if let Some(src) = flow.source.workload() {
                 if let (Some(kind), true) = (proposal_kind(src), usable_peer(&flow.destination)) {
+                    // An outside peer the pod resolved from a name is learned as that name.
+                    let edge = match &flow.peer_name {
+                        Some(name) => Edge::Name {
+                            name: name.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
+                        },
+                        None => Edge::Kubernetes {
+                            peer: flow.destination.as_peer(),
+                            protocol: flow.protocol,
+                            port: flow.port,
+                        },
+                    };
                     out.push((
                         Target {
                             workload: src.clone(),
                             kind,
                             direction: Direction::Egress,
                         },
-                        Edge::Kubernetes {
-                            peer: flow.destination.as_peer(),
-                            protocol: flow.protocol,
-                            port: flow.port,
-                        },
+                        edge,
                     ));
                 }
             }

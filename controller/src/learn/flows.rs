@@ -16,6 +16,7 @@ pub fn flows(index: &Index, obs: &ReportedConnection) -> Result<Vec<WorkloadFlow
                 destination: FlowEnd::Workload(w.clone()),
                 protocol: obs.protocol,
                 port,
+                peer_name: None,
             }]),
             // What the connection reached after kube-proxy's DNAT, which is what NetworkPolicies see.
             ResolvedRef::Backends(backends) => Ok(backends
@@ -25,10 +26,15 @@ pub fn flows(index: &Index, obs: &ReportedConnection) -> Result<Vec<WorkloadFlow
                     destination: backend.clone(),
                     protocol: obs.protocol,
                     port: *port,
+                    peer_name: None,
                 })
                 .collect()),
             ResolvedRef::Address(peer, port) => Ok(vec![WorkloadFlow {
                 source: local,
+                // Only an outside address is learned by name: a node's is what it is.
+                peer_name: matches!(peer, FlowEnd::External(_))
+                    .then(|| obs.peer_name.clone())
+                    .flatten(),
                 destination: peer,
                 protocol: obs.protocol,
                 port,
@@ -50,6 +56,7 @@ pub fn flows(index: &Index, obs: &ReportedConnection) -> Result<Vec<WorkloadFlow
                 destination: local,
                 protocol: obs.protocol,
                 port: obs.port,
+                peer_name: None,
             }])
         }
     }

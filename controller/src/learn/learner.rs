@@ -701,6 +701,7 @@ mod tests {
             opened: learn::Opened::Inbound,
             at_ms: 0,
             reporter: learn::Reporter::Node,
+            peer_name: Default::default(),
         }
     }
 
@@ -856,6 +857,7 @@ mod tests {
             opened: learn::Opened::Outbound,
             at_ms: 0,
             reporter,
+            peer_name: Default::default(),
         };
         let learned = |trust: bool, obs: &ReportedConnection| {
             let learner = learner().with_trust_remote_peers(trust);

@@ -176,6 +176,22 @@ pub fn merge<'e>(
     limits: &Limits,
 ) -> Merged {
     let mut merged = Merged::default();
+    if spec.kubernetes.is_some() && spec.direction == Direction::Egress {
+        // Collected first: `edges` is iterated once, and most proposals learn no name.
+        let edges: Vec<&Edge> = edges.into_iter().collect();
+        merge_names(&mut spec.egress_names, &edges, limits, &mut merged);
+        return merge_kubernetes(spec, edges, limits, merged);
+    }
+    merge_kubernetes(spec, edges, limits, merged)
+}
+
+/// [`merge()`] without the names: the kubernetes payload's rules, or the istio payload's.
+fn merge_kubernetes<'e>(
+    spec: &mut WorkloadNetworkPolicyProposalSpec,
+    edges: impl IntoIterator<Item = &'e Edge>,
+    limits: &Limits,
+    mut merged: Merged,
+) -> Merged {
     if let Some(np) = spec.kubernetes.as_mut() {
         // Egress and ingress rules are different types with the same shape: (peers, ports).
         match spec.direction {
@@ -256,6 +272,77 @@ pub fn merge<'e>(
         }
     }
     merged
+}
+
+/// Adds each name edge's port to the entry of exactly that name, or appends an entry. Names share the
+/// caps of addresses: at most `max_external_peers` names per (protocol, port) (a pod that reaches
+/// thousands of names on one port is a crawler, not a dependency), `max_ports_per_rule` ports per
+/// name, `max_rules` entries.
+fn merge_names(rules: &mut Vec<NameRule>, edges: &[&Edge], limits: &Limits, merged: &mut Merged) {
+    let mut by_name: HashMap<String, usize> = HashMap::with_capacity(rules.len());
+    let mut per_port: HashMap<(String, i32), usize> = HashMap::new();
+    for (i, rule) in rules.iter().enumerate() {
+        if let [name] = rule.names.as_slice() {
+            by_name.entry(name.clone()).or_insert(i);
+        }
+        for p in &rule.ports {
+            if let Some(IntOrString::Int(n)) = p.port {
+                let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                *per_port.entry((proto, n)).or_default() += rule.names.len();
+            }
+        }
+    }
+    for edge in edges {
+        let Edge::Name {
+            name,
+            protocol,
+            port,
+        } = edge
+        else {
+            continue;
+        };
+        let key = (protocol.as_str().to_string(), i32::from(*port));
+        let np_port = NetworkPolicyPort {
+            protocol: Some(key.0.clone()),
+            port: Some(IntOrString::Int(key.1)),
+            end_port: None,
+        };
+        let capped = per_port.get(&key).copied().unwrap_or(0) >= limits.max_external_peers;
+        match by_name.get(&**name) {
+            Some(&i) => {
+                let ports = &mut rules[i].ports;
+                if covers(ports, &key.0, key.1) {
+                    continue;
+                }
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                if ports.len() >= limits.max_ports_per_rule {
+                    merged.ports_capped += 1;
+                    continue;
+                }
+                ports.push(np_port);
+            }
+            None => {
+                if capped {
+                    *merged.capped.entry((*protocol, *port)).or_default() += 1;
+                    continue;
+                }
+                if rules.len() >= limits.max_rules {
+                    merged.rules_capped += 1;
+                    continue;
+                }
+                by_name.insert(name.to_string(), rules.len());
+                rules.push(NameRule {
+                    names: vec![name.to_string()],
+                    ports: vec![np_port],
+                });
+            }
+        }
+        *per_port.entry(key).or_default() += 1;
+        merged.changed = true;
+    }
 }
 
 /// Adds each kubernetes edge's port to the rule whose peers are exactly the edge's peer, or appends a
@@ -357,11 +444,13 @@ fn merge_rules<'e, R>(
     }
 }
 
-/// Number of peers (rules) in a proposal spec.
+/// Number of peers (rules, and learned names) in a proposal spec.
 pub fn peer_count(spec: &WorkloadNetworkPolicyProposalSpec) -> usize {
     match (&spec.kubernetes, &spec.istio) {
         (Some(np), _) => {
-            np.ingress.as_ref().map_or(0, Vec::len) + np.egress.as_ref().map_or(0, Vec::len)
+            np.ingress.as_ref().map_or(0, Vec::len)
+                + np.egress.as_ref().map_or(0, Vec::len)
+                + spec.egress_names.len()
         }
         (None, Some(istio)) => istio.rules.len(),
         (None, None) => 0,

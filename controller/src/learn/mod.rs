@@ -34,7 +34,7 @@ use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::naming::proposal_name;
 use network_enforcer_api::{
     Backend, Direction, IstioFrom, IstioOperation, IstioPolicy, IstioRule, IstioSource, IstioTo,
-    Protocol, TargetRef, WorkloadKind, WorkloadNetworkPolicyProposal,
+    NameRule, Protocol, TargetRef, WorkloadKind, WorkloadNetworkPolicyProposal,
     WorkloadNetworkPolicyProposalSpec,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -65,6 +65,9 @@ pub struct ReportedConnection {
     pub at_ms: i64,
     /// Who reported it, which bounds whose proposals it may teach.
     pub reporter: Reporter,
+    /// For an outbound connection: the host name the local pod resolved `peer` from (checked at
+    /// ingest, lower-case). Used only when the peer is outside the cluster.
+    pub peer_name: Option<Arc<str>>,
 }
 
 /// Who reported an observation.
@@ -94,6 +97,9 @@ pub struct WorkloadFlow {
     pub destination: FlowEnd,
     pub protocol: Protocol,
     pub port: u16,
+    /// The name the source pod resolved an outside destination ([`FlowEnd::External`]) from; `None`
+    /// for any other destination.
+    pub peer_name: Option<Arc<str>>,
 }
 
 /// Why an observation produced no flow. Counted as a metric by the caller.
@@ -146,6 +152,13 @@ pub enum Edge {
         source: Arc<WorkloadEndpoint>,
         port: u16,
     },
+    /// kubernetes backend, egress: an outside service by the name the pod resolved it from
+    /// (`spec.egressNames`), on the destination port.
+    Name {
+        name: Arc<str>,
+        protocol: Protocol,
+        port: u16,
+    },
 }
 
 impl Edge {
@@ -164,7 +177,9 @@ impl Edge {
     /// (protocol, port) of the edge.
     pub fn port(&self) -> (Protocol, u16) {
         match self {
-            Edge::Kubernetes { protocol, port, .. } => (*protocol, *port),
+            Edge::Kubernetes { protocol, port, .. } | Edge::Name { protocol, port, .. } => {
+                (*protocol, *port)
+            }
             Edge::Istio { port, .. } => (Protocol::TCP, *port),
         }
     }

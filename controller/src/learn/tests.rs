@@ -136,6 +136,7 @@ fn obs_in(
         opened,
         at_ms: T + 1,
         reporter: Reporter::Node,
+        peer_name: Default::default(),
     }
 }
 
@@ -1004,4 +1005,109 @@ fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
         Opened::Outbound,
         &[]
     ));
+}
+
+/// An outbound connection of `http-client-aaa-1` to `peer` that its pod resolved from `name`.
+fn named(peer: &str, port: u16, name: Option<&str>) -> ReportedConnection {
+    ReportedConnection {
+        peer_name: name.map(Arc::from),
+        ..obs("http-client-aaa-1", peer, port, Protocol::TCP, Opened::Outbound)
+    }
+}
+
+fn name_rules(p: &WorkloadNetworkPolicyProposal) -> Vec<(Vec<String>, Vec<String>)> {
+    p.spec
+        .egress_names
+        .iter()
+        .map(|r| {
+            let ports = r
+                .ports
+                .iter()
+                .map(|p| format!("{}/{:?}", p.protocol.as_deref().unwrap_or("TCP"), p.port))
+                .collect();
+            (r.names.clone(), ports)
+        })
+        .collect()
+}
+
+#[test]
+fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name() {
+    let learned = learn(
+        &[
+            // Two rotated addresses of one name, on one port: one entry.
+            named("203.0.113.7", 443, Some("api.partner.test")),
+            named("203.0.113.8", 443, Some("api.partner.test")),
+            // Another port of the same name joins its entry.
+            named("203.0.113.8", 8443, Some("api.partner.test")),
+            named("203.0.113.9", 443, Some("storage.partner.test")),
+            // An address literal the pod never resolved stays an ipBlock.
+            named("198.51.100.1", 443, None),
+            // A pod's address is the pod, whatever name the agent gave: no name for cluster peers.
+            named("10.0.0.2", 18080, Some("http-server.shop.svc.cluster.local")),
+        ],
+        Backend::Kubernetes,
+    );
+    let egress = &learned["deployment-http-client-egress"];
+    assert_eq!(
+        name_rules(egress),
+        [
+            (
+                vec!["api.partner.test".to_string()],
+                vec!["TCP/Some(Int(443))".to_string(), "TCP/Some(Int(8443))".into()]
+            ),
+            (
+                vec!["storage.partner.test".to_string()],
+                vec!["TCP/Some(Int(443))".to_string()]
+            ),
+        ]
+    );
+    let blocks: Vec<String> = egress
+        .spec
+        .kubernetes
+        .as_ref()
+        .unwrap()
+        .egress
+        .iter()
+        .flatten()
+        .flat_map(|r| r.to.iter().flatten())
+        .filter_map(|p| p.ip_block.as_ref().map(|b| b.cidr.clone()))
+        .collect();
+    assert_eq!(blocks, ["198.51.100.1/32"], "only the literal is an address");
+    assert_eq!(peer_count(&egress.spec), 2 + 2, "two rules, two names");
+    // The server's ingress learns the client as a workload, as always.
+    assert!(learned.contains_key("deployment-http-server-ingress"));
+}
+
+#[test]
+fn names_share_the_fan_out_cap_per_port_and_the_rule_cap() {
+    let ix = index();
+    let target = Target {
+        workload: ix
+            .pod("shop", "http-client-aaa-1")
+            .unwrap()
+            .endpoint
+            .clone(),
+        kind: WorkloadKind::Deployment,
+        direction: Direction::Egress,
+    };
+    let name = |i: usize, port: u16| Edge::Name {
+        name: format!("n{i}.partner.test").into(),
+        protocol: Protocol::TCP,
+        port,
+    };
+    let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+    let edges: Vec<Edge> = (0..5).map(|i| name(i, 443)).collect();
+    let merged = merge(&mut spec, &edges, &external_cap(3));
+    assert_eq!(spec.egress_names.len(), 3);
+    assert_eq!(merged.capped, BTreeMap::from([((Protocol::TCP, 443), 2)]));
+    // A known name on a new port is one more port of its entry, within that port's budget.
+    let merged = merge(&mut spec, &[name(0, 80)], &external_cap(3));
+    assert!(merged.changed);
+    assert_eq!(spec.egress_names[0].ports.len(), 2);
+    let rule_cap = Limits {
+        max_rules: 3,
+        ..Limits::NONE
+    };
+    let merged = merge(&mut spec, &[name(9, 9)], &rule_cap);
+    assert_eq!((merged.changed, merged.rules_capped), (false, 1));
 }

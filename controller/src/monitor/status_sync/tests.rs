@@ -23,6 +23,7 @@ fn evidence(at_ms: i64) -> Evidence {
             protocol: network_enforcer_api::Protocol::TCP,
             opened: crate::learn::Opened::Outbound,
             at_ms,
+            peer_name: Default::default(),
         },
         waited_for_peer: false,
     }

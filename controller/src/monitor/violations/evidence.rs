@@ -972,6 +972,7 @@ mod tests {
                 protocol: Protocol::TCP,
                 opened: Opened::Inbound,
                 at_ms: 1_000,
+                peer_name: Default::default(),
             },
             waited_for_peer: false,
         };
