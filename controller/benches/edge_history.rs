@@ -59,6 +59,7 @@ fn flow(source: usize, peer: usize, port: usize, at: i64) -> ObservedFlow {
         protocol: Protocol::TCP,
         port: 8000 + port as u16,
         seen_at: Time(Timestamp::from_second(1_800_000_000 + at).unwrap()),
+        peer_name: None,
     }
 }
 

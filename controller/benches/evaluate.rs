@@ -235,6 +235,7 @@ fn main() {
                 protocol,
                 port,
                 seen_at: time(0),
+                peer_name: None,
             }
         })
         .collect();

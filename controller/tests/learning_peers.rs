@@ -244,7 +244,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
         (&Endpoint::Ip(api_server), u16::try_from(api_port)?)
     );
     assert_eq!(
-        policy_verdict(&view, &policy, flow, None)?,
+        policy_verdict(&view, &policy, flow, None, None)?,
         PolicyVerdict::Allows
     );
     let elsewhere = Flow {
@@ -252,7 +252,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
         ..flow.clone()
     };
     assert_eq!(
-        policy_verdict(&view, &policy, &elsewhere, None)?,
+        policy_verdict(&view, &policy, &elsewhere, None, None)?,
         PolicyVerdict::Denies,
         "the policy isolates the pod: only what it learned is allowed"
     );

@@ -14,6 +14,7 @@
 //! workload. Finding those pods walks the index's pods, which is acceptable because it happens only for
 //! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
 
+use super::peer_names::PeerName;
 use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef};
 use crate::learn::Opened;
 use network_enforcer_api::Protocol;
@@ -107,41 +108,8 @@ pub struct Decoded {
     pub opened: Opened,
     /// When the connection was last seen, ms since the epoch.
     pub at_ms: i64,
-    /// The name the local pod resolved the peer from ([`PeerName`]).
+    /// The name the local pod resolved the peer from (outbound records only; interned).
     pub peer_name: PeerName,
-}
-
-/// A record's `peer_name`, checked.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum PeerName {
-    /// None given (or an inbound record, whose peer's name is not the local pod's lookup).
-    #[default]
-    None,
-    /// A host name ([`network_enforcer_api::dns_name::host_name`]), lower-case.
-    Name(Arc<str>),
-    /// Not a host name: left out (the record is still taken, by its address), and counted.
-    Refused,
-}
-
-impl PeerName {
-    /// Reads the `peer_name` of a record opened `opened`.
-    pub fn of(text: &str, opened: Opened) -> Self {
-        if text.is_empty() || opened != Opened::Outbound {
-            return PeerName::None;
-        }
-        match network_enforcer_api::dns_name::host_name(text) {
-            Ok(name) => PeerName::Name(name.into()),
-            Err(_) => PeerName::Refused,
-        }
-    }
-
-    /// The name, when there is one.
-    pub fn name(&self) -> Option<Arc<str>> {
-        match self {
-            PeerName::Name(name) => Some(name.clone()),
-            PeerName::None | PeerName::Refused => None,
-        }
-    }
 }
 
 /// Reads `record` against `index`: its fields, its local pod (which must run on `node`, when given:
@@ -180,7 +148,11 @@ pub fn decode(
         protocol: fields.protocol,
         opened,
         at_ms: record.last_seen_ms,
-        peer_name: PeerName::of(&record.peer_name, opened),
+        // An inbound record's peer name would be the peer's lookup, not the local pod's.
+        peer_name: match opened {
+            Opened::Outbound => PeerName::of(&record.peer_name),
+            Opened::Inbound => PeerName::NONE,
+        },
     })
 }
 

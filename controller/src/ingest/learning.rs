@@ -188,12 +188,9 @@ impl Learning {
     ) -> Result<Result<(), String>, BadRecord> {
         let metrics = self.learner.metrics();
         let decoded = flow_record::decode(record, index, Some(from.node))?;
-        if decoded.peer_name == PeerName::Refused {
-            metrics.resolved("peer_name_refused", 1);
-            tracing::debug!(
-                node = from.node,
-                "a record's peer name is not a host name; left out"
-            );
+        if let Some(why) = decoded.peer_name.left_out() {
+            metrics.resolved(why, 1);
+            tracing::debug!(node = from.node, why, "a record's peer name was left out");
         }
         let learning = match learned(record, &decoded, from.reporter) {
             Some(o) => {

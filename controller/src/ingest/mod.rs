@@ -31,6 +31,7 @@ pub mod early_records;
 pub mod flow_record;
 mod holds;
 mod learning;
+pub mod peer_names;
 mod service;
 pub mod tls;
 
@@ -46,7 +47,7 @@ use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{ReportedConnection, Reporter};
 use crate::monitor::violations::evidence::Evidence;
 use early_records::EarlyRecords;
-use flow_record::{BadRecord, Decoded, PeerFrom, PeerName};
+use flow_record::{BadRecord, Decoded, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;

@@ -1011,7 +1011,13 @@ fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
 fn named(peer: &str, port: u16, name: Option<&str>) -> ReportedConnection {
     ReportedConnection {
         peer_name: name.map(Arc::from),
-        ..obs("http-client-aaa-1", peer, port, Protocol::TCP, Opened::Outbound)
+        ..obs(
+            "http-client-aaa-1",
+            peer,
+            port,
+            Protocol::TCP,
+            Opened::Outbound,
+        )
     }
 }
 
@@ -1031,7 +1037,7 @@ fn name_rules(p: &WorkloadNetworkPolicyProposal) -> Vec<(Vec<String>, Vec<String
 }
 
 #[test]
-fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name() {
+fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name_and_its_address() {
     let learned = learn(
         &[
             // Two rotated addresses of one name, on one port: one entry.
@@ -1043,7 +1049,11 @@ fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name() {
             // An address literal the pod never resolved stays an ipBlock.
             named("198.51.100.1", 443, None),
             // A pod's address is the pod, whatever name the agent gave: no name for cluster peers.
-            named("10.0.0.2", 18080, Some("http-server.shop.svc.cluster.local")),
+            named(
+                "10.0.0.2",
+                18080,
+                Some("http-server.shop.svc.cluster.local"),
+            ),
         ],
         Backend::Kubernetes,
     );
@@ -1053,7 +1063,10 @@ fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name() {
         [
             (
                 vec!["api.partner.test".to_string()],
-                vec!["TCP/Some(Int(443))".to_string(), "TCP/Some(Int(8443))".into()]
+                vec![
+                    "TCP/Some(Int(443))".to_string(),
+                    "TCP/Some(Int(8443))".into()
+                ]
             ),
             (
                 vec!["storage.partner.test".to_string()],
@@ -1072,8 +1085,17 @@ fn an_outside_peer_resolved_from_a_name_is_learned_as_the_name() {
         .flat_map(|r| r.to.iter().flatten())
         .filter_map(|p| p.ip_block.as_ref().map(|b| b.cidr.clone()))
         .collect();
-    assert_eq!(blocks, ["198.51.100.1/32"], "only the literal is an address");
-    assert_eq!(peer_count(&egress.spec), 2 + 2, "two rules, two names");
+    // The addresses stay too, while protect renders addresses only.
+    assert_eq!(
+        blocks,
+        [
+            "203.0.113.7/32",
+            "203.0.113.8/32",
+            "203.0.113.9/32",
+            "198.51.100.1/32"
+        ]
+    );
+    assert_eq!(peer_count(&egress.spec), 5 + 2, "five rules, two names");
     // The server's ingress learns the client as a workload, as always.
     assert!(learned.contains_key("deployment-http-server-ingress"));
 }

@@ -78,6 +78,9 @@ struct EdgeKey {
     destination: Side,
     protocol: Protocol,
     port: u16,
+    /// The name the source pod resolved an outside destination from: an address reached by name
+    /// and the same address as a literal are two edges (a policy may allow one and not the other).
+    peer_name: Option<Arc<str>>,
 }
 
 /// What the history keeps of an edge.
@@ -174,6 +177,7 @@ impl EdgeHistory {
             destination: self.side(&flow.destination.workload, &flow.destination.endpoint),
             protocol: flow.protocol,
             port: flow.port,
+            peer_name: flow.peer_name.clone(),
         };
         if let Some(stats) = self.edges.get_mut(&key) {
             stats.first_seen_ms = stats.first_seen_ms.min(at);
@@ -367,7 +371,8 @@ impl EdgeHistory {
                 port: key.port,
             };
             let principal = Some(key.source.workload.identity.as_str()).filter(|p| !p.is_empty());
-            match attribution::policy_verdict(view, policy, &flow, principal) {
+            let peer_name = key.peer_name.as_deref();
+            match attribution::policy_verdict(view, policy, &flow, principal, peer_name) {
                 Ok(PolicyVerdict::Denies) => blocked.push((key, stats)),
                 Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable) => {}
                 Err(_) => report.not_evaluable += 1,

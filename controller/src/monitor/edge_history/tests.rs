@@ -316,3 +316,33 @@ fn the_history_hands_out_its_own_copy_of_a_name_and_forgets_its_address_with_it(
     );
     assert!(history.interned(&client().workload).is_none());
 }
+
+#[test]
+fn the_gate_does_not_count_rotated_addresses_of_an_allowed_name_as_would_block() {
+    let mut history = EdgeHistory::default();
+    let named = |ip: &str, name: Option<&str>| ObservedFlow {
+        peer_name: name.map(Arc::from),
+        ..observed(client(), external(ip), Protocol::TCP, 443)
+    };
+    // Three addresses the name rotated through, and one literal nobody resolved.
+    for (i, ip) in ["203.0.113.7", "203.0.113.8", "203.0.113.9"]
+        .iter()
+        .enumerate()
+    {
+        history.record(&at(named(ip, Some("api.partner.test")), i as i64), false);
+    }
+    history.record(&at(named("198.51.100.1", None), 5), false);
+    // The same address as a literal and by name are two edges.
+    history.record(&at(named("203.0.113.7", None), 6), false);
+    assert_eq!(history.len(), 5);
+    let mut policy = client_egress("monitor");
+    policy.spec.egress_names = serde_json::from_value(serde_json::json!([
+        {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]))
+    .unwrap();
+    let report = history.replay(&cluster(), &policy);
+    assert_eq!(report.considered, 5);
+    assert_eq!(report.would_block, 2, "the two literals: {report:?}");
+    let peers: Vec<&str> = report.examples.iter().map(|e| e.peer.as_str()).collect();
+    assert_eq!(peers, ["203.0.113.7", "198.51.100.1"]);
+}

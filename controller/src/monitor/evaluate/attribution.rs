@@ -17,6 +17,7 @@
 use super::EvalError;
 use super::authorization_policy::{self, AuthzVerdict, Connection};
 use super::compiled::{self, CompiledPolicy, Resolved};
+use super::names;
 use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
 use crate::FastMap;
 use crate::monitor::violations::Observation;
@@ -55,6 +56,9 @@ pub struct ObservedFlow {
     pub port: u16,
     /// When the flow was seen; the violation record's timestamp.
     pub seen_at: Time,
+    /// The name the source pod resolved an outside destination address from, when the agent saw
+    /// the DNS answer (`spec.egressNames` may allow it).
+    pub peer_name: Option<Arc<str>>,
 }
 
 impl ObservedFlow {
@@ -206,14 +210,32 @@ impl<'a> Governing<'a> {
                     Some(resolved) => resolved,
                     None => *ends.insert(compiled::resolve(view, flow.source, flow.destination)?),
                 };
-                Ok(kubernetes_verdict(
+                let verdict = kubernetes_verdict(
                     view,
                     rendered,
                     self.direction,
                     resolved,
                     flow.protocol,
                     flow.port,
-                ))
+                );
+                // The names add to what the payload allows: an outside address the pod resolved
+                // from a name a rule lists, on its ports.
+                let by_name = verdict == PolicyVerdict::Denies
+                    && self.direction == Direction::Egress
+                    && matches!(flow.destination, Endpoint::Ip(_))
+                    && flow.peer_name.is_some_and(|name| {
+                        names::allows(
+                            &self.policy.spec.egress_names,
+                            name,
+                            flow.protocol,
+                            flow.port,
+                        )
+                    });
+                Ok(if by_name {
+                    PolicyVerdict::Allows
+                } else {
+                    verdict
+                })
             }
             Backend::Istio => istio_verdict(
                 view,
@@ -234,6 +256,7 @@ struct FlowRef<'f> {
     destination: &'f Endpoint,
     protocol: Protocol,
     port: u16,
+    peer_name: Option<&'f str>,
 }
 
 impl<'f> From<&'f ObservedFlow> for FlowRef<'f> {
@@ -243,6 +266,7 @@ impl<'f> From<&'f ObservedFlow> for FlowRef<'f> {
             destination: &flow.destination.endpoint,
             protocol: flow.protocol,
             port: flow.port,
+            peer_name: flow.peer_name.as_deref(),
         }
     }
 }
@@ -254,6 +278,7 @@ impl<'f> From<&'f Flow> for FlowRef<'f> {
             destination: &flow.destination,
             protocol: flow.protocol,
             port: flow.port,
+            peer_name: None,
         }
     }
 }
@@ -468,13 +493,20 @@ fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
 /// - kubernetes backend: `spec.kubernetes` as a NetworkPolicy of the policy's name, together with the
 ///   NetworkPolicies in force in the namespace (replacing our own rendered one, which is the same);
 /// - istio backend: the AuthorizationPolicy rendered from `spec.istio`, for the source's principal.
+///
+/// `peer_name`: the name the source pod resolved an outside destination from (`spec.egressNames`).
 pub fn policy_verdict(
     view: &ClusterView,
     policy: &WorkloadNetworkPolicy,
     flow: &Flow,
     source_principal: Option<&str>,
+    peer_name: Option<&str>,
 ) -> Result<PolicyVerdict, EvalError> {
-    Governing::new(policy).verdict(view, flow.into(), source_principal, &mut None)
+    let flow = FlowRef {
+        peer_name,
+        ..FlowRef::from(flow)
+    };
+    Governing::new(policy).verdict(view, flow, source_principal, &mut None)
 }
 
 fn missing_payload(policy: &WorkloadNetworkPolicy, payload: &'static str) -> EvalError {

@@ -8,6 +8,7 @@
 //! - [`compiled`]: the same semantics through policies compiled once and indexed per pod, the path
 //!   attribution takes for every flow;
 //! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
+//! - [`names`]: a WorkloadNetworkPolicy's `egressNames`, for outside addresses a pod resolved;
 //! - [`attribution`]: the two steps (egress first, then ingress) deciding which
 //!   WorkloadNetworkPolicy records which violation.
 //!
@@ -16,6 +17,7 @@
 pub mod attribution;
 pub mod authorization_policy;
 pub mod compiled;
+pub mod names;
 pub mod network_policy;
 pub mod view;
 

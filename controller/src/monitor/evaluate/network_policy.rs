@@ -374,6 +374,19 @@ pub fn ip_block_matches(block: &IPBlock, ip: IpAddr) -> bool {
     })
 }
 
+/// Whether `ports` allow `protocol`/`port` to an address that is no pod (so named ports match
+/// nothing); no ports at all means every port and protocol.
+pub fn ports_allow_address(ports: &[NetworkPolicyPort], protocol: Protocol, port: u16) -> bool {
+    ports_match(
+        Some(ports),
+        &PortQuery {
+            protocol,
+            port,
+            destination: None,
+        },
+    )
+}
+
 /// Whether the flow's port is one of `ports`; no ports at all means every port and protocol.
 fn ports_match(ports: Option<&[NetworkPolicyPort]>, query: &PortQuery<'_>) -> bool {
     match ports {

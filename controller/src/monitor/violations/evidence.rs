@@ -167,6 +167,7 @@ pub fn observed_flows(
         protocol,
         port,
         seen_at: seen_at.clone(),
+        peer_name: None,
     };
     match record.opened {
         Opened::Outbound => {
@@ -195,7 +196,11 @@ pub fn observed_flows(
                         Some(flow(local_side.clone(), side, port))
                     })
                     .collect()),
-                Resolved::Address(_, port) => Ok(vec![flow(local_side, address_side(peer), port)]),
+                // An outside address, with the name the pod resolved it from (if the agent saw it).
+                Resolved::Address(_, port) => Ok(vec![ObservedFlow {
+                    peer_name: record.peer_name.name(),
+                    ..flow(local_side, address_side(peer), port)
+                }]),
                 Resolved::ServiceWithoutBackends { namespace, name } => {
                     Err(NoFlow::ServiceWithoutBackends(namespace, name))
                 }

@@ -134,6 +134,7 @@ pub(crate) fn observed(
         protocol,
         port,
         seen_at: time(0),
+        peer_name: None,
     }
 }
 
@@ -568,7 +569,7 @@ fn a_policy_that_does_not_select_the_pod_records_nothing() {
     stray.spec.kubernetes.as_mut().unwrap().pod_selector =
         Some(serde_json::from_value(json!({"matchLabels": {"app": "someone-else"}})).unwrap());
     assert_eq!(
-        policy_verdict(&view, &stray, &udp_echo().flow(), None).unwrap(),
+        policy_verdict(&view, &stray, &udp_echo().flow(), None, None).unwrap(),
         PolicyVerdict::NotApplicable
     );
     assert!(
@@ -579,7 +580,7 @@ fn a_policy_that_does_not_select_the_pod_records_nothing() {
     // The same policy selecting the pod denies.
     let denying = client_egress_with(json!([]));
     assert_eq!(
-        policy_verdict(&view, &denying, &udp_echo().flow(), None).unwrap(),
+        policy_verdict(&view, &denying, &udp_echo().flow(), None, None).unwrap(),
         PolicyVerdict::Denies
     );
 }
@@ -1071,4 +1072,49 @@ fn rule_usage_names_the_rules_that_allowed_each_side() {
         vec![],
         "the flow passes, but not by this policy's rule"
     );
+}
+
+#[test]
+fn an_outside_address_resolved_from_an_allowed_name_is_no_violation() {
+    let view = cluster();
+    let mut policy = client_egress("monitor");
+    policy.spec.egress_names = serde_json::from_value(json!([
+        {"names": ["api.partner.test", "*.storage.partner.test"],
+         "ports": [{"protocol": "TCP", "port": 443}]}
+    ]))
+    .unwrap();
+    let policies = [policy];
+    let set = PolicySet::new(&policies);
+    let to = |name: Option<&str>, port: u16| ObservedFlow {
+        peer_name: name.map(Arc::from),
+        ..observed(client(), external("203.0.113.7"), Protocol::TCP, port)
+    };
+    let cases = [
+        (Some("api.partner.test"), 443, false),
+        (Some("eu.storage.partner.test"), 443, false),
+        // The address literal, never resolved: a violation, as without names.
+        (None, 443, true),
+        (Some("other.partner.test"), 443, true),
+        (Some("api.partner.test"), 80, true),
+    ];
+    for (name, port, violation) in cases {
+        let flow = to(name, port);
+        let attributed = attribute(&view, &set, &flow).unwrap();
+        assert_eq!(
+            summary(&attributed),
+            if violation {
+                vec![(egress_name(), Direction::Egress, PolicyMode::Monitor)]
+            } else {
+                vec![]
+            },
+            "{name:?} port {port}"
+        );
+    }
+    // The names allow outside addresses only: a pod the payload does not allow stays a violation
+    // whatever name the agent reported.
+    let named_pod = ObservedFlow {
+        peer_name: Some("api.partner.test".into()),
+        ..udp_echo()
+    };
+    assert_eq!(attribute(&view, &set, &named_pod).unwrap().len(), 1);
 }

@@ -1,0 +1,93 @@
+//! Names in a WorkloadNetworkPolicy (`spec.egressNames`, docs/api.md): a connection to an address
+//! outside the cluster is allowed when the source pod resolved the address from a name a rule lists
+//! (exactly, or under a `*.` wildcard) and the rule's ports allow the port. Which name the pod
+//! resolved the address from is the agent's observation (the record's `peer_name`).
+
+use super::network_policy::ports_allow_address;
+use network_enforcer_api::{NameRule, Protocol};
+
+/// Whether `pattern` (a host name, or `*.` and a parent name) covers `name`: equal, or `name` is below
+/// the wildcard's parent by one label or more (`*.example.com` covers `a.b.example.com`, not
+/// `example.com`). Both lower-case, as the API and the agent write them.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(parent) => name
+            .strip_suffix(parent)
+            .and_then(|head| head.strip_suffix('.'))
+            .is_some_and(|head| !head.is_empty()),
+        None => pattern == name,
+    }
+}
+
+/// Whether `rules` allow a connection on `protocol`/`port` to an address resolved from `name`.
+pub fn allows(rules: &[NameRule], name: &str, protocol: Protocol, port: u16) -> bool {
+    rules.iter().any(|rule| {
+        rule.names.iter().any(|p| name_matches(p, name))
+            && ports_allow_address(&rule.ports, protocol, port)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::networking::v1::NetworkPolicyPort;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    #[test]
+    fn names_match_exactly_or_below_a_wildcard() {
+        let cases = [
+            ("api.partner.test", "api.partner.test", true),
+            ("api.partner.test", "API.partner.test", false), // both sides are lower-case already
+            ("api.partner.test", "x.api.partner.test", false),
+            ("*.partner.test", "api.partner.test", true),
+            ("*.partner.test", "a.b.partner.test", true),
+            ("*.partner.test", "partner.test", false),
+            ("*.partner.test", "evilpartner.test", false),
+            ("*.partner.test", ".partner.test", false),
+            ("*.partner.test", "api.partner.test.evil", false),
+        ];
+        for (pattern, name, want) in cases {
+            assert_eq!(name_matches(pattern, name), want, "{pattern} vs {name}");
+        }
+    }
+
+    #[test]
+    fn a_rule_needs_the_name_and_the_port() {
+        let port = |p: i32, end: Option<i32>, proto: &str| NetworkPolicyPort {
+            protocol: Some(proto.into()),
+            port: Some(IntOrString::Int(p)),
+            end_port: end,
+        };
+        let rules = [
+            NameRule {
+                names: vec!["api.partner.test".into()],
+                ports: vec![port(443, None, "TCP")],
+            },
+            NameRule {
+                names: vec!["*.storage.partner.test".into()],
+                ports: vec![port(8000, Some(8100), "TCP"), port(53, None, "UDP")],
+            },
+            NameRule {
+                names: vec!["any-port.partner.test".into()],
+                ports: vec![],
+            },
+        ];
+        let cases = [
+            ("api.partner.test", Protocol::TCP, 443, true),
+            ("api.partner.test", Protocol::TCP, 80, false),
+            ("api.partner.test", Protocol::UDP, 443, false),
+            ("eu.storage.partner.test", Protocol::TCP, 8050, true),
+            ("eu.storage.partner.test", Protocol::UDP, 53, true),
+            ("eu.storage.partner.test", Protocol::TCP, 8101, false),
+            ("any-port.partner.test", Protocol::UDP, 9, true),
+            ("other.partner.test", Protocol::TCP, 443, false),
+        ];
+        for (name, protocol, p, want) in cases {
+            assert_eq!(
+                allows(&rules, name, protocol, p),
+                want,
+                "{name} {protocol:?}/{p}"
+            );
+        }
+    }
+}
