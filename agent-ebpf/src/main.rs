@@ -413,6 +413,13 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
     if sock_type != SOCK_DGRAM {
         return; // connect4/6 also fire for TCP, which the tracepoint covers
     }
+    // user_port holds the port in network byte order in its low 16 bits. Port 0 is no destination:
+    // a UDP connect() to port 0 is how resolvers (glibc's getaddrinfo, RFC 6724 sorting) ask the
+    // kernel which source address a destination would get; nothing is sent.
+    let remote_port = u16::from_be(user_port as u16);
+    if remote_port == 0 {
+        return;
+    }
     let cfg = config();
     let mut event = FlowEvent::zeroed();
     // SAFETY: helpers without preconditions.
@@ -424,8 +431,7 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
     event.family = family;
     event.protocol = IPPROTO_UDP;
     event.outcome = Outcome::Datagram as u8;
-    // user_port holds the port in network byte order in its low 16 bits.
-    event.remote_port = u16::from_be(user_port as u16);
+    event.remote_port = remote_port;
     // SAFETY: as above; `sk` is the kernel's socket (never null in sock_addr programs).
     unsafe {
         let sk = (*addr).__bindgen_anon_1.sk;

@@ -395,3 +395,24 @@ async fn an_edge_is_reported_once_per_window_with_the_suppressed_count() {
     assert_eq!(second[0].remote, server);
     accept.join().unwrap();
 }
+
+/// A UDP `connect()` to port 0 is how resolvers ask the kernel which source address a destination
+/// would get (glibc's getaddrinfo sorts addresses so): nothing is sent, and nothing is reported. A
+/// connect to a real port on the same socket is.
+#[tokio::test]
+async fn a_udp_connect_to_port_zero_is_no_edge() {
+    let (_data_plane, mut reader) = load(&deduping());
+    let pods = PodPair::new();
+    let peer = pods.v4(2);
+    let bind: SocketAddr = (pods.v4(1), 0).into();
+    pods.a.run(move || {
+        let probe = UdpSocket::bind(bind).unwrap();
+        probe.connect((peer, 0)).unwrap();
+        let real = UdpSocket::bind(bind).unwrap();
+        real.connect((peer, 5301)).unwrap();
+    });
+    let ns_a = pods.a.inode();
+    let events = collect(&mut reader, 1, |e| e.netns_ino == Some(ns_a)).await;
+    let ports: Vec<u16> = events.iter().map(|e| e.remote.port()).collect();
+    assert_eq!(ports, [5301], "{events:#?}");
+}

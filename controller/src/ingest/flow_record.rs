@@ -175,7 +175,12 @@ pub fn fields(record: &FlowRecord) -> Result<Fields, BadRecord> {
             .into(),
         n => return Err(BadRecord::BadAddress(n)),
     };
-    let port = u16::try_from(record.port).map_err(|_| BadRecord::BadPort(record.port))?;
+    // Port 0 is no service (an agent that reported a UDP connect() to port 0, a resolver's
+    // source-address probe, sent nothing).
+    let port = u16::try_from(record.port)
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or(BadRecord::BadPort(record.port))?;
     let protocol = match uplink::Protocol::try_from(record.protocol) {
         Ok(uplink::Protocol::Tcp) => Protocol::TCP,
         Ok(uplink::Protocol::Udp) => Protocol::UDP,
@@ -502,6 +507,12 @@ mod tests {
         r.peer_ip = vec![0; 16];
         r.port = 70_000;
         assert_eq!(fields(&r), Err(BadRecord::BadPort(70_000)));
+        r.port = 0;
+        assert_eq!(
+            fields(&r),
+            Err(BadRecord::BadPort(0)),
+            "port 0 is no service"
+        );
         r.port = 1;
         r.protocol = 99;
         assert_eq!(fields(&r), Err(BadRecord::BadEnum));

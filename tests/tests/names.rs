@@ -1,0 +1,303 @@
+//! Outside services by name (issue 41), on the local cluster with real pods, real DNS and real packets:
+//! a made-up zone (`api.partner.test`) served to the pods by the cluster DNS, whose answer rotates among
+//! addresses of a network namespace this test creates outside the pod range (nothing leaves the
+//! machine). A client that calls the name is learned by name (its proposal's `egressNames`); promoted
+//! to monitor, a connection to the name's next address is no violation, while an address literal the
+//! pod never resolved is one.
+//!
+//! Needs root, `cargo xtask setup` and the binaries (`cargo test --workspace` builds them).
+
+use anyhow::{Context, Result, ensure};
+use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use network_enforcer_tests::cluster::layout::State;
+use network_enforcer_tests::e2e::poll;
+use network_enforcer_tests::e2e::release::{self, Release};
+use network_enforcer_tests::e2e::scenario::{self, list};
+use network_enforcer_tests::e2e::workload::{self, Namespace, Protocol, send};
+use network_enforcer_tests::fixture;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+const NAME: &str = "api.partner.test";
+/// The addresses the name rotates through, then one no DNS answer ever gives.
+const ROTATION: [&str; 3] = ["203.0.113.10", "203.0.113.11", "203.0.113.12"];
+const LITERAL: &str = "203.0.113.20";
+const PORT: u16 = 443;
+
+/// A network namespace standing for the internet: holds [`ROTATION`] and [`LITERAL`] behind a veth
+/// from the node, routed there, and echoes TCP on [`PORT`]. Removed on drop.
+struct Outside {
+    netns: String,
+    host_link: String,
+    echo: Child,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    ensure!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Inserts (`-I`) or deletes (`-D`) the guard's exception for `link`.
+fn iptables(op: &str, link: &str) -> Result<()> {
+    let status = Command::new("iptables")
+        .args(["-w", op, "NE-CLUSTER-GUARD", "-o", link, "-j", "RETURN"])
+        .status()
+        .context("running iptables")?;
+    ensure!(
+        status.success(),
+        "iptables {op} NE-CLUSTER-GUARD -o {link}: {status}"
+    );
+    Ok(())
+}
+
+impl Outside {
+    fn create() -> Result<Self> {
+        let id = std::process::id() % 100_000;
+        let netns = format!("ne-outside-{id}");
+        let (host_link, inner) = (format!("neoh{id}"), format!("neon{id}"));
+        ip(&["netns", "add", &netns])?;
+        let mut outside = Outside {
+            netns: netns.clone(),
+            host_link: host_link.clone(),
+            echo: Command::new("true").spawn()?,
+        };
+        ip(&[
+            "link", "add", &host_link, "type", "veth", "peer", "name", &inner, "netns", &netns,
+        ])?;
+        ip(&["addr", "add", "169.254.203.1/30", "dev", &host_link])?;
+        ip(&["link", "set", &host_link, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["-n", netns.as_str()];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", "169.254.203.2/30", "dev", &inner])?;
+        for address in ROTATION.iter().chain([&LITERAL]) {
+            inside(&["addr", "add", &format!("{address}/32"), "dev", &inner])?;
+        }
+        inside(&["link", "set", &inner, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        inside(&["route", "add", "default", "via", "169.254.203.1"])?;
+        ip(&["route", "replace", "203.0.113.0/24", "via", "169.254.203.2"])?;
+        // The cluster's guard lets pod traffic leave only towards nodes: open it for this link,
+        // which leads to a namespace of this machine.
+        iptables("-I", &host_link)?;
+        outside.echo = Command::new("ip")
+            .args(["netns", "exec", &netns, "socat"])
+            .arg(format!("TCP-LISTEN:{PORT},fork,reuseaddr"))
+            .arg("EXEC:cat")
+            .spawn()
+            .context("starting socat in the outside namespace")?;
+        Ok(outside)
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.echo.kill();
+        let _ = self.echo.wait();
+        let _ = iptables("-D", &self.host_link);
+        let _ = ip(&["route", "del", "203.0.113.0/24"]);
+        let _ = ip(&["link", "del", &self.host_link]);
+        let _ = ip(&["netns", "del", &self.netns]);
+    }
+}
+
+/// A file of the cluster DNS's hosts directory naming [`NAME`]; removed on drop.
+struct Zone(std::path::PathBuf);
+
+impl Zone {
+    fn create() -> Result<Self> {
+        let path = State::new()
+            .dns()
+            .join("hosts")
+            .join(format!("partner-{}", std::process::id()));
+        Ok(Zone(path))
+    }
+
+    /// Answers [`NAME`] with `address` from now on (dnsmasq reads the file again when it is
+    /// replaced).
+    fn point_at(&self, address: &str) -> Result<()> {
+        let tmp = self.0.with_extension("tmp");
+        std::fs::write(&tmp, format!("{address} {NAME}\n"))?;
+        std::fs::rename(&tmp, &self.0)?;
+        Ok(())
+    }
+}
+
+impl Drop for Zone {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Calls [`NAME`] from `client` until the echo comes from `address` (the DNS answer follows the zone
+/// file within a moment).
+fn call_until_answered_by(ns: &Namespace, client: &str, address: &str) -> Result<()> {
+    poll(
+        &format!("{NAME} to resolve to {address} in the pod and answer"),
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || {
+            let resolved = ns.exec(
+                client,
+                &format!("nslookup {NAME} 2>/dev/null | grep Address"),
+            )?;
+            if !resolved.contains(address) {
+                return Ok(None);
+            }
+            Ok(send(ns, client, Protocol::Tcp, NAME, PORT, "hello")?.then_some(()))
+        },
+        || ns.describe(),
+    )
+}
+
+#[test]
+fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() -> Result<()> {
+    let cluster = fixture::cluster_with_crds()?;
+    release::images_from_debug_build()?;
+    let release_namespace = "ne-names-system";
+    let release = Release::install(
+        &cluster.kubeconfig,
+        "ne-names",
+        release_namespace,
+        &scenario::release_values(release_namespace),
+    )?;
+    let outside = Outside::create()?;
+    let zone = Zone::create()?;
+    zone.point_at(ROTATION[0])?;
+    let ns = Namespace::create(
+        &cluster.kubeconfig,
+        &format!("names-{}", std::process::id()),
+    )?;
+    ns.apply(&workload::deployment(
+        "client",
+        "default",
+        "exec sleep 100000",
+        &[],
+    ))?;
+    let (client, _) = ns.wait_for_deployment("client")?.remove(0);
+    call_until_answered_by(&ns, &client, ROTATION[0])?;
+
+    // Learned by name: egressNames holds the name on its port.
+    let proposal = "deployment-client-egress";
+    let learned = poll(
+        &format!("{proposal} to learn {NAME}"),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let proposals: std::collections::BTreeMap<String, WorkloadNetworkPolicyProposal> =
+                list(&ns, "workloadnetworkpolicyproposals")?;
+            Ok(proposals
+                .get(proposal)
+                .filter(|p| !p.spec.egress_names.is_empty())
+                .cloned())
+        },
+        || {
+            format!(
+                "{}\n{}",
+                ns.describe(),
+                release.logs("agent").unwrap_or_default()
+            )
+        },
+    )?;
+    let names: Vec<(Vec<String>, Vec<String>)> = learned
+        .spec
+        .egress_names
+        .iter()
+        .map(|r| {
+            let ports = r
+                .ports
+                .iter()
+                .map(|p| serde_json::to_string(p).unwrap_or_default())
+                .collect();
+            (r.names.clone(), ports)
+        })
+        .collect();
+    ensure!(
+        names
+            == [(
+                vec![NAME.to_string()],
+                vec![r#"{"port":443,"protocol":"TCP"}"#.to_string()]
+            )],
+        "learned names: {names:?}"
+    );
+
+    // Monitor: the name's next addresses are allowed by name; a literal nobody resolved is not.
+    ns.kubectl(&[
+        "label",
+        "workloadnetworkpolicyproposal",
+        proposal,
+        "networkenforcer.kubewarden.io/promote=monitor",
+    ])?;
+    poll(
+        "the policy to exist",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || {
+            let policies: std::collections::BTreeMap<String, WorkloadNetworkPolicy> =
+                list(&ns, "workloadnetworkpolicies")?;
+            Ok(policies.contains_key(proposal).then_some(()))
+        },
+        || ns.describe(),
+    )?;
+    for address in &ROTATION[1..] {
+        zone.point_at(address)?;
+        call_until_answered_by(&ns, &client, address)?;
+    }
+    ensure!(
+        send(&ns, &client, Protocol::Tcp, LITERAL, PORT, "literal")?,
+        "the literal address must answer (monitor blocks nothing)"
+    );
+    let policy = poll(
+        "the literal's violation to be recorded",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let policies: std::collections::BTreeMap<String, WorkloadNetworkPolicy> =
+                list(&ns, "workloadnetworkpolicies")?;
+            Ok(policies.get(proposal).cloned().filter(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.violations.iter().any(|v| v.dest.address == LITERAL))
+            }))
+        },
+        || {
+            format!(
+                "{}\n{}",
+                ns.describe(),
+                release.logs("controller").unwrap_or_default()
+            )
+        },
+    )?;
+    // Another status interval, for a late violation of a rotated address to show.
+    std::thread::sleep(Duration::from_secs(scenario::STATUS_INTERVAL_SECONDS + 2));
+    let policies: std::collections::BTreeMap<String, WorkloadNetworkPolicy> =
+        list(&ns, "workloadnetworkpolicies")?;
+    let status = policies
+        .get(proposal)
+        .and_then(|p| p.status.clone())
+        .unwrap_or_default();
+    let violated: Vec<&str> = status
+        .violations
+        .iter()
+        .map(|v| v.dest.address.as_str())
+        .collect();
+    ensure!(
+        violated == [LITERAL],
+        "only the literal is a violation, not the name's rotated addresses: {violated:?} ({:?})",
+        policy.status
+    );
+    drop(outside);
+    ns.delete_and_wait()?;
+    release.uninstall()
+}
