@@ -55,7 +55,48 @@ pub mod rules {
     pub const TARGET_NAME: &str = "size(self.name) >= 1 && size(self.name) <= 253 && \
         self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
     pub const TARGET_NAME_MSG: &str = "spec.targetRef.name must be a DNS-1123 subdomain: 1-253 lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric";
+
+    // `spec.egressNames` (the rules below on `NameRule` run once per entry).
+    //
+    // Cost: the API server refuses a CRD whose rules' estimated cost, each rule's times the number of
+    // times it can run, adds up to more than 100,000,000. It takes a string of `maxLength` n as 4n
+    // bytes and prices `matches` at ceil((size + 1) * 0.1) * ceil(len(regex) * 0.25): about 1,640 per
+    // name for NAME_RULE_NAMES, so 1,000 entries of 20 names cost about 33,000,000, and 100 names an
+    // entry would cost 164,000,000 (the CRD would not install). `api/tests/cel_rules.rs` recomputes it
+    // from the generated schema.
+
+    /// `egressNames` only where a name means something: outside services the workload connects to.
+    pub const EGRESS_NAMES_SCOPE: &str = "!has(self.egressNames) || size(self.egressNames) == 0 || \
+        (self.direction == 'Egress' && self.backend == 'kubernetes')";
+    pub const EGRESS_NAMES_SCOPE_MSG: &str = "spec.egressNames requires direction Egress and backend kubernetes (the names are outside services the workload connects to; the istio backend governs Ingress only)";
+    /// At most [`MAX_NAME_RULES`](super::MAX_NAME_RULES) entries (also the schema's `maxItems`).
+    pub const EGRESS_NAMES_COUNT: &str = "!has(self.egressNames) || size(self.egressNames) <= 1000";
+    pub const EGRESS_NAMES_COUNT_MSG: &str = "spec.egressNames must have at most 1000 entries";
+    /// Each entry: 1 to [`MAX_NAMES_PER_RULE`](super::MAX_NAMES_PER_RULE) names, at most
+    /// [`MAX_PORTS_PER_NAME_RULE`](super::MAX_PORTS_PER_NAME_RULE) ports (also in the schema).
+    pub const NAME_RULE_SIZE: &str = "size(self.names) >= 1 && size(self.names) <= 20 && \
+        (!has(self.ports) || size(self.ports) <= 100)";
+    pub const NAME_RULE_SIZE_MSG: &str =
+        "each spec.egressNames entry must have 1 to 20 names and at most 100 ports";
+    /// Each name is a host name as the API writes it, or `*.` and at least two labels: what
+    /// `crate::dns_name::name_pattern` accepts. (RE2: `*` and `.` escaped, anchored at both ends.)
+    pub const NAME_RULE_NAMES: &str = "self.names.all(n, size(n) <= 253 && \
+        n.matches('^(\\\\*\\\\.[a-z0-9_-]{1,63}\\\\.)?([a-z0-9_-]{1,63}\\\\.)*[a-z0-9_-]{1,63}$'))";
+    pub const NAME_RULE_NAMES_MSG: &str = "spec.egressNames names must be lower-case host names without a trailing dot (at most 253 characters; labels of 1-63 letters, digits, '-' or '_'), or a wildcard: '*.' followed by at least two labels, such as *.example.com (not *.com, a.*.com or *example.com)";
+    /// Ports as a NetworkPolicy writes them, by number (the schema types `port` as an integer).
+    pub const NAME_RULE_PORTS: &str = "!has(self.ports) || self.ports.all(p, \
+        (!has(p.protocol) || p.protocol in ['TCP', 'UDP', 'SCTP']) && \
+        (!has(p.port) || (p.port >= 1 && p.port <= 65535)))";
+    pub const NAME_RULE_PORTS_MSG: &str = "spec.egressNames ports must have protocol TCP, UDP or SCTP and a port number from 1 to 65535 (not a named port: it names a pod's container port, and an outside service has none)";
 }
+
+/// Most entries in `spec.egressNames` ([`rules::EGRESS_NAMES_COUNT`]).
+pub const MAX_NAME_RULES: usize = 1000;
+/// Most names in one `spec.egressNames` entry ([`rules::NAME_RULE_SIZE`]; bounded by the API
+/// server's CEL cost budget, see [`rules`]).
+pub const MAX_NAMES_PER_RULE: usize = 20;
+/// Most ports in one `spec.egressNames` entry ([`rules::NAME_RULE_SIZE`]).
+pub const MAX_PORTS_PER_NAME_RULE: usize = 100;
 
 /// Which data plane enforces the policy, and so which payload the spec carries.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
@@ -295,6 +336,8 @@ pub struct IstioOperation {
 #[x_kube(validation = Rule::new(rules::ONE_PAYLOAD).message(rules::ONE_PAYLOAD_MSG))]
 #[x_kube(validation = Rule::new(rules::POD_SELECTOR_NOT_EMPTY).message(rules::POD_SELECTOR_NOT_EMPTY_MSG))]
 #[x_kube(validation = Rule::new(rules::ISTIO_SELECTOR_NOT_EMPTY).message(rules::ISTIO_SELECTOR_NOT_EMPTY_MSG))]
+#[x_kube(validation = Rule::new(rules::EGRESS_NAMES_SCOPE).message(rules::EGRESS_NAMES_SCOPE_MSG))]
+#[x_kube(validation = Rule::new(rules::EGRESS_NAMES_COUNT).message(rules::EGRESS_NAMES_COUNT_MSG))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadNetworkPolicySpec {
     /// The enforcing data plane: `kubernetes` (a NetworkPolicy, payload in `kubernetes`) or `istio`
@@ -318,8 +361,10 @@ pub struct WorkloadNetworkPolicySpec {
     /// Outside services the workload may reach by name (direction Egress, backend kubernetes), in
     /// addition to `kubernetes`: a connection to an address outside the cluster is allowed when the
     /// pod resolved that address from one of the names (a DNS answer to its own query, within the
-    /// answer's TTL plus a grace) and the port matches. Optional; without it nothing changes.
+    /// answer's TTL plus a grace) and the port matches. Optional; without it nothing changes. At
+    /// most 1000 entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_NAME_RULES))]
     pub egress_names: Vec<NameRule>,
 }
 
@@ -372,6 +417,8 @@ pub struct WorkloadNetworkPolicySpec {
 #[x_kube(validation = Rule::new(rules::ONE_PAYLOAD).message(rules::ONE_PAYLOAD_MSG))]
 #[x_kube(validation = Rule::new(rules::POD_SELECTOR_NOT_EMPTY).message(rules::POD_SELECTOR_NOT_EMPTY_MSG))]
 #[x_kube(validation = Rule::new(rules::ISTIO_SELECTOR_NOT_EMPTY).message(rules::ISTIO_SELECTOR_NOT_EMPTY_MSG))]
+#[x_kube(validation = Rule::new(rules::EGRESS_NAMES_SCOPE).message(rules::EGRESS_NAMES_SCOPE_MSG))]
+#[x_kube(validation = Rule::new(rules::EGRESS_NAMES_COUNT).message(rules::EGRESS_NAMES_COUNT_MSG))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadNetworkPolicyProposalSpec {
     /// The enforcing data plane the proposal is written for: `kubernetes` or `istio`. Immutable.
@@ -389,21 +436,51 @@ pub struct WorkloadNetworkPolicyProposalSpec {
     pub direction: Direction,
     /// Outside services learned by the name the pods resolved them from (Egress; see
     /// `WorkloadNetworkPolicy.spec.egressNames`). Addresses no pod resolved from a name stay
-    /// `ipBlock`s in `kubernetes`.
+    /// `ipBlock`s in `kubernetes`. At most 1000 entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_NAME_RULES))]
     pub egress_names: Vec<NameRule>,
 }
 
 /// Names of outside services and the ports they may be reached on.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[x_kube(validation = Rule::new(rules::NAME_RULE_SIZE).message(rules::NAME_RULE_SIZE_MSG))]
+#[x_kube(validation = Rule::new(rules::NAME_RULE_NAMES).message(rules::NAME_RULE_NAMES_MSG))]
+#[x_kube(validation = Rule::new(rules::NAME_RULE_PORTS).message(rules::NAME_RULE_PORTS_MSG))]
 #[serde(rename_all = "camelCase")]
 pub struct NameRule {
-    /// Host names (`api.example.com`, lower-case, no trailing dot), or a wildcard of one leftmost
-    /// `*` label (`*.example.com`: any name below example.com, not example.com itself).
+    /// 1 to 20 host names (`api.example.com`, lower-case, no trailing dot), or wildcards of one
+    /// leftmost `*` label followed by at least two labels (`*.example.com`: any name below
+    /// example.com, not example.com itself).
+    #[schemars(
+        length(min = 1, max = MAX_NAMES_PER_RULE),
+        inner(length(max = crate::dns_name::MAX_NAME_LEN))
+    )]
     pub names: Vec<String>,
-    /// The ports, as in a NetworkPolicy rule; empty: every port.
+    /// At most 100 ports, as in a NetworkPolicy rule but by number only; empty: every port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "name_rule_ports")]
     pub ports: Vec<NetworkPolicyPort>,
+}
+
+/// The schema of [`NameRule::ports`]: NetworkPolicy ports, at most [`MAX_PORTS_PER_NAME_RULE`],
+/// whose `port` is an integer, where a NetworkPolicy's is an int-or-string. A named port names a
+/// pod's container port, and an outside service has none, so it could never match; and the CEL rules
+/// could not refuse one: telling an int-or-string's two forms apart takes `type()`, which the
+/// client-side evaluator the tests use lacks, and its string form has no length bound to keep
+/// [`rules::NAME_RULE_PORTS`] within the API server's cost budget.
+fn name_rule_ports(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<NetworkPolicyPort>>();
+    schema.insert("maxItems".into(), MAX_PORTS_PER_NAME_RULE.into());
+    if let Some(port) = schema.pointer_mut("/items/properties/port") {
+        *port = serde_json::json!({
+            "description": "The destination port number, 1 to 65535. A named port cannot be used: \
+                it names a pod's container port, and an outside service has none.",
+            "type": "integer",
+            "format": "int32",
+        });
+    }
+    schema
 }
 
 /// Transport protocol of a flow.

@@ -8,11 +8,14 @@
 //! objects through both the CEL rules and [`validate`] and requires them to agree on every case.
 
 use crate::crd::{
-    Backend, Direction, IstioPolicy, TargetRef, WorkloadNetworkPolicyProposalSpec,
-    WorkloadNetworkPolicySpec, rules,
+    Backend, Direction, IstioPolicy, MAX_NAME_RULES, MAX_NAMES_PER_RULE, MAX_PORTS_PER_NAME_RULE,
+    NameRule, Protocol, TargetRef, WorkloadNetworkPolicyProposalSpec, WorkloadNetworkPolicySpec,
+    rules,
 };
-use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+use crate::dns_name;
+use k8s_openapi::api::networking::v1::{NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// One CEL rule of the CRDs (both kinds carry the same set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,11 +40,23 @@ pub enum Rule {
     TargetKind,
     /// `targetRef.name` is a DNS-1123 subdomain.
     TargetName,
+    /// `egressNames` only with direction Egress and backend kubernetes.
+    EgressNamesScope,
+    /// At most [`MAX_NAME_RULES`] `egressNames` entries.
+    EgressNamesCount,
+    /// Each `egressNames` entry has 1 to [`MAX_NAMES_PER_RULE`] names and at most
+    /// [`MAX_PORTS_PER_NAME_RULE`] ports.
+    NameRuleSize,
+    /// Each name of `egressNames` is one [`dns_name::name_pattern`] accepts.
+    NameRuleNames,
+    /// Each port of `egressNames` has protocol TCP, UDP or SCTP (or none) and a number 1-65535 (or
+    /// none). A named port is also refused by the schema, which types the port as an integer.
+    NameRulePorts,
 }
 
 impl Rule {
     /// Every rule, in the order violations are reported.
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 14] = [
         Rule::Required,
         Rule::IstioIngressOnly,
         Rule::PolicyTypes,
@@ -51,6 +66,11 @@ impl Rule {
         Rule::BackendImmutable,
         Rule::TargetKind,
         Rule::TargetName,
+        Rule::EgressNamesScope,
+        Rule::EgressNamesCount,
+        Rule::NameRuleSize,
+        Rule::NameRuleNames,
+        Rule::NameRulePorts,
     ];
 
     /// The CEL expression in the CRD.
@@ -65,6 +85,11 @@ impl Rule {
             Rule::BackendImmutable => rules::BACKEND_IMMUTABLE,
             Rule::TargetKind => rules::TARGET_KIND,
             Rule::TargetName => rules::TARGET_NAME,
+            Rule::EgressNamesScope => rules::EGRESS_NAMES_SCOPE,
+            Rule::EgressNamesCount => rules::EGRESS_NAMES_COUNT,
+            Rule::NameRuleSize => rules::NAME_RULE_SIZE,
+            Rule::NameRuleNames => rules::NAME_RULE_NAMES,
+            Rule::NameRulePorts => rules::NAME_RULE_PORTS,
         }
     }
 
@@ -80,6 +105,11 @@ impl Rule {
             Rule::BackendImmutable => rules::BACKEND_IMMUTABLE_MSG,
             Rule::TargetKind => rules::TARGET_KIND_MSG,
             Rule::TargetName => rules::TARGET_NAME_MSG,
+            Rule::EgressNamesScope => rules::EGRESS_NAMES_SCOPE_MSG,
+            Rule::EgressNamesCount => rules::EGRESS_NAMES_COUNT_MSG,
+            Rule::NameRuleSize => rules::NAME_RULE_SIZE_MSG,
+            Rule::NameRuleNames => rules::NAME_RULE_NAMES_MSG,
+            Rule::NameRulePorts => rules::NAME_RULE_PORTS_MSG,
         }
     }
 }
@@ -116,6 +146,7 @@ pub struct Spec<'a> {
     pub istio: Option<&'a IstioPolicy>,
     pub target_ref: &'a TargetRef,
     pub direction: Direction,
+    pub egress_names: &'a [NameRule],
 }
 
 impl<'a> From<&'a WorkloadNetworkPolicySpec> for Spec<'a> {
@@ -126,6 +157,7 @@ impl<'a> From<&'a WorkloadNetworkPolicySpec> for Spec<'a> {
             istio: s.istio.as_ref(),
             target_ref: &s.target_ref,
             direction: s.direction,
+            egress_names: &s.egress_names,
         }
     }
 }
@@ -138,6 +170,7 @@ impl<'a> From<&'a WorkloadNetworkPolicyProposalSpec> for Spec<'a> {
             istio: s.istio.as_ref(),
             target_ref: &s.target_ref,
             direction: s.direction,
+            egress_names: &s.egress_names,
         }
     }
 }
@@ -185,7 +218,36 @@ fn holds(rule: Rule, spec: &Spec<'_>, previous_backend: Option<Backend>) -> bool
         Rule::IstioSelectorNotEmpty => spec.istio.is_none_or(|i| selects_something(&i.selector)),
         Rule::BackendImmutable => previous_backend.is_none_or(|b| b == spec.backend),
         Rule::TargetName => is_dns1123_subdomain(&spec.target_ref.name),
+        Rule::EgressNamesScope => {
+            spec.egress_names.is_empty() || (spec.direction == Direction::Egress && kubernetes)
+        }
+        Rule::EgressNamesCount => spec.egress_names.len() <= MAX_NAME_RULES,
+        Rule::NameRuleSize => spec.egress_names.iter().all(|r| {
+            (1..=MAX_NAMES_PER_RULE).contains(&r.names.len())
+                && r.ports.len() <= MAX_PORTS_PER_NAME_RULE
+        }),
+        Rule::NameRuleNames => spec
+            .egress_names
+            .iter()
+            .flat_map(|r| &r.names)
+            .all(|n| dns_name::name_pattern(n).is_ok()),
+        Rule::NameRulePorts => spec
+            .egress_names
+            .iter()
+            .flat_map(|r| &r.ports)
+            .all(numbered_port),
     }
+}
+
+/// A port of an `egressNames` entry: protocol TCP, UDP or SCTP (or none: TCP), and a port number
+/// 1-65535 (or none: every port), not a name.
+fn numbered_port(port: &NetworkPolicyPort) -> bool {
+    Protocol::from_kubernetes(port.protocol.as_deref()).is_some()
+        && match &port.port {
+            None => true,
+            Some(IntOrString::Int(n)) => (1..=65535).contains(n),
+            Some(IntOrString::String(_)) => false,
+        }
 }
 
 /// A selector with at least one matchLabels entry or matchExpression: an empty one selects every pod
