@@ -84,12 +84,25 @@ impl NamePattern {
     pub fn matches(&self, name: &str) -> bool {
         match self {
             NamePattern::Exact(exact) => name == exact,
-            NamePattern::Below(suffix) => name
-                .strip_suffix(suffix.as_str())
-                .and_then(|head| head.strip_suffix('.'))
-                .is_some_and(|head| !head.is_empty()),
+            NamePattern::Below(suffix) => is_below(name, suffix),
         }
     }
+}
+
+/// Whether `name` is one the API's name `pattern` (a valid [`name_pattern`]) names, without parsing
+/// it: for a check per connection.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => is_below(name, suffix),
+        None => pattern == name,
+    }
+}
+
+/// `name` ends in `.suffix`, with at least one label before.
+fn is_below(name: &str, suffix: &str) -> bool {
+    name.strip_suffix(suffix)
+        .and_then(|head| head.strip_suffix('.'))
+        .is_some_and(|head| !head.is_empty())
 }
 
 /// `text` as a name of the API (`spec.egressNames[].names`): a host name as [`host_name`] defines it,

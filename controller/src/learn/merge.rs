@@ -329,7 +329,8 @@ fn merge_names(rules: &mut Vec<NameRule>, edges: &[&Edge], limits: &Limits, merg
                     *merged.capped.entry((*protocol, *port)).or_default() += 1;
                     continue;
                 }
-                if rules.len() >= limits.max_rules {
+                // The API's bound too, whatever --max-rules says.
+                if rules.len() >= limits.max_rules.min(network_enforcer_api::MAX_NAME_RULES) {
                     merged.rules_capped += 1;
                     continue;
                 }

@@ -4,25 +4,13 @@
 //! resolved the address from is the agent's observation (the record's `peer_name`).
 
 use super::network_policy::ports_allow_address;
+use network_enforcer_api::dns_name::matches;
 use network_enforcer_api::{NameRule, Protocol};
-
-/// Whether `pattern` (a host name, or `*.` and a parent name) covers `name`: equal, or `name` is below
-/// the wildcard's parent by one label or more (`*.example.com` covers `a.b.example.com`, not
-/// `example.com`). Both lower-case, as the API and the agent write them.
-pub fn name_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(parent) => name
-            .strip_suffix(parent)
-            .and_then(|head| head.strip_suffix('.'))
-            .is_some_and(|head| !head.is_empty()),
-        None => pattern == name,
-    }
-}
 
 /// Whether `rules` allow a connection on `protocol`/`port` to an address resolved from `name`.
 pub fn allows(rules: &[NameRule], name: &str, protocol: Protocol, port: u16) -> bool {
     rules.iter().any(|rule| {
-        rule.names.iter().any(|p| name_matches(p, name))
+        rule.names.iter().any(|p| matches(p, name))
             && ports_allow_address(&rule.ports, protocol, port)
     })
 }
@@ -47,7 +35,7 @@ mod tests {
             ("*.partner.test", "api.partner.test.evil", false),
         ];
         for (pattern, name, want) in cases {
-            assert_eq!(name_matches(pattern, name), want, "{pattern} vs {name}");
+            assert_eq!(matches(pattern, name), want, "{pattern} vs {name}");
         }
     }
 
