@@ -344,7 +344,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     tokio::pin!(shutdown);
     let mut batch = Vec::new();
     loop {
-        if early.is_none() && args.new_edge_flush_ms > 0 && pipeline.new_edges() > 0 {
+        // New edges, and new resolutions (a protect policy allowing the name waits for them).
+        let news = pipeline.new_edges() > 0 || pipeline.new_resolutions().0 > 0;
+        if early.is_none() && args.new_edge_flush_ms > 0 && news {
             // Not more often than every EARLY_FLUSH_MIN_GAP: each flush also rescans /proc, and a pod
             // reaching many new peers must not turn that into a busy loop.
             early = Some(
@@ -407,7 +409,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             dns_decode_errors_before = dns.decode_errors();
         }
         if let Some((tracker, stats)) = pipeline.dns_counters() {
-            metrics.dns(&tracker, pipeline.dns_names(), &stats, &counters);
+            let dropped = pipeline.new_resolutions().1;
+            metrics.dns(&tracker, pipeline.dns_names(), &stats, dropped, &counters);
         }
         metrics.decode_errors(reader.decode_errors() - decode_errors_before);
         decode_errors_before = reader.decode_errors();

@@ -98,6 +98,8 @@ pub enum DnsOutcome {
     truncated,
     /// A message the kernel could not copy: the DNS ring buffer was full.
     ring_buffer_full,
+    /// A believed answer's address not told to the controller: more new ones than a flush carries.
+    resolution_dropped,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -232,7 +234,8 @@ impl AgentMetrics {
             "dns_messages",
             "Pods' DNS messages by what became of them: query and answer were used to name outside \
              peers; malformed, unsolicited, pending_full, names_full, unattributed, truncated and \
-             ring_buffer_full were not",
+             ring_buffer_full were not; resolution_dropped counts answers' addresses not told to the \
+             controller (more new ones than one flush carries)",
             dns_messages.clone(),
         );
         let dns_names = Gauge::default();
@@ -480,6 +483,7 @@ impl AgentMetrics {
         tracker: &crate::dns::tracker::Counters,
         resolved: usize,
         pipeline: &crate::pipeline::DnsStats,
+        resolutions_dropped: u64,
         kernel: &KernelCounters,
     ) {
         let figures = [
@@ -492,6 +496,7 @@ impl AgentMetrics {
             (DnsOutcome::unattributed, pipeline.unattributed),
             (DnsOutcome::truncated, pipeline.truncated),
             (DnsOutcome::ring_buffer_full, kernel.dns_ring_buffer_full),
+            (DnsOutcome::resolution_dropped, resolutions_dropped),
         ];
         for (outcome, total) in figures {
             let counter = self.dns_messages.get_or_create(&DnsLabel { outcome });

@@ -100,6 +100,9 @@ pub struct Flushed {
     /// outbound and the pod resolved the address before the edge's last connection (within the
     /// answer's TTL plus the grace).
     pub peer_names: Vec<Option<Arc<str>>>,
+    /// What pods resolved since the last flush that the controller has not heard lately
+    /// ([`Resolutions`]).
+    pub resolutions: Vec<Resolved>,
 }
 
 impl Flushed {
@@ -129,6 +132,7 @@ impl Flushed {
                 }
                 Owner::Host | Owner::Unknown => None,
             })
+            .chain(self.resolutions.iter().map(|r| r.record(clock)))
             .collect()
     }
 
@@ -168,7 +172,98 @@ pub struct Pipeline {
     events: u64,
     /// What each pod resolved from which name, when DNS messages are read ([`Pipeline::take_dns`]).
     names: Option<Tracker>,
+    resolutions: Resolutions,
     dns: DnsStats,
+}
+
+/// A name a pod resolved to an address, for the controller (an `OUTCOME_RESOLVED` record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub pod: crate::identity::attribution::PodRef,
+    pub name: Arc<str>,
+    pub address: std::net::IpAddr,
+    /// When the answer came (kernel monotonic time).
+    pub at: Duration,
+}
+
+impl Resolved {
+    fn record(&self, clock: &WallClock) -> FlowRecord {
+        let (namespace, name) = self
+            .pod
+            .name
+            .as_ref()
+            .map(|(ns, n)| (ns.to_string(), n.to_string()))
+            .unwrap_or_default();
+        let at = uplink::epoch_ms(clock.at(self.at));
+        FlowRecord {
+            local: Some(LocalPod {
+                uid: self.pod.uid.to_string(),
+                namespace,
+                name,
+            }),
+            peer_ip: network_enforcer_api::uplink::ip_bytes(self.address),
+            direction: network_enforcer_api::uplink::Direction::Outbound as i32,
+            outcome: network_enforcer_api::uplink::Outcome::Resolved as i32,
+            first_seen_ms: at,
+            last_seen_ms: at,
+            count: 1,
+            source: network_enforcer_api::uplink::Source::Ebpf as i32,
+            peer_name: self.name.to_string(),
+            ..FlowRecord::default()
+        }
+    }
+}
+
+/// What pods resolved, told to the controller once, and again after [`Resolutions::REPEAT`] while
+/// they keep resolving it (so it knows the address is still current). Bounded: at most
+/// [`Resolutions::MAX_PER_FLUSH`] new ones per flush and [`Resolutions::MAX_REMEMBERED`] remembered;
+/// past either, the oldest are forgotten (told again later) and the excess counted.
+#[derive(Debug, Default)]
+struct Resolutions {
+    pending: Vec<Resolved>,
+    told: HashMap<(Arc<str>, Arc<str>, std::net::IpAddr), Duration>,
+    dropped: u64,
+}
+
+impl Resolutions {
+    const REPEAT: Duration = Duration::from_secs(60);
+    const MAX_PER_FLUSH: usize = 2_000;
+    const MAX_REMEMBERED: usize = 50_000;
+
+    fn add(
+        &mut self,
+        pod: &crate::identity::attribution::PodRef,
+        name: &Arc<str>,
+        address: std::net::IpAddr,
+        at: Duration,
+    ) {
+        let key = (pod.uid.clone(), name.clone(), address);
+        if self
+            .told
+            .get(&key)
+            .is_some_and(|told| at.saturating_sub(*told) < Self::REPEAT)
+        {
+            return;
+        }
+        if self.pending.len() >= Self::MAX_PER_FLUSH {
+            self.dropped += 1;
+            return;
+        }
+        if self.told.len() >= Self::MAX_REMEMBERED {
+            let cutoff = at.saturating_sub(Self::REPEAT);
+            self.told.retain(|_, told| *told >= cutoff);
+            if self.told.len() >= Self::MAX_REMEMBERED {
+                self.told.clear();
+            }
+        }
+        self.told.insert(key, at);
+        self.pending.push(Resolved {
+            pod: pod.clone(),
+            name: name.clone(),
+            address,
+            at,
+        });
+    }
 }
 
 /// DNS messages not handed to the tracker, by reason (the tracker counts its own refusals).
@@ -196,6 +291,7 @@ impl Pipeline {
             dropped_total: Dropped::default(),
             events: 0,
             names: None,
+            resolutions: Resolutions::default(),
             dns: DnsStats::default(),
         }
     }
@@ -235,11 +331,16 @@ impl Pipeline {
         );
         match message.kind {
             DnsKind::Query => tracker.query(&pod.uid, local, server, payload, at),
-            DnsKind::Answer => {
-                if let Err(refused) = tracker.answer(&pod.uid, local, server, payload, at) {
+            DnsKind::Answer => match tracker.answer(&pod.uid, local, server, payload, at) {
+                Ok(believed) => {
+                    for (address, name) in believed {
+                        self.resolutions.add(&pod, &name, address, at);
+                    }
+                }
+                Err(refused) => {
                     tracing::debug!(pod = %pod.label(), %server, %refused, "DNS answer not believed");
                 }
-            }
+            },
         }
     }
 
@@ -249,6 +350,12 @@ impl Pipeline {
         self.names
             .as_ref()
             .map(|tracker| (tracker.counters().clone(), self.dns))
+    }
+
+    /// Resolutions waiting for the next flush (worth an early flush: a protect policy may wait for
+    /// them), and those dropped by the per-flush bound so far.
+    pub fn new_resolutions(&self) -> (usize, u64) {
+        (self.resolutions.pending.len(), self.resolutions.dropped)
     }
 
     /// Addresses held as resolved from a name (0 when DNS messages are not read).
@@ -402,6 +509,7 @@ impl Pipeline {
             unattributed,
             dropped,
             peer_names,
+            resolutions: std::mem::take(&mut self.resolutions.pending),
         })
     }
 }
@@ -563,14 +671,32 @@ mod tests {
             ]
         );
         let records = flushed.records(&WallClock::now());
-        let named: Vec<&str> = records
+        let named: Vec<(&str, i32, u32)> = records
             .iter()
             .filter(|r| !r.peer_name.is_empty())
-            .map(|r| r.peer_name.as_str())
+            .map(|r| (r.peer_name.as_str(), r.outcome, r.port))
             .collect();
-        assert_eq!(named, ["api.partner.test"]);
+        use network_enforcer_api::uplink::Outcome as Wire;
+        assert_eq!(
+            named,
+            [
+                ("api.partner.test", Wire::Datagram as i32, 443),
+                // What pod 0 resolved, for protect: told once.
+                ("api.partner.test", Wire::Resolved as i32, 0),
+            ],
+            "the connection named, then the resolution"
+        );
+        // Resolved again within a minute: not told again.
+        let (query, answer) = dns_exchange(8, "10.1.0.1");
+        pipeline.take_dns(&dns(0, DnsKind::Query, &query, 3_000));
+        pipeline.take_dns(&dns(0, DnsKind::Answer, &answer, 3_001));
+        assert_eq!(pipeline.new_resolutions(), (0, 0));
+        let (query, answer) = dns_exchange(9, "10.1.0.2");
+        pipeline.take_dns(&dns(0, DnsKind::Query, &query, 4_000));
+        pipeline.take_dns(&dns(0, DnsKind::Answer, &answer, 4_001));
+        assert_eq!(pipeline.new_resolutions(), (1, 0), "a new address is");
         let (counters, stats) = pipeline.dns_counters().unwrap();
-        assert_eq!((counters.answers, counters.unsolicited), (1, 1));
+        assert_eq!((counters.answers, counters.unsolicited), (3, 1));
         assert_eq!(stats, DnsStats::default());
     }
 

@@ -38,6 +38,10 @@ pub const RENDERED_GENERATION_ANNOTATION: &str =
 /// "Who can promote what").
 pub const LEARNED_DIGEST_ANNOTATION: &str = "networkenforcer.kubewarden.io/learned-digest";
 
+/// On a rendered NetworkPolicy: the names of `spec.egressNames` its `ipBlock`s stand for (a
+/// NetworkPolicy has no names; the addresses are what the workload's pods resolved them to).
+pub const EGRESS_NAMES_ANNOTATION: &str = "networkenforcer.kubewarden.io/egress-names";
+
 /// Annotation on a WorkloadNetworkPolicy (or the proposal it is promoted from): `strict` keeps a protect
 /// policy in monitor while replaying the observed traffic shows flows it would block (docs/api.md,
 /// "Protect gate").

@@ -34,7 +34,7 @@ pub use config::UplinkConfig;
 pub use connect::{check, connect};
 use connect::{endpoint, read_token};
 pub use receipt::{Receipt, ReceiptWatch, receipt};
-pub use record::flow_record;
+pub use record::{epoch_ms, flow_record};
 pub use resend_buffer::{DEFAULT_MAX_PENDING_RECORDS, Pushed, ResendBuffer};
 pub use task::spawn;
 

@@ -32,7 +32,7 @@ pub fn flow_record(edge: &Edge, local: LocalPod, clock: &WallClock) -> FlowRecor
 }
 
 /// Milliseconds since the Unix epoch (0 for times before it, which only a wrong clock produces).
-pub(super) fn epoch_ms(t: SystemTime) -> i64 {
+pub fn epoch_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -13,6 +13,7 @@ pub mod run;
 
 pub use run::{RunArgs, run};
 
+use crate::cluster::names::{self, ResolvedNames, WorkloadKey};
 use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
 use crate::ingest::{Authenticate, IngestService, Learning, Limits};
@@ -55,6 +56,11 @@ pub struct App {
     pub learning: Arc<Learning>,
     /// `None`: no violations are recorded (built without [`AppBuilder::status_sync`]).
     pub status_sync: Option<Arc<StatusSync>>,
+    /// The addresses pods resolved names of outside services to, from the agents' resolutions.
+    pub names: Arc<ResolvedNames>,
+    /// Which workload got a new address; taken once by the policy reconciler
+    /// ([`App::take_name_changes`]).
+    name_changes: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<WorkloadKey>>>,
     acknowledge: Acknowledge,
     limits: Limits,
     admission: Arc<Admission>,
@@ -79,6 +85,7 @@ pub struct AppBuilder {
     acknowledge: Acknowledge,
     limits: Limits,
     stream_limits: StreamLimits,
+    names: names::Settings,
 }
 
 impl App {
@@ -100,7 +107,17 @@ impl App {
             acknowledge: Acknowledge::default(),
             limits: Limits::default(),
             stream_limits: StreamLimits::default(),
+            names: names::Settings::default(),
         }
+    }
+
+    /// The receiver of [`ResolvedNames`]' changes, for the policy reconciler (`None` after the first
+    /// call).
+    pub fn take_name_changes(&self) -> Option<tokio::sync::mpsc::Receiver<WorkloadKey>> {
+        self.name_changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The gRPC service agents stream to, authenticating them with `authenticator`.
@@ -218,6 +235,12 @@ impl AppBuilder {
         self
     }
 
+    /// Bounds and retention of the addresses names resolved to ([`names::Settings`]).
+    pub fn names(mut self, settings: names::Settings) -> Self {
+        self.names = settings;
+        self
+    }
+
     pub fn build(self) -> App {
         let metrics = self.metrics.unwrap_or_default();
         let index = self.index.unwrap_or_default();
@@ -251,12 +274,15 @@ impl AppBuilder {
         }
         let (learner, writer) = (Arc::new(learner), Arc::new(writer));
         // Agents' batches and cluster-wide sources share one learning and evidence path.
+        let (names, name_changes) = ResolvedNames::with_changes(self.names);
+        let names = Arc::new(names);
         let learning = Arc::new(Learning {
             index: index.clone(),
             learner: learner.clone(),
             writer: writer.clone(),
             evidence,
             early: Default::default(),
+            names: Some(names.clone()),
         });
         let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())
             .with_settle_first(learning.clone());
@@ -269,6 +295,8 @@ impl AppBuilder {
             writer,
             learning,
             status_sync,
+            names,
+            name_changes: std::sync::Mutex::new(Some(name_changes)),
             acknowledge: self.acknowledge,
             limits: self.limits,
             admission: Admission::new(self.stream_limits),

@@ -180,6 +180,12 @@ pub struct RunArgs {
     #[arg(long, env = "EDGE_HISTORY_RETENTION", default_value = "7d",
           value_parser = crate::monitor::status_sync::parse_duration)]
     edge_history_retention: Duration,
+    /// How long an address that pods of a workload resolved a name to stays in the NetworkPolicy a
+    /// protect policy allowing the name renders, after it was last resolved (e.g. `10m`). Longer
+    /// than the names' TTLs: clients cache answers, and a rendering that follows every TTL churns.
+    #[arg(long, env = "NAME_ADDRESS_RETENTION", default_value = "10m",
+          value_parser = crate::monitor::status_sync::parse_duration)]
+    name_address_retention: Duration,
     /// At most this many observed edges (workload pair, protocol, port) in the protect gate's
     /// history, about 220 bytes each (44 MiB at the default); past it the least recently seen are
     /// evicted and counted.
@@ -331,6 +337,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             max_streams: args.max_agent_streams,
             max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
             ..StreamLimits::default()
+        })
+        .names(crate::cluster::names::Settings {
+            retention: args.name_address_retention,
+            ..Default::default()
         });
     if let Some((leadership, _)) = &election {
         builder = builder.leadership(leadership.clone());
@@ -353,7 +363,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let status_sync = app.status_sync.clone().expect("built with a status sync");
     // The protect gate replays the flows the status sync has seen.
-    let reconcilers = reconcilers.with_gate(GateHistory(status_sync.clone()));
+    let mut reconcilers = reconcilers.with_gate(GateHistory(status_sync.clone()));
+    if let Some(changes) = app.take_name_changes() {
+        reconcilers = reconcilers.with_names(app.names.clone(), changes);
+    }
+    // Addresses of names age out of the store (renderings follow at their requeue).
+    let names_expiry = {
+        let names = app.names.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                names.expire(k8s_openapi::jiff::Timestamp::now().as_millisecond());
+            }
+        }
+    };
     let ui_address = if args.no_ui { "" } else { &args.ui_address };
     let ui = crate::ui::start(
         ui_address,
@@ -496,6 +520,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         () = app.watch_cluster() => Ok(()),
         result = grpc => result.context("serving the agent ingest endpoint"),
         () = index_watch => Ok(()),
+        () = names_expiry => Ok(()),
         () = readiness => Ok(()),
         () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
         result = http => result.context("serving /metrics, /healthz, /readyz"),

@@ -77,6 +77,8 @@ pub enum BadRecord {
     BadEnum,
     #[error("record is not a valid FlowRecord: {0}")]
     Malformed(prost::DecodeError),
+    #[error("a resolution without a host name as peer_name")]
+    BadName,
 }
 
 impl BadRecord {
@@ -90,6 +92,7 @@ impl BadRecord {
             BadRecord::BadPort(_) => "bad_port",
             BadRecord::BadEnum => "bad_enum",
             BadRecord::Malformed(_) => "malformed",
+            BadRecord::BadName => "bad_name",
         }
     }
 }
@@ -123,22 +126,13 @@ pub fn decode(
     index: &Index,
     node: Option<&str>,
 ) -> Result<Decoded, BadRecord> {
-    let named = record.local.as_ref().ok_or(BadRecord::NoLocalPod)?;
     let fields = fields(record)?;
     let opened = match uplink::Direction::try_from(record.direction) {
         Ok(uplink::Direction::Outbound) => Opened::Outbound,
         Ok(uplink::Direction::Inbound) => Opened::Inbound,
         _ => return Err(BadRecord::BadEnum),
     };
-    // Either way of naming the pod, the index decides which pod it is and where it runs.
-    let local = local_pod(record, index)
-        .filter(|pod| node.is_none() || pod.node.is_some())
-        .ok_or_else(|| BadRecord::UnknownLocalPod(describe_local(named)))?;
-    if let Some(node) = node
-        && local.node.as_deref() != Some(node)
-    {
-        return Err(BadRecord::NotOnNode(describe_local(named), node.into()));
-    }
+    let local = local_on_node(record, index, node)?;
     let (peer, peer_from) = peer_address(index, record, &fields, record.last_seen_ms);
     Ok(Decoded {
         local: local.clone(),
@@ -156,6 +150,65 @@ pub fn decode(
     })
 }
 
+/// The record's local pod, which must run on `node` when given (see [`decode`]).
+fn local_on_node<'i>(
+    record: &FlowRecord,
+    index: &'i Index,
+    node: Option<&str>,
+) -> Result<&'i Arc<PodRecord>, BadRecord> {
+    let named = record.local.as_ref().ok_or(BadRecord::NoLocalPod)?;
+    // Either way of naming the pod, the index decides which pod it is and where it runs.
+    let local = local_pod(record, index)
+        .filter(|pod| node.is_none() || pod.node.is_some())
+        .ok_or_else(|| BadRecord::UnknownLocalPod(describe_local(named)))?;
+    if let Some(node) = node
+        && local.node.as_deref() != Some(node)
+    {
+        return Err(BadRecord::NotOnNode(describe_local(named), node.into()));
+    }
+    Ok(local)
+}
+
+/// An `OUTCOME_RESOLVED` record: a name a pod resolved to an address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolution {
+    pub local: Arc<PodRecord>,
+    pub name: String,
+    pub address: IpAddr,
+    pub at_ms: i64,
+}
+
+/// Whether `record` is a resolution, not a connection.
+pub fn is_resolution(record: &FlowRecord) -> bool {
+    record.outcome == uplink::Outcome::Resolved as i32
+}
+
+/// Reads a resolution record: its local pod (on `node`, as [`decode`]), its address and its name.
+pub fn decode_resolution(
+    record: &FlowRecord,
+    index: &Index,
+    node: Option<&str>,
+) -> Result<Resolution, BadRecord> {
+    let address = address(&record.peer_ip)?;
+    let name = network_enforcer_api::dns_name::host_name(&record.peer_name)
+        .map_err(|_| BadRecord::BadName)?;
+    let local = local_on_node(record, index, node)?;
+    Ok(Resolution {
+        local: local.clone(),
+        name,
+        address,
+        at_ms: record.last_seen_ms,
+    })
+}
+
+fn address(bytes: &[u8]) -> Result<IpAddr, BadRecord> {
+    match bytes.len() {
+        4 => Ok(<[u8; 4]>::try_from(bytes).expect("4 bytes").into()),
+        16 => Ok(<[u8; 16]>::try_from(bytes).expect("16 bytes").into()),
+        n => Err(BadRecord::BadAddress(n)),
+    }
+}
+
 /// The peer address, port and protocol of a record, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fields {
@@ -166,15 +219,7 @@ pub struct Fields {
 
 /// Reads the peer address (4 or 16 bytes), port and protocol (TCP or UDP) of `record`.
 pub fn fields(record: &FlowRecord) -> Result<Fields, BadRecord> {
-    let peer: IpAddr = match record.peer_ip.len() {
-        4 => <[u8; 4]>::try_from(record.peer_ip.as_slice())
-            .expect("4 bytes")
-            .into(),
-        16 => <[u8; 16]>::try_from(record.peer_ip.as_slice())
-            .expect("16 bytes")
-            .into(),
-        n => return Err(BadRecord::BadAddress(n)),
-    };
+    let peer = address(&record.peer_ip)?;
     // Port 0 is no service (an agent that reported a UDP connect() to port 0, a resolver's
     // source-address probe, sent nothing).
     let port = u16::try_from(record.port)

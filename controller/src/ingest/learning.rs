@@ -187,6 +187,11 @@ impl Learning {
         evidence: &mut Handed,
     ) -> Result<Result<(), String>, BadRecord> {
         let metrics = self.learner.metrics();
+        if flow_record::is_resolution(record) {
+            let resolution = flow_record::decode_resolution(record, index, Some(from.node))?;
+            metrics.resolved(self.resolved(index, &resolution), 1);
+            return Ok(Ok(()));
+        }
         let decoded = flow_record::decode(record, index, Some(from.node))?;
         if let Some(why) = decoded.peer_name.left_out() {
             metrics.resolved(why, 1);
@@ -219,6 +224,43 @@ impl Learning {
             }
         }
         Ok(learning)
+    }
+
+    /// Keeps what a resolution says for protect policies (`cluster::names`); returns the `outcome`
+    /// of `resolutions_total` it counts as.
+    fn resolved(&self, index: &Index, r: &flow_record::Resolution) -> &'static str {
+        let Some(names) = &self.names else {
+            return "name_resolution_unused";
+        };
+        // Only outside addresses: a name of a pod or a Service is what the index says it is.
+        if !matches!(
+            index.resolve_ref(r.address, 0, Protocol::TCP, r.at_ms),
+            ResolvedRef::Address(FlowEnd::External(_), _)
+        ) {
+            return "name_resolution_in_cluster";
+        }
+        let w = &r.local.endpoint;
+        let kind = match (w.kind, &w.foreign_controller) {
+            (Some(kind), _) => kind,
+            (None, None) => WorkloadKind::Pod,
+            // No policy can target it.
+            (None, Some(_)) => return "name_resolution_unused",
+        };
+        let key = WorkloadKey {
+            namespace: w.namespace.clone(),
+            kind,
+            name: w.name.clone(),
+        };
+        match names.observe(key, &r.name, r.address, r.at_ms) {
+            Change::NewAddress => {
+                tracing::debug!(
+                    namespace = %w.namespace, workload = %w.name, name = %r.name, address = %r.address,
+                    "a name has a new address"
+                );
+                "name_resolution_new"
+            }
+            Change::Refreshed => "name_resolution_known",
+        }
     }
 
     /// Takes in the records that waited for their pod and whose pod the index now knows, and refuses

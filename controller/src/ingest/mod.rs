@@ -39,7 +39,8 @@ pub use auth::{AUDIENCE, AgentIdentity, Authenticate, TokenReviewAuthenticator};
 pub use holds::Holds;
 pub use learning::{CLOCK_SKEW_MS, clamp_times, observation};
 
-use crate::cluster::index::Index;
+use crate::cluster::index::{FlowEnd, Index, ResolvedRef};
+use crate::cluster::names::{Change, WorkloadKey};
 use crate::cluster::watches::SharedIndex;
 use crate::learn::flusher::{Flusher, Ledger};
 use crate::learn::learner::{Learner, WaitsFor};
@@ -58,6 +59,7 @@ use network_enforcer_api::uplink::encoded::{
     flow_uplink_server::{FlowUplink, FlowUplinkServer},
 };
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
+use network_enforcer_api::{Protocol, WorkloadKind};
 use prost::Message;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -94,6 +96,8 @@ pub struct Learning {
     pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
     /// Records that arrived before the index knew their pod ([`early_records`]).
     pub early: EarlyRecords,
+    /// Where resolutions go (`OUTCOME_RESOLVED` records); `None`: they are counted and dropped.
+    pub names: Option<Arc<crate::cluster::names::ResolvedNames>>,
 }
 
 /// The gRPC service.

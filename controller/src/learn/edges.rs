@@ -49,28 +49,22 @@ pub fn edges(flow: &WorkloadFlow, backend: Backend) -> Vec<(Target, Edge)> {
                         kind,
                         direction: Direction::Egress,
                     };
-                    // An outside peer the pod resolved from a name is learned as that name too.
-                    // The address stays as well while protect renders addresses only (a
-                    // NetworkPolicy has no names): promoted, the policy then blocks exactly what
-                    // it did before names were learned (docs/behaviour.md §1.6).
-                    if let Some(name) = &flow.peer_name {
-                        out.push((
-                            target.clone(),
-                            Edge::Name {
-                                name: name.clone(),
-                                protocol: flow.protocol,
-                                port: flow.port,
-                            },
-                        ));
-                    }
-                    out.push((
-                        target,
-                        Edge::Kubernetes {
+                    // An outside peer the pod resolved from a name is learned as that name: its
+                    // addresses change, the name does not (protect renders the addresses the
+                    // workload's pods resolve it to, `cluster::names`).
+                    let edge = match &flow.peer_name {
+                        Some(name) => Edge::Name {
+                            name: name.clone(),
+                            protocol: flow.protocol,
+                            port: flow.port,
+                        },
+                        None => Edge::Kubernetes {
                             peer: flow.destination.as_peer(),
                             protocol: flow.protocol,
                             port: flow.port,
                         },
-                    ));
+                    };
+                    out.push((target, edge));
                 }
             }
             if let Some(dst) = flow.destination.workload() {

@@ -1,5 +1,8 @@
 //! What a WorkloadNetworkPolicy renders into, as plain data:
 //! - kubernetes backend: a NetworkPolicy equal to `spec.kubernetes` in `protect`, nothing in `monitor`;
+//!   `spec.egressNames` adds one egress rule per entry whose peers are the addresses the workload's
+//!   pods resolved those names to ([`crate::cluster::names`]), on the entry's ports (an entry no pod
+//!   resolved yet adds nothing: a rule without peers would allow every address);
 //! - istio backend: an AuthorizationPolicy (`ALLOW`, selector, rules 1:1), dry-run in `monitor`.
 //!
 //! Rendered objects carry the policy's name and namespace and a controller ownerReference to it, so
@@ -8,14 +11,18 @@
 //! invalid, see [`crate::policy::validity`]).
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyEgressRule, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
 use network_enforcer_api::authorization_policy::{
     AuthorizationPolicy, AuthorizationPolicySpec, WorkloadSelector,
 };
-use network_enforcer_api::keys::{ISTIO_DRY_RUN_ANNOTATION, RENDERED_GENERATION_ANNOTATION};
-use network_enforcer_api::{Backend, PolicyMode, WorkloadNetworkPolicy};
-use std::collections::BTreeMap;
+use network_enforcer_api::keys::{
+    EGRESS_NAMES_ANNOTATION, ISTIO_DRY_RUN_ANNOTATION, RENDERED_GENERATION_ANNOTATION,
+};
+use network_enforcer_api::{Backend, NameRule, PolicyMode, WorkloadNetworkPolicy};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 /// Label on every object we render, so users (and our uninstall hook) can find them.
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "network-enforcer");
@@ -59,21 +66,51 @@ impl RenderError {
     }
 }
 
-/// The desired rendered object of `policy`.
+/// The desired rendered object of `policy`, whose `egressNames` entries have no address yet.
 pub fn desired(policy: &WorkloadNetworkPolicy) -> Result<Desired, RenderError> {
+    desired_with(policy, |_| BTreeSet::new())
+}
+
+/// The desired rendered object of `policy`; `addresses` gives the addresses an `egressNames` entry
+/// stands for now.
+pub fn desired_with(
+    policy: &WorkloadNetworkPolicy,
+    addresses: impl Fn(&NameRule) -> BTreeSet<IpAddr>,
+) -> Result<Desired, RenderError> {
     match policy.spec.backend {
         Backend::Kubernetes => {
-            let spec = policy
+            let mut spec = policy
                 .spec
                 .kubernetes
                 .clone()
                 .ok_or(RenderError::MissingPayload("kubernetes"))?;
             match policy.spec.mode {
                 PolicyMode::Monitor => Ok(Desired::NoNetworkPolicy),
-                PolicyMode::Protect => Ok(Desired::NetworkPolicy(Box::new(NetworkPolicy {
-                    metadata: metadata(policy, BTreeMap::new())?,
-                    spec: Some(spec),
-                }))),
+                PolicyMode::Protect => {
+                    let mut annotations = BTreeMap::new();
+                    if !policy.spec.egress_names.is_empty() {
+                        let names: BTreeSet<&str> = policy
+                            .spec
+                            .egress_names
+                            .iter()
+                            .flat_map(|r| r.names.iter().map(String::as_str))
+                            .collect();
+                        let names: Vec<&str> = names.into_iter().collect();
+                        annotations.insert(EGRESS_NAMES_ANNOTATION.to_string(), names.join(","));
+                        let rules = spec.egress.get_or_insert_with(Vec::new);
+                        rules.extend(
+                            policy
+                                .spec
+                                .egress_names
+                                .iter()
+                                .filter_map(|rule| name_rule(rule, &addresses(rule))),
+                        );
+                    }
+                    Ok(Desired::NetworkPolicy(Box::new(NetworkPolicy {
+                        metadata: metadata(policy, annotations)?,
+                        spec: Some(spec),
+                    })))
+                }
             }
         }
         Backend::Istio => {
@@ -99,6 +136,28 @@ pub fn desired(policy: &WorkloadNetworkPolicy) -> Result<Desired, RenderError> {
             )))
         }
     }
+}
+
+/// The egress rule of one `egressNames` entry: its addresses as single-address `ipBlock`s, on its
+/// ports; `None` without addresses (a rule without peers would allow every destination).
+fn name_rule(rule: &NameRule, addresses: &BTreeSet<IpAddr>) -> Option<NetworkPolicyEgressRule> {
+    if addresses.is_empty() {
+        return None;
+    }
+    let to = addresses
+        .iter()
+        .map(|ip| NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: ipnet::IpNet::from(*ip).to_string(),
+                except: None,
+            }),
+            ..NetworkPolicyPeer::default()
+        })
+        .collect();
+    Some(NetworkPolicyEgressRule {
+        to: Some(to),
+        ports: (!rule.ports.is_empty()).then(|| rule.ports.clone()),
+    })
 }
 
 /// The controller ownerReference rendered objects carry.
@@ -230,6 +289,54 @@ mod tests {
             np.metadata.annotations.unwrap()[RENDERED_GENERATION_ANNOTATION],
             "4",
             "the generation it was rendered from"
+        );
+    }
+
+    #[test]
+    fn egress_names_render_the_addresses_resolved_now_on_their_ports() {
+        let p = |mode: &str| {
+            policy(json!({
+                "backend": "kubernetes", "mode": mode, "direction": "Egress",
+                "targetRef": {"kind": "Deployment", "name": "web"},
+                "kubernetes": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+                               "egress": [{"ports": [{"protocol": "UDP", "port": 53}]}]},
+                "egressNames": [
+                    {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]},
+                    {"names": ["*.storage.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+                ]
+            }))
+        };
+        let resolved = |rule: &NameRule| -> BTreeSet<IpAddr> {
+            match rule.names[0].as_str() {
+                "api.partner.test" => ["203.0.113.11", "2001:db8::7", "203.0.113.10"]
+                    .iter()
+                    .map(|a| a.parse().unwrap())
+                    .collect(),
+                _ => BTreeSet::new(),
+            }
+        };
+        let Desired::NetworkPolicy(np) = desired_with(&p("protect"), resolved).unwrap() else {
+            panic!("expected a NetworkPolicy")
+        };
+        let egress = np.spec.as_ref().unwrap().egress.as_ref().unwrap();
+        assert_eq!(
+            serde_json::to_value(egress).unwrap(),
+            json!([
+                {"ports": [{"protocol": "UDP", "port": 53}]},
+                // Sorted, single addresses; the wildcard nobody resolved yet adds no rule (a rule
+                // without peers would allow every address).
+                {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}, {"ipBlock": {"cidr": "203.0.113.11/32"}},
+                        {"ipBlock": {"cidr": "2001:db8::7/128"}}],
+                 "ports": [{"protocol": "TCP", "port": 443}]}
+            ])
+        );
+        assert_eq!(
+            np.metadata.annotations.unwrap()[EGRESS_NAMES_ANNOTATION],
+            "*.storage.partner.test,api.partner.test"
+        );
+        assert_eq!(
+            desired_with(&p("monitor"), resolved).unwrap(),
+            Desired::NoNetworkPolicy
         );
     }
 

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::sync::Arc;
@@ -58,6 +58,9 @@ pub struct Settings {
     /// The backend each policy had when first seen, for the immutable-backend rule; shared with the
     /// status sync (`status_sync::Settings::backends`) so that both elect the same policy per target.
     pub backends: SharedBackends,
+    /// The addresses pods resolved names to, which `egressNames` render into; `None`: those entries
+    /// render nothing.
+    pub names: Option<Arc<crate::cluster::names::ResolvedNames>>,
 }
 
 impl Default for Settings {
@@ -73,6 +76,7 @@ impl Default for Settings {
             unused_rule_after: Duration::from_secs(7 * 86_400),
             gate: None,
             backends: SharedBackends::default(),
+            names: None,
         }
     }
 }
@@ -152,6 +156,28 @@ impl Reconcilers {
     /// Protects policies with `gate` (see [`Settings::gate`]), known only once the status sync exists.
     pub fn with_gate(mut self, gate: GateHistory) -> Self {
         self.settings.gate = Some(gate);
+        self
+    }
+
+    /// Renders `egressNames` from `names`, and renders a workload's protect policies again when
+    /// `changes` tells it got a new address.
+    pub fn with_names(
+        mut self,
+        names: Arc<crate::cluster::names::ResolvedNames>,
+        changes: tokio::sync::mpsc::Receiver<crate::cluster::names::WorkloadKey>,
+    ) -> Self {
+        self.settings.names = Some(names);
+        let cache = self.policy_cache.clone();
+        let refs = tokio_stream::wrappers::ReceiverStream::new(changes).flat_map(move |key| {
+            let refs: Vec<_> = cache
+                .state()
+                .into_iter()
+                .filter(|p| policy::renders_names_of(p, &key))
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect();
+            futures::stream::iter(refs)
+        });
+        self.policies = self.policies.reconcile_on(refs);
         self
     }
 

@@ -3,6 +3,7 @@
 //! conditions (and a refused policy also as a Warning Event).
 
 use super::{Context, Error, Settings, publish, scoped_api};
+use crate::cluster::names::WorkloadKey;
 use crate::cluster::workload;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::protect_gate;
@@ -377,7 +378,20 @@ async fn render_and_apply(
     policy: &WorkloadNetworkPolicy,
     ns: &str,
 ) -> Result<(Condition, Option<Duration>), Error> {
-    let desired = match render::desired(policy) {
+    let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let workload = target_workload(policy, ns);
+    let desired = match render::desired_with(policy, |rule| match &ctx.settings.names {
+        Some(names) => names.addresses(
+            &workload,
+            |name| {
+                rule.names
+                    .iter()
+                    .any(|p| network_enforcer_api::dns_name::matches(p, name))
+            },
+            now_ms,
+        ),
+        None => Default::default(),
+    }) {
         Ok(desired) => desired,
         Err(e) => {
             return Ok((
@@ -417,7 +431,30 @@ async fn render_and_apply(
             return Ok((outcome, Some(ctx.settings.istio_recheck)));
         }
     };
-    Ok((outcome, None))
+    // Addresses of names age out: render again within the retention.
+    let requeue = match (&ctx.settings.names, policy.spec.egress_names.is_empty()) {
+        (Some(names), false) => Some(names.retention() / 2),
+        _ => None,
+    };
+    Ok((outcome, requeue))
+}
+
+/// The workload `policy` targets, as [`crate::cluster::names`] keys it.
+fn target_workload(policy: &WorkloadNetworkPolicy, ns: &str) -> WorkloadKey {
+    WorkloadKey {
+        namespace: ns.to_string(),
+        kind: policy.spec.target_ref.kind,
+        name: policy.spec.target_ref.name.clone(),
+    }
+}
+
+/// Whether `policy` renders addresses of names that pods of `workload` resolve: a protect policy
+/// with `egressNames` targeting it.
+pub fn renders_names_of(policy: &WorkloadNetworkPolicy, workload: &WorkloadKey) -> bool {
+    policy.spec.mode == PolicyMode::Protect
+        && !policy.spec.egress_names.is_empty()
+        && policy.metadata.namespace.as_deref() == Some(workload.namespace.as_str())
+        && target_workload(policy, &workload.namespace) == *workload
 }
 
 /// Server-side applies `desired` unless an object of that name exists that we do not own.

@@ -50,7 +50,8 @@ impl EvidenceKind {
             // A dry-run denial (ztunnel, Hubble audit) let the connection through: monitor evidence.
             uplink::Outcome::Denied if record.dry_run => Some(EvidenceKind::WentThrough),
             uplink::Outcome::Failed | uplink::Outcome::Denied => Some(EvidenceKind::Blocked),
-            uplink::Outcome::Unspecified => None,
+            // A DNS answer, no connection (cluster::names).
+            uplink::Outcome::Resolved | uplink::Outcome::Unspecified => None,
         }
     }
 
