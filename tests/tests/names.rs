@@ -3,7 +3,10 @@
 //! addresses of a network namespace this test creates outside the pod range (nothing leaves the
 //! machine). A client that calls the name is learned by name (its proposal's `egressNames`); promoted
 //! to monitor, a connection to the name's next address is no violation, while an address literal the
-//! pod never resolved is one.
+//! pod never resolved is one. Switched to protect with the agent enforcing, the rendered
+//! NetworkPolicy allows the addresses the client resolved the name to, and follows the name to new
+//! addresses: every call after a rotation succeeds (the time from the pod's lookup to the address in
+//! the NetworkPolicy is printed), while the literal and a name the policy does not list are blocked.
 //!
 //! Needs root, `cargo xtask setup` and the binaries (`cargo test --workspace` builds them).
 
@@ -19,10 +22,16 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 const NAME: &str = "api.partner.test";
-/// The addresses the name rotates through, then one no DNS answer ever gives.
+/// The addresses the name rotates through in monitor, then in protect.
 const ROTATION: [&str; 3] = ["203.0.113.10", "203.0.113.11", "203.0.113.12"];
+const PROTECT_ROTATION: [&str; 3] = ["203.0.113.13", "203.0.113.14", "203.0.113.15"];
+/// An address no DNS answer ever gives.
 const LITERAL: &str = "203.0.113.20";
+/// A name the policy does not list, and its address.
+const OTHER: (&str, &str) = ("other.partner.test", "203.0.113.21");
 const PORT: u16 = 443;
+/// Not the agent's default (9464): agents of other test binaries may hold that port on the host.
+const METRICS_PORT: u16 = 29474;
 
 /// A network namespace standing for the internet: holds [`ROTATION`] and [`LITERAL`] behind a veth
 /// from the node, routed there, and echoes TCP on [`PORT`]. Removed on drop.
@@ -81,7 +90,11 @@ impl Outside {
             ip(&all)
         };
         inside(&["addr", "add", "169.254.203.2/30", "dev", &inner])?;
-        for address in ROTATION.iter().chain([&LITERAL]) {
+        for address in ROTATION
+            .iter()
+            .chain(&PROTECT_ROTATION)
+            .chain([&LITERAL, &OTHER.1])
+        {
             inside(&["addr", "add", &format!("{address}/32"), "dev", &inner])?;
         }
         inside(&["link", "set", &inner, "up"])?;
@@ -124,11 +137,11 @@ impl Zone {
         Ok(Zone(path))
     }
 
-    /// Answers [`NAME`] with `address` from now on (dnsmasq reads the file again when it is
-    /// replaced).
+    /// Answers [`NAME`] with `address` from now on, and [`OTHER`] (dnsmasq reads the file again
+    /// when it is replaced).
     fn point_at(&self, address: &str) -> Result<()> {
         let tmp = self.0.with_extension("tmp");
-        std::fs::write(&tmp, format!("{address} {NAME}\n"))?;
+        std::fs::write(&tmp, format!("{address} {NAME}\n{} {}\n", OTHER.1, OTHER.0))?;
         std::fs::rename(&tmp, &self.0)?;
         Ok(())
     }
@@ -166,12 +179,10 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
     let cluster = fixture::cluster_with_crds()?;
     release::images_from_debug_build()?;
     let release_namespace = "ne-names-system";
-    let release = Release::install(
-        &cluster.kubeconfig,
-        "ne-names",
-        release_namespace,
-        &scenario::release_values(release_namespace),
-    )?;
+    let mut values = scenario::release_values(release_namespace);
+    values.push(scenario::AGENT_ENFORCEMENT.into());
+    values.push(format!("agent.metricsPort={METRICS_PORT}"));
+    let release = Release::install(&cluster.kubeconfig, "ne-names", release_namespace, &values)?;
     let outside = Outside::create()?;
     let zone = Zone::create()?;
     zone.point_at(ROTATION[0])?;
@@ -297,7 +308,84 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         "only the literal is a violation, not the name's rotated addresses: {violated:?} ({:?})",
         policy.status
     );
+
+    // Protect, with the agent enforcing the rendered NetworkPolicy.
+    ns.kubectl(&[
+        "patch",
+        "workloadnetworkpolicy",
+        proposal,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"mode":"protect"}}"#,
+    ])?;
+    wait_for_rendered(&ns, proposal, ROTATION[2])?;
+    ensure!(
+        !send(&ns, &client, Protocol::Tcp, LITERAL, PORT, "literal")?,
+        "the literal must be blocked in protect"
+    );
+    ensure!(
+        !send(&ns, &client, Protocol::Tcp, OTHER.0, PORT, "other")?,
+        "a name the policy does not list must be blocked"
+    );
+    let mut lags = Vec::new();
+    for address in PROTECT_ROTATION {
+        zone.point_at(address)?;
+        // The pod resolves the new address first (as a client would), then calls once: that one
+        // call must succeed (TCP resends a dropped SYN after 1 s; the call waits 3 s).
+        wait_until_resolved(&ns, &client, address)?;
+        let resolved = std::time::Instant::now();
+        ensure!(
+            send(&ns, &client, Protocol::Tcp, NAME, PORT, "rotated")?,
+            "the first call after the rotation to {address} failed\n{}",
+            rendered(&ns, proposal).unwrap_or_default()
+        );
+        wait_for_rendered(&ns, proposal, address)?;
+        lags.push(resolved.elapsed());
+    }
+    eprintln!(
+        "names: 3 rotations in protect, 0 failed calls; lookup to address in the NetworkPolicy \
+         (upper bound, polled every 100 ms): {:?}",
+        lags
+    );
     drop(outside);
     ns.delete_and_wait()?;
     release.uninstall()
+}
+
+/// The rendered NetworkPolicy `name`, as JSON text.
+fn rendered(ns: &Namespace, name: &str) -> Result<String> {
+    ns.kubectl(&["get", "networkpolicy", name, "-o", "json"])
+}
+
+/// Waits until the rendered NetworkPolicy allows `address`.
+fn wait_for_rendered(ns: &Namespace, name: &str, address: &str) -> Result<()> {
+    poll(
+        &format!("the NetworkPolicy {name} to allow {address}"),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(rendered(ns, name)
+                .unwrap_or_default()
+                .contains(&format!("\"{address}/32\""))
+                .then_some(()))
+        },
+        || rendered(ns, name).unwrap_or_default(),
+    )
+}
+
+/// Waits until [`NAME`] resolves to `address` in `client`.
+fn wait_until_resolved(ns: &Namespace, client: &str, address: &str) -> Result<()> {
+    poll(
+        &format!("{NAME} to resolve to {address} in the pod"),
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let resolved = ns.exec(
+                client,
+                &format!("nslookup {NAME} 2>/dev/null | grep Address"),
+            )?;
+            Ok(resolved.contains(address).then_some(()))
+        },
+        || ns.describe(),
+    )
 }

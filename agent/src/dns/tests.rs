@@ -301,3 +301,35 @@ fn a_pod_querying_many_names_fills_only_its_own_room() {
     );
     assert_eq!(tracker.counters().pending_full, 96);
 }
+
+#[test]
+fn resolving_again_keeps_a_connection_made_between_the_answers_named() {
+    let mut tracker = Tracker::new(Limits::default());
+    let t0 = Duration::from_secs(1_000);
+    let web = pod("web");
+    let (client, dns) = (at("10.244.0.5:40000"), at("10.96.0.10:53"));
+    let exchange = |tracker: &mut Tracker, id: u16, t: Duration| {
+        tracker.query(&web, client, dns, &query(id, "api.example.com"), t);
+        let answer = response(
+            id,
+            "api.example.com",
+            &[("api.example.com", 5, a("192.0.2.10"))],
+        );
+        tracker.answer(&web, client, dns, &answer, t).unwrap();
+    };
+    exchange(&mut tracker, 1, t0);
+    // The pod connects 1 s later, then resolves the name again before the flush asks.
+    let connected = t0 + Duration::from_secs(1);
+    exchange(&mut tracker, 2, t0 + Duration::from_secs(2));
+    assert_eq!(
+        tracker.name_of(&web, ip("192.0.2.10"), connected),
+        Some("api.example.com")
+    );
+    // Once it had expired, a new answer starts afresh: a connection before it was not by name.
+    let later = t0 + Duration::from_secs(2 + 5 + 31);
+    exchange(&mut tracker, 3, later);
+    assert_eq!(
+        tracker.name_of(&web, ip("192.0.2.10"), later - Duration::from_secs(1)),
+        None
+    );
+}

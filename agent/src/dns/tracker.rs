@@ -203,11 +203,17 @@ impl Tracker {
                 }
                 *self.resolved_of.entry(pod.clone()).or_default() += 1;
             }
+            // Resolved again while it still counts (from the same name): the pod has known it
+            // since the first answer, so connections made between the two stay named.
+            let since = match self.resolved.get(&at) {
+                Some(held) if held.name == asked && now < held.until => held.since,
+                _ => now,
+            };
             self.resolved.insert(
                 at,
                 Resolution {
                     name: asked.clone(),
-                    since: now,
+                    since,
                     until,
                 },
             );
