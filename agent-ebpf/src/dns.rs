@@ -86,8 +86,54 @@ fn udp_datagram(ctx: &SkBuffContext) -> Option<(usize, u16, [u8; 16], [u8; 16])>
     }
 }
 
+/// Whether the packet is surely no DNS message of `kind`, read directly from its linear data: the
+/// programs run for every packet of every pod, and most are not DNS. `false` when the headers are
+/// not in the linear part (then the helper path decides). Only IPv4 without options and IPv6 without
+/// extension headers are read here; the rest takes the helper path.
+#[inline(always)]
+fn surely_not_dns(ctx: &SkBuffContext, kind: u8) -> bool {
+    /// An IPv4 header without options and the UDP ports; an IPv6 header and the UDP ports.
+    const V4: usize = 24;
+    const V6: usize = 44;
+    // SAFETY: reads of the context's data pointers, which the verifier rewrites; every packet byte
+    // read below is within a window bounds-checked against data_end first.
+    let (data, end) = unsafe {
+        (
+            (*ctx.skb.skb).data as usize,
+            (*ctx.skb.skb).data_end as usize,
+        )
+    };
+    if data + V4 > end {
+        return false;
+    }
+    let byte = |at: usize| -> u8 {
+        // SAFETY: callers pass offsets inside a checked window.
+        unsafe { *((data + at) as *const u8) }
+    };
+    let (protocol, udp) = match byte(0) {
+        0x45 => (byte(9), 20),
+        first if first >> 4 == 6 => {
+            if data + V6 > end {
+                return false;
+            }
+            (byte(6), 40)
+        }
+        first if first >> 4 == 4 => return false, // IPv4 with options: the helper path
+        _ => return true,
+    };
+    if protocol != IPPROTO_UDP {
+        return true;
+    }
+    // The source port for an answer, the destination port for a query.
+    let at = if kind == DNS_QUERY { udp + 2 } else { udp };
+    u16::from_be_bytes([byte(at), byte(at + 1)]) != DNS_PORT
+}
+
 #[inline(always)]
 fn capture(ctx: &SkBuffContext, kind: u8) {
+    if surely_not_dns(ctx, kind) {
+        return;
+    }
     let Some((udp, family, source, destination)) = udp_datagram(ctx) else {
         return;
     };
