@@ -12,6 +12,7 @@ use crate::run;
 
 mod agent;
 mod controller;
+mod dns;
 mod e2e;
 mod edge_history;
 mod enforce;
@@ -23,6 +24,7 @@ mod ui;
 const KNOWN: &[&str] = &[
     "agent",
     "controller",
+    "dns",
     "evaluate",
     "e2e",
     "enforce",
@@ -35,6 +37,7 @@ pub fn run(name: &str) -> Result<()> {
     match name {
         "agent" => agent::run(),
         "controller" => controller::run(),
+        "dns" => dns::run(),
         "e2e" => e2e::run(),
         "edge_history" => edge_history::run(),
         "enforce" => enforce::run(),

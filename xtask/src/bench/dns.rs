@@ -1,0 +1,81 @@
+//! `cargo xtask bench dns`: the agent reading its pods' DNS messages in user space (issue 41), measured
+//! in one run of the agent's `dns` bench (`agent/benches/dns.rs`) in the release (bench) profile, on
+//! one thread. The bench writes its figures as JSON to the file named by `BENCH_FIGURES`; this reads
+//! them back and [`super::report`]s them to `target/bench/dns.json`.
+//!
+//! Input, built once up front with simple-dns as a resolver sends it (answers name-compressed,
+//! NXDOMAIN with the zone's SOA): 10,000 pods × 4 names each from 2,000 outside names, 40,000
+//! exchanges in no order; the answers a mix of A with 1-4 addresses (40 %), a CNAME chain of 2 then
+//! 1-2 A records (20 %), AAAA with 1-2 addresses (20 %) and NXDOMAIN (20 %). Rates are per CPU-second
+//! of the bench's thread (so another process on the machine does not lower them; the wall-clock rates
+//! are in the JSON as `*_wall`), the median of 3 rounds of at least 1 s each after a warm-up.
+//!
+//! - `dns_answers_per_sec_per_core`: full exchanges through `Tracker::query` then `Tracker::answer`
+//!   (both parse their message; matching the answer to the pending query of the same pod socket,
+//!   server, transaction id and question; believing its addresses), 256 queries waiting at any time,
+//!   with the tracker's maps warm (every exchange done twice before timing: ~64,000 resolutions held,
+//!   which the timed answers resolve again). Goal (issue 41): >= 1,000,000 per second.
+//!   `dns_answers_per_sec_100_pods` is the same on 100 pods (400 exchanges, ~650 resolutions: maps
+//!   that stay in the CPU's caches); the difference is what the maps' size costs.
+//! - `dns_parse_per_sec`: `read_answer` alone on the same answers (simple-dns's parse plus the
+//!   agent's reading: host-name checks, the CNAME chain, TTLs); `dns_answer_packet_parse_per_sec` is
+//!   simple-dns's parse of them alone, so the agent's reading is the difference. With
+//!   `dns_query_parse_per_sec` (simple-dns's parse of the queries, most of what `Tracker::query`
+//!   does) they split an exchange's time into parsing and the tracker's own work (its maps).
+//! - `name_lookups_per_sec`: `Tracker::name_of` on resolutions the tracker holds, in no order (what
+//!   every flushed edge to an outside address asks).
+//! - `agent_rss_mib_dns_10k_names`: what the resident memory (`VmRSS`) of the bench's process grows
+//!   by while a fresh tracker takes in 10,000 pods' exchanges, one distinct name each with 1-2
+//!   addresses (about 15,000 resolutions, within the default `Limits`): the tracker's own growth
+//!   (its maps, the names it keeps; the pods' UIDs and the messages exist before), not the agent's
+//!   RSS. `agent_rss_mib_dns_10k_names_trimmed` is the same after `malloc_trim` (what glibc keeps of
+//!   the maps' earlier, smaller tables).
+//!
+//! Not in it: the kernel's copy of the messages and their ring buffer (`agent-ebpf/src/dns.rs`,
+//! `kernel::dns_messages`: decoding a record), `Pipeline::take_dns`'s attribution of a message to a pod
+//! and its resolutions kept for the next flush, the flush itself, and `Tracker::expire` (the bench never
+//! lets a resolution end). The figures of the whole path on a cluster,
+//! `dns_answer_added_latency_p99_us`, `first_connect_after_rotation_success_ratio` and
+//! `name_to_rendered_ipblock_p99_ms`, are measured by the cluster test `tests/tests/names.rs`, not here.
+
+use anyhow::Result;
+
+/// Runs the bench and reports its figures.
+pub fn run() -> Result<()> {
+    super::cargo_bench_figures(
+        "dns",
+        "network-enforcer-agent",
+        "dns",
+        &[
+            (
+                "dns_answers_per_sec_per_core",
+                "query+answer exchanges/CPU-s (Tracker::query + answer; goal >= 1,000,000)",
+            ),
+            (
+                "dns_answers_per_sec_100_pods",
+                "exchanges/CPU-s (the same, 100 pods: maps in cache)",
+            ),
+            ("dns_parse_per_sec", "answers/CPU-s (read_answer alone)"),
+            (
+                "dns_answer_packet_parse_per_sec",
+                "answers/CPU-s (simple-dns parse alone)",
+            ),
+            (
+                "dns_query_parse_per_sec",
+                "queries/CPU-s (simple-dns parse alone)",
+            ),
+            (
+                "name_lookups_per_sec",
+                "lookups/CPU-s (Tracker::name_of, held resolutions)",
+            ),
+            (
+                "agent_rss_mib_dns_10k_names",
+                "MiB (the tracker's own RSS growth: 10k pods, 10k names, 1-2 addresses)",
+            ),
+            (
+                "agent_rss_mib_dns_10k_names_trimmed",
+                "MiB (the same after malloc_trim)",
+            ),
+        ],
+    )
+}
