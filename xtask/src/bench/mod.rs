@@ -27,6 +27,7 @@ const KNOWN: &[&str] = &[
     "dns",
     "evaluate",
     "e2e",
+    "edge_history",
     "enforce",
     "fleet",
     "ui",
