@@ -7,7 +7,7 @@
 //! policy. An address is kept for [`Settings::retention`] after it was last resolved (at least the
 //! answer's TTL): clients cache answers beyond their TTL, and a rendering that follows every TTL would
 //! churn. Bounded per workload and in all; past a bound the least recently resolved address goes,
-//! counted in [`ResolvedNames::evicted`].
+//! counted ([`ResolvedNames::stats`]).
 
 use network_enforcer_api::WorkloadKind;
 use std::collections::{BTreeSet, HashMap};
