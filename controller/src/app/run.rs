@@ -114,6 +114,14 @@ pub struct RunArgs {
         default_value_t = crate::learn::DEFAULT_MAX_RULES
     )]
     max_rules: usize,
+    /// Learn `*.<parent>` once this many distinct names directly under one parent were reached on one
+    /// port (never for a public suffix; 0: never, names stay exact; docs/behaviour.md §1.6).
+    #[arg(
+        long,
+        env = "WILDCARD_MIN_NAMES",
+        default_value_t = crate::learn::DEFAULT_WILDCARD_MIN_NAMES
+    )]
+    wildcard_min_names: usize,
     /// How long a flow whose peer resolves to no pod (or whose pod is not known yet) waits for the pod
     /// and Service watches to catch up before it is learned as an external address (or dropped): a new
     /// pod talks before its IP reaches the API (0: learn at once).
@@ -302,6 +310,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         max_external_peers_per_port: args.max_external_peers_per_port,
         max_ports_per_rule: args.max_ports_per_rule,
         max_rules: args.max_rules,
+        wildcard_min_names: args.wildcard_min_names,
         trust_remote_peers: args.trust_remote_peers,
         resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
             .unwrap_or(i64::MAX),
@@ -566,6 +575,7 @@ struct LearnerSettings {
     max_external_peers_per_port: usize,
     max_ports_per_rule: usize,
     max_rules: usize,
+    wildcard_min_names: usize,
     trust_remote_peers: bool,
     resolution_grace_ms: i64,
     cluster_cidrs: Vec<ipnet::IpNet>,
@@ -578,6 +588,7 @@ impl LearnerSettings {
             .with_max_external_peers(self.max_external_peers_per_port)
             .with_max_ports_per_rule(self.max_ports_per_rule)
             .with_max_rules(self.max_rules)
+            .with_wildcard_min_names(self.wildcard_min_names)
             .with_trust_remote_peers(self.trust_remote_peers)
             .with_resolution_grace(self.resolution_grace_ms)
             .with_cluster_cidrs(self.cluster_cidrs)

@@ -320,6 +320,13 @@ impl Learner {
         self
     }
 
+    /// Proposes `*.<parent>` for `min` sibling names on one port ([`crate::learn::wildcards`]); 0:
+    /// never.
+    pub fn with_wildcard_min_names(mut self, min: usize) -> Self {
+        self.limits.wildcard_min_names = min;
+        self
+    }
+
     /// Lets observations the index cannot place yet wait up to `grace_ms` for it
     /// ([`Learner::observe_or_wait`], [`crate::learn::deferrals`]); without it (0, the default) everything
     /// is learned as it resolves on arrival.

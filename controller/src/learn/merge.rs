@@ -14,6 +14,9 @@ pub struct Limits {
     pub max_ports_per_rule: usize,
     /// Rules (one per peer) per proposal (`--max-rules-per-proposal`).
     pub max_rules: usize,
+    /// Sibling names on one port before their parent is proposed as a wildcard
+    /// (`--wildcard-min-names`; 0: never; see [`super::wildcards`]).
+    pub wildcard_min_names: usize,
 }
 
 impl Limits {
@@ -22,6 +25,7 @@ impl Limits {
         max_external_peers: usize::MAX,
         max_ports_per_rule: usize::MAX,
         max_rules: usize::MAX,
+        wildcard_min_names: 0,
     };
 }
 
@@ -36,6 +40,7 @@ impl Default for Limits {
             max_external_peers: learner::DEFAULT_MAX_EXTERNAL_PEERS,
             max_ports_per_rule: DEFAULT_MAX_PORTS_PER_RULE,
             max_rules: DEFAULT_MAX_RULES,
+            wildcard_min_names: super::wildcards::DEFAULT_WILDCARD_MIN_NAMES,
         }
     }
 }
@@ -53,10 +58,13 @@ pub struct Merged {
     pub ports_capped: usize,
     /// Peers not added because the proposal held [`Limits::max_rules`] rules.
     pub rules_capped: usize,
+    /// Wildcards that took over sibling names ([`super::wildcards::fold`]).
+    pub wildcards: Vec<String>,
 }
 
 /// Merges `edge` into `spec`, as in the reference: the rule whose single peer equals the edge's peer
-/// gets the port if missing; otherwise a rule is appended. Never removes anything. Returns whether
+/// gets the port if missing; otherwise a rule is appended. Never removes a peer (a learned wildcard
+/// may take sibling names' place, [`super::wildcards`]). Returns whether
 /// `spec` changed.
 pub fn apply(spec: &mut WorkloadNetworkPolicyProposalSpec, edge: &Edge) -> bool {
     merge(spec, [edge], &Limits::NONE).changed
@@ -83,7 +91,9 @@ pub fn merge_within(
         merge(&mut trial.spec, &edges[..n], limits);
         encoded_len(&trial) <= max_bytes
     };
-    // Merging never removes anything, so more edges never weigh less: bisect on the prefix length.
+    // Merging never removes a peer, so more edges almost never weigh less (a learned wildcard can
+    // replace sibling names, and then the prefix found fits but may not be the longest): bisect on the
+    // prefix length.
     let (mut lo, mut hi) = (0, edges.len() - 1);
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
@@ -95,7 +105,7 @@ pub fn merge_within(
 }
 
 /// Whether `ports` already allow `port` over `protocol` (as a single port or within a range).
-fn covers(ports: &[NetworkPolicyPort], protocol: &str, port: i32) -> bool {
+pub(super) fn covers(ports: &[NetworkPolicyPort], protocol: &str, port: i32) -> bool {
     ports.iter().any(|p| {
         p.protocol.as_deref().unwrap_or("TCP") == protocol
             && match p.port {
@@ -302,6 +312,9 @@ fn merge_names(rules: &mut Vec<NameRule>, edges: &[&Edge], limits: &Limits, merg
             continue;
         };
         let key = (protocol.as_str().to_string(), i32::from(*port));
+        if wildcards::covered(rules, name, &key.0, key.1) {
+            continue;
+        }
         let np_port = NetworkPolicyPort {
             protocol: Some(key.0.clone()),
             port: Some(IntOrString::Int(key.1)),
@@ -343,6 +356,9 @@ fn merge_names(rules: &mut Vec<NameRule>, edges: &[&Edge], limits: &Limits, merg
         }
         *per_port.entry(key).or_default() += 1;
         merged.changed = true;
+    }
+    if merged.changed {
+        merged.wildcards = wildcards::fold(rules, limits.wildcard_min_names);
     }
 }
 

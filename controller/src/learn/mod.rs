@@ -14,6 +14,7 @@ pub mod learner;
 mod merge;
 mod proposal;
 pub mod proposal_writer;
+mod wildcards;
 
 pub use edges::{edges, has_unselectable_side};
 pub use flows::flows;
@@ -22,6 +23,7 @@ pub use merge::{
     peer_count,
 };
 pub use proposal::{new_proposal, peer_of, principal};
+pub use wildcards::DEFAULT_WILDCARD_MIN_NAMES;
 
 use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef, WorkloadEndpoint};
 use k8s_openapi::api::networking::v1::{

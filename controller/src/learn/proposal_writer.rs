@@ -375,6 +375,10 @@ impl ProposalWriter {
             let created = existing.is_none();
             match written {
                 Ok(object) => {
+                    if !merged.wildcards.is_empty() {
+                        tracing::info!(proposal = %name, namespace = %target.workload.namespace,
+                            wildcards = ?merged.wildcards, "sibling names learned as wildcards");
+                    }
                     report.written += 1;
                     report.created += usize::from(created);
                     self.report_capped(

@@ -1128,3 +1128,55 @@ fn names_share_the_fan_out_cap_per_port_and_the_rule_cap() {
     let merged = merge(&mut spec, &[name(9, 9)], &rule_cap);
     assert_eq!((merged.changed, merged.rules_capped), (false, 1));
 }
+
+#[test]
+fn sibling_names_are_learned_as_one_wildcard_that_then_covers_new_siblings() {
+    let ix = index();
+    let target = Target {
+        workload: ix
+            .pod("shop", "http-client-aaa-1")
+            .unwrap()
+            .endpoint
+            .clone(),
+        kind: WorkloadKind::Deployment,
+        direction: Direction::Egress,
+    };
+    let name = |host: &str, port: u16| Edge::Name {
+        name: host.into(),
+        protocol: Protocol::TCP,
+        port,
+    };
+    let limits = Limits {
+        wildcard_min_names: 3,
+        ..Limits::NONE
+    };
+    let mut spec = new_proposal(&target, Backend::Kubernetes).spec;
+    let merged = merge(
+        &mut spec,
+        &[
+            name("eu.shards.partner.test", 443),
+            name("us.shards.partner.test", 443),
+            name("login.partner.test", 443),
+        ],
+        &limits,
+    );
+    assert!(merged.wildcards.is_empty(), "two siblings are not enough");
+    assert_eq!(spec.egress_names.len(), 3);
+    let merged = merge(&mut spec, &[name("ap.shards.partner.test", 443)], &limits);
+    assert_eq!(merged.wildcards, ["*.shards.partner.test"]);
+    let names: Vec<&str> = spec
+        .egress_names
+        .iter()
+        .flat_map(|r| r.names.iter().map(String::as_str))
+        .collect();
+    assert_eq!(names, ["login.partner.test", "*.shards.partner.test"]);
+    // A new sibling on that port is already allowed; on another port it is learned exactly.
+    let merged = merge(&mut spec, &[name("sa.shards.partner.test", 443)], &limits);
+    assert!(!merged.changed);
+    let merged = merge(&mut spec, &[name("sa.shards.partner.test", 80)], &limits);
+    assert!(merged.changed);
+    assert_eq!(spec.egress_names.len(), 3);
+    // The defaults fold at five; `Limits::NONE` (the reference's behaviour) never.
+    assert_eq!(Limits::default().wildcard_min_names, 5);
+    assert_eq!(Limits::NONE.wildcard_min_names, 0);
+}
