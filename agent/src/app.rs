@@ -57,6 +57,12 @@ pub struct EnforcementArgs {
     /// (uninstall), the enforcement table is removed; otherwise it stays for the next agent.
     #[arg(long, env = "NE_DAEMONSET")]
     daemonset: Option<String>,
+    /// NFQUEUE that holds a DNS answer to a pod whose policies allow names (`spec.egressNames`) until
+    /// the addresses in it are allowed, so the first connection to a new address goes through (0: no
+    /// hold; names are then enforced from the addresses the controller renders). Queues are per
+    /// network namespace: two agents on one node need two queues.
+    #[arg(long, default_value_t = crate::enforce::dns_hold::DEFAULT_QUEUE, env = "NE_ENFORCEMENT_DNS_HOLD_QUEUE")]
+    enforcement_dns_hold_queue: u16,
 }
 
 /// Kernel-side settings shared by the subcommands.
@@ -554,6 +560,12 @@ fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> 
         }
         None => None,
     };
+    let dns_hold = (e.enforcement_dns_hold_queue != 0).then_some(e.enforcement_dns_hold_queue);
+    if dns_hold.is_some() {
+        nft::valid_table_name(&enforce::dns_hold::table_of(&e.enforcement_table)).map_err(|why| {
+            anyhow::anyhow!("the DNS hold's table: {why}; use a shorter --enforcement-table or --enforcement-dns-hold-queue 0")
+        })?;
+    }
     Ok(Some(enforce::watch::Config {
         node,
         table: e.enforcement_table.clone(),
@@ -569,6 +581,7 @@ fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> 
                 None
             }
         },
+        dns_hold,
     }))
 }
 
@@ -599,7 +612,7 @@ async fn start_enforcement(
 /// With enforcement off, a table left by an earlier agent that enforced would keep enforcing
 /// policies nobody updates: remove it.
 fn clear_leftover_table(table: &str) {
-    match nft::clear(table) {
+    match nft::clear_all(table) {
         Ok(true) => tracing::warn!(
             table,
             "enforcement is off: removed the enforcement table an earlier agent left"

@@ -77,7 +77,7 @@ async fn run() -> Result<()> {
         Command::Run(args) => app::run(args).await,
         Command::Flows(args) => command::show_flows(args).await,
         Command::Enforcement(EnforcementCommand::Clear { table }) => {
-            if nft::clear(&table).with_context(|| format!("removing table inet {table}"))? {
+            if nft::clear_all(&table).with_context(|| format!("removing table inet {table}"))? {
                 println!("removed table inet {table}");
             } else {
                 println!("no table inet {table} on this node");

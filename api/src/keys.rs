@@ -42,6 +42,11 @@ pub const LEARNED_DIGEST_ANNOTATION: &str = "networkenforcer.kubewarden.io/learn
 /// NetworkPolicy has no names; the addresses are what the workload's pods resolved them to).
 pub const EGRESS_NAMES_ANNOTATION: &str = "networkenforcer.kubewarden.io/egress-names";
 
+/// On a rendered NetworkPolicy: `spec.egressNames` itself, as JSON (`[{"names": [...], "ports": [...]}]`),
+/// for the agent's enforcement, which lets a pod reach what it resolved from these names the moment
+/// the answer arrives (docs/behaviour.md §4.7). Left out when it would not fit an annotation.
+pub const EGRESS_NAME_RULES_ANNOTATION: &str = "networkenforcer.kubewarden.io/egress-name-rules";
+
 /// Annotation on a WorkloadNetworkPolicy (or the proposal it is promoted from): `strict` keeps a protect
 /// policy in monitor while replaying the observed traffic shows flows it would block (docs/api.md,
 /// "Protect gate").

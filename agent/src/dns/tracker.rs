@@ -171,6 +171,22 @@ impl Tracker {
         payload: &[u8],
         now: Duration,
     ) -> Result<Vec<(IpAddr, Arc<str>)>, Refused> {
+        let believed = self.answer_until(pod, client, server, payload, now)?;
+        Ok(believed
+            .into_iter()
+            .map(|(address, name, _)| (address, name))
+            .collect())
+    }
+
+    /// [`Tracker::answer`], with the time each address is believed until (the TTL plus the grace).
+    pub fn answer_until(
+        &mut self,
+        pod: &Pod,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: &[u8],
+        now: Duration,
+    ) -> Result<Vec<(IpAddr, Arc<str>, Duration)>, Refused> {
         let answer = read_answer(payload).map_err(|e| {
             self.counters.malformed += 1;
             Refused::Dns(e)
@@ -217,7 +233,7 @@ impl Tracker {
                     until,
                 },
             );
-            believed.push((address, asked.clone()));
+            believed.push((address, asked.clone(), until));
         }
         Ok(believed)
     }

@@ -20,8 +20,8 @@
 use crate::enforce::model::{Cluster, PodEntry};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use network_enforcer_api::Protocol;
 use network_enforcer_api::selector;
+use network_enforcer_api::{NameRule, Protocol};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
@@ -81,7 +81,7 @@ pub enum Peers {
 }
 
 /// Ports `first..=last` of one protocol; `0..=65535` is the whole protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PortRange {
     pub protocol: Protocol,
     pub first: u16,
@@ -108,6 +108,27 @@ pub struct Side {
     pub policies: Vec<String>,
     /// What is let through; empty: nothing.
     pub allows: Vec<Allow>,
+    /// Egress only: outside services allowed by name (`spec.egressNames` of a rendered policy). What
+    /// the pod resolves from them is let through by the DNS hold ([`crate::enforce::dns_hold`]).
+    pub names: Vec<Arc<NameAllowance>>,
+}
+
+/// Names a pod may reach on these ports: what it resolves from them becomes reachable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameAllowance {
+    /// Host names and wildcards (`*.example.com`), as `spec.egressNames` writes them.
+    pub names: Vec<String>,
+    /// Never empty: a rule without ports is every TCP and UDP port (SCTP is not enforced).
+    pub ports: Vec<PortRange>,
+}
+
+impl NameAllowance {
+    /// Whether `name` (what a pod asked its resolver) is one of these names.
+    pub fn allows(&self, name: &str) -> bool {
+        self.names
+            .iter()
+            .any(|pattern| network_enforcer_api::dns_name::matches(pattern, name))
+    }
 }
 
 /// A pod of this node selected by at least one policy.
@@ -131,6 +152,13 @@ pub struct Ruleset {
 }
 
 impl Ruleset {
+    /// Whether some isolated pod may reach outside services by name.
+    pub fn has_names(&self) -> bool {
+        self.pods
+            .iter()
+            .any(|p| p.egress.as_ref().is_some_and(|e| !e.names.is_empty()))
+    }
+
     /// Isolated pods per direction: `(ingress, egress)`.
     pub fn isolated(&self) -> (usize, usize) {
         let ingress = self.pods.iter().filter(|p| p.ingress.is_some()).count();
@@ -150,6 +178,8 @@ enum Way {
 pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
     let mut ruleset = Ruleset::default();
     let mut memo = Memo::new();
+    // A policy's name allowances are the same for every pod it selects: built once.
+    let mut names_memo: HashMap<(String, String), Vec<Arc<NameAllowance>>> = HashMap::new();
     // Policies per namespace, so each pod looks only at its own namespace's.
     let mut by_namespace: BTreeMap<&str, Vec<(&str, &NetworkPolicySpec)>> = BTreeMap::new();
     for ((namespace, name), spec) in &cluster.policies {
@@ -209,6 +239,23 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                         &mut memo,
                         &mut ruleset.warnings,
                     );
+                }
+                let key = (namespace.clone(), policy_name.to_string());
+                match cluster.name_rules.get(&key) {
+                    Some(Ok(rules)) => {
+                        let allowances = names_memo.entry(key).or_insert_with(|| {
+                            rules
+                                .iter()
+                                .filter_map(|rule| {
+                                    policy.name_allowance(rule, &mut ruleset.warnings)
+                                })
+                                .map(Arc::new)
+                                .collect::<Vec<_>>()
+                        });
+                        side.names.extend(allowances.iter().cloned());
+                    }
+                    Some(Err(why)) => policy.warn(&mut ruleset.warnings, why.clone()),
+                    None => {}
                 }
             }
         }
@@ -395,6 +442,59 @@ impl<'a> Policy<'a> {
         }
     }
 
+    /// An `egressNames` entry as ports per protocol; `None` (with a warning) when a port cannot be
+    /// enforced, so the entry allows nothing rather than more.
+    fn name_allowance(&self, rule: &NameRule, warnings: &mut Vec<String>) -> Option<NameAllowance> {
+        let mut ports = Vec::new();
+        for port in &rule.ports {
+            let protocol = Protocol::from_kubernetes(port.protocol.as_deref())
+                .filter(|p| *p != Protocol::SCTP);
+            let range = match (&port.port, protocol) {
+                (None, Some(protocol)) => Some((protocol, 0, u16::MAX)),
+                (Some(IntOrString::Int(n)), Some(protocol)) => {
+                    let first = u16::try_from(*n).ok().filter(|n| *n > 0);
+                    let last = match port.end_port {
+                        Some(end) => u16::try_from(end).ok(),
+                        None => first,
+                    };
+                    match (first, last) {
+                        (Some(first), Some(last)) if first <= last => Some((protocol, first, last)),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let Some((protocol, first, last)) = range else {
+                self.warn(
+                    warnings,
+                    format!(
+                        "egressNames port {port:?} cannot be enforced (the entry allows nothing)"
+                    ),
+                );
+                return None;
+            };
+            ports.push(PortRange {
+                protocol,
+                first,
+                last,
+            });
+        }
+        if ports.is_empty() {
+            ports = [Protocol::TCP, Protocol::UDP]
+                .into_iter()
+                .map(|protocol| PortRange {
+                    protocol,
+                    first: 0,
+                    last: u16::MAX,
+                })
+                .collect();
+        }
+        Some(NameAllowance {
+            names: rule.names.clone(),
+            ports,
+        })
+    }
+
     /// The pods a peer may reach by a named port on egress: its pods, every pod for "any", and
     /// the pods inside a block.
     fn destinations<'p>(&self, peer: &'p Chosen<'a>) -> Vec<&'a PodEntry> {
@@ -522,7 +622,8 @@ mod tests {
         for (i, spec) in policies.iter().enumerate() {
             let p: NetworkPolicy = serde_json::from_value(json!({
                 "metadata": {"namespace": spec.get("ns").and_then(Value::as_str).unwrap_or("x"),
-                             "name": format!("p{i}")},
+                             "name": format!("p{i}"),
+                             "annotations": spec.get("annotations")},
                 "spec": spec["spec"]
             }))
             .unwrap();
@@ -550,6 +651,89 @@ mod tests {
             .iter()
             .find(|p| format!("{}/{}", p.namespace, p.name) == name)
     }
+
+    #[test]
+    fn egress_names_of_a_rendered_policy_become_the_pods_name_allowances() {
+        let rules = json!([
+            {"names": ["api.partner.test", "*.cdn.partner.test"], "ports": [{"port": 443}]},
+            {"names": ["range.partner.test"], "ports": [{"protocol": "UDP", "port": 9000, "endPort": 9010}]},
+            {"names": ["any.partner.test"]},
+        ]);
+        let policy = |annotation: Value, types: Value| {
+            json!({"annotations": {EGRESS_NAME_RULES: annotation},
+                   "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": types,
+                            "egress": [{"ports": [{"protocol": "UDP", "port": 53}]}]}})
+        };
+        let ruleset = compile(
+            &cluster(&[policy(Value::String(rules.to_string()), json!(["Egress"]))]),
+            NODE,
+        );
+        let egress = pod(&ruleset, "x/a").unwrap().egress.as_ref().unwrap();
+        let names: Vec<(Vec<&str>, Vec<PortRange>)> = egress
+            .names
+            .iter()
+            .map(|a| {
+                (
+                    a.names.iter().map(String::as_str).collect(),
+                    a.ports.clone(),
+                )
+            })
+            .collect();
+        let udp = |first, last| PortRange {
+            protocol: Protocol::UDP,
+            first,
+            last,
+        };
+        assert_eq!(
+            names,
+            [
+                (
+                    vec!["api.partner.test", "*.cdn.partner.test"],
+                    vec![tcp(443, 443)]
+                ),
+                (vec!["range.partner.test"], vec![udp(9000, 9010)]),
+                (
+                    vec!["any.partner.test"],
+                    vec![tcp(0, u16::MAX), udp(0, u16::MAX)]
+                ),
+            ]
+        );
+        assert!(egress.names[0].allows("eu.cdn.partner.test"));
+        assert!(!egress.names[0].allows("cdn.partner.test"));
+        assert!(ruleset.has_names() && ruleset.warnings.is_empty());
+
+        // Only a policy isolating egress lends its names; a broken annotation or port is reported and
+        // allows nothing by name.
+        let ingress_only = compile(
+            &cluster(&[policy(Value::String(rules.to_string()), json!(["Ingress"]))]),
+            NODE,
+        );
+        assert!(!ingress_only.has_names());
+        let broken = compile(
+            &cluster(&[policy(Value::String("[{".into()), json!(["Egress"]))]),
+            NODE,
+        );
+        assert!(!broken.has_names());
+        assert!(
+            broken.warnings[0].contains("NetworkPolicy x/p0: annotation"),
+            "{:?}",
+            broken.warnings
+        );
+        let sctp =
+            json!([{"names": ["a.partner.test"], "ports": [{"protocol": "SCTP", "port": 1}]}]);
+        let refused = compile(
+            &cluster(&[policy(Value::String(sctp.to_string()), json!(["Egress"]))]),
+            NODE,
+        );
+        assert!(!refused.has_names());
+        assert!(
+            refused.warnings[0].contains("cannot be enforced"),
+            "{:?}",
+            refused.warnings
+        );
+    }
+
+    const EGRESS_NAME_RULES: &str = network_enforcer_api::keys::EGRESS_NAME_RULES_ANNOTATION;
 
     #[test]
     fn without_policies_nothing_is_isolated() {

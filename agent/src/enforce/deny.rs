@@ -169,6 +169,7 @@ mod tests {
             Some(Side {
                 policies: policies.iter().map(|p| p.to_string()).collect(),
                 allows: vec![],
+                names: vec![],
             })
         };
         DenyIndex::new(&Ruleset {

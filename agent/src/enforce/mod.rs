@@ -12,6 +12,7 @@
 
 pub mod compile;
 pub mod deny;
+pub mod dns_hold;
 pub mod model;
 pub mod nflog;
 pub mod nft;

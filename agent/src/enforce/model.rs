@@ -5,9 +5,11 @@
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
-use network_enforcer_api::Protocol;
-use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
+use network_enforcer_api::keys::{
+    EGRESS_NAME_RULES_ANNOTATION, EGRESS_NAMES_ANNOTATION, NAMESPACE_NAME_LABEL,
+};
 use network_enforcer_api::pod;
+use network_enforcer_api::{NameRule, Protocol};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -94,6 +96,9 @@ pub struct Cluster {
     pub pods: BTreeMap<Key, PodEntry>,
     pub namespaces: BTreeMap<String, Labels>,
     pub policies: BTreeMap<Key, NetworkPolicySpec>,
+    /// The `spec.egressNames` a policy carries ([`EGRESS_NAME_RULES_ANNOTATION`]; only rendered
+    /// policies do), or why the annotation was not read.
+    pub name_rules: BTreeMap<Key, Result<Vec<NameRule>, String>>,
 }
 
 impl Cluster {
@@ -186,6 +191,32 @@ impl Cluster {
 
     pub fn apply_policy(&mut self, policy: &NetworkPolicy) {
         if let Some(key) = policy_key(policy) {
+            let annotations = policy.metadata.annotations.as_ref();
+            let annotation = |name: &str| annotations.and_then(|a| a.get(name));
+            match (
+                annotation(EGRESS_NAME_RULES_ANNOTATION),
+                annotation(EGRESS_NAMES_ANNOTATION),
+            ) {
+                (Some(text), _) => {
+                    let parsed = serde_json::from_str::<Vec<NameRule>>(text)
+                        .map_err(|e| format!("annotation {EGRESS_NAME_RULES_ANNOTATION}: {e}"));
+                    self.name_rules.insert(key.clone(), parsed);
+                }
+                // The controller left the entries out (too large for an annotation).
+                (None, Some(_)) => {
+                    self.name_rules.insert(
+                        key.clone(),
+                        Err(format!(
+                            "{EGRESS_NAMES_ANNOTATION} without {EGRESS_NAME_RULES_ANNOTATION} (too many \
+                             egressNames for an annotation): names are enforced from the rendered \
+                             addresses only"
+                        )),
+                    );
+                }
+                (None, None) => {
+                    self.name_rules.remove(&key);
+                }
+            }
             self.policies
                 .insert(key, policy.spec.clone().unwrap_or_default());
         }
@@ -193,6 +224,7 @@ impl Cluster {
 
     pub fn delete_policy(&mut self, policy: &NetworkPolicy) {
         if let Some(key) = policy_key(policy) {
+            self.name_rules.remove(&key);
             self.policies.remove(&key);
         }
     }

@@ -25,12 +25,14 @@
 //! rules.
 
 use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side};
+use crate::enforce::dns_hold::grants::Grant;
 use network_enforcer_api::Protocol;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// The NFLOG prefixes of denied packets: which side of the isolated pod refused them.
 pub const DENY_PREFIX_INGRESS: &str = "ne-deny ingress";
@@ -64,6 +66,24 @@ pub fn valid_table_name(name: &str) -> Result<String, String> {
 /// The `nft -f` script that replaces table `table` with `ruleset` (atomically). With `log_group`,
 /// denied packets are sent to that NFLOG group first (the deny evidence).
 pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String {
+    render_with(ruleset, table, log_group, &[])
+}
+
+/// The set of (pod, address, protocol, ports) an isolated pod may reach because it resolved the
+/// address from a name its policies allow ([`crate::enforce::dns_hold`]), per address family. Elements
+/// carry their own timeout (the answer's TTL plus the grace): the kernel removes them, the agent need
+/// not be there.
+pub const NAMES_SET_V4: &str = "names4";
+/// See [`NAMES_SET_V4`].
+pub const NAMES_SET_V6: &str = "names6";
+
+/// [`render`], with the name grants that hold now, each with the time it has left.
+pub fn render_with(
+    ruleset: &Ruleset,
+    table: &str,
+    log_group: Option<u16>,
+    grants: &[(Grant, Duration)],
+) -> String {
     let mut out = String::new();
     // Create-then-delete makes the delete valid when the table does not exist yet; all of it is one
     // transaction.
@@ -127,6 +147,9 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
         let _ = writeln!(out, "  }}");
     }
     sets.declare(&mut out);
+    if ruleset.has_names() {
+        declare_names(&mut out, grants);
+    }
     out.push_str(&chains);
     let _ = writeln!(
         out,
@@ -143,6 +166,28 @@ pub fn render(ruleset: &Ruleset, table: &str, log_group: Option<u16>) -> String 
     );
     let _ = writeln!(out, "}}");
     out
+}
+
+/// The two name sets, with `grants` as their elements.
+fn declare_names(out: &mut String, grants: &[(Grant, Duration)]) {
+    for (set, family, v4) in [
+        (NAMES_SET_V4, "ipv4_addr", true),
+        (NAMES_SET_V6, "ipv6_addr", false),
+    ] {
+        let _ = writeln!(
+            out,
+            "  set {set} {{\n    type {family} . {family} . inet_proto . inet_service\n    flags interval,timeout"
+        );
+        let elements: Vec<String> = grants
+            .iter()
+            .filter(|(g, _)| g.pod.is_ipv4() == v4)
+            .map(|(g, left)| format!("{} timeout {}ms", g.element(), left.as_millis().max(1)))
+            .collect();
+        if !elements.is_empty() {
+            let _ = writeln!(out, "    elements = {{ {} }}", elements.join(", "));
+        }
+        let _ = writeln!(out, "  }}");
+    }
 }
 
 /// Named sets, one per distinct content: a policy's peers and ports are the same for every pod it
@@ -208,6 +253,14 @@ fn chain_body(side: &Side, how: (&str, &str, Option<u16>), sets: &mut NamedSets)
         for line in allow_rules(allow, field, sets) {
             let _ = writeln!(out, "    {line}");
         }
+    }
+    if !side.names.is_empty() {
+        // The pod is the source (egress): what it resolved from an allowed name, on the name's ports.
+        let _ = writeln!(
+            out,
+            "    ip saddr . ip daddr . meta l4proto . th dport @{NAMES_SET_V4} return\n    \
+             ip6 saddr . ip6 daddr . meta l4proto . th dport @{NAMES_SET_V6} return"
+        );
     }
     match log {
         Some(group) => {
@@ -327,6 +380,14 @@ pub fn clear(table: &str) -> Result<bool, NftError> {
     }
 }
 
+/// Removes table `table` and the DNS hold's table beside it (uninstall, `enforcement clear`);
+/// whether the enforcement table existed.
+pub fn clear_all(table: &str) -> Result<bool, NftError> {
+    let existed = clear(table)?;
+    clear(&crate::enforce::dns_hold::table_of(table))?;
+    Ok(existed)
+}
+
 fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError> {
     let mut child = Command::new("nft")
         .args(args)
@@ -372,6 +433,7 @@ mod tests {
                     ips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
                     ingress: Some(Side {
                         policies: vec!["x/p".into()],
+                        names: vec![],
                         allows: vec![
                             Allow {
                                 peers: Peers::Addresses(std::sync::Arc::new(
@@ -417,6 +479,16 @@ mod tests {
                     ingress: None,
                     egress: Some(Side {
                         policies: vec!["x/q".into()],
+                        names: vec![std::sync::Arc::new(
+                            crate::enforce::compile::NameAllowance {
+                                names: vec!["api.partner.test".into()],
+                                ports: vec![PortRange {
+                                    protocol: Protocol::TCP,
+                                    first: 443,
+                                    last: 443,
+                                }],
+                            },
+                        )],
                         allows: vec![Allow {
                             peers: Peers::Any,
                             ports: None,
@@ -473,12 +545,72 @@ mod tests {
             "{eg_1}"
         );
         assert!(!render(&ruleset(), "t", None).contains("log "));
+        // x/b may reach names: its chain looks the name sets up, which are declared (empty).
+        assert!(
+            eg_1.contains(
+                "ip saddr . ip daddr . meta l4proto . th dport @names4 return\n    \
+                 ip6 saddr . ip6 daddr . meta l4proto . th dport @names6 return"
+            ),
+            "{eg_1}"
+        );
+        assert!(text.contains(
+            "set names4 {\n    type ipv4_addr . ipv4_addr . inet_proto . inet_service\n    flags interval,timeout\n  }"
+        ));
+        assert!(!render(&Ruleset::default(), "t", None).contains("names4"));
+    }
+
+    #[test]
+    fn live_name_grants_are_rendered_with_the_time_they_have_left() {
+        let grant = |pod: &str, ports: (u16, u16)| Grant {
+            pod: pod.parse().unwrap(),
+            address: if pod.contains(':') {
+                "2001:db8::7"
+            } else {
+                "203.0.113.10"
+            }
+            .parse()
+            .unwrap(),
+            ports: PortRange {
+                protocol: Protocol::TCP,
+                first: ports.0,
+                last: ports.1,
+            },
+        };
+        let text = render_with(
+            &ruleset(),
+            "t",
+            None,
+            &[
+                (grant("10.0.0.3", (443, 443)), Duration::from_millis(29_500)),
+                (grant("fd00::3", (8000, 8099)), Duration::from_secs(30)),
+            ],
+        );
+        assert!(
+            text.contains("elements = { 10.0.0.3 . 203.0.113.10 . tcp . 443 timeout 29500ms }"),
+            "{text}"
+        );
+        assert!(
+            text.contains("elements = { fd00::3 . 2001:db8::7 . tcp . 8000-8099 timeout 30000ms }"),
+            "{text}"
+        );
     }
 
     /// The kernel accepts what [`render`] writes: installed into a throwaway network namespace (needs
     /// root and nft, as the agent does).
     #[test]
     fn the_kernel_accepts_the_rendered_table() {
+        let grants = [(
+            Grant {
+                pod: "10.0.0.3".parse().unwrap(),
+                address: "203.0.113.10".parse().unwrap(),
+                ports: PortRange {
+                    protocol: Protocol::TCP,
+                    first: 443,
+                    last: 443,
+                },
+            },
+            Duration::from_secs(30),
+        )];
         for ruleset in [Ruleset::default(), ruleset()] {
             let out = Command::new("unshare")
                 .args(["--net", "sh", "-c", "nft -f - && nft list table inet t"])
@@ -491,7 +623,7 @@ mod tests {
                         .stdin
                         .take()
                         .unwrap()
-                        .write_all(render(&ruleset, "t", Some(7)).as_bytes())?;
+                        .write_all(render_with(&ruleset, "t", Some(7), &grants).as_bytes())?;
                     child.wait_with_output()
                 })
                 .expect("running unshare and nft (root needed)");

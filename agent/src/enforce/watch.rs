@@ -15,6 +15,7 @@
 
 use crate::enforce::compile::{Ruleset, compile};
 use crate::enforce::deny::{self, DenyIndex, SharedDenyIndex};
+use crate::enforce::dns_hold::{self, Hold};
 use crate::enforce::model::Cluster;
 use crate::enforce::nflog::{self, NflogOptions};
 use crate::enforce::nft;
@@ -64,6 +65,9 @@ pub struct Config {
     /// Where this node's pod cgroups are: a new pod's addresses are read there before the API server
     /// reports them ([`crate::enforce::sandbox`]); `None`: from the API server only.
     pub pods_cgroup: Option<std::path::PathBuf>,
+    /// The NFQUEUE of the DNS hold ([`crate::enforce::dns_hold`]); `None`: no hold, names are
+    /// enforced from the addresses the controller renders only.
+    pub dns_hold: Option<u16>,
 }
 
 /// How often the pods of this node that have no address yet are looked for on the node (only while
@@ -79,6 +83,12 @@ pub const SANDBOX_POLL_SLOW: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
     pub direction: &'static str,
+}
+
+/// Labels of the DNS hold's outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
 }
 
 /// Enforcement metrics, registered by [`crate::metrics::AgentMetrics`].
@@ -108,6 +118,12 @@ pub struct EnforcementMetrics {
     pub addresses_from_node: Counter,
     /// From a pod of this node being seen without an address to its address read on the node.
     pub address_from_node_seconds: Histogram,
+    /// DNS messages the hold read, by outcome ([`crate::enforce::dns_hold`]).
+    pub dns_hold: Family<OutcomeLabel, Counter>,
+    /// How long the hold kept a DNS message (from reading it to letting it through).
+    pub dns_hold_seconds: Histogram,
+    /// Name grants held on the node.
+    pub name_grants: Gauge,
 }
 
 impl Default for EnforcementMetrics {
@@ -127,6 +143,11 @@ impl Default for EnforcementMetrics {
             address_from_node_seconds: Histogram::new([
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
+            dns_hold: Family::default(),
+            dns_hold_seconds: Histogram::new([
+                0.000_025, 0.000_05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+            ]),
+            name_grants: Gauge::default(),
         }
     }
 }
@@ -185,6 +206,21 @@ impl EnforcementMetrics {
             "address_from_node_seconds",
             "From a pod of this node seen without an address to its address read on the node",
             self.address_from_node_seconds.clone(),
+        );
+        r.register(
+            "dns_hold_messages",
+            "DNS messages of pods allowed names, read by the hold, by outcome (granted: the answer waited for new grants)",
+            self.dns_hold.clone(),
+        );
+        r.register(
+            "dns_hold_seconds",
+            "How long the hold kept a DNS message before letting it through",
+            self.dns_hold_seconds.clone(),
+        );
+        r.register(
+            "name_grants",
+            "Addresses pods of this node may reach because they resolved them from an allowed name",
+            self.name_grants.clone(),
         );
     }
 }
@@ -245,6 +281,19 @@ pub fn spawn(
     }
     let shared = Arc::new(Shared::default());
     let deny_index = SharedDenyIndex::default();
+    let hold = config.dns_hold.and_then(|queue| {
+        match Hold::start(&config.table, queue, metrics.clone()) {
+            Ok(hold) => {
+                tracing::info!(queue, table = %dns_hold::table_of(&config.table),
+                    "DNS hold on: a pod reaches what it resolved from an allowed name once it reads the answer");
+                Some(hold)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no DNS hold: names are enforced from the addresses the controller renders (a first connection after a new address may need a retry)");
+                None
+            }
+        }
+    });
     if let Some(group) = config.log_group {
         match nflog::spawn(group, &NflogOptions::default()) {
             Ok(reader) => {
@@ -286,7 +335,10 @@ pub fn spawn(
         |s| &s.policies_listed,
         |c, p| c.apply_policy(p),
         |c, p| c.delete_policy(p),
-        |c| c.policies.clear(),
+        |c| {
+            c.policies.clear();
+            c.name_rules.clear();
+        },
     );
     if let Some(pods_cgroup) = config.pods_cgroup.clone() {
         tokio::spawn(probe_sandboxes(
@@ -296,7 +348,7 @@ pub fn spawn(
             metrics.clone(),
         ));
     }
-    tokio::spawn(sync_loop(shared, config, metrics, deny_index));
+    tokio::spawn(sync_loop(shared, config, metrics, deny_index, hold));
     handle
 }
 
@@ -473,6 +525,7 @@ async fn sync_loop(
     config: Config,
     metrics: EnforcementMetrics,
     deny_index: SharedDenyIndex,
+    hold: Option<Arc<Hold>>,
 ) {
     let started = Instant::now();
     let mut installed: Option<String> = None;
@@ -504,14 +557,19 @@ async fn sync_loop(
             let cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
             (compile(&cluster, &config.node), cluster.policies.len())
         };
+        // What the table looks like without the name grants (they change by themselves): installed
+        // again only when this changes.
         let script = nft::render(&ruleset, &config.table, config.log_group);
         if installed.as_deref() != Some(script.as_str()) || opened {
-            let table = config.table.clone();
             let text = script.clone();
-            let result = tokio::task::spawn_blocking(move || nft::apply(&text).map(|()| table))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()));
+            let (hold, compiled, log_group) = (hold.clone(), ruleset.clone(), config.log_group);
+            let result = tokio::task::spawn_blocking(move || match hold {
+                Some(hold) => hold.install(&compiled, log_group),
+                None => nft::apply(&text),
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
             match result {
                 Ok(_) => {
                     report(&ruleset, policies, &script, &metrics);
@@ -620,7 +678,7 @@ pub async fn stop(client: Client, config: &Config, handle: &Handle) -> bool {
         return false;
     }
     let table = config.table.clone();
-    match tokio::task::spawn_blocking(move || nft::clear(&table)).await {
+    match tokio::task::spawn_blocking(move || nft::clear_all(&table)).await {
         Ok(Ok(_)) => {
             tracing::info!(table = %config.table, "the agent's DaemonSet is gone: enforcement table removed");
             true

@@ -18,7 +18,8 @@ use network_enforcer_api::authorization_policy::{
     AuthorizationPolicy, AuthorizationPolicySpec, WorkloadSelector,
 };
 use network_enforcer_api::keys::{
-    EGRESS_NAMES_ANNOTATION, ISTIO_DRY_RUN_ANNOTATION, RENDERED_GENERATION_ANNOTATION,
+    EGRESS_NAME_RULES_ANNOTATION, EGRESS_NAMES_ANNOTATION, ISTIO_DRY_RUN_ANNOTATION,
+    RENDERED_GENERATION_ANNOTATION,
 };
 use network_enforcer_api::{Backend, NameRule, PolicyMode, WorkloadNetworkPolicy};
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,6 +67,9 @@ impl RenderError {
     }
 }
 
+/// The largest `egress-name-rules` annotation written (JSON bytes).
+pub const MAX_NAME_RULES_ANNOTATION_BYTES: usize = 128 * 1024;
+
 /// The desired rendered object of `policy`, whose `egressNames` entries have no address yet.
 pub fn desired(policy: &WorkloadNetworkPolicy) -> Result<Desired, RenderError> {
     desired_with(policy, |_| BTreeSet::new())
@@ -97,6 +101,14 @@ pub fn desired_with(
                             .collect();
                         let names: Vec<&str> = names.into_iter().collect();
                         annotations.insert(EGRESS_NAMES_ANNOTATION.to_string(), names.join(","));
+                        // The entries themselves, for the agent's DNS hold; an object's annotations
+                        // hold 256 KiB in all, so a very large list is left out (the agent then says
+                        // so, and enforces from the addresses below).
+                        if let Ok(rules) = serde_json::to_string(&policy.spec.egress_names)
+                            && rules.len() <= MAX_NAME_RULES_ANNOTATION_BYTES
+                        {
+                            annotations.insert(EGRESS_NAME_RULES_ANNOTATION.to_string(), rules);
+                        }
                         let rules = spec.egress.get_or_insert_with(Vec::new);
                         rules.extend(
                             policy
@@ -330,10 +342,15 @@ mod tests {
                  "ports": [{"protocol": "TCP", "port": 443}]}
             ])
         );
+        let annotations = np.metadata.annotations.unwrap();
         assert_eq!(
-            np.metadata.annotations.unwrap()[EGRESS_NAMES_ANNOTATION],
+            annotations[EGRESS_NAMES_ANNOTATION],
             "*.storage.partner.test,api.partner.test"
         );
+        // The entries as written, for the agent's DNS hold.
+        let rules: Vec<NameRule> =
+            serde_json::from_str(&annotations[EGRESS_NAME_RULES_ANNOTATION]).unwrap();
+        assert_eq!(rules, p("protect").spec.egress_names);
         assert_eq!(
             desired_with(&p("monitor"), resolved).unwrap(),
             Desired::NoNetworkPolicy

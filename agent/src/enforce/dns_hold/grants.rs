@@ -1,0 +1,322 @@
+//! What each isolated pod may reach because it resolved it: (pod address, resolved address, ports)
+//! until the answer's TTL plus the grace. Plain data; times are CLOCK_MONOTONIC durations, as the
+//! DNS tracker's. The kernel holds the same grants as elements of the enforcement table's name sets,
+//! each with its timeout, so a grant ends on time even when the agent is gone.
+
+use crate::enforce::compile::{NameAllowance, PortRange};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A grant is extended in the kernel only when the new answer moves its end by at least this much: a
+/// pod asking every second for a name with a 30 s TTL costs one `nft` run per step, not per answer.
+pub const EXTEND_STEP: Duration = Duration::from_secs(5);
+
+/// One element of a name set: `pod` may reach `address` on `ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Grant {
+    pub pod: IpAddr,
+    pub address: IpAddr,
+    pub ports: PortRange,
+}
+
+impl Grant {
+    /// The element as `nft` writes it: `pod . address . protocol . ports`.
+    pub fn element(&self) -> String {
+        let PortRange {
+            protocol,
+            first,
+            last,
+        } = self.ports;
+        let protocol = protocol.as_lowercase_str();
+        if first == last {
+            format!("{} . {} . {protocol} . {first}", self.pod, self.address)
+        } else {
+            format!(
+                "{} . {} . {protocol} . {first}-{last}",
+                self.pod, self.address
+            )
+        }
+    }
+}
+
+/// What one resolved address changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Admitted {
+    /// Grants the kernel does not have yet: the answer waits until they are installed.
+    pub new: Vec<(Grant, Duration)>,
+    /// Grants the kernel has, with a later end: installed after the answer went on.
+    pub extended: Vec<(Grant, Duration)>,
+    /// Grants not made because the node's bound was reached.
+    pub refused: usize,
+}
+
+/// The node's grants. See the module docs.
+#[derive(Debug)]
+pub struct Grants {
+    held: HashMap<Grant, Duration>,
+    max: usize,
+}
+
+impl Grants {
+    /// At most `max` grants on the node; past it, new ones are refused (counted by the caller).
+    pub fn new(max: usize) -> Self {
+        Self {
+            held: HashMap::new(),
+            max,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The grants for a pod with addresses `pod_ips` that resolved `address` from `name`, believed
+    /// until `until`, under `allowances` (the pod's `egressNames`): one per allowance naming `name`
+    /// and port range, for the pod's address of the same family.
+    pub fn admit(
+        &mut self,
+        pod_ips: &[IpAddr],
+        (name, address, until): (&str, IpAddr, Duration),
+        allowances: &[Arc<NameAllowance>],
+        now: Duration,
+    ) -> Admitted {
+        let mut admitted = Admitted::default();
+        if until <= now {
+            return admitted;
+        }
+        let Some(&pod) = pod_ips.iter().find(|ip| ip.is_ipv4() == address.is_ipv4()) else {
+            return admitted;
+        };
+        for allowance in allowances.iter().filter(|a| a.allows(name)) {
+            for &ports in &allowance.ports {
+                let grant = Grant {
+                    pod,
+                    address,
+                    ports,
+                };
+                let full = self.held.len() >= self.max;
+                match self.held.get_mut(&grant) {
+                    Some(end) if *end > now => {
+                        if until >= *end + EXTEND_STEP {
+                            *end = until;
+                            admitted.extended.push((grant, until - now));
+                        }
+                    }
+                    Some(end) => {
+                        // Ended (the kernel removed it): a new grant.
+                        *end = until;
+                        admitted.new.push((grant, until - now));
+                    }
+                    None if full => admitted.refused += 1,
+                    None => {
+                        self.held.insert(grant, until);
+                        admitted.new.push((grant, until - now));
+                    }
+                }
+            }
+        }
+        admitted
+    }
+
+    /// Forgets grants that ended by `now`.
+    pub fn expire(&mut self, now: Duration) {
+        self.held.retain(|_, end| *end > now);
+    }
+
+    /// The grants that hold at `now`, each with the time it has left, in a stable order.
+    pub fn live(&self, now: Duration) -> Vec<(Grant, Duration)> {
+        let mut live: Vec<(Grant, Duration)> = self
+            .held
+            .iter()
+            .filter(|(_, end)| **end > now)
+            .map(|(grant, end)| (*grant, *end - now))
+            .collect();
+        live.sort();
+        live
+    }
+}
+
+/// The `nft -f` script that puts `new` grants into table `table`'s name sets and moves the end of
+/// `extended` ones (removing and adding again in one transaction: `add` leaves an element that
+/// exists as it is; the first `add` makes the `delete` valid even if the kernel ended it meanwhile).
+pub fn script(table: &str, new: &[(Grant, Duration)], extended: &[(Grant, Duration)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let set = |g: &Grant| {
+        if g.pod.is_ipv4() {
+            crate::enforce::nft::NAMES_SET_V4
+        } else {
+            crate::enforce::nft::NAMES_SET_V6
+        }
+    };
+    for (grant, left) in extended {
+        let (set, element) = (set(grant), grant.element());
+        let _ = writeln!(out, "add element inet {table} {set} {{ {element} }}");
+        let _ = writeln!(out, "delete element inet {table} {set} {{ {element} }}");
+        let _ = writeln!(
+            out,
+            "add element inet {table} {set} {{ {element} timeout {}ms }}",
+            left.as_millis().max(1)
+        );
+    }
+    for (grant, left) in new {
+        let _ = writeln!(
+            out,
+            "add element inet {table} {} {{ {} timeout {}ms }}",
+            set(grant),
+            grant.element(),
+            left.as_millis().max(1)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::Protocol;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn tcp(first: u16, last: u16) -> PortRange {
+        PortRange {
+            protocol: Protocol::TCP,
+            first,
+            last,
+        }
+    }
+
+    fn allowance(names: &[&str], ports: &[PortRange]) -> Arc<NameAllowance> {
+        Arc::new(NameAllowance {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            ports: ports.to_vec(),
+        })
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn an_allowed_name_grants_its_ports_to_the_pods_address_of_the_same_family() {
+        let mut grants = Grants::new(100);
+        let pod = [ip("10.0.0.5"), ip("fd00::5")];
+        let allowances = [
+            allowance(&["api.partner.test"], &[tcp(443, 443)]),
+            allowance(&["*.cdn.partner.test"], &[tcp(80, 80), tcp(8000, 8099)]),
+        ];
+        let admitted = grants.admit(
+            &pod,
+            ("api.partner.test", ip("203.0.113.10"), S(130)),
+            &allowances,
+            S(100),
+        );
+        let expected = Grant {
+            pod: ip("10.0.0.5"),
+            address: ip("203.0.113.10"),
+            ports: tcp(443, 443),
+        };
+        assert_eq!(admitted.new, [(expected, S(30))]);
+        assert_eq!(expected.element(), "10.0.0.5 . 203.0.113.10 . tcp . 443");
+        // An AAAA answer grants to the pod's IPv6 address; a wildcard's ranges come out whole.
+        let admitted = grants.admit(
+            &pod,
+            ("eu.cdn.partner.test", ip("2001:db8::7"), S(160)),
+            &allowances,
+            S(100),
+        );
+        let elements: Vec<String> = admitted.new.iter().map(|(g, _)| g.element()).collect();
+        assert_eq!(
+            elements,
+            [
+                "fd00::5 . 2001:db8::7 . tcp . 80",
+                "fd00::5 . 2001:db8::7 . tcp . 8000-8099"
+            ]
+        );
+        // A name no allowance names, an answer already over, a family the pod lacks: nothing.
+        for (name, address, until) in [
+            ("other.test", ip("203.0.113.11"), S(130)),
+            ("api.partner.test", ip("203.0.113.12"), S(100)),
+        ] {
+            assert_eq!(
+                grants.admit(&pod, (name, address, until), &allowances, S(100)),
+                Admitted::default()
+            );
+        }
+        assert_eq!(
+            grants.admit(
+                &pod[..1],
+                ("api.partner.test", ip("2001:db8::1"), S(130)),
+                &allowances,
+                S(100)
+            ),
+            Admitted::default()
+        );
+        assert_eq!(grants.len(), 3);
+    }
+
+    #[test]
+    fn a_grant_is_extended_by_steps_renewed_after_its_end_and_bounded() {
+        let mut grants = Grants::new(2);
+        let pod = [ip("10.0.0.5")];
+        let allowances = [allowance(&["api.partner.test"], &[tcp(443, 443)])];
+        let answer = |address: &str, until: u64| ("api.partner.test", ip(address), S(until));
+        assert_eq!(
+            grants
+                .admit(&pod, answer("203.0.113.10", 130), &allowances, S(100))
+                .new
+                .len(),
+            1
+        );
+        // The same answer a little later: nothing to do; past the step: extended.
+        let again = grants.admit(&pod, answer("203.0.113.10", 134), &allowances, S(104));
+        assert_eq!(again, Admitted::default());
+        let later = grants.admit(&pod, answer("203.0.113.10", 140), &allowances, S(110));
+        assert_eq!(later.extended.len(), 1);
+        assert_eq!(later.extended[0].1, S(30));
+        // Ended: the kernel removed it, so it is new again.
+        let renewed = grants.admit(&pod, answer("203.0.113.10", 200), &allowances, S(170));
+        assert_eq!(renewed.new.len(), 1);
+        // The bound: a second address fits, a third is refused.
+        assert_eq!(
+            grants
+                .admit(&pod, answer("203.0.113.11", 200), &allowances, S(170))
+                .new
+                .len(),
+            1
+        );
+        let full = grants.admit(&pod, answer("203.0.113.12", 200), &allowances, S(170));
+        assert_eq!((full.new.len(), full.refused), (0, 1));
+        // Expiry frees room; live lists what is left with its time.
+        grants.expire(S(200));
+        assert!(grants.is_empty());
+        assert!(grants.live(S(200)).is_empty());
+    }
+
+    #[test]
+    fn the_script_adds_new_grants_and_moves_the_end_of_extended_ones() {
+        let grant = Grant {
+            pod: ip("10.0.0.5"),
+            address: ip("203.0.113.10"),
+            ports: tcp(443, 443),
+        };
+        let v6 = Grant {
+            pod: ip("fd00::5"),
+            address: ip("2001:db8::7"),
+            ports: tcp(0, 65535),
+        };
+        assert_eq!(
+            script("t", &[(v6, S(31))], &[(grant, S(30))]),
+            "add element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 }\n\
+             delete element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 }\n\
+             add element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 timeout 30000ms }\n\
+             add element inet t names6 { fd00::5 . 2001:db8::7 . tcp . 0-65535 timeout 31000ms }\n"
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! Holding a pod's DNS answer until the addresses in it are allowed (docs/design.md, "Names in the
+//! agent's enforcement"). A pod whose policies allow outside services by name (`spec.egressNames`,
+//! carried to the agent by the rendered NetworkPolicy's annotation) may reach an address the moment it
+//! can read the answer that gave it, and no longer than the answer's TTL plus the grace.
+//!
+//! How: a table of its own (`inet <table>_dns`) sends the UDP DNS messages of those pods (queries from
+//! them, answers to them, at the `forward`, `input` and `output` hooks) to an NFQUEUE. One thread
+//! reads it: a query is noted; an answer is believed only for a noted query (same socket, server,
+//! transaction id and question, [`crate::dns::tracker`]), and for each address resolved from an
+//! allowed name a grant (pod, address, ports) is put into the enforcement table's name sets, with the
+//! TTL plus the grace as its timeout, *before* the answer is let through. Every message is let
+//! through: the hold delays, it never drops. Answers with nothing new go on at once.
+//!
+//! Reading order:
+//! - [`queue_rule`]: the rule that queues (written over netlink: `nft` has no `queue` on kernels
+//!   without `nft_queue`; the xtables `NFQUEUE` target runs through `nft_compat`);
+//! - [`packet`]: a queued packet read as a UDP datagram (pure);
+//! - [`grants`]: what each pod may reach and until when, and the `nft` script that installs it (pure);
+//! - this module: the table, the reader thread, and installing the enforcement table together with
+//!   the grants (one lock, so a grant is never lost to a table replaced at the same moment).
+//!
+//! Failure: without a reader (the agent stopped) the queue rule's bypass lets packets through; when
+//! the kernel refuses the queue rule, the agent runs without the hold (logged) and names are enforced
+//! from the addresses the controller renders, as with any CNI.
+
+pub mod grants;
+pub mod packet;
+pub mod queue_rule;
+
+use crate::aggregate::monotonic_now;
+use crate::dns::tracker::{self, Pod, Refused, Tracker};
+use crate::enforce::compile::{NameAllowance, Ruleset};
+use crate::enforce::nft::{self, NftError};
+use crate::enforce::watch::{EnforcementMetrics, OutcomeLabel};
+use grants::Grants;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The default NFQUEUE number (`--dns-hold-queue`).
+pub const DEFAULT_QUEUE: u16 = 8410;
+/// Messages waiting in the kernel for the reader; past it, they pass unheld (fail open).
+const QUEUE_MAX_LEN: u32 = 4096;
+/// Grants on the node; past it, new ones are refused (counted) and the pod waits for the controller's
+/// rendering, as without the hold.
+pub const MAX_GRANTS: usize = 100_000;
+
+/// The hold's table beside enforcement table `table`.
+pub fn table_of(table: &str) -> String {
+    format!("{table}_dns")
+}
+
+/// Why the hold could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("creating the hold table: {0}")]
+    Table(#[source] NftError),
+    #[error(
+        "the kernel refused the queue rule ({0}): it needs nft_compat and the xtables NFQUEUE target \
+         (xt_NFQUEUE)"
+    )]
+    QueueRule(#[source] std::io::Error),
+    #[error("opening NFQUEUE {queue}: {source}")]
+    Queue {
+        queue: u16,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A pod of this node with names: its addresses and what its policies allow by name.
+#[derive(Debug)]
+struct PodNames {
+    ips: Vec<IpAddr>,
+    allowances: Vec<Arc<NameAllowance>>,
+}
+
+/// What the reader and the installer share.
+#[derive(Debug)]
+struct State {
+    tracker: Tracker,
+    grants: Grants,
+    /// By each of the pod's addresses.
+    pods: HashMap<IpAddr, Arc<PodNames>>,
+}
+
+/// The running hold. See the module docs.
+#[derive(Debug)]
+pub struct Hold {
+    /// The enforcement table (its name sets get the grants).
+    table: String,
+    state: Mutex<State>,
+    metrics: EnforcementMetrics,
+}
+
+impl Hold {
+    /// Creates the hold table (replacing one an earlier agent left), its queue rule, and the reader
+    /// thread on `queue`.
+    pub fn start(
+        table: &str,
+        queue: u16,
+        metrics: EnforcementMetrics,
+    ) -> Result<Arc<Hold>, HoldError> {
+        let hold_table = table_of(table);
+        nft::apply(&hold_table_script(&hold_table)).map_err(HoldError::Table)?;
+        let mut reader = nfq::Queue::open().map_err(|source| HoldError::Queue { queue, source })?;
+        let configured = reader
+            .bind(queue)
+            .and_then(|()| reader.set_fail_open(queue, true))
+            .and_then(|()| reader.set_queue_max_len(queue, QUEUE_MAX_LEN));
+        if let Err(source) = configured {
+            let _ = nft::clear(&hold_table);
+            return Err(HoldError::Queue { queue, source });
+        }
+        if let Err(e) = queue_rule::append(queue_rule::Family::Inet, &hold_table, "hold", queue) {
+            let _ = nft::clear(&hold_table);
+            return Err(HoldError::QueueRule(e));
+        }
+        let hold = Arc::new(Hold {
+            table: table.to_string(),
+            state: Mutex::new(State {
+                tracker: Tracker::new(tracker::Limits::default()),
+                grants: Grants::new(MAX_GRANTS),
+                pods: HashMap::new(),
+            }),
+            metrics,
+        });
+        let running = hold.clone();
+        std::thread::Builder::new()
+            .name("dns-hold".into())
+            .spawn(move || running.read(reader))
+            .map_err(|source| HoldError::Queue { queue, source })?;
+        Ok(hold)
+    }
+
+    /// Installs `ruleset` with the grants that hold now and makes its pods with names the ones whose
+    /// DNS is held: one `nft` transaction, under the lock the reader takes to add grants.
+    pub fn install(&self, ruleset: &Ruleset, log_group: Option<u16>) -> Result<(), NftError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = monotonic_now();
+        state.grants.expire(now);
+        let mut script = nft::render_with(ruleset, &self.table, log_group, &state.grants.live(now));
+        let pods = pods_with_names(ruleset);
+        script.push_str(&held_pods_script(&table_of(&self.table), pods.keys()));
+        nft::apply(&script)?;
+        state.pods = pods;
+        self.metrics.name_grants.set(state.grants.len() as i64);
+        Ok(())
+    }
+
+    /// The reader thread: every queued message is judged, then let through.
+    fn read(&self, mut queue: nfq::Queue) {
+        loop {
+            let mut message = match queue.recv() {
+                Ok(message) => message,
+                Err(error) => {
+                    tracing::warn!(%error, "reading the DNS hold queue failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let started = Instant::now();
+            let (outcome, later) = self.judge(message.get_payload());
+            message.set_verdict(nfq::Verdict::Accept);
+            if let Err(error) = queue.verdict(message) {
+                tracing::warn!(%error, "letting a held DNS message through failed");
+            }
+            self.metrics
+                .dns_hold_seconds
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics
+                .dns_hold
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc();
+            if let Some(script) = later
+                && let Err(error) = nft::apply(&script)
+            {
+                self.metrics
+                    .dns_hold
+                    .get_or_create(&OutcomeLabel {
+                        outcome: "nft_failed",
+                    })
+                    .inc();
+                tracing::warn!(%error, "extending name grants failed (they end at their old time)");
+            }
+        }
+    }
+
+    /// Reads one queued packet; installs its new grants before returning. Returns the outcome (a
+    /// metric label) and the script extending grants, to run after the message went on.
+    fn judge(&self, packet: &[u8]) -> (&'static str, Option<String>) {
+        let Some(datagram) = packet::udp(packet) else {
+            return ("not_udp", None);
+        };
+        let now = monotonic_now();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if datagram.to.port() == 53 {
+            let pod: Pod = datagram.from.ip().to_string().into();
+            state
+                .tracker
+                .query(&pod, datagram.from, datagram.to, datagram.payload, now);
+            return ("query", None);
+        }
+        let Some(names) = state.pods.get(&datagram.to.ip()).cloned() else {
+            return ("not_held", None);
+        };
+        let pod: Pod = datagram.to.ip().to_string().into();
+        let believed = match state.tracker.answer_until(
+            &pod,
+            datagram.to,
+            datagram.from,
+            datagram.payload,
+            now,
+        ) {
+            Ok(believed) => believed,
+            Err(Refused::Unsolicited) => return ("unsolicited", None),
+            Err(Refused::Dns(_)) => return ("malformed", None),
+        };
+        state.tracker.expire(now);
+        let (mut new, mut extended, mut refused) = (Vec::new(), Vec::new(), 0);
+        for (address, name, until) in believed {
+            let admitted =
+                state
+                    .grants
+                    .admit(&names.ips, (&name, address, until), &names.allowances, now);
+            new.extend(admitted.new);
+            extended.extend(admitted.extended);
+            refused += admitted.refused;
+        }
+        if refused > 0 {
+            self.metrics
+                .dns_hold
+                .get_or_create(&OutcomeLabel {
+                    outcome: "grants_full",
+                })
+                .inc_by(refused as u64);
+        }
+        self.metrics.name_grants.set(state.grants.len() as i64);
+        let later = (!extended.is_empty()).then(|| grants::script(&self.table, &[], &extended));
+        if new.is_empty() {
+            return (
+                if later.is_some() {
+                    "extended"
+                } else {
+                    "nothing_new"
+                },
+                later,
+            );
+        }
+        // Under the lock: a table being replaced right now would not carry these grants otherwise.
+        match nft::apply(&grants::script(&self.table, &new, &[])) {
+            Ok(()) => ("granted", later),
+            Err(error) => {
+                tracing::warn!(%error, "installing name grants failed; the answer goes on without them");
+                ("nft_failed", later)
+            }
+        }
+    }
+}
+
+/// The pods of `ruleset` that may reach names, by each of their addresses.
+fn pods_with_names(ruleset: &Ruleset) -> HashMap<IpAddr, Arc<PodNames>> {
+    let mut pods = HashMap::new();
+    for pod in &ruleset.pods {
+        let Some(egress) = pod.egress.as_ref().filter(|e| !e.names.is_empty()) else {
+            continue;
+        };
+        let names = Arc::new(PodNames {
+            ips: pod.ips.clone(),
+            allowances: egress.names.clone(),
+        });
+        for ip in &pod.ips {
+            pods.insert(*ip, names.clone());
+        }
+    }
+    pods
+}
+
+/// The hold table, created empty of pods: the queue rule goes into `hold` afterwards
+/// ([`queue_rule::append`]). Replacing the whole table also drops an earlier agent's queue rule.
+fn hold_table_script(table: &str) -> String {
+    let held = |field: &str, port: &str| {
+        format!(
+            "    ip {field} @held4 udp {port} 53 jump hold\n    ip6 {field} @held6 udp {port} 53 jump hold\n"
+        )
+    };
+    // Answers to held pods and their queries; `input` and `output` for a resolver on the node itself.
+    // Before the enforcement table's chains (priority filter - 10): what enforcement then drops was
+    // only noted.
+    let chain = |name: &str, hook: &str, rules: String| {
+        format!(
+            "  chain {name} {{\n    type filter hook {hook} priority filter - 10; policy accept;\n{rules}  }}\n"
+        )
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "table inet {table} {{}}\ndelete table inet {table}");
+    let _ = writeln!(out, "table inet {table} {{");
+    out.push_str(
+        "  set held4 {\n    type ipv4_addr\n  }\n  set held6 {\n    type ipv6_addr\n  }\n",
+    );
+    out.push_str("  chain hold {\n  }\n");
+    out.push_str(&chain(
+        "forward",
+        "forward",
+        held("daddr", "sport") + &held("saddr", "dport"),
+    ));
+    out.push_str(&chain("input", "input", held("saddr", "dport")));
+    out.push_str(&chain("output", "output", held("daddr", "sport")));
+    out.push_str("}\n");
+    out
+}
+
+/// Makes `pods` the held ones (same transaction as the enforcement table).
+fn held_pods_script<'a>(table: &str, pods: impl Iterator<Item = &'a IpAddr>) -> String {
+    let (v4, v6): (Vec<&IpAddr>, Vec<&IpAddr>) = pods.partition(|ip| ip.is_ipv4());
+    let mut out = String::new();
+    for (set, ips) in [("held4", v4), ("held6", v6)] {
+        let _ = writeln!(out, "flush set inet {table} {set}");
+        if !ips.is_empty() {
+            let list: Vec<String> = ips.iter().map(|ip| ip.to_string()).collect();
+            let _ = writeln!(
+                out,
+                "add element inet {table} {set} {{ {} }}",
+                list.join(", ")
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hold_table_queues_held_pods_dns_at_three_hooks_and_the_held_set_is_replaced() {
+        let script = hold_table_script("ne_dns");
+        assert!(script.starts_with("table inet ne_dns {}\ndelete table inet ne_dns\n"));
+        for line in [
+            "type filter hook forward priority filter - 10; policy accept;",
+            "ip daddr @held4 udp sport 53 jump hold",
+            "ip6 saddr @held6 udp dport 53 jump hold",
+            "type filter hook input priority filter - 10;",
+            "type filter hook output priority filter - 10;",
+        ] {
+            assert!(script.contains(line), "{line} in\n{script}");
+        }
+        let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        assert_eq!(
+            held_pods_script("ne_dns", ips.iter()),
+            "flush set inet ne_dns held4\nadd element inet ne_dns held4 { 10.0.0.5 }\n\
+             flush set inet ne_dns held6\nadd element inet ne_dns held6 { fd00::5 }\n"
+        );
+        assert_eq!(
+            held_pods_script("ne_dns", [].iter()),
+            "flush set inet ne_dns held4\nflush set inet ne_dns held6\n"
+        );
+    }
+}
