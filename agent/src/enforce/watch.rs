@@ -282,7 +282,8 @@ pub fn spawn(
     let shared = Arc::new(Shared::default());
     let deny_index = SharedDenyIndex::default();
     let hold = config.dns_hold.and_then(|queue| {
-        match Hold::start(&config.table, queue, metrics.clone()) {
+        let grace = crate::dns::tracker::Limits::default().grace;
+        match Hold::start(&config.table, queue, grace, metrics.clone()) {
             Ok(hold) => {
                 tracing::info!(queue, table = %dns_hold::table_of(&config.table),
                     "DNS hold on: a pod reaches what it resolved from an allowed name once it reads the answer");

@@ -98,9 +98,11 @@ pub struct Hold {
 impl Hold {
     /// Creates the hold table (replacing one an earlier agent left), its queue rule, and the reader
     /// thread on `queue`.
+    /// `grace`: how long past its TTL an answer's addresses stay reachable.
     pub fn start(
         table: &str,
         queue: u16,
+        grace: Duration,
         metrics: EnforcementMetrics,
     ) -> Result<Arc<Hold>, HoldError> {
         let hold_table = table_of(table);
@@ -121,7 +123,10 @@ impl Hold {
         let hold = Arc::new(Hold {
             table: table.to_string(),
             state: Mutex::new(State {
-                tracker: Tracker::new(tracker::Limits::default()),
+                tracker: Tracker::new(tracker::Limits {
+                    grace,
+                    ..tracker::Limits::default()
+                }),
                 grants: Grants::new(MAX_GRANTS),
                 pods: HashMap::new(),
             }),
