@@ -5,8 +5,9 @@
 //! to monitor, a connection to the name's next address is no violation, while an address literal the
 //! pod never resolved is one. Switched to protect with the agent enforcing, the rendered
 //! NetworkPolicy allows the addresses the client resolved the name to, and follows the name to new
-//! addresses: every call after a rotation succeeds (the time from the pod's lookup to the address in
-//! the NetworkPolicy is printed), while the literal and a name the policy does not list are blocked.
+//! addresses (the time from the pod's call to the address in the NetworkPolicy is printed); the
+//! agent's DNS hold lets the client's first SYN to a new address through (no resend), while the
+//! literal and a name the policy does not list are blocked.
 //!
 //! Needs root, `cargo xtask setup` and the binaries (`cargo test --workspace` builds them).
 
@@ -196,7 +197,16 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         "exec sleep 100000",
         &[],
     ))?;
+    // Looks the name up without calling it, to know when the cluster DNS serves a new address: not
+    // selected by the client's policy, so its lookups grant nothing.
+    ns.apply(&workload::deployment(
+        "checker",
+        "default",
+        "exec sleep 100000",
+        &[],
+    ))?;
     let (client, _) = ns.wait_for_deployment("client")?.remove(0);
+    let (checker, _) = ns.wait_for_deployment("checker")?.remove(0);
     call_until_answered_by(&ns, &client, ROTATION[0])?;
 
     // Learned by name: egressNames holds the name on its port.
@@ -327,29 +337,65 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         !send(&ns, &client, Protocol::Tcp, OTHER.0, PORT, "other")?,
         "a name the policy does not list must be blocked"
     );
-    let mut lags = Vec::new();
+    let (mut lags, mut resends) = (Vec::new(), Vec::new());
     for address in PROTECT_ROTATION {
         zone.point_at(address)?;
-        // The pod resolves the new address first (as a client would), then calls once: that one
-        // call must succeed (TCP resends a dropped SYN after 1 s; the call waits 3 s).
-        wait_until_resolved(&ns, &client, address)?;
-        let resolved = std::time::Instant::now();
+        // Once the cluster DNS serves the new address, the client looks it up and connects at once,
+        // as a client does: the agent's DNS hold makes the address reachable before the client reads
+        // the answer, so the first SYN goes through (a dropped one would be resent after 1 s).
+        wait_until_resolved(&ns, &checker, address)?;
+        let called = std::time::Instant::now();
+        let (answered, resent) = call_counting_syn_resends(&ns, &client)?;
         ensure!(
-            send(&ns, &client, Protocol::Tcp, NAME, PORT, "rotated")?,
+            answered,
             "the first call after the rotation to {address} failed\n{}",
             rendered(&ns, proposal).unwrap_or_default()
         );
+        resends.push(resent);
         wait_for_rendered(&ns, proposal, address)?;
-        lags.push(resolved.elapsed());
+        lags.push(called.elapsed());
     }
     eprintln!(
-        "names: 3 rotations in protect, 0 failed calls; lookup to address in the NetworkPolicy \
-         (upper bound, polled every 100 ms): {:?}",
-        lags
+        "names: 3 rotations in protect, 0 failed calls, SYNs resent per first call {resends:?}; \
+         lookup to address in the NetworkPolicy (upper bound, polled every 100 ms): {lags:?}"
+    );
+    ensure!(
+        resends.iter().all(|r| *r == 0),
+        "a first call after a rotation needed a SYN resend: {resends:?} (the DNS hold did not let \
+         the address through before the answer)\n{}",
+        release.logs("agent").unwrap_or_default()
     );
     drop(outside);
     ns.delete_and_wait()?;
     release.uninstall()
+}
+
+/// `client` looks [`NAME`] up and calls it once; whether it answered, and how many SYNs the pod
+/// resent meanwhile (its namespace's `TCPSynRetrans`, read before and after).
+fn call_counting_syn_resends(ns: &Namespace, client: &str) -> Result<(bool, u64)> {
+    let script = format!(
+        "grep TcpExt: /proc/net/netstat; \
+         echo reply:$(echo rotated | socat -t 3 - TCP:{NAME}:{PORT},connect-timeout=3 2>/dev/null); \
+         grep TcpExt: /proc/net/netstat"
+    );
+    let out = ns.exec(client, &script)?;
+    let lines: Vec<&str> = out.lines().collect();
+    let resent = |names: &str, values: &str| -> Option<u64> {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(name, _)| *name == "TCPSynRetrans")
+            .and_then(|(_, v)| v.parse().ok())
+    };
+    match lines.as_slice() {
+        [n1, v1, reply, n2, v2] => {
+            let (before, after) = resent(n1, v1)
+                .zip(resent(n2, v2))
+                .with_context(|| format!("no TCPSynRetrans in {out:?}"))?;
+            Ok((reply.trim() == "reply:rotated", after.saturating_sub(before)))
+        }
+        _ => anyhow::bail!("unexpected output of the call: {out:?}"),
+    }
 }
 
 /// The rendered NetworkPolicy `name`, as JSON text.
