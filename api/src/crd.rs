@@ -573,6 +573,11 @@ pub struct WorkloadRef {
     /// The peer's IP address, for peers that are not pods of a known workload (hosts, the internet).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub address: String,
+    /// For an outside address the source pod connected to: the DNS name the pod resolved `address`
+    /// from (the agent saw the pod's query and its answer), as `spec.egressNames` would list it.
+    /// Empty when the pod used the address without resolving it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dns_name: String,
 }
 
 /// A flow the policy does not allow.

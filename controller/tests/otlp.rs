@@ -145,6 +145,7 @@ fn observation() -> Observation {
             identity: "cluster.local/ns/demo/sa/http-client-sa".into(),
             selector: "app=http-client".into(),
             address: String::new(),
+            dns_name: String::new(),
         },
         dest: WorkloadRef {
             namespace: "demo".into(),

@@ -105,7 +105,12 @@ impl Observation {
 /// The fields that make two observations the same violation: the reference's key (source and
 /// destination namespace/kind/name/identity, protocol, dstPort, action, denying policy, direction),
 /// plus the peer address, which tells apart peers that are no workload (two internet hosts would
-/// otherwise share one record; for pods the address is empty and changes nothing).
+/// otherwise share one record; for pods the address is empty and changes nothing), plus the name
+/// the pod resolved that address from. The name is part of what the policy decides on
+/// (`spec.egressNames`): two names served from one address (a CDN, shared hosting) or the address
+/// reached by name and as a literal are allowed or denied independently, and the user fixes each by
+/// listing a name. One record for both would show one name while the other is the one still denied,
+/// and clearing it (step 2) when its name is allowed would hide the other until it is seen again.
 #[derive(PartialEq, Eq)]
 struct DedupeKey<'a> {
     source: WorkloadKey<'a>,
@@ -124,6 +129,7 @@ struct WorkloadKey<'a> {
     name: &'a str,
     identity: &'a str,
     address: &'a str,
+    dns_name: &'a str,
 }
 
 impl<'a> WorkloadKey<'a> {
@@ -134,6 +140,7 @@ impl<'a> WorkloadKey<'a> {
             name: &w.owner_name,
             identity: &w.identity,
             address: &w.address,
+            dns_name: &w.dns_name,
         }
     }
 }

@@ -616,9 +616,15 @@ impl<'a> AllowedNow<'a> {
             port,
         };
         let principal = Some(record.source.identity.as_str()).filter(|p| !p.is_empty());
+        // A record of an address the pod resolved from a name is cleared once the name is listed
+        // (`spec.egressNames`), as the flow would be judged now (docs/behaviour.md §3.7).
+        let flow = FlowRef {
+            peer_name: Some(record.dest.dns_name.as_str()).filter(|n| !n.is_empty()),
+            ..FlowRef::from(&flow)
+        };
         matches!(
             self.governing
-                .verdict(self.view, (&flow).into(), principal, &mut None),
+                .verdict(self.view, flow, principal, &mut None),
             Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable)
         )
     }

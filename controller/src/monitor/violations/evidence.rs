@@ -197,11 +197,17 @@ pub fn observed_flows(
                         Some(flow(local_side.clone(), side, port))
                     })
                     .collect()),
-                // An outside address, with the name the pod resolved it from (if the agent saw it).
-                Resolved::Address(_, port) => Ok(vec![ObservedFlow {
-                    peer_name: record.peer_name.name(),
-                    ..flow(local_side, address_side(peer), port)
-                }]),
+                // An outside address, with the name the pod resolved it from (if the agent saw it):
+                // evaluated by it (`peer_name`) and recorded with it (`dns_name`), so a violation
+                // says which name to list in `spec.egressNames`.
+                Resolved::Address(_, port) => {
+                    let peer_name = record.peer_name.name();
+                    let destination = named_address_side(peer, peer_name.as_deref());
+                    Ok(vec![ObservedFlow {
+                        peer_name,
+                        ..flow(local_side, destination, port)
+                    }])
+                }
                 Resolved::ServiceWithoutBackends { namespace, name } => {
                     Err(NoFlow::ServiceWithoutBackends(namespace, name))
                 }
@@ -250,10 +256,16 @@ fn workload_side(
 }
 
 fn address_side(ip: IpAddr) -> FlowSide {
+    named_address_side(ip, None)
+}
+
+/// An outside address as a flow side, named by the DNS name the source pod resolved it from, if any.
+fn named_address_side(ip: IpAddr, dns_name: Option<&str>) -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Ip(ip),
         workload: Arc::new(WorkloadRef {
             address: ip.to_string(),
+            dns_name: dns_name.unwrap_or_default().to_string(),
             ..WorkloadRef::default()
         }),
     }
@@ -346,6 +358,7 @@ pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
         identity: principal(workload),
         selector: super::cap_string(selector, MAX_SELECTOR_CHARS),
         address: String::new(),
+        dns_name: String::new(),
     }
 }
 
@@ -849,6 +862,60 @@ mod tests {
             flows_of(&index, &view, &no_port, &now),
             Err(NoFlow::ServiceWithoutBackends(..))
         ));
+    }
+
+    #[test]
+    fn an_outside_address_names_the_name_the_pod_resolved_it_from() {
+        let (index, view) = cluster();
+        let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        // (peer, the record's peer_name, direction) → the peer's side as a violation records it
+        let cases = [
+            (
+                [203, 0, 113, 10],
+                "api.example.test",
+                uplink::Direction::Outbound,
+                serde_json::json!({"address": "203.0.113.10", "dnsName": "api.example.test"}),
+            ),
+            // A literal nobody resolved: the address alone, as before names.
+            (
+                [203, 0, 113, 10],
+                "",
+                uplink::Direction::Outbound,
+                serde_json::json!({"address": "203.0.113.10"}),
+            ),
+            // A name given for a pod is ignored: the pod is what the index says.
+            (
+                [10, 0, 0, 2],
+                "server.example.test",
+                uplink::Direction::Outbound,
+                serde_json::json!({"namespace": "n", "ownerKind": "Deployment",
+                    "ownerName": "server", "identity": "cluster.local/ns/n/sa/server-sa",
+                    "selector": "app=server"}),
+            ),
+        ];
+        for (peer, name, direction, want) in cases {
+            let mut record = sent("client-5d8f7c9b6-a", peer, 443, direction);
+            record.peer_name = name.into();
+            let flows = flows_of(&index, &view, &record, &now).unwrap();
+            assert_eq!(
+                serde_json::to_value(&*flows[0].destination.workload).unwrap(),
+                want,
+                "{peer:?} {name:?}"
+            );
+        }
+        // An inbound record's name is none of the peer's (the agent names outbound peers only).
+        let mut inbound = sent(
+            "server-5d8f7c9b6-a",
+            [203, 0, 113, 10],
+            18081,
+            uplink::Direction::Inbound,
+        );
+        inbound.peer_name = "api.example.test".into();
+        let flows = flows_of(&index, &view, &inbound, &now).unwrap();
+        assert_eq!(
+            serde_json::to_value(&*flows[0].source.workload).unwrap(),
+            serde_json::json!({"address": "203.0.113.10"})
+        );
     }
 
     #[test]

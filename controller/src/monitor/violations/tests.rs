@@ -165,6 +165,24 @@ fn every_field_of_the_dedupe_key_separates_records() {
             },
             ..base.clone()
         },
+        // The same address reached by a name is another record than the literal, and by another
+        // name another again: the policy allows each by its own name (`spec.egressNames`).
+        Observation {
+            dest: WorkloadRef {
+                address: "1.1.1.1".into(),
+                dns_name: "one.one.one.one".into(),
+                ..WorkloadRef::default()
+            },
+            ..base.clone()
+        },
+        Observation {
+            dest: WorkloadRef {
+                address: "1.1.1.1".into(),
+                dns_name: "cloudflare-dns.com".into(),
+                ..WorkloadRef::default()
+            },
+            ..base.clone()
+        },
     ];
     let mut all = vec![base];
     all.extend(variants);

@@ -805,6 +805,50 @@ fn records_are_cleared_only_when_the_current_spec_allows_them() {
     assert!(record_allowed_now(&view, &open_to_block, &from_outside));
 }
 
+#[test]
+fn a_record_of_an_address_resolved_from_a_name_is_cleared_once_the_name_is_listed() {
+    let view = cluster();
+    let to = |name: &str, port: i32| ViolationRecord {
+        direction: Some(Direction::Egress),
+        denying_policy_name: egress_name(),
+        ..record(
+            client().workload,
+            WorkloadRef {
+                address: "203.0.113.7".into(),
+                dns_name: name.into(),
+                ..WorkloadRef::default()
+            },
+            Protocol::TCP,
+            Some(port),
+        )
+    };
+    let mut named = client_egress("monitor");
+    named.spec.egress_names = serde_json::from_value(json!([
+        {"names": ["*.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]))
+    .unwrap();
+    // (record's name, port) → cleared by the policy that lists `*.partner.test` on 443
+    let cases = [
+        ("api.partner.test", 443, true),
+        ("api.partner.test", 80, false),
+        ("api.other.test", 443, false),
+        // The address used as a literal: names never allow it.
+        ("", 443, false),
+    ];
+    for (name, port, cleared) in cases {
+        let record = to(name, port);
+        assert!(
+            !record_allowed_now(&view, &client_egress("monitor"), &record),
+            "{name:?}/{port} before the name is listed"
+        );
+        assert_eq!(
+            record_allowed_now(&view, &named, &record),
+            cleared,
+            "{name:?}/{port}"
+        );
+    }
+}
+
 /// A record is rebuilt from its workloads' pods, whatever their kind: a bare pod is its own workload
 /// (found by its name, with no owner), every other kind by its owner. Each kind, as the source and as
 /// the destination of a violation that an edit of the policy now allows, must be cleared.
