@@ -422,12 +422,15 @@ fn is_dns(key: &EdgeKey) -> bool {
     key.port == 53 && key.destination.workload.namespace == "kube-system"
 }
 
-/// `ns/Kind/name`, or the address of a peer that is no workload.
+/// `ns/Kind/name`, or the address of a peer that is no workload, after the name the pod resolved
+/// it from when it did (`api.example.test (203.0.113.10)`: the name is what `egressNames` lists).
 pub fn name_of(w: &WorkloadRef) -> String {
     if w.address.is_empty() {
         format!("{}/{}/{}", w.namespace, w.owner_kind, w.owner_name)
-    } else {
+    } else if w.dns_name.is_empty() {
         w.address.clone()
+    } else {
+        format!("{} ({})", w.dns_name, w.address)
     }
 }
 

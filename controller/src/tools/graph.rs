@@ -8,6 +8,10 @@
 //!   (orange "monitor", blue bold "protect");
 //! - a node per peer that is no known workload: a selector (`kube-system {k8s-app=kube-dns}`), a
 //!   CIDR, a mesh identity (`cluster.local/ns/x/sa/y`), an address of a violation;
+//! - a node per DNS name of an outside service: each name (or wildcard) of a `spec.egressNames`
+//!   entry, with an edge from its workload labelled with the entry's ports, and each name a
+//!   violation's destination was resolved from (`dest.dnsName`), drawn as the name with the
+//!   violations' addresses under it: people know `api.example.test`, not its rotating addresses;
 //! - an edge per allowed connection, labelled with its ports (`TCP 18080`), from both directions'
 //!   rules merged (the client's egress rule and the server's ingress rule are one edge);
 //! - an edge in red per active violation (`UDP 18081 monitor`);
@@ -24,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::RuleUsage;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{
-    Direction, IstioPolicy, PolicyMode, Protocol, WorkloadNetworkPolicy,
+    Direction, IstioPolicy, NameRule, PolicyMode, Protocol, WorkloadNetworkPolicy,
     WorkloadNetworkPolicyProposal, WorkloadRef,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,6 +52,8 @@ enum Node {
     External(String),
     /// A mesh identity.
     Identity(String),
+    /// A DNS name (or wildcard) of an outside service.
+    Name(String),
 }
 
 impl Node {
@@ -57,6 +63,7 @@ impl Node {
             Node::Selector(ns, sel) => format!("s:{ns}/{sel}"),
             Node::External(a) => format!("x:{a}"),
             Node::Identity(i) => format!("i:{i}"),
+            Node::Name(n) => format!("n:{n}"),
         }
     }
 }
@@ -88,7 +95,12 @@ struct Builder {
     usage: BTreeMap<(Node, Node), BTreeSet<String>>,
     /// (from, to) → (policy, mode) of the policies whose rules allow it (none: learned only).
     allowed_by: BTreeMap<(Node, Node), BTreeSet<(String, &'static str)>>,
+    /// DNS name → the addresses violations to it were resolved to.
+    addresses: BTreeMap<String, BTreeSet<String>>,
 }
+
+/// At most this many addresses are written under a name in the DOT graph (the web view lists all).
+const MAX_ADDRESSES_SHOWN: usize = 3;
 
 /// A rule's peers and ports.
 pub(crate) type Rule<'a> = (
@@ -124,6 +136,8 @@ struct Payload<'a> {
     direction: Direction,
     kubernetes: Option<&'a NetworkPolicySpec>,
     istio: Option<&'a IstioPolicy>,
+    /// `spec.egressNames`.
+    egress_names: &'a [NameRule],
     /// A policy's rules and the usage its status records; `None` when it records none.
     usage: Option<(Vec<RuleRef>, &'a [RuleUsage])>,
 }
@@ -166,6 +180,7 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
             direction: p.spec.direction,
             kubernetes: p.spec.kubernetes.as_ref(),
             istio: p.spec.istio.as_ref(),
+            egress_names: &p.spec.egress_names,
             usage: p
                 .status
                 .as_ref()
@@ -183,6 +198,7 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
             direction: p.spec.direction,
             kubernetes: p.spec.kubernetes.as_ref(),
             istio: p.spec.istio.as_ref(),
+            egress_names: &p.spec.egress_names,
             usage: None,
         });
     }
@@ -256,6 +272,18 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
                 }
             }
         }
+        for entry in payload.egress_names {
+            let ports = port_labels(Some(&entry.ports));
+            for name in &entry.names {
+                let key = b.add_edge(
+                    &target.node,
+                    Node::Name(name.clone()),
+                    Direction::Egress,
+                    &ports,
+                );
+                b.allow(key, payload);
+            }
+        }
         if let Some(istio) = payload.istio {
             for (index, rule) in istio.rules.iter().enumerate() {
                 let usage = payload.usage_text(index, now);
@@ -296,6 +324,12 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
         for v in policy.status.iter().flat_map(|s| &s.violations) {
             let from = workload_node(&v.source);
             let to = workload_node(&v.dest);
+            if let Node::Name(name) = &to {
+                b.addresses
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(v.dest.address.clone());
+            }
             let port = v.dst_port.map(|p| format!(" {p}")).unwrap_or_default();
             let label = format!("{}{port} {}", v.protocol.as_str(), v.action.as_str());
             b.nodes.insert(from.clone());
@@ -409,6 +443,14 @@ impl Builder {
         out
     }
 
+    /// The addresses violations to `name` went to, sorted.
+    fn addresses_of(&self, name: &str) -> Vec<String> {
+        self.addresses
+            .get(name)
+            .map(|a| a.iter().filter(|a| !a.is_empty()).cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn node_line(&self, node: &Node) -> String {
         let (label, attrs) = match node {
             Node::Workload(_, kind, name) => {
@@ -452,6 +494,23 @@ impl Builder {
                 format!("identity\\n{}", escape(identity)),
                 "shape=ellipse, style=dotted".to_string(),
             ),
+            Node::Name(name) => {
+                let mut label = escape(name);
+                let addresses = self.addresses_of(name);
+                if !addresses.is_empty() {
+                    let mut shown: Vec<&str> = addresses
+                        .iter()
+                        .take(MAX_ADDRESSES_SHOWN)
+                        .map(String::as_str)
+                        .collect();
+                    let more = format!("+{} more", addresses.len().saturating_sub(shown.len()));
+                    if addresses.len() > shown.len() {
+                        shown.push(&more);
+                    }
+                    let _ = write!(label, "\\n({})", escape(&shown.join(", ")));
+                }
+                (label, "shape=ellipse, style=bold".to_string())
+            }
         };
         format!("{} [label=\"{label}\", {attrs}];", quote(&node.id()))
     }
@@ -575,6 +634,9 @@ fn workload_node(w: &WorkloadRef) -> Node {
             w.owner_kind.clone(),
             w.owner_name.clone(),
         )
+    } else if !w.dns_name.is_empty() {
+        // An outside address the pod resolved from a name: the name is what a policy lists.
+        Node::Name(w.dns_name.clone())
     } else if !w.address.is_empty() {
         Node::External(w.address.clone())
     } else if !w.identity.is_empty() {
@@ -589,14 +651,18 @@ fn workload_node(w: &WorkloadRef) -> Node {
 pub struct ModelNode {
     /// Stable id, also the key of [`ModelEdge::from`] / [`ModelEdge::to`].
     pub id: String,
-    /// `workload`, `selector` (pods no known workload stands for), `external` or `identity`.
+    /// `workload`, `selector` (pods no known workload stands for), `external`, `identity` or
+    /// `name` (a DNS name of an outside service).
     pub kind: &'static str,
     /// Empty for external peers and selectors over namespaces.
     pub namespace: String,
     /// Deployment, StatefulSet, ... for workloads; empty otherwise.
     pub workload_kind: String,
-    /// The workload's name, the selector, the address or the identity.
+    /// The workload's name, the selector, the address, the identity or the DNS name.
     pub name: String,
+    /// For a DNS name: the addresses its violations went to (the pods resolved it to), sorted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
     /// What governs a workload per direction: (direction, policy or proposal, mode or `learning`).
     pub governance: Vec<(Direction, String, &'static str)>,
 }
@@ -634,6 +700,11 @@ pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
                 Node::Selector(ns, sel) => ("selector", ns.clone(), String::new(), sel.clone()),
                 Node::External(a) => ("external", String::new(), String::new(), a.clone()),
                 Node::Identity(i) => ("identity", String::new(), String::new(), i.clone()),
+                Node::Name(n) => ("name", String::new(), String::new(), n.clone()),
+            };
+            let addresses = match node {
+                Node::Name(n) => b.addresses_of(n),
+                _ => Vec::new(),
             };
             let governance = b
                 .governance
@@ -657,6 +728,7 @@ pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
                 namespace,
                 workload_kind,
                 name,
+                addresses,
                 governance,
             }
         })
@@ -1086,6 +1158,89 @@ mod tests {
         assert!(dot.contains("label=\"namespace demo\""), "{dot}");
         assert!(dot.contains("label=\"namespace kube-system\""), "{dot}");
         assert!(dot.starts_with("digraph workloads {") && dot.ends_with("}\n"));
+    }
+
+    /// Names of outside services: an `egressNames` entry is an edge to each of its names, and a
+    /// violation to an address the pod resolved from a name goes to that name, its addresses under it.
+    #[test]
+    fn outside_services_are_drawn_by_name_with_their_addresses() {
+        let mut input = parse_objects(FIXTURE).unwrap();
+        let policy = &mut input.policies[0];
+        policy.spec.egress_names = serde_json::from_value(serde_json::json!([
+            {"names": ["api.example.test", "*.storage.example.test"],
+             "ports": [{"protocol": "TCP", "port": 443}]}
+        ]))
+        .unwrap();
+        let status = policy.status.as_mut().unwrap();
+        let violation = status.violations[0].clone();
+        for (i, (address, name)) in [
+            ("203.0.113.10", "other.example.test"),
+            ("203.0.113.11", "other.example.test"),
+            ("198.51.100.1", ""),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut v = violation.clone();
+            v.id = 2 + i as i64;
+            v.protocol = Protocol::TCP;
+            v.dst_port = Some(443);
+            v.dest = WorkloadRef {
+                address: address.into(),
+                dns_name: name.into(),
+                ..WorkloadRef::default()
+            };
+            status.violations.push(v);
+        }
+        let dot = render_dot(&input, None);
+        let client = "\"w:demo/Deployment/http-client\"";
+        for name in ["api.example.test", "*.storage.example.test"] {
+            assert!(
+                dot.contains(&format!("{client} -> \"n:{name}\" [label=\"TCP 443\"];")),
+                "{name}: {dot}"
+            );
+        }
+        assert!(
+            dot.contains(&format!(
+                "{client} -> \"n:other.example.test\" [label=\"violation: TCP 443 protect\", color=red"
+            )),
+            "{dot}"
+        );
+        assert!(
+            dot.contains("\"n:other.example.test\" [label=\"other.example.test\\n(203.0.113.10, 203.0.113.11)\", shape=ellipse"),
+            "{dot}"
+        );
+        // An address no pod resolved stays an address.
+        assert!(
+            dot.contains(&format!(
+                "{client} -> \"x:198.51.100.1\" [label=\"violation"
+            )),
+            "{dot}"
+        );
+        to_svg(&dot).unwrap_or_else(|e| panic!("dot refuses the graph: {e}\n{dot}"));
+        let model = model(&input, None);
+        let node = model
+            .nodes
+            .iter()
+            .find(|n| n.id == "n:other.example.test")
+            .unwrap();
+        assert_eq!(
+            (node.kind, node.name.as_str(), node.addresses.as_slice()),
+            (
+                "name",
+                "other.example.test",
+                &["203.0.113.10".to_string(), "203.0.113.11".to_string()][..]
+            )
+        );
+        let named = model
+            .edges
+            .iter()
+            .find(|e| e.to == "n:api.example.test")
+            .unwrap();
+        assert_eq!(
+            named.allowed_by,
+            [("deployment-http-client-egress".to_string(), "protect")]
+        );
     }
 
     #[test]

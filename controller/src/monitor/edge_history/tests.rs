@@ -346,3 +346,32 @@ fn the_gate_does_not_count_rotated_addresses_of_an_allowed_name_as_would_block()
     let peers: Vec<&str> = report.examples.iter().map(|e| e.peer.as_str()).collect();
     assert_eq!(peers, ["203.0.113.7", "198.51.100.1"]);
 }
+
+#[test]
+fn the_gate_names_a_blocked_outside_peer_by_the_name_it_was_resolved_from() {
+    let mut history = EdgeHistory::default();
+    let to = |ip: &str, name: &str| {
+        let mut destination = external(ip);
+        destination.workload = WorkloadRef {
+            dns_name: name.into(),
+            ..WorkloadRef::clone(&destination.workload)
+        }
+        .into();
+        ObservedFlow {
+            peer_name: Some(name).filter(|n| !n.is_empty()).map(Arc::from),
+            ..observed(client(), destination, Protocol::TCP, 443)
+        }
+    };
+    history.record(&at(to("203.0.113.7", "api.partner.test"), 2), false);
+    history.record(&at(to("203.0.113.8", ""), 1), false);
+    let report = history.replay(&cluster(), &client_egress("monitor"));
+    let peers: Vec<&str> = report.examples.iter().map(|e| e.peer.as_str()).collect();
+    assert_eq!(peers, ["api.partner.test (203.0.113.7)", "203.0.113.8"]);
+    // The web view's edges (and `check --from-cluster`) keep the name.
+    let (edges, _) = history.edges_in("demo", 10);
+    let names: Vec<&str> = edges
+        .iter()
+        .map(|e| e.destination.dns_name.as_str())
+        .collect();
+    assert_eq!(names, ["api.partner.test", ""]);
+}

@@ -76,6 +76,7 @@ impl Checker {
         }
 
         let mut workload_policies = HashMap::new();
+        let mut egress_names = HashMap::new();
         let mut istio = Vec::new();
         let mut usage = Vec::new();
         let mut seen = BTreeMap::new();
@@ -161,6 +162,10 @@ impl Checker {
                                 name,
                                 spec: payload,
                             });
+                            // The CRD rules above allow names with direction Egress only.
+                            if !spec.egress_names.is_empty() {
+                                egress_names.insert(id.clone(), spec.egress_names);
+                            }
                             workload_policies.insert(id, spec.mode);
                         }
                         Backend::Istio => {
@@ -204,6 +209,7 @@ impl Checker {
             pods_by_ip,
             identities,
             workload_policies,
+            egress_names,
             istio,
             flows: scenario.flows,
             usage,
@@ -213,6 +219,8 @@ impl Checker {
             let field = format!("flows[{i}]");
             checker.endpoint(&format!("{field}.from"), &flow.from)?;
             checker.endpoint(&format!("{field}.to"), &flow.to)?;
+            peer_name(&format!("{field}.from"), &flow.from, false)?;
+            peer_name(&format!("{field}.to"), &flow.to, true)?;
             if flow.port == 0 {
                 return Err(CheckError::new(
                     format!("{field}.port"),
@@ -232,6 +240,34 @@ impl Checker {
             policies,
             flows: self.flows.clone(),
         })
+    }
+}
+
+/// Checks a peer's `name`: only a flow's destination given by `ip` has one (the agent names outbound
+/// peers by what the pod resolved), and it is a host name as the agent reports it.
+fn peer_name(field: &str, peer: &ScenarioPeer, destination: bool) -> Result<(), CheckError> {
+    let Some(name) = &peer.name else {
+        return Ok(());
+    };
+    let field = format!("{field}.name");
+    if !destination {
+        return Err(CheckError::new(
+            field,
+            "only a flow's `to` has a name (the one the source pod resolved it from)",
+        ));
+    }
+    if peer.ip.is_none() {
+        return Err(CheckError::new(
+            field,
+            "goes with `ip`: a name stands for an outside address, never for a pod",
+        ));
+    }
+    match network_enforcer_api::dns_name::host_name(name) {
+        Ok(canonical) if canonical == *name => Ok(()),
+        _ => Err(CheckError::new(
+            field,
+            format!("{name:?} is not a lower-case host name without a trailing dot"),
+        )),
     }
 }
 

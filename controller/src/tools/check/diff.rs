@@ -178,6 +178,7 @@ mod tests {
         ScenarioPeer {
             pod: Some(pod.into()),
             ip: None,
+            name: None,
         }
     }
 

@@ -8,7 +8,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
-use network_enforcer_api::{Direction, IstioRule, Protocol};
+use network_enforcer_api::{Direction, IstioRule, NameRule, Protocol};
 use serde::Serialize;
 
 /// How one side of a flow was decided.
@@ -208,6 +208,21 @@ fn selector_text(selector: &LabelSelector) -> String {
 }
 
 /// `TCP/8080`, `TCP/5000-9000`, `TCP/http` (a named port), `UDP/*` (every port of the protocol).
+/// A `spec.egressNames` entry that allowed a flow to an address resolved from `name`: `by name
+/// api.example.test (spec.egressNames[0])`, and the entry's wildcard when that is what matched
+/// (`by name eu.storage.example.test (spec.egressNames[1]: *.storage.example.test)`).
+pub fn name_rule(index: usize, entry: &NameRule, name: &str) -> String {
+    let listed = entry.names.iter().any(|n| n == name);
+    let pattern = entry
+        .names
+        .iter()
+        .find(|n| !listed && network_enforcer_api::dns_name::matches(n, name));
+    match pattern {
+        Some(pattern) => format!("by name {name} (spec.egressNames[{index}]: {pattern})"),
+        None => format!("by name {name} (spec.egressNames[{index}])"),
+    }
+}
+
 fn port_text(port: &NetworkPolicyPort) -> String {
     let protocol = port.protocol.as_deref().unwrap_or(Protocol::TCP.as_str());
     let number = match (&port.port, port.end_port) {

@@ -195,7 +195,8 @@ pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
             peer(&pods, &jobs, &edge.destination),
         ) {
             (Some(from), Some(to)) => scenario.flows.push(ScenarioFlow {
-                from,
+                // Only a destination is named (the name its source resolved it from).
+                from: ScenarioPeer { name: None, ..from },
                 to,
                 protocol: edge.protocol,
                 port: edge.port,
@@ -248,6 +249,8 @@ fn peer(pods: &[&Pod], jobs: &JobOwners, side: &WorkloadRef) -> Option<ScenarioP
         return Some(ScenarioPeer {
             ip: Some(side.address.parse().ok()?),
             pod: None,
+            // What the source pod resolved the address from, when it did: egressNames may allow it.
+            name: Some(side.dns_name.clone()).filter(|n| !n.is_empty()),
         });
     }
     let pod = pods.iter().find(|p| {
@@ -259,6 +262,7 @@ fn peer(pods: &[&Pod], jobs: &JobOwners, side: &WorkloadRef) -> Option<ScenarioP
     Some(ScenarioPeer {
         pod: Some(format!("{}/{}", side.namespace, pod.name_any())),
         ip: None,
+        name: None,
     })
 }
 
@@ -346,6 +350,16 @@ mod tests {
                     },
                     443,
                 ),
+                // Reached by the name its pod resolved: the flow's destination keeps the name.
+                edge(
+                    side("Deployment", "web"),
+                    WorkloadRef {
+                        address: "192.0.2.8".into(),
+                        dns_name: "api.example.test".into(),
+                        ..WorkloadRef::default()
+                    },
+                    443,
+                ),
                 // No pod of it now.
                 edge(
                     side("Deployment", "retired"),
@@ -383,8 +397,15 @@ mod tests {
                 "demo/web-5d8f7c9b6-abcde -> demo/db-0:5432",
                 "demo/debug -> demo/web-5d8f7c9b6-abcde:18080",
                 "demo/web-5d8f7c9b6-abcde -> 192.0.2.7:443",
+                "demo/web-5d8f7c9b6-abcde -> 192.0.2.8:443",
             ]
         );
+        let names: Vec<Option<&str>> = scenario
+            .flows
+            .iter()
+            .map(|f| f.to.name.as_deref())
+            .collect();
+        assert_eq!(names, [None, None, None, Some("api.example.test")]);
         // The checker takes it as it is.
         super::super::Checker::new(scenario).expect("a valid scenario");
     }

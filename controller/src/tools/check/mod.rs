@@ -12,6 +12,10 @@
 //!   backend as the AuthorizationPolicy it renders, at the destination, for the source pod's
 //!   `serviceAccount` identity.
 //!
+//! A flow to an outside address may carry the DNS name the source pod resolved it from (`to.name`);
+//! a kubernetes WorkloadNetworkPolicy's `spec.egressNames` then allows it as the controller's monitor
+//! does (docs/behaviour.md §3.4), on top of what its payload allows.
+//!
 //! [`Checker::explain`] also names, for each side, the rules that allowed the flow or the policies
 //! that isolate it ([`explain`]); [`diff()`] compares the verdicts under the scenario's policies and
 //! under another set ([`Checker::with_policies`]).
@@ -54,16 +58,17 @@ pub use scenario::{
 pub use usage::{RuleUsageLine, RuleUsageReport};
 
 use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
-use crate::monitor::evaluate::network_policy;
 use crate::monitor::evaluate::view::{
     ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo,
 };
 use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, evaluate};
+use crate::monitor::evaluate::{names, network_policy};
 use crate::policy::rule_usage;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::{
-    Backend, Direction, IstioPolicy, PolicyMode, Protocol, RuleUsage, WorkloadNetworkPolicy,
+    Backend, Direction, IstioPolicy, NameRule, PolicyMode, Protocol, RuleUsage,
+    WorkloadNetworkPolicy,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -162,6 +167,8 @@ pub struct Checker {
     identities: HashMap<PodKey, String>,
     /// The WorkloadNetworkPolicies among the NetworkPolicies in the view: (namespace, name) → mode.
     workload_policies: HashMap<(String, String), PolicyMode>,
+    /// The `spec.egressNames` of those with names: (namespace, name) → the entries.
+    egress_names: HashMap<(String, String), Vec<NameRule>>,
     istio: Vec<IstioEntry>,
     flows: Vec<ScenarioFlow>,
     /// The WorkloadNetworkPolicies whose status has `ruleUsage`, in input order.

@@ -2,11 +2,14 @@
 
 use super::*;
 
+/// A pod, an address, or the name the address was resolved from with the address:
+/// `api.example.test (203.0.113.10)`.
 pub(super) fn peer_text(peer: &ScenarioPeer) -> String {
-    match (&peer.pod, peer.ip) {
-        (Some(pod), _) => pod.clone(),
-        (None, Some(ip)) => ip.to_string(),
-        (None, None) => "-".into(),
+    match (&peer.pod, peer.ip, &peer.name) {
+        (Some(pod), _, _) => pod.clone(),
+        (None, Some(ip), Some(name)) => format!("{name} ({ip})"),
+        (None, Some(ip), None) => ip.to_string(),
+        (None, None, _) => "-".into(),
     }
 }
 

@@ -45,6 +45,8 @@ impl Checker {
                     protocol,
                     port,
                 },
+                // Recorded agent lines carry no name (yet): judged by address.
+                None,
                 false,
             );
             let allowed = egress.allowed && ingress.allowed;
@@ -74,10 +76,12 @@ impl Checker {
             Some(key) => ScenarioPeer {
                 pod: Some(key.to_string()),
                 ip: None,
+                name: None,
             },
             None => ScenarioPeer {
                 pod: None,
                 ip: Some(ip),
+                name: None,
             },
         }
     }

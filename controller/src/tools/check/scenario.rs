@@ -68,6 +68,10 @@ pub struct ScenarioPeer {
     pub pod: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<IpAddr>,
+    /// A flow's `to` only, with `ip`: the DNS name the source pod resolved the address from (what
+    /// the agent reports), which `spec.egressNames` may allow. A lower-case host name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// A connection to evaluate.

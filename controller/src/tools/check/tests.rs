@@ -297,3 +297,160 @@ fn records_parse_from_agent_json_lines() {
     let err = parse_records(&line.replace("udp", "icmp")).unwrap_err();
     assert_eq!(err.field, "line 1.protocol", "{err}");
 }
+
+/// A kubernetes WorkloadNetworkPolicy of `shop/web` egress: DNS only in its payload, and the given
+/// `egressNames`.
+fn web_egress_with_names(names: &str) -> String {
+    format!(
+        "- kind: WorkloadNetworkPolicy\n  metadata: {{name: web-egress, namespace: shop}}\n  spec:\n    backend: kubernetes\n    mode: monitor\n    direction: Egress\n    targetRef: {{kind: Deployment, name: web}}\n    kubernetes: {{podSelector: {{matchLabels: {{app: web}}}}, policyTypes: [Egress], egress: [{{ports: [{{protocol: UDP, port: 53}}]}}]}}\n    egressNames: {names}\n"
+    )
+}
+
+/// `to.name`: the name the source pod resolved an outside address from. The egress side is allowed
+/// by a `spec.egressNames` entry listing it (or a wildcard above it) on the port, as monitor does
+/// (docs/behaviour.md §3.4); `--explain` names the entry, the table shows the name with the address.
+#[test]
+fn a_flow_to_an_address_resolved_from_a_listed_name_is_allowed_by_name() {
+    let policies = web_egress_with_names(
+        "[{names: [api.example.test], ports: [{port: 443}]}, {names: ['*.storage.example.test']}]",
+    );
+    let flow =
+        |to: &str, port: u16| format!("- {{from: {{pod: shop/web}}, to: {to}, port: {port}}}\n");
+    // (to, port) → (allowed, the egress explanation)
+    let cases = [
+        (
+            "{ip: 203.0.113.10, name: api.example.test}",
+            443,
+            true,
+            "allowed by wnp/shop/web-egress by name api.example.test (spec.egressNames[0])",
+        ),
+        (
+            "{ip: 203.0.113.11, name: eu.storage.example.test}",
+            8443,
+            true,
+            "allowed by wnp/shop/web-egress by name eu.storage.example.test (spec.egressNames[1]: *.storage.example.test)",
+        ),
+        // Not on the entry's port, another name, the literal: as without names.
+        (
+            "{ip: 203.0.113.10, name: api.example.test}",
+            80,
+            false,
+            "isolated by wnp/shop/web-egress; no rule matches",
+        ),
+        (
+            "{ip: 203.0.113.10, name: api.other.test}",
+            443,
+            false,
+            "isolated by wnp/shop/web-egress; no rule matches",
+        ),
+        (
+            "{ip: 203.0.113.10}",
+            443,
+            false,
+            "isolated by wnp/shop/web-egress; no rule matches",
+        ),
+        // Names never allow a pod, whatever name the address came with.
+        (
+            "{ip: 10.0.0.2, name: api.example.test}",
+            443,
+            false,
+            "isolated by wnp/shop/web-egress; no rule matches",
+        ),
+    ];
+    for (to, port, allowed, explanation) in cases {
+        let scenario = parse_scenario(&format!(
+            "pods:\n- {{namespace: shop, name: web, labels: {{app: web}}, ip: 10.0.0.1}}\n- {{namespace: shop, name: db, labels: {{app: db}}, ip: 10.0.0.2}}\npolicies:\n{policies}flows:\n{}",
+            flow(to, port)
+        ))
+        .unwrap();
+        let checker = Checker::new(scenario).unwrap();
+        let result = &checker.explain().results[0];
+        assert_eq!(result.allowed, allowed, "{to}:{port}");
+        assert_eq!(
+            explain::explanation_text(&result.egress),
+            explanation,
+            "{to}:{port}"
+        );
+        // Without --explain, the same verdict and the deciding policy.
+        let plain = &checker.run().results[0];
+        assert_eq!(
+            (plain.allowed, &plain.egress.policies),
+            (result.allowed, &result.egress.policies),
+            "{to}:{port}"
+        );
+    }
+    let scenario = parse_scenario(&format!(
+        "pods: [{{namespace: shop, name: web, labels: {{app: web}}}}]\npolicies:\n{policies}flows:\n{}",
+        flow("{ip: 203.0.113.10, name: api.example.test}", 443)
+    ))
+    .unwrap();
+    let table = Checker::new(scenario).unwrap().run().render_table();
+    assert!(
+        table.contains("shop/web  api.example.test (203.0.113.10)  TCP    443   ALLOW"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_name_goes_with_the_address_of_a_flow_destination() {
+    let cases = [
+        (
+            "{from: {ip: 203.0.113.1, name: a.example.test}, to: {pod: a/p}, port: 80}",
+            "flows[0].from.name",
+        ),
+        (
+            "{from: {pod: a/p}, to: {pod: a/p, name: a.example.test}, port: 80}",
+            "flows[0].to.name",
+        ),
+        (
+            "{from: {pod: a/p}, to: {ip: 203.0.113.1, name: A.example.test}, port: 80}",
+            "flows[0].to.name",
+        ),
+        (
+            "{from: {pod: a/p}, to: {ip: 203.0.113.1, name: 'a.example.test.'}, port: 80}",
+            "flows[0].to.name",
+        ),
+        (
+            "{from: {pod: a/p}, to: {ip: 203.0.113.1, name: '*.example.test'}, port: 80}",
+            "flows[0].to.name",
+        ),
+    ];
+    for (flow, field) in cases {
+        let scenario = parse_scenario(&format!(
+            "pods: [{{namespace: a, name: p}}]\nflows:\n- {flow}\n"
+        ))
+        .unwrap();
+        let err = Checker::new(scenario).err().expect(flow);
+        assert_eq!(err.field, field, "{flow}: {err}");
+    }
+}
+
+/// `--diff-policies`: adding the name to `egressNames` is a change from denied to allowed, shown
+/// with the name.
+#[test]
+fn adding_a_name_shows_in_the_diff_by_name() {
+    let scenario = parse_scenario(&format!(
+        "pods: [{{namespace: shop, name: web, labels: {{app: web}}}}]\npolicies:\n{}flows:\n- {{from: {{pod: shop/web}}, to: {{ip: 203.0.113.10, name: api.example.test}}, port: 443}}\n",
+        web_egress_with_names("[{names: [other.example.test]}]")
+    ))
+    .unwrap();
+    let old = Checker::new(scenario).unwrap();
+    let new = old
+        .with_policies(
+            parse_policies(&web_egress_with_names(
+                "[{names: [other.example.test]}, {names: [api.example.test]}]",
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+    let report = diff(&old.explain(), &new.explain());
+    assert_eq!((report.now_allowed.len(), report.now_denied.len()), (1, 0));
+    let change = &report.now_allowed[0];
+    assert_eq!(change.to.name.as_deref(), Some("api.example.test"));
+    assert_eq!(
+        explain::explanation_text(&change.new.egress),
+        "allowed by wnp/shop/web-egress by name api.example.test (spec.egressNames[1])"
+    );
+    let text = report.render_table();
+    assert!(text.contains("api.example.test (203.0.113.10)"), "{text}");
+}

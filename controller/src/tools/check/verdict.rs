@@ -26,7 +26,7 @@ impl Checker {
                     protocol: f.protocol,
                     port: f.port,
                 };
-                let (egress, ingress) = self.evaluate(&flow, explain);
+                let (egress, ingress) = self.evaluate(&flow, f.to.name.as_deref(), explain);
                 CheckResult {
                     from: f.from.clone(),
                     to: f.to.clone(),
@@ -84,14 +84,24 @@ impl Checker {
     }
 
     /// Egress and ingress verdicts of one flow, with the deciding policies; with `explain`, also the
-    /// decision and the matching rules of each side.
-    pub(super) fn evaluate(&self, flow: &Flow, explain: bool) -> (Side, Side) {
+    /// decision and the matching rules of each side. `peer_name`: the name the source pod resolved
+    /// an outside destination from.
+    pub(super) fn evaluate(
+        &self,
+        flow: &Flow,
+        peer_name: Option<&str>,
+        explain: bool,
+    ) -> (Side, Side) {
         let verdict = evaluate(&self.view, flow).expect("endpoints are pods of the view");
         let mut egress = self.side(&verdict.egress);
         let mut ingress = self.side(&verdict.ingress);
         if explain {
             egress.rules = self.matching_rules(&verdict.egress, Direction::Egress, flow);
             ingress.rules = self.matching_rules(&verdict.ingress, Direction::Ingress, flow);
+        }
+        // Names allow outside addresses only, as in the controller (`attribution`).
+        if let (Endpoint::Ip(_), Some(name)) = (&flow.destination, peer_name) {
+            self.allow_by_name(&verdict.egress, &mut egress, name, flow, explain);
         }
         // ztunnel enforces the istio policies at the destination, on top of the NetworkPolicies.
         if let Endpoint::Pod(key) = &flow.destination {
@@ -170,6 +180,57 @@ impl Checker {
             }
         }
         (egress, ingress)
+    }
+
+    /// Adds to the egress side what the `spec.egressNames` of the WorkloadNetworkPolicies isolating
+    /// the source allow: a flow to an address resolved from `name`. Each such policy's names add to
+    /// what its payload allows, and NetworkPolicies add up, so one entry allowing is enough; a side
+    /// its NetworkPolicies denied is then decided by those entries alone.
+    fn allow_by_name(
+        &self,
+        verdict: &SideVerdict,
+        egress: &mut Side,
+        name: &str,
+        flow: &Flow,
+        explain: bool,
+    ) {
+        let mut matched = Vec::new();
+        for decision in &verdict.policies {
+            let Some(entries) = self
+                .egress_names
+                .get(&(decision.namespace.clone(), decision.name.clone()))
+            else {
+                continue;
+            };
+            for (index, entry) in entries.iter().enumerate() {
+                if names::allows(std::slice::from_ref(entry), name, flow.protocol, flow.port) {
+                    matched.push(MatchedRule {
+                        policy: self.deciding(&decision.namespace, &decision.name),
+                        index,
+                        rule: explain::name_rule(index, entry, name),
+                    });
+                }
+            }
+        }
+        if matched.is_empty() {
+            return;
+        }
+        if !egress.allowed {
+            egress.allowed = true;
+            egress.policies.clear();
+            egress.rules.clear();
+        }
+        for m in &matched {
+            if !egress.policies.contains(&m.policy) {
+                egress.policies.push(m.policy.clone());
+            }
+        }
+        egress
+            .policies
+            .sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
+        if explain {
+            egress.rules.extend(matched);
+        }
     }
 
     fn side(&self, verdict: &SideVerdict) -> Side {
