@@ -50,14 +50,16 @@ pub enum EdgeState {
 #[serde(rename_all = "camelCase")]
 pub struct GraphNode {
     pub id: String,
-    /// `workload`, `selector`, `external` or `identity`.
+    /// `workload`, `selector`, `external`, `identity` or `name` (a DNS name of an outside service,
+    /// from `spec.egressNames` or a violation's `dest.dnsName`).
     pub kind: &'static str,
     pub namespace: String,
     pub workload_kind: String,
     pub name: String,
     /// `learning`, `monitor` or `protect` per direction.
     pub governance: Vec<Governance>,
-    /// The addresses grouped into this node (external group only).
+    /// The addresses grouped into this node: the external group's, or the addresses a `name` node's
+    /// violations went to (what the pods resolved the name to), shown on hover.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
 }
@@ -195,7 +197,8 @@ fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphVi
                     mode,
                 })
                 .collect(),
-            members: Vec::new(),
+            // A name stays one node (not grouped with the addresses): its addresses rotate.
+            members: n.addresses,
         })
         .collect();
     let mut edges: Vec<GraphEdge> = model

@@ -22,7 +22,9 @@ const PROMOTED: &str = "<promoted proposal>";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiffRow {
-    /// The other end: a workload (`w:ns/Kind/name`), selector, address or identity node id.
+    /// The other end: a workload (`w:ns/Kind/name`), selector, address, identity or DNS name
+    /// (`n:api.example.test`: a name of `egressNames`, or the name a violation's address was resolved
+    /// from) node id.
     pub peer: String,
     /// `TCP 5432`, `any port`.
     pub port: String,

@@ -322,6 +322,161 @@ fn workload_page_has_rules_usage_violations_and_commands() {
     assert!(view.policies[0].rules.iter().all(|r| r.usage.is_none()));
 }
 
+/// [`policy`] with `spec.egressNames` and violations to outside addresses the client resolved from a
+/// name it does not list (twice, two addresses) and to a literal.
+fn policy_with_names() -> PolicyObject {
+    let mut value =
+        serde_json::to_value(&policy("monitor", "monitor", "2026-01-01T00:09:00Z").policy).unwrap();
+    value["spec"]["egressNames"] = serde_json::json!([
+        {"names": ["api.example.test", "*.storage.example.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]);
+    let violation = |id: i64, address: &str, name: &str| {
+        let mut dest = serde_json::json!({"address": address});
+        if !name.is_empty() {
+            dest["dnsName"] = name.into();
+        }
+        serde_json::json!({"id": id, "timestamp": "2026-01-01T00:08:00Z",
+            "source": {"namespace": "demo", "ownerKind": "Deployment", "ownerName": "http-client"},
+            "dest": dest, "protocol": "TCP", "dstPort": 443, "action": "monitor", "direction": "Egress"})
+    };
+    let violations = value["status"]["violations"].as_array_mut().unwrap();
+    violations.push(violation(8, "203.0.113.20", "other.example.test"));
+    violations.push(violation(9, "203.0.113.21", "other.example.test"));
+    violations.push(violation(10, "192.0.2.50", ""));
+    PolicyObject::from_json(value).expect("policy with names")
+}
+
+/// Outside services reached by name are drawn and listed by the name, their addresses on hover
+/// (`members`) and in the violation's text; the policy's `egressNames` are on the workload page.
+#[test]
+fn outside_services_are_shown_by_name() {
+    let snapshot = snapshot(vec![policy_with_names()]);
+    let view = graph_view::build(
+        &snapshot,
+        &GraphQuery {
+            namespace: "demo".into(),
+            ..GraphQuery::default()
+        },
+    );
+    let all = edges(&view);
+    for expected in [
+        edge(CLIENT, "n:api.example.test", EdgeState::Allowed, "TCP 443"),
+        edge(
+            CLIENT,
+            "n:*.storage.example.test",
+            EdgeState::Allowed,
+            "TCP 443",
+        ),
+        edge(
+            CLIENT,
+            "n:other.example.test",
+            EdgeState::Violation,
+            "TCP 443",
+        ),
+        // The literal joins the other outside addresses in the group.
+        edge(
+            CLIENT,
+            graph_view::EXTERNAL_GROUP,
+            EdgeState::Violation,
+            "TCP 443",
+        ),
+    ] {
+        assert!(all.contains(&expected), "{expected:?} in {all:#?}");
+    }
+    let named = view
+        .nodes
+        .iter()
+        .find(|n| n.id == "n:other.example.test")
+        .expect("a node for the name");
+    assert_eq!(
+        (named.kind, named.name.as_str(), named.members.as_slice()),
+        (
+            "name",
+            "other.example.test",
+            &["203.0.113.20".to_string(), "203.0.113.21".to_string()][..]
+        )
+    );
+    let group = view
+        .nodes
+        .iter()
+        .find(|n| n.id == graph_view::EXTERNAL_GROUP)
+        .unwrap();
+    assert!(
+        group.members.contains(&"192.0.2.50".to_string())
+            && !group.members.iter().any(|m| m.starts_with("203.0.113.2")),
+        "{:?}",
+        group.members
+    );
+
+    let page = workload_view::build(&snapshot, "demo", "http-client", None).unwrap();
+    let policy = &page.policies[0];
+    assert_eq!(policy.egress_names.len(), 1);
+    assert_eq!(
+        (&policy.egress_names[0].names, &policy.egress_names[0].ports),
+        (
+            &vec![
+                "api.example.test".to_string(),
+                "*.storage.example.test".to_string()
+            ],
+            &vec!["TCP 443".to_string()]
+        )
+    );
+    let dests: Vec<&str> = policy.violations.iter().map(|v| v.dest.as_str()).collect();
+    assert!(
+        dests.contains(&"other.example.test (203.0.113.20)") && dests.contains(&"192.0.2.50"),
+        "{dests:?}"
+    );
+    let json = serde_json::to_value(policy).unwrap();
+    assert_eq!(json["egressNames"][0]["names"][0], "api.example.test");
+    // A payload without names has no entry.
+    let plain = workload_view::build(
+        &self::snapshot(vec![policy_without_usage()]),
+        "demo",
+        "http-client",
+        None,
+    )
+    .unwrap();
+    assert!(
+        serde_json::to_value(&plain.policies[0])
+            .unwrap()
+            .get("egressNames")
+            .is_none()
+    );
+}
+
+/// The diff page: a name the proposal learned allows the policy's violations to addresses resolved
+/// from that name (the name, not the rotating addresses, is the peer).
+#[test]
+fn proposal_diff_counts_violations_by_the_name_the_proposal_learned() {
+    let mut snapshot = snapshot(vec![policy_with_names()]);
+    let proposal = snapshot
+        .proposals
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("deployment-http-client-egress"))
+        .unwrap();
+    proposal.spec.egress_names = serde_json::from_value(serde_json::json!([
+        {"names": ["other.example.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]))
+    .unwrap();
+    let diff = proposal_diff::build(&snapshot, "demo", "deployment-http-client-egress").unwrap();
+    let row = diff
+        .rows
+        .iter()
+        .find(|r| r.peer == "n:other.example.test")
+        .expect("a row for the name");
+    assert_eq!(
+        (
+            row.port.as_str(),
+            row.learned,
+            row.allowed_now,
+            row.allowed_after,
+            row.violations
+        ),
+        ("TCP 443", true, false, true, 2)
+    );
+    assert_eq!(diff.violations_allowed_after, 2, "{:#?}", diff.rows);
+}
+
 fn policy_without_usage() -> PolicyObject {
     policy("protect", "protect", "2026-01-01T00:09:00Z")
 }

@@ -12,7 +12,8 @@ use network_enforcer_api::keys::{
     PROMOTED_FROM_LABEL,
 };
 use network_enforcer_api::{
-    Direction, IstioPolicy, PolicyMode, ViolationRecord, WorkloadNetworkPolicyProposal, WorkloadRef,
+    Direction, IstioPolicy, NameRule, PolicyMode, ViolationRecord, WorkloadNetworkPolicyProposal,
+    WorkloadRef,
 };
 use serde::Serialize;
 
@@ -32,6 +33,18 @@ pub struct RuleView {
     /// This rule's entry of `status.ruleUsage`, as the status has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<serde_json::Value>,
+}
+
+/// One `spec.egressNames` entry, as text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NameRuleView {
+    /// Position in `spec.egressNames`.
+    pub index: usize,
+    /// The entry's names and wildcards, as written.
+    pub names: Vec<String>,
+    /// `TCP 443`, `any port`.
+    pub ports: Vec<String>,
 }
 
 /// A condition, flattened.
@@ -83,6 +96,9 @@ pub struct ProposalView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_learned_time: Option<String>,
     pub rules: Vec<RuleView>,
+    /// The outside services learned by name (`spec.egressNames`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress_names: Vec<NameRuleView>,
     pub conditions: Vec<ConditionView>,
     /// `kubectl label ... promote=monitor` and `...=protect`.
     pub promote_commands: Vec<String>,
@@ -100,6 +116,9 @@ pub struct PolicyView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub promoted_from: Option<String>,
     pub rules: Vec<RuleView>,
+    /// The outside services it allows by name (`spec.egressNames`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress_names: Vec<NameRuleView>,
     /// `status.ruleUsage` as written, when present (also split onto the rules when it is a list).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule_usage: Option<serde_json::Value>,
@@ -220,6 +239,7 @@ fn proposal_view(p: &WorkloadNetworkPolicyProposal, policies: &[PolicyObject]) -
             p.spec.istio.as_ref(),
             None,
         ),
+        egress_names: name_rules(&p.spec.egress_names),
         conditions: conditions(&status.conditions),
         promote_commands: [PROMOTE_MONITOR, PROMOTE_PROTECT]
             .iter()
@@ -264,6 +284,7 @@ fn policy_view(p: &PolicyObject) -> PolicyView {
             spec.istio.as_ref(),
             p.rule_usage.as_ref(),
         ),
+        egress_names: name_rules(&spec.egress_names),
         rule_usage: p.rule_usage.clone(),
         conditions: conditions(&status.conditions),
         violation_count: status.violation_count,
@@ -366,6 +387,19 @@ pub fn rules(
     out
 }
 
+/// `spec.egressNames` as text.
+pub fn name_rules(entries: &[NameRule]) -> Vec<NameRuleView> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| NameRuleView {
+            index,
+            names: entry.names.clone(),
+            ports: port_labels(Some(&entry.ports)).into_iter().collect(),
+        })
+        .collect()
+}
+
 /// One peer of a NetworkPolicy rule, as text.
 pub fn peer_text(peer: &NetworkPolicyPeer) -> String {
     if let Some(block) = &peer.ip_block {
@@ -391,6 +425,9 @@ pub fn peer_text(peer: &NetworkPolicyPeer) -> String {
 pub fn side(w: &WorkloadRef) -> String {
     if !w.owner_name.is_empty() {
         format!("{}/{} {}", w.namespace, w.owner_kind, w.owner_name)
+    } else if !w.dns_name.is_empty() {
+        // The name the pod resolved the address from: what `egressNames` would list.
+        format!("{} ({})", w.dns_name, w.address)
     } else if !w.address.is_empty() {
         w.address.clone()
     } else if !w.identity.is_empty() {

@@ -148,9 +148,12 @@ function renderGraph(g) {
     const modes = n.governance.map((x) => x.mode);
     const mode = modes.includes("protect") ? "protect" : modes.includes("monitor") ? "monitor" : modes.length ? "learning" : "";
     const label = n.kind === "workload" ? n.name : n.name.length > 30 ? n.name.slice(0, 29) + "…" : n.name;
-    const sub = n.kind === "workload" ? `${n.workloadKind}${mode ? " · " + mode : ""}` : n.kind;
+    const sub = n.kind === "workload" ? `${n.workloadKind}${mode ? " · " + mode : ""}`
+      : n.kind === "name" ? `DNS name${n.members ? ` · ${n.members.length} address${n.members.length === 1 ? "" : "es"}` : ""}`
+      : n.kind;
     const g1 = el("svg:g", { class: `node ${n.kind} ${mode}`, "data-id": n.id, transform: `translate(${p.x},${p.y})` },
-      el("svg:title", {}, n.members ? n.members.join("\n") : n.governance.map((x) => `${x.direction}: ${x.mode} (${x.name})`).join("\n") || n.name),
+      el("svg:title", {}, n.kind === "name" ? [n.name].concat(n.members || []).join("\n")
+        : n.members ? n.members.join("\n") : n.governance.map((x) => `${x.direction}: ${x.mode} (${x.name})`).join("\n") || n.name),
       el("svg:rect", { width: NODE_W, height: NODE_H, rx: 6 }),
       el("svg:text", { x: 10, y: 22 }, label),
       el("svg:text", { x: 10, y: 42, class: "sub" }, sub));
@@ -260,6 +263,13 @@ function rulesTable(rules, withUsage) {
   return table(headers, rules.map((r) => [String(r.index), r.peers.join("; "), r.ports.join(", ")].concat(withUsage ? [usageText(r.usage) || "—"] : [])));
 }
 
+// A payload's spec.egressNames: outside services by DNS name (absent: none).
+function namesTable(entries) {
+  if (!entries || !entries.length) return [];
+  return [el("h4", {}, "Names (spec.egressNames)"),
+    table(["#", "names", "ports"], entries.map((e) => [String(e.index), e.names.join(", "), e.ports.join(", ")]))];
+}
+
 function conditions(list) {
   return table(["type", "status", "reason", "message"], list.map((c) => [c.type, c.status, c.reason, c.message]));
 }
@@ -290,6 +300,7 @@ async function workloadPage(ns, name, params) {
       el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: "tag" }, p.promoteLabel ? `promote=${p.promoteLabel}` : "learning")),
       el("p", {}, `${p.peerCount ?? 0} peers; last learned ${p.lastLearnedTime || "—"}` + (p.policy ? `; promoted into ${p.policy}` : "")),
       rulesTable(p.rules, false),
+      ...namesTable(p.egressNames),
       el("p", {}, el("a", { href: `#/diff/${encodeURIComponent(ns)}/${encodeURIComponent(p.name)}` }, "what would promoting allow? (diff)")),
       el("h4", {}, "Promote"), ...p.promoteCommands.map((c) => command(c, "promote")),
       el("h4", {}, "Conditions"), conditions(p.conditions))));
@@ -297,6 +308,7 @@ async function workloadPage(ns, name, params) {
       el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: `tag ${p.mode}` }, p.mode)),
       el("p", {}, `${p.activeViolationCount} active violations (${p.violationCount} observed in all)` + (p.promotedFrom ? `; from proposal ${p.promotedFrom}` : "")),
       rulesTable(p.rules, true),
+      ...namesTable(p.egressNames),
       el("h4", {}, "Active violations"),
       violationsTable(p.violations),
       el("h4", {}, "Acknowledged"),
