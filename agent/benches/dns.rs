@@ -15,6 +15,10 @@
 //! [`ROUND`] each, per CPU-second of this thread (another process on the machine does not lower it; the
 //! wall-clock rates are in the JSON too).
 
+// The pod, router and outside namespaces of the DNS hold's kernel tests.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use network_enforcer_agent::dns::answer::read_answer;
 use network_enforcer_agent::dns::tracker::{Limits, Pod, Tracker};
 use simple_dns::rdata::{A, AAAA, CNAME, RData, SOA};
@@ -469,6 +473,8 @@ fn main() {
         .count();
     assert_eq!(missed, 0, "name lookups of held resolutions");
 
+    let hold = hold_figures();
+
     let path = std::env::var_os("BENCH_FIGURES")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
@@ -495,7 +501,101 @@ fn main() {
         "exchanges": n,
         "resolutions_held": tracker.resolved(),
     });
+    let mut report = report;
+    if let (Some(all), serde_json::Value::Object(hold)) = (report.as_object_mut(), hold) {
+        all.extend(hold);
+    }
     std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap())
         .expect("write the figures");
     println!("wrote {}: {report}", path.display());
+}
+
+/// Exchanges per series of the DNS hold's figures.
+const HOLD_EXCHANGES: usize = 400;
+/// Names that move to a new address, each resolved and called once.
+const ROTATIONS: u8 = 200;
+
+/// The DNS hold with real packets (`support::dns_world`: pod, router, outside namespaces; root
+/// needed, `Null` without it): the pod's DNS exchange time without the hold, with it when the
+/// answer brings nothing new, and when it brings a new address (the answer waits for the grant);
+/// and whether the first connection right after each new answer goes through without a SYN resend
+/// (a 600 ms connect timeout, under TCP's 1 s retry). The no-hold series is taken before and after
+/// the held ones: how far it moved says how much the machine drifted meanwhile.
+fn hold_figures() -> serde_json::Value {
+    use network_enforcer_agent::enforce::dns_hold::Hold;
+    use network_enforcer_agent::enforce::nft;
+    use network_enforcer_agent::enforce::watch::EnforcementMetrics;
+    use support::dns_world::{
+        OTHER, QUEUE, TABLE, World, connects, resolve, rotated, rotating_name, serve_dns, serve_tcp,
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("DNS hold: not root, no figures (network namespaces and nft need root)");
+        return serde_json::Value::Null;
+    }
+    let world = World::new(3);
+    serve_dns(&world, 300);
+    serve_tcp(&world);
+    let series = |name: &str| -> Vec<Duration> {
+        (0..HOLD_EXCHANGES)
+            .map(|_| resolve(&world, name).1)
+            .collect()
+    };
+    let baseline_before = series(OTHER);
+    let ruleset = world.ruleset(&["*.rot.partner.test"]);
+    let hold = world.router.run(move || {
+        let hold = Hold::start(
+            TABLE,
+            QUEUE,
+            Duration::from_secs(30),
+            EnforcementMetrics::default(),
+        )
+        .expect("starting the hold");
+        hold.install(&ruleset, None).expect("installing the table");
+        hold
+    });
+    // An allowed name granted once, then answered again and again: nothing new.
+    let granted = rotating_name(249);
+    resolve(&world, &granted);
+    let nothing_new = series(&granted);
+    let mut new_address = Vec::new();
+    let mut first_connects = 0usize;
+    for k in 0..ROTATIONS {
+        let name = rotating_name(k);
+        let (address, took) = resolve(&world, &name);
+        assert_eq!(Some(address), rotated(&name));
+        new_address.push(took);
+        first_connects += usize::from(connects(&world, address));
+    }
+    drop(hold);
+    world
+        .router
+        .run(|| nft::clear_all(TABLE))
+        .expect("removing the tables");
+    let baseline_after = series(OTHER);
+
+    let p = |v: &[Duration], q: f64| -> f64 {
+        let mut v: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+    };
+    let baseline_p99 = p(&baseline_before, 0.99).max(p(&baseline_after, 0.99));
+    let round1 = |v: f64| (v * 10.0).round() / 10.0;
+    let figures = serde_json::json!({
+        "dns_answer_added_latency_p99_us": round1(p(&nothing_new, 0.99) - baseline_p99),
+        "dns_answer_added_latency_new_address_p99_us": round1(p(&new_address, 0.99) - baseline_p99),
+        "dns_exchange_p50_us_no_hold": round1(p(&baseline_before, 0.5)),
+        "dns_exchange_p99_us_no_hold": round1(p(&baseline_before, 0.99)),
+        "dns_exchange_p99_us_no_hold_after": round1(p(&baseline_after, 0.99)),
+        "dns_exchange_p50_us_hold_nothing_new": round1(p(&nothing_new, 0.5)),
+        "dns_exchange_p99_us_hold_nothing_new": round1(p(&nothing_new, 0.99)),
+        "dns_exchange_p50_us_hold_new_address": round1(p(&new_address, 0.5)),
+        "dns_exchange_p99_us_hold_new_address": round1(p(&new_address, 0.99)),
+        "first_connect_after_rotation_success_ratio":
+            (first_connects as f64 / f64::from(ROTATIONS) * 1000.0).round() / 1000.0,
+        "rotations": ROTATIONS,
+        "hold_exchanges_per_series": HOLD_EXCHANGES,
+    });
+    eprintln!("DNS hold: {figures}");
+    figures
 }

@@ -15,7 +15,7 @@
 
 use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey, WallClock, monotonic_now};
 use crate::debug::flows::{self, PodNames};
-use crate::debug::socket::DebugServer;
+use crate::debug::socket::{Attributed, DebugServer};
 use crate::dns::tracker::{Limits, Tracker};
 use crate::error::Result;
 use crate::identity::attribution::{Attributor, Owner};
@@ -427,7 +427,7 @@ impl Pipeline {
         }
         if let Some(debug) = &self.debug {
             let state = lock(&self.attributor);
-            let aggregator = &self.aggregator;
+            let (aggregator, names) = (&self.aggregator, &self.names);
             // Asked once per edge new to the debug API's buffer, not per event.
             debug.publish(events, |e| {
                 let owner = match aggregator.tag(&EdgeId::of_event(e)) {
@@ -435,8 +435,15 @@ impl Pipeline {
                     _ => state.resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic),
                 };
                 match owner {
-                    Owner::Pod(pod) => Some(pod.label().into()),
-                    Owner::Host | Owner::Unknown => None,
+                    Owner::Pod(pod) => Attributed {
+                        resolved_from: names
+                            .as_ref()
+                            .filter(|_| e.direction == Direction::Outbound)
+                            .and_then(|t| t.name_of(&pod.uid, e.remote.ip(), e.monotonic))
+                            .map(Arc::from),
+                        pod: Some(pod.label().into()),
+                    },
+                    Owner::Host | Owner::Unknown => Attributed::default(),
                 }
             });
         }

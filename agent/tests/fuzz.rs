@@ -420,7 +420,9 @@ async fn exchange(
     let mut lines = BufReader::new(read).lines();
     let event = event();
     loop {
-        server.publish(&[event], |_| None);
+        server.publish(&[event], |_| {
+            network_enforcer_agent::debug::socket::Attributed::default()
+        });
         tokio::select! {
             biased;
             e = &mut send => return Err(format!("write: {e}")),

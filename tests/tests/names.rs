@@ -374,9 +374,9 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
 /// resent meanwhile (its namespace's `TCPSynRetrans`, read before and after).
 fn call_counting_syn_resends(ns: &Namespace, client: &str) -> Result<(bool, u64)> {
     let script = format!(
-        "grep TcpExt: /proc/net/netstat; \
+        "grep ^TcpExt: /proc/net/netstat; \
          echo reply:$(echo rotated | socat -t 3 - TCP:{NAME}:{PORT},connect-timeout=3 2>/dev/null); \
-         grep TcpExt: /proc/net/netstat"
+         grep ^TcpExt: /proc/net/netstat"
     );
     let out = ns.exec(client, &script)?;
     let lines: Vec<&str> = out.lines().collect();
@@ -392,7 +392,10 @@ fn call_counting_syn_resends(ns: &Namespace, client: &str) -> Result<(bool, u64)
             let (before, after) = resent(n1, v1)
                 .zip(resent(n2, v2))
                 .with_context(|| format!("no TCPSynRetrans in {out:?}"))?;
-            Ok((reply.trim() == "reply:rotated", after.saturating_sub(before)))
+            Ok((
+                reply.trim() == "reply:rotated",
+                after.saturating_sub(before),
+            ))
         }
         _ => anyhow::bail!("unexpected output of the call: {out:?}"),
     }

@@ -370,6 +370,14 @@ impl Shared {
     }
 }
 
+/// What the pipeline knows of an event for the debug API: its pod's label and, for an outbound
+/// connection to an address the pod resolved, the name it resolved it from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attributed {
+    pub pod: Option<Arc<str>>,
+    pub resolved_from: Option<Arc<str>>,
+}
+
 impl DebugServer {
     /// Listens on `path` (its directory is created; a stale socket file from a previous run is replaced),
     /// keeping at most `recent_edges` edges for `since` requests.
@@ -425,18 +433,24 @@ impl DebugServer {
     pub fn publish(
         &self,
         events: &[ConnectionEvent],
-        mut pod: impl FnMut(&ConnectionEvent) -> Option<Arc<str>>,
+        pod: impl FnMut(&ConnectionEvent) -> Attributed,
     ) {
         let mut recent = self.shared.recent();
         let live = self.shared.lines.receiver_count() > 0;
+        let pod = std::cell::RefCell::new(pod);
         for event in events {
+            // One attribution per event at most, shared by the pod's label and the peer's DNS name.
+            let attributed = std::cell::OnceCell::new();
+            let attribute = || attributed.get_or_init(|| (pod.borrow_mut())(event));
             let peer = || {
-                let peers = self.shared.peers.get()?;
-                // A poisoned lock means a panic elsewhere already; the names are still usable.
-                let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
-                peers.name(event.remote.ip())
+                let named = self.shared.peers.get().and_then(|peers| {
+                    // A poisoned lock means a panic elsewhere already; the names are still usable.
+                    let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+                    peers.name(event.remote.ip())
+                });
+                named.or_else(|| attribute().resolved_from.clone())
             };
-            let (label, peer) = recent.add_named(event, || pod(event), peer);
+            let (label, peer) = recent.add_named(event, || attribute().pod.clone(), peer);
             if live {
                 let mut record = EventRecord::from(event);
                 record.pod = label.map(|l| l.to_string());
@@ -758,6 +772,40 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// An outside address has no name in the directory: the `flows` view names it by what its pod
+    /// resolved it from.
+    #[tokio::test]
+    async fn an_outside_peer_is_named_by_the_name_its_pod_resolved_it_from() {
+        let dir = std::env::temp_dir().join(format!("ne-debug-dns-{}", std::process::id()));
+        let path = dir.join("agent.sock");
+        let server = DebugServer::bind(&path, 100).unwrap();
+        let recent = ConnectionEvent {
+            monotonic: crate::aggregate::monotonic_now(),
+            ..event()
+        };
+        let mut asked = 0;
+        server.publish(&[recent, recent], |_| {
+            asked += 1;
+            Attributed {
+                pod: Some("shop/web".into()),
+                resolved_from: Some("api.partner.test".into()),
+            }
+        });
+        assert_eq!(
+            asked, 1,
+            "attributed once per new edge, for its pod and its peer"
+        );
+        let mut client = DebugClient::connect(&path, Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let history = client.read_history().await.unwrap();
+        let key = &history.edges[0].0;
+        assert_eq!(client.names().get(key), Some("shop/web"));
+        assert_eq!(client.names().peer(key), Some("api.partner.test"));
+        drop(server);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// The agent names the peer from its directory, in the replayed history and in live events; the
     /// client keeps the name by address.
     #[tokio::test]
@@ -780,7 +828,7 @@ mod tests {
             monotonic: crate::aggregate::monotonic_now(),
             ..event()
         };
-        server.publish(&[recent], |_| None);
+        server.publish(&[recent], |_| Attributed::default());
         let mut client = DebugClient::connect(&path, Some(Duration::from_secs(60)))
             .await
             .unwrap();
@@ -799,7 +847,7 @@ mod tests {
         };
         let publish = async {
             loop {
-                server.publish(&[other], |_| None);
+                server.publish(&[other], |_| Attributed::default());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
@@ -831,7 +879,10 @@ mod tests {
             ..event()
         };
         recent.local = SocketAddr::new(recent.local.ip(), 54);
-        server.publish(&[old, recent], |_| Some("shop/dns".into()));
+        server.publish(&[old, recent], |_| Attributed {
+            pod: Some("shop/dns".into()),
+            resolved_from: None,
+        });
         let mut client = DebugClient::connect(&path, Some(Duration::from_secs(60)))
             .await
             .unwrap();
@@ -847,7 +898,7 @@ mod tests {
         };
         let publish = async {
             loop {
-                server.publish(&[event()], |_| None);
+                server.publish(&[event()], |_| Attributed::default());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

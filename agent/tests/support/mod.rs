@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod dns_world;
+
 use network_enforcer_agent::{ConnectionEvent, DataPlane, EventReader, LoadOptions};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
