@@ -1,5 +1,5 @@
 //! Outside services by name (issue 41), on the local cluster with real pods, real DNS and real packets:
-//! a made-up zone (`api.partner.test`) served to the pods by the cluster DNS, whose answer rotates among
+//! a made-up zone (`api-<pid>.partner.test`) served to the pods by the cluster DNS, whose answer rotates among
 //! addresses of a network namespace this test creates outside the pod range (nothing leaves the
 //! machine). A client that calls the name is learned by name (its proposal's `egressNames`); promoted
 //! to monitor, a connection to the name's next address is no violation, while an address literal the
@@ -22,7 +22,13 @@ use network_enforcer_tests::fixture;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-const NAME: &str = "api.partner.test";
+/// The name the client calls, `api-<pid>.partner.test`: per run, so answers a cluster DNS still holds
+/// from an earlier run (dnsmasq keeps the entries of a hosts file that was removed) cannot allow its
+/// new addresses early.
+fn name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| format!("api-{}.partner.test", std::process::id()))
+}
 /// The addresses the name rotates through in monitor, then in protect.
 const ROTATION: [&str; 3] = ["203.0.113.10", "203.0.113.11", "203.0.113.12"];
 const PROTECT_ROTATION: [&str; 3] = ["203.0.113.13", "203.0.113.14", "203.0.113.15"];
@@ -126,7 +132,7 @@ impl Drop for Outside {
     }
 }
 
-/// A file of the cluster DNS's hosts directory naming [`NAME`]; removed on drop.
+/// A file of the cluster DNS's hosts directory naming [`name`]; removed on drop.
 struct Zone(std::path::PathBuf);
 
 impl Zone {
@@ -138,11 +144,14 @@ impl Zone {
         Ok(Zone(path))
     }
 
-    /// Answers [`NAME`] with `address` from now on, and [`OTHER`] (dnsmasq reads the file again
+    /// Answers [`name`] with `address` from now on, and [`OTHER`] (dnsmasq reads the file again
     /// when it is replaced).
     fn point_at(&self, address: &str) -> Result<()> {
         let tmp = self.0.with_extension("tmp");
-        std::fs::write(&tmp, format!("{address} {NAME}\n{} {}\n", OTHER.1, OTHER.0))?;
+        std::fs::write(
+            &tmp,
+            format!("{address} {}\n{} {}\n", name(), OTHER.1, OTHER.0),
+        )?;
         std::fs::rename(&tmp, &self.0)?;
         Ok(())
     }
@@ -154,22 +163,22 @@ impl Drop for Zone {
     }
 }
 
-/// Calls [`NAME`] from `client` until the echo comes from `address` (the DNS answer follows the zone
+/// Calls [`name`] from `client` until the echo comes from `address` (the DNS answer follows the zone
 /// file within a moment).
 fn call_until_answered_by(ns: &Namespace, client: &str, address: &str) -> Result<()> {
     poll(
-        &format!("{NAME} to resolve to {address} in the pod and answer"),
+        &format!("{} to resolve to {address} in the pod and answer", name()),
         Duration::from_secs(30),
         Duration::from_millis(500),
         || {
             let resolved = ns.exec(
                 client,
-                &format!("nslookup {NAME} 2>/dev/null | grep Address"),
+                &format!("nslookup {} 2>/dev/null | grep Address", name()),
             )?;
             if !resolved.contains(address) {
                 return Ok(None);
             }
-            Ok(send(ns, client, Protocol::Tcp, NAME, PORT, "hello")?.then_some(()))
+            Ok(send(ns, client, Protocol::Tcp, name(), PORT, "hello")?.then_some(()))
         },
         || ns.describe(),
     )
@@ -212,7 +221,7 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
     // Learned by name: egressNames holds the name on its port.
     let proposal = "deployment-client-egress";
     let learned = poll(
-        &format!("{proposal} to learn {NAME}"),
+        &format!("{proposal} to learn {}", name()),
         Duration::from_secs(60),
         Duration::from_millis(500),
         || {
@@ -247,7 +256,7 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
     ensure!(
         names
             == [(
-                vec![NAME.to_string()],
+                vec![name().to_string()],
                 vec![r#"{"port":443,"protocol":"TCP"}"#.to_string()]
             )],
         "learned names: {names:?}"
@@ -344,6 +353,13 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         // as a client does: the agent's DNS hold makes the address reachable before the client reads
         // the answer, so the first SYN goes through (a dropped one would be resent after 1 s).
         wait_until_resolved(&ns, &checker, address)?;
+        // The premise: nothing allows the new address before the client's own lookup (the checker's
+        // lookups count for its own workload only).
+        let before = rendered(&ns, proposal)?;
+        ensure!(
+            !before.contains(&format!("\"{address}/32\"")),
+            "the NetworkPolicy allows {address} before the client looked it up:\n{before}"
+        );
         let called = std::time::Instant::now();
         let (answered, resent) = call_counting_syn_resends(&ns, &client)?;
         ensure!(
@@ -370,13 +386,14 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
     release.uninstall()
 }
 
-/// `client` looks [`NAME`] up and calls it once; whether it answered, and how many SYNs the pod
+/// `client` looks [`name`] up and calls it once; whether it answered, and how many SYNs the pod
 /// resent meanwhile (its namespace's `TCPSynRetrans`, read before and after).
 fn call_counting_syn_resends(ns: &Namespace, client: &str) -> Result<(bool, u64)> {
     let script = format!(
         "grep ^TcpExt: /proc/net/netstat; \
-         echo reply:$(echo rotated | socat -t 3 - TCP:{NAME}:{PORT},connect-timeout=3 2>/dev/null); \
-         grep ^TcpExt: /proc/net/netstat"
+         echo reply:$(echo rotated | socat -t 3 - TCP:{}:{PORT},connect-timeout=3 2>/dev/null); \
+         grep ^TcpExt: /proc/net/netstat",
+        name()
     );
     let out = ns.exec(client, &script)?;
     let lines: Vec<&str> = out.lines().collect();
@@ -422,16 +439,16 @@ fn wait_for_rendered(ns: &Namespace, name: &str, address: &str) -> Result<()> {
     )
 }
 
-/// Waits until [`NAME`] resolves to `address` in `client`.
+/// Waits until [`name`] resolves to `address` in `client`.
 fn wait_until_resolved(ns: &Namespace, client: &str, address: &str) -> Result<()> {
     poll(
-        &format!("{NAME} to resolve to {address} in the pod"),
+        &format!("{} to resolve to {address} in the pod", name()),
         Duration::from_secs(30),
         Duration::from_millis(200),
         || {
             let resolved = ns.exec(
                 client,
-                &format!("nslookup {NAME} 2>/dev/null | grep Address"),
+                &format!("nslookup {} 2>/dev/null | grep Address", name()),
             )?;
             Ok(resolved.contains(address).then_some(()))
         },
