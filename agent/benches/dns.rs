@@ -522,11 +522,9 @@ const ROTATIONS: u8 = 200;
 /// (a 600 ms connect timeout, under TCP's 1 s retry). The no-hold series is taken before and after
 /// the held ones: how far it moved says how much the machine drifted meanwhile.
 fn hold_figures() -> serde_json::Value {
-    use network_enforcer_agent::enforce::dns_hold::Hold;
     use network_enforcer_agent::enforce::nft;
-    use network_enforcer_agent::enforce::watch::EnforcementMetrics;
     use support::dns_world::{
-        OTHER, QUEUE, TABLE, World, connects, resolve, rotated, rotating_name, serve_dns, serve_tcp,
+        OTHER, TABLE, World, connects, resolve, rotated, rotating_name, serve_dns, serve_tcp,
     };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -542,18 +540,7 @@ fn hold_figures() -> serde_json::Value {
             .collect()
     };
     let baseline_before = series(OTHER);
-    let ruleset = world.ruleset(&["*.rot.partner.test"]);
-    let hold = world.router.run(move || {
-        let hold = Hold::start(
-            TABLE,
-            QUEUE,
-            Duration::from_secs(30),
-            EnforcementMetrics::default(),
-        )
-        .expect("starting the hold");
-        hold.install(&ruleset, None).expect("installing the table");
-        hold
-    });
+    let hold = world.hold(&["*.rot.partner.test"], Duration::from_secs(30));
     // An allowed name granted once, then answered again and again: nothing new.
     let granted = rotating_name(249);
     resolve(&world, &granted);

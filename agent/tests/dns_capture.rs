@@ -24,36 +24,11 @@ const NAME: &str = "api.partner.test";
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn query(id: u16) -> Vec<u8> {
-    let mut packet = Packet::new_query(id);
-    packet.questions.push(Question::new(
-        Name::new_unchecked(NAME),
-        QTYPE::TYPE(TYPE::A),
-        QCLASS::CLASS(CLASS::IN),
-        false,
-    ));
-    packet.build_bytes_vec().unwrap()
+    query_for(id, NAME)
 }
 
 fn answer(id: u16, addresses: &[&str]) -> Vec<u8> {
-    let mut packet = Packet::new_reply(id);
-    packet.questions.push(Question::new(
-        Name::new_unchecked(NAME),
-        QTYPE::TYPE(TYPE::A),
-        QCLASS::CLASS(CLASS::IN),
-        false,
-    ));
-    for address in addresses {
-        let ip: std::net::Ipv4Addr = address.parse().unwrap();
-        packet.answers.push(ResourceRecord::new(
-            Name::new_unchecked(NAME),
-            CLASS::IN,
-            30,
-            RData::A(A {
-                address: u32::from(ip),
-            }),
-        ));
-    }
-    packet.build_bytes_vec().unwrap()
+    answer_for(id, NAME, addresses)
 }
 
 /// Drains the DNS ring until `wanted` messages of `pod_ip` were handed to `each`; fails after 10 s.
@@ -230,4 +205,156 @@ async fn a_burst_is_copied_or_counted_and_its_cost_is_printed() {
             );
         }
     }
+}
+
+/// A pod querying 100,000 random subdomains (each answered) while another pod resolves a name once:
+/// the spraying pod fills only its own room in the tracker (bounded, the rest counted), the kernel's
+/// ring drops what it cannot hold (counted), nothing panics, and the other pod's answer is believed.
+#[tokio::test]
+async fn a_pod_spraying_random_subdomains_is_bounded_and_the_others_learning_goes_on() {
+    require_root();
+    let _alone = ONE_AT_A_TIME.lock().await;
+    const SPRAY: u32 = 100_000;
+    let mut data_plane = DataPlane::load(&LoadOptions::default()).expect("loading the programs");
+    let mut reader = data_plane.dns_messages().unwrap().unwrap();
+    let pods = PodPair::new();
+    let (sprayer_ip, server_ip) = (pods.v4(1), pods.v4(2));
+    let server_at: SocketAddr = (server_ip, 53).into();
+    let server = pods.b.run(move || UdpSocket::bind(server_at).unwrap());
+    let sprayer = pods
+        .a
+        .run(move || UdpSocket::bind((sprayer_ip, 0)).unwrap());
+    // The well-behaved pod: another socket of another "pod" address on the same side.
+    pods.a.ip(&[
+        "addr",
+        "add",
+        &format!("10.201.{}.3/32", pods.subnet),
+        "dev",
+        "lo",
+    ]);
+    let quiet_ip: IpAddr = format!("10.201.{}.3", pods.subnet).parse().unwrap();
+    let quiet = pods.a.run(move || UdpSocket::bind((quiet_ip, 0)).unwrap());
+    for s in [&sprayer, &quiet, &server] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    let (sprayer_at, quiet_at) = (sprayer.local_addr().unwrap(), quiet.local_addr().unwrap());
+
+    let limits = Limits::default();
+    let mut tracker = Tracker::new(limits.clone());
+    let (sprayer_pod, quiet_pod): (Pod, Pod) = ("sprayer".into(), "quiet".into());
+    let mut read_ours = 0u64;
+    let mut drain = |reader: &mut DnsReader, tracker: &mut Tracker| {
+        reader.drain(|m| {
+            let pod = match m.local.ip() {
+                ip if ip == sprayer_ip => &sprayer_pod,
+                ip if ip == quiet_ip => &quiet_pod,
+                _ => return,
+            };
+            read_ours += 1;
+            match m.kind {
+                DnsKind::Query => tracker.query(pod, m.local, m.server, m.payload, m.monotonic),
+                DnsKind::Answer => {
+                    let _ = tracker.answer(pod, m.local, m.server, m.payload, m.monotonic);
+                }
+            }
+        });
+    };
+    let mut buf = [0u8; 1500];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..SPRAY {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let name = format!("{rng:016x}.spray.test");
+        let id = i as u16;
+        sprayer.send_to(&query_for(id, &name), server_at).unwrap();
+        server.recv_from(&mut buf).unwrap();
+        let address = format!("198.18.{}.{}", (i >> 8) & 0xff, i & 0xff);
+        server
+            .send_to(&answer_for(id, &name, &[&address]), sprayer_at)
+            .unwrap();
+        sprayer.recv(&mut buf).unwrap();
+        if i == SPRAY / 2 {
+            // Halfway through the spray, the quiet pod resolves its name once.
+            quiet.send_to(&query(0x0707), server_at).unwrap();
+            server.recv_from(&mut buf).unwrap();
+            server
+                .send_to(&answer(0x0707, &["198.51.100.9"]), quiet_at)
+                .unwrap();
+            quiet.recv(&mut buf).unwrap();
+        }
+        if i % 200 == 199 {
+            drain(&mut reader, &mut tracker);
+        }
+    }
+    // Until the quiet pod's two messages were read (the ring may still hold some).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let at = network_enforcer_agent::aggregate::monotonic_now();
+    while tracker
+        .name_of(&quiet_pod, "198.51.100.9".parse().unwrap(), at)
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the quiet pod's answer was not believed during the spray: {:?}",
+            tracker.counters()
+        );
+        drain(&mut reader, &mut tracker);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counters = tracker.counters().clone();
+    let dropped = data_plane.counters().unwrap().dns_ring_buffer_full;
+    eprintln!(
+        "spray of {SPRAY} exchanges: {read_ours} messages read, {dropped} dropped by the ring, \
+         tracker {counters:?}, {} resolutions held",
+        tracker.resolved()
+    );
+    // Bounded: the sprayer holds at most its own room, the quiet pod its one address.
+    assert!(
+        tracker.resolved() <= limits.names_per_pod + 1,
+        "{} resolutions held",
+        tracker.resolved()
+    );
+    assert!(
+        counters.names_full > 0,
+        "the sprayer's excess is counted: {counters:?}"
+    );
+    // Everything the sprayer sent was read or counted as dropped by the ring.
+    assert!(
+        read_ours + dropped >= 2 * u64::from(SPRAY),
+        "read {read_ours}, dropped {dropped}"
+    );
+}
+
+fn query_for(id: u16, name: &str) -> Vec<u8> {
+    let mut packet = Packet::new_query(id);
+    packet.questions.push(Question::new(
+        Name::new_unchecked(name),
+        QTYPE::TYPE(TYPE::A),
+        QCLASS::CLASS(CLASS::IN),
+        false,
+    ));
+    packet.build_bytes_vec().unwrap()
+}
+
+fn answer_for(id: u16, name: &str, addresses: &[&str]) -> Vec<u8> {
+    let mut packet = Packet::new_reply(id);
+    packet.questions.push(Question::new(
+        Name::new_unchecked(name),
+        QTYPE::TYPE(TYPE::A),
+        QCLASS::CLASS(CLASS::IN),
+        false,
+    ));
+    for address in addresses {
+        let ip: std::net::Ipv4Addr = address.parse().unwrap();
+        packet.answers.push(ResourceRecord::new(
+            Name::new_unchecked(name),
+            CLASS::IN,
+            30,
+            RData::A(A {
+                address: u32::from(ip),
+            }),
+        ));
+    }
+    packet.build_bytes_vec().unwrap()
 }

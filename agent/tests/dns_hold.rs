@@ -11,12 +11,8 @@
 
 mod support;
 
-use network_enforcer_agent::enforce::dns_hold::Hold;
-use network_enforcer_agent::enforce::watch::EnforcementMetrics;
 use std::time::Duration;
-use support::dns_world::{
-    ALLOWED, OTHER, QUEUE, TABLE, World, connects, resolve, serve_dns, serve_tcp,
-};
+use support::dns_world::{ALLOWED, OTHER, QUEUE, World, connects, resolve, serve_dns, serve_tcp};
 use support::require_root;
 
 #[test]
@@ -25,18 +21,7 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
     let world = World::new(1);
     serve_dns(&world, 1);
     serve_tcp(&world);
-    let ruleset = world.ruleset(&[ALLOWED]);
-    let hold = world.router.run(move || {
-        let hold = Hold::start(
-            TABLE,
-            QUEUE,
-            Duration::from_secs(1),
-            EnforcementMetrics::default(),
-        )
-        .expect("starting the hold");
-        hold.install(&ruleset, None).expect("installing the table");
-        hold
-    });
+    let hold = world.hold(&[ALLOWED], Duration::from_secs(1));
 
     // Nothing resolved yet: the service is blocked.
     let [service, other, literal] = world.services;

@@ -7,6 +7,8 @@ use super::{Netns, link, sh};
 use network_enforcer_agent::enforce::compile::{
     Allow, IsolatedPod, NameAllowance, Peers, PortRange, Ruleset, Side,
 };
+use network_enforcer_agent::enforce::dns_hold::Hold;
+use network_enforcer_agent::enforce::watch::EnforcementMetrics;
 use network_enforcer_api::Protocol;
 use simple_dns::rdata::{A, RData};
 use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
@@ -94,6 +96,18 @@ impl World {
             resolver: format!("10.215.{n}.2:53").parse().unwrap(),
             services,
         }
+    }
+
+    /// Starts the DNS hold on the router with the pod isolated as [`World::ruleset`] says, grants
+    /// lasting the TTL plus `grace`.
+    pub fn hold(&self, names: &[&str], grace: Duration) -> Arc<Hold> {
+        let ruleset = self.ruleset(names);
+        self.router.run(move || {
+            let hold = Hold::start(TABLE, QUEUE, grace, EnforcementMetrics::default())
+                .expect("starting the hold");
+            hold.install(&ruleset, None).expect("installing the table");
+            hold
+        })
     }
 
     /// The pod is isolated for egress: DNS to the resolver, and `names` on TCP 8443.

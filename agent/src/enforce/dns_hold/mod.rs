@@ -47,6 +47,9 @@ const QUEUE_MAX_LEN: u32 = 4096;
 /// rendering, as without the hold.
 pub const MAX_GRANTS: usize = 100_000;
 
+/// How often ended grants are forgotten while answers come in (the kernel has dropped them already).
+const EXPIRE_EVERY: Duration = Duration::from_secs(10);
+
 /// The hold's table beside enforcement table `table`.
 pub fn table_of(table: &str) -> String {
     format!("{table}_dns")
@@ -84,6 +87,8 @@ struct State {
     grants: Grants,
     /// By each of the pod's addresses.
     pods: HashMap<IpAddr, Arc<PodNames>>,
+    /// When ended grants were last forgotten (they count towards the bound until then).
+    expired_at: Duration,
 }
 
 /// The running hold. See the module docs.
@@ -129,6 +134,7 @@ impl Hold {
                 }),
                 grants: Grants::new(MAX_GRANTS),
                 pods: HashMap::new(),
+                expired_at: Duration::ZERO,
             }),
             metrics,
         });
@@ -224,6 +230,10 @@ impl Hold {
             Err(Refused::Dns(_)) => return ("malformed", None),
         };
         state.tracker.expire(now);
+        if now.saturating_sub(state.expired_at) >= EXPIRE_EVERY {
+            state.grants.expire(now);
+            state.expired_at = now;
+        }
         let (mut new, mut extended, mut refused) = (Vec::new(), Vec::new(), 0);
         for (address, name, until) in believed {
             let admitted =
