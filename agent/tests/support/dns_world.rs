@@ -29,6 +29,9 @@ pub struct World {
     pub router: Netns,
     pub outside: Netns,
     pub pod_ip: Ipv4Addr,
+    /// A second address of the pod's namespace that no policy selects: its DNS is not held, over the
+    /// same path (for comparing with and without the hold in one run).
+    pub unheld_ip: Ipv4Addr,
     pub resolver: SocketAddr,
     /// What the names resolve to, and an address nobody resolves: all on `outside`.
     pub services: [Ipv4Addr; 3],
@@ -75,6 +78,7 @@ impl World {
                 "net.ipv4.ip_forward=1",
             ],
         );
+        pod.ip(&["addr", "add", &format!("10.214.{n}.3/32"), "dev", "lo"]);
         let services = [10, 11, 12].map(|h| Ipv4Addr::new(198, 51, 100, h));
         for s in services {
             outside.ip(&["addr", "add", &format!("{s}/32"), "dev", "lo"]);
@@ -93,6 +97,7 @@ impl World {
             router,
             outside,
             pod_ip: format!("10.214.{n}.1").parse().unwrap(),
+            unheld_ip: format!("10.214.{n}.3").parse().unwrap(),
             resolver: format!("10.215.{n}.2:53").parse().unwrap(),
             services,
         }
@@ -208,8 +213,13 @@ pub fn serve_tcp(world: &World) {
 
 /// The pod resolves `name` (one UDP exchange) and returns the address and how long it took.
 pub fn resolve(world: &World, name: &str) -> (Ipv4Addr, Duration) {
+    resolve_from(world, world.pod_ip, name)
+}
+
+/// [`resolve`] from the pod's address `pod_ip` ([`World::pod_ip`] or [`World::unheld_ip`]).
+pub fn resolve_from(world: &World, pod_ip: Ipv4Addr, name: &str) -> (Ipv4Addr, Duration) {
     let name = name.to_string();
-    let (pod_ip, resolver) = (world.pod_ip, world.resolver);
+    let resolver = world.resolver;
     world.pod.run(move || {
         let socket = UdpSocket::bind((pod_ip, 0)).unwrap();
         socket

@@ -163,8 +163,9 @@ impl Hold {
 
     /// The reader thread: every queued message is judged, then let through.
     fn read(&self, mut queue: nfq::Queue) {
+        let mut copy = Vec::with_capacity(512);
         loop {
-            let mut message = match queue.recv() {
+            let message = match queue.recv() {
                 Ok(message) => message,
                 Err(error) => {
                     tracing::warn!(%error, "reading the DNS hold queue failed; retrying");
@@ -173,11 +174,19 @@ impl Hold {
                 }
             };
             let started = Instant::now();
-            let (outcome, later) = self.judge(message.get_payload());
-            message.set_verdict(nfq::Verdict::Accept);
-            if let Err(error) = queue.verdict(message) {
-                tracing::warn!(%error, "letting a held DNS message through failed");
-            }
+            // A query goes on at once and is noted after: its answer is read by this same thread,
+            // so it cannot be judged before the note is made.
+            let query = packet::udp(message.get_payload()).is_some_and(|d| d.to.port() == 53);
+            let (outcome, later) = if query {
+                copy.clear();
+                copy.extend_from_slice(message.get_payload());
+                self.let_through(&mut queue, message);
+                self.judge(&copy)
+            } else {
+                let judged = self.judge(message.get_payload());
+                self.let_through(&mut queue, message);
+                judged
+            };
             self.metrics
                 .dns_hold_seconds
                 .observe(started.elapsed().as_secs_f64());
@@ -196,6 +205,13 @@ impl Hold {
                     .inc();
                 tracing::warn!(%error, "extending name grants failed (they end at their old time)");
             }
+        }
+    }
+
+    fn let_through(&self, queue: &mut nfq::Queue, mut message: nfq::Message) {
+        message.set_verdict(nfq::Verdict::Accept);
+        if let Err(error) = queue.verdict(message) {
+            tracing::warn!(%error, "letting a held DNS message through failed");
         }
     }
 
