@@ -79,3 +79,78 @@ fn without_a_reader_the_queue_rule_lets_dns_through() {
     assert_eq!(address, world.services[0]);
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
+
+/// Grants written over netlink are the elements `nft` would write: a new one with its timeout, an
+/// extended one with its new timeout, IPv4 and IPv6, single ports and ranges.
+#[test]
+fn grants_written_over_netlink_are_the_elements_nft_lists() {
+    require_root();
+    use network_enforcer_agent::enforce::compile::{PortRange, Ruleset};
+    use network_enforcer_agent::enforce::dns_hold::grants::Grant;
+    use network_enforcer_agent::enforce::dns_hold::set_elements;
+    use network_enforcer_agent::enforce::nft;
+    use network_enforcer_api::Protocol;
+    let world = World::new(4);
+    let mut ruleset: Ruleset = world.ruleset(&[ALLOWED]);
+    ruleset.pods[0].ips.push("fd00:214:4::1".parse().unwrap());
+    let script = nft::render(&ruleset, "t", None);
+    let ns = world.router.name.clone();
+    let apply = |script: String| {
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success());
+    };
+    apply(script);
+    let grant = |pod: &str, address: &str, protocol, first, last| Grant {
+        pod: pod.parse().unwrap(),
+        address: address.parse().unwrap(),
+        ports: PortRange {
+            protocol,
+            first,
+            last,
+        },
+    };
+    let v4 = grant("10.214.4.1", "198.51.100.10", Protocol::TCP, 443, 443);
+    let range = grant("10.214.4.1", "198.51.100.11", Protocol::UDP, 9000, 9010);
+    let v6 = grant("fd00:214:4::1", "2001:db8::7", Protocol::TCP, 8443, 8443);
+    let s = Duration::from_secs;
+    world
+        .router
+        .run(move || set_elements::write("t", &[(v4, s(30)), (range, s(40)), (v6, s(50))], &[]))
+        .expect("writing grants");
+    // Extended: the same element, a later end.
+    world
+        .router
+        .run(move || set_elements::write("t", &[], &[(v4, s(300))]))
+        .expect("extending a grant");
+    let listed = |set: &str| {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "list", "set", "inet", "t", set])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let (four, six) = (listed("names4"), listed("names6"));
+    for (text, expected) in [
+        (&four, "10.214.4.1 . 198.51.100.10 . tcp . 443 timeout 5m"),
+        (
+            &four,
+            "10.214.4.1 . 198.51.100.11 . udp . 9000-9010 timeout 40s",
+        ),
+        (&six, "fd00:214:4::1 . 2001:db8::7 . tcp . 8443 timeout 50s"),
+    ] {
+        assert!(text.contains(expected), "{expected} not in\n{text}");
+    }
+    assert_eq!(four.matches(" . tcp . 443 ").count(), 1, "{four}");
+    // A grant the set cannot hold (no such table) is refused, not ignored.
+    assert!(
+        world
+            .router
+            .run(move || set_elements::write("missing", &[(v4, s(30))], &[]))
+            .is_err()
+    );
+}

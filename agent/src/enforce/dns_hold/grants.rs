@@ -142,41 +142,6 @@ impl Grants {
     }
 }
 
-/// The `nft -f` script that puts `new` grants into table `table`'s name sets and moves the end of
-/// `extended` ones (removing and adding again in one transaction: `add` leaves an element that
-/// exists as it is; the first `add` makes the `delete` valid even if the kernel ended it meanwhile).
-pub fn script(table: &str, new: &[(Grant, Duration)], extended: &[(Grant, Duration)]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let set = |g: &Grant| {
-        if g.pod.is_ipv4() {
-            crate::enforce::nft::NAMES_SET_V4
-        } else {
-            crate::enforce::nft::NAMES_SET_V6
-        }
-    };
-    for (grant, left) in extended {
-        let (set, element) = (set(grant), grant.element());
-        let _ = writeln!(out, "add element inet {table} {set} {{ {element} }}");
-        let _ = writeln!(out, "delete element inet {table} {set} {{ {element} }}");
-        let _ = writeln!(
-            out,
-            "add element inet {table} {set} {{ {element} timeout {}ms }}",
-            left.as_millis().max(1)
-        );
-    }
-    for (grant, left) in new {
-        let _ = writeln!(
-            out,
-            "add element inet {table} {} {{ {} timeout {}ms }}",
-            set(grant),
-            grant.element(),
-            left.as_millis().max(1)
-        );
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,26 +262,5 @@ mod tests {
         grants.expire(S(200));
         assert!(grants.is_empty());
         assert!(grants.live(S(200)).is_empty());
-    }
-
-    #[test]
-    fn the_script_adds_new_grants_and_moves_the_end_of_extended_ones() {
-        let grant = Grant {
-            pod: ip("10.0.0.5"),
-            address: ip("203.0.113.10"),
-            ports: tcp(443, 443),
-        };
-        let v6 = Grant {
-            pod: ip("fd00::5"),
-            address: ip("2001:db8::7"),
-            ports: tcp(0, 65535),
-        };
-        assert_eq!(
-            script("t", &[(v6, S(31))], &[(grant, S(30))]),
-            "add element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 }\n\
-             delete element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 }\n\
-             add element inet t names4 { 10.0.0.5 . 203.0.113.10 . tcp . 443 timeout 30000ms }\n\
-             add element inet t names6 { fd00::5 . 2001:db8::7 . tcp . 0-65535 timeout 31000ms }\n"
-        );
     }
 }

@@ -12,10 +12,12 @@
 //! through: the hold delays, it never drops. Answers with nothing new go on at once.
 //!
 //! Reading order:
-//! - [`queue_rule`]: the rule that queues (written over netlink: `nft` has no `queue` on kernels
-//!   without `nft_queue`; the xtables `NFQUEUE` target runs through `nft_compat`);
+//! - [`queue_rule`]: the rule that queues (over netlink: `nft` has no `queue` on kernels without
+//!   `nft_queue`; the xtables `NFQUEUE` target runs through `nft_compat`);
 //! - [`packet`]: a queued packet read as a UDP datagram (pure);
-//! - [`grants`]: what each pod may reach and until when, and the `nft` script that installs it (pure);
+//! - [`netlink`]: nf_tables batches written without `nft`;
+//! - [`grants`]: what each pod may reach and until when (pure); [`set_elements`]: those grants put
+//!   into the enforcement table's name sets, over netlink (an `nft` process costs milliseconds);
 //! - this module: the table, the reader thread, and installing the enforcement table together with
 //!   the grants (one lock, so a grant is never lost to a table replaced at the same moment).
 //!
@@ -24,8 +26,10 @@
 //! from the addresses the controller renders, as with any CNI.
 
 pub mod grants;
+mod netlink;
 pub mod packet;
 pub mod queue_rule;
+pub mod set_elements;
 
 use crate::aggregate::monotonic_now;
 use crate::dns::tracker::{self, Pod, Refused, Tracker};
@@ -194,8 +198,8 @@ impl Hold {
                 .dns_hold
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc();
-            if let Some(script) = later
-                && let Err(error) = nft::apply(&script)
+            if !later.is_empty()
+                && let Err(error) = set_elements::write(&self.table, &[], &later)
             {
                 self.metrics
                     .dns_hold
@@ -216,10 +220,10 @@ impl Hold {
     }
 
     /// Reads one queued packet; installs its new grants before returning. Returns the outcome (a
-    /// metric label) and the script extending grants, to run after the message went on.
-    fn judge(&self, packet: &[u8]) -> (&'static str, Option<String>) {
+    /// metric label) and the grants to extend, after the message went on.
+    fn judge(&self, packet: &[u8]) -> (&'static str, Vec<(grants::Grant, Duration)>) {
         let Some(datagram) = packet::udp(packet) else {
-            return ("not_udp", None);
+            return ("not_udp", Vec::new());
         };
         let now = monotonic_now();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -228,10 +232,10 @@ impl Hold {
             state
                 .tracker
                 .query(&pod, datagram.from, datagram.to, datagram.payload, now);
-            return ("query", None);
+            return ("query", Vec::new());
         }
         let Some(names) = state.pods.get(&datagram.to.ip()).cloned() else {
-            return ("not_held", None);
+            return ("not_held", Vec::new());
         };
         let pod: Pod = datagram.to.ip().to_string().into();
         let believed = match state.tracker.answer_until(
@@ -242,8 +246,8 @@ impl Hold {
             now,
         ) {
             Ok(believed) => believed,
-            Err(Refused::Unsolicited) => return ("unsolicited", None),
-            Err(Refused::Dns(_)) => return ("malformed", None),
+            Err(Refused::Unsolicited) => return ("unsolicited", Vec::new()),
+            Err(Refused::Dns(_)) => return ("malformed", Vec::new()),
         };
         state.tracker.expire(now);
         if now.saturating_sub(state.expired_at) >= EXPIRE_EVERY {
@@ -269,23 +273,20 @@ impl Hold {
                 .inc_by(refused as u64);
         }
         self.metrics.name_grants.set(state.grants.len() as i64);
-        let later = (!extended.is_empty()).then(|| grants::script(&self.table, &[], &extended));
         if new.is_empty() {
-            return (
-                if later.is_some() {
-                    "extended"
-                } else {
-                    "nothing_new"
-                },
-                later,
-            );
+            let outcome = if extended.is_empty() {
+                "nothing_new"
+            } else {
+                "extended"
+            };
+            return (outcome, extended);
         }
         // Under the lock: a table being replaced right now would not carry these grants otherwise.
-        match nft::apply(&grants::script(&self.table, &new, &[])) {
-            Ok(()) => ("granted", later),
+        match set_elements::write(&self.table, &new, &[]) {
+            Ok(()) => ("granted", extended),
             Err(error) => {
                 tracing::warn!(%error, "installing name grants failed; the answer goes on without them");
-                ("nft_failed", later)
+                ("nft_failed", extended)
             }
         }
     }
