@@ -45,7 +45,7 @@
 //!   exchanges over the same path that are not held (another address of the pod's namespace no
 //!   policy selects), taken one for one in between, so both see the same machine;
 //! - `dns_answer_added_latency_new_address_p99_us`: the same for answers bringing a new address, which
-//!   wait for the grant (one `nft` run);
+//!   wait for the grant (written over netlink);
 //! - `first_connect_after_rotation_success_ratio`: 200 names each resolved to a new address and called
 //!   at once with a 600 ms connect timeout (TCP resends a dropped SYN after 1 s): the share that
 //!   connected.

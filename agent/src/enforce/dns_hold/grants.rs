@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A grant is extended in the kernel only when the new answer moves its end by at least this much: a
-/// pod asking every second for a name with a 30 s TTL costs one `nft` run per step, not per answer.
+/// pod asking every second for a name with a 30 s TTL costs one kernel write per step, not per answer.
 pub const EXTEND_STEP: Duration = Duration::from_secs(5);
 
 /// One element of a name set: `pod` may reach `address` on `ports`.
