@@ -11,11 +11,9 @@ mod support;
 use network_enforcer_agent::dns::tracker::{Limits, Pod, Refused, Tracker};
 use network_enforcer_agent::kernel::dns_messages::{DnsKind, DnsReader};
 use network_enforcer_agent::{DataPlane, LoadOptions};
-use simple_dns::rdata::{A, RData};
-use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
-use support::{PodPair, require_root};
+use support::{PodPair, dns_answer, dns_query, require_root};
 
 const NAME: &str = "api.partner.test";
 
@@ -24,11 +22,12 @@ const NAME: &str = "api.partner.test";
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn query(id: u16) -> Vec<u8> {
-    query_for(id, NAME)
+    dns_query(id, NAME)
 }
 
 fn answer(id: u16, addresses: &[&str]) -> Vec<u8> {
-    answer_for(id, NAME, addresses)
+    let addresses: Vec<Ipv4Addr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+    dns_answer(id, NAME, &addresses, 30)
 }
 
 /// Drains the DNS ring until `wanted` messages of `pod_ip` were handed to `each`; fails after 10 s.
@@ -267,11 +266,11 @@ async fn a_pod_spraying_random_subdomains_is_bounded_and_the_others_learning_goe
         rng ^= rng << 17;
         let name = format!("{rng:016x}.spray.test");
         let id = i as u16;
-        sprayer.send_to(&query_for(id, &name), server_at).unwrap();
+        sprayer.send_to(&dns_query(id, &name), server_at).unwrap();
         server.recv_from(&mut buf).unwrap();
-        let address = format!("198.18.{}.{}", (i >> 8) & 0xff, i & 0xff);
+        let address = Ipv4Addr::new(198, 18, ((i >> 8) & 0xff) as u8, (i & 0xff) as u8);
         server
-            .send_to(&answer_for(id, &name, &[&address]), sprayer_at)
+            .send_to(&dns_answer(id, &name, &[address], 30), sprayer_at)
             .unwrap();
         sprayer.recv(&mut buf).unwrap();
         if i == SPRAY / 2 {
@@ -324,37 +323,4 @@ async fn a_pod_spraying_random_subdomains_is_bounded_and_the_others_learning_goe
         read_ours + dropped >= 2 * u64::from(SPRAY),
         "read {read_ours}, dropped {dropped}"
     );
-}
-
-fn query_for(id: u16, name: &str) -> Vec<u8> {
-    let mut packet = Packet::new_query(id);
-    packet.questions.push(Question::new(
-        Name::new_unchecked(name),
-        QTYPE::TYPE(TYPE::A),
-        QCLASS::CLASS(CLASS::IN),
-        false,
-    ));
-    packet.build_bytes_vec().unwrap()
-}
-
-fn answer_for(id: u16, name: &str, addresses: &[&str]) -> Vec<u8> {
-    let mut packet = Packet::new_reply(id);
-    packet.questions.push(Question::new(
-        Name::new_unchecked(name),
-        QTYPE::TYPE(TYPE::A),
-        QCLASS::CLASS(CLASS::IN),
-        false,
-    ));
-    for address in addresses {
-        let ip: std::net::Ipv4Addr = address.parse().unwrap();
-        packet.answers.push(ResourceRecord::new(
-            Name::new_unchecked(name),
-            CLASS::IN,
-            30,
-            RData::A(A {
-                address: u32::from(ip),
-            }),
-        ));
-    }
-    packet.build_bytes_vec().unwrap()
 }

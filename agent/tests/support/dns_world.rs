@@ -3,15 +3,15 @@
 //! router, where the agent's enforcement table and DNS hold run, as on a node. Nothing leaves the
 //! namespaces.
 
-use super::{Netns, link, sh};
+use super::{Netns, dns_answer, dns_query, link, sh};
 use network_enforcer_agent::enforce::compile::{
     Allow, IsolatedPod, NameAllowance, Peers, PortRange, Ruleset, Side,
 };
 use network_enforcer_agent::enforce::dns_hold::Hold;
 use network_enforcer_agent::enforce::watch::EnforcementMetrics;
 use network_enforcer_api::Protocol;
-use simple_dns::rdata::{A, RData};
-use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
+use simple_dns::Packet;
+use simple_dns::rdata::RData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,22 +183,7 @@ pub fn serve_dns(world: &World, ttl: u32) {
                 ALLOWED => services[0],
                 _ => rotated(&name).unwrap_or(services[1]),
             };
-            let mut reply = Packet::new_reply(query.id());
-            reply.questions.push(Question::new(
-                Name::new_unchecked(&name).into_owned(),
-                QTYPE::TYPE(TYPE::A),
-                QCLASS::CLASS(CLASS::IN),
-                false,
-            ));
-            reply.answers.push(ResourceRecord::new(
-                Name::new_unchecked(&name).into_owned(),
-                CLASS::IN,
-                ttl,
-                RData::A(A {
-                    address: u32::from(address),
-                }),
-            ));
-            let _ = socket.send_to(&reply.build_bytes_vec().unwrap(), from);
+            let _ = socket.send_to(&dns_answer(query.id(), &name, &[address], ttl), from);
         }
     });
 }
@@ -225,17 +210,9 @@ pub fn resolve_from(world: &World, pod_ip: Ipv4Addr, name: &str) -> (Ipv4Addr, D
         socket
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
-        let mut query = Packet::new_query(0x5151);
-        query.questions.push(Question::new(
-            Name::new_unchecked(&name),
-            QTYPE::TYPE(TYPE::A),
-            QCLASS::CLASS(CLASS::IN),
-            false,
-        ));
+        let query = dns_query(0x5151, &name);
         let started = Instant::now();
-        socket
-            .send_to(&query.build_bytes_vec().unwrap(), resolver)
-            .unwrap();
+        socket.send_to(&query, resolver).unwrap();
         let mut buf = [0u8; 1500];
         let n = socket.recv(&mut buf).expect("the answer");
         let took = started.elapsed();

@@ -232,3 +232,40 @@ pub fn own_cgroup_id() -> u64 {
         .unwrap()
         .ino()
 }
+
+/// A DNS query for the A records of `name`, as a stub resolver sends it.
+pub fn dns_query(id: u16, name: &str) -> Vec<u8> {
+    use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, TYPE};
+    let mut packet = Packet::new_query(id);
+    packet.questions.push(Question::new(
+        Name::new_unchecked(name),
+        QTYPE::TYPE(TYPE::A),
+        QCLASS::CLASS(CLASS::IN),
+        false,
+    ));
+    packet.build_bytes_vec().unwrap()
+}
+
+/// The answer to [`dns_query`] `id` for `name`: `addresses` as A records with `ttl`.
+pub fn dns_answer(id: u16, name: &str, addresses: &[std::net::Ipv4Addr], ttl: u32) -> Vec<u8> {
+    use simple_dns::rdata::{A, RData};
+    use simple_dns::{CLASS, Name, Packet, QCLASS, QTYPE, Question, ResourceRecord, TYPE};
+    let mut packet = Packet::new_reply(id);
+    packet.questions.push(Question::new(
+        Name::new_unchecked(name),
+        QTYPE::TYPE(TYPE::A),
+        QCLASS::CLASS(CLASS::IN),
+        false,
+    ));
+    for address in addresses {
+        packet.answers.push(ResourceRecord::new(
+            Name::new_unchecked(name),
+            CLASS::IN,
+            ttl,
+            RData::A(A {
+                address: u32::from(*address),
+            }),
+        ));
+    }
+    packet.build_bytes_vec().unwrap()
+}

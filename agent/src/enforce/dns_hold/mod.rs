@@ -106,8 +106,7 @@ pub struct Hold {
 
 impl Hold {
     /// Creates the hold table (replacing one an earlier agent left), its queue rule, and the reader
-    /// thread on `queue`.
-    /// `grace`: how long past its TTL an answer's addresses stay reachable.
+    /// thread on `queue`; `grace` is how long past its TTL an answer's addresses stay reachable.
     pub fn start(
         table: &str,
         queue: u16,
