@@ -80,6 +80,8 @@ pub mod uplink {
             pub node: String,
             #[prost(bytes = "bytes", repeated, tag = "3")]
             pub records: Vec<prost::bytes::Bytes>,
+            #[prost(uint64, tag = "4")]
+            pub instance: u64,
         }
 
         include!(concat!(

@@ -27,10 +27,14 @@ fn an_encoded_batch_reads_a_flow_batch_and_its_records_decode_back() {
         sequence: 42,
         node: "node-a".into(),
         records: records.clone(),
+        instance: 7,
     };
     let wire = sent.encode_to_vec();
     let view = encoded::FlowBatch::decode(wire.as_slice()).unwrap();
-    assert_eq!((view.sequence, view.node.as_str()), (42, "node-a"));
+    assert_eq!(
+        (view.sequence, view.node.as_str(), view.instance),
+        (42, "node-a", 7)
+    );
     let decoded: Vec<FlowRecord> = view
         .records
         .iter()

@@ -163,6 +163,7 @@ fn batches(count: usize, size: usize) -> Vec<encoded::FlowBatch> {
             sequence: b as u64 + 1,
             node: NODE.into(),
             records,
+            instance: 1,
         });
     }
     out

@@ -550,6 +550,7 @@ fn valid_batches() -> Vec<Vec<u8>> {
         sequence: 7,
         node: "node-a".into(),
         records,
+        instance: 0,
     };
     vec![
         batch(vec![record.clone()]).encode_to_vec(),
@@ -566,7 +567,7 @@ fn uplink_batches() {
     let input = prop_oneof![
         1 => bytes(512),
         2 => (any::<u64>(), text(16), prop::collection::vec(flow_record(), 0..4))
-            .prop_map(|(sequence, node, records)| FlowBatch { sequence, node, records }.encode_to_vec()),
+            .prop_map(|(sequence, node, records)| FlowBatch { sequence, node, records, instance: 0 }.encode_to_vec()),
         2 => mutated_bytes(valid_batches()),
     ];
     run("uplink_batch", input, |data| {

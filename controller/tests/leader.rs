@@ -103,6 +103,7 @@ impl Replica {
                 sequence: 1,
                 node: "node-1".into(),
                 records: vec![],
+                instance: 0,
             }],
         )
         .await

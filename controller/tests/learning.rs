@@ -443,6 +443,7 @@ mod grpc {
             sequence,
             node: node.into(),
             records,
+            instance: 0,
         };
         let scenario = vec![
             record(

@@ -176,6 +176,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
             sequence: 1,
             node: node.clone(),
             records: vec![via_service.clone()],
+            instance: 0,
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (1, 0), "{ack:?}");
@@ -199,6 +200,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
             sequence: 2,
             node: node.clone(),
             records: vec![direct.clone()],
+            instance: 0,
         },
     );
     let report = app.flush().await;
@@ -343,6 +345,7 @@ async fn a_host_network_pod_is_learned_as_its_node_address_from_either_side() ->
             sequence: 1,
             node: node.clone(),
             records,
+            instance: 0,
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (5, 0), "{ack:?}");

@@ -447,7 +447,9 @@ async fn http_get(port: u16, path: &str) -> Option<String> {
 /// agent uplink streaming to it.
 struct BinaryController {
     process: Running,
+    ingest: u16,
     metrics: u16,
+    settings: Settings,
     _token: TokenFile,
     agent: uplink::UplinkSender,
     uplink_task: tokio::task::JoinHandle<()>,
@@ -469,26 +471,13 @@ impl BinaryController {
         );
         std::fs::write(&token.0, agent_token(ns, AGENT_SA, &agent_pod).await?)?;
         let (ingest, metrics) = (free_port()?, free_port()?);
-        let process = std::process::Command::new(debug_binary("controller"))
-            .arg("run")
-            .env("KUBECONFIG", ns.kubeconfig())
-            .env("WATCH_NAMESPACE", &n)
-            .env("POD_NAMESPACE", &n)
-            .env("POD_NAME", "controller-0")
-            .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
-            .env("CONTROLLER_PROVIDER", "ebpf")
-            .env("EXCLUDE_NAMESPACES", "kube-system")
-            .env("INGEST_ADDRESS", format!("127.0.0.1:{ingest}"))
-            .env("INGEST_INSECURE", "true")
-            .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
-            // Off: the view's default port is one for the whole machine, and tests run at once.
-            .env("UI_ADDRESS", "")
-            .env("FLUSH_INTERVAL_SECONDS", flush_seconds)
-            .env("WNP_STATUS_UPDATE_INTERVAL", status_interval)
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let process = Running(Some(process));
+        let settings = Settings {
+            ingest,
+            metrics,
+            flush_seconds: flush_seconds.to_string(),
+            status_interval: status_interval.to_string(),
+        };
+        let process = Running(Some(spawn_controller(ns, &settings)?));
         let counters = UplinkCounters::default();
         let (agent, uplink_task) = uplink::spawn(
             UplinkConfig {
@@ -503,12 +492,51 @@ impl BinaryController {
         )?;
         Ok(Self {
             process,
+            ingest,
             metrics,
+            settings,
             _token: token,
             agent,
             uplink_task,
             counters,
         })
+    }
+
+    /// Starts the binary again, on the same ports, after [`BinaryController::exit`]: a new leader,
+    /// which the agent reconnects to.
+    fn restart(&mut self, ns: &TestNamespace) -> Result<()> {
+        anyhow::ensure!(self.process.0.is_none(), "the controller still runs");
+        self.process = Running(Some(spawn_controller(ns, &self.settings)?));
+        Ok(())
+    }
+
+    /// Opens a stream of its own with the agent's token, as the agent pod would after a restart of its
+    /// connection: the controller closes the agent's stream (replaced), whose held acknowledgements go
+    /// with it; the agent reconnects (replacing this stream in turn) and resends what is unacknowledged.
+    async fn replace_agent_stream(&self) -> Result<()> {
+        use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
+        let token = std::fs::read_to_string(&self._token.0)?;
+        let mut client =
+            FlowUplinkClient::connect(format!("http://127.0.0.1:{}", self.ingest)).await?;
+        let mut request = tonic::Request::new(tokio_stream::pending::<
+            network_enforcer_api::uplink::FlowBatch,
+        >());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {}", token.trim()).parse()?);
+        let replacing = client.stream(request).await?;
+        let sent = self.counters.batches_sent.get();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.counters.batches_sent.get() == sent {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the agent did not resend; {}",
+                agent_state(&self.counters)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(replacing);
+        Ok(())
     }
 
     /// Whether `/metrics` has the line `line`.
@@ -557,6 +585,39 @@ impl BinaryController {
             String::from_utf8_lossy(&output.stdout).into_owned(),
         ))
     }
+}
+
+/// How [`BinaryController`] runs the binary.
+struct Settings {
+    ingest: u16,
+    metrics: u16,
+    flush_seconds: String,
+    status_interval: String,
+}
+
+/// The controller binary for test namespace `ns`, watching only it.
+fn spawn_controller(ns: &TestNamespace, settings: &Settings) -> Result<std::process::Child> {
+    use network_enforcer_tests::section10::AGENT_SA;
+    let n = &ns.name;
+    Ok(std::process::Command::new(debug_binary("controller"))
+        .arg("run")
+        .env("KUBECONFIG", ns.kubeconfig())
+        .env("WATCH_NAMESPACE", n)
+        .env("POD_NAMESPACE", n)
+        .env("POD_NAME", "controller-0")
+        .env("AGENT_SERVICE_ACCOUNT", format!("{n}/{AGENT_SA}"))
+        .env("CONTROLLER_PROVIDER", "ebpf")
+        .env("EXCLUDE_NAMESPACES", "kube-system")
+        .env("INGEST_ADDRESS", format!("127.0.0.1:{}", settings.ingest))
+        .env("INGEST_INSECURE", "true")
+        .env("METRICS_ADDRESS", format!("127.0.0.1:{}", settings.metrics))
+        // Off: the view's default port is one for the whole machine, and tests run at once.
+        .env("UI_ADDRESS", "")
+        .env("FLUSH_INTERVAL_SECONDS", &settings.flush_seconds)
+        .env("WNP_STATUS_UPDATE_INTERVAL", &settings.status_interval)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?)
 }
 
 impl Drop for BinaryController {
@@ -645,7 +706,55 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
 /// on SIGTERM the last status sync writes the violation.
 #[tokio::test]
 async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Result<()> {
-    let (ns, mut controller) = violation_held("evidence-ack").await?;
+    let (ns, mut controller, _) = violation_held("evidence-ack").await?;
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    assert_violation_written(&ns, &logs).await
+}
+
+/// The agent's stream is closed while its batch's acknowledgement is held for the violation it
+/// carries: the agent resends the batch on its next stream, and the controller learns from it again
+/// but counts its violation once (docs/behaviour.md §3.8): `violationCount` is 1 after the last
+/// status write, not 2.
+#[tokio::test]
+async fn a_batch_resent_while_its_violation_is_held_counts_once() -> Result<()> {
+    let (ns, mut controller, _) = violation_held("resent-once").await?;
+    controller.replace_agent_stream().await?;
+    // The resent batch's acknowledgement is held again, by the agent's new stream.
+    controller
+        .wait_for_metric(
+            &ns,
+            "the resent batch's acknowledgement to be held",
+            "network_enforcer_controller_acks_waiting 1",
+        )
+        .await?;
+    assert_eq!(controller.counters.batches_acked.get(), 0);
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    assert_violation_written(&ns, &logs).await
+}
+
+/// The controller writes a held violation on its way out (SIGTERM) and the next leader, whose memory
+/// of counted occurrences starts empty, is sent the same occurrence again (what a batch resent after
+/// a crash between the status write and its acknowledgement brings: the same record). The next
+/// leader learns from it again, and its status write leaves `violationCount` at 1: the status already
+/// counted that occurrence (docs/behaviour.md §3.6).
+#[tokio::test]
+async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
+    let (ns, mut controller, record) = violation_held("new-leader-once").await?;
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    assert_violation_written(&ns, &logs).await?;
+    controller.restart(&ns)?;
+    assert!(controller.agent.send(vec![record]));
+    // Taken in by the new leader, whose last status write (on SIGTERM) records what it holds.
+    controller
+        .wait_for_metric(
+            &ns,
+            "the new leader to take the record in",
+            "network_enforcer_controller_records_received_total 1",
+        )
+        .await?;
     let (success, logs) = controller.terminate().await?;
     assert!(success, "{logs}");
     assert_violation_written(&ns, &logs).await
@@ -657,7 +766,7 @@ async fn evidence_is_acknowledged_only_once_its_violation_is_in_a_status() -> Re
 #[tokio::test]
 async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
-    let (ns, mut controller) = violation_held("lease-lost").await?;
+    let (ns, mut controller, _) = violation_held("lease-lost").await?;
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
         k8s_openapi::jiff::Timestamp::now(),
     );
@@ -682,7 +791,7 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
 /// A test namespace with a monitor-mode policy denying the server's ingress, the controller binary
 /// (flush every second, status sync hourly) and one agent batch carrying a violation of it, merged and
 /// written into the proposal but held: its violation is not in a status yet.
-async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)> {
+async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, FlowRecord)> {
     use network_enforcer_api::WorkloadNetworkPolicy;
     let ns = TestNamespace::create_with_crds(name).await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
@@ -726,7 +835,7 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
             "network_enforcer_controller_status_passes_total 1",
         )
         .await?;
-    assert!(controller.agent.send(vec![flow_record(
+    let record = flow_record(
         &n,
         &server,
         clients[0].1,
@@ -734,7 +843,8 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
         Protocol::Tcp,
         Direction::Inbound,
         Outcome::Established,
-    )]));
+    );
+    assert!(controller.agent.send(vec![record.clone()]));
     let server_rule =
         format!("deployment-http-server-ingress ingress {n}/app=http-client TCP/18080");
     ns.wait_for(
@@ -769,10 +879,10 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController)>
             .await
     );
 
-    Ok((ns, controller))
+    Ok((ns, controller, record))
 }
 
-/// The policy `guard` holds exactly one violation.
+/// The policy `guard` holds exactly one violation, counted once.
 async fn assert_violation_written(ns: &TestNamespace, logs: &str) -> Result<()> {
     let status = ns
         .api::<network_enforcer_api::WorkloadNetworkPolicy>()
@@ -784,6 +894,10 @@ async fn assert_violation_written(ns: &TestNamespace, logs: &str) -> Result<()> 
         status.violations.len(),
         1,
         "the last status sync writes the held violation: {status:?}\n{logs}"
+    );
+    assert_eq!(
+        status.violation_count, 1,
+        "one occurrence counts once: {status:?}\n{logs}"
     );
     Ok(())
 }

@@ -28,6 +28,8 @@ pub struct ResendBuffer {
     /// Records in `pending`.
     records: usize,
     next_sequence: u64,
+    /// This process's [`FlowBatch::instance`].
+    instance: u64,
     /// Ordered by sequence number (pushes take increasing numbers; acks only remove).
     pending: VecDeque<FlowBatch>,
     dropped: u64,
@@ -42,6 +44,7 @@ impl ResendBuffer {
             max_records: usize::MAX,
             records: 0,
             next_sequence: 1,
+            instance: random_instance(),
             pending: VecDeque::with_capacity(capacity),
             dropped: 0,
         }
@@ -51,6 +54,17 @@ impl ResendBuffer {
     pub fn with_max_records(mut self, max_records: usize) -> Self {
         self.max_records = max_records;
         self
+    }
+
+    /// The same buffer, numbering its batches as agent process `instance` (not 0).
+    pub fn with_instance(mut self, instance: u64) -> Self {
+        self.instance = instance.max(1);
+        self
+    }
+
+    /// The agent process's [`FlowBatch::instance`] this buffer numbers its batches with.
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     /// Numbers `records` as the next batch of `node` and keeps it until acknowledged; first drops the
@@ -74,6 +88,7 @@ impl ResendBuffer {
             sequence,
             node: node.to_string(),
             records,
+            instance: self.instance,
         });
         Pushed { sequence, dropped }
     }
@@ -133,4 +148,17 @@ impl ResendBuffer {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+}
+
+/// A process instance id: random (the standard library's per-process random hash keys, mixed with
+/// the time and the process id), never 0. It only has to differ between an agent and its restarts.
+fn random_instance() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    hasher.write_u32(std::process::id());
+    hasher.finish().max(1)
 }

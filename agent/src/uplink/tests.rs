@@ -31,6 +31,24 @@ fn batches_are_numbered_from_one_and_carry_the_node() {
     assert_eq!(buffer.len(), 2);
 }
 
+/// Every batch names the agent process that numbered it (the controller recognises a resend by
+/// instance and sequence): one instance per buffer, never 0, another for another process.
+#[test]
+fn batches_carry_the_instance_of_their_agent_process() {
+    let mut buffer = ResendBuffer::new(4);
+    let instance = buffer.instance();
+    assert_ne!(instance, 0);
+    buffer.push("node-a", records(1));
+    buffer.push("node-a", records(1));
+    assert!(buffer.pending().all(|b| b.instance == instance));
+    assert_ne!(
+        ResendBuffer::new(4).instance(),
+        instance,
+        "a restart is another process"
+    );
+    assert_eq!(ResendBuffer::new(4).with_instance(0).instance(), 1);
+}
+
 #[test]
 fn ack_removes_exactly_that_batch_and_ignores_unknown_sequences() {
     let mut buffer = ResendBuffer::new(8);

@@ -283,6 +283,7 @@ impl AppBuilder {
             evidence,
             early: Default::default(),
             names: Some(names.clone()),
+            claims: Default::default(),
         });
         let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())
             .with_settle_first(learning.clone());

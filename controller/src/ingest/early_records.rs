@@ -50,6 +50,8 @@ pub struct Early {
     pub arrived_ms: i64,
     /// When its wait ends.
     pub until_ms: i64,
+    /// Whether it counts as violation evidence (not when its batch is a repeat: [`super::claims`]).
+    pub counts: bool,
 }
 
 /// Why a record cannot wait.
@@ -116,6 +118,19 @@ impl EarlyRecords {
         now_ms: i64,
         grace_ms: i64,
     ) -> Result<i64, NoWait> {
+        self.hold_as(node, reporter, record, now_ms, grace_ms, true)
+    }
+
+    /// [`EarlyRecords::hold`], saying whether the record `counts` as violation evidence.
+    pub fn hold_as(
+        &self,
+        node: &str,
+        reporter: Reporter,
+        record: &FlowRecord,
+        now_ms: i64,
+        grace_ms: i64,
+        counts: bool,
+    ) -> Result<i64, NoWait> {
         if grace_ms <= 0 {
             return Err(NoWait::NoGrace);
         }
@@ -135,6 +150,7 @@ impl EarlyRecords {
             record: record.clone(),
             arrived_ms: now_ms,
             until_ms,
+            counts,
         });
         self.len.store(waiting.records.len(), Ordering::Relaxed);
         Ok(until_ms)

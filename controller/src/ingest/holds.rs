@@ -1,6 +1,7 @@
 //! What a batch's acknowledgement waits for before it may go.
 
 use super::*;
+use claims::FirstAttempt;
 
 /// What a batch's acknowledgement waits for (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,12 +17,47 @@ pub struct Holds {
     /// for too: once `proposals` are written (so the waits are over and the evidence was handed on),
     /// the evidence mark is taken again, to cover it.
     pub evidence_later: bool,
+    /// A resent batch whose first attempt's evidence was handed on ([`claims`]): it also waits for
+    /// what that attempt's acknowledgement waits for.
+    pub repeat_of: Option<Box<RepeatOf>>,
+    /// The batch's name in the [`claims`], for the stream to report its merge and acknowledgement
+    /// (taken out by the stream; never part of what is waited for).
+    pub claim: Option<Claim>,
+}
+
+/// A batch named by its agent process ([`claims::BatchName`] without the node, which is the stream's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claim {
+    pub instance: u64,
+    pub sequence: u64,
+    /// `Some` for a claimed first attempt: where to set what its acknowledgement waits for.
+    pub first: Option<FirstAttempt>,
+}
+
+/// A repeat's wait for its batch's first attempt: what that attempt waits for, copied once its merge
+/// has ended (from then on this copy is checked, as the first attempt's own is on its stream).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepeatOf {
+    attempt: FirstAttempt,
+    copied: Option<(u64, Holds)>,
+}
+
+impl RepeatOf {
+    pub fn new(attempt: FirstAttempt) -> Self {
+        Self {
+            attempt,
+            copied: None,
+        }
+    }
 }
 
 impl Holds {
     /// Nothing to wait for: the acknowledgement may go at once.
     pub fn is_nothing(&self) -> bool {
-        self.proposals.is_nothing() && self.evidence.is_none() && !self.evidence_later
+        self.proposals.is_nothing()
+            && self.evidence.is_none()
+            && !self.evidence_later
+            && self.repeat_of.is_none()
     }
 
     /// Whether the acknowledgement of a batch merged at `mark` may go: its proposals are written
@@ -34,6 +70,17 @@ impl Holds {
         written: &Ledger,
         evidence: Option<&dyn crate::monitor::status_sync::EvidenceSink>,
     ) -> bool {
+        if let Some(repeat) = &mut self.repeat_of {
+            if repeat.copied.is_none() {
+                repeat.copied = repeat.attempt.get().cloned();
+            }
+            let Some((first_mark, first)) = &mut repeat.copied else {
+                return false;
+            };
+            if !first.ready(*first_mark, written, evidence) {
+                return false;
+            }
+        }
         // Not only the oldest batch: one behind a batch that waits for a failing proposal may be
         // written already (agents acknowledge per sequence).
         let proposals_written =

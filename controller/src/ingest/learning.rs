@@ -58,7 +58,7 @@ impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
         let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
-        self.take_in_as(node, batch.sequence, records, Reporter::Node)
+        self.take_in_as(node, batch.sequence, records, Reporter::Node, true)
             .0
     }
 
@@ -66,7 +66,7 @@ impl Learning {
     /// Goldmane), filed under the node of their local pod: they may teach both sides of a connection.
     pub fn accept_from_cluster_source(&self, node: &str, batch: &FlowBatch) -> BatchAck {
         let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
-        self.take_in_as(node, batch.sequence, records, Reporter::Cluster)
+        self.take_in_as(node, batch.sequence, records, Reporter::Cluster, true)
             .0
     }
 
@@ -74,13 +74,55 @@ impl Learning {
     /// one here (a record that does not decode is refused alone), also saying what the
     /// acknowledgement must wait for: the proposals the batch gave edges no flush has decided yet,
     /// and the status patch of its violation evidence.
+    ///
+    /// A batch resent after its evidence was handed on ([`claims`]) is taken in for learning only,
+    /// and waits for what its first attempt waits for ([`Holds::repeat_of`]).
     pub fn take_in(&self, node: &str, batch: &encoded::FlowBatch) -> (BatchAck, Holds) {
+        let name = claims::BatchName {
+            node,
+            instance: batch.instance,
+            sequence: batch.sequence,
+        };
+        let (attempt, dropped) = self.claims.begin(name);
+        let metrics = self.learner.metrics();
+        if dropped.batches > 0 {
+            metrics.evidence_claims_dropped.inc_by(dropped.batches);
+        }
+        if !attempt.counts() {
+            metrics.batch_repeats.inc();
+            tracing::debug!(
+                node,
+                instance = batch.instance,
+                sequence = batch.sequence,
+                "a resent batch: learned from, its evidence not counted again"
+            );
+        }
         let records = batch.records.iter().map(|bytes| {
             FlowRecord::decode(bytes.clone())
                 .map(Cow::Owned)
                 .map_err(BadRecord::Malformed)
         });
-        self.take_in_as(node, batch.sequence, records, Reporter::Node)
+        let (ack, mut holds) = self.take_in_as(
+            node,
+            batch.sequence,
+            records,
+            Reporter::Node,
+            attempt.counts(),
+        );
+        let first = match attempt {
+            claims::Attempt::First(first) => first,
+            claims::Attempt::Repeat(first) => {
+                holds.repeat_of = Some(Box::new(RepeatOf::new(first)));
+                None
+            }
+            claims::Attempt::Counted => None,
+        };
+        holds.claim = (batch.instance != 0).then(|| Claim {
+            instance: batch.instance,
+            sequence: batch.sequence,
+            first,
+        });
+        (ack, holds)
     }
 
     fn take_in_as<'a>(
@@ -89,6 +131,7 @@ impl Learning {
         sequence: u64,
         records: impl ExactSizeIterator<Item = Result<Cow<'a, FlowRecord>, BadRecord>>,
         reporter: Reporter,
+        counts: bool,
     ) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.learner.metrics();
@@ -110,17 +153,21 @@ impl Learning {
                     node,
                     reporter,
                     at_ms: now_ms,
+                    counts,
                 };
                 let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence);
                 match taken {
                     Err(BadRecord::UnknownLocalPod(pod)) => {
                         let grace_ms = self.learner.resolution_grace_ms();
-                        match self.early.hold(node, reporter, &record, now_ms, grace_ms) {
+                        match self
+                            .early
+                            .hold_as(node, reporter, &record, now_ms, grace_ms, counts)
+                        {
                             Ok(until_ms) => {
                                 metrics.resolved("local_pod_deferred", 1);
                                 metrics.records_waiting_for_pod.inc();
                                 waits.defer_until(until_ms);
-                                evidence.later = true;
+                                evidence.later |= counts;
                                 Ok(Ok(()))
                             }
                             Err(why) => {
@@ -169,6 +216,7 @@ impl Learning {
                     .filter(|_| evidence.now)
                     .and_then(|e| e.hold()),
                 evidence_later: evidence.later,
+                ..Holds::default()
             },
         )
     }
@@ -212,7 +260,7 @@ impl Learning {
                 Ok(())
             }
         };
-        if let Some(sink) = &self.evidence
+        if let Some(sink) = self.evidence.as_ref().filter(|_| from.counts)
             && let Some(e) = Evidence::of(record, decoded)
         {
             match self.learner.evidence_or_wait(index, e, from.at_ms, waits) {
@@ -286,6 +334,7 @@ impl Learning {
                 node: &early.node,
                 reporter: early.reporter,
                 at_ms: early.arrived_ms,
+                counts: early.counts,
             };
             // Its batch's acknowledgement already waits for the grace from its arrival, and then
             // takes the evidence mark again (`Holds::evidence_later`).
@@ -355,4 +404,6 @@ struct Arrival<'a> {
     node: &'a str,
     reporter: Reporter,
     at_ms: i64,
+    /// Whether its records count as violation evidence (not a resent batch's: [`claims`]).
+    counts: bool,
 }

@@ -23,10 +23,15 @@
 //! the acknowledgements of batches that taught it something ([`WaitsFor`]): one hostile or broken
 //! proposal cannot stall every agent. Those agents' resend buffers rotate their oldest batches out,
 //! which this controller has already merged.
+//!
+//! **A resend counts once.** A batch resent after its evidence was handed on (recognised by agent
+//! process and sequence, [`claims`]) is learned from again but is not evidence again; its
+//! acknowledgement waits for what its first attempt's waited for.
 
 pub mod admission;
 mod auth;
 pub mod auth_cache;
+pub mod claims;
 pub mod early_records;
 pub mod flow_record;
 mod holds;
@@ -36,7 +41,7 @@ mod service;
 pub mod tls;
 
 pub use auth::{AUDIENCE, AgentIdentity, Authenticate, TokenReviewAuthenticator};
-pub use holds::Holds;
+pub use holds::{Claim, Holds, RepeatOf};
 pub use learning::{CLOCK_SKEW_MS, clamp_times, observation};
 
 use crate::cluster::index::{FlowEnd, Index, ResolvedRef};
@@ -98,6 +103,8 @@ pub struct Learning {
     pub early: EarlyRecords,
     /// Where resolutions go (`OUTCOME_RESOLVED` records); `None`: they are counted and dropped.
     pub names: Option<Arc<crate::cluster::names::ResolvedNames>>,
+    /// The batches whose evidence was counted, to recognise them when resent ([`claims`]).
+    pub claims: claims::Claims,
 }
 
 /// The gRPC service.

@@ -91,7 +91,7 @@ impl FlowUplink for IngestService {
             let mut pod_seen = false;
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
-            let mut waiting: VecDeque<(u64, Holds, BatchAck)> = VecDeque::new();
+            let mut waiting: VecDeque<(u64, Holds, BatchAck, Option<Claim>)> = VecDeque::new();
             let mut flushed = written.as_ref().map(|w| w.ledger().subscribe());
             let evidence = learning.evidence.clone();
             let mut settled = evidence.as_ref().and_then(|e| e.settled());
@@ -106,18 +106,19 @@ impl FlowUplink for IngestService {
                 if let Some(w) = written.as_ref().filter(|_| now != checked) {
                     checked = now;
                     let mut ready = Vec::new();
-                    for (mark, mut holds, ack) in std::mem::take(&mut waiting) {
+                    for (mark, mut holds, ack, claim) in std::mem::take(&mut waiting) {
                         if holds.ready(mark, w.ledger(), evidence.as_deref()) {
-                            ready.push(ack);
+                            ready.push((ack, claim));
                         } else {
-                            waiting.push_back((mark, holds, ack));
+                            waiting.push_back((mark, holds, ack, claim));
                         }
                     }
-                    for ack in ready {
+                    for (ack, claim) in ready {
                         metrics.acks_waiting.dec();
                         if tx.send(Ok(ack)).await.is_err() {
                             break 'stream;
                         }
+                        acknowledged(&learning, &agent.node, claim.as_ref());
                     }
                 }
                 if !inbound_open && waiting.is_empty() {
@@ -231,13 +232,25 @@ impl FlowUplink for IngestService {
                     let _ = tx.send(Err(status)).await;
                     break;
                 }
-                let Ok((reply, holds)) = merge(&learning, &agent.node, batch).await else {
+                let Ok((reply, mut holds)) = merge(&learning, &agent.node, batch).await else {
                     break;
                 };
+                // Marked after merging: a flush that starts later takes these edges.
+                let mark = written.as_ref().map_or(0, |w| w.ledger().mark());
+                let claim = holds.claim.take();
+                if let Some(claim) = &claim
+                    && let Some(first) = &claim.first
+                {
+                    let name = claims::BatchName {
+                        node: &agent.node,
+                        instance: claim.instance,
+                        sequence: claim.sequence,
+                    };
+                    learning.claims.merged(name, first, mark, &holds);
+                }
                 match &written {
-                    Some(w) if !holds.is_nothing() => {
-                        // Marked after merging: a flush that starts later takes these edges.
-                        waiting.push_back((w.ledger().mark(), holds, reply));
+                    Some(_) if !holds.is_nothing() => {
+                        waiting.push_back((mark, holds, reply, claim));
                         // Checked again even if no flush comes: the evidence may settle first.
                         checked = (u64::MAX, u64::MAX);
                         metrics.acks_waiting.inc();
@@ -246,6 +259,7 @@ impl FlowUplink for IngestService {
                         if tx.send(Ok(reply)).await.is_err() {
                             break;
                         }
+                        acknowledged(&learning, &agent.node, claim.as_ref());
                     }
                 }
             }
@@ -267,6 +281,17 @@ async fn close(
     metrics.stream_closed(reason.label());
     tracing::info!(node = %agent.node, pod = %agent.pod, reason = reason.label(), "agent stream closed");
     let _ = tx.send(Err(reason.status())).await;
+}
+
+/// The acknowledgement of `claim`'s batch went out: a resend of it is learned from only.
+fn acknowledged(learning: &Learning, node: &str, claim: Option<&Claim>) {
+    if let Some(claim) = claim {
+        learning.claims.acknowledged(claims::BatchName {
+            node,
+            instance: claim.instance,
+            sequence: claim.sequence,
+        });
+    }
 }
 
 /// Whether the index holds the agent pod `namespace/name`, not deleted.

@@ -64,6 +64,7 @@ async fn a_record_that_does_not_decode_is_refused_alone() {
     let batch = encoded::FlowBatch {
         sequence: 7,
         node: "node-a".into(),
+        instance: 1,
         records: vec![good.clone(), truncated, good],
     };
     let (ack, _) = app.learning.take_in("node-a", &batch);
@@ -95,6 +96,7 @@ async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
     let batch = FlowBatch {
         sequence: 3,
         node: "node-a".into(),
+        instance: 1,
         records: vec![
             with("uid-web-1", uplink::Outcome::Established),
             with("uid-web-1", uplink::Outcome::Unspecified),
@@ -149,6 +151,7 @@ fn encoded_batch(sequence: u64, node: &str, records: &[FlowRecord]) -> encoded::
     encoded::FlowBatch {
         sequence,
         node: node.into(),
+        instance: 1,
         records: records
             .iter()
             .map(|r| prost::bytes::Bytes::from(r.encode_to_vec()))
@@ -557,4 +560,105 @@ fn deleted_pods_resolve_for_the_history_window_then_are_forgotten() {
     index.forget_expired(5_000 + crate::cluster::index::IP_HISTORY_MS + 1);
     assert!(index.pod_by_uid("uid-web-1").is_none());
     assert!(index.pod("shop", "web-1").is_none());
+}
+
+/// `batch`'s claim, reported merged at the ledger's mark as the stream does.
+fn merged(app: &crate::app::App, holds: &mut Holds) -> u64 {
+    let mark = app.flusher.ledger().mark();
+    let claim = holds.claim.take().expect("a named batch");
+    let first = claim.first.expect("a first attempt");
+    let name = claims::BatchName {
+        node: "node-a",
+        instance: claim.instance,
+        sequence: claim.sequence,
+    };
+    app.learning.claims.merged(name, &first, mark, holds);
+    mark
+}
+
+/// A batch resent (its stream closed while its acknowledgement was held, or the acknowledgement was
+/// lost) teaches again but hands its evidence on once (docs/behaviour.md §3.8): the repeat's
+/// acknowledgement waits for the first attempt's evidence to be in a status, and once a batch was
+/// acknowledged a resend of it waits for nothing. The same sequence from another agent process is
+/// another batch.
+#[tokio::test]
+async fn a_resent_batch_is_learned_again_but_its_evidence_counts_once() {
+    use std::sync::atomic::Ordering;
+    let marks = Arc::new(Marks::default());
+    let app = app_with(index_with_pod("node-a"), 0, marks.clone());
+    let failed = FlowRecord {
+        outcome: uplink::Outcome::Failed as i32,
+        ..record("shop", "web-1", "")
+    };
+    let batch = encoded_batch(1, "node-a", &[failed]);
+    let (_, mut first) = app.learning.take_in("node-a", &batch);
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 1);
+    assert_eq!(first.evidence, Some(1));
+    let mark = merged(&app, &mut first);
+
+    let (ack, mut repeat) = app.learning.take_in("node-a", &batch);
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 1, "counted once");
+    assert!(
+        !repeat.is_nothing(),
+        "the repeat waits for its first attempt"
+    );
+    let ledger = app.flusher.ledger();
+    assert!(!repeat.ready(mark, ledger, Some(&*marks)));
+    marks.settled.store(2, Ordering::SeqCst);
+    assert!(repeat.ready(mark, ledger, Some(&*marks)));
+
+    app.learning.claims.acknowledged(claims::BatchName {
+        node: "node-a",
+        instance: 1,
+        sequence: 1,
+    });
+    let (_, after_ack) = app.learning.take_in("node-a", &batch);
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 1, "counted once");
+    assert!(after_ack.repeat_of.is_none() && after_ack.evidence.is_none());
+    assert_eq!(app.learning.learner.metrics().batch_repeats.get(), 2);
+
+    let restarted = encoded::FlowBatch {
+        instance: 2,
+        ..batch
+    };
+    app.learning.take_in("node-a", &restarted);
+    assert_eq!(
+        marks.handed.load(Ordering::SeqCst),
+        2,
+        "another agent process"
+    );
+}
+
+/// A resent batch whose record waits for its pod is learned from when the pod comes, but its
+/// evidence is handed on once: the first attempt's waiting record hands it.
+#[tokio::test]
+async fn a_resent_record_that_waits_for_its_pod_counts_once() {
+    use std::sync::atomic::Ordering;
+    let marks = Arc::new(Marks::default());
+    let app = app_with(index_with_pod("node-a"), 20, marks.clone());
+    let failed = FlowRecord {
+        outcome: uplink::Outcome::Failed as i32,
+        ..record("shop", "web-2", "")
+    };
+    let batch = encoded_batch(4, "node-a", &[failed]);
+    let (_, mut first) = app.learning.take_in("node-a", &batch);
+    assert!(first.evidence_later, "{first:?}");
+    merged(&app, &mut first);
+    let (_, repeat) = app.learning.take_in("node-a", &batch);
+    assert!(
+        !repeat.evidence_later && repeat.repeat_of.is_some(),
+        "{repeat:?}"
+    );
+    assert_eq!(app.learning.early.len(), 2, "both wait, to be learned from");
+
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 2_000);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    app.flusher.flush().await;
+    assert_eq!(app.learning.early.len(), 0);
+    assert_eq!(marks.handed.load(Ordering::SeqCst), 1, "counted once");
 }

@@ -3,8 +3,11 @@
 //! changed:
 //!
 //! 1. **merge** each observation: a record with the same dedupe key only gets a newer timestamp, a
-//!    new one gets `id = violationCount`; every observation increments `violationCount`; records are
-//!    sorted newest first and capped at [`MAX_VIOLATIONS`];
+//!    new one gets `id = violationCount`; every observation increments `violationCount`, except one
+//!    that the status counted already: within [`REPEAT_WINDOW`] of the timestamp of an active or
+//!    acknowledged record with its key (the §3.6 rule, checked against what is persisted, so that an
+//!    occurrence sent again to a new leader, whose in-memory repeat filter starts empty, does not
+//!    count twice); records are sorted newest first and capped at [`MAX_VIOLATIONS`];
 //! 2. **clear** the records the current spec now allows (decided by the caller's semantic
 //!    evaluator, [`crate::monitor::evaluate::attribution::record_allowed_now`]);
 //! 3. **acknowledge** each `acknowledge-<id>` annotation: record `<id>` moves to
@@ -18,6 +21,7 @@
 //! contains them succeeded: this function is deterministic, so a retry from the re-read status gives
 //! the same result.
 
+use evidence::REPEAT_WINDOW;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use network_enforcer_api::keys::acknowledged_id;
 use network_enforcer_api::{
@@ -100,6 +104,13 @@ impl Observation {
             denying_policy_name: self.denying_policy_name,
         }
     }
+}
+
+/// Whether an occurrence at `at` with `record`'s key is one the status counted already: it lies
+/// within [`REPEAT_WINDOW`] of the record's timestamp, the latest counted occurrence (§3.6).
+fn counted_by(record: &ViolationRecord, at: &Time) -> bool {
+    let window = k8s_openapi::jiff::SignedDuration::try_from(REPEAT_WINDOW).unwrap_or_default();
+    record.timestamp.0.duration_since(at.0).abs() < window
 }
 
 /// The fields that make two observations the same violation: the reference's key (source and
@@ -231,13 +242,24 @@ pub fn sync(
     // 1. Merge.
     for observation in input.observations {
         let key = observation_key(observation);
+        let at = &observation.timestamp;
         match status.violations.iter_mut().find(|r| record_key(r) == key) {
             Some(record) => {
-                if observation.timestamp.0 > record.timestamp.0 {
-                    record.timestamp = observation.timestamp.clone();
+                if counted_by(record, at) {
+                    continue;
+                }
+                if at.0 > record.timestamp.0 {
+                    record.timestamp = at.clone();
                 }
             }
             None => {
+                let acknowledged = status
+                    .acknowledged_violations
+                    .iter()
+                    .any(|a| record_key(&a.violation) == key && counted_by(&a.violation, at));
+                if acknowledged {
+                    continue;
+                }
                 let record = observation.clone().into_record(status.violation_count);
                 status.violations.push(record);
             }

@@ -18,6 +18,8 @@
 //! | `agent_streams` | | agent streams currently open |
 //! | `agent_streams_closed_total` | `reason` | streams the controller closed: replaced, expired, pod_deleted |
 //! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
+//! | `batch_repeats_total` | | resent batches recognised: learned from, their evidence not counted again |
+//! | `evidence_claims_dropped_total` | | claims of counted batches forgotten to stay in bounds (a resend of one counts again) |
 //! | `records_waiting_for_pod` | | records that arrived before the index knew their pod |
 //! | `leader` | | 1 while this replica holds the leader Lease |
 //! | `reconcile_runs_total` / `reconcile_failures_total` / `reconcile_duration_seconds` | `controller` | each reconciler's runs, failures and time |
@@ -186,6 +188,10 @@ pub struct ControllerMetrics {
     /// Records that arrived before their pod reached the index, waiting for it.
     pub records_waiting_for_pod: Gauge,
     pub leader: Gauge,
+    /// Resent batches whose evidence was counted already ([`crate::ingest::claims`]).
+    pub batch_repeats: Counter,
+    /// Claims of counted batches forgotten to stay within their bounds.
+    pub evidence_claims_dropped: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -296,6 +302,20 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease (or runs without leader election)",
             leader.clone(),
         );
+        let batch_repeats = Counter::default();
+        registry.register(
+            "batch_repeats",
+            "Resent batches (same agent process and sequence) whose violation evidence was counted \
+             already: learned from again, not counted again",
+            batch_repeats.clone(),
+        );
+        let evidence_claims_dropped = Counter::default();
+        registry.register(
+            "evidence_claims_dropped",
+            "Claims of batches whose evidence was counted, forgotten to stay within their bounds: a \
+             resend of one of them would count again",
+            evidence_claims_dropped.clone(),
+        );
         let peer_kinds = PeerKind::ALL.map(|kind| {
             resolutions
                 .get_or_create(&Outcome {
@@ -321,6 +341,8 @@ impl ControllerMetrics {
             acks_waiting,
             records_waiting_for_pod,
             leader,
+            batch_repeats,
+            evidence_claims_dropped,
         }
     }
 

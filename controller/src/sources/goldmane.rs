@@ -265,6 +265,8 @@ pub fn feed(learning: &Learning, records: Vec<(String, FlowRecord)>) -> (u32, u3
                 sequence: 0,
                 node: node.clone(),
                 records,
+                // The controller's own source: nothing is resent.
+                instance: 0,
             },
         );
         accepted += ack.accepted;

@@ -219,6 +219,7 @@ impl InProcess {
                 sequence,
                 node: self.node.clone(),
                 records,
+                instance: 0,
             }],
         )
         .await?;

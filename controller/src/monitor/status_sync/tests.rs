@@ -416,6 +416,7 @@ fn denied_from(peer: [u8; 4], at_ms: i64) -> network_enforcer_api::uplink::encod
     uplink::encoded::FlowBatch {
         sequence: 1,
         node: "node-a".into(),
+        instance: 0,
         records: vec![prost::bytes::Bytes::from(record.encode_to_vec())],
     }
 }

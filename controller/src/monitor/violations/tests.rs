@@ -80,18 +80,51 @@ fn re_observations_count_but_only_refresh_the_timestamp() {
     let first = sync_with(None, &[observation(18081, 10)], None).status;
     let out = sync_with(
         Some(&first),
-        &[observation(18081, 20), observation(18081, 5)],
+        &[observation(18081, 100), observation(18081, 200)],
         None,
     );
     let s = &out.status;
-    assert_eq!(s.violation_count, 3, "every observation counts");
+    assert_eq!(s.violation_count, 3, "each a window apart: each counts");
     assert_eq!(s.violations.len(), 1);
     assert_eq!(s.violations[0].id, 0);
+    assert_eq!(s.violations[0].timestamp, time(200));
+    let out = sync_with(Some(&out.status), &[observation(18081, 30)], None);
     assert_eq!(
-        s.violations[0].timestamp,
-        time(20),
+        out.status.violations[0].timestamp,
+        time(200),
         "an older re-observation does not move the timestamp back"
     );
+    assert_eq!(out.status.violation_count, 4, "more than a window older");
+}
+
+/// An occurrence the status counted already (within the repeat window of its record's timestamp)
+/// counts nothing: a batch resent to a new leader, whose in-memory repeat filter is empty, brings the
+/// same occurrence again (docs/behaviour.md §3.6). Also for an acknowledged record, which stays
+/// acknowledged.
+#[test]
+fn an_occurrence_already_counted_counts_nothing_when_it_comes_again() {
+    let first = sync_with(None, &[observation(18081, 10)], None).status;
+    let again = sync_with(
+        Some(&first),
+        &[
+            observation(18081, 10),
+            observation(18081, 0),
+            observation(18081, 69),
+        ],
+        None,
+    );
+    assert_eq!(again.status, first, "counted already");
+    assert!(!again.status_changed);
+
+    let acknowledged =
+        sync_with(Some(&first), &[], Some(&annotations(&[(&ack("0"), "ok")]))).status;
+    assert_eq!(acknowledged.acknowledged_violations.len(), 1);
+    let resent = sync_with(Some(&acknowledged), &[observation(18081, 10)], None).status;
+    assert_eq!(resent.violation_count, 1);
+    assert!(resent.violations.is_empty(), "{resent:?}");
+    let later = sync_with(Some(&acknowledged), &[observation(18081, 70)], None).status;
+    assert_eq!(later.violation_count, 2, "a window later it counts");
+    assert_eq!(later.violations.len(), 1, "and is active again");
 }
 
 #[test]
@@ -224,8 +257,9 @@ fn records_the_spec_now_allows_are_cleared_after_merging() {
             status: Some(&first),
             generation: Some(4),
             annotations: None,
-            observations: &[observation(18081, 2), observation(9999, 3)],
-            now: &time(10),
+            // A window after the first 18081: a new occurrence.
+            observations: &[observation(18081, 100), observation(9999, 101)],
+            now: &time(110),
         },
         |r| r.dst_port != Some(53),
     );
@@ -413,8 +447,9 @@ mod properties {
     use proptest::prelude::*;
 
     proptest! {
-        /// For any batches of observations: the count grows by exactly the number of observations,
-        /// ids are unique and below the count, records are sorted newest first and capped, the active
+        /// For any batches of observations: the count grows by exactly the number of observations
+        /// not counted already (all times here lie within one repeat window: the first of each key
+        /// counts), ids are unique and below the count, records are sorted newest first and capped, the active
         /// count is the length, and a second sync with nothing new changes nothing.
         #[test]
         fn merge_invariants(batches in prop::collection::vec(
@@ -422,9 +457,14 @@ mod properties {
         ) {
             let mut status: Option<WorkloadNetworkPolicyStatus> = None;
             let mut total = 0;
+            let mut latest = std::collections::BTreeMap::new();
             for batch in &batches {
                 let observations: Vec<_> = batch.iter().map(|&(port, at)| observation(port, at)).collect();
-                total += observations.len() as i64;
+                for &(port, at) in batch {
+                    if latest.insert(port, at).is_none() {
+                        total += 1;
+                    }
+                }
                 let out = sync_with(status.as_ref(), &observations, None);
                 let s = out.status;
                 prop_assert_eq!(s.violation_count, total);

@@ -78,6 +78,7 @@ pub(super) async fn agent_loop(
                     sequence,
                     node: node.clone(),
                     records: mix.records(per_batch, new_edge),
+                    instance: 1,
                 };
                 if in_window {
                     out.offered_in_window += per_batch as u64;
