@@ -753,6 +753,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "7d");
     assert_eq!(env_value(c, "EDGE_HISTORY_RETENTION"), "7d");
     assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "200000");
+    assert_eq!(env_value(c, "EDGE_HISTORY_WARMUP"), "2m");
     assert_eq!(deploy["spec"]["replicas"], 1);
     // The controller writes nothing to its file system: every mount is read-only.
     for m in c["volumeMounts"].as_array().unwrap() {
@@ -786,6 +787,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.unusedRuleAfter=36h",
         "controller.edgeHistory.retention=2d",
         "controller.edgeHistory.maxEdges=5000",
+        "controller.edgeHistory.warmup=0s",
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
@@ -801,6 +803,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "UNUSED_RULE_AFTER"), "36h");
     assert_eq!(env_value(c, "EDGE_HISTORY_RETENTION"), "2d");
     assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "5000");
+    assert_eq!(env_value(c, "EDGE_HISTORY_WARMUP"), "0s");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");

@@ -188,6 +188,13 @@ pub struct RunArgs {
     #[arg(long, env = "EDGE_HISTORY_RETENTION", default_value = "7d",
           value_parser = crate::monitor::status_sync::parse_duration)]
     edge_history_retention: Duration,
+    /// For this long after the controller starts judging evidence (it became the leader), the
+    /// protect gate's history counts as still being rebuilt: the gate reports the flows it finds
+    /// blocked but keeps its previous verdict instead of saying none would be (docs/behaviour.md
+    /// §3.11; `0s`: off).
+    #[arg(long, env = "EDGE_HISTORY_WARMUP", default_value = "2m",
+          value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
+    edge_history_warmup: Duration,
     /// How long an address that pods of a workload resolved a name to stays in the NetworkPolicy a
     /// protect policy allowing the name renders, after it was last resolved (e.g. `10m`). Longer
     /// than the names' TTLs: clients cache answers, and a rendering that follows every TTL churns.
@@ -336,6 +343,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     max_edges: args.edge_history_max_edges as usize,
                     retention: args.edge_history_retention,
                 },
+                history_warmup: args.edge_history_warmup,
                 // The reconciler's memory: both elect the same policy per target.
                 backends: settings.backends.clone(),
                 ..status_sync::Settings::default()

@@ -9,7 +9,9 @@
 use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
 use crate::{FastMap, FastSet};
-use network_enforcer_api::{Direction, Protocol, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef};
+use network_enforcer_api::{
+    Direction, Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef,
+};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,6 +134,9 @@ pub struct GateReport {
     pub cuts_api_server: bool,
     /// Edges that could not be evaluated now (a peer workload with no pod left, say).
     pub not_evaluable: usize,
+    /// The history is still being rebuilt after the controller started (`--edge-history-warmup`):
+    /// a flow not seen since may be missing, so finding nothing to block proves nothing yet.
+    pub warming_up: bool,
 }
 
 /// The history (see the module docs).
@@ -200,7 +205,57 @@ impl EdgeHistory {
         );
     }
 
+    /// Adds the flow a violation record of a policy's status names, unless the history holds its
+    /// edge already: what a controller that has just become the leader knows of the traffic before
+    /// its agents report it again (docs/behaviour.md §3.11). The record's time is its last seen; an
+    /// end with an address is seen by address. Returns whether an edge was added.
+    pub fn seed(&mut self, record: &ViolationRecord) -> bool {
+        let Some(port) = record.dst_port.and_then(|p| u16::try_from(p).ok()) else {
+            return false;
+        };
+        let at = record.timestamp.0.as_millisecond();
+        let (source, destination) = (
+            Arc::new(record.source.clone()),
+            Arc::new(record.dest.clone()),
+        );
+        let key = EdgeKey {
+            source: self.side_at(&source, source.address.parse().ok()),
+            destination: self.side_at(&destination, destination.address.parse().ok()),
+            protocol: record.protocol,
+            port,
+            peer_name: Some(record.dest.dns_name.as_str())
+                .filter(|n| !n.is_empty())
+                .map(Arc::from),
+        };
+        if self.edges.contains_key(&key) {
+            self.drop_unused_names();
+            return false;
+        }
+        if self.edges.len() >= self.bounds.max_edges.max(1) {
+            self.evict_oldest();
+        }
+        self.edges.insert(
+            key,
+            EdgeStats {
+                first_seen_ms: at,
+                last_seen_ms: at,
+                count: 1,
+                to_api_server: false,
+            },
+        );
+        true
+    }
+
     fn side(&mut self, workload: &Arc<WorkloadRef>, endpoint: &Endpoint) -> Side {
+        let ip = match endpoint {
+            Endpoint::Ip(ip) => Some(*ip),
+            Endpoint::Pod(_) => None,
+        };
+        self.side_at(workload, ip)
+    }
+
+    /// The side of `workload`, seen at `ip` when NetworkPolicies see it by address.
+    fn side_at(&mut self, workload: &Arc<WorkloadRef>, ip: Option<IpAddr>) -> Side {
         let workload = if self.held_at.contains(&(Arc::as_ptr(workload) as usize)) {
             Interned(Arc::clone(workload))
         } else {
@@ -212,10 +267,6 @@ impl EdgeHistory {
                     Interned(Arc::clone(workload))
                 }
             }
-        };
-        let ip = match endpoint {
-            Endpoint::Ip(ip) => Some(*ip),
-            Endpoint::Pod(_) => None,
         };
         Side { workload, ip }
     }

@@ -86,6 +86,15 @@ pub fn set(
     }
 }
 
+/// `policy`'s condition of type `type_`, as its status holds it.
+pub fn of<'a>(
+    policy: &'a network_enforcer_api::WorkloadNetworkPolicy,
+    type_: &str,
+) -> Option<&'a Condition> {
+    let status = policy.status.as_ref()?;
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
 /// Whether `conditions` already say what `desired` says (status, reason and message; the generation
 /// aside): what an Event about a condition's change is published on.
 pub fn holds(conditions: &[Condition], desired: &Desired) -> bool {

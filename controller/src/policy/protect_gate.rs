@@ -56,17 +56,28 @@ pub struct Verdict {
 
 /// The verdict for `policy` given the replay `report` (`None`: this controller has no edge history,
 /// e.g. it is not the leader yet or the history is turned off).
+///
+/// Until the history can answer (`None`, or a report of a history still being rebuilt after a start
+/// that finds nothing to block) the gate keeps what it said before, as the policy's status holds it:
+/// a strict policy held stays held, one rendered stays rendered (a restart must not render a held
+/// policy for a minute, nor flap a rendered one), and a `WouldBlock` condition stays as it was; a
+/// policy without one gets `NoHistory`. Never `NoObservedFlowBlocked` from a history not complete.
 pub fn verdict(policy: &WorkloadNetworkPolicy, report: Option<&GateReport>) -> Verdict {
-    let Some(report) = report else {
-        return Verdict {
-            condition: Desired::new(
-                conditions::WOULD_BLOCK,
-                false,
-                REASON_NO_HISTORY,
+    let report = match report {
+        None => {
+            return as_before(
+                policy,
                 "no observed traffic is held by this controller yet; the gate is checked again later",
-            ),
-            held: false,
-        };
+            );
+        }
+        Some(r) if r.warming_up && r.would_block == 0 => {
+            return as_before(
+                policy,
+                "the observed traffic is being gathered again since this controller started: flows \
+                 not seen since may be missing; the gate is checked again later",
+            );
+        }
+        Some(r) => r,
     };
     if report.would_block == 0 {
         let mut message = format!(
@@ -96,6 +107,28 @@ pub fn verdict(policy: &WorkloadNetworkPolicy, report: Option<&GateReport>) -> V
     Verdict {
         condition: Desired::new(conditions::WOULD_BLOCK, true, reason, message(report, held)),
         held,
+    }
+}
+
+/// What the gate said before, as `policy`'s status holds it (see [`verdict`]); `NoHistory` saying
+/// `why` when it said nothing yet.
+fn as_before(policy: &WorkloadNetworkPolicy, why: &str) -> Verdict {
+    let condition = conditions::of(policy, conditions::WOULD_BLOCK)
+        .filter(|c| c.reason != REASON_NO_HISTORY)
+        .map(|c| {
+            Desired::new(
+                conditions::WOULD_BLOCK,
+                c.status == "True",
+                &c.reason,
+                &c.message,
+            )
+        })
+        .unwrap_or_else(|| Desired::new(conditions::WOULD_BLOCK, false, REASON_NO_HISTORY, why));
+    let held_before =
+        conditions::of(policy, conditions::READY).is_some_and(|c| c.reason == REASON_HELD);
+    Verdict {
+        condition,
+        held: policy.spec.mode == PolicyMode::Protect && is_strict(policy) && held_before,
     }
 }
 
@@ -182,6 +215,7 @@ mod tests {
             cuts_dns: dns,
             cuts_api_server: api,
             not_evaluable: 0,
+            warming_up: false,
         }
     }
 
@@ -275,6 +309,58 @@ mod tests {
             );
             assert_eq!(v.condition.type_, conditions::WOULD_BLOCK);
         }
+    }
+
+    /// A strict protect policy the gate held, with its conditions as the status holds them.
+    fn held_before() -> WorkloadNetworkPolicy {
+        let mut p = policy("protect", Some("strict"));
+        p.status = Some(
+            serde_json::from_value(json!({"conditions": [
+                {"type": "WouldBlock", "status": "True", "reason": REASON_BLOCKS,
+                 "message": "2 of 5 observed flows would be blocked: before",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Ready", "status": "False", "reason": REASON_HELD, "message": "held",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]}))
+            .unwrap(),
+        );
+        p
+    }
+
+    /// Until the history can answer (none yet, or one still being rebuilt after a start that finds
+    /// nothing), the gate says what it said before: a held policy stays held with its condition (a
+    /// restart used to render it as protect until the history was back), and a policy without a
+    /// condition gets NoHistory, never NoObservedFlowBlocked. Flows a warming history does find to be
+    /// blocked are reported at once.
+    #[test]
+    fn until_the_history_can_answer_the_gate_keeps_what_it_said() {
+        let warming = |would_block| GateReport {
+            warming_up: true,
+            ..report(would_block, false, false)
+        };
+        let before = held_before();
+        for report in [None, Some(warming(0))] {
+            let v = verdict(&before, report.as_ref());
+            assert!(v.held, "{report:?}");
+            assert_eq!(
+                (v.condition.status, v.condition.reason.as_str()),
+                (true, REASON_BLOCKS)
+            );
+            assert_eq!(
+                v.condition.message,
+                "2 of 5 observed flows would be blocked: before"
+            );
+            let fresh = verdict(&policy("protect", Some("strict")), report.as_ref());
+            assert!(!fresh.held);
+            assert_eq!(
+                (fresh.condition.status, fresh.condition.reason.as_str()),
+                (false, REASON_NO_HISTORY)
+            );
+        }
+        let found = verdict(&before, Some(&warming(3)));
+        assert!(found.held && found.condition.message.starts_with("3 of 20"));
+        let complete = verdict(&before, Some(&report(0, false, false)));
+        assert!(!complete.held);
+        assert_eq!(complete.condition.reason, REASON_CLEAN);
     }
 
     #[test]

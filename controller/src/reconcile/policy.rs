@@ -230,11 +230,7 @@ async fn protect_gate(ctx: &Context, policy: &WorkloadNetworkPolicy) -> protect_
     if let Some(g) = &ctx.settings.gate {
         g.0.hold(policy, verdict.held);
     }
-    let before = policy.status.as_ref().and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == conditions::WOULD_BLOCK)
-    });
+    let before = conditions::of(policy, conditions::WOULD_BLOCK);
     let news = verdict.condition.status
         && before.is_none_or(|c| c.status != "True" || c.reason != verdict.condition.reason);
     if news {

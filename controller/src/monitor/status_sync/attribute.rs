@@ -46,6 +46,9 @@ impl StatusSync {
         if !self.is_ready() {
             return 0;
         }
+        if self.started.get().is_none() {
+            self.seed_history();
+        }
         let (records, drain) = self.queue.drain_numbered();
         let policies = self.policies.state();
         // A strict protect policy the gate holds renders nothing yet: what it sees counts as monitor's.

@@ -14,12 +14,43 @@ impl StatusSync {
         }
         self.attribute_evidence();
         let view = self.current_view();
-        Some(
-            self.history
-                .lock()
-                .expect("history lock")
-                .replay(&view, policy),
-        )
+        let mut report = self
+            .history
+            .lock()
+            .expect("history lock")
+            .replay(&view, policy);
+        report.warming_up = self
+            .started
+            .get()
+            .is_none_or(|at| at.elapsed() < self.settings.history_warmup);
+        Some(report)
+    }
+
+    /// Seeds the history, once, when this sync starts judging evidence: the flows the policies'
+    /// violation records name (active and acknowledged), which a controller that has just become the
+    /// leader would otherwise know only once its agents report them again; rare flows, such as a
+    /// nightly job's, would be missing from the protect gate's replay for a day (§3.11).
+    pub(super) fn seed_history(&self) {
+        let mut history = self.history.lock().expect("history lock");
+        if self.started.set(std::time::Instant::now()).is_err() {
+            return;
+        }
+        let mut seeded = 0;
+        for policy in self.policies.state() {
+            let Some(status) = &policy.status else {
+                continue;
+            };
+            let acknowledged = status.acknowledged_violations.iter().map(|a| &a.violation);
+            for record in status.violations.iter().chain(acknowledged) {
+                seeded += usize::from(history.seed(record));
+            }
+        }
+        self.metrics.history_edges.set(history.len() as i64);
+        tracing::info!(
+            flows = seeded,
+            warmup_s = self.settings.history_warmup.as_secs(),
+            "the protect gate's history starts from the policies' violation records"
+        );
     }
 
     /// Notes whether the gate holds `policy` in monitor (its evidence then counts as monitor's).

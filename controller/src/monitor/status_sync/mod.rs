@@ -79,7 +79,7 @@ mod status;
 
 pub use listed::{Listed, Watch, WatchLabel, evidence_may_count};
 pub use queue::{EvidenceSink, MAX_QUEUED_RECORDS};
-pub use settings::{Settings, parse_duration};
+pub use settings::{Settings, parse_duration, parse_duration_or_zero};
 
 /// Records waiting for the next evidence pass; bounded, dropping the oldest.
 ///
@@ -252,6 +252,9 @@ pub struct StatusSync {
     history: Mutex<EdgeHistory>,
     /// Strict protect policies the gate holds in monitor: their evidence counts as monitor's.
     held: Mutex<HashSet<PolicyKey>>,
+    /// When this sync first judged evidence (the history started filling), and whether the history
+    /// was seeded from the policies' violation records then ([`StatusSync::seed_history`]).
+    started: std::sync::OnceLock<std::time::Instant>,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
     metrics: SyncMetrics,
@@ -301,6 +304,7 @@ impl StatusSync {
             }),
             history: Mutex::new(EdgeHistory::new(settings.history)),
             held: Mutex::default(),
+            started: std::sync::OnceLock::new(),
             settings,
             policies,
             network_policies,

@@ -21,6 +21,10 @@ pub struct Settings {
     pub instance: Option<String>,
     /// Bounds of the edge history behind the protect gate (`--edge-history-*`).
     pub history: edge_history::Bounds,
+    /// How long after it starts judging evidence the history counts as still being rebuilt
+    /// (`--edge-history-warmup`): the gate then reports the flows it would block, but never that
+    /// nothing would be (docs/behaviour.md §3.11).
+    pub history_warmup: Duration,
     /// The policy reconciler's memory of backends (`reconcile::Settings::backends`): which policy of a
     /// target is in force depends on validity, judged as the reconciler judges it.
     pub backends: SharedBackends,
@@ -37,19 +41,24 @@ impl Default for Settings {
             reporter: "network-enforcer-controller".into(),
             instance: None,
             history: edge_history::Bounds::default(),
+            history_warmup: Duration::ZERO,
             backends: SharedBackends::default(),
         }
     }
 }
 
+/// [`parse_duration`], with zero allowed (a setting that `0s` turns off).
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    // Far above any interval that makes sense here.
+    const MAX: Duration = Duration::from_secs(366 * 86_400);
+    network_enforcer_api::duration::parse_duration(text, MAX).map_err(|e| e.to_string())
+}
+
 /// Parses a duration as the chart writes it (`30s`, `1m30s`, `500ms`, `1.5h`, `7d`; see
 /// [`network_enforcer_api::duration`]). Zero is refused: the sync would spin.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    // Far above any interval that makes sense here.
-    const MAX: Duration = Duration::from_secs(366 * 86_400);
-    match network_enforcer_api::duration::parse_duration(text, MAX) {
-        Ok(d) if d.is_zero() => Err(format!("duration {text:?} must be greater than zero")),
-        Ok(d) => Ok(d),
-        Err(e) => Err(e.to_string()),
+    match parse_duration_or_zero(text)? {
+        d if d.is_zero() => Err(format!("duration {text:?} must be greater than zero")),
+        d => Ok(d),
     }
 }

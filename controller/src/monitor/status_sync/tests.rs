@@ -9,6 +9,11 @@ fn durations_as_the_chart_writes_them() {
     for bad in ["", "30", "s", "30x", "1m30", "0s", "-1s", "1..5s"] {
         assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
     }
+    assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
+    assert_eq!(parse_duration_or_zero("2m"), Ok(Duration::from_secs(120)));
+    for bad in ["", "0x", "-1s", "0"] {
+        assert!(parse_duration_or_zero(bad).is_err(), "{bad:?} accepted");
+    }
 }
 
 /// Evidence of a connection from a pod the tests' index does not hold, told apart by `at_ms`.
@@ -799,4 +804,39 @@ async fn the_observed_edges_are_not_answered_before_the_watches_have_listed() {
     assert_eq!(sync.edges_in("shop", 10), None);
     let (sync, _writers) = listed_offline_sync().await;
     assert_eq!(sync.edges_in("shop", 10), Some((Vec::new(), false)));
+}
+
+/// A controller that has just become the leader starts its protect gate's history from the
+/// violation records the policies' statuses hold (docs/behaviour.md §3.11): a rare flow the last
+/// leader saw (an outside address calling web, allowed only from app=api) is still one the policy
+/// would block, before any agent reports it again. Without the seed the replay finds no flow.
+#[tokio::test]
+async fn a_new_leaders_gate_history_starts_from_the_violation_records() {
+    let mut policy = web_allows("api");
+    policy.status = Some(
+        serde_json::from_value(serde_json::json!({
+            "violationCount": 1,
+            "violations": [{
+                "id": 0, "timestamp": "2026-01-01T03:00:00Z", "protocol": "TCP", "dstPort": 8080,
+                "action": "monitor", "direction": "Ingress",
+                "source": {"namespace": "", "ownerKind": "", "ownerName": "",
+                           "address": "203.0.113.5"},
+                "dest": {"namespace": "shop", "ownerKind": "Deployment", "ownerName": "web"}
+            }]
+        }))
+        .unwrap(),
+    );
+    let (_app, sync, _metrics) = startup_drop_app(0, policy.clone()).await;
+    let report = sync.replay(&policy).expect("listed");
+    assert_eq!(
+        (report.considered, report.would_block),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(report.examples[0].peer, "203.0.113.5");
+    assert!(!report.warming_up, "no warm-up by default");
+    assert_eq!(sync.history_len(), 1);
+    // Seeded once: a second pass adds nothing.
+    sync.attribute_evidence();
+    assert_eq!(sync.history_len(), 1);
 }
