@@ -330,8 +330,9 @@ fn assert_events(records: &[LogRecord]) {
     assert_eq!(attributes(&ack.attributes), expected);
 }
 
-/// The observed event leaves out empty strings (here the destination is an address) but always
-/// carries the port, 0 when the record has none; its attributes come in a fixed order.
+/// The observed event leaves out empty strings (here the destination is an address: no workload
+/// attributes, but `destination.address`) but always carries the port, 0 when the record has none;
+/// its attributes come in a fixed order.
 #[test]
 fn observed_leaves_out_empty_strings_but_always_has_the_port() {
     let o = Observation {
@@ -354,13 +355,29 @@ fn observed_leaves_out_empty_strings_but_always_has_the_port() {
             "source.workload.namespace",
             "source.workload.kind",
             "source.workload.identity",
+            "destination.address",
             "network.transport",
             "destination.port",
             "policy.ref.namespace",
             "policy.ref.name",
         ]
     );
-    assert_eq!(event.attributes[7].1, AttributeValue::Int(0));
+    assert_eq!(
+        event.attributes[6].1,
+        AttributeValue::String("203.0.113.7".into())
+    );
+    assert_eq!(event.attributes[8].1, AttributeValue::Int(0));
+    // Reached by name: the name is the destination's address.
+    let mut named = o.clone();
+    named.dest.dns_name = "api.partner.test".into();
+    let event = observed_event(Backend::Kubernetes, &named);
+    assert_eq!(
+        event.attributes[6],
+        (
+            "destination.address",
+            AttributeValue::String("api.partner.test".into())
+        )
+    );
 }
 
 /// The acknowledged event has all 16 attributes in a fixed order, also the empty ones.

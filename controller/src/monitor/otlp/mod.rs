@@ -91,8 +91,10 @@ fn backend_name(backend: Backend) -> &'static str {
 }
 
 /// `policy_violation_observed` (WARN): `enforcement.provider`, `action`,
-/// `source.workload.{name,namespace,kind,identity}`, `destination.workload.{...}`,
-/// `network.transport`, `destination.port` (an int, always present: 0 when unknown),
+/// `source.workload.{name,namespace,kind,identity}`, `destination.workload.{...}`, `source.address`
+/// (a source that is no workload: its IP), `destination.address` (a destination that is no workload:
+/// the DNS name its source resolved it from when known, else its IP, as OpenTelemetry's semantic
+/// conventions define the attribute), `network.transport`, `destination.port` (an int, always present: 0 when unknown),
 /// `policy.ref.namespace`, `policy.ref.name`; string attributes that are empty are left out.
 pub fn observed_event(backend: Backend, o: &Observation) -> Event {
     let mut attributes = Vec::new();
@@ -133,6 +135,12 @@ pub fn observed_event(backend: Backend, o: &Observation) -> Event {
     ) {
         text(key, &value);
     }
+    text("source.address", &o.source.address);
+    let destination = Some(o.dest.dns_name.as_str()).filter(|n| !n.is_empty());
+    text(
+        "destination.address",
+        destination.unwrap_or(o.dest.address.as_str()),
+    );
     text("network.transport", o.protocol.as_str());
     attributes.push((
         "destination.port",
