@@ -573,6 +573,14 @@ impl BinaryController {
         self.exit().await
     }
 
+    /// Kills the process (SIGKILL): no last write, no goodbye on the streams, the Lease kept.
+    fn kill(&mut self) -> Result<()> {
+        let mut child = self.process.0.take().context("the controller runs")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
     /// Waits (up to a minute) for the process to exit; returns its success and its logs.
     async fn exit(&mut self) -> Result<(bool, String)> {
         let child = self.process.0.take().context("the controller runs")?;
@@ -760,6 +768,102 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
     assert_violation_written(&ns, &logs).await
 }
 
+/// Fault injection against a ground truth (docs/behaviour.md §1.10, §3.6): the real agent uplink
+/// sends one violating occurrence per batch (inbound to the server on its own port each time, so
+/// each is a violation of `guard` and an edge to learn), while the test closes the agent's stream
+/// (the agent resends), kills the controller with SIGKILL and starts it again (a new leader, resends
+/// of what was written but not acknowledged), and stops it with SIGTERM and starts it again. Status
+/// writes run every second throughout. Ground truth under the counting rule: every port is learned,
+/// every occurrence is one violation counted once, and the agent ends with every batch
+/// acknowledged (nothing lost on its side either).
+#[tokio::test]
+async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
+    const OCCURRENCES: u32 = 12;
+    const FIRST_PORT: u32 = 18100;
+    let (ns, mut controller, server, client) = guarded("faults-once", "1s").await?;
+    let n = ns.name.clone();
+    let mut faults = Vec::new();
+    for i in 0..OCCURRENCES {
+        let record = flow_record(
+            &n,
+            &server,
+            client,
+            FIRST_PORT + i,
+            Protocol::Tcp,
+            Direction::Inbound,
+            Outcome::Established,
+        );
+        assert!(controller.agent.send(vec![record]));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match i {
+            2 | 9 => {
+                controller.replace_agent_stream().await?;
+                faults.push("stream closed");
+            }
+            5 => {
+                controller.kill()?;
+                controller.restart(&ns)?;
+                faults.push("SIGKILL + restart");
+            }
+            7 => {
+                let (success, logs) = controller.terminate().await?;
+                assert!(success, "{logs}");
+                controller.restart(&ns)?;
+                faults.push("SIGTERM + restart");
+            }
+            _ => {}
+        }
+    }
+    ns.wait_for(
+        "every batch to be acknowledged",
+        Duration::from_secs(90),
+        || async {
+            let c = &controller.counters;
+            Ok(
+                (c.batches_acked.get() >= u64::from(OCCURRENCES) && c.pending_batches.get() == 0)
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .with_context(|| agent_state(&controller.counters))?;
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+
+    let status = ns
+        .api::<network_enforcer_api::WorkloadNetworkPolicy>()
+        .get("guard")
+        .await?
+        .status
+        .unwrap_or_default();
+    let mut ports: Vec<i32> = status
+        .violations
+        .iter()
+        .filter_map(|v| v.dst_port)
+        .collect();
+    ports.sort();
+    let expected: Vec<i32> = (0..OCCURRENCES).map(|i| (FIRST_PORT + i) as i32).collect();
+    eprintln!(
+        "faults: {faults:?}; occurrences sent {OCCURRENCES}, violations {}, violationCount {}; \
+         agent: {}",
+        status.violations.len(),
+        status.violation_count,
+        agent_state(&controller.counters)
+    );
+    assert_eq!(ports, expected, "lost none: {status:?}");
+    assert_eq!(
+        status.violation_count,
+        i64::from(OCCURRENCES),
+        "counted none twice: {status:?}"
+    );
+    let learned = rules(&ns).await?;
+    for port in &expected {
+        let rule = format!("deployment-http-server-ingress ingress {n}/app=http-client TCP/{port}");
+        assert!(learned.contains(&rule), "{rule} not learned: {learned:?}");
+    }
+    Ok(())
+}
+
 /// The real controller binary, with a violation held as in the test above, loses its Lease to another
 /// replica: it exits, and on its way out still writes the violation into the status (the new leader
 /// would never learn it: the agent's batch was merged here, and a resent one would be a repeat).
@@ -788,10 +892,14 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
     assert_violation_written(&ns, &logs).await
 }
 
-/// A test namespace with a monitor-mode policy denying the server's ingress, the controller binary
-/// (flush every second, status sync hourly) and one agent batch carrying a violation of it, merged and
-/// written into the proposal but held: its violation is not in a status yet.
-async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, FlowRecord)> {
+/// A test namespace with the client and server workloads, a monitor-mode policy `guard` denying
+/// every ingress of the server, and the controller binary (flush every second, status sync every
+/// `status_interval`) leading, its watches listed and its first status pass done. Returns the
+/// server pod's name and a client pod's address.
+async fn guarded(
+    name: &str,
+    status_interval: &str,
+) -> Result<(TestNamespace, BinaryController, String, IpAddr)> {
     use network_enforcer_api::WorkloadNetworkPolicy;
     let ns = TestNamespace::create_with_crds(name).await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
@@ -809,7 +917,7 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, 
     policies
         .create(&kube::api::PostParams::default(), &guard)
         .await?;
-    let controller = BinaryController::start(&ns, "1", "1h").await?;
+    let controller = BinaryController::start(&ns, "1", status_interval).await?;
     // Leading, and its evidence passes (which start once the status sync's watches have listed)
     // evaluate the policy.
     controller
@@ -826,8 +934,8 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, 
             "network_enforcer_controller_evidence_policies 1",
         )
         .await?;
-    // The first status pass runs as soon as the watches have listed, the next in an hour: a record
-    // sent before the first has ended could be written by it (this test failed so in CI).
+    // The first status pass runs as soon as the watches have listed, the next an interval later: a
+    // record sent before the first has ended could be written by it (a test failed so in CI).
     controller
         .wait_for_metric(
             &ns,
@@ -835,10 +943,19 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, 
             "network_enforcer_controller_status_passes_total 1",
         )
         .await?;
+    Ok((ns, controller, server, clients[0].1))
+}
+
+/// A test namespace with a monitor-mode policy denying the server's ingress, the controller binary
+/// (flush every second, status sync hourly) and one agent batch carrying a violation of it, merged and
+/// written into the proposal but held: its violation is not in a status yet.
+async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, FlowRecord)> {
+    let (ns, controller, server, client) = guarded(name, "1h").await?;
+    let n = ns.name.clone();
     let record = flow_record(
         &n,
         &server,
-        clients[0].1,
+        client,
         18080,
         Protocol::Tcp,
         Direction::Inbound,
