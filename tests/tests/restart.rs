@@ -524,13 +524,20 @@ impl BinaryController {
         request
             .metadata_mut()
             .insert("authorization", format!("Bearer {}", token.trim()).parse()?);
+        let (sent, reconnects) = (
+            self.counters.batches_sent.get(),
+            self.counters.reconnects.get(),
+        );
         let replacing = client.stream(request).await?;
-        let sent = self.counters.batches_sent.get();
+        // Reconnected, and what was unacknowledged then is resent.
+        let pending = self.counters.pending_batches.get() > 0;
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self.counters.batches_sent.get() == sent {
+        while self.counters.reconnects.get() == reconnects
+            || (pending && self.counters.batches_sent.get() == sent)
+        {
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "the agent did not resend; {}",
+                "the agent did not reconnect and resend; {}",
                 agent_state(&self.counters)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
