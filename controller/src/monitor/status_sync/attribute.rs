@@ -203,13 +203,24 @@ impl StatusSync {
         queued
     }
 
-    /// Marks drains up to `drain` settled when no observation waits for a patch, except drains
+    /// Marks drains up to `drain` settled when no observation waits for a patch (but those of
+    /// policies whose status keeps failing, [`FAILED_PASSES_BEFORE_PARKED`]), except drains
     /// another pass is still attributing (the protect gate's replay runs beside the sync's own
     /// passes): their observations are not pending yet, so that nothing is pending says nothing
     /// about them.
     pub(super) fn settle_if_written(&self, drain: u64) {
         let settleable = self.queue.settleable(drain);
-        if self.state.lock().expect("state lock").pending.is_empty() {
+        let state = self.state.lock().expect("state lock");
+        // Observations of a policy whose status keeps failing hold back nobody (see
+        // FAILED_PASSES_BEFORE_PARKED).
+        let written = state.pending.policies().all(|policy| {
+            state
+                .failing
+                .get(policy)
+                .is_some_and(|n| *n >= FAILED_PASSES_BEFORE_PARKED)
+        });
+        drop(state);
+        if written {
             self.queue.settle(settleable);
         }
     }

@@ -166,7 +166,17 @@ struct State {
     usage: UsageTracker<PolicyKey>,
     /// The workload names evidence passes built, kept for the next pass.
     names: WorkloadNames,
+    /// Policies whose status patch failed, with the passes in a row it did; from
+    /// [`FAILED_PASSES_BEFORE_PARKED`] on, their pending observations no longer hold back
+    /// acknowledgements ([`StatusSync::settle_if_written`]).
+    failing: HashMap<PolicyKey, u32>,
 }
+
+/// Status passes in a row whose patch of a policy failed before that policy's pending observations
+/// stop holding back the acknowledgements of every agent's batches (docs/behaviour.md §3.7): a
+/// status that cannot be written (too large, refused by an admission webhook, a conflict storm)
+/// must not stall the evidence of every other policy.
+pub const FAILED_PASSES_BEFORE_PARKED: u32 = 3;
 
 /// The status sync's Prometheus metrics; [`StatusSync::register_metrics`] adds them to the process's
 /// registry. Every loss of evidence is counted somewhere here.
@@ -201,6 +211,9 @@ pub struct SyncMetrics {
     /// Completed status passes ([`StatusSync::sync_all`]): the first runs as soon as every watch
     /// has listed, then one every `interval`.
     pub status_passes: Counter,
+    /// Policies whose status patch failed [`FAILED_PASSES_BEFORE_PARKED`] passes in a row or more:
+    /// their observations are retried but no longer hold back acknowledgements.
+    pub status_writes_failing: Gauge,
 }
 
 /// The label of `evidence_waited_for_peer_total`.
@@ -301,6 +314,7 @@ impl StatusSync {
                 pending_dropped_counted: 0,
                 usage: UsageTracker::default(),
                 names: WorkloadNames::default(),
+                failing: HashMap::new(),
             }),
             history: Mutex::new(EdgeHistory::new(settings.history)),
             held: Mutex::default(),
@@ -392,6 +406,13 @@ impl StatusSync {
             "Status sync passes completed: the first as soon as every watch has listed, then one \
              every --status-update-interval",
             m.status_passes.clone(),
+        );
+        metrics.register(
+            "status_writes_failing",
+            "Policies whose status patch failed 3 status passes in a row or more: their violation \
+             observations are kept and retried every pass but no longer hold back agents' \
+             acknowledgements (a Warning Event StatusWriteFailing names the error)",
+            m.status_writes_failing.clone(),
         );
         metrics.register(
             "status_patch_failures",

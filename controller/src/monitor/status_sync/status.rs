@@ -19,6 +19,7 @@ impl StatusSync {
             let mut state = self.state.lock().expect("state lock");
             let gone = state.pending.retain_policies(|k| keys.contains(k));
             state.usage.retain_policies(|k| keys.contains(k));
+            state.failing.retain(|k, _| keys.contains(k));
             self.metrics.dropped("policy_deleted", gone as u64);
             self.count_pending(&mut state);
             gone
@@ -41,6 +42,11 @@ impl StatusSync {
                     report.patched += usize::from(done.patched);
                     report.observations += done.observations;
                     report.acknowledged += done.acknowledged;
+                    self.state
+                        .lock()
+                        .expect("state lock")
+                        .failing
+                        .remove(&policy_key(policy));
                 }
                 Err(error) => {
                     report.failed += 1;
@@ -48,12 +54,55 @@ impl StatusSync {
                         namespace = ?policy.namespace(), name = %policy.name_any(), %error,
                         "status sync failed; pending observations are kept and retried"
                     );
+                    self.failed_again(policy, &error).await;
                 }
             }
+        }
+        {
+            let state = self.state.lock().expect("state lock");
+            let parked = state
+                .failing
+                .values()
+                .filter(|n| **n >= FAILED_PASSES_BEFORE_PARKED)
+                .count();
+            self.metrics.status_writes_failing.set(parked as i64);
         }
         self.settle_if_written(drained);
         self.metrics.status_passes.inc();
         report
+    }
+
+    /// Counts one more failed pass for `policy`; at the [`FAILED_PASSES_BEFORE_PARKED`]th in a row
+    /// its pending observations stop holding back acknowledgements, which a Warning Event says.
+    async fn failed_again(&self, policy: &WorkloadNetworkPolicy, error: &SyncError) {
+        let (failed, pending) = {
+            let mut state = self.state.lock().expect("state lock");
+            let key = policy_key(policy);
+            let failed = state.failing.entry(key.clone()).or_default();
+            *failed += 1;
+            let failed = *failed;
+            (failed, state.pending.len_of(&key))
+        };
+        if failed != FAILED_PASSES_BEFORE_PARKED {
+            return;
+        }
+        let note = format!(
+            "the status could not be written in {failed} passes in a row ({error}); its {pending} \
+             pending violation observations are kept and retried every pass, but no longer hold \
+             back the agents' acknowledgements: a controller that stops before they are written \
+             loses them"
+        );
+        tracing::warn!(namespace = ?policy.namespace(), name = %policy.name_any(), %note,
+            "status writes failing");
+        publish_with(
+            &self.recorder,
+            &policy.object_ref(&()),
+            EventType::Warning,
+            "StatusWriteFailing",
+            "SyncStatus",
+            note,
+        )
+        .await;
     }
 
     /// [`StatusSync::sync_policy`], retried once from a copy read now when the patch conflicts: the

@@ -544,6 +544,12 @@ struct FakeApi {
 }
 
 async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
+    fake_api_patching(policy, true).await
+}
+
+/// [`fake_api`] whose status patches succeed only with `patches_succeed`; else they are refused
+/// (422, as an admission webhook or a too large object is).
+async fn fake_api_patching(policy: &WorkloadNetworkPolicy, patches_succeed: bool) -> FakeApi {
     let status_patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
     let answer = serde_json::to_vec(policy).unwrap();
     let kept = status_patches.clone();
@@ -552,7 +558,13 @@ async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
             let (kept, answer) = (kept.clone(), answer.clone());
             async move {
                 let json = [(http::header::CONTENT_TYPE, "application/json")];
-                if method == http::Method::PATCH && uri.path().ends_with("/status") {
+                if method == http::Method::PATCH
+                    && uri.path().ends_with("/status")
+                    && !patches_succeed
+                {
+                    let status = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","message":"refused","code":422}"#;
+                    (http::StatusCode::UNPROCESSABLE_ENTITY, json, status.to_vec())
+                } else if method == http::Method::PATCH && uri.path().ends_with("/status") {
                     kept.lock()
                         .unwrap()
                         .push(serde_json::from_slice(&body).unwrap());
@@ -839,4 +851,48 @@ async fn a_new_leaders_gate_history_starts_from_the_violation_records() {
     // Seeded once: a second pass adds nothing.
     sync.attribute_evidence();
     assert_eq!(sync.history_len(), 1);
+}
+
+/// Issue 42, item 3: a policy whose status cannot be written (every patch refused) holds back the
+/// agents' acknowledgements for 3 status passes, then no longer: its observations stay pending and
+/// are retried, a gauge counts it, and agents' batches are acknowledged again. Before, one such
+/// policy held back every batch with evidence of every agent until the agents reconnected.
+#[tokio::test]
+async fn a_policy_whose_status_cannot_be_written_stops_holding_back_acknowledgements() {
+    let policy = web_allows("other");
+    let api = fake_api_patching(&policy, false).await;
+    let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+    list(&mut writers.policies, [policy.clone()]);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    sync.wait_ready().await;
+    let now = crate::cluster::watches::now_ms();
+    let (_, mut holds) = app
+        .learning
+        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    let evidence = sync.evidence();
+    let mark = app.flusher.ledger().mark();
+    let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
+    assert_eq!(sync.attribute_evidence(), 1);
+    for pass in 1..FAILED_PASSES_BEFORE_PARKED {
+        assert_eq!(sync.sync_all().await.failed, 1);
+        assert!(!acknowledged(), "held after failed pass {pass}");
+    }
+    assert_eq!(sync.sync_all().await.failed, 1);
+    assert!(
+        acknowledged(),
+        "still held after {FAILED_PASSES_BEFORE_PARKED} failed passes"
+    );
+    assert_eq!(sync.metrics().status_writes_failing.get(), 1);
+    assert_eq!(
+        sync.metrics().pending_observations.get(),
+        1,
+        "kept and retried"
+    );
+    assert!(api.written().is_empty());
 }
