@@ -191,6 +191,11 @@ impl EdgeHistory {
             stats.to_api_server |= to_api_server;
             return;
         }
+        self.insert_new(key, at, to_api_server);
+    }
+
+    /// Adds an edge the history does not hold, seen once at `at`, within the bound.
+    fn insert_new(&mut self, key: EdgeKey, at: i64, to_api_server: bool) {
         if self.edges.len() >= self.bounds.max_edges.max(1) {
             self.evict_oldest();
         }
@@ -231,18 +236,7 @@ impl EdgeHistory {
             self.drop_unused_names();
             return false;
         }
-        if self.edges.len() >= self.bounds.max_edges.max(1) {
-            self.evict_oldest();
-        }
-        self.edges.insert(
-            key,
-            EdgeStats {
-                first_seen_ms: at,
-                last_seen_ms: at,
-                count: 1,
-                to_api_server: false,
-            },
-        );
+        self.insert_new(key, at, false);
         true
     }
 

@@ -740,20 +740,7 @@ async fn evidence_waiting_for_the_watches_is_a_metric() {
 async fn records_a_replay_is_attributing_are_not_settled_by_another_pass() {
     let policy = web_allows("other");
     let api = fake_api(&policy).await;
-    let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
-    app.index
-        .index
-        .write()
-        .unwrap()
-        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
-    list(&mut writers.policies, [policy.clone()]);
-    list(&mut writers.network_policies, []);
-    list(&mut writers.namespaces, [shop_namespace()]);
-    sync.wait_ready().await;
-    let now = crate::cluster::watches::now_ms();
-    let (_, mut holds) = app
-        .learning
-        .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    let (app, sync, mut holds) = denied_from_a_client(&api, &policy).await;
     let evidence = sync.evidence();
     let mark = app.flusher.ledger().mark();
     let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
@@ -853,14 +840,13 @@ async fn a_new_leaders_gate_history_starts_from_the_violation_records() {
     assert_eq!(sync.history_len(), 1);
 }
 
-/// Issue 42, item 3: a policy whose status cannot be written (every patch refused) holds back the
-/// agents' acknowledgements for 3 status passes, then no longer: its observations stay pending and
-/// are retried, a gauge counts it, and agents' batches are acknowledged again. Before, one such
-/// policy held back every batch with evidence of every agent until the agents reconnected.
-#[tokio::test]
-async fn a_policy_whose_status_cannot_be_written_stops_holding_back_acknowledgements() {
-    let policy = web_allows("other");
-    let api = fake_api_patching(&policy, false).await;
+/// [`shop_app`] on `api` with a client pod (10.0.0.3), whose watches have listed `policy`, and one
+/// batch taken in: the agent's enforcement refused that client's connection to web. Returns what
+/// the batch's acknowledgement waits for.
+async fn denied_from_a_client(
+    api: &FakeApi,
+    policy: &WorkloadNetworkPolicy,
+) -> (crate::app::App, Arc<StatusSync>, crate::ingest::Holds) {
     let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
     app.index
         .index
@@ -875,6 +861,18 @@ async fn a_policy_whose_status_cannot_be_written_stops_holding_back_acknowledgem
     let (_, mut holds) = app
         .learning
         .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
+    (app, sync, holds)
+}
+
+/// Issue 42, item 3: a policy whose status cannot be written (every patch refused) holds back the
+/// agents' acknowledgements for 3 status passes, then no longer: its observations stay pending and
+/// are retried, a gauge counts it, and agents' batches are acknowledged again. Before, one such
+/// policy held back every batch with evidence of every agent until the agents reconnected.
+#[tokio::test]
+async fn a_policy_whose_status_cannot_be_written_stops_holding_back_acknowledgements() {
+    let policy = web_allows("other");
+    let api = fake_api_patching(&policy, false).await;
+    let (app, sync, mut holds) = denied_from_a_client(&api, &policy).await;
     let evidence = sync.evidence();
     let mark = app.flusher.ledger().mark();
     let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
