@@ -858,7 +858,7 @@ async fn denied_from_a_client(
     list(&mut writers.namespaces, [shop_namespace()]);
     sync.wait_ready().await;
     let now = crate::cluster::watches::now_ms();
-    let (_, mut holds) = app
+    let (_, holds) = app
         .learning
         .take_in("node-a", &denied_from([10, 0, 0, 3], now - 1_000));
     (app, sync, holds)
