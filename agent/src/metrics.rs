@@ -12,7 +12,7 @@
 //!   required: the data path keeps capturing and buffering while the controller or a CNI is away, and
 //!   an agent taken out of readiness for that would only stall rollouts.
 
-use crate::enforce::watch::EnforcementMetrics;
+use crate::enforce::metrics::EnforcementMetrics;
 use crate::identity::pod_watch::PodWatchCounters;
 use crate::kernel::loader::KernelCounters;
 #[cfg(test)]

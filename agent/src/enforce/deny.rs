@@ -7,8 +7,8 @@
 //! rebuilt with every installed ruleset. [`record`] is the pure translation.
 
 use crate::enforce::compile::Ruleset;
+use crate::enforce::metrics::{DirectionLabel, EnforcementMetrics};
 use crate::enforce::nflog::{Denied, DenyDirection, Nflog, NflogCounters};
-use crate::enforce::watch::{DirectionLabel, EnforcementMetrics};
 use crate::sources::RecordSink;
 use network_enforcer_api::uplink::{self as proto, FlowRecord, LocalPod};
 use std::collections::HashMap;

@@ -13,6 +13,7 @@
 pub mod compile;
 pub mod deny;
 pub mod dns_hold;
+pub mod metrics;
 pub mod model;
 pub mod nflog;
 pub mod nft;

@@ -8,7 +8,7 @@ use network_enforcer_agent::enforce::compile::{
     Allow, IsolatedPod, NameAllowance, Peers, PortRange, Ruleset, Side,
 };
 use network_enforcer_agent::enforce::dns_hold::Hold;
-use network_enforcer_agent::enforce::watch::EnforcementMetrics;
+use network_enforcer_agent::enforce::metrics::EnforcementMetrics;
 use network_enforcer_api::Protocol;
 use simple_dns::Packet;
 use simple_dns::rdata::RData;
