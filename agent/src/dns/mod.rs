@@ -11,7 +11,7 @@
 
 pub mod answer;
 pub mod tracker;
-mod wire;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;

@@ -367,6 +367,12 @@ impl Tracker {
         }
     }
 
+    /// Pods holding something, and the numbers ever given (for the tests: numbers are reused).
+    #[cfg(test)]
+    pub(super) fn pods_held(&self) -> (usize, usize) {
+        (self.ids.len(), self.slots.len())
+    }
+
     fn slot(&self, slot: PodId) -> &Slot {
         &self.slots[slot as usize]
     }
