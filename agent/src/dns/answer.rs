@@ -86,14 +86,13 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
     if message.rcode() == 0 {
         // Walk the chain from the asked name: each step is the name a CNAME of the current one points
         // to, carrying the smallest TTL so far. Records of names outside the chain are ignored.
-        let records = message.answer_records();
         let owned_by = |record: &wire::Record, name: usize| {
             wire::same_name(payload, record.owner as usize, name)
         };
         let mut current = question;
         let mut ttl = u32::MAX;
         for step in 0..=MAX_CHAIN {
-            for record in records.iter().filter(|r| r.rdlen > 0) {
+            for record in message.answer_records(payload).filter(|r| r.rdlen > 0) {
                 let at = record.rdata as usize;
                 let address = match record.rtype {
                     TYPE_A => payload
@@ -109,7 +108,7 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
                 let Some(address) = address else {
                     continue;
                 };
-                if !owned_by(record, current) {
+                if !owned_by(&record, current) {
                     continue;
                 }
                 let ttl = ttl.min(record.ttl);
@@ -117,8 +116,8 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
                     addresses.push((address, ttl));
                 }
             }
-            let next = records
-                .iter()
+            let next = message
+                .answer_records(payload)
                 .find(|r| r.rtype == TYPE_CNAME && r.rdlen > 0 && owned_by(r, current));
             let Some(cname) = next else {
                 break;

@@ -205,9 +205,6 @@ pub struct Record {
     pub rdata: u32,
 }
 
-/// The answer records kept by [`Message::parse`]; more are counted, not kept.
-pub const KEPT_RECORDS: usize = 64;
-
 /// A message whose four sections were read through.
 #[derive(Clone, Debug)]
 pub struct Message {
@@ -215,10 +212,11 @@ pub struct Message {
     pub flags: u16,
     pub questions: u16,
     pub answers: u16,
+    /// The offset of the answer section.
+    answers_at: usize,
     /// The extended RCODE's upper 8 bits, from the first EDNS record of the additional section
     /// (RFC 6891 section 6.1.3).
     rcode_high: u8,
-    records: [Record; KEPT_RECORDS],
 }
 
 impl Message {
@@ -247,15 +245,11 @@ impl Message {
             flags,
             questions,
             answers,
+            answers_at: at,
             rcode_high: 0,
-            records: [Record::default(); KEPT_RECORDS],
         };
-        for i in 0..usize::from(answers) {
-            let record;
-            (record, at) = read_record(bytes, at)?;
-            if let Some(kept) = message.records.get_mut(i) {
-                *kept = record;
-            }
+        for _ in 0..answers {
+            (_, at) = read_record(bytes, at)?;
         }
         for _ in 0..authority {
             (_, at) = read_record(bytes, at)?;
@@ -286,10 +280,15 @@ impl Message {
         (self.questions > 0).then_some(HEADER_LEN)
     }
 
-    /// The answer records, up to [`KEPT_RECORDS`].
-    pub fn answer_records(&self) -> &[Record] {
-        let kept = usize::from(self.answers).min(KEPT_RECORDS);
-        self.records.get(..kept).unwrap_or(&[])
+    /// The answer records of `bytes`, the message read: read again where they are rather than kept,
+    /// so that reading a message writes nothing but this small summary.
+    pub fn answer_records<'b>(&self, bytes: &'b [u8]) -> impl Iterator<Item = Record> + 'b {
+        let mut at = self.answers_at;
+        (0..self.answers).map_while(move |_| {
+            let (record, next) = read_record(bytes, at).ok()?;
+            at = next;
+            Some(record)
+        })
     }
 }
 
