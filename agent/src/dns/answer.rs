@@ -1,11 +1,11 @@
 //! One DNS response read for what learning by name needs: the name the query asked, and the addresses
-//! it resolved to, through CNAMEs, with their TTL. The wire format is read in place ([`super::wire`]);
-//! this module decides what of it to believe, and refuses what is outside the bounds (hostile
+//! it resolved to, through CNAMEs, with their TTL. The wire format is read in place with the `domain`
+//! crate ([`super::wire`]); this module decides what of it to believe, and refuses what is outside the bounds (hostile
 //! answers).
 
-use super::wire::{self, Labels, Message, TYPE_A, TYPE_AAAA, TYPE_CNAME};
+use super::wire::{self, Message, Name};
 use smallvec::SmallVec;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 pub use network_enforcer_api::dns_name::MAX_NAME_LEN;
 use network_enforcer_api::dns_name::check_label;
@@ -52,7 +52,7 @@ pub fn read_answer(payload: &[u8]) -> Result<Answer, DnsError> {
     let response = read_response(payload)?;
     Ok(Answer {
         id: response.id,
-        name: host_name(response.bytes, response.question)?,
+        name: host_name(&response.question)?,
         addresses: response.addresses.into_vec(),
     })
 }
@@ -62,10 +62,9 @@ pub(super) type Addresses = SmallVec<[(IpAddr, u32); 8]>;
 
 /// [`Answer`] without copying the name out of the message.
 pub(super) struct Response<'a> {
-    pub bytes: &'a [u8],
     pub id: u16,
-    /// The offset of the asked name (a host name).
-    pub question: usize,
+    /// The asked name (a host name).
+    pub question: Name<'a>,
     pub addresses: Addresses,
 }
 
@@ -81,73 +80,54 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
     if usize::from(message.answers) > MAX_RECORDS {
         return Err(DnsError::TooManyRecords(usize::from(message.answers)));
     }
-    check_host_name(payload, question)?;
+    check_host_name(&question)?;
     let mut addresses = Addresses::new();
     if message.rcode() == 0 {
         // Walk the chain from the asked name: each step is the name a CNAME of the current one points
         // to, carrying the smallest TTL so far. Records of names outside the chain are ignored.
-        let owned_by = |record: &wire::Record, name: usize| {
-            wire::same_name(payload, record.owner as usize, name)
-        };
         let mut current = question;
         let mut ttl = u32::MAX;
         for step in 0..=MAX_CHAIN {
-            for record in message.answer_records(payload).filter(|r| r.rdlen > 0) {
-                let at = record.rdata as usize;
-                let address = match record.rtype {
-                    TYPE_A => payload
-                        .get(at..at + 4)
-                        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                        .map(|b| IpAddr::V4(Ipv4Addr::from(b))),
-                    TYPE_AAAA => payload
-                        .get(at..at + 16)
-                        .and_then(|b| <[u8; 16]>::try_from(b).ok())
-                        .map(|b| IpAddr::V6(Ipv6Addr::from(b))),
-                    _ => None,
-                };
-                let Some(address) = address else {
+            for record in message.answer_records() {
+                let Some(address) = wire::address(&record) else {
                     continue;
                 };
-                if !owned_by(&record, current) {
+                if record.owner() != current {
                     continue;
                 }
-                let ttl = ttl.min(record.ttl);
+                let ttl = ttl.min(record.ttl().as_secs());
                 if !addresses.iter().any(|(a, _)| *a == address) {
                     addresses.push((address, ttl));
                 }
             }
-            let next = message
-                .answer_records(payload)
-                .find(|r| r.rtype == TYPE_CNAME && r.rdlen > 0 && owned_by(r, current));
-            let Some(cname) = next else {
+            let next = message.answer_records().find_map(|r| {
+                let (owner, ttl) = (r.owner(), r.ttl().as_secs());
+                let target = wire::cname_target(r)?;
+                (owner == current).then_some((target, ttl))
+            });
+            let Some((target, cname_ttl)) = next else {
                 break;
             };
             if step == MAX_CHAIN {
                 return Err(DnsError::ChainTooLong);
             }
-            current = cname.rdata as usize;
-            check_host_name(payload, current)?;
-            ttl = ttl.min(cname.ttl);
+            current = target;
+            check_host_name(&current)?;
+            ttl = ttl.min(cname_ttl);
         }
     }
     Ok(Response {
-        bytes: payload,
         id: message.id,
         question,
         addresses,
     })
 }
 
-/// Checks that every label of the name at `at` (read by [`Message::parse`]) is a host-name label
-/// ([`network_enforcer_api::dns_name`]) and that its text form is at most [`MAX_NAME_LEN`] bytes;
-/// that length.
-pub(super) fn check_host_name(bytes: &[u8], at: usize) -> Result<usize, DnsError> {
-    let mut labels = Labels::new(bytes, at);
+/// Checks that every label of `name` is a host-name label ([`network_enforcer_api::dns_name`]) and
+/// that its text form is at most [`MAX_NAME_LEN`] bytes; that length.
+pub(super) fn check_host_name(name: &Name<'_>) -> Result<usize, DnsError> {
     let mut len = 0;
-    while let Some(label) = labels
-        .next_label()
-        .map_err(|e| DnsError::Malformed(e.to_string()))?
-    {
+    for label in wire::labels(name) {
         check_label(label).map_err(|_| DnsError::NotAHostName)?;
         len += usize::from(len > 0) + label.len();
         if len > MAX_NAME_LEN {
@@ -157,12 +137,10 @@ pub(super) fn check_host_name(bytes: &[u8], at: usize) -> Result<usize, DnsError
     Ok(len)
 }
 
-/// The host name at `at`: its text form, lower-case, without the trailing dot
-/// ([`check_host_name`]).
-pub(super) fn host_name(bytes: &[u8], at: usize) -> Result<String, DnsError> {
-    let mut text = String::with_capacity(check_host_name(bytes, at)?);
-    let mut labels = Labels::new(bytes, at);
-    while let Ok(Some(label)) = labels.next_label() {
+/// The host name `name`: its text form, lower-case, without the trailing dot ([`check_host_name`]).
+pub(super) fn host_name(name: &Name<'_>) -> Result<String, DnsError> {
+    let mut text = String::with_capacity(check_host_name(name)?);
+    for label in wire::labels(name) {
         if !text.is_empty() {
             text.push('.');
         }

@@ -158,7 +158,7 @@ impl Tracker {
         if message.is_response() {
             return;
         }
-        if answer::check_host_name(payload, question).is_err() {
+        if answer::check_host_name(&question).is_err() {
             self.counters.malformed += 1;
             return;
         }
@@ -184,13 +184,13 @@ impl Tracker {
         let (of_pod, pending) = (self.slot(slot).pending, self.pending.len());
         match self.pending.entry(key) {
             // Asked again: pending from now, for the name asked last.
-            Entry::Occupied(mut held) => *held.get_mut() = (lower_name(payload, question), now),
+            Entry::Occupied(mut held) => *held.get_mut() = (lower_name(&question), now),
             Entry::Vacant(_) if full(of_pod, pending) => {
                 self.counters.pending_full += 1;
                 return;
             }
             Entry::Vacant(new) => {
-                new.insert((lower_name(payload, question), now));
+                new.insert((lower_name(&question), now));
                 self.slots[slot as usize].pending += 1;
             }
         }
@@ -254,7 +254,7 @@ impl Tracker {
         });
         // The same pod socket, server and id, and the same question (case aside).
         let pending = key.and_then(|key| match self.pending.entry(key) {
-            Entry::Occupied(held) if wire::name_is(payload, response.question, &held.get().0) => {
+            Entry::Occupied(held) if wire::name_is(&response.question, &held.get().0) => {
                 Some(held.remove().0)
             }
             _ => None,
@@ -412,12 +412,11 @@ impl Tracker {
     }
 }
 
-/// The host name at `at` (checked already), lower-case, in one allocation.
-fn lower_name(bytes: &[u8], at: usize) -> Arc<str> {
+/// The host name `name` (checked already), lower-case, in one allocation.
+fn lower_name(name: &wire::Name<'_>) -> Arc<str> {
     let mut text = [0u8; answer::MAX_NAME_LEN];
     let mut len = 0;
-    let mut labels = wire::Labels::new(bytes, at);
-    while let Ok(Some(label)) = labels.next_label() {
+    for label in wire::labels(name) {
         let dot = usize::from(len > 0);
         let Some(out) = text.get_mut(len..len + dot + label.len()) else {
             break;

@@ -1,339 +1,244 @@
-//! The DNS wire format (RFC 1035 section 4) read in place over the message's bytes: no copy, no
-//! allocation, so that reading the pods' messages costs little per exchange. Hostile input is
-//! expected: every read is bounds-checked, compression pointers only go back (so a name always ends),
-//! and a name, its labels and its jumps are bounded.
+//! The DNS wire format (RFC 1035 section 4), read with the `domain` crate (NLnet Labs) in place over
+//! the message's bytes: no copy, no allocation. `domain` bounds-checks every read, follows compression
+//! pointers only back (so a name always ends), and refuses a label over 63 bytes or a name of 255
+//! bytes or more; its names compare ignoring ASCII case.
 //!
 //! What is refused mirrors what `simple-dns` (which the agent used before) refuses, so the same
-//! messages are malformed: the header's reserved bit set; a name that is cut, has a label over 63
-//! bytes, is 255 bytes or more on the wire, or has a pointer that does not go back; any of the four
-//! sections cut short; an unknown question type or class, or record class; an A (AAAA) record of 1 to
-//! 3 (15) bytes; a CNAME whose target is not a name within its data; an EDNS (OPT) record whose options
-//! do not fill its data. The data of the other record types is not looked into.
+//! messages are malformed. `domain` itself refuses: a message shorter than its header; a name that is
+//! cut, has a label over 63 bytes (or of an extended or obsolete type), is 255 bytes or more on the
+//! wire, or has a pointer that does not go back; any of the four sections cut short; an A (AAAA)
+//! record whose data is not 4 (16) bytes; a CNAME whose data is not one name; an EDNS (OPT) record
+//! whose options do not fill its data. Checked here on top: the header's reserved bit; an unknown
+//! question type or class, or record class (simple-dns's lists); a name of more than [`MAX_JUMPS`]
+//! compression pointers (`domain` allows 255). Records without data are read as no record of their
+//! type (no address, no target), and the data of the other record types is not looked into.
 
+use domain::base::iana::Rtype;
+use domain::base::message::RecordSection;
+use domain::base::name::ParsedName;
+use domain::base::opt::{Opt, OptRecord};
+use domain::base::wire::ParseError;
+use domain::base::{Message as Wire, ParsedRecord};
+use domain::rdata::{A, Aaaa, Cname};
 use simple_dns::{CLASS, QCLASS, QTYPE};
+use std::net::IpAddr;
 
-/// The header's length.
-const HEADER_LEN: usize = 12;
-/// A name's length on the wire (its labels and their length bytes, not the root's) from which it is
-/// refused: 255 octets with the root's (RFC 1035 section 3.1).
-const MAX_WIRE_NAME: usize = 255;
 /// Compression pointers followed in one name. A name of at most 254 bytes has at most 127 labels: a
 /// name needing more jumps than that only chains pointers to pointers.
 const MAX_JUMPS: usize = 127;
 
-pub const TYPE_A: u16 = 1;
-pub const TYPE_CNAME: u16 = 5;
-pub const TYPE_AAAA: u16 = 28;
-const TYPE_OPT: u16 = 41;
-
-const FLAG_RESPONSE: u16 = 0x8000;
-/// The header's Z bit, which must be zero.
-const FLAG_RESERVED: u16 = 0x0040;
-const RCODE_MASK: u16 = 0x000f;
 /// A record class's top bit (mDNS's cache flush) is not part of the class.
 const CLASS_MASK: u16 = 0x7fff;
+
+/// A name of a message, read in place.
+pub type Name<'a> = ParsedName<&'a [u8]>;
+
+/// A resource record of a message, read in place.
+pub type Record<'a> = ParsedRecord<'a, [u8]>;
 
 /// Why a message is not a DNS message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
-    #[error("the message ends within a field")]
-    Truncated,
+    #[error("{0}")]
+    Parse(ParseError),
     #[error("the header's reserved bit is set")]
     Reserved,
-    #[error("a label longer than 63 bytes")]
-    LabelTooLong,
-    #[error("a name of 255 bytes or more")]
-    NameTooLong,
-    #[error("a compression pointer that does not point back")]
-    BadPointer,
     #[error("a name of more than {MAX_JUMPS} compression pointers")]
     TooManyJumps,
     #[error("an unknown question type {0}")]
     QuestionType(u16),
     #[error("an unknown class {0}")]
     Class(u16),
-    #[error("the data of a record of type {0} does not hold it")]
-    RecordData(u16),
 }
 
-fn u16_at(bytes: &[u8], at: usize) -> Result<u16, WireError> {
-    bytes
-        .get(at..at + 2)
-        .and_then(|b| b.try_into().ok())
-        .map(u16::from_be_bytes)
-        .ok_or(WireError::Truncated)
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> Result<u32, WireError> {
-    bytes
-        .get(at..at + 4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_be_bytes)
-        .ok_or(WireError::Truncated)
-}
-
-/// The labels of the name at some offset of a message, following compression pointers.
-pub struct Labels<'a> {
-    /// The message, cut where the name must end (a record's data).
-    bytes: &'a [u8],
-    pos: usize,
-    /// Where the bytes after the name begin, once its end or first pointer was read.
-    after: Option<usize>,
-    wire_len: usize,
-    jumps: usize,
-}
-
-impl<'a> Labels<'a> {
-    pub fn new(bytes: &'a [u8], at: usize) -> Self {
-        Self {
-            bytes,
-            pos: at,
-            after: None,
-            wire_len: 0,
-            jumps: 0,
-        }
+impl From<ParseError> for WireError {
+    fn from(e: ParseError) -> Self {
+        Self::Parse(e)
     }
-
-    /// The next label; `None` at the name's end.
-    pub fn next_label(&mut self) -> Result<Option<&'a [u8]>, WireError> {
-        loop {
-            let len = *self.bytes.get(self.pos).ok_or(WireError::Truncated)?;
-            match len {
-                0 => {
-                    self.after.get_or_insert(self.pos + 1);
-                    return Ok(None);
-                }
-                1..=63 => {
-                    let len = usize::from(len);
-                    self.wire_len += 1 + len;
-                    if self.wire_len >= MAX_WIRE_NAME {
-                        return Err(WireError::NameTooLong);
-                    }
-                    let start = self.pos + 1;
-                    let label = self
-                        .bytes
-                        .get(start..start + len)
-                        .ok_or(WireError::Truncated)?;
-                    self.pos = start + len;
-                    return Ok(Some(label));
-                }
-                0xc0..=0xff => {
-                    let low = *self.bytes.get(self.pos + 1).ok_or(WireError::Truncated)?;
-                    let target = usize::from(u16::from_be_bytes([len & 0x3f, low]));
-                    // Only back, before the pointer itself: a name cannot loop.
-                    if target >= self.pos {
-                        return Err(WireError::BadPointer);
-                    }
-                    self.jumps += 1;
-                    if self.jumps > MAX_JUMPS {
-                        return Err(WireError::TooManyJumps);
-                    }
-                    self.after.get_or_insert(self.pos + 2);
-                    self.pos = target;
-                }
-                // 0b01 and 0b10 prefixes: extended and obsolete label types.
-                _ => return Err(WireError::LabelTooLong),
-            }
-        }
-    }
-
-    /// The offset the next label is read from (where two names share their rest).
-    fn pos(&self) -> usize {
-        self.pos
-    }
-}
-
-/// Checks the name at `at`, reading nothing past `bytes`; where the bytes after it begin.
-fn skip_name(bytes: &[u8], at: usize) -> Result<usize, WireError> {
-    let mut labels = Labels::new(bytes, at);
-    while labels.next_label()?.is_some() {}
-    labels.after.ok_or(WireError::Truncated)
-}
-
-/// Whether the names at `a` and `b` (both read by [`Message::parse`]) are the same, ignoring ASCII
-/// case.
-pub fn same_name(bytes: &[u8], a: usize, b: usize) -> bool {
-    let (mut a, mut b) = (Labels::new(bytes, a), Labels::new(bytes, b));
-    loop {
-        // The same bytes from here on (typically both pointing at the question's name).
-        if a.pos() == b.pos() {
-            return true;
-        }
-        match (a.next_label(), b.next_label()) {
-            (Ok(Some(x)), Ok(Some(y))) if x.eq_ignore_ascii_case(y) => {}
-            (Ok(None), Ok(None)) => return true,
-            _ => return false,
-        }
-    }
-}
-
-/// Whether the name at `at` is `text` (dotted labels, no trailing dot), ignoring ASCII case.
-pub fn name_is(bytes: &[u8], at: usize, text: &str) -> bool {
-    let mut labels = Labels::new(bytes, at);
-    let mut rest = text.as_bytes();
-    let mut first = true;
-    loop {
-        match labels.next_label() {
-            Ok(Some(label)) => {
-                if !first {
-                    match rest.split_first() {
-                        Some((b'.', tail)) => rest = tail,
-                        _ => return false,
-                    }
-                }
-                first = false;
-                match (rest.get(..label.len()), rest.get(label.len()..)) {
-                    (Some(head), Some(tail)) if head.eq_ignore_ascii_case(label) => rest = tail,
-                    _ => return false,
-                }
-            }
-            Ok(None) => return rest.is_empty(),
-            Err(_) => return false,
-        }
-    }
-}
-
-/// One resource record of the answer section: where its parts are in the message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// The owner name's offset.
-    pub owner: u32,
-    pub rtype: u16,
-    pub rdlen: u16,
-    pub ttl: u32,
-    /// The data's offset.
-    pub rdata: u32,
 }
 
 /// A message whose four sections were read through.
-#[derive(Clone, Debug)]
-pub struct Message {
+#[derive(Clone)]
+pub struct Message<'a> {
     pub id: u16,
-    pub flags: u16,
     pub questions: u16,
     pub answers: u16,
-    /// The offset of the answer section.
-    answers_at: usize,
-    /// The extended RCODE's upper 8 bits, from the first EDNS record of the additional section
-    /// (RFC 6891 section 6.1.3).
-    rcode_high: u8,
+    response: bool,
+    /// The response code, extended by the first EDNS record (RFC 6891 section 6.1.3).
+    rcode: u16,
+    question: Option<Name<'a>>,
+    /// The answer section, read again where it is rather than kept.
+    answer_section: RecordSection<'a, [u8]>,
 }
 
-impl Message {
+impl<'a> Message<'a> {
     /// Reads `bytes` through; an error when it is not a DNS message (see the module docs).
-    pub fn parse(bytes: &[u8]) -> Result<Self, WireError> {
-        let id = u16_at(bytes, 0)?;
-        let flags = u16_at(bytes, 2)?;
-        let questions = u16_at(bytes, 4)?;
-        let answers = u16_at(bytes, 6)?;
-        let authority = u16_at(bytes, 8)?;
-        let additional = u16_at(bytes, 10)?;
-        if flags & FLAG_RESERVED != 0 {
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, WireError> {
+        let wire = Wire::from_slice(bytes).map_err(|_| ParseError::ShortInput)?;
+        let header = wire.header();
+        if header.z() {
             return Err(WireError::Reserved);
         }
-        let mut at = HEADER_LEN;
-        for _ in 0..questions {
-            at = skip_name(bytes, at)?;
-            let qtype = u16_at(bytes, at)?;
-            let qclass = u16_at(bytes, at + 2)?;
+        let counts = wire.header_counts();
+        let mut questions = wire.question();
+        let mut question = None;
+        loop {
+            let at = questions.pos();
+            let Some(read) = questions.next() else {
+                break;
+            };
+            let read = read?;
+            check_jumps(bytes, at)?;
+            let (qtype, qclass) = (read.qtype().to_int(), read.qclass().to_int());
             QTYPE::try_from(qtype).map_err(|_| WireError::QuestionType(qtype))?;
             QCLASS::try_from(qclass & CLASS_MASK).map_err(|_| WireError::Class(qclass))?;
-            at += 4;
+            question.get_or_insert(*read.qname());
         }
-        let mut message = Self {
-            id,
-            flags,
-            questions,
-            answers,
-            answers_at: at,
-            rcode_high: 0,
-        };
-        for _ in 0..answers {
-            (_, at) = read_record(bytes, at)?;
-        }
-        for _ in 0..authority {
-            (_, at) = read_record(bytes, at)?;
-        }
+        let answer_section = questions.answer()?;
+        let mut section = answer_section;
+        let mut rcode = u16::from(header.rcode().to_int());
         let mut opt_seen = false;
-        for _ in 0..additional {
-            let record;
-            (record, at) = read_record(bytes, at)?;
-            if record.rtype == TYPE_OPT && !opt_seen {
-                opt_seen = true;
-                message.rcode_high = record.ttl.to_be_bytes()[0];
+        loop {
+            loop {
+                let at = section.pos();
+                let Some(record) = section.next() else {
+                    break;
+                };
+                let record = record?;
+                check_record(bytes, at, section.pos(), &record)?;
+                if record.rtype() == Rtype::OPT && !opt_seen {
+                    opt_seen = true;
+                    if let Some(opt) = record.to_record::<Opt<&[u8]>>()? {
+                        rcode = OptRecord::from(opt).rcode(header).to_int();
+                    }
+                }
+            }
+            match section.next_section()? {
+                Some(next) => section = next,
+                None => break,
             }
         }
-        Ok(message)
+        Ok(Self {
+            id: header.id(),
+            questions: counts.qdcount(),
+            answers: counts.ancount(),
+            response: header.qr(),
+            rcode,
+            question,
+            answer_section,
+        })
     }
 
     pub fn is_response(&self) -> bool {
-        self.flags & FLAG_RESPONSE != 0
+        self.response
     }
 
     /// The response code, extended by EDNS; 0 is NOERROR.
     pub fn rcode(&self) -> u16 {
-        (u16::from(self.rcode_high) << 4) | (self.flags & RCODE_MASK)
+        self.rcode
     }
 
-    /// The offset of the first question's name, when there is one.
-    pub fn question(&self) -> Option<usize> {
-        (self.questions > 0).then_some(HEADER_LEN)
+    /// The first question's name, when there is one.
+    pub fn question(&self) -> Option<Name<'a>> {
+        self.question
     }
 
-    /// The answer records of `bytes`, the message read: read again where they are rather than kept,
-    /// so that reading a message writes nothing but this small summary.
-    pub fn answer_records<'b>(&self, bytes: &'b [u8]) -> impl Iterator<Item = Record> + 'b {
-        let mut at = self.answers_at;
-        (0..self.answers).map_while(move |_| {
-            let (record, next) = read_record(bytes, at).ok()?;
-            at = next;
-            Some(record)
-        })
+    /// The answer records, read again where they are.
+    pub fn answer_records(&self) -> impl Iterator<Item = Record<'a>> + 'a {
+        self.answer_section.map_while(Result::ok)
     }
 }
 
-/// Reads the resource record at `at`: its parts and where the next begins.
-fn read_record(bytes: &[u8], at: usize) -> Result<(Record, usize), WireError> {
-    let owner = at;
-    let at = skip_name(bytes, at)?;
-    let rtype = u16_at(bytes, at)?;
-    let class = u16_at(bytes, at + 2)?;
-    let ttl = u32_at(bytes, at + 4)?;
-    let rdlen = u16_at(bytes, at + 8)?;
-    let rdata = at + 10;
-    let end = rdata + usize::from(rdlen);
-    let data = bytes.get(rdata..end).ok_or(WireError::Truncated)?;
-    if rtype == TYPE_OPT {
-        // The class is the requestor's UDP size; the data a list of (code, length, value).
-        let mut rest = data;
-        while !rest.is_empty() {
-            let len = usize::from(u16_at(rest, 2)?);
-            rest = rest.get(4 + len..).ok_or(WireError::RecordData(TYPE_OPT))?;
+/// Checks the record read from `at` to `end` (the owner name read and checked by `domain`): the
+/// class, the jumps of its names and the data of the types the agent reads.
+fn check_record(bytes: &[u8], at: usize, end: usize, record: &Record<'_>) -> Result<(), WireError> {
+    check_jumps(bytes, at)?;
+    let rtype = record.rtype();
+    if rtype == Rtype::OPT {
+        // The class is the requestor's UDP size; the data a list of options (checked by `domain`,
+        // above).
+        return Ok(());
+    }
+    let class = record.class().to_int();
+    CLASS::try_from(class & CLASS_MASK).map_err(|_| WireError::Class(class))?;
+    if record.rdlen() == 0 {
+        return Ok(());
+    }
+    match rtype {
+        Rtype::A => drop(record.to_record::<A>()?),
+        Rtype::AAAA => drop(record.to_record::<Aaaa>()?),
+        Rtype::CNAME => {
+            record.to_record::<Cname<Name<'_>>>()?;
+            check_jumps(bytes, end - usize::from(record.rdlen()))?;
         }
-    } else {
-        CLASS::try_from(class & CLASS_MASK).map_err(|_| WireError::Class(class))?;
-        let fits = match (rtype, rdlen) {
-            // No data is read as no record of the type (no address, no target).
-            (_, 0) => true,
-            (TYPE_A, n) => n >= 4,
-            (TYPE_AAAA, n) => n >= 16,
-            // The target within the data; its pointers may go back out of it.
-            (TYPE_CNAME, _) => bytes
-                .get(..end)
-                .is_some_and(|within| skip_name(within, rdata).is_ok()),
-            _ => true,
-        };
-        if !fits {
-            return Err(WireError::RecordData(rtype));
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Refuses the name at `at` (read by `domain`: its pointers go back) when it follows more than
+/// [`MAX_JUMPS`] pointers.
+fn check_jumps(bytes: &[u8], mut at: usize) -> Result<(), WireError> {
+    let mut jumps = 0;
+    while let Some(&len) = bytes.get(at) {
+        match len {
+            0 => break,
+            0xc0..=0xff => {
+                jumps += 1;
+                if jumps > MAX_JUMPS {
+                    return Err(WireError::TooManyJumps);
+                }
+                let low = bytes.get(at + 1).copied().unwrap_or_default();
+                at = usize::from(u16::from_be_bytes([len & 0x3f, low]));
+            }
+            _ => at += 1 + usize::from(len),
         }
     }
-    let offset = |v: usize| u32::try_from(v).map_err(|_| WireError::Truncated);
-    let record = Record {
-        owner: offset(owner)?,
-        rtype,
-        rdlen,
-        ttl,
-        rdata: offset(rdata)?,
-    };
-    Ok((record, end))
+    Ok(())
+}
+
+/// The address of an A or AAAA record; `None` for another record, or one without data.
+pub fn address(record: &Record<'_>) -> Option<IpAddr> {
+    if record.rdlen() == 0 {
+        return None;
+    }
+    match record.rtype() {
+        Rtype::A => Some(IpAddr::V4(record.to_record::<A>().ok()??.data().addr())),
+        Rtype::AAAA => Some(IpAddr::V6(record.to_record::<Aaaa>().ok()??.data().addr())),
+        _ => None,
+    }
+}
+
+/// The target of a CNAME record; `None` for another record, or one without data.
+pub fn cname_target(record: Record<'_>) -> Option<Name<'_>> {
+    if record.rtype() != Rtype::CNAME || record.rdlen() == 0 {
+        return None;
+    }
+    let cname = record.into_record::<Cname<Name<'_>>>().ok()??;
+    Some(cname.into_data().into_cname())
+}
+
+/// The labels of `name`, without the root.
+pub fn labels<'n>(name: &'n Name<'_>) -> impl Iterator<Item = &'n [u8]> + 'n {
+    name.iter()
+        .filter(|label| !label.is_root())
+        .map(|label| label.as_slice())
+}
+
+/// Whether `name` is `text` (dotted labels, no trailing dot), ignoring ASCII case.
+pub fn name_is(name: &Name<'_>, text: &str) -> bool {
+    let mut rest = text.as_bytes();
+    for (i, label) in labels(name).enumerate() {
+        if i > 0 {
+            match rest.split_first() {
+                Some((b'.', tail)) => rest = tail,
+                _ => return false,
+            }
+        }
+        match (rest.get(..label.len()), rest.get(label.len()..)) {
+            (Some(head), Some(tail)) if head.eq_ignore_ascii_case(label) => rest = tail,
+            _ => return false,
+        }
+    }
+    rest.is_empty()
 }
