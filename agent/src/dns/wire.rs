@@ -242,3 +242,36 @@ pub fn name_is(name: &Name<'_>, text: &str) -> bool {
     }
     rest.is_empty()
 }
+
+#[cfg(test)]
+mod differences {
+    //! Where `domain` refuses what the hand-written reader before it read: data longer than its type
+    //! holds (RFC 1035 section 3.3 and 3.4: an A record's data is exactly 4 bytes, a CNAME's exactly
+    //! one name). No resolver sends them.
+    use super::Message;
+
+    /// A response to one A question for `a.b`, with one answer record of `rtype` and `rdata` owned by
+    /// the question's name.
+    fn response(rtype: u16, rdata: &[u8]) -> Vec<u8> {
+        let mut out = vec![0, 7, 0x80, 0, 0, 1, 0, 1, 0, 0, 0, 0];
+        out.extend([1, b'a', 1, b'b', 0, 0, 1, 0, 1]);
+        out.extend([0xc0, 12]);
+        out.extend(rtype.to_be_bytes());
+        out.extend([0, 1, 0, 0, 0, 30]);
+        out.extend((rdata.len() as u16).to_be_bytes());
+        out.extend(rdata);
+        out
+    }
+
+    #[test]
+    fn data_longer_than_its_type_holds_is_refused() {
+        assert!(Message::parse(&response(1, &[192, 0, 2, 1])).is_ok());
+        assert!(Message::parse(&response(1, &[192, 0, 2, 1, 0])).is_err());
+        assert!(Message::parse(&response(28, &[0; 16])).is_ok());
+        assert!(Message::parse(&response(28, &[0; 17])).is_err());
+        assert!(Message::parse(&response(5, &[1, b'c', 0])).is_ok());
+        assert!(Message::parse(&response(5, &[1, b'c', 0, 9])).is_err());
+        // The data of other types is not looked into.
+        assert!(Message::parse(&response(16, &[1, b'x', 0, 9])).is_ok());
+    }
+}
