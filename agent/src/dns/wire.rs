@@ -165,8 +165,12 @@ fn check_record(bytes: &[u8], at: usize, end: usize, record: &Record<'_>) -> Res
         return Ok(());
     }
     match rtype {
-        Rtype::A => drop(record.to_record::<A>()?),
-        Rtype::AAAA => drop(record.to_record::<Aaaa>()?),
+        Rtype::A => {
+            record.to_record::<A>()?;
+        }
+        Rtype::AAAA => {
+            record.to_record::<Aaaa>()?;
+        }
         Rtype::CNAME => {
             record.to_record::<Cname<Name<'_>>>()?;
             check_jumps(bytes, end - usize::from(record.rdlen()))?;
