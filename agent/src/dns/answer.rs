@@ -1,10 +1,11 @@
 //! One DNS response read for what learning by name needs: the name the query asked, and the addresses
-//! it resolved to, through CNAMEs, with their TTL. The wire format is parsed by `simple-dns`; this
-//! module decides what of it to believe, and refuses what is outside the bounds (hostile answers).
+//! it resolved to, through CNAMEs, with their TTL. The wire format is read in place with the `domain`
+//! crate ([`super::wire`]); this module decides what of it to believe, and refuses what is outside the bounds (hostile
+//! answers).
 
-use simple_dns::rdata::RData;
-use simple_dns::{Name, Packet, PacketFlag, RCODE};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use super::wire::{self, Message, Name};
+use smallvec::SmallVec;
+use std::net::IpAddr;
 
 pub use network_enforcer_api::dns_name::MAX_NAME_LEN;
 use network_enforcer_api::dns_name::check_label;
@@ -48,79 +49,102 @@ pub enum DnsError {
 /// Reads the DNS response `payload` (a UDP datagram's payload, or a TCP message without its length
 /// prefix).
 pub fn read_answer(payload: &[u8]) -> Result<Answer, DnsError> {
-    let packet = Packet::parse(payload).map_err(|e| DnsError::Malformed(e.to_string()))?;
-    if !packet.has_flags(PacketFlag::RESPONSE) {
+    let response = read_response(payload)?;
+    Ok(Answer {
+        id: response.id,
+        name: host_name(&response.question)?,
+        addresses: response.addresses.into_vec(),
+    })
+}
+
+/// Addresses of a response: most carry a few, kept inline.
+pub(super) type Addresses = SmallVec<[(IpAddr, u32); 8]>;
+
+/// [`Answer`] without copying the name out of the message.
+pub(super) struct Response<'a> {
+    pub id: u16,
+    /// The asked name (a host name).
+    pub question: Name<'a>,
+    pub addresses: Addresses,
+}
+
+/// [`read_answer`], allocating nothing unless a response carries more than 8 addresses.
+pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
+    let message = Message::parse(payload).map_err(|e| DnsError::Malformed(e.to_string()))?;
+    if !message.is_response() {
         return Err(DnsError::NotAResponse);
     }
-    let [question] = packet.questions.as_slice() else {
-        return Err(DnsError::Questions(packet.questions.len()));
+    let (1, Some(question)) = (message.questions, message.question()) else {
+        return Err(DnsError::Questions(usize::from(message.questions)));
     };
-    if packet.answers.len() > MAX_RECORDS {
-        return Err(DnsError::TooManyRecords(packet.answers.len()));
+    if usize::from(message.answers) > MAX_RECORDS {
+        return Err(DnsError::TooManyRecords(usize::from(message.answers)));
     }
-    let name = host_name(&question.qname)?;
-    let mut addresses = Vec::new();
-    if packet.rcode() == RCODE::NoError {
+    check_host_name(&question)?;
+    let mut addresses = Addresses::new();
+    if message.rcode() == 0 {
         // Walk the chain from the asked name: each step is the name a CNAME of the current one points
         // to, carrying the smallest TTL so far. Records of names outside the chain are ignored.
-        let mut current = name.clone();
+        let mut current = question;
         let mut ttl = u32::MAX;
         for step in 0..=MAX_CHAIN {
-            for record in &packet.answers {
-                if host_name(&record.name).ok().as_deref() != Some(current.as_str()) {
+            for record in message.answer_records() {
+                let Some(address) = wire::address(&record) else {
+                    continue;
+                };
+                if record.owner() != current {
                     continue;
                 }
-                let address = match &record.rdata {
-                    RData::A(a) => IpAddr::V4(Ipv4Addr::from(a.address)),
-                    RData::AAAA(a) => IpAddr::V6(Ipv6Addr::from(a.address)),
-                    _ => continue,
-                };
-                let ttl = ttl.min(record.ttl);
+                let ttl = ttl.min(record.ttl().as_secs());
                 if !addresses.iter().any(|(a, _)| *a == address) {
                     addresses.push((address, ttl));
                 }
             }
-            let next = packet
-                .answers
-                .iter()
-                .find_map(|record| match &record.rdata {
-                    RData::CNAME(target)
-                        if host_name(&record.name).ok().as_deref() == Some(current.as_str()) =>
-                    {
-                        Some((host_name(&target.0), record.ttl))
-                    }
-                    _ => None,
-                });
+            let next = message.answer_records().find_map(|r| {
+                let (owner, ttl) = (r.owner(), r.ttl().as_secs());
+                let target = wire::cname_target(r)?;
+                (owner == current).then_some((target, ttl))
+            });
             let Some((target, cname_ttl)) = next else {
                 break;
             };
             if step == MAX_CHAIN {
                 return Err(DnsError::ChainTooLong);
             }
-            current = target?;
+            current = target;
+            check_host_name(&current)?;
             ttl = ttl.min(cname_ttl);
         }
     }
-    Ok(Answer {
-        id: packet.id(),
-        name,
+    Ok(Response {
+        id: message.id,
+        question,
         addresses,
     })
 }
 
-/// A name's text form, lower-case, when every label is a host-name label
-/// ([`network_enforcer_api::dns_name`]).
-pub(super) fn host_name(name: &Name) -> Result<String, DnsError> {
-    let mut text = String::new();
-    for label in name.as_bytes() {
+/// Checks that every label of `name` is a host-name label ([`network_enforcer_api::dns_name`]) and
+/// that its text form is at most [`MAX_NAME_LEN`] bytes; that length.
+pub(super) fn check_host_name(name: &Name<'_>) -> Result<usize, DnsError> {
+    let mut len = 0;
+    for label in wire::labels(name) {
         check_label(label).map_err(|_| DnsError::NotAHostName)?;
+        len += usize::from(len > 0) + label.len();
+        if len > MAX_NAME_LEN {
+            return Err(DnsError::NameTooLong(len));
+        }
+    }
+    Ok(len)
+}
+
+/// The host name `name`: its text form, lower-case, without the trailing dot ([`check_host_name`]).
+pub(super) fn host_name(name: &Name<'_>) -> Result<String, DnsError> {
+    let mut text = String::with_capacity(check_host_name(name)?);
+    for label in wire::labels(name) {
         if !text.is_empty() {
             text.push('.');
         }
-        text.extend(label.iter().map(|b| b.to_ascii_lowercase() as char));
-        if text.len() > MAX_NAME_LEN {
-            return Err(DnsError::NameTooLong(text.len()));
-        }
+        text.extend(label.iter().map(|b| char::from(b.to_ascii_lowercase())));
     }
     Ok(text)
 }

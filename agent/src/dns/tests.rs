@@ -333,3 +333,594 @@ fn resolving_again_keeps_a_connection_made_between_the_answers_named() {
         None
     );
 }
+
+// The wire reader on hand-built messages: what a resolver sends, and what a hostile one could.
+
+const QR: u16 = 0x8000;
+const T_A: u16 = 1;
+const T_CNAME: u16 = 5;
+const T_NULL: u16 = 10;
+const T_AAAA: u16 = 28;
+const T_OPT: u16 = 41;
+
+/// A message: id 7, `flags`, the four section counts, then `body`.
+fn raw(flags: u16, counts: [u16; 4], body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0, 7];
+    out.extend(flags.to_be_bytes());
+    for c in counts {
+        out.extend(c.to_be_bytes());
+    }
+    out.extend(body);
+    out
+}
+
+/// A name's labels, uncompressed, with the root.
+fn labels(name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        out.push(label.len() as u8);
+        out.extend(label.as_bytes());
+    }
+    out.push(0);
+    out
+}
+
+/// A question for `qtype`, class IN.
+fn q(name: &[u8], qtype: u16) -> Vec<u8> {
+    let mut out = name.to_vec();
+    out.extend(qtype.to_be_bytes());
+    out.extend(1u16.to_be_bytes());
+    out
+}
+
+/// A record of class `class`.
+fn rr_in(owner: &[u8], rtype: u16, class: u16, ttl: u32, rdata: &[u8]) -> Vec<u8> {
+    let mut out = owner.to_vec();
+    out.extend(rtype.to_be_bytes());
+    out.extend(class.to_be_bytes());
+    out.extend(ttl.to_be_bytes());
+    out.extend((rdata.len() as u16).to_be_bytes());
+    out.extend(rdata);
+    out
+}
+
+fn rr(owner: &[u8], rtype: u16, ttl: u32, rdata: &[u8]) -> Vec<u8> {
+    rr_in(owner, rtype, 1, ttl, rdata)
+}
+
+/// A pointer to `offset`.
+fn ptr(offset: usize) -> Vec<u8> {
+    vec![0xc0 | (offset >> 8) as u8, offset as u8]
+}
+
+/// The question's name is at offset 12.
+const QNAME: usize = 12;
+
+/// What a table case expects: the addresses, or which refusal.
+#[derive(Debug, PartialEq)]
+enum Read {
+    Addresses(Vec<(IpAddr, u32)>),
+    Malformed,
+    Refused(DnsError),
+}
+
+fn read(bytes: &[u8]) -> Read {
+    match read_answer(bytes) {
+        Ok(answer) => Read::Addresses(answer.addresses),
+        Err(DnsError::Malformed(_)) => Read::Malformed,
+        Err(e) => Read::Refused(e),
+    }
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+#[test]
+fn the_wire_reader_follows_the_format_and_refuses_what_is_out_of_bounds() {
+    let name = labels("api.example.com");
+    let question = q(&name, T_A);
+    let v4 = [192, 0, 2, 10];
+    let v6: [u8; 16] = "2001:db8::10"
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .octets();
+    let ok =
+        |list: &[(&str, u32)]| Read::Addresses(list.iter().map(|(a, t)| (ip(a), *t)).collect());
+    // Offset of the first answer record.
+    let answers = QNAME + question.len();
+    let long_label = "a".repeat(63);
+    // Labels of 63, 63, 63 and 61 bytes: 253 as text, 254 on the wire (the longest name).
+    let longest = format!("{long_label}.{long_label}.{long_label}.{}", "b".repeat(61));
+    let too_long = format!("{long_label}.{long_label}.{long_label}.{}", "b".repeat(62));
+    // A chain of pointers, each to the one before, in the data of a record nobody reads: the first
+    // at `chain`, pointing to the question's name.
+    let chain_of = |n: usize| {
+        // After the record's owner (a pointer) and its 10 bytes of type, class, TTL and length.
+        let chain = answers + 2 + 10;
+        let mut data = ptr(QNAME);
+        for i in 1..n {
+            data.extend(ptr(chain + 2 * (i - 1)));
+        }
+        let last = chain + 2 * (n - 1);
+        let null = rr(&ptr(QNAME), T_NULL, 30, &data);
+        assert_eq!(answers + null.len(), chain + data.len());
+        cat(&[&question, &null, &rr(&ptr(last), T_A, 30, &v4)])
+    };
+    let cases: Vec<(&str, Vec<u8>, Read)> = vec![
+        (
+            "compressed owner",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &v4)]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "owner compressed to the question's suffix",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[
+                    &question,
+                    &rr(&cat(&[&[3], b"api", &ptr(QNAME + 4)]), T_A, 30, &v4),
+                ]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "upper-case question and owner",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[
+                    &q(&labels("API.Example.COM"), T_A),
+                    &rr(&labels("api.EXAMPLE.com"), T_A, 30, &v4),
+                ]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "AAAA",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&q(&name, T_AAAA), &rr(&ptr(QNAME), T_AAAA, 60, &v6)]),
+            ),
+            ok(&[("2001:db8::10", 60)]),
+        ),
+        (
+            "a pointer to itself",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(answers), T_A, 30, &v4)]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a pointer forward",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(answers + 2), T_A, 30, &v4)]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a pointer past the end",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(0x3fff), T_A, 30, &v4)]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a pointer cut in half",
+            raw(QR, [1, 0, 0, 0], &[0xc0]),
+            Read::Malformed,
+        ),
+        (
+            "127 jumps",
+            raw(QR, [1, 2, 0, 0], &chain_of(126)),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "128 jumps",
+            raw(QR, [1, 2, 0, 0], &chain_of(127)),
+            Read::Malformed,
+        ),
+        (
+            "a label of 64 bytes",
+            raw(QR, [1, 0, 0, 0], &q(&cat(&[&[64], &[b'a'; 64], &[0]]), T_A)),
+            Read::Malformed,
+        ),
+        (
+            "the longest name",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&q(&labels(&longest), T_A), &rr(&ptr(QNAME), T_A, 30, &v4)]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "a name of 254 bytes as text",
+            raw(QR, [1, 0, 0, 0], &q(&labels(&too_long), T_A)),
+            Read::Malformed,
+        ),
+        (
+            "a name made too long through a pointer",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[
+                    &q(&labels(&longest), T_A),
+                    &rr(&cat(&[&[5], b"extra", &ptr(QNAME)]), T_A, 30, &v4),
+                ]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a non-ASCII question",
+            raw(QR, [1, 0, 0, 0], &q(&labels("caf\u{e9}.example.com"), T_A)),
+            Read::Refused(DnsError::NotAHostName),
+        ),
+        (
+            "a non-ASCII owner off the chain",
+            raw(
+                QR,
+                [1, 2, 0, 0],
+                &cat(&[
+                    &question,
+                    &rr(
+                        &labels("caf\u{e9}.example.com"),
+                        T_A,
+                        30,
+                        &[198, 51, 100, 1],
+                    ),
+                    &rr(&ptr(QNAME), T_A, 30, &v4),
+                ]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "a non-ASCII CNAME target",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[
+                    &question,
+                    &rr(&ptr(QNAME), T_CNAME, 30, &labels("caf\u{e9}.example.net")),
+                ]),
+            ),
+            Read::Refused(DnsError::NotAHostName),
+        ),
+        (
+            "a CNAME target pointing out of its data",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_CNAME, 30, &[3, b'a', b'p'])]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a compressed CNAME chain with the smallest TTL",
+            raw(
+                QR,
+                [1, 2, 0, 0],
+                &cat(&[
+                    &question,
+                    &rr(
+                        &ptr(QNAME),
+                        T_CNAME,
+                        300,
+                        &cat(&[&[4], b"edge", &ptr(QNAME + 4)]),
+                    ),
+                    &rr(&cat(&[&[4], b"EDGE", &ptr(QNAME + 4)]), T_A, 600, &v4),
+                ]),
+            ),
+            ok(&[("192.0.2.10", 300)]),
+        ),
+        (
+            "NXDOMAIN with records",
+            raw(
+                QR | 3,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &v4)]),
+            ),
+            ok(&[]),
+        ),
+        (
+            "EDNS extended RCODE (BADVERS)",
+            raw(
+                QR,
+                [1, 1, 0, 1],
+                &cat(&[
+                    &question,
+                    &rr(&ptr(QNAME), T_A, 30, &v4),
+                    &rr_in(&[0], T_OPT, 1232, 1 << 24, &[]),
+                ]),
+            ),
+            ok(&[]),
+        ),
+        (
+            "EDNS with an option, NOERROR",
+            raw(
+                QR,
+                [1, 1, 0, 1],
+                &cat(&[
+                    &question,
+                    &rr(&ptr(QNAME), T_A, 30, &v4),
+                    &rr_in(&[0], T_OPT, 1232, 0, &[0, 10, 0, 2, 1, 2]),
+                ]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+        (
+            "EDNS option cut",
+            raw(
+                QR,
+                [1, 1, 0, 1],
+                &cat(&[
+                    &question,
+                    &rr(&ptr(QNAME), T_A, 30, &v4),
+                    &rr_in(&[0], T_OPT, 1232, 0, &[0, 10, 0, 3, 1, 2]),
+                ]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "two questions",
+            raw(QR, [2, 0, 0, 0], &cat(&[&question, &question])),
+            Read::Refused(DnsError::Questions(2)),
+        ),
+        (
+            "no question",
+            raw(QR, [0, 0, 0, 0], &[]),
+            Read::Refused(DnsError::Questions(0)),
+        ),
+        (
+            "the reserved bit",
+            raw(QR | 0x0040, [1, 0, 0, 0], &question),
+            Read::Malformed,
+        ),
+        (
+            "an unknown question type",
+            raw(QR, [1, 0, 0, 0], &q(&name, 0xff00)),
+            Read::Malformed,
+        ),
+        (
+            "an unknown record class",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr_in(&ptr(QNAME), T_A, 9, 30, &v4)]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "an empty A record",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &[])]),
+            ),
+            ok(&[]),
+        ),
+        (
+            "an A record of 2 bytes",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &[192, 0])]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "a record cut in the authority section",
+            raw(
+                QR,
+                [1, 1, 1, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &v4), &[0, 0, 6]]),
+            ),
+            Read::Malformed,
+        ),
+        (
+            "trailing bytes",
+            raw(
+                QR,
+                [1, 1, 0, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &v4), &[1, 2, 3]]),
+            ),
+            ok(&[("192.0.2.10", 30)]),
+        ),
+    ];
+    for (what, bytes, expected) in cases {
+        assert_eq!(read(&bytes), expected, "{what}");
+    }
+}
+
+#[test]
+fn the_wire_reader_refuses_every_cut_and_bounds_records_and_chains() {
+    let name = labels("api.example.com");
+    let whole = raw(
+        QR,
+        [1, 2, 0, 0],
+        &cat(&[
+            &q(&name, T_A),
+            &rr(&ptr(QNAME), T_CNAME, 300, &labels("edge.example.net")),
+            &rr(&labels("edge.example.net"), T_A, 60, &[192, 0, 2, 10]),
+        ]),
+    );
+    assert_eq!(read(&whole), Read::Addresses(vec![(ip("192.0.2.10"), 60)]));
+    for len in 0..whole.len() {
+        assert_eq!(read(&whole[..len]), Read::Malformed, "cut at {len}");
+    }
+    // 64 records are read, 65 refused.
+    let records = |n: u16| {
+        let mut body = q(&name, T_A);
+        for i in 0..n {
+            body.extend(rr(&ptr(QNAME), T_A, 30, &[192, 0, 2, i as u8]));
+        }
+        raw(QR, [1, n, 0, 0], &body)
+    };
+    assert!(matches!(read(&records(64)), Read::Addresses(a) if a.len() == 64));
+    assert_eq!(
+        read(&records(65)),
+        Read::Refused(DnsError::TooManyRecords(65))
+    );
+    // A compressed chain of MAX_CHAIN CNAMEs is followed, one more refused: n{i}.x → n{i+1}.x.
+    let chain = |n: usize| {
+        let mut body = q(&labels("n0.x"), T_A);
+        let mut owner = ptr(QNAME);
+        for i in 1..=n {
+            let at = QNAME + body.len() + owner.len() + 10;
+            let target = cat(&[&labels(&format!("n{i}"))[..3], &ptr(QNAME + 3)]);
+            body.extend(rr(&owner, T_CNAME, 30, &target));
+            owner = ptr(at);
+        }
+        body.extend(rr(&owner, T_A, 30, &[192, 0, 2, 1]));
+        raw(QR, [1, n as u16 + 1, 0, 0], &body)
+    };
+    assert_eq!(
+        read(&chain(MAX_CHAIN)),
+        Read::Addresses(vec![(ip("192.0.2.1"), 30)])
+    );
+    assert_eq!(
+        read(&chain(MAX_CHAIN + 1)),
+        Read::Refused(DnsError::ChainTooLong)
+    );
+}
+
+#[test]
+fn queries_are_read_in_place_whatever_their_case_and_extras() {
+    let (web, client, dns) = (pod("web"), at("10.244.0.5:40000"), at("10.96.0.10:53"));
+    let t0 = Duration::from_secs(1_000);
+    let name = labels("API.Example.com");
+    let opt = rr_in(&[0], T_OPT, 1232, 0x8000, &[]);
+    let answer = raw(
+        QR,
+        [1, 1, 0, 0],
+        &cat(&[
+            &q(&labels("api.example.COM"), T_A),
+            &rr(&ptr(QNAME), T_A, 30, &[192, 0, 2, 10]),
+        ]),
+    );
+    let cases: Vec<(&str, Vec<u8>, bool, u64)> = vec![
+        // (what, the query, whether its answer is believed, malformed counted)
+        (
+            "with EDNS",
+            raw(0x0100, [1, 0, 0, 1], &cat(&[&q(&name, T_A), &opt])),
+            true,
+            0,
+        ),
+        (
+            "a response",
+            raw(QR, [1, 0, 0, 0], &q(&name, T_A)),
+            false,
+            0,
+        ),
+        (
+            "two questions",
+            raw(0, [2, 0, 0, 0], &cat(&[&q(&name, T_A), &q(&name, T_A)])),
+            false,
+            0,
+        ),
+        ("cut", raw(0, [1, 0, 0, 0], &q(&name, T_A)[..5]), false, 1),
+        (
+            "not a host name",
+            raw(0, [1, 0, 0, 0], &q(&labels("a b.example.com"), T_A)),
+            false,
+            1,
+        ),
+        (
+            "another name",
+            raw(0, [1, 0, 0, 0], &q(&labels("api.example.org"), T_A)),
+            false,
+            0,
+        ),
+    ];
+    for (what, query, believed, malformed) in cases {
+        let mut tracker = Tracker::new(Limits::default());
+        tracker.query(&web, client, dns, &query, t0);
+        let got = tracker.answer(&web, client, dns, &answer, t0);
+        assert_eq!(got.is_ok(), believed, "{what}: {got:?}");
+        assert_eq!(tracker.counters().malformed, malformed, "{what}");
+        if believed {
+            assert_eq!(
+                tracker.name_of(&web, ip("192.0.2.10"), t0),
+                Some("api.example.com"),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pods_number_is_given_back_once_it_holds_nothing() {
+    // Pods come and go: each holds one resolution until it expires, and then nothing of it stays.
+    let mut tracker = Tracker::new(Limits {
+        grace: Duration::ZERO,
+        ..Limits::default()
+    });
+    let dns = at("10.96.0.10:53");
+    let t0 = Duration::from_secs(1_000);
+    for round in 0..3u64 {
+        let t = t0 + Duration::from_secs(100 * round);
+        for p in 0..50u16 {
+            let (pod, client) = (
+                pod(&format!("pod-{round}-{p}")),
+                at(&format!("10.244.0.{}:5000", p + 1)),
+            );
+            tracker.query(&pod, client, dns, &query(p, "api.example.com"), t);
+            let answer = response(
+                p,
+                "api.example.com",
+                &[("api.example.com", 10, a("192.0.2.1"))],
+            );
+            assert_eq!(
+                tracker.answer(&pod, client, dns, &answer, t).unwrap().len(),
+                1
+            );
+            assert_eq!(
+                tracker.name_of(&pod, ip("192.0.2.1"), t),
+                Some("api.example.com")
+            );
+        }
+        assert_eq!(tracker.resolved(), 50);
+        tracker.expire(t + Duration::from_secs(10));
+        assert_eq!(tracker.resolved(), 0);
+    }
+    // A pod that asks after its number went to another pod sees nothing of the other's.
+    let (old, new) = (pod("pod-2-0"), pod("fresh"));
+    let t = t0 + Duration::from_secs(1_000);
+    tracker.query(
+        &new,
+        at("10.244.0.1:5000"),
+        dns,
+        &query(1, "b.example.com"),
+        t,
+    );
+    assert_eq!(
+        tracker.name_of(&old, ip("192.0.2.1"), t0 + Duration::from_secs(200)),
+        None
+    );
+    assert_eq!(
+        tracker.answer(
+            &old,
+            at("10.244.0.1:5000"),
+            dns,
+            &response(1, "b.example.com", &[]),
+            t
+        ),
+        Err(Refused::Unsolicited)
+    );
+    // One pod holds something; the numbers of the 150 before were reused.
+    let (pods, numbers) = tracker.pods_held();
+    assert_eq!(pods, 1);
+    assert!(numbers <= 50, "{numbers} numbers");
+}

@@ -5,8 +5,9 @@
 //! each refusal. Plain data; times are kernel CLOCK_MONOTONIC durations, the clock the captured
 //! messages and connection events carry, so they compare directly. The capture is the caller's.
 
-use super::answer::{DnsError, read_answer};
-use simple_dns::{Packet, PacketFlag};
+use super::answer::{self, DnsError, read_response};
+use super::wire::{self, Message};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -47,13 +48,30 @@ impl Default for Limits {
     }
 }
 
+/// The maps' hasher: fast on the small keys, keyed at random per process (the keys are partly chosen
+/// by the pods: ports, transaction ids, addresses).
+type Hasher = ahash::RandomState;
+
+/// A pod's number within the tracker ([`Slot`]): the maps key on it rather than on the pod's UID, so
+/// an exchange hashes the UID once.
+type PodId = u32;
+
 /// One exchange: the pod's socket, the server it asked and the transaction id.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Exchange {
-    pod: Pod,
+    pod: PodId,
     client: SocketAddr,
     server: SocketAddr,
     id: u16,
+}
+
+/// A pod with something held: its pending queries and resolved addresses. A pod with neither has no
+/// slot (its number is reused), so the tracker stays bounded as pods come and go.
+#[derive(Debug, Default)]
+struct Slot {
+    pod: Option<Pod>,
+    pending: usize,
+    resolved: usize,
 }
 
 /// An address a pod resolved from a name, and until when it counts.
@@ -84,12 +102,16 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct Tracker {
     limits: Limits,
-    pending: HashMap<Exchange, (Arc<str>, Duration)>,
-    /// The pending queries in the order they came, for expiry without a scan.
+    pending: HashMap<Exchange, (Arc<str>, Duration), Hasher>,
+    /// The pending queries in the order they came, for expiry without a scan. An entry of a pod whose
+    /// number was reused since matches no pending query of the new pod unless that one is as old (and
+    /// so expires with it).
     pending_order: VecDeque<(Duration, Exchange)>,
-    pending_of: HashMap<Pod, usize>,
-    resolved: HashMap<(Pod, IpAddr), Resolution>,
-    resolved_of: HashMap<Pod, usize>,
+    resolved: HashMap<(PodId, IpAddr), Resolution, Hasher>,
+    /// The pods' numbers, and their slots (by number) with the numbers free for reuse.
+    ids: HashMap<Pod, PodId, Hasher>,
+    slots: Vec<Slot>,
+    free: Vec<PodId>,
     counters: Counters,
 }
 
@@ -97,11 +119,12 @@ impl Tracker {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             pending_order: VecDeque::new(),
-            pending_of: HashMap::new(),
-            resolved: HashMap::new(),
-            resolved_of: HashMap::new(),
+            resolved: HashMap::default(),
+            ids: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
             counters: Counters::default(),
         }
     }
@@ -125,39 +148,53 @@ impl Tracker {
         payload: &[u8],
         now: Duration,
     ) {
-        let Ok(packet) = Packet::parse(payload) else {
+        let Ok(message) = Message::parse(payload) else {
             self.counters.malformed += 1;
             return;
         };
-        let [question] = packet.questions.as_slice() else {
+        let (1, Some(question)) = (message.questions, message.question()) else {
             return;
         };
-        if packet.has_flags(PacketFlag::RESPONSE) {
+        if message.is_response() {
             return;
         }
-        let Ok(name) = super::answer::host_name(&question.qname) else {
+        if answer::check_host_name(&question).is_err() {
             self.counters.malformed += 1;
             return;
-        };
+        }
         self.counters.queries += 1;
         self.expire_pending(now);
+        let limits = (self.limits.pending_per_pod, self.limits.pending);
+        let full = |of_pod: usize, pending: usize| of_pod >= limits.0 || pending >= limits.1;
+        let slot = match self.ids.get(pod) {
+            Some(&slot) => slot,
+            // Nothing of the pod is held: the query is new.
+            None if full(0, self.pending.len()) => {
+                self.counters.pending_full += 1;
+                return;
+            }
+            None => self.assign(pod),
+        };
         let key = Exchange {
-            pod: pod.clone(),
+            pod: slot,
             client,
             server,
-            id: packet.id(),
+            id: message.id,
         };
-        let of_pod = self.pending_of.get(pod).copied().unwrap_or(0);
-        if !self.pending.contains_key(&key)
-            && (of_pod >= self.limits.pending_per_pod || self.pending.len() >= self.limits.pending)
-        {
-            self.counters.pending_full += 1;
-            return;
+        let (of_pod, pending) = (self.slot(slot).pending, self.pending.len());
+        match self.pending.entry(key) {
+            // Asked again: pending from now, for the name asked last.
+            Entry::Occupied(mut held) => *held.get_mut() = (lower_name(&question), now),
+            Entry::Vacant(_) if full(of_pod, pending) => {
+                self.counters.pending_full += 1;
+                return;
+            }
+            Entry::Vacant(new) => {
+                new.insert((lower_name(&question), now));
+                self.slots[slot as usize].pending += 1;
+            }
         }
-        self.pending_order.push_back((now, key.clone()));
-        if self.pending.insert(key, (name.into(), now)).is_none() {
-            *self.pending_of.entry(pod.clone()).or_default() += 1;
-        }
+        self.pending_order.push_back((now, key));
     }
 
     /// An answer `server` sent to `pod`'s socket `client`: the addresses it resolves the pending
@@ -171,11 +208,11 @@ impl Tracker {
         payload: &[u8],
         now: Duration,
     ) -> Result<Vec<(IpAddr, Arc<str>)>, Refused> {
-        let believed = self.answer_until(pod, client, server, payload, now)?;
-        Ok(believed
-            .into_iter()
-            .map(|(address, name, _)| (address, name))
-            .collect())
+        let mut believed = Vec::new();
+        self.believe(pod, client, server, payload, now, |address, name, _| {
+            believed.push((address, name.clone()));
+        })?;
+        Ok(believed)
     }
 
     /// [`Tracker::answer`], with the time each address is believed until (the TTL plus the grace).
@@ -187,62 +224,89 @@ impl Tracker {
         payload: &[u8],
         now: Duration,
     ) -> Result<Vec<(IpAddr, Arc<str>, Duration)>, Refused> {
-        let answer = read_answer(payload).map_err(|e| {
+        let mut believed = Vec::new();
+        self.believe(pod, client, server, payload, now, |address, name, until| {
+            believed.push((address, name.clone(), until));
+        })?;
+        Ok(believed)
+    }
+
+    /// [`Tracker::answer_until`], handing each address believed to `believed`.
+    fn believe(
+        &mut self,
+        pod: &Pod,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: &[u8],
+        now: Duration,
+        mut believed: impl FnMut(IpAddr, &Arc<str>, Duration),
+    ) -> Result<(), Refused> {
+        let response = read_response(payload).map_err(|e| {
             self.counters.malformed += 1;
             Refused::Dns(e)
         })?;
         self.expire_pending(now);
-        let key = Exchange {
-            pod: pod.clone(),
+        let key = self.ids.get(pod).map(|&slot| Exchange {
+            pod: slot,
             client,
             server,
-            id: answer.id,
-        };
-        let asked = match self.pending.get(&key) {
-            Some((asked, _)) if **asked == *answer.name => asked.clone(),
-            _ => {
-                self.counters.unsolicited += 1;
-                return Err(Refused::Unsolicited);
+            id: response.id,
+        });
+        // The same pod socket, server and id, and the same question (case aside).
+        let pending = key.and_then(|key| match self.pending.entry(key) {
+            Entry::Occupied(held) if wire::name_is(&response.question, &held.get().0) => {
+                Some(held.remove().0)
             }
+            _ => None,
+        });
+        let (Some(key), Some(asked)) = (key, pending) else {
+            self.counters.unsolicited += 1;
+            return Err(Refused::Unsolicited);
         };
-        self.forget_pending(&key);
+        let slot = key.pod;
+        self.slots[slot as usize].pending -= 1;
         self.counters.answers += 1;
-        let mut believed = Vec::new();
-        for (address, ttl) in answer.addresses {
+        for (address, ttl) in response.addresses {
             let until = now + Duration::from_secs(u64::from(ttl)) + self.limits.grace;
-            let at = (pod.clone(), address);
-            if !self.resolved.contains_key(&at) {
-                let of_pod = self.resolved_of.get(pod).copied().unwrap_or(0);
-                if of_pod >= self.limits.names_per_pod || self.resolved.len() >= self.limits.names {
+            let (of_pod, held) = (self.slot(slot).resolved, self.resolved.len());
+            match self.resolved.entry((slot, address)) {
+                // Resolved again while it still counts (from the same name): the pod has known it
+                // since the first answer, so connections made between the two stay named.
+                Entry::Occupied(mut entry) => {
+                    let r = entry.get_mut();
+                    if !(r.name == asked && now < r.until) {
+                        r.since = now;
+                    }
+                    r.name = asked.clone();
+                    r.until = until;
+                }
+                Entry::Vacant(_)
+                    if of_pod >= self.limits.names_per_pod || held >= self.limits.names =>
+                {
                     self.counters.names_full += 1;
                     continue;
                 }
-                *self.resolved_of.entry(pod.clone()).or_default() += 1;
+                Entry::Vacant(entry) => {
+                    entry.insert(Resolution {
+                        name: asked.clone(),
+                        since: now,
+                        until,
+                    });
+                    self.slots[slot as usize].resolved += 1;
+                }
             }
-            // Resolved again while it still counts (from the same name): the pod has known it
-            // since the first answer, so connections made between the two stay named.
-            let since = match self.resolved.get(&at) {
-                Some(held) if held.name == asked && now < held.until => held.since,
-                _ => now,
-            };
-            self.resolved.insert(
-                at,
-                Resolution {
-                    name: asked.clone(),
-                    since,
-                    until,
-                },
-            );
-            believed.push((address, asked.clone(), until));
+            believed(address, &asked, until);
         }
-        Ok(believed)
+        self.release_if_empty(slot);
+        Ok(())
     }
 
     /// The name `pod` resolved `address` from, if a connection at `at` was made to that name: the
     /// answer came before `at`, and its TTL plus the grace had not ended.
     pub fn name_of(&self, pod: &Pod, address: IpAddr, at: Duration) -> Option<&str> {
+        let slot = *self.ids.get(pod)?;
         self.resolved
-            .get(&(pod.clone(), address))
+            .get(&(slot, address))
             .filter(|r| r.since <= at && at < r.until)
             .map(|r| &*r.name)
     }
@@ -251,25 +315,37 @@ impl Tracker {
     /// their timeout.
     pub fn expire(&mut self, now: Duration) {
         self.expire_pending(now);
-        let ended: Vec<(Pod, IpAddr)> = self
-            .resolved
-            .iter()
-            .filter(|(_, r)| now >= r.until)
-            .map(|(at, _)| at.clone())
-            .collect();
-        for at in ended {
-            self.resolved.remove(&at);
-            decrement(&mut self.resolved_of, &at.0);
+        let mut emptied = Vec::new();
+        let slots = &mut self.slots;
+        self.resolved.retain(|(slot, _), r| {
+            if now < r.until {
+                return true;
+            }
+            if let Some(held) = slots.get_mut(*slot as usize) {
+                held.resolved -= 1;
+                if held.resolved == 0 {
+                    emptied.push(*slot);
+                }
+            }
+            false
+        });
+        for slot in emptied {
+            self.release_if_empty(slot);
         }
     }
 
     /// Forgets everything of a pod that is gone.
     pub fn forget_pod(&mut self, pod: &Pod) {
-        self.pending.retain(|key, _| key.pod != *pod);
-        self.pending_order.retain(|(_, key)| key.pod != *pod);
-        self.pending_of.remove(pod);
-        self.resolved.retain(|(p, _), _| p != pod);
-        self.resolved_of.remove(pod);
+        let Some(&slot) = self.ids.get(pod) else {
+            return;
+        };
+        self.pending.retain(|key, _| key.pod != slot);
+        self.pending_order.retain(|(_, key)| key.pod != slot);
+        self.resolved.retain(|(p, _), _| *p != slot);
+        if let Some(held) = self.slots.get_mut(slot as usize) {
+            (held.pending, held.resolved) = (0, 0);
+        }
+        self.release_if_empty(slot);
     }
 
     fn expire_pending(&mut self, now: Duration) {
@@ -281,30 +357,78 @@ impl Tracker {
                 break;
             };
             // A key asked again since is pending from its later time.
-            if self
-                .pending
-                .get(&key)
-                .is_some_and(|(_, since)| *since == at)
-            {
-                self.forget_pending(&key);
+            if let Entry::Occupied(pending) = self.pending.entry(key) {
+                if pending.get().1 == at {
+                    pending.remove();
+                    self.slots[key.pod as usize].pending -= 1;
+                    self.release_if_empty(key.pod);
+                }
             }
         }
     }
 
-    fn forget_pending(&mut self, key: &Exchange) {
-        if self.pending.remove(key).is_some() {
-            decrement(&mut self.pending_of, &key.pod);
+    /// Pods holding something, and the numbers ever given (for the tests: numbers are reused).
+    #[cfg(test)]
+    pub(super) fn pods_held(&self) -> (usize, usize) {
+        (self.ids.len(), self.slots.len())
+    }
+
+    fn slot(&self, slot: PodId) -> &Slot {
+        &self.slots[slot as usize]
+    }
+
+    /// A number for `pod`, which has none.
+    fn assign(&mut self, pod: &Pod) -> PodId {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot::default());
+                // Only pods holding a pending query or a resolution have a number: far fewer than
+                // u32::MAX within any `Limits` that fit in memory.
+                (self.slots.len() - 1) as PodId
+            }
+        };
+        self.slots[slot as usize] = Slot {
+            pod: Some(pod.clone()),
+            pending: 0,
+            resolved: 0,
+        };
+        self.ids.insert(pod.clone(), slot);
+        slot
+    }
+
+    /// Frees `slot`'s number when its pod holds nothing any more.
+    fn release_if_empty(&mut self, slot: PodId) {
+        let Some(held) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if held.pending > 0 || held.resolved > 0 {
+            return;
+        }
+        if let Some(pod) = held.pod.take() {
+            self.ids.remove(&pod);
+            self.free.push(slot);
         }
     }
 }
 
-fn decrement(counts: &mut HashMap<Pod, usize>, pod: &Pod) {
-    if let Some(n) = counts.get_mut(pod) {
-        *n -= 1;
-        if *n == 0 {
-            counts.remove(pod);
+/// The host name `name` (checked already), lower-case, in one allocation.
+fn lower_name(name: &wire::Name<'_>) -> Arc<str> {
+    let mut text = [0u8; answer::MAX_NAME_LEN];
+    let mut len = 0;
+    for label in wire::labels(name) {
+        let dot = usize::from(len > 0);
+        let Some(out) = text.get_mut(len..len + dot + label.len()) else {
+            break;
+        };
+        let (sep, rest) = out.split_at_mut(dot);
+        sep.fill(b'.');
+        for (o, b) in rest.iter_mut().zip(label) {
+            *o = b.to_ascii_lowercase();
         }
+        len += dot + label.len();
     }
+    Arc::from(std::str::from_utf8(text.get(..len).unwrap_or_default()).unwrap_or_default())
 }
 
 /// Why an answer was not believed.
