@@ -2,7 +2,8 @@
 //! (the pods' query/answer exchanges matched and believed), [`read_answer`] alone (the parse), and
 //! [`Tracker::name_of`] (what every flushed edge asks), plus the resident memory a tracker holding
 //! 10,000 pods' resolutions adds. To split an exchange's time, also the exchanges of 100 pods (maps
-//! in the CPU's caches) and simple-dns's parse alone of the answers and of the queries. `cargo xtask
+//! in the CPU's caches) and, for comparison, simple-dns's full parse of the answers and of the
+//! queries (what the agent used before it read them in place). `cargo xtask
 //! bench dns` runs it (see `xtask/src/bench/dns.rs` for what each figure does and does not measure)
 //! and reads the figures back from the JSON file named by `BENCH_FIGURES` (plain `cargo bench --bench
 //! dns` writes `target/bench/dns.json` itself).
@@ -416,8 +417,8 @@ fn main() {
     });
     let (few_rate, _, _) = exchange_rate("query + answer, 100 pods", &few_exchanges);
 
-    // The parse alone: the answers (the agent's reading, then simple-dns's parse within it), and
-    // the queries (what `Tracker::query` parses).
+    // The parse alone: the answers as the agent reads them, then simple-dns's full parse of the
+    // answers and the queries for comparison.
     let mut i = 0usize;
     let parse_rate = measure("read_answer", || {
         for _ in 0..CHUNK {
