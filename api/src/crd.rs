@@ -659,6 +659,10 @@ pub struct WorkloadNetworkPolicyStatus {
 pub struct RuleUsage {
     /// The rule's list: `spec.kubernetes.ingress`/`egress` (`Ingress`/`Egress`); istio rules are Ingress.
     pub direction: Direction,
+    /// `egressNames` when the rule is `spec.egressNames[rule]` (direction `Egress`); absent for the
+    /// direction's own rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<RuleList>,
     /// The rule's index in its list when this entry was written.
     #[schemars(range(min = 0))]
     pub rule: i32,
@@ -674,6 +678,26 @@ pub struct RuleUsage {
     pub peers: i64,
     /// Since when the controller has watched this rule for traffic (the first pass that saw it).
     pub since: Time,
+}
+
+/// A list of a WorkloadNetworkPolicy's spec that holds rules besides the direction's own.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
+pub enum RuleList {
+    /// `spec.egressNames`: outside services by name.
+    #[serde(rename = "egressNames")]
+    EgressNames,
 }
 
 /// What the controller observed for a WorkloadNetworkPolicyProposal.

@@ -1,8 +1,9 @@
 //! Rule usage (docs/api.md, "Rule usage"): per rule of a WorkloadNetworkPolicy, when it last allowed an
 //! observed flow and how many distinct peers it allowed, and the `UnusedRules` condition derived from it.
 //!
-//! - [`rules_of`]: the rules of a policy in force, each with a [`fingerprint`] of its content, so usage
-//!   follows a rule when rules are reordered and an edited rule starts anew;
+//! - [`rules_of`]: the rules of a policy in force (its direction's rules, then its `egressNames`
+//!   entries), each with a [`fingerprint`] of its content, so usage follows a rule when rules are
+//!   reordered and an edited rule starts anew;
 //! - [`UsageTracker`]: what the status sync saw since the process started, bounded per rule
 //!   ([`MAX_PEERS`] peers of 8 bytes each);
 //! - [`merge`]: the next `status.ruleUsage` from the current one and the tracker (a restart keeps
@@ -15,7 +16,7 @@
 use crate::policy::conditions::{Desired, UNUSED_RULES};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use network_enforcer_api::{Backend, Direction, RuleUsage, WorkloadNetworkPolicySpec};
+use network_enforcer_api::{Backend, Direction, RuleList, RuleUsage, WorkloadNetworkPolicySpec};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -36,17 +37,40 @@ const MAX_NAMED: usize = 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleRef {
     pub direction: Direction,
-    /// Its index in `spec.kubernetes.ingress`/`egress`, or in `spec.istio.rules`.
+    /// `Some` for a rule of another list than the direction's own (`spec.egressNames`).
+    pub list: Option<RuleList>,
+    /// Its index in `spec.kubernetes.ingress`/`egress`, in `spec.istio.rules`, or in `list`.
     pub index: usize,
     pub fingerprint: String,
 }
 
 impl RuleRef {
-    /// `ingress[2]`: the rule as messages name it.
+    /// `ingress[2]`, `egressNames[0]`: the rule as messages name it.
     pub fn name(&self) -> String {
-        rule_name(self.direction, self.index)
+        match self.list {
+            None => rule_name(self.direction, self.index),
+            Some(RuleList::EgressNames) => format!("egressNames[{}]", self.index),
+        }
+    }
+
+    /// This rule's entry in a status's `ruleUsage`, found by content (list, direction, fingerprint),
+    /// not by position.
+    pub fn entry_in<'u>(&self, usage: &'u [RuleUsage]) -> Option<&'u RuleUsage> {
+        usage.iter().find(|u| {
+            u.direction == self.direction
+                && u.list == self.list
+                && u.fingerprint == self.fingerprint
+        })
+    }
+
+    /// The key of this rule in a [`UsageTracker`].
+    fn key(&self) -> RuleKey {
+        (self.direction, self.list, self.fingerprint.clone())
     }
 }
+
+/// A rule as the [`UsageTracker`] keys it: by content, not position.
+pub type RuleKey = (Direction, Option<RuleList>, String);
 
 /// `ingress[2]` / `egress[0]`.
 pub fn rule_name(direction: Direction, index: usize) -> String {
@@ -66,7 +90,8 @@ pub fn fingerprint<T: Serialize>(rule: &T) -> String {
 }
 
 /// The rules of `spec` that are in force: the list of its direction (the kubernetes payload's
-/// `policyTypes` is exactly `[direction]`), or the istio rules (Ingress).
+/// `policyTypes` is exactly `[direction]`), or the istio rules (Ingress); then, for an Egress policy of
+/// the kubernetes backend, its `egressNames` entries.
 pub fn rules_of(spec: &WorkloadNetworkPolicySpec) -> Vec<RuleRef> {
     let direction = spec.direction;
     let fingerprints: Vec<String> = match spec.backend {
@@ -82,15 +107,26 @@ pub fn rules_of(spec: &WorkloadNetworkPolicySpec) -> Vec<RuleRef> {
             .map(fingerprint)
             .collect(),
     };
-    fingerprints
+    let names = match (spec.backend, direction) {
+        (Backend::Kubernetes, Direction::Egress) => spec.egress_names.as_slice(),
+        _ => &[],
+    };
+    let own = fingerprints
         .into_iter()
         .enumerate()
         .map(|(index, fingerprint)| RuleRef {
             direction,
+            list: None,
             index,
             fingerprint,
-        })
-        .collect()
+        });
+    let by_name = names.iter().enumerate().map(|(index, rule)| RuleRef {
+        direction,
+        list: Some(RuleList::EgressNames),
+        index,
+        fingerprint: fingerprint(rule),
+    });
+    own.chain(by_name).collect()
 }
 
 /// What the process saw of one rule: the newest match and the distinct peers (hashes), at most
@@ -115,7 +151,7 @@ impl Seen {
 /// sync pass ([`UsageTracker::retain_policies`]).
 #[derive(Clone, Debug)]
 pub struct UsageTracker<K> {
-    policies: HashMap<K, HashMap<(Direction, String), Seen>>,
+    policies: HashMap<K, HashMap<RuleKey, Seen>>,
 }
 
 impl<K> Default for UsageTracker<K> {
@@ -133,12 +169,7 @@ impl<K: Eq + Hash + Clone> UsageTracker<K> {
             Some(rules) => rules,
             None => self.policies.entry(policy.clone()).or_default(),
         };
-        let seen = match rules.get_mut(&(rule.direction, rule.fingerprint.clone())) {
-            Some(seen) => seen,
-            None => rules
-                .entry((rule.direction, rule.fingerprint.clone()))
-                .or_default(),
-        };
+        let seen = rules.entry(rule.key()).or_default();
         seen.last_ms = seen.last_ms.max(at_ms);
         if seen.peers.len() < MAX_PEERS {
             let mut hasher = std::hash::DefaultHasher::new();
@@ -148,7 +179,7 @@ impl<K: Eq + Hash + Clone> UsageTracker<K> {
     }
 
     /// What was seen of `policy`'s rules.
-    pub fn of(&self, policy: &K) -> Option<&HashMap<(Direction, String), Seen>> {
+    pub fn of(&self, policy: &K) -> Option<&HashMap<RuleKey, Seen>> {
         self.policies.get(policy)
     }
 
@@ -185,19 +216,19 @@ fn ms(t: &Time) -> i64 {
 pub fn merge(
     current: &[RuleUsage],
     rules: &[RuleRef],
-    seen: Option<&HashMap<(Direction, String), Seen>>,
+    seen: Option<&HashMap<RuleKey, Seen>>,
     now: &Time,
 ) -> Vec<RuleUsage> {
     let now_ms = ms(now);
     rules
         .iter()
         .map(|rule| {
-            let mut entry = current
-                .iter()
-                .find(|u| u.direction == rule.direction && u.fingerprint == rule.fingerprint)
+            let mut entry = rule
+                .entry_in(current)
                 .cloned()
                 .unwrap_or_else(|| RuleUsage {
                     direction: rule.direction,
+                    list: rule.list,
                     rule: 0,
                     fingerprint: rule.fingerprint.clone(),
                     last_matched: None,
@@ -205,8 +236,7 @@ pub fn merge(
                     since: now.clone(),
                 });
             entry.rule = i32::try_from(rule.index).unwrap_or(i32::MAX);
-            let key = (rule.direction, rule.fingerprint.clone());
-            if let Some(seen) = seen.and_then(|s| s.get(&key)) {
+            if let Some(seen) = seen.and_then(|s| s.get(&rule.key())) {
                 // An agent's clock ahead of ours must not put a match in the future.
                 let last = seen.last_ms.min(now_ms);
                 let granularity = LAST_MATCHED_GRANULARITY.as_millis() as i64;
@@ -246,9 +276,7 @@ pub fn unused_rules(
     let mut unused = Vec::new();
     let mut next: Option<i64> = None;
     for rule in &rules {
-        let entry = usage
-            .iter()
-            .find(|u| u.direction == rule.direction && u.fingerprint == rule.fingerprint);
+        let entry = rule.entry_in(usage);
         let from = match entry {
             Some(e) => Some(e.last_matched.as_ref().map_or_else(|| ms(&e.since), ms)),
             None if generation.is_none_or(|g| g <= 1) => created.map(ms),
@@ -334,10 +362,7 @@ fn ago(then_ms: i64, now_ms: i64) -> String {
 /// The usage of `rule` in words: `last matched 2h ago, 3 peers`, `never matched`, or `usage unknown`
 /// when `usage` has no entry for it.
 pub fn describe(rule: &RuleRef, usage: &[RuleUsage], now: &Time) -> String {
-    let Some(entry) = usage
-        .iter()
-        .find(|u| u.direction == rule.direction && u.fingerprint == rule.fingerprint)
-    else {
+    let Some(entry) = rule.entry_in(usage) else {
         return "usage unknown".to_string();
     };
     match &entry.last_matched {

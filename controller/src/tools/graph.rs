@@ -272,7 +272,12 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
                 }
             }
         }
-        for entry in payload.egress_names {
+        // Usage numbers `egressNames` entries after the direction's own rules (`rules_of`).
+        let own = payload
+            .kubernetes
+            .map_or(0, |spec| rules_in(spec, payload.direction).len());
+        for (index, entry) in payload.egress_names.iter().enumerate() {
+            let usage = payload.usage_text(own + index, now);
             let ports = port_labels(Some(&entry.ports));
             for name in &entry.names {
                 let key = b.add_edge(
@@ -281,6 +286,7 @@ fn build(input: &GraphInput, namespace: Option<&str>, now: &Time) -> Builder {
                     Direction::Egress,
                     &ports,
                 );
+                b.note_usage(&key, usage.as_ref());
                 b.allow(key, payload);
             }
         }
@@ -954,6 +960,7 @@ mod tests {
             .rule_usage = vec![
             RuleUsage {
                 direction: Direction::Egress,
+                list: None,
                 rule: 0,
                 fingerprint: rules[0].fingerprint.clone(),
                 last_matched: Some(at(2 * 3600 + 5)),
@@ -962,6 +969,7 @@ mod tests {
             },
             RuleUsage {
                 direction: Direction::Egress,
+                list: None,
                 rule: 1,
                 fingerprint: rules[1].fingerprint.clone(),
                 last_matched: None,
@@ -1158,6 +1166,42 @@ mod tests {
         assert!(dot.contains("label=\"namespace demo\""), "{dot}");
         assert!(dot.contains("label=\"namespace kube-system\""), "{dot}");
         assert!(dot.starts_with("digraph workloads {") && dot.ends_with("}\n"));
+    }
+
+    /// The usage of an `egressNames` entry shows under the edges to its names.
+    #[test]
+    fn rule_usage_of_a_name_entry_is_shown_under_its_names() {
+        let mut input = parse_objects(FIXTURE).unwrap();
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let policy = &mut input.policies[0];
+        policy.spec.egress_names = serde_json::from_value(serde_json::json!([
+            {"names": ["api.example.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+        ]))
+        .unwrap();
+        let rules = rule_usage::rules_of(&policy.spec);
+        let name_rule = rules.last().unwrap();
+        assert_eq!(name_rule.name(), "egressNames[0]");
+        policy
+            .status
+            .get_or_insert_with(Default::default)
+            .rule_usage = vec![RuleUsage {
+            direction: Direction::Egress,
+            list: name_rule.list,
+            rule: 0,
+            fingerprint: name_rule.fingerprint.clone(),
+            last_matched: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 - 120).unwrap(),
+            )),
+            peers: 2,
+            since: now.clone(),
+        }];
+        let dot = render_dot_at(&input, None, &now);
+        assert!(
+            dot.contains(
+                "\"w:demo/Deployment/http-client\" -> \"n:api.example.test\" [label=\"TCP 443\\ndeployment-http-client-egress egressNames[0]: last matched 2m ago, 2 peers\"];"
+            ),
+            "{dot}"
+        );
     }
 
     /// Names of outside services: an `egressNames` entry is an edge to each of its names, and a

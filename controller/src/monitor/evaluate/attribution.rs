@@ -294,14 +294,40 @@ impl Governing<'_> {
         ends: &Option<(Resolved<'_>, Resolved<'_>)>,
     ) -> Vec<usize> {
         match (self.policy.spec.backend, &self.rendered, ends) {
-            (Backend::Kubernetes, Some(rendered), Some(ends)) => compiled::matching_rules(
-                view,
-                rendered,
-                self.direction,
-                *ends,
-                flow.protocol,
-                flow.port,
-            ),
+            (Backend::Kubernetes, Some(rendered), Some(ends)) => {
+                let mut rules = compiled::matching_rules(
+                    view,
+                    rendered,
+                    self.direction,
+                    *ends,
+                    flow.protocol,
+                    flow.port,
+                );
+                // `egressNames` entries follow the direction's own rules ([`rule_usage::rules_of`]).
+                if let (Direction::Egress, Endpoint::Ip(_), Some(name)) = (
+                    self.direction,
+                    &flow.destination.endpoint,
+                    flow.peer_name.as_deref(),
+                ) {
+                    let own = self
+                        .policy
+                        .spec
+                        .kubernetes
+                        .as_ref()
+                        .and_then(|k| k.egress.as_ref())
+                        .map_or(0, Vec::len);
+                    rules.extend(
+                        names::matching(
+                            &self.policy.spec.egress_names,
+                            name,
+                            flow.protocol,
+                            flow.port,
+                        )
+                        .map(|i| own + i),
+                    );
+                }
+                rules
+            }
             (Backend::Kubernetes, _, _) => Vec::new(),
             (Backend::Istio, _, _) => {
                 let (Some(istio), Endpoint::Pod(key)) =

@@ -9,9 +9,21 @@ use network_enforcer_api::{NameRule, Protocol};
 
 /// Whether `rules` allow a connection on `protocol`/`port` to an address resolved from `name`.
 pub fn allows(rules: &[NameRule], name: &str, protocol: Protocol, port: u16) -> bool {
-    rules.iter().any(|rule| {
-        rule.names.iter().any(|p| matches(p, name))
-            && ports_allow_address(&rule.ports, protocol, port)
+    matching(rules, name, protocol, port).next().is_some()
+}
+
+/// The indexes of the `rules` that allow a connection on `protocol`/`port` to an address resolved
+/// from `name` (rule usage, docs/api.md).
+pub fn matching<'r>(
+    rules: &'r [NameRule],
+    name: &'r str,
+    protocol: Protocol,
+    port: u16,
+) -> impl Iterator<Item = usize> + 'r {
+    rules.iter().enumerate().filter_map(move |(index, rule)| {
+        (rule.names.iter().any(|p| matches(p, name))
+            && ports_allow_address(&rule.ports, protocol, port))
+        .then_some(index)
     })
 }
 
@@ -76,6 +88,37 @@ mod tests {
                 want,
                 "{name} {protocol:?}/{p}"
             );
+        }
+    }
+
+    #[test]
+    fn every_rule_that_allows_is_named_for_rule_usage() {
+        let rule = |names: &[&str], port: Option<i32>| NameRule {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            ports: port
+                .map(|p| NetworkPolicyPort {
+                    protocol: Some("TCP".into()),
+                    port: Some(IntOrString::Int(p)),
+                    end_port: None,
+                })
+                .into_iter()
+                .collect(),
+        };
+        let rules = [
+            rule(&["api.partner.test"], Some(443)),
+            rule(&["*.partner.test"], Some(443)),
+            rule(&["api.partner.test"], Some(80)),
+            rule(&["other.test", "api.partner.test"], None),
+        ];
+        let cases: [(&str, u16, &[usize]); 4] = [
+            ("api.partner.test", 443, &[0, 1, 3]),
+            ("api.partner.test", 80, &[2, 3]),
+            ("eu.partner.test", 443, &[1]),
+            ("eu.partner.test", 80, &[]),
+        ];
+        for (name, port, want) in cases {
+            let got: Vec<usize> = matching(&rules, name, Protocol::TCP, port).collect();
+            assert_eq!(got, want, "{name}:{port}");
         }
     }
 }

@@ -51,6 +51,7 @@ fn istio_spec(ports: &[&str]) -> WorkloadNetworkPolicySpec {
 fn entry(rule: &RuleRef, last: Option<i64>, peers: i64, since: i64) -> RuleUsage {
     RuleUsage {
         direction: rule.direction,
+        list: rule.list,
         rule: rule.index as i32,
         fingerprint: rule.fingerprint.clone(),
         last_matched: last.map(t),
@@ -79,6 +80,67 @@ fn fingerprints_follow_the_rule_not_its_position() {
     assert_eq!(istio[1].name(), "ingress[1]");
 }
 
+/// An egress policy with `spec.egressNames` entries: the direction's rules, then the names.
+fn named_egress_spec() -> WorkloadNetworkPolicySpec {
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"backend": "kubernetes", "direction": "Egress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "web"},
+                 "kubernetes": {"podSelector": {"matchLabels": {"app": "web"}},
+                                "policyTypes": ["Egress"],
+                                "egress": [{"ports": [{"protocol": "UDP", "port": 53}]}]},
+                 "egressNames": [
+                     {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]},
+                     {"names": ["*.storage.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+                 ]}
+    }))
+    .unwrap();
+    policy.spec
+}
+
+#[test]
+fn egress_names_entries_are_rules_of_their_own_list() {
+    let spec = named_egress_spec();
+    let rules = rules_of(&spec);
+    let names: Vec<String> = rules.iter().map(RuleRef::name).collect();
+    assert_eq!(names, ["egress[0]", "egressNames[0]", "egressNames[1]"]);
+    assert_eq!(rules[1].list, Some(RuleList::EgressNames));
+    assert_eq!(rules[1].index, 0);
+    // A used name entry keeps its usage; the unused one is named in the condition.
+    let now = 10 * DAY;
+    let mut tracker = UsageTracker::<()>::default();
+    tracker.record(&(), &rules[0], "10.0.0.10", (now - HOUR) * 1000);
+    tracker.record(&(), &rules[1], "203.0.113.7", (now - HOUR) * 1000);
+    let watched = merge(&[], &rules, None, &t(now - 8 * DAY));
+    let usage = merge(&watched, &rules, tracker.of(&()), &t(now));
+    assert_eq!(usage[1].list, Some(RuleList::EgressNames));
+    assert_eq!((usage[1].rule, usage[1].peers), (0, 1));
+    assert_eq!(usage[2].list, Some(RuleList::EgressNames));
+    assert_eq!((usage[2].rule, usage[2].peers), (1, 0));
+    let (desired, _) = unused_rules(&spec, &usage, None, Some(1), &t(now), WEEK);
+    assert!(
+        desired.message.contains("1 of 3 rules")
+            && desired.message.contains("egressNames[1] (never matched)"),
+        "{}",
+        desired.message
+    );
+    // The entry as the status stores it: `list: egressNames`.
+    let stored = serde_json::to_value(&usage[1]).unwrap();
+    assert_eq!(stored["list"], "egressNames");
+    assert!(
+        serde_json::to_value(&usage[0])
+            .unwrap()
+            .get("list")
+            .is_none()
+    );
+    // A name entry's usage is never taken for a rule of the direction's list with the same content.
+    let mut as_own = usage[1].clone();
+    as_own.list = None;
+    assert!(rules[1].entry_in(&[as_own]).is_none());
+}
+
 #[test]
 fn the_tracker_bounds_peers_and_forgets_deleted_policies() {
     let rule = &rules_of(&spec(&[("api", 80)]))[0];
@@ -88,7 +150,7 @@ fn the_tracker_bounds_peers_and_forgets_deleted_policies() {
     }
     // The same peer again is not counted twice.
     tracker.record(&"shop/web", rule, "peer-0", 5);
-    let seen = &tracker.of(&"shop/web").unwrap()[&(rule.direction, rule.fingerprint.clone())];
+    let seen = &tracker.of(&"shop/web").unwrap()[&rule.key()];
     assert_eq!(seen.peers(), MAX_PEERS);
     assert_eq!(
         seen.last_ms,

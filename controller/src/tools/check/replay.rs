@@ -2,11 +2,14 @@
 //! went through and would now be denied, and what failed and would now pass.
 
 use super::*;
+use network_enforcer_api::dns_name::host_name;
 
 impl Checker {
     /// Replays recorded agent records against the scenario's policies (see [`parse_records`]).
     /// Both ends of a record are mapped to the scenario's pods by IP; records of the same flow
-    /// (the client's outbound and the server's inbound copy) are evaluated once.
+    /// (the client's outbound and the server's inbound copy) are evaluated once. An outbound record
+    /// whose peer the agent named by the name its pod resolved it from ([`AgentRecord::resolved_name`])
+    /// is judged with that name, as monitor judges it (`spec.egressNames`).
     pub fn replay(&self, records: &[AgentRecord]) -> ReplayReport {
         let mut flows: BTreeMap<(IpAddr, IpAddr, Protocol, u16), ReplayedFlow> = BTreeMap::new();
         for record in records {
@@ -22,6 +25,9 @@ impl Checker {
                     passed: 0,
                     failed: 0,
                 });
+            if entry.to.name.is_none() && entry.to.pod.is_none() {
+                entry.to.name = record.resolved_name();
+            }
             match record.outcome {
                 // Counts come from a file: add without overflowing.
                 RecordOutcome::Established | RecordOutcome::Datagram => {
@@ -45,8 +51,7 @@ impl Checker {
                     protocol,
                     port,
                 },
-                // Recorded agent lines carry no name (yet): judged by address.
-                None,
+                flow.to.name.as_deref(),
                 false,
             );
             let allowed = egress.allowed && ingress.allowed;
@@ -127,6 +132,21 @@ pub struct AgentRecord {
     /// How many connections or datagrams the edge stands for.
     #[serde(default = "one")]
     pub count: u64,
+    /// The peer as the agent named it: a Service, pod or node (`svc demo/db`, `demo/api-7d9c`,
+    /// `node/worker-1`), or, for an outside address, the name the local pod resolved it from.
+    #[serde(default)]
+    pub peer: Option<String>,
+}
+
+impl AgentRecord {
+    /// The name the local pod resolved the peer's address from, for an outbound record: a `peer`
+    /// that is a host name (names of Services, pods and nodes hold a `/`, so they are none).
+    pub fn resolved_name(&self) -> Option<String> {
+        if self.direction != RecordDirection::Outbound {
+            return None;
+        }
+        host_name(self.peer.as_deref()?).ok()
+    }
 }
 
 fn one() -> u64 {

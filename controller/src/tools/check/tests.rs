@@ -298,6 +298,50 @@ fn records_parse_from_agent_json_lines() {
     assert_eq!(err.field, "line 1.protocol", "{err}");
 }
 
+/// Replayed records judge an outside address by the name the agent says its pod resolved it from
+/// (`peer`, a host name), as monitor does; a record without a name, an inbound record or a peer
+/// named as a Service is judged by address.
+#[test]
+fn replayed_records_are_judged_by_the_name_their_pod_resolved() {
+    let policies = web_egress_with_names("[{names: [api.example.test], ports: [{port: 443}]}]");
+    let scenario = parse_scenario(&format!(
+        "pods:\n- {{namespace: shop, name: web, labels: {{app: web}}, ip: 10.0.0.1}}\npolicies:\n{policies}"
+    ))
+    .unwrap();
+    let checker = Checker::new(scenario).unwrap();
+    let line = |peer_ip: &str, peer: &str| {
+        format!(
+            r#"{{"local_ip":"10.0.0.1","peer_ip":"{peer_ip}","port":443,"protocol":"tcp","direction":"outbound","outcome":"established","peer":{peer}}}"#
+        )
+    };
+    // (peer_ip, peer) → would be denied
+    let cases = [
+        ("203.0.113.10", r#""api.example.test""#, false),
+        ("203.0.113.11", r#""API.example.test.""#, false),
+        ("203.0.113.12", r#""other.example.test""#, true),
+        ("203.0.113.13", "null", true),
+        ("203.0.113.14", r#""svc shop/api""#, true),
+    ];
+    for (ip, peer, denied) in cases {
+        let records = parse_records(&line(ip, peer)).unwrap();
+        let report = checker.replay(&records);
+        assert_eq!(report.would_deny.len(), usize::from(denied), "{ip} {peer}");
+        if !denied {
+            assert_eq!(report.unchanged, 1, "{ip} {peer}");
+        }
+    }
+    // The table names the peer by its name and address.
+    let records = parse_records(&line("203.0.113.12", r#""other.example.test""#)).unwrap();
+    let table = checker.replay(&records).render_table();
+    assert!(
+        table.contains("other.example.test (203.0.113.12)"),
+        "{table}"
+    );
+    // An inbound record's peer is the remote client: never a name the local pod resolved.
+    let inbound = line("203.0.113.10", r#""api.example.test""#).replace("outbound", "inbound");
+    assert_eq!(parse_records(&inbound).unwrap()[0].resolved_name(), None);
+}
+
 /// A kubernetes WorkloadNetworkPolicy of `shop/web` egress: DNS only in its payload, and the given
 /// `egressNames`.
 fn web_egress_with_names(names: &str) -> String {

@@ -62,9 +62,7 @@ impl Checker {
             .iter()
             .flat_map(|p| {
                 p.rules.iter().map(move |rule| {
-                    let entry = p.usage.iter().find(|u| {
-                        u.direction == rule.direction && u.fingerprint == rule.fingerprint
-                    });
+                    let entry = rule.entry_in(&p.usage);
                     RuleUsageLine {
                         namespace: p.namespace.clone(),
                         name: p.name.clone(),

@@ -1096,6 +1096,28 @@ fn rule_usage_names_the_rules_that_allowed_each_side() {
     for (name, policies, flow, want) in cases {
         assert_eq!(usage(&view, &policies, flow), want, "{name}");
     }
+    // `egressNames` entries count after the direction's own rules (two here): every entry that
+    // allows the name and port; an address literal uses none.
+    let mut named = client_egress("monitor");
+    named.spec.egress_names = serde_json::from_value(json!([
+        {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"names": ["*.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 80}]}
+    ]))
+    .unwrap();
+    let to = |name: Option<&str>| ObservedFlow {
+        peer_name: name.map(Arc::from),
+        ..observed(client(), external("203.0.113.7"), Protocol::TCP, 443)
+    };
+    assert_eq!(
+        usage(&view, &[&named], to(Some("api.partner.test"))),
+        vec![(egress_name(), Direction::Egress, vec![2, 3])]
+    );
+    assert_eq!(
+        usage(&view, &[&named], to(Some("eu.partner.test"))),
+        vec![(egress_name(), Direction::Egress, vec![3])]
+    );
+    assert_eq!(usage(&view, &[&named], to(None)), vec![]);
     // A protect egress denial: the flow never reaches the server, whose rule is not used.
     let mut protect = client_egress_with(json!([{"ports": [{"protocol": "UDP", "port": 53}]}]));
     protect.spec.mode = PolicyMode::Protect;
