@@ -2068,24 +2068,40 @@ fn agent_endpoint_binds_the_node_ip_and_loopback_not_every_interface() {
     assert!(error.contains("listenAddresses"), "{error}");
 }
 
+/// The web view is served on the pod's loopback by default (reached with `kubectl port-forward`
+/// only); `controller.ui.service=true` serves it on the pod network with a ClusterIP Service.
 #[test]
-fn web_view_has_its_port_and_a_cluster_ip_service_and_can_be_turned_off() {
+fn web_view_is_on_loopback_by_default_a_service_when_asked_and_can_be_turned_off() {
+    let ui_port = |c: &serde_json::Value| {
+        c["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == "ui")
+            .cloned()
+    };
+    let ui_service = |docs: &[serde_json::Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == format!("{CONTROLLER}-ui"))
+            .cloned()
+    };
     let docs = render(&[]);
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(
+        env_value(c, "UI_ADDRESS"),
+        "127.0.0.1:8090",
+        "loopback: kubectl port-forward only"
+    );
+    assert!(ui_port(c).is_none(), "no port on the pod network");
+    assert!(ui_service(&docs).is_none(), "no Service by default");
+
+    let docs = render(&["controller.ui.service=true"]);
     let deploy = find(&docs, "Deployment", CONTROLLER);
     let c = container(deploy, "controller");
     assert_eq!(env_value(c, "UI_ADDRESS"), "0.0.0.0:8090");
-    let port = c["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "ui")
-        .expect("a ui port");
-    assert_eq!(port["containerPort"], 8090);
-    let svc = find(&docs, "Service", &format!("{CONTROLLER}-ui"));
-    assert_eq!(
-        svc["spec"]["type"], "ClusterIP",
-        "reached by port-forward, not exposed"
-    );
+    assert_eq!(ui_port(c).expect("a ui port")["containerPort"], 8090);
+    let svc = ui_service(&docs).expect("the ui Service");
+    assert_eq!(svc["spec"]["type"], "ClusterIP", "no external exposure");
     assert_eq!(svc["spec"]["ports"][0]["port"], 8090);
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "ui");
     let labels = &deploy["spec"]["template"]["metadata"]["labels"];
@@ -2094,32 +2110,29 @@ fn web_view_has_its_port_and_a_cluster_ip_service_and_can_be_turned_off() {
     }
     assert!(
         !docs.iter().any(|d| d["kind"] == "Ingress"),
-        "no Ingress by default"
+        "never an Ingress"
     );
 
     let docs = render(&["controller.ui.port=9000"]);
     let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
-    assert_eq!(env_value(c, "UI_ADDRESS"), "0.0.0.0:9000");
+    assert_eq!(env_value(c, "UI_ADDRESS"), "127.0.0.1:9000");
+    let docs = render(&["controller.ui.port=9000", "controller.ui.service=true"]);
     assert_eq!(
-        find(&docs, "Service", &format!("{CONTROLLER}-ui"))["spec"]["ports"][0]["port"],
+        ui_service(&docs).expect("the ui Service")["spec"]["ports"][0]["port"],
         9000
     );
 
-    let docs = render(&["controller.ui.enabled=false"]);
-    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
-    assert_eq!(env_value(c, "UI_ADDRESS"), "", "empty turns the view off");
-    assert!(
-        !c["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|p| p["name"] == "ui")
-    );
-    assert!(
-        !docs
-            .iter()
-            .any(|d| d["kind"] == "Service" && d["metadata"]["name"] == format!("{CONTROLLER}-ui"))
-    );
+    for off in [
+        &["controller.ui.enabled=false"][..],
+        &["controller.ui.enabled=false", "controller.ui.service=true"],
+    ] {
+        let docs = render(off);
+        let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+        assert_eq!(env_value(c, "UI_ADDRESS"), "", "empty turns the view off");
+        assert!(ui_port(c).is_none(), "{off:?}");
+        assert!(ui_service(&docs).is_none(), "{off:?}");
+    }
     assert!(rejected(&["controller.ui.port=0"]).contains("ui"));
+    assert!(rejected(&["controller.ui.service=yes"]).contains("service"));
     assert!(rejected(&["controller.ui.bogus=1"]).contains("bogus"));
 }

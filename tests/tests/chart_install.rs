@@ -63,11 +63,13 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         controller_log.contains("starting controller"),
         "the controller did not start:\n{controller_log}"
     );
+    let controllers = release.pods("controller")?;
     ensure!(
-        release.pods("controller")?.len() == 1,
+        controllers.len() == 1,
         "expected one controller pod\n{}",
         release.describe()
     );
+    web_view_is_reached_by_port_forward_only(&release, &controllers[0])?;
 
     // Enforcement in force at uninstall time: a protect policy in an app namespace that stays, its
     // NetworkPolicy rendered by the release's controller.
@@ -80,6 +82,10 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         || rendered_network_policies(&app).map(|l| (!l.is_empty()).then_some(l)),
         || release.describe(),
     )?;
+
+    // Asked for, the web view is served on the pod network, behind its Service.
+    release.upgrade(&["controller.ui.service=true".into()])?;
+    web_view_is_served_on_the_pod_network(&release)?;
 
     let name = release.name.clone();
     let namespace = release.namespace.clone();
@@ -102,6 +108,72 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
     // Uninstall waited for this; look once more with a fresh handle, as a user would.
     let left = Release::leftover_objects(&kubeconfig, &name, &namespace)?;
     ensure!(left.is_empty(), "left after helm uninstall: {left:?}");
+    Ok(())
+}
+
+/// The web view's default (docs/ui.md): on the pod's loopback. `kubectl port-forward` serves the page;
+/// the pod's address answers on the metrics port (so it is reachable from here, the node) but refuses
+/// the web view's port.
+fn web_view_is_reached_by_port_forward_only(release: &Release, pod: &str) -> Result<()> {
+    const UI_PORT: u16 = 8090;
+    let forward = release.port_forward(
+        &format!("deploy/{}", release.object_name("controller")),
+        UI_PORT,
+    )?;
+    let page = poll(
+        "the web view through kubectl port-forward",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || Ok(http_get(&forward.address(), "/").ok()),
+        || release.describe(),
+    )?;
+    ensure!(
+        page.contains("<html") || page.contains("<!DOCTYPE"),
+        "the web view's page through port-forward is no HTML page: {page:.200}"
+    );
+    drop(forward);
+    let ip = release.kubectl(&["get", "pod", pod, "-o", "jsonpath={.status.podIP}"])?;
+    let ip: std::net::IpAddr = ip.trim().parse()?;
+    let reach = |port: u16| {
+        std::net::TcpStream::connect_timeout(&(ip, port).into(), Duration::from_secs(5))
+    };
+    reach(8080).map_err(|e| {
+        anyhow::anyhow!("the controller pod's metrics port is not reachable at {ip}: {e}")
+    })?;
+    match reach(UI_PORT) {
+        Ok(_) => anyhow::bail!("the web view answers on the pod network at {ip}:{UI_PORT}"),
+        Err(e) => ensure!(
+            e.kind() == std::io::ErrorKind::ConnectionRefused,
+            "expected the pod to refuse {ip}:{UI_PORT}, got {e}"
+        ),
+    }
+    Ok(())
+}
+
+/// `controller.ui.service=true`: the pod's address serves the web view, and its Service exists.
+fn web_view_is_served_on_the_pod_network(release: &Release) -> Result<()> {
+    let pod = poll(
+        "one controller pod after the upgrade",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || Ok(<[String; 1]>::try_from(release.pods("controller")?).ok()),
+        || release.describe(),
+    )?;
+    let ip = release.kubectl(&["get", "pod", &pod[0], "-o", "jsonpath={.status.podIP}"])?;
+    let address = format!("{}:8090", ip.trim());
+    let page = poll(
+        "the web view on the pod network",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || Ok(http_get(&address, "/").ok()),
+        || release.describe(),
+    )?;
+    ensure!(
+        page.contains("<html") || page.contains("<!DOCTYPE"),
+        "no HTML page at {address}"
+    );
+    let service = format!("{}-ui", release.object_name("controller"));
+    release.kubectl(&["get", "service", &service, "-o", "name"])?;
     Ok(())
 }
 

@@ -434,10 +434,11 @@ fn explore(kubeconfig: &Path, release: &Release) {
         ns = release.namespace,
         controller = release.object_name("controller"),
     );
-    // The chart serves the web view by default (controller.ui.enabled, port 8090; docs/ui.md).
+    // The chart serves the web view by default on the pod's loopback (controller.ui, port 8090;
+    // docs/ui.md).
     println!(
         "\n    the web view (graph, workloads, violations, promote commands; read-only):
-    kubectl port-forward -n {ns} svc/{controller}-ui 8090:8090
+    kubectl port-forward -n {ns} deploy/{controller} 8090:8090
     then open http://localhost:8090/#/graph/{APP_NAMESPACE}",
         ns = release.namespace,
         controller = release.object_name("controller"),

@@ -146,8 +146,9 @@ pub struct RunArgs {
     /// served over HTTP.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: std::net::SocketAddr,
-    /// Where the read-only web view and its JSON API are served (docs/ui.md); `''` turns it off.
-    #[arg(long, env = "UI_ADDRESS", default_value = "0.0.0.0:8090")]
+    /// Where the read-only web view and its JSON API are served (docs/ui.md); `''` turns it off. On
+    /// loopback by default: it shows every watched namespace's traffic to whoever reaches it.
+    #[arg(long, env = "UI_ADDRESS", default_value = "127.0.0.1:8090")]
     ui_address: String,
     /// Do not serve the web view (the same as `--ui-address ''`).
     #[arg(long, env = "NO_UI")]

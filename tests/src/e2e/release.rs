@@ -239,6 +239,45 @@ impl Release {
         kubectl(&self.kubeconfig, &all)
     }
 
+    /// `kubectl port-forward <target> :<remote>` in the release namespace (e.g. `deploy/<controller>`),
+    /// as a user reaches a port that only the pod's loopback serves. Returns once kubectl listens;
+    /// the forward ends when the returned value is dropped.
+    pub fn port_forward(&self, target: &str, remote: u16) -> Result<PortForward> {
+        use std::io::BufRead;
+        let mut child = Command::new(crate::cluster::layout::kubernetes_bin("kubectl"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args([
+                "--namespace",
+                &self.namespace,
+                "port-forward",
+                "--address=127.0.0.1",
+            ])
+            .arg(target)
+            .arg(format!(":{remote}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("starting kubectl port-forward")?;
+        let stdout = child.stdout.take().context("kubectl's stdout")?;
+        let mut forward = PortForward { child, local: 0 };
+        // "Forwarding from 127.0.0.1:41235 -> 8090"
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        forward.local = line
+            .strip_prefix("Forwarding from 127.0.0.1:")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|port| port.parse().ok())
+            .with_context(|| {
+                let mut err = String::new();
+                if let Some(mut stderr) = forward.child.stderr.take() {
+                    let _ = forward.child.kill();
+                    let _ = stderr.read_to_string(&mut err);
+                }
+                format!("kubectl port-forward {target} :{remote} did not start: {line:?} {err}")
+            })?;
+        Ok(forward)
+    }
+
     /// The label selector of one component's pods (`controller`, `agent`).
     pub fn selector(&self, component: &str) -> String {
         format!(
@@ -597,6 +636,27 @@ impl Drop for Release {
                 eprintln!("warning: removing release {}: {e:#}", self.name);
             }
         }
+    }
+}
+
+/// A running `kubectl port-forward` ([`Release::port_forward`]); stopped when dropped.
+pub struct PortForward {
+    child: std::process::Child,
+    /// The local port kubectl listens on (127.0.0.1).
+    pub local: u16,
+}
+
+impl PortForward {
+    /// `127.0.0.1:<local>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.local)
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
