@@ -109,14 +109,20 @@ impl FlowsArgs {
 /// Where `flows` gets its events: the running agent, or its own copy of the programs.
 enum EventSource {
     Agent(DebugClient),
-    Local(Box<DataPlane>, EventReader),
+    /// The programs loaded here: no pod attribution, only the host's own sockets are named.
+    Local(Box<DataPlane>, EventReader, PodNames),
 }
 
 impl EventSource {
     async fn open(args: &FlowsArgs) -> Result<Self> {
         if !args.local {
             match DebugClient::connect(&args.socket, args.since).await {
-                Ok(client) => return Ok(Self::Agent(client)),
+                Ok(mut client) => {
+                    if let Some((inode, node)) = flows::host_netns() {
+                        client.names_mut().set_host(inode, node);
+                    }
+                    return Ok(Self::Agent(client));
+                }
                 Err(err) if args.since.is_some() => {
                     anyhow::bail!(
                         "--since needs the running agent's recent-records buffer, and no agent answers on {}: {err}",
@@ -133,7 +139,11 @@ impl EventSource {
         let mut data_plane =
             DataPlane::load(&args.kernel.load_options()).context("starting the eBPF data plane")?;
         let reader = data_plane.events()?;
-        Ok(Self::Local(Box::new(data_plane), reader))
+        let mut names = PodNames::default();
+        if let Some((inode, node)) = flows::host_netns() {
+            names.set_host(inode, node);
+        }
+        Ok(Self::Local(Box::new(data_plane), reader, names))
     }
 
     async fn read_batch(&mut self, out: &mut Vec<crate::ConnectionEvent>) -> Result<()> {
@@ -142,17 +152,16 @@ impl EventSource {
                 .read_batch(out)
                 .await
                 .context("reading from the agent")?,
-            Self::Local(_, reader) => reader.read_batch(out).await?,
+            Self::Local(_, reader, _) => reader.read_batch(out).await?,
         }
         Ok(())
     }
 
     /// The pod labels the agent sent (none when the programs run here: no attribution then).
     fn names(&self) -> &PodNames {
-        static NONE: std::sync::LazyLock<PodNames> = std::sync::LazyLock::new(PodNames::default);
         match self {
             Self::Agent(client) => client.names(),
-            Self::Local(..) => &NONE,
+            Self::Local(_, _, names) => names,
         }
     }
 
@@ -160,7 +169,7 @@ impl EventSource {
     fn warn_about_losses(&self) -> Result<()> {
         let lost = match self {
             Self::Agent(client) => client.lagged(),
-            Self::Local(data_plane, _) => data_plane.counters()?.ring_buffer_full,
+            Self::Local(data_plane, _, _) => data_plane.counters()?.ring_buffer_full,
         };
         if lost > 0 {
             tracing::warn!(lost, "events were lost (this view fell behind)");

@@ -63,9 +63,40 @@ pub struct PodNames {
     pods: HashMap<LocalKey, Arc<str>>,
     peers: HashMap<IpAddr, Arc<str>>,
     peers_dropped: u64,
+    /// The node's own network namespace (inode) and the node's name: its sockets are the host's.
+    host: Option<(u32, Arc<str>)>,
+}
+
+/// The network namespace `flows` runs in, with the node's name (`NODE_NAME`, else the host name).
+/// `flows` runs in the agent's container or on the node, and the agent uses the host network: this
+/// namespace is the node's, so a socket in it that no pod owns is the host's own.
+pub fn host_netns() -> Option<(u32, Arc<str>)> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = u32::try_from(std::fs::metadata("/proc/self/ns/net").ok()?.ino()).ok()?;
+    let node = std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default();
+    Some((inode, node.into()))
 }
 
 impl PodNames {
+    /// Sockets in network namespace `inode` that no pod owns are shown as the host `node`'s.
+    pub fn set_host(&mut self, inode: u32, node: Arc<str>) {
+        self.host = Some((inode, node));
+    }
+
+    /// The node's name when `key`'s local side is a socket of the host itself (no pod owns it).
+    pub fn host(&self, key: &EdgeKey) -> Option<&str> {
+        let (inode, node) = self.host.as_ref()?;
+        (key.netns_ino == Some(*inode) && self.get(key).is_none()).then_some(&**node)
+    }
+
     /// Remembers the pod label of `key`'s local side.
     pub fn insert(&mut self, key: &EdgeKey, label: Arc<str>) {
         self.pods.insert(local_key(key), label);
@@ -143,13 +174,26 @@ fn error_name(errno: u8) -> String {
     }
 }
 
-/// The local side as text: its pod and address when the pod is known, else its address and network
-/// namespace.
+/// The local side as text: its pod, or `host <node>` for the node's own sockets, or its network
+/// namespace, with its address; an unconnected UDP socket has none (the kernel reports `0.0.0.0`/`::`),
+/// so none is shown.
 fn local_side(key: &EdgeKey, names: &PodNames) -> String {
-    match (names.get(key), key.netns_ino) {
-        (Some(pod), _) => format!("{pod} ({})", key.local_ip),
-        (None, Some(ns)) => format!("{} [netns {ns}]", key.local_ip),
-        (None, None) => key.local_ip.to_string(),
+    let address = (!key.local_ip.is_unspecified()).then_some(key.local_ip);
+    let host = names.host(key).map(|node| match node {
+        "" => "host".to_string(),
+        node => format!("host {node}"),
+    });
+    match (
+        names.get(key).map(str::to_string).or(host),
+        key.netns_ino,
+        address,
+    ) {
+        (Some(who), _, Some(ip)) => format!("{who} ({ip})"),
+        (Some(who), _, None) => who,
+        (None, Some(ns), Some(ip)) => format!("{ip} [netns {ns}]"),
+        (None, Some(ns), None) => format!("[netns {ns}]"),
+        (None, None, Some(ip)) => ip.to_string(),
+        (None, None, None) => "-".to_string(),
     }
 }
 
@@ -235,8 +279,9 @@ pub fn render_table(edges: &[Edge], clock: &WallClock, names: &PodNames, header:
     out
 }
 
-/// One JSON object per edge, one per line (`pod`: the local pod's label, or null; `peer`: the peer's
-/// name, or null, beside its address `peer_ip`).
+/// One JSON object per edge, one per line (`pod`: the local pod's label, or null; `host`: the node's
+/// name for the host's own sockets, or null; `peer`: the peer's name, or null, beside its address
+/// `peer_ip`). Addresses are as the kernel reported them (`0.0.0.0` for an unconnected UDP socket).
 pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> String {
     let mut out = String::new();
     for e in edges {
@@ -244,6 +289,7 @@ pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> Strin
             "first_seen": rfc3339(clock.at(e.stats.first_seen)),
             "last_seen": rfc3339(clock.at(e.stats.last_seen)),
             "pod": names.get(&e.key),
+            "host": names.host(&e.key),
             "netns_ino": e.key.netns_ino,
             "cgroup_id": e.key.cgroup_id,
             "local_ip": e.key.local_ip.to_string(),
@@ -399,6 +445,56 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
         assert_eq!(json["pod"], "shop/web");
+    }
+
+    /// The local side: a pod, the host's own sockets (by the node's name, when no pod owns the
+    /// namespace), another namespace; an unconnected UDP socket's `0.0.0.0` is not shown as an address.
+    #[test]
+    fn the_local_side_is_a_pod_the_host_or_a_namespace_without_a_fake_address() {
+        const HOST: u32 = 4026531833;
+        let table: [(Option<&str>, Option<u32>, &str, &str); 8] = [
+            (Some("shop/web"), Some(7), "10.0.0.1", "shop/web (10.0.0.1)"),
+            (Some("shop/web"), Some(7), "0.0.0.0", "shop/web"),
+            (None, Some(HOST), "172.18.0.2", "host worker-1 (172.18.0.2)"),
+            (None, Some(HOST), "0.0.0.0", "host worker-1"),
+            (None, Some(HOST), "::", "host worker-1"),
+            // A pod label wins over the host's namespace (a hostNetwork pod the agent named).
+            (
+                Some("kube-system/dns"),
+                Some(HOST),
+                "172.18.0.2",
+                "kube-system/dns (172.18.0.2)",
+            ),
+            (None, Some(9), "10.0.0.9", "10.0.0.9 [netns 9]"),
+            (None, Some(9), "0.0.0.0", "[netns 9]"),
+        ];
+        let clock = WallClock::now();
+        for (pod, netns, ip, want) in table {
+            let mut e = edge(Direction::Outbound, Outcome::Datagram, None);
+            e.key.netns_ino = netns;
+            e.key.local_ip = ip.parse().unwrap();
+            let mut names = PodNames::default();
+            names.set_host(HOST, "worker-1".into());
+            if let Some(pod) = pod {
+                names.insert(&e.key, pod.into());
+            }
+            assert_eq!(local_side(&e.key, &names), want, "{pod:?} {netns:?} {ip}");
+            let json: serde_json::Value =
+                serde_json::from_str(render_json(&[e], &clock, &names).trim()).unwrap();
+            assert_eq!(json["local_ip"], ip, "JSON keeps the raw address");
+            let host = (pod.is_none() && netns == Some(HOST)).then_some("worker-1");
+            assert_eq!(
+                json["host"],
+                host.map_or(serde_json::Value::Null, Into::into)
+            );
+        }
+        // Without a host namespace known (the programs loaded by `flows --local`): as before.
+        let mut e = edge(Direction::Outbound, Outcome::Datagram, None);
+        e.key.netns_ino = Some(HOST);
+        assert_eq!(
+            local_side(&e.key, &PodNames::default()),
+            format!("10.0.0.1 [netns {HOST}]")
+        );
     }
 
     /// Both directions, the peer named as `hubble observe` names it: a Service, a pod, a node, or

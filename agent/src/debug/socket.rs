@@ -651,6 +651,11 @@ impl DebugClient {
     pub fn names(&self) -> &PodNames {
         &self.names
     }
+
+    /// The names, to add what the client knows itself (the host's namespace, [`PodNames::set_host`]).
+    pub fn names_mut(&mut self) -> &mut PodNames {
+        &mut self.names
+    }
 }
 
 #[cfg(test)]
