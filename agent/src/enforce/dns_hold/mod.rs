@@ -248,8 +248,10 @@ impl Hold {
             Err(Refused::Unsolicited) => return ("unsolicited", Vec::new()),
             Err(Refused::Dns(_)) => return ("malformed", Vec::new()),
         };
-        state.tracker.expire(now);
+        // Not per answer: expiring scans every resolution the node holds, and the answer waits.
+        // Until then a lapsed resolution only takes room (`name_of` and the grants check `until`).
         if now.saturating_sub(state.expired_at) >= EXPIRE_EVERY {
+            state.tracker.expire(now);
             state.grants.expire(now);
             state.expired_at = now;
         }
