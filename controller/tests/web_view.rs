@@ -79,6 +79,8 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
             .env("INGEST_INSECURE", "true")
             .env("METRICS_ADDRESS", format!("127.0.0.1:{metrics}"))
             .env("UI_ADDRESS", format!("127.0.0.1:{ui}"))
+            // The status pass writes each rule's usage entry (`since`) the page shows in words.
+            .env("WNP_STATUS_UPDATE_INTERVAL", "2s")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdout(std::process::Stdio::null())
             .spawn()?,
@@ -208,6 +210,22 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
             json!("networkenforcer.kubewarden.io/acknowledge-1=")
         ),
     )?;
+    // Rule usage in words, the absolute times on hover (the status pass wrote `since`; no flow
+    // matched a rule here).
+    let usage = browser.wait_for(
+        "the rule usage in words",
+        Duration::from_secs(30),
+        "const u = document.querySelector('section.policy span.usage'); return u ? [u.textContent, u.title] : null",
+    )?;
+    let (text, title) = (usage[0].as_str().unwrap_or(""), usage[1].as_str().unwrap_or(""));
+    ensure!(
+        text.starts_with("never matched · 0 peers · watched since ") && text.ends_with(" ago"),
+        "rule usage as words: {text:?}"
+    );
+    ensure!(
+        title.starts_with("watched since 20") && !text.contains('{'),
+        "absolute time on hover: {title:?}"
+    );
     browser.screenshot(&out.join("workload-violation.png"))?;
 
     // The server's page: the exact command that promotes its proposal.

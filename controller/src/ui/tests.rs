@@ -322,6 +322,34 @@ fn workload_page_has_rules_usage_violations_and_commands() {
     assert!(view.policies[0].rules.iter().all(|r| r.usage.is_none()));
 }
 
+/// A `spec.egressNames` entry's usage (`list: egressNames`) goes to that entry, never to the
+/// direction's rule of the same index.
+#[test]
+fn name_entries_carry_their_own_usage() {
+    let mut value =
+        serde_json::to_value(&policy("monitor", "monitor", "2026-01-01T00:09:00Z").policy).unwrap();
+    value["spec"]["egressNames"] = serde_json::json!([
+        {"names": ["api.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"names": ["*.cdn.partner.test"], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]);
+    value["status"]["ruleUsage"] = serde_json::json!([
+        {"direction": "Egress", "rule": 0, "fingerprint": "ab12", "peers": 1,
+         "lastMatched": "2026-01-01T00:09:00Z", "since": "2026-01-01T00:00:00Z"},
+        {"direction": "Egress", "list": "egressNames", "rule": 0, "fingerprint": "cd34", "peers": 7,
+         "lastMatched": "2026-01-01T00:08:00Z", "since": "2026-01-01T00:00:00Z"}
+    ]);
+    let policy = PolicyObject::from_json(value).unwrap();
+    let view = workload_view::build(&snapshot(vec![policy]), "demo", "http-client", None).unwrap();
+    let policy = &view.policies[0];
+    let peers = |u: &Option<serde_json::Value>| u.as_ref().and_then(|u| u.get("peers")).cloned();
+    assert_eq!(peers(&policy.rules[0].usage), Some(serde_json::json!(1)));
+    assert_eq!(
+        peers(&policy.egress_names[0].usage),
+        Some(serde_json::json!(7))
+    );
+    assert_eq!(policy.egress_names[1].usage, None, "no entry: no usage");
+}
+
 /// [`policy`] with `spec.egressNames` and violations to outside addresses the client resolved from a
 /// name it does not list (twice, two addresses) and to a literal.
 fn policy_with_names() -> PolicyObject {

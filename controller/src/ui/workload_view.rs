@@ -45,6 +45,9 @@ pub struct NameRuleView {
     pub names: Vec<String>,
     /// `TCP 443`, `any port`.
     pub ports: Vec<String>,
+    /// This entry's `status.ruleUsage` entry (`list: egressNames`), as the status has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<serde_json::Value>,
 }
 
 /// A condition, flattened.
@@ -239,7 +242,7 @@ fn proposal_view(p: &WorkloadNetworkPolicyProposal, policies: &[PolicyObject]) -
             p.spec.istio.as_ref(),
             None,
         ),
-        egress_names: name_rules(&p.spec.egress_names),
+        egress_names: name_rules(&p.spec.egress_names, None),
         conditions: conditions(&status.conditions),
         promote_commands: [PROMOTE_MONITOR, PROMOTE_PROTECT]
             .iter()
@@ -284,7 +287,7 @@ fn policy_view(p: &PolicyObject) -> PolicyView {
             spec.istio.as_ref(),
             p.rule_usage.as_ref(),
         ),
-        egress_names: name_rules(&spec.egress_names),
+        egress_names: name_rules(&spec.egress_names, p.rule_usage.as_ref()),
         rule_usage: p.rule_usage.clone(),
         conditions: conditions(&status.conditions),
         violation_count: status.violation_count,
@@ -372,7 +375,11 @@ pub fn rules(
         }
     }
     if let Some(entries) = usage.and_then(|u| u.as_array()) {
-        for (position, entry) in entries.iter().enumerate() {
+        // Entries of another list (`list: egressNames`) belong to `name_rules`.
+        let own = entries
+            .iter()
+            .filter(|e| e.get("list").is_none_or(|l| l.is_null()));
+        for (position, entry) in own.enumerate() {
             // An entry names its rule by index when it has one, else it is the rule at its position.
             let index = ["rule", "ruleIndex", "index"]
                 .iter()
@@ -387,8 +394,19 @@ pub fn rules(
     out
 }
 
-/// `spec.egressNames` as text.
-pub fn name_rules(entries: &[NameRule]) -> Vec<NameRuleView> {
+/// `spec.egressNames` as text, each entry with its usage when `usage` (a `status.ruleUsage` list)
+/// has an entry of list `egressNames` for it.
+pub fn name_rules(entries: &[NameRule], usage: Option<&serde_json::Value>) -> Vec<NameRuleView> {
+    let usage_of = |index: usize| {
+        usage
+            .and_then(|u| u.as_array())?
+            .iter()
+            .find(|e| {
+                e.get("list").and_then(|l| l.as_str()) == Some("egressNames")
+                    && e.get("rule").and_then(|r| r.as_u64()) == u64::try_from(index).ok()
+            })
+            .cloned()
+    };
     entries
         .iter()
         .enumerate()
@@ -396,6 +414,7 @@ pub fn name_rules(entries: &[NameRule]) -> Vec<NameRuleView> {
             index,
             names: entry.names.clone(),
             ports: port_labels(Some(&entry.ports)).into_iter().collect(),
+            usage: usage_of(index),
         })
         .collect()
 }

@@ -252,22 +252,39 @@ function table(headers, rows) {
     ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c)))));
 }
 
-function usageText(u) {
-  if (u === undefined || u === null) return "";
-  if (typeof u !== "object") return String(u);
-  return Object.entries(u).filter(([k]) => !["rule", "ruleIndex", "index"].includes(k)).map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+// "3 min ago" for a time in the past (RFC 3339), in its largest whole unit.
+function ago(time, now) {
+  const secs = Math.max(0, Math.floor((now - Date.parse(time)) / 1000));
+  for (const [size, unit] of [[86400, "d"], [3600, "h"], [60, "min"]]) {
+    if (secs >= size) return `${Math.floor(secs / size)} ${unit} ago`;
+  }
+  return `${secs} s ago`;
+}
+
+// A rule's status.ruleUsage entry in words: "last matched 3 min ago · 2 peers · watched since 4 d ago",
+// the absolute times on hover; entries of an older shape are shown as they are.
+function usageCell(u, now = Date.now()) {
+  if (u === undefined || u === null) return "—";
+  if (typeof u !== "object" || !u.since) return typeof u === "object" ? JSON.stringify(u) : String(u);
+  const peers = Number(u.peers || 0);
+  const parts = [u.lastMatched ? `last matched ${ago(u.lastMatched, now)}` : "never matched",
+    `${peers}${peers >= 1000 ? "+" : ""} peer${peers === 1 ? "" : "s"}`,
+    `watched since ${ago(u.since, now)}`];
+  const title = (u.lastMatched ? `last matched ${u.lastMatched}; ` : "") + `watched since ${u.since}`;
+  return el("span", { class: "usage", title }, parts.join(" · "));
 }
 
 function rulesTable(rules, withUsage) {
   const headers = ["#", "peers", "ports"].concat(withUsage ? ["usage"] : []);
-  return table(headers, rules.map((r) => [String(r.index), r.peers.join("; "), r.ports.join(", ")].concat(withUsage ? [usageText(r.usage) || "—"] : [])));
+  return table(headers, rules.map((r) => [String(r.index), r.peers.join("; "), r.ports.join(", ")].concat(withUsage ? [usageCell(r.usage)] : [])));
 }
 
 // A payload's spec.egressNames: outside services by DNS name (absent: none).
-function namesTable(entries) {
+function namesTable(entries, withUsage) {
   if (!entries || !entries.length) return [];
+  const headers = ["#", "names", "ports"].concat(withUsage ? ["usage"] : []);
   return [el("h4", {}, "Names (spec.egressNames)"),
-    table(["#", "names", "ports"], entries.map((e) => [String(e.index), e.names.join(", "), e.ports.join(", ")]))];
+    table(headers, entries.map((e) => [String(e.index), e.names.join(", "), e.ports.join(", ")].concat(withUsage ? [usageCell(e.usage)] : [])))];
 }
 
 function conditions(list) {
@@ -308,7 +325,7 @@ async function workloadPage(ns, name, params) {
       el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: `tag ${p.mode}` }, p.mode)),
       el("p", {}, `${p.activeViolationCount} active violations (${p.violationCount} observed in all)` + (p.promotedFrom ? `; from proposal ${p.promotedFrom}` : "")),
       rulesTable(p.rules, true),
-      ...namesTable(p.egressNames),
+      ...namesTable(p.egressNames, true),
       el("h4", {}, "Active violations"),
       violationsTable(p.violations),
       el("h4", {}, "Acknowledged"),
