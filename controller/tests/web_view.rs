@@ -158,8 +158,22 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     }
     browser.screenshot(&out.join("graph.png"))?;
 
-    // A violation written into the status appears highlighted (red, pulsing) within 5 s.
+    // A violation written into the status appears highlighted (red, pulsing) within 5 s. Written
+    // after the controller's first status pass (its rule usage is there), which it then keeps.
     let policies = ns.api::<WorkloadNetworkPolicy>();
+    let started = Instant::now();
+    while policies
+        .get_status("deployment-http-client-egress")
+        .await?
+        .status
+        .is_none_or(|s| s.rule_usage.is_empty())
+    {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the controller wrote no rule usage within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let status = json!({"status": {
         "violationCount": 1,
@@ -200,6 +214,41 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     assert_eq!(stroke, json!("rgb(211, 47, 47)"), "violations are red");
     browser.screenshot(&out.join("graph-violation.png"))?;
 
+    // The cluster overview: the client's row (its egress in monitor, its violation counted) links to
+    // its page; the server, with a proposal only, is learning.
+    browser.open(&format!("{base}#/"))?;
+    let row = |workload: &str| {
+        format!(
+            "const a = document.querySelector('a[data-workload={}]'); return a ? Array.from(a.closest('tr').cells).map(c => c.textContent) : null",
+            json!(format!("{n}/{workload}"))
+        )
+    };
+    let client_row = browser.wait_for(
+        "the client's overview row",
+        Duration::from_secs(10),
+        &row("http-client"),
+    )?;
+    assert_eq!(
+        client_row,
+        json!([
+            n,
+            "Deployment/http-client",
+            "monitor",
+            "monitor",
+            "—",
+            "1",
+            "—"
+        ]),
+        "namespace, workload, state, egress, ingress, active violations, warnings"
+    );
+    let server_row = browser.wait_for(
+        "the server's overview row",
+        Duration::from_secs(10),
+        &row("http-server"),
+    )?;
+    assert_eq!(server_row[2], json!("learning"));
+    browser.screenshot(&out.join("overview.png"))?;
+
     // The client's page: the acknowledge command of its violation.
     browser.open(&format!("{base}#/workload/{n}/http-client"))?;
     browser.wait_for(
@@ -217,7 +266,10 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         Duration::from_secs(30),
         "const u = document.querySelector('section.policy span.usage'); return u ? [u.textContent, u.title] : null",
     )?;
-    let (text, title) = (usage[0].as_str().unwrap_or(""), usage[1].as_str().unwrap_or(""));
+    let (text, title) = (
+        usage[0].as_str().unwrap_or(""),
+        usage[1].as_str().unwrap_or(""),
+    );
     ensure!(
         text.starts_with("never matched · 0 peers · watched since ") && text.ends_with(" ago"),
         "rule usage as words: {text:?}"

@@ -1,16 +1,18 @@
 //! The read-only web view (docs/ui.md): the controller serves, on its own port (`--ui-address`,
-//! default `0.0.0.0:8090`), a graph of each namespace's workloads and flows, a page per workload with
-//! its proposals, policies, violations and the `kubectl` commands that promote or acknowledge, and a
-//! proposal diff; the pages read the JSON API under `/api/v1/`.
+//! default `127.0.0.1:8090`), a cluster overview, a graph of each namespace's workloads and flows, a
+//! page per workload with its proposals, policies, violations and the `kubectl` commands that promote
+//! or acknowledge, and a proposal diff; the pages read the JSON API under `/api/v1/`.
 //!
 //! - [`objects`]: where the data comes from (watches of policies and proposals).
-//! - [`graph_view`], [`workload_view`], [`proposal_diff`]: pure functions from objects to answers.
+//! - [`overview`], [`graph_view`], [`workload_view`], [`proposal_diff`]: pure functions from objects
+//!   to answers.
 //! - [`server`]: the routes, bounds, errors and metrics.
 //!
 //! Nothing here writes to the cluster: the controller's role needs only list and watch for it.
 
 pub mod graph_view;
 pub mod objects;
+pub mod overview;
 pub mod proposal_diff;
 pub mod server;
 pub mod workload_view;

@@ -6,7 +6,7 @@
 use crate::monitor::edge_history::HistoryEdge;
 use crate::runtime::metrics::ControllerMetrics;
 use crate::ui::objects::ObjectSource;
-use crate::ui::{graph_view, proposal_diff, workload_view};
+use crate::ui::{graph_view, overview, proposal_diff, workload_view};
 use axum::extract::{Path, RawQuery};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -481,6 +481,16 @@ pub fn router(state: UiState) -> axum::Router {
         async move { answer(&s, "namespaces", |source| Ok(namespaces(source))).await }
     };
     let s = state.clone();
+    let overview = move || {
+        let s = s.clone();
+        async move {
+            answer(&s, "overview", |source| {
+                Ok(overview::build(&source.snapshot(None)))
+            })
+            .await
+        }
+    };
+    let s = state.clone();
     let not_found = move || {
         let s = s.clone();
         async move {
@@ -531,6 +541,7 @@ pub fn router(state: UiState) -> axum::Router {
                 state.clone(),
             )),
         )
+        .route("/api/v1/overview", get(overview))
         .route("/api/v1/namespaces", get(list))
         .route("/api/v1/namespaces/{ns}/graph", get(graph))
         .route("/api/v1/namespaces/{ns}/workloads/{name}", get(workload))

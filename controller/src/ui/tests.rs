@@ -884,3 +884,99 @@ async fn the_edges_route_answers_the_history_or_404_without_one_or_503_before_it
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("not complete"), "{body}");
 }
+
+/// The cluster overview: each workload with the state of each direction, its active violations and
+/// its warnings; namespaces summed; the workloads that need attention first.
+#[test]
+fn the_overview_lists_workloads_by_state_and_what_needs_attention() {
+    use crate::ui::overview::{self, State};
+    let mut protect = policy("protect", "protect", "2026-01-01T00:09:00Z");
+    protect.policy.metadata.name = Some("deployment-web-egress".into());
+    protect.policy.metadata.namespace = Some("shop".into());
+    protect.policy.spec.target_ref.name = "web".into();
+    let status = protect.policy.status.get_or_insert_with(Default::default);
+    status.active_violation_count = 0;
+    status.conditions = serde_json::from_value(serde_json::json!([
+        {"type": "WouldBlock", "status": "True", "reason": "WouldBlockObservedFlows", "message": "1 flow",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "UnusedRules", "status": "True", "reason": "RulesUnused", "message": "egress[0]",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    ]))
+    .unwrap();
+    let monitor = policy("monitor", "monitor", "2026-01-01T00:09:00Z");
+    let view = overview::build(&snapshot(vec![monitor, protect]));
+    let rows: Vec<(&str, &str, State, State, State, i64, bool, bool)> = view
+        .workloads
+        .iter()
+        .map(|w| {
+            (
+                w.namespace.as_str(),
+                w.name.as_str(),
+                w.egress,
+                w.ingress,
+                w.state,
+                w.active_violations,
+                w.would_block,
+                w.unused_rules,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            // Active violations first, then warnings, then the least enforced.
+            (
+                "demo",
+                "http-client",
+                State::Monitor,
+                State::None,
+                State::Monitor,
+                1,
+                false,
+                false
+            ),
+            (
+                "shop",
+                "web",
+                State::Protect,
+                State::None,
+                State::Protect,
+                0,
+                true,
+                true
+            ),
+            (
+                "demo",
+                "http-server",
+                State::None,
+                State::Learning,
+                State::Learning,
+                0,
+                false,
+                false
+            ),
+        ]
+    );
+    let demo = &view.namespaces[0];
+    assert_eq!(
+        (
+            demo.namespace.as_str(),
+            demo.workloads,
+            demo.learning,
+            demo.monitor,
+            demo.protect
+        ),
+        ("demo", 2, 1, 1, 0)
+    );
+    assert_eq!(demo.active_violations, 1);
+    let shop = &view.namespaces[1];
+    assert_eq!(
+        (shop.protect, shop.would_block, shop.unused_rules),
+        (1, 1, 1)
+    );
+    assert!(!view.truncated);
+    // The JSON the page reads.
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["workloads"][0]["activeViolations"], 1);
+    assert_eq!(json["workloads"][2]["ingress"], "learning");
+}

@@ -76,6 +76,75 @@ function poll(fn) {
   tick();
 }
 
+// ---- cluster overview ----
+
+const sorts = {}; // table id → {col, desc}: the user's sort, kept across polls
+
+// A table whose header cells sort it (click again: the other way). columns: [{title, value, cell}],
+// value(row) the sort key (numbers sort as numbers), cell(row) the cell's content.
+function sortableTable(id, columns, rows) {
+  const sort = sorts[id];
+  const sorted = sort ? rows.slice().sort((a, b) => {
+    const [x, y] = [columns[sort.col].value(a), columns[sort.col].value(b)];
+    const order = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
+    return sort.desc ? -order : order;
+  }) : rows;
+  const table = el("table", { id, class: "sortable" },
+    el("tr", {}, ...columns.map((c, i) => {
+      const mark = sort && sort.col === i ? (sort.desc ? " ▼" : " ▲") : "";
+      const th = el("th", { title: "sort" }, c.title + mark);
+      th.addEventListener("click", () => {
+        sorts[id] = { col: i, desc: sort && sort.col === i ? !sort.desc : false };
+        table.replaceWith(sortableTable(id, columns, rows));
+      });
+      return th;
+    })),
+    ...sorted.map((r) => el("tr", {}, ...columns.map((c) => el("td", {}, c.cell(r))))));
+  return table;
+}
+
+const STATES = ["none", "learning", "monitor", "protect"];
+const stateTag = (s) => el("span", { class: `tag ${s}` }, s === "none" ? "—" : s);
+
+async function overviewPage() {
+  await loadNamespaces();
+  poll(async () => {
+    const body = await api("overview");
+    if (body === lastBody) return;
+    lastBody = body;
+    const o = JSON.parse(body);
+    const graphLink = (ns) => el("a", { href: `#/graph/${encodeURIComponent(ns)}` }, ns);
+    const namespaces = sortableTable("overview-namespaces", [
+      { title: "namespace", value: (n) => n.namespace, cell: (n) => graphLink(n.namespace) },
+      { title: "workloads", value: (n) => n.workloads, cell: (n) => String(n.workloads) },
+      { title: "learning", value: (n) => n.learning, cell: (n) => String(n.learning) },
+      { title: "monitor", value: (n) => n.monitor, cell: (n) => String(n.monitor) },
+      { title: "protect", value: (n) => n.protect, cell: (n) => String(n.protect) },
+      { title: "active violations", value: (n) => n.activeViolations, cell: (n) => String(n.activeViolations) },
+      { title: "would block", value: (n) => n.wouldBlock, cell: (n) => String(n.wouldBlock) },
+      { title: "unused rules", value: (n) => n.unusedRules, cell: (n) => String(n.unusedRules) },
+    ], o.namespaces);
+    const workloads = sortableTable("overview-workloads", [
+      { title: "namespace", value: (w) => w.namespace, cell: (w) => graphLink(w.namespace) },
+      { title: "workload", value: (w) => `${w.kind}/${w.name}`, cell: (w) => el("a", {
+        href: `#/workload/${encodeURIComponent(w.namespace)}/${encodeURIComponent(w.name)}?kind=${encodeURIComponent(w.kind)}`,
+        "data-workload": `${w.namespace}/${w.name}` }, `${w.kind}/${w.name}`) },
+      { title: "state", value: (w) => STATES.indexOf(w.state), cell: (w) => stateTag(w.state) },
+      { title: "egress", value: (w) => STATES.indexOf(w.egress), cell: (w) => stateTag(w.egress) },
+      { title: "ingress", value: (w) => STATES.indexOf(w.ingress), cell: (w) => stateTag(w.ingress) },
+      { title: "active violations", value: (w) => w.activeViolations, cell: (w) => String(w.activeViolations) },
+      { title: "warnings", value: (w) => Number(w.wouldBlock) + Number(w.unusedRules), cell: (w) =>
+        [w.wouldBlock ? "protect would block observed flows (WouldBlock)" : "", w.unusedRules ? "unused rules" : ""].filter(Boolean).join("; ") || "—" },
+    ], o.workloads);
+    $("main").replaceChildren(
+      el("h1", {}, "Cluster overview"),
+      el("p", {}, "Workloads with a proposal or a policy. A workload is as enforced as its less enforced direction (a direction with neither counts for nothing). Click a header to sort."),
+      el("h2", {}, "Namespaces"), o.namespaces.length ? namespaces : el("p", { class: "empty" }, "nothing learned yet"),
+      el("h2", {}, "Workloads"), o.workloads.length ? workloads : el("p", { class: "empty" }, "none"),
+      ...(o.truncated ? [el("p", { class: "empty" }, "more workloads than shown: see each namespace's graph")] : []));
+  });
+}
+
 // ---- graph page ----
 
 // Columns by longest path from the sources (cycles cut), rows in id order: stable between polls.
@@ -372,7 +441,8 @@ function render() {
   const failed = (e) => status("error: " + e.message, true);
   if (page === "workload" && ns && name) workloadPage(ns, name, params).catch(failed);
   else if (page === "diff" && ns && name) diffPage(ns, name).catch(failed);
-  else graphPage(page === "graph" ? ns : undefined, params).catch(failed);
+  else if (page === "graph") graphPage(ns, params).catch(failed);
+  else overviewPage().catch(failed);
 }
 
 function filtersChanged() {
