@@ -788,6 +788,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.edgeHistory.retention=2d",
         "controller.edgeHistory.maxEdges=5000",
         "controller.edgeHistory.warmup=0s",
+        "controller.agentSilenceAfter=5m",
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
@@ -804,6 +805,7 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "EDGE_HISTORY_RETENTION"), "2d");
     assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "5000");
     assert_eq!(env_value(c, "EDGE_HISTORY_WARMUP"), "0s");
+    assert_eq!(env_value(c, "AGENT_SILENCE_AFTER"), "5m");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");

@@ -450,6 +450,8 @@ struct BinaryController {
     ingest: u16,
     metrics: u16,
     settings: Settings,
+    /// The node the agent pod (and the test's workloads) run on.
+    node: String,
     _token: TokenFile,
     agent: uplink::UplinkSender,
     uplink_task: tokio::task::JoinHandle<()>,
@@ -460,6 +462,16 @@ impl BinaryController {
     /// Starts the controller binary with `flush_interval` and `status_interval` (Go-style durations are
     /// what the chart passes for the latter), plus an agent pod on the test's node.
     async fn start(ns: &TestNamespace, flush_seconds: &str, status_interval: &str) -> Result<Self> {
+        Self::start_with(ns, flush_seconds, status_interval, &[]).await
+    }
+
+    /// [`BinaryController::start`] with more environment for the binary (`(name, value)`, set last).
+    async fn start_with(
+        ns: &TestNamespace,
+        flush_seconds: &str,
+        status_interval: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         use network_enforcer_tests::section10::{
             AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
         };
@@ -476,25 +488,20 @@ impl BinaryController {
             metrics,
             flush_seconds: flush_seconds.to_string(),
             status_interval: status_interval.to_string(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         let process = Running(Some(spawn_controller(ns, &settings)?));
         let counters = UplinkCounters::default();
-        let (agent, uplink_task) = uplink::spawn(
-            UplinkConfig {
-                backoff: Backoff {
-                    initial: Duration::from_millis(100),
-                    max: Duration::from_millis(1000),
-                },
-                ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), &token.0, &node)
-                    .insecure()
-            },
-            counters.clone(),
-        )?;
+        let (agent, uplink_task) = spawn_agent(ingest, &token.0, &node, &counters)?;
         Ok(Self {
             process,
             ingest,
             metrics,
             settings,
+            node,
             _token: token,
             agent,
             uplink_task,
@@ -602,12 +609,33 @@ impl BinaryController {
     }
 }
 
+/// The real agent uplink of the test's agent pod, streaming to the controller on `ingest`.
+fn spawn_agent(
+    ingest: u16,
+    token: &std::path::Path,
+    node: &str,
+    counters: &UplinkCounters,
+) -> Result<(uplink::UplinkSender, tokio::task::JoinHandle<()>)> {
+    Ok(uplink::spawn(
+        UplinkConfig {
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(1000),
+            },
+            ..UplinkConfig::new(format!("http://127.0.0.1:{ingest}"), token, node).insecure()
+        },
+        counters.clone(),
+    )?)
+}
+
 /// How [`BinaryController`] runs the binary.
 struct Settings {
     ingest: u16,
     metrics: u16,
     flush_seconds: String,
     status_interval: String,
+    /// More environment, set after the rest (so it may override it).
+    env: Vec<(String, String)>,
 }
 
 /// The controller binary for test namespace `ns`, watching only it.
@@ -631,6 +659,7 @@ fn spawn_controller(ns: &TestNamespace, settings: &Settings) -> Result<std::proc
         .env("FLUSH_INTERVAL_SECONDS", &settings.flush_seconds)
         .env("WNP_STATUS_UPDATE_INTERVAL", &settings.status_interval)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .envs(settings.env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::piped())
         .spawn()?)
 }
@@ -897,6 +926,102 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
     assert!(!success, "losing the Lease is an error exit\n{logs}");
     assert!(logs.contains("last flush before exit"), "{logs}");
     assert_violation_written(&ns, &logs).await
+}
+
+/// Coverage (docs/behaviour.md §3.12): while the node's agent streams, the node is covered; once no
+/// stream of it has been open for `AGENT_SILENCE_AFTER`, the node is reported silent (the gauge, a
+/// Warning Event `AgentSilent` on the Node), and reporting again once its agent reconnects (a Normal
+/// Event `AgentReporting`).
+#[tokio::test]
+async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -> Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    let ns = TestNamespace::create_with_crds("coverage").await?;
+    // Its own reporting instance: the Events of other tests' controllers are not this one's.
+    let instance = format!("coverage-{}", ns.name);
+    let mut controller = BinaryController::start_with(
+        &ns,
+        "1",
+        "30s",
+        &[("AGENT_SILENCE_AFTER", "2s"), ("POD_NAME", &instance)],
+    )
+    .await?;
+    let started = k8s_openapi::jiff::Timestamp::now();
+    ns.wait_for(
+        "the node to be judged covered",
+        Duration::from_secs(60),
+        || async {
+            let ready = http_get(controller.metrics, "/readyz")
+                .await
+                .unwrap_or_default();
+            Ok(ready
+                .contains("every node that runs pods has an agent streaming")
+                .then_some(()))
+        },
+    )
+    .await?;
+    let events = kube::Api::<Event>::namespaced(ns.client.clone(), "default");
+    let node = controller.node.clone();
+    let of_ours = |reason: &'static str| {
+        let (events, node, instance) = (events.clone(), node.clone(), instance.clone());
+        async move {
+            let list = events.list(&Default::default()).await?;
+            anyhow::Ok(list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.reporting_instance.as_deref() == Some(instance.as_str())
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node")
+            }))
+        }
+    };
+    anyhow::ensure!(
+        of_ours("AgentSilent").await?.is_none(),
+        "silent while the agent streams"
+    );
+    // The agent stops: its stream closes.
+    controller.uplink_task.abort();
+    controller
+        .wait_for_metric(
+            &ns,
+            "the node reported silent",
+            "network_enforcer_controller_agent_silent_nodes 1",
+        )
+        .await?;
+    let silent = ns
+        .wait_for("the AgentSilent Event", Duration::from_secs(30), || {
+            of_ours("AgentSilent")
+        })
+        .await?;
+    let note = silent.note.unwrap_or_default();
+    anyhow::ensure!(
+        silent.type_.as_deref() == Some("Warning") && note.contains("not observed"),
+        "the Event says what is missing: {note}"
+    );
+    anyhow::ensure!(
+        silent.event_time.as_ref().is_some_and(|t| t.0 >= started),
+        "an Event of this run"
+    );
+    // It comes back.
+    let (agent, task) = spawn_agent(
+        controller.ingest,
+        &controller._token.0,
+        &node,
+        &controller.counters,
+    )?;
+    (controller.agent, controller.uplink_task) = (agent, task);
+    controller
+        .wait_for_metric(
+            &ns,
+            "the node covered again",
+            "network_enforcer_controller_agent_silent_nodes 0",
+        )
+        .await?;
+    ns.wait_for("the AgentReporting Event", Duration::from_secs(30), || {
+        of_ours("AgentReporting")
+    })
+    .await?;
+    let (ok, _) = controller.terminate().await?;
+    anyhow::ensure!(ok, "the controller exits cleanly");
+    Ok(())
 }
 
 /// A test namespace with the client and server workloads, a monitor-mode policy `guard` denying

@@ -16,6 +16,7 @@ pub use run::{RunArgs, run};
 use crate::cluster::names::{self, ResolvedNames, WorkloadKey};
 use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
+use crate::ingest::presence::Presence;
 use crate::ingest::{Authenticate, IngestService, Learning, Limits};
 use crate::learn::flusher::{FlushReport, Flusher};
 use crate::learn::learner::Learner;
@@ -64,6 +65,8 @@ pub struct App {
     acknowledge: Acknowledge,
     limits: Limits,
     admission: Arc<Admission>,
+    /// Which nodes' agents stream to this process now (read by the coverage loop).
+    pub presence: Arc<Presence>,
 }
 
 type ConfigureLearner = Box<dyn FnOnce(Learner) -> Learner + Send>;
@@ -127,6 +130,7 @@ impl App {
             learning: self.learning.clone(),
             limits: self.limits.clone(),
             admission: self.admission.clone(),
+            presence: self.presence.clone(),
             written: match self.acknowledge {
                 Acknowledge::OnceWritten => Some(self.flusher.clone()),
                 Acknowledge::OnceMerged => None,
@@ -301,6 +305,7 @@ impl AppBuilder {
             acknowledge: self.acknowledge,
             limits: self.limits,
             admission: Admission::new(self.stream_limits),
+            presence: Arc::default(),
         }
     }
 }

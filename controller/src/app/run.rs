@@ -9,6 +9,7 @@ use crate::ingest::admission::StreamLimits;
 use crate::ingest::auth_cache::{self, CachedAuthenticator};
 use crate::ingest::tls;
 use crate::learn::learner::{self, ExcludedWorkload, Learner};
+use crate::monitor::coverage::Coverage;
 use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
@@ -19,6 +20,7 @@ use crate::runtime::metrics::ControllerMetrics;
 use anyhow::{Context as _, Result};
 use clap::ValueEnum;
 use network_enforcer_api::Backend;
+use prometheus_client::metrics::gauge::Gauge;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,6 +198,12 @@ pub struct RunArgs {
     #[arg(long, env = "EDGE_HISTORY_WARMUP", default_value = "2m",
           value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
     edge_history_warmup: Duration,
+    /// A node that runs pods while no agent of it has streamed to the leader for this long is
+    /// reported: Warning Event `AgentSilent` on the Node, gauges `agent_silent_nodes`/`_pods`, the
+    /// `agents` readiness detail (docs/behaviour.md §3.12; `0s`: off).
+    #[arg(long, env = "AGENT_SILENCE_AFTER", default_value = "2m",
+          value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
+    agent_silence_after: Duration,
     /// How long an address that pods of a workload resolved a name to stays in the NetworkPolicy a
     /// protect policy allowing the name renders, after it was last resolved (e.g. `10m`). Longer
     /// than the names' TTLs: clients cache answers, and a rendering that follows every TTL churns.
@@ -499,6 +507,41 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let flusher = app.flusher.run(flush_every);
     // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
     // restarts as a clean follower instead of stopping its tasks halfway.
+    let coverage = {
+        let health = health.component("agents", false);
+        let (silent_nodes, silent_pods) = (Gauge::default(), Gauge::default());
+        metrics.register(
+            "agent_silent_nodes",
+            "Nodes that run pods while no agent of theirs has streamed for --agent-silence-after",
+            silent_nodes.clone(),
+        );
+        metrics.register(
+            "agent_silent_pods",
+            "Running pods on nodes without an agent streaming: their flows are not observed",
+            silent_pods.clone(),
+        );
+        let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
+            index: app.index.clone(),
+            presence: app.presence.clone(),
+            recorder: kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: settings.reporter.clone(),
+                    instance: settings.instance.clone(),
+                },
+            ),
+            after: args.agent_silence_after,
+            silent_nodes,
+            silent_pods,
+            health,
+        });
+        async move {
+            match coverage {
+                Some(coverage) => coverage.run().await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     let mut leadership = election.as_ref().map(|(l, _)| l.clone());
     let leading = async {
         if let Some(l) = leadership.as_mut() {
@@ -509,6 +552,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             () = flusher => {}
             () = status_sync.clone().run() => {}
             () = goldmane => {}
+            () = coverage => {}
         }
     };
     let mut watched = election.as_ref().map(|(l, _)| l.clone());

@@ -37,6 +37,7 @@ pub mod flow_record;
 mod holds;
 mod learning;
 pub mod peer_names;
+pub mod presence;
 mod service;
 pub mod tls;
 
@@ -118,6 +119,8 @@ pub struct IngestService {
     /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
     /// (for tests that flush by hand).
     pub written: Option<Arc<Flusher>>,
+    /// Which nodes' agents stream now ([`presence`]).
+    pub presence: Arc<presence::Presence>,
 }
 
 /// The largest batch message an agent may send, encoded.

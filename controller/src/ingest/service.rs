@@ -72,13 +72,17 @@ impl FlowUplink for IngestService {
         let recheck_every = self.admission.limits().recheck_every;
         tracing::info!(node = %agent.node, pod = %agent.pod, lifetime_s = lifetime.as_secs(),
             replaced_older = registered.replaced_older, "agent connected");
+        // The node counts as observed while the stream lives (dropped with the stream's task).
+        let present = self
+            .presence
+            .connected(&agent.node, crate::cluster::watches::now_ms());
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let learning = self.learning.clone();
         let limits = self.limits.clone();
         let written = self.written.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let (_slot, _present) = (slot, present);
             let metrics = learning.learner.metrics().clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.

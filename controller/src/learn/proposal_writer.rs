@@ -258,7 +258,7 @@ impl ProposalWriter {
         tracing::warn!(proposal = %target.name(), namespace = %target.workload.namespace, %note, reason,
             "learning limited");
         if let Some(p) = proposal {
-            crate::reconcile::publish_with(
+            crate::runtime::events::publish_with(
                 &self.recorder,
                 &p.object_ref(&()),
                 EventType::Warning,

@@ -1,8 +1,9 @@
 //! Monitor: policy evaluation ([`evaluate`]), violation evidence and attribution ([`violations`]),
 //! the status writer ([`status_sync`]), the history of observed edges behind the protect gate
-//! ([`edge_history`]) and the OTLP log export ([`otlp`]). What they do:
+//! ([`edge_history`]), the OTLP log export ([`otlp`]) and agent coverage ([`coverage`]). What they do:
 //! docs/behaviour.md §3 and §6; why: docs/design.md, "Violations".
 
+pub mod coverage;
 pub mod edge_history;
 pub mod evaluate;
 pub mod otlp;

@@ -10,6 +10,7 @@ pub mod proposal;
 
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::validity::SharedBackends;
+use crate::runtime::events::publish_with;
 use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
 use kube::runtime::Controller;
@@ -271,26 +272,4 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
         note,
     )
     .await
-}
-
-/// Publishes an Event about the object `regarding` with `recorder` (for loops outside the
-/// reconcilers, such as the status sync); failures to publish are logged, never fatal.
-pub async fn publish_with(
-    recorder: &Recorder,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
-    type_: kube::runtime::events::EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    let event = kube::runtime::events::Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, regarding).await {
-        tracing::warn!(error = %e, reason, "could not publish event");
-    }
 }

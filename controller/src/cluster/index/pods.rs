@@ -375,6 +375,22 @@ impl Index {
         self.pods.values()
     }
 
+    /// Per node, its pods that run now (not deleted, not finished), host-network pods included: what
+    /// an agent of that node observes.
+    pub fn running_pods_per_node(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut nodes = std::collections::BTreeMap::new();
+        for pod in self.pods.values() {
+            let Some(node) = pod.node.as_ref() else {
+                continue;
+            };
+            if pod.terminated || !self.pod_exists(&pod.namespace, &pod.name) {
+                continue;
+            }
+            *nodes.entry(node.clone()).or_insert(0) += 1;
+        }
+        nodes
+    }
+
     /// Number of pods held (live and recently deleted).
     pub fn pod_count(&self) -> usize {
         self.pods.len()

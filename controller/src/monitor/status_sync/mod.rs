@@ -43,7 +43,7 @@ use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
 use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
 use crate::policy::validity::SharedBackends;
-use crate::reconcile::publish_with;
+use crate::runtime::events::publish_with;
 use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;

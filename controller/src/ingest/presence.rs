@@ -1,0 +1,106 @@
+//! Which nodes' agents stream to this controller now, and since when: what tells "no violation" from
+//! "no agent" ([`crate::monitor::coverage`], docs/behaviour.md §3.12).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A node's agent streams, as the ingest saw them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeSeen {
+    /// Streams open now (an agent that replaces its stream has two for a moment).
+    pub open: u32,
+    /// When `open` last went from 0 to 1 or back to 0, ms since the epoch.
+    pub since_ms: i64,
+}
+
+/// The agents connected to this process, per node. One entry per node whose agent ever connected
+/// (authenticated: the node is the one its token's pod runs on), so bounded by the cluster's nodes;
+/// nodes gone from the cluster are forgotten with [`Presence::retain`].
+#[derive(Debug, Default)]
+pub struct Presence {
+    nodes: Mutex<HashMap<String, NodeSeen>>,
+}
+
+impl Presence {
+    /// An agent of `node` streams from `now_ms` until the returned guard is dropped.
+    pub fn connected(self: &Arc<Self>, node: &str, now_ms: i64) -> Connected {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = nodes.entry(node.to_string()).or_default();
+        if seen.open == 0 {
+            seen.since_ms = now_ms;
+        }
+        seen.open += 1;
+        Connected {
+            presence: self.clone(),
+            node: node.to_string(),
+        }
+    }
+
+    /// Every node's streams now.
+    pub fn seen(&self) -> HashMap<String, NodeSeen> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Forgets the nodes without an open stream that `keep` refuses (deleted from the cluster).
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|node, seen| seen.open > 0 || keep(node));
+    }
+
+    fn disconnected(&self, node: &str, now_ms: i64) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(seen) = nodes.get_mut(node) {
+            seen.open = seen.open.saturating_sub(1);
+            if seen.open == 0 {
+                seen.since_ms = now_ms;
+            }
+        }
+    }
+}
+
+/// An open agent stream of one node ([`Presence::connected`]); closing it is noted when dropped.
+pub struct Connected {
+    presence: Arc<Presence>,
+    node: String,
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.presence
+            .disconnected(&self.node, crate::cluster::watches::now_ms());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_is_present_while_any_of_its_streams_is_open() {
+        let presence = Arc::new(Presence::default());
+        let first = presence.connected("n1", 1_000);
+        // The agent replaces its stream: the node never looks gone.
+        let second = presence.connected("n1", 2_000);
+        drop(first);
+        assert_eq!(
+            presence.seen()["n1"],
+            NodeSeen {
+                open: 1,
+                since_ms: 1_000
+            }
+        );
+        drop(second);
+        let seen = presence.seen()["n1"];
+        assert_eq!(seen.open, 0);
+        assert!(seen.since_ms > 2_000, "closed now, not at the last open");
+        // A node deleted from the cluster is forgotten once no stream is open.
+        let open = presence.connected("n2", 3_000);
+        presence.retain(|_| false);
+        assert_eq!(presence.seen().keys().collect::<Vec<_>>(), ["n2"]);
+        drop(open);
+        presence.retain(|_| false);
+        assert!(presence.seen().is_empty());
+    }
+}
