@@ -327,6 +327,21 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         "only the literal is a violation, not the name's rotated addresses: {violated:?} ({:?})",
         policy.status
     );
+    // The name's entry allowed the rotated calls: its rule usage says so (docs/api.md, "Rule usage").
+    let by_name = status
+        .rule_usage
+        .iter()
+        .find(|u| u.list == Some(network_enforcer_api::RuleList::EgressNames))
+        .with_context(|| {
+            format!(
+                "no usage entry of spec.egressNames: {:?}",
+                status.rule_usage
+            )
+        })?;
+    ensure!(
+        by_name.last_matched.is_some() && by_name.peers >= 1,
+        "the egressNames entry allowed the rotated calls: {by_name:?}"
+    );
 
     // Protect, with the agent enforcing the rendered NetworkPolicy.
     ns.kubectl(&[
