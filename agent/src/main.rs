@@ -1,12 +1,13 @@
 //! `network-enforcer-agent`: the node agent binary. Run `network-enforcer-agent --help`.
 
 //! Parses the command line and starts the command; the commands live in the library:
-//! [`app::run`] (the agent) and [`command::show_flows`] (`flows`).
+//! [`app::run`] (the agent), [`command::show_flows`] (`flows`) and [`status::show_status`] (`status`).
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use network_enforcer_agent::app::{self, DEFAULT_TABLE, RunArgs};
 use network_enforcer_agent::debug::command::{self, FlowsArgs};
+use network_enforcer_agent::debug::status::{self, StatusArgs};
 use network_enforcer_agent::enforce::nft;
 use tracing_subscriber::EnvFilter;
 
@@ -36,6 +37,10 @@ enum Command {
     Run(RunArgs),
     /// Show the connections on this node as aggregated flows, live from the running agent's debug socket.
     Flows(FlowsArgs),
+    /// What the running agent costs this node and whether it works: each eBPF program's runs and time
+    /// (kernel BPF statistics turned on for the sample), events read and lost, the uplink, DNS,
+    /// enforcement and memory, sampled from its metrics endpoint.
+    Status(StatusArgs),
     /// Operate on the node's NetworkPolicy enforcement table.
     #[command(subcommand)]
     Enforcement(EnforcementCommand),
@@ -76,6 +81,7 @@ async fn run() -> Result<()> {
     match cli.command {
         Command::Run(args) => app::run(args).await,
         Command::Flows(args) => command::show_flows(args).await,
+        Command::Status(args) => status::show_status(args).await,
         Command::Enforcement(EnforcementCommand::Clear { table }) => {
             if nft::clear_all(&table).with_context(|| format!("removing table inet {table}"))? {
                 println!("removed table inet {table}");

@@ -49,6 +49,8 @@ pub struct AgentMetrics {
     existing: crate::kernel::existing::ScanMetrics,
     dns_messages: Family<DnsLabel, Counter>,
     dns_names: Gauge,
+    /// The process's resident memory, read at each scrape.
+    resident_memory: Gauge,
     /// 1 once the eBPF programs are loaded and attached.
     ebpf_attached: Gauge,
     /// Which optional parts run, for `/readyz`.
@@ -244,6 +246,12 @@ impl AgentMetrics {
             "Addresses the node's pods resolved from a name, held until their TTL plus the grace",
             dns_names.clone(),
         );
+        let resident_memory = Gauge::default();
+        registry.register(
+            "resident_memory_bytes",
+            "The agent's resident memory (RSS), read at each scrape",
+            resident_memory.clone(),
+        );
         let ebpf_attached = Gauge::default();
         registry.register(
             "ebpf_attached",
@@ -260,6 +268,7 @@ impl AgentMetrics {
         Self {
             dns_messages,
             dns_names,
+            resident_memory,
             ebpf_attached,
             enabled: Arc::default(),
             registry: Arc::new(registry),
@@ -531,6 +540,9 @@ impl AgentMetrics {
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
+        if let Some(bytes) = resident_memory_bytes() {
+            self.resident_memory.set(bytes);
+        }
         network_enforcer_api::metrics::render(&self.registry)
     }
 
@@ -609,6 +621,15 @@ fn rfc3339(unix_seconds: f64) -> String {
     // Rounded to the millisecond: 1_787_307_330.123 is 1_787_307_330.12299… as a float.
     let ms = (unix_seconds * 1000.0).round().max(0.0) as u64;
     crate::debug::flows::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
+/// This process's resident memory in bytes, from `/proc/self/statm` (pages × page size).
+fn resident_memory_bytes() -> Option<i64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    (page > 0).then(|| pages.saturating_mul(page))
 }
 
 #[cfg(test)]

@@ -58,6 +58,24 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         metric(&metrics, "network_enforcer_agent_decode_errors_total") == Some(0.0),
         "the agent could not decode kernel records:\n{metrics}"
     );
+    // The operator's view of the agent's cost and health, from inside its pod.
+    let status = release.exec_agent(&["network-enforcer-agent", "status", "--sample", "2s"])?;
+    for expected in [
+        "agent: ready",
+        "ok ebpf: programs attached",
+        "PROGRAM",
+        "inet_sock_set_state",
+        "memory: ",
+    ] {
+        ensure!(
+            status.contains(expected),
+            "`status` lacks {expected:?}:\n{status}"
+        );
+    }
+    ensure!(
+        !status.contains("memory: 0.0 MiB"),
+        "`status` reads no resident memory:\n{status}"
+    );
     let controller_log = release.logs("controller")?;
     ensure!(
         controller_log.contains("starting controller"),
