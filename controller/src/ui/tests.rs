@@ -905,7 +905,8 @@ fn the_overview_lists_workloads_by_state_and_what_needs_attention() {
     .unwrap();
     let monitor = policy("monitor", "monitor", "2026-01-01T00:09:00Z");
     let view = overview::build(&snapshot(vec![monitor, protect]));
-    let rows: Vec<(&str, &str, State, State, State, i64, bool, bool)> = view
+    type Row<'a> = (&'a str, &'a str, State, State, State, i64, bool, bool);
+    let rows: Vec<Row> = view
         .workloads
         .iter()
         .map(|w| {
