@@ -41,7 +41,7 @@ pub struct CheckArgs {
     #[arg(long)]
     namespace: Option<String>,
     /// With --from-cluster: the controller's web view, e.g. after
-    /// `kubectl port-forward -n <release namespace> svc/<release>-network-enforcer-controller-ui 8090`.
+    /// `kubectl port-forward -n <release namespace> deploy/<release>-network-enforcer-controller 8090`.
     #[arg(long, default_value = "http://127.0.0.1:8090")]
     controller_url: String,
     /// Also replay recorded agent records (JSON lines of `network-enforcer-agent flows -o json`)

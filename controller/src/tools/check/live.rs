@@ -44,7 +44,7 @@ pub enum LiveError {
     },
     #[error(
         "reading the observed edges from the controller's web view at {url}: {message} (reach it with \
-         `kubectl port-forward -n <release namespace> svc/<release>-network-enforcer-controller-ui 8090`, \
+         `kubectl port-forward -n <release namespace> deploy/<release>-network-enforcer-controller 8090`, \
          or give --controller-url)"
     )]
     Controller { url: String, message: String },
