@@ -171,39 +171,14 @@ impl Report {
                     .collect()
             })
             .unwrap_or_default();
-        let dropped: f64 = {
-            let a: f64 = after
-                .by_label("events_dropped_total", "reason")
-                .values()
-                .sum();
-            let b: f64 = before
-                .by_label("events_dropped_total", "reason")
-                .values()
-                .sum();
-            (a - b).max(0.0)
+        // A family's growth over the sample, summed over its label's values.
+        let family = |name: &str, label: &str| {
+            let sum = |samples: &Samples| samples.by_label(name, label).values().sum::<f64>();
+            (sum(after) - sum(before)).max(0.0)
         };
-        let dns_messages: f64 = {
-            let a: f64 = after
-                .by_label("dns_messages_total", "outcome")
-                .values()
-                .sum();
-            let b: f64 = before
-                .by_label("dns_messages_total", "outcome")
-                .values()
-                .sum();
-            (a - b).max(0.0) / seconds
-        };
-        let denied: f64 = {
-            let a: f64 = after
-                .by_label("enforcement_denied_total", "direction")
-                .values()
-                .sum();
-            let b: f64 = before
-                .by_label("enforcement_denied_total", "direction")
-                .values()
-                .sum();
-            (a - b).max(0.0) / seconds
-        };
+        let dropped = family("events_dropped_total", "reason");
+        let dns_messages = family("dns_messages_total", "outcome") / seconds;
+        let denied = family("enforcement_denied_total", "direction") / seconds;
         Report {
             sample_seconds: seconds,
             ready: readiness["ready"].as_bool().unwrap_or(false),
