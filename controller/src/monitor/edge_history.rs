@@ -8,6 +8,7 @@
 
 use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
+use crate::policy::protect_gate::{Example, GateReport};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{
     Direction, Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef,
@@ -107,36 +108,6 @@ pub struct HistoryEdge {
     pub first_seen_ms: i64,
     pub last_seen_ms: i64,
     pub count: u64,
-}
-
-/// A flow a policy would block, for the condition and the Event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Example {
-    /// The other end, as the graph and `check` name it (`ns/Kind/name` or the address).
-    pub peer: String,
-    pub protocol: Protocol,
-    pub port: u16,
-    pub last_seen_ms: i64,
-}
-
-/// What replaying the history against one policy found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GateReport {
-    /// Edges of the policy's side (its target as source for egress, as destination for ingress).
-    pub considered: usize,
-    /// Of those, the edges the policy would block.
-    pub would_block: usize,
-    /// Up to [`MAX_EXAMPLES`] of them, most recently seen first.
-    pub examples: Vec<Example>,
-    /// One of them is the workload's DNS (port 53 to kube-system).
-    pub cuts_dns: bool,
-    /// One of them is the workload's access to the API server.
-    pub cuts_api_server: bool,
-    /// Edges that could not be evaluated now (a peer workload with no pod left, say).
-    pub not_evaluable: usize,
-    /// The history is still being rebuilt after the controller started (`--edge-history-warmup`):
-    /// a flow not seen since may be missing, so finding nothing to block proves nothing yet.
-    pub warming_up: bool,
 }
 
 /// The history (see the module docs).

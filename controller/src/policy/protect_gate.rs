@@ -2,10 +2,9 @@
 //! ([`crate::monitor::edge_history::EdgeHistory::replay`]) means for it: the `WouldBlock` condition,
 //! the Event, and whether a `strict` policy in protect is held in monitor.
 
-use crate::monitor::edge_history::GateReport;
 use crate::policy::conditions::{self, Desired};
 use network_enforcer_api::keys::{PROTECT_GATE_ANNOTATION, PROTECT_GATE_STRICT};
-use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy};
+use network_enforcer_api::{PolicyMode, Protocol, WorkloadNetworkPolicy};
 use std::fmt::Write as _;
 
 /// Condition reasons of `WouldBlock`.
@@ -16,6 +15,36 @@ pub const REASON_API_SERVER: &str = "WouldCutAPIServer";
 pub const REASON_NO_HISTORY: &str = "NoHistory";
 /// `Ready` reason of a strict protect policy held in monitor.
 pub const REASON_HELD: &str = "HeldByProtectGate";
+
+/// A flow a policy would block, for the condition and the Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Example {
+    /// The other end, as the graph and `check` name it (`ns/Kind/name` or the address).
+    pub peer: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub last_seen_ms: i64,
+}
+
+/// What replaying the history against one policy found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GateReport {
+    /// Edges of the policy's side (its target as source for egress, as destination for ingress).
+    pub considered: usize,
+    /// Of those, the edges the policy would block.
+    pub would_block: usize,
+    /// Up to `MAX_EXAMPLES` (monitor's edge history) of them, most recently seen first.
+    pub examples: Vec<Example>,
+    /// One of them is the workload's DNS (port 53 to kube-system).
+    pub cuts_dns: bool,
+    /// One of them is the workload's access to the API server.
+    pub cuts_api_server: bool,
+    /// Edges that could not be evaluated now (a peer workload with no pod left, say).
+    pub not_evaluable: usize,
+    /// The history is still being rebuilt after the controller started (`--edge-history-warmup`):
+    /// a flow not seen since may be missing, so finding nothing to block proves nothing yet.
+    pub warming_up: bool,
+}
 
 /// Where the gate's history lives (the status sync, which sees every accepted flow).
 pub trait History: Send + Sync {
@@ -182,7 +211,6 @@ fn message(report: &GateReport, held: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::edge_history::Example;
     use network_enforcer_api::Protocol;
     use serde_json::json;
 

@@ -112,6 +112,12 @@ pub trait EdgeSource: Send + Sync {
     fn edges_in(&self, namespace: &str, limit: usize) -> Option<(Vec<HistoryEdge>, bool)>;
 }
 
+impl EdgeSource for crate::monitor::status_sync::StatusSync {
+    fn edges_in(&self, namespace: &str, limit: usize) -> Option<(Vec<HistoryEdge>, bool)> {
+        crate::monitor::status_sync::StatusSync::edges_in(self, namespace, limit)
+    }
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct UiState {

@@ -69,8 +69,11 @@ impl StatusSync {
     }
 }
 
-impl crate::ui::EdgeSource for StatusSync {
-    fn edges_in(
+impl StatusSync {
+    /// The observed edges with an end in `namespace`, newest first, at most `limit`, and whether more
+    /// were left out; `None` until the history is complete (the web view's edges, `check
+    /// --from-cluster`).
+    pub fn edges_in(
         &self,
         namespace: &str,
         limit: usize,

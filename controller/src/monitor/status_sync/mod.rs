@@ -31,7 +31,7 @@
 use crate::cluster::index::Index;
 use crate::cluster::watches::SharedIndex;
 use crate::learn::Opened;
-use crate::monitor::edge_history::{self, EdgeHistory, GateReport};
+use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
@@ -41,6 +41,7 @@ use crate::monitor::violations::evidence::{
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
+use crate::policy::protect_gate::GateReport;
 use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
 use crate::policy::validity::SharedBackends;
 use crate::runtime::events::publish_with;

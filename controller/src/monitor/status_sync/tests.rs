@@ -798,7 +798,6 @@ fn settling_stops_before_the_oldest_drain_still_attributed() {
 /// answer would read as "no traffic, nothing would be blocked".
 #[tokio::test]
 async fn the_observed_edges_are_not_answered_before_the_watches_have_listed() {
-    use crate::ui::EdgeSource;
     let sync = offline_sync();
     assert_eq!(sync.edges_in("shop", 10), None);
     let (sync, _writers) = listed_offline_sync().await;
