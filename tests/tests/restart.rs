@@ -960,7 +960,8 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
         },
     )
     .await?;
-    let events = kube::Api::<Event>::namespaced(ns.client.clone(), "default");
+    // Events of cluster-scoped objects: in kube-system (docs/behaviour.md §3.12).
+    let events = kube::Api::<Event>::namespaced(ns.client.clone(), "kube-system");
     let node = controller.node.clone();
     let of_ours = |reason: &'static str| {
         let (events, node, instance) = (events.clone(), node.clone(), instance.clone());
@@ -987,11 +988,18 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
             "network_enforcer_controller_agent_silent_nodes 1",
         )
         .await?;
-    let silent = ns
+    let silent = match ns
         .wait_for("the AgentSilent Event", Duration::from_secs(30), || {
             of_ours("AgentSilent")
         })
-        .await?;
+        .await
+    {
+        Ok(event) => event,
+        Err(e) => {
+            let (_, logs) = controller.terminate().await?;
+            anyhow::bail!("{e:#}\nthe controller's log:\n{logs}");
+        }
+    };
     let note = silent.note.unwrap_or_default();
     anyhow::ensure!(
         silent.type_.as_deref() == Some("Warning") && note.contains("not observed"),

@@ -523,13 +523,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
             index: app.index.clone(),
             presence: app.presence.clone(),
-            recorder: kube::runtime::events::Recorder::new(
-                client.clone(),
-                kube::runtime::events::Reporter {
-                    controller: settings.reporter.clone(),
-                    instance: settings.instance.clone(),
-                },
-            ),
+            client: client.clone(),
+            reporter: kube::runtime::events::Reporter {
+                controller: settings.reporter.clone(),
+                instance: settings.instance.clone(),
+            },
             after: args.agent_silence_after,
             silent_nodes,
             silent_pods,

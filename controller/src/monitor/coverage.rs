@@ -10,10 +10,11 @@
 
 use crate::cluster::watches::{SharedIndex, now_ms};
 use crate::ingest::presence::{NodeSeen, Presence};
-use crate::runtime::events::publish_with;
 use crate::runtime::http::Component;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::runtime::events::{EventType, Recorder};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::runtime::events::Reporter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -69,7 +70,8 @@ pub fn silent_nodes(
 pub struct Coverage {
     pub index: Arc<SharedIndex>,
     pub presence: Arc<Presence>,
-    pub recorder: Recorder,
+    pub client: kube::Client,
+    pub reporter: Reporter,
     pub after: Duration,
     pub silent_nodes: Gauge,
     pub silent_pods: Gauge,
@@ -123,27 +125,13 @@ impl Coverage {
                 s.pods
             );
             tracing::warn!(node = %s.node, pods = s.pods, "agent silent");
-            publish_with(
-                &self.recorder,
-                &node_ref(&s.node),
-                EventType::Warning,
-                "AgentSilent",
-                "Observe",
-                note,
-            )
-            .await;
+            self.publish(&s.node, "Warning", "AgentSilent", note).await;
         }
         for node in reported.difference(&now) {
             tracing::info!(%node, "agent reporting again");
-            publish_with(
-                &self.recorder,
-                &node_ref(node),
-                EventType::Normal,
-                "AgentReporting",
-                "Observe",
-                "the node's network-enforcer agent streams to the controller again".to_string(),
-            )
-            .await;
+            let note = "the node's network-enforcer agent streams to the controller again";
+            self.publish(node, "Normal", "AgentReporting", note.to_string())
+                .await;
         }
         *reported = now;
         if silent.is_empty() {
@@ -172,14 +160,48 @@ impl Coverage {
     }
 }
 
-fn node_ref(name: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some(<Node as kube::Resource>::kind(&()).into_owned()),
-        name: Some(name.into()),
-        ..ObjectReference::default()
+impl Coverage {
+    /// An Event about Node `node`. Not through kube's `Recorder`: it files an Event of a cluster-scoped
+    /// object in `default`, which API servers before v1.22 refuse for `events.k8s.io` Events
+    /// ("involvedObject.namespace does not match event.namespace"); `kube-system` is accepted by
+    /// every version. Failures are logged, never fatal.
+    async fn publish(&self, node: &str, type_: &str, reason: &str, note: String) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{node}.{:x}", now.as_nanosecond())),
+                namespace: Some(EVENT_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some("Observe".into()),
+            reason: Some(reason.into()),
+            note: Some(note),
+            type_: Some(type_.into()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.into()),
+                ..ObjectReference::default()
+            }),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Event::default()
+        };
+        let events = kube::Api::<Event>::namespaced(self.client.clone(), EVENT_NAMESPACE);
+        if let Err(e) = events.create(&Default::default(), &event).await {
+            tracing::warn!(error = %e, reason, %node, "could not publish event");
+        }
     }
 }
+
+/// Where Events about Nodes are filed (see [`Coverage::publish`]).
+const EVENT_NAMESPACE: &str = "kube-system";
 
 fn short(d: Duration) -> String {
     crate::policy::rule_usage::short_duration(d)
