@@ -178,10 +178,13 @@ impl Coverage {
             reason: Some(reason.into()),
             note: Some(note),
             type_: Some(type_.into()),
+            // The uid is the node's name, as the kubelet writes it for its own Events of the node:
+            // what `kubectl describe node` selects them by.
             regarding: Some(ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
                 name: Some(node.into()),
+                uid: Some(node.into()),
                 ..ObjectReference::default()
             }),
             reporting_controller: Some(self.reporter.controller.clone()),
