@@ -797,6 +797,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     ]);
     let deploy = find(&docs, "Deployment", CONTROLLER);
     assert_eq!(deploy["spec"]["replicas"], 2);
+    // Only the leader is ready: a rolling update would never finish (docs/install.md, "Upgrade").
+    assert_eq!(deploy["spec"]["strategy"]["type"], "Recreate");
     let c = container(deploy, "controller");
     assert!(c.get("livenessProbe").is_none() && c.get("readinessProbe").is_none());
     assert_eq!(env_value(c, "METRICS_ADDRESS"), "0.0.0.0:9090");

@@ -262,7 +262,10 @@ impl Release {
         let mut forward = PortForward { child, local: 0 };
         // "Forwarding from 127.0.0.1:41235 -> 8090"
         let mut line = String::new();
-        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let mut reader = std::io::BufReader::new(stdout);
+        reader.read_line(&mut line)?;
+        // kubectl writes a line per connection: its stdout must stay open (a closed pipe ends it).
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
         forward.local = line
             .strip_prefix("Forwarding from 127.0.0.1:")
             .and_then(|rest| rest.split_whitespace().next())
