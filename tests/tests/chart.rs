@@ -2140,3 +2140,56 @@ fn web_view_is_on_loopback_by_default_a_service_when_asked_and_can_be_turned_off
     assert!(rejected(&["controller.ui.service=yes"]).contains("service"));
     assert!(rejected(&["controller.ui.bogus=1"]).contains("bogus"));
 }
+
+/// The Grafana dashboard (opt-in): a ConfigMap with the sidecar's label holding the dashboard JSON, whose
+/// panels all query this project's metrics (that each exists is checked against live endpoints by the
+/// chart install test).
+#[test]
+fn the_grafana_dashboard_is_an_opt_in_config_map_for_the_sidecar() {
+    let dashboard = |docs: &[Value]| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == "ConfigMap"
+                    && d["metadata"]["name"] == "release-network-enforcer-dashboard"
+            })
+            .cloned()
+    };
+    assert!(dashboard(&render(&[])).is_none(), "off by default");
+    let docs = render(&[
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.namespace=monitoring",
+        "grafanaDashboard.annotations.grafana_folder=Security",
+    ]);
+    let map = dashboard(&docs).expect("the dashboard ConfigMap");
+    assert_eq!(map["metadata"]["namespace"], "monitoring");
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(map["metadata"]["annotations"]["grafana_folder"], "Security");
+    let json: Value = serde_json::from_str(map["data"]["network-enforcer.json"].as_str().unwrap())
+        .expect("the dashboard is JSON");
+    assert_eq!(json["uid"], "network-enforcer");
+    let exprs = dashboard_exprs(&json);
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    for expr in &exprs {
+        assert!(expr.contains("network_enforcer_"), "{expr}");
+    }
+    let docs = render(&[
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.label=dashboards",
+    ]);
+    assert_eq!(
+        dashboard(&docs).unwrap()["metadata"]["labels"]["dashboards"],
+        "1"
+    );
+    assert!(rejected(&["grafanaDashboard.label="]).contains("label"));
+}
+
+/// Every query of the dashboard (`panels[].targets[].expr`).
+fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
+    dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect()
+}

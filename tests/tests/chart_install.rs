@@ -88,6 +88,7 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         release.describe()
     );
     web_view_is_reached_by_port_forward_only(&release, &controllers[0])?;
+    the_dashboard_queries_only_metrics_that_exist(&release, &controllers[0], &metrics)?;
 
     // Enforcement in force at uninstall time: a protect policy in an app namespace that stays, its
     // NetworkPolicy rendered by the release's controller.
@@ -166,6 +167,97 @@ fn web_view_is_reached_by_port_forward_only(release: &Release, pod: &str) -> Res
         ),
     }
     Ok(())
+}
+
+/// Every metric the Grafana dashboard (charts/network-enforcer/dashboards) queries is one the running
+/// controller or agent describes on its `/metrics` (`# TYPE <name>`), so no panel stays empty because
+/// of a misspelt or renamed metric. A labelled family without samples yet is not described (nothing
+/// rejected, enforcement off): such a name must then be registered in the sources (its name as a
+/// string literal, the component's prefix and a sub-registry's prefix taken off).
+fn the_dashboard_queries_only_metrics_that_exist(
+    release: &Release,
+    controller_pod: &str,
+    agent_metrics: &str,
+) -> Result<()> {
+    let ip = release.kubectl(&[
+        "get",
+        "pod",
+        controller_pod,
+        "-o",
+        "jsonpath={.status.podIP}",
+    ])?;
+    let controller_metrics = http_get(&format!("{}:8080", ip.trim()), "/metrics")?;
+    let path = release::chart_dir().join("dashboards/network-enforcer.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut names = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            for (at, _) in expr.match_indices("network_enforcer_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                names.insert(name);
+            }
+        }
+    }
+    ensure!(
+        names.len() >= 15,
+        "the dashboard queries too little: {names:?}"
+    );
+    let described = |name: &str| {
+        let base = ["_bucket", "_total"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        let line = format!("# TYPE {base} ");
+        agent_metrics.contains(&line) || controller_metrics.contains(&line)
+    };
+    let sources: String = ["controller/src", "agent/src"]
+        .iter()
+        .flat_map(|dir| rust_files(&release::chart_dir().join("../..").join(dir)))
+        .filter_map(|file| std::fs::read_to_string(file).ok())
+        .collect();
+    let registered = |name: &str| {
+        let base = ["_bucket", "_total"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        let Some(short) = ["network_enforcer_controller_", "network_enforcer_agent_"]
+            .iter()
+            .find_map(|prefix| base.strip_prefix(prefix))
+        else {
+            return false;
+        };
+        // A sub-registry's prefix (`enforcement_`) is registered apart from the name.
+        std::iter::once(short)
+            .chain(short.split_once('_').map(|(_, rest)| rest))
+            .any(|n| sources.contains(&format!("\"{n}\"")))
+    };
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !described(n) && !registered(n))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "the dashboard queries metrics no endpoint describes: {missing:?}"
+    );
+    Ok(())
+}
+
+/// The `.rs` files below `dir`.
+fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
 }
 
 /// `controller.ui.service=true`: the pod's address serves the web view, and its Service exists.
