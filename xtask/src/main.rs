@@ -34,13 +34,15 @@ enum Command {
     },
     /// Build our agent/controller image as a docker-archive and import it into the local cluster.
     Image {
-        /// `agent`, `controller`, or `all`.
-        name: String,
+        /// Which image.
+        #[arg(value_enum)]
+        name: image::Which,
     },
     /// Run a benchmark; figures go to `target/bench/<name>.json` and a table on stdout.
     Bench {
         /// The benchmark's name (see `xtask/src/bench/`).
-        name: String,
+        #[arg(value_enum)]
+        name: bench::Name,
     },
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
@@ -56,8 +58,8 @@ fn main() -> Result<()> {
         Command::Gen => gen_crds::write(),
         Command::Ci => ci(),
         Command::Cluster { action } => cluster::run(action),
-        Command::Image { name } => image::build(&name),
-        Command::Bench { name } => bench::run(&name),
+        Command::Image { name } => image::build(name),
+        Command::Bench { name } => bench::run(name),
         Command::Demo => demo::run(),
         Command::Fuzz => fuzz::run(),
     }

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::run;
 
@@ -20,32 +20,33 @@ mod evaluate;
 mod fleet;
 mod ui;
 
-/// Names accepted by [`run()`].
-const KNOWN: &[&str] = &[
-    "agent",
-    "controller",
-    "dns",
-    "evaluate",
-    "e2e",
-    "edge_history",
-    "enforce",
-    "fleet",
-    "ui",
-];
+/// The benchmarks (`cargo xtask bench <name>`; clap lists them in `--help` and refuses others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Name {
+    Agent,
+    Controller,
+    Dns,
+    E2e,
+    #[value(name = "edge_history")]
+    EdgeHistory,
+    Enforce,
+    Evaluate,
+    Fleet,
+    Ui,
+}
 
 /// Runs the named benchmark.
-pub fn run(name: &str) -> Result<()> {
+pub fn run(name: Name) -> Result<()> {
     match name {
-        "agent" => agent::run(),
-        "controller" => controller::run(),
-        "dns" => dns::run(),
-        "e2e" => e2e::run(),
-        "edge_history" => edge_history::run(),
-        "enforce" => enforce::run(),
-        "evaluate" => evaluate::run(),
-        "fleet" => fleet::run(),
-        "ui" => ui::run(),
-        other => bail!("unknown benchmark `{other}`; known: {}", KNOWN.join(", ")),
+        Name::Agent => agent::run(),
+        Name::Controller => controller::run(),
+        Name::Dns => dns::run(),
+        Name::E2e => e2e::run(),
+        Name::EdgeHistory => edge_history::run(),
+        Name::Enforce => enforce::run(),
+        Name::Evaluate => evaluate::run(),
+        Name::Fleet => fleet::run(),
+        Name::Ui => ui::run(),
     }
 }
 
