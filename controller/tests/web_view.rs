@@ -278,6 +278,12 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         title.starts_with("watched since 20") && !text.contains('{'),
         "absolute time on hover: {title:?}"
     );
+    // Conditions say what they mean in words.
+    browser.wait_for(
+        "the Ready condition's meaning",
+        Duration::from_secs(10),
+        "return Array.from(document.querySelectorAll('section.policy td')).some(td => td.textContent === 'the policy is in force as its mode says')",
+    )?;
     browser.screenshot(&out.join("workload-violation.png"))?;
 
     // The server's page: the exact command that promotes its proposal.

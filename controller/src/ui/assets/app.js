@@ -356,8 +356,25 @@ function namesTable(entries, withUsage) {
     table(headers, entries.map((e) => [String(e.index), e.names.join(", "), e.ports.join(", ")].concat(withUsage ? [usageCell(e.usage)] : [])))];
 }
 
+// What a condition means, in words (docs/behaviour.md §5.1, §5.2), by type and status.
+const CONDITION_MEANINGS = {
+  "Ready/True": "the policy is in force as its mode says",
+  "Ready/False": "the policy is not in force as its mode says: see the reason",
+  "DuplicateTarget/True": "another policy governs the same workload and direction: only one of them is in force",
+  "DuplicateTarget/False": "the only policy for this workload and direction",
+  "SelectorOverlapsWorkload/True": "its selector also picks pods of other workloads",
+  "SelectorOverlapsWorkload/False": "its selector picks only the target's pods",
+  "UnusedRules/True": "some rules allowed no observed flow for a long time: candidates to remove",
+  "UnusedRules/False": "every rule allowed observed traffic recently",
+  "WouldBlock/True": "in protect, this policy would block flows that were observed",
+  "WouldBlock/False": "no observed flow would be blocked (or no history to tell yet)",
+  "Promoted/True": "promoted into a policy",
+  "Promoted/False": "a promotion was refused: see the reason",
+};
+
 function conditions(list) {
-  return table(["type", "status", "reason", "message"], list.map((c) => [c.type, c.status, c.reason, c.message]));
+  return table(["type", "status", "meaning", "reason", "message"],
+    list.map((c) => [c.type, c.status, CONDITION_MEANINGS[`${c.type}/${c.status}`] || "—", c.reason, c.message]));
 }
 
 // Active violations, each followed by the command that acknowledges it on a row of its own.
