@@ -10,6 +10,7 @@
 
 use crate::cluster::watches::{SharedIndex, now_ms};
 use crate::ingest::presence::{NodeSeen, Presence};
+use crate::policy::rule_usage::short_duration;
 use crate::runtime::http::Component;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -116,7 +117,7 @@ impl Coverage {
 
     async fn report(&self, silent: &[Silent], reported: &mut BTreeSet<String>) {
         let now: BTreeSet<String> = silent.iter().map(|s| s.node.clone()).collect();
-        let silence = short(self.after);
+        let silence = short_duration(self.after);
         for s in silent.iter().filter(|s| !reported.contains(&s.node)) {
             let note = format!(
                 "no network-enforcer agent of this node has streamed to the controller for {silence} \
@@ -205,10 +206,6 @@ impl Coverage {
 
 /// Where Events about Nodes are filed (see [`Coverage::publish`]).
 const EVENT_NAMESPACE: &str = "kube-system";
-
-fn short(d: Duration) -> String {
-    crate::policy::rule_usage::short_duration(d)
-}
 
 #[cfg(test)]
 mod tests {
