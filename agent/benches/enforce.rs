@@ -673,8 +673,8 @@ fn check_endpoints(
                 Peers::Any => true,
                 Peers::Addresses(ips) => ips.contains(&IpAddr::V4(client)),
                 Peers::Block { cidr, except } => {
-                    cidr.contains(IpAddr::V4(client))
-                        && !except.iter().any(|e| e.contains(IpAddr::V4(client)))
+                    cidr.contains(&IpAddr::V4(client))
+                        && !except.iter().any(|e| e.contains(&IpAddr::V4(client)))
                 }
             };
             let port = a.ports.as_ref().is_none_or(|ranges| {

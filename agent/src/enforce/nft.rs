@@ -291,11 +291,11 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets) -> Vec<String> 
             out
         }
         Peers::Block { cidr, except } => {
-            let family = if cidr.address.is_ipv4() { "ip" } else { "ip6" };
+            let family = if cidr.addr().is_ipv4() { "ip" } else { "ip6" };
             let mut line = format!("{family} {field} {cidr} ");
             let except: Vec<String> = except
                 .iter()
-                .filter(|e| e.address.is_ipv4() == cidr.address.is_ipv4())
+                .filter(|e| e.addr().is_ipv4() == cidr.addr().is_ipv4())
                 .map(|e| e.to_string())
                 .collect();
             match except.as_slice() {
@@ -417,7 +417,7 @@ fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::enforce::compile::{Cidr, IsolatedPod};
+    use crate::enforce::compile::IsolatedPod;
 
     fn ruleset() -> Ruleset {
         let range = |protocol, first, last| PortRange {
@@ -450,20 +450,20 @@ mod tests {
                             },
                             Allow {
                                 peers: Peers::Block {
-                                    cidr: Cidr::parse("10.0.0.0/16").unwrap(),
+                                    cidr: "10.0.0.0/16".parse().unwrap(),
                                     except: vec![
-                                        Cidr::parse("10.0.1.0/24").unwrap(),
-                                        Cidr::parse("fd00::/8").unwrap(),
+                                        "10.0.1.0/24".parse().unwrap(),
+                                        "fd00::/8".parse().unwrap(),
                                     ],
                                 },
                                 ports: None,
                             },
                             Allow {
                                 peers: Peers::Block {
-                                    cidr: Cidr::parse("10.0.0.0/8").unwrap(),
+                                    cidr: "10.0.0.0/8".parse().unwrap(),
                                     except: vec![
-                                        Cidr::parse("10.1.0.0/16").unwrap(),
-                                        Cidr::parse("10.2.0.0/16").unwrap(),
+                                        "10.1.0.0/16".parse().unwrap(),
+                                        "10.2.0.0/16".parse().unwrap(),
                                     ],
                                 },
                                 ports: Some(vec![range(Protocol::TCP, 443, 443)]),

@@ -16,7 +16,7 @@
 
 use super::EvalError;
 use super::authorization_policy::{self, AuthzVerdict, Connection};
-use super::compiled::{self, CompiledPolicy, Resolved};
+use super::compiled::{self, Resolved};
 use super::names;
 use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
 use crate::FastMap;
@@ -168,18 +168,19 @@ struct Governing<'a> {
     /// The policy's target kind and direction, copied here so that finding it reads no more memory.
     kind: WorkloadKind,
     direction: Direction,
-    rendered: Option<CompiledPolicy<'a>>,
+    rendered: Option<netpol::Policy<'a>>,
 }
 
 impl<'a> Governing<'a> {
     fn new(policy: &'a WorkloadNetworkPolicy) -> Self {
         let rendered = match policy.spec.backend {
             Backend::Kubernetes => policy.spec.kubernetes.as_ref().map(|spec| {
-                CompiledPolicy::compile(PolicyRef {
+                PolicyRef {
                     namespace: policy.metadata.namespace.as_deref().unwrap_or_default(),
                     name: policy.metadata.name.as_deref().unwrap_or_default(),
                     spec,
-                })
+                }
+                .parse()
             }),
             Backend::Istio => None,
         };
@@ -546,7 +547,7 @@ fn missing_payload(policy: &WorkloadNetworkPolicy, payload: &'static str) -> Eva
 /// The kubernetes backend: the rendered NetworkPolicy, through the view's policy index.
 fn kubernetes_verdict(
     view: &ClusterView,
-    rendered: &CompiledPolicy<'_>,
+    rendered: &netpol::Policy<'_>,
     direction: Direction,
     ends: (Resolved<'_>, Resolved<'_>),
     protocol: Protocol,

@@ -3,10 +3,11 @@
 //! so the evaluators implement the data plane's semantics; they never compare rule structure.
 //!
 //! - [`view`]: the plain-data cluster (namespaces, pods, NetworkPolicies in force) and the [`Flow`];
-//! - [`network_policy`]: the `networking.k8s.io/v1` NetworkPolicy evaluator, egress at the source and
-//!   ingress at the destination, also "as if" a WorkloadNetworkPolicy were rendered;
-//! - [`compiled`]: the same semantics through policies compiled once and indexed per pod, the path
-//!   attribution takes for every flow;
+//! - [`compiled`]: the `networking.k8s.io/v1` NetworkPolicy semantics ([`netpol`], written once for
+//!   the controller and the agent) over the view, with the policies parsed once and indexed per pod:
+//!   egress at the source and ingress at the destination, also "as if" a WorkloadNetworkPolicy were
+//!   rendered;
+//! - [`verdict`]: what the policies in force say about a flow, per side;
 //! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
 //! - [`names`]: a WorkloadNetworkPolicy's `egressNames`, for outside addresses a pod resolved;
 //! - [`attribution`]: the two steps (egress first, then ingress) deciding which
@@ -18,12 +19,14 @@ pub mod attribution;
 pub mod authorization_policy;
 pub mod compiled;
 pub mod names;
+/// The reference evaluator the production path is checked against.
+#[cfg(test)]
 pub mod network_policy;
+pub mod verdict;
 pub mod view;
 
-pub use network_policy::{
-    FlowVerdict, PolicyDecision, SideVerdict, evaluate, evaluate_as_if_rendered,
-};
+pub use compiled::evaluate;
+pub use verdict::{FlowVerdict, PolicyDecision, SideVerdict};
 pub use view::{
     ClusterView, ContainerPort, Endpoint, Flow, Labels, NamedPolicy, PodInfo, PodKey, PolicyRef,
 };

@@ -3,7 +3,7 @@
 //! (exactly, or under a `*.` wildcard) and the rule's ports allow the port. Which name the pod
 //! resolved the address from is the agent's observation (the record's `peer_name`).
 
-use super::network_policy::ports_allow_address;
+use netpol::{PortQuery, Rule};
 use network_enforcer_api::dns_name::matches;
 use network_enforcer_api::{NameRule, Protocol};
 
@@ -20,9 +20,15 @@ pub fn matching<'r>(
     protocol: Protocol,
     port: u16,
 ) -> impl Iterator<Item = usize> + 'r {
+    // An address outside the cluster is no pod: named ports match nothing.
+    let query = PortQuery {
+        protocol,
+        port,
+        destination: None,
+    };
     rules.iter().enumerate().filter_map(move |(index, rule)| {
         (rule.names.iter().any(|p| matches(p, name))
-            && ports_allow_address(&rule.ports, protocol, port))
+            && Rule::parse(None, Some(&rule.ports)).ports_match(&query))
         .then_some(index)
     })
 }

@@ -1,6 +1,7 @@
-//! Whether the NetworkPolicies in force allow a flow, with the upstream `networking.k8s.io/v1`
-//! semantics (evaluated, never compared structurally — comparing rule structure is how the reference
-//! reports false violations for namespace-only peers, ipBlocks, endPort and named ports):
+//! The reference evaluator, in tests only: whether the NetworkPolicies in force allow a flow, read
+//! straight from the specs, one flow at a time. It is the oracle the production path (the policies
+//! parsed by [`netpol`], indexed by [`super::compiled`]) is checked against: over the semantics
+//! table, every flow of the fixture and random policies. The semantics it implements independently:
 //!
 //! - a pod is isolated for a direction only by the policies that select it (`podSelector`, in its own
 //!   namespace) *and* have that policy type; `policyTypes` defaults to `Ingress`, plus `Egress` when the
@@ -20,6 +21,7 @@
 //! rule can never widen what a policy allows.
 
 use super::EvalError;
+use super::verdict::{FlowVerdict, PolicyDecision, SideVerdict};
 use super::view::{ClusterView, Endpoint, Flow, Labels, PodInfo, PolicyRef};
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer, NetworkPolicyPort};
@@ -29,71 +31,6 @@ use network_enforcer_api::selector;
 use network_enforcer_api::{Direction, Protocol};
 use std::borrow::Cow;
 use std::net::IpAddr;
-
-/// What one policy that isolates a pod says about a flow.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyDecision {
-    pub namespace: String,
-    pub name: String,
-    /// Whether one of the policy's rules for this direction allows the flow.
-    pub allows: bool,
-}
-
-/// The verdict of one side of a flow: egress at the source, or ingress at the destination.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SideVerdict {
-    /// Whether this side lets the flow through.
-    pub allowed: bool,
-    /// The policies that isolate the pod for this direction, sorted by name, each with whether it
-    /// allows the flow. Empty when the side is not isolated (or is not a pod), so the flow is allowed.
-    pub policies: Vec<PolicyDecision>,
-}
-
-impl SideVerdict {
-    /// The verdict of a side no policy isolates.
-    fn open() -> Self {
-        SideVerdict {
-            allowed: true,
-            policies: Vec::new(),
-        }
-    }
-
-    /// The policies that allow the flow.
-    pub fn allowing(&self) -> impl Iterator<Item = &PolicyDecision> {
-        self.policies.iter().filter(|p| p.allows)
-    }
-
-    /// Whether policy `namespace/name` isolates this side.
-    pub fn isolated_by(&self, namespace: &str, name: &str) -> bool {
-        self.policies
-            .iter()
-            .any(|p| p.namespace == namespace && p.name == name)
-    }
-}
-
-/// The verdict for a whole flow.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FlowVerdict {
-    /// Egress at the source pod.
-    pub egress: SideVerdict,
-    /// Ingress at the destination pod.
-    pub ingress: SideVerdict,
-}
-
-impl FlowVerdict {
-    /// Whether the flow passes: both sides allow it.
-    pub fn allowed(&self) -> bool {
-        self.egress.allowed && self.ingress.allowed
-    }
-
-    /// The verdict of the side a policy of `direction` governs.
-    pub fn side(&self, direction: Direction) -> &SideVerdict {
-        match direction {
-            Direction::Egress => &self.egress,
-            Direction::Ingress => &self.ingress,
-        }
-    }
-}
 
 /// Evaluates `flow` against the NetworkPolicies in force in `view`.
 pub fn evaluate(view: &ClusterView, flow: &Flow) -> Result<FlowVerdict, EvalError> {
@@ -265,10 +202,7 @@ fn side(
         });
     }
     policies.sort();
-    SideVerdict {
-        allowed: policies.is_empty() || policies.iter().any(|p| p.allows),
-        policies,
-    }
+    SideVerdict::of(policies)
 }
 
 /// The policies in force in `namespace`, with `overlay` added (replacing the one of the same name).
@@ -372,19 +306,6 @@ pub fn ip_block_matches(block: &IPBlock, ip: IpAddr) -> bool {
             .parse::<IpNet>()
             .is_ok_and(|except| !except.contains(&ip))
     })
-}
-
-/// Whether `ports` allow `protocol`/`port` to an address that is no pod (so named ports match
-/// nothing); no ports at all means every port and protocol.
-pub fn ports_allow_address(ports: &[NetworkPolicyPort], protocol: Protocol, port: u16) -> bool {
-    ports_match(
-        Some(ports),
-        &PortQuery {
-            protocol,
-            port,
-            destination: None,
-        },
-    )
 }
 
 /// Whether the flow's port is one of `ports`; no ports at all means every port and protocol.

@@ -102,6 +102,15 @@ impl PodInfo {
     }
 }
 
+impl netpol::NamedPorts for PodInfo {
+    fn resolve(&self, name: &str, protocol: Protocol) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name) && p.protocol == protocol)
+            .map(|p| p.port)
+    }
+}
+
 impl From<&crate::cluster::index::PodRecord> for PodInfo {
     /// The evaluator's view of a pod the controller's [`crate::cluster::index::Index`] holds: derived, never
     /// kept apart, so the index stays the one source of truth. The index keeps only named container
@@ -152,6 +161,13 @@ impl NamedPolicy {
             name: policy.metadata.name.clone()?,
             spec: policy.spec.clone().unwrap_or_default(),
         })
+    }
+}
+
+impl<'a> PolicyRef<'a> {
+    /// The policy parsed once for matching ([`netpol::Policy`], borrowing this one's spec).
+    pub fn parse(self) -> netpol::Policy<'a> {
+        netpol::Policy::parse(self.namespace, self.name, self.spec)
     }
 }
 

@@ -59,10 +59,9 @@ pub use usage::{RuleUsageLine, RuleUsageReport};
 
 use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
 use crate::monitor::evaluate::view::{
-    ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo,
+    ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo, PolicyRef,
 };
-use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, evaluate};
-use crate::monitor::evaluate::{names, network_policy};
+use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, compiled, evaluate, names};
 use crate::policy::rule_usage;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -286,9 +286,19 @@ impl Checker {
             };
             // The verdict came from the same view and flow, so the lookup cannot fail; an error would
             // only leave the rules out.
-            let indexes =
-                network_policy::matching_rules(&self.view, policy.into(), direction, flow)
-                    .unwrap_or_default();
+            let indexes = compiled::resolve(&self.view, &flow.source, &flow.destination)
+                .map(|ends| {
+                    let parsed = PolicyRef::from(policy).parse();
+                    compiled::matching_rules(
+                        &self.view,
+                        &parsed,
+                        direction,
+                        ends,
+                        flow.protocol,
+                        flow.port,
+                    )
+                })
+                .unwrap_or_default();
             for index in indexes {
                 let rendered = match direction {
                     Direction::Egress => policy

@@ -1,12 +1,14 @@
-//! The policy index answers exactly as the straightforward evaluator
-//! ([`crate::monitor::evaluate::network_policy`]) does: over the whole semantics table, over every
-//! flow of the fixture cluster, after every kind of change to the view, and on random policies.
+//! The production path (policies parsed by [`netpol`], indexed per pod) answers exactly as the
+//! straightforward reference evaluator ([`crate::monitor::evaluate::network_policy`]) does: over the
+//! whole semantics table, over every flow of the fixture cluster, after every kind of change to the
+//! view, and on random policies; the whole verdict, the verdict as if rendered, and the matching
+//! rules.
 
 use super::*;
-use crate::monitor::evaluate::network_policy::evaluate_side;
 use crate::monitor::evaluate::network_policy::tests::{
     cases, endpoint, fixture, flow, np, properties,
 };
+use crate::monitor::evaluate::network_policy::{self, evaluate_side};
 use crate::monitor::evaluate::view::{Flow, Labels, NamedPolicy, PodKey};
 use proptest::prelude::*;
 use serde_json::json;
@@ -32,7 +34,7 @@ fn indexed(
     flow: &Flow,
 ) -> Result<Option<bool>, EvalError> {
     let ends = resolve(view, &flow.source, &flow.destination)?;
-    let compiled = CompiledPolicy::compile(rendered.into());
+    let compiled = PolicyRef::from(rendered).parse();
     Ok(verdict_as_if_rendered(
         view,
         &compiled,
@@ -283,6 +285,21 @@ proptest! {
                 indexed(&view, &ours, direction, &f),
                 reference(&view, &ours, direction, &f)
             );
+        }
+        view.insert_policy(ours.clone());
+        prop_assert_eq!(evaluate(&view, &f), network_policy::evaluate(&view, &f));
+        if let Ok(ends) = resolve(&view, &f.source, &f.destination) {
+            let parsed = PolicyRef::from(&ours).parse();
+            for direction in DIRECTIONS {
+                let verdict = evaluate(&view, &f).expect("resolved");
+                if !verdict.side(direction).isolated_by(&ours.namespace, &ours.name) {
+                    continue;
+                }
+                prop_assert_eq!(
+                    matching_rules(&view, &parsed, direction, ends, f.protocol, f.port),
+                    network_policy::matching_rules(&view, (&ours).into(), direction, &f).unwrap()
+                );
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::cluster::workload::Workload;
+use crate::monitor::evaluate::compiled;
 use crate::monitor::evaluate::view::{ContainerPort, NamedPolicy, PodKey};
 use network_enforcer_api::WorkloadKind;
 use serde_json::{Value, json};
@@ -1126,6 +1127,13 @@ fn network_policy_semantics_table() {
             view.insert_policy(policy.clone());
         }
         let verdict = evaluate(&view, &flow(case.flow)).expect(case.name);
+        // The production path must give the very same verdict (the same deciding policies too).
+        let production = compiled::evaluate(&view, &flow(case.flow)).expect(case.name);
+        assert_eq!(
+            production, verdict,
+            "{}: production path and reference differ",
+            case.name
+        );
         if (verdict.egress.allowed, verdict.ingress.allowed) != (case.egress, case.ingress) {
             failures.push(format!(
                 "{}: {} gave egress={} ingress={}, expected egress={} ingress={}",
@@ -1215,6 +1223,21 @@ fn matching_rules_agree_with_every_verdict_of_the_table() {
                     .find(|p| p.name == decision.name)
                     .expect("a listed policy is in the view");
                 let rules = matching_rules(&view, policy.into(), direction, &flow).unwrap();
+                let ends = compiled::resolve(&view, &flow.source, &flow.destination).unwrap();
+                let parsed = PolicyRef::from(policy).parse();
+                assert_eq!(
+                    compiled::matching_rules(
+                        &view,
+                        &parsed,
+                        direction,
+                        ends,
+                        flow.protocol,
+                        flow.port
+                    ),
+                    rules,
+                    "{}: production path and reference name different rules",
+                    case.name
+                );
                 assert_eq!(
                     !rules.is_empty(),
                     decision.allows,
