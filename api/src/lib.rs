@@ -2,6 +2,8 @@
 //!
 //! - [`authorization_policy`]: the Istio `AuthorizationPolicy` fields the controller renders (Istio's
 //!   kind, typed here because no Istio crate is used).
+//! - [`cluster_network_policy`]: the `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy the
+//!   controller reads (upstream's kind, typed here).
 //! - [`backoff`]: capped exponential backoff with jitter between reconnects.
 //! - [`crd`]: the `WorkloadNetworkPolicy` and `WorkloadNetworkPolicyProposal` custom resources.
 //! - [`dns_name`]: what a host name of an outside peer is (agent, flow sources, controller, API).
@@ -20,6 +22,7 @@
 
 pub mod authorization_policy;
 pub mod backoff;
+pub mod cluster_network_policy;
 pub mod crd;
 pub mod dns_name;
 pub mod duration;

@@ -26,8 +26,11 @@
 //!
 //! - [`Policy`]: a policy parsed once, with its [`Rule`]s; whom it isolates, what it allows;
 //! - [`Peer`]: who a rule lets through, and whether a connection's other [`End`] is one of them;
-//! - [`Port`]: which ports, and whether a connection's [`PortQuery`] is one of them.
+//! - [`Port`]: which ports, and whether a connection's [`PortQuery`] is one of them;
+//! - [`cluster`]: ClusterNetworkPolicy (`policy.networking.k8s.io/v1alpha2`), the Admin and
+//!   Baseline tiers around NetworkPolicy, and how the tiers combine.
 
+pub mod cluster;
 mod peer;
 mod policy;
 mod port;
@@ -64,4 +67,18 @@ pub enum Invalid {
     EndPortWithName(String),
     #[error("port {first} to {last} is not a valid range")]
     Range { first: i32, last: i32 },
+    #[error("unknown tier {0:?} (Admin or Baseline)")]
+    Tier(String),
+    #[error("the subject must set exactly one of namespaces and pods")]
+    Subject,
+    #[error("unknown action {0:?} (Accept, Deny or Pass)")]
+    Action(String),
+    #[error("a peer must set exactly one field this direction allows")]
+    PeerFields,
+    #[error("{0} peers are not supported yet")]
+    Unsupported(&'static str),
+    #[error(
+        "a protocols entry must set exactly one of tcp, udp, sctp and destinationNamedPort, with a port"
+    )]
+    ProtocolFields,
 }

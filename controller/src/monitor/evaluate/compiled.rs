@@ -13,8 +13,9 @@
 //! (`network_policy`, in tests only) over the whole semantics table and random clusters.
 
 use super::EvalError;
-use super::verdict::{FlowVerdict, PolicyDecision, SideVerdict};
+use super::verdict::{ClusterStep, FlowVerdict, PolicyDecision, SideVerdict};
 use super::view::{ClusterView, Endpoint, Flow, Labels, PodRef, PolicyRef};
+use netpol::cluster::{Action, ClusterPolicy, Tier, combine, first_match};
 use netpol::{End, NamedPorts, PodEnd, Policy, PortQuery, Query};
 use network_enforcer_api::{Direction, Protocol};
 use std::collections::HashMap;
@@ -29,6 +30,9 @@ use std::net::IpAddr;
 pub struct PolicyIndex {
     /// Per namespace slot: its NetworkPolicies, sorted by name.
     policies: Vec<Vec<Policy<'static>>>,
+    /// The ClusterNetworkPolicies, by tier (Admin first) and precedence; those that apply to
+    /// nothing (an unknown tier, a malformed subject) are left out.
+    cluster: Vec<ClusterPolicy<'static>>,
     /// Per pod slot: its class (an empty slot has none).
     pod_class: Vec<Option<u32>>,
     classes: Vec<PodClass>,
@@ -41,6 +45,9 @@ pub struct PodClass {
     /// The positions (in the namespace's `policies`) of the policies that isolate these pods.
     ingress: Vec<u32>,
     egress: Vec<u32>,
+    /// The positions (in `cluster`) of the ClusterNetworkPolicies whose subject selects these pods,
+    /// in the index's order.
+    cluster: Vec<u32>,
 }
 
 impl PodClass {
@@ -66,6 +73,18 @@ impl PolicyIndex {
                     .collect();
             }
         }
+        let mut cluster: Vec<ClusterPolicy<'static>> = view
+            .cluster_policies()
+            .iter()
+            .filter_map(|p| match ClusterPolicy::parse(&p.name, &p.spec) {
+                Ok(parsed) => Some(parsed.into_owned()),
+                Err(why) => {
+                    tracing::debug!(policy = %p.name, %why, "ClusterNetworkPolicy applies to nothing");
+                    None
+                }
+            })
+            .collect();
+        cluster.sort_by(|a, b| (a.tier, a.precedence()).cmp(&(b.tier, b.precedence())));
         let mut pod_class = vec![None; view.pod_slot_count()];
         let mut classes = Vec::new();
         let mut class_of: HashMap<(usize, &Labels), u32> = HashMap::new();
@@ -78,6 +97,11 @@ impl PolicyIndex {
                         labels: labels.clone(),
                         ingress: Vec::new(),
                         egress: Vec::new(),
+                        cluster: (0u32..)
+                            .zip(&cluster)
+                            .filter(|(_, p)| p.selects(pod.namespace_labels, labels))
+                            .map(|(position, _)| position)
+                            .collect(),
                     };
                     for (position, policy) in (0u32..).zip(&policies[pod.namespace_slot]) {
                         if !policy.selects(labels) {
@@ -97,9 +121,23 @@ impl PolicyIndex {
         }
         PolicyIndex {
             policies,
+            cluster,
             pod_class,
             classes,
         }
+    }
+
+    /// The ClusterNetworkPolicies of `tier` whose subject selects `pod`, by precedence.
+    fn cluster_tier<'s>(
+        &'s self,
+        pod: IndexedPod<'_>,
+        tier: Tier,
+    ) -> impl Iterator<Item = &'s ClusterPolicy<'static>> {
+        pod.class
+            .cluster
+            .iter()
+            .filter_map(|&position| self.cluster.get(position as usize))
+            .filter(move |p| p.tier == tier)
     }
 
     /// The class of the pod in `slot`.
@@ -212,15 +250,16 @@ fn side<'a>(
     Some((subject.pod()?, query))
 }
 
-/// The verdict of both sides of `flow` with the NetworkPolicies in force in `view`: egress at the
-/// source pod, ingress at the destination pod.
+/// The verdict of both sides of `flow` with the policies in force in `view`: egress at the source
+/// pod, ingress at the destination pod, each through the tiers (Admin ClusterNetworkPolicies, then
+/// NetworkPolicies, then Baseline ones; [`netpol::cluster`]).
 pub fn evaluate(view: &ClusterView, flow: &Flow) -> Result<FlowVerdict, EvalError> {
     let ends = resolve(view, &flow.source, &flow.destination)?;
+    let index = view.policy_index();
     let verdict = |direction| match side(view, direction, ends, flow.protocol, flow.port) {
         None => SideVerdict::open(),
         Some((subject, query)) => {
-            let mut policies: Vec<PolicyDecision> = view
-                .policy_index()
+            let mut policies: Vec<PolicyDecision> = index
                 .isolating(subject, direction)
                 .map(|p| PolicyDecision {
                     namespace: p.namespace.to_string(),
@@ -229,7 +268,35 @@ pub fn evaluate(view: &ClusterView, flow: &Flow) -> Result<FlowVerdict, EvalErro
                 })
                 .collect();
             policies.sort();
-            SideVerdict::of(policies)
+            let network_policy = (!policies.is_empty()).then(|| policies.iter().any(|p| p.allows));
+            let admin = first_match(index.cluster_tier(subject, Tier::Admin), direction, &query);
+            // The Baseline tier is reached only when nothing before it decided.
+            let reached = !matches!(admin.map(|m| m.action), Some(Action::Accept | Action::Deny))
+                && network_policy.is_none();
+            let baseline = reached
+                .then(|| {
+                    first_match(
+                        index.cluster_tier(subject, Tier::Baseline),
+                        direction,
+                        &query,
+                    )
+                })
+                .flatten();
+            let (allowed, decider) = combine(
+                admin.map(|m| m.action),
+                network_policy,
+                baseline.map(|m| m.action),
+            );
+            SideVerdict {
+                allowed,
+                policies,
+                decider,
+                cluster: admin
+                    .into_iter()
+                    .chain(baseline)
+                    .map(ClusterStep::from)
+                    .collect(),
+            }
         }
     };
     Ok(FlowVerdict {
@@ -240,8 +307,11 @@ pub fn evaluate(view: &ClusterView, flow: &Flow) -> Result<FlowVerdict, EvalErro
 
 /// What `rendered`, evaluated as if it were in force together with the view's NetworkPolicies
 /// (replacing the one of the same name), says about the `direction` side of a flow between the
-/// resolved `ends` (source, destination): `None` when it does not isolate that side, else whether
-/// the side lets the flow through.
+/// resolved `ends` (source, destination): `None` when it does not isolate that side, or when the
+/// Admin tier denies the flow whatever the policy says (it is not the policy that blocks it), else
+/// whether the side lets the flow through. The Admin tier's Accept lets it through; its Pass, or
+/// no Admin rule matching, leaves the decision to the NetworkPolicies, which are final for an isolated
+/// pod, so the Baseline tier never matters here.
 pub fn verdict_as_if_rendered(
     view: &ClusterView,
     rendered: &Policy<'_>,
@@ -254,10 +324,15 @@ pub fn verdict_as_if_rendered(
     if !rendered.isolates(direction, subject.pod.namespace, subject.labels()) {
         return None;
     }
+    let index = view.policy_index();
+    match first_match(index.cluster_tier(subject, Tier::Admin), direction, &query) {
+        Some(m) if m.action == Action::Accept => return Some(true),
+        Some(m) if m.action == Action::Deny => return None,
+        _ => {}
+    }
     // Allows add up: the rendered policy or any other policy isolating the pod.
     let allowed = rendered.allows(direction, &query)
-        || view
-            .policy_index()
+        || index
             .isolating(subject, direction)
             .filter(|p| p.name != rendered.name)
             .any(|p| p.allows(direction, &query));

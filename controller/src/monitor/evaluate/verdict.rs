@@ -1,7 +1,32 @@
-//! What the NetworkPolicies in force say about a flow: per side, the policies that isolate the pod
-//! and whether each allows the flow ([`super::compiled::evaluate`]).
+//! What the policies in force say about a flow ([`super::compiled::evaluate`]): per side, the
+//! NetworkPolicies that isolate the pod and whether each allows the flow, the ClusterNetworkPolicy
+//! rules that matched, and which tier decided.
 
+use netpol::cluster::{Action, Decider, Match, Tier};
 use network_enforcer_api::Direction;
+
+/// A ClusterNetworkPolicy rule that matched one side of a flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterStep {
+    pub tier: Tier,
+    pub policy: String,
+    /// The rule's index in the policy's rules of the direction, and its name if it has one.
+    pub rule: usize,
+    pub rule_name: Option<String>,
+    pub action: Action,
+}
+
+impl From<Match<'_, '_>> for ClusterStep {
+    fn from(m: Match<'_, '_>) -> Self {
+        ClusterStep {
+            tier: m.policy.tier,
+            policy: m.policy.name.to_string(),
+            rule: m.rule,
+            rule_name: m.rule_name.map(str::to_string),
+            action: m.action,
+        }
+    }
+}
 
 /// What one policy that isolates a pod says about a flow.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -17,9 +42,14 @@ pub struct PolicyDecision {
 pub struct SideVerdict {
     /// Whether this side lets the flow through.
     pub allowed: bool,
-    /// The policies that isolate the pod for this direction, sorted by name, each with whether it
-    /// allows the flow. Empty when the side is not isolated (or is not a pod), so the flow is allowed.
+    /// The NetworkPolicies that isolate the pod for this direction, sorted by name, each with
+    /// whether it allows the flow. Empty when the side is not isolated (or is not a pod).
     pub policies: Vec<PolicyDecision>,
+    /// The tier whose answer stood.
+    pub decider: Decider,
+    /// The ClusterNetworkPolicy rules that matched, in the order the tiers were consulted (the
+    /// Admin tier's, then the Baseline tier's when it was reached).
+    pub cluster: Vec<ClusterStep>,
 }
 
 impl SideVerdict {
@@ -28,14 +58,24 @@ impl SideVerdict {
         SideVerdict {
             allowed: true,
             policies: Vec::new(),
+            decider: Decider::Default,
+            cluster: Vec::new(),
         }
     }
 
-    /// The verdict of a side the `policies` (sorted) isolate: allowed when one of them allows.
+    /// The verdict of a side the `policies` (sorted) isolate, without cluster policies: allowed
+    /// when one of them allows (the reference evaluator's answer).
+    #[cfg(test)]
     pub(crate) fn of(policies: Vec<PolicyDecision>) -> Self {
         SideVerdict {
             allowed: policies.is_empty() || policies.iter().any(|p| p.allows),
+            decider: if policies.is_empty() {
+                Decider::Default
+            } else {
+                Decider::NetworkPolicy
+            },
             policies,
+            cluster: Vec::new(),
         }
     }
 

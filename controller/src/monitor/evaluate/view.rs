@@ -7,6 +7,9 @@ use crate::FastMap;
 use crate::cluster::workload::{JobOwners, Workload};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use network_enforcer_api::cluster_network_policy::{
+    ClusterNetworkPolicy, ClusterNetworkPolicySpec,
+};
 use network_enforcer_api::keys::NAMESPACE_NAME_LABEL;
 use network_enforcer_api::{Protocol, WorkloadKind};
 use std::collections::{BTreeMap, HashMap};
@@ -143,6 +146,23 @@ pub struct NamedPolicy {
     pub spec: NetworkPolicySpec,
 }
 
+/// A ClusterNetworkPolicy in force (cluster-scoped): its name and spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedClusterPolicy {
+    pub name: String,
+    pub spec: ClusterNetworkPolicySpec,
+}
+
+impl NamedClusterPolicy {
+    /// A ClusterNetworkPolicy object as the evaluators see it; `None` without a name.
+    pub fn from_object(policy: &ClusterNetworkPolicy) -> Option<Self> {
+        Some(NamedClusterPolicy {
+            name: policy.metadata.name.clone()?,
+            spec: policy.spec.clone(),
+        })
+    }
+}
+
 /// A borrowed [`NamedPolicy`], so that a policy can be evaluated "as if rendered" without copying it
 /// into the view.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -228,6 +248,8 @@ pub struct ClusterView {
     workloads: FastMap<String, FastMap<String, WorkloadPods>>,
     /// Policies per namespace, sorted by name.
     policies: HashMap<String, Vec<NamedPolicy>>,
+    /// ClusterNetworkPolicies, sorted by name.
+    cluster_policies: Vec<NamedClusterPolicy>,
     ip_blocks_match_pods: bool,
     /// The policies compiled into per-namespace and per-pod indexes. Built by the first evaluation
     /// after a change (every change empties it), so a flow never matches every policy's selectors.
@@ -266,6 +288,7 @@ impl Default for ClusterView {
             free_pod_slots: Vec::new(),
             workloads: FastMap::default(),
             policies: HashMap::new(),
+            cluster_policies: Vec::new(),
             ip_blocks_match_pods: true,
             index: OnceLock::new(),
         }
@@ -406,6 +429,29 @@ impl ClusterView {
         let list = self.policies.get_mut(namespace)?;
         let i = list.binary_search_by(|p| p.name.as_str().cmp(name)).ok()?;
         Some(list.remove(i))
+    }
+
+    /// Adds or replaces the ClusterNetworkPolicy `name`.
+    pub fn insert_cluster_policy(&mut self, policy: NamedClusterPolicy) {
+        self.index.take();
+        let list = &mut self.cluster_policies;
+        match list.binary_search_by(|p| p.name.as_str().cmp(&policy.name)) {
+            Ok(i) => list[i] = policy,
+            Err(i) => list.insert(i, policy),
+        }
+    }
+
+    /// Removes the ClusterNetworkPolicy `name`; returns it if it was there.
+    pub fn remove_cluster_policy(&mut self, name: &str) -> Option<NamedClusterPolicy> {
+        self.index.take();
+        let list = &mut self.cluster_policies;
+        let i = list.binary_search_by(|p| p.name.as_str().cmp(name)).ok()?;
+        Some(list.remove(i))
+    }
+
+    /// The ClusterNetworkPolicies in force, sorted by name.
+    pub fn cluster_policies(&self) -> &[NamedClusterPolicy] {
+        &self.cluster_policies
     }
 
     /// The pod `key`, if the view has it.

@@ -88,7 +88,7 @@ impl Checker {
                 .ok_or_else(|| {
                     CheckError::new(
                         format!("{field}.kind"),
-                        "missing: expected NetworkPolicy or WorkloadNetworkPolicy",
+                        "missing: expected NetworkPolicy, WorkloadNetworkPolicy or ClusterNetworkPolicy",
                     )
                 })?
                 .to_string();
@@ -191,11 +191,30 @@ impl Checker {
                         }
                     }
                 }
+                "ClusterNetworkPolicy" => {
+                    let policy: ClusterNetworkPolicy = from_value(&field, value)?;
+                    let name = policy.metadata.name.clone().unwrap_or_default();
+                    if name.is_empty() {
+                        return Err(CheckError::new(format!("{field}.metadata.name"), "missing"));
+                    }
+                    duplicate(
+                        &mut seen,
+                        &field,
+                        "ClusterNetworkPolicy",
+                        &(String::new(), name.clone()),
+                    )?;
+                    validate::cluster_policy(&format!("{field}.spec"), &name, &policy.spec)?;
+                    view.insert_cluster_policy(NamedClusterPolicy {
+                        name,
+                        spec: policy.spec,
+                    });
+                }
                 other => {
                     return Err(CheckError::new(
                         format!("{field}.kind"),
                         format!(
-                            "{other:?} is not supported: expected NetworkPolicy or WorkloadNetworkPolicy"
+                            "{other:?} is not supported: expected NetworkPolicy, WorkloadNetworkPolicy \
+                             or ClusterNetworkPolicy"
                         ),
                     ));
                 }

@@ -197,6 +197,8 @@ mod tests {
             policies: vec![],
             decision: Some(Decision::NotIsolated),
             rules: vec![],
+            tiers: vec![],
+            decided_by: None,
         }
     }
 
@@ -210,6 +212,8 @@ mod tests {
                 index: 0,
                 rule: rule.into(),
             }],
+            tiers: vec![],
+            decided_by: None,
         }
     }
 
@@ -219,6 +223,8 @@ mod tests {
             policies: names.iter().map(|n| np(n)).collect(),
             decision: Some(Decision::Isolated),
             rules: vec![],
+            tiers: vec![],
+            decided_by: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! module turns them into a [`Decision`] and renders rules short enough for a table row, e.g.
 //! `ingress[1] from app=web ns=shop TCP/8080`.
 
-use super::{DecidingPolicy, PolicyKind, Side};
+use super::{DecidingPolicy, PolicyKind, Side, TierStep};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -21,6 +21,8 @@ pub enum Decision {
     Allowed,
     /// Isolated, and no rule of any isolating policy matches (`policies` names them).
     Isolated,
+    /// A ClusterNetworkPolicy rule decided (`tiers` names it, `decided_by` its tier).
+    ClusterPolicy,
 }
 
 impl Decision {
@@ -59,6 +61,40 @@ pub(super) fn policy_text(policy: &DecidingPolicy) -> String {
 /// The explanation of an explained side in words: `not isolated`, `allowed by <policy> <rule>; ...`
 /// or `isolated by <policy>, <policy>; no rule matches`.
 pub fn explanation_text(side: &Side) -> String {
+    if side.tiers.is_empty() {
+        return network_policy_text(side);
+    }
+    // The trail through the tiers: `[Admin] cnp/tenants rule 2 Pass → [NetworkPolicy] allowed by
+    // np/shop/api rule … → …`.
+    let step = |s: &TierStep| {
+        let name = s
+            .name
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        format!(
+            "[{}] cnp/{} rule {}{name} {}",
+            s.tier, s.policy, s.index, s.action
+        )
+    };
+    let mut trail: Vec<String> = side
+        .tiers
+        .iter()
+        .filter(|s| s.tier == "Admin")
+        .map(step)
+        .collect();
+    if side.decided_by.as_deref() != Some("Admin") {
+        let reached_baseline = side.tiers.iter().any(|s| s.tier == "Baseline");
+        if !reached_baseline || !side.policies.is_empty() {
+            trail.push(format!("[NetworkPolicy] {}", network_policy_text(side)));
+        }
+        trail.extend(side.tiers.iter().filter(|s| s.tier == "Baseline").map(step));
+    }
+    trail.join(" → ")
+}
+
+/// The NetworkPolicy tier's part of an explanation.
+fn network_policy_text(side: &Side) -> String {
     match Decision::of(side.allowed, !side.policies.is_empty()) {
         Decision::NotIsolated => "not isolated".to_string(),
         Decision::Allowed if !side.rules.is_empty() => {
@@ -75,6 +111,7 @@ pub fn explanation_text(side: &Side) -> String {
             "isolated by {}; no rule matches",
             policies_text(&side.policies)
         ),
+        Decision::ClusterPolicy => "decided by a ClusterNetworkPolicy".to_string(),
     }
 }
 
@@ -344,6 +381,8 @@ mod tests {
             policies,
             decision: None,
             rules,
+            tiers: vec![],
+            decided_by: None,
         };
         let cases = [
             (

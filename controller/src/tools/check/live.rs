@@ -13,6 +13,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use network_enforcer_api::{Protocol, WorkloadNetworkPolicy, WorkloadRef, pod};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct LiveInput {
     /// The Jobs of the same namespaces: which CronJob a Job's pods belong to.
     pub jobs: Vec<Job>,
     pub network_policies: Vec<NetworkPolicy>,
+    /// Empty when the cluster has no ClusterNetworkPolicy CRD.
+    pub cluster_policies: Vec<ClusterNetworkPolicy>,
     pub policies: Vec<WorkloadNetworkPolicy>,
     pub edges: Vec<HistoryEdge>,
     /// The controller left edges out (more than its API answers).
@@ -98,6 +101,7 @@ pub async fn load(
         truncated: answer.truncated,
         ..LiveInput::default()
     };
+    input.cluster_policies = list_cluster_policies(client).await?;
     for ns in &namespaces_used {
         input.pods.extend(list_in(client, ns, "pods").await?);
         input.jobs.extend(list_in(client, ns, "jobs").await?);
@@ -128,6 +132,23 @@ where
         .await
         .map(|l| l.items)
         .map_err(|source| LiveError::Kube { what, source })
+}
+
+/// Every ClusterNetworkPolicy; none when the cluster does not serve the kind (no CRD installed).
+async fn list_cluster_policies(
+    client: &kube::Client,
+) -> Result<Vec<ClusterNetworkPolicy>, LiveError> {
+    match kube::Api::<ClusterNetworkPolicy>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(source) => Err(LiveError::Kube {
+            what: "clusternetworkpolicies",
+            source,
+        }),
+    }
 }
 
 /// One GET of the edges route: its answer, or what went wrong.
@@ -173,6 +194,11 @@ pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
         policies: Vec::new(),
         flows: Vec::new(),
     };
+    for cnp in &input.cluster_policies {
+        if let Ok(v) = serde_json::to_value(cnp) {
+            scenario.policies.push(v);
+        }
+    }
     // Our rendered NetworkPolicies are in the list too: the checker replaces them by their policy.
     for np in &input.network_policies {
         if let Ok(v) = serde_json::to_value(np) {

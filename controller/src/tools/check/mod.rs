@@ -59,12 +59,13 @@ pub use usage::{RuleUsageLine, RuleUsageReport};
 
 use crate::monitor::evaluate::authorization_policy::{self, AuthzVerdict, Connection};
 use crate::monitor::evaluate::view::{
-    ClusterView, ContainerPort, Endpoint, Flow, NamedPolicy, PodInfo, PolicyRef,
+    ClusterView, ContainerPort, Endpoint, Flow, NamedClusterPolicy, NamedPolicy, PodInfo, PolicyRef,
 };
 use crate::monitor::evaluate::{Labels, PodKey, SideVerdict, compiled, evaluate, names};
 use crate::policy::rule_usage;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use network_enforcer_api::{
     Backend, Direction, IstioPolicy, NameRule, PolicyMode, Protocol, RuleUsage,
     WorkloadNetworkPolicy,
@@ -125,6 +126,28 @@ pub struct Side {
     /// policy by policy.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<MatchedRule>,
+    /// The ClusterNetworkPolicy rules that matched, in the order the tiers were consulted (Admin,
+    /// then Baseline when it was reached). Empty on clusters without ClusterNetworkPolicies.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierStep>,
+    /// `Admin` or `Baseline` when a ClusterNetworkPolicy rule decided this side (its `policies`
+    /// are then empty: no NetworkPolicy had a say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+}
+
+/// A ClusterNetworkPolicy rule that matched one side of a flow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierStep {
+    /// `Admin` or `Baseline`.
+    pub tier: String,
+    pub policy: String,
+    /// The rule's index in the policy's `ingress` or `egress`, and its name if it has one.
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `Accept`, `Deny` or `Pass`.
+    pub action: String,
 }
 
 /// The verdict for one flow of the scenario.

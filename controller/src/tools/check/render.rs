@@ -15,6 +15,14 @@ pub(super) fn peer_text(peer: &ScenarioPeer) -> String {
 
 pub(super) fn side_text(side: &Side) -> String {
     let verdict = if side.allowed { "allow" } else { "deny" };
+    if side.decided_by.is_some()
+        && let Some(step) = side.tiers.last()
+    {
+        return format!(
+            "{verdict} (cnp/{} {} rule {})",
+            step.policy, step.tier, step.index
+        );
+    }
     if side.policies.is_empty() {
         return format!("{verdict} (not isolated)");
     }

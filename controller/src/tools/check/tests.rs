@@ -498,3 +498,103 @@ fn adding_a_name_shows_in_the_diff_by_name() {
     let text = report.render_table();
     assert!(text.contains("api.example.test (203.0.113.10)"), "{text}");
 }
+
+/// ClusterNetworkPolicies in a scenario: `--explain` shows the trail through the tiers, the table
+/// names the deciding rule, and what the CRD refuses is refused naming the field.
+#[test]
+fn cluster_policies_show_the_trail_through_the_tiers() {
+    let scenario = "namespaces:\n\
+        - {name: shop, labels: {env: prod}}\n\
+        - {name: dev, labels: {env: dev}}\n\
+        pods:\n\
+        - {namespace: shop, name: web, labels: {app: web}}\n\
+        - {namespace: shop, name: db, labels: {app: db}}\n\
+        - {namespace: dev, name: tool, labels: {app: tool}}\n\
+        policies:\n\
+        - kind: ClusterNetworkPolicy\n  metadata: {name: tenants}\n  spec:\n    tier: Admin\n    priority: 10\n    subject: {namespaces: {}}\n    ingress:\n    - {name: no-dev, action: Deny, from: [{namespaces: {matchLabels: {env: dev}}}]}\n    - {action: Pass, from: [{namespaces: {matchLabels: {env: prod}}}]}\n\
+        - kind: ClusterNetworkPolicy\n  metadata: {name: floor}\n  spec:\n    tier: Baseline\n    priority: 0\n    subject: {namespaces: {}}\n    ingress:\n    - {action: Deny, from: [{namespaces: {}}], protocols: [{tcp: {destinationPort: {number: 22}}}]}\n\
+        - {kind: NetworkPolicy, metadata: {name: db-ingress, namespace: shop}, spec: {podSelector: {matchLabels: {app: db}}, ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]}}\n\
+        flows:\n\
+        - {from: {pod: dev/tool}, to: {pod: shop/db}, port: 5432}\n\
+        - {from: {pod: shop/web}, to: {pod: shop/db}, port: 5432}\n\
+        - {from: {pod: shop/db}, to: {pod: shop/web}, port: 22}\n\
+        - {from: {pod: shop/db}, to: {pod: shop/web}, port: 80}\n";
+    let checker = Checker::new(parse_scenario(scenario).unwrap()).unwrap();
+    let explained = checker.explain();
+    let ingress: Vec<(bool, Decision, String)> = explained
+        .results
+        .iter()
+        .map(|r| {
+            (
+                r.ingress.allowed,
+                r.ingress.decision.unwrap(),
+                explain::explanation_text(&r.ingress),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ingress,
+        vec![
+            (
+                false,
+                Decision::ClusterPolicy,
+                "[Admin] cnp/tenants rule 0 (no-dev) Deny".to_string()
+            ),
+            (
+                true,
+                Decision::Allowed,
+                "[Admin] cnp/tenants rule 1 Pass → [NetworkPolicy] allowed by np/shop/db-ingress \
+                 ingress[0] from app=web ns=shop all ports"
+                    .to_string()
+            ),
+            (
+                false,
+                Decision::ClusterPolicy,
+                "[Admin] cnp/tenants rule 1 Pass → [Baseline] cnp/floor rule 0 Deny".to_string()
+            ),
+            (
+                true,
+                Decision::NotIsolated,
+                "[Admin] cnp/tenants rule 1 Pass → [NetworkPolicy] not isolated".to_string()
+            ),
+        ]
+    );
+    let table = checker.run().render_table();
+    assert!(table.contains("deny (cnp/tenants Admin rule 0)"), "{table}");
+    assert!(
+        table.contains("deny (cnp/floor Baseline rule 0)"),
+        "{table}"
+    );
+
+    let refused = |spec: &str| {
+        let s = format!(
+            "policies:\n- kind: ClusterNetworkPolicy\n  metadata: {{name: p}}\n  spec: {spec}\n"
+        );
+        Checker::new(parse_scenario(&s).unwrap())
+            .err()
+            .map(|e| e.field)
+    };
+    assert_eq!(
+        refused("{tier: Platform, priority: 1, subject: {namespaces: {}}}").as_deref(),
+        Some("policies[0].spec.tier")
+    );
+    assert_eq!(
+        refused("{tier: Admin, priority: 1001, subject: {namespaces: {}}}").as_deref(),
+        Some("policies[0].spec.priority")
+    );
+    assert_eq!(
+        refused("{tier: Admin, priority: 1, subject: {}}").as_deref(),
+        Some("policies[0].spec.subject")
+    );
+    assert_eq!(
+        refused("{tier: Admin, priority: 1, subject: {namespaces: {}}, egress: [{action: Deny, to: [{networks: [bad]}]}]}").as_deref(),
+        Some("policies[0].spec.egress[0]")
+    );
+    // The experimental peers are accepted (and fail closed).
+    assert_eq!(
+        refused(
+            "{tier: Admin, priority: 1, subject: {namespaces: {}}, egress: [{action: Accept, to: [{domainNames: [example.com]}]}]}"
+        ),
+        None
+    );
+}

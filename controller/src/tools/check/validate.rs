@@ -330,6 +330,49 @@ fn label_value_problem(value: &str) -> Option<String> {
     (!value.is_empty() && !is_name_part(value)).then(|| NAME_PART.to_string())
 }
 
+/// A ClusterNetworkPolicy's spec as the CRD's schema and rules (network-policy-api v1alpha2) accept
+/// it: a tier, a priority in 0..=1000, exactly one subject field, at most 25 rules per direction and
+/// what [`netpol::cluster`] reads (an action, exactly one field per peer and protocol entry, valid
+/// CIDRs and ports). The experimental `nodes` and `domainNames` peers are accepted: the evaluation
+/// fails closed on them, as docs/behaviour.md says.
+pub(super) fn cluster_policy(
+    field: &str,
+    name: &str,
+    spec: &network_enforcer_api::cluster_network_policy::ClusterNetworkPolicySpec,
+) -> Checked {
+    use netpol::cluster::ClusterPolicy;
+    use network_enforcer_api::Direction;
+    if !(0..=1000).contains(&spec.priority) {
+        invalid(format!("{field}.priority"), "must be between 0 and 1000")?;
+    }
+    let policy = ClusterPolicy::parse(name, spec).map_err(|why| {
+        let at = match why {
+            netpol::Invalid::Tier(_) => "tier",
+            _ => "subject",
+        };
+        CheckError::new(format!("{field}.{at}"), why.to_string())
+    })?;
+    if let Some(s) = &spec.subject.namespaces {
+        label_selector(&format!("{field}.subject.namespaces"), s)?;
+    }
+    for (direction, list) in [
+        (Direction::Ingress, "ingress"),
+        (Direction::Egress, "egress"),
+    ] {
+        let rules = policy.rules(direction);
+        if rules.len() > 25 {
+            invalid(format!("{field}.{list}"), "at most 25 rules")?;
+        }
+        for (i, rule) in rules.iter().enumerate() {
+            match &rule.invalid {
+                None | Some(netpol::Invalid::Unsupported(_)) => {}
+                Some(why) => invalid(format!("{field}.{list}[{i}]"), why.to_string())?,
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 //! explained, the rules that match.
 
 use super::*;
+use netpol::cluster::{Decider, Tier};
 
 impl Checker {
     /// Evaluates every flow of the scenario, in input order.
@@ -99,8 +100,11 @@ impl Checker {
             egress.rules = self.matching_rules(&verdict.egress, Direction::Egress, flow);
             ingress.rules = self.matching_rules(&verdict.ingress, Direction::Ingress, flow);
         }
-        // Names allow outside addresses only, as in the controller (`attribution`).
-        if let (Endpoint::Ip(_), Some(name)) = (&flow.destination, peer_name) {
+        // Names allow outside addresses only, as in the controller (`attribution`), and only where
+        // the NetworkPolicy tier decides (they are part of a rendered NetworkPolicy).
+        if let (Endpoint::Ip(_), Some(name)) = (&flow.destination, peer_name)
+            && verdict.egress.decider == Decider::NetworkPolicy
+        {
             self.allow_by_name(&verdict.egress, &mut egress, name, flow, explain);
         }
         // ztunnel enforces the istio policies at the destination, on top of the NetworkPolicies.
@@ -176,7 +180,11 @@ impl Checker {
         }
         if explain {
             for side in [&mut egress, &mut ingress] {
-                side.decision = Some(Decision::of(side.allowed, !side.policies.is_empty()));
+                side.decision = Some(if side.decided_by.is_some() {
+                    Decision::ClusterPolicy
+                } else {
+                    Decision::of(side.allowed, !side.policies.is_empty())
+                });
             }
         }
         (egress, ingress)
@@ -234,10 +242,15 @@ impl Checker {
     }
 
     fn side(&self, verdict: &SideVerdict) -> Side {
+        let decided_by = match verdict.decider {
+            Decider::Admin => Some(Tier::Admin),
+            Decider::Baseline => Some(Tier::Baseline),
+            Decider::NetworkPolicy | Decider::Default => None,
+        };
         let policies = verdict
             .policies
             .iter()
-            .filter(|p| !verdict.allowed || p.allows)
+            .filter(|p| decided_by.is_none() && (!verdict.allowed || p.allows))
             .map(|p| self.deciding(&p.namespace, &p.name))
             .collect();
         Side {
@@ -245,6 +258,18 @@ impl Checker {
             policies,
             decision: None,
             rules: Vec::new(),
+            tiers: verdict
+                .cluster
+                .iter()
+                .map(|step| TierStep {
+                    tier: step.tier.to_string(),
+                    policy: step.policy.clone(),
+                    index: step.rule,
+                    name: step.rule_name.clone(),
+                    action: step.action.to_string(),
+                })
+                .collect(),
+            decided_by: decided_by.map(|t| t.to_string()),
         }
     }
 
@@ -275,6 +300,9 @@ impl Checker {
         flow: &Flow,
     ) -> Vec<MatchedRule> {
         let mut matched = Vec::new();
+        if verdict.decider != Decider::NetworkPolicy {
+            return matched;
+        }
         for decision in verdict.allowing() {
             let Some(policy) = self
                 .view

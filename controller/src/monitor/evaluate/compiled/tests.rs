@@ -9,7 +9,7 @@ use crate::monitor::evaluate::network_policy::tests::{
     cases, endpoint, fixture, flow, np, properties,
 };
 use crate::monitor::evaluate::network_policy::{self, evaluate_side};
-use crate::monitor::evaluate::view::{Flow, Labels, NamedPolicy, PodKey};
+use crate::monitor::evaluate::view::{Flow, Labels, NamedClusterPolicy, NamedPolicy, PodKey};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -302,4 +302,148 @@ proptest! {
             }
         }
     }
+}
+
+/// A ClusterNetworkPolicy `name` with the spec written as JSON.
+fn cnp(name: &str, spec: serde_json::Value) -> NamedClusterPolicy {
+    NamedClusterPolicy {
+        name: name.into(),
+        spec: serde_json::from_value(spec).expect("a ClusterNetworkPolicySpec"),
+    }
+}
+
+/// The tiers over the fixture: Admin rules before NetworkPolicies, Baseline rules after them, and
+/// the trail `check --explain` shows.
+#[test]
+fn cluster_tiers_decide_around_network_policies() {
+    let mut view = fixture();
+    // NetworkPolicy: shop/api-1 accepts from shop only.
+    view.insert_policy(np(
+        "shop",
+        "api-from-shop",
+        json!({"podSelector": {"matchLabels": {"app": "api"}},
+               "ingress": [{"from": [{"podSelector": {}}]}]}),
+    ));
+    view.insert_cluster_policy(cnp(
+        "tenants",
+        json!({"tier": "Admin", "priority": 10, "subject": {"namespaces": {}},
+               "ingress": [
+                   {"name": "dns-open", "action": "Accept",
+                    "from": [{"namespaces": {}}], "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+                   {"name": "no-dev", "action": "Deny",
+                    "from": [{"namespaces": {"matchLabels": {"env": "dev"}}}]},
+                   {"action": "Pass", "from": [{"namespaces": {"matchLabels": {"env": "prod"}}}]}
+               ]}),
+    ));
+    view.insert_cluster_policy(cnp(
+        "floor",
+        json!({"tier": "Baseline", "priority": 0, "subject": {"namespaces": {}},
+               "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"env": "prod"}}}]}]}),
+    ));
+    let steps = |side: &SideVerdict| -> Vec<String> {
+        side.cluster
+            .iter()
+            .map(|s| format!("{} {} {} {}", s.tier, s.policy, s.rule, s.action))
+            .collect()
+    };
+    use netpol::cluster::Decider;
+    // (flow, ingress allowed, decider, trail)
+    let cases = [
+        // Admin Deny overrides nothing-isolates and the NetworkPolicy alike.
+        (
+            "dev/web-1 -> shop/db-1 TCP/5432",
+            false,
+            Decider::Admin,
+            vec!["Admin tenants 1 Deny"],
+        ),
+        (
+            "dev/web-1 -> shop/api-1 TCP/9000",
+            false,
+            Decider::Admin,
+            vec!["Admin tenants 1 Deny"],
+        ),
+        // Admin Accept overrides the Baseline and the default.
+        (
+            "dev/web-1 -> kube-system/dns-1 UDP/53",
+            true,
+            Decider::Admin,
+            vec!["Admin tenants 0 Accept"],
+        ),
+        // Pass: the NetworkPolicy isolating api-1 decides (it allows shop, not bank).
+        (
+            "shop/web-1 -> shop/api-1 TCP/9000",
+            true,
+            Decider::NetworkPolicy,
+            vec!["Admin tenants 2 Pass"],
+        ),
+        (
+            "bank/web-1 -> shop/api-1 TCP/9000",
+            false,
+            Decider::NetworkPolicy,
+            vec!["Admin tenants 2 Pass"],
+        ),
+        // Pass, no NetworkPolicy isolates db-1: the Baseline denies prod.
+        (
+            "bank/web-1 -> shop/db-1 TCP/5432",
+            false,
+            Decider::Baseline,
+            vec!["Admin tenants 2 Pass", "Baseline floor 0 Deny"],
+        ),
+        // An address outside matches no namespace peer: nothing decides.
+        (
+            "203.0.113.5 -> shop/db-1 TCP/5432",
+            true,
+            Decider::Default,
+            vec![],
+        ),
+    ];
+    for (f, allowed, decider, trail) in cases {
+        let verdict = evaluate(&view, &flow(f)).unwrap();
+        assert_eq!(
+            (
+                verdict.ingress.allowed,
+                verdict.ingress.decider,
+                steps(&verdict.ingress)
+            ),
+            (
+                allowed,
+                decider,
+                trail.iter().map(|s| s.to_string()).collect()
+            ),
+            "{f}"
+        );
+        assert!(verdict.egress.allowed, "{f}: no egress policy");
+    }
+
+    // As if rendered: a policy denying api-1's ingress is overridden by the Admin Accept (allowed),
+    // and is not what blocks a flow the Admin tier denies (not applicable).
+    let deny_all = np(
+        "shop",
+        "ours",
+        json!({"podSelector": {"matchLabels": {"app": "api"}}, "policyTypes": ["Ingress"]}),
+    );
+    let dns_like = flow("dev/web-1 -> shop/api-1 UDP/53");
+    assert_eq!(
+        indexed(&view, &deny_all, Direction::Ingress, &dns_like),
+        Ok(Some(true))
+    );
+    let from_dev = flow("dev/web-1 -> shop/api-1 TCP/9000");
+    assert_eq!(
+        indexed(&view, &deny_all, Direction::Ingress, &from_dev),
+        Ok(None)
+    );
+    let from_bank = flow("bank/web-1 -> shop/api-1 TCP/9000");
+    assert_eq!(
+        indexed(&view, &deny_all, Direction::Ingress, &from_bank),
+        Ok(Some(false))
+    );
+
+    // Removed, the cluster policies decide nothing.
+    view.remove_cluster_policy("tenants");
+    view.remove_cluster_policy("floor");
+    let verdict = evaluate(&view, &flow("dev/web-1 -> shop/db-1 TCP/5432")).unwrap();
+    assert_eq!(
+        (verdict.ingress.allowed, verdict.ingress.decider),
+        (true, Decider::Default)
+    );
 }
