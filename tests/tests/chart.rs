@@ -367,6 +367,11 @@ fn rbac_is_exactly_least_privilege() {
             ),
             ("networking.k8s.io", "networkpolicies", CRUD),
             ("security.istio.io", "authorizationpolicies", CRUD),
+            (
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies",
+                &["list", "watch"]
+            ),
             ("authentication.k8s.io", "tokenreviews", &["create"]),
             ("events.k8s.io", "events", &["create", "patch"]),
         ])

@@ -21,7 +21,8 @@ impl StatusSync {
         self.view(&index)
     }
 
-    /// The evaluator's view now: the index's pods, the watched namespaces and NetworkPolicies.
+    /// The evaluator's view now: the index's pods, the watched namespaces, NetworkPolicies and
+    /// ClusterNetworkPolicies.
     fn view(&self, index: &Index) -> ClusterView {
         let namespaces = self.namespaces.state();
         let network_policies = self.network_policies.state();
@@ -34,6 +35,11 @@ impl StatusSync {
                 .iter()
                 .filter_map(|np| NamedPolicy::from_network_policy(np)),
         );
+        for policy in self.cluster_policies.state() {
+            if let Some(policy) = NamedClusterPolicy::from_object(&policy) {
+                view.insert_cluster_policy(policy);
+            }
+        }
         view.set_ip_blocks_match_pods(self.settings.ip_blocks_match_pods);
         view
     }

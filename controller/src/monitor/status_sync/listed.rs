@@ -30,14 +30,17 @@ pub enum Watch {
     /// The cluster index (pods, Services, endpoints, workloads, Jobs, nodes):
     /// [`SharedIndex::ready`].
     index,
+    /// ClusterNetworkPolicies, when the cluster serves them (else this watch counts as listed).
+    cluster_policies,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 4] = [
+    pub const ALL: [Watch; 5] = [
         Watch::policies,
         Watch::network_policies,
         Watch::namespaces,
         Watch::index,
+        Watch::cluster_policies,
     ];
 
     fn bit(self) -> u8 {
@@ -59,6 +62,7 @@ pub struct Listed {
     pub network_policies: bool,
     pub namespaces: bool,
     pub index: bool,
+    pub cluster_policies: bool,
 }
 
 impl Listed {
@@ -68,6 +72,7 @@ impl Listed {
         network_policies: true,
         namespaces: true,
         index: true,
+        cluster_policies: true,
     };
 
     /// Whether `watch` has listed.
@@ -77,6 +82,7 @@ impl Listed {
             Watch::network_policies => self.network_policies,
             Watch::namespaces => self.namespaces,
             Watch::index => self.index,
+            Watch::cluster_policies => self.cluster_policies,
         }
     }
 
@@ -141,6 +147,7 @@ impl StatusSync {
             network_policies: has_listed(&self.network_policies),
             namespaces: has_listed(&self.namespaces),
             index: self.index.ready(),
+            cluster_policies: self.cluster_policies_served.listed(&self.cluster_policies),
         };
         for watch in Watch::ALL {
             self.metrics
@@ -186,6 +193,7 @@ mod tests {
             network_policies,
             namespaces,
             index,
+            cluster_policies: true,
         }
     }
 
@@ -205,6 +213,13 @@ mod tests {
             (
                 listed(true, false, false, true),
                 vec![network_policies, namespaces],
+            ),
+            (
+                Listed {
+                    cluster_policies: false,
+                    ..Listed::ALL
+                },
+                vec![cluster_policies],
             ),
             (listed(true, true, true, true), vec![]),
         ];

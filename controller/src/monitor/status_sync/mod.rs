@@ -33,7 +33,7 @@ use crate::cluster::watches::SharedIndex;
 use crate::learn::Opened;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
-use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedPolicy};
+use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
     Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WaitedOutcome, WorkloadNames,
@@ -49,6 +49,7 @@ use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -71,6 +72,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 mod attribute;
+mod cluster_policies;
 mod history;
 mod listed;
 mod queue;
@@ -154,6 +156,7 @@ pub struct PassReport {
 struct Writers {
     policies: Writer<WorkloadNetworkPolicy>,
     network_policies: Writer<NetworkPolicy>,
+    cluster_policies: Writer<ClusterNetworkPolicy>,
     namespaces: Writer<Namespace>,
 }
 
@@ -259,6 +262,9 @@ pub struct StatusSync {
     settings: Settings,
     policies: Store<WorkloadNetworkPolicy>,
     network_policies: Store<NetworkPolicy>,
+    cluster_policies: Store<ClusterNetworkPolicy>,
+    /// Whether [`StatusSync::cluster_policies`] is watched ([`cluster_policies::Served`]).
+    cluster_policies_served: cluster_policies::Served,
     namespaces: Store<Namespace>,
     writers: Mutex<Option<Writers>>,
     state: Mutex<State>,
@@ -285,6 +291,7 @@ impl StatusSync {
     ) -> Arc<Self> {
         let (policies, policies_writer) = reflector::store();
         let (network_policies, network_policies_writer) = reflector::store();
+        let (cluster_policies, cluster_policies_writer) = reflector::store();
         let (namespaces, namespaces_writer) = reflector::store();
         let recorder = Recorder::new(
             client.clone(),
@@ -323,10 +330,13 @@ impl StatusSync {
             settings,
             policies,
             network_policies,
+            cluster_policies,
+            cluster_policies_served: cluster_policies::Served::default(),
             namespaces,
             writers: Mutex::new(Some(Writers {
                 policies: policies_writer,
                 network_policies: network_policies_writer,
+                cluster_policies: cluster_policies_writer,
                 namespaces: namespaces_writer,
             })),
             last_waiting: listed::LastWaiting::default(),

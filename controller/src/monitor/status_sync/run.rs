@@ -9,7 +9,8 @@ impl StatusSync {
     }
 
     /// Runs the watches this sync needs besides the index: WorkloadNetworkPolicies and
-    /// NetworkPolicies in scope, namespaces cluster-wide. Only the first call watches.
+    /// NetworkPolicies in scope, namespaces and ClusterNetworkPolicies (when served) cluster-wide.
+    /// Only the first call watches.
     pub async fn watches(self: Arc<Self>) {
         let Some(writers) = self.writers.lock().expect("writers lock").take() else {
             return;
@@ -29,6 +30,7 @@ impl StatusSync {
                 Api::<Namespace>::all(self.client.clone()),
                 writers.namespaces
             ),
+            self.watch_cluster_policies(writers.cluster_policies),
         );
     }
 
@@ -78,7 +80,7 @@ impl StatusSync {
     }
 }
 
-async fn reflect<K>(api: Api<K>, writer: Writer<K>)
+pub(super) async fn reflect<K>(api: Api<K>, writer: Writer<K>)
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {

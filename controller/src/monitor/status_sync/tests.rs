@@ -192,6 +192,13 @@ async fn dropped_evidence_and_pending_observations_are_metrics() {
     );
 }
 
+/// The stores' writers, for a test that stands in for the watches; the cluster serves no
+/// ClusterNetworkPolicy kind (as most do).
+fn take_writers(sync: &StatusSync) -> Writers {
+    sync.cluster_policies_served.set_absent();
+    sync.writers.lock().unwrap().take().unwrap()
+}
+
 /// An offline sync whose watches have listed an empty cluster, as [`StatusSync::watches`] would;
 /// returns the stores' writers to add objects by hand.
 async fn listed_offline_sync() -> (Arc<StatusSync>, Writers) {
@@ -201,7 +208,7 @@ async fn listed_offline_sync() -> (Arc<StatusSync>, Writers) {
         Settings::default(),
         Arc::new(crate::monitor::otlp::Disabled),
     );
-    let mut writers = sync.writers.lock().unwrap().take().unwrap();
+    let mut writers = take_writers(&sync);
     writers
         .policies
         .apply_watcher_event(&watcher::Event::InitDone);
@@ -359,7 +366,7 @@ fn shop_app(
         .metrics(metrics.clone())
         .build();
     let sync = app.status_sync.clone().expect("a status sync");
-    let writers = sync.writers.lock().unwrap().take().unwrap();
+    let writers = take_writers(&sync);
     (app, sync, writers, metrics)
 }
 
@@ -707,7 +714,7 @@ async fn evidence_waiting_for_the_watches_is_a_metric() {
     let sync = offline_sync_over(SharedIndex::listed(crate::cluster::index::Index::default()));
     let registry = ControllerMetrics::new();
     sync.register_metrics(&registry);
-    let mut writers = sync.writers.lock().unwrap().take().unwrap();
+    let mut writers = take_writers(&sync);
     let waiting = |watch: &str| {
         metric(
             &registry.encode(),
@@ -731,6 +738,7 @@ async fn evidence_waiting_for_the_watches_is_a_metric() {
     list(&mut writers.policies, []);
     assert!(sync.listed().complete());
     assert_eq!(all.map(waiting), [Some(0.0); 4]);
+    assert_eq!(waiting("cluster_policies"), Some(0.0), "no such kind: nothing to wait for");
 }
 
 /// The protect gate's replay attributes on the reconciler's task while the sync's own passes run:
