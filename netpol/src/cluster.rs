@@ -101,6 +101,19 @@ enum ClusterPeer<'a> {
     Networks(Vec<Block>),
 }
 
+/// A rule's peer as enforcers read it ([`ClusterRule::peers`]).
+#[derive(Clone, Copy, Debug)]
+pub enum PeerRef<'p> {
+    /// Pods: those of the namespaces `namespace` selects, and of them those `pod` selects (`None`:
+    /// every pod).
+    Pods {
+        namespace: &'p LabelSelector,
+        pod: Option<&'p LabelSelector>,
+    },
+    /// Address blocks (without excepts), which match pod addresses too.
+    Networks(&'p [Block]),
+}
+
 /// The rule of a tier that decided a side.
 #[derive(Clone, Copy, Debug)]
 pub struct Match<'p, 'a> {
@@ -340,14 +353,38 @@ impl<'a> ClusterRule<'a> {
         }
     }
 
+    /// The rule's peers, for enforcers that turn them into address sets. A rule that fails closed
+    /// ([`ClusterRule::invalid`]) is read by [`ClusterRule::fails_closed_to`] instead.
+    pub fn peers(&self) -> impl Iterator<Item = PeerRef<'_>> {
+        self.peers.iter().map(|p| match p {
+            ClusterPeer::Pods(pods) => PeerRef::Pods {
+                namespace: &pods.namespace,
+                pod: pods.pod.as_deref(),
+            },
+            ClusterPeer::Networks(blocks) => PeerRef::Networks(blocks),
+        })
+    }
+
+    /// The rule's ports; `None`: every protocol and port.
+    pub fn ports(&self) -> Option<&[Port<'a>]> {
+        self.ports.as_deref()
+    }
+
+    /// For a rule that fails closed: `None` when it matches nothing (an Accept), `Some(Deny)` when
+    /// it denies everything (a Deny or a Pass); for a readable rule, `None`.
+    pub fn fails_closed_to(&self) -> Option<Action> {
+        self.invalid.as_ref()?;
+        match self.action {
+            Action::Accept => None,
+            Action::Deny | Action::Pass => Some(Action::Deny),
+        }
+    }
+
     /// What the rule does to `query`: `None` when it does not match. A rule that fails closed
     /// matches nothing when it accepts, and denies everything otherwise.
     pub fn decides(&self, query: &Query<'_>) -> Option<Action> {
         if self.invalid.is_some() {
-            return match self.action {
-                Action::Accept => None,
-                Action::Deny | Action::Pass => Some(Action::Deny),
-            };
+            return self.fails_closed_to();
         }
         let port = self
             .ports

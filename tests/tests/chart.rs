@@ -713,6 +713,11 @@ fn agent_enforcement_adds_only_what_it_reads_and_names_its_table_after_the_relea
             ("", "nodes", &["list", "watch"]),
             ("", "namespaces", &["list", "watch"]),
             ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
+            (
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies",
+                &["list", "watch"]
+            ),
         ])
     );
     // Its own DaemonSet only, to tell an uninstall from a restart.

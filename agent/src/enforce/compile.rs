@@ -16,7 +16,9 @@
 
 use crate::enforce::model::{Cluster, PodEntry};
 use ipnet::IpNet;
-use netpol::{Direction, Peer, Policy, Port, Rule};
+use netpol::cluster::{Action, ClusterPolicy, PeerRef, Tier};
+use netpol::{Direction, Labels, Peer, Policy, Port, Rule};
+use network_enforcer_api::selector;
 use network_enforcer_api::{NameRule, Protocol};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -54,16 +56,36 @@ pub struct Allow {
     pub ports: Option<Vec<PortRange>>,
 }
 
-/// One direction of an isolated pod.
+/// One direction of a pod that policies govern: the ClusterNetworkPolicy tiers around its
+/// NetworkPolicies ([`netpol::cluster`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Side {
-    /// `namespace/name` of the policies isolating it (for logs and deny evidence).
+    /// `namespace/name` of the NetworkPolicies isolating it, then `cnp/<name>` of the
+    /// ClusterNetworkPolicies with rules for it (for logs and deny evidence).
     pub policies: Vec<String>,
-    /// What is let through; empty: nothing.
+    /// The Admin tier's rules, in precedence order: the first that matches decides, unless it
+    /// passes.
+    pub admin: Vec<TierRule>,
+    /// Whether NetworkPolicies isolate the pod this way: then `allows` (and `names`) are final,
+    /// and the Baseline tier is never reached.
+    pub isolated: bool,
+    /// What the NetworkPolicies let through; empty: nothing.
     pub allows: Vec<Allow>,
     /// Egress only: outside services allowed by name (`spec.egressNames` of a rendered policy). What
     /// the pod resolves from them is let through by the DNS hold ([`crate::enforce::dns_hold`]).
     pub names: Vec<Arc<NameAllowance>>,
+    /// The Baseline tier's rules, in precedence order, for a side no NetworkPolicy isolates.
+    pub baseline: Vec<TierRule>,
+}
+
+/// One ClusterNetworkPolicy rule as the node enforces it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierRule {
+    /// `<policy> <direction>[<index>]`, for the table's comments.
+    pub name: String,
+    pub action: Action,
+    /// What the rule matches; empty: nothing.
+    pub matches: Vec<Allow>,
 }
 
 /// Names a pod may reach on these ports: what it resolves from them becomes reachable.
@@ -84,15 +106,15 @@ impl NameAllowance {
     }
 }
 
-/// A pod of this node selected by at least one policy.
+/// A pod of this node that at least one policy governs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IsolatedPod {
     pub namespace: String,
     pub name: String,
     pub ips: Vec<IpAddr>,
-    /// `None`: not isolated for ingress.
+    /// `None`: no policy says anything about its ingress.
     pub ingress: Option<Side>,
-    /// `None`: not isolated for egress.
+    /// `None`: no policy says anything about its egress.
     pub egress: Option<Side>,
 }
 
@@ -112,16 +134,18 @@ impl Ruleset {
             .any(|p| p.egress.as_ref().is_some_and(|e| !e.names.is_empty()))
     }
 
-    /// Isolated pods per direction: `(ingress, egress)`.
+    /// Pods NetworkPolicies isolate, per direction: `(ingress, egress)`.
     pub fn isolated(&self) -> (usize, usize) {
-        let ingress = self.pods.iter().filter(|p| p.ingress.is_some()).count();
-        let egress = self.pods.iter().filter(|p| p.egress.is_some()).count();
+        let isolated = |side: &Option<Side>| side.as_ref().is_some_and(|s| s.isolated);
+        let ingress = self.pods.iter().filter(|p| isolated(&p.ingress)).count();
+        let egress = self.pods.iter().filter(|p| isolated(&p.egress)).count();
         (ingress, egress)
     }
 }
 
 /// The ruleset of node `node`: every running pod there (not host-network, with an address) that a
-/// policy selects, with the union of what the policies selecting it allow.
+/// policy governs, with the ClusterNetworkPolicy rules that apply to it and the union of what the
+/// NetworkPolicies isolating it allow.
 pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
     let mut ruleset = Ruleset::default();
     // Every policy parsed once, per namespace, so each pod looks only at its own namespace's.
@@ -132,16 +156,30 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
             .or_default()
             .push(Policy::parse(namespace, name, spec));
     }
+    // The cluster policies by tier and precedence; one that applies to nothing is reported.
+    let mut cluster_policies: Vec<ClusterPolicy<'_>> = Vec::new();
+    for (name, spec) in &cluster.cluster_policies {
+        match ClusterPolicy::parse(name, spec) {
+            Ok(policy) => cluster_policies.push(policy),
+            Err(why) => ruleset.warnings.push(format!(
+                "ClusterNetworkPolicy {name}: {why} (it applies to nothing)"
+            )),
+        }
+    }
+    cluster_policies.sort_by(|a, b| (a.tier, a.precedence()).cmp(&(b.tier, b.precedence())));
     let mut memo = Memo::new();
     // A policy's name allowances are the same for every pod it selects: built once.
     let mut names_memo: HashMap<(&str, &str), Vec<Arc<NameAllowance>>> = HashMap::new();
-    // Warned once per policy that isolates a pod here.
-    let mut warned: BTreeSet<(&str, &str)> = BTreeSet::new();
+    // A cluster policy's rules are the same for every pod it selects, but for named ports on
+    // ingress (the pod's own): built once per pod otherwise, which is cheap next to choosing peers.
+    // Warned once per policy that governs a pod here.
+    let mut warned: BTreeSet<String> = BTreeSet::new();
+    let mut namespace_labels: HashMap<&str, Labels> = HashMap::new();
     for ((namespace, name), pod) in &cluster.pods {
         if pod.node.as_deref() != Some(node) || pod.host_network || pod.ips.is_empty() {
             continue;
         }
-        let mut isolated = IsolatedPod {
+        let mut governed = IsolatedPod {
             namespace: namespace.clone(),
             name: name.clone(),
             ips: pod.ips.clone(),
@@ -153,11 +191,12 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                 continue;
             }
             let compiler = Compiler {
-                policy,
+                owner: format!("NetworkPolicy {}/{}", policy.namespace, policy.name),
+                namespace: &policy.namespace,
                 cluster,
                 subject: pod,
             };
-            if warned.insert((policy.namespace.as_ref(), policy.name.as_ref())) {
+            if warned.insert(compiler.owner.clone()) {
                 for why in policy.invalid() {
                     compiler.warn(&mut ruleset.warnings, why.to_string());
                 }
@@ -166,14 +205,19 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                 let Some(rules) = policy.rules(direction) else {
                     continue;
                 };
-                let side = match direction {
-                    Direction::Ingress => isolated.ingress.get_or_insert_with(Side::default),
-                    Direction::Egress => isolated.egress.get_or_insert_with(Side::default),
-                };
+                let side = governed.side(direction);
+                side.isolated = true;
                 side.policies
                     .push(format!("{}/{}", policy.namespace, policy.name));
                 for rule in rules {
-                    compiler.rule(direction, rule, side, &mut memo, &mut ruleset.warnings);
+                    let chosen = compiler.chosen(rule, &mut memo);
+                    let allows = compiler.allowances(
+                        direction,
+                        &chosen,
+                        rule.ports.as_deref(),
+                        &mut ruleset.warnings,
+                    );
+                    side.allows.extend(allows);
                 }
                 if direction == Direction::Ingress {
                     continue;
@@ -199,8 +243,77 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
                 }
             }
         }
-        if isolated.ingress.is_some() || isolated.egress.is_some() {
-            ruleset.pods.push(isolated);
+        if !cluster_policies.is_empty() {
+            let labels = namespace_labels
+                .entry(namespace.as_str())
+                .or_insert_with(|| cluster.namespace_labels(namespace));
+            for policy in cluster_policies
+                .iter()
+                .filter(|p| p.selects(labels, &pod.labels))
+            {
+                let compiler = Compiler {
+                    owner: format!("ClusterNetworkPolicy {}", policy.name),
+                    namespace: "",
+                    cluster,
+                    subject: pod,
+                };
+                let first = warned.insert(compiler.owner.clone());
+                for direction in [Direction::Ingress, Direction::Egress] {
+                    let rules = policy.rules(direction);
+                    if rules.is_empty() {
+                        continue;
+                    }
+                    let mut tier_rules = Vec::new();
+                    for (i, rule) in rules.iter().enumerate() {
+                        let name =
+                            format!("{} {}[{i}]", policy.name, direction.as_str().to_lowercase());
+                        if let Some(why) = &rule.invalid {
+                            if first {
+                                compiler.warn(
+                                    &mut ruleset.warnings,
+                                    format!("{name}: {why} (it fails closed)"),
+                                );
+                            }
+                            // Fails closed: an Accept matches nothing, a Deny or Pass denies all.
+                            if let Some(action) = rule.fails_closed_to() {
+                                tier_rules.push(TierRule {
+                                    name,
+                                    action,
+                                    matches: vec![Allow {
+                                        peers: Peers::Any,
+                                        ports: None,
+                                    }],
+                                });
+                            }
+                            continue;
+                        }
+                        let chosen: Vec<Chosen> = rule
+                            .peers()
+                            .flat_map(|peer| compiler.cluster_peer(peer, &mut memo))
+                            .collect();
+                        let matches = compiler.allowances(
+                            direction,
+                            &chosen,
+                            rule.ports(),
+                            &mut ruleset.warnings,
+                        );
+                        tier_rules.push(TierRule {
+                            name,
+                            action: rule.action,
+                            matches,
+                        });
+                    }
+                    let side = governed.side(direction);
+                    side.policies.push(format!("cnp/{}", policy.name));
+                    match policy.tier {
+                        Tier::Admin => side.admin.extend(tier_rules),
+                        Tier::Baseline => side.baseline.extend(tier_rules),
+                    }
+                }
+            }
+        }
+        if governed.ingress.is_some() || governed.egress.is_some() {
+            ruleset.pods.push(governed);
         }
     }
     ruleset.warnings.sort();
@@ -208,9 +321,23 @@ pub fn compile(cluster: &Cluster, node: &str) -> Ruleset {
     ruleset
 }
 
-/// One policy applied to one isolated pod.
+impl IsolatedPod {
+    /// The side of `direction`, made when no policy governed it yet.
+    fn side(&mut self, direction: Direction) -> &mut Side {
+        match direction {
+            Direction::Ingress => self.ingress.get_or_insert_with(Side::default),
+            Direction::Egress => self.egress.get_or_insert_with(Side::default),
+        }
+    }
+}
+
+/// One policy applied to one pod.
 struct Compiler<'a> {
-    policy: &'a Policy<'a>,
+    /// `NetworkPolicy ns/name` or `ClusterNetworkPolicy name`, for warnings.
+    owner: String,
+    /// A NetworkPolicy's namespace (where its bare podSelector peers choose); empty for a cluster
+    /// policy, whose peers always say their namespaces.
+    namespace: &'a str,
     cluster: &'a Cluster,
     subject: &'a PodEntry,
 }
@@ -230,15 +357,9 @@ enum Chosen<'a> {
 }
 
 impl<'a> Compiler<'a> {
-    fn rule(
-        &self,
-        direction: Direction,
-        rule: &'a Rule<'a>,
-        side: &mut Side,
-        memo: &mut Memo<'a>,
-        warnings: &mut Vec<String>,
-    ) {
-        let chosen: Vec<Chosen> = match &rule.peers {
+    /// What a NetworkPolicy rule's peers choose (`Any` for a rule without peers).
+    fn chosen(&self, rule: &'a Rule<'a>, memo: &mut Memo<'a>) -> Vec<Chosen<'a>> {
+        match &rule.peers {
             None => vec![Chosen::Any],
             Some(peers) => peers
                 .iter()
@@ -247,14 +368,54 @@ impl<'a> Compiler<'a> {
                     memo.entry(key).or_insert_with(|| self.peer(p)).clone()
                 })
                 .collect(),
-        };
-        let Some(ports) = &rule.ports else {
+        }
+    }
+
+    /// What a ClusterNetworkPolicy rule's peer chooses: pods by selectors, or blocks.
+    fn cluster_peer(&self, peer: PeerRef<'a>, memo: &mut Memo<'a>) -> Vec<Chosen<'a>> {
+        match peer {
+            PeerRef::Networks(blocks) => blocks.iter().map(Chosen::Block).collect(),
+            PeerRef::Pods { namespace, pod } => {
+                let key = std::ptr::from_ref(namespace) as usize;
+                let chosen = memo
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let pods: Vec<&PodEntry> = self
+                            .cluster
+                            .namespaces
+                            .iter()
+                            .filter(|(_, labels)| selector::matches(namespace, labels))
+                            .flat_map(|(ns, _)| self.cluster.pods_in(ns))
+                            .filter(|p| {
+                                !p.host_network
+                                    && !p.ips.is_empty()
+                                    && pod.is_none_or(|s| selector::matches(s, &p.labels))
+                            })
+                            .collect();
+                        Some(Chosen::of_pods(pods))
+                    })
+                    .clone();
+                chosen.into_iter().collect()
+            }
+        }
+    }
+
+    /// What `chosen` peers on `ports` (`None`: every port) match, as allowances.
+    fn allowances(
+        &self,
+        direction: Direction,
+        chosen: &[Chosen<'a>],
+        ports: Option<&[Port<'_>]>,
+        warnings: &mut Vec<String>,
+    ) -> Vec<Allow> {
+        let mut out = Vec::new();
+        let Some(ports) = ports else {
             for peer in chosen {
-                if let Some(peers) = peers_of(&peer) {
-                    side.allows.push(Allow { peers, ports: None });
+                if let Some(peers) = peers_of(peer) {
+                    out.push(Allow { peers, ports: None });
                 }
             }
-            return;
+            return out;
         };
         // Numbered ports apply to every peer alike; named ones resolve per pod.
         let mut numbered = Vec::new();
@@ -289,11 +450,11 @@ impl<'a> Compiler<'a> {
                 Port::Invalid(_) => {}
             }
         }
-        for peer in &chosen {
+        for peer in chosen {
             if !numbered.is_empty()
                 && let Some(peers) = peers_of(peer)
             {
-                side.allows.push(Allow {
+                out.push(Allow {
                     peers,
                     ports: Some(numbered.clone()),
                 });
@@ -305,7 +466,7 @@ impl<'a> Compiler<'a> {
                         if let (Some(number), Some(peers)) =
                             (self.subject.resolve(name, protocol), peers_of(peer))
                         {
-                            side.allows.push(Allow {
+                            out.push(Allow {
                                 peers,
                                 ports: Some(vec![PortRange {
                                     protocol,
@@ -330,7 +491,7 @@ impl<'a> Compiler<'a> {
                         }
                         for (number, ips) in by_number {
                             if !ips.is_empty() {
-                                side.allows.push(Allow {
+                                out.push(Allow {
                                     peers: Peers::Addresses(Arc::new(ips)),
                                     ports: Some(vec![PortRange {
                                         protocol,
@@ -344,6 +505,7 @@ impl<'a> Compiler<'a> {
                 }
             }
         }
+        out
     }
 
     /// An `egressNames` entry as ports per protocol; `None` (with a warning) when a port cannot be
@@ -410,7 +572,7 @@ impl<'a> Compiler<'a> {
             Peer::Invalid(_) => None,
             Peer::Block(block) => Some(Chosen::Block(block)),
             Peer::Selectors { .. } => {
-                let policy_namespace: &str = &self.policy.namespace;
+                let policy_namespace = self.namespace;
                 // Only the namespaces the peer looks into are read (each is one range of the pods).
                 let pods: Vec<&PodEntry> = self
                     .cluster
@@ -422,19 +584,22 @@ impl<'a> Compiler<'a> {
                         !pod.host_network && !pod.ips.is_empty() && peer.selects_labels(&pod.labels)
                     })
                     .collect();
-                let ips: BTreeSet<IpAddr> =
-                    pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
-                let peers = (!ips.is_empty()).then(|| Peers::Addresses(Arc::new(ips)));
-                Some(Chosen::Pods(pods, peers))
+                Some(Chosen::of_pods(pods))
             }
         }
     }
 
     fn warn(&self, warnings: &mut Vec<String>, what: String) {
-        warnings.push(format!(
-            "NetworkPolicy {}/{}: {what}",
-            self.policy.namespace, self.policy.name
-        ));
+        warnings.push(format!("{}: {what}", self.owner));
+    }
+}
+
+impl<'a> Chosen<'a> {
+    /// Pods, with their addresses as peers.
+    fn of_pods(pods: Vec<&'a PodEntry>) -> Self {
+        let ips: BTreeSet<IpAddr> = pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+        let peers = (!ips.is_empty()).then(|| Peers::Addresses(Arc::new(ips)));
+        Chosen::Pods(pods, peers)
     }
 }
 

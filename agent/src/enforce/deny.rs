@@ -167,6 +167,9 @@ mod tests {
     fn index() -> DenyIndex {
         let side = |policies: &[&str]| {
             Some(Side {
+                isolated: true,
+                admin: vec![],
+                baseline: vec![],
                 policies: policies.iter().map(|p| p.to_string()).collect(),
                 allows: vec![],
                 names: vec![],

@@ -1,10 +1,13 @@
 //! What enforcement knows about the cluster: every pod's labels, IPs, node and named ports, every
-//! namespace's labels and every NetworkPolicy. Plain data, filled by [`crate::enforce::watch`] and read
+//! namespace's labels, every NetworkPolicy and every ClusterNetworkPolicy. Plain data, filled by [`crate::enforce::watch`] and read
 //! by [`crate::enforce::compile`]; a pod keeps only what NetworkPolicy semantics look at, so 10,000 pods
 //! stay a few MiB.
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use network_enforcer_api::cluster_network_policy::{
+    ClusterNetworkPolicy, ClusterNetworkPolicySpec,
+};
 use network_enforcer_api::keys::{
     EGRESS_NAME_RULES_ANNOTATION, EGRESS_NAMES_ANNOTATION, NAMESPACE_NAME_LABEL,
 };
@@ -99,6 +102,8 @@ pub struct Cluster {
     /// The `spec.egressNames` a policy carries ([`EGRESS_NAME_RULES_ANNOTATION`]; only rendered
     /// policies do), or why the annotation was not read.
     pub name_rules: BTreeMap<Key, Result<Vec<NameRule>, String>>,
+    /// ClusterNetworkPolicies by name (empty where the cluster has no such kind).
+    pub cluster_policies: BTreeMap<String, ClusterNetworkPolicySpec>,
 }
 
 impl Cluster {
@@ -219,6 +224,19 @@ impl Cluster {
             }
             self.policies
                 .insert(key, policy.spec.clone().unwrap_or_default());
+        }
+    }
+
+    pub fn apply_cluster_policy(&mut self, policy: &ClusterNetworkPolicy) {
+        if let Some(name) = &policy.metadata.name {
+            self.cluster_policies
+                .insert(name.clone(), policy.spec.clone());
+        }
+    }
+
+    pub fn delete_cluster_policy(&mut self, policy: &ClusterNetworkPolicy) {
+        if let Some(name) = &policy.metadata.name {
+            self.cluster_policies.remove(name);
         }
     }
 

@@ -17,6 +17,9 @@
 //!   chain forward (hook forward)  established/related accept; source's egress; destination's ingress
 //!   chain input   (hook input)    established/related accept; source's egress (pod → this node)
 //!   chain in_<k> / eg_<k>         one rule per allowance ending in `return`; then log and drop
+//!                                 (with ClusterNetworkPolicies: the Admin tier's rules, whose Pass
+//!                                 and end go to the chain of the NetworkPolicy tier, or of the
+//!                                 Baseline tier where no NetworkPolicy isolates the pod)
 //! ```
 //! Traffic the node itself sends to its pods (kubelet probes) takes the `output` hook, which the
 //! table leaves alone.
@@ -24,8 +27,9 @@
 //! A new ruleset replaces the old one in one `nft -f` transaction: there is never a moment without
 //! rules.
 
-use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side};
+use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side, TierRule};
 use crate::enforce::dns_hold::grants::Grant;
+use netpol::cluster::Action;
 use network_enforcer_api::Protocol;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -106,21 +110,31 @@ pub fn render_with(
                 "in" => ("saddr", DENY_PREFIX_INGRESS, log_group),
                 _ => ("daddr", DENY_PREFIX_EGRESS, log_group),
             };
-            let body = chain_body(side, how, &mut sets);
             let count = if direction == "in" {
                 &mut chains_in
             } else {
                 &mut chains_eg
             };
-            let name = names
-                .entry((direction, body))
-                .or_insert_with_key(|(_, body)| {
-                    let name = format!("{direction}_{count}");
-                    *count += 1;
-                    let _ = write!(chains, "  chain {name} {{\n{body}  }}\n");
-                    name
-                })
-                .clone();
+            let mut chain = |body: String| {
+                names
+                    .entry((direction, body))
+                    .or_insert_with_key(|(_, body)| {
+                        let name = format!("{direction}_{count}");
+                        *count += 1;
+                        let _ = write!(chains, "  chain {name} {{\n{body}  }}\n");
+                        name
+                    })
+                    .clone()
+            };
+            // The NetworkPolicy tier (or, where none isolates, the Baseline tier), and in front of
+            // it the Admin tier, whose Pass goes to it.
+            let section = section_body(side, how, &mut sets);
+            let name = if side.admin.is_empty() {
+                chain(section)
+            } else {
+                let section = chain(section);
+                chain(admin_body(side, how, &section, &mut sets))
+            };
             for ip in &pod.ips {
                 let map = match (direction, ip) {
                     ("in", IpAddr::V4(_)) => "ingress4",
@@ -243,14 +257,67 @@ impl NamedSets {
     }
 }
 
-/// The rules of one isolated side: its allowances, each ending in `return` (on to the next check),
-/// then the deny. `how` is the peer's address field, the log prefix and the log group.
-fn chain_body(side: &Side, how: (&str, &str, Option<u16>), sets: &mut NamedSets) -> String {
-    let (field, prefix, log) = how;
+/// The Admin tier of one side: its rules in precedence order (Accept: `return`, on to the next
+/// check; Deny: the deny; Pass: to the `section`), then the `section`.
+fn admin_body(
+    side: &Side,
+    how: (&str, &str, Option<u16>),
+    section: &str,
+    sets: &mut NamedSets,
+) -> String {
     let mut out = String::new();
+    tier_rules(&mut out, &side.admin, how, &format!("goto {section}"), sets);
+    let _ = writeln!(out, "    goto {section}");
+    out
+}
+
+/// The rules of `rules` into `out`, `pass` being what a Pass does.
+fn tier_rules(
+    out: &mut String,
+    rules: &[TierRule],
+    how: (&str, &str, Option<u16>),
+    pass: &str,
+    sets: &mut NamedSets,
+) {
+    let (field, ..) = how;
+    for rule in rules {
+        let _ = writeln!(out, "    # {} {:?}", rule.name, rule.action);
+        let verdict = match rule.action {
+            Action::Accept => "return".to_string(),
+            Action::Deny => deny(how),
+            Action::Pass => pass.to_string(),
+        };
+        for m in &rule.matches {
+            for line in allow_rules(m, field, sets, &verdict) {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+    }
+}
+
+/// The verdict of a denied packet: logged to the NFLOG group (the deny evidence) when there is one.
+fn deny((_, prefix, log): (&str, &str, Option<u16>)) -> String {
+    match log {
+        Some(group) => format!("log prefix \"{prefix}\" group {group} counter drop"),
+        None => "counter drop".to_string(),
+    }
+}
+
+/// The NetworkPolicy tier of one side, which NetworkPolicies isolate: its allowances, each ending
+/// in `return` (on to the next check), then the deny. A side no NetworkPolicy isolates gets the
+/// Baseline tier's rules instead, and then passes. `how` is the peer's address field, the log
+/// prefix and the log group.
+fn section_body(side: &Side, how: (&str, &str, Option<u16>), sets: &mut NamedSets) -> String {
+    let (field, ..) = how;
+    let mut out = String::new();
+    if !side.isolated {
+        let _ = writeln!(out, "    # not isolated: the Baseline tier");
+        tier_rules(&mut out, &side.baseline, how, "return", sets);
+        return out;
+    }
     let _ = writeln!(out, "    # {}", side.policies.join(", "));
     for allow in &side.allows {
-        for line in allow_rules(allow, field, sets) {
+        for line in allow_rules(allow, field, sets, "return") {
             let _ = writeln!(out, "    {line}");
         }
     }
@@ -262,22 +329,12 @@ fn chain_body(side: &Side, how: (&str, &str, Option<u16>), sets: &mut NamedSets)
              ip6 saddr . ip6 daddr . meta l4proto . th dport @{NAMES_SET_V6} return"
         );
     }
-    match log {
-        Some(group) => {
-            let _ = writeln!(
-                out,
-                "    log prefix \"{prefix}\" group {group} counter drop"
-            );
-        }
-        None => {
-            let _ = writeln!(out, "    counter drop");
-        }
-    }
+    let _ = writeln!(out, "    {}", deny(how));
     out
 }
 
 /// The rules of one allowance: every address match times every protocol's port match.
-fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets) -> Vec<String> {
+fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets, verdict: &str) -> Vec<String> {
     let addresses: Vec<String> = match &allow.peers {
         Peers::Any => vec![String::new()],
         Peers::Addresses(ips) => {
@@ -357,7 +414,7 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets) -> Vec<String> 
     let mut rules = Vec::new();
     for a in &addresses {
         for p in &ports {
-            rules.push(format!("{a}{p}return"));
+            rules.push(format!("{a}{p}{verdict}"));
         }
     }
     rules
@@ -432,6 +489,9 @@ mod tests {
                     name: "a".into(),
                     ips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
                     ingress: Some(Side {
+                        isolated: true,
+                        admin: vec![],
+                        baseline: vec![],
                         policies: vec!["x/p".into()],
                         names: vec![],
                         allows: vec![
@@ -478,6 +538,9 @@ mod tests {
                     ips: vec!["10.0.0.3".parse().unwrap()],
                     ingress: None,
                     egress: Some(Side {
+                        isolated: true,
+                        admin: vec![],
+                        baseline: vec![],
                         policies: vec!["x/q".into()],
                         names: vec![std::sync::Arc::new(
                             crate::enforce::compile::NameAllowance {

@@ -1,5 +1,5 @@
-//! Keeps the node's enforcement table current: watches of every pod, namespace and NetworkPolicy feed
-//! one [`Cluster`]; after each change (coalesced for [`SETTLE`]) the ruleset is compiled again and, when
+//! Keeps the node's enforcement table current: watches of every pod, namespace, NetworkPolicy and
+//! (where the cluster serves them) ClusterNetworkPolicy feed one [`Cluster`]; after each change (coalesced for [`SETTLE`]) the ruleset is compiled again and, when
 //! it differs from what the kernel has, installed in one transaction.
 //!
 //! The table outlives the process on purpose. At start nothing is removed: the previous agent's table
@@ -29,6 +29,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,6 +87,8 @@ struct Shared {
     pods_listed: AtomicBool,
     namespaces_listed: AtomicBool,
     policies_listed: AtomicBool,
+    /// Listed, or the cluster serves no ClusterNetworkPolicy kind ([`spawn_cluster_policies`]).
+    cluster_policies_listed: AtomicBool,
 }
 
 impl Shared {
@@ -102,6 +105,7 @@ impl Shared {
         self.pods_listed.load(Ordering::Acquire)
             && self.namespaces_listed.load(Ordering::Acquire)
             && self.policies_listed.load(Ordering::Acquire)
+            && self.cluster_policies_listed.load(Ordering::Acquire)
     }
 }
 
@@ -178,6 +182,7 @@ pub fn spawn(
         |c, n| c.delete_namespace(n),
         |c| c.namespaces.clear(),
     );
+    let client_for_cluster_policies = client.clone();
     spawn_watch::<NetworkPolicy>(
         Api::all(client),
         shared.clone(),
@@ -190,6 +195,11 @@ pub fn spawn(
             c.name_rules.clear();
         },
     );
+    tokio::spawn(spawn_cluster_policies(
+        client_for_cluster_policies,
+        shared.clone(),
+        metrics.clone(),
+    ));
     if let Some(pods_cgroup) = config.pods_cgroup.clone() {
         tokio::spawn(probe_sandboxes(
             shared.clone(),
@@ -200,6 +210,57 @@ pub fn spawn(
     }
     tokio::spawn(sync_loop(shared, config, metrics, deny_index, hold));
     handle
+}
+
+/// How often a cluster without the ClusterNetworkPolicy kind (or without our permission to list it)
+/// is looked at again.
+const CLUSTER_POLICIES_LOOK_AGAIN: Duration = Duration::from_secs(60);
+
+/// Watches ClusterNetworkPolicies (`policy.networking.k8s.io/v1alpha2`) once the API server serves
+/// them and the agent may list them; until then they count as listed (there are none), so a cluster
+/// without the CRD enforces as before, and one that installs it later is picked up within
+/// [`CLUSTER_POLICIES_LOOK_AGAIN`].
+async fn spawn_cluster_policies(client: Client, shared: Arc<Shared>, metrics: EnforcementMetrics) {
+    let api = Api::<ClusterNetworkPolicy>::all(client);
+    loop {
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => {
+                tracing::info!(
+                    "enforcing ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2)"
+                );
+                // Not listed until its watch has: the tiers must not be installed half known.
+                shared
+                    .cluster_policies_listed
+                    .store(false, Ordering::Release);
+                spawn_watch::<ClusterNetworkPolicy>(
+                    api,
+                    shared,
+                    metrics,
+                    |s| &s.cluster_policies_listed,
+                    |c, p| c.apply_cluster_policy(p),
+                    |c, p| c.delete_cluster_policy(p),
+                    |c| c.cluster_policies.clear(),
+                );
+                return;
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {
+                if status.code == 403 {
+                    tracing::warn!(
+                        "ClusterNetworkPolicies are served but the agent may not list them (ClusterRole): they are not enforced"
+                    );
+                }
+                if !shared.cluster_policies_listed.swap(true, Ordering::AcqRel) {
+                    shared.touch();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "looking for ClusterNetworkPolicies failed; looking again");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(CLUSTER_POLICIES_LOOK_AGAIN).await;
+    }
 }
 
 /// Reads the addresses of this node's new pods on the node ([`sandbox::sandbox_addresses`]) while

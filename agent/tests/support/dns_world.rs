@@ -124,6 +124,9 @@ impl World {
                 ips: vec![IpAddr::V4(self.pod_ip)],
                 ingress: None,
                 egress: Some(Side {
+                    isolated: true,
+                    admin: vec![],
+                    baseline: vec![],
                     policies: vec!["x/p".into()],
                     allows: vec![Allow {
                         peers: Peers::Addresses(Arc::new([self.resolver.ip()].into())),

@@ -51,7 +51,9 @@ impl StatusSync {
             match api.list(&kube::api::ListParams::default().limit(1)).await {
                 Ok(_) => {
                     self.cluster_policies_served.set(Served::WATCHED);
-                    tracing::info!("watching ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2)");
+                    tracing::info!(
+                        "watching ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2)"
+                    );
                     run::reflect(api, writer).await;
                     return;
                 }

@@ -49,13 +49,13 @@ use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use network_enforcer_api::{
     AcknowledgedViolation, Backend, Direction, PolicyMode, RuleUsage, WorkloadNetworkPolicy,
     WorkloadRef,

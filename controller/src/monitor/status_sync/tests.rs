@@ -738,7 +738,11 @@ async fn evidence_waiting_for_the_watches_is_a_metric() {
     list(&mut writers.policies, []);
     assert!(sync.listed().complete());
     assert_eq!(all.map(waiting), [Some(0.0); 4]);
-    assert_eq!(waiting("cluster_policies"), Some(0.0), "no such kind: nothing to wait for");
+    assert_eq!(
+        waiting("cluster_policies"),
+        Some(0.0),
+        "no such kind: nothing to wait for"
+    );
 }
 
 /// The protect gate's replay attributes on the reconciler's task while the sync's own passes run:
