@@ -429,10 +429,14 @@ impl<'a> Compiler<'a> {
                 }
             };
             if protocol == Protocol::SCTP {
-                self.warn(
-                    warnings,
-                    "SCTP ports are not enforced (they allow nothing)".into(),
-                );
+                // A ClusterNetworkPolicy's named port stands for every protocol, SCTP included:
+                // only an SCTP port someone wrote is worth a warning.
+                if !matches!(port, Port::Named(..)) {
+                    self.warn(
+                        warnings,
+                        "SCTP ports are not enforced (they match nothing)".into(),
+                    );
+                }
                 continue;
             }
             match port {
@@ -995,6 +999,115 @@ mod tests {
             r.warnings
                 .iter()
                 .all(|w| w.starts_with("NetworkPolicy x/p1: "))
+        );
+    }
+
+    #[test]
+    fn cluster_policies_become_tier_rules_around_the_network_policies() {
+        use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
+        let mut c = cluster(&[
+            json!({"spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [{"ports": [{"port": 80}]}]}}),
+        ]);
+        for cnp in [
+            json!({"metadata": {"name": "tenants"}, "spec": {"tier": "Admin", "priority": 5,
+            "subject": {"namespaces": {}},
+            "ingress": [
+                {"action": "Deny", "from": [{"namespaces": {"matchLabels": {"ns": "y"}}}]},
+                {"action": "Pass", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "b"}}}}],
+                 "protocols": [{"destinationNamedPort": "http"}]},
+                {"action": "Accept", "from": [{}]}
+            ]}}),
+            json!({"metadata": {"name": "floor"}, "spec": {"tier": "Baseline", "priority": 0,
+                "subject": {"pods": {"namespaceSelector": {"matchLabels": {"ns": "x"}}, "podSelector": {"matchLabels": {"pod": "b"}}}},
+                "egress": [{"action": "Deny", "to": [{"networks": ["10.0.1.0/24"]}]},
+                           {"action": "Pass", "to": [{"nodes": {}}]}]}}),
+            json!({"metadata": {"name": "nowhere"}, "spec": {"tier": "Platform", "subject": {"namespaces": {}}}}),
+        ] {
+            let p: ClusterNetworkPolicy = serde_json::from_value(cnp).unwrap();
+            c.apply_cluster_policy(&p);
+        }
+        let r = compile(&c, NODE);
+        let names = |rules: &[TierRule]| -> Vec<(String, Action)> {
+            rules.iter().map(|r| (r.name.clone(), r.action)).collect()
+        };
+        // x/a: its NetworkPolicy isolates ingress; the Admin tier is in front of it.
+        let a = pod(&r, "x/a").unwrap().ingress.as_ref().unwrap();
+        assert!(a.isolated);
+        assert_eq!(
+            a.policies,
+            vec!["x/p0".to_string(), "cnp/tenants".to_string()]
+        );
+        assert_eq!(
+            names(&a.admin),
+            vec![
+                ("tenants ingress[0]".to_string(), Action::Deny),
+                ("tenants ingress[1]".to_string(), Action::Pass)
+            ],
+            "the unreadable Accept matches nothing: left out"
+        );
+        assert_eq!(
+            a.admin[0].matches,
+            vec![Allow {
+                peers: ips(&["10.0.1.1", "10.0.1.2"]),
+                ports: None,
+            }]
+        );
+        // Pods `b` of every namespace; the named port is x/a's own (ingress), on the protocol it
+        // is declared with.
+        assert_eq!(
+            a.admin[1].matches,
+            vec![Allow {
+                peers: ips(&["10.0.0.2", "10.0.1.2"]),
+                ports: Some(vec![tcp(8001, 8001)]),
+            }]
+        );
+        // x/b: no NetworkPolicy; Admin rules on ingress, Baseline rules on egress, where the
+        // unsupported nodes peer fails closed (a Pass denies everything).
+        let b = pod(&r, "x/b").unwrap();
+        let ingress = b.ingress.as_ref().unwrap();
+        assert!(!ingress.isolated && ingress.baseline.is_empty());
+        assert_eq!(
+            ingress.admin[1].matches[0].ports,
+            Some(vec![tcp(8002, 8002)])
+        );
+        let egress = b.egress.as_ref().unwrap();
+        assert!(!egress.isolated && egress.admin.is_empty());
+        assert_eq!(
+            names(&egress.baseline),
+            vec![
+                ("floor egress[0]".to_string(), Action::Deny),
+                ("floor egress[1]".to_string(), Action::Deny)
+            ]
+        );
+        assert_eq!(
+            egress.baseline[0].matches,
+            vec![Allow {
+                peers: Peers::Block {
+                    cidr: "10.0.1.0/24".parse().unwrap(),
+                    except: vec![],
+                },
+                ports: None,
+            }]
+        );
+        assert_eq!(egress.baseline[1].matches[0].peers, Peers::Any);
+        // Pods the cluster policies govern count as governed, not as isolated.
+        assert_eq!(r.isolated(), (1, 0));
+        for expected in [
+            "ClusterNetworkPolicy nowhere: unknown tier",
+            "ClusterNetworkPolicy tenants: tenants ingress[2]: a peer must set exactly one field",
+            "ClusterNetworkPolicy floor: floor egress[1]: nodes peers are not supported yet",
+        ] {
+            assert!(
+                r.warnings.iter().any(|w| w.starts_with(expected)),
+                "{expected}: {:?}",
+                r.warnings
+            );
+        }
+        assert!(
+            !r.warnings.iter().any(|w| w.contains("SCTP")),
+            "{:?}",
+            r.warnings
         );
     }
 }

@@ -474,7 +474,7 @@ fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::enforce::compile::IsolatedPod;
+    use crate::enforce::compile::{IsolatedPod, TierRule};
 
     fn ruleset() -> Ruleset {
         let range = |protocol, first, last| PortRange {
@@ -530,7 +530,10 @@ mod tests {
                             },
                         ],
                     }),
-                    egress: Some(Side::default()),
+                    egress: Some(Side {
+                        isolated: true,
+                        ..Side::default()
+                    }),
                 },
                 IsolatedPod {
                     namespace: "x".into(),
@@ -558,9 +561,124 @@ mod tests {
                         }],
                     }),
                 },
+                tiered_pod(),
             ],
             warnings: vec![],
         }
+    }
+
+    /// x/c: ClusterNetworkPolicies around it. Ingress (no NetworkPolicy isolates it): the Admin
+    /// tier denies 10.0.1.1, passes 10.0.0.0/24 on TCP 80, accepts UDP 53; the Baseline tier
+    /// denies the rest. Egress (a NetworkPolicy isolates it, allowing nothing): the Admin tier
+    /// accepts 192.0.2.0/24.
+    fn tiered_pod() -> IsolatedPod {
+        let rule = |name: &str, action, peers, ports| TierRule {
+            name: name.into(),
+            action,
+            matches: vec![Allow { peers, ports }],
+        };
+        let port = |protocol, n| {
+            Some(vec![PortRange {
+                protocol,
+                first: n,
+                last: n,
+            }])
+        };
+        IsolatedPod {
+            namespace: "x".into(),
+            name: "c".into(),
+            ips: vec!["10.0.0.4".parse().unwrap()],
+            ingress: Some(Side {
+                policies: vec!["cnp/tenants".into(), "cnp/floor".into()],
+                admin: vec![
+                    rule(
+                        "tenants ingress[0]",
+                        Action::Deny,
+                        Peers::Addresses(std::sync::Arc::new(["10.0.1.1".parse().unwrap()].into())),
+                        None,
+                    ),
+                    rule(
+                        "tenants ingress[1]",
+                        Action::Pass,
+                        Peers::Block {
+                            cidr: "10.0.0.0/24".parse().unwrap(),
+                            except: vec![],
+                        },
+                        port(Protocol::TCP, 80),
+                    ),
+                    rule(
+                        "tenants ingress[2]",
+                        Action::Accept,
+                        Peers::Any,
+                        port(Protocol::UDP, 53),
+                    ),
+                ],
+                baseline: vec![rule("floor ingress[0]", Action::Deny, Peers::Any, None)],
+                ..Side::default()
+            }),
+            egress: Some(Side {
+                isolated: true,
+                policies: vec!["x/deny-egress".into(), "cnp/tenants".into()],
+                admin: vec![rule(
+                    "tenants egress[0]",
+                    Action::Accept,
+                    Peers::Block {
+                        cidr: "192.0.2.0/24".parse().unwrap(),
+                        except: vec![],
+                    },
+                    None,
+                )],
+                ..Side::default()
+            }),
+        }
+    }
+
+    /// The Admin tier's rules come first, in order, with Accept as `return`, Deny as the deny and
+    /// Pass as a `goto` to the chain of the next tier, which the Admin chain also ends in.
+    #[test]
+    fn tiers_render_admin_rules_before_the_section_they_pass_to() {
+        let text = render(
+            &Ruleset {
+                pods: vec![tiered_pod()],
+                warnings: vec![],
+            },
+            "t",
+            Some(7),
+        );
+        let chain = |name: &str| -> Vec<String> {
+            let start = text
+                .find(&format!("chain {name} {{"))
+                .unwrap_or_else(|| panic!("no chain {name}:\n{text}"));
+            text[start..]
+                .lines()
+                .skip(1)
+                .take_while(|l| l.trim() != "}")
+                .filter(|l| !l.trim().starts_with('#'))
+                .map(|l| l.trim().to_string())
+                .collect()
+        };
+        // Ingress: the section (Baseline, no NetworkPolicy) is in_0, the Admin chain in_1.
+        assert_eq!(
+            chain("in_0"),
+            ["log prefix \"ne-deny ingress\" group 7 counter drop"]
+        );
+        let admin = chain("in_1");
+        assert_eq!(admin.len(), 4, "{text}");
+        assert!(
+            admin[0].starts_with("ip saddr @a4_")
+                && admin[0].ends_with("log prefix \"ne-deny ingress\" group 7 counter drop"),
+            "{text}"
+        );
+        assert_eq!(admin[1], "ip saddr 10.0.0.0/24 tcp dport 80 goto in_0");
+        assert_eq!(admin[2], "udp dport 53 return");
+        assert_eq!(admin[3], "goto in_0");
+        assert!(text.contains("10.0.0.4 : jump in_1"), "{text}");
+        // Egress: the NetworkPolicy section allows nothing; the Admin tier accepts a block first.
+        assert_eq!(
+            chain("eg_0"),
+            ["log prefix \"ne-deny egress\" group 7 counter drop"]
+        );
+        assert_eq!(chain("eg_1"), ["ip daddr 192.0.2.0/24 return", "goto eg_0"]);
     }
 
     #[test]
