@@ -314,6 +314,16 @@ pub fn install_crds(kubeconfig: &Path) -> Result<()> {
         )
         .with_context(|| format!("installing {}", file.display()))?;
     }
+    // Upstream's ClusterNetworkPolicy kind, which the controller and the agent judge and enforce
+    // where a cluster has it.
+    let stripped = strip_for_v1_20(&cluster_network_policy_crd()?)?;
+    process::output_with_input(
+        std::process::Command::new(cluster::layout::kubernetes_bin("kubectl"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["apply", "-f", "-"]),
+        stripped.as_bytes(),
+    )
+    .context("installing the ClusterNetworkPolicy CRD")?;
     kubectl(
         kubeconfig,
         &[
@@ -325,6 +335,26 @@ pub fn install_crds(kubeconfig: &Path) -> Result<()> {
         ],
     )?;
     Ok(())
+}
+
+/// The ClusterNetworkPolicy CRD (`policy.networking.k8s.io/v1alpha2`, network-policy-api v0.2.0)
+/// the local cluster gets: the group, version, kind, plural, short name and printer columns of
+/// upstream's, with the schema of our own typed kind (`network_enforcer_api::cluster_network_policy`),
+/// which is more lenient than upstream's CEL rules (v1.20 runs none of them anyway); `check`
+/// validates what those rules refuse.
+pub fn cluster_network_policy_crd() -> Result<String> {
+    use kube::CustomResourceExt;
+    let mut crd = network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy::crd();
+    // `*.k8s.io` groups are protected: the API server takes a CRD there only with the approval
+    // annotation upstream's carries.
+    crd.metadata.annotations = Some(
+        [(
+            "api-approved.kubernetes.io".to_string(),
+            "https://github.com/kubernetes-sigs/network-policy-api/pull/30".to_string(),
+        )]
+        .into(),
+    );
+    Ok(serde_yaml::to_string(&crd)?)
 }
 
 /// Removes what the v1.20 API server cannot take from a (multi-document) CRD YAML text:

@@ -280,7 +280,8 @@ const VIA_SERVICES: [&str; 6] = [
     "egress to a server in a CIDR block",
 ];
 
-/// The upstream suite's cases, then [`VIA_SERVICES`] through Services.
+/// The upstream suite's cases, then [`VIA_SERVICES`] through Services, then the
+/// ClusterNetworkPolicy cases.
 fn cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
     let mut cases = pod_ip_cases(pods, end_port_kept);
     for name in VIA_SERVICES {
@@ -293,7 +294,188 @@ fn cases(pods: &Pods, end_port_kept: bool) -> Vec<Case> {
         case.via = Via::Service;
         cases.push(case);
     }
+    cases.extend(cluster_cases(pods));
     cases
+}
+
+// ---- ClusterNetworkPolicy (policy.networking.k8s.io/v1alpha2) --------------------------------
+//
+// Written from the API reference (network-policy-api v0.2.0): the Admin tier before NetworkPolicies,
+// the Baseline tier after them, rules in order, priorities, Accept / Deny / Pass, peers by namespace,
+// pod and network, protocols with ports and named ports. Subjects and peers name our namespaces by
+// their unique names: the cluster is shared.
+
+/// Our namespaces `logical` (`x`, `y`, `z`) as a namespace selector, by their unique names.
+fn ours(pods: &Pods, logical: &[&str]) -> Value {
+    let names: Vec<&str> = logical.iter().map(|ns| pods.ns_name(ns)).collect();
+    json!({"matchExpressions": [{"key": NAME_LABEL, "operator": "In", "values": names}]})
+}
+
+/// A ClusterNetworkPolicy `name` (unique to this run) of `tier` at `priority`, applying to the pods
+/// of our namespaces `subject`, with `rules` (`ingress` and/or `egress`).
+fn cnp(
+    pods: &Pods,
+    name: &str,
+    tier: &str,
+    priority: i32,
+    subject: &[&str],
+    rules: Value,
+) -> Action {
+    let mut spec = json!({"tier": tier, "priority": priority,
+                          "subject": {"namespaces": ours(pods, subject)}});
+    for (key, value) in rules.as_object().expect("ingress and/or egress") {
+        spec[key] = value.clone();
+    }
+    Action::ApplyCluster(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("{name}-{}", std::process::id())},
+        "spec": spec,
+    }))
+}
+
+fn cluster_cases(pods: &Pods) -> Vec<Case> {
+    let from = |logical: &[&str]| json!([{"namespaces": ours(pods, logical)}]);
+    let all_ours = ["x", "y", "z"];
+    let y_b = json!([{"pods": {"namespaceSelector": ours(pods, &["y"]), "podSelector": pod("b")}}]);
+    let net = pod_network(pods.ip("x/a"));
+    let y_a = format!("{}/32", pods.ip("y/a"));
+    vec![
+        case(
+            "cnp: an Admin Deny from y into x overrides a NetworkPolicy that allows everything",
+            vec![
+                apply(
+                    "x",
+                    policy("allow-all", json!({"podSelector": {}, "ingress": [{}]})),
+                ),
+                cnp(
+                    pods,
+                    "deny-y",
+                    "Admin",
+                    10,
+                    &["x"],
+                    json!({"ingress": [{"action": "Deny", "from": from(&["y"])}]}),
+                ),
+            ],
+            all().deny(|p| p.from.ns == "y" && p.to.ns == "x"),
+        ),
+        case(
+            "cnp: an Admin Pass skips the tier's later Deny; no NetworkPolicy, so allowed",
+            vec![
+                cnp(
+                    pods,
+                    "pass-y-b",
+                    "Admin",
+                    10,
+                    &["x"],
+                    json!({"ingress": [{"action": "Pass", "from": y_b}]}),
+                ),
+                cnp(
+                    pods,
+                    "deny-ours",
+                    "Admin",
+                    20,
+                    &["x"],
+                    json!({"ingress": [{"action": "Deny", "from": from(&all_ours)}]}),
+                ),
+            ],
+            all().deny(|p| p.to.ns == "x" && !p.from.is("y/b")),
+        ),
+        case(
+            "cnp: a Baseline Deny holds where no NetworkPolicy isolates the pod",
+            vec![
+                apply(
+                    "z",
+                    policy("allow-a", json!({"podSelector": pod("a"), "ingress": [{}]})),
+                ),
+                cnp(
+                    pods,
+                    "floor-z",
+                    "Baseline",
+                    0,
+                    &["z"],
+                    json!({"ingress": [{"action": "Deny", "from": from(&all_ours)}]}),
+                ),
+            ],
+            all().deny(|p| p.to.ns == "z" && !p.to.is("z/a")),
+        ),
+        case(
+            "cnp: egress rules in order; networks match pod addresses",
+            vec![cnp(
+                pods,
+                "x-out",
+                "Admin",
+                10,
+                &["x"],
+                json!({"egress": [
+                    {"action": "Accept", "to": [{"networks": [y_a]}]},
+                    {"action": "Deny", "to": [{"networks": [net]}]}
+                ]}),
+            )],
+            all().deny(|p| p.from.ns == "x" && !p.to.is("y/a")),
+        ),
+        case(
+            "cnp: protocols: a Deny on UDP 81 and on the named port serve-80-tcp",
+            vec![cnp(
+                pods,
+                "z-ports",
+                "Admin",
+                10,
+                &["z"],
+                json!({"ingress": [{"action": "Deny", "from": from(&all_ours), "protocols": [
+                    {"udp": {"destinationPort": {"number": 81}}},
+                    {"destinationNamedPort": "serve-80-tcp"}
+                ]}]}),
+            )],
+            all().deny(|p| p.to.ns == "z" && (p.on(Udp, 81) || p.on(Tcp, 80))),
+        ),
+        steps(
+            "cnp: rules reordered and actions changed on the fly",
+            vec![
+                step(
+                    "accept y, then deny ours",
+                    vec![cnp(
+                        pods,
+                        "x-order",
+                        "Admin",
+                        10,
+                        &["x"],
+                        json!({"ingress": [
+                            {"action": "Accept", "from": from(&["y"])},
+                            {"action": "Deny", "from": from(&all_ours)}
+                        ]}),
+                    )],
+                    all().deny(|p| p.to.ns == "x" && p.from.ns != "y"),
+                ),
+                step(
+                    "deny ours first",
+                    vec![cnp(
+                        pods,
+                        "x-order",
+                        "Admin",
+                        10,
+                        &["x"],
+                        json!({"ingress": [
+                            {"action": "Deny", "from": from(&all_ours)},
+                            {"action": "Accept", "from": from(&["y"])}
+                        ]}),
+                    )],
+                    all().deny(|p| p.to.ns == "x"),
+                ),
+                step(
+                    "pass instead of deny",
+                    vec![cnp(
+                        pods,
+                        "x-order",
+                        "Admin",
+                        10,
+                        &["x"],
+                        json!({"ingress": [{"action": "Pass", "from": from(&all_ours)}]}),
+                    )],
+                    all(),
+                ),
+            ],
+        ),
+    ]
 }
 
 /// The upstream suite's cases, by its descriptions; the server is x/a unless a case says otherwise.

@@ -44,6 +44,10 @@ pub const NS_LABEL: &str = "ns";
 /// not, so we set it ourselves: policies selecting a namespace by name use it.
 pub const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
+/// The label our ClusterNetworkPolicies carry (value: this process's id), so that undoing a case
+/// deletes ours and nobody else's.
+pub const CLUSTER_POLICY_LABEL: &str = "netpol-test";
+
 /// The container port name of `port`/`protocol`, as upstream names them.
 pub fn port_name(port: u16, protocol: Protocol) -> String {
     format!("serve-{port}-{}", protocol.lower())
@@ -274,9 +278,32 @@ impl Pods {
         Table::from_verdicts(verdicts).map_err(anyhow::Error::msg)
     }
 
-    /// The NetworkPolicies of our namespaces as the API server stored them.
+    /// Our ClusterNetworkPolicies, deleted.
+    fn delete_cluster_policies(&self) -> Result<()> {
+        let selector = format!("{CLUSTER_POLICY_LABEL}={}", std::process::id());
+        kubectl(
+            &self.kubeconfig,
+            &["delete", "clusternetworkpolicies", "-l", &selector],
+        )
+        .map(drop)
+    }
+
+    /// The NetworkPolicies of our namespaces and our ClusterNetworkPolicies, as the API server
+    /// stored them.
     pub fn stored_policies(&self) -> Result<Vec<Value>> {
-        let mut policies = Vec::new();
+        let selector = format!("{CLUSTER_POLICY_LABEL}={}", std::process::id());
+        let list: Value = serde_json::from_str(&kubectl(
+            &self.kubeconfig,
+            &[
+                "get",
+                "clusternetworkpolicies",
+                "-l",
+                &selector,
+                "-o",
+                "json",
+            ],
+        )?)?;
+        let mut policies = list["items"].as_array().cloned().unwrap_or_default();
         for ns in NAMESPACES {
             let list: Value = serde_json::from_str(&self.namespaces[ns].kubectl(&[
                 "get",
@@ -319,6 +346,17 @@ impl Pods {
             Action::Delete(ns, name) => {
                 self.namespaces[ns].kubectl(&["delete", "networkpolicy", name])?;
             }
+            Action::ApplyCluster(policy) => {
+                let mut policy = policy.clone();
+                policy["metadata"]["labels"][CLUSTER_POLICY_LABEL] =
+                    Value::String(std::process::id().to_string());
+                output_with_input(
+                    Command::new(kubernetes_bin("kubectl"))
+                        .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                        .args(["apply", "--validate=false", "-f", "-"]),
+                    policy.to_string().as_bytes(),
+                )?;
+            }
             Action::LabelNamespace(ns, key, value) => {
                 let name = self.ns_name(ns).to_string();
                 self.label(&["namespace", &name], key, value.as_deref())?;
@@ -354,11 +392,13 @@ impl Pods {
         kubectl(&self.kubeconfig, &args).map(drop)
     }
 
-    /// Undoes a case: deletes every NetworkPolicy of our namespaces and puts every label back.
+    /// Undoes a case: deletes every NetworkPolicy of our namespaces and our ClusterNetworkPolicies,
+    /// and puts every label back.
     pub fn reset(&mut self) -> Result<()> {
         for ns in NAMESPACES {
             self.namespaces[ns].kubectl(&["delete", "networkpolicies", "--all"])?;
         }
+        self.delete_cluster_policies()?;
         let mut undo = Vec::new();
         for ns in NAMESPACES {
             let base = base_ns_labels(ns, self.ns_name(ns));
@@ -385,6 +425,16 @@ impl Pods {
     /// Objects and events of our namespaces (for failure messages).
     pub fn describe(&self) -> String {
         self.namespaces.values().map(Namespace::describe).collect()
+    }
+}
+
+impl Drop for Pods {
+    /// Our ClusterNetworkPolicies go with our namespaces, also when a case failed (they are
+    /// cluster-scoped: deleting the namespaces does not delete them).
+    fn drop(&mut self) {
+        if let Err(error) = self.delete_cluster_policies() {
+            eprintln!("[netpol] deleting our ClusterNetworkPolicies: {error:#}");
+        }
     }
 }
 
@@ -490,6 +540,10 @@ pub enum Action {
     Apply(&'static str, Value),
     /// Deletes the NetworkPolicy of that name.
     Delete(&'static str, &'static str),
+    /// `kubectl apply` of a ClusterNetworkPolicy (JSON, cluster-scoped). [`Pods::reset`] deletes
+    /// it by the [`CLUSTER_POLICY_LABEL`] it is given, so its subject must select our namespaces
+    /// only (the cluster is shared).
+    ApplyCluster(Value),
     /// Sets (`Some`) or removes (`None`) a namespace label.
     LabelNamespace(&'static str, String, Option<String>),
     /// Sets (`Some`) or removes (`None`) a pod label.
