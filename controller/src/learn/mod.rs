@@ -6,6 +6,7 @@
 //! Around them: the [`learner`] holds what was learned and not written yet, the [`flusher`] takes it
 //! and has the [`proposal_writer`] write each proposal.
 
+pub mod cluster_policies;
 pub mod deferrals;
 mod edges;
 mod flows;

@@ -56,6 +56,10 @@ pub struct CheckArgs {
     /// each side explained under both.
     #[arg(long, value_name = "NEW_POLICIES")]
     diff_policies: Option<std::path::PathBuf>,
+    /// Instead of verdicts: the ClusterNetworkPolicies the flows need (an Admin isolation and a
+    /// Baseline floor per namespace, docs/behaviour.md §1.11), as YAML to review and apply.
+    #[arg(long, conflicts_with_all = ["explain", "diff_policies", "flows_from"])]
+    propose_cluster_policies: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
     output: OutputFormat,
@@ -195,6 +199,28 @@ pub async fn check(args: &CheckArgs) -> Result<()> {
         }
         (None, None) => anyhow::bail!("give --scenario FILE, or --from-cluster --namespace NS"),
     };
+    if args.propose_cluster_policies {
+        let proposed = crate::tools::check::propose_cluster_policies(&scenario)
+            .with_context(|| format!("invalid {source}"))?;
+        for note in &proposed.notes {
+            eprintln!("note: {note}");
+        }
+        eprintln!(
+            "{} ClusterNetworkPolicies from {} flows; each observed flow stays allowed",
+            proposed.policies.len(),
+            scenario.flows.len()
+        );
+        let mut yaml = String::new();
+        for policy in &proposed.policies {
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_yaml::to_string(policy)?);
+        }
+        // A reader that stops early (`| head`) is no error worth a panic.
+        return match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            other => other.context("writing the proposals to stdout"),
+        };
+    }
     let checker = Checker::new(scenario).with_context(|| format!("invalid {source}"))?;
     let report = if args.explain {
         checker.explain()

@@ -37,6 +37,7 @@ mod build;
 mod diff;
 pub mod explain;
 pub mod live;
+mod propose;
 mod render;
 mod replay;
 mod scenario;
@@ -46,6 +47,7 @@ mod verdict;
 
 pub use diff::{DiffChange, DiffReport, Verdict, diff, parse_policies};
 use explain::{Decision, MatchedRule};
+pub use propose::propose_cluster_policies;
 use render::{peer_text, side_text, table};
 pub use replay::{
     AgentRecord, RecordDirection, RecordOutcome, ReplayChange, ReplayReport, parse_records,

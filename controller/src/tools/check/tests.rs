@@ -598,3 +598,56 @@ fn cluster_policies_show_the_trail_through_the_tiers() {
         None
     );
 }
+
+/// The proposed ClusterNetworkPolicies, in force, allow every observed flow and deny the
+/// cross-namespace and outside flows nobody was seen making.
+#[test]
+fn proposed_cluster_policies_allow_what_was_observed() {
+    let pods = "pods:\n\
+        - {namespace: shop, name: api, labels: {app: api}, ip: 10.0.0.1}\n\
+        - {namespace: shop, name: db, labels: {app: db}, ip: 10.0.0.2}\n\
+        - {namespace: web, name: front, labels: {app: front}, ip: 10.0.1.1}\n\
+        - {namespace: other, name: x, labels: {app: x}, ip: 10.0.2.1}\n\
+        - {namespace: kube-system, name: dns, labels: {k8s-app: kube-dns}, ip: 10.0.3.1}\n";
+    let observed = "- {from: {pod: web/front}, to: {pod: shop/api}, port: 8080}\n\
+        - {from: {pod: shop/api}, to: {ip: 10.0.0.2}, port: 5432}\n\
+        - {from: {pod: shop/api}, to: {ip: 203.0.113.7}, port: 443}\n\
+        - {from: {pod: shop/api}, to: {pod: kube-system/dns}, protocol: UDP, port: 53}\n";
+    let scenario = parse_scenario(&format!("{pods}flows:\n{observed}")).unwrap();
+    let proposed = propose_cluster_policies(&scenario).unwrap();
+    let names: Vec<&str> = proposed
+        .policies
+        .iter()
+        .map(|p| p.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ne-isolate-shop",
+            "ne-isolate-web",
+            "ne-floor-shop",
+            "ne-floor-web"
+        ]
+    );
+    let unobserved = "- {from: {pod: other/x}, to: {pod: shop/api}, port: 8080}\n\
+        - {from: {pod: shop/api}, to: {pod: other/x}, port: 80}\n\
+        - {from: {pod: web/front}, to: {pod: other/x}, port: 80}\n\
+        - {from: {pod: shop/api}, to: {ip: 198.51.100.1}, port: 443}\n\
+        - {from: {pod: web/front}, to: {pod: kube-system/dns}, protocol: UDP, port: 53}\n";
+    let mut with = parse_scenario(&format!("{pods}flows:\n{observed}{unobserved}")).unwrap();
+    for policy in &proposed.policies {
+        with.policies.push(serde_json::to_value(policy).unwrap());
+    }
+    let verdicts: Vec<bool> = Checker::new(with)
+        .unwrap()
+        .run()
+        .results
+        .iter()
+        .map(|r| r.allowed)
+        .collect();
+    assert_eq!(
+        verdicts,
+        [true, true, true, true, false, false, false, false, true],
+        "observed flows allowed; unobserved ones denied; every namespace keeps the cluster DNS"
+    );
+}
