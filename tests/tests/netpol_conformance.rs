@@ -339,6 +339,17 @@ fn cluster_cases(pods: &Pods) -> Vec<Case> {
     let y_b = json!([{"pods": {"namespaceSelector": ours(pods, &["y"]), "podSelector": pod("b")}}]);
     let net = pod_network(pods.ip("x/a"));
     let y_a = format!("{}/32", pods.ip("y/a"));
+    // One Admin policy of x whose ingress rules a case rewrites step by step.
+    let x_order = |rules: Value| {
+        cnp(
+            pods,
+            "x-order",
+            "Admin",
+            10,
+            &["x"],
+            json!({"ingress": rules}),
+        )
+    };
     vec![
         case(
             "cnp: an Admin Deny from y into x overrides a NetworkPolicy that allows everything",
@@ -433,43 +444,24 @@ fn cluster_cases(pods: &Pods) -> Vec<Case> {
             vec![
                 step(
                     "accept y, then deny ours",
-                    vec![cnp(
-                        pods,
-                        "x-order",
-                        "Admin",
-                        10,
-                        &["x"],
-                        json!({"ingress": [
-                            {"action": "Accept", "from": from(&["y"])},
-                            {"action": "Deny", "from": from(&all_ours)}
-                        ]}),
-                    )],
+                    vec![x_order(json!([
+                        {"action": "Accept", "from": from(&["y"])},
+                        {"action": "Deny", "from": from(&all_ours)}
+                    ]))],
                     all().deny(|p| p.to.ns == "x" && p.from.ns != "y"),
                 ),
                 step(
                     "deny ours first",
-                    vec![cnp(
-                        pods,
-                        "x-order",
-                        "Admin",
-                        10,
-                        &["x"],
-                        json!({"ingress": [
-                            {"action": "Deny", "from": from(&all_ours)},
-                            {"action": "Accept", "from": from(&["y"])}
-                        ]}),
-                    )],
+                    vec![x_order(json!([
+                        {"action": "Deny", "from": from(&all_ours)},
+                        {"action": "Accept", "from": from(&["y"])}
+                    ]))],
                     all().deny(|p| p.to.ns == "x"),
                 ),
                 step(
                     "pass instead of deny",
-                    vec![cnp(
-                        pods,
-                        "x-order",
-                        "Admin",
-                        10,
-                        &["x"],
-                        json!({"ingress": [{"action": "Pass", "from": from(&all_ours)}]}),
+                    vec![x_order(
+                        json!([{"action": "Pass", "from": from(&all_ours)}]),
                     )],
                     all(),
                 ),

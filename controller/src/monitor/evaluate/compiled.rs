@@ -250,6 +250,20 @@ fn side<'a>(
     Some((subject.pod()?, query))
 }
 
+/// [`side`], when `policy` isolates its pod.
+fn isolated_side<'a>(
+    view: &ClusterView,
+    policy: &Policy<'_>,
+    direction: Direction,
+    ends: (Resolved<'a>, Resolved<'a>),
+    (protocol, port): (Protocol, u16),
+) -> Option<(IndexedPod<'a>, Query<'a>)> {
+    let (subject, query) = side(view, direction, ends, protocol, port)?;
+    policy
+        .isolates(direction, subject.pod.namespace, subject.labels())
+        .then_some((subject, query))
+}
+
 /// The verdict of both sides of `flow` with the policies in force in `view`: egress at the source
 /// pod, ingress at the destination pod, each through the tiers (Admin ClusterNetworkPolicies, then
 /// NetworkPolicies, then Baseline ones; [`netpol::cluster`]).
@@ -320,10 +334,7 @@ pub fn verdict_as_if_rendered(
     protocol: Protocol,
     port: u16,
 ) -> Option<bool> {
-    let (subject, query) = side(view, direction, ends, protocol, port)?;
-    if !rendered.isolates(direction, subject.pod.namespace, subject.labels()) {
-        return None;
-    }
+    let (subject, query) = isolated_side(view, rendered, direction, ends, (protocol, port))?;
     let index = view.policy_index();
     match first_match(index.cluster_tier(subject, Tier::Admin), direction, &query) {
         Some(m) if m.action == Action::Accept => return Some(true),
@@ -351,13 +362,10 @@ pub fn matching_rules(
     protocol: Protocol,
     port: u16,
 ) -> Vec<usize> {
-    let Some((subject, query)) = side(view, direction, ends, protocol, port) else {
-        return Vec::new();
-    };
-    if !policy.isolates(direction, subject.pod.namespace, subject.labels()) {
-        return Vec::new();
+    match isolated_side(view, policy, direction, ends, (protocol, port)) {
+        Some((_, query)) => policy.matching_rules(direction, &query).collect(),
+        None => Vec::new(),
     }
-    policy.matching_rules(direction, &query).collect()
 }
 
 #[cfg(test)]
