@@ -26,6 +26,8 @@ pub struct OutcomeLabel {
 pub struct EnforcementMetrics {
     /// NetworkPolicies known (all namespaces).
     pub policies: Gauge,
+    /// ClusterNetworkPolicies known (0 where the cluster does not serve the kind).
+    pub cluster_policies: Gauge,
     /// Pods of this node isolated, per direction.
     pub isolated_pods: Family<DirectionLabel, Gauge>,
     /// Rules in the installed table.
@@ -60,6 +62,7 @@ impl Default for EnforcementMetrics {
     fn default() -> Self {
         Self {
             policies: Gauge::default(),
+            cluster_policies: Gauge::default(),
             isolated_pods: Family::default(),
             rules: Gauge::default(),
             syncs: Counter::default(),
@@ -86,6 +89,11 @@ impl EnforcementMetrics {
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("enforcement");
         r.register("policies", "NetworkPolicies known", self.policies.clone());
+        r.register(
+            "cluster_policies",
+            "ClusterNetworkPolicies known (0 where the cluster does not serve the kind)",
+            self.cluster_policies.clone(),
+        );
         r.register(
             "isolated_pods",
             "Pods of this node isolated by a NetworkPolicy, per direction",

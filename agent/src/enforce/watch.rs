@@ -466,7 +466,8 @@ async fn sync_loop(
             .take();
         let (ruleset, policies) = {
             let cluster = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
-            (compile(&cluster, &config.node), cluster.policies.len())
+            let known = (cluster.policies.len(), cluster.cluster_policies.len());
+            (compile(&cluster, &config.node), known)
         };
         // What the table looks like without the name grants (they change by themselves): installed
         // again only when this changes.
@@ -485,14 +486,15 @@ async fn sync_loop(
                 Ok(_) => {
                     report(&ruleset, policies, &script, &metrics);
                     for warning in &ruleset.warnings {
-                        tracing::warn!(warning, "part of a NetworkPolicy is not enforced");
+                        tracing::warn!(warning, "part of a policy is not enforced as written");
                     }
                     if let Some(since) = since {
                         metrics.sync_seconds.observe(since.elapsed().as_secs_f64());
                     }
                     tracing::info!(
                         table = %config.table,
-                        policies,
+                        policies = policies.0,
+                        cluster_policies = policies.1,
                         isolated_ingress = ruleset.isolated().0,
                         isolated_egress = ruleset.isolated().1,
                         "enforcement table installed"
@@ -543,9 +545,15 @@ fn fail(config: &Config, opened: &mut bool, why: &str) {
     }
 }
 
-fn report(ruleset: &Ruleset, policies: usize, script: &str, metrics: &EnforcementMetrics) {
+fn report(
+    ruleset: &Ruleset,
+    (policies, cluster_policies): (usize, usize),
+    script: &str,
+    metrics: &EnforcementMetrics,
+) {
     let (ingress, egress) = ruleset.isolated();
     metrics.policies.set(policies as i64);
+    metrics.cluster_policies.set(cluster_policies as i64);
     metrics
         .isolated_pods
         .get_or_create(&DirectionLabel {
