@@ -351,6 +351,60 @@ fn run() -> Result<()> {
         )),
     );
 
+    // 2b. ClusterNetworkPolicy change → enforced, then back to NetworkPolicies only (the deny and
+    // memory figures are the NetworkPolicy table's, as before).
+    println!(
+        "==> {CHANGES} ClusterNetworkPolicy changes (Admin and Baseline tiers over the same cluster), compile + render + apply"
+    );
+    let mut cluster_totals = Vec::new();
+    let mut cluster_script = 0;
+    for i in 0..CHANGES {
+        let t = Instant::now();
+        cluster.apply_cluster_policy(&changed_cluster_policy(i));
+        let ruleset = compile(&cluster, NODE);
+        let script = nft::render(&ruleset, TABLE, Some(LOG_GROUP));
+        net.in_node(|| nft::apply(&script))?
+            .context("installing a ruleset with ClusterNetworkPolicies")?;
+        cluster_totals.push(ms(t.elapsed()));
+        cluster_script = script.len();
+    }
+    println!(
+        "    {} ClusterNetworkPolicies, script {:.1} MiB; p50 {:.0} ms, p99 {:.0} ms",
+        cluster.cluster_policies.len(),
+        cluster_script as f64 / (1 << 20) as f64,
+        percentile(&cluster_totals, 50.0),
+        percentile(&cluster_totals, 99.0)
+    );
+    figures.insert(
+        "cluster_policies".into(),
+        json!(cluster.cluster_policies.len()),
+    );
+    figures.insert(
+        "cluster_policy_change_to_enforced_p50_ms".into(),
+        json!(round1(percentile(&cluster_totals, 50.0))),
+    );
+    figures.insert(
+        "cluster_policy_change_to_enforced_p99_ms".into(),
+        json!(round1(percentile(&cluster_totals, 99.0))),
+    );
+    figures.insert(
+        "script_bytes_with_cluster_policies".into(),
+        json!(cluster_script),
+    );
+    notes.insert(
+        "cluster_policy_change_to_enforced_p99_ms".into(),
+        json!(format!(
+            "{CHANGES} changes on top of the 1,000 NetworkPolicies: alternately a new Admin or Baseline \
+             ClusterNetworkPolicy (subject: one team's ten namespaces; 25 rules of namespace, pod and \
+             network peers with ports and named ports, Accept / Deny / Pass) and one of them with its \
+             rules reversed; from Cluster::apply_cluster_policy to nft::apply having returned, as for \
+             NetworkPolicies. The ClusterNetworkPolicies are removed afterwards"
+        )),
+    );
+    cluster.cluster_policies.clear();
+    net.in_node(|| nft::apply(&current.1))?
+        .context("installing the NetworkPolicy table again")?;
+
     // 4. Denied first packets (before 3, which needs no namespaces).
     println!("==> denied SYNs: enforced table vs drops in front of it");
     let (ruleset, script) = &current;
@@ -607,6 +661,51 @@ fn policies(n: usize) -> Vec<(String, Value)> {
 
 /// Change number `i`: even ones add a policy, odd ones modify the port of an existing one. Each
 /// selects pods on `node-0` (every app has one there in every namespace).
+/// The `i`-th ClusterNetworkPolicy change: even `i` adds policy `cnp-<i/2>` (Admin when `i/2` is
+/// even, Baseline otherwise) for team `i/2`'s namespaces, odd `i` reverses the order of its rules.
+fn changed_cluster_policy(
+    i: usize,
+) -> network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy {
+    let k = i / 2;
+    let actions = ["Accept", "Deny", "Pass"];
+    let mut rules: Vec<Value> = (0..25)
+        .map(|r| {
+            let peer = match r % 3 {
+                0 => json!({"namespaces": {"matchLabels": {"team": format!("team-{}", (k + r) % 10)}}}),
+                1 => json!({"pods": {"namespaceSelector": {"matchLabels": {"env": "prod"}},
+                                     "podSelector": {"matchLabels": {"app": format!("app-{}", r % APPS_PER_NAMESPACE)}}}}),
+                _ => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+            };
+            let protocols = match r % 4 {
+                0 => json!([{"tcp": {"destinationPort": {"number": 8080 + r}}}]),
+                1 => json!([{"destinationNamedPort": "metrics"}]),
+                2 => json!([{"udp": {"destinationPort": {"range": {"start": 5000, "end": 5100}}}}]),
+                _ => Value::Null,
+            };
+            let mut rule = json!({"name": format!("r{r}"), "action": actions[r % 3], "from": [peer]});
+            if !protocols.is_null() {
+                rule["protocols"] = protocols;
+            }
+            rule
+        })
+        .collect();
+    if i % 2 == 1 {
+        rules.reverse();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("cnp-{k}")},
+        "spec": {
+            "tier": if k.is_multiple_of(2) { "Admin" } else { "Baseline" },
+            "priority": 100 + k,
+            "subject": {"namespaces": {"matchLabels": {"team": format!("team-{}", k % 10)}}},
+            "ingress": rules,
+        }
+    }))
+    .expect("a ClusterNetworkPolicy")
+}
+
 fn changed_policy(i: usize) -> NetworkPolicy {
     let ns = namespace_name((i * 37) % NAMESPACES);
     if i.is_multiple_of(2) {

@@ -48,6 +48,16 @@ const KEYS: &[(&str, &str)] = &[
     ("policy_change_render_p50_ms", "ms"),
     ("policy_change_apply_p50_ms", "ms (nft -f)"),
     ("policy_change_samples", "changes"),
+    (
+        "cluster_policy_change_to_enforced_p50_ms",
+        "ms (ClusterNetworkPolicies)",
+    ),
+    (
+        "cluster_policy_change_to_enforced_p99_ms",
+        "ms (ClusterNetworkPolicies)",
+    ),
+    ("cluster_policies", "ClusterNetworkPolicies"),
+    ("script_bytes_with_cluster_policies", "bytes"),
     ("apply_ms_full", "ms (nft -f, fresh table)"),
     ("agent_rss_mib_enforcing", "MiB (VmRSS of the child)"),
     ("agent_peak_rss_mib_enforcing", "MiB (VmHWM)"),
@@ -70,6 +80,7 @@ const KEYS: &[(&str, &str)] = &[
 const GOALS: &[(&str, &str, f64)] = &[
     ("conn_rate_ratio_enforced", ">=", 0.95),
     ("policy_change_to_enforced_p99_ms", "<=", 1000.0),
+    ("cluster_policy_change_to_enforced_p99_ms", "<=", 1000.0),
     ("agent_rss_mib_enforcing", "<=", 64.0),
 ];
 
