@@ -357,23 +357,38 @@ fn run() -> Result<()> {
         "==> {CHANGES} ClusterNetworkPolicy changes (Admin and Baseline tiers over the same cluster), compile + render + apply"
     );
     let mut cluster_totals = Vec::new();
+    let (mut cluster_compiles, mut cluster_renders) = (Vec::new(), Vec::new());
     let mut cluster_script = 0;
     for i in 0..CHANGES {
         let t = Instant::now();
         cluster.apply_cluster_policy(&changed_cluster_policy(i));
         let ruleset = compile(&cluster, NODE);
+        let t_compile = t.elapsed();
         let script = nft::render(&ruleset, TABLE, Some(LOG_GROUP));
+        let t_render = t.elapsed();
         net.in_node(|| nft::apply(&script))?
             .context("installing a ruleset with ClusterNetworkPolicies")?;
         cluster_totals.push(ms(t.elapsed()));
+        cluster_compiles.push(ms(t_compile));
+        cluster_renders.push(ms(t_render - t_compile));
         cluster_script = script.len();
     }
     println!(
-        "    {} ClusterNetworkPolicies, script {:.1} MiB; p50 {:.0} ms, p99 {:.0} ms",
+        "    {} ClusterNetworkPolicies, script {:.1} MiB; p50 {:.0} ms (compile {:.0}, render {:.0}), p99 {:.0} ms",
         cluster.cluster_policies.len(),
         cluster_script as f64 / (1 << 20) as f64,
         percentile(&cluster_totals, 50.0),
+        percentile(&cluster_compiles, 50.0),
+        percentile(&cluster_renders, 50.0),
         percentile(&cluster_totals, 99.0)
+    );
+    figures.insert(
+        "cluster_policy_change_compile_p50_ms".into(),
+        json!(round1(percentile(&cluster_compiles, 50.0))),
+    );
+    figures.insert(
+        "cluster_policy_change_render_p50_ms".into(),
+        json!(round1(percentile(&cluster_renders, 50.0))),
     );
     figures.insert(
         "cluster_policies".into(),

@@ -31,7 +31,8 @@ use crate::enforce::compile::{Allow, Peers, PortRange, Ruleset, Side, TierRule};
 use crate::enforce::dns_hold::grants::Grant;
 use netpol::cluster::Action;
 use network_enforcer_api::Protocol;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -211,9 +212,26 @@ fn declare_names(out: &mut String, grants: &[(Grant, Duration)]) {
 struct NamedSets {
     /// (type, interval flag, elements) → name.
     names: BTreeMap<(&'static str, bool, Vec<String>), String>,
+    /// The address sets of peers already named, by the shared set they came from (its address) and
+    /// family: a peer's addresses are one `Arc` for every pod and rule that uses them, so each is
+    /// written out once per render instead of once per use (a namespace peer of a cluster policy
+    /// can hold thousands of addresses and be used by every pod the policy governs).
+    by_source: HashMap<(usize, bool), Option<String>>,
 }
 
 impl NamedSets {
+    /// The name of the set of the `v4` (else v6) addresses of `ips`; `None` when it has none.
+    fn peer_addresses(&mut self, ips: &Arc<BTreeSet<IpAddr>>, v4: bool) -> Option<String> {
+        let key = (Arc::as_ptr(ips) as usize, v4);
+        if let Some(name) = self.by_source.get(&key) {
+            return name.clone();
+        }
+        let family: Vec<IpAddr> = ips.iter().filter(|ip| ip.is_ipv4() == v4).copied().collect();
+        let name = (!family.is_empty()).then(|| self.addresses(&family));
+        self.by_source.insert(key, name.clone());
+        name
+    }
+
     /// The name of the set of `kind` (`ipv4_addr`, `ipv6_addr`, `inet_service`) holding `elements`;
     /// `interval` for prefixes and ranges (merged where they overlap).
     fn name(&mut self, kind: &'static str, interval: bool, elements: Vec<String>) -> String {
@@ -338,11 +356,10 @@ fn allow_rules(allow: &Allow, field: &str, sets: &mut NamedSets, verdict: &str) 
     let addresses: Vec<String> = match &allow.peers {
         Peers::Any => vec![String::new()],
         Peers::Addresses(ips) => {
-            let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips.iter().partition(|ip| ip.is_ipv4());
             let mut out = Vec::new();
-            for (family, ips) in [("ip", v4), ("ip6", v6)] {
-                if !ips.is_empty() {
-                    out.push(format!("{family} {field} @{} ", sets.addresses(&ips)));
+            for (family, v4) in [("ip", true), ("ip6", false)] {
+                if let Some(set) = sets.peer_addresses(ips, v4) {
+                    out.push(format!("{family} {field} @{set} "));
                 }
             }
             out

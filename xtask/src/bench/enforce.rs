@@ -56,6 +56,8 @@ const KEYS: &[(&str, &str)] = &[
         "cluster_policy_change_to_enforced_p99_ms",
         "ms (ClusterNetworkPolicies)",
     ),
+    ("cluster_policy_change_compile_p50_ms", "ms"),
+    ("cluster_policy_change_render_p50_ms", "ms"),
     ("cluster_policies", "ClusterNetworkPolicies"),
     ("script_bytes_with_cluster_policies", "bytes"),
     ("apply_ms_full", "ms (nft -f, fresh table)"),
