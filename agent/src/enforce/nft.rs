@@ -32,11 +32,11 @@ use crate::enforce::dns_hold::grants::Grant;
 use netpol::cluster::Action;
 use network_enforcer_api::Protocol;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The NFLOG prefixes of denied packets: which side of the isolated pod refused them.
@@ -226,7 +226,11 @@ impl NamedSets {
         if let Some(name) = self.by_source.get(&key) {
             return name.clone();
         }
-        let family: Vec<IpAddr> = ips.iter().filter(|ip| ip.is_ipv4() == v4).copied().collect();
+        let family: Vec<IpAddr> = ips
+            .iter()
+            .filter(|ip| ip.is_ipv4() == v4)
+            .copied()
+            .collect();
         let name = (!family.is_empty()).then(|| self.addresses(&family));
         self.by_source.insert(key, name.clone());
         name

@@ -144,10 +144,7 @@ pub async fn graph(args: &GraphArgs) -> Result<()> {
         Some(path) => {
             std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?
         }
-        None => {
-            use std::io::Write as _;
-            std::io::stdout().write_all(&bytes)?;
-        }
+        None => write_stdout(&bytes)?,
     }
     Ok(())
 }
@@ -215,11 +212,7 @@ pub async fn check(args: &CheckArgs) -> Result<()> {
             yaml.push_str("---\n");
             yaml.push_str(&serde_yaml::to_string(policy)?);
         }
-        // A reader that stops early (`| head`) is no error worth a panic.
-        return match std::io::Write::write_all(&mut std::io::stdout().lock(), yaml.as_bytes()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-            other => other.context("writing the proposals to stdout"),
-        };
+        return write_stdout(yaml.as_bytes());
     }
     let checker = Checker::new(scenario).with_context(|| format!("invalid {source}"))?;
     let report = if args.explain {
@@ -244,7 +237,7 @@ pub async fn check(args: &CheckArgs) -> Result<()> {
         }
         None => None,
     };
-    match args.output {
+    let text = match args.output {
         OutputFormat::Json => {
             let mut value = serde_json::to_value(&report)?;
             if let Some(replay) = &replay {
@@ -256,23 +249,29 @@ pub async fn check(args: &CheckArgs) -> Result<()> {
             if let Some(usage) = checker.rule_usage() {
                 value["ruleUsage"] = serde_json::to_value(usage.rules)?;
             }
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            format!("{}\n", serde_json::to_string_pretty(&value)?)
         }
         OutputFormat::Table => {
-            print!("{}", report.render_table());
-            if let Some(replay) = &replay {
-                println!();
-                print!("{}", replay.render_table());
+            let mut text = report.render_table();
+            let tables = [
+                replay.as_ref().map(|r| r.render_table()),
+                changes.as_ref().map(|c| c.render_table()),
+                checker.rule_usage().map(|u| u.render_table()),
+            ];
+            for table in tables.into_iter().flatten() {
+                text.push('\n');
+                text.push_str(&table);
             }
-            if let Some(changes) = &changes {
-                println!();
-                print!("{}", changes.render_table());
-            }
-            if let Some(usage) = checker.rule_usage() {
-                println!();
-                print!("{}", usage.render_table());
-            }
+            text
         }
+    };
+    write_stdout(text.as_bytes())
+}
+
+/// Writes a command's output; a reader that stops early (`| head`) is no error worth a panic.
+fn write_stdout(bytes: &[u8]) -> Result<()> {
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), bytes) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
     }
-    Ok(())
 }
