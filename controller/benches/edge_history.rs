@@ -1,6 +1,8 @@
 //! The protect gate's edge history at 1M edges: live heap bytes per edge, how fast observations are
 //! recorded (new edges, then repeats), and how long one policy's replay takes against the whole
-//! history (10k pods, 1,000 workloads with 1,000 peer edges each).
+//! history (10k pods, 1,000 workloads with 1,000 peer edges each); and persisting it for the next
+//! leader: how many edges the default bound (8 ConfigMaps of 900 KiB) holds, bytes per edge, the time
+//! to export and encode the 1M edges, and to decode and restore what was kept.
 //!
 //! A plain `harness = false` benchmark: it prints its figures and writes them to
 //! `target/bench/edge_history.json` (`bytes_per_edge_1m`, `record_new_per_sec`,
@@ -19,6 +21,7 @@ use network_enforcer_controller::monitor::evaluate::attribution::{FlowSide, Obse
 use network_enforcer_controller::monitor::evaluate::{
     ClusterView, ContainerPort, Endpoint, Labels, PodInfo, PodKey,
 };
+use network_enforcer_controller::monitor::history_store::{self, Limits};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -115,7 +118,9 @@ fn main() {
     for w in 0..WORKLOADS {
         for peer in 0..PEERS {
             for port in 0..PORTS {
-                history.record(&flow(w, peer, port, 0), false);
+                // Seen over a day, as a real history is (its persisted form compresses less).
+                let at = ((w * PEERS + peer) * PORTS + port) as i64 % 86_400;
+                history.record(&flow(w, peer, port, at), false);
             }
         }
     }
@@ -126,7 +131,7 @@ fn main() {
     let repeats = 200_000;
     let started = Instant::now();
     for i in 0..repeats {
-        history.record(&flow(i % WORKLOADS, i % PEERS, i % PORTS, 60), false);
+        history.record(&flow(i % WORKLOADS, i % PEERS, i % PORTS, 86_400), false);
     }
     let repeat_per_sec = repeats as f64 / started.elapsed().as_secs_f64();
     assert_eq!(history.len(), EDGES);
@@ -148,7 +153,28 @@ fn main() {
         "{report:?}"
     );
 
+    // Persisting it for the next leader (docs/behaviour.md §3.11), within the default bound.
+    let started = Instant::now();
+    let exported = history.export();
+    let encoded = history_store::encode(&exported, Limits::default());
+    let persist_encode_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let persisted_bytes: usize = encoded.shards.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    let mut restored = EdgeHistory::new(Bounds {
+        max_edges: EDGES,
+        retention: Duration::from_secs(7 * 86_400),
+    });
+    for (i, shard) in encoded.shards.iter().enumerate() {
+        restored.restore(history_store::decode(i, shard).expect("a shard just encoded"));
+    }
+    let restore_ms = started.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(restored.len(), encoded.edges);
+
     let figures = json!({
+        "persist_edges_default_bound": encoded.edges,
+        "persist_bytes_per_edge": (persisted_bytes as f64 / encoded.edges.max(1) as f64 * 10.0).round() / 10.0,
+        "persist_encode_ms_1m": (persist_encode_ms * 10.0).round() / 10.0,
+        "persist_restore_ms": (restore_ms * 10.0).round() / 10.0,
         "bytes_per_edge_1m": bytes_per_edge.round(),
         "record_new_per_sec": new_per_sec.round(),
         "record_repeat_per_sec": repeat_per_sec.round(),

@@ -6,6 +6,7 @@
 //! name the Services they serve and chain to the CA the clients mount; the default OTEL collector's
 //! pipelines count violation events into Prometheus. Renders are cached: each value set renders once.
 
+use network_enforcer_controller::monitor::history_store::Limits;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
@@ -329,8 +330,9 @@ fn rbac_is_exactly_least_privilege() {
         .collect();
     assert_eq!(
         roles.len(),
-        5,
-        "controller, agent, cleanup (cluster-wide, and in the release namespace), leader election"
+        6,
+        "controller, agent, cleanup (cluster-wide, and in the release namespace), leader election, \
+         the persisted edge history"
     );
     for role in &roles {
         assert!(
@@ -395,7 +397,11 @@ fn rbac_is_exactly_least_privilege() {
             ),
         ])
     );
-    // The hook stops the controller first: scale exactly its Deployment, and see its pods go.
+    // The hook stops the controller first: scale exactly its Deployment, and see its pods go; then
+    // it deletes the persisted edge history, by name (as many ConfigMaps as the controller writes).
+    let history_maps: Vec<String> = (0..Limits::default().max_shards)
+        .map(|i| format!("{CONTROLLER}-edge-history-{i}"))
+        .collect();
     let stop = find(&docs, "Role", CLEANUP);
     assert_eq!(stop["metadata"]["namespace"], "ne-system");
     assert_eq!(
@@ -404,8 +410,37 @@ fn rbac_is_exactly_least_privilege() {
             {"apiGroups": ["apps"], "resources": ["deployments/scale"],
              "resourceNames": [CONTROLLER], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["delete"],
+             "resourceNames": history_maps},
         ])
     );
+    let job = container(find(&docs, "Job", CLEANUP), "cleanup");
+    assert_eq!(
+        env_value(job, "EDGE_HISTORY_CONFIGMAP"),
+        format!("{CONTROLLER}-edge-history")
+    );
+    // The controller persists its protect gate's history: get and patch those names, create any
+    // ConfigMap of the release namespace (create cannot be limited to names), nothing else.
+    let history = format!("{CONTROLLER}-edge-history");
+    let role = find(&docs, "Role", &history);
+    assert_eq!(role["metadata"]["namespace"], "ne-system");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"],
+             "resourceNames": history_maps},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        ])
+    );
+    let binding = find(&docs, "RoleBinding", &history);
+    assert_eq!(binding["roleRef"]["name"], history.as_str());
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": "ne-system"}])
+    );
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "EDGE_HISTORY_CONFIGMAP"), history);
+    assert_eq!(env_value(c, "EDGE_HISTORY_PERSIST_INTERVAL"), "1m");
     let binding = find(&docs, "RoleBinding", CLEANUP);
     assert_eq!(binding["metadata"]["namespace"], "ne-system");
     assert_eq!(

@@ -28,6 +28,7 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         &[
             "controller.provider.name=ebpf".into(),
             format!("agent.metricsPort={METRICS_PORT}"),
+            "controller.edgeHistory.persistInterval=1s".into(),
         ],
     )?;
 
@@ -88,6 +89,32 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         release.describe()
     );
     web_view_is_reached_by_port_forward_only(&release, &controllers[0])?;
+    // The leader persists the protect gate's history with what the chart's Role allows it
+    // (docs/behaviour.md §3.11): a write it may not do would leave no ConfigMap.
+    let history = format!("{}-edge-history-0", release.object_name("controller"));
+    poll(
+        "the controller to persist its protect gate's history",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let found = release.kubectl(&[
+                "get",
+                "configmap",
+                &history,
+                "-o",
+                "name",
+                "--ignore-not-found",
+            ])?;
+            Ok((!found.trim().is_empty()).then_some(()))
+        },
+        || {
+            format!(
+                "{}\n{}",
+                release.describe(),
+                release.logs("controller").unwrap_or_default()
+            )
+        },
+    )?;
     the_dashboard_queries_only_metrics_that_exist(&release, &controllers[0], &metrics)?;
 
     // Enforcement in force at uninstall time: a protect policy in an app namespace that stays, its

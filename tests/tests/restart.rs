@@ -1159,3 +1159,131 @@ async fn assert_violation_written(ns: &TestNamespace, logs: &str) -> Result<()> 
     );
     Ok(())
 }
+
+/// The protect gate answers after a restart from the history the last leader persisted
+/// (docs/behaviour.md §3.11), not only from violation records. A flow the policy allows (so no
+/// violation record names it) is observed; the leader persists its history and is killed (SIGKILL:
+/// no last write); the new leader reads the history back. Once its warm-up is over, the policy is
+/// switched to protect without the rule that allowed the flow: the gate must say the observed flow
+/// would be blocked. A new leader that knew only the violation records would say nothing is.
+#[tokio::test]
+async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> Result<()> {
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    let ns = TestNamespace::create_with_crds("gate-restart").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    let allowing: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "server-in", "namespace": n},
+        "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "http-server"},
+                 "kubernetes": {"podSelector": {"matchLabels": {"app": "http-server"}},
+                                "policyTypes": ["Ingress"],
+                                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
+                                             "ports": [{"protocol": "TCP", "port": 18080}]}]}}
+    }))?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    policies
+        .create(&kube::api::PostParams::default(), &allowing)
+        .await?;
+    let env = [
+        ("EDGE_HISTORY_PERSIST_INTERVAL", "1s"),
+        ("EDGE_HISTORY_WARMUP", "1s"),
+    ];
+    let mut controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
+    for (what, line) in [
+        (
+            "the controller to lead",
+            "network_enforcer_controller_leader 1",
+        ),
+        (
+            "the first status pass",
+            "network_enforcer_controller_status_passes_total 1",
+        ),
+    ] {
+        controller.wait_for_metric(&ns, what, line).await?;
+    }
+    let record = flow_record(
+        &n,
+        &server,
+        clients[0].1,
+        18080,
+        Protocol::Tcp,
+        Direction::Inbound,
+        Outcome::Established,
+    );
+    assert!(controller.agent.send(vec![record]));
+    for (what, line) in [
+        (
+            "the flow in the gate's history",
+            "network_enforcer_controller_edge_history_edges 1",
+        ),
+        (
+            "the history persisted",
+            "network_enforcer_controller_edge_history_persisted_edges 1",
+        ),
+    ] {
+        controller.wait_for_metric(&ns, what, line).await?;
+    }
+    let status = policies.get("server-in").await?.status.unwrap_or_default();
+    assert!(
+        status.violations.is_empty(),
+        "the flow is allowed: no violation record may carry it over: {status:?}"
+    );
+
+    controller.kill()?;
+    controller.restart(&ns)?;
+    for (what, line) in [
+        ("the new leader", "network_enforcer_controller_leader 1"),
+        (
+            "the new leader's first status pass",
+            "network_enforcer_controller_status_passes_total 1",
+        ),
+    ] {
+        controller.wait_for_metric(&ns, what, line).await?;
+    }
+    // Past the new leader's warm-up (1 s), the gate answers from its history alone.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    policies
+        .patch(
+            "server-in",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "spec": {"mode": "protect", "kubernetes": {"ingress": []}}
+            })),
+        )
+        .await?;
+    let condition = ns
+        .wait_for(
+            "the gate's verdict on the protect policy",
+            Duration::from_secs(60),
+            || async {
+                let policy = policies.get("server-in").await?;
+                Ok(policy
+                    .status
+                    .unwrap_or_default()
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "WouldBlock" && c.status == "True"))
+            },
+        )
+        .await;
+    let Ok(condition) = condition else {
+        let conditions = policies
+            .get("server-in")
+            .await?
+            .status
+            .unwrap_or_default()
+            .conditions;
+        anyhow::bail!(
+            "the new leader's gate does not know the flow the last leader saw: {conditions:?}"
+        );
+    };
+    assert_eq!(condition.reason, "WouldBlockObservedFlows", "{condition:?}");
+    assert!(
+        condition.message.contains("http-client") && condition.message.contains("18080"),
+        "{condition:?}"
+    );
+    Ok(())
+}

@@ -10,6 +10,7 @@ use crate::ingest::auth_cache::{self, CachedAuthenticator};
 use crate::ingest::tls;
 use crate::learn::learner::{self, ExcludedWorkload, Learner};
 use crate::monitor::coverage::Coverage;
+use crate::monitor::history_store::{self, HistoryStore};
 use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
@@ -198,6 +199,19 @@ pub struct RunArgs {
     #[arg(long, env = "EDGE_HISTORY_WARMUP", default_value = "2m",
           value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
     edge_history_warmup: Duration,
+    /// How often the leader persists the protect gate's history into ConfigMaps of its namespace
+    /// (`<--edge-history-configmap>-0` … `-7`, read by the next leader: docs/behaviour.md §3.11;
+    /// `0s`: not persisted, a new leader starts from the violation records).
+    #[arg(long, env = "EDGE_HISTORY_PERSIST_INTERVAL", default_value = "1m",
+          value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
+    edge_history_persist_interval: Duration,
+    /// The name prefix of the ConfigMaps the protect gate's history is persisted in.
+    #[arg(
+        long,
+        env = "EDGE_HISTORY_CONFIGMAP",
+        default_value = "network-enforcer-edge-history"
+    )]
+    edge_history_configmap: String,
     /// A node that runs pods while no agent of it has streamed to the leader for this long is
     /// reported: Warning Event `AgentSilent` on the Node, gauges `agent_silent_nodes`/`_pods`, the
     /// `agents` readiness detail (docs/behaviour.md §3.12; `0s`: off).
@@ -353,6 +367,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     retention: args.edge_history_retention,
                 },
                 history_warmup: args.edge_history_warmup,
+                history_store: (!args.edge_history_persist_interval.is_zero()).then(|| {
+                    HistoryStore::new(
+                        client.clone(),
+                        &args.pod_namespace,
+                        &args.edge_history_configmap,
+                        history_store::Limits::default(),
+                    )
+                }),
+                history_persist_every: args
+                    .edge_history_persist_interval
+                    .max(Duration::from_secs(1)),
                 // The reconciler's memory: both elect the same policy per target.
                 backends: settings.backends.clone(),
                 ..status_sync::Settings::default()
@@ -599,7 +624,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             // Only a sync that has run before has listed the policies the observations belong to.
             let synced = if status_sync.passes() > 0 {
                 status_sync.attribute_evidence();
-                Some(status_sync.sync_all().await)
+                let synced = status_sync.sync_all().await;
+                // The history as it is now, for the next leader.
+                status_sync.persist_history().await;
+                Some(synced)
             } else {
                 None
             };

@@ -97,6 +97,18 @@ pub struct EdgeStats {
     pub to_api_server: bool,
 }
 
+impl EdgeStats {
+    /// An edge seen once, at `at_ms`.
+    fn once(at_ms: i64, to_api_server: bool) -> Self {
+        EdgeStats {
+            first_seen_ms: at_ms,
+            last_seen_ms: at_ms,
+            count: 1,
+            to_api_server,
+        }
+    }
+}
+
 /// An edge of the history as the web view's API answers it (`check --from-cluster` reads it).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -108,6 +120,21 @@ pub struct HistoryEdge {
     pub first_seen_ms: i64,
     pub last_seen_ms: i64,
     pub count: u64,
+}
+
+/// An edge as it is persisted between leaders ([`crate::monitor::history_store`]): both ends with
+/// the addresses NetworkPolicies see them at, the name an outside destination was resolved from, and
+/// what the history keeps of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEdge {
+    pub source: WorkloadRef,
+    pub source_ip: Option<IpAddr>,
+    pub destination: WorkloadRef,
+    pub destination_ip: Option<IpAddr>,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub peer_name: Option<String>,
+    pub stats: EdgeStats,
 }
 
 /// The history (see the module docs).
@@ -162,23 +189,15 @@ impl EdgeHistory {
             stats.to_api_server |= to_api_server;
             return;
         }
-        self.insert_new(key, at, to_api_server);
+        self.insert_new(key, EdgeStats::once(at, to_api_server));
     }
 
-    /// Adds an edge the history does not hold, seen once at `at`, within the bound.
-    fn insert_new(&mut self, key: EdgeKey, at: i64, to_api_server: bool) {
+    /// Adds an edge the history does not hold, within the bound.
+    fn insert_new(&mut self, key: EdgeKey, stats: EdgeStats) {
         if self.edges.len() >= self.bounds.max_edges.max(1) {
             self.evict_oldest();
         }
-        self.edges.insert(
-            key,
-            EdgeStats {
-                first_seen_ms: at,
-                last_seen_ms: at,
-                count: 1,
-                to_api_server,
-            },
-        );
+        self.edges.insert(key, stats);
     }
 
     /// Adds the flow a violation record of a policy's status names, unless the history holds its
@@ -207,8 +226,72 @@ impl EdgeHistory {
             self.drop_unused_names();
             return false;
         }
-        self.insert_new(key, at, false);
+        self.insert_new(key, EdgeStats::once(at, false));
         true
+    }
+
+    /// Every edge, most recently seen first (ties in a stable order): what a leader persists, the
+    /// newest first so that a bound on the persisted size cuts the oldest.
+    pub fn export(&self) -> Vec<StoredEdge> {
+        let mut edges: Vec<StoredEdge> = self
+            .edges
+            .iter()
+            .map(|(k, s)| StoredEdge {
+                source: (*k.source.workload).clone(),
+                source_ip: k.source.ip,
+                destination: (*k.destination.workload).clone(),
+                destination_ip: k.destination.ip,
+                protocol: k.protocol,
+                port: k.port,
+                peer_name: k.peer_name.as_deref().map(str::to_string),
+                stats: *s,
+            })
+            .collect();
+        edges.sort_by(|a, b| {
+            b.stats
+                .last_seen_ms
+                .cmp(&a.stats.last_seen_ms)
+                .then_with(|| {
+                    (&a.source, &a.destination, a.protocol, a.port, &a.peer_name).cmp(&(
+                        &b.source,
+                        &b.destination,
+                        b.protocol,
+                        b.port,
+                        &b.peer_name,
+                    ))
+                })
+        });
+        edges
+    }
+
+    /// Takes in edges a previous leader persisted (docs/behaviour.md §3.11): an edge the history
+    /// holds already keeps the earliest first and the latest last seen of both, and the larger
+    /// count (the same observations may be in both); the bounds apply as to any new edge. Returns
+    /// how many edges were added.
+    pub fn restore(&mut self, edges: impl IntoIterator<Item = StoredEdge>) -> usize {
+        let mut added = 0;
+        for edge in edges {
+            let (source, destination) = (Arc::new(edge.source), Arc::new(edge.destination));
+            let key = EdgeKey {
+                source: self.side_at(&source, edge.source_ip),
+                destination: self.side_at(&destination, edge.destination_ip),
+                protocol: edge.protocol,
+                port: edge.port,
+                peer_name: edge.peer_name.map(Arc::from),
+            };
+            let stored = edge.stats;
+            if let Some(stats) = self.edges.get_mut(&key) {
+                stats.first_seen_ms = stats.first_seen_ms.min(stored.first_seen_ms);
+                stats.last_seen_ms = stats.last_seen_ms.max(stored.last_seen_ms);
+                stats.count = stats.count.max(stored.count);
+                stats.to_api_server |= stored.to_api_server;
+                continue;
+            }
+            self.insert_new(key, stored);
+            added += 1;
+        }
+        self.drop_unused_names();
+        added
     }
 
     fn side(&mut self, workload: &Arc<WorkloadRef>, endpoint: &Endpoint) -> Side {

@@ -21,6 +21,10 @@ pub struct CleanupArgs {
     /// deletes nothing) if they are still there then.
     #[arg(long, env = "STOP_TIMEOUT_SECONDS", default_value_t = 120)]
     stop_timeout_seconds: u64,
+    /// The name prefix of the ConfigMaps the controller persisted its protect gate's history in
+    /// (in --controller-namespace); deleted after the rendered objects.
+    #[arg(long, env = "EDGE_HISTORY_CONFIGMAP")]
+    edge_history_configmap: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -105,7 +109,7 @@ pub async fn cleanup(args: CleanupArgs) -> Result<()> {
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
     let controller = args.controller_deployment.map(|name| ControllerDeployment {
-        namespace: args.controller_namespace,
+        namespace: args.controller_namespace.clone(),
         name,
         timeout: Duration::from_secs(args.stop_timeout_seconds),
     });
@@ -113,6 +117,20 @@ pub async fn cleanup(args: CleanupArgs) -> Result<()> {
         .await
         .context("stopping the controller and removing rendered NetworkPolicies and AuthorizationPolicies")?;
     println!("removed {removed} rendered object(s)");
+    if let Some(prefix) = &args.edge_history_configmap {
+        use crate::monitor::history_store::{HistoryStore, Limits};
+        let store = HistoryStore::new(
+            client.clone(),
+            &args.controller_namespace,
+            prefix,
+            Limits::default(),
+        );
+        let removed = store
+            .remove()
+            .await
+            .context("removing the persisted edge history")?;
+        println!("removed {removed} edge history ConfigMap(s)");
+    }
     Ok(())
 }
 

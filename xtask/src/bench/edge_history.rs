@@ -15,6 +15,22 @@ pub fn run() -> Result<()> {
             ("record_new_per_sec", "new edges recorded per second"),
             ("record_repeat_per_sec", "repeats merged per second"),
             ("replay_ms_1m", "ms (one policy's replay against 1M edges)"),
+            (
+                "persist_edges_default_bound",
+                "edges persisted within the default bound (8 x 900 KiB)",
+            ),
+            (
+                "persist_bytes_per_edge",
+                "compressed bytes per persisted edge",
+            ),
+            (
+                "persist_encode_ms_1m",
+                "ms to export and encode the 1M-edge history",
+            ),
+            (
+                "persist_restore_ms",
+                "ms to decode and restore what was persisted",
+            ),
         ],
     )
 }

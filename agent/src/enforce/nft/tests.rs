@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::enforce::compile::{IsolatedPod, TierRule};
 

@@ -375,3 +375,65 @@ fn the_gate_names_a_blocked_outside_peer_by_the_name_it_was_resolved_from() {
         .collect();
     assert_eq!(names, ["api.partner.test", ""]);
 }
+
+/// What a leader exports, a new leader restores: the same edges with the same stats, so the gate's
+/// replay gives the same report (docs/behaviour.md §3.11). An edge the new history holds already
+/// keeps the widest first/last seen and the larger count.
+#[test]
+fn a_restored_history_replays_as_the_exported_one() {
+    let mut before = EdgeHistory::default();
+    before.record(
+        &at(observed(client(), server(), Protocol::TCP, 18080), 10),
+        false,
+    );
+    before.record(
+        &at(observed(client(), server(), Protocol::TCP, 18082), 20),
+        false,
+    );
+    before.record(&at(observed(client(), dns(), Protocol::UDP, 53), 30), false);
+    before.record(
+        &at(
+            observed(client(), external("203.0.113.10"), Protocol::TCP, 443),
+            40,
+        ),
+        false,
+    );
+    let exported = before.export();
+    assert_eq!(exported.len(), 4);
+    assert!(
+        exported
+            .windows(2)
+            .all(|w| w[0].stats.last_seen_ms >= w[1].stats.last_seen_ms),
+        "newest first"
+    );
+
+    let mut after = EdgeHistory::default();
+    // The new leader has seen one edge again since it started: one more observation, later.
+    after.record(
+        &at(observed(client(), server(), Protocol::TCP, 18080), 50),
+        false,
+    );
+    assert_eq!(after.restore(exported.clone()), 3);
+    assert_eq!(after.len(), 4);
+    let stats = after
+        .stats(&client().workload, &server().workload, Protocol::TCP, 18080)
+        .unwrap();
+    assert_eq!(
+        (stats.first_seen_ms, stats.last_seen_ms, stats.count),
+        (time(10).0.as_millisecond(), time(50).0.as_millisecond(), 1)
+    );
+    // Restoring the same again adds nothing.
+    assert_eq!(after.restore(exported), 0);
+
+    let view = cluster();
+    for policy in [client_egress("protect"), server_ingress("protect")] {
+        assert_eq!(
+            after.replay(&view, &policy),
+            before.replay(&view, &policy),
+            "{:?}",
+            policy.spec.direction
+        );
+    }
+    // Names are interned again: one per workload, whatever the number of edges.
+    assert_eq!(after.names.len(), before.names.len());
+}

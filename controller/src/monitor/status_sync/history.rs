@@ -53,6 +53,109 @@ impl StatusSync {
         );
     }
 
+    /// Reads the history the previous leader persisted ([`history_store`]) into this one, before
+    /// any evidence is judged (evidence waits for it: [`listed::Watch::edge_history`]). A store that
+    /// cannot be read after a few tries is given up: the history then starts from the violation
+    /// records, as without a store, and the failure is logged and counted.
+    pub async fn restore_history(&self) {
+        let Some(store) = &self.settings.history_store else {
+            return;
+        };
+        if self.history_restored.load(Ordering::Acquire) {
+            return;
+        }
+        let mut wait = Duration::from_secs(1);
+        let edges = loop {
+            match store.load().await {
+                Ok((edges, damaged)) => {
+                    for error in &damaged {
+                        self.metrics.history_store_failures.inc();
+                        tracing::warn!(%error, "a shard of the persisted edge history is left out");
+                    }
+                    break edges;
+                }
+                Err(error) if wait <= Duration::from_secs(4) => {
+                    self.metrics.history_store_failures.inc();
+                    tracing::warn!(%error, retry_in = ?wait, "reading the persisted edge history failed");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(error) => {
+                    self.metrics.history_store_failures.inc();
+                    tracing::warn!(%error, "reading the persisted edge history failed; the protect \
+                        gate's history starts from the policies' violation records");
+                    break Vec::new();
+                }
+            }
+        };
+        let now = crate::cluster::watches::now_ms();
+        let restored = {
+            let mut history = self.history.lock().expect("history lock");
+            let added = history.restore(edges);
+            history.forget_expired(now);
+            self.metrics.history_edges.set(history.len() as i64);
+            added
+        };
+        self.metrics.history_restored.set(restored as i64);
+        tracing::info!(
+            edges = restored,
+            "the protect gate's history starts from what the previous leader persisted"
+        );
+        self.history_restored.store(true, Ordering::Release);
+    }
+
+    /// Writes the history to its store ([`history_store`]) when it changed since the last write;
+    /// failures are logged and counted, and the next interval tries again.
+    pub async fn persist_history(&self) {
+        let Some(store) = &self.settings.history_store else {
+            return;
+        };
+        // Not before the previous leader's history is in: an empty one would overwrite it.
+        if !self.history_restored.load(Ordering::Acquire) {
+            return;
+        }
+        let edges = self.history.lock().expect("history lock").export();
+        let limits = store.limits;
+        let encoded = match tokio::task::spawn_blocking(move || {
+            history_store::encode(&edges, limits)
+        })
+        .await
+        {
+            Ok(encoded) => encoded,
+            Err(error) => {
+                tracing::error!(%error, "encoding the edge history failed");
+                return;
+            }
+        };
+        let mut written = self.history_written.lock().await;
+        if written.as_ref() == Some(&encoded) {
+            return;
+        }
+        match store.save(&encoded).await {
+            Ok(()) => {
+                self.metrics.history_persisted.set(encoded.edges as i64);
+                self.metrics.history_persist_cut.set(encoded.cut as i64);
+                if encoded.cut > 0 {
+                    tracing::warn!(
+                        kept = encoded.edges,
+                        cut = encoded.cut,
+                        "the persisted edge history is full: the least recently seen edges are left out"
+                    );
+                }
+                tracing::debug!(
+                    edges = encoded.edges,
+                    shards = encoded.shards.len(),
+                    "edge history persisted"
+                );
+                *written = Some(encoded);
+            }
+            Err(error) => {
+                self.metrics.history_store_failures.inc();
+                tracing::warn!(%error, "persisting the edge history failed; trying again next interval");
+            }
+        }
+    }
+
     /// Notes whether the gate holds `policy` in monitor (its evidence then counts as monitor's).
     pub fn hold(&self, policy: &WorkloadNetworkPolicy, held: bool) {
         let mut set = self.held.lock().expect("held lock");

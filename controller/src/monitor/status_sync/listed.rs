@@ -32,15 +32,19 @@ pub enum Watch {
     index,
     /// ClusterNetworkPolicies, when the cluster serves them (else this watch counts as listed).
     cluster_policies,
+    /// The protect gate's history as the previous leader persisted it ([`history_store`]): read
+    /// before new flows are added, so that a flow seen again merges into its old edge.
+    edge_history,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 5] = [
+    pub const ALL: [Watch; 6] = [
         Watch::policies,
         Watch::network_policies,
         Watch::namespaces,
         Watch::index,
         Watch::cluster_policies,
+        Watch::edge_history,
     ];
 
     fn bit(self) -> u8 {
@@ -63,6 +67,7 @@ pub struct Listed {
     pub namespaces: bool,
     pub index: bool,
     pub cluster_policies: bool,
+    pub edge_history: bool,
 }
 
 impl Listed {
@@ -73,6 +78,7 @@ impl Listed {
         namespaces: true,
         index: true,
         cluster_policies: true,
+        edge_history: true,
     };
 
     /// Whether `watch` has listed.
@@ -83,6 +89,7 @@ impl Listed {
             Watch::namespaces => self.namespaces,
             Watch::index => self.index,
             Watch::cluster_policies => self.cluster_policies,
+            Watch::edge_history => self.edge_history,
         }
     }
 
@@ -148,6 +155,7 @@ impl StatusSync {
             namespaces: has_listed(&self.namespaces),
             index: self.index.ready(),
             cluster_policies: self.cluster_policies_served.listed(&self.cluster_policies),
+            edge_history: self.history_restored.load(Ordering::Acquire),
         };
         for watch in Watch::ALL {
             self.metrics
@@ -194,6 +202,7 @@ mod tests {
             namespaces,
             index,
             cluster_policies: true,
+            edge_history: true,
         }
     }
 

@@ -34,6 +34,7 @@ use crate::learn::Opened;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};
+use crate::monitor::history_store;
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
     Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WaitedOutcome, WorkloadNames,
@@ -204,6 +205,14 @@ pub struct SyncMetrics {
     pub history_edges: Gauge,
     /// Edges evicted from that history by its bound (the least recently seen first).
     pub history_evicted: Counter,
+    /// Edges the last persisting of the history wrote ([`history_store`]).
+    pub history_persisted: Gauge,
+    /// Edges the last persisting left out by its bound (the least recently seen).
+    pub history_persist_cut: Gauge,
+    /// Persistings or restorings of the history that failed (API errors, damaged shards).
+    pub history_store_failures: Counter,
+    /// Edges taken in from the persisted history when this controller became the leader.
+    pub history_restored: Gauge,
     /// Status patches that failed, by reason: `conflict` (the copy was older than the object; retried
     /// at once from a fresh read) or `error` (retried next interval).
     pub patch_failures: Family<Reason, Counter>,
@@ -275,6 +284,13 @@ pub struct StatusSync {
     /// When this sync first judged evidence (the history started filling), and whether the history
     /// was seeded from the policies' violation records then ([`StatusSync::seed_history`]).
     started: std::sync::OnceLock<std::time::Instant>,
+    /// Whether the history a previous leader persisted has been read (or there is none to read:
+    /// no store configured); evidence waits for it ([`listed::Watch::edge_history`]).
+    history_restored: std::sync::atomic::AtomicBool,
+    /// What the last persisting of the history wrote, so an unchanged history is not written again
+    /// (`None`: nothing yet; the first persisting always writes, which also replaces what an older
+    /// leader wrote).
+    history_written: tokio::sync::Mutex<Option<history_store::Encoded>>,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
     metrics: SyncMetrics,
@@ -309,6 +325,7 @@ impl StatusSync {
             evidence_queued: queue.queued.clone(),
             ..SyncMetrics::default()
         };
+        let settings_history_absent = settings.history_store.is_none();
         Arc::new(StatusSync {
             client,
             index,
@@ -339,6 +356,8 @@ impl StatusSync {
                 cluster_policies: cluster_policies_writer,
                 namespaces: namespaces_writer,
             })),
+            history_restored: std::sync::atomic::AtomicBool::new(settings_history_absent),
+            history_written: tokio::sync::Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
         })
     }
@@ -398,6 +417,28 @@ impl StatusSync {
             m.history_evicted.clone(),
         );
         metrics.register(
+            "edge_history_persisted_edges",
+            "Observed edges the last persisting of the protect gate's history wrote (ConfigMaps \
+             --edge-history-configmap-N)",
+            m.history_persisted.clone(),
+        );
+        metrics.register(
+            "edge_history_persist_cut_edges",
+            "Observed edges the last persisting left out because the ConfigMaps were full (the least \
+             recently seen): a new leader will not know them until they are seen again",
+            m.history_persist_cut.clone(),
+        );
+        metrics.register(
+            "edge_history_store_failures",
+            "Writes or reads of the persisted edge history that failed (API errors, damaged shards)",
+            m.history_store_failures.clone(),
+        );
+        metrics.register(
+            "edge_history_restored_edges",
+            "Observed edges taken in from the persisted history when this controller became the leader",
+            m.history_restored.clone(),
+        );
+        metrics.register(
             "evidence_waited_for_peer",
             "Blocked connections whose peer address was no pod yet, held up to the resolution grace, \
              by what the evidence pass then found: startup_drop (the peer is a pod the policies allow: \
@@ -408,8 +449,9 @@ impl StatusSync {
         metrics.register(
             "evidence_waiting_for_watch",
             "1 while evidence waits for the first list of this watch (policies, network_policies, \
-             namespaces, index): until every one has listed, records stay queued and their batches \
-             unacknowledged; 0 once it has listed",
+             namespaces, index, cluster_policies) or for the persisted edge history to be read \
+             (edge_history): until every one is in, records stay queued and their batches \
+             unacknowledged; 0 once it is",
             m.waiting_for_watch.clone(),
         );
         metrics.register(

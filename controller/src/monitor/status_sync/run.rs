@@ -37,11 +37,15 @@ impl StatusSync {
     /// Attributes evidence every `evidence_interval` and whenever the queue is half full, and syncs
     /// statuses every `interval`.
     pub async fn passes_forever(self: Arc<Self>) {
+        self.restore_history().await;
         self.wait_ready().await;
         tracing::info!(interval = ?self.settings.interval, "status sync started");
         let mut evidence = tokio::time::interval(self.settings.evidence_interval);
         let mut status = tokio::time::interval(self.settings.interval);
-        for tick in [&mut evidence, &mut status] {
+        let mut persist = tokio::time::interval(self.settings.history_persist_every);
+        // The first tick of an interval is at once; the history has just been read.
+        persist.reset();
+        for tick in [&mut evidence, &mut status, &mut persist] {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         loop {
@@ -53,6 +57,9 @@ impl StatusSync {
                     self.attribute_evidence_off_runtime().await;
                     // The regular pass comes an interval after this one.
                     evidence.reset();
+                }
+                _ = persist.tick(), if self.settings.history_store.is_some() => {
+                    self.persist_history().await;
                 }
                 _ = status.tick() => {
                     self.attribute_evidence_off_runtime().await;

@@ -25,6 +25,11 @@ pub struct Settings {
     /// (`--edge-history-warmup`): the gate then reports the flows it would block, but never that
     /// nothing would be (docs/behaviour.md §3.11).
     pub history_warmup: Duration,
+    /// Where the history is persisted between leaders (`None`: it is not, and a new leader starts
+    /// from the violation records only).
+    pub history_store: Option<history_store::HistoryStore>,
+    /// How often the leader persists the history (`--edge-history-persist-interval`).
+    pub history_persist_every: Duration,
     /// The policy reconciler's memory of backends (`reconcile::Settings::backends`): which policy of a
     /// target is in force depends on validity, judged as the reconciler judges it.
     pub backends: SharedBackends,
@@ -42,6 +47,8 @@ impl Default for Settings {
             instance: None,
             history: edge_history::Bounds::default(),
             history_warmup: Duration::ZERO,
+            history_store: None,
+            history_persist_every: Duration::from_secs(60),
             backends: SharedBackends::default(),
         }
     }

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::ingest::flow_record::{BadRecord, decode};
 use k8s_openapi::jiff::Timestamp;
