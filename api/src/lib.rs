@@ -23,6 +23,7 @@
 pub mod authorization_policy;
 pub mod backoff;
 pub mod cluster_network_policy;
+pub mod cluster_proposal;
 pub mod crd;
 pub mod dns_name;
 pub mod duration;
@@ -59,6 +60,10 @@ pub fn crd_manifests() -> Vec<(&'static str, String)> {
         (
             "workloadnetworkpolicyproposals.yaml",
             render(WorkloadNetworkPolicyProposal::crd()),
+        ),
+        (
+            "clusternetworkpolicyproposals.yaml",
+            render(cluster_proposal::ClusterNetworkPolicyProposal::crd()),
         ),
     ]
 }

@@ -342,8 +342,7 @@ fn rbac_is_exactly_least_privilege() {
         );
     }
     let ne = "networkenforcer.kubewarden.io";
-    assert_eq!(
-        rules(find(&docs, "ClusterRole", CONTROLLER)),
+    let controller_rules = |cluster_policies: &[&str]| {
         expect(&[
             ("", "pods", READ),
             ("", "services", READ),
@@ -357,27 +356,54 @@ fn rbac_is_exactly_least_privilege() {
             ("batch", "jobs", READ),
             (ne, "workloadnetworkpolicies", CRUD),
             (ne, "workloadnetworkpolicyproposals", CRUD),
+            (ne, "clusternetworkpolicyproposals", CRUD),
             (
                 ne,
                 "workloadnetworkpolicies/status",
-                &["get", "update", "patch"]
+                &["get", "update", "patch"],
             ),
             (
                 ne,
                 "workloadnetworkpolicyproposals/status",
-                &["get", "update", "patch"]
+                &["get", "update", "patch"],
+            ),
+            (
+                ne,
+                "clusternetworkpolicyproposals/status",
+                &["get", "update", "patch"],
             ),
             ("networking.k8s.io", "networkpolicies", CRUD),
             ("security.istio.io", "authorizationpolicies", CRUD),
             (
                 "policy.networking.k8s.io",
                 "clusternetworkpolicies",
-                &["list", "watch"]
+                cluster_policies,
             ),
             ("authentication.k8s.io", "tokenreviews", &["create"]),
             ("events.k8s.io", "events", &["create", "patch"]),
         ])
+    };
+    // Cluster proposals on (the default): promoted ones are created, repaired and deleted.
+    assert_eq!(
+        rules(find(&docs, "ClusterRole", CONTROLLER)),
+        controller_rules(&["list", "watch", "create", "patch", "delete"])
     );
+    // Off, or a controller of one namespace: ClusterNetworkPolicies are only read.
+    for off in [
+        "controller.clusterProposals.enabled=false",
+        "controller.watchNamespace=apps",
+    ] {
+        let docs = render(&[off]);
+        assert_eq!(
+            rules(find(&docs, "ClusterRole", CONTROLLER)),
+            controller_rules(&["list", "watch"]),
+            "{off}"
+        );
+        let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+        assert_eq!(env_value(c, "CLUSTER_PROPOSALS_INTERVAL"), "0s", "{off}");
+    }
+    let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
+    assert_eq!(env_value(c, "CLUSTER_PROPOSALS_INTERVAL"), "1m");
     assert_eq!(
         rules(find(&docs, "ClusterRole", AGENT)),
         expect(&[
@@ -393,6 +419,11 @@ fn rbac_is_exactly_least_privilege() {
             (
                 "security.istio.io",
                 "authorizationpolicies",
+                &["list", "delete"]
+            ),
+            (
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies",
                 &["list", "delete"]
             ),
         ])

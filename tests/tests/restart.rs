@@ -1287,3 +1287,188 @@ async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> 
     );
     Ok(())
 }
+
+/// Cluster proposals (docs/behaviour.md §1.11, §4.9), with the real controller binary learning every
+/// second from what the real uplink reports: traffic inside the namespace and to an outside address
+/// becomes `ne-isolate-<ns>` (Admin: Pass from the namespace itself, Deny the rest) and
+/// `ne-floor-<ns>` (Baseline: the namespace, the address, DNS, Deny the rest). Labelled
+/// `promote=protect`, the isolation becomes a ClusterNetworkPolicy owned by its proposal; edited by
+/// hand it is brought back; unlabelled it is deleted.
+#[tokio::test]
+async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -> Result<()> {
+    use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
+    use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
+    let ns = TestNamespace::create_with_crds("cnp-learn").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    let (isolate, floor) = (format!("ne-isolate-{n}"), format!("ne-floor-{n}"));
+    // Cluster-scoped: the namespace's deletion does not take them.
+    struct Leftovers(PathBuf, Vec<String>);
+    impl Drop for Leftovers {
+        fn drop(&mut self) {
+            for kind in ["clusternetworkpolicies", "clusternetworkpolicyproposals"] {
+                let mut args = vec!["delete", kind, "--ignore-not-found", "--wait=false"];
+                args.extend(self.1.iter().map(String::as_str));
+                let _ = network_enforcer_tests::cluster::components::kubectl(&self.0, &args);
+            }
+        }
+    }
+    let _leftovers = Leftovers(
+        ns.kubeconfig().to_path_buf(),
+        vec![isolate.clone(), floor.clone()],
+    );
+
+    // Signed as the chart's controller signs: promotion checks the signature of the spec read back
+    // from the API server.
+    let key =
+        TokenFile(std::env::temp_dir().join(format!("ne-cnp-key-{}-{n}", std::process::id())));
+    std::fs::write(&key.0, "k".repeat(48))?;
+    let key_path = key.0.display().to_string();
+    let env = [
+        ("CLUSTER_PROPOSALS_INTERVAL", "1s"),
+        ("PROPOSAL_SIGNING_KEY_FILE", key_path.as_str()),
+    ];
+    let controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the controller to lead",
+            "network_enforcer_controller_leader 1",
+        )
+        .await?;
+    let inside = flow_record(
+        &n,
+        &server,
+        clients[0].1,
+        18080,
+        Protocol::Tcp,
+        Direction::Inbound,
+        Outcome::Established,
+    );
+    let outside = flow_record(
+        &n,
+        &clients[0].0,
+        "203.0.113.7".parse()?,
+        443,
+        Protocol::Tcp,
+        Direction::Outbound,
+        Outcome::Established,
+    );
+    assert!(controller.agent.send(vec![inside, outside]));
+
+    let proposals = kube::Api::<ClusterNetworkPolicyProposal>::all(ns.client.clone());
+    let (isolation, baseline) = ns
+        .wait_for("both proposals", Duration::from_secs(60), || async {
+            let (a, b) = (
+                proposals.get_opt(&isolate).await?,
+                proposals.get_opt(&floor).await?,
+            );
+            // The floor has the outside address once the record that names it is learned.
+            Ok(a.zip(b).filter(|(_, b)| {
+                serde_json::to_string(&b.spec)
+                    .unwrap_or_default()
+                    .contains("203.0.113.7/32")
+            }))
+        })
+        .await?;
+    let spec = serde_json::to_value(&isolation.spec.policy)?;
+    assert_eq!(spec["tier"], "Admin", "{spec}");
+    assert_eq!(
+        spec["subject"]["namespaces"]["matchLabels"]["kubernetes.io/metadata.name"], n,
+        "{spec}"
+    );
+    let actions: Vec<&str> = spec["ingress"]
+        .as_array()
+        .context("ingress rules")?
+        .iter()
+        .filter_map(|r| r["action"].as_str())
+        .collect();
+    assert_eq!(actions, ["Pass", "Deny"], "{spec}");
+    assert_eq!(baseline.spec.policy.tier, "Baseline");
+    assert!(
+        isolation
+            .annotations()
+            .contains_key("networkenforcer.kubewarden.io/learned-digest"),
+        "learning signs what it writes"
+    );
+    assert!(
+        isolation.status.and_then(|s| s.last_learned_time).is_some(),
+        "learning says when"
+    );
+
+    // Promoted: the ClusterNetworkPolicy of the same name, owned by the proposal.
+    proposals
+        .patch(
+            &isolate,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "networkenforcer.kubewarden.io/promote": "protect"}}})),
+        )
+        .await?;
+    let policies = kube::Api::<ClusterNetworkPolicy>::all(ns.client.clone());
+    let created = ns
+        .wait_for(
+            "the promoted ClusterNetworkPolicy",
+            Duration::from_secs(60),
+            || async { Ok(policies.get_opt(&isolate).await?) },
+        )
+        .await?;
+    assert_eq!(created.spec, isolation.spec.policy);
+    let owner = &created
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()[0];
+    assert_eq!(
+        (owner.kind.as_str(), Some(owner.uid.clone())),
+        (
+            "ClusterNetworkPolicyProposal",
+            isolation.metadata.uid.clone()
+        )
+    );
+    ns.wait_for(
+        "Rendered=True on the proposal",
+        Duration::from_secs(30),
+        || async {
+            let p = proposals.get(&isolate).await?;
+            Ok(p.status
+                .unwrap_or_default()
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Rendered" && c.status == "True")
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // Edited by hand: brought back within the render interval (10 s).
+    policies
+        .patch(
+            &isolate,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"priority": 5}})),
+        )
+        .await?;
+    ns.wait_for("the drift repaired", Duration::from_secs(30), || async {
+        let p = policies.get(&isolate).await?;
+        Ok((p.spec == isolation.spec.policy).then_some(()))
+    })
+    .await?;
+
+    // Unlabelled: deleted.
+    proposals
+        .patch(
+            &isolate,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "networkenforcer.kubewarden.io/promote": null}}})),
+        )
+        .await?;
+    ns.wait_for(
+        "the ClusterNetworkPolicy deleted",
+        Duration::from_secs(30),
+        || async { Ok(policies.get_opt(&isolate).await?.is_none().then_some(())) },
+    )
+    .await?;
+    Ok(())
+}

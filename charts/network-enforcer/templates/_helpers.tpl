@@ -37,6 +37,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "network-enforcer.controllerName" -}}
 {{- printf "%s-controller" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{/* "true" when the controller learns ClusterNetworkPolicyProposals (on, and watching every namespace), else empty. */}}
+{{- define "network-enforcer.clusterProposals" -}}
+{{- if and .Values.controller.clusterProposals.enabled (not .Values.controller.watchNamespace) }}true{{ end }}
+{{- end }}
 {{- define "network-enforcer.agentName" -}}
 {{- printf "%s-agent" (include "network-enforcer.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

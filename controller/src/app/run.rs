@@ -14,6 +14,7 @@ use crate::monitor::history_store::{self, HistoryStore};
 use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
+use crate::reconcile::cluster_proposals::ClusterProposals;
 use crate::reconcile::{self, Settings};
 use crate::runtime::http::Health;
 use crate::runtime::leader;
@@ -205,6 +206,12 @@ pub struct RunArgs {
     #[arg(long, env = "EDGE_HISTORY_PERSIST_INTERVAL", default_value = "1m",
           value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
     edge_history_persist_interval: Duration,
+    /// How often the leader learns ClusterNetworkPolicyProposals from the observed namespace graph
+    /// (docs/behaviour.md §1.11). Default: `1m` when the controller watches every namespace, off when
+    /// it watches one (`WATCH_NAMESPACE`: it sees only part of the graph); `0s`: off.
+    #[arg(long, env = "CLUSTER_PROPOSALS_INTERVAL",
+          value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
+    cluster_proposals_interval: Option<Duration>,
     /// The name prefix of the ConfigMaps the protect gate's history is persisted in.
     #[arg(
         long,
@@ -354,7 +361,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .namespace(settings.namespace.clone())
         .metrics(metrics.clone())
         .configure_learner(move |l| learner_settings.apply(l))
-        .signing_key(signing_key)
+        .signing_key(signing_key.clone())
         .status_sync(
             status_sync::Settings {
                 namespace: settings.namespace.clone(),
@@ -565,6 +572,35 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
     };
+    let cluster_proposals = {
+        let every = args
+            .cluster_proposals_interval
+            .unwrap_or(if settings.namespace.is_none() {
+                Duration::from_secs(60)
+            } else {
+                Duration::ZERO
+            });
+        let proposals = (!every.is_zero()).then(|| ClusterProposals {
+            client: client.clone(),
+            history: status_sync.clone(),
+            settings: crate::learn::cluster_policies::Settings::default(),
+            every: every.max(Duration::from_secs(1)),
+            signing_key: signing_key.clone(),
+            reporter: kube::runtime::events::Reporter {
+                controller: settings.reporter.clone(),
+                instance: settings.instance.clone(),
+            },
+        });
+        if let Some(p) = &proposals {
+            tracing::info!(every = ?p.every, "learning ClusterNetworkPolicyProposals from the namespace graph");
+        }
+        async move {
+            match proposals {
+                Some(proposals) => proposals.run().await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     let mut leadership = election.as_ref().map(|(l, _)| l.clone());
     let leading = async {
         if let Some(l) = leadership.as_mut() {
@@ -576,6 +612,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             () = status_sync.clone().run() => {}
             () = goldmane => {}
             () = coverage => {}
+            () = cluster_proposals => {}
         }
     };
     let mut watched = election.as_ref().map(|(l, _)| l.clone());

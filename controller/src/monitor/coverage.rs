@@ -11,10 +11,9 @@
 use crate::cluster::watches::{SharedIndex, now_ms};
 use crate::ingest::presence::{NodeSeen, Presence};
 use crate::policy::rule_usage::short_duration;
+use crate::runtime::events::publish_cluster_scoped;
 use crate::runtime::http::Component;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::runtime::events::Reporter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -162,50 +161,20 @@ impl Coverage {
 }
 
 impl Coverage {
-    /// An Event about Node `node`. Not through kube's `Recorder`: it files an Event of a cluster-scoped
-    /// object in `default`, which API servers before v1.22 refuse for `events.k8s.io` Events
-    /// ("involvedObject.namespace does not match event.namespace"); `kube-system` is accepted by
-    /// every version. Failures are logged, never fatal.
+    /// An Event about Node `node` ([`publish_cluster_scoped`]).
     async fn publish(&self, node: &str, type_: &str, reason: &str, note: String) {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{node}.{:x}", now.as_nanosecond())),
-                namespace: Some(EVENT_NAMESPACE.into()),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(now)),
-            action: Some("Observe".into()),
-            reason: Some(reason.into()),
-            note: Some(note),
-            type_: Some(type_.into()),
-            // The uid is the node's name, as the kubelet writes it for its own Events of the node:
-            // what `kubectl describe node` selects them by.
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.into()),
-                uid: Some(node.into()),
-                ..ObjectReference::default()
-            }),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Event::default()
+        // The uid is the node's name, as the kubelet writes it for its own Events of the node: what
+        // `kubectl describe node` selects them by.
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: Some(node.into()),
+            ..ObjectReference::default()
         };
-        let events = kube::Api::<Event>::namespaced(self.client.clone(), EVENT_NAMESPACE);
-        if let Err(e) = events.create(&Default::default(), &event).await {
-            tracing::warn!(error = %e, reason, %node, "could not publish event");
-        }
+        publish_cluster_scoped(&self.client, &self.reporter, regarding, type_, reason, note).await;
     }
 }
-
-/// Where Events about Nodes are filed (see [`Coverage::publish`]).
-const EVENT_NAMESPACE: &str = "kube-system";
 
 #[cfg(test)]
 mod tests {

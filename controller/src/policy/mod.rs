@@ -2,8 +2,10 @@
 //! which policy wins a target ([`uniqueness`]), what an invalid policy leaves in force ([`validity`]),
 //! whether a proposal is what the controller learned ([`provenance`]), how much each rule is used
 //! ([`rule_usage`]), what the observed traffic says before protect ([`protect_gate`]) and the conditions reported on each object
-//! ([`conditions`], [`standing`]).
+//! ([`conditions`], [`standing`]), and what a promoted cluster proposal puts in force
+//! ([`cluster_promote`]).
 
+pub mod cluster_promote;
 pub mod conditions;
 pub mod promote;
 pub mod protect_gate;

@@ -10,6 +10,7 @@
 //! promoted, and learning does not write into it (that would sign the foreign rules); deleting it lets
 //! learning write it again. Field managers or labels would not do: any writer can choose them.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use network_enforcer_api::WorkloadNetworkPolicyProposal;
 use network_enforcer_api::WorkloadNetworkPolicyProposalSpec;
 use network_enforcer_api::keys::LEARNED_DIGEST_ANNOTATION;
@@ -103,6 +104,11 @@ impl SigningKey {
 
     /// The signature of `spec`, as the annotation holds it.
     pub fn sign(&self, spec: &WorkloadNetworkPolicyProposalSpec) -> String {
+        self.sign_spec(spec)
+    }
+
+    /// The signature of any proposal's spec (a ClusterNetworkPolicyProposal's too).
+    pub fn sign_spec<S: serde::Serialize>(&self, spec: &S) -> String {
         let tag = hmac::sign(&self.0, &canonical(spec));
         hex(tag.as_ref())
     }
@@ -119,8 +125,12 @@ impl SigningKey {
 
     /// Whether `proposal`'s spec is what the controller signed.
     pub fn check(&self, proposal: &WorkloadNetworkPolicyProposal) -> Provenance {
-        let Some(signature) = proposal
-            .metadata
+        self.check_spec(&proposal.metadata, &proposal.spec)
+    }
+
+    /// Whether `spec` is what the controller signed into the annotation of `metadata`.
+    pub fn check_spec<S: serde::Serialize>(&self, metadata: &ObjectMeta, spec: &S) -> Provenance {
+        let Some(signature) = metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(LEARNED_DIGEST_ANNOTATION))
@@ -131,7 +141,7 @@ impl SigningKey {
             return Provenance::Edited;
         };
         // Constant time: the signature is attacker-chosen.
-        match hmac::verify(&self.0, &canonical(&proposal.spec), &tag) {
+        match hmac::verify(&self.0, &canonical(spec), &tag) {
             Ok(()) => Provenance::Learned,
             Err(_) => Provenance::Edited,
         }
@@ -141,7 +151,7 @@ impl SigningKey {
 /// The bytes signed: the spec as JSON. The same typed value always serializes alike (struct fields in
 /// declaration order, maps sorted), and the proposal CRD sets no defaults, so the object read back from
 /// the API server gives the same bytes as the one written.
-fn canonical(spec: &WorkloadNetworkPolicyProposalSpec) -> Vec<u8> {
+fn canonical<S: serde::Serialize>(spec: &S) -> Vec<u8> {
     serde_json::to_vec(spec).unwrap_or_default()
 }
 

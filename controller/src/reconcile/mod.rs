@@ -4,7 +4,10 @@
 //! - [`proposal`]: promotion and leftover clean-up; also triggered by policy changes, so a leftover is
 //!   deleted as soon as it (or its policy) is seen, not only on the periodic resync.
 //! - [`policy`]: renders NetworkPolicies / AuthorizationPolicies, repairs drift, reports conditions.
+//! - [`cluster_proposals`]: learns ClusterNetworkPolicyProposals from the namespace graph and puts
+//!   promoted ones in force ([`crate::policy::cluster_promote`]); a loop of its own, on the leader.
 
+pub mod cluster_proposals;
 pub mod policy;
 pub mod proposal;
 

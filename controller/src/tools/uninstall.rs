@@ -245,6 +245,41 @@ pub async fn remove_rendered_objects(
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e),
     }
+    // ClusterNetworkPolicies put in force from a promoted cluster proposal (cluster-scoped: only a
+    // clean-up of every namespace removes them).
+    if namespace.is_none() {
+        match remove_cluster_policies(client).await {
+            Ok(n) => removed += n,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+/// Deletes the ClusterNetworkPolicies created from a ClusterNetworkPolicyProposal.
+async fn remove_cluster_policies(client: &Client) -> Result<usize, kube::Error> {
+    use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
+    let api: Api<ClusterNetworkPolicy> = Api::all(client.clone());
+    let selector = format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1);
+    let mut removed = 0;
+    for obj in api.list(&ListParams::default().labels(&selector)).await? {
+        let ours = obj
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.kind == "ClusterNetworkPolicyProposal");
+        if !ours {
+            continue;
+        }
+        match api.delete(&obj.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {
+                removed += 1;
+                tracing::info!(name = %obj.name_any(), "removed a ClusterNetworkPolicy put in force from a proposal");
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
     Ok(removed)
 }
 

@@ -166,6 +166,16 @@ impl StatusSync {
         }
     }
 
+    /// Every edge of the history, newest first; `None` until the history is complete (the watches
+    /// evidence is judged against have listed and the persisted history is read): the cluster
+    /// proposals are learned from it.
+    pub fn export_history(&self) -> Option<Vec<edge_history::StoredEdge>> {
+        if !self.is_ready() {
+            return None;
+        }
+        Some(self.history.lock().expect("history lock").export())
+    }
+
     /// Edges the protect gate's history holds now.
     pub fn history_len(&self) -> usize {
         self.history.lock().expect("history lock").len()

@@ -1,0 +1,216 @@
+//! ClusterNetworkPolicyProposals on the leader (docs/behaviour.md §1.11, §4.9): every
+//! `--cluster-proposals-interval` the namespace graph of the protect gate's history becomes the
+//! proposals ([`crate::learn::cluster_policies`]), written when they change; every
+//! [`RENDER_EVERY`] the promoted ones are put in force and drift is repaired
+//! ([`crate::policy::cluster_promote`]).
+
+use crate::learn::cluster_policies::{self, Settings, namespace_edges};
+use crate::monitor::status_sync::StatusSync;
+use crate::policy::cluster_promote::{self, RENDERED};
+use crate::policy::conditions;
+use crate::policy::provenance::SigningKey;
+use crate::policy::render::MANAGED_BY_LABEL;
+use crate::runtime::events::publish_cluster_scoped;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::Reporter;
+use kube::{Client, Resource, ResourceExt};
+use network_enforcer_api::cluster_network_policy::{
+    ClusterNetworkPolicy, ClusterNetworkPolicySpec,
+};
+use network_enforcer_api::cluster_proposal::{
+    ClusterNetworkPolicyProposal, ClusterNetworkPolicyProposalSpec,
+    ClusterNetworkPolicyProposalStatus,
+};
+use network_enforcer_api::keys::{FIELD_MANAGER, LEARNED_DIGEST_ANNOTATION};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often promoted proposals are checked against the cluster (creation, drift, removal).
+pub const RENDER_EVERY: Duration = Duration::from_secs(10);
+
+/// The loop (see the module docs).
+pub struct ClusterProposals {
+    pub client: Client,
+    pub history: Arc<StatusSync>,
+    pub settings: Settings,
+    /// How often the proposals are learned again.
+    pub every: Duration,
+    pub reporter: Reporter,
+    /// Signs what learning writes; promotion puts in force only what it signed.
+    pub signing_key: Option<Arc<SigningKey>>,
+}
+
+/// What was last written of a proposal: its spec and notes.
+type Written = HashMap<String, (ClusterNetworkPolicySpec, Vec<String>)>;
+
+impl ClusterProposals {
+    /// Learns and renders until the process stops; failures are logged and retried next time.
+    pub async fn run(self) {
+        let mut learn = tokio::time::interval(self.every);
+        let mut render = tokio::time::interval(RENDER_EVERY);
+        for tick in [&mut learn, &mut render] {
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        let mut written = Written::new();
+        loop {
+            tokio::select! {
+                _ = learn.tick() => {
+                    if let Err(error) = self.learn(&mut written).await {
+                        tracing::warn!(%error, "learning cluster proposals failed; trying again next interval");
+                    }
+                }
+                _ = render.tick() => {
+                    if let Err(error) = self.render().await {
+                        tracing::warn!(%error, "putting promoted cluster proposals in force failed; trying again");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the proposals the namespace graph calls for, those that changed since the last write.
+    async fn learn(&self, written: &mut Written) -> Result<(), kube::Error> {
+        // Until the history is complete (the watches have listed, the persisted history is read) a
+        // partial graph would propose to deny what was seen.
+        let Some(edges) = self.history.export_history() else {
+            return Ok(());
+        };
+        let proposed = cluster_policies::propose(&namespace_edges(&edges), &self.settings);
+        let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
+        for policy in proposed.policies {
+            let name = policy.name_any();
+            let notes: Vec<String> = proposed
+                .notes
+                .iter()
+                .filter(|n| n.starts_with(&format!("{name}:")))
+                .cloned()
+                .collect();
+            let now = (policy.spec.clone(), notes.clone());
+            if written.get(&name) == Some(&now) {
+                continue;
+            }
+            let mut object = ClusterNetworkPolicyProposal::new(
+                &name,
+                ClusterNetworkPolicyProposalSpec {
+                    policy: policy.spec,
+                },
+            );
+            object.metadata.labels = Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.0.to_string(),
+                MANAGED_BY_LABEL.1.to_string(),
+            )]));
+            if let Some(key) = &self.signing_key {
+                object.metadata.annotations = Some(BTreeMap::from([(
+                    LEARNED_DIGEST_ANNOTATION.to_string(),
+                    key.sign_spec(&object.spec),
+                )]));
+            }
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            let applied = api.patch(&name, &params, &Patch::Apply(&object)).await?;
+            let status = serde_json::json!({"status": ClusterNetworkPolicyProposalStatus {
+                last_learned_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                notes: notes.clone(),
+                conditions: applied.status.clone().unwrap_or_default().conditions,
+            }});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
+            let widened = written
+                .get(&name)
+                .is_none_or(|(_, before)| *before != notes);
+            if widened && !notes.is_empty() {
+                publish_cluster_scoped(
+                    &self.client,
+                    &self.reporter,
+                    reference(&applied),
+                    "Warning",
+                    "ProposalWidened",
+                    notes.join("; "),
+                )
+                .await;
+            }
+            tracing::info!(proposal = %name, "cluster proposal learned");
+            written.insert(name, now);
+        }
+        Ok(())
+    }
+
+    /// Puts the promoted proposals in force and reports each one's `Rendered` condition.
+    async fn render(&self) -> Result<(), kube::Error> {
+        let proposals = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
+        let listed = proposals.list(&ListParams::default()).await?.items;
+        let policies = Api::<ClusterNetworkPolicy>::all(self.client.clone());
+        let (existing, served) = match policies.list(&ListParams::default()).await {
+            Ok(list) => (list.items, true),
+            Err(kube::Error::Api(status)) if status.code == 404 => (Vec::new(), false),
+            Err(error) => return Err(error),
+        };
+        let plan = cluster_promote::plan(&listed, &existing, served, self.signing_key.as_deref());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for policy in &plan.apply {
+            let name = policy.name_any();
+            policies
+                .patch(&name, &params, &Patch::Apply(policy))
+                .await?;
+            tracing::info!(policy = %name, "ClusterNetworkPolicy put in force from its proposal");
+        }
+        for name in &plan.delete {
+            match policies.delete(name, &Default::default()).await {
+                Ok(_) => {
+                    tracing::info!(policy = %name, "ClusterNetworkPolicy of a proposal no longer promoted deleted")
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error),
+            }
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        for (name, desired) in &plan.conditions {
+            let Some(proposal) = listed.iter().find(|p| p.name_any() == *name) else {
+                continue;
+            };
+            let mut status = proposal.status.clone().unwrap_or_default();
+            let before = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == RENDERED)
+                .cloned();
+            if !conditions::set(
+                &mut status.conditions,
+                desired,
+                proposal.meta().generation,
+                &now,
+            ) {
+                continue;
+            }
+            let patch = serde_json::json!({"status": {"conditions": status.conditions}});
+            proposals
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            if !desired.status && before.is_none_or(|b| b.reason != desired.reason) {
+                publish_cluster_scoped(
+                    &self.client,
+                    &self.reporter,
+                    reference(proposal),
+                    "Warning",
+                    &desired.reason,
+                    desired.message.clone(),
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A reference to `proposal` for its Events.
+fn reference(proposal: &ClusterNetworkPolicyProposal) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(ClusterNetworkPolicyProposal::api_version(&()).into_owned()),
+        kind: Some(ClusterNetworkPolicyProposal::kind(&()).into_owned()),
+        name: proposal.metadata.name.clone(),
+        uid: proposal.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
