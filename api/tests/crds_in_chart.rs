@@ -60,6 +60,18 @@ fn crds_carry_the_keep_policy_names_and_columns() {
                     assert!(columns.contains(&c), "{c} missing from {columns:?}");
                 }
             }
+            "clusternetworkpolicyproposals.yaml" => {
+                assert_eq!(short, "cnpp");
+                assert_eq!(crd["spec"]["scope"], "Cluster");
+                for c in ["Tier", "Priority", "Promote", "Rendered", "Age"] {
+                    assert!(columns.contains(&c), "{c} missing from {columns:?}");
+                }
+                let policy = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                    ["policy"]["properties"];
+                for field in ["tier", "priority", "subject", "ingress", "egress"] {
+                    assert!(policy[field].is_object(), "spec.policy lacks {field}");
+                }
+            }
             other => panic!("unexpected CRD file {other}"),
         }
         let status = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
