@@ -127,9 +127,10 @@ pub struct HistoryEdge {
 /// what the history keeps of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredEdge {
-    pub source: WorkloadRef,
+    /// Shared with the history's own copy (an export clones no strings).
+    pub source: Arc<WorkloadRef>,
     pub source_ip: Option<IpAddr>,
-    pub destination: WorkloadRef,
+    pub destination: Arc<WorkloadRef>,
     pub destination_ip: Option<IpAddr>,
     pub protocol: Protocol,
     pub port: u16,
@@ -230,16 +231,18 @@ impl EdgeHistory {
         true
     }
 
-    /// Every edge, most recently seen first (ties in a stable order): what a leader persists, the
-    /// newest first so that a bound on the persisted size cuts the oldest.
+    /// Every edge, most recently seen first: what a leader persists, the newest first so that a
+    /// bound on the persisted size cuts the oldest. Ties are ordered by the interned names' addresses:
+    /// the same history exports in the same order (so an unchanged history encodes to the same
+    /// bytes and is not written again) without comparing strings.
     pub fn export(&self) -> Vec<StoredEdge> {
         let mut edges: Vec<StoredEdge> = self
             .edges
             .iter()
             .map(|(k, s)| StoredEdge {
-                source: (*k.source.workload).clone(),
+                source: Arc::clone(&k.source.workload.0),
                 source_ip: k.source.ip,
-                destination: (*k.destination.workload).clone(),
+                destination: Arc::clone(&k.destination.workload.0),
                 destination_ip: k.destination.ip,
                 protocol: k.protocol,
                 port: k.port,
@@ -247,19 +250,22 @@ impl EdgeHistory {
                 stats: *s,
             })
             .collect();
-        edges.sort_by(|a, b| {
+        let tie = |e: &StoredEdge| {
+            (
+                Arc::as_ptr(&e.source) as usize,
+                e.source_ip,
+                Arc::as_ptr(&e.destination) as usize,
+                e.destination_ip,
+                e.protocol,
+                e.port,
+            )
+        };
+        edges.sort_unstable_by(|a, b| {
             b.stats
                 .last_seen_ms
                 .cmp(&a.stats.last_seen_ms)
-                .then_with(|| {
-                    (&a.source, &a.destination, a.protocol, a.port, &a.peer_name).cmp(&(
-                        &b.source,
-                        &b.destination,
-                        b.protocol,
-                        b.port,
-                        &b.peer_name,
-                    ))
-                })
+                .then_with(|| tie(a).cmp(&tie(b)))
+                .then_with(|| a.peer_name.cmp(&b.peer_name))
         });
         edges
     }
@@ -271,7 +277,7 @@ impl EdgeHistory {
     pub fn restore(&mut self, edges: impl IntoIterator<Item = StoredEdge>) -> usize {
         let mut added = 0;
         for edge in edges {
-            let (source, destination) = (Arc::new(edge.source), Arc::new(edge.destination));
+            let (source, destination) = (edge.source, edge.destination);
             let key = EdgeKey {
                 source: self.side_at(&source, edge.source_ip),
                 destination: self.side_at(&destination, edge.destination_ip),

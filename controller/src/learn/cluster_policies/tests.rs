@@ -122,9 +122,9 @@ fn the_namespace_graph_of_the_history_has_namespaces_and_addresses() {
                 source_ip: Option<&str>,
                 destination: WorkloadRef,
                 ip: Option<&str>| StoredEdge {
-        source,
+        source: source.into(),
         source_ip: source_ip.map(|s| s.parse().unwrap()),
-        destination,
+        destination: destination.into(),
         destination_ip: ip.map(|s| s.parse().unwrap()),
         protocol: Protocol::TCP,
         port: 80,

@@ -2,7 +2,6 @@
 //! oldest edges cut first, and damaged shards refused with the shard named.
 
 use super::*;
-use std::io::Write as _;
 
 fn workload(namespace: &str, name: &str) -> WorkloadRef {
     WorkloadRef {
@@ -13,22 +12,32 @@ fn workload(namespace: &str, name: &str) -> WorkloadRef {
     }
 }
 
-/// `n` edges, most recently seen first, among 50 workloads, a tenth to an outside name.
+/// `n` edges, most recently seen first, among 50 workloads, a tenth to an outside name; each
+/// workload named by one shared allocation, as the history hands them out.
 fn edges(n: usize) -> Vec<StoredEdge> {
+    let clients: Vec<Arc<WorkloadRef>> = (0..50)
+        .map(|c| Arc::new(workload("shop", &format!("client-{c}"))))
+        .collect();
+    let db = Arc::new(workload("db", "postgres"));
+    let outside_names: Vec<Arc<WorkloadRef>> = (0..250)
+        .map(|a| {
+            Arc::new(WorkloadRef {
+                address: format!("203.0.113.{a}"),
+                dns_name: "api.partner.test".into(),
+                ..WorkloadRef::default()
+            })
+        })
+        .collect();
     (0..n)
         .map(|i| {
             let outside = i % 10 == 0;
             StoredEdge {
-                source: workload("shop", &format!("client-{}", i % 50)),
+                source: Arc::clone(&clients[i % 50]),
                 source_ip: None,
                 destination: if outside {
-                    WorkloadRef {
-                        address: format!("203.0.113.{}", i % 250),
-                        dns_name: "api.partner.test".into(),
-                        ..WorkloadRef::default()
-                    }
+                    Arc::clone(&outside_names[i % 250])
                 } else {
-                    workload("db", "postgres")
+                    Arc::clone(&db)
                 },
                 destination_ip: outside.then(|| format!("203.0.113.{}", i % 250).parse().unwrap()),
                 protocol: if i % 3 == 0 {
