@@ -3,5 +3,6 @@
 
 pub mod check;
 pub mod commands;
-pub mod graph;
+/// The graph model lives below the tools and the web view, which both draw it.
+pub use crate::graph;
 pub mod uninstall;

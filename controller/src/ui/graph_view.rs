@@ -1,11 +1,11 @@
 //! The graph page's data: a namespace's workloads and peers, and the flows between them, each with a
 //! state (`learned`, `allowed`, `violation`, `blocked`). Pure: a [`Snapshot`] in, a [`GraphView`] out.
 //!
-//! Nodes and rule edges come from [`crate::tools::graph::model`], the same model the `graph` command
+//! Nodes and rule edges come from [`crate::graph::model`], the same model the `graph` command
 //! draws, so the page and the DOT never disagree. Violation edges are added here from the policies'
 //! active records, with their ids and times (the time window filters on them).
 
-use crate::tools::graph::{self, GraphInput, GraphModel};
+use crate::graph::{self, GraphInput, GraphModel};
 use crate::ui::objects::Snapshot;
 use network_enforcer_api::PolicyMode;
 use serde::Serialize;

@@ -2,13 +2,13 @@
 //! allowed now and with what was observed (the proposal's learned rules, and the violations its
 //! workload's policy recorded). Pure: a [`Snapshot`] in, a [`ProposalDiff`] out.
 //!
-//! Both sides come from [`crate::tools::graph::model`] over the whole namespace, so a rule's peer
+//! Both sides come from [`crate::graph::model`] over the whole namespace, so a rule's peer
 //! names the workload it selects the same way in both: "now" is the namespace as it is; "after" has
 //! the proposal in force as a policy (in place of the policy it was promoted into, if any).
 
+use crate::graph::{self, GraphInput, GraphModel};
 use crate::policy::uniqueness;
 use crate::policy::validity::Backends;
-use crate::tools::graph::{self, GraphInput, GraphModel};
 use crate::ui::objects::Snapshot;
 use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy, WorkloadNetworkPolicySpec};
 use serde::Serialize;

@@ -3,7 +3,7 @@
 //! `kubectl` commands that promote a proposal or acknowledge a violation (the page itself changes
 //! nothing). Pure: a [`Snapshot`] in, a [`WorkloadView`] out.
 
-use crate::tools::graph::{port_labels, selector_text};
+use crate::graph::{port_labels, selector_text};
 use crate::ui::objects::{PolicyObject, Snapshot};
 use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -333,7 +333,7 @@ pub fn rules(
 ) -> Vec<RuleView> {
     let mut out = Vec::new();
     if let Some(spec) = kubernetes {
-        let rules = crate::tools::graph::rules_in(spec, direction);
+        let rules = crate::graph::rules_in(spec, direction);
         for (index, (peers, ports)) in rules.into_iter().enumerate() {
             let peers = match peers {
                 Some(peers) if !peers.is_empty() => peers.iter().map(peer_text).collect(),

@@ -1,4 +1,5 @@
-//! The learned workload graph as Graphviz DOT, for `network-enforcer-controller graph`.
+//! The learned workload graph as Graphviz DOT, for `network-enforcer-controller graph`, and as the
+//! plain model ([`model()`]) the web view lays out.
 //!
 //! Input: WorkloadNetworkPolicyProposals (what learning saw) and WorkloadNetworkPolicies (what is
 //! in force, with their violations). Output:
