@@ -6,8 +6,6 @@
 
 pub mod app;
 pub mod cluster;
-/// The workload graph (what was learned and what is in force, per workload), drawn by both the
-/// `graph` command ([`tools`]) and the web view ([`ui`]): one model, below both.
 pub mod graph;
 pub mod ingest;
 pub mod learn;

@@ -1,5 +1,5 @@
 //! The learned workload graph as Graphviz DOT, for `network-enforcer-controller graph`, and as the
-//! plain model ([`model()`]) the web view lays out.
+//! plain model ([`model()`]) the web view lays out: one model, below both `tools` and `ui`.
 //!
 //! Input: WorkloadNetworkPolicyProposals (what learning saw) and WorkloadNetworkPolicies (what is
 //! in force, with their violations). Output:
