@@ -357,7 +357,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
     let mut builder = App::builder(client.clone(), backend)
         .proposal_cache(reconcilers.proposals())
-        .excluded_namespaces(excluded)
+        .excluded_namespaces(excluded.clone())
         .namespace(settings.namespace.clone())
         .metrics(metrics.clone())
         .configure_learner(move |l| learner_settings.apply(l))
@@ -583,7 +583,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let proposals = (!every.is_zero()).then(|| ClusterProposals {
             client: client.clone(),
             history: status_sync.clone(),
-            settings: crate::learn::cluster_policies::Settings::default(),
+            // Namespaces excluded from learning (the release's own among them) are no subjects either.
+            settings: {
+                let mut s = crate::learn::cluster_policies::Settings::default();
+                s.system.extend(excluded.iter().cloned());
+                s
+            },
             every: every.max(Duration::from_secs(1)),
             signing_key: signing_key.clone(),
             reporter: kube::runtime::events::Reporter {

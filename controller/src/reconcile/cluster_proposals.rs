@@ -92,6 +92,16 @@ impl ClusterProposals {
             if written.get(&name) == Some(&now) {
                 continue;
             }
+            // After a restart: what an earlier leader wrote is not written again (its
+            // lastLearnedTime says when it last changed).
+            if !written.contains_key(&name)
+                && let Some(existing) = api.get_opt(&name).await?
+                && existing.spec.policy == now.0
+                && existing.status.as_ref().map(|s| &s.notes) == Some(&now.1)
+            {
+                written.insert(name, now);
+                continue;
+            }
             let mut object = ClusterNetworkPolicyProposal::new(
                 &name,
                 ClusterNetworkPolicyProposalSpec {
