@@ -11,6 +11,7 @@ mod webdriver;
 
 use anyhow::{Result, bail, ensure};
 use kube::api::{Patch, PatchParams, PostParams};
+use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_tests::fixture::TestNamespace;
 use serde_json::{Value, json};
@@ -60,6 +61,51 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
             .create(&PostParams::default(), &serde_json::from_value(value)?)
             .await?;
     }
+    // A cluster proposal (cluster-scoped: removed by the guard, not with the namespace), promoted and
+    // in force as the leader would report it, for the cluster guardrails page.
+    let isolate = format!("ne-isolate-{n}");
+    struct Remove(PathBuf, String);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = network_enforcer_tests::cluster::components::kubectl(
+                &self.0,
+                &[
+                    "delete",
+                    "clusternetworkpolicyproposals",
+                    &self.1,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+            );
+        }
+    }
+    let _remove = Remove(ns.kubeconfig().to_path_buf(), isolate.clone());
+    let cluster_proposals = kube::Api::<ClusterNetworkPolicyProposal>::all(ns.client.clone());
+    cluster_proposals
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+                "kind": "ClusterNetworkPolicyProposal",
+                "metadata": {"name": isolate, "labels": {"networkenforcer.kubewarden.io/promote": "protect"}},
+                "spec": {"policy": {"tier": "Admin", "priority": 900,
+                    "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": n}}},
+                    "ingress": [
+                        {"name": "observed", "action": "Pass", "from": [{"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": n}}}]},
+                        {"name": "isolate", "action": "Deny", "from": [{"namespaces": {}}]}]}}
+            }))?,
+        )
+        .await?;
+    cluster_proposals
+        .patch_status(
+            &isolate,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "lastLearnedTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                "conditions": [{"type": "Rendered", "status": "True", "reason": "Rendered",
+                    "message": "in force", "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}})),
+        )
+        .await?;
     let mut policy: Value = serde_yaml::from_str(POLICY)?;
     policy["metadata"]["namespace"] = json!(n);
     ns.api::<WorkloadNetworkPolicy>()
@@ -300,6 +346,22 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         ),
     )?;
     browser.screenshot(&out.join("workload.png"))?;
+
+    // The cluster guardrails page: the proposal, in force, and the command that takes it back.
+    browser.open(&format!("{base}#/cluster"))?;
+    let unpromote = format!("kubectl label cnpp {isolate} networkenforcer.kubewarden.io/promote-");
+    browser.wait_for(
+        "the cluster proposal's row",
+        Duration::from_secs(20),
+        &format!(
+            "const r = document.querySelector('[data-proposal={}]'); \
+             return r && Array.from(document.querySelectorAll('#cluster-proposals td')).some(td => td.textContent === 'in force') \
+             && Array.from(document.querySelectorAll('code.command')).some(c => c.textContent === {}) ? true : null",
+            json!(isolate),
+            json!(unpromote)
+        ),
+    )?;
+    browser.screenshot(&out.join("cluster.png"))?;
 
     // The proposal diff page: the three learned peers (the client and two outside ranges) would be
     // newly allowed.

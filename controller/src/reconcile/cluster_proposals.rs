@@ -58,8 +58,14 @@ impl ClusterProposals {
         loop {
             tokio::select! {
                 _ = learn.tick() => {
-                    if let Err(error) = self.learn(&mut written).await {
-                        tracing::warn!(%error, "learning cluster proposals failed; trying again next interval");
+                    match self.learn(&mut written).await {
+                        Ok(()) => {}
+                        Err(kube::Error::Api(status)) if status.code == 404 => tracing::warn!(
+                            "the ClusterNetworkPolicyProposal CRD is not installed (helm does not \
+                             upgrade CRDs): `kubectl apply --server-side -f charts/network-enforcer/crds/`; \
+                             trying again next interval"
+                        ),
+                        Err(error) => tracing::warn!(%error, "learning cluster proposals failed; trying again next interval"),
                     }
                 }
                 _ = render.tick() => {

@@ -4,12 +4,13 @@
 //! or acknowledge, and a proposal diff; the pages read the JSON API under `/api/v1/`.
 //!
 //! - [`objects`]: where the data comes from (watches of policies and proposals).
-//! - [`overview`], [`graph_view`], [`workload_view`], [`proposal_diff`]: pure functions from objects
-//!   to answers.
+//! - [`overview`], [`graph_view`], [`workload_view`], [`proposal_diff`], [`cluster_view`]: pure
+//!   functions from objects to answers.
 //! - [`server`]: the routes, bounds, errors and metrics.
 //!
 //! Nothing here writes to the cluster: the controller's role needs only list and watch for it.
 
+pub mod cluster_view;
 pub mod graph_view;
 pub mod objects;
 pub mod overview;

@@ -1,5 +1,6 @@
 //! The objects the web view shows, as plain data: [`Snapshot`] (what the pure views are built from)
-//! and [`Reflected`] (the live source: watches of WorkloadNetworkPolicies and proposals).
+//! and [`Reflected`] (the live source: watches of WorkloadNetworkPolicies, proposals and the
+//! cluster-scoped ClusterNetworkPolicyProposals).
 //!
 //! Policies are watched as untyped objects so that status fields this build does not know yet
 //! (`status.ruleUsage`, docs/api.md) still reach the page, passed through as JSON.
@@ -8,6 +9,7 @@ use futures::StreamExt as _;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +61,10 @@ impl PolicyObject {
 pub struct Snapshot {
     pub policies: Vec<PolicyObject>,
     pub proposals: Vec<WorkloadNetworkPolicyProposal>,
+    /// Cluster-scoped: every one, whatever the namespace asked for.
+    pub cluster_proposals: Vec<ClusterNetworkPolicyProposal>,
+    /// Whether `cluster_proposals` has listed (it never does where the CRD is not installed).
+    pub cluster_proposals_listed: bool,
     /// Milliseconds since the epoch when the snapshot was taken (the time window's end).
     pub now_ms: i64,
 }
@@ -87,6 +93,8 @@ impl ObjectSource for Snapshot {
                 .filter(|p| namespace.is_none_or(|ns| p.metadata.namespace.as_deref() == Some(ns)))
                 .cloned()
                 .collect(),
+            cluster_proposals: self.cluster_proposals.clone(),
+            cluster_proposals_listed: self.cluster_proposals_listed,
             now_ms: self.now_ms,
         }
     }
@@ -100,14 +108,17 @@ impl ObjectSource for Snapshot {
 pub struct Reflected {
     policies: Store<DynamicObject>,
     proposals: Store<WorkloadNetworkPolicyProposal>,
+    cluster_proposals: Store<ClusterNetworkPolicyProposal>,
     policies_listed: Arc<AtomicBool>,
     proposals_listed: Arc<AtomicBool>,
+    cluster_proposals_listed: Arc<AtomicBool>,
 }
 
 impl Reflected {
     /// Starts the watches (of `namespace`, or all) on the current runtime; they retry with backoff
     /// for as long as the process runs.
     pub fn start(client: kube::Client, namespace: Option<&str>) -> Arc<Self> {
+        let cluster_api = Api::<ClusterNetworkPolicyProposal>::all(client.clone());
         let resource = ApiResource::erase::<WorkloadNetworkPolicy>(&());
         let (policies_api, proposals_api): (
             Api<DynamicObject>,
@@ -121,11 +132,25 @@ impl Reflected {
         };
         let policies_writer = reflector::store::Writer::new(resource);
         let (proposals, proposals_writer) = reflector::store();
+        let (cluster_proposals, cluster_writer) = reflector::store();
         let this = Arc::new(Self {
             policies: policies_writer.as_reader(),
             proposals,
+            cluster_proposals,
             policies_listed: Arc::default(),
             proposals_listed: Arc::default(),
+            cluster_proposals_listed: Arc::default(),
+        });
+        let listed = this.cluster_proposals_listed.clone();
+        tokio::spawn(async move {
+            watcher(cluster_api, watcher::Config::default())
+                .default_backoff()
+                .reflect(cluster_writer)
+                .for_each(|event| {
+                    note(&listed, "ClusterNetworkPolicyProposal", event.map(|_| ()));
+                    async {}
+                })
+                .await;
         });
         let listed = this.policies_listed.clone();
         tokio::spawn(async move {
@@ -165,6 +190,12 @@ impl ObjectSource for Reflected {
     fn snapshot(&self, namespace: Option<&str>) -> Snapshot {
         let in_namespace =
             |ns: Option<&String>| namespace.is_none_or(|n| ns.map(String::as_str) == Some(n));
+        let cluster_proposals = self
+            .cluster_proposals
+            .state()
+            .iter()
+            .map(|p| p.as_ref().clone())
+            .collect();
         let policies = self
             .policies
             .state()
@@ -191,11 +222,15 @@ impl ObjectSource for Reflected {
         Snapshot {
             policies,
             proposals,
+            cluster_proposals,
+            cluster_proposals_listed: self.cluster_proposals_listed.load(Ordering::Relaxed),
             now_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
         }
     }
 
     fn ready(&self) -> bool {
+        // Not the cluster proposals: a cluster upgraded without applying the new CRD has none to
+        // list, and the other pages must not wait for them (the cluster page says so instead).
         self.policies_listed.load(Ordering::Relaxed)
             && self.proposals_listed.load(Ordering::Relaxed)
     }

@@ -6,7 +6,7 @@
 use crate::monitor::edge_history::HistoryEdge;
 use crate::runtime::metrics::ControllerMetrics;
 use crate::ui::objects::ObjectSource;
-use crate::ui::{graph_view, overview, proposal_diff, workload_view};
+use crate::ui::{cluster_view, graph_view, overview, proposal_diff, workload_view};
 use axum::extract::{Path, RawQuery};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -497,6 +497,16 @@ pub fn router(state: UiState) -> axum::Router {
         }
     };
     let s = state.clone();
+    let cluster = move || {
+        let s = s.clone();
+        async move {
+            answer(&s, "cluster", |source| {
+                Ok(cluster_view::build(&source.snapshot(None)))
+            })
+            .await
+        }
+    };
+    let s = state.clone();
     let not_found = move || {
         let s = s.clone();
         async move {
@@ -548,6 +558,7 @@ pub fn router(state: UiState) -> axum::Router {
             )),
         )
         .route("/api/v1/overview", get(overview))
+        .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/namespaces", get(list))
         .route("/api/v1/namespaces/{ns}/graph", get(graph))
         .route("/api/v1/namespaces/{ns}/workloads/{name}", get(workload))

@@ -79,6 +79,7 @@ fn snapshot(policies: Vec<PolicyObject>) -> Snapshot {
         policies,
         proposals: proposals(),
         now_ms: NOW_MS,
+        ..Snapshot::default()
     }
 }
 

@@ -145,6 +145,35 @@ async function overviewPage() {
   });
 }
 
+// ---- cluster guardrails page ----
+
+async function clusterPage() {
+  poll(async () => {
+    const body = await api("cluster");
+    if (body === lastBody) return;
+    lastBody = body;
+    const c = JSON.parse(body);
+    const rows = sortableTable("cluster-proposals", [
+      { title: "proposal", value: (p) => p.name, cell: (p) => el("span", { "data-proposal": p.name }, p.name) },
+      { title: "tier", value: (p) => p.tier, cell: (p) => p.tier },
+      { title: "priority", value: (p) => p.priority, cell: (p) => String(p.priority) },
+      { title: "namespace", value: (p) => p.namespace || "", cell: (p) => p.namespace
+        ? el("a", { href: `#/graph/${encodeURIComponent(p.namespace)}` }, p.namespace) : "—" },
+      { title: "rules (in / out)", value: (p) => p.ingressRules + p.egressRules, cell: (p) => `${p.ingressRules} / ${p.egressRules}` },
+      { title: "state", value: (p) => p.state, cell: (p) => el("span", { class: `tag ${p.state === "in force" ? "protect" : p.promote ? "monitor" : "learning"}`,
+        title: p.message || "" }, p.reason ? `${p.state} (${p.reason})` : p.state) },
+      { title: "learned", value: (p) => p.lastLearned || "", cell: (p) => p.lastLearned ? ago(p.lastLearned, Date.now()) : "—" },
+      { title: "notes", value: (p) => p.notes.length, cell: (p) => p.notes.join("; ") || "—" },
+      { title: "command", value: (p) => p.command, cell: (p) => command(p.command, "promote") },
+    ], c.proposals);
+    $("main").replaceChildren(
+      el("h1", {}, "Cluster guardrails"),
+      el("p", {}, "ClusterNetworkPolicyProposals learned from the traffic between namespaces: an Admin isolation per namespace (Pass what was seen, Deny the rest) and a Baseline floor. Promote one with the command; it then becomes a ClusterNetworkPolicy."),
+      !c.listed ? el("p", { class: "empty" }, "not listed (yet): is the ClusterNetworkPolicyProposal CRD installed? kubectl apply --server-side -f charts/network-enforcer/crds/")
+        : c.proposals.length ? rows : el("p", { class: "empty" }, "none learned yet"));
+  });
+}
+
 // ---- graph page ----
 
 // Columns by longest path from the sources (cycles cut), rows in id order: stable between polls.
@@ -459,6 +488,7 @@ function render() {
   if (page === "workload" && ns && name) workloadPage(ns, name, params).catch(failed);
   else if (page === "diff" && ns && name) diffPage(ns, name).catch(failed);
   else if (page === "graph") graphPage(ns, params).catch(failed);
+  else if (page === "cluster") clusterPage().catch(failed);
   else overviewPage().catch(failed);
 }
 

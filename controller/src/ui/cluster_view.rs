@@ -1,0 +1,211 @@
+//! The cluster guardrails page (`#/cluster`): the ClusterNetworkPolicyProposals the leader learned
+//! from the namespace graph (docs/behaviour.md §1.11), whether each is promoted and in force, what the
+//! API's limits widened, and the command that promotes it. Pure: a [`Snapshot`] in, a
+//! [`ClusterPage`] out.
+
+use crate::policy::cluster_promote::RENDERED;
+use crate::ui::objects::Snapshot;
+use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
+use network_enforcer_api::keys::{NAMESPACE_NAME_LABEL, PROMOTE_LABEL, PROMOTE_PROTECT};
+use serde::Serialize;
+
+/// One proposal.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposalRow {
+    pub name: String,
+    /// `Admin` or `Baseline`.
+    pub tier: String,
+    pub priority: i32,
+    /// The namespace its subject selects by name, when it selects one that way.
+    pub namespace: Option<String>,
+    pub ingress_rules: usize,
+    pub egress_rules: usize,
+    /// The `promote` label's value, if any.
+    pub promote: Option<String>,
+    /// `in force`, `not in force` (with `reason`), or `not promoted`.
+    pub state: String,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub last_learned: Option<String>,
+    pub notes: Vec<String>,
+    /// What to run to put it in force (or take it out again).
+    pub command: String,
+}
+
+/// The page.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPage {
+    /// False until the proposals have listed (never where the CRD is not installed).
+    pub listed: bool,
+    pub proposals: Vec<ProposalRow>,
+}
+
+/// The page for `snapshot`, proposals by tier (Admin first), then name.
+pub fn build(snapshot: &Snapshot) -> ClusterPage {
+    let mut proposals: Vec<ProposalRow> = snapshot.cluster_proposals.iter().map(row).collect();
+    proposals.sort_by(|a, b| (&a.tier, &a.name).cmp(&(&b.tier, &b.name)));
+    ClusterPage {
+        listed: snapshot.cluster_proposals_listed,
+        proposals,
+    }
+}
+
+fn row(p: &ClusterNetworkPolicyProposal) -> ProposalRow {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let policy = &p.spec.policy;
+    let promote = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(PROMOTE_LABEL))
+        .cloned();
+    let status = p.status.clone().unwrap_or_default();
+    let rendered = status.conditions.iter().find(|c| c.type_ == RENDERED);
+    let state = match (&promote, rendered) {
+        (None, _) => "not promoted",
+        (Some(_), Some(c)) if c.status == "True" => "in force",
+        (Some(_), Some(_)) => "not in force",
+        (Some(_), None) => "promoted, not checked yet",
+    };
+    let command = match promote {
+        Some(_) => format!("kubectl label cnpp {name} {PROMOTE_LABEL}-"),
+        None => format!("kubectl label cnpp {name} {PROMOTE_LABEL}={PROMOTE_PROTECT}"),
+    };
+    ProposalRow {
+        tier: policy.tier.clone(),
+        priority: policy.priority,
+        namespace: policy
+            .subject
+            .namespaces
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|l| l.get(NAMESPACE_NAME_LABEL))
+            .cloned(),
+        ingress_rules: policy.ingress.len(),
+        egress_rules: policy.egress.len(),
+        promote,
+        state: state.to_string(),
+        reason: rendered
+            .filter(|c| c.status != "True")
+            .map(|c| c.reason.clone()),
+        message: rendered.map(|c| c.message.clone()),
+        last_learned: status.last_learned_time.map(|t| t.0.to_string()),
+        notes: status.notes,
+        command,
+        name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+    use network_enforcer_api::cluster_network_policy::{
+        ClusterNetworkPolicyRule, ClusterNetworkPolicySpec, ClusterNetworkPolicySubject,
+    };
+    use network_enforcer_api::cluster_proposal::{
+        ClusterNetworkPolicyProposalSpec, ClusterNetworkPolicyProposalStatus,
+    };
+    use std::collections::BTreeMap;
+
+    fn proposal(
+        name: &str,
+        tier: &str,
+        promote: Option<&str>,
+        rendered: Option<(&str, &str)>,
+    ) -> ClusterNetworkPolicyProposal {
+        let mut p = ClusterNetworkPolicyProposal::new(
+            name,
+            ClusterNetworkPolicyProposalSpec {
+                policy: ClusterNetworkPolicySpec {
+                    tier: tier.into(),
+                    priority: 900,
+                    subject: ClusterNetworkPolicySubject {
+                        namespaces: Some(LabelSelector {
+                            match_labels: Some(BTreeMap::from([(
+                                NAMESPACE_NAME_LABEL.to_string(),
+                                "shop".to_string(),
+                            )])),
+                            ..LabelSelector::default()
+                        }),
+                        pods: None,
+                    },
+                    ingress: vec![ClusterNetworkPolicyRule::default(); 2],
+                    ..ClusterNetworkPolicySpec::default()
+                },
+            },
+        );
+        if let Some(value) = promote {
+            p.metadata.labels = Some(BTreeMap::from([(PROMOTE_LABEL.into(), value.into())]));
+        }
+        p.status = Some(ClusterNetworkPolicyProposalStatus {
+            last_learned_time: Some(Time("2026-12-06T03:00:00Z".parse().unwrap())),
+            notes: vec![],
+            conditions: rendered
+                .map(|(status, reason)| Condition {
+                    type_: RENDERED.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: format!("{reason} message"),
+                    last_transition_time: Time("2026-12-06T03:00:00Z".parse().unwrap()),
+                    observed_generation: None,
+                })
+                .into_iter()
+                .collect(),
+        });
+        p
+    }
+
+    #[test]
+    fn the_page_lists_each_proposal_with_its_state_and_command() {
+        let snapshot = Snapshot {
+            cluster_proposals: vec![
+                proposal("ne-floor-shop", "Baseline", None, None),
+                proposal(
+                    "ne-isolate-shop",
+                    "Admin",
+                    Some("protect"),
+                    Some(("True", "Rendered")),
+                ),
+                proposal(
+                    "ne-isolate-db",
+                    "Admin",
+                    Some("protect"),
+                    Some(("False", "NameTaken")),
+                ),
+            ],
+            cluster_proposals_listed: true,
+            ..Snapshot::default()
+        };
+        let page = build(&snapshot);
+        assert!(page.listed);
+        let rows: Vec<(&str, &str, Option<&str>)> = page
+            .proposals
+            .iter()
+            .map(|r| (r.name.as_str(), r.state.as_str(), r.reason.as_deref()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("ne-isolate-db", "not in force", Some("NameTaken")),
+                ("ne-isolate-shop", "in force", None),
+                ("ne-floor-shop", "not promoted", None),
+            ]
+        );
+        let floor = &page.proposals[2];
+        assert_eq!(floor.namespace.as_deref(), Some("shop"));
+        assert_eq!((floor.ingress_rules, floor.egress_rules), (2, 0));
+        assert_eq!(
+            floor.command,
+            "kubectl label cnpp ne-floor-shop networkenforcer.kubewarden.io/promote=protect"
+        );
+        assert_eq!(
+            page.proposals[1].command,
+            "kubectl label cnpp ne-isolate-shop networkenforcer.kubewarden.io/promote-"
+        );
+        assert_eq!(floor.last_learned.as_deref(), Some("2026-12-06T03:00:00Z"));
+        assert!(!build(&Snapshot::default()).listed);
+    }
+}
