@@ -35,13 +35,38 @@ impl StatusSync {
                 .iter()
                 .filter_map(|np| NamedPolicy::from_network_policy(np)),
         );
+        let mut invalid = BTreeMap::new();
         for policy in self.cluster_policies.state() {
             if let Some(policy) = NamedClusterPolicy::from_object(&policy) {
+                if let Err(why) = netpol::cluster::ClusterPolicy::parse(&policy.name, &policy.spec)
+                {
+                    invalid.insert(policy.name.clone(), why.to_string());
+                }
                 view.insert_cluster_policy(policy);
             }
         }
+        self.note_invalid_cluster_policies(invalid);
         view.set_ip_blocks_match_pods(self.settings.ip_blocks_match_pods);
         view
+    }
+
+    /// Reports ClusterNetworkPolicies that apply to nothing (a spec the API server would refuse,
+    /// admitted where it does not run the CRD's CEL rules): judged fail-closed like the agent does,
+    /// logged once each time the set changes, counted in `cluster_policies_invalid`.
+    fn note_invalid_cluster_policies(&self, invalid: BTreeMap<String, String>) {
+        self.metrics
+            .cluster_policies_invalid
+            .set(invalid.len() as i64);
+        let mut last = self.invalid_cluster_policies.lock().expect("invalid lock");
+        if *last == invalid {
+            return;
+        }
+        for (name, why) in &invalid {
+            if last.get(name) != Some(why) {
+                tracing::warn!(policy = %name, %why, "ClusterNetworkPolicy is invalid: it applies to nothing (as the agent enforces it)");
+            }
+        }
+        *last = invalid;
     }
 
     /// Attributes the queued records to the policies in force; returns how many observations were

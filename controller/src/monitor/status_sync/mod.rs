@@ -65,7 +65,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -227,6 +227,8 @@ pub struct SyncMetrics {
     /// Policies whose status patch failed [`FAILED_PASSES_BEFORE_PARKED`] passes in a row or more:
     /// their observations are retried but no longer hold back acknowledgements.
     pub status_writes_failing: Gauge,
+    /// ClusterNetworkPolicies in the cluster that apply to nothing (invalid specs).
+    pub cluster_policies_invalid: Gauge,
 }
 
 /// The label of `evidence_waited_for_peer_total`.
@@ -291,6 +293,8 @@ pub struct StatusSync {
     /// (`None`: nothing yet; the first persisting always writes, which also replaces what an older
     /// leader wrote).
     history_written: tokio::sync::Mutex<Option<history_store::Encoded>>,
+    /// The invalid ClusterNetworkPolicies last reported, and why ([`StatusSync::view`]).
+    invalid_cluster_policies: Mutex<BTreeMap<String, String>>,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
     metrics: SyncMetrics,
@@ -358,6 +362,7 @@ impl StatusSync {
             })),
             history_restored: std::sync::atomic::AtomicBool::new(settings_history_absent),
             history_written: tokio::sync::Mutex::default(),
+            invalid_cluster_policies: Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
         })
     }
@@ -415,6 +420,12 @@ impl StatusSync {
             "edge_history_evicted",
             "Observed edges evicted from the protect gate's history by its bound (--edge-history-max-edges)",
             m.history_evicted.clone(),
+        );
+        metrics.register(
+            "cluster_policies_invalid",
+            "ClusterNetworkPolicies whose spec is invalid: they apply to nothing (the agent enforces \
+             them the same way); the controller logs each one",
+            m.cluster_policies_invalid.clone(),
         );
         metrics.register(
             "edge_history_persisted_edges",

@@ -905,3 +905,30 @@ async fn a_policy_whose_status_cannot_be_written_stops_holding_back_acknowledgem
     );
     assert!(api.written().is_empty());
 }
+
+/// A ClusterNetworkPolicy the API server would refuse (admitted where the CRD's CEL rules do not run)
+/// applies to nothing, and the controller says so: the gauge counts it until it is fixed.
+#[tokio::test]
+async fn an_invalid_cluster_policy_is_counted_until_it_is_fixed() {
+    let (sync, mut writers) = listed_offline_sync().await;
+    let policy = |tier: &str| -> ClusterNetworkPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": "tenants"},
+            "spec": {"tier": tier, "priority": 10,
+                     "subject": {"namespaces": {}}}
+        }))
+        .unwrap()
+    };
+    writers
+        .cluster_policies
+        .apply_watcher_event(&watcher::Event::Apply(policy("Middle")));
+    sync.current_view();
+    assert_eq!(sync.metrics.cluster_policies_invalid.get(), 1);
+    writers
+        .cluster_policies
+        .apply_watcher_event(&watcher::Event::Apply(policy("Admin")));
+    sync.current_view();
+    assert_eq!(sync.metrics.cluster_policies_invalid.get(), 0);
+}
