@@ -447,7 +447,8 @@ pub struct RuleMatch {
 pub type Violations<'a> = smallvec::SmallVec<[Attributed<'a>; 2]>;
 
 /// The violations `flow` causes, in attribution order: the source's egress policy first, then (unless
-/// that one denies in protect mode) the destination's ingress policy.
+/// that one denies in protect mode, or an Admin ClusterNetworkPolicy denies the source's egress) the
+/// destination's ingress policy.
 pub fn attribute<'a>(
     view: &ClusterView,
     policies: &PolicySet<'a>,
@@ -494,16 +495,29 @@ pub fn attribute_with_usage<'a>(
             PolicyVerdict::NotApplicable => {}
         }
     }
-    if let Some(ingress) = policies.governing_entry(&flow.destination.workload, Direction::Ingress)
-    {
-        match ingress.verdict(view, flow.into(), principal, &mut ends)? {
-            PolicyVerdict::Denies => violations.push(Attributed {
-                policy: ingress.policy,
-                flow,
-            }),
-            PolicyVerdict::Allows => used(ingress, &ends),
-            PolicyVerdict::NotApplicable => {}
+    let Some(ingress) = policies.governing_entry(&flow.destination.workload, Direction::Ingress)
+    else {
+        return Ok(violations);
+    };
+    // An Admin ClusterNetworkPolicy that denies the source's egress stops the flow there: the
+    // destination's policy would never see it.
+    if !view.cluster_policies().is_empty() {
+        let f: FlowRef<'_> = flow.into();
+        let resolved = match ends {
+            Some(resolved) => resolved,
+            None => *ends.insert(compiled::resolve(view, f.source, f.destination)?),
+        };
+        if compiled::admin_denies(view, Direction::Egress, resolved, flow.protocol, flow.port) {
+            return Ok(violations);
         }
+    }
+    match ingress.verdict(view, flow.into(), principal, &mut ends)? {
+        PolicyVerdict::Denies => violations.push(Attributed {
+            policy: ingress.policy,
+            flow,
+        }),
+        PolicyVerdict::Allows => used(ingress, &ends),
+        PolicyVerdict::NotApplicable => {}
     }
     Ok(violations)
 }

@@ -350,6 +350,24 @@ pub fn verdict_as_if_rendered(
     Some(allowed)
 }
 
+/// Whether the Admin tier denies the `direction` side of a flow between the resolved `ends`, whatever
+/// any NetworkPolicy says: such a flow is stopped there by the cluster, so no policy further on
+/// (the destination's ingress, after an egress denial) is what blocks it.
+pub fn admin_denies(
+    view: &ClusterView,
+    direction: Direction,
+    ends: (Resolved<'_>, Resolved<'_>),
+    protocol: Protocol,
+    port: u16,
+) -> bool {
+    let Some((subject, query)) = side(view, direction, ends, protocol, port) else {
+        return false;
+    };
+    let index = view.policy_index();
+    first_match(index.cluster_tier(subject, Tier::Admin), direction, &query)
+        .is_some_and(|m| m.action == Action::Deny)
+}
+
 /// The indexes of `policy`'s rules for `direction` that allow the flow between the resolved `ends`,
 /// in order; empty when `policy` does not isolate that side or no rule of its own matches (other
 /// policies in force may still allow the flow). For rule usage (docs/api.md, "Rule usage") and

@@ -1184,3 +1184,47 @@ fn an_outside_address_resolved_from_an_allowed_name_is_no_violation() {
     };
     assert_eq!(attribute(&view, &set, &named_pod).unwrap().len(), 1);
 }
+
+/// An Admin ClusterNetworkPolicy that denies the client's egress stops the flow at the client, whatever
+/// the client's policy says (so it records nothing: it is not what blocks the flow, §3.4), and the
+/// server's ingress policy never sees it, so it records nothing either. Without the Admin policy both
+/// record it.
+#[test]
+fn an_admin_deny_at_the_source_keeps_the_flow_from_the_destinations_policy() {
+    use crate::monitor::evaluate::view::NamedClusterPolicy;
+    let policies = [client_egress("monitor"), server_ingress("monitor")];
+    let set = PolicySet::new(&policies);
+    let flow = udp_echo();
+    let mut view = cluster();
+    assert_eq!(
+        attribute(&view, &set, &flow).unwrap().len(),
+        2,
+        "both, without tiers"
+    );
+    view.insert_cluster_policy(NamedClusterPolicy {
+        name: "no-udp-out".into(),
+        spec: serde_json::from_value(json!({
+            "tier": "Admin", "priority": 5,
+            "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": NS}}},
+            "egress": [{"action": "Deny", "to": [{"namespaces": {}}],
+                        "protocols": [{"udp": {"destinationPort": {"range": {"start": 18000, "end": 18999}}}}]}]
+        }))
+        .unwrap(),
+    });
+    let attributed = attribute(&view, &set, &flow).unwrap();
+    assert_eq!(
+        summary(&attributed),
+        [],
+        "the flow never reaches the server"
+    );
+    // A flow the Admin tier does not deny is unchanged.
+    assert!(
+        attribute(
+            &view,
+            &set,
+            &observed(client(), server(), Protocol::TCP, 18080)
+        )
+        .unwrap()
+        .is_empty()
+    );
+}
