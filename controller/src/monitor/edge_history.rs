@@ -477,6 +477,12 @@ impl EdgeHistory {
             };
             let principal = Some(key.source.workload.identity.as_str()).filter(|p| !p.is_empty());
             let peer_name = key.peer_name.as_deref();
+            // A flow the cluster stops at its source never reaches an ingress policy.
+            if policy.spec.direction == Direction::Ingress
+                && attribution::stopped_at_source(view, &flow).unwrap_or(false)
+            {
+                continue;
+            }
             match attribution::policy_verdict(view, policy, &flow, principal, peer_name) {
                 Ok(PolicyVerdict::Denies) => blocked.push((key, stats)),
                 Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable) => {}

@@ -437,3 +437,38 @@ fn a_restored_history_replays_as_the_exported_one() {
     // Names are interned again: one per workload, whatever the number of edges.
     assert_eq!(after.names.len(), before.names.len());
 }
+
+/// The gate does not count against an ingress policy a flow the cluster stops at its source (an
+/// Admin ClusterNetworkPolicy denies the source's egress): it would never reach the policy.
+#[test]
+fn the_gate_leaves_out_flows_an_admin_policy_stops_at_their_source() {
+    use crate::monitor::evaluate::view::NamedClusterPolicy;
+    let mut history = EdgeHistory::default();
+    history.record(
+        &at(observed(client(), server(), Protocol::UDP, 18081), 10),
+        false,
+    );
+    let policy = server_ingress("protect");
+    let mut view = cluster();
+    assert_eq!(
+        history.replay(&view, &policy).would_block,
+        1,
+        "without tiers"
+    );
+    view.insert_cluster_policy(NamedClusterPolicy {
+        name: "no-udp-out".into(),
+        spec: serde_json::from_value(serde_json::json!({
+            "tier": "Admin", "priority": 5,
+            "subject": {"namespaces": {}},
+            "egress": [{"action": "Deny", "to": [{"namespaces": {}}],
+                        "protocols": [{"udp": {"destinationPort": {"number": 18081}}}]}]
+        }))
+        .unwrap(),
+    });
+    let report = history.replay(&view, &policy);
+    assert_eq!(
+        (report.considered, report.would_block),
+        (1, 0),
+        "{report:?}"
+    );
+}

@@ -522,6 +522,24 @@ pub fn attribute_with_usage<'a>(
     Ok(violations)
 }
 
+/// Whether the cluster stops `flow` at its source: an Admin ClusterNetworkPolicy denies the source's
+/// egress ([`compiled::admin_denies`]). The destination's ingress policy then never sees it: no
+/// violation there ([`attribute`]), nothing the protect gate would block. Free without
+/// ClusterNetworkPolicies.
+pub fn stopped_at_source(view: &ClusterView, flow: &Flow) -> Result<bool, EvalError> {
+    if view.cluster_policies().is_empty() {
+        return Ok(false);
+    }
+    let ends = compiled::resolve(view, &flow.source, &flow.destination)?;
+    Ok(compiled::admin_denies(
+        view,
+        Direction::Egress,
+        ends,
+        flow.protocol,
+        flow.port,
+    ))
+}
+
 fn policy_key(policy: &WorkloadNetworkPolicy) -> PolicyKey {
     PolicyKey {
         namespace: policy.namespace().unwrap_or_default(),
