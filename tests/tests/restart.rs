@@ -1441,6 +1441,20 @@ async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -
     )
     .await?;
 
+    controller
+        .wait_for_metric(
+            &ns,
+            "the gauge of cluster policies in force",
+            "network_enforcer_controller_cluster_proposals_in_force 1",
+        )
+        .await?;
+    assert!(
+        controller
+            .metric("network_enforcer_controller_cluster_proposals_learned_total")
+            .await?
+            >= 2
+    );
+
     // Edited by hand: brought back within the render interval (10 s).
     policies
         .patch(

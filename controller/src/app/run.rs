@@ -591,6 +591,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
             },
             every: every.max(Duration::from_secs(1)),
             signing_key: signing_key.clone(),
+            metrics: {
+                let m = crate::reconcile::cluster_proposals::ProposalMetrics::default();
+                m.register(&metrics);
+                m
+            },
             reporter: kube::runtime::events::Reporter {
                 controller: settings.reporter.clone(),
                 instance: settings.instance.clone(),

@@ -11,6 +11,7 @@ use crate::policy::conditions;
 use crate::policy::provenance::SigningKey;
 use crate::policy::render::MANAGED_BY_LABEL;
 use crate::runtime::events::publish_cluster_scoped;
+use crate::runtime::metrics::ControllerMetrics;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -24,6 +25,7 @@ use network_enforcer_api::cluster_proposal::{
     ClusterNetworkPolicyProposalStatus,
 };
 use network_enforcer_api::keys::{FIELD_MANAGER, LEARNED_DIGEST_ANNOTATION};
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,38 @@ pub struct ClusterProposals {
     pub reporter: Reporter,
     /// Signs what learning writes; promotion puts in force only what it signed.
     pub signing_key: Option<Arc<SigningKey>>,
+    pub metrics: ProposalMetrics,
+}
+
+/// The loop's metrics (registered by [`ProposalMetrics::register`]).
+#[derive(Clone, Debug, Default)]
+pub struct ProposalMetrics {
+    /// Proposals written by learning (created or changed).
+    pub learned: Counter,
+    /// ClusterNetworkPolicies in force from promoted proposals after the last pass.
+    pub in_force: Gauge,
+    /// Passes (learning or promotion) that failed and are retried.
+    pub failures: Counter,
+}
+
+impl ProposalMetrics {
+    pub fn register(&self, metrics: &ControllerMetrics) {
+        metrics.register(
+            "cluster_proposals_learned",
+            "ClusterNetworkPolicyProposals written by learning (created or changed)",
+            self.learned.clone(),
+        );
+        metrics.register(
+            "cluster_proposals_in_force",
+            "ClusterNetworkPolicies in force from promoted ClusterNetworkPolicyProposals",
+            self.in_force.clone(),
+        );
+        metrics.register(
+            "cluster_proposal_failures",
+            "Passes of cluster proposal learning or promotion that failed (retried)",
+            self.failures.clone(),
+        );
+    }
 }
 
 /// What was last written of a proposal: its spec and notes.
@@ -58,7 +92,11 @@ impl ClusterProposals {
         loop {
             tokio::select! {
                 _ = learn.tick() => {
-                    match self.learn(&mut written).await {
+                    let learned = self.learn(&mut written).await;
+                    if learned.is_err() {
+                        self.metrics.failures.inc();
+                    }
+                    match learned {
                         Ok(()) => {}
                         Err(kube::Error::Api(status)) if status.code == 404 => tracing::warn!(
                             "the ClusterNetworkPolicyProposal CRD is not installed (helm does not \
@@ -70,6 +108,7 @@ impl ClusterProposals {
                 }
                 _ = render.tick() => {
                     if let Err(error) = self.render().await {
+                        self.metrics.failures.inc();
                         tracing::warn!(%error, "putting promoted cluster proposals in force failed; trying again");
                     }
                 }
@@ -147,6 +186,7 @@ impl ClusterProposals {
                 )
                 .await;
             }
+            self.metrics.learned.inc();
             tracing::info!(proposal = %name, "cluster proposal learned");
             written.insert(name, now);
         }
@@ -164,6 +204,8 @@ impl ClusterProposals {
             Err(error) => return Err(error),
         };
         let plan = cluster_promote::plan(&listed, &existing, served, self.signing_key.as_deref());
+        let in_force = plan.conditions.iter().filter(|(_, c)| c.status).count();
+        self.metrics.in_force.set(in_force as i64);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for policy in &plan.apply {
             let name = policy.name_any();
