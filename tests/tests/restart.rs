@@ -1326,6 +1326,8 @@ async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -
     let key_path = key.0.display().to_string();
     let env = [
         ("CLUSTER_PROPOSALS_INTERVAL", "1s"),
+        // Learning waits for the history's warm-up (2m by default).
+        ("EDGE_HISTORY_WARMUP", "1s"),
         ("PROPOSAL_SIGNING_KEY_FILE", key_path.as_str()),
     ];
     let controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;

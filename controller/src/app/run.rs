@@ -666,14 +666,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // fails), and the records merge.
     // (A replica whose status sync has run has led.)
     if app.writer.is_leader() || status_sync.passes() > 0 {
+        let still_leading = result.is_ok();
         let last = async {
             let report = app.flusher.last_flush().await;
             // Only a sync that has run before has listed the policies the observations belong to.
             let synced = if status_sync.passes() > 0 {
                 status_sync.attribute_evidence();
                 let synced = status_sync.sync_all().await;
-                // The history as it is now, for the next leader.
-                status_sync.persist_history().await;
+                // The history as it is now, for the next leader; not after a lost Lease: a new
+                // leader may already have read and written it.
+                if still_leading {
+                    status_sync.persist_history().await;
+                }
                 Some(synced)
             } else {
                 None

@@ -8,7 +8,7 @@ use crate::learn::cluster_policies::{self, Settings, namespace_edges};
 use crate::monitor::status_sync::StatusSync;
 use crate::policy::cluster_promote::{self, RENDERED};
 use crate::policy::conditions;
-use crate::policy::provenance::SigningKey;
+use crate::policy::provenance::{Provenance, SigningKey};
 use crate::policy::render::MANAGED_BY_LABEL;
 use crate::runtime::events::publish_cluster_scoped;
 use crate::runtime::metrics::ControllerMetrics;
@@ -22,9 +22,8 @@ use network_enforcer_api::cluster_network_policy::{
 };
 use network_enforcer_api::cluster_proposal::{
     ClusterNetworkPolicyProposal, ClusterNetworkPolicyProposalSpec,
-    ClusterNetworkPolicyProposalStatus,
 };
-use network_enforcer_api::keys::{FIELD_MANAGER, LEARNED_DIGEST_ANNOTATION};
+use network_enforcer_api::keys::{FIELD_MANAGER, LEARNED_DIGEST_ANNOTATION, PROMOTE_LABEL};
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -125,6 +124,13 @@ impl ClusterProposals {
         };
         let proposed = cluster_policies::propose(&namespace_edges(&edges), &self.settings);
         let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
+        let existing: HashMap<String, ClusterNetworkPolicyProposal> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
         for policy in proposed.policies {
             let name = policy.name_any();
             let notes: Vec<String> = proposed
@@ -137,12 +143,22 @@ impl ClusterProposals {
             if written.get(&name) == Some(&now) {
                 continue;
             }
+            let current = existing.get(&name);
+            // A promoted proposal is what an admin approved and what is in force: learning never
+            // changes it (a graph that lost old edges would narrow the policy by itself). Unlabel
+            // it to let learning update it, then promote it again.
+            if current.is_some_and(|p| p.labels().contains_key(PROMOTE_LABEL)) {
+                continue;
+            }
             // After a restart: what an earlier leader wrote is not written again (its
-            // lastLearnedTime says when it last changed).
+            // lastLearnedTime says when it last changed), if it is still signed as learned.
             if !written.contains_key(&name)
-                && let Some(existing) = api.get_opt(&name).await?
-                && existing.spec.policy == now.0
-                && existing.status.as_ref().map(|s| &s.notes) == Some(&now.1)
+                && let Some(current) = current
+                && current.spec.policy == now.0
+                && current.status.as_ref().map(|s| &s.notes) == Some(&now.1)
+                && self.signing_key.as_ref().is_none_or(|k| {
+                    k.check_spec(&current.metadata, &current.spec) == Provenance::Learned
+                })
             {
                 written.insert(name, now);
                 continue;
@@ -165,10 +181,11 @@ impl ClusterProposals {
             }
             let params = PatchParams::apply(FIELD_MANAGER).force();
             let applied = api.patch(&name, &params, &Patch::Apply(&object)).await?;
-            let status = serde_json::json!({"status": ClusterNetworkPolicyProposalStatus {
-                last_learned_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-                notes: notes.clone(),
-                conditions: applied.status.clone().unwrap_or_default().conditions,
+            // Written out in full: an empty list must replace old notes (the typed status would
+            // leave an empty one out of the merge patch).
+            let status = serde_json::json!({"status": {
+                "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
+                "notes": notes,
             }});
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await?;
@@ -196,7 +213,13 @@ impl ClusterProposals {
     /// Puts the promoted proposals in force and reports each one's `Rendered` condition.
     async fn render(&self) -> Result<(), kube::Error> {
         let proposals = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
-        let listed = proposals.list(&ListParams::default()).await?.items;
+        let listed = match proposals.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            // Our CRD not installed (an upgrade without applying it): nothing promoted; `learn`
+            // says what to do, once a minute.
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(error) => return Err(error),
+        };
         let policies = Api::<ClusterNetworkPolicy>::all(self.client.clone());
         let (existing, served) = match policies.list(&ListParams::default()).await {
             Ok(list) => (list.items, true),
@@ -209,9 +232,23 @@ impl ClusterProposals {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for policy in &plan.apply {
             let name = policy.name_any();
-            policies
-                .patch(&name, &params, &Patch::Apply(policy))
-                .await?;
+            match existing.iter().find(|p| p.name_any() == name) {
+                // Drift: replaced whole, so fields someone else added go too (a forced apply
+                // would keep fields another manager owns).
+                Some(current) => {
+                    let mut replacement = policy.clone();
+                    replacement.metadata.resource_version =
+                        current.metadata.resource_version.clone();
+                    policies
+                        .replace(&name, &Default::default(), &replacement)
+                        .await?;
+                }
+                None => {
+                    policies
+                        .patch(&name, &params, &Patch::Apply(policy))
+                        .await?;
+                }
+            }
             tracing::info!(policy = %name, "ClusterNetworkPolicy put in force from its proposal");
         }
         for name in &plan.delete {

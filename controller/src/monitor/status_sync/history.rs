@@ -67,11 +67,28 @@ impl StatusSync {
         let mut wait = Duration::from_secs(1);
         let edges = loop {
             match store.load().await {
+                // A shard the API server would not give (as opposed to one that is damaged) is a
+                // failed read: retried, and never overwritten with a partial history.
+                Ok((_, damaged))
+                    if wait <= Duration::from_secs(4)
+                        && damaged
+                            .iter()
+                            .any(|e| matches!(e, history_store::StoreError::Api { .. })) =>
+                {
+                    self.metrics.history_store_failures.inc();
+                    tracing::warn!(retry_in = ?wait, "reading a shard of the persisted edge history failed");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
                 Ok((edges, damaged)) => {
+                    let unread = damaged
+                        .iter()
+                        .any(|e| matches!(e, history_store::StoreError::Api { .. }));
                     for error in &damaged {
                         self.metrics.history_store_failures.inc();
                         tracing::warn!(%error, "a shard of the persisted edge history is left out");
                     }
+                    self.history_read.store(!unread, Ordering::Release);
                     break edges;
                 }
                 Err(error) if wait <= Duration::from_secs(4) => {
@@ -83,7 +100,9 @@ impl StatusSync {
                 Err(error) => {
                     self.metrics.history_store_failures.inc();
                     tracing::warn!(%error, "reading the persisted edge history failed; the protect \
-                        gate's history starts from the policies' violation records");
+                        gate's history starts from the policies' violation records, and this \
+                        controller does not overwrite what the last leader persisted");
+                    self.history_read.store(false, Ordering::Release);
                     break Vec::new();
                 }
             }
@@ -110,8 +129,11 @@ impl StatusSync {
         let Some(store) = &self.settings.history_store else {
             return;
         };
-        // Not before the previous leader's history is in: an empty one would overwrite it.
-        if !self.history_restored.load(Ordering::Acquire) {
+        // Not before the previous leader's history is in, and never when it could not be read: a
+        // partial one would overwrite it.
+        if !self.history_restored.load(Ordering::Acquire)
+            || !self.history_read.load(Ordering::Acquire)
+        {
             return;
         }
         let edges = self.history.lock().expect("history lock").export();
@@ -170,7 +192,13 @@ impl StatusSync {
     /// evidence is judged against have listed and the persisted history is read): the cluster
     /// proposals are learned from it.
     pub fn export_history(&self) -> Option<Vec<edge_history::StoredEdge>> {
-        if !self.is_ready() {
+        // Not while the history is being rebuilt after a start (the warm-up), nor when the last
+        // leader's history could not be read: a partial graph would propose to deny what was seen.
+        let warming = self
+            .started
+            .get()
+            .is_none_or(|at| at.elapsed() < self.settings.history_warmup);
+        if !self.is_ready() || warming || !self.history_read.load(Ordering::Acquire) {
             return None;
         }
         Some(self.history.lock().expect("history lock").export())

@@ -289,6 +289,9 @@ pub struct StatusSync {
     /// Whether the history a previous leader persisted has been read (or there is none to read:
     /// no store configured); evidence waits for it ([`listed::Watch::edge_history`]).
     history_restored: std::sync::atomic::AtomicBool,
+    /// Whether that history was read whole (or there is no store): only then is it persisted again,
+    /// and are cluster proposals learned from it.
+    history_read: std::sync::atomic::AtomicBool,
     /// What the last persisting of the history wrote, so an unchanged history is not written again
     /// (`None`: nothing yet; the first persisting always writes, which also replaces what an older
     /// leader wrote).
@@ -361,6 +364,7 @@ impl StatusSync {
                 namespaces: namespaces_writer,
             })),
             history_restored: std::sync::atomic::AtomicBool::new(settings_history_absent),
+            history_read: std::sync::atomic::AtomicBool::new(true),
             history_written: tokio::sync::Mutex::default(),
             invalid_cluster_policies: Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
