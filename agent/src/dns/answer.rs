@@ -3,7 +3,7 @@
 //! crate ([`super::wire`]); this module decides what of it to believe, and refuses what is outside the bounds (hostile
 //! answers).
 
-use super::wire::{self, Message, Name};
+use super::wire::{self, Data, Message, Name};
 use smallvec::SmallVec;
 use std::net::IpAddr;
 
@@ -85,26 +85,24 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
     if message.rcode() == 0 {
         // Walk the chain from the asked name: each step is the name a CNAME of the current one points
         // to, carrying the smallest TTL so far. Records of names outside the chain are ignored.
+        let records = message.answer_records();
         let mut current = question;
         let mut ttl = u32::MAX;
         for step in 0..=MAX_CHAIN {
-            for record in message.answer_records() {
-                let Some(address) = wire::address(&record) else {
-                    continue;
-                };
-                if record.owner() != current {
-                    continue;
-                }
-                let ttl = ttl.min(record.ttl().as_secs());
-                if !addresses.iter().any(|(a, _)| *a == address) {
-                    addresses.push((address, ttl));
+            let mut next = None;
+            for record in records.iter().filter(|r| r.owner == current) {
+                match record.data {
+                    Data::Address(address) => {
+                        let ttl = ttl.min(record.ttl);
+                        if !addresses.iter().any(|(a, _)| *a == address) {
+                            addresses.push((address, ttl));
+                        }
+                    }
+                    Data::Cname(target) => {
+                        next.get_or_insert((target, record.ttl));
+                    }
                 }
             }
-            let next = message.answer_records().find_map(|r| {
-                let (owner, ttl) = (r.owner(), r.ttl().as_secs());
-                let target = wire::cname_target(r)?;
-                (owner == current).then_some((target, ttl))
-            });
             let Some((target, cname_ttl)) = next else {
                 break;
             };

@@ -924,3 +924,38 @@ fn a_pods_number_is_given_back_once_it_holds_nothing() {
     assert_eq!(pods, 1);
     assert!(numbers <= 50, "{numbers} numbers");
 }
+
+#[test]
+fn a_name_is_held_once_and_only_while_something_holds_it() {
+    let mut tracker = Tracker::new(Limits::default());
+    let dns = at("10.96.0.10:53");
+    let t = Duration::from_secs(1_000);
+    // Two pods resolve the same name, whatever its case: one name held.
+    for (p, asked) in [(1u16, "API.example.com"), (2, "api.EXAMPLE.com")] {
+        let (pod, client) = (pod(&format!("pod-{p}")), at(&format!("10.244.0.{p}:5000")));
+        tracker.query(&pod, client, dns, &query(p, asked), t);
+        let answer = response(p, asked, &[(asked, 10, a("192.0.2.1"))]);
+        assert_eq!(
+            tracker.answer(&pod, client, dns, &answer, t).unwrap().len(),
+            1
+        );
+    }
+    assert_eq!(tracker.names_held(), 1);
+    // A pod asking one socket and id again and again for new names (each replacing the last): the
+    // names nobody holds any more are dropped, not kept to the next expiry.
+    let (pod, client) = (pod("sprayer"), at("10.244.0.9:5000"));
+    for i in 0..3 * super::tracker::NAMES_SLACK {
+        tracker.query(
+            &pod,
+            client,
+            dns,
+            &query(7, &format!("n{i}.example.com")),
+            t,
+        );
+    }
+    let held = tracker.names_held();
+    assert!(held <= super::tracker::NAMES_SLACK + 3, "{held} names held");
+    // Once the resolutions and the query expire, no name is held.
+    tracker.expire(t + Duration::from_secs(3_600));
+    assert_eq!(tracker.names_held(), 0);
+}

@@ -8,7 +8,7 @@
 use super::answer::{self, DnsError, read_response};
 use super::wire::{self, Message};
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +47,9 @@ impl Default for Limits {
         }
     }
 }
+
+/// Names held by nothing kept at most, before they are dropped ([`Tracker::intern`]).
+pub(super) const NAMES_SLACK: usize = 4_096;
 
 /// The maps' hasher: fast on the small keys, keyed at random per process (the keys are partly chosen
 /// by the pods: ports, transaction ids, addresses).
@@ -108,6 +111,11 @@ pub struct Tracker {
     /// so expires with it).
     pending_order: VecDeque<(Duration, Exchange)>,
     resolved: HashMap<(PodId, IpAddr), Resolution, Hasher>,
+    /// The names pending queries and resolutions hold, one allocation per name: a query takes the
+    /// name it asks from here, and a resolution answered again compares its name by address.
+    /// Names nothing holds any more are dropped by [`Tracker::expire`], or when the set outgrows
+    /// twice what the bounds let the maps hold.
+    names: HashSet<Arc<str>, Hasher>,
     /// The pods' numbers, and their slots (by number) with the numbers free for reuse.
     ids: HashMap<Pod, PodId, Hasher>,
     slots: Vec<Slot>,
@@ -122,6 +130,7 @@ impl Tracker {
             pending: HashMap::default(),
             pending_order: VecDeque::new(),
             resolved: HashMap::default(),
+            names: HashSet::default(),
             ids: HashMap::default(),
             slots: Vec::new(),
             free: Vec::new(),
@@ -182,17 +191,14 @@ impl Tracker {
             id: message.id,
         };
         let (of_pod, pending) = (self.slot(slot).pending, self.pending.len());
-        match self.pending.entry(key) {
-            // Asked again: pending from now, for the name asked last.
-            Entry::Occupied(mut held) => *held.get_mut() = (lower_name(&question), now),
-            Entry::Vacant(_) if full(of_pod, pending) => {
-                self.counters.pending_full += 1;
-                return;
-            }
-            Entry::Vacant(new) => {
-                new.insert((lower_name(&question), now));
-                self.slots[slot as usize].pending += 1;
-            }
+        if !self.pending.contains_key(&key) && full(of_pod, pending) {
+            self.counters.pending_full += 1;
+            return;
+        }
+        let name = self.intern(&question);
+        // Asked again: pending from now, for the name asked last.
+        if self.pending.insert(key, (name, now)).is_none() {
+            self.slots[slot as usize].pending += 1;
         }
         self.pending_order.push_back((now, key));
     }
@@ -311,8 +317,8 @@ impl Tracker {
             .map(|r| &*r.name)
     }
 
-    /// Forgets what no longer counts at `now`: resolutions past their TTL and grace, and queries past
-    /// their timeout.
+    /// Forgets what no longer counts at `now`: resolutions past their TTL and grace, queries past
+    /// their timeout, and the names neither holds.
     pub fn expire(&mut self, now: Duration) {
         self.expire_pending(now);
         let mut emptied = Vec::new();
@@ -332,6 +338,30 @@ impl Tracker {
         for slot in emptied {
             self.release_if_empty(slot);
         }
+        self.drop_unheld_names();
+    }
+
+    /// The name `name` (a checked host name), lower-case, shared with every query and resolution of
+    /// it.
+    fn intern(&mut self, name: &wire::Name<'_>) -> Arc<str> {
+        let mut text = [0u8; answer::MAX_NAME_LEN];
+        let text = lower_name(name, &mut text);
+        if let Some(held) = self.names.get(text) {
+            return held.clone();
+        }
+        // Names whose queries were asked again for another name are held by nothing until the next
+        // expiry: bounded here to what the maps hold plus a slack, at a cost per name amortized over
+        // the slack.
+        if self.names.len() >= self.pending.len() + self.resolved.len() + NAMES_SLACK {
+            self.drop_unheld_names();
+        }
+        let name: Arc<str> = Arc::from(text);
+        self.names.insert(name.clone());
+        name
+    }
+
+    fn drop_unheld_names(&mut self) {
+        self.names.retain(|name| Arc::strong_count(name) > 1);
     }
 
     /// Forgets everything of a pod that is gone.
@@ -365,6 +395,12 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    /// Distinct names held (for the tests).
+    #[cfg(test)]
+    pub(super) fn names_held(&self) -> usize {
+        self.names.len()
     }
 
     /// Pods holding something, and the numbers ever given (for the tests: numbers are reused).
@@ -412,9 +448,8 @@ impl Tracker {
     }
 }
 
-/// The host name `name` (checked already), lower-case, in one allocation.
-fn lower_name(name: &wire::Name<'_>) -> Arc<str> {
-    let mut text = [0u8; answer::MAX_NAME_LEN];
+/// The host name `name` (checked already), lower-case, written into `text`.
+fn lower_name<'t>(name: &wire::Name<'_>, text: &'t mut [u8; answer::MAX_NAME_LEN]) -> &'t str {
     let mut len = 0;
     for label in wire::labels(name) {
         let dot = usize::from(len > 0);
@@ -428,7 +463,7 @@ fn lower_name(name: &wire::Name<'_>) -> Arc<str> {
         }
         len += dot + label.len();
     }
-    Arc::from(std::str::from_utf8(text.get(..len).unwrap_or_default()).unwrap_or_default())
+    std::str::from_utf8(text.get(..len).unwrap_or_default()).unwrap_or_default()
 }
 
 /// Why an answer was not believed.

@@ -14,13 +14,13 @@
 //! type (no address, no target), and the data of the other record types is not looked into.
 
 use domain::base::iana::Rtype;
-use domain::base::message::RecordSection;
 use domain::base::name::ParsedName;
 use domain::base::opt::{Opt, OptRecord};
 use domain::base::wire::ParseError;
 use domain::base::{Message as Wire, ParsedRecord};
 use domain::rdata::{A, Aaaa, Cname};
 use simple_dns::{CLASS, QCLASS, QTYPE};
+use smallvec::SmallVec;
 use std::net::IpAddr;
 
 /// Compression pointers followed in one name. A name of at most 254 bytes has at most 127 labels: a
@@ -67,9 +67,28 @@ pub struct Message<'a> {
     /// The response code, extended by the first EDNS record (RFC 6891 section 6.1.3).
     rcode: u16,
     question: Option<Name<'a>>,
-    /// The answer section, read again where it is rather than kept.
-    answer_section: RecordSection<'a, [u8]>,
+    /// The answer section's address and CNAME records, as read in the one pass over the message.
+    answer_records: Answers<'a>,
 }
+
+/// What the agent reads of an answer record: its owner, TTL and address or CNAME target.
+#[derive(Clone, Copy)]
+pub struct AnswerRecord<'a> {
+    pub owner: Name<'a>,
+    /// Seconds.
+    pub ttl: u32,
+    pub data: Data<'a>,
+}
+
+/// The data of an answer record the agent reads.
+#[derive(Clone, Copy)]
+pub enum Data<'a> {
+    Address(IpAddr),
+    Cname(Name<'a>),
+}
+
+/// The answer records of a message: most responses carry a few, kept inline.
+pub type Answers<'a> = SmallVec<[AnswerRecord<'a>; 4]>;
 
 impl<'a> Message<'a> {
     /// Reads `bytes` through; an error when it is not a DNS message (see the module docs).
@@ -94,8 +113,9 @@ impl<'a> Message<'a> {
             QCLASS::try_from(qclass & CLASS_MASK).map_err(|_| WireError::Class(qclass))?;
             question.get_or_insert(*read.qname());
         }
-        let answer_section = questions.answer()?;
-        let mut section = answer_section;
+        let mut section = questions.answer()?;
+        let mut answer_records = Answers::new();
+        let mut in_answers = true;
         let mut rcode = u16::from(header.rcode().to_int());
         let mut opt_seen = false;
         loop {
@@ -105,7 +125,14 @@ impl<'a> Message<'a> {
                     break;
                 };
                 let record = record?;
-                check_record(bytes, at, section.pos(), &record)?;
+                let data = check_record(bytes, at, section.pos(), &record)?;
+                if let (true, Some(data)) = (in_answers, data) {
+                    answer_records.push(AnswerRecord {
+                        owner: record.owner(),
+                        ttl: record.ttl().as_secs(),
+                        data,
+                    });
+                }
                 if record.rtype() == Rtype::OPT && !opt_seen {
                     opt_seen = true;
                     if let Some(opt) = record.to_record::<Opt<&[u8]>>()? {
@@ -117,6 +144,7 @@ impl<'a> Message<'a> {
                 Some(next) => section = next,
                 None => break,
             }
+            in_answers = false;
         }
         Ok(Self {
             id: header.id(),
@@ -125,7 +153,7 @@ impl<'a> Message<'a> {
             response: header.qr(),
             rcode,
             question,
-            answer_section,
+            answer_records,
         })
     }
 
@@ -143,41 +171,47 @@ impl<'a> Message<'a> {
         self.question
     }
 
-    /// The answer records, read again where they are.
-    pub fn answer_records(&self) -> impl Iterator<Item = Record<'a>> + 'a {
-        self.answer_section.map_while(Result::ok)
+    /// The answer section's address (A, AAAA) and CNAME records with data, in the message's order.
+    pub fn answer_records(&self) -> &[AnswerRecord<'a>] {
+        &self.answer_records
     }
 }
 
 /// Checks the record read from `at` to `end` (the owner name read and checked by `domain`): the
-/// class, the jumps of its names and the data of the types the agent reads.
-fn check_record(bytes: &[u8], at: usize, end: usize, record: &Record<'_>) -> Result<(), WireError> {
+/// class, the jumps of its names and the data of the types the agent reads; that data (`None` for
+/// another type, or a record without data).
+fn check_record<'a>(
+    bytes: &[u8],
+    at: usize,
+    end: usize,
+    record: &Record<'a>,
+) -> Result<Option<Data<'a>>, WireError> {
     check_jumps(bytes, at)?;
     let rtype = record.rtype();
     if rtype == Rtype::OPT {
         // The class is the requestor's UDP size; the data a list of options (checked by `domain`,
         // above).
-        return Ok(());
+        return Ok(None);
     }
     let class = record.class().to_int();
     CLASS::try_from(class & CLASS_MASK).map_err(|_| WireError::Class(class))?;
     if record.rdlen() == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    match rtype {
-        Rtype::A => {
-            record.to_record::<A>()?;
-        }
-        Rtype::AAAA => {
-            record.to_record::<Aaaa>()?;
-        }
+    Ok(match rtype {
+        Rtype::A => record
+            .to_record::<A>()?
+            .map(|r| Data::Address(IpAddr::V4(r.data().addr()))),
+        Rtype::AAAA => record
+            .to_record::<Aaaa>()?
+            .map(|r| Data::Address(IpAddr::V6(r.data().addr()))),
         Rtype::CNAME => {
-            record.to_record::<Cname<Name<'_>>>()?;
+            let cname = record.to_record::<Cname<Name<'a>>>()?;
             check_jumps(bytes, end - usize::from(record.rdlen()))?;
+            cname.map(|r| Data::Cname(*r.data().cname()))
         }
-        _ => {}
-    }
-    Ok(())
+        _ => None,
+    })
 }
 
 /// Refuses the name at `at` (read by `domain`: its pointers go back) when it follows more than
@@ -199,27 +233,6 @@ fn check_jumps(bytes: &[u8], mut at: usize) -> Result<(), WireError> {
         }
     }
     Ok(())
-}
-
-/// The address of an A or AAAA record; `None` for another record, or one without data.
-pub fn address(record: &Record<'_>) -> Option<IpAddr> {
-    if record.rdlen() == 0 {
-        return None;
-    }
-    match record.rtype() {
-        Rtype::A => Some(IpAddr::V4(record.to_record::<A>().ok()??.data().addr())),
-        Rtype::AAAA => Some(IpAddr::V6(record.to_record::<Aaaa>().ok()??.data().addr())),
-        _ => None,
-    }
-}
-
-/// The target of a CNAME record; `None` for another record, or one without data.
-pub fn cname_target(record: Record<'_>) -> Option<Name<'_>> {
-    if record.rtype() != Rtype::CNAME || record.rdlen() == 0 {
-        return None;
-    }
-    let cname = record.into_record::<Cname<Name<'_>>>().ok()??;
-    Some(cname.into_data().into_cname())
 }
 
 /// The labels of `name`, without the root.

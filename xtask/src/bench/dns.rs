@@ -14,7 +14,10 @@
 //!   (both parse their message; matching the answer to the pending query of the same pod socket,
 //!   server, transaction id and question; believing its addresses), 256 queries waiting at any time,
 //!   with the tracker's maps warm (every exchange done twice before timing: ~64,000 resolutions held,
-//!   which the timed answers resolve again). Goal (issue 41): >= 1,000,000 per second.
+//!   which the timed answers resolve again). The messages lie one after another in the order they
+//!   are taken, as the agent's ring buffer hands them over (scattered over the heap, as before
+//!   2026-12-06, reading them cost cache misses the agent does not have: about a quarter of the
+//!   rate). Goal (issue 41): >= 1,000,000 per second.
 //!   `dns_answers_per_sec_100_pods` is the same on 100 pods (400 exchanges, ~650 resolutions: maps
 //!   that stay in the CPU's caches); the difference is what the maps' size costs.
 //! - `dns_parse_per_sec`: `read_answer` alone on the same answers (the agent's reading in place with
