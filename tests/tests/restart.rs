@@ -805,21 +805,24 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
     assert_violation_written(&ns, &logs).await
 }
 
-/// Fault injection against a ground truth (docs/behaviour.md §1.10, §3.6): the real agent uplink
-/// sends one violating occurrence per batch (inbound to the server on its own port each time, so
-/// each is a violation of `guard` and an edge to learn), while the test closes the agent's stream
+/// Fault injection against a ground truth (docs/behaviour.md §1.10, §3.6, §3.7): the real agent
+/// uplink sends one violating occurrence per batch (inbound to the server on its own port each time,
+/// so each is a violation of `guard` and an edge to learn), while the test closes the agent's stream
 /// (the agent resends), kills the controller with SIGKILL and starts it again (a new leader, resends
-/// of what was written but not acknowledged), and stops it with SIGTERM and starts it again. Status
-/// writes run every second throughout. Ground truth under the counting rule: every port is learned,
-/// every occurrence is one violation counted once, and the agent ends with every batch
-/// acknowledged (nothing lost on its side either).
+/// of what was written but not acknowledged), stops it with SIGTERM and starts it again, and has the
+/// API server refuse every status write of the namespace for longer than the
+/// `FAILED_PASSES_BEFORE_PARKED` passes (an admission webhook that is down; the refusals are seen in
+/// `status_patch_failures_total`). Status writes run every second throughout. Ground truth under
+/// the counting rule: every port is learned, every occurrence is one violation counted once, and
+/// the agent ends with every batch acknowledged (nothing lost on its side either).
 #[tokio::test]
 async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
-    const OCCURRENCES: u32 = 12;
+    const OCCURRENCES: u32 = 14;
     const FIRST_PORT: u32 = 18100;
     let (ns, mut controller, server, client) = guarded("faults-once", "1s").await?;
     let n = ns.name.clone();
     let mut faults = Vec::new();
+    let mut refusal = None;
     for i in 0..OCCURRENCES {
         let record = flow_record(
             &n,
@@ -848,6 +851,35 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
                 controller.restart(&ns)?;
                 faults.push("SIGTERM + restart");
             }
+            10 => {
+                refusal = Some(StatusWritesRefused::start(&ns).await?);
+                // Refused for real: the controller saw a refusal before the next occurrences.
+                let refused =
+                    "network_enforcer_controller_status_patch_failures_total{reason=\"error\"} ";
+                ns.wait_for(
+                    "a status write to be refused",
+                    Duration::from_secs(60),
+                    || async {
+                        let text = http_get(controller.metrics, "/metrics").await;
+                        Ok(text
+                            .unwrap_or_default()
+                            .lines()
+                            .filter_map(|l| l.strip_prefix(refused)?.parse::<u64>().ok())
+                            .any(|n| n > 0)
+                            .then_some(()))
+                    },
+                )
+                .await?;
+                faults.push("status writes refused");
+            }
+            12 => {
+                // More passes than FAILED_PASSES_BEFORE_PARKED refused in a row.
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                if let Some(refusal) = refusal.take() {
+                    refusal.end().await?;
+                }
+                faults.push("status writes accepted again");
+            }
             _ => {}
         }
     }
@@ -866,6 +898,9 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
     .with_context(|| agent_state(&controller.counters))?;
     let (success, logs) = controller.terminate().await?;
     assert!(success, "{logs}");
+    // The refusal lasted past FAILED_PASSES_BEFORE_PARKED: the policy's observations stopped
+    // holding back acknowledgements, and were still written once the API server took them.
+    assert!(logs.contains("status writes failing"), "{logs}");
 
     let status = ns
         .api::<network_enforcer_api::WorkloadNetworkPolicy>()
@@ -1037,6 +1072,85 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
 /// every ingress of the server, and the controller binary (flush every second, status sync every
 /// `status_interval`) leading, its watches listed and its first status pass done. Returns the
 /// server pod's name and a client pod's address.
+/// The API server refusing every WorkloadNetworkPolicy status write in one namespace until
+/// [`Self::end`] or drop: a validating admission webhook (named after the namespace) that fails closed
+/// and points at a local port nobody listens on, so the API server refuses each write ("failed
+/// calling webhook"), as it does when a real webhook is down. (The local cluster's Kubernetes 1.20
+/// has no ValidatingAdmissionPolicy.)
+struct StatusWritesRefused {
+    name: String,
+    kubeconfig: PathBuf,
+}
+
+impl StatusWritesRefused {
+    async fn start(ns: &TestNamespace) -> Result<Self> {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let name = format!("{}-refuse-status", ns.name);
+        let nobody = free_port()?;
+        // Kubernetes 1.20 does not label namespaces with their name yet.
+        let label = "network-enforcer.test/refuse-status";
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client.clone())
+            .patch(
+                &ns.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"metadata": {"labels": {label: "true"}}}),
+                ),
+            )
+            .await?;
+        let webhook: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "refuse-status.network-enforcer.test",
+                "clientConfig": {"url": format!("https://127.0.0.1:{nobody}/refuse")},
+                "rules": [{
+                    "apiGroups": ["networkenforcer.kubewarden.io"], "apiVersions": ["*"],
+                    "operations": ["UPDATE"], "resources": ["workloadnetworkpolicies/status"],
+                }],
+                "namespaceSelector": {"matchLabels": {label: "true"}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }]
+        }))?;
+        Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
+            .create(&kube::api::PostParams::default(), &webhook)
+            .await?;
+        Ok(Self {
+            name,
+            kubeconfig: ns.kubeconfig().to_path_buf(),
+        })
+    }
+
+    async fn end(self) -> Result<()> {
+        let kubeconfig = self.kubeconfig.clone();
+        let name = self.name.clone();
+        drop(self);
+        tokio::task::spawn_blocking(move || remove_refusal(&kubeconfig, &name)).await?
+    }
+}
+
+impl Drop for StatusWritesRefused {
+    fn drop(&mut self) {
+        let _ = remove_refusal(&self.kubeconfig, &self.name);
+    }
+}
+
+fn remove_refusal(kubeconfig: &std::path::Path, name: &str) -> Result<()> {
+    use network_enforcer_tests::cluster::components::kubectl;
+    kubectl(
+        kubeconfig,
+        &[
+            "delete",
+            "validatingwebhookconfiguration",
+            name,
+            "--ignore-not-found",
+        ],
+    )?;
+    Ok(())
+}
+
 async fn guarded(
     name: &str,
     status_interval: &str,
