@@ -554,6 +554,25 @@ impl BinaryController {
         Ok(())
     }
 
+    /// Stops the agent (its uplink, as a killed agent process) once every batch it sent is
+    /// acknowledged, and starts a new one on the same node: a new agent process (`instance`), which
+    /// numbers its batches from the start again. Returns the batches the old one had acknowledged.
+    async fn restart_agent(&mut self, ns: &TestNamespace) -> Result<u64> {
+        ns.wait_for(
+            "the agent's batches to be acknowledged before it is killed",
+            Duration::from_secs(60),
+            || async { Ok((self.counters.pending_batches.get() == 0).then_some(())) },
+        )
+        .await
+        .with_context(|| agent_state(&self.counters))?;
+        self.uplink_task.abort();
+        let acked = self.counters.batches_acked.get();
+        self.counters = UplinkCounters::default();
+        (self.agent, self.uplink_task) =
+            spawn_agent(self.ingest, &self._token.0, &self.node, &self.counters)?;
+        Ok(acked)
+    }
+
     /// Whether `/metrics` has the line `line`.
     async fn metric_line(&self, line: &str) -> bool {
         let text = http_get(self.metrics, "/metrics").await.unwrap_or_default();
@@ -808,8 +827,10 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
 /// Fault injection against a ground truth (docs/behaviour.md §1.10, §3.6, §3.7): the real agent
 /// uplink sends one violating occurrence per batch (inbound to the server on its own port each time,
 /// so each is a violation of `guard` and an edge to learn), while the test closes the agent's stream
-/// (the agent resends), kills the controller with SIGKILL and starts it again (a new leader, resends
-/// of what was written but not acknowledged), stops it with SIGTERM and starts it again, and has the
+/// (the agent resends), kills the agent once its batches are acknowledged and starts a new one (a new
+/// agent process, numbering its batches from the start again: none is taken for a resend), kills the
+/// controller with SIGKILL and starts it again (a new leader, resends of what was written but not
+/// acknowledged), stops it with SIGTERM and starts it again, and has the
 /// API server refuse every status write of the namespace for longer than the
 /// `FAILED_PASSES_BEFORE_PARKED` passes (an admission webhook that is down; the refusals are seen in
 /// `status_patch_failures_total`). Status writes run every second throughout. Ground truth under
@@ -823,6 +844,8 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
     let n = ns.name.clone();
     let mut faults = Vec::new();
     let mut refusal = None;
+    // Batches acknowledged to agent processes killed on the way.
+    let mut acked_before = 0;
     for i in 0..OCCURRENCES {
         let record = flow_record(
             &n,
@@ -839,6 +862,10 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
             2 | 9 => {
                 controller.replace_agent_stream().await?;
                 faults.push("stream closed");
+            }
+            3 | 8 => {
+                acked_before += controller.restart_agent(&ns).await?;
+                faults.push("agent killed + restarted");
             }
             5 => {
                 controller.kill()?;
@@ -889,7 +916,8 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
         || async {
             let c = &controller.counters;
             Ok(
-                (c.batches_acked.get() >= u64::from(OCCURRENCES) && c.pending_batches.get() == 0)
+                (acked_before + c.batches_acked.get() >= u64::from(OCCURRENCES)
+                    && c.pending_batches.get() == 0)
                     .then_some(()),
             )
         },
