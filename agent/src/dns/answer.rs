@@ -11,9 +11,7 @@ pub use network_enforcer_api::dns_name::MAX_NAME_LEN;
 use network_enforcer_api::dns_name::check_label;
 /// The most CNAMEs followed from the asked name; resolvers stop at about 8 (BIND), 16 (glibc).
 pub const MAX_CHAIN: usize = 8;
-/// The most answer records read in one response; more is refused whole (no legitimate answer to one
-/// A/AAAA question carries that many, and reading them costs the agent, not the sender).
-pub const MAX_RECORDS: usize = 64;
+pub use super::wire::MAX_RECORDS;
 
 /// What a response says the pod's question resolves to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +66,17 @@ pub(super) struct Response<'a> {
     pub addresses: Addresses,
 }
 
-/// [`read_answer`], allocating nothing unless a response carries more than 8 addresses.
+/// [`read_answer`], allocating nothing unless a response carries more than 4 address and CNAME
+/// records, or more than 8 addresses.
 pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
+    let response = read_response_unchecked(payload)?;
+    check_host_name(&response.question)?;
+    Ok(response)
+}
+
+/// [`read_response`] without checking that the question is a host name: for a caller that compares
+/// it with a host name it holds (and checks it only when it is not that one).
+pub(super) fn read_response_unchecked(payload: &[u8]) -> Result<Response<'_>, DnsError> {
     let message = Message::parse(payload).map_err(|e| DnsError::Malformed(e.to_string()))?;
     if !message.is_response() {
         return Err(DnsError::NotAResponse);
@@ -80,7 +87,6 @@ pub(super) fn read_response(payload: &[u8]) -> Result<Response<'_>, DnsError> {
     if usize::from(message.answers) > MAX_RECORDS {
         return Err(DnsError::TooManyRecords(usize::from(message.answers)));
     }
-    check_host_name(&question)?;
     let mut addresses = Addresses::new();
     if message.rcode() == 0 {
         // Walk the chain from the asked name: each step is the name a CNAME of the current one points
@@ -137,12 +143,30 @@ pub(super) fn check_host_name(name: &Name<'_>) -> Result<usize, DnsError> {
 
 /// The host name `name`: its text form, lower-case, without the trailing dot ([`check_host_name`]).
 pub(super) fn host_name(name: &Name<'_>) -> Result<String, DnsError> {
-    let mut text = String::with_capacity(check_host_name(name)?);
+    let mut text = [0u8; MAX_NAME_LEN];
+    lower_host_name(name, &mut text).map(String::from)
+}
+
+/// [`host_name`], written into `text`: [`check_host_name`] and the copy in one walk over the labels.
+pub(super) fn lower_host_name<'t>(
+    name: &Name<'_>,
+    text: &'t mut [u8; MAX_NAME_LEN],
+) -> Result<&'t str, DnsError> {
+    let mut len = 0;
     for label in wire::labels(name) {
-        if !text.is_empty() {
-            text.push('.');
+        check_label(label).map_err(|_| DnsError::NotAHostName)?;
+        let dot = usize::from(len > 0);
+        let end = len + dot + label.len();
+        let Some(out) = text.get_mut(len..end) else {
+            return Err(DnsError::NameTooLong(end));
+        };
+        let (sep, rest) = out.split_at_mut(dot);
+        sep.fill(b'.');
+        for (o, b) in rest.iter_mut().zip(label) {
+            *o = b.to_ascii_lowercase();
         }
-        text.extend(label.iter().map(|b| char::from(b.to_ascii_lowercase())));
+        len = end;
     }
-    Ok(text)
+    // Host-name labels are ASCII.
+    std::str::from_utf8(&text[..len]).map_err(|_| DnsError::NotAHostName)
 }

@@ -449,6 +449,29 @@ fn the_wire_reader_follows_the_format_and_refuses_what_is_out_of_bounds() {
     };
     let cases: Vec<(&str, Vec<u8>, Read)> = vec![
         (
+            "an address in the authority section is not an answer",
+            raw(
+                QR,
+                [1, 0, 1, 0],
+                &cat(&[&question, &rr(&ptr(QNAME), T_A, 30, &v4)]),
+            ),
+            ok(&[]),
+        ),
+        (
+            "an address and a CNAME in the additional section are not answers",
+            raw(
+                QR,
+                [1, 1, 0, 2],
+                &cat(&[
+                    &question,
+                    &rr(&ptr(QNAME), T_AAAA, 30, &v6),
+                    &rr(&ptr(QNAME), T_CNAME, 30, &labels("b.example.com")),
+                    &rr(&ptr(QNAME), T_A, 30, &v4),
+                ]),
+            ),
+            ok(&[("2001:db8::10", 30)]),
+        ),
+        (
             "compressed owner",
             raw(
                 QR,
@@ -940,7 +963,7 @@ fn a_name_is_held_once_and_only_while_something_holds_it() {
             1
         );
     }
-    assert_eq!(tracker.names_held(), 1);
+    assert_eq!(tracker.names_held().0, 1);
     // A pod asking one socket and id again and again for new names (each replacing the last): the
     // names nobody holds any more are dropped, not kept to the next expiry.
     let (pod, client) = (pod("sprayer"), at("10.244.0.9:5000"));
@@ -953,9 +976,99 @@ fn a_name_is_held_once_and_only_while_something_holds_it() {
             t,
         );
     }
-    let held = tracker.names_held();
+    let (held, _) = tracker.names_held();
     assert!(held <= super::tracker::NAMES_SLACK + 3, "{held} names held");
     // Once the resolutions and the query expire, no name is held.
     tracker.expire(t + Duration::from_secs(3_600));
-    assert_eq!(tracker.names_held(), 0);
+    assert_eq!(tracker.names_held().0, 0);
+}
+
+#[test]
+fn names_the_caller_keeps_do_not_make_every_query_sweep() {
+    // The caller keeps what the answers believed (as the pipeline does until its next flush), past
+    // the resolutions' end: a sweep keeps those names. Names asked after that are still swept once
+    // per NAMES_SLACK added, not at every query: the set stays at what is held plus the slack.
+    let slack = super::tracker::NAMES_SLACK;
+    let mut tracker = Tracker::new(Limits {
+        grace: Duration::ZERO,
+        ..Limits::default()
+    });
+    let dns = at("10.96.0.10:53");
+    let t = Duration::from_secs(1_000);
+    let (pod, client) = (pod("resolver"), at("10.244.0.9:5000"));
+    let mut kept = Vec::new();
+    for i in 0..slack + 100 {
+        let (id, name) = (i as u16, format!("kept{i}.example.com"));
+        tracker.query(&pod, client, dns, &query(id, &name), t);
+        let answer = response(id, &name, &[(&name, 1, a("192.0.2.1"))]);
+        kept.extend(tracker.answer(&pod, client, dns, &answer, t).unwrap());
+    }
+    tracker.expire(t + Duration::from_secs(10));
+    assert_eq!(tracker.resolved(), 0);
+    let (held, swept_before) = tracker.names_held();
+    assert_eq!(held, slack + 100, "the kept names stay");
+    for i in 0..3 * slack {
+        tracker.query(
+            &pod,
+            client,
+            dns,
+            &query(7, &format!("n{i}.example.com")),
+            t,
+        );
+    }
+    let (held, swept) = tracker.names_held();
+    assert!(held <= 2 * slack + 101, "{held} names held");
+    assert!(held > slack + 100, "{held}: swept, not emptied");
+    assert!(
+        swept - swept_before <= 3,
+        "{} sweeps for {} names",
+        swept - swept_before,
+        3 * slack
+    );
+    drop(kept);
+}
+
+#[test]
+fn an_answer_whose_question_is_no_host_name_is_malformed_not_unsolicited() {
+    // The tracker checks an answer's question only when it is not the pending query's name: one that
+    // is no host name is still counted as malformed, and one that is, but unasked, as unsolicited.
+    let mut tracker = Tracker::new(Limits::default());
+    let (dns, client, t) = (
+        at("10.96.0.10:53"),
+        at("10.244.0.1:5000"),
+        Duration::from_secs(1),
+    );
+    let p = pod("asker");
+    tracker.query(&p, client, dns, &query(1, "api.example.com"), t);
+    let bad = raw(
+        QR,
+        [1, 1, 0, 0],
+        &cat(&[
+            &q(&labels("a!b.example.com"), T_A),
+            &rr(&ptr(QNAME), T_A, 30, &[192, 0, 2, 1]),
+        ]),
+    );
+    let refused = tracker.answer(&p, client, dns, &bad, t);
+    assert_eq!(refused, Err(Refused::Dns(DnsError::NotAHostName)));
+    let unasked = response(
+        1,
+        "other.example.com",
+        &[("other.example.com", 30, a("192.0.2.1"))],
+    );
+    assert_eq!(
+        tracker.answer(&p, client, dns, &unasked, t),
+        Err(Refused::Unsolicited)
+    );
+    let c = tracker.counters();
+    assert_eq!((c.malformed, c.unsolicited, c.answers), (1, 1, 0));
+    // The query still waits for its answer.
+    let answer = response(
+        1,
+        "api.example.com",
+        &[("api.example.com", 30, a("192.0.2.1"))],
+    );
+    assert_eq!(
+        tracker.answer(&p, client, dns, &answer, t).unwrap().len(),
+        1
+    );
 }

@@ -5,7 +5,7 @@
 //! each refusal. Plain data; times are kernel CLOCK_MONOTONIC durations, the clock the captured
 //! messages and connection events carry, so they compare directly. The capture is the caller's.
 
-use super::answer::{self, DnsError, read_response};
+use super::answer::{self, DnsError};
 use super::wire::{self, Message};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -48,7 +48,8 @@ impl Default for Limits {
     }
 }
 
-/// Names held by nothing kept at most, before they are dropped ([`Tracker::intern`]).
+/// Names added to the tracker's set between two sweeps of the names nobody holds
+/// ([`Tracker::intern`]).
 pub(super) const NAMES_SLACK: usize = 4_096;
 
 /// The maps' hasher: fast on the small keys, keyed at random per process (the keys are partly chosen
@@ -113,9 +114,14 @@ pub struct Tracker {
     resolved: HashMap<(PodId, IpAddr), Resolution, Hasher>,
     /// The names pending queries and resolutions hold, one allocation per name: a query takes the
     /// name it asks from here, and a resolution answered again compares its name by address.
-    /// Names nothing holds any more are dropped by [`Tracker::expire`], or when the set outgrows
-    /// twice what the bounds let the maps hold.
+    /// Names nobody holds any more (here or in what the caller kept of the answers) are dropped by
+    /// [`Tracker::expire`], or once [`NAMES_SLACK`] names were added since the last sweep.
     names: HashSet<Arc<str>, Hasher>,
+    /// The size of `names` at which it is swept next: what the last sweep kept plus the slack, so a
+    /// sweep costs a constant per name added, whoever holds the names.
+    sweep_names_at: usize,
+    /// Sweeps of `names` so far (for the tests).
+    name_sweeps: usize,
     /// The pods' numbers, and their slots (by number) with the numbers free for reuse.
     ids: HashMap<Pod, PodId, Hasher>,
     slots: Vec<Slot>,
@@ -131,6 +137,8 @@ impl Tracker {
             pending_order: VecDeque::new(),
             resolved: HashMap::default(),
             names: HashSet::default(),
+            sweep_names_at: NAMES_SLACK,
+            name_sweeps: 0,
             ids: HashMap::default(),
             slots: Vec::new(),
             free: Vec::new(),
@@ -167,10 +175,11 @@ impl Tracker {
         if message.is_response() {
             return;
         }
-        if answer::check_host_name(&question).is_err() {
+        let mut text = [0u8; answer::MAX_NAME_LEN];
+        let Ok(asked) = answer::lower_host_name(&question, &mut text) else {
             self.counters.malformed += 1;
             return;
-        }
+        };
         self.counters.queries += 1;
         self.expire_pending(now);
         let limits = (self.limits.pending_per_pod, self.limits.pending);
@@ -191,14 +200,18 @@ impl Tracker {
             id: message.id,
         };
         let (of_pod, pending) = (self.slot(slot).pending, self.pending.len());
-        if !self.pending.contains_key(&key) && full(of_pod, pending) {
-            self.counters.pending_full += 1;
-            return;
-        }
-        let name = self.intern(&question);
-        // Asked again: pending from now, for the name asked last.
-        if self.pending.insert(key, (name, now)).is_none() {
-            self.slots[slot as usize].pending += 1;
+        let name = self.intern(asked);
+        match self.pending.entry(key) {
+            Entry::Vacant(_) if full(of_pod, pending) => {
+                self.counters.pending_full += 1;
+                return;
+            }
+            // Asked again: pending from now, for the name asked last.
+            Entry::Occupied(mut held) => *held.get_mut() = (name, now),
+            Entry::Vacant(new) => {
+                new.insert((name, now));
+                self.slots[slot as usize].pending += 1;
+            }
         }
         self.pending_order.push_back((now, key));
     }
@@ -247,7 +260,9 @@ impl Tracker {
         now: Duration,
         mut believed: impl FnMut(IpAddr, &Arc<str>, Duration),
     ) -> Result<(), Refused> {
-        let response = read_response(payload).map_err(|e| {
+        // The question is compared with the pending query's name (a host name) below, and checked
+        // on its own only when it is not that name.
+        let response = answer::read_response_unchecked(payload).map_err(|e| {
             self.counters.malformed += 1;
             Refused::Dns(e)
         })?;
@@ -266,6 +281,10 @@ impl Tracker {
             _ => None,
         });
         let (Some(key), Some(asked)) = (key, pending) else {
+            if let Err(e) = answer::check_host_name(&response.question) {
+                self.counters.malformed += 1;
+                return Err(Refused::Dns(e));
+            }
             self.counters.unsolicited += 1;
             return Err(Refused::Unsolicited);
         };
@@ -341,18 +360,14 @@ impl Tracker {
         self.drop_unheld_names();
     }
 
-    /// The name `name` (a checked host name), lower-case, shared with every query and resolution of
-    /// it.
-    fn intern(&mut self, name: &wire::Name<'_>) -> Arc<str> {
-        let mut text = [0u8; answer::MAX_NAME_LEN];
-        let text = lower_name(name, &mut text);
+    /// The host name `text` (checked, lower-case), shared with every query and resolution of it.
+    fn intern(&mut self, text: &str) -> Arc<str> {
         if let Some(held) = self.names.get(text) {
             return held.clone();
         }
         // Names whose queries were asked again for another name are held by nothing until the next
-        // expiry: bounded here to what the maps hold plus a slack, at a cost per name amortized over
-        // the slack.
-        if self.names.len() >= self.pending.len() + self.resolved.len() + NAMES_SLACK {
+        // expiry: bounded here to what is held plus the slack.
+        if self.names.len() >= self.sweep_names_at {
             self.drop_unheld_names();
         }
         let name: Arc<str> = Arc::from(text);
@@ -362,6 +377,8 @@ impl Tracker {
 
     fn drop_unheld_names(&mut self) {
         self.names.retain(|name| Arc::strong_count(name) > 1);
+        self.sweep_names_at = self.names.len() + NAMES_SLACK;
+        self.name_sweeps += 1;
     }
 
     /// Forgets everything of a pod that is gone.
@@ -397,10 +414,10 @@ impl Tracker {
         }
     }
 
-    /// Distinct names held (for the tests).
+    /// Distinct names held, and the sweeps so far (for the tests).
     #[cfg(test)]
-    pub(super) fn names_held(&self) -> usize {
-        self.names.len()
+    pub(super) fn names_held(&self) -> (usize, usize) {
+        (self.names.len(), self.name_sweeps)
     }
 
     /// Pods holding something, and the numbers ever given (for the tests: numbers are reused).
@@ -446,24 +463,6 @@ impl Tracker {
             self.free.push(slot);
         }
     }
-}
-
-/// The host name `name` (checked already), lower-case, written into `text`.
-fn lower_name<'t>(name: &wire::Name<'_>, text: &'t mut [u8; answer::MAX_NAME_LEN]) -> &'t str {
-    let mut len = 0;
-    for label in wire::labels(name) {
-        let dot = usize::from(len > 0);
-        let Some(out) = text.get_mut(len..len + dot + label.len()) else {
-            break;
-        };
-        let (sep, rest) = out.split_at_mut(dot);
-        sep.fill(b'.');
-        for (o, b) in rest.iter_mut().zip(label) {
-            *o = b.to_ascii_lowercase();
-        }
-        len += dot + label.len();
-    }
-    std::str::from_utf8(text.get(..len).unwrap_or_default()).unwrap_or_default()
 }
 
 /// Why an answer was not believed.

@@ -23,6 +23,10 @@ use simple_dns::{CLASS, QCLASS, QTYPE};
 use smallvec::SmallVec;
 use std::net::IpAddr;
 
+/// The most answer records read in one response; more is refused whole (no legitimate answer to one
+/// A/AAAA question carries that many, and reading them costs the agent, not the sender).
+pub const MAX_RECORDS: usize = 64;
+
 /// Compression pointers followed in one name. A name of at most 254 bytes has at most 127 labels: a
 /// name needing more jumps than that only chains pointers to pointers.
 const MAX_JUMPS: usize = 127;
@@ -115,7 +119,8 @@ impl<'a> Message<'a> {
         }
         let mut section = questions.answer()?;
         let mut answer_records = Answers::new();
-        let mut in_answers = true;
+        // Only a response's answers are looked at, and none of one refused for their number.
+        let mut in_answers = header.qr() && usize::from(counts.ancount()) <= MAX_RECORDS;
         let mut rcode = u16::from(header.rcode().to_int());
         let mut opt_seen = false;
         loop {
@@ -171,7 +176,8 @@ impl<'a> Message<'a> {
         self.question
     }
 
-    /// The answer section's address (A, AAAA) and CNAME records with data, in the message's order.
+    /// The answer section's address (A, AAAA) and CNAME records with data, in the message's order;
+    /// none for a query, or for a response of more than [`MAX_RECORDS`] answers.
     pub fn answer_records(&self) -> &[AnswerRecord<'a>] {
         &self.answer_records
     }
