@@ -832,10 +832,10 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
 /// controller with SIGKILL and starts it again (a new leader, resends of what was written but not
 /// acknowledged), stops it with SIGTERM and starts it again, and has the
 /// API server refuse every status write of the namespace for longer than the
-/// `FAILED_PASSES_BEFORE_PARKED` passes (an admission webhook that is down; the refusals are seen in
-/// `status_patch_failures_total`). Status writes run every second throughout. Ground truth under
-/// the counting rule: every port is learned, every occurrence is one violation counted once, and
-/// the agent ends with every batch acknowledged (nothing lost on its side either).
+/// `FAILED_PASSES_BEFORE_PARKED` passes (an admission webhook that is down; the policy is parked,
+/// `status_writes_failing`). Status writes run every second throughout. Ground truth under the
+/// counting rule: every port is learned, every occurrence is one violation counted once, and the
+/// agent ends with every batch acknowledged (nothing lost on its side either).
 #[tokio::test]
 async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
     const OCCURRENCES: u32 = 14;
@@ -862,6 +862,12 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
             2 | 9 => {
                 controller.replace_agent_stream().await?;
                 faults.push("stream closed");
+                if i == 9 {
+                    // Refused from before the next occurrence: it waits in a status nobody can
+                    // write.
+                    refusal = Some(StatusWritesRefused::start(&ns, "guard").await?);
+                    faults.push("status writes refused");
+                }
             }
             3 | 8 => {
                 acked_before += controller.restart_agent(&ns).await?;
@@ -878,30 +884,16 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
                 controller.restart(&ns)?;
                 faults.push("SIGTERM + restart");
             }
-            10 => {
-                refusal = Some(StatusWritesRefused::start(&ns).await?);
-                // Refused for real: the controller saw a refusal before the next occurrences.
-                let refused =
-                    "network_enforcer_controller_status_patch_failures_total{reason=\"error\"} ";
-                ns.wait_for(
-                    "a status write to be refused",
-                    Duration::from_secs(60),
-                    || async {
-                        let text = http_get(controller.metrics, "/metrics").await;
-                        Ok(text
-                            .unwrap_or_default()
-                            .lines()
-                            .filter_map(|l| l.strip_prefix(refused)?.parse::<u64>().ok())
-                            .any(|n| n > 0)
-                            .then_some(()))
-                    },
-                )
-                .await?;
-                faults.push("status writes refused");
-            }
-            12 => {
-                // More passes than FAILED_PASSES_BEFORE_PARKED refused in a row.
-                tokio::time::sleep(Duration::from_secs(4)).await;
+            11 => {
+                // Refused for FAILED_PASSES_BEFORE_PARKED passes in a row, with observations
+                // pending: the policy is parked (its observations no longer hold back acks).
+                controller
+                    .wait_for_metric(
+                        &ns,
+                        "the refused policy to be parked",
+                        "network_enforcer_controller_status_writes_failing 1",
+                    )
+                    .await?;
                 if let Some(refusal) = refusal.take() {
                     refusal.end().await?;
                 }
@@ -1096,38 +1088,41 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
     Ok(())
 }
 
-/// A test namespace with the client and server workloads, a monitor-mode policy `guard` denying
-/// every ingress of the server, and the controller binary (flush every second, status sync every
-/// `status_interval`) leading, its watches listed and its first status pass done. Returns the
-/// server pod's name and a client pod's address.
 /// The API server refusing every WorkloadNetworkPolicy status write in one namespace until
-/// [`Self::end`] or drop: a validating admission webhook (named after the namespace) that fails closed
-/// and points at a local port nobody listens on, so the API server refuses each write ("failed
-/// calling webhook"), as it does when a real webhook is down. (The local cluster's Kubernetes 1.20
-/// has no ValidatingAdmissionPolicy.)
+/// [`Self::end`] or drop: a validating admission webhook (named after the namespace, and owned by it,
+/// so a killed run's is collected with its namespace) that fails closed and points at a local port
+/// nobody listens on, so the API server refuses each write ("failed calling webhook"), as it does
+/// when a real webhook is down. (The local cluster's Kubernetes 1.20 has no
+/// ValidatingAdmissionPolicy, nor the namespace name label.)
 struct StatusWritesRefused {
-    name: String,
+    /// The webhook's name, until it is removed.
+    name: Option<String>,
     kubeconfig: PathBuf,
 }
 
 impl StatusWritesRefused {
-    async fn start(ns: &TestNamespace) -> Result<Self> {
+    /// Starts refusing, and returns once a status write to `policy` is refused.
+    async fn start(ns: &TestNamespace, policy: &str) -> Result<Self> {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        use k8s_openapi::api::core::v1::Namespace;
         let name = format!("{}-refuse-status", ns.name);
         let nobody = free_port()?;
-        // Kubernetes 1.20 does not label namespaces with their name yet.
         let label = "network-enforcer.test/refuse-status";
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client.clone())
+        let namespaces = Api::<Namespace>::all(ns.client.clone());
+        let namespace = namespaces
             .patch(
                 &ns.name,
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(
-                    serde_json::json!({"metadata": {"labels": {label: "true"}}}),
+                    serde_json::json!({"metadata": {"labels": {label: ns.name}}}),
                 ),
             )
             .await?;
         let webhook: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Namespace", "name": ns.name,
+                "uid": namespace.metadata.uid,
+            }]},
             "webhooks": [{
                 "name": "refuse-status.network-enforcer.test",
                 "clientConfig": {"url": format!("https://127.0.0.1:{nobody}/refuse")},
@@ -1135,7 +1130,7 @@ impl StatusWritesRefused {
                     "apiGroups": ["networkenforcer.kubewarden.io"], "apiVersions": ["*"],
                     "operations": ["UPDATE"], "resources": ["workloadnetworkpolicies/status"],
                 }],
-                "namespaceSelector": {"matchLabels": {label: "true"}},
+                "namespaceSelector": {"matchLabels": {label: ns.name}},
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
@@ -1145,23 +1140,41 @@ impl StatusWritesRefused {
         Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
             .create(&kube::api::PostParams::default(), &webhook)
             .await?;
-        Ok(Self {
-            name,
+        let refusal = Self {
+            name: Some(name),
             kubeconfig: ns.kubeconfig().to_path_buf(),
-        })
+        };
+        // In force once the API server's admission has seen it: a (no-op) status patch is refused.
+        let policies = ns.api::<network_enforcer_api::WorkloadNetworkPolicy>();
+        ns.wait_for(
+            "the API server to refuse status writes",
+            Duration::from_secs(30),
+            || async {
+                let noop = kube::api::Patch::Merge(serde_json::json!({"status": {}}));
+                let written = policies
+                    .patch_status(policy, &kube::api::PatchParams::default(), &noop)
+                    .await;
+                Ok(written.is_err().then_some(()))
+            },
+        )
+        .await?;
+        Ok(refusal)
     }
 
-    async fn end(self) -> Result<()> {
+    async fn end(mut self) -> Result<()> {
         let kubeconfig = self.kubeconfig.clone();
-        let name = self.name.clone();
-        drop(self);
+        let Some(name) = self.name.take() else {
+            return Ok(());
+        };
         tokio::task::spawn_blocking(move || remove_refusal(&kubeconfig, &name)).await?
     }
 }
 
 impl Drop for StatusWritesRefused {
     fn drop(&mut self) {
-        let _ = remove_refusal(&self.kubeconfig, &self.name);
+        if let Some(name) = self.name.take() {
+            let _ = remove_refusal(&self.kubeconfig, &name);
+        }
     }
 }
 
@@ -1179,6 +1192,10 @@ fn remove_refusal(kubeconfig: &std::path::Path, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A test namespace with the client and server workloads, a monitor-mode policy `guard` denying
+/// every ingress of the server, and the controller binary (flush every second, status sync every
+/// `status_interval`) leading, its watches listed and its first status pass done. Returns the
+/// server pod's name and a client pod's address.
 async fn guarded(
     name: &str,
     status_interval: &str,
