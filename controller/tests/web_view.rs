@@ -2,7 +2,8 @@
 //! server, the end-to-end scenario's proposals and policy (docs/development.md) created in a test
 //! namespace, and Debian's headless Chromium driven through chromedriver's WebDriver HTTP API (plain
 //! JSON over HTTP). Asserts that the graph shows the scenario's edges with their states, that a
-//! violation written into the policy's status is highlighted within 5 s, that the workload page
+//! violation written into the policy's status is highlighted within 5 s, that clicking an edge
+//! explains it (against pods of the scenario's workloads), that the workload page
 //! shows the promote command, and that the diff page renders; writes a screenshot of each page to
 //! `target/ui/*.png`. Needs `cargo xtask setup` (chromium, chromium-driver) and the local cluster.
 
@@ -203,6 +204,32 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         bail!("the graph shows\n{now}\nnot\n{expected}");
     }
     browser.screenshot(&out.join("graph.png"))?;
+
+    // Clicking an edge explains it (docs/ui.md, "Explain"): `check --explain` against the cluster as
+    // it is now, between a current pod of each workload, with the command that reproduces it.
+    network_enforcer_tests::section10::create_workloads(&ns, 1).await?;
+    browser.run(&format!(
+        "document.querySelector('#graph g.edge[data-from={}][data-to={}]')\
+         .dispatchEvent(new MouseEvent('click', {{bubbles: true}})); return true",
+        json!(client),
+        json!(server)
+    ))?;
+    let explained = browser.wait_for(
+        "the edge's explanation",
+        Duration::from_secs(20),
+        "const r = document.querySelector('#explain .explained[data-port=\"TCP 18080\"]'); \
+         return r && (r.dataset.allowed || r.dataset.error) ? \
+         [r.dataset.allowed || 'error', r.textContent].join('|') : null",
+    )?;
+    let explained = explained.as_str().unwrap_or_default().to_string();
+    ensure!(
+        explained.starts_with("true|")
+            && explained.contains("deployment-http-client-egress")
+            && explained.contains("check --scenario scenario.json --explain"),
+        "the explanation of {client} -> {server} TCP 18080: {explained}"
+    );
+    browser.screenshot(&out.join("explain.png"))?;
+    browser.run("document.querySelector('#explain button.close').click(); return true")?;
 
     // A violation written into the status appears highlighted (red, pulsing) within 5 s. Written
     // after the controller's first status pass (its rule usage is there), which it then keeps.

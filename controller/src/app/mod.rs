@@ -9,6 +9,7 @@
 //! [`StatusSync`] that turns the same records into violations. [`run()`] adds what only a process in
 //! the cluster has: leader election, TLS, the HTTP endpoints, the reconcilers and the web view.
 
+pub mod explainer;
 pub mod run;
 
 pub use run::{RunArgs, run};

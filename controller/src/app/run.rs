@@ -442,6 +442,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         client.clone(),
         settings.namespace.as_deref(),
         status_sync.clone(),
+        Arc::new(super::explainer::ClusterExplainer {
+            client: client.clone(),
+        }),
         &metrics,
     )
     .await?;

@@ -5,12 +5,14 @@
 //!
 //! - [`objects`]: where the data comes from (watches of policies and proposals).
 //! - [`overview`], [`graph_view`], [`workload_view`], [`proposal_diff`], [`cluster_view`]: pure
-//!   functions from objects to answers.
+//!   functions from objects to answers; [`explain_view`]: one edge explained by an [`Explainer`]
+//!   (the checker, wired in by the app).
 //! - [`server`]: the routes, bounds, errors and metrics.
 //!
 //! Nothing here writes to the cluster: the controller's role needs only list and watch for it.
 
 pub mod cluster_view;
+pub mod explain_view;
 pub mod graph_view;
 pub mod objects;
 pub mod overview;
@@ -18,6 +20,7 @@ pub mod proposal_diff;
 pub mod server;
 pub mod workload_view;
 
+pub use explain_view::Explainer;
 pub use objects::{ObjectSource, PolicyObject, Reflected, Snapshot};
 pub use server::{EdgeSource, UiMetrics, UiState, router, serve};
 
@@ -45,12 +48,14 @@ pub enum UiError {
 pub type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 
 /// Binds `address` (empty: the view is off), starts the watches of `namespace` (all when `None`) and
-/// returns the server to run, answering observed edges from `edges`; its metrics go on `metrics`.
+/// returns the server to run, answering observed edges from `edges` and explaining flows with
+/// `explainer`; its metrics go on `metrics`.
 pub async fn start(
     address: &str,
     client: kube::Client,
     namespace: Option<&str>,
     edges: Arc<dyn EdgeSource>,
+    explainer: Arc<dyn Explainer>,
     metrics: &ControllerMetrics,
 ) -> Result<Serving, UiError> {
     if address.trim().is_empty() {
@@ -70,6 +75,8 @@ pub async fn start(
     tracing::info!(%address, "serving the web view (read-only) and its API under /api/v1/");
     Ok(Box::pin(serve(
         listener,
-        UiState::new(source, ui_metrics).with_edges(edges),
+        UiState::new(source, ui_metrics)
+            .with_edges(edges)
+            .with_explainer(explainer),
     )))
 }

@@ -5,6 +5,7 @@
 
 use crate::monitor::edge_history::HistoryEdge;
 use crate::runtime::metrics::ControllerMetrics;
+use crate::ui::explain_view::{self, Explainer};
 use crate::ui::objects::ObjectSource;
 use crate::ui::{cluster_view, graph_view, overview, proposal_diff, workload_view};
 use axum::extract::{Path, RawQuery};
@@ -26,6 +27,8 @@ pub const MAX_CONCURRENT: usize = 4;
 pub const MAX_NAMESPACES: usize = 1_000;
 /// At most this many observed edges are answered per namespace.
 pub const MAX_EDGES: usize = 10_000;
+/// How long the explain route may read the cluster (a few lists of the flow's namespaces).
+pub const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -125,6 +128,8 @@ pub struct UiState {
     pub metrics: UiMetrics,
     /// `None`: this process keeps no edge history; the edges route answers 404.
     pub edges: Option<Arc<dyn EdgeSource>>,
+    /// `None`: the explain route answers 404.
+    pub explainer: Option<Arc<dyn Explainer>>,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
@@ -134,8 +139,15 @@ impl UiState {
             source,
             metrics,
             edges: None,
+            explainer: None,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
         }
+    }
+
+    /// Also explains flows with `explainer`.
+    pub fn with_explainer(mut self, explainer: Arc<dyn Explainer>) -> Self {
+        self.explainer = Some(explainer);
+        self
     }
 
     /// Also answers the observed edges from `edges`.
@@ -162,7 +174,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -247,6 +259,54 @@ where
             format!("the answer took longer than {REQUEST_TIMEOUT:?}"),
         ))
     });
+    finish(state, route, started, result)
+}
+
+/// The explain route: the request parsed, then the explainer's reads of the cluster awaited within
+/// the slots and [`EXPLAIN_TIMEOUT`].
+async fn explain(state: &UiState, ns: String, query: Option<String>) -> Response {
+    let started = Instant::now();
+    let result = async {
+        valid_name("namespace", &ns)?;
+        let request = explain_view::request(&ns, query.as_deref())?;
+        let explainer = state.explainer.clone().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "this process does not explain flows (it has no Kubernetes client)",
+            )
+        })?;
+        let _slot = state
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let explanation = tokio::time::timeout(EXPLAIN_TIMEOUT, explainer.explain(&request))
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("reading the cluster took longer than {EXPLAIN_TIMEOUT:?}"),
+                )
+            })??;
+        let encoded = if request.scenario_only {
+            serde_json::to_string(&explanation.scenario)
+        } else {
+            serde_json::to_string(&explain_view::answer(&request, explanation))
+        };
+        encoded
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding: {e}")))
+    }
+    .await;
+    finish(state, "explain", started, result)
+}
+
+/// Answers `result` (a JSON body, or an error) and counts the request.
+fn finish(
+    state: &UiState,
+    route: &'static str,
+    started: Instant,
+    result: Result<String, ApiError>,
+) -> Response {
     let response = match result {
         Ok(body) => json_response(StatusCode::OK, body),
         Err(error) => {
@@ -482,6 +542,11 @@ pub fn router(state: UiState) -> axum::Router {
         }
     };
     let s = state.clone();
+    let explain = move |Path(ns): Path<String>, RawQuery(query): RawQuery| {
+        let s = s.clone();
+        async move { explain(&s, ns, query).await }
+    };
+    let s = state.clone();
     let list = move || {
         let s = s.clone();
         async move { answer(&s, "namespaces", |source| Ok(namespaces(source))).await }
@@ -564,6 +629,7 @@ pub fn router(state: UiState) -> axum::Router {
         .route("/api/v1/namespaces/{ns}/workloads/{name}", get(workload))
         .route("/api/v1/namespaces/{ns}/proposals/{name}/diff", get(diff))
         .route("/api/v1/namespaces/{ns}/edges", get(edges))
+        .route("/api/v1/namespaces/{ns}/explain", get(explain))
         .fallback(get(not_found))
 }
 

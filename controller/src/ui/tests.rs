@@ -982,3 +982,89 @@ fn the_overview_lists_workloads_by_state_and_what_needs_attention() {
     assert_eq!(json["workloads"][0]["activeViolations"], 1);
     assert_eq!(json["workloads"][2]["ingress"], "learning");
 }
+
+/// An explainer that answers from a fixed verdict, or refuses as the real one does for a workload
+/// without pods.
+struct FixedExplainer;
+
+impl crate::ui::Explainer for FixedExplainer {
+    fn explain<'a>(
+        &'a self,
+        request: &'a crate::ui::explain_view::ExplainRequest,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<crate::ui::explain_view::Explanation, server::ApiError>,
+                > + Send
+                + 'a,
+        >,
+    > {
+        Box::pin(async move {
+            if request.to.owner_name == "gone" {
+                return Err(server::ApiError::new(
+                    axum::http::StatusCode::NOT_FOUND,
+                    "Deployment demo/gone has no pod now",
+                ));
+            }
+            Ok(crate::ui::explain_view::Explanation {
+                allowed: request.port == 5432,
+                egress: "not isolated".into(),
+                ingress: format!("port {}", request.port),
+                scenario: serde_json::json!({"flows": [{"port": request.port}]}),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_explain_route_answers_the_verdicts_or_the_scenario_and_refuses_clearly() {
+    let ready = || Arc::new(Gate(snapshot(Vec::new()), true.into()));
+    let serve = |state: UiState| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(server::serve(listener, state));
+        addr
+    };
+    let path = |to: &str, port: u16, extra: &str| {
+        format!(
+            "/api/v1/namespaces/demo/explain?from=w%3Ademo%2FDeployment%2Fweb&to={to}&port={port}{extra}"
+        )
+    };
+    let without = serve(UiState::new(ready(), UiMetrics::default())).await;
+    let (code, _, body) = get(without, &path("w:demo/StatefulSet/db", 5432, "")).await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("does not explain flows"), "{body}");
+
+    let metrics = UiMetrics::default();
+    let with =
+        serve(UiState::new(ready(), metrics.clone()).with_explainer(Arc::new(FixedExplainer)))
+            .await;
+    let (code, _, body) = get(with, &path("w%3Ademo%2FStatefulSet%2Fdb", 5432, "")).await;
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["allowed"], true);
+    assert_eq!(answer["from"], "w:demo/Deployment/web");
+    assert_eq!(answer["to"], "w:demo/StatefulSet/db");
+    assert_eq!(answer["ingress"], "port 5432");
+    assert!(
+        answer["command"]
+            .as_str()
+            .unwrap()
+            .contains("check --scenario scenario.json --explain"),
+        "{answer}"
+    );
+    let (code, _, body) = get(
+        with,
+        &path("w%3Ademo%2FStatefulSet%2Fdb", 6379, "&format=scenario"),
+    )
+    .await;
+    assert_eq!((code, body.as_str()), (200, r#"{"flows":[{"port":6379}]}"#));
+    let (code, _, body) = get(with, &path("w%3Ademo%2FDeployment%2Fgone", 80, "")).await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("has no pod now"), "{body}");
+    let (code, _, body) = get(with, &path("s%3Ademo%2Fapp%3Ddb", 80, "")).await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(metrics.count("explain", 200), 2);
+    assert_eq!(metrics.count("explain", 404), 1);
+    assert_eq!(metrics.count("explain", 400), 1);
+}

@@ -4,7 +4,7 @@
 //! (`/api/v1/namespaces/<ns>/edges`, reached with `kubectl port-forward`). Each edge is evaluated
 //! between a current pod of each of its workloads (or its address), as the gate replays it.
 //!
-//! [`scenario`] is pure; [`load`] does the I/O.
+//! [`scenario`] and [`explain_flow`] are pure; [`load`] and [`load_flow`] do the I/O.
 
 use super::{Scenario, ScenarioFlow, ScenarioNamespace, ScenarioPeer, ScenarioPod, ScenarioPort};
 use crate::cluster::workload::JobOwners;
@@ -68,7 +68,6 @@ pub async fn load(
     namespace: &str,
     controller_url: &str,
 ) -> Result<LiveInput, LiveError> {
-    use kube::api::{Api, ListParams};
     let url = format!(
         "{}/api/v1/namespaces/{namespace}/edges",
         controller_url.trim_end_matches('/')
@@ -79,14 +78,53 @@ pub async fn load(
             url: url.clone(),
             message,
         })?;
-    let mut namespaces_used: BTreeSet<String> = BTreeSet::from([namespace.to_string()]);
-    for edge in &answer.edges {
+    load_objects(client, namespace, answer.edges, answer.truncated).await
+}
+
+/// What evaluating one flow from `from` to `to` needs: the objects of the namespaces of both ends
+/// (the web view's explain panel, docs/ui.md).
+pub async fn load_flow(
+    client: &kube::Client,
+    from: &WorkloadRef,
+    to: &WorkloadRef,
+    protocol: Protocol,
+    port: u16,
+) -> Result<LiveInput, LiveError> {
+    let edge = HistoryEdge {
+        source: from.clone(),
+        destination: to.clone(),
+        protocol,
+        port,
+        first_seen_ms: 0,
+        last_seen_ms: 0,
+        count: 0,
+    };
+    let namespace = [from, to]
+        .into_iter()
+        .map(|side| side.namespace.clone())
+        .find(|ns| !ns.is_empty())
+        .unwrap_or_default();
+    load_objects(client, &namespace, vec![edge], false).await
+}
+
+/// The objects of `namespace` and of the namespaces `edges` reach, with `edges`.
+async fn load_objects(
+    client: &kube::Client,
+    namespace: &str,
+    edges: Vec<HistoryEdge>,
+    truncated: bool,
+) -> Result<LiveInput, LiveError> {
+    use kube::api::{Api, ListParams};
+    let mut namespaces_used: BTreeSet<String> = BTreeSet::new();
+    namespaces_used.insert(namespace.to_string());
+    for edge in &edges {
         for side in [&edge.source, &edge.destination] {
             if side.address.is_empty() && !side.namespace.is_empty() {
                 namespaces_used.insert(side.namespace.clone());
             }
         }
     }
+    namespaces_used.remove("");
     let namespaces = Api::<Namespace>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -97,8 +135,8 @@ pub async fn load(
         .items;
     let mut input = LiveInput {
         namespaces,
-        edges: answer.edges,
-        truncated: answer.truncated,
+        edges,
+        truncated,
         ..LiveInput::default()
     };
     input.cluster_policies = list_cluster_policies(client).await?;
@@ -233,6 +271,66 @@ pub fn scenario(input: &LiveInput) -> (Scenario, usize) {
     (scenario, skipped)
 }
 
+/// How the one flow of `input` ([`load_flow`]) is decided, side by side, with the scenario that
+/// reproduces it offline (`check --scenario FILE --explain`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FlowExplanation {
+    pub allowed: bool,
+    /// [`super::explain::explanation_text`] of each side.
+    pub egress: String,
+    pub ingress: String,
+    pub scenario: Scenario,
+}
+
+/// Why a flow could not be explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("{0} has no pod now: there is nothing to evaluate the flow against")]
+    NoPod(String),
+    #[error("the policies do not parse: {0}")]
+    Invalid(String),
+}
+
+/// Explains the first edge of `input` between a current pod of each of its workloads (or its
+/// address), as `check --from-cluster --explain` does.
+pub fn explain_flow(input: &LiveInput) -> Result<FlowExplanation, ExplainError> {
+    let (scenario, _) = scenario(input);
+    let Some(edge) = input.edges.first() else {
+        return Err(ExplainError::NoPod("the flow".into()));
+    };
+    if scenario.flows.is_empty() {
+        let pods: Vec<&Pod> = input.pods.iter().filter(|p| evaluable(p)).collect();
+        let jobs = JobOwners::new(&input.jobs);
+        let side = if peer(&pods, &jobs, &edge.source).is_none() {
+            &edge.source
+        } else {
+            &edge.destination
+        };
+        return Err(ExplainError::NoPod(describe(side)));
+    }
+    let checker = super::Checker::new(scenario.clone())
+        .map_err(|e| ExplainError::Invalid(format!("{e:#}")))?;
+    let report = checker.explain();
+    let Some(result) = report.results.first() else {
+        return Err(ExplainError::NoPod("the flow".into()));
+    };
+    Ok(FlowExplanation {
+        allowed: result.allowed,
+        egress: super::explain::explanation_text(&result.egress),
+        ingress: super::explain::explanation_text(&result.ingress),
+        scenario,
+    })
+}
+
+/// `Deployment ns/name`, or the address.
+fn describe(side: &WorkloadRef) -> String {
+    if side.address.is_empty() {
+        format!("{} {}/{}", side.owner_kind, side.namespace, side.owner_name)
+    } else {
+        side.address.clone()
+    }
+}
+
 /// A pod NetworkPolicies apply to, with its own address: running (or starting), not host network.
 fn evaluable(pod: &Pod) -> bool {
     let spec_host = pod
@@ -339,6 +437,63 @@ mod tests {
             last_seen_ms: 0,
             count: 1,
         }
+    }
+
+    #[test]
+    fn one_flow_is_explained_side_by_side_with_the_scenario_that_reproduces_it() {
+        let web = pod(
+            "web-5d8f7c9b6-abcde",
+            "web",
+            "10.1.0.2",
+            Some(("ReplicaSet", "web-5d8f7c9b6")),
+        );
+        let db = pod("db-0", "db", "10.1.0.3", Some(("StatefulSet", "db")));
+        // The database admits only the web pods on 5432.
+        let isolate: NetworkPolicy = serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "db-ingress", "namespace": "demo"},
+            "spec": {"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                                  "ports": [{"protocol": "TCP", "port": 5432}]}]}
+        }))
+        .unwrap();
+        let input = |port: u16, pods: Vec<Pod>| LiveInput {
+            pods,
+            network_policies: vec![isolate.clone()],
+            edges: vec![edge(
+                side("Deployment", "web"),
+                side("StatefulSet", "db"),
+                port,
+            )],
+            ..LiveInput::default()
+        };
+        let allowed = explain_flow(&input(5432, vec![web.clone(), db.clone()])).unwrap();
+        assert!(allowed.allowed);
+        assert_eq!(allowed.egress, "not isolated");
+        assert!(
+            allowed.ingress.contains("np/demo/db-ingress"),
+            "{}",
+            allowed.ingress
+        );
+        let denied = explain_flow(&input(6379, vec![web.clone(), db.clone()])).unwrap();
+        assert!(!denied.allowed);
+        assert!(
+            denied.ingress.contains("no rule matches"),
+            "{}",
+            denied.ingress
+        );
+        // The scenario gives the same answer offline, through `check --scenario`'s parser.
+        let text = serde_json::to_string(&denied.scenario).unwrap();
+        let checker =
+            crate::tools::check::Checker::new(crate::tools::check::parse_scenario(&text).unwrap())
+                .unwrap();
+        assert!(!checker.explain().results[0].allowed);
+        // A workload with no pod now cannot be evaluated, and says which one.
+        let missing = explain_flow(&input(5432, vec![web])).unwrap_err();
+        assert!(
+            missing.to_string().contains("StatefulSet demo/db"),
+            "{missing}"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use super::*;
 
 /// The input of `check --scenario`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     #[serde(default)]
@@ -18,7 +18,7 @@ pub struct Scenario {
 }
 
 /// A namespace and its labels (namespaces pods use need not be listed).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScenarioNamespace {
     pub name: String,
@@ -27,7 +27,7 @@ pub struct ScenarioNamespace {
 }
 
 /// A pod: what NetworkPolicy selectors, ipBlocks and named ports see.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScenarioPod {
     pub namespace: String,
@@ -46,7 +46,7 @@ pub struct ScenarioPod {
 }
 
 /// A declared container port.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScenarioPort {
     #[serde(default)]
@@ -75,7 +75,7 @@ pub struct ScenarioPeer {
 }
 
 /// A connection to evaluate.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScenarioFlow {
     pub from: ScenarioPeer,

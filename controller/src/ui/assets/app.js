@@ -212,7 +212,36 @@ function layout(nodes, edges) {
 
 const NODE_W = 200, NODE_H = 56;
 
-function renderGraph(g) {
+// Why an edge is allowed or denied (the explain route: `check --explain` against the cluster now),
+// port by port, with the command that reproduces the answer offline.
+async function explainEdge(ns, e, box) {
+  const ports = [...new Set(e.ports.map((p) => /^(TCP|UDP|SCTP) (\d+)\b/.exec(p)).filter(Boolean).map((m) => `${m[1]} ${m[2]}`))];
+  const close = el("button", { type: "button", class: "close", title: "close" }, "×");
+  close.addEventListener("click", () => box.replaceChildren());
+  box.replaceChildren(close, el("h3", {}, `Why ${e.from.slice(2)} → ${e.to.slice(2)}`));
+  if (!ports.length) {
+    box.append(el("p", { class: "empty" }, "Only a flow on one port can be explained (not a range, a named port or any port)."));
+    return;
+  }
+  for (const label of ports) {
+    const [protocol, port] = label.split(" ");
+    const row = el("div", { class: "explained", "data-port": label }, el("strong", {}, `${label}: …`));
+    box.append(row);
+    try {
+      const q = new URLSearchParams({ from: e.from, to: e.to, protocol, port });
+      const a = JSON.parse(await api(`namespaces/${encodeURIComponent(ns)}/explain?${q}`));
+      row.dataset.allowed = a.allowed;
+      row.replaceChildren(el("strong", { class: a.allowed ? "allowed" : "violation" }, `${label}: ${a.allowed ? "allowed" : "denied"}`),
+        el("div", {}, `egress (at the source): ${a.egress}`), el("div", {}, `ingress (at the destination): ${a.ingress}`),
+        el("div", { class: "empty" }, "reproduce offline (with the web view port-forwarded on 8090):"), command(a.command, "explain"));
+    } catch (err) {
+      row.dataset.error = "true";
+      row.replaceChildren(el("strong", {}, `${label}: `), el("span", { class: "error" }, err.message || String(err)));
+    }
+  }
+}
+
+function renderGraph(g, onEdge) {
   const pos = layout(g.nodes, g.edges);
   const svg = el("svg:svg", { id: "graph-svg", "data-nodes": g.nodes.length, "data-edges": g.edges.length });
   const edgeLayer = el("svg:g", { class: "edges" });
@@ -233,13 +262,15 @@ function renderGraph(g) {
     const isNew = seenEdges && !seenEdges.has(e.id) && (e.state === "violation" || e.state === "blocked");
     const title = `${e.state}: ${e.ports.join(", ")}` + (e.allowedBy.length ? `\nallowed by ${e.allowedBy.join(", ")}` : "")
       + (e.violations ? `\n${e.violations.length} record(s), last ${new Date(e.lastSeenMs).toLocaleString()}` : "");
-    edgeLayer.append(el("svg:g", {
+    const edge = el("svg:g", {
       class: `edge ${e.state}${isNew ? " highlight" : ""}`, "data-id": e.id, "data-state": e.state,
       "data-from": e.from, "data-to": e.to, "data-ports": e.ports.join(","),
     },
-    el("svg:title", {}, title),
+    el("svg:title", {}, title + "\n(click: why)"),
     el("svg:path", { d, "marker-end": `url(#arrow-${e.state})` }),
-    el("svg:text", { x: mx, y: my + bend / 2 - 4, "text-anchor": "middle" }, e.ports.join(", "))));
+    el("svg:text", { x: mx, y: my + bend / 2 - 4, "text-anchor": "middle" }, e.ports.join(", ")));
+    if (onEdge) edge.addEventListener("click", () => onEdge(e));
+    edgeLayer.append(edge);
   }
   for (const n of g.nodes) {
     const p = pos.get(n.id);
@@ -328,6 +359,7 @@ async function graphPage(ns, params) {
     el("span", { class: "learned" }, "learned only"), el("span", { class: "allowed" }, "allowed by a policy"),
     el("span", { class: "violation" }, "violation (monitor)"), el("span", { class: "blocked" }, "blocked (protect)"),
     el("span", { id: "counts", class: "empty" }, ""));
+  const explainBox = el("div", { id: "explain" });
   $("main").replaceChildren(legend, container);
   const query = new URLSearchParams();
   for (const k of ["workload", "window"]) if (params.get(k)) query.set(k, params.get(k));
@@ -338,7 +370,7 @@ async function graphPage(ns, params) {
     lastBody = body;
     const g = JSON.parse(body);
     $("counts").textContent = Object.entries(g.counts).map(([k, v]) => `${v} ${k}`).join(" · ") + (g.truncated ? " (truncated)" : "");
-    container.replaceChildren(renderGraph(g), zoomBox);
+    container.replaceChildren(renderGraph(g, (e) => explainEdge(ns, e, explainBox)), zoomBox, explainBox);
   });
 }
 
