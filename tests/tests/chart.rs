@@ -926,8 +926,8 @@ fn admission_policy_can_be_disabled() {
             .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
             .count()
     };
-    // The promote-label policy and the proposal-author policy.
-    assert_eq!(kinds(&render(&[])), 2);
+    // The promote-label policies (proposals, cluster proposals) and the proposal-author policy.
+    assert_eq!(kinds(&render(&[])), 3);
     assert_eq!(kinds(&render(&["admissionPolicy.enabled=false"])), 0);
 }
 

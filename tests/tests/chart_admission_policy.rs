@@ -235,3 +235,76 @@ fn only_the_controller_writes_what_a_proposal_allows() {
                 && d["spec"]["validationActions"] == json!(["Deny"]))
     );
 }
+
+/// A policy rendered by the chart, by name.
+fn policy_named<'a>(docs: &'a [Value], name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ValidatingAdmissionPolicy {name} rendered"))
+}
+
+/// What the API server would answer for a ClusterNetworkPolicyProposal with these labels.
+fn admit_cluster(labels: Option<Value>) -> Result<(), String> {
+    let docs = rendered();
+    let policy = policy_named(&docs, "release-network-enforcer-cluster-promote-label");
+    let mut metadata = json!({"name": "ne-isolate-shop"});
+    if let Some(l) = labels {
+        metadata["labels"] = l;
+    }
+    let object = json!({"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+                        "kind": "ClusterNetworkPolicyProposal", "metadata": metadata});
+    let applies = policy["spec"]["matchConditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| eval(c["expression"].as_str().unwrap(), &object));
+    if !applies {
+        return Ok(());
+    }
+    for v in policy["spec"]["validations"].as_array().unwrap() {
+        if !eval(v["expression"].as_str().unwrap(), &object) {
+            return Err(v["message"].as_str().unwrap().to_string());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_cluster_proposal_is_promoted_only_to_protect() {
+    let docs = rendered();
+    let policy = policy_named(&docs, "release-network-enforcer-cluster-promote-label");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"],
+        json!(["clusternetworkpolicyproposals"])
+    );
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding"
+                && d["spec"]["policyName"] == policy["metadata"]["name"]
+                && d["spec"]["validationActions"] == json!(["Deny"]))
+    );
+    assert_eq!(admit_cluster(Some(json!({PROMOTE: "protect"}))), Ok(()));
+    for bad in ["monitor", "Protect", "", "enforce"] {
+        assert_eq!(
+            admit_cluster(Some(json!({PROMOTE: bad}))),
+            Err(network_enforcer_api::keys::CLUSTER_PROMOTE_LABEL_MESSAGE.to_string()),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(admit_cluster(None), Ok(()));
+    assert_eq!(admit_cluster(Some(json!({"team": "net"}))), Ok(()));
+}
+
+#[test]
+fn only_the_controller_writes_what_a_cluster_proposal_allows_too() {
+    let docs = rendered();
+    let rule = &author_policy(&docs)["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(
+        rule["resources"],
+        json!([
+            "workloadnetworkpolicyproposals",
+            "clusternetworkpolicyproposals"
+        ])
+    );
+}
