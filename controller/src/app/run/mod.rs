@@ -3,26 +3,28 @@
 //! process in the cluster has: leader election, TLS, `/metrics` and health, the reconcilers, the flow
 //! sources and the web view; then it runs until SIGTERM (the last status sync and flush included).
 
+mod election;
+mod ingest_server;
+mod shutdown;
+mod tasks;
+
 use super::App;
 use crate::ingest::TokenReviewAuthenticator;
 use crate::ingest::admission::StreamLimits;
 use crate::ingest::auth_cache::{self, CachedAuthenticator};
 use crate::ingest::tls;
 use crate::learn::learner::{self, ExcludedWorkload, Learner};
-use crate::monitor::coverage::Coverage;
 use crate::monitor::history_store::{self, HistoryStore};
 use crate::monitor::status_sync;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::provenance::SigningKey;
-use crate::reconcile::cluster_proposals::ClusterProposals;
 use crate::reconcile::{self, Settings};
 use crate::runtime::http::Health;
-use crate::runtime::leader;
 use crate::runtime::metrics::ControllerMetrics;
 use anyhow::{Context as _, Result};
 use clap::ValueEnum;
+use election::Election;
 use network_enforcer_api::Backend;
-use prometheus_client::metrics::gauge::Gauge;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -262,33 +264,15 @@ pub enum LogFormat {
     Text,
 }
 
-/// The HTTP/2 flow-control windows of the ingest server, per stream and per connection.
-const INGEST_WINDOW_BYTES: u32 = 64 * 1024;
-
 pub async fn run(args: RunArgs) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    match args.log_format {
-        LogFormat::Json => logs.json().init(),
-        LogFormat::Text => logs.init(),
-    }
+    init_logs(&args)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
-    let signing_key = match &args.proposal_signing_key_file {
-        Some(path) => Some(Arc::new(SigningKey::from_file(path)?)),
-        None => {
-            tracing::warn!(
-                "no --proposal-signing-key-file: any proposal is promoted, also one written by hand \
-                 (anyone who may write proposals may then create NetworkPolicies through promotion)"
-            );
-            None
-        }
-    };
+    let signing_key = signing_key(&args)?;
     let settings = Settings {
-        namespace: args.namespace,
-        instance: args.instance,
+        namespace: args.namespace.clone(),
+        instance: args.instance.clone(),
         resync: Duration::from_secs(args.resync_seconds),
         signing_key: signing_key.clone(),
         unused_rule_after: args.unused_rule_after,
@@ -320,41 +304,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("binding --metrics-address {}", args.metrics_address))?;
     tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
     let http = crate::runtime::http::serve(http_listener, metrics.clone(), health.clone());
-
     let ingest_health = health.component("ingest", true);
-    let election = if args.leader_elect {
-        let identity = settings
-            .instance
-            .clone()
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .context("leader election needs this replica's name: --instance / POD_NAME")?;
-        let lease =
-            leader::Settings::new(&args.pod_namespace, &args.leader_election_lease, &identity);
-        let elector = leader::Elector::new(client.clone(), lease.clone());
-        let leadership = elector.subscribe();
-        tokio::spawn(elector.run());
-        tracing::info!(lease = %lease.name, namespace = %lease.namespace, %identity, "leader election on");
-        Some((leadership, lease))
-    } else {
-        metrics.leader.set(1);
-        None
-    };
+    let election = Election::start(&args, &client, &settings, &metrics)?;
     // Kept to flush queued events on the way out.
     let violation_sink = crate::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
-    let learner_settings = LearnerSettings {
-        excluded_workloads: args.exclude_workloads.clone(),
-        max_external_peers_per_port: args.max_external_peers_per_port,
-        max_ports_per_rule: args.max_ports_per_rule,
-        max_rules: args.max_rules,
-        wildcard_min_names: args.wildcard_min_names,
-        trust_remote_peers: args.trust_remote_peers,
-        resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
-            .unwrap_or(i64::MAX),
-        cluster_cidrs: args.cluster_cidrs.clone(),
-    };
+
     // Built before the app: the proposal writer reads proposals from the proposal reconciler's cache.
     let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
+    let learner_settings = LearnerSettings::from(&args);
     let mut builder = App::builder(client.clone(), backend)
         .proposal_cache(reconcilers.proposals())
         .excluded_namespaces(excluded.clone())
@@ -363,32 +321,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .configure_learner(move |l| learner_settings.apply(l))
         .signing_key(signing_key.clone())
         .status_sync(
-            status_sync::Settings {
-                namespace: settings.namespace.clone(),
-                interval: args.status_update_interval,
-                // Cilium gives in-cluster pods identities that CIDR rules do not match.
-                ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
-                instance: settings.instance.clone(),
-                history: crate::monitor::edge_history::Bounds {
-                    max_edges: args.edge_history_max_edges as usize,
-                    retention: args.edge_history_retention,
-                },
-                history_warmup: args.edge_history_warmup,
-                history_store: (!args.edge_history_persist_interval.is_zero()).then(|| {
-                    HistoryStore::new(
-                        client.clone(),
-                        &args.pod_namespace,
-                        &args.edge_history_configmap,
-                        history_store::Limits::default(),
-                    )
-                }),
-                history_persist_every: args
-                    .edge_history_persist_interval
-                    .max(Duration::from_secs(1)),
-                // The reconciler's memory: both elect the same policy per target.
-                backends: settings.backends.clone(),
-                ..status_sync::Settings::default()
-            },
+            status_sync_settings(&args, &client, &settings),
             violation_sink.clone(),
         )
         .stream_limits(StreamLimits {
@@ -400,42 +333,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
             retention: args.name_address_retention,
             ..Default::default()
         });
-    if let Some((leadership, _)) = &election {
-        builder = builder.leadership(leadership.clone());
+    if let Some(election) = &election {
+        builder = builder.leadership(election.leadership());
     }
     let app = builder.build();
-    let index_health = health.component("index", true);
-    let index_watch = {
-        let index = app.index.clone();
-        async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                if index.ready() {
-                    index_health.ready("every watch has listed");
-                } else {
-                    index_health.not_ready("listing pods, Services, workloads and nodes");
-                }
-            }
-        }
-    };
     let status_sync = app.status_sync.clone().expect("built with a status sync");
     // The protect gate replays the flows the status sync has seen.
     let mut reconcilers = reconcilers.with_gate(GateHistory(status_sync.clone()));
     if let Some(changes) = app.take_name_changes() {
         reconcilers = reconcilers.with_names(app.names.clone(), changes);
     }
-    // Addresses of names age out of the store (renderings follow at their requeue).
-    let names_expiry = {
-        let names = app.names.clone();
-        async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(60));
-            loop {
-                tick.tick().await;
-                names.expire(k8s_openapi::jiff::Timestamp::now().as_millisecond());
-            }
-        }
-    };
+
     let ui_address = if args.no_ui { "" } else { &args.ui_address };
     let ui = crate::ui::start(
         ui_address,
@@ -461,164 +369,36 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
         .await
         .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
-    let serving = format!("serving on {}", args.ingest_address);
-    // Readiness follows leadership, so the ingest Service routes agents to the leader only.
-    let readiness = {
-        let (leadership, metrics) = (election.as_ref().map(|(l, _)| l.clone()), metrics.clone());
-        async move {
-            let Some(mut leadership) = leadership else {
-                ingest_health.ready(serving);
-                return std::future::pending().await;
-            };
-            loop {
-                let now = leadership.borrow_and_update().clone();
-                metrics.leader.set(i64::from(now.leader));
-                if now.leader {
-                    ingest_health.ready(format!("leader; {serving}"));
-                } else {
-                    ingest_health.not_ready(format!(
-                        "not the leader (leader: {}); agent streams are refused with UNAVAILABLE",
-                        now.holder.as_deref().unwrap_or("unknown")
-                    ));
-                }
-                if leadership.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        }
-    };
-    // Each agent has its own connection: what the controller has not read yet waits in its HTTP/2
-    // windows. 64 KiB instead of hyper's 1 MiB keeps a thousand agents that send faster than the merge
-    // within ~64 MiB (128 KiB peaked 65 MiB higher at 1,000 agents); a slow controller slows its agents
-    // down instead. 64 KiB per round trip still carries ~1 MB/s per agent at 50 ms, several times
-    // what a busy node sends.
-    let router = tonic::transport::Server::builder()
-        .initial_stream_window_size(INGEST_WINDOW_BYTES)
-        .initial_connection_window_size(INGEST_WINDOW_BYTES)
-        .add_service(ingest.into_server());
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let grpc: std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
-    > = match transport {
-        tls::Transport::Tls { cert, key } => {
-            let reload_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
-            metrics.register(
-                "ingest_tls_reload_failures",
-                "Rotated ingest certificate files that did not load (the previous pair stays in use)",
-                reload_failures.clone(),
-            );
-            let handshake_failures = prometheus_client::metrics::counter::Counter::<u64>::default();
-            metrics.register(
-                "ingest_tls_handshake_failures",
-                "Agent connections whose TLS handshake failed or timed out",
-                handshake_failures.clone(),
-            );
-            let cert = tls::ReloadingCert::new(&cert, &key, move |_| {
-                reload_failures.inc();
-            })
-            .context("loading the ingest TLS certificate (--ingest-tls-cert-file / --ingest-tls-key-file)")?;
-            let config = tls::server_config(Arc::new(cert))?;
-            tracing::info!(address = %args.ingest_address, "ingest endpoint serving TLS");
-            Box::pin(router.serve_with_incoming_shutdown(
-                tls::incoming(ingest_listener, config, move || {
-                    handshake_failures.inc();
-                }),
-                shutdown,
-            ))
-        }
-        tls::Transport::Insecure => {
-            tracing::warn!(address = %args.ingest_address,
-                "INSECURE: the ingest endpoint serves PLAINTEXT (--ingest-insecure); agents' tokens and \
-                 flows travel unencrypted. Set --ingest-tls-cert-file/--ingest-tls-key-file in production");
-            Box::pin(router.serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(ingest_listener),
-                shutdown,
-            ))
-        }
-    };
-    let flush_every = Duration::from_secs(args.flush_interval_seconds.max(1));
-    let flusher = app.flusher.run(flush_every);
+    let grpc = ingest_server::serve(
+        args.ingest_address,
+        ingest_listener,
+        transport,
+        ingest,
+        &metrics,
+    )?;
+    let readiness = election::readiness(
+        election.as_ref(),
+        ingest_health,
+        format!("serving on {}", args.ingest_address),
+        metrics.clone(),
+    );
+    let flusher = app
+        .flusher
+        .run(Duration::from_secs(args.flush_interval_seconds.max(1)));
+    let coverage = tasks::coverage(&args, &app, &client, &settings, &metrics, &health);
+    let cluster_proposals = tasks::cluster_proposals(
+        &args,
+        &client,
+        &settings,
+        &excluded,
+        status_sync.clone(),
+        signing_key.clone(),
+        &metrics,
+    );
     // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
     // restarts as a clean follower instead of stopping its tasks halfway.
-    let coverage = {
-        let health = health.component("agents", false);
-        let (silent_nodes, silent_pods) = (Gauge::default(), Gauge::default());
-        metrics.register(
-            "agent_silent_nodes",
-            "Nodes that run pods while no agent of theirs has streamed for --agent-silence-after",
-            silent_nodes.clone(),
-        );
-        metrics.register(
-            "agent_silent_pods",
-            "Running pods on nodes without an agent streaming: their flows are not observed",
-            silent_pods.clone(),
-        );
-        let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
-            index: app.index.clone(),
-            presence: app.presence.clone(),
-            client: client.clone(),
-            reporter: kube::runtime::events::Reporter {
-                controller: settings.reporter.clone(),
-                instance: settings.instance.clone(),
-            },
-            after: args.agent_silence_after,
-            silent_nodes,
-            silent_pods,
-            health,
-        });
-        async move {
-            match coverage {
-                Some(coverage) => coverage.run().await,
-                None => std::future::pending().await,
-            }
-        }
-    };
-    let cluster_proposals = {
-        let every = args
-            .cluster_proposals_interval
-            .unwrap_or(if settings.namespace.is_none() {
-                Duration::from_secs(60)
-            } else {
-                Duration::ZERO
-            });
-        let proposals = (!every.is_zero()).then(|| ClusterProposals {
-            client: client.clone(),
-            history: status_sync.clone(),
-            // Namespaces excluded from learning (the release's own among them) are no subjects either.
-            settings: {
-                let mut s = crate::learn::cluster_policies::Settings::default();
-                s.system.extend(excluded.iter().cloned());
-                s
-            },
-            every: every.max(Duration::from_secs(1)),
-            signing_key: signing_key.clone(),
-            metrics: {
-                let m = crate::reconcile::cluster_proposals::ProposalMetrics::default();
-                m.register(&metrics);
-                m
-            },
-            reporter: kube::runtime::events::Reporter {
-                controller: settings.reporter.clone(),
-                instance: settings.instance.clone(),
-            },
-        });
-        if let Some(p) = &proposals {
-            tracing::info!(every = ?p.every, "learning ClusterNetworkPolicyProposals from the namespace graph");
-        }
-        async move {
-            match proposals {
-                Some(proposals) => proposals.run().await,
-                None => std::future::pending().await,
-            }
-        }
-    };
-    let mut leadership = election.as_ref().map(|(l, _)| l.clone());
     let leading = async {
-        if let Some(l) = leadership.as_mut() {
-            let _ = l.wait_for(|l| l.leader).await;
-        }
+        election::until_leading(election.as_ref()).await;
         tokio::select! {
             () = reconcilers.run() => {}
             () = flusher => {}
@@ -626,16 +406,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
             () = goldmane => {}
             () = coverage => {}
             () = cluster_proposals => {}
-        }
-    };
-    let mut watched = election.as_ref().map(|(l, _)| l.clone());
-    let lost = async {
-        match watched.as_mut() {
-            Some(l) => {
-                let _ = l.wait_for(|l| l.leader).await;
-                let _ = l.wait_for(|l| !l.leader).await;
-            }
-            None => std::future::pending().await,
         }
     };
     // SIGTERM (Kubernetes) or Ctrl-C: stop serving at once (agents' streams never end on their own,
@@ -654,52 +424,82 @@ pub async fn run(args: RunArgs) -> Result<()> {
         () = leading => Ok(()),
         () = app.watch_cluster() => Ok(()),
         result = grpc => result.context("serving the agent ingest endpoint"),
-        () = index_watch => Ok(()),
-        () = names_expiry => Ok(()),
+        () = tasks::index_readiness(app.index.clone(), health.component("index", true)) => Ok(()),
+        () = tasks::names_expiry(app.names.clone()) => Ok(()),
         () = readiness => Ok(()),
-        () = lost => Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower")),
+        () = election::lost(election.as_ref()) => {
+            Err(anyhow::anyhow!("lost the leader Lease; exiting to restart as a follower"))
+        }
         result = http => result.context("serving /metrics, /healthz, /readyz"),
         result = ui => result.context("serving the web view"),
     };
-    // A replica that led until now writes what only it holds. Unacknowledged agent batches would be
-    // resent to the next leader anyway; Goldmane's flows and violation observations would not. After a
-    // lost Lease the proposals are left to the new leader (the writer writes only while leading), but
-    // the violation observations are still patched into statuses: those patches carry the cached
-    // resourceVersion, so they cannot overwrite what the new leader wrote meanwhile (a conflict just
-    // fails), and the records merge.
-    // (A replica whose status sync has run has led.)
-    if app.writer.is_leader() || status_sync.passes() > 0 {
-        let still_leading = result.is_ok();
-        let last = async {
-            let report = app.flusher.last_flush().await;
-            // Only a sync that has run before has listed the policies the observations belong to.
-            let synced = if status_sync.passes() > 0 {
-                status_sync.attribute_evidence();
-                let synced = status_sync.sync_all().await;
-                // The history as it is now, for the next leader; not after a lost Lease: a new
-                // leader may already have read and written it.
-                if still_leading {
-                    status_sync.persist_history().await;
-                }
-                Some(synced)
-            } else {
-                None
-            };
-            tracing::info!(?report, ?synced, "last flush before exit");
-        };
-        if tokio::time::timeout(Duration::from_secs(10), last)
-            .await
-            .is_err()
-        {
-            tracing::warn!("the last flush did not finish within 10 s");
-        }
-    }
+    shutdown::last_flush(&app, &status_sync, result.is_ok()).await;
     violation_sink.shutdown(Duration::from_secs(5)).await;
-    if let Some((_, lease)) = &election {
+    if let Some(election) = &election {
         // Stopping (or failing): let a successor take over without waiting for the Lease to expire.
-        leader::release(client, lease).await;
+        election.release(client).await;
     }
     result
+}
+
+/// Logs to stdout at `--log-level`, as JSON or text (`--log-format`).
+fn init_logs(args: &RunArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+    }
+    Ok(())
+}
+
+/// The key proposals are signed with; without one, any proposal is promoted (warned).
+fn signing_key(args: &RunArgs) -> Result<Option<Arc<SigningKey>>> {
+    Ok(match &args.proposal_signing_key_file {
+        Some(path) => Some(Arc::new(SigningKey::from_file(path)?)),
+        None => {
+            tracing::warn!(
+                "no --proposal-signing-key-file: any proposal is promoted, also one written by hand \
+                 (anyone who may write proposals may then create NetworkPolicies through promotion)"
+            );
+            None
+        }
+    })
+}
+
+/// The status sync's settings from the command line.
+fn status_sync_settings(
+    args: &RunArgs,
+    client: &kube::Client,
+    settings: &Settings,
+) -> status_sync::Settings {
+    status_sync::Settings {
+        namespace: settings.namespace.clone(),
+        interval: args.status_update_interval,
+        // Cilium gives in-cluster pods identities that CIDR rules do not match.
+        ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
+        instance: settings.instance.clone(),
+        history: crate::monitor::edge_history::Bounds {
+            max_edges: args.edge_history_max_edges as usize,
+            retention: args.edge_history_retention,
+        },
+        history_warmup: args.edge_history_warmup,
+        history_store: (!args.edge_history_persist_interval.is_zero()).then(|| {
+            HistoryStore::new(
+                client.clone(),
+                &args.pod_namespace,
+                &args.edge_history_configmap,
+                history_store::Limits::default(),
+            )
+        }),
+        history_persist_every: args
+            .edge_history_persist_interval
+            .max(Duration::from_secs(1)),
+        // The reconciler's memory: both elect the same policy per target.
+        backends: settings.backends.clone(),
+        ..status_sync::Settings::default()
+    }
 }
 
 /// The learner's settings from the command line.
@@ -712,6 +512,22 @@ struct LearnerSettings {
     trust_remote_peers: bool,
     resolution_grace_ms: i64,
     cluster_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl From<&RunArgs> for LearnerSettings {
+    fn from(args: &RunArgs) -> Self {
+        Self {
+            excluded_workloads: args.exclude_workloads.clone(),
+            max_external_peers_per_port: args.max_external_peers_per_port,
+            max_ports_per_rule: args.max_ports_per_rule,
+            max_rules: args.max_rules,
+            wildcard_min_names: args.wildcard_min_names,
+            trust_remote_peers: args.trust_remote_peers,
+            resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
+                .unwrap_or(i64::MAX),
+            cluster_cidrs: args.cluster_cidrs.clone(),
+        }
+    }
 }
 
 impl LearnerSettings {

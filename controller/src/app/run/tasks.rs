@@ -1,0 +1,134 @@
+//! The long-running tasks `run` starts besides serving: index readiness, the names' expiry, agent
+//! coverage and cluster proposals. Each is a future that runs until the process stops (pending
+//! forever when its flag turns it off).
+
+use super::RunArgs;
+use crate::app::App;
+use crate::cluster::watches::SharedIndex;
+use crate::monitor::coverage::Coverage;
+use crate::monitor::status_sync::StatusSync;
+use crate::policy::provenance::SigningKey;
+use crate::reconcile::Settings;
+use crate::reconcile::cluster_proposals::{ClusterProposals, ProposalMetrics};
+use crate::runtime::http::{Component, Health};
+use crate::runtime::metrics::ControllerMetrics;
+use prometheus_client::metrics::gauge::Gauge;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Keeps `health` ready once every watch of the index has listed.
+pub async fn index_readiness(index: Arc<SharedIndex>, health: Component) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if index.ready() {
+            health.ready("every watch has listed");
+        } else {
+            health.not_ready("listing pods, Services, workloads and nodes");
+        }
+    }
+}
+
+/// Ages the addresses of names out of the store (renderings follow at their requeue).
+pub async fn names_expiry(names: Arc<crate::cluster::names::ResolvedNames>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        names.expire(k8s_openapi::jiff::Timestamp::now().as_millisecond());
+    }
+}
+
+/// Reports nodes whose agents stopped streaming (`--agent-silence-after`; `0s`: off). Its health
+/// component and gauges exist from the start, on every replica; it runs once polled (when leading).
+pub fn coverage(
+    args: &RunArgs,
+    app: &App,
+    client: &kube::Client,
+    settings: &Settings,
+    metrics: &ControllerMetrics,
+    health: &Health,
+) -> impl Future<Output = ()> + use<> {
+    let health = health.component("agents", false);
+    let (silent_nodes, silent_pods) = (Gauge::default(), Gauge::default());
+    metrics.register(
+        "agent_silent_nodes",
+        "Nodes that run pods while no agent of theirs has streamed for --agent-silence-after",
+        silent_nodes.clone(),
+    );
+    metrics.register(
+        "agent_silent_pods",
+        "Running pods on nodes without an agent streaming: their flows are not observed",
+        silent_pods.clone(),
+    );
+    let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
+        index: app.index.clone(),
+        presence: app.presence.clone(),
+        client: client.clone(),
+        reporter: kube::runtime::events::Reporter {
+            controller: settings.reporter.clone(),
+            instance: settings.instance.clone(),
+        },
+        after: args.agent_silence_after,
+        silent_nodes,
+        silent_pods,
+        health,
+    });
+    async move {
+        match coverage {
+            Some(coverage) => coverage.run().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Learns ClusterNetworkPolicyProposals from the namespace graph every `--cluster-proposals-interval`
+/// (default 60 s cluster-wide, off when watching one namespace); runs once polled (when leading).
+pub fn cluster_proposals(
+    args: &RunArgs,
+    client: &kube::Client,
+    settings: &Settings,
+    excluded: &BTreeSet<String>,
+    history: Arc<StatusSync>,
+    signing_key: Option<Arc<SigningKey>>,
+    metrics: &ControllerMetrics,
+) -> impl Future<Output = ()> + use<> {
+    let every = args
+        .cluster_proposals_interval
+        .unwrap_or(if settings.namespace.is_none() {
+            Duration::from_secs(60)
+        } else {
+            Duration::ZERO
+        });
+    let proposals = (!every.is_zero()).then(|| ClusterProposals {
+        client: client.clone(),
+        history,
+        // Namespaces excluded from learning (the release's own among them) are no subjects either.
+        settings: {
+            let mut s = crate::learn::cluster_policies::Settings::default();
+            s.system.extend(excluded.iter().cloned());
+            s
+        },
+        every: every.max(Duration::from_secs(1)),
+        signing_key,
+        metrics: {
+            let m = ProposalMetrics::default();
+            m.register(metrics);
+            m
+        },
+        reporter: kube::runtime::events::Reporter {
+            controller: settings.reporter.clone(),
+            instance: settings.instance.clone(),
+        },
+    });
+    if let Some(p) = &proposals {
+        tracing::info!(every = ?p.every, "learning ClusterNetworkPolicyProposals from the namespace graph");
+    }
+    async move {
+        match proposals {
+            Some(proposals) => proposals.run().await,
+            None => std::future::pending().await,
+        }
+    }
+}
