@@ -6,10 +6,11 @@ mod demo;
 mod fuzz;
 mod gen_crds;
 mod image;
+mod layout;
 mod run;
 mod setup;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -46,6 +47,9 @@ enum Command {
     },
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
+    /// Check the layout rule (docs/development.md): no source file over 800 code lines, no inline
+    /// test module over 300 lines; prints the largest files.
+    Layout,
     /// The fuzz tests in release, 100,000 cases per target (NE_FUZZ_CASES); figures in
     /// target/bench/fuzz.json.
     Fuzz,
@@ -61,6 +65,7 @@ fn main() -> Result<()> {
         Command::Image { name } => image::build(name),
         Command::Bench { name } => bench::run(name),
         Command::Demo => demo::run(),
+        Command::Layout => layout::check(&run::workspace_root()),
         Command::Fuzz => fuzz::run(),
     }
 }
@@ -73,6 +78,8 @@ fn ci() -> Result<()> {
         "format",
         run::cargo(&root, &env, &["fmt", "--all", "--check"]),
     )?;
+    println!("==> layout");
+    layout::check(&root).context("step `layout` failed")?;
     run::step(
         "lint",
         run::cargo(
