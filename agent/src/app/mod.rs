@@ -3,22 +3,28 @@
 //! uplink and the enforcement, then runs the loop of [`run`]: read events → [`Pipeline`] → flush
 //! into uplink records, until SIGINT/SIGTERM (one last flush, then the uplink gets 5 s to deliver).
 
+mod flush;
+mod start;
+mod stop;
+
 use crate::aggregate::WallClock;
-use crate::debug::peers;
 use crate::debug::socket::{self, DebugServer};
-use crate::enforce::{self, nft};
+use crate::enforce::nft;
 use crate::identity::attribution::Attributor;
 use crate::identity::pod_identity::Scanner;
-use crate::identity::pod_watch::{self, SharedAttributor};
+use crate::identity::pod_watch::SharedAttributor;
 use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::existing;
 use crate::metrics::AgentMetrics;
 use crate::pipeline::{EdgeCaps, Pipeline};
 use crate::uplink::{self, UplinkConfig};
-use crate::{DataPlane, KernelCounters, LoadOptions};
+use crate::{DataPlane, LoadOptions};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
-use std::net::SocketAddr;
+use start::{
+    bind_endpoints, clear_leftover_table, enforcement_config, start_enforcement, start_peer_names,
+    start_pod_watch,
+};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -192,7 +198,6 @@ enum Step {
 /// The least time between a flush and an early one for new edges.
 const EARLY_FLUSH_MIN_GAP: Duration = Duration::from_millis(500);
 
-/// Sleeps until `at`, or forever without one.
 /// Waits for DNS messages, or forever when DNS capture is off.
 async fn dns_readable(dns: &mut Option<DnsReader>) -> Result<()> {
     match dns {
@@ -201,6 +206,7 @@ async fn dns_readable(dns: &mut Option<DnsReader>) -> Result<()> {
     }
 }
 
+/// Sleeps until `at`, or forever without one.
 async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -231,9 +237,10 @@ pub async fn shutdown_signal() -> Result<()> {
     Ok(())
 }
 
-pub async fn run(args: RunArgs) -> Result<()> {
-    // Checked before loading anything: a wrong flag should not need root to be reported.
-    let uplink_config = match &args.controller_url {
+/// The uplink's settings when --controller-url is given, checked (a wrong URL, scheme or CA file
+/// fails the start at once).
+fn uplink_config(args: &RunArgs) -> Result<Option<UplinkConfig>> {
+    Ok(match &args.controller_url {
         Some(url) => {
             let node = args
                 .node_name
@@ -254,7 +261,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Some(config)
         }
         None => None,
-    };
+    })
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    // Checked before loading anything: a wrong flag should not need root to be reported.
+    let uplink_config = uplink_config(&args)?;
     let enforcement = enforcement_config(&args)?;
     // Bound before anything is loaded: an address this host does not have fails the start at once.
     let listeners = bind_endpoints(&args).await?;
@@ -337,9 +349,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
         tokio::spawn(metrics.clone().serve(listener));
     }
-    let mut kernel_before = KernelCounters::default();
-    let mut decode_errors_before = 0;
-    let mut dns_decode_errors_before = 0;
+    let mut report = flush::Report::new(metrics.clone());
     let clock = WallClock::now();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
     // When an edge never flushed before is held: flush it soon rather than at the next tick.
@@ -406,271 +416,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
         early = None;
         last_flush = tokio::time::Instant::now();
         let flushed = pipeline.flush()?;
-        let counters = data_plane.counters()?;
-        metrics.kernel(&kernel_before, &counters);
-        if let Some(dns) = &mut dns {
-            // Quiet pods' messages (no connection event read since) still count and expire.
-            dns.drain(|message| pipeline.take_dns(message));
-            metrics.decode_errors(dns.decode_errors() - dns_decode_errors_before);
-            dns_decode_errors_before = dns.decode_errors();
-        }
-        if let Some((tracker, stats)) = pipeline.dns_counters() {
-            let dropped = pipeline.new_resolutions().1;
-            metrics.dns(&tracker, pipeline.dns_names(), &stats, dropped, &counters);
-        }
-        metrics.decode_errors(reader.decode_errors() - decode_errors_before);
-        decode_errors_before = reader.decode_errors();
-        metrics.flushed(flushed.edges.len(), flushed.unattributed);
-        metrics.events_dropped(&flushed.dropped);
-        let (recent, evicted) = pipeline
-            .debug()
-            .map(DebugServer::recent_edges)
-            .unwrap_or_default();
-        tracing::info!(
-            edges = flushed.edges.len(),
-            unattributed = flushed.unattributed,
-            dropped_pod_cap = flushed.dropped.pod_cap,
-            dropped_node_cap = flushed.dropped.node_cap,
-            lost = counters.ring_buffer_full,
-            dedupe_hits = counters.dedupe_hits,
-            decode_errors = reader.decode_errors(),
-            recent_edges = recent,
-            recent_edges_evicted = evicted,
-            "flush"
+        report.flushed(
+            &flushed,
+            &data_plane,
+            &mut dns,
+            &reader,
+            &mut pipeline,
+            caps,
+        )?;
+        flush::send(
+            &flushed,
+            &clock,
+            uplink.as_ref().map(|(sender, _)| sender),
+            source_records.as_ref(),
         );
-        kernel_before = counters;
-        if flushed.dropped.total() > 0 {
-            tracing::warn!(
-                dropped_pod_cap = flushed.dropped.pod_cap,
-                dropped_node_cap = flushed.dropped.node_cap,
-                max_edges_per_pod = caps.per_pod,
-                max_edges = caps.per_node,
-                "events of new edges dropped: a pod reported more distinct edges than --max-edges-per-pod, or the node more than --max-edges, within --flush-seconds"
-            );
-        }
-        flushed.log_edges(&clock);
-        let mut records = if uplink.is_some() {
-            flushed.records(&clock)
-        } else {
-            Vec::new()
-        };
-        let mut receipts = Vec::new();
-        if let Some(sink) = &source_records {
-            // Hubble and ztunnel records are already named by pod: they go up as they are.
-            let (from_sources, from_sources_receipts) = sink.drain_with_receipts();
-            tracing::info!(records = from_sources.len(), "flow source records");
-            receipts = from_sources_receipts;
-            if uplink.is_some() {
-                records.extend(from_sources);
-            }
-        }
-        match &uplink {
-            // Never waits: a full queue drops the batch and counts it. The receipts are settled once the
-            // controller acknowledged the records (then the ztunnel source saves its read positions).
-            Some((sender, _)) => {
-                sender.send_with_receipts(records, receipts);
-            }
-            // No controller to wait for: the records were only logged.
-            None => receipts
-                .into_iter()
-                .for_each(crate::uplink::Receipt::settle),
-        }
         if step == Step::FlushAndStop {
             break;
         }
     }
-    if let Some(watch) = pod_watch {
-        watch.abort();
-    }
-    if let Some((client, config, handle)) = &enforcement_client {
-        enforce::watch::stop(client.clone(), config, handle).await;
-    }
-    if let Some((sender, task)) = uplink {
-        // Without senders the task still sends what is queued (the last flush's batch among it) and
-        // ends once everything is acknowledged. It gets 5 s (a debug build on a busy 2-core node took
-        // 1.6 s), well within the pod's termination grace (the chart keeps Kubernetes' 30 s): an
-        // unreachable controller must not hold up the stop.
-        drop(sender);
-        let abort = task.abort_handle();
-        if tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .is_err()
-        {
-            abort.abort();
-            tracing::warn!("stopped with unacknowledged uplink batches");
-        }
-    }
+    stop::stop(pod_watch, enforcement_client, uplink).await;
     tracing::info!(counters = ?data_plane.counters()?, "stopped");
     Ok(())
-}
-
-/// The addresses of the metrics and health endpoint: --metrics-address, else each --listen-address with
-/// --metrics-port.
-fn endpoint_addresses(args: &RunArgs) -> Vec<SocketAddr> {
-    match args.metrics_address {
-        Some(address) => vec![address],
-        None => args
-            .listen_address
-            .iter()
-            .map(|ip| SocketAddr::new(*ip, args.metrics_port))
-            .collect(),
-    }
-}
-
-/// Binds the metrics and health endpoint on each of its addresses.
-async fn bind_endpoints(args: &RunArgs) -> Result<Vec<(SocketAddr, tokio::net::TcpListener)>> {
-    let addresses = endpoint_addresses(args);
-    anyhow::ensure!(
-        !addresses.is_empty(),
-        "no address for the metrics and health endpoint: give --listen-address (NE_LISTEN_ADDRESS)"
-    );
-    let mut listeners = Vec::new();
-    for address in addresses {
-        let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
-            format!(
-                "binding the metrics and health endpoint to {address}: --listen-address \
-                 (NE_LISTEN_ADDRESS, chart value agent.listenAddresses) must name addresses of this host \
-                 (the chart's default is the node IP from status.hostIP, and 127.0.0.1), and the port \
-                 (--metrics-port, NE_METRICS_PORT, chart value agent.metricsPort) must be free on them"
-            )
-        })?;
-        listeners.push((address, listener));
-    }
-    Ok(listeners)
-}
-
-/// The enforcement settings when it is on; a missing node name is an error then (the agent would not
-/// know which pods to isolate).
-fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch::Config>> {
-    let e = &args.enforcement;
-    if e.enforcement == EnforcementMode::Off {
-        return Ok(None);
-    }
-    let node = args
-        .node_name
-        .clone()
-        .context("--enforcement networkpolicy needs the node name: --node-name or NODE_NAME")?;
-    let daemonset = match &e.daemonset {
-        Some(text) => {
-            let (namespace, name) = text
-                .split_once('/')
-                .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
-                .with_context(|| format!("--daemonset {text:?}: expected namespace/name"))?;
-            Some((namespace.to_string(), name.to_string()))
-        }
-        None => None,
-    };
-    let dns_hold = (e.enforcement_dns_hold_queue != 0).then_some(e.enforcement_dns_hold_queue);
-    if dns_hold.is_some() {
-        nft::valid_table_name(&enforce::dns_hold::table_of(&e.enforcement_table)).map_err(|why| {
-            anyhow::anyhow!("the DNS hold's table: {why}; use a shorter --enforcement-table or --enforcement-dns-hold-queue 0")
-        })?;
-    }
-    Ok(Some(enforce::watch::Config {
-        node,
-        table: e.enforcement_table.clone(),
-        fail_open: e.enforcement_fail_open,
-        log_group: (e.enforcement_log_group != 0).then_some(e.enforcement_log_group),
-        daemonset,
-        // Where new pods' addresses are read before the API server has them; without it (no cgroup v2
-        // found) they come from the API server only.
-        pods_cgroup: match crate::kernel::host::NodeCgroups::detect() {
-            Ok(cgroups) => Some(cgroups.pods_dir()),
-            Err(error) => {
-                tracing::warn!(%error, "no cgroup v2 tree: new pods are enforced once the API server reports their addresses");
-                None
-            }
-        },
-        dns_hold,
-    }))
-}
-
-/// Starts enforcement; it needs the Kubernetes API (the policies are there), so without it the agent
-/// does not start.
-async fn start_enforcement(
-    config: enforce::watch::Config,
-    metrics: &AgentMetrics,
-    records: crate::sources::RecordSink,
-) -> Result<(kube::Client, enforce::watch::Config, enforce::watch::Handle)> {
-    let client = pod_watch::client().await.map_err(|e| {
-        anyhow::anyhow!(
-            "NetworkPolicy enforcement needs the Kubernetes API (in-cluster or kubeconfig): {e}"
-        )
-    })?;
-    tracing::info!(node = %config.node, table = %config.table, fail_open = config.fail_open,
-        "NetworkPolicy enforcement on");
-    metrics.enforcement_enabled();
-    let handle = enforce::watch::spawn(
-        client.clone(),
-        config.clone(),
-        metrics.enforcement(),
-        records,
-    );
-    Ok((client, config, handle))
-}
-
-/// With enforcement off, a table left by an earlier agent that enforced would keep enforcing
-/// policies nobody updates: remove it.
-fn clear_leftover_table(table: &str) {
-    match nft::clear_all(table) {
-        Ok(true) => tracing::warn!(
-            table,
-            "enforcement is off: removed the enforcement table an earlier agent left"
-        ),
-        Ok(false) => {}
-        // No nft binary or no right to use it: then no table of ours can exist either.
-        Err(e) => tracing::debug!(error = %e, "could not look for a leftover enforcement table"),
-    }
-}
-
-/// Starts the pod watch when this node's name and a Kubernetes API configuration are known; otherwise
-/// says why pods will be named by UID only.
-async fn start_pod_watch(
-    node: Option<&str>,
-    attributor: &SharedAttributor,
-    metrics: &AgentMetrics,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let Some(node) = node else {
-        tracing::info!("no --node-name/NODE_NAME: no pod watch; pods are attributed by UID only");
-        return None;
-    };
-    match pod_watch::client().await {
-        Ok(client) => {
-            tracing::info!(%node, "pod watch on (spec.nodeName={node})");
-            metrics.pod_watch_enabled();
-            Some(pod_watch::spawn(
-                client,
-                node.to_string(),
-                attributor.clone(),
-                metrics.pod_watch(),
-            ))
-        }
-        Err(err) => {
-            tracing::warn!(
-                %err,
-                "no Kubernetes API configuration (in-cluster or kubeconfig): no pod watch; pods are attributed by UID only"
-            );
-            None
-        }
-    }
-}
-
-/// Starts the watches naming peer addresses in `flows` (pods, Services, nodes cluster-wide; see
-/// `debug::peers`) where the pod watch runs: in a cluster, with the node's name and API access.
-/// Elsewhere peers are shown as addresses.
-async fn start_peer_names(node: Option<&str>) -> Option<peers::SharedPeers> {
-    node?;
-    match pod_watch::client().await {
-        Ok(client) => {
-            let directory = peers::SharedPeers::default();
-            peers::spawn(client, directory.clone());
-            tracing::info!(
-                max_addresses = peers::MAX_ADDRESSES,
-                "flows names peers (pods, Services, nodes)"
-            );
-            Some(directory)
-        }
-        // start_pod_watch has said why already.
-        Err(_) => None,
-    }
 }

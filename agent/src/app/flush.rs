@@ -1,0 +1,128 @@
+//! After each flush of the agent's loop: its figures on `/metrics` and in the log, and its records
+//! handed to the uplink.
+
+use crate::aggregate::WallClock;
+use crate::debug::socket::DebugServer;
+use crate::kernel::dns_messages::DnsReader;
+use crate::metrics::AgentMetrics;
+use crate::pipeline::{EdgeCaps, Flushed, Pipeline};
+use crate::sources::RecordSink;
+use crate::uplink::UplinkSender;
+use crate::{DataPlane, EventReader, KernelCounters};
+use anyhow::Result;
+
+/// The counters as the last flush read them: each flush reports what changed since.
+pub struct Report {
+    metrics: AgentMetrics,
+    kernel_before: KernelCounters,
+    decode_errors_before: u64,
+    dns_decode_errors_before: u64,
+}
+
+impl Report {
+    pub fn new(metrics: AgentMetrics) -> Self {
+        Self {
+            metrics,
+            kernel_before: KernelCounters::default(),
+            decode_errors_before: 0,
+            dns_decode_errors_before: 0,
+        }
+    }
+
+    /// Reports `flushed` with the kernel's and the readers' counters, taking in the DNS messages of
+    /// quiet pods first.
+    pub fn flushed(
+        &mut self,
+        flushed: &Flushed,
+        data_plane: &DataPlane,
+        dns: &mut Option<DnsReader>,
+        reader: &EventReader,
+        pipeline: &mut Pipeline,
+        caps: EdgeCaps,
+    ) -> Result<()> {
+        let counters = data_plane.counters()?;
+        self.metrics.kernel(&self.kernel_before, &counters);
+        if let Some(dns) = dns {
+            // Quiet pods' messages (no connection event read since) still count and expire.
+            dns.drain(|message| pipeline.take_dns(message));
+            self.metrics
+                .decode_errors(dns.decode_errors() - self.dns_decode_errors_before);
+            self.dns_decode_errors_before = dns.decode_errors();
+        }
+        if let Some((tracker, stats)) = pipeline.dns_counters() {
+            let dropped = pipeline.new_resolutions().1;
+            self.metrics
+                .dns(&tracker, pipeline.dns_names(), &stats, dropped, &counters);
+        }
+        self.metrics
+            .decode_errors(reader.decode_errors() - self.decode_errors_before);
+        self.decode_errors_before = reader.decode_errors();
+        self.metrics
+            .flushed(flushed.edges.len(), flushed.unattributed);
+        self.metrics.events_dropped(&flushed.dropped);
+        let (recent, evicted) = pipeline
+            .debug()
+            .map(DebugServer::recent_edges)
+            .unwrap_or_default();
+        tracing::info!(
+            edges = flushed.edges.len(),
+            unattributed = flushed.unattributed,
+            dropped_pod_cap = flushed.dropped.pod_cap,
+            dropped_node_cap = flushed.dropped.node_cap,
+            lost = counters.ring_buffer_full,
+            dedupe_hits = counters.dedupe_hits,
+            decode_errors = reader.decode_errors(),
+            recent_edges = recent,
+            recent_edges_evicted = evicted,
+            "flush"
+        );
+        self.kernel_before = counters;
+        if flushed.dropped.total() > 0 {
+            tracing::warn!(
+                dropped_pod_cap = flushed.dropped.pod_cap,
+                dropped_node_cap = flushed.dropped.node_cap,
+                max_edges_per_pod = caps.per_pod,
+                max_edges = caps.per_node,
+                "events of new edges dropped: a pod reported more distinct edges than --max-edges-per-pod, or the node more than --max-edges, within --flush-seconds"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Hands the flush's records (and the flow sources' with their receipts) to the uplink; without
+/// one, they were only logged and the receipts are settled now.
+pub fn send(
+    flushed: &Flushed,
+    clock: &WallClock,
+    uplink: Option<&UplinkSender>,
+    source_records: Option<&RecordSink>,
+) {
+    flushed.log_edges(clock);
+    let mut records = if uplink.is_some() {
+        flushed.records(clock)
+    } else {
+        Vec::new()
+    };
+    let mut receipts = Vec::new();
+    if let Some(sink) = source_records {
+        // Hubble and ztunnel records are already named by pod: they go up as they are.
+        let (from_sources, from_sources_receipts) = sink.drain_with_receipts();
+        tracing::info!(records = from_sources.len(), "flow source records");
+        receipts = from_sources_receipts;
+        if uplink.is_some() {
+            records.extend(from_sources);
+        }
+    }
+    match uplink {
+        // Never waits: a full queue drops the batch and counts it. The receipts are settled once the
+        // controller acknowledged the records (then the ztunnel source saves its read positions).
+        Some(sender) => {
+            sender.send_with_receipts(records, receipts);
+        }
+        // No controller to wait for: the records were only logged.
+        None => receipts
+            .into_iter()
+            .for_each(crate::uplink::Receipt::settle),
+    }
+}
