@@ -358,6 +358,20 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         "return Array.from(document.querySelectorAll('section.policy td')).some(td => td.textContent === 'the policy is in force as its mode says')",
     )?;
     browser.screenshot(&out.join("workload-violation.png"))?;
+    // Its "why": the violation's flow explained now. Its destination (Deployment db) has no pod, so
+    // the route says exactly that.
+    browser.run("document.querySelector('button.why').click(); return true")?;
+    let why = browser.wait_for(
+        "the violation's explanation",
+        Duration::from_secs(20),
+        "const r = document.querySelector('.explained[data-violation=\"1\"]'); \
+         return r && (r.dataset.allowed || r.dataset.error) ? r.textContent : null",
+    )?;
+    let why = why.as_str().unwrap_or_default().to_string();
+    ensure!(
+        why.starts_with("TCP 5432") && why.contains(&format!("Deployment {n}/db has no pod now")),
+        "the violation's explanation: {why}"
+    );
 
     // The server's page: the exact command that promotes its proposal.
     browser.open(&format!("{base}#/workload/{n}/http-server"))?;

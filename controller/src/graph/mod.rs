@@ -633,6 +633,11 @@ pub(crate) fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<St
         .collect()
 }
 
+/// The id of the node one side of a violation record is drawn as ([`ModelNode::id`]).
+pub fn node_id(w: &WorkloadRef) -> String {
+    workload_node(w).id()
+}
+
 /// The node of one side of a violation record.
 fn workload_node(w: &WorkloadRef) -> Node {
     if !w.owner_name.is_empty() && !w.owner_kind.is_empty() {

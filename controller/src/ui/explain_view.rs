@@ -63,6 +63,34 @@ pub struct ExplainAnswer {
     pub command: String,
 }
 
+/// What the explain route needs to explain one flow: the graph's node ids of its ends, protocol and
+/// port (the web view asks it when a violation's "why" is clicked).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExplainLink {
+    pub from: String,
+    pub to: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// The link for a violation from `source` to `dest`; `None` when an end is neither a workload nor
+/// one address, or the record has no port: such a flow cannot be explained.
+pub fn link(
+    source: &WorkloadRef,
+    dest: &WorkloadRef,
+    protocol: Protocol,
+    port: Option<i32>,
+) -> Option<ExplainLink> {
+    let (from, to) = (crate::graph::node_id(source), crate::graph::node_id(dest));
+    let port = u16::try_from(port?).ok().filter(|p| *p > 0)?;
+    (side(&from).is_ok() && side(&to).is_ok()).then_some(ExplainLink {
+        from,
+        to,
+        protocol,
+        port,
+    })
+}
+
 /// The request of `namespace`'s explain route from its query string: `from`, `to` (graph node ids),
 /// `protocol` (TCP when absent), `port`, and `format=scenario`.
 pub fn request(namespace: &str, query: Option<&str>) -> Result<ExplainRequest, ApiError> {
@@ -227,6 +255,43 @@ mod tests {
                 refused.message
             );
         }
+    }
+
+    #[test]
+    fn a_violation_links_to_its_explanation_when_both_ends_are_one_workload_or_address() {
+        let workload = WorkloadRef {
+            namespace: "shop".into(),
+            owner_kind: "Deployment".into(),
+            owner_name: "web".into(),
+            ..WorkloadRef::default()
+        };
+        let address = WorkloadRef {
+            address: "203.0.113.7".into(),
+            ..WorkloadRef::default()
+        };
+        let named = WorkloadRef {
+            dns_name: "api.example.com".into(),
+            ..address.clone()
+        };
+        assert_eq!(
+            link(&workload, &address, Protocol::TCP, Some(443)),
+            Some(ExplainLink {
+                from: "w:shop/Deployment/web".into(),
+                to: "x:203.0.113.7".into(),
+                protocol: Protocol::TCP,
+                port: 443,
+            })
+        );
+        // The link names what the route accepts.
+        let l = link(&address, &workload, Protocol::UDP, Some(53)).unwrap();
+        let query = format!("from={}&to={}&protocol=UDP&port=53", l.from, l.to);
+        assert!(request("shop", Some(&query)).is_ok());
+        assert_eq!(link(&workload, &named, Protocol::TCP, Some(443)), None);
+        assert_eq!(link(&workload, &address, Protocol::TCP, None), None);
+        assert_eq!(
+            link(&workload, &WorkloadRef::default(), Protocol::TCP, Some(80)),
+            None
+        );
     }
 
     #[test]

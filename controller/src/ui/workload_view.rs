@@ -80,6 +80,9 @@ pub struct ViolationView {
     /// Active records: `kubectl annotate ...` that acknowledges it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acknowledge_command: Option<String>,
+    /// The explain route's parameters for this flow, when it can be explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<super::explain_view::ExplainLink>,
 }
 
 /// A proposal of the workload.
@@ -269,6 +272,7 @@ fn policy_view(p: &PolicyObject) -> PolicyView {
         reason: None,
         acknowledged_at: None,
         acknowledge_command: None,
+        explain: super::explain_view::link(&v.source, &v.dest, v.protocol, v.dst_port),
     };
     PolicyView {
         direction: spec.direction.as_str(),

@@ -225,19 +225,26 @@ async function explainEdge(ns, e, box) {
   }
   for (const label of ports) {
     const [protocol, port] = label.split(" ");
-    const row = el("div", { class: "explained", "data-port": label }, el("strong", {}, `${label}: …`));
+    const row = el("div", { class: "explained", "data-port": label });
     box.append(row);
-    try {
-      const q = new URLSearchParams({ from: e.from, to: e.to, protocol, port });
-      const a = JSON.parse(await api(`namespaces/${encodeURIComponent(ns)}/explain?${q}`));
-      row.dataset.allowed = a.allowed;
-      row.replaceChildren(el("strong", { class: a.allowed ? "allowed" : "violation" }, `${label}: ${a.allowed ? "allowed" : "denied"}`),
-        el("div", {}, `egress (at the source): ${a.egress}`), el("div", {}, `ingress (at the destination): ${a.ingress}`),
-        el("div", { class: "empty" }, "reproduce offline (with the web view port-forwarded on 8090):"), command(a.command, "explain"));
-    } catch (err) {
-      row.dataset.error = "true";
-      row.replaceChildren(el("strong", {}, `${label}: `), el("span", { class: "error" }, err.message || String(err)));
-    }
+    explainInto(row, ns, e.from, e.to, protocol, port);
+  }
+}
+
+// One flow explained into `row`: the verdict, each side's reason, the offline command (or the error).
+async function explainInto(row, ns, from, to, protocol, port) {
+  const label = `${protocol} ${port}`;
+  row.replaceChildren(el("strong", {}, `${label}: …`));
+  try {
+    const q = new URLSearchParams({ from, to, protocol, port });
+    const a = JSON.parse(await api(`namespaces/${encodeURIComponent(ns)}/explain?${q}`));
+    row.dataset.allowed = a.allowed;
+    row.replaceChildren(el("strong", { class: a.allowed ? "allowed" : "violation" }, `${label}: ${a.allowed ? "allowed" : "denied"} now`),
+      el("div", {}, `egress (at the source): ${a.egress}`), el("div", {}, `ingress (at the destination): ${a.ingress}`),
+      el("div", { class: "empty" }, "reproduce offline (with the web view port-forwarded on 8090):"), command(a.command, "explain"));
+  } catch (err) {
+    row.dataset.error = "true";
+    row.replaceChildren(el("strong", {}, `${label}: `), el("span", { class: "error" }, err.message || String(err)));
   }
 }
 
@@ -438,13 +445,23 @@ function conditions(list) {
     list.map((c) => [c.type, c.status, CONDITION_MEANINGS[`${c.type}/${c.status}`] || "—", c.reason, c.message]));
 }
 
-// Active violations, each followed by the command that acknowledges it on a row of its own.
-function violationsTable(list) {
+// Active violations, each followed by the command that acknowledges it on a row of its own, and a
+// "why" that explains the flow as the policies decide it now.
+function violationsTable(ns, list) {
   if (!list.length) return el("p", { class: "empty" }, "none");
-  const headers = ["id", "last seen", "source", "destination", "port", "action"];
-  const rows = list.flatMap((v) => [
-    el("tr", {}, ...[String(v.id), v.timestamp, v.source, v.dest, v.port, v.action].map((c) => el("td", {}, c))),
-    el("tr", {}, el("td", { colspan: headers.length }, command(v.acknowledgeCommand, "acknowledge")))]);
+  const headers = ["id", "last seen", "source", "destination", "port", "action", ""];
+  const rows = list.flatMap((v) => {
+    const why = el("div", { class: "explained", "data-violation": v.id });
+    const cells = [String(v.id), v.timestamp, v.source, v.dest, v.port, v.action].map((c) => el("td", {}, c));
+    const button = el("td", {});
+    if (v.explain) {
+      const b = el("button", { type: "button", class: "why" }, "why");
+      b.addEventListener("click", () => explainInto(why, ns, v.explain.from, v.explain.to, v.explain.protocol, String(v.explain.port)));
+      button.append(b);
+    }
+    return [el("tr", {}, ...cells, button),
+      el("tr", {}, el("td", { colspan: headers.length }, command(v.acknowledgeCommand, "acknowledge"), why))];
+  });
   return el("table", { class: "violations" }, el("tr", {}, ...headers.map((h) => el("th", {}, h))), ...rows);
 }
 
@@ -474,7 +491,7 @@ async function workloadPage(ns, name, params) {
       rulesTable(p.rules, true),
       ...namesTable(p.egressNames, true),
       el("h4", {}, "Active violations"),
-      violationsTable(p.violations),
+      violationsTable(ns, p.violations),
       el("h4", {}, "Acknowledged"),
       table(["id", "source", "destination", "port", "reason", "at"], p.acknowledgedViolations.map((v) => [String(v.id), v.source, v.dest, v.port, v.reason, v.acknowledgedAt])),
       ...(p.protectCommand ? [el("h4", {}, "Switch to protect"), command(p.protectCommand, "protect")] : []),
