@@ -38,10 +38,12 @@ pub fn count(text: &str) -> Counted {
     let mut i = 0;
     while i < lines.len() {
         let line = lines[i].trim();
+        // `#[cfg(test)]` on an inline module of any name.
         let opens_tests = line == "#[cfg(test)]"
-            && lines
-                .get(i + 1)
-                .is_some_and(|next| next.trim() == "mod tests {");
+            && lines.get(i + 1).is_some_and(|next| {
+                let next = next.trim();
+                next.starts_with("mod ") && next.ends_with(" {")
+            });
         if opens_tests {
             // Up to the closing brace at the module's own indentation.
             let indent = lines[i + 1].len() - lines[i + 1].trim_start().len();
@@ -83,7 +85,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
             if name != "tests" {
                 sources(&path, out)?;
             }
-        } else if name.ends_with(".rs") && name != "tests.rs" {
+        } else if path.is_file() && name.ends_with(".rs") && name != "tests.rs" {
             out.push(path);
         }
     }
@@ -156,7 +158,7 @@ mod tests {
             }
         );
         // A nested module's closing brace at another indentation does not end it early.
-        let nested = "#[cfg(test)]\nmod tests {\n    mod inner {\n    }\n}\nfn after() {}\n";
+        let nested = "#[cfg(test)]\nmod differences {\n    mod inner {\n    }\n}\nfn after() {}\n";
         assert_eq!(
             count(nested),
             Counted {

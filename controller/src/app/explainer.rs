@@ -11,6 +11,9 @@ use std::pin::Pin;
 /// Explains a flow against the cluster as the API server has it now (as `check --from-cluster`).
 pub struct ClusterExplainer {
     pub client: kube::Client,
+    /// The namespace this controller watches (`--namespace`): flows with a workload elsewhere are
+    /// refused, as the rest of the view shows nothing of them.
+    pub scope: Option<String>,
 }
 
 impl Explainer for ClusterExplainer {
@@ -19,6 +22,20 @@ impl Explainer for ClusterExplainer {
         request: &'a ExplainRequest,
     ) -> Pin<Box<dyn Future<Output = Result<Explanation, ApiError>> + Send + 'a>> {
         Box::pin(async move {
+            if let Some(scope) = &self.scope {
+                let outside = [&request.from, &request.to]
+                    .into_iter()
+                    .find(|side| !side.namespace.is_empty() && side.namespace != *scope);
+                if let Some(side) = outside {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        format!(
+                            "namespace {} is outside the namespace this controller watches ({scope})",
+                            side.namespace
+                        ),
+                    ));
+                }
+            }
             let input = live::load_flow(
                 &self.client,
                 &request.from,
@@ -36,8 +53,9 @@ impl Explainer for ClusterExplainer {
                 })?;
             let explained = explained.map_err(|e| match e {
                 ExplainError::NoPod(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+                // The cluster's objects, not the request, are what does not parse.
                 ExplainError::Invalid(_) => {
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
                 }
             })?;
             let scenario = serde_json::to_value(&explained.scenario).map_err(|e| {

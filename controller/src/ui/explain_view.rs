@@ -107,6 +107,11 @@ pub fn request(namespace: &str, query: Option<&str>) -> Result<ExplainRequest, A
     };
     let (from_id, from) = node("from")?;
     let (to_id, to) = node("to")?;
+    if from.namespace != namespace && to.namespace != namespace {
+        return Err(bad(format!(
+            "neither end is in namespace {namespace}: explain a flow from the graph it is on"
+        )));
+    }
     let protocol = match params.get("protocol").map(String::as_str) {
         None | Some("TCP") => Protocol::TCP,
         Some("UDP") => Protocol::UDP,
@@ -137,7 +142,9 @@ fn side(id: &str) -> Result<WorkloadRef, String> {
     if let Some(workload) = id.strip_prefix("w:") {
         let mut parts = workload.splitn(3, '/');
         if let (Some(ns), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next()) {
-            if [ns, kind, name].iter().all(|p| !p.is_empty()) {
+            // What Kubernetes accepts, nothing else: the parts go into API paths.
+            let known = network_enforcer_api::WorkloadKind::from_kind(kind).is_some();
+            if dns_label(ns) && known && dns_subdomain(name) {
                 return Ok(WorkloadRef {
                     namespace: ns.to_string(),
                     owner_kind: kind.to_string(),
@@ -168,6 +175,21 @@ fn side(id: &str) -> Result<WorkloadRef, String> {
     ))
 }
 
+/// A namespace name: a DNS-1123 label.
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// An object name: a DNS-1123 subdomain (labels joined by dots).
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns_label)
+}
+
 /// The answer to `request` from `explanation`: the verdicts in words, and the command that fetches
 /// the scenario from this route (through the usual port-forward on 8090) and checks it offline.
 pub fn answer(request: &ExplainRequest, explanation: Explanation) -> ExplainAnswer {
@@ -179,7 +201,7 @@ pub fn answer(request: &ExplainRequest, explanation: Explanation) -> ExplainAnsw
         .append_pair("format", "scenario")
         .finish();
     let command = format!(
-        "curl -s 'http://127.0.0.1:8090/api/v1/namespaces/{}/explain?{query}' > scenario.json && \
+        "curl -sSf 'http://127.0.0.1:8090/api/v1/namespaces/{}/explain?{query}' > scenario.json && \
          network-enforcer-controller check --scenario scenario.json --explain",
         request.namespace
     );
@@ -240,6 +262,22 @@ mod tests {
             (
                 "from=w:shop/Deployment/web&to=s:shop/app=db&port=80",
                 "only flows between",
+            ),
+            (
+                "from=w:a%2F..%2Fb/Deployment/web&to=x:10.0.0.7&port=80",
+                "not a workload node id",
+            ),
+            (
+                "from=w:shop/Secret/web&to=x:10.0.0.7&port=80",
+                "not a workload node id",
+            ),
+            (
+                "from=w:shop/Deployment/a%3Fb&to=x:10.0.0.7&port=80",
+                "not a workload node id",
+            ),
+            (
+                "from=w:other/Deployment/web&to=x:10.0.0.7&port=80",
+                "neither end is in namespace shop",
             ),
             (
                 "from=w:shop/Deployment/web&to=n:api.example.com&port=443",
@@ -321,6 +359,11 @@ mod tests {
             answer
                 .command
                 .ends_with("check --scenario scenario.json --explain")
+        );
+        assert!(
+            answer.command.starts_with("curl -sSf '"),
+            "{}",
+            answer.command
         );
         // The fetched scenario is what the command checks: the same request, scenario only.
         let again = super::request(

@@ -29,6 +29,8 @@ pub const MAX_NAMESPACES: usize = 1_000;
 pub const MAX_EDGES: usize = 10_000;
 /// How long the explain route may read the cluster (a few lists of the flow's namespaces).
 pub const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// Explanations computed at once; more are answered 503 at once.
+pub const MAX_CONCURRENT_EXPLAIN: usize = 2;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -131,6 +133,7 @@ pub struct UiState {
     /// `None`: the explain route answers 404.
     pub explainer: Option<Arc<dyn Explainer>>,
     slots: Arc<tokio::sync::Semaphore>,
+    explain_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl UiState {
@@ -141,6 +144,7 @@ impl UiState {
             edges: None,
             explainer: None,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
+            explain_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_EXPLAIN)),
         }
     }
 
@@ -263,7 +267,7 @@ where
 }
 
 /// The explain route: the request parsed, then the explainer's reads of the cluster awaited within
-/// the slots and [`EXPLAIN_TIMEOUT`].
+/// [`MAX_CONCURRENT_EXPLAIN`] slots of its own and [`EXPLAIN_TIMEOUT`].
 async fn explain(state: &UiState, ns: String, query: Option<String>) -> Response {
     let started = Instant::now();
     let result = async {
@@ -275,16 +279,21 @@ async fn explain(state: &UiState, ns: String, query: Option<String>) -> Response
                 "this process does not explain flows (it has no Kubernetes client)",
             )
         })?;
-        let _slot = state
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        // Its own few slots, never waited for: each explanation reads the cluster, and the other
+        // views must not queue behind it.
+        let _slot = state.explain_slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{MAX_CONCURRENT_EXPLAIN} explanations are being computed; retry in a moment"
+                ),
+            )
+        })?;
         let explanation = tokio::time::timeout(EXPLAIN_TIMEOUT, explainer.explain(&request))
             .await
             .map_err(|_| {
                 ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                    StatusCode::GATEWAY_TIMEOUT,
                     format!("reading the cluster took longer than {EXPLAIN_TIMEOUT:?}"),
                 )
             })??;

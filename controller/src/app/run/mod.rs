@@ -352,6 +352,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         status_sync.clone(),
         Arc::new(super::explainer::ClusterExplainer {
             client: client.clone(),
+            scope: settings.namespace.clone(),
         }),
         &metrics,
     )

@@ -215,19 +215,24 @@ const NODE_W = 200, NODE_H = 56;
 // Why an edge is allowed or denied (the explain route: `check --explain` against the cluster now),
 // port by port, with the command that reproduces the answer offline.
 async function explainEdge(ns, e, box) {
-  const ports = [...new Set(e.ports.map((p) => /^(TCP|UDP|SCTP) (\d+)\b/.exec(p)).filter(Boolean).map((m) => `${m[1]} ${m[2]}`))];
+  const ports = [...new Set(e.ports.map((p) => /^(TCP|UDP|SCTP) (\d+)(?: |$)/.exec(p)).filter(Boolean).map((m) => `${m[1]} ${m[2]}`))];
+  // A later click (or close) owns the box: this one stops adding to it.
+  const token = {};
+  box.token = token;
   const close = el("button", { type: "button", class: "close", title: "close" }, "×");
-  close.addEventListener("click", () => box.replaceChildren());
+  close.addEventListener("click", () => { box.token = null; box.replaceChildren(); });
   box.replaceChildren(close, el("h3", {}, `Why ${e.from.slice(2)} → ${e.to.slice(2)}`));
   if (!ports.length) {
     box.append(el("p", { class: "empty" }, "Only a flow on one port can be explained (not a range, a named port or any port)."));
     return;
   }
   for (const label of ports) {
+    if (box.token !== token) return;
     const [protocol, port] = label.split(" ");
     const row = el("div", { class: "explained", "data-port": label });
     box.append(row);
-    explainInto(row, ns, e.from, e.to, protocol, port);
+    // One at a time: the route computes two at once and answers 503 beyond.
+    await explainInto(row, ns, e.from, e.to, protocol, port);
   }
 }
 

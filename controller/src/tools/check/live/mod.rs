@@ -308,6 +308,7 @@ pub fn explain_flow(input: &LiveInput) -> Result<FlowExplanation, ExplainError> 
         };
         return Err(ExplainError::NoPod(describe(side)));
     }
+    let scenario = only_the_flow(scenario);
     let checker = super::Checker::new(scenario.clone())
         .map_err(|e| ExplainError::Invalid(format!("{e:#}")))?;
     let report = checker.explain();
@@ -320,6 +321,35 @@ pub fn explain_flow(input: &LiveInput) -> Result<FlowExplanation, ExplainError> 
         ingress: super::explain::explanation_text(&result.ingress),
         scenario,
     })
+}
+
+/// `scenario` cut to what its first flow's verdict depends on: the two pods, their namespaces, and
+/// the policies without what evaluation never reads (annotations, managed fields): the answer (and
+/// the scenario it serves) shows no other pod of the cluster.
+fn only_the_flow(mut scenario: Scenario) -> Scenario {
+    let Some(flow) = scenario.flows.first().cloned() else {
+        return scenario;
+    };
+    let ends: Vec<&str> = [&flow.from.pod, &flow.to.pod]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    scenario
+        .pods
+        .retain(|p| ends.contains(&format!("{}/{}", p.namespace, p.name).as_str()));
+    let namespaces: BTreeSet<&str> = scenario.pods.iter().map(|p| p.namespace.as_str()).collect();
+    scenario
+        .namespaces
+        .retain(|n| namespaces.contains(n.name.as_str()));
+    for policy in &mut scenario.policies {
+        if let Some(metadata) = policy.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            metadata.remove("annotations");
+            metadata.remove("managedFields");
+        }
+    }
+    scenario.flows.truncate(1);
+    scenario
 }
 
 /// `Deployment ns/name`, or the address.

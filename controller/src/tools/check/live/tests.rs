@@ -73,7 +73,13 @@ fn one_flow_is_explained_side_by_side_with_the_scenario_that_reproduces_it() {
         )],
         ..LiveInput::default()
     };
-    let allowed = explain_flow(&input(5432, vec![web.clone(), db.clone()])).unwrap();
+    let other = pod(
+        "cache-0",
+        "cache",
+        "10.1.0.5",
+        Some(("StatefulSet", "cache")),
+    );
+    let allowed = explain_flow(&input(5432, vec![web.clone(), db.clone(), other.clone()])).unwrap();
     assert!(allowed.allowed);
     assert_eq!(allowed.egress, "not isolated");
     assert!(
@@ -81,13 +87,21 @@ fn one_flow_is_explained_side_by_side_with_the_scenario_that_reproduces_it() {
         "{}",
         allowed.ingress
     );
-    let denied = explain_flow(&input(6379, vec![web.clone(), db.clone()])).unwrap();
+    let denied = explain_flow(&input(6379, vec![web.clone(), db.clone(), other])).unwrap();
     assert!(!denied.allowed);
     assert!(
         denied.ingress.contains("no rule matches"),
         "{}",
         denied.ingress
     );
+    // The scenario holds the two pods and nothing of the others.
+    let pods: Vec<&str> = denied
+        .scenario
+        .pods
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(pods, ["web-5d8f7c9b6-abcde", "db-0"]);
     // The scenario gives the same answer offline, through `check --scenario`'s parser.
     let text = serde_json::to_string(&denied.scenario).unwrap();
     let checker =
