@@ -833,7 +833,8 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
 /// acknowledged), stops it with SIGTERM and starts it again, and has the
 /// API server refuse every status write of the namespace for longer than the
 /// `FAILED_PASSES_BEFORE_PARKED` passes (an admission webhook that is down; the policy is parked,
-/// `status_writes_failing`). Status writes run every second throughout. Ground truth under the
+/// `status_writes_failing`), then delay each by 2 s (a webhook that hangs and fails open). Status
+/// writes run every second throughout. Ground truth under the
 /// counting rule: every port is learned, every occurrence is one violation counted once, and the
 /// agent ends with every batch acknowledged (nothing lost on its side either).
 #[tokio::test]
@@ -844,6 +845,7 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
     let n = ns.name.clone();
     let mut faults = Vec::new();
     let mut refusal = None;
+    let mut delay = None;
     // Batches acknowledged to agent processes killed on the way.
     let mut acked_before = 0;
     for i in 0..OCCURRENCES {
@@ -865,7 +867,8 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
                 if i == 9 {
                     // Refused from before the next occurrence: it waits in a status nobody can
                     // write.
-                    refusal = Some(StatusWritesRefused::start(&ns, "guard").await?);
+                    refusal =
+                        Some(StatusWritesFault::start(&ns, "guard", StatusFault::Refuse).await?);
                     faults.push("status writes refused");
                 }
             }
@@ -898,6 +901,15 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
                     refusal.end().await?;
                 }
                 faults.push("status writes accepted again");
+                // Then each write delayed: the next occurrences wait in slow status passes.
+                delay = Some(StatusWritesFault::start(&ns, "guard", StatusFault::Delay).await?);
+                faults.push("status writes delayed");
+            }
+            13 => {
+                if let Some(delay) = delay.take() {
+                    delay.end().await?;
+                }
+                faults.push("status writes prompt again");
             }
             _ => {}
         }
@@ -1088,25 +1100,57 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
     Ok(())
 }
 
-/// The API server refusing every WorkloadNetworkPolicy status write in one namespace until
-/// [`Self::end`] or drop: a validating admission webhook (named after the namespace, and owned by it,
-/// so a killed run's is collected with its namespace) that fails closed and points at a local port
-/// nobody listens on, so the API server refuses each write ("failed calling webhook"), as it does
-/// when a real webhook is down. (The local cluster's Kubernetes 1.20 has no
-/// ValidatingAdmissionPolicy, nor the namespace name label.)
-struct StatusWritesRefused {
+/// What the API server does to WorkloadNetworkPolicy status writes of one namespace while a
+/// [`StatusWritesFault`] lasts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StatusFault {
+    /// Refuses each ("failed calling webhook"), as when a webhook that fails closed is down.
+    Refuse,
+    /// Takes each after [`DELAY_SECONDS`], as behind a webhook that hangs and fails open.
+    Delay,
+}
+
+/// How long a delayed status write waits for its webhook.
+const DELAY_SECONDS: u64 = 2;
+
+/// A fault of the API server's status writes in one namespace until [`Self::end`] or drop: a
+/// validating admission webhook (named after the namespace and the fault, and owned by the
+/// namespace, so a killed run's is collected with it) on a local port that either nobody listens on
+/// (the webhook fails closed: each write refused) or where the test accepts connections and never
+/// answers (the webhook times out after [`DELAY_SECONDS`] and fails open: each write delayed). (The
+/// local cluster's Kubernetes 1.20 has no ValidatingAdmissionPolicy, nor the namespace name label.)
+struct StatusWritesFault {
     /// The webhook's name, until it is removed.
     name: Option<String>,
     kubeconfig: PathBuf,
+    /// The listener that never answers (a delay).
+    hanging: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl StatusWritesRefused {
-    /// Starts refusing, and returns once a status write to `policy` is refused.
-    async fn start(ns: &TestNamespace, policy: &str) -> Result<Self> {
+impl StatusWritesFault {
+    /// Starts the fault, and returns once a status write to `policy` shows it (refused, or delayed).
+    async fn start(ns: &TestNamespace, policy: &str, fault: StatusFault) -> Result<Self> {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         use k8s_openapi::api::core::v1::Namespace;
-        let name = format!("{}-refuse-status", ns.name);
-        let nobody = free_port()?;
+        let (suffix, failure_policy) = match fault {
+            StatusFault::Refuse => ("refuse-status", "Fail"),
+            StatusFault::Delay => ("delay-status", "Ignore"),
+        };
+        let name = format!("{}-{suffix}", ns.name);
+        let (port, hanging) = match fault {
+            StatusFault::Refuse => (free_port()?, None),
+            StatusFault::Delay => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let port = listener.local_addr()?.port();
+                let task = tokio::spawn(async move {
+                    let mut held = Vec::new();
+                    while let Ok((stream, _)) = listener.accept().await {
+                        held.push(stream);
+                    }
+                });
+                (port, Some(task))
+            }
+        };
         let label = "network-enforcer.test/refuse-status";
         let namespaces = Api::<Namespace>::all(ns.client.clone());
         let namespace = namespaces
@@ -1125,40 +1169,49 @@ impl StatusWritesRefused {
             }]},
             "webhooks": [{
                 "name": "refuse-status.network-enforcer.test",
-                "clientConfig": {"url": format!("https://127.0.0.1:{nobody}/refuse")},
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/{suffix}")},
                 "rules": [{
                     "apiGroups": ["networkenforcer.kubewarden.io"], "apiVersions": ["*"],
                     "operations": ["UPDATE"], "resources": ["workloadnetworkpolicies/status"],
                 }],
                 "namespaceSelector": {"matchLabels": {label: ns.name}},
-                "failurePolicy": "Fail",
+                "failurePolicy": failure_policy,
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 2,
+                "timeoutSeconds": DELAY_SECONDS,
             }]
         }))?;
         Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
             .create(&kube::api::PostParams::default(), &webhook)
             .await?;
-        let refusal = Self {
+        let started = Self {
             name: Some(name),
             kubeconfig: ns.kubeconfig().to_path_buf(),
+            hanging,
         };
-        // In force once the API server's admission has seen it: a (no-op) status patch is refused.
+        // In force once the API server's admission has seen it: a (no-op) status patch is refused,
+        // or takes the webhook's timeout and goes through.
         let policies = ns.api::<network_enforcer_api::WorkloadNetworkPolicy>();
         ns.wait_for(
-            "the API server to refuse status writes",
+            "the API server to refuse or delay status writes",
             Duration::from_secs(30),
             || async {
                 let noop = kube::api::Patch::Merge(serde_json::json!({"status": {}}));
+                let at = Instant::now();
                 let written = policies
                     .patch_status(policy, &kube::api::PatchParams::default(), &noop)
                     .await;
-                Ok(written.is_err().then_some(()))
+                let shown = match fault {
+                    StatusFault::Refuse => written.is_err(),
+                    StatusFault::Delay => {
+                        written.is_ok() && at.elapsed() >= Duration::from_secs(DELAY_SECONDS)
+                    }
+                };
+                Ok(shown.then_some(()))
             },
         )
         .await?;
-        Ok(refusal)
+        Ok(started)
     }
 
     async fn end(mut self) -> Result<()> {
@@ -1166,14 +1219,22 @@ impl StatusWritesRefused {
         let Some(name) = self.name.take() else {
             return Ok(());
         };
-        tokio::task::spawn_blocking(move || remove_refusal(&kubeconfig, &name)).await?
+        tokio::task::spawn_blocking(move || remove_refusal(&kubeconfig, &name)).await??;
+        // Dropped after the webhook: calls in flight still hang until their timeout.
+        if let Some(task) = self.hanging.take() {
+            task.abort();
+        }
+        Ok(())
     }
 }
 
-impl Drop for StatusWritesRefused {
+impl Drop for StatusWritesFault {
     fn drop(&mut self) {
         if let Some(name) = self.name.take() {
             let _ = remove_refusal(&self.kubeconfig, &name);
+        }
+        if let Some(task) = self.hanging.take() {
+            task.abort();
         }
     }
 }
