@@ -90,6 +90,8 @@ pub mod uplink {
             pub records: Vec<prost::bytes::Bytes>,
             #[prost(uint64, tag = "4")]
             pub instance: u64,
+            #[prost(message, optional, tag = "5")]
+            pub health: Option<super::AgentHealth>,
         }
 
         include!(concat!(

@@ -1,6 +1,6 @@
 //! The controller's encoded view of `FlowBatch` reads what agents send, and its records decode back.
 
-use network_enforcer_api::uplink::{FlowBatch, FlowRecord, LocalPod, Peer, encoded};
+use network_enforcer_api::uplink::{AgentHealth, FlowBatch, FlowRecord, LocalPod, Peer, encoded};
 use prost::Message;
 
 #[test]
@@ -28,13 +28,30 @@ fn an_encoded_batch_reads_a_flow_batch_and_its_records_decode_back() {
         node: "node-a".into(),
         records: records.clone(),
         instance: 7,
+        health: Some(AgentHealth {
+            events_lost: 3,
+            batches_dropped: 1,
+            ..AgentHealth::default()
+        }),
     };
     let wire = sent.encode_to_vec();
     let view = encoded::FlowBatch::decode(wire.as_slice()).unwrap();
     assert_eq!(
-        (view.sequence, view.node.as_str(), view.instance),
-        (42, "node-a", 7)
+        (
+            view.sequence,
+            view.node.as_str(),
+            view.instance,
+            view.health
+        ),
+        (42, "node-a", 7, sent.health)
     );
+    // An older agent's batch has no health: read as none.
+    let older = FlowBatch {
+        health: None,
+        ..sent.clone()
+    };
+    let view_of_older = encoded::FlowBatch::decode(older.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(view_of_older.health, None);
     let decoded: Vec<FlowRecord> = view
         .records
         .iter()

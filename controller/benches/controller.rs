@@ -164,6 +164,7 @@ fn batches(count: usize, size: usize) -> Vec<encoded::FlowBatch> {
             node: NODE.into(),
             records,
             instance: 1,
+            health: None,
         });
     }
     out

@@ -551,6 +551,7 @@ fn valid_batches() -> Vec<Vec<u8>> {
         node: "node-a".into(),
         records,
         instance: 0,
+        health: None,
     };
     vec![
         batch(vec![record.clone()]).encode_to_vec(),
@@ -567,7 +568,7 @@ fn uplink_batches() {
     let input = prop_oneof![
         1 => bytes(512),
         2 => (any::<u64>(), text(16), prop::collection::vec(flow_record(), 0..4))
-            .prop_map(|(sequence, node, records)| FlowBatch { sequence, node, records, instance: 0 }.encode_to_vec()),
+            .prop_map(|(sequence, node, records)| FlowBatch { sequence, node, records, instance: 0, health: None }.encode_to_vec()),
         2 => mutated_bytes(valid_batches()),
     ];
     run("uplink_batch", input, |data| {

@@ -104,6 +104,7 @@ impl Replica {
                 node: "node-1".into(),
                 records: vec![],
                 instance: 0,
+                health: None,
             }],
         )
         .await

@@ -444,6 +444,7 @@ mod grpc {
             node: node.into(),
             records,
             instance: 0,
+            health: None,
         };
         let scenario = vec![
             record(

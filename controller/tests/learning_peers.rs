@@ -177,6 +177,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
             node: node.clone(),
             records: vec![via_service.clone()],
             instance: 0,
+            health: None,
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (1, 0), "{ack:?}");
@@ -201,6 +202,7 @@ async fn a_call_to_the_kubernetes_service_is_learned_as_the_api_server_and_allow
             node: node.clone(),
             records: vec![direct.clone()],
             instance: 0,
+            health: None,
         },
     );
     let report = app.flush().await;
@@ -346,6 +348,7 @@ async fn a_host_network_pod_is_learned_as_its_node_address_from_either_side() ->
             node: node.clone(),
             records,
             instance: 0,
+            health: None,
         },
     );
     assert_eq!((ack.accepted, ack.rejected), (5, 0), "{ack:?}");

@@ -996,7 +996,8 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
     assert_violation_written(&ns, &logs).await
 }
 
-/// Coverage (docs/behaviour.md §3.12): while the node's agent streams, the node is covered; once no
+/// Coverage (docs/behaviour.md §3.12): an agent whose batches say it lost more events is reported
+/// (a Warning Event `AgentDropping` on the Node); while the node's agent streams, the node is covered; once no
 /// stream of it has been open for `AGENT_SILENCE_AFTER`, the node is reported silent (the gauge, a
 /// Warning Event `AgentSilent` on the Node), and reporting again once its agent reconnects (a Normal
 /// Event `AgentReporting`).
@@ -1045,6 +1046,32 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
     anyhow::ensure!(
         of_ours("AgentSilent").await?.is_none(),
         "silent while the agent streams"
+    );
+    // The agent says, batch after batch, that it lost more and more events (its ring buffer was
+    // full): a Warning Event `AgentDropping` on the Node says what was lost. (The first report this
+    // controller sees is its baseline; the batches keep coming until a look sees growth.)
+    let mut dropping = None;
+    for i in 0..30u64 {
+        let health = network_enforcer_api::uplink::AgentHealth {
+            events_lost: 5 * i,
+            ..Default::default()
+        };
+        let record = network_enforcer_api::uplink::FlowRecord::default();
+        controller
+            .agent
+            .send_with_health(vec![record], Vec::new(), Some(health));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(event) = of_ours("AgentDropping").await? {
+            dropping = Some(event);
+            break;
+        }
+    }
+    let dropping = dropping.context("no AgentDropping Event within 30 s of growing losses")?;
+    let note = dropping.note.unwrap_or_default();
+    anyhow::ensure!(
+        dropping.type_.as_deref() == Some("Warning")
+            && note.contains("connection events (its ring buffer was full)"),
+        "the Event says what was lost: {note}"
     );
     // The agent stops: its stream closes.
     controller.uplink_task.abort();

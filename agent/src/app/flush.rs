@@ -10,6 +10,7 @@ use crate::sources::RecordSink;
 use crate::uplink::UplinkSender;
 use crate::{DataPlane, EventReader, KernelCounters};
 use anyhow::Result;
+use network_enforcer_api::uplink::AgentHealth;
 
 /// The counters as the last flush read them: each flush reports what changed since.
 pub struct Report {
@@ -17,6 +18,8 @@ pub struct Report {
     kernel_before: KernelCounters,
     decode_errors_before: u64,
     dns_decode_errors_before: u64,
+    /// What the data path lost since the agent started, for the controller.
+    health: AgentHealth,
 }
 
 impl Report {
@@ -26,7 +29,13 @@ impl Report {
             kernel_before: KernelCounters::default(),
             decode_errors_before: 0,
             dns_decode_errors_before: 0,
+            health: AgentHealth::default(),
         }
+    }
+
+    /// What the data path lost since the agent started (the uplink adds its own dropped batches).
+    pub fn health(&self) -> AgentHealth {
+        self.health
     }
 
     /// Reports `flushed` with the kernel's and the readers' counters, taking in the DNS messages of
@@ -42,6 +51,12 @@ impl Report {
     ) -> Result<()> {
         let counters = data_plane.counters()?;
         self.metrics.kernel(&self.kernel_before, &counters);
+        self.health.events_lost = counters.ring_buffer_full;
+        self.health.dns_lost = counters.dns_ring_buffer_full;
+        self.health.events_dropped = self
+            .health
+            .events_dropped
+            .saturating_add(flushed.dropped.total());
         if let Some(dns) = dns {
             // Quiet pods' messages (no connection event read since) still count and expire.
             dns.drain(|message| pipeline.take_dns(message));
@@ -97,6 +112,7 @@ pub fn send(
     clock: &WallClock,
     uplink: Option<&UplinkSender>,
     source_records: Option<&RecordSink>,
+    health: AgentHealth,
 ) {
     flushed.log_edges(clock);
     let mut records = if uplink.is_some() {
@@ -118,7 +134,7 @@ pub fn send(
         // Never waits: a full queue drops the batch and counts it. The receipts are settled once the
         // controller acknowledged the records (then the ztunnel source saves its read positions).
         Some(sender) => {
-            sender.send_with_receipts(records, receipts);
+            sender.send_with_health(records, receipts, Some(health));
         }
         // No controller to wait for: the records were only logged.
         None => receipts

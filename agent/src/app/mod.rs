@@ -429,6 +429,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             &clock,
             uplink.as_ref().map(|(sender, _)| sender),
             source_records.as_ref(),
+            report.health(),
         );
         if step == Step::FlushAndStop {
             break;

@@ -42,7 +42,9 @@ use crate::aggregate::{Edge, WallClock};
 use crate::kernel::events::{Direction, Outcome, Protocol};
 use network_enforcer_api::backoff::{Backoff, jitter};
 use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
-use network_enforcer_api::uplink::{self as proto, BatchAck, FlowBatch, FlowRecord, LocalPod};
+use network_enforcer_api::uplink::{
+    self as proto, AgentHealth, BatchAck, FlowBatch, FlowRecord, LocalPod,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::VecDeque;
@@ -60,6 +62,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 struct Outgoing {
     records: Vec<FlowRecord>,
     receipts: Vec<Receipt>,
+    /// What the data path lost so far (the uplink adds its own dropped batches).
+    health: Option<AgentHealth>,
 }
 
 /// The receipts of one send, waiting for the batches it was split into.
@@ -186,11 +190,26 @@ impl UplinkSender {
     /// [`UplinkSender::send`], settling `receipts` once every record is acknowledged. Without records
     /// the receipts are settled now; when the batch is dropped, too (its records are gone either way).
     pub fn send_with_receipts(&self, records: Vec<FlowRecord>, receipts: Vec<Receipt>) -> bool {
+        self.send_with_health(records, receipts, None)
+    }
+
+    /// [`UplinkSender::send_with_receipts`], the batch telling the controller what the data path lost
+    /// so far (`health`: cumulative since the agent started).
+    pub fn send_with_health(
+        &self,
+        records: Vec<FlowRecord>,
+        receipts: Vec<Receipt>,
+        health: Option<AgentHealth>,
+    ) -> bool {
         if records.is_empty() {
             receipts.into_iter().for_each(Receipt::settle);
             return true;
         }
-        match self.queue.try_send(Outgoing { records, receipts }) {
+        match self.queue.try_send(Outgoing {
+            records,
+            receipts,
+            health,
+        }) {
             Ok(()) => true,
             Err(error) => {
                 self.counters.batches_dropped.inc();

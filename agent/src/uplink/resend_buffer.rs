@@ -70,6 +70,16 @@ impl ResendBuffer {
     /// Numbers `records` as the next batch of `node` and keeps it until acknowledged; first drops the
     /// oldest batches until it fits.
     pub fn push(&mut self, node: &str, records: Vec<FlowRecord>) -> Pushed {
+        self.push_with_health(node, records, None)
+    }
+
+    /// [`ResendBuffer::push`], the batch carrying what the agent lost so far.
+    pub fn push_with_health(
+        &mut self,
+        node: &str,
+        records: Vec<FlowRecord>,
+        health: Option<AgentHealth>,
+    ) -> Pushed {
         let mut dropped = Vec::new();
         while self.pending.len() >= self.capacity
             || self.records.saturating_add(records.len()) > self.max_records
@@ -89,6 +99,7 @@ impl ResendBuffer {
             node: node.to_string(),
             records,
             instance: self.instance,
+            health,
         });
         Pushed { sequence, dropped }
     }

@@ -86,6 +86,7 @@ impl Task {
         let Some(Outgoing {
             mut records,
             receipts,
+            health,
         }) = outgoing
         else {
             self.queue_open = false;
@@ -95,7 +96,14 @@ impl Task {
         let mut sequences = Vec::new();
         while !records.is_empty() {
             let rest = records.split_off(records.len().min(max));
-            let pushed = self.buffer.push(&self.config.node, records);
+            // The data path's counts, with the batches this uplink dropped so far.
+            let health = health.map(|h| AgentHealth {
+                batches_dropped: self.counters.batches_dropped.get(),
+                ..h
+            });
+            let pushed = self
+                .buffer
+                .push_with_health(&self.config.node, records, health);
             sequences.push(pushed.sequence);
             if !pushed.dropped.is_empty() {
                 self.counters

@@ -166,10 +166,12 @@ fn a_receipt_is_settled_once_every_batch_of_its_send_is_acknowledged() {
     task.take(Some(Outgoing {
         records: records(3),
         receipts: vec![first],
+        health: None,
     }));
     task.take(Some(Outgoing {
         records: records(1),
         receipts: vec![second],
+        health: None,
     }));
     task.acknowledge(&ack(1));
     task.acknowledge(&ack(3));
@@ -192,12 +194,14 @@ fn a_receipt_is_settled_when_its_batches_are_dropped_or_there_were_none() {
     task.take(Some(Outgoing {
         records: records(1),
         receipts: vec![old],
+        health: None,
     }));
     assert!(!old_watch.settled());
     // The buffer holds one batch: the next send drops the old one, whose records are gone.
     task.take(Some(Outgoing {
         records: records(1),
         receipts: vec![],
+        health: None,
     }));
     assert!(old_watch.settled());
     assert_eq!(task.counters.batches_dropped.get(), 1);
@@ -323,4 +327,39 @@ fn the_token_is_read_trimmed_and_an_empty_file_is_an_error() {
         Err(UplinkError::Token { .. })
     ));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn each_batch_carries_what_the_agent_lost_with_the_uplinks_own_drops() {
+    let mut task = task(1, 10);
+    let lost = AgentHealth {
+        events_lost: 7,
+        events_dropped: 3,
+        dns_lost: 1,
+        ..AgentHealth::default()
+    };
+    for _ in 0..3 {
+        task.take(Some(Outgoing {
+            records: records(1),
+            receipts: vec![],
+            health: Some(lost),
+        }));
+    }
+    // The buffer holds one batch: each send dropped the one before; the last carries the drops
+    // known when it was made (the first one's).
+    let batch = task.buffer.pending().next().unwrap();
+    assert_eq!(
+        batch.health,
+        Some(AgentHealth {
+            batches_dropped: 1,
+            ..lost
+        })
+    );
+    // An agent that reports nothing (no data path counts) sends no health.
+    task.take(Some(Outgoing {
+        records: records(1),
+        receipts: vec![],
+        health: None,
+    }));
+    assert_eq!(task.buffer.pending().next().unwrap().health, None);
 }

@@ -1,6 +1,7 @@
 //! Which nodes' agents stream to this controller now, and since when: what tells "no violation" from
 //! "no agent" ([`crate::monitor::coverage`], docs/behaviour.md §3.12).
 
+use network_enforcer_api::uplink::AgentHealth;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +12,9 @@ pub struct NodeSeen {
     pub open: u32,
     /// When `open` last went from 0 to 1 or back to 0, ms since the epoch.
     pub since_ms: i64,
+    /// What the node's agent process (`instance`) said it lost so far, with its latest batch
+    /// (`FlowBatch.health`; none from an agent that does not say).
+    pub health: Option<(u64, AgentHealth)>,
 }
 
 /// The agents connected to this process, per node. One entry per node whose agent ever connected
@@ -66,6 +70,20 @@ pub struct Connected {
     node: String,
 }
 
+impl Connected {
+    /// The node's agent process `instance` said, with a batch, what it lost so far.
+    pub fn reported(&self, instance: u64, health: AgentHealth) {
+        let mut nodes = self
+            .presence
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(seen) = nodes.get_mut(&self.node) {
+            seen.health = Some((instance, health));
+        }
+    }
+}
+
 impl Drop for Connected {
     fn drop(&mut self) {
         self.presence
@@ -88,7 +106,8 @@ mod tests {
             presence.seen()["n1"],
             NodeSeen {
                 open: 1,
-                since_ms: 1_000
+                since_ms: 1_000,
+                health: None,
             }
         );
         drop(second);

@@ -82,7 +82,7 @@ impl FlowUplink for IngestService {
         let limits = self.limits.clone();
         let written = self.written.clone();
         tokio::spawn(async move {
-            let (_slot, _present) = (slot, present);
+            let _slot = slot;
             let metrics = learning.learner.metrics().clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.
@@ -235,6 +235,9 @@ impl FlowUplink for IngestService {
                     tracing::warn!(node = %agent.node, %status, "agent stream refused");
                     let _ = tx.send(Err(status)).await;
                     break;
+                }
+                if let Some(health) = batch.health {
+                    present.reported(batch.instance, health);
                 }
                 let Ok((reply, mut holds)) = merge(&learning, &agent.node, batch).await else {
                     break;

@@ -65,6 +65,7 @@ async fn a_record_that_does_not_decode_is_refused_alone() {
         sequence: 7,
         node: "node-a".into(),
         instance: 1,
+        health: None,
         records: vec![good.clone(), truncated, good],
     };
     let (ack, _) = app.learning.take_in("node-a", &batch);
@@ -97,6 +98,7 @@ async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
         sequence: 3,
         node: "node-a".into(),
         instance: 1,
+        health: None,
         records: vec![
             with("uid-web-1", uplink::Outcome::Established),
             with("uid-web-1", uplink::Outcome::Unspecified),
@@ -152,6 +154,7 @@ fn encoded_batch(sequence: u64, node: &str, records: &[FlowRecord]) -> encoded::
         sequence,
         node: node.into(),
         instance: 1,
+        health: None,
         records: records
             .iter()
             .map(|r| prost::bytes::Bytes::from(r.encode_to_vec()))

@@ -6,6 +6,9 @@
 //! the `agents` component (which never fails readiness).
 //!
 //! - [`silent_nodes`]: the decision, pure, over plain data (table tests below);
+//! - [`dropping_nodes`]: the nodes whose agent said it lost flows since the last look (each batch
+//!   carries the agent's cumulative losses, `FlowBatch.health`): a Warning Event `AgentDropping` on
+//!   the Node, a Normal `AgentNotDropping` once it stops, the gauge `agent_dropping_nodes`;
 //! - [`Coverage`]: the loop that reads the index and the ingest's [`Presence`] and reports changes.
 
 use crate::cluster::watches::{SharedIndex, now_ms};
@@ -15,6 +18,7 @@ use crate::runtime::events::publish_cluster_scoped;
 use crate::runtime::http::Component;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Reporter;
+use network_enforcer_api::uplink::AgentHealth;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -65,6 +69,45 @@ pub fn silent_nodes(
         .collect()
 }
 
+/// A node whose agent lost flows since the last look.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropping {
+    pub node: String,
+    /// What it lost since the last look.
+    pub lost: AgentHealth,
+}
+
+/// The nodes whose agent said it lost more (`now`) than at the last look (`before`). An agent
+/// process first seen by this replica is a baseline (its counts may be old), unless it replaced
+/// one this replica saw: a new process counts from 0, so all it says is new.
+pub fn dropping_nodes(
+    before: &HashMap<String, (u64, AgentHealth)>,
+    now: &HashMap<String, (u64, AgentHealth)>,
+) -> Vec<Dropping> {
+    let mut dropping: Vec<Dropping> = now
+        .iter()
+        .filter_map(|(node, (instance, health))| {
+            let base = match before.get(node) {
+                Some((seen, base)) if seen == instance => *base,
+                Some(_) => AgentHealth::default(),
+                None => return None,
+            };
+            let lost = AgentHealth {
+                events_lost: health.events_lost.saturating_sub(base.events_lost),
+                events_dropped: health.events_dropped.saturating_sub(base.events_dropped),
+                batches_dropped: health.batches_dropped.saturating_sub(base.batches_dropped),
+                dns_lost: health.dns_lost.saturating_sub(base.dns_lost),
+            };
+            (lost != AgentHealth::default()).then(|| Dropping {
+                node: node.clone(),
+                lost,
+            })
+        })
+        .collect();
+    dropping.sort_by(|a, b| a.node.cmp(&b.node));
+    dropping
+}
+
 /// The coverage loop's parts ([`Coverage::run`]); it runs on the leader only (agents stream to the
 /// leader), from when it starts to lead.
 pub struct Coverage {
@@ -75,6 +118,8 @@ pub struct Coverage {
     pub after: Duration,
     pub silent_nodes: Gauge,
     pub silent_pods: Gauge,
+    /// Nodes whose agent lost flows since the last look.
+    pub dropping_nodes: Gauge,
     pub health: Component,
 }
 
@@ -87,6 +132,8 @@ impl Coverage {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let watching_since = now_ms();
         let mut reported: BTreeSet<String> = BTreeSet::new();
+        let mut health_before: HashMap<String, (u64, AgentHealth)> = HashMap::new();
+        let mut dropping_reported: BTreeSet<String> = BTreeSet::new();
         self.health.ready("listing the cluster");
         loop {
             tick.tick().await;
@@ -100,13 +147,17 @@ impl Coverage {
             };
             self.presence
                 .retain(|node| pods_per_node.contains_key(node));
-            let silent = silent_nodes(
-                &pods_per_node,
-                &self.presence.seen(),
-                watching_since,
-                now,
-                after_ms,
-            );
+            let seen = self.presence.seen();
+            let silent = silent_nodes(&pods_per_node, &seen, watching_since, now, after_ms);
+            let health_now: HashMap<String, (u64, AgentHealth)> = seen
+                .iter()
+                .filter_map(|(node, s)| Some((node.clone(), s.health?)))
+                .collect();
+            let dropping = dropping_nodes(&health_before, &health_now);
+            health_before = health_now;
+            self.dropping_nodes.set(dropping.len() as i64);
+            self.report_dropping(&dropping, every, &mut dropping_reported)
+                .await;
             self.silent_nodes.set(silent.len() as i64);
             self.silent_pods
                 .set(silent.iter().map(|s| s.pods as i64).sum());
@@ -161,6 +212,39 @@ impl Coverage {
 }
 
 impl Coverage {
+    /// A Warning Event `AgentDropping` on each node that starts losing flows, a Normal
+    /// `AgentNotDropping` once it stops.
+    async fn report_dropping(
+        &self,
+        dropping: &[Dropping],
+        every: Duration,
+        reported: &mut BTreeSet<String>,
+    ) {
+        let window = short_duration(every);
+        for d in dropping.iter().filter(|d| !reported.contains(&d.node)) {
+            let l = d.lost;
+            let note = format!(
+                "the node's network-enforcer agent lost flows in the last {window}: {} connection \
+                 events (its ring buffer was full), {} events of new edges (its edge caps), {} \
+                 batches (its uplink buffer was full), {} DNS messages: flows of its pods are \
+                 missing from learning and monitor; see the agent's metrics \
+                 (network_enforcer_agent_events_lost_total, _events_dropped_total, \
+                 _uplink_batches_dropped_total) and docs/operations.md",
+                l.events_lost, l.events_dropped, l.batches_dropped, l.dns_lost
+            );
+            tracing::warn!(node = %d.node, lost = ?l, "agent dropping");
+            self.publish(&d.node, "Warning", "AgentDropping", note)
+                .await;
+        }
+        let now: BTreeSet<String> = dropping.iter().map(|d| d.node.clone()).collect();
+        for node in reported.difference(&now) {
+            let note =
+                format!("the node's network-enforcer agent lost no flow in the last {window}");
+            self.publish(node, "Normal", "AgentNotDropping", note).await;
+        }
+        *reported = now;
+    }
+
     /// An Event about Node `node` ([`publish_cluster_scoped`]).
     async fn publish(&self, node: &str, type_: &str, reason: &str, note: String) {
         // The uid is the node's name, as the kubelet writes it for its own Events of the node: what
@@ -183,9 +267,83 @@ mod tests {
     const MIN: i64 = 60_000;
 
     #[test]
+    fn dropping_nodes_table() {
+        let h = |events_lost, batches_dropped| AgentHealth {
+            events_lost,
+            batches_dropped,
+            ..AgentHealth::default()
+        };
+        let map = |entries: &[(&str, u64, AgentHealth)]| -> HashMap<String, (u64, AgentHealth)> {
+            entries
+                .iter()
+                .map(|(node, instance, health)| (node.to_string(), (*instance, *health)))
+                .collect()
+        };
+        // (case, before, now, dropping: (node, what it lost since))
+        type Healths = HashMap<String, (u64, AgentHealth)>;
+        type Case = (
+            &'static str,
+            Healths,
+            Healths,
+            Vec<(&'static str, AgentHealth)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "the same counts: nothing lost",
+                map(&[("n1", 7, h(5, 0))]),
+                map(&[("n1", 7, h(5, 0))]),
+                vec![],
+            ),
+            (
+                "grown counts: what was lost since",
+                map(&[("n1", 7, h(5, 0)), ("n2", 9, h(0, 0))]),
+                map(&[("n1", 7, h(8, 1)), ("n2", 9, h(0, 0))]),
+                vec![("n1", h(3, 1))],
+            ),
+            (
+                "first seen by this replica: a baseline, whatever it says",
+                map(&[]),
+                map(&[("n1", 7, h(50, 2))]),
+                vec![],
+            ),
+            (
+                "a new agent process counts from 0: all it says is new",
+                map(&[("n1", 7, h(50, 2))]),
+                map(&[("n1", 8, h(1, 0))]),
+                vec![("n1", h(1, 0))],
+            ),
+            (
+                "a new agent process that lost nothing",
+                map(&[("n1", 7, h(50, 2))]),
+                map(&[("n1", 8, h(0, 0))]),
+                vec![],
+            ),
+        ];
+        for (case, before, now, expected) in cases {
+            let got: Vec<(String, AgentHealth)> = dropping_nodes(&before, &now)
+                .into_iter()
+                .map(|d| (d.node, d.lost))
+                .collect();
+            let expected: Vec<(String, AgentHealth)> = expected
+                .into_iter()
+                .map(|(n, l)| (n.to_string(), l))
+                .collect();
+            assert_eq!(got, expected, "{case}");
+        }
+    }
+
+    #[test]
     fn silent_nodes_table() {
-        let open = |since_ms| NodeSeen { open: 1, since_ms };
-        let closed = |since_ms| NodeSeen { open: 0, since_ms };
+        let open = |since_ms| NodeSeen {
+            open: 1,
+            since_ms,
+            health: None,
+        };
+        let closed = |since_ms| NodeSeen {
+            open: 0,
+            since_ms,
+            health: None,
+        };
         struct Case {
             name: &'static str,
             pods: &'static [(&'static str, usize)],

@@ -267,6 +267,7 @@ pub fn feed(learning: &Learning, records: Vec<(String, FlowRecord)>) -> (u32, u3
                 records,
                 // The controller's own source: nothing is resent.
                 instance: 0,
+                health: None,
             },
         );
         accepted += ack.accepted;

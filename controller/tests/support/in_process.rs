@@ -220,6 +220,7 @@ impl InProcess {
                 node: self.node.clone(),
                 records,
                 instance: 0,
+                health: None,
             }],
         )
         .await?;

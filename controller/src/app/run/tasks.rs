@@ -62,6 +62,13 @@ pub fn coverage(
         "Running pods on nodes without an agent streaming: their flows are not observed",
         silent_pods.clone(),
     );
+    let dropping_nodes = Gauge::default();
+    metrics.register(
+        "agent_dropping_nodes",
+        "Nodes whose agent said it lost flows (ring buffer full, edge caps, uplink buffer full) \
+         since the coverage loop's last look",
+        dropping_nodes.clone(),
+    );
     let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
         index: app.index.clone(),
         presence: app.presence.clone(),
@@ -73,6 +80,7 @@ pub fn coverage(
         after: args.agent_silence_after,
         silent_nodes,
         silent_pods,
+        dropping_nodes,
         health,
     });
     async move {

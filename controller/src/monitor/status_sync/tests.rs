@@ -429,6 +429,7 @@ fn denied_from(peer: [u8; 4], at_ms: i64) -> network_enforcer_api::uplink::encod
         sequence: 1,
         node: "node-a".into(),
         instance: 0,
+        health: None,
         records: vec![prost::bytes::Bytes::from(record.encode_to_vec())],
     }
 }

@@ -79,6 +79,8 @@ pub(super) async fn agent_loop(
                     node: node.clone(),
                     records: mix.records(per_batch, new_edge),
                     instance: 1,
+                    // As a real agent's: what it lost so far (nothing).
+                    health: Some(Default::default()),
                 };
                 if in_window {
                     out.offered_in_window += per_batch as u64;
