@@ -1243,10 +1243,12 @@ impl StatusWritesFault {
 
     async fn end(mut self) -> Result<()> {
         let kubeconfig = self.kubeconfig.clone();
-        let Some(name) = self.name.take() else {
+        let Some(name) = self.name.clone() else {
             return Ok(());
         };
         tokio::task::spawn_blocking(move || remove_refusal(&kubeconfig, &name)).await??;
+        // Removed: nothing left for the drop to do.
+        self.name = None;
         // Dropped after the webhook: calls in flight still hang until their timeout.
         if let Some(task) = self.hanging.take() {
             task.abort();

@@ -12,10 +12,14 @@ pub struct NodeSeen {
     pub open: u32,
     /// When `open` last went from 0 to 1 or back to 0, ms since the epoch.
     pub since_ms: i64,
-    /// What the node's agent process (`instance`) said it lost so far, with its latest batch
-    /// (`FlowBatch.health`; none from an agent that does not say).
-    pub health: Option<(u64, AgentHealth)>,
+    /// What the node's agent processes said they lost so far (`FlowBatch.health`; nothing from an
+    /// agent that does not say): per process (`instance`), the newest first, at most
+    /// [`INSTANCES_PER_NODE`].
+    pub health: [Option<(u64, AgentHealth)>; INSTANCES_PER_NODE],
 }
+
+/// Agent processes whose losses are kept per node: a rolling update runs two for a while.
+pub const INSTANCES_PER_NODE: usize = 4;
 
 /// The agents connected to this process, per node. One entry per node whose agent ever connected
 /// (authenticated: the node is the one its token's pod runs on), so bounded by the cluster's nodes;
@@ -64,6 +68,31 @@ impl Presence {
     }
 }
 
+/// `kept` with `instance`'s report: its counts the larger of each, the process first; a new process
+/// pushes out the oldest.
+pub fn with_report(
+    kept: [Option<(u64, AgentHealth)>; INSTANCES_PER_NODE],
+    instance: u64,
+    health: AgentHealth,
+) -> [Option<(u64, AgentHealth)>; INSTANCES_PER_NODE] {
+    let merged = match kept.iter().flatten().find(|(i, _)| *i == instance) {
+        Some((_, old)) => AgentHealth {
+            events_lost: old.events_lost.max(health.events_lost),
+            events_dropped: old.events_dropped.max(health.events_dropped),
+            batches_dropped: old.batches_dropped.max(health.batches_dropped),
+            dns_lost: old.dns_lost.max(health.dns_lost),
+        },
+        None => health,
+    };
+    let mut out = [None; INSTANCES_PER_NODE];
+    out[0] = Some((instance, merged));
+    let others = kept.into_iter().flatten().filter(|(i, _)| *i != instance);
+    for (slot, other) in out.iter_mut().skip(1).zip(others) {
+        *slot = Some(other);
+    }
+    out
+}
+
 /// An open agent stream of one node ([`Presence::connected`]); closing it is noted when dropped.
 pub struct Connected {
     presence: Arc<Presence>,
@@ -71,7 +100,8 @@ pub struct Connected {
 }
 
 impl Connected {
-    /// The node's agent process `instance` said, with a batch, what it lost so far.
+    /// The node's agent process `instance` said, with a batch, what it lost so far. Counts only
+    /// grow within a process: a resent batch carries older ones, which change nothing.
     pub fn reported(&self, instance: u64, health: AgentHealth) {
         let mut nodes = self
             .presence
@@ -79,7 +109,7 @@ impl Connected {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(seen) = nodes.get_mut(&self.node) {
-            seen.health = Some((instance, health));
+            seen.health = with_report(seen.health, instance, health);
         }
     }
 }
@@ -96,6 +126,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_resent_batch_lowers_no_count_and_processes_are_kept_apart() {
+        let h = |events_lost, batches_dropped| AgentHealth {
+            events_lost,
+            batches_dropped,
+            ..AgentHealth::default()
+        };
+        let kept = with_report(Default::default(), 7, h(5, 1));
+        // A resent batch of the same process carries older counts: the newer stay.
+        let kept = with_report(kept, 7, h(3, 0));
+        assert_eq!(kept[0], Some((7, h(5, 1))));
+        // A second process (a rolling update) is kept beside it, newest first.
+        let kept = with_report(kept, 8, h(0, 0));
+        assert_eq!(kept[..2], [Some((8, h(0, 0))), Some((7, h(5, 1)))]);
+        // Beyond the bound, the oldest process goes.
+        let kept = (9..12).fold(kept, |k, i| with_report(k, i, h(0, 0)));
+        let instances: Vec<u64> = kept.iter().flatten().map(|(i, _)| *i).collect();
+        assert_eq!(instances, [11, 10, 9, 8]);
+    }
+
+    #[test]
     fn a_node_is_present_while_any_of_its_streams_is_open() {
         let presence = Arc::new(Presence::default());
         let first = presence.connected("n1", 1_000);
@@ -107,7 +157,7 @@ mod tests {
             NodeSeen {
                 open: 1,
                 since_ms: 1_000,
-                health: None,
+                health: Default::default(),
             }
         );
         drop(second);

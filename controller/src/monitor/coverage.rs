@@ -27,6 +27,9 @@ use std::time::Duration;
 /// How often the loop looks, at most (a shorter threshold is looked at twice as often).
 pub const EVERY: Duration = Duration::from_secs(15);
 
+/// How long a dropping node's agent must report no new loss before its episode ends.
+pub const QUIET: Duration = Duration::from_secs(300);
+
 /// At most this many nodes are named in the readiness detail and the log line (the gauges count all).
 const MAX_NAMED: usize = 10;
 
@@ -77,35 +80,35 @@ pub struct Dropping {
     pub lost: AgentHealth,
 }
 
-/// The nodes whose agent said it lost more (`now`) than at the last look (`before`). An agent
-/// process first seen by this replica is a baseline (its counts may be old), unless it replaced
-/// one this replica saw: a new process counts from 0, so all it says is new.
-pub fn dropping_nodes(
-    before: &HashMap<String, (u64, AgentHealth)>,
-    now: &HashMap<String, (u64, AgentHealth)>,
-) -> Vec<Dropping> {
-    let mut dropping: Vec<Dropping> = now
-        .iter()
-        .filter_map(|(node, (instance, health))| {
-            let base = match before.get(node) {
-                Some((seen, base)) if seen == instance => *base,
-                Some(_) => AgentHealth::default(),
-                None => return None,
-            };
-            let lost = AgentHealth {
-                events_lost: health.events_lost.saturating_sub(base.events_lost),
-                events_dropped: health.events_dropped.saturating_sub(base.events_dropped),
-                batches_dropped: health.batches_dropped.saturating_sub(base.batches_dropped),
-                dns_lost: health.dns_lost.saturating_sub(base.dns_lost),
-            };
-            (lost != AgentHealth::default()).then(|| Dropping {
-                node: node.clone(),
-                lost,
-            })
+/// What each agent process (node, instance) said it lost so far.
+pub type Losses = HashMap<(String, u64), AgentHealth>;
+
+/// The nodes whose agent processes said they lost more (`now`) than at the last look (`before`),
+/// summed per node. A process first seen on a node this replica saw no process of is a baseline
+/// (its counts may be old); one that appears beside or after a known process of its node is new and
+/// counts from 0, so all it says is new.
+pub fn dropping_nodes(before: &Losses, now: &Losses) -> Vec<Dropping> {
+    let known: BTreeSet<&str> = before.keys().map(|(node, _)| node.as_str()).collect();
+    let mut lost: BTreeMap<&str, AgentHealth> = BTreeMap::new();
+    for ((node, instance), health) in now {
+        let base = match before.get(&(node.clone(), *instance)) {
+            Some(base) => *base,
+            None if known.contains(node.as_str()) => AgentHealth::default(),
+            None => continue,
+        };
+        let sum = lost.entry(node.as_str()).or_default();
+        sum.events_lost += health.events_lost.saturating_sub(base.events_lost);
+        sum.events_dropped += health.events_dropped.saturating_sub(base.events_dropped);
+        sum.batches_dropped += health.batches_dropped.saturating_sub(base.batches_dropped);
+        sum.dns_lost += health.dns_lost.saturating_sub(base.dns_lost);
+    }
+    lost.into_iter()
+        .filter(|(_, l)| *l != AgentHealth::default())
+        .map(|(node, lost)| Dropping {
+            node: node.to_string(),
+            lost,
         })
-        .collect();
-    dropping.sort_by(|a, b| a.node.cmp(&b.node));
-    dropping
+        .collect()
 }
 
 /// The coverage loop's parts ([`Coverage::run`]); it runs on the leader only (agents stream to the
@@ -132,8 +135,9 @@ impl Coverage {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let watching_since = now_ms();
         let mut reported: BTreeSet<String> = BTreeSet::new();
-        let mut health_before: HashMap<String, (u64, AgentHealth)> = HashMap::new();
-        let mut dropping_reported: BTreeSet<String> = BTreeSet::new();
+        let mut losses_before = Losses::new();
+        // Nodes in a dropping episode, with when their losses last grew.
+        let mut episodes: BTreeMap<String, i64> = BTreeMap::new();
         self.health.ready("listing the cluster");
         loop {
             tick.tick().await;
@@ -149,14 +153,19 @@ impl Coverage {
                 .retain(|node| pods_per_node.contains_key(node));
             let seen = self.presence.seen();
             let silent = silent_nodes(&pods_per_node, &seen, watching_since, now, after_ms);
-            let health_now: HashMap<String, (u64, AgentHealth)> = seen
+            let losses_now: Losses = seen
                 .iter()
-                .filter_map(|(node, s)| Some((node.clone(), s.health?)))
+                .flat_map(|(node, s)| {
+                    s.health
+                        .iter()
+                        .flatten()
+                        .map(|(instance, h)| ((node.clone(), *instance), *h))
+                })
                 .collect();
-            let dropping = dropping_nodes(&health_before, &health_now);
-            health_before = health_now;
+            let dropping = dropping_nodes(&losses_before, &losses_now);
+            losses_before = losses_now;
             self.dropping_nodes.set(dropping.len() as i64);
-            self.report_dropping(&dropping, every, &mut dropping_reported)
+            self.report_dropping(&dropping, &seen, now, &mut episodes)
                 .await;
             self.silent_nodes.set(silent.len() as i64);
             self.silent_pods
@@ -212,37 +221,51 @@ impl Coverage {
 }
 
 impl Coverage {
-    /// A Warning Event `AgentDropping` on each node that starts losing flows, a Normal
-    /// `AgentNotDropping` once it stops.
+    /// A Warning Event `AgentDropping` on each node that starts losing flows (once per episode), a
+    /// Normal `AgentNotDropping` once its agent, still streaming, has reported no new loss for
+    /// [`QUIET`]; an agent that stops streaming leaves its episode open (`AgentSilent` covers it).
     async fn report_dropping(
         &self,
         dropping: &[Dropping],
-        every: Duration,
-        reported: &mut BTreeSet<String>,
+        seen: &HashMap<String, NodeSeen>,
+        now_ms: i64,
+        episodes: &mut BTreeMap<String, i64>,
     ) {
-        let window = short_duration(every);
-        for d in dropping.iter().filter(|d| !reported.contains(&d.node)) {
+        for d in dropping {
+            if episodes.insert(d.node.clone(), now_ms).is_some() {
+                continue;
+            }
             let l = d.lost;
             let note = format!(
-                "the node's network-enforcer agent lost flows in the last {window}: {} connection \
-                 events (its ring buffer was full), {} events of new edges (its edge caps), {} \
-                 batches (its uplink buffer was full), {} DNS messages: flows of its pods are \
-                 missing from learning and monitor; see the agent's metrics \
-                 (network_enforcer_agent_events_lost_total, _events_dropped_total, \
-                 _uplink_batches_dropped_total) and docs/operations.md",
+                "the node's network-enforcer agent lost flows: {} connection events (its ring buffer \
+                 was full), {} events of new edges (its edge caps), {} batches (its uplink buffer \
+                 was full), {} DNS messages: flows of its pods are missing from learning and \
+                 monitor; see the agent's metrics (network_enforcer_agent_events_lost_total, \
+                 _events_dropped_total, _uplink_batches_dropped_total) and docs/operations.md",
                 l.events_lost, l.events_dropped, l.batches_dropped, l.dns_lost
             );
             tracing::warn!(node = %d.node, lost = ?l, "agent dropping");
             self.publish(&d.node, "Warning", "AgentDropping", note)
                 .await;
         }
-        let now: BTreeSet<String> = dropping.iter().map(|d| d.node.clone()).collect();
-        for node in reported.difference(&now) {
-            let note =
-                format!("the node's network-enforcer agent lost no flow in the last {window}");
-            self.publish(node, "Normal", "AgentNotDropping", note).await;
+        let quiet_ms = i64::try_from(QUIET.as_millis()).unwrap_or(i64::MAX);
+        let over: Vec<String> = episodes
+            .iter()
+            .filter(|(node, grew)| {
+                now_ms.saturating_sub(**grew) >= quiet_ms
+                    && seen.get(node.as_str()).is_some_and(|s| s.open > 0)
+            })
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in over {
+            episodes.remove(&node);
+            let note = format!(
+                "the node's network-enforcer agent streams and has reported no new loss for {}",
+                short_duration(QUIET)
+            );
+            self.publish(&node, "Normal", "AgentNotDropping", note)
+                .await;
         }
-        *reported = now;
     }
 
     /// An Event about Node `node` ([`publish_cluster_scoped`]).
@@ -273,20 +296,19 @@ mod tests {
             batches_dropped,
             ..AgentHealth::default()
         };
-        let map = |entries: &[(&str, u64, AgentHealth)]| -> HashMap<String, (u64, AgentHealth)> {
+        let map = |entries: &[(&str, u64, AgentHealth)]| -> Losses {
             entries
                 .iter()
-                .map(|(node, instance, health)| (node.to_string(), (*instance, *health)))
+                .map(|(node, instance, health)| ((node.to_string(), *instance), *health))
                 .collect()
         };
-        // (case, before, now, dropping: (node, what it lost since))
-        type Healths = HashMap<String, (u64, AgentHealth)>;
         type Case = (
             &'static str,
-            Healths,
-            Healths,
+            Losses,
+            Losses,
             Vec<(&'static str, AgentHealth)>,
         );
+        // (case, before, now, dropping: (node, what it lost since))
         let cases: Vec<Case> = vec![
             (
                 "the same counts: nothing lost",
@@ -318,6 +340,18 @@ mod tests {
                 map(&[("n1", 8, h(0, 0))]),
                 vec![],
             ),
+            (
+                "two processes of one node (a rolling update): each against its own counts",
+                map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+                map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+                vec![],
+            ),
+            (
+                "two processes, one losing: only its growth",
+                map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+                map(&[("n1", 7, h(50, 2)), ("n1", 8, h(4, 0))]),
+                vec![("n1", h(3, 0))],
+            ),
         ];
         for (case, before, now, expected) in cases {
             let got: Vec<(String, AgentHealth)> = dropping_nodes(&before, &now)
@@ -337,12 +371,12 @@ mod tests {
         let open = |since_ms| NodeSeen {
             open: 1,
             since_ms,
-            health: None,
+            health: Default::default(),
         };
         let closed = |since_ms| NodeSeen {
             open: 0,
             since_ms,
-            health: None,
+            health: Default::default(),
         };
         struct Case {
             name: &'static str,
