@@ -66,12 +66,24 @@ fn eval(expression: &str, object: &Value) -> bool {
 fn admit(labels: Option<Value>) -> Result<(), String> {
     let docs = rendered();
     let policy = find(&docs, "ValidatingAdmissionPolicy");
-    let mut metadata = json!({"name": "deployment-web-ingress", "namespace": "shop"});
+    let metadata = json!({"name": "deployment-web-ingress", "namespace": "shop"});
+    admit_labelled(policy, "WorkloadNetworkPolicyProposal", metadata, labels)
+}
+
+/// What `policy` answers for an object of `kind` with `metadata` and these labels: `Ok` when its
+/// match conditions leave the object out or every validation holds, else the first failing one's
+/// message.
+fn admit_labelled(
+    policy: &Value,
+    kind: &str,
+    mut metadata: Value,
+    labels: Option<Value>,
+) -> Result<(), String> {
     if let Some(l) = labels {
         metadata["labels"] = l;
     }
     let object = json!({"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
-                        "kind": "WorkloadNetworkPolicyProposal", "metadata": metadata});
+                        "kind": kind, "metadata": metadata});
     let applies = policy["spec"]["matchConditions"]
         .as_array()
         .unwrap()
@@ -247,26 +259,8 @@ fn policy_named<'a>(docs: &'a [Value], name: &str) -> &'a Value {
 fn admit_cluster(labels: Option<Value>) -> Result<(), String> {
     let docs = rendered();
     let policy = policy_named(&docs, "release-network-enforcer-cluster-promote-label");
-    let mut metadata = json!({"name": "ne-isolate-shop"});
-    if let Some(l) = labels {
-        metadata["labels"] = l;
-    }
-    let object = json!({"apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
-                        "kind": "ClusterNetworkPolicyProposal", "metadata": metadata});
-    let applies = policy["spec"]["matchConditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|c| eval(c["expression"].as_str().unwrap(), &object));
-    if !applies {
-        return Ok(());
-    }
-    for v in policy["spec"]["validations"].as_array().unwrap() {
-        if !eval(v["expression"].as_str().unwrap(), &object) {
-            return Err(v["message"].as_str().unwrap().to_string());
-        }
-    }
-    Ok(())
+    let metadata = json!({"name": "ne-isolate-shop"});
+    admit_labelled(policy, "ClusterNetworkPolicyProposal", metadata, labels)
 }
 
 #[test]
