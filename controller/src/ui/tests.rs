@@ -820,15 +820,22 @@ impl super::EdgeSource for Edges {
     }
 }
 
+/// A source whose watches have listed, holding nothing.
+fn ready_source() -> Arc<Gate> {
+    Arc::new(Gate(snapshot(Vec::new()), true.into()))
+}
+
+/// Serves `state` on a free local port; its address.
+async fn serve(state: UiState) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server::serve(listener, state));
+    addr
+}
+
 #[tokio::test]
 async fn the_edges_route_answers_the_history_or_404_without_one_or_503_before_it_is_complete() {
-    let ready = || Arc::new(Gate(snapshot(Vec::new()), true.into()));
-    let serve = |state: UiState| async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(server::serve(listener, state));
-        addr
-    };
+    let ready = ready_source;
     let without = serve(UiState::new(ready(), UiMetrics::default())).await;
     let (code, _, body) = get(without, "/api/v1/namespaces/demo/edges").await;
     assert_eq!(code, 404, "{body}");
@@ -1018,13 +1025,7 @@ impl crate::ui::Explainer for FixedExplainer {
 
 #[tokio::test]
 async fn the_explain_route_answers_the_verdicts_or_the_scenario_and_refuses_clearly() {
-    let ready = || Arc::new(Gate(snapshot(Vec::new()), true.into()));
-    let serve = |state: UiState| async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(server::serve(listener, state));
-        addr
-    };
+    let ready = ready_source;
     let path = |to: &str, port: u16, extra: &str| {
         format!(
             "/api/v1/namespaces/demo/explain?from=w%3Ademo%2FDeployment%2Fweb&to={to}&port={port}{extra}"
