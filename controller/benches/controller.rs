@@ -25,8 +25,8 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use network_enforcer_api::Backend;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, encoded};
+use network_enforcer_api::{Backend, WorkloadNetworkPolicy};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
@@ -250,6 +250,9 @@ fn main() {
         learner.pending_proposals()
     );
 
+    // Where a record's CPU goes, stage by stage, on the same records (docs/operations.md).
+    let stage_ns = stages(learning, &input);
+
     // Memory per edge: 100k distinct external /32 peers of one workload (no fan-out cap here: this
     // measures what an edge costs, not the cap).
     let edges_learner =
@@ -267,7 +270,7 @@ fn main() {
             peer: Ipv4Addr::new(100, 64 + (e >> 16) as u8, (e >> 8) as u8, e as u8).into(),
             port: 443,
             protocol: network_enforcer_api::Protocol::TCP,
-            opened: network_enforcer_controller::learn::Opened::Outbound,
+            opened: network_enforcer_controller::cluster::index::Opened::Outbound,
             at_ms: 2_000,
             reporter: network_enforcer_controller::learn::Reporter::Node,
             peer_name: Default::default(),
@@ -290,6 +293,7 @@ fn main() {
         "bytes_per_100k_edges": bytes_per_edge * 100_000.0,
         "api_writes_per_sec": api_writes_per_sec,
         "load_average_1m": load_average_1m,
+        "stage_ns_per_record": stage_ns,
     });
     println!("{}", serde_json::to_string_pretty(&figures).unwrap());
     let path = std::env::var("BENCH_FIGURES").unwrap_or_else(|_| {
@@ -302,6 +306,162 @@ fn main() {
         serde_json::to_string_pretty(&figures).unwrap() + "\n",
     )
     .unwrap();
+}
+
+/// Runs `stage` over `items` again and again for at least 0.3 s of the calling thread's CPU time (the
+/// kernel updates it per scheduler tick, so shorter runs would carry ~10% of error), three times, and
+/// returns the CPU nanoseconds per item of the fastest (the machine is shared).
+fn ns_per_item<T>(items: &[T], mut stage: impl FnMut(&T)) -> f64 {
+    (0..3)
+        .map(|_| {
+            let started = thread_cpu_seconds();
+            let mut runs = 0usize;
+            while runs == 0 || thread_cpu_seconds() - started < 0.3 {
+                for item in items {
+                    stage(item);
+                }
+                runs += 1;
+            }
+            (thread_cpu_seconds() - started) * 1e9 / (items.len() * runs) as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// One egress policy in monitor per namespace and client workload (1..9): TCP 8080 to workload 1
+/// of its namespace. The bench's Service calls (workload 0) and outside peers are violations.
+fn monitor_policies() -> Vec<WorkloadNetworkPolicy> {
+    let mut out = Vec::new();
+    for n in 0..NAMESPACES {
+        for d in 1..DEPLOYMENTS_PER_NAMESPACE {
+            out.push(
+                serde_json::from_value(json!({
+                    "metadata": {"name": format!("deployment-app-{d}-egress"), "namespace": format!("ns-{n}"),
+                                 "uid": format!("wnp-{n}-{d}"), "generation": 1},
+                    "spec": {"backend": "kubernetes", "direction": "Egress", "mode": "monitor",
+                             "targetRef": {"kind": "Deployment", "name": format!("app-{d}")},
+                             "kubernetes": {"podSelector": {"matchLabels": {"app": format!("app-{d}")}},
+                                            "policyTypes": ["Egress"],
+                                            "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "app-1"}}}],
+                                                        "ports": [{"protocol": "TCP", "port": 8080}]}]}}
+                }))
+                .expect("a valid policy"),
+            );
+        }
+    }
+    out
+}
+
+/// CPU nanoseconds per record of each stage a record goes through in the controller, each measured
+/// alone on the same records: `protobuf` (the record's bytes to a `FlowRecord`), `decode` (checks,
+/// the local pod on the agent's node, the peer address), `resolve_learning` (the peer through the
+/// index into workload flows), `learn` (resolution and the merge into pending edges: `observe`),
+/// `resolve_evidence` (the same record into evaluable flows), `evaluate` (each flow against 900
+/// monitor policies, with rule usage), `edge_history` (each flow into the gate's history), and
+/// `take_in` (what a stream's batch costs per record: protobuf, decode, learn, bookkeeping). The
+/// transport (TLS, HTTP/2, gRPC framing) is not here: `cargo xtask bench fleet` measures the whole
+/// process.
+fn stages(
+    learning: &network_enforcer_controller::ingest::Learning,
+    input: &[encoded::FlowBatch],
+) -> serde_json::Value {
+    use network_enforcer_controller::ingest::flow_record;
+    use network_enforcer_controller::learn::{self, ReportedConnection, Reporter};
+    use network_enforcer_controller::monitor::edge_history::EdgeHistory;
+    use network_enforcer_controller::monitor::evaluate::ClusterView;
+    use network_enforcer_controller::monitor::evaluate::attribution::{
+        PolicySet, attribute_with_usage,
+    };
+    use network_enforcer_controller::monitor::violations::evidence::{
+        WorkloadNames, observed_flows,
+    };
+    use std::hint::black_box;
+
+    let bytes: Vec<_> = input
+        .iter()
+        .take(40)
+        .flat_map(|b| b.records.iter().cloned())
+        .collect();
+    let protobuf = ns_per_item(&bytes, |b| {
+        black_box(<FlowRecord as prost::Message>::decode(b.clone()).unwrap());
+    });
+    let records: Vec<FlowRecord> = bytes
+        .iter()
+        .map(|b| prost::Message::decode(b.clone()).unwrap())
+        .collect();
+    let ix = learning.index.index.read().unwrap();
+    let decode = ns_per_item(&records, |r| {
+        black_box(flow_record::decode(r, &ix, Some(NODE)).unwrap());
+    });
+    let decoded: Vec<_> = records
+        .iter()
+        .map(|r| flow_record::decode(r, &ix, Some(NODE)).unwrap())
+        .collect();
+    let observations: Vec<ReportedConnection> = decoded
+        .iter()
+        .map(|d| ReportedConnection {
+            local: d.local.clone(),
+            peer: d.peer,
+            port: d.port,
+            protocol: d.protocol,
+            opened: d.opened,
+            at_ms: d.at_ms,
+            reporter: Reporter::Node,
+            peer_name: d.peer_name.name(),
+        })
+        .collect();
+    let resolve_learning = ns_per_item(&observations, |o| {
+        black_box(learn::flows(&ix, o).unwrap());
+    });
+    let learner = Learner::new(Backend::Kubernetes, BTreeSet::new());
+    let learn = ns_per_item(&observations, |o| {
+        black_box(learner.observe(&ix, o).unwrap());
+    });
+    let view = ClusterView::from_index(
+        &ix,
+        (0..NAMESPACES).map(|n| (format!("ns-{n}"), Default::default())),
+        [],
+    );
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let mut names = WorkloadNames::default();
+    let resolve_evidence = ns_per_item(&decoded, |d| {
+        black_box(observed_flows(&ix, &view, &mut names, d, &now).unwrap());
+    });
+    let flows: Vec<_> = decoded
+        .iter()
+        .flat_map(|d| observed_flows(&ix, &view, &mut names, d, &now).unwrap())
+        .collect();
+    let per_record = |ns_per_flow: f64| ns_per_flow * flows.len() as f64 / decoded.len() as f64;
+    let policies = monitor_policies();
+    let set = PolicySet::judged(&policies, |_| true);
+    let mut matches = Vec::new();
+    let mut violations = 0usize;
+    let evaluate = per_record(ns_per_item(&flows, |f| {
+        matches.clear();
+        violations += attribute_with_usage(&view, &set, f, Some(&mut matches))
+            .unwrap()
+            .len();
+    }));
+    assert!(violations > 0, "the bench's mix has violations to record");
+    let mut history = EdgeHistory::default();
+    let edge_history = per_record(ns_per_item(&flows, |f| history.record(f, false)));
+    drop(ix);
+    let take_in = ns_per_item(input, |b| {
+        black_box(learning.take_in(NODE, b));
+    }) / (input.iter().map(|b| b.records.len()).sum::<usize>() / input.len()) as f64;
+    let figures = json!({
+        "protobuf": protobuf,
+        "decode": decode,
+        "resolve_learning": resolve_learning,
+        "learn": learn,
+        "resolve_evidence": resolve_evidence,
+        "evaluate": evaluate,
+        "edge_history": edge_history,
+        "take_in": take_in,
+        "flows_per_record": flows.len() as f64 / decoded.len() as f64,
+    });
+    eprintln!("CPU ns per record by stage: {figures}");
+    figures
 }
 
 /// 20 workloads in a real namespace; every flush interval each gets a new external peer, reported by
@@ -346,7 +506,7 @@ async fn steady_load() -> (f64, f64) {
                     peer: Ipv4Addr::new(198, 51, 100, f as u8 + 1).into(),
                     port: 443,
                     protocol: network_enforcer_api::Protocol::TCP,
-                    opened: network_enforcer_controller::learn::Opened::Outbound,
+                    opened: network_enforcer_controller::cluster::index::Opened::Outbound,
                     at_ms: 2_000,
                     reporter: network_enforcer_controller::learn::Reporter::Node,
                     peer_name: Default::default(),

@@ -13,8 +13,9 @@ use network_enforcer_api::{
 };
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
+use network_enforcer_controller::cluster::index::Opened;
 use network_enforcer_controller::cluster::watches;
-use network_enforcer_controller::learn::{Opened, ReportedConnection};
+use network_enforcer_controller::learn::ReportedConnection;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
 use serde_json::{Value, json};

@@ -15,7 +15,8 @@ use kube::api::{
 use network_enforcer_api::{Backend, Protocol, WorkloadKind, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
-use network_enforcer_controller::learn::{Opened, ReportedConnection};
+use network_enforcer_controller::cluster::index::Opened;
+use network_enforcer_controller::learn::ReportedConnection;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
 use network_enforcer_tests::section10::pod_json;

@@ -15,8 +15,7 @@
 //! records whose address resolved to nothing (the index has no lookup by ServiceAccount).
 
 use super::peer_names::PeerName;
-use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef};
-use crate::learn::Opened;
+use crate::cluster::index::{Connection, FlowEnd, Index, Opened, PodRecord, ResolvedRef};
 use network_enforcer_api::Protocol;
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
 use std::net::IpAddr;
@@ -113,6 +112,20 @@ pub struct Decoded {
     pub at_ms: i64,
     /// The name the local pod resolved the peer from (outbound records only; interned).
     pub peer_name: PeerName,
+}
+
+impl Decoded {
+    /// What the index resolves ([`Index::flows`]).
+    pub fn connection(&self) -> Connection<'_> {
+        Connection {
+            local: &self.local,
+            peer: self.peer,
+            port: self.port,
+            protocol: self.protocol,
+            opened: self.opened,
+            at_ms: self.at_ms,
+        }
+    }
 }
 
 /// Reads `record` against `index`: its fields, its local pod (which must run on `node`, when given:

@@ -125,7 +125,7 @@ async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
         .collect();
     let peer = std::net::IpAddr::from([10, 0, 0, 9]);
     let web_1 = |kind| {
-        let opened = crate::learn::Opened::Outbound;
+        let opened = crate::cluster::index::Opened::Outbound;
         (kind, "web-1".to_string(), peer, 8080, opened, 2_000)
     };
     assert_eq!(

@@ -34,9 +34,8 @@
 //! is over; the pass judges it as the index then resolves it. One queue, so one bound, one settling
 //! before every flush and one rule for acknowledgements.
 
-use crate::cluster::index::{FlowEnd, Index};
-use crate::ingest::flow_record::Decoded;
-use crate::learn::{self, NoFlow, Opened, ReportedConnection, Reporter, WorkloadFlow};
+use crate::cluster::index::{Connection, End, FlowEnd, Flows, Index, NoFlow, Opened};
+use crate::learn::{self, ReportedConnection, WorkloadFlow};
 use crate::monitor::violations::evidence::Evidence;
 use ipnet::IpNet;
 use std::collections::VecDeque;
@@ -52,20 +51,20 @@ pub const MAX_WAITING: usize = 100_000;
 /// What an observation resolves to.
 pub type Resolution = Result<Vec<WorkloadFlow>, NoFlow>;
 
-/// Whether a resolution might improve once the index catches up: it failed, or a peer is an external
-/// address that a pod or Service could still turn out to have: any address when `cluster_cidrs` is
-/// empty (the ranges are not known), else only one inside them.
-pub fn may_improve(resolution: &Resolution, opened: Opened, cluster_cidrs: &[IpNet]) -> bool {
+/// Whether the flows of a connection `opened` so might change once the index catches up: it has
+/// none, or a peer is an external address that a pod or Service could still turn out to have: any
+/// address when `cluster_cidrs` is empty (the ranges are not known), else only one inside them.
+pub fn may_improve(flows: &Result<Flows, NoFlow>, opened: Opened, cluster_cidrs: &[IpNet]) -> bool {
     let in_cluster =
         |ip: &IpAddr| cluster_cidrs.is_empty() || cluster_cidrs.iter().any(|c| c.contains(ip));
-    match resolution {
+    match flows {
         Err(_) => true,
         Ok(flows) => flows.iter().any(|f| {
             let peer = match opened {
                 Opened::Outbound => &f.destination,
                 Opened::Inbound => &f.source,
             };
-            matches!(peer, FlowEnd::External(ip) if in_cluster(ip))
+            matches!(peer, End::Other(FlowEnd::External(ip)) if in_cluster(ip))
         }),
     }
 }
@@ -84,30 +83,12 @@ enum Waiter {
 }
 
 impl Waiter {
-    /// How it resolves against `index` now, and who opened the connection.
-    fn resolve(&self, index: &Index) -> (Resolution, Opened) {
+    /// The connection it reports.
+    fn connection(&self) -> Connection<'_> {
         match self {
-            Waiter::Learn(obs) => (learn::flows(index, obs), obs.opened),
-            Waiter::Evidence(e) => (
-                learn::flows(index, &observation(&e.record)),
-                e.record.opened,
-            ),
+            Waiter::Learn(obs) => obs.connection(),
+            Waiter::Evidence(e) => e.record.connection(),
         }
-    }
-}
-
-/// A decoded record as learning reads it, to resolve evidence exactly as an observation resolves.
-fn observation(record: &Decoded) -> ReportedConnection {
-    ReportedConnection {
-        local: record.local.clone(),
-        peer: record.peer,
-        port: record.port,
-        protocol: record.protocol,
-        opened: record.opened,
-        at_ms: record.at_ms,
-        // Resolution does not depend on it.
-        reporter: Reporter::Node,
-        peer_name: record.peer_name.name(),
     }
 }
 
@@ -129,10 +110,12 @@ pub struct Decided {
 }
 
 impl Decided {
-    /// Takes `what`, resolved as `resolution`: placed by the index (`resolved`), or out of time.
-    fn take(&mut self, what: Waiter, resolution: Resolution, resolved: bool) {
+    /// Takes `what`, whose connection resolves to `flows`: placed by the index (`resolved`), or out
+    /// of time.
+    fn take(&mut self, what: Waiter, flows: Result<Flows, NoFlow>, resolved: bool) {
         match what {
             Waiter::Learn(obs) => {
+                let resolution = learn::workload_flows(flows, &obs);
                 if resolved {
                     self.resolved += 1;
                 } else {
@@ -202,9 +185,9 @@ impl Deferrals {
         now_ms: i64,
         overflow: &mut Decided,
     ) -> Option<Resolution> {
-        let resolution = learn::flows(index, obs);
-        if self.grace_ms == 0 || !may_improve(&resolution, obs.opened, &self.cluster_cidrs) {
-            return Some(resolution);
+        let flows = index.flows(&obs.connection());
+        if self.grace_ms == 0 || !may_improve(&flows, obs.opened, &self.cluster_cidrs) {
+            return Some(learn::workload_flows(flows, obs));
         }
         self.wait(index, Waiter::Learn(obs.clone()), now_ms, overflow);
         None
@@ -224,8 +207,8 @@ impl Deferrals {
         if self.grace_ms == 0 || !evidence.may_wait_for_peer() {
             return Some(evidence);
         }
-        let resolution = learn::flows(index, &observation(&evidence.record));
-        if !may_improve(&resolution, evidence.record.opened, &self.cluster_cidrs) {
+        let flows = index.flows(&evidence.record.connection());
+        if !may_improve(&flows, evidence.record.opened, &self.cluster_cidrs) {
             return Some(evidence);
         }
         let evidence = Evidence {
@@ -243,8 +226,8 @@ impl Deferrals {
         if waiting.len() >= MAX_WAITING
             && let Some(oldest) = waiting.pop_front()
         {
-            let (resolution, _) = oldest.what.resolve(index);
-            overflow.take(oldest.what, resolution, false);
+            let flows = index.flows(&oldest.what.connection());
+            overflow.take(oldest.what, flows, false);
         }
         waiting.push_back(Waiting {
             what,
@@ -264,11 +247,12 @@ impl Deferrals {
         let mut decided = Decided::default();
         let mut still = VecDeque::new();
         for w in batch {
-            let (resolution, opened) = w.what.resolve(index);
-            if !may_improve(&resolution, opened, &self.cluster_cidrs) {
-                decided.take(w.what, resolution, true);
+            let connection = w.what.connection();
+            let flows = index.flows(&connection);
+            if !may_improve(&flows, connection.opened, &self.cluster_cidrs) {
+                decided.take(w.what, flows, true);
             } else if now_ms >= w.until_ms {
-                decided.take(w.what, resolution, false);
+                decided.take(w.what, flows, false);
             } else {
                 still.push_back(w);
             }
@@ -284,6 +268,7 @@ impl Deferrals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::flow_record::Decoded;
     use crate::monitor::violations::evidence::EvidenceKind;
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::Protocol;

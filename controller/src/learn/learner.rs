@@ -14,9 +14,9 @@
 //! the flusher, [`Learner::new_edges`]) and which a flush has decided (a batch of only those needs no
 //! flush before its acknowledgement, [`WaitsFor`]).
 
-use crate::cluster::index::{FlowEnd, Index};
+use crate::cluster::index::{FlowEnd, Index, NoFlow};
 use crate::learn::deferrals::{Decided, Deferrals, Resolution};
-use crate::learn::{self, Edge, NoFlow, ReportedConnection, Target};
+use crate::learn::{self, Edge, ReportedConnection, Target};
 use crate::monitor::status_sync::EvidenceSink;
 use crate::monitor::violations::evidence::Evidence;
 use crate::runtime::metrics::{ControllerMetrics, PeerKind};

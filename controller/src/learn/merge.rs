@@ -244,7 +244,7 @@ fn merge_kubernetes<'e>(
             let Edge::Istio { source, port } = edge else {
                 continue;
             };
-            let principal = principal(source);
+            let principal = source.principal();
             let port = port.to_string();
             match by_principal.get(&principal) {
                 Some(&i) => {

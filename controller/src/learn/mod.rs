@@ -18,15 +18,17 @@ pub mod proposal_writer;
 mod wildcards;
 
 pub use edges::{edges, has_unselectable_side};
-pub use flows::flows;
+pub use flows::{flows, workload_flows};
 pub use merge::{
     DEFAULT_MAX_PORTS_PER_RULE, DEFAULT_MAX_RULES, Limits, Merged, apply, merge, merge_within,
     peer_count,
 };
-pub use proposal::{new_proposal, peer_of, principal};
+pub use proposal::{new_proposal, peer_of};
 pub use wildcards::DEFAULT_WILDCARD_MIN_NAMES;
 
-use crate::cluster::index::{FlowEnd, Index, PodRecord, ResolvedRef, WorkloadEndpoint};
+use crate::cluster::index::{
+    Connection, FlowEnd, Flows, Index, NoFlow, Opened, PodRecord, WorkloadEndpoint,
+};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -43,15 +45,6 @@ use network_enforcer_api::{
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// Who opened the connection, seen from the local pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Opened {
-    /// The local pod connected to the peer.
-    Outbound,
-    /// The peer connected to the local pod.
-    Inbound,
-}
 
 /// One allowed connection as an agent reports it, with the local side already known.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,6 +64,20 @@ pub struct ReportedConnection {
     /// For an outbound connection: the host name the local pod resolved `peer` from (checked at
     /// ingest, lower-case). Used only when the peer is outside the cluster.
     pub peer_name: Option<Arc<str>>,
+}
+
+impl ReportedConnection {
+    /// What the index resolves.
+    pub fn connection(&self) -> Connection<'_> {
+        Connection {
+            local: &self.local,
+            peer: self.peer,
+            port: self.port,
+            protocol: self.protocol,
+            opened: self.opened,
+            at_ms: self.at_ms,
+        }
+    }
 }
 
 /// Who reported an observation.
@@ -103,25 +110,6 @@ pub struct WorkloadFlow {
     /// The name the source pod resolved an outside destination ([`FlowEnd::External`]) from; `None`
     /// for any other destination.
     pub peer_name: Option<Arc<str>>,
-}
-
-/// Why an observation produced no flow. Counted as a metric by the caller.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoFlow {
-    #[error("Service {0}/{1} has no backend for that port yet")]
-    ServiceWithoutBackends(String, String),
-    #[error("the host-network pod {0}/{1} has no address of the peer's family yet")]
-    HostAddressUnknown(String, String),
-}
-
-impl NoFlow {
-    /// The `outcome` label counted in `resolutions_total`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            NoFlow::ServiceWithoutBackends(..) => "service_without_backends",
-            NoFlow::HostAddressUnknown(..) => "host_address_unknown",
-        }
-    }
 }
 
 /// The proposal an edge goes to: one per (workload, direction).

@@ -2,11 +2,6 @@
 
 use super::*;
 
-/// The Istio principal of a workload: `cluster.local/ns/<ns>/sa/<serviceaccount>`.
-pub fn principal(w: &WorkloadEndpoint) -> String {
-    format!("cluster.local/ns/{}/sa/{}", w.namespace, w.service_account)
-}
-
 /// The NetworkPolicy peer for an endpoint, as in the reference: a workload by namespace name and its
 /// own selector; anything outside the cluster's pods by its address as a /32 (/128) ipBlock.
 pub fn peer_of(endpoint: &FlowEnd) -> NetworkPolicyPeer {

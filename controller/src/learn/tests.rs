@@ -1001,7 +1001,7 @@ fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
         Err(NoFlow::HostAddressUnknown("shop".into(), "probe-x".into()))
     );
     assert!(deferrals::may_improve(
-        &flows(&ix, &v6),
+        &ix.flows(&v6.connection()),
         Opened::Outbound,
         &[]
     ));

@@ -262,6 +262,14 @@ impl Hash for WorkloadEndpoint {
 }
 
 impl WorkloadEndpoint {
+    /// Its Istio principal: `cluster.local/ns/<ns>/sa/<serviceaccount>`.
+    pub fn principal(&self) -> String {
+        format!(
+            "cluster.local/ns/{}/sa/{}",
+            self.namespace, self.service_account
+        )
+    }
+
     /// The selector as a LabelSelector.
     pub fn label_selector(&self) -> LabelSelector {
         if self.selector_expressions.is_empty() {
@@ -297,8 +305,8 @@ pub enum Resolved {
 /// [`Resolved`], borrowed from the index: what the learning hot path uses (no copies per record).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ResolvedRef<'a> {
-    /// A pod's workload, on the port as seen.
-    Pod(&'a Arc<WorkloadEndpoint>, u16),
+    /// The pod that held the address, on the port as seen.
+    Pod(&'a Arc<PodRecord>, u16),
     /// A Service's backends and the ports they are reached on, as the index keeps them (from its pods
     /// for a Service with a selector, from its Endpoints for one without).
     Backends(&'a [Backend]),
@@ -312,8 +320,8 @@ impl ResolvedRef<'_> {
     /// The owned form.
     pub fn to_owned(&self) -> Resolved {
         match self {
-            ResolvedRef::Pod(w, port) => {
-                Resolved::Backends(vec![(FlowEnd::Workload(Arc::clone(w)), *port)])
+            ResolvedRef::Pod(pod, port) => {
+                Resolved::Backends(vec![(FlowEnd::Workload(Arc::clone(&pod.endpoint)), *port)])
             }
             ResolvedRef::Backends(b) => Resolved::Backends(b.to_vec()),
             ResolvedRef::ServiceWithoutBackends(svc) => Resolved::ServiceWithoutBackends {
@@ -599,7 +607,10 @@ fn remove_from<K: Eq + Hash>(map: &mut FastMap<K, BTreeSet<String>>, key: &K, na
     }
 }
 
+pub use flows::{Connection, End, Flow, Flows, NoFlow, Opened};
+
 mod endpoints;
+mod flows;
 mod nodes;
 mod pods;
 mod resolve;

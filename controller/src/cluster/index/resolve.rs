@@ -27,7 +27,7 @@ impl Index {
     }
 
     /// The pod that held `ip` at `at_ms` (or holds it now, for records newer than the last change).
-    pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&PodRecord> {
+    pub fn pod_at(&self, ip: IpAddr, at_ms: i64) -> Option<&Arc<PodRecord>> {
         let leases = self.leases.get(&ip)?;
         let lease = leases
             .iter()
@@ -99,7 +99,7 @@ impl Index {
         at_ms: i64,
     ) -> ResolvedRef<'_> {
         if let Some(pod) = self.pod_at(ip, at_ms) {
-            return ResolvedRef::Pod(&pod.endpoint, port);
+            return ResolvedRef::Pod(pod, port);
         }
         if let Some((key, svc)) = self
             .service_ips

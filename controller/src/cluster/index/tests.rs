@@ -82,7 +82,8 @@ fn an_address_finds_the_pods_current_record() {
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap());
     let same = |ix: &Index, ip: IpAddr, at: i64| {
         let by_name: *const PodRecord = &**ix.pod("ns", "web-1").expect("indexed");
-        ix.pod_at(ip, at).is_some_and(|p| std::ptr::eq(p, by_name))
+        ix.pod_at(ip, at)
+            .is_some_and(|p| std::ptr::eq(&**p, by_name))
     };
     ix.apply_pod(&deployment_pod("web-1", "10.0.0.5", "web"), T);
     assert!(same(&ix, a, T));

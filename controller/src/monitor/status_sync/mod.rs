@@ -29,8 +29,8 @@
 //! before all of them have listed ([`Listed`]): evidence waits, queued and unacknowledged.
 
 use crate::cluster::index::Index;
+use crate::cluster::index::Opened;
 use crate::cluster::watches::SharedIndex;
-use crate::learn::Opened;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};

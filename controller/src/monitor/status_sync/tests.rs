@@ -26,7 +26,7 @@ fn evidence(at_ms: i64) -> Evidence {
             peer_from: crate::ingest::flow_record::PeerFrom::Address,
             port: 443,
             protocol: network_enforcer_api::Protocol::TCP,
-            opened: crate::learn::Opened::Outbound,
+            opened: crate::cluster::index::Opened::Outbound,
             at_ms,
             peer_name: Default::default(),
         },

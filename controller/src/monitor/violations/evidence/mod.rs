@@ -8,9 +8,8 @@
 
 use super::Observation;
 use crate::FastMap;
-use crate::cluster::index::{self, Index, Resolved, WorkloadEndpoint};
+use crate::cluster::index::{self, End, Index, NoFlow, WorkloadEndpoint};
 use crate::ingest::flow_record::Decoded;
-use crate::learn::{NoFlow, Opened, principal};
 use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -145,10 +144,11 @@ pub fn names_a_workload(side: &FlowSide) -> bool {
 }
 
 /// The flows between evaluable endpoints a decoded record stands for, as of the record's last
-/// sighting: one for a pod or outside address, one per backend for a Service ClusterIP (kube-proxy
-/// picked one of them; pods of a workload share their template's labels and ports, so any of its pods
-/// stands for it; a selector-less Service's backends are the addresses of its Endpoints, on their
-/// ports).
+/// sighting: the index's one resolution ([`Index::flows`]) with its ends named as the evaluators
+/// know them: a pod as itself (a host-network pod by its address, as NetworkPolicies see it), a
+/// Service backend workload by one of its pods (pods of a workload share their template's labels
+/// and ports, so any of its pods stands for it), anything else by its address. A backend workload
+/// without a pod in `view` gives no flow.
 pub fn observed_flows(
     index: &Index,
     view: &ClusterView,
@@ -156,85 +156,53 @@ pub fn observed_flows(
     record: &Decoded,
     now: &Time,
 ) -> Result<Vec<ObservedFlow>, NoFlow> {
-    let (peer, port, protocol, at) = (record.peer, record.port, record.protocol, record.at_ms);
+    let at = record.at_ms;
     let seen_at = k8s_openapi::jiff::Timestamp::from_millisecond(at)
         .ok()
         .filter(|_| at > 0)
         .map_or_else(|| now.clone(), Time);
-    let local_side = pod_side(names, &record.local);
-    let flow = |source: FlowSide, destination: FlowSide, port: u16| ObservedFlow {
-        source,
-        destination,
-        protocol,
-        port,
-        seen_at: seen_at.clone(),
-        peer_name: None,
-    };
-    match record.opened {
-        Opened::Outbound => {
-            if let Some(pod) = index.pod_at(peer, at) {
-                return Ok(vec![flow(local_side, pod_side(names, pod), port)]);
-            }
-            match index.resolve(peer, port, protocol, at) {
-                // The backends after kube-proxy's DNAT: a selector's workloads, or the addresses of
-                // a selector-less Service's Endpoints (the `kubernetes` Service: the API servers).
-                Resolved::Backends(backends) => Ok(backends
-                    .into_iter()
-                    .filter_map(|(backend, port)| {
-                        let side = match backend {
-                            index::FlowEnd::Workload(workload) => {
-                                workload_side(view, names, &workload)?
-                            }
-                            // As NetworkPolicies see it: its address (see `pod_side`).
-                            index::FlowEnd::HostNetwork { workload, ip, .. } => FlowSide {
-                                endpoint: Endpoint::Ip(ip),
-                                workload: names.of(&workload),
-                            },
-                            index::FlowEnd::Node { ip, .. } | index::FlowEnd::External(ip) => {
-                                address_side(ip)
-                            }
-                        };
-                        Some(flow(local_side.clone(), side, port))
-                    })
-                    .collect()),
-                // An outside address, with the name the pod resolved it from (if the agent saw it):
-                // evaluated by it (`peer_name`) and recorded with it (`dns_name`), so a violation
-                // says which name to list in `spec.egressNames`.
-                Resolved::Address(_, port) => {
-                    let peer_name = record.peer_name.name();
-                    let destination = named_address_side(peer, peer_name.as_deref());
-                    Ok(vec![ObservedFlow {
-                        peer_name,
-                        ..flow(local_side, destination, port)
-                    }])
-                }
-                Resolved::ServiceWithoutBackends { namespace, name } => {
-                    Err(NoFlow::ServiceWithoutBackends(namespace, name))
-                }
-            }
-        }
-        Opened::Inbound => {
-            // An inbound peer is never a ClusterIP: kube-proxy keeps the client's address.
-            let source = match index.pod_at(peer, at) {
-                Some(pod) => pod_side(names, pod),
-                None => address_side(peer),
-            };
-            Ok(vec![flow(source, local_side, port)])
-        }
-    }
+    let flows = index.flows(&record.connection())?;
+    Ok(flows
+        .iter()
+        .filter_map(|flow| {
+            // An outside address, with the name the pod resolved it from (if the agent saw it):
+            // evaluated by it (`peer_name`) and recorded with it (`dns_name`), so a violation
+            // says which name to list in `spec.egressNames`.
+            let peer_name = flow.outside.then(|| record.peer_name.name()).flatten();
+            Some(ObservedFlow {
+                source: side(view, names, &flow.source, None)?,
+                destination: side(view, names, &flow.destination, peer_name.as_deref())?,
+                protocol: record.protocol,
+                port: flow.port,
+                seen_at: seen_at.clone(),
+                peer_name,
+            })
+        })
+        .collect())
 }
 
-/// A pod of the index as a flow side: evaluated as itself (hostNetwork pods by their address, as
-/// NetworkPolicies see them), named by its workload.
-fn pod_side(names: &mut WorkloadNames, pod: &index::PodRecord) -> FlowSide {
-    let endpoint = match (pod.host_network, pod.ips.first()) {
-        (true, Some(ip)) => Endpoint::Ip(*ip),
-        _ => Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
-    };
-    FlowSide {
-        endpoint,
-        workload: names.of(&pod.endpoint),
-    }
+/// `end` as a flow side the evaluators know, named by its workload (an address by `dns_name`, the
+/// name the source pod resolved it from, if any); `None` for a backend workload without a pod.
+fn side(
+    view: &ClusterView,
+    names: &mut WorkloadNames,
+    end: &End,
+    dns_name: Option<&str>,
+) -> Option<FlowSide> {
+    Some(match end {
+        End::Pod(pod) => FlowSide {
+            endpoint: Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
+            workload: names.of(&pod.endpoint),
+        },
+        End::Other(index::FlowEnd::Workload(workload)) => workload_side(view, names, workload)?,
+        End::Other(index::FlowEnd::HostNetwork { workload, ip, .. }) => FlowSide {
+            endpoint: Endpoint::Ip(*ip),
+            workload: names.of(workload),
+        },
+        End::Other(index::FlowEnd::Node { ip, .. } | index::FlowEnd::External(ip)) => {
+            named_address_side(*ip, dns_name)
+        }
+    })
 }
 
 /// A Service backend workload as a flow side: one of its pods stands for it.
@@ -255,11 +223,7 @@ fn workload_side(
     })
 }
 
-fn address_side(ip: IpAddr) -> FlowSide {
-    named_address_side(ip, None)
-}
-
-/// An outside address as a flow side, named by the DNS name the source pod resolved it from, if any.
+/// An address as a flow side, named by the DNS name the source pod resolved it from, if any.
 fn named_address_side(ip: IpAddr, dns_name: Option<&str>) -> FlowSide {
     FlowSide {
         endpoint: Endpoint::Ip(ip),
@@ -355,7 +319,7 @@ pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
         namespace: workload.namespace.clone(),
         owner_kind: workload.kind.map_or("Pod", |k| k.as_str()).to_string(),
         owner_name: workload.name.clone(),
-        identity: principal(workload),
+        identity: workload.principal(),
         selector: super::cap_string(selector, MAX_SELECTOR_CHARS),
         address: String::new(),
         dns_name: String::new(),

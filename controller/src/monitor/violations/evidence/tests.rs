@@ -1,4 +1,5 @@
 use super::*;
+use crate::cluster::index::Opened;
 use crate::ingest::flow_record::{BadRecord, decode};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
@@ -333,7 +334,23 @@ fn an_outside_address_names_the_name_the_pod_resolved_it_from() {
                     "selector": "app=server"}),
         ),
     ];
-    for (peer, name, direction, want) in cases {
+    let mut index = index;
+    index.apply_node(
+        &serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-b"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.2"}]}
+        }))
+        .unwrap(),
+    );
+    // A name given for a node's address is ignored too: no enforcement allows a node by a name
+    // (cluster::names keeps outside addresses only), so a policy's name must not allow it here.
+    let node = (
+        [192, 168, 1, 2],
+        "node.example.test",
+        uplink::Direction::Outbound,
+        serde_json::json!({"address": "192.168.1.2"}),
+    );
+    for (peer, name, direction, want) in cases.into_iter().chain([node]) {
         let mut record = sent("client-5d8f7c9b6-a", peer, 443, direction);
         record.peer_name = name.into();
         let flows = flows_of(&index, &view, &record, &now).unwrap();
@@ -606,4 +623,111 @@ fn an_overflow_during_a_patch_forgets_only_what_the_patch_held() {
         newer,
         "the observations that arrived during the patch wait for the next one"
     );
+}
+
+/// Learning and evidence share one resolution ([`Index::flows`]): for every kind of peer, the
+/// flows evidence judges are the flows learning learns, end for end.
+#[test]
+fn learning_and_evidence_place_a_record_alike() {
+    let (index, view) = cluster();
+    let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+    // The workload (or address) each end is, as both name it.
+    let of_learning = |end: &index::FlowEnd| match end {
+        index::FlowEnd::Workload(w) | index::FlowEnd::HostNetwork { workload: w, .. } => {
+            w.name.clone()
+        }
+        index::FlowEnd::Node { ip, .. } | index::FlowEnd::External(ip) => ip.to_string(),
+    };
+    let of_evidence = |side: &FlowSide| match side.workload.owner_name.as_str() {
+        "" => side.workload.address.clone(),
+        name => name.to_string(),
+    };
+    let records = [
+        (
+            "client-5d8f7c9b6-a",
+            [10, 96, 0, 10],
+            18083,
+            uplink::Direction::Outbound,
+        ),
+        (
+            "client-5d8f7c9b6-a",
+            [10, 0, 0, 2],
+            18081,
+            uplink::Direction::Outbound,
+        ),
+        (
+            "server-5d8f7c9b6-a",
+            [10, 0, 0, 1],
+            18081,
+            uplink::Direction::Inbound,
+        ),
+        (
+            "client-5d8f7c9b6-a",
+            [203, 0, 113, 1],
+            443,
+            uplink::Direction::Outbound,
+        ),
+        (
+            "client-5d8f7c9b6-a",
+            [192, 168, 1, 1],
+            9000,
+            uplink::Direction::Outbound,
+        ),
+        (
+            "agent-5d8f7c9b6-a",
+            [10, 0, 0, 2],
+            18081,
+            uplink::Direction::Outbound,
+        ),
+        (
+            "server-5d8f7c9b6-a",
+            [192, 168, 1, 1],
+            18081,
+            uplink::Direction::Inbound,
+        ),
+    ];
+    for (local, peer, port, direction) in records {
+        let mut record = sent(local, peer, port, direction);
+        record.peer_name = "api.example.test".into();
+        let decoded = decode(&record, &index, None).unwrap();
+        let obs = crate::learn::ReportedConnection {
+            local: decoded.local.clone(),
+            peer: decoded.peer,
+            port: decoded.port,
+            protocol: decoded.protocol,
+            opened: decoded.opened,
+            at_ms: decoded.at_ms,
+            reporter: crate::learn::Reporter::Node,
+            peer_name: decoded.peer_name.name(),
+        };
+        let learned: Vec<_> = crate::learn::flows(&index, &obs)
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let name = f.peer_name.as_deref().map(str::to_string);
+                (
+                    of_learning(&f.source),
+                    of_learning(&f.destination),
+                    f.port,
+                    name,
+                )
+            })
+            .collect();
+        let judged: Vec<_> =
+            observed_flows(&index, &view, &mut WorkloadNames::default(), &decoded, &now)
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    let name = f.peer_name.as_deref().map(str::to_string);
+                    (
+                        of_evidence(&f.source),
+                        of_evidence(&f.destination),
+                        f.port,
+                        name,
+                    )
+                })
+                .collect();
+        assert!(!learned.is_empty(), "{local} {peer:?}");
+        assert_eq!(learned, judged, "{local} {peer:?} {direction:?}");
+    }
 }
