@@ -12,7 +12,9 @@
 //! (`--resolution-grace-seconds`, default 30 s) and is resolved again before every flush; it is learned
 //! as soon as the index places it, or, once the grace is over, as it resolves then (a real external
 //! address becomes its /32 rule; a pod that never appeared is counted as unresolved). The queue is
-//! bounded: past [`MAX_WAITING`] the oldest is decided at once.
+//! bounded: past [`MAX_WAITING`] the oldest is decided at once. A repeat of an observation that waits
+//! already (agents send a connection again every flush) takes no place: it is learned with it
+//! (`deferred_repeat`).
 //!
 //! Outcomes are counted in `network_enforcer_controller_resolutions_total{outcome}`: `deferred` when
 //! one starts waiting, `deferred_resolved` when the index caught up, `deferred_expired` when the grace
@@ -34,13 +36,15 @@
 //! is over; the pass judges it as the index then resolves it. One queue, so one bound, one settling
 //! before every flush and one rule for acknowledgements.
 
+use crate::FastSet;
 use crate::cluster::index::{Connection, End, FlowEnd, Flows, Index, NoFlow, Opened};
-use crate::learn::{self, ReportedConnection, WorkloadFlow};
+use crate::learn::{self, ReportedConnection, Reporter, WorkloadFlow};
 use crate::monitor::violations::evidence::Evidence;
 use ipnet::IpNet;
+use network_enforcer_api::Protocol;
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The default grace, in milliseconds.
 pub const DEFAULT_GRACE_MS: i64 = 30_000;
@@ -74,6 +78,55 @@ struct Waiting {
     until_ms: i64,
 }
 
+/// The waiting entries, and what the waiting observations teach.
+#[derive(Default)]
+struct Queue {
+    entries: VecDeque<Waiting>,
+    /// Agents send a connection again every flush while it lasts: a repeat of an observation that
+    /// waits already waits in its place, instead of taking a place of its own (a few busy nodes
+    /// would otherwise fill [`MAX_WAITING`] with repeats within the grace, and push out a new pod's
+    /// first record before the index knows the pod).
+    observations: FastSet<LearnKey>,
+}
+
+/// What makes two observations teach the same: everything but when they were seen.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct LearnKey {
+    /// The local pod's record, by address: the entry that holds the key holds the record.
+    local: usize,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+    opened: Opened,
+    reporter: Reporter,
+    peer_name: Option<Arc<str>>,
+}
+
+impl LearnKey {
+    fn of(obs: &ReportedConnection) -> Self {
+        Self {
+            local: Arc::as_ptr(&obs.local) as usize,
+            peer: obs.peer,
+            port: obs.port,
+            protocol: obs.protocol,
+            opened: obs.opened,
+            reporter: obs.reporter,
+            peer_name: obs.peer_name.clone(),
+        }
+    }
+}
+
+/// What [`Deferrals::admit`] made of an observation.
+#[derive(Debug, PartialEq)]
+pub enum Admitted {
+    /// Learn it now, as it resolves.
+    Now(Resolution),
+    /// It waits (it comes back from [`Deferrals::settle`]).
+    Waits,
+    /// The same observation waits already: this one is learned with it.
+    Repeat,
+}
+
 /// What waits for the index.
 enum Waiter {
     /// An observation, to learn.
@@ -83,6 +136,14 @@ enum Waiter {
 }
 
 impl Waiter {
+    /// What it teaches: `None` for evidence (each is an occurrence of its own).
+    fn key(&self) -> Option<LearnKey> {
+        match self {
+            Waiter::Learn(obs) => Some(LearnKey::of(obs)),
+            Waiter::Evidence(_) => None,
+        }
+    }
+
     /// The connection it reports.
     fn connection(&self) -> Connection<'_> {
         match self {
@@ -139,7 +200,7 @@ impl Decided {
 pub struct Deferrals {
     grace_ms: i64,
     cluster_cidrs: Vec<IpNet>,
-    waiting: Mutex<VecDeque<Waiting>>,
+    waiting: Mutex<Queue>,
 }
 
 impl Default for Deferrals {
@@ -154,7 +215,7 @@ impl Deferrals {
         Self {
             grace_ms: grace_ms.max(0),
             cluster_cidrs: Vec::new(),
-            waiting: Mutex::new(VecDeque::new()),
+            waiting: Mutex::default(),
         }
     }
 
@@ -167,7 +228,7 @@ impl Deferrals {
 
     /// Number of observations and evidence waiting.
     pub fn len(&self) -> usize {
-        self.waiting.lock().expect("deferrals lock").len()
+        self.waiting.lock().expect("deferrals lock").entries.len()
     }
 
     /// Whether nothing waits.
@@ -175,22 +236,31 @@ impl Deferrals {
         self.len() == 0
     }
 
-    /// Resolves `obs` against `index` at `now_ms`: `Some` to learn it now, `None` when it waits (it
-    /// comes back from [`Deferrals::settle`]). When the queue is full, the oldest waiting one is
-    /// decided instead and added to `overflow`.
+    /// Resolves `obs` against `index` at `now_ms`: to learn now, or to wait. When the queue is full,
+    /// the oldest waiting one is decided instead and added to `overflow`.
     pub fn admit(
         &self,
         index: &Index,
         obs: &ReportedConnection,
         now_ms: i64,
         overflow: &mut Decided,
-    ) -> Option<Resolution> {
+    ) -> Admitted {
         let flows = index.flows(&obs.connection());
         if self.grace_ms == 0 || !may_improve(&flows, obs.opened, &self.cluster_cidrs) {
-            return Some(learn::workload_flows(flows, obs));
+            return Admitted::Now(learn::workload_flows(flows, obs));
+        }
+        let key = LearnKey::of(obs);
+        if self
+            .waiting
+            .lock()
+            .expect("deferrals lock")
+            .observations
+            .contains(&key)
+        {
+            return Admitted::Repeat;
         }
         self.wait(index, Waiter::Learn(obs.clone()), now_ms, overflow);
-        None
+        Admitted::Waits
     }
 
     /// [`Deferrals::admit`] for violation evidence: `Some` to hand it on now, `None` when it waits
@@ -223,13 +293,17 @@ impl Deferrals {
     /// decided now, into `overflow`.
     fn wait(&self, index: &Index, what: Waiter, now_ms: i64, overflow: &mut Decided) {
         let mut waiting = self.waiting.lock().expect("deferrals lock");
-        if waiting.len() >= MAX_WAITING
-            && let Some(oldest) = waiting.pop_front()
+        if waiting.entries.len() >= MAX_WAITING
+            && let Some(oldest) = waiting.entries.pop_front()
         {
+            if let Some(key) = oldest.what.key() {
+                waiting.observations.remove(&key);
+            }
             let flows = index.flows(&oldest.what.connection());
             overflow.take(oldest.what, flows, false);
         }
-        waiting.push_back(Waiting {
+        waiting.observations.extend(what.key());
+        waiting.entries.push_back(Waiting {
             what,
             until_ms: now_ms.saturating_add(self.grace_ms),
         });
@@ -243,24 +317,27 @@ impl Deferrals {
     /// Resolves every waiting observation and evidence again: those the index now places, and those
     /// whose grace is over, are returned; the others keep waiting.
     pub fn settle(&self, index: &Index, now_ms: i64) -> Decided {
-        let batch = std::mem::take(&mut *self.waiting.lock().expect("deferrals lock"));
+        // What the waiting observations teach stays behind: a repeat arriving meanwhile is one.
+        let batch = std::mem::take(&mut self.waiting.lock().expect("deferrals lock").entries);
         let mut decided = Decided::default();
+        let mut left = FastSet::default();
         let mut still = VecDeque::new();
         for w in batch {
             let connection = w.what.connection();
             let flows = index.flows(&connection);
-            if !may_improve(&flows, connection.opened, &self.cluster_cidrs) {
-                decided.take(w.what, flows, true);
-            } else if now_ms >= w.until_ms {
-                decided.take(w.what, flows, false);
+            let resolved = !may_improve(&flows, connection.opened, &self.cluster_cidrs);
+            if resolved || now_ms >= w.until_ms {
+                left.extend(w.what.key());
+                decided.take(w.what, flows, resolved);
             } else {
                 still.push_back(w);
             }
         }
         let mut waiting = self.waiting.lock().expect("deferrals lock");
+        waiting.observations.retain(|key| !left.contains(key));
         // Observations admitted meanwhile are newer: they go after the ones that keep waiting.
-        let newer = std::mem::replace(&mut *waiting, still);
-        waiting.extend(newer);
+        let newer = std::mem::replace(&mut waiting.entries, still);
+        waiting.entries.extend(newer);
         decided
     }
 }
@@ -299,6 +376,12 @@ mod tests {
         }
     }
 
+    impl Admitted {
+        fn is_now(&self) -> bool {
+            matches!(self, Admitted::Now(_))
+        }
+    }
+
     fn peer_of(r: &Resolution) -> FlowEnd {
         r.as_ref().unwrap()[0].source.clone()
     }
@@ -311,9 +394,7 @@ mod tests {
         let mut overflow = Decided::default();
         let obs = inbound_from("10.0.0.3", 1_000);
         assert!(
-            deferrals
-                .admit(&index, &obs, 1_000, &mut overflow)
-                .is_none(),
+            deferrals.admit(&index, &obs, 1_000, &mut overflow) == Admitted::Waits,
             "an address that is no pod yet waits"
         );
         assert_eq!(deferrals.len(), 1);
@@ -408,9 +489,8 @@ mod tests {
         let deferrals = Deferrals::new(30_000);
         let mut overflow = Decided::default();
         assert!(
-            deferrals
-                .admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow)
-                .is_none()
+            deferrals.admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow)
+                == Admitted::Waits
         );
         assert!(deferrals.settle(&index, 29_999).ready.is_empty());
         let d = deferrals.settle(&index, 30_000);
@@ -431,13 +511,13 @@ mod tests {
         assert!(
             waits
                 .admit(&index, &inbound_from("10.0.0.3", 0), 0, &mut overflow)
-                .is_some()
+                .is_now()
         );
         let never = Deferrals::new(0);
         assert!(
             never
                 .admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow)
-                .is_some()
+                .is_now()
         );
         assert!(waits.is_empty() && never.is_empty());
     }
@@ -453,19 +533,70 @@ mod tests {
         let mut overflow = Decided::default();
         // Outside the cluster's ranges: no pod or Service can have it, learned at once.
         let outside = deferrals.admit(&index, &inbound_from("203.0.113.9", 0), 0, &mut overflow);
+        let Admitted::Now(outside) = outside else {
+            panic!("{outside:?}: learned at once");
+        };
         assert_eq!(
-            outside.map(|r| peer_of(&r)),
-            Some(FlowEnd::External("203.0.113.9".parse().unwrap()))
+            peer_of(&outside),
+            FlowEnd::External("203.0.113.9".parse().unwrap())
         );
         // Inside a pod range or the Service range: a pod or Service not listed yet may have it.
         for peer in ["10.0.0.3", "10.96.7.7"] {
             assert!(
-                deferrals
-                    .admit(&index, &inbound_from(peer, 0), 0, &mut overflow)
-                    .is_none(),
+                deferrals.admit(&index, &inbound_from(peer, 0), 0, &mut overflow)
+                    == Admitted::Waits,
                 "{peer} must wait"
             );
         }
         assert_eq!(deferrals.len(), 2);
+    }
+
+    #[test]
+    fn a_repeat_of_a_waiting_observation_waits_in_its_place() {
+        let mut index = Index::default();
+        index.apply_pod(&pod("api", "10.0.0.2"), 0);
+        let deferrals = Deferrals::new(30_000);
+        let mut overflow = Decided::default();
+        let obs = inbound_from("10.0.0.3", 0);
+        assert_eq!(
+            deferrals.admit(&index, &obs, 0, &mut overflow),
+            Admitted::Waits
+        );
+        // Every flush of its agent sends it again while the connection lasts.
+        for at in 1..1_000 {
+            let again = ReportedConnection {
+                at_ms: at,
+                ..obs.clone()
+            };
+            assert_eq!(
+                deferrals.admit(&index, &again, at, &mut overflow),
+                Admitted::Repeat
+            );
+        }
+        assert_eq!(deferrals.len(), 1, "one place for one observation");
+        // Another port, another reporter: not repeats.
+        let other_port = ReportedConnection {
+            port: 9090,
+            ..obs.clone()
+        };
+        let other_reporter = ReportedConnection {
+            reporter: crate::learn::Reporter::Cluster,
+            ..obs.clone()
+        };
+        for other in [other_port, other_reporter] {
+            assert_eq!(
+                deferrals.admit(&index, &other, 1_000, &mut overflow),
+                Admitted::Waits
+            );
+        }
+        assert_eq!(deferrals.len(), 3);
+        // Decided once; after that it waits anew.
+        let d = deferrals.settle(&index, 30_000);
+        assert_eq!((d.resolved, d.expired), (0, 1));
+        assert_eq!(
+            deferrals.admit(&index, &obs, 30_000, &mut overflow),
+            Admitted::Waits
+        );
+        assert!(overflow.ready.is_empty(), "nothing overflowed");
     }
 }

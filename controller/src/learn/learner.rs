@@ -15,7 +15,7 @@
 //! flush before its acknowledgement, [`WaitsFor`]).
 
 use crate::cluster::index::{FlowEnd, Index, NoFlow};
-use crate::learn::deferrals::{Decided, Deferrals, Resolution};
+use crate::learn::deferrals::{Admitted, Decided, Deferrals, Resolution};
 use crate::learn::{self, Edge, ReportedConnection, Target};
 use crate::monitor::status_sync::EvidenceSink;
 use crate::monitor::violations::evidence::Evidence;
@@ -432,16 +432,18 @@ impl Learner {
         waits: &mut WaitsFor,
     ) -> Result<usize, NoFlow> {
         let mut overflow = Decided::default();
-        let now = self.waiting.admit(index, obs, now_ms, &mut overflow);
+        let admitted = self.waiting.admit(index, obs, now_ms, &mut overflow);
         self.take_decided(index, overflow);
-        match now {
-            Some(resolution) => self.merge(index, obs, resolution, waits),
-            None => {
-                self.metrics.resolved("deferred", 1);
-                waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
-                Ok(0)
-            }
-        }
+        let outcome = match admitted {
+            Admitted::Now(resolution) => return self.merge(index, obs, resolution, waits),
+            Admitted::Waits => "deferred",
+            Admitted::Repeat => "deferred_repeat",
+        };
+        self.metrics.resolved(outcome, 1);
+        // A repeat's batch waits for its own grace: by then the observation it repeats (older)
+        // was decided and written.
+        waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
+        Ok(0)
     }
 
     /// Violation evidence that arrived at `now_ms`: `Some` to hand on now, `None` when it waits for
