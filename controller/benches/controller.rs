@@ -19,6 +19,8 @@
 //!
 //! - `load_average_1m`: the machine's 1-minute load average when the bench started (the machine is
 //!   shared: figures taken under load are lower).
+//! - `stage_ns_per_record`: CPU nanoseconds per record of each stage a record goes through, each
+//!   measured alone on the merge's records (see `stages`; table in docs/operations.md).
 //!
 //! A plain `harness = false` bench: it prints its figures and writes them to the file `BENCH_FIGURES`
 //! names (`cargo xtask bench controller`), or to `target/bench/controller.json`.
@@ -310,19 +312,29 @@ fn main() {
 
 /// Runs `stage` over `items` again and again for at least 0.3 s of the calling thread's CPU time (the
 /// kernel updates it per scheduler tick, so shorter runs would carry ~10% of error), three times, and
-/// returns the CPU nanoseconds per item of the fastest (the machine is shared).
+/// returns the CPU nanoseconds per item of the fastest (the machine is shared). Without schedstat,
+/// wall-clock time.
 fn ns_per_item<T>(items: &[T], mut stage: impl FnMut(&T)) -> f64 {
+    let wall = Instant::now();
+    let clock = || {
+        let cpu = thread_cpu_seconds();
+        if cpu > 0.0 {
+            cpu
+        } else {
+            wall.elapsed().as_secs_f64()
+        }
+    };
     (0..3)
         .map(|_| {
-            let started = thread_cpu_seconds();
+            let started = clock();
             let mut runs = 0usize;
-            while runs == 0 || thread_cpu_seconds() - started < 0.3 {
+            while runs == 0 || clock() - started < 0.3 {
                 for item in items {
                     stage(item);
                 }
                 runs += 1;
             }
-            (thread_cpu_seconds() - started) * 1e9 / (items.len() * runs) as f64
+            (clock() - started) * 1e9 / (items.len() * runs) as f64
         })
         .fold(f64::INFINITY, f64::min)
 }

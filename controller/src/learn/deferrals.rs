@@ -249,18 +249,10 @@ impl Deferrals {
         if self.grace_ms == 0 || !may_improve(&flows, obs.opened, &self.cluster_cidrs) {
             return Admitted::Now(learn::workload_flows(flows, obs));
         }
-        let key = LearnKey::of(obs);
-        if self
-            .waiting
-            .lock()
-            .expect("deferrals lock")
-            .observations
-            .contains(&key)
-        {
-            return Admitted::Repeat;
+        match self.wait(index, Waiter::Learn(obs.clone()), now_ms, overflow) {
+            true => Admitted::Waits,
+            false => Admitted::Repeat,
         }
-        self.wait(index, Waiter::Learn(obs.clone()), now_ms, overflow);
-        Admitted::Waits
     }
 
     /// [`Deferrals::admit`] for violation evidence: `Some` to hand it on now, `None` when it waits
@@ -285,14 +277,24 @@ impl Deferrals {
             waited_for_peer: true,
             ..evidence
         };
+        // Evidence has no key: it is always queued.
         self.wait(index, Waiter::Evidence(evidence), now_ms, overflow);
         None
     }
 
     /// Queues `what` until the grace from `now_ms` is over; past [`MAX_WAITING`] the oldest is
-    /// decided now, into `overflow`.
-    fn wait(&self, index: &Index, what: Waiter, now_ms: i64, overflow: &mut Decided) {
+    /// decided now, into `overflow`. `false`: `what` repeats an observation that waits already, and
+    /// is not queued (checked under the same lock as the queuing, so two batches cannot both queue
+    /// one observation).
+    fn wait(&self, index: &Index, what: Waiter, now_ms: i64, overflow: &mut Decided) -> bool {
+        let key = what.key();
         let mut waiting = self.waiting.lock().expect("deferrals lock");
+        if key
+            .as_ref()
+            .is_some_and(|k| waiting.observations.contains(k))
+        {
+            return false;
+        }
         if waiting.entries.len() >= MAX_WAITING
             && let Some(oldest) = waiting.entries.pop_front()
         {
@@ -302,11 +304,12 @@ impl Deferrals {
             let flows = index.flows(&oldest.what.connection());
             overflow.take(oldest.what, flows, false);
         }
-        waiting.observations.extend(what.key());
+        waiting.observations.extend(key);
         waiting.entries.push_back(Waiting {
             what,
             until_ms: now_ms.saturating_add(self.grace_ms),
         });
+        true
     }
 
     /// How long an observation may wait, in milliseconds.

@@ -23,7 +23,10 @@ pub fn workload_flows(
             destination: flow.destination.flow_end(),
             protocol: obs.protocol,
             port: flow.port,
-            peer_name: flow.outside.then(|| obs.peer_name.clone()).flatten(),
+            peer_name: (flow.to_address
+                && matches!(flow.destination, End::Other(FlowEnd::External(_))))
+            .then(|| obs.peer_name.clone())
+            .flatten(),
         })
         .collect())
 }

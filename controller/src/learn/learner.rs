@@ -440,8 +440,8 @@ impl Learner {
             Admitted::Repeat => "deferred_repeat",
         };
         self.metrics.resolved(outcome, 1);
-        // A repeat's batch waits for its own grace: by then the observation it repeats (older)
-        // was decided and written.
+        // A repeat's batch waits for its own grace: usually the observation it repeats was decided
+        // and written by then; when not, that one's own batch still waits for it (nothing is lost).
         waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
         Ok(0)
     }

@@ -27,7 +27,7 @@ pub use proposal::{new_proposal, peer_of};
 pub use wildcards::DEFAULT_WILDCARD_MIN_NAMES;
 
 use crate::cluster::index::{
-    Connection, FlowEnd, Flows, Index, NoFlow, Opened, PodRecord, WorkloadEndpoint,
+    Connection, End, FlowEnd, Flows, Index, NoFlow, Opened, PodRecord, WorkloadEndpoint,
 };
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,

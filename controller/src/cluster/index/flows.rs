@@ -75,10 +75,11 @@ pub struct Flow {
     pub source: End,
     pub destination: End,
     pub port: u16,
-    /// Whether the destination is an outside address ([`FlowEnd::External`]) the source pod reached:
-    /// the only kind of end a name the pod resolved names (a node's or a pod's address is what the
-    /// index says it is).
-    pub outside: bool,
+    /// Whether the destination is the address the source pod reached itself, a node's or an
+    /// outside one: no pod held it and no Service is behind it, so a name the pod resolved it from
+    /// may name it (learning names only an outside one, [`FlowEnd::External`]; evidence both, as the
+    /// agent's enforcement allows them, docs/behaviour.md §3.4).
+    pub to_address: bool,
 }
 
 /// The flows of one connection: one, or one per backend workload of a Service.
@@ -103,7 +104,7 @@ impl Index {
             source,
             destination,
             port,
-            outside: false,
+            to_address: false,
         };
         Ok(match opened {
             Opened::Outbound => match self.resolve_ref(peer, port, protocol, at_ms) {
@@ -115,7 +116,7 @@ impl Index {
                     .map(|(backend, port)| flow(local.clone(), End::Other(backend.clone()), *port))
                     .collect(),
                 ResolvedRef::Address(end, port) => smallvec::smallvec![Flow {
-                    outside: matches!(end, FlowEnd::External(_)),
+                    to_address: true,
                     ..flow(local, End::Other(end), port)
                 }],
                 ResolvedRef::ServiceWithoutBackends(svc) => {

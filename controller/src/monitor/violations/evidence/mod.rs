@@ -165,10 +165,10 @@ pub fn observed_flows(
     Ok(flows
         .iter()
         .filter_map(|flow| {
-            // An outside address, with the name the pod resolved it from (if the agent saw it):
-            // evaluated by it (`peer_name`) and recorded with it (`dns_name`), so a violation
-            // says which name to list in `spec.egressNames`.
-            let peer_name = flow.outside.then(|| record.peer_name.name()).flatten();
+            // An address (outside, or a node's), with the name the pod resolved it from (if the
+            // agent saw it): evaluated by it (`peer_name`) and recorded with it (`dns_name`), so a
+            // violation says which name to list in `spec.egressNames`.
+            let peer_name = flow.to_address.then(|| record.peer_name.name()).flatten();
             Some(ObservedFlow {
                 source: side(view, names, &flow.source, None)?,
                 destination: side(view, names, &flow.destination, peer_name.as_deref())?,
@@ -191,7 +191,12 @@ fn side(
 ) -> Option<FlowSide> {
     Some(match end {
         End::Pod(pod) => FlowSide {
-            endpoint: Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
+            // A host-network pod only here when it took over the address of a pod of its name
+            // (the index keeps a recreated pod's record on its former address): by its address.
+            endpoint: match (pod.host_network, pod.ips.first()) {
+                (true, Some(ip)) => Endpoint::Ip(*ip),
+                _ => Endpoint::Pod(PodKey::new(&pod.namespace, &pod.name)),
+            },
             workload: names.of(&pod.endpoint),
         },
         End::Other(index::FlowEnd::Workload(workload)) => workload_side(view, names, workload)?,

@@ -342,13 +342,14 @@ fn an_outside_address_names_the_name_the_pod_resolved_it_from() {
         }))
         .unwrap(),
     );
-    // A name given for a node's address is ignored too: no enforcement allows a node by a name
-    // (cluster::names keeps outside addresses only), so a policy's name must not allow it here.
+    // A node's address keeps the name: the agent's enforcement allows a name at any address of
+    // an answer the pod asked for, so monitor judges it so (learning proposes the node as its
+    // address, docs/behaviour.md §3.4).
     let node = (
         [192, 168, 1, 2],
         "node.example.test",
         uplink::Direction::Outbound,
-        serde_json::json!({"address": "192.168.1.2"}),
+        serde_json::json!({"address": "192.168.1.2", "dnsName": "node.example.test"}),
     );
     for (peer, name, direction, want) in cases.into_iter().chain([node]) {
         let mut record = sent("client-5d8f7c9b6-a", peer, 443, direction);
