@@ -295,6 +295,18 @@ impl Governing<'_> {
         ends: &Option<(Resolved<'_>, Resolved<'_>)>,
     ) -> Vec<usize> {
         match (self.policy.spec.backend, &self.rendered, ends) {
+            // The Admin tier decided this side: no rule of the policy did (nor a name it lists).
+            (Backend::Kubernetes, Some(_), Some(ends))
+                if compiled::admin_decides(
+                    view,
+                    self.direction,
+                    *ends,
+                    flow.protocol,
+                    flow.port,
+                ) =>
+            {
+                Vec::new()
+            }
             (Backend::Kubernetes, Some(rendered), Some(ends)) => {
                 let mut rules = compiled::matching_rules(
                     view,

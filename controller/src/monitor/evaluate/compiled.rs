@@ -360,18 +360,47 @@ pub fn admin_denies(
     protocol: Protocol,
     port: u16,
 ) -> bool {
-    let Some((subject, query)) = side(view, direction, ends, protocol, port) else {
-        return false;
-    };
-    let index = view.policy_index();
-    first_match(index.cluster_tier(subject, Tier::Admin), direction, &query)
-        .is_some_and(|m| m.action == Action::Deny)
+    admin_action(view, direction, ends, protocol, port) == Some(Action::Deny)
+}
+
+/// Whether the Admin tier accepts or denies the `direction` side of a flow between the resolved
+/// `ends`: the NetworkPolicy tier is then never reached, so no NetworkPolicy rule (nor a name a
+/// policy allows) is what decided it.
+pub fn admin_decides(
+    view: &ClusterView,
+    direction: Direction,
+    ends: (Resolved<'_>, Resolved<'_>),
+    protocol: Protocol,
+    port: u16,
+) -> bool {
+    matches!(
+        admin_action(view, direction, ends, protocol, port),
+        Some(Action::Accept | Action::Deny)
+    )
+}
+
+/// The action of the first Admin rule matching the `direction` side of a flow between `ends`.
+fn admin_action(
+    view: &ClusterView,
+    direction: Direction,
+    ends: (Resolved<'_>, Resolved<'_>),
+    protocol: Protocol,
+    port: u16,
+) -> Option<Action> {
+    let (subject, query) = side(view, direction, ends, protocol, port)?;
+    first_match(
+        view.policy_index().cluster_tier(subject, Tier::Admin),
+        direction,
+        &query,
+    )
+    .map(|m| m.action)
 }
 
 /// The indexes of `policy`'s rules for `direction` that allow the flow between the resolved `ends`,
-/// in order; empty when `policy` does not isolate that side or no rule of its own matches (other
-/// policies in force may still allow the flow). For rule usage (docs/api.md, "Rule usage") and
-/// explanations: the verdict paths stop at the first match.
+/// in order; empty when `policy` does not isolate that side, when the Admin tier decides that side
+/// (an Admin Accept or Deny: no NetworkPolicy rule is what let the flow through), or when no rule of
+/// its own matches (other policies in force may still allow the flow). For rule usage (docs/api.md,
+/// "Rule usage") and explanations: the verdict paths stop at the first match.
 pub fn matching_rules(
     view: &ClusterView,
     policy: &Policy<'_>,
@@ -380,6 +409,9 @@ pub fn matching_rules(
     protocol: Protocol,
     port: u16,
 ) -> Vec<usize> {
+    if admin_decides(view, direction, ends, protocol, port) {
+        return Vec::new();
+    }
     match isolated_side(view, policy, direction, ends, (protocol, port)) {
         Some((_, query)) => policy.matching_rules(direction, &query).collect(),
         None => Vec::new(),

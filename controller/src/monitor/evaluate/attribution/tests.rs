@@ -1138,6 +1138,30 @@ fn rule_usage_names_the_rules_that_allowed_each_side() {
         vec![],
         "the flow passes, but not by this policy's rule"
     );
+    // An Admin ClusterNetworkPolicy that accepts the client's egress decides that side before any
+    // NetworkPolicy (or name): the egress policy's rules are not what let the flow out. A Pass
+    // leaves the decision, and the usage, to the NetworkPolicy tier; the server's side is unchanged.
+    for (action, egress_used) in [("Accept", false), ("Pass", true)] {
+        let mut view = view.clone();
+        view.insert_cluster_policy(crate::monitor::evaluate::view::NamedClusterPolicy {
+            name: "admin-egress".into(),
+            spec: serde_json::from_value(json!({
+                "tier": "Admin", "priority": 5,
+                "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": NS}}},
+                "egress": [{"action": action, "to": [{"namespaces": {}}, {"networks": ["0.0.0.0/0"]}],
+                            "protocols": [{"tcp": {"destinationPort": {"number": 18080}}},
+                                          {"tcp": {"destinationPort": {"number": 443}}}]}]
+            }))
+            .unwrap(),
+        });
+        let mut want = vec![(ingress_name(), Direction::Ingress, vec![0])];
+        if egress_used {
+            want.insert(0, (egress_name(), Direction::Egress, vec![0]));
+        }
+        assert_eq!(usage(&view, &[&egress, &ingress], tcp()), want, "{action}");
+        let by_name = usage(&view, &[&named], to(Some("api.partner.test")));
+        assert_eq!(by_name.is_empty(), !egress_used, "{action}: {by_name:?}");
+    }
 }
 
 #[test]
