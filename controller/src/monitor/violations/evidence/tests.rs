@@ -643,49 +643,22 @@ fn learning_and_evidence_place_a_record_alike() {
         "" => side.workload.address.clone(),
         name => name.to_string(),
     };
+    use uplink::Direction::{Inbound, Outbound};
+    let (client, server, agent) = (
+        "client-5d8f7c9b6-a",
+        "server-5d8f7c9b6-a",
+        "agent-5d8f7c9b6-a",
+    );
+    // (local pod, peer, port, direction): via a Service, to a pod, from a pod, to an outside
+    // address, to a host-network address, from a host-network pod, from a host-network address.
     let records = [
-        (
-            "client-5d8f7c9b6-a",
-            [10, 96, 0, 10],
-            18083,
-            uplink::Direction::Outbound,
-        ),
-        (
-            "client-5d8f7c9b6-a",
-            [10, 0, 0, 2],
-            18081,
-            uplink::Direction::Outbound,
-        ),
-        (
-            "server-5d8f7c9b6-a",
-            [10, 0, 0, 1],
-            18081,
-            uplink::Direction::Inbound,
-        ),
-        (
-            "client-5d8f7c9b6-a",
-            [203, 0, 113, 1],
-            443,
-            uplink::Direction::Outbound,
-        ),
-        (
-            "client-5d8f7c9b6-a",
-            [192, 168, 1, 1],
-            9000,
-            uplink::Direction::Outbound,
-        ),
-        (
-            "agent-5d8f7c9b6-a",
-            [10, 0, 0, 2],
-            18081,
-            uplink::Direction::Outbound,
-        ),
-        (
-            "server-5d8f7c9b6-a",
-            [192, 168, 1, 1],
-            18081,
-            uplink::Direction::Inbound,
-        ),
+        (client, [10, 96, 0, 10], 18083, Outbound),
+        (client, [10, 0, 0, 2], 18081, Outbound),
+        (server, [10, 0, 0, 1], 18081, Inbound),
+        (client, [203, 0, 113, 1], 443, Outbound),
+        (client, [192, 168, 1, 1], 9000, Outbound),
+        (agent, [10, 0, 0, 2], 18081, Outbound),
+        (server, [192, 168, 1, 1], 18081, Inbound),
     ];
     for (local, peer, port, direction) in records {
         let mut record = sent(local, peer, port, direction);
