@@ -219,7 +219,7 @@ impl<'a> Governing<'a> {
                     flow.protocol,
                     flow.port,
                 );
-                // The names add to what the payload allows: an outside address the pod resolved
+                // The names add to what the payload allows: an address (no pod's) the pod resolved
                 // from a name a rule lists, on its ports.
                 let by_name = verdict == PolicyVerdict::Denies
                     && self.direction == Direction::Egress

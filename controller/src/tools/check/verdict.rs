@@ -100,7 +100,7 @@ impl Checker {
             egress.rules = self.matching_rules(&verdict.egress, Direction::Egress, flow);
             ingress.rules = self.matching_rules(&verdict.ingress, Direction::Ingress, flow);
         }
-        // Names allow outside addresses only, as in the controller (`attribution`), and only where
+        // Names allow addresses only (no pod), as in the controller (`attribution`), and only where
         // the NetworkPolicy tier decides (they are part of a rendered NetworkPolicy).
         if let (Endpoint::Ip(_), Some(name)) = (&flow.destination, peer_name)
             && verdict.egress.decider == Decider::NetworkPolicy
