@@ -705,3 +705,33 @@ fn learning_and_evidence_place_a_record_alike() {
         assert_eq!(learned, judged, "{local} {peer:?} {direction:?}");
     }
 }
+
+/// A pod recreated on the host network under its old name keeps, for records within the IP history,
+/// its former address's lease (the index moves the name's newest record there): such a peer is judged
+/// as host-network pods are, by its address.
+#[test]
+fn a_pod_now_on_the_host_network_is_judged_by_its_address() {
+    let (mut index, view) = cluster();
+    index.apply_pod(
+        &pod("web-5d8f7c9b6-a", "web", "web-sa", "10.0.0.9", false),
+        1_000,
+    );
+    index.apply_pod(
+        &pod("web-5d8f7c9b6-a", "web", "web-sa", "192.168.1.7", true),
+        2_000,
+    );
+    let mut record = sent(
+        "client-5d8f7c9b6-a",
+        [10, 0, 0, 9],
+        18081,
+        uplink::Direction::Outbound,
+    );
+    record.last_seen_ms = 1_500;
+    let now = Time(Timestamp::from_second(1_900_000_000).unwrap());
+    let flows = flows_of(&index, &view, &record, &now).unwrap();
+    assert_eq!(
+        flows[0].destination.endpoint,
+        Endpoint::Ip("192.168.1.7".parse().unwrap())
+    );
+    assert_eq!(flows[0].destination.workload.owner_name, "web");
+}
