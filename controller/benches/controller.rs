@@ -410,16 +410,7 @@ fn stages(
         .collect();
     let observations: Vec<ReportedConnection> = decoded
         .iter()
-        .map(|d| ReportedConnection {
-            local: d.local.clone(),
-            peer: d.peer,
-            port: d.port,
-            protocol: d.protocol,
-            opened: d.opened,
-            at_ms: d.at_ms,
-            reporter: Reporter::Node,
-            peer_name: d.peer_name.name(),
-        })
+        .map(|d| ReportedConnection::of(d, Reporter::Node))
         .collect();
     let resolve_learning = ns_per_item(&observations, |o| {
         black_box(learn::flows(&ix, o).unwrap());

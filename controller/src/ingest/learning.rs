@@ -24,16 +24,7 @@ fn learned(
         uplink::Outcome::try_from(record.outcome),
         Ok(uplink::Outcome::Established | uplink::Outcome::Datagram)
     );
-    learns.then(|| ReportedConnection {
-        local: decoded.local.clone(),
-        peer: decoded.peer,
-        port: decoded.port,
-        protocol: decoded.protocol,
-        opened: decoded.opened,
-        at_ms: decoded.at_ms,
-        reporter,
-        peer_name: decoded.peer_name.name(),
-    })
+    learns.then(|| ReportedConnection::of(decoded, reporter))
 }
 
 /// How far ahead of this controller's clock an agent's clock may run before its times are not

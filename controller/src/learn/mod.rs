@@ -29,6 +29,7 @@ pub use wildcards::DEFAULT_WILDCARD_MIN_NAMES;
 use crate::cluster::index::{
     Connection, End, FlowEnd, Flows, Index, NoFlow, Opened, PodRecord, WorkloadEndpoint,
 };
+use crate::ingest::flow_record::Decoded;
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -67,6 +68,20 @@ pub struct ReportedConnection {
 }
 
 impl ReportedConnection {
+    /// A record as ingest read it, reported by `reporter`.
+    pub fn of(decoded: &Decoded, reporter: Reporter) -> Self {
+        Self {
+            local: decoded.local.clone(),
+            peer: decoded.peer,
+            port: decoded.port,
+            protocol: decoded.protocol,
+            opened: decoded.opened,
+            at_ms: decoded.at_ms,
+            reporter,
+            peer_name: decoded.peer_name.name(),
+        }
+    }
+
     /// What the index resolves.
     pub fn connection(&self) -> Connection<'_> {
         Connection {

@@ -664,16 +664,7 @@ fn learning_and_evidence_place_a_record_alike() {
         let mut record = sent(local, peer, port, direction);
         record.peer_name = "api.example.test".into();
         let decoded = decode(&record, &index, None).unwrap();
-        let obs = crate::learn::ReportedConnection {
-            local: decoded.local.clone(),
-            peer: decoded.peer,
-            port: decoded.port,
-            protocol: decoded.protocol,
-            opened: decoded.opened,
-            at_ms: decoded.at_ms,
-            reporter: crate::learn::Reporter::Node,
-            peer_name: decoded.peer_name.name(),
-        };
+        let obs = crate::learn::ReportedConnection::of(&decoded, crate::learn::Reporter::Node);
         let learned: Vec<_> = crate::learn::flows(&index, &obs)
             .unwrap()
             .iter()
