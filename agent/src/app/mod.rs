@@ -69,6 +69,11 @@ pub struct EnforcementArgs {
     /// network namespace: two agents on one node need two queues.
     #[arg(long, default_value_t = crate::enforce::dns_hold::DEFAULT_QUEUE, env = "NE_ENFORCEMENT_DNS_HOLD_QUEUE")]
     enforcement_dns_hold_queue: u16,
+    /// NFLOG group the DNS hold copies held pods' DNS queries to (they go on at once; the agent
+    /// notes them so that it believes only answers to queries that were sent). Not the
+    /// `--enforcement-log-group`: a group has one reader. Groups are per network namespace.
+    #[arg(long, default_value_t = crate::enforce::dns_hold::DEFAULT_QUERY_GROUP, env = "NE_ENFORCEMENT_DNS_HOLD_QUERY_GROUP")]
+    enforcement_dns_hold_query_group: u16,
 }
 
 /// Kernel-side settings shared by the subcommands.

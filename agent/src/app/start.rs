@@ -67,8 +67,17 @@ pub(super) fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch
         }
         None => None,
     };
-    let dns_hold = (e.enforcement_dns_hold_queue != 0).then_some(e.enforcement_dns_hold_queue);
+    let dns_hold = (e.enforcement_dns_hold_queue != 0).then_some((
+        e.enforcement_dns_hold_queue,
+        e.enforcement_dns_hold_query_group,
+    ));
     if dns_hold.is_some() {
+        anyhow::ensure!(
+            e.enforcement_dns_hold_query_group != e.enforcement_log_group,
+            "--enforcement-dns-hold-query-group {} is also the --enforcement-log-group: an NFLOG group has \
+             one reader, give the DNS hold's queries a group of their own",
+            e.enforcement_dns_hold_query_group
+        );
         nft::valid_table_name(&enforce::dns_hold::table_of(&e.enforcement_table)).map_err(|why| {
             anyhow::anyhow!("the DNS hold's table: {why}; use a shorter --enforcement-table or --enforcement-dns-hold-queue 0")
         })?;

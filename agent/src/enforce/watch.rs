@@ -61,9 +61,9 @@ pub struct Config {
     /// Where this node's pod cgroups are: a new pod's addresses are read there before the API server
     /// reports them ([`crate::enforce::sandbox`]); `None`: from the API server only.
     pub pods_cgroup: Option<std::path::PathBuf>,
-    /// The NFQUEUE of the DNS hold ([`crate::enforce::dns_hold`]); `None`: no hold, names are
-    /// enforced from the addresses the controller renders only.
-    pub dns_hold: Option<u16>,
+    /// The NFQUEUE and the query NFLOG group of the DNS hold ([`crate::enforce::dns_hold`]); `None`:
+    /// no hold, names are enforced from the addresses the controller renders only.
+    pub dns_hold: Option<(u16, u16)>,
 }
 
 /// How often the pods of this node that have no address yet are looked for on the node (only while
@@ -134,11 +134,11 @@ pub fn spawn(
     }
     let shared = Arc::new(Shared::default());
     let deny_index = SharedDenyIndex::default();
-    let hold = config.dns_hold.and_then(|queue| {
+    let hold = config.dns_hold.and_then(|(queue, query_group)| {
         let grace = crate::dns::tracker::Limits::default().grace;
-        match Hold::start(&config.table, queue, grace, metrics.clone()) {
+        match Hold::start(&config.table, queue, query_group, grace, metrics.clone()) {
             Ok(hold) => {
-                tracing::info!(queue, table = %dns_hold::table_of(&config.table),
+                tracing::info!(queue, query_group, table = %dns_hold::table_of(&config.table),
                     "DNS hold on: a pod reaches what it resolved from an allowed name once it reads the answer");
                 Some(hold)
             }

@@ -20,6 +20,8 @@ pub const ALLOWED: &str = "api.partner.test";
 pub const OTHER: &str = "other.partner.test";
 pub const TABLE: &str = "ne_hold_test";
 pub const QUEUE: u16 = 8499;
+/// The hold's query group.
+pub const QUERY_GROUP: u16 = 8499;
 /// Less than the first SYN retransmission (1 s): a connect that needs a retry fails.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(600);
 
@@ -108,8 +110,14 @@ impl World {
     pub fn hold(&self, names: &[&str], grace: Duration) -> Arc<Hold> {
         let ruleset = self.ruleset(names);
         self.router.run(move || {
-            let hold = Hold::start(TABLE, QUEUE, grace, EnforcementMetrics::default())
-                .expect("starting the hold");
+            let hold = Hold::start(
+                TABLE,
+                QUEUE,
+                QUERY_GROUP,
+                grace,
+                EnforcementMetrics::default(),
+            )
+            .expect("starting the hold");
             hold.install(&ruleset, None).expect("installing the table");
             hold
         })

@@ -3,18 +3,20 @@
 //! carried to the agent by the rendered NetworkPolicy's annotation) may reach an address the moment it
 //! can read the answer that gave it, and no longer than the answer's TTL plus the grace.
 //!
-//! How: a table of its own (`inet <table>_dns`) sends the UDP DNS messages of those pods (queries from
-//! them, answers to them, at the `forward`, `input` and `output` hooks) to an NFQUEUE. One thread
-//! reads it: a query is noted; an answer is believed only for a noted query (same socket, server,
-//! transaction id and question, [`crate::dns::tracker`]), and for each address resolved from an
-//! allowed name a grant (pod, address, ports) is put into the enforcement table's name sets, with the
-//! TTL plus the grace as its timeout, *before* the answer is let through. Every message is let
+//! How: a table of its own (`inet <table>_dns`) copies the UDP DNS queries of those pods to an NFLOG
+//! group (the query goes on at once) and sends the answers to them to an NFQUEUE (at the `forward`,
+//! `input` and `output` hooks). One thread reads both from one socket ([`socket`]), in the order the
+//! packets passed: a query is noted; an answer is believed only for a noted query (same socket,
+//! server, transaction id and question, [`crate::dns::tracker`]), and for each address resolved from
+//! an allowed name a grant (pod, address, ports) is put into the enforcement table's name sets, with
+//! the TTL plus the grace as its timeout, *before* the answer is let through. Every answer is let
 //! through: the hold delays, it never drops. Answers with nothing new go on at once.
 //!
 //! Reading order:
 //! - [`queue_rule`]: the rule that queues (over netlink: `nft` has no `queue` on kernels without
 //!   `nft_queue`; the xtables `NFQUEUE` target runs through `nft_compat`);
-//! - [`packet`]: a queued packet read as a UDP datagram (pure);
+//! - [`socket`]: the one socket of the queue and the query group (messages read purely);
+//! - [`packet`]: a queued or copied packet read as a UDP datagram (pure);
 //! - [`netlink`]: nf_tables batches written without `nft`;
 //! - [`grants`]: what each pod may reach and until when (pure); [`set_elements`]: those grants put
 //!   into the enforcement table's name sets, over netlink (an `nft` process costs milliseconds);
@@ -30,6 +32,7 @@ mod netlink;
 pub mod packet;
 pub mod queue_rule;
 pub mod set_elements;
+pub mod socket;
 
 use crate::aggregate::monotonic_now;
 use crate::dns::tracker::{self, Pod, Refused, Tracker};
@@ -37,14 +40,18 @@ use crate::enforce::compile::{NameAllowance, Ruleset};
 use crate::enforce::metrics::{EnforcementMetrics, OutcomeLabel};
 use crate::enforce::nft::{self, NftError};
 use grants::Grants;
+use socket::{Held, HoldSocket};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The default NFQUEUE number (`--dns-hold-queue`).
+/// The default NFQUEUE number (`--enforcement-dns-hold-queue`).
 pub const DEFAULT_QUEUE: u16 = 8410;
+/// The default NFLOG group of the held pods' queries (`--enforcement-dns-hold-query-group`): not the
+/// deny evidence's default group (8410), a group has one reader.
+pub const DEFAULT_QUERY_GROUP: u16 = 8411;
 /// Messages waiting in the kernel for the reader; past it, they pass unheld (fail open).
 const QUEUE_MAX_LEN: u32 = 4096;
 /// Grants on the node; past it, new ones are refused (counted) and the pod waits for the controller's
@@ -69,12 +76,10 @@ pub enum HoldError {
          (xt_NFQUEUE)"
     )]
     QueueRule(#[source] std::io::Error),
-    #[error("opening NFQUEUE {queue}: {source}")]
-    Queue {
-        queue: u16,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the hold's socket: {0}")]
+    Socket(#[from] socket::SocketError),
+    #[error("starting the hold's reader thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// A pod of this node with names: its addresses and what its policies allow by name.
@@ -106,24 +111,19 @@ pub struct Hold {
 
 impl Hold {
     /// Creates the hold table (replacing one an earlier agent left), its queue rule, and the reader
-    /// thread on `queue`; `grace` is how long past its TTL an answer's addresses stay reachable.
+    /// thread on `queue` (answers) and `query_group` (copies of queries); `grace` is how long past
+    /// its TTL an answer's addresses stay reachable.
     pub fn start(
         table: &str,
         queue: u16,
+        query_group: u16,
         grace: Duration,
         metrics: EnforcementMetrics,
     ) -> Result<Arc<Hold>, HoldError> {
         let hold_table = table_of(table);
-        nft::apply(&hold_table_script(&hold_table)).map_err(HoldError::Table)?;
-        let mut reader = nfq::Queue::open().map_err(|source| HoldError::Queue { queue, source })?;
-        let configured = reader
-            .bind(queue)
-            .and_then(|()| reader.set_fail_open(queue, true))
-            .and_then(|()| reader.set_queue_max_len(queue, QUEUE_MAX_LEN));
-        if let Err(source) = configured {
-            let _ = nft::clear(&hold_table);
-            return Err(HoldError::Queue { queue, source });
-        }
+        // Bound before the table exists: no query is copied before someone reads the group.
+        let socket = HoldSocket::open(queue, query_group, QUEUE_MAX_LEN)?;
+        nft::apply(&hold_table_script(&hold_table, query_group)).map_err(HoldError::Table)?;
         if let Err(e) = queue_rule::append(queue_rule::Family::Inet, &hold_table, "hold", queue) {
             let _ = nft::clear(&hold_table);
             return Err(HoldError::QueueRule(e));
@@ -144,8 +144,8 @@ impl Hold {
         let running = hold.clone();
         std::thread::Builder::new()
             .name("dns-hold".into())
-            .spawn(move || running.read(reader))
-            .map_err(|source| HoldError::Queue { queue, source })?;
+            .spawn(move || running.read(&socket))
+            .map_err(HoldError::Thread)?;
         Ok(hold)
     }
 
@@ -164,57 +164,66 @@ impl Hold {
         Ok(())
     }
 
-    /// The reader thread: every queued message is judged, then let through.
-    fn read(&self, mut queue: nfq::Queue) {
-        let mut copy = Vec::with_capacity(512);
+    /// The reader thread: query copies are noted; each queued answer is judged, then let through.
+    fn read(&self, socket: &HoldSocket) {
+        let mut buf = vec![0u8; socket::RECEIVE_BYTES];
         loop {
-            let message = match queue.recv() {
-                Ok(message) => message,
+            let n = match socket.receive(&mut buf) {
+                Ok(n) => n,
+                Err(error) if error.raw_os_error() == Some(libc::ENOBUFS) => {
+                    // Query copies lost (their answers will be unsolicited: no grant, the pod
+                    // waits for the controller's rendering); answers pass unheld (fail-open).
+                    self.count("socket_overrun");
+                    tracing::debug!("the DNS hold's socket overran; query copies were lost");
+                    continue;
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "reading the DNS hold queue failed; retrying");
+                    tracing::warn!(%error, "reading the DNS hold's socket failed; retrying");
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
             };
-            let started = Instant::now();
-            // A query goes on at once and is noted after: its answer is read by this same thread,
-            // so it cannot be judged before the note is made.
-            let query = packet::udp(message.get_payload()).is_some_and(|d| d.to.port() == 53);
-            let (outcome, later) = if query {
-                copy.clear();
-                copy.extend_from_slice(message.get_payload());
-                self.let_through(&mut queue, message);
-                self.judge(&copy)
-            } else {
-                let judged = self.judge(message.get_payload());
-                self.let_through(&mut queue, message);
-                judged
-            };
-            self.metrics
-                .dns_hold_seconds
-                .observe(started.elapsed().as_secs_f64());
-            self.metrics
-                .dns_hold
-                .get_or_create(&OutcomeLabel { outcome })
-                .inc();
-            if !later.is_empty()
-                && let Err(error) = set_elements::write(&self.table, &[], &later)
-            {
-                self.metrics
-                    .dns_hold
-                    .get_or_create(&OutcomeLabel {
-                        outcome: "nft_failed",
-                    })
-                    .inc();
-                tracing::warn!(%error, "extending name grants failed (they end at their old time)");
+            for message in socket::messages(&buf[..n]) {
+                match message {
+                    Ok(Held::Query(packet)) => {
+                        let (outcome, _) = self.judge(packet);
+                        self.count(outcome);
+                    }
+                    Ok(Held::Answer { id, packet }) => {
+                        let started = Instant::now();
+                        let (outcome, later) = self.judge(packet);
+                        if let Err(error) = socket.accept(id) {
+                            tracing::warn!(%error, "letting a held DNS answer through failed");
+                        }
+                        self.metrics
+                            .dns_hold_seconds
+                            .observe(started.elapsed().as_secs_f64());
+                        self.count(outcome);
+                        self.extend(&later);
+                    }
+                    Err(error) => {
+                        self.count("unreadable");
+                        tracing::debug!(%error, "an unreadable message on the DNS hold's socket");
+                    }
+                }
             }
         }
     }
 
-    fn let_through(&self, queue: &mut nfq::Queue, mut message: nfq::Message) {
-        message.set_verdict(nfq::Verdict::Accept);
-        if let Err(error) = queue.verdict(message) {
-            tracing::warn!(%error, "letting a held DNS message through failed");
+    fn count(&self, outcome: &'static str) {
+        self.metrics
+            .dns_hold
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Extends grants after their answer went on.
+    fn extend(&self, later: &[(grants::Grant, Duration)]) {
+        if !later.is_empty()
+            && let Err(error) = set_elements::write(&self.table, &[], later)
+        {
+            self.count("nft_failed");
+            tracing::warn!(%error, "extending name grants failed (they end at their old time)");
         }
     }
 
@@ -313,12 +322,17 @@ fn pods_with_names(ruleset: &Ruleset) -> HashMap<IpAddr, Arc<PodNames>> {
 
 /// The hold table, created empty of pods: the queue rule goes into `hold` afterwards
 /// ([`queue_rule::append`]). Replacing the whole table also drops an earlier agent's queue rule.
-fn hold_table_script(table: &str) -> String {
-    let held = |field: &str, port: &str| {
-        format!(
-            "    ip {field} @held4 udp {port} 53 jump hold\n    ip6 {field} @held6 udp {port} 53 jump hold\n"
-        )
+/// Queries are copied to `query_group`, answers queued.
+fn hold_table_script(table: &str, query_group: u16) -> String {
+    let rule = |family: &str, set: &str, field: &str, port: &str, then: &str| {
+        format!("    {family} {field} @{set} udp {port} 53 {then}\n")
     };
+    let queries = |then: &str| {
+        rule("ip", "held4", "saddr", "dport", then) + &rule("ip6", "held6", "saddr", "dport", then)
+    };
+    let answers = rule("ip", "held4", "daddr", "sport", "jump hold")
+        + &rule("ip6", "held6", "daddr", "sport", "jump hold");
+    let copy = format!("log group {query_group}");
     // Answers to held pods and their queries; `input` and `output` for a resolver on the node itself.
     // Before the enforcement table's chains (priority filter - 10): what enforcement then drops was
     // only noted.
@@ -337,10 +351,10 @@ fn hold_table_script(table: &str) -> String {
     out.push_str(&chain(
         "forward",
         "forward",
-        held("daddr", "sport") + &held("saddr", "dport"),
+        answers.clone() + &queries(&copy),
     ));
-    out.push_str(&chain("input", "input", held("saddr", "dport")));
-    out.push_str(&chain("output", "output", held("daddr", "sport")));
+    out.push_str(&chain("input", "input", queries(&copy)));
+    out.push_str(&chain("output", "output", answers));
     out.push_str("}\n");
     out
 }
@@ -368,13 +382,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_hold_table_queues_held_pods_dns_at_three_hooks_and_the_held_set_is_replaced() {
-        let script = hold_table_script("ne_dns");
+    fn the_hold_table_copies_queries_and_queues_answers_at_three_hooks_and_the_held_set_is_replaced()
+     {
+        let script = hold_table_script("ne_dns", 8411);
         assert!(script.starts_with("table inet ne_dns {}\ndelete table inet ne_dns\n"));
+        // A query never waits for user space: only answers are queued.
+        assert!(!script.contains("dport 53 jump hold"), "{script}");
         for line in [
             "type filter hook forward priority filter - 10; policy accept;",
             "ip daddr @held4 udp sport 53 jump hold",
-            "ip6 saddr @held6 udp dport 53 jump hold",
+            "ip6 saddr @held6 udp dport 53 log group 8411",
             "type filter hook input priority filter - 10;",
             "type filter hook output priority filter - 10;",
         ] {

@@ -15,8 +15,10 @@ mod reader;
 mod task;
 
 pub use dedupe::Dedupe;
+pub(crate) use parse::attributes;
 pub use parse::{ParseError, Parsed, parse_datagram, parse_packet};
 pub use reader::NflogReader;
+pub(crate) use reader::{config_hint, nfnl_message, open_socket, request};
 pub use task::{Nflog, NflogOptions, spawn};
 
 use crate::enforce::nft::{DENY_PREFIX_EGRESS, DENY_PREFIX_INGRESS};
@@ -36,8 +38,8 @@ const NLMSG_HDRLEN: usize = 16;
 const NLA_HDRLEN: usize = 4;
 const NLA_TYPE_MASK: u16 = 0x3fff; // strips NLA_F_NESTED and NLA_F_NET_BYTEORDER
 const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
 
 // nfnetlink (linux/netfilter/nfnetlink.h): every message starts with a 4-byte nfgenmsg
 // (family, version, big-endian resource id = the NFLOG group).
@@ -124,15 +126,21 @@ pub struct Denied {
 }
 
 /// One netlink message: type, sequence number and the bytes after its header.
-struct NetlinkMessage<'a> {
-    kind: u16,
-    seq: u32,
-    body: &'a [u8],
+pub(crate) struct NetlinkMessage<'a> {
+    pub(crate) kind: u16,
+    pub(crate) seq: u32,
+    pub(crate) body: &'a [u8],
 }
 
 /// The netlink messages of a datagram; yields an error once and stops on a broken header.
-struct NetlinkMessages<'a> {
+pub(crate) struct NetlinkMessages<'a> {
     rest: &'a [u8],
+}
+
+impl<'a> NetlinkMessages<'a> {
+    pub(crate) fn new(datagram: &'a [u8]) -> Self {
+        NetlinkMessages { rest: datagram }
+    }
 }
 
 impl<'a> Iterator for NetlinkMessages<'a> {

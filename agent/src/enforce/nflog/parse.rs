@@ -29,6 +29,8 @@ pub enum ParseError {
     NoPrefix,
     #[error("log message has no payload attribute (is the group's copy mode `packet`?)")]
     NoPayload,
+    #[error("queued message has no packet header (no id to give its verdict)")]
+    NoPacketId,
     #[error("payload of {length} bytes is too short for an IPv{version} header")]
     TruncatedIpHeader { version: u8, length: usize },
     #[error("payload is neither IPv4 nor IPv6 (version {0})")]
@@ -65,7 +67,7 @@ impl Parsed {
 /// becomes a [`Denied`]. Never fails: what cannot be read is counted in [`Parsed::malformed`].
 pub fn parse_datagram(bytes: &[u8]) -> Parsed {
     let mut parsed = Parsed::default();
-    for message in (NetlinkMessages { rest: bytes }) {
+    for message in NetlinkMessages::new(bytes) {
         let message = match message {
             Ok(message) => message,
             Err(error) => {
@@ -89,37 +91,15 @@ pub fn parse_datagram(bytes: &[u8]) -> Parsed {
 /// Reads the body of one NFULNL_MSG_PACKET message (nfgenmsg and attributes, after the netlink
 /// header). `Ok(None)` when the prefix is not one of ours.
 pub fn parse_packet(body: &[u8]) -> Result<Option<Denied>, ParseError> {
-    let Some(mut attributes) = body.get(NFGENMSG_LEN..) else {
-        return Err(ParseError::TruncatedNfgenmsg { length: body.len() });
-    };
-    let mut offset = NFGENMSG_LEN;
     let mut prefix = None;
     let mut payload = None;
-    while !attributes.is_empty() {
-        let available = attributes.len();
-        let Some(header) = attributes.get(..NLA_HDRLEN) else {
-            return Err(ParseError::TruncatedAttribute { offset, available });
-        };
-        let length = u16::from_ne_bytes([header[0], header[1]]);
-        let kind = u16::from_ne_bytes([header[2], header[3]]) & NLA_TYPE_MASK;
-        let len = usize::from(length);
-        if len < NLA_HDRLEN || len > available {
-            return Err(ParseError::BadAttributeLength {
-                kind,
-                offset,
-                length,
-                available,
-            });
-        }
-        let data = &attributes[NLA_HDRLEN..len];
+    for attribute in attributes(body) {
+        let (kind, data) = attribute?;
         match kind {
             NFULA_PREFIX => prefix = Some(data),
             NFULA_PAYLOAD => payload = Some(data),
             _ => {}
         }
-        let next = align4(len).min(available);
-        attributes = &attributes[next..];
-        offset += next;
     }
     let prefix = prefix.ok_or(ParseError::NoPrefix)?;
     // The kernel sends the prefix NUL-terminated.
@@ -135,6 +115,42 @@ pub fn parse_packet(body: &[u8]) -> Result<Option<Denied>, ParseError> {
         source,
         destination,
     }))
+}
+
+/// The attributes (kind, data) of an nfnetlink message's body (nfgenmsg, then attributes); yields an
+/// error once and stops at the first broken one.
+pub(crate) fn attributes(body: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ParseError>> {
+    let mut rest = body.get(NFGENMSG_LEN..);
+    let mut offset = NFGENMSG_LEN;
+    std::iter::from_fn(move || {
+        let Some(attributes) = rest else {
+            rest = Some(&[]);
+            return Some(Err(ParseError::TruncatedNfgenmsg { length: body.len() }));
+        };
+        if attributes.is_empty() {
+            return None;
+        }
+        let available = attributes.len();
+        rest = Some(&[]);
+        let Some(header) = attributes.get(..NLA_HDRLEN) else {
+            return Some(Err(ParseError::TruncatedAttribute { offset, available }));
+        };
+        let length = u16::from_ne_bytes([header[0], header[1]]);
+        let kind = u16::from_ne_bytes([header[2], header[3]]) & NLA_TYPE_MASK;
+        let len = usize::from(length);
+        if len < NLA_HDRLEN || len > available {
+            return Some(Err(ParseError::BadAttributeLength {
+                kind,
+                offset,
+                length,
+                available,
+            }));
+        }
+        let next = align4(len).min(available);
+        rest = Some(&attributes[next..]);
+        offset += next;
+        Some(Ok((kind, &attributes[NLA_HDRLEN..len])))
+    })
 }
 
 /// Protocol and addresses of an IP packet's head (the NFLOG payload starts at the IP header).

@@ -3,7 +3,7 @@
 use super::*;
 
 /// What to do about a refused configuration step.
-pub(super) fn config_hint(error: &io::Error) -> &'static str {
+pub(crate) fn config_hint(error: &io::Error) -> &'static str {
     match error.raw_os_error() {
         // The kernel refuses a group another socket has bound with EPERM too.
         Some(libc::EPERM) | Some(libc::EACCES) => {
@@ -49,7 +49,7 @@ impl NflogReader {
         // Registration below panics outside a runtime; an error says more, and before the bind.
         tokio::runtime::Handle::try_current()
             .map_err(|error| NflogError::Reactor(io::Error::other(error)))?;
-        let fd = open_socket()?;
+        let fd = open_socket(SOCKET_QUEUE_BYTES)?;
         let raw = fd.as_raw_fd();
         let mut buf = vec![0u8; RECEIVE_BUFFER_BYTES];
         let mut seq = 0u32;
@@ -192,7 +192,9 @@ impl NflogReader {
     }
 }
 
-fn open_socket() -> Result<OwnedFd, NflogError> {
+/// A `NETLINK_NETFILTER` socket, bound, with a kernel-side queue of `queue_bytes` and a bounded wait
+/// for acknowledgements (receives time out after it too).
+pub(crate) fn open_socket(queue_bytes: libc::c_int) -> Result<OwnedFd, NflogError> {
     fn socket_error(step: &'static str) -> impl FnOnce(io::Error) -> NflogError {
         move |source| NflogError::Socket { step, source }
     }
@@ -224,8 +226,8 @@ fn open_socket() -> Result<OwnedFd, NflogError> {
         return Err(socket_error("bind")(io::Error::last_os_error()));
     }
     // A deep queue: SO_RCVBUFFORCE passes rmem_max with CAP_NET_ADMIN, SO_RCVBUF is the fallback.
-    if setsockopt_int(raw, libc::SO_RCVBUFFORCE, SOCKET_QUEUE_BYTES).is_err() {
-        let _ = setsockopt_int(raw, libc::SO_RCVBUF, SOCKET_QUEUE_BYTES);
+    if setsockopt_int(raw, libc::SO_RCVBUFFORCE, queue_bytes).is_err() {
+        let _ = setsockopt_int(raw, libc::SO_RCVBUF, queue_bytes);
     }
     // Setup waits for acknowledgements on the still blocking socket; this bounds the wait.
     let timeout = libc::timeval {
@@ -281,6 +283,26 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
 
 /// An NFULNL_MSG_CONFIG request asking for an acknowledgement.
 pub(super) fn config_message(seq: u32, family: u8, res_id: u16, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    nfnl_message(
+        (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        family,
+        res_id,
+        attrs,
+    )
+}
+
+/// An nfnetlink message: type `kind` (subsystem << 8 | message), `flags`, and `attrs` after the
+/// nfgenmsg of `family` and `res_id` (a group or queue number).
+pub(crate) fn nfnl_message(
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+    attrs: &[(u16, &[u8])],
+) -> Vec<u8> {
     let mut message = vec![0u8; NLMSG_HDRLEN];
     message.extend_from_slice(&[family, NFNETLINK_V0]);
     message.extend_from_slice(&res_id.to_be_bytes());
@@ -293,15 +315,14 @@ pub(super) fn config_message(seq: u32, family: u8, res_id: u16, attrs: &[(u16, &
     }
     let total = message.len() as u32;
     message[0..4].copy_from_slice(&total.to_ne_bytes());
-    let kind = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG;
     message[4..6].copy_from_slice(&kind.to_ne_bytes());
-    message[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    message[6..8].copy_from_slice(&flags.to_ne_bytes());
     message[8..12].copy_from_slice(&seq.to_ne_bytes());
     message
 }
 
 /// Sends `message` to the kernel and waits for the acknowledgement of `seq` (blocking socket).
-fn request(fd: RawFd, seq: u32, message: &[u8], buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn request(fd: RawFd, seq: u32, message: &[u8], buf: &mut [u8]) -> io::Result<()> {
     // SAFETY: the pointer and length describe `message`. An unconnected netlink socket sends to
     // the kernel.
     let sent = unsafe { libc::send(fd, message.as_ptr().cast(), message.len(), 0) };
@@ -324,7 +345,7 @@ fn request(fd: RawFd, seq: u32, message: &[u8], buf: &mut [u8]) -> io::Result<()
             }
         }
         let received = &buf[..(n as usize).min(buf.len())];
-        for message in (NetlinkMessages { rest: received }).flatten() {
+        for message in NetlinkMessages::new(received).flatten() {
             if message.kind != NLMSG_ERROR || message.seq != seq {
                 continue;
             }
