@@ -5,6 +5,7 @@
 //! crate can use it; the `user` feature adds the `aya::Pod` impls user space needs.
 #![no_std]
 
+pub mod hold;
 pub mod scan;
 
 /// `AF_INET`, as the kernel reports it in `family`.

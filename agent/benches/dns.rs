@@ -576,11 +576,15 @@ fn hold_figures() -> serde_json::Value {
     // An allowed name granted once, then answered again and again: nothing new.
     let granted = rotating_name(249);
     resolve(&world, &granted);
-    let (mut nothing_new, mut baseline) = (Vec::new(), Vec::new());
+    let (mut nothing_new, mut baseline, mut unisolated) = (Vec::new(), Vec::new(), Vec::new());
+    let checked_before = hold.checked().unwrap_or_default();
     for _ in 0..HOLD_EXCHANGES {
         nothing_new.push(resolve(&world, &granted).1);
-        baseline.push(resolve_from(&world, world.unheld_ip, OTHER).1);
+        baseline.push(resolve_from(&world, world.isolated_ip, OTHER).1);
+        unisolated.push(resolve_from(&world, world.unheld_ip, OTHER).1);
     }
+    let checked = hold.checked().unwrap_or_default();
+    let (passed, queued) = (checked.0 - checked_before.0, checked.1 - checked_before.1);
     let mut new_address = Vec::new();
     let mut first_connects = 0usize;
     for k in 0..ROTATIONS {
@@ -608,6 +612,10 @@ fn hold_figures() -> serde_json::Value {
         "dns_answer_added_latency_new_address_p99_us": round1(p(&new_address, 0.99) - p(&baseline, 0.99)),
         "dns_exchange_p50_us_no_hold": round1(p(&baseline, 0.5)),
         "dns_exchange_p99_us_no_hold": round1(p(&baseline, 0.99)),
+        "dns_answer_added_latency_vs_unisolated_p99_us": round1(p(&nothing_new, 0.99) - p(&unisolated, 0.99)),
+        "dns_answer_added_latency_vs_unisolated_p50_us": round1(p(&nothing_new, 0.5) - p(&unisolated, 0.5)),
+        "dns_exchange_p50_us_unisolated": round1(p(&unisolated, 0.5)),
+        "dns_exchange_p99_us_unisolated": round1(p(&unisolated, 0.99)),
         "dns_exchange_p50_us_hold_nothing_new": round1(p(&nothing_new, 0.5)),
         "dns_exchange_p99_us_hold_nothing_new": round1(p(&nothing_new, 0.99)),
         "dns_exchange_p50_us_hold_new_address": round1(p(&new_address, 0.5)),
@@ -615,6 +623,8 @@ fn hold_figures() -> serde_json::Value {
         "first_connect_after_rotation_success_ratio":
             (first_connects as f64 / f64::from(ROTATIONS) * 1000.0).round() / 1000.0,
         "rotations": ROTATIONS,
+        "dns_hold_nothing_new_passed_at_once": passed,
+        "dns_hold_nothing_new_queued": queued,
         "hold_exchanges_per_series": HOLD_EXCHANGES,
     });
     eprintln!("DNS hold: {figures}");

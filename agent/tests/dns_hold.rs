@@ -35,9 +35,20 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
         "first connection after the answer failed"
     );
     eprintln!("answer with a new grant took {took:?} end to end");
-    // The same answer again: nothing new to install.
+    // The same answer again: nothing new to install, so it does not wait for the agent (the kernel
+    // check finds every address granted), and the grant still works.
+    let before = hold
+        .checked()
+        .expect("the kernel check runs on this kernel");
     let (_, again) = resolve(&world, ALLOWED);
     eprintln!("answer with nothing new took {again:?} end to end");
+    let after = hold.checked().unwrap();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 0),
+        "an answer with nothing new went on at once (passed, queued)"
+    );
+    assert!(connects(&world, service), "granted after the unheld answer");
 
     // A name the policy does not allow, and an address nobody resolved: blocked.
     assert_eq!(resolve(&world, OTHER).0, other);
@@ -73,7 +84,7 @@ fn without_a_reader_the_queue_rule_lets_dns_through() {
     assert!(nft.wait().unwrap().success());
     world
         .router
-        .run(|| queue_rule::append(Family::Inet, "t", "hold", QUEUE))
+        .run(|| queue_rule::insert(Family::Inet, "t", "hold", (QUEUE, QUEUE), None))
         .expect("the queue rule");
     let (address, took) = resolve(&world, ALLOWED);
     assert_eq!(address, world.services[0]);

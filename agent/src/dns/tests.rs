@@ -245,6 +245,78 @@ fn only_an_answer_to_a_query_the_pod_sent_is_believed_until_its_ttl_and_grace() 
 }
 
 #[test]
+fn with_replace_oldest_pending_a_new_query_takes_the_room_of_the_pods_oldest() {
+    // The DNS hold's tracker: answers with nothing new never reach it, their queries stay pending.
+    let limits = Limits {
+        pending_per_pod: 4,
+        pending: 6,
+        replace_oldest_pending: true,
+        ..Limits::default()
+    };
+    let mut tracker = Tracker::new(limits);
+    let t0 = Duration::from_secs(1_000);
+    let (spray, web) = (pod("spray"), pod("web"));
+    let dns = at("10.96.0.10:53");
+    let client = at("10.244.0.9:5000");
+    tracker.query(
+        &web,
+        at("10.244.0.5:5000"),
+        dns,
+        &query(1, "api.example.com"),
+        t0,
+    );
+    for id in 0..100u16 {
+        tracker.query(
+            &spray,
+            client,
+            dns,
+            &query(id, &format!("r{id}.example.com")),
+            t0,
+        );
+    }
+    let c = tracker.counters();
+    // Never refused: the pod's own oldest queries made room (96), never the other pod's.
+    assert_eq!((c.pending_full, c.pending_replaced), (0, 96));
+    let answer = |id: u16, name: &str| response(id, name, &[(name, 60, a("192.0.2.1"))]);
+    assert!(
+        tracker
+            .answer(&spray, client, dns, &answer(99, "r99.example.com"), t0)
+            .is_ok()
+    );
+    assert_eq!(
+        tracker.answer(&spray, client, dns, &answer(0, "r0.example.com"), t0),
+        Err(Refused::Unsolicited)
+    );
+    assert!(
+        tracker
+            .answer(
+                &web,
+                at("10.244.0.5:5000"),
+                dns,
+                &answer(1, "api.example.com"),
+                t0
+            )
+            .is_ok()
+    );
+    // The node's bound: the oldest pending query on the node makes room, whoever sent it.
+    for (n, name) in ["a", "b", "c"].iter().enumerate() {
+        let other = pod(name);
+        for id in 0..3u16 {
+            tracker.query(
+                &other,
+                client,
+                dns,
+                &query(id, "x.example.com"),
+                t0 + Duration::from_millis(n as u64),
+            );
+        }
+    }
+    let c = tracker.counters();
+    assert_eq!(c.pending_full, 0);
+    assert!(c.pending_replaced > 96, "{c:?}");
+}
+
+#[test]
 fn a_pod_querying_many_names_fills_only_its_own_room() {
     let limits = Limits {
         pending_per_pod: 4,

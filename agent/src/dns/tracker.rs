@@ -33,6 +33,10 @@ pub struct Limits {
     /// How long past its TTL an address still counts as resolved from its name (clients cache answers a
     /// little longer than the TTL, and connections open just before it ends).
     pub grace: Duration,
+    /// At a bound, forget the oldest pending query (of the pod, or of the node) to note the new one,
+    /// instead of not noting the new one. For a tracker that does not see every answer (the DNS
+    /// hold's: answers with nothing new pass it by), whose pending queries would otherwise fill it.
+    pub replace_oldest_pending: bool,
 }
 
 impl Default for Limits {
@@ -44,6 +48,7 @@ impl Default for Limits {
             names_per_pod: 1_024,
             names: 100_000,
             grace: Duration::from_secs(30),
+            replace_oldest_pending: false,
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct Counters {
     pub unsolicited: u64,
     /// Queries not tracked because the pod's or the node's pending bound was reached.
     pub pending_full: u64,
+    /// Pending queries forgotten for a newer one ([`Limits::replace_oldest_pending`]).
+    pub pending_replaced: u64,
     /// Resolutions not kept because the pod's or the node's bound was reached.
     pub names_full: u64,
 }
@@ -187,7 +194,7 @@ impl Tracker {
         let slot = match self.ids.get(pod) {
             Some(&slot) => slot,
             // Nothing of the pod is held: the query is new.
-            None if full(0, self.pending.len()) => {
+            None if full(0, self.pending.len()) && !self.limits.replace_oldest_pending => {
                 self.counters.pending_full += 1;
                 return;
             }
@@ -199,6 +206,9 @@ impl Tracker {
             server,
             id: message.id,
         };
+        if self.limits.replace_oldest_pending && !self.pending.contains_key(&key) {
+            self.make_room(slot);
+        }
         let (of_pod, pending) = (self.slot(slot).pending, self.pending.len());
         let name = self.intern(asked);
         match self.pending.entry(key) {
@@ -393,6 +403,39 @@ impl Tracker {
             (held.pending, held.resolved) = (0, 0);
         }
         self.release_if_empty(slot);
+    }
+
+    /// Forgets the oldest pending queries, of pod `slot` while it is at its bound, then of the node
+    /// while it is at its bound ([`Limits::replace_oldest_pending`]).
+    fn make_room(&mut self, slot: PodId) {
+        let mut i = 0;
+        while self.slot(slot).pending >= self.limits.pending_per_pod && i < self.pending_order.len()
+        {
+            let (at, key) = self.pending_order[i];
+            if key.pod == slot && self.pending.get(&key).is_some_and(|p| p.1 == at) {
+                self.pending_order.remove(i);
+                self.forget_pending(key);
+            } else {
+                i += 1;
+            }
+        }
+        while self.pending.len() >= self.limits.pending {
+            let Some((at, key)) = self.pending_order.pop_front() else {
+                break;
+            };
+            if self.pending.get(&key).is_some_and(|p| p.1 == at) {
+                self.forget_pending(key);
+                if key.pod != slot {
+                    self.release_if_empty(key.pod);
+                }
+            }
+        }
+    }
+
+    fn forget_pending(&mut self, key: Exchange) {
+        self.pending.remove(&key);
+        self.slots[key.pod as usize].pending -= 1;
+        self.counters.pending_replaced += 1;
     }
 
     fn expire_pending(&mut self, now: Duration) {

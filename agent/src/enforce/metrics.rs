@@ -54,6 +54,8 @@ pub struct EnforcementMetrics {
     pub dns_hold: Family<OutcomeLabel, Counter>,
     /// How long the hold kept a DNS message (from reading it to letting it through).
     pub dns_hold_seconds: Histogram,
+    /// Answers the hold's kernel check let through at once (`passed`) or queued (`queued`).
+    pub dns_hold_checked: Family<OutcomeLabel, Counter>,
     /// Name grants held on the node.
     pub name_grants: Gauge,
 }
@@ -80,6 +82,7 @@ impl Default for EnforcementMetrics {
             dns_hold_seconds: Histogram::new([
                 0.000_025, 0.000_05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
             ]),
+            dns_hold_checked: Family::default(),
             name_grants: Gauge::default(),
         }
     }
@@ -154,6 +157,11 @@ impl EnforcementMetrics {
             "dns_hold_seconds",
             "How long the hold kept a DNS message before letting it through",
             self.dns_hold_seconds.clone(),
+        );
+        r.register(
+            "dns_hold_checked_answers",
+            "Answers to pods allowed names that the hold's kernel check let through at once (passed: nothing new) or queued",
+            self.dns_hold_checked.clone(),
         );
         r.register(
             "name_grants",

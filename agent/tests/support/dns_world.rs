@@ -34,6 +34,9 @@ pub struct World {
     /// A second address of the pod's namespace that no policy selects: its DNS is not held, over the
     /// same path (for comparing with and without the hold in one run).
     pub unheld_ip: Ipv4Addr,
+    /// A third address, isolated for egress as the pod is (DNS to the resolver) but allowed no
+    /// names: its DNS is not held either (what the hold adds beyond enforcement, in one run).
+    pub isolated_ip: Ipv4Addr,
     pub resolver: SocketAddr,
     /// What the names resolve to, and an address nobody resolves: all on `outside`.
     pub services: [Ipv4Addr; 3],
@@ -81,6 +84,7 @@ impl World {
             ],
         );
         pod.ip(&["addr", "add", &format!("10.214.{n}.3/32"), "dev", "lo"]);
+        pod.ip(&["addr", "add", &format!("10.214.{n}.4/32"), "dev", "lo"]);
         let services = [10, 11, 12].map(|h| Ipv4Addr::new(198, 51, 100, h));
         for s in services {
             outside.ip(&["addr", "add", &format!("{s}/32"), "dev", "lo"]);
@@ -100,6 +104,7 @@ impl World {
             outside,
             pod_ip: format!("10.214.{n}.1").parse().unwrap(),
             unheld_ip: format!("10.214.{n}.3").parse().unwrap(),
+            isolated_ip: format!("10.214.{n}.4").parse().unwrap(),
             resolver: format!("10.215.{n}.2:53").parse().unwrap(),
             services,
         }
@@ -123,37 +128,43 @@ impl World {
         })
     }
 
-    /// The pod is isolated for egress: DNS to the resolver, and `names` on TCP 8443.
+    /// The pod is isolated for egress: DNS to the resolver, and `names` on TCP 8443; its address
+    /// [`World::isolated_ip`] the same without names.
     pub fn ruleset(&self, names: &[&str]) -> Ruleset {
-        Ruleset {
-            pods: vec![IsolatedPod {
-                namespace: "x".into(),
-                name: "pod".into(),
-                ips: vec![IpAddr::V4(self.pod_ip)],
-                ingress: None,
-                egress: Some(Side {
-                    isolated: true,
-                    admin: vec![],
-                    baseline: vec![],
-                    policies: vec!["x/p".into()],
-                    allows: vec![Allow {
-                        peers: Peers::Addresses(Arc::new([self.resolver.ip()].into())),
-                        ports: Some(vec![PortRange {
-                            protocol: Protocol::UDP,
-                            first: 53,
-                            last: 53,
-                        }]),
-                    }],
-                    names: vec![Arc::new(NameAllowance {
-                        names: names.iter().map(|n| n.to_string()).collect(),
-                        ports: vec![PortRange {
-                            protocol: Protocol::TCP,
-                            first: 8443,
-                            last: 8443,
-                        }],
-                    })],
-                }),
+        let pod = |name: &str, ip: Ipv4Addr, names: Vec<Arc<NameAllowance>>| IsolatedPod {
+            namespace: "x".into(),
+            name: name.into(),
+            ips: vec![IpAddr::V4(ip)],
+            ingress: None,
+            egress: Some(Side {
+                isolated: true,
+                admin: vec![],
+                baseline: vec![],
+                policies: vec!["x/p".into()],
+                allows: vec![Allow {
+                    peers: Peers::Addresses(Arc::new([self.resolver.ip()].into())),
+                    ports: Some(vec![PortRange {
+                        protocol: Protocol::UDP,
+                        first: 53,
+                        last: 53,
+                    }]),
+                }],
+                names,
+            }),
+        };
+        let allowed = Arc::new(NameAllowance {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            ports: vec![PortRange {
+                protocol: Protocol::TCP,
+                first: 8443,
+                last: 8443,
             }],
+        });
+        Ruleset {
+            pods: vec![
+                pod("pod", self.pod_ip, vec![allowed]),
+                pod("isolated", self.isolated_ip, vec![]),
+            ],
             warnings: vec![],
         }
     }
@@ -212,7 +223,8 @@ pub fn resolve(world: &World, name: &str) -> (Ipv4Addr, Duration) {
     resolve_from(world, world.pod_ip, name)
 }
 
-/// [`resolve`] from the pod's address `pod_ip` ([`World::pod_ip`] or [`World::unheld_ip`]).
+/// [`resolve`] from the pod's address `pod_ip` ([`World::pod_ip`], [`World::unheld_ip`] or
+/// [`World::isolated_ip`]).
 pub fn resolve_from(world: &World, pod_ip: Ipv4Addr, name: &str) -> (Ipv4Addr, Duration) {
     let name = name.to_string();
     let resolver = world.resolver;

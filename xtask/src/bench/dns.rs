@@ -48,8 +48,11 @@
 //! figures are absent without it), the pod's DNS exchange timed from its send to its receive:
 //! - `dns_answer_added_latency_p99_us` (and `_p50_us`): p99 (p50) of exchanges through the hold whose
 //!   answer brings nothing new (its addresses granted already: most answers), minus the same of
-//!   exchanges over the same path that are not held (another address of the pod's namespace no
-//!   policy selects), taken one for one in between, so both see the same machine;
+//!   exchanges over the same path that are not held (another address of the pod's namespace,
+//!   isolated by the same egress rules but allowed no names: what the hold adds beyond enforcement),
+//!   taken one for one in between, so both see the same machine; `_vs_unisolated_*` the same against
+//!   an address no policy selects (the baseline before 2026-12-06); `dns_hold_nothing_new_passed_at_once`
+//!   and `_queued`: what the hold's kernel check did with those answers;
 //! - `dns_answer_added_latency_new_address_p99_us`: the same for answers bringing a new address, which
 //!   wait for the grant (written over netlink);
 //! - `first_connect_after_rotation_success_ratio`: 200 names each resolved to a new address and called
@@ -96,13 +99,21 @@ pub fn run() -> Result<()> {
             ),
             (
                 "dns_answer_added_latency_p99_us",
-                "us (DNS hold, answer with nothing new: p99 minus p99 without the hold; goal <= 50)",
+                "us (DNS hold, answer with nothing new: p99 minus p99 of an isolated address without names; goal <= 50)",
             ),
             (
                 "dns_answer_added_latency_new_address_p99_us",
                 "us (DNS hold, answer with a new address: waits for its grant)",
             ),
             ("dns_answer_added_latency_p50_us", "us (the same at p50)"),
+            (
+                "dns_answer_added_latency_vs_unisolated_p99_us",
+                "us (the same against an address no policy selects)",
+            ),
+            (
+                "dns_hold_nothing_new_passed_at_once",
+                "answers the kernel check let through without user space (of 2,000)",
+            ),
             (
                 "dns_exchange_p99_us_no_hold",
                 "us (p99 exchange not held, interleaved with the held ones)",

@@ -50,6 +50,10 @@ pub struct Admitted {
     pub extended: Vec<(Grant, Duration)>,
     /// Grants not made because the node's bound was reached.
     pub refused: usize,
+    /// The earliest end of the address's grants now, when it has grants and none was refused: until
+    /// then an answer with the same address changes nothing but by the step (the kernel check's
+    /// mirror, [`super::check`]).
+    pub settled: Option<Duration>,
 }
 
 /// The node's grants. See the module docs.
@@ -93,6 +97,7 @@ impl Grants {
         let Some(&pod) = pod_ips.iter().find(|ip| ip.is_ipv4() == address.is_ipv4()) else {
             return admitted;
         };
+        let mut earliest: Option<Duration> = None;
         for allowance in allowances.iter().filter(|a| a.allows(name)) {
             for &ports in &allowance.ports {
                 let grant = Grant {
@@ -119,7 +124,13 @@ impl Grants {
                         admitted.new.push((grant, until - now));
                     }
                 }
+                if let Some(&end) = self.held.get(&grant) {
+                    earliest = Some(earliest.map_or(end, |e| e.min(end)));
+                }
             }
+        }
+        if admitted.refused == 0 {
+            admitted.settled = earliest;
         }
         admitted
     }
@@ -239,10 +250,18 @@ mod tests {
                 .len(),
             1
         );
-        // The same answer a little later: nothing to do; past the step: extended.
+        // The same answer a little later: nothing to do (settled until the grant's end); past the
+        // step: extended.
         let again = grants.admit(&pod, answer("203.0.113.10", 134), &allowances, S(104));
-        assert_eq!(again, Admitted::default());
+        assert_eq!(
+            again,
+            Admitted {
+                settled: Some(S(130)),
+                ..Admitted::default()
+            }
+        );
         let later = grants.admit(&pod, answer("203.0.113.10", 140), &allowances, S(110));
+        assert_eq!(later.settled, Some(S(140)));
         assert_eq!(later.extended.len(), 1);
         assert_eq!(later.extended[0].1, S(30));
         // Ended: the kernel removed it, so it is new again.
@@ -258,6 +277,8 @@ mod tests {
         );
         let full = grants.admit(&pod, answer("203.0.113.12", 200), &allowances, S(170));
         assert_eq!((full.new.len(), full.refused), (0, 1));
+        // Refused: never settled, so the kernel check always queues its answers.
+        assert_eq!(full.settled, None);
         // Expiry frees room; live lists what is left with its time.
         grants.expire(S(200));
         assert!(grants.is_empty());

@@ -19,8 +19,6 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `NLM_F_CREATE`: create what the message names.
 pub const NLM_F_CREATE: u16 = 0x400;
-/// `NLM_F_APPEND`: add a rule at the end of its chain.
-pub const NLM_F_APPEND: u16 = 0x800;
 
 /// Netfilter families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,13 +1,14 @@
 //! The hold's one netlink socket. The queries of held pods arrive as copies (an NFLOG group: a
-//! query goes on at once and waits for nobody); the answers to them arrive queued (an NFQUEUE: an
-//! answer waits for its verdict). One socket for both, because the kernel then hands them over in
-//! the order the packets passed the hooks: a query's copy is sent from within its hook, before the
-//! query can reach its resolver, so it is always read before its answer, and the answer is judged
-//! against a noted query without the query ever waiting for user space.
+//! query goes on at once and waits for nobody); the answers the kernel check does not let through
+//! arrive queued (an NFQUEUE: an answer waits for its verdict). One socket for both, because the
+//! kernel then hands them over in the order it sent them, and the queue rule sends the gathered
+//! copies before it queues an answer: a query's copy is always read before its answer, and the
+//! answer is judged against a noted query without the query ever waiting for user space.
 //!
 //! Reading order: [`messages`] (received bytes → [`Held`] messages, pure, never panics), then
 //! [`HoldSocket`] (binding the queue and the group, receiving, verdicts).
 
+use super::queue_rule::FLUSH_PREFIX;
 use crate::enforce::nflog::{self, NetlinkMessages, NflogError, ParseError};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -35,8 +36,10 @@ const NFQA_CFG_F_FAIL_OPEN: u32 = 1;
 const NF_ACCEPT: u32 = 1;
 // nfnetlink_log attributes.
 const NFULA_PAYLOAD: u16 = 9;
+const NFULA_PREFIX: u16 = 10;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;
+const NFULA_CFG_TIMEOUT: u16 = 4;
 const NFULA_CFG_QTHRESH: u16 = 5;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_COPY_PACKET: u8 = 2;
@@ -46,6 +49,9 @@ const NLM_F_REQUEST: u16 = 0x1;
 const COPY_RANGE: u32 = 0xffff;
 /// The receive buffer: one datagram of the largest copy, with headers.
 pub const RECEIVE_BYTES: usize = 128 * 1024;
+/// How long the kernel keeps a batch of copies (rules may ask for batches, queries do not), in
+/// hundredths of a second.
+pub const COPIES_FLUSH_CENTISECONDS: u32 = 10;
 /// The socket's kernel-side queue: absorbs a burst of queries while an answer is judged.
 const SOCKET_QUEUE_BYTES: libc::c_int = 4 * 1024 * 1024;
 
@@ -53,7 +59,7 @@ const SOCKET_QUEUE_BYTES: libc::c_int = 4 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Held<'a> {
     /// A copy of a query a held pod sent (it went on already). The IP packet as at the hook.
-    Query(&'a [u8]),
+    Copy(&'a [u8]),
     /// An answer waiting for its verdict (`id`). The IP packet as at the hook; empty when the
     /// kernel sent none (it still needs its verdict).
     Answer { id: u32, packet: &'a [u8] },
@@ -73,7 +79,7 @@ pub fn messages(datagram: &[u8]) -> impl Iterator<Item = Result<Held<'_>, ParseE
         if !query && !answer {
             return None;
         }
-        let (mut id, mut payload) = (None, None);
+        let (mut id, mut payload, mut flush) = (None, None, false);
         for attribute in nflog::attributes(message.body) {
             let (kind, data) = match attribute {
                 Ok(attribute) => attribute,
@@ -81,6 +87,10 @@ pub fn messages(datagram: &[u8]) -> impl Iterator<Item = Result<Held<'_>, ParseE
             };
             match kind {
                 NFULA_PAYLOAD if query => payload = Some(data),
+                // NUL-terminated.
+                NFULA_PREFIX if query => {
+                    flush = data.split(|&b| b == 0).next() == Some(FLUSH_PREFIX.as_bytes())
+                }
                 NFQA_PAYLOAD if answer => payload = Some(data),
                 // struct nfqnl_msg_packet_hdr { __be32 packet_id; __be16 hw_protocol; __u8 hook; }
                 NFQA_PACKET_HDR if answer => {
@@ -91,8 +101,11 @@ pub fn messages(datagram: &[u8]) -> impl Iterator<Item = Result<Held<'_>, ParseE
                 _ => {}
             }
         }
+        if flush {
+            return None;
+        }
         Some(if query {
-            payload.map(Held::Query).ok_or(ParseError::NoPayload)
+            payload.map(Held::Copy).ok_or(ParseError::NoPayload)
         } else {
             id.map(|id| Held::Answer {
                 id,
@@ -201,6 +214,7 @@ impl HoldSocket {
                 (NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]),
                 (NFULA_CFG_MODE, &mode),
                 (NFULA_CFG_QTHRESH, &1u32.to_be_bytes()),
+                (NFULA_CFG_TIMEOUT, &COPIES_FLUSH_CENTISECONDS.to_be_bytes()),
             ],
             &mut buf,
         )
@@ -288,12 +302,17 @@ mod tests {
         // An acknowledgement and another subsystem's message are not the hold's.
         datagram.extend(message(2, &[]));
         datagram.extend(message(0x0a00, &[(NFQA_PAYLOAD, b"nft")]));
+        // The copy that only flushed the gathered ones.
+        datagram.extend(message(
+            0x0400,
+            &[(NFULA_PREFIX, b"ne-hold-flush\0"), (NFULA_PAYLOAD, b"x")],
+        ));
         datagram.extend(message(0x0300, &[(NFQA_PACKET_HDR, &packet_hdr(8))]));
         let read: Vec<_> = messages(&datagram).collect();
         assert_eq!(
             read,
             vec![
-                Ok(Held::Query(b"query")),
+                Ok(Held::Copy(b"query")),
                 Ok(Held::Answer {
                     id: 7,
                     packet: b"answer"
