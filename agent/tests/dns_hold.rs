@@ -68,6 +68,68 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
 }
 
 #[test]
+fn an_answer_waits_again_once_the_pods_allowances_change() {
+    require_root();
+    let world = World::new(5);
+    serve_dns(&world, 60);
+    serve_tcp(&world);
+    let hold = world.hold(&[ALLOWED], Duration::from_secs(30));
+    let service = world.services[0];
+    let checked = || {
+        hold.checked()
+            .expect("the kernel check runs on this kernel")
+    };
+    let install = |ruleset| {
+        let hold = hold.clone();
+        world
+            .router
+            .run(move || hold.install(&ruleset, None))
+            .expect("installing the table");
+    };
+    assert_eq!(resolve(&world, ALLOWED).0, service);
+    let granted = checked();
+    resolve(&world, ALLOWED);
+    assert_eq!(
+        checked(),
+        (granted.0 + 1, granted.1),
+        "nothing new: at once"
+    );
+
+    // The same allowances installed again (pods come and go on a node): still nothing new.
+    install(world.ruleset(&[ALLOWED]));
+    resolve(&world, ALLOWED);
+    assert_eq!(
+        checked(),
+        (granted.0 + 2, granted.1),
+        "same allowances: at once"
+    );
+
+    // The allowance now names another port: the answer may grant more, so it waits for the agent
+    // once, and the next goes on at once again.
+    let mut wider = world.ruleset(&[ALLOWED]);
+    let egress = wider.pods[0].egress.as_mut().unwrap();
+    let mut allowance = (*egress.names[0]).clone();
+    let mut other = allowance.ports[0];
+    (other.first, other.last) = (9443, 9443);
+    allowance.ports.push(other);
+    egress.names[0] = std::sync::Arc::new(allowance);
+    install(wider);
+    resolve(&world, ALLOWED);
+    assert_eq!(
+        checked(),
+        (granted.0 + 2, granted.1 + 1),
+        "wider allowance: queued"
+    );
+    resolve(&world, ALLOWED);
+    assert_eq!(
+        checked(),
+        (granted.0 + 3, granted.1 + 1),
+        "then at once again"
+    );
+    assert!(connects(&world, service));
+}
+
+#[test]
 fn without_a_reader_the_queue_rule_lets_dns_through() {
     require_root();
     use network_enforcer_agent::enforce::dns_hold::queue_rule::{self, Family};
