@@ -1,8 +1,8 @@
 //! What the DNS hold's kernel check (`agent-ebpf/src/hold.rs`) and the agent (`agent/src/enforce/dns_hold/`)
 //! share. The check runs on each answer to a held pod before the queue rule: an answer whose every
 //! address the pod holds a grant for, from the name it asked, long enough that the agent would not
-//! extend it, brings nothing new and goes on without waiting for user space (a copy still reaches the
-//! agent, for its bookkeeping). The agent mirrors its grants into [`GRANTS_MAP`] as it makes them.
+//! extend it, brings nothing new and goes on without ever reaching user space. The agent mirrors its
+//! grants into [`GRANTS_MAP`] as it makes them.
 //! Layouts are `#[repr(C)]` with explicit padding, like the rest of this crate.
 
 /// The check, a socket-filter program run by the xtables `bpf` match of the queue rule: non-zero

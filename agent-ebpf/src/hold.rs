@@ -2,8 +2,8 @@
 //! xtables `bpf` match of the hold's queue rule on each UDP answer to a held pod, it says whether the
 //! answer must wait for the agent. An answer whose every A/AAAA address the pod holds a grant for,
 //! from the name it asked, and long enough that the agent would not extend it, brings nothing new:
-//! it goes on at once (0), and the next rule copies it to the agent for its bookkeeping. Anything
-//! else, or anything this program does not read to the end, is queued (1), as without this check.
+//! it goes on at once (0) and never reaches the agent. Anything else, or anything this program does
+//! not read to the end, is queued (1), as without this check.
 //!
 //! The agent mirrors its grants into `HOLD_GRANTS` (see `network-enforcer-agent-common::hold`);
 //! entries of an older `HOLD_GENERATION` (the pods' allowances changed since) count as absent.
@@ -35,10 +35,6 @@ static HOLD_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "HOLD_COUNTERS")]
 static HOLD_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS, 0);
 
-/// The question's name, copied for hashing.
-#[map(name = "HOLD_NAME")]
-static HOLD_NAME: PerCpuArray<[u8; NAME_BUFFER]> = PerCpuArray::with_max_entries(1, 0);
-
 /// One `u32` per CPU that [`forget`] passes an offset through.
 #[map(name = "HOLD_SCRATCH")]
 static HOLD_SCRATCH: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
@@ -68,7 +64,10 @@ pub fn dns_hold_needed(ctx: SkBuffContext) -> i64 {
 
 /// `value`, with everything the verifier knows about its range forgotten (map contents are not
 /// tracked). Each record's owner name ends at a different offset; without this, the verifier would
-/// walk the next record once per such offset range, over every record: more than it allows.
+/// walk the next record once per such offset range, over every record: more than it allows. (A run
+/// preempting this one on the same CPU between the write and the read could hand it another
+/// offset: the answer is then misread, which ends in queueing it, or at worst in letting it go on
+/// without a grant the agent would have made.)
 #[inline(always)]
 fn forget(value: usize) -> Option<usize> {
     let slot = HOLD_SCRATCH.get_ptr_mut(0)?;
@@ -98,6 +97,12 @@ fn nothing_new(ctx: &SkBuffContext) -> Option<bool> {
         family: 0,
         _pad: [0; 6],
     };
+    // A coalesced packet (UDP GRO on forwarding) holds several messages; only the first would be
+    // read here, and the queue splits it anyway.
+    // SAFETY: a read of the context, which the verifier checks.
+    if unsafe { (*ctx.skb.skb).gso_segs } > 1 {
+        return None;
+    }
     // The match sees the packet from its network header.
     let first: u8 = ctx.load(0).ok()?;
     let udp = match first >> 4 {
@@ -168,22 +173,22 @@ fn nothing_new(ctx: &SkBuffContext) -> Option<bool> {
     // Every way out of the walk continues with the same state. The walk kept the length within
     // bounds; the verifier needs to see it right before the copy (clamped, then the lower bound).
     let length = forget(length)?.min(MAX_NAME_BYTES);
-    let name = HOLD_NAME.get_ptr_mut(0)?;
-    // SAFETY: this CPU's buffer of NAME_BUFFER bytes; the length is in [1, MAX_NAME_BYTES].
+    // On the stack, not in a per-CPU map: at the output hook another run may preempt this one on
+    // the same CPU.
+    let mut name = [0u8; NAME_BUFFER];
+    // SAFETY: a buffer of NAME_BUFFER bytes; the length is in [1, MAX_NAME_BYTES].
     if length < 1
         || unsafe {
             bpf_skb_load_bytes(
                 ctx.skb.skb.cast(),
                 question as u32,
-                name.cast(),
+                name.as_mut_ptr().cast(),
                 length as u32,
             )
         } != 0
     {
         return None;
     }
-    // SAFETY: as above; read only.
-    let name = unsafe { &*name };
     for (i, &byte) in name.iter().enumerate().take(MAX_NAME_BYTES) {
         if i >= length {
             break;

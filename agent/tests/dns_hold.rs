@@ -64,6 +64,13 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
         !connects(&world, service),
         "still reachable after the TTL plus the grace"
     );
+    // Resolved again after the grant ended: the answer must wait for a new grant (the kernel check
+    // never lets an answer through on a grant that ended, whatever the grace).
+    resolve(&world, ALLOWED);
+    assert!(
+        connects(&world, service),
+        "the grant was not made anew after it ended"
+    );
     drop(hold);
 }
 

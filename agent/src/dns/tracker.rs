@@ -81,6 +81,9 @@ struct Slot {
     pod: Option<Pod>,
     pending: usize,
     resolved: usize,
+    /// With [`Limits::replace_oldest_pending`], the pod's entries of `pending_order`, oldest first
+    /// (some answered or asked again since): its oldest pending query is found without a scan.
+    order: VecDeque<(Duration, Exchange)>,
 }
 
 /// An address a pod resolved from a name, and until when it counts.
@@ -224,6 +227,9 @@ impl Tracker {
             }
         }
         self.pending_order.push_back((now, key));
+        if self.limits.replace_oldest_pending {
+            self.slots[slot as usize].order.push_back((now, key));
+        }
     }
 
     /// An answer `server` sent to `pod`'s socket `client`: the addresses it resolves the pending
@@ -401,6 +407,7 @@ impl Tracker {
         self.resolved.retain(|(p, _), _| *p != slot);
         if let Some(held) = self.slots.get_mut(slot as usize) {
             (held.pending, held.resolved) = (0, 0);
+            held.order.clear();
         }
         self.release_if_empty(slot);
     }
@@ -408,27 +415,36 @@ impl Tracker {
     /// Forgets the oldest pending queries, of pod `slot` while it is at its bound, then of the node
     /// while it is at its bound ([`Limits::replace_oldest_pending`]).
     fn make_room(&mut self, slot: PodId) {
-        let mut i = 0;
-        while self.slot(slot).pending >= self.limits.pending_per_pod && i < self.pending_order.len()
-        {
-            let (at, key) = self.pending_order[i];
-            if key.pod == slot && self.pending.get(&key).is_some_and(|p| p.1 == at) {
-                self.pending_order.remove(i);
+        while self.slot(slot).pending >= self.limits.pending_per_pod {
+            let Some((at, key)) = self.slots[slot as usize].order.pop_front() else {
+                break;
+            };
+            // Its entry in `pending_order` stays, stale, until it expires.
+            if self.pending.get(&key).is_some_and(|p| p.1 == at) {
                 self.forget_pending(key);
-            } else {
-                i += 1;
             }
         }
         while self.pending.len() >= self.limits.pending {
             let Some((at, key)) = self.pending_order.pop_front() else {
                 break;
             };
+            self.drop_from_pods_order(at, key);
             if self.pending.get(&key).is_some_and(|p| p.1 == at) {
                 self.forget_pending(key);
                 if key.pod != slot {
                     self.release_if_empty(key.pod);
                 }
             }
+        }
+    }
+
+    /// An entry leaving `pending_order`: the pod's own order keeps the same entries in the same
+    /// order, minus those it forgot first, so it is that order's first or already gone.
+    fn drop_from_pods_order(&mut self, at: Duration, key: Exchange) {
+        if let Some(held) = self.slots.get_mut(key.pod as usize)
+            && held.order.front() == Some(&(at, key))
+        {
+            held.order.pop_front();
         }
     }
 
@@ -446,6 +462,7 @@ impl Tracker {
             let Some((at, key)) = self.pending_order.pop_front() else {
                 break;
             };
+            self.drop_from_pods_order(at, key);
             // A key asked again since is pending from its later time.
             if let Entry::Occupied(pending) = self.pending.entry(key) {
                 if pending.get().1 == at {
@@ -488,6 +505,7 @@ impl Tracker {
             pod: Some(pod.clone()),
             pending: 0,
             resolved: 0,
+            order: VecDeque::new(),
         };
         self.ids.insert(pod.clone(), slot);
         slot

@@ -1,11 +1,11 @@
 //! The hold's kernel check (`agent-ebpf/src/hold.rs`): loaded here, run by the queue rule's xtables
 //! `bpf` match ([`super::queue_rule`]), fed with a mirror of the grants. An answer the check finds
-//! nothing new in goes on without waiting for this agent; a copy of it still comes to the reader.
+//! nothing new in goes on without ever reaching this agent.
 //!
 //! The mirror says, per (pod, address, name asked), until when an answer changes nothing: the
 //! earliest end of that name's grants for the pod, plus [`super::grants::EXTEND_STEP`], minus the
 //! grace (an answer's grants end at its TTL plus the grace, and the agent extends a grant only by a
-//! step or more). When the pods' allowances change, a new generation makes every entry count as
+//! step or more), and never past that end (after it, an answer makes the grant anew). When the pods' allowances change, a new generation makes every entry count as
 //! absent (an allowance may now name more ports): the next answer of each name waits once more.
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
@@ -94,8 +94,17 @@ impl Check {
         Some(program.fd().ok()?.as_fd().as_raw_fd())
     }
 
-    /// Writes mirror entries, each under the current generation.
-    pub fn mirror(&mut self, entries: &[Mirror]) -> Result<(), CheckError> {
+    /// The generation entries are written under now.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Writes mirror entries worked out under `generation`; none when the allowances changed since
+    /// (they may not cover what the new ones allow).
+    pub fn mirror(&mut self, entries: &[Mirror], generation: u64) -> Result<(), CheckError> {
+        if generation != self.generation {
+            return Ok(());
+        }
         for (key, value) in entries {
             let value = GrantValue {
                 generation: self.generation,
@@ -110,10 +119,12 @@ impl Check {
 
     /// Makes every entry written so far count as absent.
     pub fn new_generation(&mut self) -> Result<(), CheckError> {
-        self.generation += 1;
+        let next = self.generation + 1;
         self.generation_map
-            .set(0, self.generation, 0)
-            .map_err(|e| CheckError(format!("writing the generation: {e}")))
+            .set(0, next, 0)
+            .map_err(|e| CheckError(format!("writing the generation: {e}")))?;
+        self.generation = next;
+        Ok(())
     }
 
     /// Answers that went on at once and answers queued, since the check was loaded.
@@ -138,7 +149,9 @@ pub fn entry(
     end: Duration,
     grace: Duration,
 ) -> Option<Mirror> {
-    let settled = (end + super::grants::EXTEND_STEP).checked_sub(grace)?;
+    let settled = (end + super::grants::EXTEND_STEP)
+        .checked_sub(grace)?
+        .min(end);
     let (mut pod_bytes, mut address_bytes) = ([0u8; 16], [0u8; 16]);
     let family = match (pod, address) {
         (IpAddr::V4(p), IpAddr::V4(a)) => {
@@ -189,6 +202,10 @@ mod tests {
         // Families must agree; a grace longer than the grants' end leaves nothing settled.
         assert!(entry(pod, "2001:db8::1".parse().unwrap(), "a.test", s(160), s(30)).is_none());
         assert!(entry(pod, address, "a.test", s(10), s(30)).is_none());
+        // A grace shorter than the step: never past the grants' end (an answer after it makes the
+        // grant anew, so it must wait).
+        let (_, short) = entry(pod, address, "a.test", s(160), s(1)).unwrap();
+        assert_eq!(short.settled_until_ns, 160_000_000_000);
         let (v6, _) = entry(
             "fd00::5".parse().unwrap(),
             "2001:db8::1".parse().unwrap(),

@@ -135,6 +135,11 @@ impl Grants {
         admitted
     }
 
+    /// Forgets `grant` (the kernel did not take its new end).
+    pub fn forget(&mut self, grant: &Grant) {
+        self.held.remove(grant);
+    }
+
     /// Forgets grants that ended by `now`.
     pub fn expire(&mut self, now: Duration) {
         self.held.retain(|_, end| *end > now);

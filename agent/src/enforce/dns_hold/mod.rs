@@ -119,8 +119,9 @@ struct State {
 struct Later {
     /// Grants whose end moves later.
     extended: Vec<(grants::Grant, Duration)>,
-    /// Entries of the kernel check's mirror.
+    /// Entries of the kernel check's mirror, and the generation they were worked out under.
     mirror: Vec<Mirror>,
+    generation: u64,
 }
 
 /// The running hold. See the module docs.
@@ -208,7 +209,8 @@ impl Hold {
         let mut script = nft::render_with(ruleset, &self.table, log_group, &state.grants.live(now));
         let pods = pods_with_names(ruleset);
         script.push_str(&held_pods_script(&table_of(&self.table), pods.keys()));
-        nft::apply(&script)?;
+        // Before the new allowances are in the kernel: no answer may pass on entries worked out
+        // under the old ones once they are.
         if pods_changed(&state.pods, &pods)
             && let Some(check) = state.check.as_mut()
             && let Err(error) = check.new_generation()
@@ -217,6 +219,7 @@ impl Hold {
             // waits for the controller's rendering of them, as without the hold.
             tracing::error!(%error, "the DNS hold's kernel check keeps its old mirror");
         }
+        nft::apply(&script)?;
         state.pods = pods;
         self.metrics.name_grants.set(state.grants.len() as i64);
         Ok(())
@@ -284,7 +287,12 @@ impl Hold {
         {
             self.count("nft_failed");
             tracing::warn!(%error, "extending name grants failed (they end at their old time)");
-            // The mirror must not promise what the kernel does not have.
+            // Neither the mirror nor this agent's own record may promise what the kernel does not
+            // have: forgotten, the grants are made anew by the next answer.
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            for (grant, _) in &later.extended {
+                state.grants.forget(grant);
+            }
             return;
         }
         if later.mirror.is_empty() {
@@ -292,7 +300,7 @@ impl Hold {
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(check) = state.check.as_mut()
-            && let Err(error) = check.mirror(&later.mirror)
+            && let Err(error) = check.mirror(&later.mirror, later.generation)
         {
             // A missing entry only makes an answer wait.
             tracing::debug!(%error, "the DNS hold's kernel check lacks an entry");
@@ -370,6 +378,7 @@ impl Hold {
         }
         let (mut new, mut later, mut refused) = (Vec::new(), Later::default(), 0);
         let checked = state.check.is_some();
+        later.generation = state.check.as_ref().map_or(0, Check::generation);
         for (address, name, until) in believed {
             let admitted =
                 state
@@ -416,8 +425,12 @@ impl Hold {
             Ok(()) => ("granted", later),
             Err(error) => {
                 tracing::warn!(%error, "installing name grants failed; the answer goes on without them");
-                // The mirror must not promise grants the kernel does not have.
+                // Neither the mirror nor this record may promise grants the kernel does not have:
+                // the next answer makes them anew.
                 later.mirror.clear();
+                for (grant, _) in &new {
+                    state.grants.forget(grant);
+                }
                 ("nft_failed", later)
             }
         }

@@ -26,21 +26,20 @@ const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFTA_DATA_VALUE: u16 = 1;
 
-/// Puts `new` grants into table `table`'s name sets and moves the end of `extended` ones (added,
-/// removed and added again with the new timeout: adding leaves an element that exists as it is), in
-/// one transaction.
+/// Puts `new` grants into table `table`'s name sets and moves the end of `extended` ones, in one
+/// transaction. Each is added, removed and added again with its timeout: adding leaves an element
+/// that exists as it is, and a grant this agent forgot after a failed write (or made again) may
+/// still be in the kernel with another end; the kernel's end must be the one the hold believes (its
+/// kernel check lets answers through on it).
 pub fn write(
     table: &str,
     new: &[(Grant, Duration)],
     extended: &[(Grant, Duration)],
 ) -> io::Result<()> {
     let mut batch = Batch::new();
-    for (grant, left) in extended {
+    for (grant, left) in extended.iter().chain(new) {
         element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, None);
         element(&mut batch, NFT_MSG_DELSETELEM, table, grant, None);
-        element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, Some(*left));
-    }
-    for (grant, left) in new {
         element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, Some(*left));
     }
     batch.send()

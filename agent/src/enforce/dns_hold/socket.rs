@@ -39,6 +39,7 @@ const NFULA_PAYLOAD: u16 = 9;
 const NFULA_PREFIX: u16 = 10;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;
+const NFULA_CFG_NLBUFSIZ: u16 = 3;
 const NFULA_CFG_TIMEOUT: u16 = 4;
 const NFULA_CFG_QTHRESH: u16 = 5;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
@@ -49,6 +50,8 @@ const NLM_F_REQUEST: u16 = 0x1;
 const COPY_RANGE: u32 = 0xffff;
 /// The receive buffer: one datagram of the largest copy, with headers.
 pub const RECEIVE_BYTES: usize = 128 * 1024;
+/// The kernel's buffer for a batch of copies: room for 64 queries of ~200 bytes with their headers.
+pub const COPIES_BUFFER_BYTES: u32 = 32 * 1024;
 /// How long the kernel keeps a batch of copies (rules may ask for batches, queries do not), in
 /// hundredths of a second.
 pub const COPIES_FLUSH_CENTISECONDS: u32 = 10;
@@ -163,9 +166,10 @@ pub struct HoldSocket {
 }
 
 impl HoldSocket {
-    /// Binds NFQUEUE `queue` (whole packets, at most `max_len` waiting, fail-open past it) and NFLOG
-    /// group `query_group` (whole packets, each sent at once: a query must never wait in a kernel
-    /// batch while its answer is read).
+    /// Binds NFLOG group `query_group` (whole packets; the rules say how many the kernel gathers
+    /// before it sends them, [`COPIES_FLUSH_CENTISECONDS`] at most, in batches of
+    /// [`COPIES_BUFFER_BYTES`] at most), then NFQUEUE `queue` (whole packets, at most `max_len`
+    /// waiting, fail-open past it).
     pub fn open(queue: u16, query_group: u16, max_len: u32) -> Result<Self, SocketError> {
         let fd = nflog::open_socket(SOCKET_QUEUE_BYTES)?;
         let mut buf = vec![0u8; 16 * 1024];
@@ -184,9 +188,32 @@ impl HoldSocket {
                 );
                 nflog::request(fd.as_raw_fd(), seq, &message, buf)
             };
-        // struct nfqnl_msg_config_cmd { __u8 command; __u8 _pad; __be16 pf; }
+        // The group first: once the queue is bound, answers may come (an earlier agent's rule), and
+        // reading the group's acknowledgement would skip them without a verdict.
+        let mut mode = [0u8; 6];
+        mode[..4].copy_from_slice(&COPY_RANGE.to_be_bytes());
+        mode[4] = NFULNL_COPY_PACKET;
         configure(
             1,
+            (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
+            query_group,
+            &[
+                (NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]),
+                (NFULA_CFG_MODE, &mode),
+                (NFULA_CFG_QTHRESH, &1u32.to_be_bytes()),
+                (NFULA_CFG_TIMEOUT, &COPIES_FLUSH_CENTISECONDS.to_be_bytes()),
+                (NFULA_CFG_NLBUFSIZ, &COPIES_BUFFER_BYTES.to_be_bytes()),
+            ],
+            &mut buf,
+        )
+        .map_err(|source| SocketError::Group {
+            group: query_group,
+            hint: nflog::config_hint(&source),
+            source,
+        })?;
+        // struct nfqnl_msg_config_cmd { __u8 command; __u8 _pad; __be16 pf; }
+        configure(
+            2,
             (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_CONFIG,
             queue,
             &[
@@ -201,26 +228,6 @@ impl HoldSocket {
         .map_err(|source| SocketError::Queue {
             queue,
             hint: queue_hint(&source),
-            source,
-        })?;
-        let mut mode = [0u8; 6];
-        mode[..4].copy_from_slice(&COPY_RANGE.to_be_bytes());
-        mode[4] = NFULNL_COPY_PACKET;
-        configure(
-            2,
-            (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
-            query_group,
-            &[
-                (NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]),
-                (NFULA_CFG_MODE, &mode),
-                (NFULA_CFG_QTHRESH, &1u32.to_be_bytes()),
-                (NFULA_CFG_TIMEOUT, &COPIES_FLUSH_CENTISECONDS.to_be_bytes()),
-            ],
-            &mut buf,
-        )
-        .map_err(|source| SocketError::Group {
-            group: query_group,
-            hint: nflog::config_hint(&source),
             source,
         })?;
         Ok(HoldSocket { fd, queue })
