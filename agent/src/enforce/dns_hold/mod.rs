@@ -288,8 +288,11 @@ impl Hold {
             self.count("nft_failed");
             tracing::warn!(%error, "extending name grants failed (they end at their old time)");
             // Neither the mirror nor this agent's own record may promise what the kernel does not
-            // have: forgotten, the grants are made anew by the next answer.
+            // have: removed and forgotten, the grants are made anew by the next answer.
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(error) = set_elements::remove(&self.table, &later.extended) {
+                tracing::warn!(%error, "removing name grants whose extension failed failed too");
+            }
             for (grant, _) in &later.extended {
                 state.grants.forget(grant);
             }

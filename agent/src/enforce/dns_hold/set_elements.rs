@@ -26,21 +26,34 @@ const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFTA_DATA_VALUE: u16 = 1;
 
-/// Puts `new` grants into table `table`'s name sets and moves the end of `extended` ones, in one
-/// transaction. Each is added, removed and added again with its timeout: adding leaves an element
-/// that exists as it is, and a grant this agent forgot after a failed write (or made again) may
-/// still be in the kernel with another end; the kernel's end must be the one the hold believes (its
-/// kernel check lets answers through on it).
+/// Puts `new` grants into table `table`'s name sets and moves the end of `extended` ones (added,
+/// removed and added again with the new timeout: adding leaves an element that exists as it is), in
+/// one transaction. New grants are only added: removing an element costs the kernel a grace period
+/// (~20 ms here), and the answer waits for them.
 pub fn write(
     table: &str,
     new: &[(Grant, Duration)],
     extended: &[(Grant, Duration)],
 ) -> io::Result<()> {
     let mut batch = Batch::new();
-    for (grant, left) in extended.iter().chain(new) {
+    for (grant, left) in extended {
         element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, None);
         element(&mut batch, NFT_MSG_DELSETELEM, table, grant, None);
         element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, Some(*left));
+    }
+    for (grant, left) in new {
+        element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, Some(*left));
+    }
+    batch.send()
+}
+
+/// Removes `grants` from table `table`'s name sets (added first, so that one already gone is no
+/// error).
+pub fn remove(table: &str, grants: &[(Grant, Duration)]) -> io::Result<()> {
+    let mut batch = Batch::new();
+    for (grant, _) in grants {
+        element(&mut batch, NFT_MSG_NEWSETELEM, table, grant, None);
+        element(&mut batch, NFT_MSG_DELSETELEM, table, grant, None);
     }
     batch.send()
 }
