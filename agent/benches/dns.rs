@@ -554,8 +554,9 @@ const ROTATIONS: u8 = 200;
 
 /// The DNS hold with real packets (`support::dns_world`: pod, router, outside namespaces; root
 /// needed, `Null` without it): the pod's DNS exchange time through the hold when the answer brings
-/// nothing new, interleaved one for one with exchanges of an address of the same pod that no policy
-/// selects (same path, not held: the baseline, measured in the same moments); then answers bringing a
+/// nothing new, interleaved one for one with exchanges of an address of the same pod isolated by the
+/// same egress rules but allowed no names (same path, not held: the baseline, measured in the same
+/// moments) and of one no policy selects (the baseline before 2026-12-06); then answers bringing a
 /// new address (they wait for the grant), and whether the first connection right after each goes
 /// through without a SYN resend (a 600 ms connect timeout, under TCP's 1 s retry).
 fn hold_figures() -> serde_json::Value {

@@ -50,9 +50,10 @@
 //!   answer brings nothing new (its addresses granted already: most answers), minus the same of
 //!   exchanges over the same path that are not held (another address of the pod's namespace,
 //!   isolated by the same egress rules but allowed no names: what the hold adds beyond enforcement),
-//!   taken one for one in between, so both see the same machine; `_vs_unisolated_*` the same against
-//!   an address no policy selects (the baseline before 2026-12-06); `dns_hold_nothing_new_passed_at_once`
-//!   and `_queued`: what the hold's kernel check did with those answers;
+//!   taken one for one in between, so both see the same machine; `_vs_unisolated_p99_us` the same
+//!   against an address no policy selects (the baseline before 2026-12-06);
+//!   `dns_hold_nothing_new_passed_at_once`: how many of those answers the hold's kernel check let
+//!   through (the bench's own output also has the p50s and the queued count);
 //! - `dns_answer_added_latency_new_address_p99_us`: the same for answers bringing a new address, which
 //!   wait for the grant (written over netlink);
 //! - `first_connect_after_rotation_success_ratio`: 200 names each resolved to a new address and called

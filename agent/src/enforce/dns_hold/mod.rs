@@ -63,8 +63,8 @@ const QUEUE_MAX_LEN: u32 = 4096;
 /// rendering, as without the hold.
 pub const MAX_GRANTS: usize = 100_000;
 
-/// Query copies the kernel gathers before it sends them; sooner when an answer is queued, or after
-/// [`socket::COPIES_FLUSH_CENTISECONDS`].
+/// Query copies the rules ask the kernel to gather before it sends them. A rule's threshold only
+/// lowers the group's, bound with 1 ([`socket`]): for now each copy is sent at once.
 const COPIES_BATCH: u16 = 64;
 
 /// How often ended grants are forgotten while answers come in (the kernel has dropped them already).

@@ -166,10 +166,10 @@ pub struct HoldSocket {
 }
 
 impl HoldSocket {
-    /// Binds NFLOG group `query_group` (whole packets; the rules say how many the kernel gathers
-    /// before it sends them, [`COPIES_FLUSH_CENTISECONDS`] at most, in batches of
-    /// [`COPIES_BUFFER_BYTES`] at most), then NFQUEUE `queue` (whole packets, at most `max_len`
-    /// waiting, fail-open past it).
+    /// Binds NFLOG group `query_group` (whole packets, each sent at once: the group's threshold is 1
+    /// and a rule's can only lower it; [`COPIES_FLUSH_CENTISECONDS`] and [`COPIES_BUFFER_BYTES`]
+    /// bound a batch should the threshold be raised), then NFQUEUE `queue` (whole packets, at most
+    /// `max_len` waiting, fail-open past it).
     pub fn open(queue: u16, query_group: u16, max_len: u32) -> Result<Self, SocketError> {
         let fd = nflog::open_socket(SOCKET_QUEUE_BYTES)?;
         let mut buf = vec![0u8; 16 * 1024];
