@@ -217,15 +217,15 @@ async fn spec_section_10_learning_both_backends() -> Result<()> {
     Ok(())
 }
 
-/// The writer starts from the watch cache's copy of a proposal (the binary passes it the proposal
-/// reconciler's cache): a current copy is written without reading the object; a copy the last write made
+/// The writer starts from the watch cache's copy of a proposal (the shared watch of proposals, which
+/// the proposal reconciler and the web view read too): a current copy is written without reading the object; a copy the last write made
 /// stale fails its replace with 409 and the retry reads the object; so does a copy of a proposal deleted
 /// since, and the retry creates the proposal again; a copy that holds every edge already is not
 /// believed without reading the object.
 #[tokio::test]
 async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_lags() -> Result<()>
 {
-    use kube::runtime::{reflector, watcher};
+    use kube::runtime::watcher;
     let ns = TestNamespace::create_with_crds("learn-cache").await?;
     let Workloads { clients, .. } = create_workloads(&ns, 1).await?;
     let ix = index(&ns.client).await?;
@@ -243,11 +243,11 @@ async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_
             Opened::Outbound,
         )
     };
-    let (cache, mut feed) = reflector::store::<WorkloadNetworkPolicyProposal>();
     let app = App::builder(ns.client.clone(), Backend::Kubernetes)
         .excluded_namespaces(BTreeSet::from(["kube-system".to_string()]))
-        .proposal_cache(cache)
         .build();
+    // The test fills the store of the shared watch of proposals, which the writer reads.
+    let mut feed = app.objects.proposals.take_writer().expect("not started");
     let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
     let name = "deployment-http-client-egress";
     let ports_in = |p: &WorkloadNetworkPolicyProposal| {

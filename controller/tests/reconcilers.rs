@@ -216,6 +216,22 @@ async fn promote_monitor_protect_drift_and_garbage_collection() -> Result<()> {
     })
     .await?;
 
+    // Someone deletes our NetworkPolicy: it is rendered again at once (its deletion reaches the
+    // policy controller through the shared watch; the periodic resync is hours away).
+    netpols.delete(name, &DeleteParams::default()).await?;
+    ns.wait_for(
+        "the deleted NetworkPolicy to be rendered again",
+        WAIT,
+        || async {
+            let np = netpols.get_opt(name).await?;
+            Ok(np
+                .filter(|np| np.metadata.deletion_timestamp.is_none())
+                .filter(|np| np.spec.as_ref().and_then(|s| s.egress.clone()) == want.egress)
+                .map(|_| ()))
+        },
+    )
+    .await?;
+
     // Back to monitor: our NetworkPolicy is deleted.
     set_mode(&policies, name, PolicyMode::Monitor).await?;
     ns.wait_for("the NetworkPolicy to be deleted", WAIT, || async {

@@ -463,7 +463,7 @@ async fn check_from_cluster_evaluates_the_observed_traffic() -> Result<()> {
     c.sync.attribute_evidence();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let source = Reflected::start(ns.client.clone(), Some(&ns.name));
+    let source = Reflected::start(ns.client.clone(), &c.app.objects);
     let view = tokio::spawn(ui::serve(
         listener,
         UiState::new(source, UiMetrics::default()).with_edges(c.sync.clone()),

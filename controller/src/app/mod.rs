@@ -15,6 +15,7 @@ pub mod run;
 pub use run::{RunArgs, run};
 
 use crate::cluster::names::{self, ResolvedNames, WorkloadKey};
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
 use crate::ingest::presence::Presence;
@@ -28,8 +29,7 @@ use crate::policy::provenance::SigningKey;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::ControllerMetrics;
 use kube::Client;
-use kube::runtime::reflector::Store;
-use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
+use network_enforcer_api::Backend;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
@@ -58,6 +58,9 @@ pub struct App {
     pub learning: Arc<Learning>,
     /// `None`: no violations are recorded (built without [`AppBuilder::status_sync`]).
     pub status_sync: Option<Arc<StatusSync>>,
+    /// The one watch per kind of policies, proposals and NetworkPolicies that the status sync, the
+    /// proposal writer (its cache), the reconcilers and the web view share.
+    pub objects: Arc<PolicyObjects>,
     /// The addresses pods resolved names of outside services to, from the agents' resolutions.
     pub names: Arc<ResolvedNames>,
     /// Which workload got a new address; taken once by the policy reconciler
@@ -81,7 +84,7 @@ pub struct AppBuilder {
     configure_learner: Option<ConfigureLearner>,
     signing_key: Option<Arc<SigningKey>>,
     leadership: Option<watch::Receiver<Leadership>>,
-    proposals: Option<Store<WorkloadNetworkPolicyProposal>>,
+    objects: Option<Arc<PolicyObjects>>,
     index: Option<Arc<SharedIndex>>,
     status_sync: Option<(status_sync::Settings, Arc<dyn ViolationSink>)>,
     evidence: Option<Arc<dyn EvidenceSink>>,
@@ -103,7 +106,7 @@ impl App {
             configure_learner: None,
             signing_key: None,
             leadership: None,
-            proposals: None,
+            objects: None,
             index: None,
             status_sync: None,
             evidence: None,
@@ -185,10 +188,10 @@ impl AppBuilder {
         self
     }
 
-    /// Starts proposal writes from this watch cache of proposals (the proposal reconciler's,
-    /// [`crate::reconcile::Reconcilers::proposals`]) instead of reading each one from the API.
-    pub fn proposal_cache(mut self, proposals: Store<WorkloadNetworkPolicyProposal>) -> Self {
-        self.proposals = Some(proposals);
+    /// Shares these watches instead of new ones over the status sync's namespace (or, without a
+    /// status sync, [`AppBuilder::namespace`]).
+    pub fn policy_objects(mut self, objects: Arc<PolicyObjects>) -> Self {
+        self.objects = Some(objects);
         self
     }
 
@@ -249,8 +252,21 @@ impl AppBuilder {
     pub fn build(self) -> App {
         let metrics = self.metrics.unwrap_or_default();
         let index = self.index.unwrap_or_default();
+        let objects = self.objects.unwrap_or_else(|| {
+            let scope = match &self.status_sync {
+                Some((settings, _)) => settings.namespace.as_deref(),
+                None => self.namespace.as_deref(),
+            };
+            Arc::new(PolicyObjects::new(&self.client, scope))
+        });
         let status_sync = self.status_sync.map(|(settings, sink)| {
-            let sync = StatusSync::new(self.client.clone(), index.clone(), settings, sink);
+            let sync = StatusSync::new(
+                self.client.clone(),
+                index.clone(),
+                objects.clone(),
+                settings,
+                sink,
+            );
             sync.register_metrics(&metrics);
             sync
         });
@@ -274,9 +290,9 @@ impl AppBuilder {
         if let Some(leadership) = self.leadership {
             writer = writer.with_leader(leadership);
         }
-        if let Some(proposals) = self.proposals {
-            writer = writer.with_cache(proposals);
-        }
+        // Empty until the proposals' watch runs (the reconcilers start it): the writer reads from
+        // the API what the cache does not hold.
+        writer = writer.with_cache(objects.proposals.store());
         let (learner, writer) = (Arc::new(learner), Arc::new(writer));
         // Agents' batches and cluster-wide sources share one learning and evidence path.
         let (names, name_changes) = ResolvedNames::with_changes(self.names);
@@ -301,6 +317,7 @@ impl AppBuilder {
             writer,
             learning,
             status_sync,
+            objects,
             names,
             name_changes: std::sync::Mutex::new(Some(name_changes)),
             acknowledge: self.acknowledge,

@@ -5,7 +5,7 @@
 //! A write computes the full desired spec from the current object plus the new edges
 //! ([`learn::merge_within`], linear in rules + edges) and writes only when that changes it, with
 //! optimistic concurrency (resourceVersion, retried on 409) and field manager `network-enforcer`.
-//! The current object comes from the proposal reconciler's watch cache when it holds the proposal
+//! The current object comes from the shared watch of proposals when it holds the proposal
 //! ([`ProposalWriter::with_cache`]): under a burst of new edges the API server's time is the limit,
 //! and a GET was a third of the requests of a write. A cached copy that lags fails the replace with
 //! 409, and the retry reads the object; a decision not to write (nothing new, another backend, not

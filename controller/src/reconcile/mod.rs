@@ -11,17 +11,17 @@ pub mod cluster_proposals;
 pub mod policy;
 pub mod proposal;
 
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::policy::protect_gate::GateHistory;
 use crate::policy::validity::SharedBackends;
 use crate::runtime::events::publish_with;
 use crate::runtime::metrics::{ReconcileMetrics, Reconciler};
 use futures::StreamExt;
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
-use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use network_enforcer_api::WorkloadNetworkPolicy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,7 +89,7 @@ impl Default for Settings {
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
-    /// Every WorkloadNetworkPolicy in scope, kept current by the policy controller's watch.
+    /// Every WorkloadNetworkPolicy in scope, kept current by the shared watch.
     pub policies: Store<WorkloadNetworkPolicy>,
     /// The backend each policy had when first seen, for the immutable-backend rule
     /// ([`Settings::backends`]).
@@ -117,43 +117,30 @@ impl Context {
     }
 }
 
-/// An Api over the watch scope of `settings`.
-pub fn scoped_api<K>(client: &Client, settings: &Settings) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match &settings.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// Runs both controllers until the process is asked to stop.
+/// Runs both controllers, over watches of their own, until the process is asked to stop.
 pub async fn run(client: Client, settings: Settings) {
-    Reconcilers::new(&client, settings).run().await
+    let objects = Arc::new(PolicyObjects::new(&client, settings.namespace.as_deref()));
+    Reconcilers::new(&client, objects, settings).run().await
 }
 
-/// Both controllers, built but not yet running (their watches start with [`Reconcilers::run`]).
+/// Both controllers, not yet running: they subscribe to the shared watches when they start
+/// ([`Reconcilers::run`]), on the leader only.
 pub struct Reconcilers {
     client: Client,
     settings: Settings,
-    policies: Controller<WorkloadNetworkPolicy>,
-    policy_cache: Store<WorkloadNetworkPolicy>,
-    proposals: Controller<WorkloadNetworkPolicyProposal>,
+    objects: Arc<PolicyObjects>,
+    /// Workloads that got a new address of a name ([`Reconcilers::with_names`]).
+    name_changes: Option<tokio::sync::mpsc::Receiver<crate::cluster::names::WorkloadKey>>,
 }
 
 impl Reconcilers {
-    /// The policy and proposal controllers over the watch scope of `settings`.
-    pub fn new(client: &Client, settings: Settings) -> Self {
-        let (policies, policy_cache) = policy::controller(client, &settings);
-        let proposals = proposal::controller(client, &settings);
+    /// The policy and proposal controllers over `objects` (whose scope is that of `settings`).
+    pub fn new(client: &Client, objects: Arc<PolicyObjects>, settings: Settings) -> Self {
         Self {
             client: client.clone(),
             settings,
-            policies,
-            policy_cache,
-            proposals,
+            objects,
+            name_changes: None,
         }
     }
 
@@ -171,24 +158,8 @@ impl Reconcilers {
         changes: tokio::sync::mpsc::Receiver<crate::cluster::names::WorkloadKey>,
     ) -> Self {
         self.settings.names = Some(names);
-        let cache = self.policy_cache.clone();
-        let refs = tokio_stream::wrappers::ReceiverStream::new(changes).flat_map(move |key| {
-            let refs: Vec<_> = cache
-                .state()
-                .into_iter()
-                .filter(|p| policy::renders_names_of(p, &key))
-                .map(|p| ObjectRef::from_obj(p.as_ref()))
-                .collect();
-            futures::stream::iter(refs)
-        });
-        self.policies = self.policies.reconcile_on(refs);
+        self.name_changes = Some(changes);
         self
-    }
-
-    /// The proposals the proposal controller watches, for the proposal writer: empty until
-    /// [`Reconcilers::run`] has listed them, then kept current.
-    pub fn proposals(&self) -> Store<WorkloadNetworkPolicyProposal> {
-        self.proposals.store()
     }
 
     /// Runs both controllers until the process is asked to stop.
@@ -196,10 +167,24 @@ impl Reconcilers {
         let Self {
             client,
             settings,
-            policies,
-            policy_cache,
-            proposals,
+            objects,
+            name_changes,
         } = self;
+        let mut policies = policy::controller(&objects);
+        if let Some(changes) = name_changes {
+            let cache = objects.policies.store();
+            let refs = tokio_stream::wrappers::ReceiverStream::new(changes).flat_map(move |key| {
+                let refs: Vec<_> = cache
+                    .state()
+                    .into_iter()
+                    .filter(|p| policy::renders_names_of(p, &key))
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect();
+                futures::stream::iter(refs)
+            });
+            policies = policies.reconcile_on(refs);
+        }
+        let proposals = proposal::controller(&objects);
         let reporter = Reporter {
             controller: settings.reporter.clone(),
             instance: settings.instance.clone(),
@@ -207,7 +192,7 @@ impl Reconcilers {
         let ctx = Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            policies: policy_cache,
+            policies: objects.policies.store(),
             backends: settings.backends.clone(),
             settings,
         });

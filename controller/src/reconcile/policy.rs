@@ -2,8 +2,9 @@
 //! repairs drift of what it rendered, never touches objects it does not own, and reports all of it as
 //! conditions (and a refused policy also as a Warning Event).
 
-use super::{Context, Error, Settings, publish, scoped_api};
+use super::{Context, Error, publish};
 use crate::cluster::names::WorkloadKey;
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::cluster::workload;
 use crate::policy::conditions::{self, Desired as Condition};
 use crate::policy::protect_gate;
@@ -18,11 +19,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
 use network_enforcer_api::authorization_policy::AuthorizationPolicy;
 use network_enforcer_api::keys::FIELD_MANAGER;
 use network_enforcer_api::selector;
@@ -38,26 +39,14 @@ use std::time::Duration;
 /// How often a duplicate checks whether it has become the winner.
 const DUPLICATE_RECHECK: Duration = Duration::from_secs(10);
 
-/// The policy controller and its cache of policies. It reconciles a policy when the policy, a
-/// NetworkPolicy it owns, or another policy with the same target changes (so a duplicate takes over
-/// when the winner goes away).
-pub fn controller(
-    client: &Client,
-    settings: &Settings,
-) -> (
-    Controller<WorkloadNetworkPolicy>,
-    Store<WorkloadNetworkPolicy>,
-) {
-    let policies = scoped_api::<WorkloadNetworkPolicy>(client, settings);
-    let controller = Controller::new(policies.clone(), watcher::Config::default());
-    let store = controller.store();
-    let siblings = store.clone();
-    let controller = controller
-        .owns(
-            scoped_api::<NetworkPolicy>(client, settings),
-            watcher::Config::default(),
-        )
-        .watches(policies, watcher::Config::default(), move |changed| {
+/// The policy controller over the shared watches of `objects`. It reconciles a policy when the
+/// policy, a NetworkPolicy it owns, or another policy with the same target changes (so a duplicate
+/// takes over when the winner goes away).
+pub fn controller(objects: &PolicyObjects) -> Controller<WorkloadNetworkPolicy> {
+    let siblings = objects.policies.store();
+    Controller::for_stream(objects.policies.applied(), objects.policies.store())
+        .owns_stream(objects.network_policies.touched())
+        .watches_stream(objects.policies.touched(), move |changed| {
             siblings
                 .state()
                 .into_iter()
@@ -69,8 +58,7 @@ pub fn controller(
                 })
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
-        });
-    (controller, store)
+        })
 }
 
 /// Reconciles one policy.

@@ -2,35 +2,28 @@
 //! same-named policy, a proposal that breaks the CRDs' rules) as Warning Events and a `Promoted=False`
 //! condition (docs/behaviour.md §2).
 
-use super::{Context, Error, Settings, publish, scoped_api};
+use super::{Context, Error, publish};
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::policy::conditions::{self, Desired};
 use crate::policy::promote::{self, Decision};
 use crate::policy::validity::INVALID_REASON;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
-use kube::{Client, ResourceExt};
 use network_enforcer_api::keys::FIELD_MANAGER;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The proposal controller: proposals, plus the same-named proposal of every policy that changes (so a
-/// leftover is found as soon as either object is seen).
-pub fn controller(
-    client: &Client,
-    settings: &Settings,
-) -> Controller<WorkloadNetworkPolicyProposal> {
-    Controller::new(
-        scoped_api::<WorkloadNetworkPolicyProposal>(client, settings),
-        watcher::Config::default(),
-    )
-    .watches(
-        scoped_api::<WorkloadNetworkPolicy>(client, settings),
-        watcher::Config::default(),
+/// The proposal controller over the shared watches of `objects`: proposals, plus the same-named
+/// proposal of every policy that changes (so a leftover is found as soon as either object is seen).
+pub fn controller(objects: &PolicyObjects) -> Controller<WorkloadNetworkPolicyProposal> {
+    Controller::for_stream(objects.proposals.applied(), objects.proposals.store()).watches_stream(
+        objects.policies.touched(),
         |policy| {
             let ns = policy.namespace()?;
             Some(ObjectRef::new(&policy.name_any()).within(&ns))

@@ -27,6 +27,7 @@ pub use server::{EdgeSource, UiMetrics, UiState, router, serve};
 #[cfg(test)]
 mod tests;
 
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::runtime::metrics::ControllerMetrics;
 use std::future::Future;
 use std::pin::Pin;
@@ -47,13 +48,13 @@ pub enum UiError {
 /// The server future: runs until the process ends (never ends when the view is off).
 pub type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 
-/// Binds `address` (empty: the view is off), starts the watches of `namespace` (all when `None`) and
+/// Binds `address` (empty: the view is off), starts the shared watches of `objects` it reads and
 /// returns the server to run, answering observed edges from `edges` and explaining flows with
 /// `explainer`; its metrics go on `metrics`.
 pub async fn start(
     address: &str,
     client: kube::Client,
-    namespace: Option<&str>,
+    objects: &PolicyObjects,
     edges: Arc<dyn EdgeSource>,
     explainer: Arc<dyn Explainer>,
     metrics: &ControllerMetrics,
@@ -71,7 +72,7 @@ pub async fn start(
         .map_err(|source| UiError::Bind { address, source })?;
     let ui_metrics = UiMetrics::default();
     ui_metrics.register(metrics);
-    let source = Reflected::start(client, namespace);
+    let source = Reflected::start(client, objects);
     tracing::info!(%address, "serving the web view (read-only) and its API under /api/v1/");
     Ok(Box::pin(serve(
         listener,

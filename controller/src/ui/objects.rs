@@ -1,12 +1,12 @@
 //! The objects the web view shows, as plain data: [`Snapshot`] (what the pure views are built from)
-//! and [`Reflected`] (the live source: watches of WorkloadNetworkPolicies, proposals and the
-//! cluster-scoped ClusterNetworkPolicyProposals).
+//! and [`Reflected`] (the live source: the controller's shared watches of WorkloadNetworkPolicies and
+//! proposals, [`PolicyObjects`], and a watch of the cluster-scoped ClusterNetworkPolicyProposals).
 //!
-//! Policies are watched as untyped objects so that status fields this build does not know yet
-//! (`status.ruleUsage`, docs/api.md) still reach the page, passed through as JSON.
+//! A policy's `status.ruleUsage` (docs/api.md) reaches the page as JSON, as the policy holds it.
 
+use crate::cluster::shared_watch::{PolicyObjects, has_listed};
 use futures::StreamExt as _;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
@@ -104,41 +104,28 @@ impl ObjectSource for Snapshot {
     }
 }
 
-/// Watches of policies and proposals (read-only: list and watch, nothing else).
+/// The shared watches of policies and proposals, and a watch of cluster proposals (read-only:
+/// list and watch, nothing else).
 pub struct Reflected {
-    policies: Store<DynamicObject>,
+    policies: Store<WorkloadNetworkPolicy>,
     proposals: Store<WorkloadNetworkPolicyProposal>,
     cluster_proposals: Store<ClusterNetworkPolicyProposal>,
-    policies_listed: Arc<AtomicBool>,
-    proposals_listed: Arc<AtomicBool>,
     cluster_proposals_listed: Arc<AtomicBool>,
 }
 
 impl Reflected {
-    /// Starts the watches (of `namespace`, or all) on the current runtime; they retry with backoff
-    /// for as long as the process runs.
-    pub fn start(client: kube::Client, namespace: Option<&str>) -> Arc<Self> {
-        let cluster_api = Api::<ClusterNetworkPolicyProposal>::all(client.clone());
-        let resource = ApiResource::erase::<WorkloadNetworkPolicy>(&());
-        let (policies_api, proposals_api): (
-            Api<DynamicObject>,
-            Api<WorkloadNetworkPolicyProposal>,
-        ) = match namespace {
-            Some(ns) => (
-                Api::namespaced_with(client.clone(), ns, &resource),
-                Api::namespaced(client, ns),
-            ),
-            None => (Api::all_with(client.clone(), &resource), Api::all(client)),
-        };
-        let policies_writer = reflector::store::Writer::new(resource);
-        let (proposals, proposals_writer) = reflector::store();
+    /// Starts the shared watches of policies and proposals of `objects` (in their scope) and a
+    /// watch of cluster proposals on the current runtime; they retry with backoff for as long as the
+    /// process runs.
+    pub fn start(client: kube::Client, objects: &PolicyObjects) -> Arc<Self> {
+        objects.policies.start();
+        objects.proposals.start();
+        let cluster_api = Api::<ClusterNetworkPolicyProposal>::all(client);
         let (cluster_proposals, cluster_writer) = reflector::store();
         let this = Arc::new(Self {
-            policies: policies_writer.as_reader(),
-            proposals,
+            policies: objects.policies.store(),
+            proposals: objects.proposals.store(),
             cluster_proposals,
-            policies_listed: Arc::default(),
-            proposals_listed: Arc::default(),
             cluster_proposals_listed: Arc::default(),
         });
         let listed = this.cluster_proposals_listed.clone();
@@ -147,42 +134,16 @@ impl Reflected {
                 .default_backoff()
                 .reflect(cluster_writer)
                 .for_each(|event| {
-                    note(&listed, "ClusterNetworkPolicyProposal", event.map(|_| ()));
-                    async {}
-                })
-                .await;
-        });
-        let listed = this.policies_listed.clone();
-        tokio::spawn(async move {
-            watcher(policies_api, watcher::Config::default())
-                .default_backoff()
-                .reflect(policies_writer)
-                .for_each(|event| {
-                    note(&listed, "WorkloadNetworkPolicy", event.map(|_| ()));
-                    async {}
-                })
-                .await;
-        });
-        let listed = this.proposals_listed.clone();
-        tokio::spawn(async move {
-            watcher(proposals_api, watcher::Config::default())
-                .default_backoff()
-                .reflect(proposals_writer)
-                .for_each(|event| {
-                    note(&listed, "WorkloadNetworkPolicyProposal", event.map(|_| ()));
+                    match event {
+                        Ok(_) => listed.store(true, Ordering::Relaxed),
+                        Err(error) => tracing::warn!(%error,
+                            "web view watch of ClusterNetworkPolicyProposals failed; retrying"),
+                    }
                     async {}
                 })
                 .await;
         });
         this
-    }
-}
-
-/// Marks a watch listed at its first event; logs failures (the watch retries).
-fn note(listed: &AtomicBool, kind: &str, event: Result<(), watcher::Error>) {
-    match event {
-        Ok(()) => listed.store(true, Ordering::Relaxed),
-        Err(error) => tracing::warn!(%kind, %error, "web view watch failed; retrying"),
     }
 }
 
@@ -231,7 +192,6 @@ impl ObjectSource for Reflected {
     fn ready(&self) -> bool {
         // Not the cluster proposals: a cluster upgraded without applying the new CRD has none to
         // list, and the other pages must not wait for them (the cluster page says so instead).
-        self.policies_listed.load(Ordering::Relaxed)
-            && self.proposals_listed.load(Ordering::Relaxed)
+        has_listed(&self.policies) && has_listed(&self.proposals)
     }
 }

@@ -73,14 +73,13 @@ impl InProcess {
         let (agent_pod, node) = scheduled_pod(&ns, &pod_json("agent", AGENT_SA, None)?).await?;
         let token = agent_token(&ns, AGENT_SA, &agent_pod).await?;
 
-        // As the binary wires them: proposal writes start from the proposal reconciler's cache.
+        // As the binary wires them: the reconcilers share the app's watches of policies, proposals
+        // and NetworkPolicies (proposal writes start from its cache of proposals).
         let settings = reconcile::Settings {
             namespace: Some(n.clone()),
             ..reconcile::Settings::default()
         };
-        let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
         let app = App::builder(client.clone(), Backend::Kubernetes)
-            .proposal_cache(reconcilers.proposals())
             .excluded_namespaces(["kube-system".to_string()])
             .status_sync(
                 status_sync::Settings {
@@ -98,6 +97,7 @@ impl InProcess {
         let shared = app.index.clone();
         let sync = app.status_sync.clone().expect("built with a status sync");
         let feed = tokio::spawn(app.watch_cluster());
+        let reconcilers = reconcile::Reconcilers::new(&client, app.objects.clone(), settings);
         let reconcilers = if gate {
             reconcilers.with_gate(GateHistory(sync.clone()))
         } else {

@@ -310,11 +310,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let violation_sink = crate::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
 
-    // Built before the app: the proposal writer reads proposals from the proposal reconciler's cache.
-    let reconcilers = reconcile::Reconcilers::new(&client, settings.clone());
     let learner_settings = LearnerSettings::from(&args);
     let mut builder = App::builder(client.clone(), backend)
-        .proposal_cache(reconcilers.proposals())
         .excluded_namespaces(excluded.clone())
         .namespace(settings.namespace.clone())
         .metrics(metrics.clone())
@@ -338,8 +335,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let app = builder.build();
     let status_sync = app.status_sync.clone().expect("built with a status sync");
-    // The protect gate replays the flows the status sync has seen.
-    let mut reconcilers = reconcilers.with_gate(GateHistory(status_sync.clone()));
+    // One watch per kind: the reconcilers, the status sync, the proposal writer and the web view
+    // share the app's. The protect gate replays the flows the status sync has seen.
+    let mut reconcilers =
+        reconcile::Reconcilers::new(&client, app.objects.clone(), settings.clone())
+            .with_gate(GateHistory(status_sync.clone()));
     if let Some(changes) = app.take_name_changes() {
         reconcilers = reconcilers.with_names(app.names.clone(), changes);
     }
@@ -348,7 +348,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let ui = crate::ui::start(
         ui_address,
         client.clone(),
-        settings.namespace.as_deref(),
+        &app.objects,
         status_sync.clone(),
         Arc::new(super::explainer::ClusterExplainer {
             client: client.clone(),

@@ -9,7 +9,6 @@
 //! has listed, evidence stays queued and its batches stay unacknowledged.
 
 use super::*;
-use futures::FutureExt;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use std::sync::atomic::AtomicU8;
 
@@ -117,17 +116,7 @@ pub fn evidence_may_count(policies_listed: bool, policies: usize) -> bool {
     !policies_listed || policies > 0
 }
 
-/// Whether `store`'s watch has completed its first list. A store whose writer is gone without
-/// listing (its watch's task ended) has not: `wait_until_ready` fails then.
-///
-/// Polled, never awaited: the readiness is a oneshot with room for one waker, and a poll from
-/// here would take the place of an awaiting task's.
-pub(super) fn has_listed<K>(store: &Store<K>) -> bool
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
-}
+pub(super) use crate::cluster::shared_watch::has_listed;
 
 /// What evidence was last said to wait for ([`Listed::waiting_bits`]); `NOT_YET` before the first
 /// look, so the first look logs.

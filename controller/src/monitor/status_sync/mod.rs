@@ -25,11 +25,13 @@
 //!   an Event per acknowledged record and per unknown id, and `acknowledged` reported to the sink.
 //!
 //! The evaluator's [`ClusterView`] is derived from the index at each pass (one source of truth for
-//! pods), plus namespaces and NetworkPolicies from this module's own watches. Nothing is judged
+//! pods), plus NetworkPolicies from the shared watch ([`PolicyObjects`]) and namespaces from this
+//! module's own watch. Nothing is judged
 //! before all of them have listed ([`Listed`]): evidence waits, queued and unacknowledged.
 
 use crate::cluster::index::Index;
 use crate::cluster::index::Opened;
+use crate::cluster::shared_watch::PolicyObjects;
 use crate::cluster::watches::SharedIndex;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
@@ -154,9 +156,9 @@ pub struct PassReport {
     pub acknowledged: usize,
 }
 
+/// The writers of the watches the sync runs itself (the policies and NetworkPolicies come from the
+/// shared watches, [`PolicyObjects`]).
 struct Writers {
-    policies: Writer<WorkloadNetworkPolicy>,
-    network_policies: Writer<NetworkPolicy>,
     cluster_policies: Writer<ClusterNetworkPolicy>,
     namespaces: Writer<Namespace>,
 }
@@ -271,6 +273,9 @@ pub struct StatusSync {
     sink: Arc<dyn ViolationSink>,
     recorder: Recorder,
     settings: Settings,
+    /// The shared watches the policies and NetworkPolicies below come from (started by
+    /// [`StatusSync::watches`]).
+    objects: Arc<PolicyObjects>,
     policies: Store<WorkloadNetworkPolicy>,
     network_policies: Store<NetworkPolicy>,
     cluster_policies: Store<ClusterNetworkPolicy>,
@@ -309,11 +314,12 @@ impl StatusSync {
     pub fn new(
         client: Client,
         index: Arc<SharedIndex>,
+        objects: Arc<PolicyObjects>,
         settings: Settings,
         sink: Arc<dyn ViolationSink>,
     ) -> Arc<Self> {
-        let (policies, policies_writer) = reflector::store();
-        let (network_policies, network_policies_writer) = reflector::store();
+        let policies = objects.policies.store();
+        let network_policies = objects.network_policies.store();
         let (cluster_policies, cluster_policies_writer) = reflector::store();
         let (namespaces, namespaces_writer) = reflector::store();
         let recorder = Recorder::new(
@@ -352,14 +358,13 @@ impl StatusSync {
             held: Mutex::default(),
             started: std::sync::OnceLock::new(),
             settings,
+            objects,
             policies,
             network_policies,
             cluster_policies,
             cluster_policies_served: cluster_policies::Served::default(),
             namespaces,
             writers: Mutex::new(Some(Writers {
-                policies: policies_writer,
-                network_policies: network_policies_writer,
                 cluster_policies: cluster_policies_writer,
                 namespaces: namespaces_writer,
             })),

@@ -8,24 +8,17 @@ impl StatusSync {
         tokio::join!(self.clone().watches(), self.passes_forever());
     }
 
-    /// Runs the watches this sync needs besides the index: WorkloadNetworkPolicies and
-    /// NetworkPolicies in scope, namespaces and ClusterNetworkPolicies (when served) cluster-wide.
-    /// Only the first call watches.
+    /// Runs the watches this sync needs besides the index: it starts the shared ones of
+    /// WorkloadNetworkPolicies and NetworkPolicies in scope ([`PolicyObjects`]) and watches
+    /// namespaces and ClusterNetworkPolicies (when served) cluster-wide itself. Only the first call
+    /// watches.
     pub async fn watches(self: Arc<Self>) {
         let Some(writers) = self.writers.lock().expect("writers lock").take() else {
             return;
         };
-        let scoped = |client: &Client| match &self.settings.namespace {
-            Some(ns) => (
-                Api::<WorkloadNetworkPolicy>::namespaced(client.clone(), ns),
-                Api::<NetworkPolicy>::namespaced(client.clone(), ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client.clone())),
-        };
-        let (policies, network_policies) = scoped(&self.client);
+        self.objects.policies.start();
+        self.objects.network_policies.start();
         tokio::join!(
-            reflect(policies, writers.policies),
-            reflect(network_policies, writers.network_policies),
             reflect(
                 Api::<Namespace>::all(self.client.clone()),
                 writers.namespaces

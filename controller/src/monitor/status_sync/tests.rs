@@ -99,9 +99,11 @@ fn offline_sync() -> Arc<StatusSync> {
 
 /// A status sync over `index` whose API server is never reached.
 fn offline_sync_over(index: SharedIndex) -> Arc<StatusSync> {
+    let client = network_enforcer_tests::fixture::offline_client();
     StatusSync::new(
-        network_enforcer_tests::fixture::offline_client(),
+        client.clone(),
         Arc::new(index),
+        Arc::new(PolicyObjects::new(&client, None)),
         Settings::default(),
         Arc::new(crate::monitor::otlp::Disabled),
     )
@@ -192,19 +194,35 @@ async fn dropped_evidence_and_pending_observations_are_metrics() {
     );
 }
 
-/// The stores' writers, for a test that stands in for the watches; the cluster serves no
-/// ClusterNetworkPolicy kind (as most do).
-fn take_writers(sync: &StatusSync) -> Writers {
+/// The writers of every store the sync reads, the shared watches' included.
+struct TestWriters {
+    policies: Writer<WorkloadNetworkPolicy>,
+    network_policies: Writer<NetworkPolicy>,
+    cluster_policies: Writer<ClusterNetworkPolicy>,
+    namespaces: Writer<Namespace>,
+}
+
+/// The stores' writers, for a test that stands in for the watches (which then never start); the
+/// cluster serves no ClusterNetworkPolicy kind (as most do).
+fn take_writers(sync: &StatusSync) -> TestWriters {
     sync.cluster_policies_served.set_absent();
-    sync.writers.lock().unwrap().take().unwrap()
+    let own = sync.writers.lock().unwrap().take().unwrap();
+    TestWriters {
+        policies: sync.objects.policies.take_writer().unwrap(),
+        network_policies: sync.objects.network_policies.take_writer().unwrap(),
+        cluster_policies: own.cluster_policies,
+        namespaces: own.namespaces,
+    }
 }
 
 /// An offline sync whose watches have listed an empty cluster, as [`StatusSync::watches`] would;
 /// returns the stores' writers to add objects by hand.
-async fn listed_offline_sync() -> (Arc<StatusSync>, Writers) {
+async fn listed_offline_sync() -> (Arc<StatusSync>, TestWriters) {
+    let client = network_enforcer_tests::fixture::offline_client();
     let sync = StatusSync::new(
-        network_enforcer_tests::fixture::offline_client(),
+        client.clone(),
         Arc::new(SharedIndex::listed(crate::cluster::index::Index::default())),
+        Arc::new(PolicyObjects::new(&client, None)),
         Settings::default(),
         Arc::new(crate::monitor::otlp::Disabled),
     );
@@ -345,7 +363,12 @@ fn web_allows(allowed: &str) -> WorkloadNetworkPolicy {
 fn shop_app(
     client: Client,
     grace_ms: i64,
-) -> (crate::app::App, Arc<StatusSync>, Writers, ControllerMetrics) {
+) -> (
+    crate::app::App,
+    Arc<StatusSync>,
+    TestWriters,
+    ControllerMetrics,
+) {
     let mut index = crate::cluster::index::Index::default();
     index.apply_pod(&shop_pod("web-5d8f7c9b6-a", "web", "10.0.0.2", true), 0);
     index.apply_workload(
@@ -675,7 +698,7 @@ async fn evidence_from_before_the_policies_are_listed_waits_and_is_acknowledged_
 async fn a_watch_that_ended_before_listing_is_not_taken_as_listed() {
     use futures::FutureExt;
     let sync = offline_sync_over(SharedIndex::listed(crate::cluster::index::Index::default()));
-    drop(sync.writers.lock().unwrap().take());
+    drop(take_writers(&sync));
     let evidence = sync.evidence();
     evidence.accepted(self::evidence(0));
     let mark = evidence

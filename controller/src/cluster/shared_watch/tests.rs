@@ -1,0 +1,222 @@
+use super::*;
+use crate::cluster::watches::SharedIndex;
+use crate::monitor::status_sync::{self, StatusSync};
+use crate::reconcile::{self, Reconcilers};
+use kube::ResourceExt as _;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long a test waits for the stand-in API server's answers to reach a store.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A stand-in API server: lists answer what [`FakeApi::objects`] holds for the resource (the last
+/// segment of the path), a watch stays open and streams what [`FakeApi::event`] sends; it counts the
+/// watch requests per resource.
+#[derive(Clone, Default)]
+struct FakeApi {
+    objects: Arc<Mutex<HashMap<String, Vec<serde_json::Value>>>>,
+    watches: Arc<Mutex<Vec<OpenWatch>>>,
+}
+
+/// A watch request: its resource and where its events go.
+type OpenWatch = (String, mpsc::UnboundedSender<bytes::Bytes>);
+
+impl FakeApi {
+    /// Serves on loopback; a client of it.
+    async fn serve(&self) -> Client {
+        let this = self.clone();
+        let router = axum::Router::new().fallback(move |uri: http::Uri| {
+            let this = this.clone();
+            async move { this.answer(&uri) }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Client::try_from(kube::Config::new(
+            format!("http://{address}").parse().unwrap(),
+        ))
+        .unwrap()
+    }
+
+    fn answer(&self, uri: &http::Uri) -> axum::response::Response {
+        let resource = uri
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let watch = uri
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .any(|p| p == "watch=true" || p == "watch=1");
+        let json = [(http::header::CONTENT_TYPE, "application/json")];
+        if watch {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            self.watches.lock().unwrap().push((resource, sender));
+            let body = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver)
+                .map(Ok::<_, std::convert::Infallible>);
+            return (json, axum::body::Body::from_stream(body)).into_response();
+        }
+        let items = self
+            .objects
+            .lock()
+            .unwrap()
+            .get(&resource)
+            .cloned()
+            .unwrap_or_default();
+        let list = serde_json::json!({
+            "apiVersion": "v1", "kind": "List",
+            "metadata": {"resourceVersion": "1"}, "items": items,
+        });
+        (json, list.to_string()).into_response()
+    }
+
+    /// Sends a watch event of `type_` with `object` to every open watch of `resource`.
+    fn event(&self, resource: &str, type_: &str, object: &serde_json::Value) {
+        let line = format!("{}\n", serde_json::json!({"type": type_, "object": object}));
+        for (watched, sender) in self.watches.lock().unwrap().iter() {
+            if watched == resource {
+                let _ = sender.send(bytes::Bytes::from(line.clone()));
+            }
+        }
+    }
+
+    /// Watch requests per resource so far.
+    fn watch_requests(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for (resource, _) in self.watches.lock().unwrap().iter() {
+            *counts.entry(resource.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+use axum::response::IntoResponse as _;
+
+fn network_policy(name: &str, version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": "shop", "resourceVersion": version},
+        "spec": {"podSelector": {}},
+    })
+}
+
+/// The name and kind of change of a subscriber's next change.
+async fn next(changes: &mut (impl Stream<Item = Change<NetworkPolicy>> + Unpin)) -> (String, bool) {
+    let change = tokio::time::timeout(WAIT, changes.next())
+        .await
+        .expect("a change within the wait")
+        .expect("the subscription goes on");
+    match change {
+        Change::Applied(p) => (p.name_any(), false),
+        Change::Deleted(p) => (p.name_any(), true),
+    }
+}
+
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    tokio::time::timeout(WAIT, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within {WAIT:?}"));
+}
+
+/// A subscriber gets what the store holds when it subscribes, then every change, deletions included
+/// (the policy reconciler puts back a NetworkPolicy it rendered when it is deleted); one watch
+/// serves the store and every subscriber, however late it came.
+#[tokio::test]
+async fn a_subscriber_gets_the_store_then_every_change_deletions_included() {
+    let fake = FakeApi::default();
+    fake.objects
+        .lock()
+        .unwrap()
+        .insert("networkpolicies".into(), vec![network_policy("a", "1")]);
+    let client = fake.serve().await;
+    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(client));
+    let mut early = Box::pin(watch.changes());
+    assert_eq!(next(&mut early).await, ("a".into(), false), "the list");
+    let store = watch.store();
+    wait_until("the first list", || has_listed(&store)).await;
+    let mut late = Box::pin(watch.changes());
+    assert_eq!(
+        next(&mut late).await,
+        ("a".into(), false),
+        "what the store holds"
+    );
+    wait_until("the watch request", || {
+        fake.watch_requests().get("networkpolicies") == Some(&1)
+    })
+    .await;
+
+    fake.event("networkpolicies", "ADDED", &network_policy("b", "2"));
+    fake.event("networkpolicies", "DELETED", &network_policy("a", "3"));
+    for changes in [&mut early, &mut late] {
+        assert_eq!(next(changes).await, ("b".into(), false));
+        assert_eq!(next(changes).await, ("a".into(), true), "the deletion");
+    }
+    let names: Vec<_> = store.state().iter().map(|p| p.name_any()).collect();
+    assert_eq!(names, ["b"]);
+    assert_eq!(watch.subscribers(), 2);
+    drop(early);
+    fake.event("networkpolicies", "ADDED", &network_policy("c", "4"));
+    assert_eq!(next(&mut late).await, ("c".into(), false));
+    assert_eq!(watch.subscribers(), 1, "a dropped subscriber is forgotten");
+    assert_eq!(
+        fake.watch_requests().get("networkpolicies"),
+        Some(&1),
+        "one watch for the store and both subscribers"
+    );
+}
+
+/// Issue 43, item 4: the status sync, the proposal writer, both reconcilers and the web view read
+/// WorkloadNetworkPolicies, proposals and NetworkPolicies from one watch per kind (the policies were
+/// watched five times, proposals and NetworkPolicies twice).
+#[tokio::test]
+async fn every_part_of_the_controller_shares_one_watch_per_kind() {
+    let fake = FakeApi::default();
+    let client = fake.serve().await;
+    // Wired as `run` wires them.
+    let app = crate::app::App::builder(client.clone(), network_enforcer_api::Backend::Kubernetes)
+        .index(Arc::new(SharedIndex::listed(
+            crate::cluster::index::Index::default(),
+        )))
+        .status_sync(
+            status_sync::Settings::default(),
+            Arc::new(crate::monitor::otlp::Disabled),
+        )
+        .build();
+    let sync: Arc<StatusSync> = app.status_sync.clone().expect("a status sync");
+    let reconcilers =
+        Reconcilers::new(&client, app.objects.clone(), reconcile::Settings::default());
+    let ui = crate::ui::Reflected::start(client.clone(), &app.objects);
+    let tasks = [
+        tokio::spawn(reconcilers.run()),
+        tokio::spawn(sync.clone().watches()),
+    ];
+    let objects = app.objects.clone();
+    // The policy controller's own trigger and its siblings' trigger, the proposal controller's.
+    wait_until("the reconcilers' subscriptions", || {
+        objects.policies.subscribers() == 3
+            && objects.proposals.subscribers() == 1
+            && objects.network_policies.subscribers() == 1
+    })
+    .await;
+    wait_until("every store listed", || {
+        crate::ui::ObjectSource::ready(ui.as_ref()) && has_listed(&objects.network_policies.store())
+    })
+    .await;
+    let requests = fake.watch_requests();
+    for resource in [
+        "workloadnetworkpolicies",
+        "workloadnetworkpolicyproposals",
+        "networkpolicies",
+    ] {
+        assert_eq!(requests.get(resource), Some(&1), "{resource}: {requests:?}");
+    }
+    for task in tasks {
+        task.abort();
+    }
+}
