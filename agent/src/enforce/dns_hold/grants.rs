@@ -56,6 +56,33 @@ pub struct Admitted {
     pub settled: Option<Duration>,
 }
 
+/// The port ranges `allowances` give `name`, overlapping and adjacent ones merged. The kernel's
+/// interval set refuses an element that shares its first or last port with another of the same pod
+/// and address (`443` and `443-500`, which two entries of one policy may well allow), and one refused
+/// element fails the whole write: the answer would go on without any of its grants.
+fn ranges_allowing(name: &str, allowances: &[Arc<NameAllowance>]) -> Vec<PortRange> {
+    let mut ranges: Vec<PortRange> = allowances
+        .iter()
+        .filter(|a| a.allows(name))
+        .flat_map(|a| a.ports.iter().copied())
+        .collect();
+    // By protocol, then first port.
+    ranges.sort_unstable();
+    let mut merged: Vec<PortRange> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last)
+                if last.protocol == range.protocol
+                    && u32::from(range.first) <= u32::from(last.last) + 1 =>
+            {
+                last.last = last.last.max(range.last);
+            }
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
 /// The node's grants. See the module docs.
 #[derive(Debug)]
 pub struct Grants {
@@ -81,8 +108,8 @@ impl Grants {
     }
 
     /// The grants for a pod with addresses `pod_ips` that resolved `address` from `name`, believed
-    /// until `until`, under `allowances` (the pod's `egressNames`): one per allowance naming `name`
-    /// and port range, for the pod's address of the same family.
+    /// until `until`, under `allowances` (the pod's `egressNames`): one per port range of the
+    /// allowances naming `name` ([`ranges_allowing`]), for the pod's address of the same family.
     pub fn admit(
         &mut self,
         pod_ips: &[IpAddr],
@@ -98,35 +125,33 @@ impl Grants {
             return admitted;
         };
         let mut earliest: Option<Duration> = None;
-        for allowance in allowances.iter().filter(|a| a.allows(name)) {
-            for &ports in &allowance.ports {
-                let grant = Grant {
-                    pod,
-                    address,
-                    ports,
-                };
-                let full = self.held.len() >= self.max;
-                match self.held.get_mut(&grant) {
-                    Some(end) if *end > now => {
-                        if until >= *end + EXTEND_STEP {
-                            *end = until;
-                            admitted.extended.push((grant, until - now));
-                        }
-                    }
-                    Some(end) => {
-                        // Ended (the kernel removed it): a new grant.
+        for ports in ranges_allowing(name, allowances) {
+            let grant = Grant {
+                pod,
+                address,
+                ports,
+            };
+            let full = self.held.len() >= self.max;
+            match self.held.get_mut(&grant) {
+                Some(end) if *end > now => {
+                    if until >= *end + EXTEND_STEP {
                         *end = until;
-                        admitted.new.push((grant, until - now));
-                    }
-                    None if full => admitted.refused += 1,
-                    None => {
-                        self.held.insert(grant, until);
-                        admitted.new.push((grant, until - now));
+                        admitted.extended.push((grant, until - now));
                     }
                 }
-                if let Some(&end) = self.held.get(&grant) {
-                    earliest = Some(earliest.map_or(end, |e| e.min(end)));
+                Some(end) => {
+                    // Ended (the kernel removed it): a new grant.
+                    *end = until;
+                    admitted.new.push((grant, until - now));
                 }
+                None if full => admitted.refused += 1,
+                None => {
+                    self.held.insert(grant, until);
+                    admitted.new.push((grant, until - now));
+                }
+            }
+            if let Some(&end) = self.held.get(&grant) {
+                earliest = Some(earliest.map_or(end, |e| e.min(end)));
             }
         }
         if admitted.refused == 0 {
@@ -240,6 +265,56 @@ mod tests {
             Admitted::default()
         );
         assert_eq!(grants.len(), 3);
+    }
+
+    /// Two entries of one policy whose ports overlap or touch (`443` and `443-450`) make one grant
+    /// each merged range: the kernel refuses elements that share a first or last port, and one
+    /// refused element failed the answer's whole write.
+    #[test]
+    fn overlapping_and_adjacent_ports_of_a_name_make_one_grant() {
+        let udp = |first, last| PortRange {
+            protocol: Protocol::UDP,
+            ..tcp(first, last)
+        };
+        let allowances = [
+            allowance(&["api.partner.test"], &[tcp(443, 443), udp(443, 443)]),
+            allowance(
+                &["*.partner.test"],
+                &[tcp(443, 450), tcp(451, 460), tcp(8443, 8443)],
+            ),
+            allowance(&["api.partner.test"], &[tcp(445, 446), tcp(8000, 9000)]),
+        ];
+        let mut grants = Grants::new(100);
+        let admitted = grants.admit(
+            &[ip("10.0.0.5")],
+            ("api.partner.test", ip("203.0.113.10"), S(130)),
+            &allowances,
+            S(100),
+        );
+        let elements: Vec<String> = admitted.new.iter().map(|(g, _)| g.element()).collect();
+        assert_eq!(
+            elements,
+            [
+                "10.0.0.5 . 203.0.113.10 . tcp . 443-460",
+                "10.0.0.5 . 203.0.113.10 . tcp . 8000-9000",
+                "10.0.0.5 . 203.0.113.10 . udp . 443",
+            ]
+        );
+        // A name only the wildcard allows gets the wildcard's ranges, merged alike.
+        let admitted = grants.admit(
+            &[ip("10.0.0.5")],
+            ("www.partner.test", ip("203.0.113.11"), S(130)),
+            &allowances,
+            S(100),
+        );
+        let elements: Vec<String> = admitted.new.iter().map(|(g, _)| g.element()).collect();
+        assert_eq!(
+            elements,
+            [
+                "10.0.0.5 . 203.0.113.11 . tcp . 443-460",
+                "10.0.0.5 . 203.0.113.11 . tcp . 8443"
+            ]
+        );
     }
 
     #[test]
