@@ -136,6 +136,35 @@ fn an_answer_waits_again_once_the_pods_allowances_change() {
     assert!(connects(&world, service));
 }
 
+/// A second entry allowing the name on a range that starts at the first entry's port: one grant of
+/// the merged range, and the first SYN goes through. The kernel refuses a set element that shares a
+/// first or last port with another of the same pod and address; before the merge that failed the
+/// answer's whole write, and the pod waited for the controller's rendering.
+#[test]
+fn entries_whose_ports_share_a_first_port_grant_the_name_at_once() {
+    require_root();
+    let world = World::new(6);
+    serve_dns(&world, 60);
+    serve_tcp(&world);
+    let hold = world.hold(&[ALLOWED], Duration::from_secs(30));
+    let mut ruleset = world.ruleset(&[ALLOWED]);
+    let egress = ruleset.pods[0].egress.as_mut().unwrap();
+    let mut second = (*egress.names[0]).clone();
+    second.ports.iter_mut().for_each(|p| p.last = p.first + 1);
+    egress.names.push(std::sync::Arc::new(second));
+    let installed = hold.clone();
+    world
+        .router
+        .run(move || installed.install(&ruleset, None))
+        .expect("installing the table");
+    let service = world.services[0];
+    assert_eq!(resolve(&world, ALLOWED).0, service);
+    assert!(
+        connects(&world, service),
+        "first connection after the answer failed"
+    );
+}
+
 #[test]
 fn without_a_reader_the_queue_rule_lets_dns_through() {
     require_root();

@@ -393,7 +393,7 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
     // Calls to the address the client holds a grant for: their answers bring nothing new, and the
     // kernel check in the agent's queue rule lets them through without the agent (its counter; the
     // agent adds it to its metrics once a second at most).
-    let passed = poll(
+    let (passed, metrics) = poll(
         "the DNS hold's kernel check to let an answer with nothing new through",
         Duration::from_secs(30),
         Duration::from_millis(500),
@@ -408,11 +408,24 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
                 "network_enforcer_agent_enforcement_dns_hold_checked_answers_total{outcome=\"passed\"}",
             )
             .unwrap_or(0.0);
-            Ok((passed > 0.0).then_some(passed))
+            Ok((passed > 0.0).then_some((passed, metrics)))
         },
         || release.logs("agent").unwrap_or_default(),
     )?;
     eprintln!("names: {passed} answers let through by the kernel check");
+    // The hold's tracker reports what it did not keep, and on this calm node kept everything.
+    for outcome in ["pending_full", "pending_replaced", "names_full"] {
+        let dropped = release::metric(
+            &metrics,
+            &format!(
+                "network_enforcer_agent_enforcement_dns_hold_tracker_dropped_total{{outcome=\"{outcome}\"}}"
+            ),
+        );
+        ensure!(
+            dropped == Some(0.0),
+            "the DNS hold's tracker dropped {outcome}: {dropped:?}"
+        );
+    }
     ensure!(
         resends.iter().all(|r| *r == 0),
         "a first call after a rotation needed a SYN resend: {resends:?} (the DNS hold did not let \

@@ -56,6 +56,10 @@ pub struct EnforcementMetrics {
     pub dns_hold_seconds: Histogram,
     /// Answers the hold's kernel check let through at once (`passed`) or queued (`queued`).
     pub dns_hold_checked: Family<OutcomeLabel, Counter>,
+    /// What the hold's own DNS tracker did not keep, by outcome: queries over its pending bound
+    /// (`pending_full`), pending queries forgotten for newer ones (`pending_replaced`), resolutions
+    /// over its names bound (`names_full`).
+    pub dns_hold_tracker_dropped: Family<OutcomeLabel, Counter>,
     /// Name grants held on the node.
     pub name_grants: Gauge,
 }
@@ -83,6 +87,7 @@ impl Default for EnforcementMetrics {
                 0.000_025, 0.000_05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
             ]),
             dns_hold_checked: Family::default(),
+            dns_hold_tracker_dropped: Family::default(),
             name_grants: Gauge::default(),
         }
     }
@@ -162,6 +167,13 @@ impl EnforcementMetrics {
             "dns_hold_checked_answers",
             "Answers to pods allowed names that the hold's kernel check let through at once (passed: nothing new) or queued",
             self.dns_hold_checked.clone(),
+        );
+        r.register(
+            "dns_hold_tracker_dropped",
+            "What the hold's DNS tracker did not keep: queries over its pending bound (pending_full), \
+             pending queries forgotten for newer ones (pending_replaced), resolutions over its names \
+             bound (names_full); their answers wait for the controller's rendering",
+            self.dns_hold_tracker_dropped.clone(),
         );
         r.register(
             "name_grants",

@@ -229,7 +229,7 @@ impl Hold {
     fn read(&self, socket: &HoldSocket) {
         let mut buf = vec![0u8; socket::RECEIVE_BYTES];
         loop {
-            self.report_checked();
+            self.report_counts();
             let n = match socket.receive(&mut buf) {
                 Ok(n) => n,
                 Err(error) if error.raw_os_error() == Some(libc::ENOBUFS) => {
@@ -310,20 +310,35 @@ impl Hold {
         }
     }
 
-    /// Adds what the kernel check decided since the last time to the metrics, once a second at most
-    /// (the reader wakes at least every 2 s: the socket's receive timeout).
-    fn report_checked(&self) {
+    /// Adds what the kernel check decided since the last time, and what the tracker dropped, to the
+    /// metrics, once a second at most (the reader wakes at least every 2 s: the socket's receive
+    /// timeout).
+    fn report_counts(&self) {
         let now = monotonic_now();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if now.saturating_sub(state.checked.1) < Duration::from_secs(1) {
             return;
         }
-        let Some((passed, queued)) = state.check.as_ref().map(Check::counts) else {
+        let tracker = state.tracker.counters().clone();
+        let checked = state.check.as_ref().map(Check::counts);
+        let ((was_passed, was_queued), _) = state.checked;
+        state.checked = (checked.unwrap_or_default(), now);
+        drop(state);
+        // The tracker's counts are cumulative: the counters are brought up to them.
+        for (outcome, total) in [
+            ("pending_full", tracker.pending_full),
+            ("pending_replaced", tracker.pending_replaced),
+            ("names_full", tracker.names_full),
+        ] {
+            let counter = self
+                .metrics
+                .dns_hold_tracker_dropped
+                .get_or_create(&OutcomeLabel { outcome });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+        let Some((passed, queued)) = checked else {
             return;
         };
-        let ((was_passed, was_queued), _) = state.checked;
-        state.checked = ((passed, queued), now);
-        drop(state);
         for (outcome, n) in [
             ("passed", passed.saturating_sub(was_passed)),
             ("queued", queued.saturating_sub(was_queued)),
