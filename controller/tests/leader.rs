@@ -20,7 +20,9 @@ use network_enforcer_controller::learn::ReportedConnection;
 use network_enforcer_controller::learn::flusher::FlushReport;
 use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, send_batches};
+use network_enforcer_tests::scenario_fixture::{
+    Workloads, cluster_ip, create_workloads, send_batches,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,7 +17,7 @@ use network_enforcer_controller::cluster::index::Opened;
 use network_enforcer_controller::cluster::watches;
 use network_enforcer_controller::learn::ReportedConnection;
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads};
+use network_enforcer_tests::scenario_fixture::{Workloads, cluster_ip, create_workloads};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -62,7 +62,7 @@ async fn specs_in(ns: &TestNamespace) -> Result<Vec<(String, Value)>> {
 }
 
 #[tokio::test]
-async fn spec_section_10_learning_both_backends() -> Result<()> {
+async fn the_scenario_is_learned_on_both_backends() -> Result<()> {
     let ns = TestNamespace::create_with_crds("learn").await?;
     let Workloads { clients, server } = create_workloads(&ns, 3).await?;
     let ix = index(&ns.client).await?;
@@ -307,7 +307,7 @@ mod grpc {
     use network_enforcer_api::uplink::{self, FlowBatch, FlowRecord};
     use network_enforcer_controller::app::{Acknowledge, App};
     use network_enforcer_controller::ingest::{Limits, TokenReviewAuthenticator};
-    use network_enforcer_tests::section10::{
+    use network_enforcer_tests::scenario_fixture::{
         AGENT_SA, agent_token, flow_record, pod_json, send_batches as send,
     };
     use std::sync::Arc;

@@ -19,7 +19,7 @@ use network_enforcer_controller::cluster::index::Opened;
 use network_enforcer_controller::learn::ReportedConnection;
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
-use network_enforcer_tests::section10::pod_json;
+use network_enforcer_tests::scenario_fixture::pod_json;
 use serde_json::json;
 use std::net::IpAddr;
 use std::time::Duration;

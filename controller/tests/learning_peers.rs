@@ -19,7 +19,9 @@ use network_enforcer_controller::monitor::evaluate::{ClusterView, Endpoint, Flow
 use network_enforcer_controller::monitor::violations::evidence::{WorkloadNames, observed_flows};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::images::TEST_IMAGE;
-use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
+use network_enforcer_tests::scenario_fixture::{
+    Workloads, cluster_ip, create_workloads, flow_record,
+};
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::time::Duration;

@@ -67,7 +67,8 @@ fn acknowledge_annotations(policy: &WorkloadNetworkPolicy) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn spec_section_10_monitor_protect_acknowledge_and_failed_patches() -> Result<()> {
+async fn the_scenario_in_monitor_and_protect_with_acknowledgements_and_failed_patches() -> Result<()>
+{
     // The controller, in process: index watches, reconcilers, status sync (1 s), ingest on loopback.
     let telemetry = Arc::new(Recorded::default());
     let c = InProcess::start("violations", telemetry.clone(), false).await?;

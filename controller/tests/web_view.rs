@@ -207,7 +207,7 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
 
     // Clicking an edge explains it (docs/ui.md, "Explain"): `check --explain` against the cluster as
     // it is now, between a current pod of each workload, with the command that reproduces it.
-    network_enforcer_tests::section10::create_workloads(&ns, 1).await?;
+    network_enforcer_tests::scenario_fixture::create_workloads(&ns, 1).await?;
     browser.run(&format!(
         "document.querySelector('#graph g.edge[data-from={}][data-to={}]')\
          .dispatchEvent(new MouseEvent('click', {{bubbles: true}})); return true",

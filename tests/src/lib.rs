@@ -4,7 +4,7 @@
 //! - [`images`]: the cluster's base images as docker-archive tars (no registry, no container engine).
 //! - [`buildah`]: our images, built from the shipped Dockerfiles with buildah on a local Debian base.
 //! - [`fixture`]: the async test fixture: one shared cluster, one namespace per test, clean-up on drop.
-//! - [`section10`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
+//! - [`scenario_fixture`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
 //!   records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
 //! - [`stand_in_controller`]: a stand-in for the controller's uplink endpoint that records what it reads.
@@ -18,6 +18,6 @@ pub mod e2e;
 pub mod fixture;
 pub mod images;
 pub mod netpol;
-pub mod section10;
+pub mod scenario_fixture;
 pub mod stand_in_controller;
 pub mod wait;

@@ -22,8 +22,7 @@ fn runs() -> Result<usize> {
 }
 
 #[test]
-fn spec_section_10_kubernetes_backend_with_the_ebpf_provider_learns_monitors_and_protects()
--> Result<()> {
+fn kubernetes_backend_with_the_ebpf_provider_learns_monitors_and_protects() -> Result<()> {
     let cluster = fixture::cluster_with_crds()?;
     release::images_from_debug_build()?;
     let namespace = "ne-e2e-system";

@@ -38,7 +38,7 @@ fn cluster() -> Result<&'static ClusterInfo> {
 }
 
 #[test]
-fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
+fn kubernetes_backend_through_cilium_hubble() -> Result<()> {
     let _turn = one_at_a_time();
     let cluster = cluster()?;
     let pid = std::process::id();
@@ -75,7 +75,7 @@ fn spec_section_10_kubernetes_backend_through_cilium_hubble() -> Result<()> {
 }
 
 #[test]
-fn spec_section_10_istio_backend_through_ztunnel_logs() -> Result<()> {
+fn istio_backend_through_ztunnel_logs() -> Result<()> {
     let _turn = one_at_a_time();
     let cluster = cluster()?;
     ztunnel::ensure_authorization_policy_crd(&cluster.kubeconfig)?;
@@ -118,7 +118,7 @@ impl Drop for RemoveOnDrop {
 }
 
 #[test]
-fn spec_section_10_kubernetes_backend_through_calico_goldmane() -> Result<()> {
+fn kubernetes_backend_through_calico_goldmane() -> Result<()> {
     let _turn = one_at_a_time();
     let cluster = cluster()?;
     let pid = std::process::id();

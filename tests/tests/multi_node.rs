@@ -29,7 +29,7 @@ use network_enforcer_tests::e2e::poll;
 use network_enforcer_tests::e2e::release::{self, Release};
 use network_enforcer_tests::e2e::scenario::{self, Placement, Workload};
 use network_enforcer_tests::e2e::workload::Protocol as Payload;
-use network_enforcer_tests::{fixture, section10};
+use network_enforcer_tests::{fixture, scenario_fixture};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -357,7 +357,7 @@ fn node_binding(release: &Release, two: &Node, before: &Workload) -> Result<()> 
         .context("reading node 2's agent CA bundle")?;
 
     let record = |pod: &str, port: u32| {
-        section10::flow_record(
+        scenario_fixture::flow_record(
             &before.ns.name,
             pod,
             std::net::IpAddr::from([203, 0, 113, 7]),

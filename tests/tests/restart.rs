@@ -22,7 +22,9 @@ use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
 use network_enforcer_controller::learn::flusher::{FlushReport, Flusher};
 use network_enforcer_tests::e2e::release::debug_binary;
 use network_enforcer_tests::fixture::{self, TestNamespace};
-use network_enforcer_tests::section10::{Workloads, cluster_ip, create_workloads, flow_record};
+use network_enforcer_tests::scenario_fixture::{
+    Workloads, cluster_ip, create_workloads, flow_record,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -472,7 +474,7 @@ impl BinaryController {
         status_interval: &str,
         env: &[(&str, &str)],
     ) -> Result<Self> {
-        use network_enforcer_tests::section10::{
+        use network_enforcer_tests::scenario_fixture::{
             AGENT_SA, agent_token, pod_json, scheduled_pod, service_account_with_token,
         };
         let n = ns.name.clone();
@@ -660,7 +662,7 @@ struct Settings {
 
 /// The controller binary for test namespace `ns`, watching only it.
 fn spawn_controller(ns: &TestNamespace, settings: &Settings) -> Result<std::process::Child> {
-    use network_enforcer_tests::section10::AGENT_SA;
+    use network_enforcer_tests::scenario_fixture::AGENT_SA;
     let n = &ns.name;
     Ok(std::process::Command::new(debug_binary("controller"))
         .arg("run")

@@ -187,7 +187,7 @@ fn scenario() -> Vec<ReportedConnection> {
 }
 
 #[test]
-fn spec_section_10_kubernetes_proposals() {
+fn the_scenario_teaches_the_kubernetes_proposals() {
     let learned = learn(&scenario(), Backend::Kubernetes);
     // DNS also teaches kube-dns an ingress rule; in namespace `shop` there are exactly two.
     let in_shop: Vec<&String> = learned

@@ -17,7 +17,7 @@ use network_enforcer_controller::monitor::status_sync::{self, StatusSync};
 use network_enforcer_controller::policy::protect_gate::GateHistory;
 use network_enforcer_controller::reconcile;
 use network_enforcer_tests::fixture::TestNamespace;
-use network_enforcer_tests::section10::{
+use network_enforcer_tests::scenario_fixture::{
     AGENT_SA, agent_token, cluster_ip, create_workloads, flow_record, pod_json, scheduled_pod,
     send_batches, service_account_with_token,
 };

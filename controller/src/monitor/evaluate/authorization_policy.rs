@@ -167,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn spec_section_10_istio_scenario() {
+    fn the_istio_scenario() {
         let labels = server();
         let p = spec10();
         assert_eq!(

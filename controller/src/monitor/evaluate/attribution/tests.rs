@@ -246,7 +246,7 @@ fn udp_echo() -> ObservedFlow {
 }
 
 #[test]
-fn spec_section_10_monitor_records_on_both_policies() {
+fn the_scenario_monitor_records_on_both_policies() {
     let view = cluster();
     let policies = [client_egress("monitor"), server_ingress("monitor")];
     let set = PolicySet::new(&policies);
@@ -296,7 +296,7 @@ fn spec_section_10_monitor_records_on_both_policies() {
 }
 
 #[test]
-fn spec_section_10_protect_records_on_the_egress_policy_only() {
+fn the_scenario_protect_records_on_the_egress_policy_only() {
     let mut view = cluster();
     let policies = [client_egress("protect"), server_ingress("protect")];
     for p in &policies {
@@ -345,7 +345,7 @@ fn mixed_modes_follow_the_egress_policy_mode() {
 
 /// The end-to-end scenario, Kubernetes backend, from promotion on: steps 4 and 5 as status bookkeeping.
 #[test]
-fn spec_section_10_kubernetes_scenario_from_promotion_on() {
+fn the_kubernetes_scenario_from_promotion_on() {
     let mut view = cluster();
     type Statuses = HashMap<String, network_enforcer_api::WorkloadNetworkPolicyStatus>;
     let mut statuses = Statuses::new();
