@@ -13,7 +13,7 @@
 //! worth; the ephemeral port is not part of an edge). Set `NE_BENCH_PEERS` for more peers (each adds
 //! 800 edges): with every event a new edge the recent-records buffer evicts and names constantly.
 
-use network_enforcer_agent::aggregate::WallClock;
+use network_enforcer_agent::clock::WallClock;
 use network_enforcer_agent::debug::socket::{DebugServer, RECENT_EDGES};
 use network_enforcer_agent::identity::attribution::{Attributor, PodInfo};
 use network_enforcer_agent::kernel::events::ConnectionEvent;

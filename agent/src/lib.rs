@@ -7,6 +7,7 @@
 //! - [`app`]: `run`, the agent as the binary starts it: every part started, then the event loop;
 //! - [`pipeline`]: the path of every event in `run`: attribute → aggregate → flush into uplink records;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
+//! - [`clock`]: the kernel's monotonic clock (event times) and wall-clock time derived from it;
 //! - [`debug::flows`]: the node-level `flows` view of those edges (filters, table, JSON);
 //! - [`debug::socket`]: the local unix socket streaming events to `flows`;
 //! - [`metrics`]: Prometheus counters on `/metrics`;
@@ -20,6 +21,7 @@
 
 pub mod aggregate;
 pub mod app;
+pub mod clock;
 pub mod debug;
 pub mod dns;
 pub mod enforce;

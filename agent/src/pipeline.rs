@@ -13,7 +13,8 @@
 //! budget). Events of further new edges are dropped and counted ([`Dropped`]), so a pod sending to every
 //! port cannot grow the agent's memory, flood the uplink or crowd out its neighbours' edges.
 
-use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey, WallClock, monotonic_now};
+use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey};
+use crate::clock::{WallClock, monotonic_now};
 use crate::debug::flows::{self, PodNames};
 use crate::debug::socket::{Attributed, DebugServer};
 use crate::dns::tracker::{Limits, Tracker};

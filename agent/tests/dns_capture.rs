@@ -119,7 +119,7 @@ async fn a_pods_query_and_its_answer_are_copied_and_only_the_matching_answer_is_
             "198.51.100.8".parse().unwrap()
         ]
     );
-    let now = network_enforcer_agent::aggregate::monotonic_now();
+    let now = network_enforcer_agent::clock::monotonic_now();
     assert_eq!(
         tracker.name_of(&pod, "198.51.100.7".parse().unwrap(), now),
         Some(NAME)
@@ -288,7 +288,7 @@ async fn a_pod_spraying_random_subdomains_is_bounded_and_the_others_learning_goe
     }
     // Until the quiet pod's two messages were read (the ring may still hold some).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let at = network_enforcer_agent::aggregate::monotonic_now();
+    let at = network_enforcer_agent::clock::monotonic_now();
     while tracker
         .name_of(&quiet_pod, "198.51.100.9".parse().unwrap(), at)
         .is_none()

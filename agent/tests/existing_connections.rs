@@ -9,7 +9,8 @@
 
 mod support;
 
-use network_enforcer_agent::aggregate::{EdgeKey, monotonic_now};
+use network_enforcer_agent::aggregate::EdgeKey;
+use network_enforcer_agent::clock::monotonic_now;
 use network_enforcer_agent::identity::attribution::{Attributor, Owner, PodInfo};
 use network_enforcer_agent::kernel::existing;
 use network_enforcer_agent::pipeline::{EdgeCaps, Pipeline};

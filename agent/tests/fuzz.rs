@@ -578,7 +578,7 @@ fn dns_responses() {
             "10.244.0.5:4000".parse().unwrap(),
             "10.96.0.10:53".parse().unwrap(),
         );
-        let now = network_enforcer_agent::aggregate::monotonic_now();
+        let now = network_enforcer_agent::clock::monotonic_now();
         tracker.query(&pod, client, server, &data, now);
         if let Err(e) = tracker.answer(&pod, client, server, &data, now) {
             clear("tracker", &e.to_string())?;

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use network_enforcer_agent::aggregate::monotonic_now;
+use network_enforcer_agent::clock::monotonic_now;
 use network_enforcer_agent::identity::attribution::{Attributor, Owner};
 use network_enforcer_agent::identity::pod_identity::PodIdentities;
 use network_enforcer_agent::identity::pod_watch;

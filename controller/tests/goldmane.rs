@@ -27,6 +27,7 @@ use network_enforcer_controller::sources::goldmane::{
     Goldmane, GoldmaneConfig, GoldmaneHealth, ObjectRef,
 };
 use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::wait;
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
@@ -293,13 +294,15 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     );
 
     // Refused while the Secret holds the foreign certificate.
-    for _ in 0..1000 {
-        if health.errors.get() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(health.errors.get() >= 2, "refused attempts are counted");
+    wait::until(
+        "refused attempts to be counted",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || health.errors.get() >= 2,
+        || format!("{} errors", health.errors.get()),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         health.messages.get(),
         0,
@@ -317,12 +320,15 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         .unwrap();
 
     let mut records = Vec::new();
-    for _ in 0..2000 {
-        if health.messages.get() >= 7 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::until(
+        "both sessions read in full",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || health.messages.get() >= 7,
+        || format!("{} messages", health.messages.get()),
+    )
+    .await
+    .unwrap();
     records.extend(evidence.drain());
     assert_eq!(health.messages.get(), 7, "both sessions read in full");
     let requests = script.requests.lock().unwrap().clone();

@@ -387,16 +387,20 @@ fn node_binding(release: &Release, two: &Node, before: &Workload) -> Result<()> 
             sender.send(vec![record(&before.server.0, 18445)]),
             "queue full"
         );
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while counters.batches_acked.get() < 2 {
-            ensure!(
-                Instant::now() < deadline,
-                "no acknowledgement from the controller: {} sent, {} reconnects",
-                counters.batches_sent.get(),
-                counters.reconnects.get()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        network_enforcer_tests::wait::until(
+            "the controller's acknowledgements",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || counters.batches_acked.get() >= 2,
+            || {
+                format!(
+                    "{} sent, {} reconnects",
+                    counters.batches_sent.get(),
+                    counters.reconnects.get()
+                )
+            },
+        )
+        .await?;
         task.abort();
         anyhow::Ok((
             counters.records_accepted.get(),

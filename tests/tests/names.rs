@@ -309,8 +309,8 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
             )
         },
     )?;
-    // Another status interval, for a late violation of a rotated address to show.
-    std::thread::sleep(Duration::from_secs(scenario::STATUS_INTERVAL_SECONDS + 2));
+    // Two more status passes, for a late violation of a rotated address to show.
+    release.wait_for_status_passes(2, Duration::from_secs(60))?;
     let policies: std::collections::BTreeMap<String, WorkloadNetworkPolicy> =
         list(&ns, "workloadnetworkpolicies")?;
     let status = policies

@@ -25,6 +25,7 @@ use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::scenario_fixture::{
     Workloads, cluster_ip, create_workloads, flow_record,
 };
+use network_enforcer_tests::wait;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -541,17 +542,20 @@ impl BinaryController {
         // Reconnected, and what is unacknowledged is resent. A batch pending when the stream was
         // replaced may have been acknowledged on the old stream just before it closed (a status pass
         // wrote its violation): then nothing is left to resend (a CI run failed waiting for one).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.counters.reconnects.get() == reconnects
-            || (self.counters.pending_batches.get() > 0 && self.counters.batches_sent.get() == sent)
-        {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the agent did not reconnect and resend (before: sent {sent}, reconnects                  {reconnects}); {}",
-                agent_state(&self.counters)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let c = &self.counters;
+        wait::until(
+            &format!(
+                "the agent to reconnect and resend (before: sent {sent}, reconnects {reconnects})"
+            ),
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || {
+                c.reconnects.get() != reconnects
+                    && (c.pending_batches.get() == 0 || c.batches_sent.get() != sent)
+            },
+            || agent_state(c),
+        )
+        .await?;
         drop(replacing);
         Ok(())
     }

@@ -17,6 +17,7 @@ use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::tls::{self, TlsServerConfig};
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate, Limits};
 use network_enforcer_tests::stand_in_controller::Recorder;
+use network_enforcer_tests::wait;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -465,11 +466,15 @@ async fn a_batch_in_flight_when_the_stream_died_is_resent_on_the_next_one() {
     let (sender, task) = uplink::spawn(config(addr, &token), counters.clone()).unwrap();
     assert!(sender.send(records(1)));
     assert!(sender.send(records(1)));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while silent_seen.lock().unwrap().len() < 2 {
-        assert!(Instant::now() < deadline, "{}", snapshot(&counters));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::until(
+        "the controller to read both batches",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || silent_seen.lock().unwrap().len() >= 2,
+        || snapshot(&counters),
+    )
+    .await
+    .unwrap();
     // The controller read both batches and dies before acknowledging them.
     silent.stop();
     assert_eq!(*silent_seen.lock().unwrap(), [1, 2]);

@@ -1,7 +1,7 @@
 //! After each flush of the agent's loop: its figures on `/metrics` and in the log, and its records
 //! handed to the uplink.
 
-use crate::aggregate::WallClock;
+use crate::clock::WallClock;
 use crate::debug::socket::DebugServer;
 use crate::kernel::dns_messages::DnsReader;
 use crate::metrics::AgentMetrics;

@@ -7,7 +7,7 @@ mod flush;
 mod start;
 mod stop;
 
-use crate::aggregate::WallClock;
+use crate::clock::WallClock;
 use crate::debug::socket::{self, DebugServer};
 use crate::enforce::nft;
 use crate::identity::attribution::Attributor;

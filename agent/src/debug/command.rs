@@ -1,8 +1,9 @@
 //! `network-enforcer-agent flows`: the node's connections as aggregated flows, live from the running
 //! agent's debug socket (or from a copy of the programs loaded here with `--local`).
 
-use crate::aggregate::{Aggregator, WallClock};
+use crate::aggregate::Aggregator;
 use crate::app::{KernelArgs, shutdown_signal};
+use crate::clock::WallClock;
 use crate::debug::flows::{self, FlowFilter, PodNames};
 use crate::debug::socket::{self, DebugClient};
 use crate::kernel::events::EventReader;

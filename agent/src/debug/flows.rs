@@ -1,7 +1,8 @@
 //! The node-level `flows` view: filtering aggregated edges and printing them as a table (like
 //! `hubble observe`) or as JSON lines.
 
-use crate::aggregate::{Edge, EdgeKey, WallClock};
+use crate::aggregate::{Edge, EdgeKey};
+use crate::clock::WallClock;
 use crate::kernel::events::{Direction, Outcome, Protocol};
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -490,7 +490,7 @@ async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
     let (history, mut lines) = {
         let recent = shared.recent();
         let history = request.since_ns.map(|ns| {
-            let from = crate::aggregate::monotonic_now().saturating_sub(Duration::from_nanos(ns));
+            let from = crate::clock::monotonic_now().saturating_sub(Duration::from_nanos(ns));
             recent.since(from)
         });
         (history, shared.lines.subscribe())
@@ -785,7 +785,7 @@ mod tests {
         let path = dir.join("agent.sock");
         let server = DebugServer::bind(&path, 100).unwrap();
         let recent = ConnectionEvent {
-            monotonic: crate::aggregate::monotonic_now(),
+            monotonic: crate::clock::monotonic_now(),
             ..event()
         };
         let mut asked = 0;
@@ -830,7 +830,7 @@ mod tests {
         };
         named(&peers, "shop/client-1");
         let recent = ConnectionEvent {
-            monotonic: crate::aggregate::monotonic_now(),
+            monotonic: crate::clock::monotonic_now(),
             ..event()
         };
         server.publish(&[recent], |_| Attributed::default());
@@ -874,7 +874,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ne-debug-{}", std::process::id()));
         let path = dir.join("agent.sock");
         let server = DebugServer::bind(&path, 100).unwrap();
-        let now = crate::aggregate::monotonic_now();
+        let now = crate::clock::monotonic_now();
         let old = ConnectionEvent {
             monotonic: now.saturating_sub(Duration::from_secs(3600)),
             ..at(event(), 0, 1)

@@ -15,7 +15,7 @@
 //! (`hostNetwork: true`) and the cgroup tree for this; a process whose namespace it may not read is skipped. Pod UIDs are
 //! mapped to namespaces and names by the pod watch ([`crate::identity::pod_watch`], [`crate::identity::attribution`]).
 
-use crate::aggregate::monotonic_now;
+use crate::clock::monotonic_now;
 use crate::error::{Error, Result};
 use crate::identity::pod_watch::SharedAttributor;
 use crate::kernel::host::NodeCgroups;

@@ -7,7 +7,7 @@
 //! ([`Attributor::relist_start`]). Without API access (no kubeconfig and not in a pod) the agent keeps
 //! attributing by UID only.
 
-use crate::aggregate::monotonic_now;
+use crate::clock::monotonic_now;
 use crate::identity::attribution::{Attributor, PodInfo};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;

@@ -21,7 +21,7 @@
 //! without every listener the direction of a connection could be wrong, and the agent does not guess.
 //! It runs once, on a blocking thread; a failure is logged as a warning and the agent goes on.
 
-use crate::aggregate::monotonic_now;
+use crate::clock::monotonic_now;
 use crate::kernel::btf::{Btf, BtfError};
 use crate::kernel::events::{ConnectionEvent, Direction, Outcome};
 use aya::EbpfLoader;

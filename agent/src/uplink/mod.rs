@@ -38,7 +38,8 @@ pub use record::{epoch_ms, flow_record};
 pub use resend_buffer::{DEFAULT_MAX_PENDING_RECORDS, Pushed, ResendBuffer};
 pub use task::spawn;
 
-use crate::aggregate::{Edge, WallClock};
+use crate::aggregate::Edge;
+use crate::clock::WallClock;
 use crate::kernel::events::{Direction, Outcome, Protocol};
 use network_enforcer_api::backoff::{Backoff, jitter};
 use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;

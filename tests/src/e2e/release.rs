@@ -289,6 +289,41 @@ impl Release {
         )
     }
 
+    /// Waits until the controller has completed `passes` status passes after this call (its metric
+    /// `status_passes_total`, read through a port-forward to its metrics port, the chart's default
+    /// 8080). Each pass attributes the evidence queued before it, then writes every policy's status:
+    /// after two, whatever reached the controller before the call is in the statuses.
+    pub fn wait_for_status_passes(&self, passes: u64, timeout: Duration) -> Result<()> {
+        const CONTROLLER_METRICS_PORT: u16 = 8080;
+        let forward = self.port_forward(
+            &format!("deploy/{}", self.object_name("controller")),
+            CONTROLLER_METRICS_PORT,
+        )?;
+        let read = || -> Result<Option<f64>> {
+            let text = http_get(&forward.address(), "/metrics")?;
+            Ok(metric(
+                &text,
+                "network_enforcer_controller_status_passes_total",
+            ))
+        };
+        let describe = || self.logs("controller").unwrap_or_default();
+        let start = poll(
+            "the controller's status_passes_total through port-forward",
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            read,
+            describe,
+        )?;
+        poll(
+            &format!("{passes} more status passes of the controller (from {start})"),
+            timeout,
+            Duration::from_millis(250),
+            || Ok(read()?.filter(|now| *now >= start + passes as f64)),
+            describe,
+        )?;
+        Ok(())
+    }
+
     /// The name of the chart's object for `component` (`<release>-network-enforcer-<component>`, or
     /// `<release>-<component>` when the release name contains the chart name).
     pub fn object_name(&self, component: &str) -> String {

@@ -546,8 +546,8 @@ pub fn run_on(
         },
         || format!("policies: {:#?}\n{}", w.policies(), release.describe()),
     )?;
-    // Two more status intervals: whatever the ingress policy would record is in by then.
-    std::thread::sleep(Duration::from_secs(2 * STATUS_INTERVAL_SECONDS + 1));
+    // Two more status passes: whatever the ingress policy would record is in by then.
+    release.wait_for_status_passes(2, STEP_TIMEOUT)?;
     let s = egress.status.clone().unwrap_or_default();
     ensure!(
         (s.violation_count, s.active_violation_count) == (2, 2),

@@ -38,7 +38,7 @@ pub mod queue_rule;
 pub mod set_elements;
 pub mod socket;
 
-use crate::aggregate::monotonic_now;
+use crate::clock::monotonic_now;
 use crate::dns::tracker::{self, Pod, Refused, Tracker};
 use crate::enforce::compile::{NameAllowance, Ruleset};
 use crate::enforce::metrics::{EnforcementMetrics, OutcomeLabel};
