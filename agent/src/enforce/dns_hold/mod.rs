@@ -63,9 +63,11 @@ const QUEUE_MAX_LEN: u32 = 4096;
 /// rendering, as without the hold.
 pub const MAX_GRANTS: usize = 100_000;
 
-/// Query copies the rules ask the kernel to gather before it sends them. A rule's threshold only
-/// lowers the group's, bound with 1 ([`socket`]): for now each copy is sent at once.
-const COPIES_BATCH: u16 = 64;
+/// Query copies the kernel gathers before it sends them (the group is bound with the same threshold,
+/// [`socket::COPIES_BATCH`]; a rule's own threshold can only lower the group's). Gathered copies go
+/// out when the batch is full, after [`socket::COPIES_FLUSH_CENTISECONDS`], or before any answer is
+/// queued: the queue rule's first action logs to the group with a threshold of 1.
+const COPIES_BATCH: u16 = socket::COPIES_BATCH as u16;
 
 /// How often ended grants are forgotten while answers come in (the kernel has dropped them already).
 const EXPIRE_EVERY: Duration = Duration::from_secs(10);

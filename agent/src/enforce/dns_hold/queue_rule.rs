@@ -6,9 +6,8 @@
 //! The rule's expressions: optionally `match bpf` revision 1 running the hold's kernel check
 //! ([`super::check`]) by its program's descriptor (an answer with nothing new does not match and goes
 //! on to the next rule); then `log` to the copies' group with [`FLUSH_PREFIX`] and a queue threshold
-//! of 1, which would send copies the kernel gathered (the queries among them) before the answer is
-//! queued, so the reader notes a query before it judges its answer (today each copy is sent at
-//! once anyway); then `target NFQUEUE` revision 3
+//! of 1, which sends the copies the kernel gathered (the queries among them) before the answer is
+//! queued, so the reader notes a query before it judges its answer; then `target NFQUEUE` revision 3
 //! with `queuenum`, one queue, and the bypass flag: when nobody listens on the queue (the agent is
 //! gone), the packet passes instead of being dropped. The rule goes first in its chain, before the
 //! rules `nft` wrote.

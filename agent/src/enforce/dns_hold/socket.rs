@@ -50,6 +50,9 @@ const NLM_F_REQUEST: u16 = 0x1;
 const COPY_RANGE: u32 = 0xffff;
 /// The receive buffer: one datagram of the largest copy, with headers.
 pub const RECEIVE_BYTES: usize = 128 * 1024;
+/// Query copies the kernel gathers into one message before sending them: one send per batch instead
+/// of one per query, on the pod's query path.
+pub const COPIES_BATCH: u32 = 64;
 /// The kernel's buffer for a batch of copies: room for 64 queries of ~200 bytes with their headers.
 pub const COPIES_BUFFER_BYTES: u32 = 32 * 1024;
 /// How long the kernel keeps a batch of copies (rules may ask for batches, queries do not), in
@@ -200,7 +203,7 @@ impl HoldSocket {
             &[
                 (NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]),
                 (NFULA_CFG_MODE, &mode),
-                (NFULA_CFG_QTHRESH, &1u32.to_be_bytes()),
+                (NFULA_CFG_QTHRESH, &COPIES_BATCH.to_be_bytes()),
                 (NFULA_CFG_TIMEOUT, &COPIES_FLUSH_CENTISECONDS.to_be_bytes()),
                 (NFULA_CFG_NLBUFSIZ, &COPIES_BUFFER_BYTES.to_be_bytes()),
             ],
