@@ -175,13 +175,7 @@ pub fn open() -> Result<std::fs::File, ScanError> {
         .map_err(|e| load(&e))?;
     program.load("task_file", &kernel_btf).map_err(|e| {
         // The verifier's log is in the error's source chain; keep all of it.
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        load(&text)
+        load(&crate::error::chain(&e))
     })?;
     let link = program.attach().map_err(|e| load(&e))?;
     let link = program.take_link(link).map_err(|e| load(&e))?;

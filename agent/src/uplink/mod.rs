@@ -30,6 +30,7 @@ mod record;
 mod resend_buffer;
 mod task;
 
+use crate::error::chain;
 pub use config::UplinkConfig;
 pub use connect::{check, connect};
 use connect::{endpoint, read_token};
@@ -94,22 +95,6 @@ pub struct UplinkCounters {
     pub pending_batches: Gauge,
     /// 1 while a stream to the controller is open (for `/readyz`).
     pub connected: Gauge,
-}
-
-/// An error with its causes, `a: b: c` (tonic's transport errors say little on their own; the cause
-/// names the certificate problem).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// Why the uplink could not start, or why a stream ended (then it reconnects).

@@ -63,13 +63,7 @@ impl Check {
             .map_err(|e| error(&e))?;
         program.load().map_err(|e| {
             // The verifier's log is in the source chain.
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            error(&text)
+            error(&crate::error::chain(&e))
         })?;
         let mut take = |name: &str| {
             ebpf.take_map(name)

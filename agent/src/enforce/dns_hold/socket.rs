@@ -9,17 +9,18 @@
 //! [`HoldSocket`] (binding the queue and the group, receiving, verdicts).
 
 use super::queue_rule::FLUSH_PREFIX;
-use crate::enforce::nflog::{self, NetlinkMessages, NflogError, ParseError};
+use crate::enforce::nflog::{
+    self, NFNL_SUBSYS_ULOG, NFULA_CFG_CMD, NFULA_CFG_MODE, NFULA_CFG_NLBUFSIZ, NFULA_CFG_QTHRESH,
+    NFULA_CFG_TIMEOUT, NFULA_PAYLOAD, NFULA_PREFIX, NFULNL_CFG_CMD_BIND, NFULNL_COPY_PACKET,
+    NFULNL_MSG_CONFIG, NFULNL_MSG_PACKET, NLM_F_REQUEST, NetlinkMessages, NflogError, ParseError,
+};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 const NFNL_SUBSYS_QUEUE: u16 = 3;
-const NFNL_SUBSYS_ULOG: u16 = 4;
 const NFQNL_MSG_PACKET: u16 = 0;
 const NFQNL_MSG_VERDICT: u16 = 1;
 const NFQNL_MSG_CONFIG: u16 = 2;
-const NFULNL_MSG_PACKET: u16 = 0;
-const NFULNL_MSG_CONFIG: u16 = 1;
 // nfnetlink_queue attributes.
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
@@ -34,17 +35,7 @@ const NFQNL_COPY_PACKET: u8 = 2;
 /// A queue full past its length lets packets through instead of dropping them.
 const NFQA_CFG_F_FAIL_OPEN: u32 = 1;
 const NF_ACCEPT: u32 = 1;
-// nfnetlink_log attributes.
-const NFULA_PAYLOAD: u16 = 9;
-const NFULA_PREFIX: u16 = 10;
-const NFULA_CFG_CMD: u16 = 1;
-const NFULA_CFG_MODE: u16 = 2;
-const NFULA_CFG_NLBUFSIZ: u16 = 3;
-const NFULA_CFG_TIMEOUT: u16 = 4;
-const NFULA_CFG_QTHRESH: u16 = 5;
-const NFULNL_CFG_CMD_BIND: u8 = 1;
-const NFULNL_COPY_PACKET: u8 = 2;
-const NLM_F_REQUEST: u16 = 0x1;
+// nfnetlink_log's constants are the NFLOG reader's (`crate::enforce::nflog`).
 
 /// Bytes of a message copied: a whole UDP DNS message (EDNS allows answers up to 64 KiB).
 const COPY_RANGE: u32 = 0xffff;

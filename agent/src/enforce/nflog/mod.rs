@@ -45,21 +45,22 @@ pub(crate) const NLM_F_ACK: u16 = 0x4;
 // (family, version, big-endian resource id = the NFLOG group).
 const NFGENMSG_LEN: usize = 4;
 const NFNETLINK_V0: u8 = 0;
-const NFNL_SUBSYS_ULOG: u16 = 4;
+pub(crate) const NFNL_SUBSYS_ULOG: u16 = 4;
 
 // nfnetlink_log (linux/netfilter/nfnetlink_log.h). Attribute payloads are big-endian.
-const NFULNL_MSG_PACKET: u16 = 0;
-const NFULNL_MSG_CONFIG: u16 = 1;
-const NFULA_PAYLOAD: u16 = 9;
-const NFULA_PREFIX: u16 = 10;
-const NFULA_CFG_CMD: u16 = 1;
-const NFULA_CFG_MODE: u16 = 2;
-const NFULA_CFG_NLBUFSIZ: u16 = 3;
-const NFULA_CFG_TIMEOUT: u16 = 4;
-const NFULNL_CFG_CMD_BIND: u8 = 1;
+pub(crate) const NFULNL_MSG_PACKET: u16 = 0;
+pub(crate) const NFULNL_MSG_CONFIG: u16 = 1;
+pub(crate) const NFULA_PAYLOAD: u16 = 9;
+pub(crate) const NFULA_PREFIX: u16 = 10;
+pub(crate) const NFULA_CFG_CMD: u16 = 1;
+pub(crate) const NFULA_CFG_MODE: u16 = 2;
+pub(crate) const NFULA_CFG_NLBUFSIZ: u16 = 3;
+pub(crate) const NFULA_CFG_TIMEOUT: u16 = 4;
+pub(crate) const NFULA_CFG_QTHRESH: u16 = 5;
+pub(crate) const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_CFG_CMD_PF_BIND: u8 = 3;
 const NFULNL_CFG_CMD_PF_UNBIND: u8 = 4;
-const NFULNL_COPY_PACKET: u8 = 2;
+pub(crate) const NFULNL_COPY_PACKET: u8 = 2;
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
