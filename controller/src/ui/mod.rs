@@ -74,10 +74,12 @@ pub async fn start(
     ui_metrics.register(metrics);
     let source = Reflected::start(client, objects);
     tracing::info!(%address, "serving the web view (read-only) and its API under /api/v1/");
-    Ok(Box::pin(serve(
-        listener,
-        UiState::new(source, ui_metrics)
-            .with_edges(edges)
-            .with_explainer(explainer),
-    )))
+    let mut state = UiState::new(source, ui_metrics)
+        .with_edges(edges)
+        .with_explainer(explainer);
+    if address.ip().is_loopback() {
+        // Reached through kubectl port-forward: requests name localhost.
+        state = state.loopback_hosts_only();
+    }
+    Ok(Box::pin(serve(listener, state)))
 }

@@ -134,6 +134,8 @@ pub struct UiState {
     pub explainer: Option<Arc<dyn Explainer>>,
     slots: Arc<tokio::sync::Semaphore>,
     explain_slots: Arc<tokio::sync::Semaphore>,
+    /// Answer only requests addressed to a loopback name ([`UiState::loopback_hosts_only`]).
+    loopback_hosts_only: bool,
 }
 
 impl UiState {
@@ -145,7 +147,17 @@ impl UiState {
             explainer: None,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
             explain_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_EXPLAIN)),
+            loopback_hosts_only: false,
         }
+    }
+
+    /// Refuses (403) requests whose `Host` is not a loopback name (`localhost`, `127.0.0.1`,
+    /// `[::1]`, any port): what `kubectl port-forward` sends. Served on loopback, the view is meant
+    /// for the operator's own browser; a page from elsewhere open in that browser could otherwise
+    /// read it through a name of its own that it points at 127.0.0.1 (DNS rebinding).
+    pub fn loopback_hosts_only(mut self) -> Self {
+        self.loopback_hosts_only = true;
+        self
     }
 
     /// Also explains flows with `explainer`.
@@ -461,9 +473,54 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
+/// Whether `host` (a `Host` header: a name or address, with or without a port) is a loopback name:
+/// `localhost`, an address in 127.0.0.0/8 or `[::1]`.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The layer of [`UiState::loopback_hosts_only`]. A request without `Host` (HTTP/1.0, no browser
+/// sends one) passes.
+async fn loopback_host_only(
+    axum::extract::State(state): axum::extract::State<UiState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    match host {
+        Some(host) if !is_loopback_host(&host) => {
+            state
+                .metrics
+                .observe("refused_host", StatusCode::FORBIDDEN, 0.0);
+            tracing::debug!(%host, "web view request for another host refused");
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the web view answers requests for localhost only (kubectl port-forward), not \
+                     for {host:.100}; to reach it by another name, serve it with a Service \
+                     (ui.service=true) behind an authenticating proxy (docs/ui.md)"
+                ),
+            )
+            .into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
 /// The router: pages at `/`, assets under `/assets/`, the JSON API under `/api/v1/`.
 pub fn router(state: UiState) -> axum::Router {
     use axum::routing::get;
+    let loopback_only = state.loopback_hosts_only.then(|| state.clone());
     let s = state.clone();
     let graph = move |Path(ns): Path<String>, RawQuery(query): RawQuery| {
         let s = s.clone();
@@ -603,7 +660,7 @@ pub fn router(state: UiState) -> axum::Router {
                 }
             }
         };
-    axum::Router::new()
+    let router = axum::Router::new()
         .route(
             "/",
             get(page(
@@ -639,7 +696,14 @@ pub fn router(state: UiState) -> axum::Router {
         .route("/api/v1/namespaces/{ns}/proposals/{name}/diff", get(diff))
         .route("/api/v1/namespaces/{ns}/edges", get(edges))
         .route("/api/v1/namespaces/{ns}/explain", get(explain))
-        .fallback(get(not_found))
+        .fallback(get(not_found));
+    match loopback_only {
+        Some(state) => router.layer(axum::middleware::from_fn_with_state(
+            state,
+            loopback_host_only,
+        )),
+        None => router,
+    }
 }
 
 /// Serves the web view on `listener` until the process ends.

@@ -666,11 +666,18 @@ fn graph_query_parameters_are_checked() {
 
 /// `GET path` on `addr`: (status code, content type, body).
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+    get_for(addr, "x", path).await
+}
+
+/// [`get`] with `Host: host`.
+async fn get_for(addr: std::net::SocketAddr, host: &str, path: &str) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
@@ -831,6 +838,53 @@ async fn serve(state: UiState) -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(server::serve(listener, state));
     addr
+}
+
+/// Served on loopback (the default, reached through kubectl port-forward), the view answers requests
+/// addressed to a loopback name only: a page from elsewhere in the operator's browser cannot read it
+/// through a name of its own pointed at 127.0.0.1 (DNS rebinding). Refusals are counted.
+#[tokio::test]
+async fn on_loopback_only_requests_for_localhost_are_answered() {
+    for (host, loopback) in [
+        ("localhost", true),
+        ("localhost:8090", true),
+        ("LOCALHOST:8090", true),
+        ("127.0.0.1:43125", true),
+        ("127.1.2.3", true),
+        ("[::1]:8090", true),
+        ("[::1]", true),
+        ("attacker.example:8090", false),
+        ("localhost.attacker.example", false),
+        ("10.0.0.1:8090", false),
+        ("[fd00::1]:8090", false),
+        ("", false),
+    ] {
+        assert_eq!(server::is_loopback_host(host), loopback, "{host}");
+    }
+    let metrics = UiMetrics::default();
+    let addr = serve(UiState::new(ready_source(), metrics.clone()).loopback_hosts_only()).await;
+    for path in ["/", "/assets/app.js", "/api/v1/namespaces"] {
+        assert_eq!(get_for(addr, "localhost:8090", path).await.0, 200, "{path}");
+        assert_eq!(get_for(addr, "127.0.0.1:8090", path).await.0, 200, "{path}");
+        let (code, _, body) = get_for(addr, "rebound.attacker.example:8090", path).await;
+        assert_eq!(code, 403, "{path}: {body}");
+        assert!(body.contains("localhost only"), "{body}");
+    }
+    let registry = crate::runtime::metrics::ControllerMetrics::new();
+    metrics.register(&registry);
+    let text = registry.encode();
+    assert!(
+        text.contains(r#"ui_requests_total{route="refused_host",status="403"} 3"#),
+        "{text}"
+    );
+    // Not on loopback (a Service in front): any name.
+    let addr = serve(UiState::new(ready_source(), UiMetrics::default())).await;
+    assert_eq!(
+        get_for(addr, "ui.example:8090", "/api/v1/namespaces")
+            .await
+            .0,
+        200
+    );
 }
 
 #[tokio::test]
