@@ -15,6 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use network_enforcer_tests::fixture::TestNamespace;
+use network_enforcer_tests::wait;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -138,20 +139,23 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
 
     // The JSON API first: the graph the page will draw.
     let graph_path = format!("/api/v1/namespaces/{n}/graph");
-    let started = Instant::now();
-    let graph: Value = loop {
-        if let Ok((200, body)) = http(ui, "GET", &graph_path, None) {
+    let graph: Value = wait::eventually(
+        &format!("the web view's API to answer the graph of {n}"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let Ok((200, body)) = http(ui, "GET", &graph_path, None) else {
+                return Ok(None);
+            };
             let graph: Value = serde_json::from_str(&body)?;
-            if graph["edges"].as_array().is_some_and(|e| e.len() >= 3) {
-                break graph;
-            }
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(60),
-            "the web view's API did not answer the graph of {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+            Ok(graph["edges"]
+                .as_array()
+                .is_some_and(|e| e.len() >= 3)
+                .then_some(graph))
+        },
+        String::new,
+    )
+    .await?;
     let mut states: Vec<String> = graph["edges"]
         .as_array()
         .into_iter()
@@ -234,19 +238,20 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     // A violation written into the status appears highlighted (red, pulsing) within 5 s. Written
     // after the controller's first status pass (its rule usage is there), which it then keeps.
     let policies = ns.api::<WorkloadNetworkPolicy>();
-    let started = Instant::now();
-    while policies
-        .get_status("deployment-http-client-egress")
-        .await?
-        .status
-        .is_none_or(|s| s.rule_usage.is_empty())
-    {
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the controller wrote no rule usage within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait::eventually(
+        "the controller to write rule usage",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let policy = policies.get_status("deployment-http-client-egress").await?;
+            Ok(policy
+                .status
+                .is_some_and(|s| !s.rule_usage.is_empty())
+                .then_some(()))
+        },
+        String::new,
+    )
+    .await?;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let status = json!({"status": {
         "violationCount": 1,

@@ -679,19 +679,15 @@ async fn a_rotated_certificate_is_served_without_restarting_the_listener() {
     // ...cert-manager rotates to a certificate of a new CA.
     pki.issue("second-", SERVER_NAME);
     let second = tls_config(controller.addr, &token, pki.path("second-ca.crt"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match uplink::connect(&second).await {
-            Ok(_) => break,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the new certificate never served: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    wait::eventually(
+        "the new certificate to be served",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async { uplink::connect(&second).await.map(Some).map_err(Into::into) },
+        String::new,
+    )
+    .await
+    .unwrap();
     // New connections present the new certificate only; the old stream still works.
     assert!(uplink::connect(&first).await.is_err());
     assert!(sender.send(records(1)));
