@@ -165,54 +165,6 @@ fn entries_whose_ports_share_a_first_port_grant_the_name_at_once() {
     );
 }
 
-/// A policy change reaches the grants made before it at once: widened from 8442 to 8442-8443, the
-/// address the pod resolved is reachable on 8443 without a new answer (before, the old grant stayed
-/// as it was and the new one, sharing its first port, was refused); narrowed back, 8443 is blocked at
-/// once rather than at the end of the old answer.
-#[test]
-fn a_changed_entry_applies_to_addresses_resolved_before_it() {
-    require_root();
-    let world = World::new(7);
-    serve_dns(&world, 60);
-    serve_tcp(&world);
-    let hold = world.hold(&[ALLOWED], Duration::from_secs(30));
-    let with_ports = |first: u16, last: u16| {
-        let mut ruleset = world.ruleset(&[ALLOWED]);
-        let egress = ruleset.pods[0].egress.as_mut().unwrap();
-        let mut entry = (*egress.names[0]).clone();
-        entry
-            .ports
-            .iter_mut()
-            .for_each(|p| (p.first, p.last) = (first, last));
-        egress.names[0] = std::sync::Arc::new(entry);
-        ruleset
-    };
-    let install = |ruleset| {
-        let hold = hold.clone();
-        world
-            .router
-            .run(move || hold.install(&ruleset, None))
-            .expect("installing the table");
-    };
-    install(with_ports(8442, 8442));
-    let service = world.services[0];
-    assert_eq!(resolve(&world, ALLOWED).0, service);
-    assert!(
-        !connects(&world, service),
-        "8443 reachable while only 8442 is allowed"
-    );
-    install(with_ports(8442, 8443));
-    assert!(
-        connects(&world, service),
-        "the widened entry did not reach the address resolved before it"
-    );
-    install(with_ports(8442, 8442));
-    assert!(
-        !connects(&world, service),
-        "8443 still reachable after the entry was narrowed"
-    );
-}
-
 #[test]
 fn without_a_reader_the_queue_rule_lets_dns_through() {
     require_root();

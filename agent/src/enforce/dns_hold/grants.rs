@@ -61,60 +61,32 @@ pub struct Admitted {
 /// and address (`443` and `443-500`, which two entries of one policy may well allow), and one refused
 /// element fails the whole write: the answer would go on without any of its grants.
 fn ranges_allowing(name: &str, allowances: &[Arc<NameAllowance>]) -> Vec<PortRange> {
-    let ranges: Vec<(PortRange, ())> = allowances
+    let mut ranges: Vec<PortRange> = allowances
         .iter()
         .filter(|a| a.allows(name))
-        .flat_map(|a| a.ports.iter().map(|&p| (p, ())))
+        .flat_map(|a| a.ports.iter().copied())
         .collect();
-    merged(ranges, |(), ()| ())
-        .into_iter()
-        .map(|(r, ())| r)
-        .collect()
-}
-
-/// `ranges` with the overlapping and adjacent ones of a protocol merged, in order of protocol and
-/// first port; the values of merged ranges are combined with `combine`.
-fn merged<T>(mut ranges: Vec<(PortRange, T)>, combine: impl Fn(T, T) -> T) -> Vec<(PortRange, T)> {
-    ranges.sort_unstable_by_key(|(r, _)| *r);
-    let mut out: Vec<(PortRange, T)> = Vec::with_capacity(ranges.len());
-    for (range, value) in ranges {
-        match out.pop() {
-            Some((mut last, held))
+    // By protocol, then first port.
+    ranges.sort_unstable();
+    let mut merged: Vec<PortRange> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last)
                 if last.protocol == range.protocol
                     && u32::from(range.first) <= u32::from(last.last) + 1 =>
             {
                 last.last = last.last.max(range.last);
-                out.push((last, combine(held, value)));
             }
-            Some(last) => {
-                out.push(last);
-                out.push((range, value));
-            }
-            None => out.push((range, value)),
+            _ => merged.push(range),
         }
     }
-    out
-}
-
-/// A grant's end, and the names whose answers made it (a resolved address may serve several).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Holding {
-    end: Duration,
-    names: Vec<Arc<str>>,
-}
-
-impl Holding {
-    fn note(&mut self, name: &Arc<str>) {
-        if !self.names.contains(name) {
-            self.names.push(name.clone());
-        }
-    }
+    merged
 }
 
 /// The node's grants. See the module docs.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Grants {
-    held: HashMap<Grant, Holding>,
+    held: HashMap<Grant, Duration>,
     max: usize,
 }
 
@@ -141,7 +113,7 @@ impl Grants {
     pub fn admit(
         &mut self,
         pod_ips: &[IpAddr],
-        (name, address, until): (&Arc<str>, IpAddr, Duration),
+        (name, address, until): (&str, IpAddr, Duration),
         allowances: &[Arc<NameAllowance>],
         now: Duration,
     ) -> Admitted {
@@ -161,35 +133,25 @@ impl Grants {
             };
             let full = self.held.len() >= self.max;
             match self.held.get_mut(&grant) {
-                Some(held) if held.end > now => {
-                    held.note(name);
-                    if until >= held.end + EXTEND_STEP {
-                        held.end = until;
+                Some(end) if *end > now => {
+                    if until >= *end + EXTEND_STEP {
+                        *end = until;
                         admitted.extended.push((grant, until - now));
                     }
                 }
-                Some(held) => {
+                Some(end) => {
                     // Ended (the kernel removed it): a new grant.
-                    *held = Holding {
-                        end: until,
-                        names: vec![name.clone()],
-                    };
+                    *end = until;
                     admitted.new.push((grant, until - now));
                 }
                 None if full => admitted.refused += 1,
                 None => {
-                    self.held.insert(
-                        grant,
-                        Holding {
-                            end: until,
-                            names: vec![name.clone()],
-                        },
-                    );
+                    self.held.insert(grant, until);
                     admitted.new.push((grant, until - now));
                 }
             }
-            if let Some(held) = self.held.get(&grant) {
-                earliest = Some(earliest.map_or(held.end, |e| e.min(held.end)));
+            if let Some(&end) = self.held.get(&grant) {
+                earliest = Some(earliest.map_or(end, |e| e.min(end)));
             }
         }
         if admitted.refused == 0 {
@@ -205,81 +167,7 @@ impl Grants {
 
     /// Forgets grants that ended by `now`.
     pub fn expire(&mut self, now: Duration) {
-        self.held.retain(|_, held| held.end > now);
-    }
-
-    /// Brings the grants of the pods whose allowances changed (`allowances_of` gives a pod address's
-    /// allowances now; `None`: it may reach no name) in line with them, for an install that writes
-    /// the whole table: each (pod, address)'s grants become the ranges its names are allowed now,
-    /// merged (overlapping and adjacent ranges, each until the latest end among them), so a widened
-    /// entry reaches its new ports and a narrowed one loses the old ones at once, without waiting for
-    /// the next answer, and no grant left from before shares a first or last port with a new one.
-    pub fn reallow(
-        &mut self,
-        changed: impl Fn(IpAddr) -> bool,
-        allowances_of: impl Fn(IpAddr) -> Option<Vec<Arc<NameAllowance>>>,
-        now: Duration,
-    ) {
-        self.expire(now);
-        let mut by_address: HashMap<(IpAddr, IpAddr), Vec<Holding>> = HashMap::new();
-        self.held.retain(|grant, held| {
-            if !changed(grant.pod) {
-                return true;
-            }
-            by_address
-                .entry((grant.pod, grant.address))
-                .or_default()
-                .push(held.clone());
-            false
-        });
-        for ((pod, address), holdings) in by_address {
-            let Some(allowances) = allowances_of(pod) else {
-                continue;
-            };
-            // Each name until the latest end of the grants it made.
-            let mut ends: Vec<(Arc<str>, Duration)> = Vec::new();
-            for held in holdings {
-                for name in held.names {
-                    match ends.iter_mut().find(|(n, _)| *n == name) {
-                        Some((_, end)) => *end = (*end).max(held.end),
-                        None => ends.push((name, held.end)),
-                    }
-                }
-            }
-            let ranges = ends
-                .into_iter()
-                .flat_map(|(name, end)| {
-                    ranges_allowing(&name, &allowances)
-                        .into_iter()
-                        .map(move |r| {
-                            (
-                                r,
-                                Holding {
-                                    end,
-                                    names: vec![name.clone()],
-                                },
-                            )
-                        })
-                })
-                .collect();
-            for (ports, held) in merged(ranges, |mut a, b| {
-                a.end = a.end.max(b.end);
-                for name in &b.names {
-                    a.note(name);
-                }
-                a
-            }) {
-                if self.held.len() >= self.max {
-                    break;
-                }
-                let grant = Grant {
-                    pod,
-                    address,
-                    ports,
-                };
-                self.held.insert(grant, held);
-            }
-        }
+        self.held.retain(|_, end| *end > now);
     }
 
     /// The grants that hold at `now`, each with the time it has left, in a stable order.
@@ -287,8 +175,8 @@ impl Grants {
         let mut live: Vec<(Grant, Duration)> = self
             .held
             .iter()
-            .filter(|(_, held)| held.end > now)
-            .map(|(grant, held)| (*grant, held.end - now))
+            .filter(|(_, end)| **end > now)
+            .map(|(grant, end)| (*grant, *end - now))
             .collect();
         live.sort();
         live
@@ -321,10 +209,6 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
-    fn n(name: &str) -> Arc<str> {
-        name.into()
-    }
-
     #[test]
     fn an_allowed_name_grants_its_ports_to_the_pods_address_of_the_same_family() {
         let mut grants = Grants::new(100);
@@ -335,7 +219,7 @@ mod tests {
         ];
         let admitted = grants.admit(
             &pod,
-            (&n("api.partner.test"), ip("203.0.113.10"), S(130)),
+            ("api.partner.test", ip("203.0.113.10"), S(130)),
             &allowances,
             S(100),
         );
@@ -349,7 +233,7 @@ mod tests {
         // An AAAA answer grants to the pod's IPv6 address; a wildcard's ranges come out whole.
         let admitted = grants.admit(
             &pod,
-            (&n("eu.cdn.partner.test"), ip("2001:db8::7"), S(160)),
+            ("eu.cdn.partner.test", ip("2001:db8::7"), S(160)),
             &allowances,
             S(100),
         );
@@ -363,18 +247,18 @@ mod tests {
         );
         // A name no allowance names, an answer already over, a family the pod lacks: nothing.
         for (name, address, until) in [
-            (&n("other.test"), ip("203.0.113.11"), S(130)),
-            (&n("api.partner.test"), ip("203.0.113.12"), S(100)),
+            ("other.test", ip("203.0.113.11"), S(130)),
+            ("api.partner.test", ip("203.0.113.12"), S(100)),
         ] {
             assert_eq!(
-                grants.admit(&pod, (&n(name), address, until), &allowances, S(100)),
+                grants.admit(&pod, (name, address, until), &allowances, S(100)),
                 Admitted::default()
             );
         }
         assert_eq!(
             grants.admit(
                 &pod[..1],
-                (&n("api.partner.test"), ip("2001:db8::1"), S(130)),
+                ("api.partner.test", ip("2001:db8::1"), S(130)),
                 &allowances,
                 S(100)
             ),
@@ -403,7 +287,7 @@ mod tests {
         let mut grants = Grants::new(100);
         let admitted = grants.admit(
             &[ip("10.0.0.5")],
-            (&n("api.partner.test"), ip("203.0.113.10"), S(130)),
+            ("api.partner.test", ip("203.0.113.10"), S(130)),
             &allowances,
             S(100),
         );
@@ -419,7 +303,7 @@ mod tests {
         // A name only the wildcard allows gets the wildcard's ranges, merged alike.
         let admitted = grants.admit(
             &[ip("10.0.0.5")],
-            (&n("www.partner.test"), ip("203.0.113.11"), S(130)),
+            ("www.partner.test", ip("203.0.113.11"), S(130)),
             &allowances,
             S(100),
         );
@@ -433,88 +317,12 @@ mod tests {
         );
     }
 
-    /// At an install whose allowances changed for a pod, its grants follow them at once: a widened
-    /// entry's address is reachable on the added ports without a new answer (and no old grant shares
-    /// a first port with the new one), a narrowed one loses the ports it no longer allows, an entry
-    /// gone takes its grants; another pod keeps its own.
-    #[test]
-    fn grants_follow_a_changed_entry_at_the_install() {
-        let (pod, other) = (ip("10.0.0.5"), ip("10.0.0.6"));
-        let address = ip("203.0.113.10");
-        let narrow = [allowance(
-            &["api.partner.test", "www.partner.test"],
-            &[tcp(8442, 8442)],
-        )];
-        let mut grants = Grants::new(100);
-        for (at, name, until) in [
-            (pod, "api.partner.test", 130),
-            (pod, "www.partner.test", 160),
-            (other, "api.partner.test", 130),
-        ] {
-            grants.admit(&[at], (&n(name), address, S(until)), &narrow, S(100));
-        }
-        let elements = |g: &Grants| -> Vec<(String, Duration)> {
-            g.live(S(100))
-                .into_iter()
-                .map(|(g, left)| (g.element(), left))
-                .collect()
-        };
-        assert_eq!(
-            elements(&grants),
-            [
-                ("10.0.0.5 . 203.0.113.10 . tcp . 8442".to_string(), S(60)),
-                ("10.0.0.6 . 203.0.113.10 . tcp . 8442".to_string(), S(30)),
-            ]
-        );
-        let wide = vec![
-            allowance(&["api.partner.test"], &[tcp(8442, 8443)]),
-            allowance(&["www.partner.test"], &[tcp(8444, 8450), tcp(9000, 9000)]),
-        ];
-        grants.reallow(|ip| ip == pod, |_| Some(wide.clone()), S(100));
-        assert_eq!(
-            elements(&grants),
-            [
-                (
-                    "10.0.0.5 . 203.0.113.10 . tcp . 8442-8450".to_string(),
-                    S(60)
-                ),
-                ("10.0.0.5 . 203.0.113.10 . tcp . 9000".to_string(), S(60)),
-                ("10.0.0.6 . 203.0.113.10 . tcp . 8442".to_string(), S(30)),
-            ]
-        );
-        // Narrowed: only api's 8443 is left, until the latest end of the grants api made.
-        let narrower = vec![allowance(&["api.partner.test"], &[tcp(8443, 8443)])];
-        grants.reallow(|ip| ip == pod, |_| Some(narrower.clone()), S(100));
-        assert_eq!(
-            elements(&grants),
-            [
-                ("10.0.0.5 . 203.0.113.10 . tcp . 8443".to_string(), S(60)),
-                ("10.0.0.6 . 203.0.113.10 . tcp . 8442".to_string(), S(30)),
-            ]
-        );
-        // The answer that comes next settles on the grant as it is now.
-        let again = grants.admit(
-            &[pod],
-            (&n("api.partner.test"), address, S(131)),
-            &narrower,
-            S(101),
-        );
-        assert_eq!((again.new.len(), again.settled), (0, Some(S(160))));
-        // No entry left: no grant.
-        grants.reallow(|ip| ip == pod, |_| None, S(100));
-        assert_eq!(
-            elements(&grants),
-            [("10.0.0.6 . 203.0.113.10 . tcp . 8442".to_string(), S(30))]
-        );
-    }
-
     #[test]
     fn a_grant_is_extended_by_steps_renewed_after_its_end_and_bounded() {
         let mut grants = Grants::new(2);
         let pod = [ip("10.0.0.5")];
         let allowances = [allowance(&["api.partner.test"], &[tcp(443, 443)])];
-        let name = n("api.partner.test");
-        let answer = |address: &str, until: u64| (&name, ip(address), S(until));
+        let answer = |address: &str, until: u64| ("api.partner.test", ip(address), S(until));
         assert_eq!(
             grants
                 .admit(&pod, answer("203.0.113.10", 130), &allowances, S(100))

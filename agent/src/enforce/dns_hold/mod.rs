@@ -205,36 +205,15 @@ impl Hold {
     /// Installs `ruleset` with the grants that hold now and makes its pods with names the ones whose
     /// DNS is held: one `nft` transaction, under the lock the reader takes to add grants.
     pub fn install(&self, ruleset: &Ruleset, log_group: Option<u16>) -> Result<(), NftError> {
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let state = &mut *guard;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = monotonic_now();
         state.grants.expire(now);
+        let mut script = nft::render_with(ruleset, &self.table, log_group, &state.grants.live(now));
         let pods = pods_with_names(ruleset);
-        let changed = pods_changed(&state.pods, &pods);
-        // The table is written whole, so the grants follow the new allowances at once; kept only
-        // once the kernel has taken the table.
-        let mut grants = None;
-        if changed {
-            let allowances = |pods: &HashMap<IpAddr, Arc<PodNames>>, ip: IpAddr| {
-                pods.get(&ip).map(|p| p.allowances.clone())
-            };
-            let mut reallowed = state.grants.clone();
-            reallowed.reallow(
-                |ip| {
-                    state.pods.get(&ip).map(|p| &p.allowances)
-                        != pods.get(&ip).map(|p| &p.allowances)
-                },
-                |ip| allowances(&pods, ip),
-                now,
-            );
-            grants = Some(reallowed);
-        }
-        let live = grants.as_ref().unwrap_or(&state.grants).live(now);
-        let mut script = nft::render_with(ruleset, &self.table, log_group, &live);
         script.push_str(&held_pods_script(&table_of(&self.table), pods.keys()));
         // Before the new allowances are in the kernel: no answer may pass on entries worked out
         // under the old ones once they are.
-        if changed
+        if pods_changed(&state.pods, &pods)
             && let Some(check) = state.check.as_mut()
             && let Err(error) = check.new_generation()
         {
@@ -243,9 +222,6 @@ impl Hold {
             tracing::error!(%error, "the DNS hold's kernel check keeps its old mirror");
         }
         nft::apply(&script)?;
-        if let Some(grants) = grants {
-            state.grants = grants;
-        }
         state.pods = pods;
         self.metrics.name_grants.set(state.grants.len() as i64);
         Ok(())
