@@ -413,8 +413,13 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
         || release.logs("agent").unwrap_or_default(),
     )?;
     eprintln!("names: {passed} answers let through by the kernel check");
-    // The hold's tracker reports what it did not keep, and on this calm node kept everything.
-    for outcome in ["pending_full", "pending_replaced", "names_full"] {
+    // The hold's tracker reports what it did not keep, and on this calm node no bound was reached
+    // (a pending query replaced by a newer one of the pod is its normal way of forgetting).
+    for (outcome, bound) in [
+        ("pending_full", true),
+        ("pending_replaced", false),
+        ("names_full", true),
+    ] {
         let dropped = release::metric(
             &metrics,
             &format!(
@@ -422,7 +427,7 @@ fn an_outside_service_is_learned_by_name_and_its_next_address_is_no_violation() 
             ),
         );
         ensure!(
-            dropped == Some(0.0),
+            dropped.is_some_and(|n| !bound || n == 0.0),
             "the DNS hold's tracker dropped {outcome}: {dropped:?}"
         );
     }

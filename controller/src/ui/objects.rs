@@ -4,7 +4,7 @@
 //!
 //! A policy's `status.ruleUsage` (docs/api.md) reaches the page as JSON, as the policy holds it.
 
-use crate::cluster::shared_watch::{PolicyObjects, has_listed};
+use crate::cluster::shared_watch::{Listed, PolicyObjects};
 use futures::StreamExt as _;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
@@ -109,6 +109,8 @@ impl ObjectSource for Snapshot {
 pub struct Reflected {
     policies: Store<WorkloadNetworkPolicy>,
     proposals: Store<WorkloadNetworkPolicyProposal>,
+    policies_listed: Listed,
+    proposals_listed: Listed,
     cluster_proposals: Store<ClusterNetworkPolicyProposal>,
     cluster_proposals_listed: Arc<AtomicBool>,
 }
@@ -125,6 +127,8 @@ impl Reflected {
         let this = Arc::new(Self {
             policies: objects.policies.store(),
             proposals: objects.proposals.store(),
+            policies_listed: objects.policies.listed_flag(),
+            proposals_listed: objects.proposals.listed_flag(),
             cluster_proposals,
             cluster_proposals_listed: Arc::default(),
         });
@@ -192,6 +196,6 @@ impl ObjectSource for Reflected {
     fn ready(&self) -> bool {
         // Not the cluster proposals: a cluster upgraded without applying the new CRD has none to
         // list, and the other pages must not wait for them (the cluster page says so instead).
-        has_listed(&self.policies) && has_listed(&self.proposals)
+        self.policies_listed.get() && self.proposals_listed.get()
     }
 }

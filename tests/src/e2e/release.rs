@@ -290,15 +290,25 @@ impl Release {
     }
 
     /// Waits until the controller has completed `passes` status passes after this call (its metric
-    /// `status_passes_total`, read through a port-forward to its metrics port, the chart's default
-    /// 8080). Each pass attributes the evidence queued before it, then writes every policy's status:
-    /// after two, whatever reached the controller before the call is in the statuses.
+    /// `status_passes_total`, read through a port-forward to the leader's metrics port, the chart's
+    /// default 8080; only the leader passes). Each pass attributes the evidence queued before it,
+    /// then writes every policy's status: after two, whatever reached the controller before the call
+    /// is in the statuses.
     pub fn wait_for_status_passes(&self, passes: u64, timeout: Duration) -> Result<()> {
         const CONTROLLER_METRICS_PORT: u16 = 8080;
-        let forward = self.port_forward(
-            &format!("deploy/{}", self.object_name("controller")),
-            CONTROLLER_METRICS_PORT,
-        )?;
+        let lease = self.kubectl(&[
+            "get",
+            "lease",
+            &self.object_name("controller"),
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]);
+        let target = match lease {
+            Ok(holder) if !holder.trim().is_empty() => format!("pod/{}", holder.trim()),
+            // No leader election: the one replica.
+            _ => format!("deploy/{}", self.object_name("controller")),
+        };
+        let forward = self.port_forward(&target, CONTROLLER_METRICS_PORT)?;
         let read = || -> Result<Option<f64>> {
             let text = http_get(&forward.address(), "/metrics")?;
             Ok(metric(

@@ -11,10 +11,16 @@
 //!
 //! A watch starts when its first consumer asks for it ([`SharedWatch::start`]), so a follower
 //! watches only what its web view shows. A subscriber gets every object of the store when it
-//! subscribes, then every change; a slow subscriber holds the watch back (its channel is bounded)
-//! rather than losing a change, and a dropped one is forgotten at the next change.
+//! subscribes, then every change (one that subscribes while the watch lists gets the whole store
+//! again when the list is done: the objects listed before it came are not in the store yet); a
+//! slow subscriber holds the watch back (its channel is bounded) rather than losing a change, and a
+//! dropped one is forgotten at the next change.
+//!
+//! Whether a watch has listed is a flag of its own ([`SharedWatch::listed`]), never a poll of the
+//! store's readiness: a kube-runtime controller awaits that readiness before it reconciles, and it
+//! keeps room for one waker only, which a poll from anywhere else would take.
 
-use futures::{FutureExt as _, Stream, StreamExt as _};
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::{self, Store, store::Writer};
@@ -23,6 +29,7 @@ use kube::{Api, Client, Resource};
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -72,7 +79,63 @@ pub struct SharedWatch<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     /// Taken by the one start (or by a test that fills the store itself, which then never starts).
     writer: Mutex<Option<Writer<K>>>,
-    subscribers: Arc<Mutex<Vec<mpsc::Sender<Change<K>>>>>,
+    shared: Arc<Mutex<Shared<K>>>,
+    listed: Listed,
+}
+
+/// What the watch and its subscribers share, under one lock.
+struct Shared<K> {
+    subscribers: Vec<Subscriber<K>>,
+    /// Between a list's start and its end: the store does not hold what was listed so far.
+    listing: bool,
+}
+
+impl<K> Default for Shared<K> {
+    fn default() -> Self {
+        Self {
+            subscribers: Vec::new(),
+            listing: false,
+        }
+    }
+}
+
+struct Subscriber<K> {
+    sender: mpsc::Sender<Change<K>>,
+    /// Subscribed while the watch listed: gets the whole store when the list is done.
+    owes_store: bool,
+}
+
+/// Whether a watch has completed its first list; set by the watch (or a test's [`Feed`]).
+#[derive(Clone, Debug, Default)]
+pub struct Listed(Arc<AtomicBool>);
+
+impl Listed {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A store's writer for a test that fills a shared watch's store itself: the listed flag follows
+/// the first `InitDone`, as with the watch.
+pub struct Feed<K: Resource<DynamicType = ()> + Clone + 'static> {
+    writer: Writer<K>,
+    listed: Listed,
+}
+
+impl<K> Feed<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    pub fn apply_watcher_event(&mut self, event: &watcher::Event<K>) {
+        self.writer.apply_watcher_event(event);
+        if matches!(event, watcher::Event::InitDone) {
+            self.listed.set();
+        }
+    }
 }
 
 impl<K> SharedWatch<K>
@@ -86,14 +149,25 @@ where
             api,
             store,
             writer: Mutex::new(Some(writer)),
-            subscribers: Arc::default(),
+            shared: Arc::default(),
+            listed: Listed::default(),
         }
     }
 
-    /// The store: empty until the watch has started and listed (`Store::wait_until_ready`), then
+    /// The store: empty until the watch has started and listed ([`SharedWatch::listed`]), then
     /// current.
     pub fn store(&self) -> Store<K> {
         self.store.clone()
+    }
+
+    /// Whether the watch has completed its first list (its store is whole).
+    pub fn listed(&self) -> bool {
+        self.listed.get()
+    }
+
+    /// [`SharedWatch::listed`], as a handle to keep.
+    pub fn listed_flag(&self) -> Listed {
+        self.listed.clone()
     }
 
     /// Starts the watch on the current Tokio runtime, the first time; later calls do nothing.
@@ -101,20 +175,49 @@ where
         let Some(writer) = self.writer.lock().expect("writer lock").take() else {
             return;
         };
-        tokio::spawn(run(self.api.clone(), writer, self.subscribers.clone()));
+        tokio::spawn(run(
+            self.api.clone(),
+            writer,
+            self.shared.clone(),
+            self.listed.clone(),
+        ));
+    }
+
+    /// Starts the watch on `events` instead of the API server's (a test's own sequence of events).
+    #[cfg(test)]
+    fn start_on(
+        &self,
+        events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    ) {
+        let writer = self
+            .writer
+            .lock()
+            .expect("writer lock")
+            .take()
+            .expect("not started");
+        tokio::spawn(apply_events(
+            events,
+            writer,
+            self.shared.clone(),
+            self.listed.clone(),
+        ));
     }
 
     /// Takes the store's writer so that a test fills the store itself; the watch never starts then.
     /// `None` once started or taken.
-    pub fn take_writer(&self) -> Option<Writer<K>> {
-        self.writer.lock().expect("writer lock").take()
+    pub fn take_writer(&self) -> Option<Feed<K>> {
+        let writer = self.writer.lock().expect("writer lock").take()?;
+        Some(Feed {
+            writer,
+            listed: self.listed.clone(),
+        })
     }
 
     /// Subscribers now ([`SharedWatch::changes`]).
     pub fn subscribers(&self) -> usize {
-        let mut subscribers = self.subscribers.lock().expect("subscribers lock");
-        subscribers.retain(|s| !s.is_closed());
-        subscribers.len()
+        let mut shared = self.shared.lock().expect("shared lock");
+        shared.subscribers.retain(|s| !s.sender.is_closed());
+        shared.subscribers.len()
     }
 
     /// Every object of the store now, then every change; starts the watch. The stream ends only if
@@ -123,10 +226,12 @@ where
         self.start();
         let (sender, receiver) = mpsc::channel(SUBSCRIBER_BUFFER);
         // Under the lock the watch applies its events under: a change is either in this snapshot
-        // or sent to this subscriber, never neither.
+        // or sent to this subscriber, never neither (during a list, the store comes again at its
+        // end).
         let now = {
-            let mut subscribers = self.subscribers.lock().expect("subscribers lock");
-            subscribers.push(sender);
+            let mut shared = self.shared.lock().expect("shared lock");
+            let owes_store = shared.listing;
+            shared.subscribers.push(Subscriber { sender, owes_store });
             self.store.state()
         };
         futures::stream::iter(now.into_iter().map(Change::Applied))
@@ -153,30 +258,26 @@ where
     }
 }
 
-/// Whether `store`'s watch has completed its first list. A store whose writer is gone without
-/// listing (its watch's task ended) has not: `wait_until_ready` fails then.
-///
-/// Polled, never awaited: the readiness is a oneshot with room for one waker, and a poll from
-/// here would take the place of an awaiting task's.
-pub fn has_listed<K>(store: &Store<K>) -> bool
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
-}
-
 /// The watch: applies each event to the store and passes it to every subscriber; retries with
 /// backoff when it fails.
-async fn run<K>(
-    api: Api<K>,
-    mut writer: Writer<K>,
-    subscribers: Arc<Mutex<Vec<mpsc::Sender<Change<K>>>>>,
-) where
+async fn run<K>(api: Api<K>, writer: Writer<K>, shared: Arc<Mutex<Shared<K>>>, listed: Listed)
+where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    apply_events(events, writer, shared, listed).await
+}
+
+/// [`run`]'s loop over the watch's `events`.
+async fn apply_events<K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+    mut writer: Writer<K>,
+    shared: Arc<Mutex<Shared<K>>>,
+    listed: Listed,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -192,15 +293,40 @@ async fn run<K>(
             watcher::Event::Delete(obj) => Some(Change::Deleted(Arc::new(obj.clone()))),
             watcher::Event::Init | watcher::Event::InitDone => None,
         };
-        let receivers = {
-            let mut subscribers = subscribers.lock().expect("subscribers lock");
+        let mut owed = Vec::new();
+        let receivers: Vec<_> = {
+            let mut shared = shared.lock().expect("shared lock");
             writer.apply_watcher_event(&event);
-            subscribers.retain(|s| !s.is_closed());
-            subscribers.clone()
+            match event {
+                watcher::Event::Init => shared.listing = true,
+                watcher::Event::InitDone => {
+                    shared.listing = false;
+                    listed.set();
+                    for subscriber in shared.subscribers.iter_mut().filter(|s| s.owes_store) {
+                        subscriber.owes_store = false;
+                        owed.push(subscriber.sender.clone());
+                    }
+                }
+                _ => {}
+            }
+            shared.subscribers.retain(|s| !s.sender.is_closed());
+            shared
+                .subscribers
+                .iter()
+                .map(|s| s.sender.clone())
+                .collect()
         };
+        if !owed.is_empty() {
+            let whole = writer.as_reader().state();
+            for receiver in owed {
+                for obj in &whole {
+                    // Closed: the subscriber is gone; removed at the next event.
+                    let _ = receiver.send(Change::Applied(obj.clone())).await;
+                }
+            }
+        }
         let Some(change) = change else { continue };
         for receiver in receivers {
-            // Closed: the subscriber is gone; removed at the next event.
             let _ = receiver.send(change.clone()).await;
         }
     }

@@ -139,7 +139,7 @@ async fn a_subscriber_gets_the_store_then_every_change_deletions_included() {
     let mut early = Box::pin(watch.changes());
     assert_eq!(next(&mut early).await, ("a".into(), false), "the list");
     let store = watch.store();
-    wait_until("the first list", || has_listed(&store)).await;
+    wait_until("the first list", || watch.listed()).await;
     let mut late = Box::pin(watch.changes());
     assert_eq!(
         next(&mut late).await,
@@ -169,6 +169,84 @@ async fn a_subscriber_gets_the_store_then_every_change_deletions_included() {
         Some(&1),
         "one watch for the store and both subscribers"
     );
+}
+
+/// Events for [`SharedWatch::start_on`], sent one at a time.
+fn events() -> (
+    mpsc::UnboundedSender<watcher::Event<NetworkPolicy>>,
+    impl Stream<Item = watcher::Result<watcher::Event<NetworkPolicy>>> + Send + 'static,
+) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    (
+        sender,
+        tokio_stream::wrappers::UnboundedReceiverStream::new(receiver).map(Ok),
+    )
+}
+
+fn object(name: &str) -> NetworkPolicy {
+    serde_json::from_value(network_policy(name, "1")).unwrap()
+}
+
+/// A subscriber that comes while the watch lists gets the objects listed before it came once the
+/// list is done (they are not in the store until then): the reconcilers subscribe when the replica
+/// becomes the leader, which may be in the middle of a first list or a relist.
+#[tokio::test]
+async fn a_subscriber_that_comes_during_a_list_gets_all_of_it() {
+    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(
+        network_enforcer_tests::fixture::offline_client(),
+    ));
+    let (send, stream) = events();
+    watch.start_on(stream);
+    send.send(watcher::Event::Init).unwrap();
+    send.send(watcher::Event::InitApply(object("a"))).unwrap();
+    let mut early = Box::pin(watch.changes());
+    assert_eq!(next(&mut early).await, ("a".into(), false));
+    // "a" was sent before this one came, and the store does not hold it yet.
+    let mut late = Box::pin(watch.changes());
+    send.send(watcher::Event::InitApply(object("b"))).unwrap();
+    assert_eq!(next(&mut late).await, ("b".into(), false));
+    send.send(watcher::Event::InitDone).unwrap();
+    let mut seen = vec![next(&mut late).await, next(&mut late).await];
+    seen.sort();
+    assert_eq!(
+        seen,
+        [("a".into(), false), ("b".into(), false)],
+        "the whole store"
+    );
+    assert!(watch.listed());
+    // The one that was there from the start had both already.
+    assert_eq!(next(&mut early).await, ("b".into(), false));
+    send.send(watcher::Event::Apply(object("c"))).unwrap();
+    assert_eq!(next(&mut early).await, ("c".into(), false));
+    assert_eq!(next(&mut late).await, ("c".into(), false));
+}
+
+/// Asking whether the watch has listed never takes the wake-up of a task that awaits the store's
+/// readiness: a kube-runtime controller holds its reconciles until its store is ready, and the
+/// readiness has room for one waker (the web view, the status sync and every agent batch ask).
+#[tokio::test]
+async fn asking_whether_it_listed_leaves_the_stores_readiness_to_its_waiter() {
+    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(
+        network_enforcer_tests::fixture::offline_client(),
+    ));
+    let (send, stream) = events();
+    watch.start_on(stream);
+    send.send(watcher::Event::Init).unwrap();
+    let store = watch.store();
+    let waiter = tokio::spawn(async move { store.wait_until_ready().await.is_ok() });
+    // The waiter is parked on the readiness; then others ask, as they do all the time.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        assert!(!watch.listed());
+        tokio::task::yield_now().await;
+    }
+    send.send(watcher::Event::InitDone).unwrap();
+    let ready = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the store's waiter was woken")
+        .unwrap();
+    assert!(ready);
+    assert!(watch.listed());
 }
 
 /// Issue 43, item 4: the status sync, the proposal writer, both reconcilers and the web view read
@@ -205,7 +283,7 @@ async fn every_part_of_the_controller_shares_one_watch_per_kind() {
     })
     .await;
     wait_until("every store listed", || {
-        crate::ui::ObjectSource::ready(ui.as_ref()) && has_listed(&objects.network_policies.store())
+        crate::ui::ObjectSource::ready(ui.as_ref()) && objects.network_policies.listed()
     })
     .await;
     let requests = fake.watch_requests();

@@ -116,7 +116,20 @@ pub fn evidence_may_count(policies_listed: bool, policies: usize) -> bool {
     !policies_listed || policies > 0
 }
 
-pub(super) use crate::cluster::shared_watch::has_listed;
+/// Whether `store`'s watch has completed its first list. A store whose writer is gone without
+/// listing (its watch's task ended) has not: `wait_until_ready` fails then.
+///
+/// Only for the stores of this sync's own watches: polled, never awaited, the readiness is a oneshot
+/// with room for one waker, and a poll from here would take the place of an awaiting task's (a
+/// kube-runtime controller awaits its store's; the shared watches have a flag of their own,
+/// [`crate::cluster::shared_watch::SharedWatch::listed`]).
+pub(super) fn has_listed<K>(store: &Store<K>) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    use futures::FutureExt;
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
 
 /// What evidence was last said to wait for ([`Listed::waiting_bits`]); `NOT_YET` before the first
 /// look, so the first look logs.
@@ -139,8 +152,8 @@ impl StatusSync {
     /// when what evidence waits for changes.
     pub fn listed(&self) -> Listed {
         let listed = Listed {
-            policies: has_listed(&self.policies),
-            network_policies: has_listed(&self.network_policies),
+            policies: self.objects.policies.listed(),
+            network_policies: self.objects.network_policies.listed(),
             namespaces: has_listed(&self.namespaces),
             index: self.index.ready(),
             cluster_policies: self.cluster_policies_served.listed(&self.cluster_policies),

@@ -31,7 +31,7 @@
 
 use crate::cluster::index::Index;
 use crate::cluster::index::Opened;
-use crate::cluster::shared_watch::PolicyObjects;
+use crate::cluster::shared_watch::{self, PolicyObjects};
 use crate::cluster::watches::SharedIndex;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
@@ -105,7 +105,7 @@ pub struct EvidenceQueue {
     settled: watch::Sender<u64>,
     /// The status sync's store of policies: without one (listed and empty) no record is evidence.
     /// `None` (a queue of its own, in tests): every record may be.
-    policies: Option<Store<WorkloadNetworkPolicy>>,
+    policies: Option<(Store<WorkloadNetworkPolicy>, shared_watch::Listed)>,
     /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
     /// interval.
     half_full: tokio::sync::Notify,
@@ -330,7 +330,7 @@ impl StatusSync {
             },
         );
         let queue = EvidenceQueue {
-            policies: Some(policies.clone()),
+            policies: Some((policies.clone(), objects.policies.listed_flag())),
             ..EvidenceQueue::default()
         };
         let metrics = SyncMetrics {

@@ -111,7 +111,7 @@ impl EvidenceSink for EvidenceQueue {
         let may_count = self
             .policies
             .as_ref()
-            .is_none_or(|p| evidence_may_count(listed::has_listed(p), p.len()));
+            .is_none_or(|(store, listed)| evidence_may_count(listed.get(), store.len()));
         // Read after the records were pushed: the next drain takes them, or one already did.
         may_count.then(|| self.drains())
     }

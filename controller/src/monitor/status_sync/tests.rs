@@ -1,4 +1,5 @@
 use super::*;
+use crate::cluster::shared_watch::Feed;
 
 #[test]
 fn durations_as_the_chart_writes_them() {
@@ -196,8 +197,8 @@ async fn dropped_evidence_and_pending_observations_are_metrics() {
 
 /// The writers of every store the sync reads, the shared watches' included.
 struct TestWriters {
-    policies: Writer<WorkloadNetworkPolicy>,
-    network_policies: Writer<NetworkPolicy>,
+    policies: Feed<WorkloadNetworkPolicy>,
+    network_policies: Feed<NetworkPolicy>,
     cluster_policies: Writer<ClusterNetworkPolicy>,
     namespaces: Writer<Namespace>,
 }
@@ -401,8 +402,25 @@ fn shop_namespace() -> Namespace {
     .unwrap()
 }
 
+/// A store's writer: the sync's own watches' and the shared watches' ([`Feed`]).
+trait Apply<K> {
+    fn apply_watcher_event(&mut self, event: &watcher::Event<K>);
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Apply<K> for Writer<K> {
+    fn apply_watcher_event(&mut self, event: &watcher::Event<K>) {
+        Writer::apply_watcher_event(self, event)
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Apply<K> for Feed<K> {
+    fn apply_watcher_event(&mut self, event: &watcher::Event<K>) {
+        Feed::apply_watcher_event(self, event)
+    }
+}
+
 /// A first list of `writer`'s kind that finds `objects`, as a watch delivers it.
-fn list<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
+fn list<K>(writer: &mut impl Apply<K>, objects: impl IntoIterator<Item = K>)
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
