@@ -139,7 +139,10 @@ impl Reflected {
                 .reflect(cluster_writer)
                 .for_each(|event| {
                     match event {
-                        Ok(_) => listed.store(true, Ordering::Relaxed),
+                        // Not at `Init`: the watcher says that before it lists (also where the
+                        // kind is not served, and the page then says so).
+                        Ok(watcher::Event::InitDone) => listed.store(true, Ordering::Relaxed),
+                        Ok(_) => {}
                         Err(error) => tracing::warn!(%error,
                             "web view watch of ClusterNetworkPolicyProposals failed; retrying"),
                     }

@@ -11,9 +11,11 @@
 //!
 //! A watch starts when its first consumer asks for it ([`SharedWatch::start`]), so a follower
 //! watches only what its web view shows. A subscriber gets every object of the store when it
-//! subscribes, then every change (one that subscribes while the watch lists gets the whole store
-//! again when the list is done: the objects listed before it came are not in the store yet); a
-//! slow subscriber holds the watch back (its channel is bounded) rather than losing a change, and a
+//! subscribes, then every change. A list (the first, or a relist after the watch was down) is passed
+//! on once it is done and in the store: every object then, and a deletion for each object the store
+//! held and the list no longer has (a reconciler looks objects up in the store: told of a listed
+//! object before the store holds it, it would find nothing, or the copy from before). A slow
+//! subscriber holds the watch back (its channel is bounded) rather than losing a change, and a
 //! dropped one is forgotten at the next change.
 //!
 //! Whether a watch has listed is a flag of its own ([`SharedWatch::listed`]), never a poll of the
@@ -85,24 +87,15 @@ pub struct SharedWatch<K: Resource<DynamicType = ()> + Clone + 'static> {
 
 /// What the watch and its subscribers share, under one lock.
 struct Shared<K> {
-    subscribers: Vec<Subscriber<K>>,
-    /// Between a list's start and its end: the store does not hold what was listed so far.
-    listing: bool,
+    subscribers: Vec<mpsc::Sender<Change<K>>>,
 }
 
 impl<K> Default for Shared<K> {
     fn default() -> Self {
         Self {
             subscribers: Vec::new(),
-            listing: false,
         }
     }
-}
-
-struct Subscriber<K> {
-    sender: mpsc::Sender<Change<K>>,
-    /// Subscribed while the watch listed: gets the whole store when the list is done.
-    owes_store: bool,
 }
 
 /// Whether a watch has completed its first list; set by the watch (or a test's [`Feed`]).
@@ -203,8 +196,9 @@ where
         ));
     }
 
-    /// Takes the store's writer so that a test fills the store itself; the watch never starts then.
-    /// `None` once started or taken.
+    /// Takes the store's writer so that a test fills the store itself; the watch never starts then,
+    /// and subscribers get what the store holds when they subscribe, nothing after. `None` once
+    /// started or taken.
     pub fn take_writer(&self) -> Option<Feed<K>> {
         let writer = self.writer.lock().expect("writer lock").take()?;
         Some(Feed {
@@ -216,22 +210,20 @@ where
     /// Subscribers now ([`SharedWatch::changes`]).
     pub fn subscribers(&self) -> usize {
         let mut shared = self.shared.lock().expect("shared lock");
-        shared.subscribers.retain(|s| !s.sender.is_closed());
+        shared.subscribers.retain(|s| !s.is_closed());
         shared.subscribers.len()
     }
 
     /// Every object of the store now, then every change; starts the watch. The stream ends only if
-    /// the watch's task does.
+    /// the watch's task does (it retries failures forever; only a panic ends it).
     pub fn changes(&self) -> impl Stream<Item = Change<K>> + Send + 'static {
         self.start();
         let (sender, receiver) = mpsc::channel(SUBSCRIBER_BUFFER);
         // Under the lock the watch applies its events under: a change is either in this snapshot
-        // or sent to this subscriber, never neither (during a list, the store comes again at its
-        // end).
+        // or sent to this subscriber, never neither.
         let now = {
             let mut shared = self.shared.lock().expect("shared lock");
-            let owes_store = shared.listing;
-            shared.subscribers.push(Subscriber { sender, owes_store });
+            shared.subscribers.push(sender);
             self.store.state()
         };
         futures::stream::iter(now.into_iter().map(Change::Applied))
@@ -277,6 +269,9 @@ async fn apply_events<K>(
 ) where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
 {
+    // Should the task end (a panic), the subscribers' streams end with it, and so do the controllers
+    // that read them: the process then stops rather than reconciling from a store that no longer moves.
+    let _ends = EndsSubscriptions(shared.clone());
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let event = match event {
@@ -286,49 +281,66 @@ async fn apply_events<K>(
                 continue;
             }
         };
-        let change = match &event {
-            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                Some(Change::Applied(Arc::new(obj.clone())))
-            }
-            watcher::Event::Delete(obj) => Some(Change::Deleted(Arc::new(obj.clone()))),
-            watcher::Event::Init | watcher::Event::InitDone => None,
-        };
-        let mut owed = Vec::new();
-        let receivers: Vec<_> = {
+        let (receivers, changes) = {
             let mut shared = shared.lock().expect("shared lock");
-            writer.apply_watcher_event(&event);
-            match event {
-                watcher::Event::Init => shared.listing = true,
+            let changes = match &event {
+                watcher::Event::Apply(obj) => {
+                    writer.apply_watcher_event(&event);
+                    vec![Change::Applied(Arc::new(obj.clone()))]
+                }
+                watcher::Event::Delete(obj) => {
+                    writer.apply_watcher_event(&event);
+                    vec![Change::Deleted(Arc::new(obj.clone()))]
+                }
+                // Into the writer's buffer: nothing is in the store before the list is done.
+                watcher::Event::Init | watcher::Event::InitApply(_) => {
+                    writer.apply_watcher_event(&event);
+                    Vec::new()
+                }
                 watcher::Event::InitDone => {
-                    shared.listing = false;
+                    let before = writer.as_reader().state();
+                    writer.apply_watcher_event(&event);
                     listed.set();
-                    for subscriber in shared.subscribers.iter_mut().filter(|s| s.owes_store) {
-                        subscriber.owes_store = false;
-                        owed.push(subscriber.sender.clone());
-                    }
+                    listed_changes(before, writer.as_reader().state())
                 }
-                _ => {}
-            }
-            shared.subscribers.retain(|s| !s.sender.is_closed());
-            shared
-                .subscribers
-                .iter()
-                .map(|s| s.sender.clone())
-                .collect()
+            };
+            shared.subscribers.retain(|s| !s.is_closed());
+            (shared.subscribers.clone(), changes)
         };
-        if !owed.is_empty() {
-            let whole = writer.as_reader().state();
-            for receiver in owed {
-                for obj in &whole {
-                    // Closed: the subscriber is gone; removed at the next event.
-                    let _ = receiver.send(Change::Applied(obj.clone())).await;
-                }
+        for change in changes {
+            for receiver in &receivers {
+                // Closed: the subscriber is gone; removed at the next event.
+                let _ = receiver.send(change.clone()).await;
             }
         }
-        let Some(change) = change else { continue };
-        for receiver in receivers {
-            let _ = receiver.send(change.clone()).await;
-        }
+    }
+}
+
+/// What a list changed: every object listed (`after`), and a deletion for each object of `before`
+/// the list no longer has (deleted while the watch was down).
+fn listed_changes<K>(before: Vec<Arc<K>>, after: Vec<Arc<K>>) -> Vec<Change<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let listed: std::collections::HashSet<_> = after
+        .iter()
+        .map(|obj| reflector::ObjectRef::from_obj(obj.as_ref()))
+        .collect();
+    let gone = before
+        .into_iter()
+        .filter(|obj| !listed.contains(&reflector::ObjectRef::from_obj(obj.as_ref())))
+        .map(Change::Deleted);
+    after.into_iter().map(Change::Applied).chain(gone).collect()
+}
+
+/// Ends every subscription when dropped (see [`apply_events`]).
+struct EndsSubscriptions<K>(Arc<Mutex<Shared<K>>>);
+
+impl<K> Drop for EndsSubscriptions<K> {
+    fn drop(&mut self) {
+        tracing::error!("a shared watch's task ended; its readers stop");
+        let mut shared = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        shared.subscribers.clear();
     }
 }
 

@@ -187,38 +187,79 @@ fn object(name: &str) -> NetworkPolicy {
     serde_json::from_value(network_policy(name, "1")).unwrap()
 }
 
-/// A subscriber that comes while the watch lists gets the objects listed before it came once the
-/// list is done (they are not in the store until then): the reconcilers subscribe when the replica
-/// becomes the leader, which may be in the middle of a first list or a relist.
+/// A subscription's stream, boxed.
+type Changes = std::pin::Pin<Box<dyn Stream<Item = Change<NetworkPolicy>> + Send>>;
+
+/// The next change, checked against `store` at that moment: an object told applied is in it, one
+/// told deleted is not.
+async fn next_checked(
+    store: &kube::runtime::reflector::Store<NetworkPolicy>,
+    changes: &mut Changes,
+) -> (String, bool) {
+    use kube::runtime::reflector::ObjectRef;
+    let change = tokio::time::timeout(WAIT, changes.next())
+        .await
+        .expect("a change within the wait")
+        .expect("the subscription goes on");
+    let (deleted, obj) = match change {
+        Change::Applied(p) => (false, p),
+        Change::Deleted(p) => (true, p),
+    };
+    let name = obj.name_any();
+    let held = store.get(&ObjectRef::from_obj(obj.as_ref())).is_some();
+    assert_eq!(held, !deleted, "{name}: told before the store has it");
+    (name, deleted)
+}
+
+/// A list is passed on once it is done and in the store, to a subscriber that was there before it
+/// and to one that came during it alike: every object listed, and a deletion for each object the
+/// store held and the list no longer has. Told earlier (as each object is listed), a reconciler
+/// would look the object up in a store that does not hold it yet, or holds the copy from before:
+/// the reconcilers subscribe when the replica becomes the leader, and a watch relists after it was
+/// down.
 #[tokio::test]
-async fn a_subscriber_that_comes_during_a_list_gets_all_of_it() {
+async fn a_list_is_passed_on_once_it_is_in_the_store() {
     let watch = SharedWatch::<NetworkPolicy>::new(Api::all(
         network_enforcer_tests::fixture::offline_client(),
     ));
     let (send, stream) = events();
     watch.start_on(stream);
+    let store = watch.store();
+    let mut early: Changes = Box::pin(watch.changes());
     send.send(watcher::Event::Init).unwrap();
     send.send(watcher::Event::InitApply(object("a"))).unwrap();
-    let mut early = Box::pin(watch.changes());
-    assert_eq!(next(&mut early).await, ("a".into(), false));
-    // "a" was sent before this one came, and the store does not hold it yet.
-    let mut late = Box::pin(watch.changes());
+    let mut late: Changes = Box::pin(watch.changes());
     send.send(watcher::Event::InitApply(object("b"))).unwrap();
-    assert_eq!(next(&mut late).await, ("b".into(), false));
     send.send(watcher::Event::InitDone).unwrap();
-    let mut seen = vec![next(&mut late).await, next(&mut late).await];
-    seen.sort();
-    assert_eq!(
-        seen,
-        [("a".into(), false), ("b".into(), false)],
-        "the whole store"
-    );
+    for changes in [&mut early, &mut late] {
+        let mut seen = vec![
+            next_checked(&store, changes).await,
+            next_checked(&store, changes).await,
+        ];
+        seen.sort();
+        assert_eq!(seen, [("a".into(), false), ("b".into(), false)]);
+    }
     assert!(watch.listed());
-    // The one that was there from the start had both already.
-    assert_eq!(next(&mut early).await, ("b".into(), false));
-    send.send(watcher::Event::Apply(object("c"))).unwrap();
-    assert_eq!(next(&mut early).await, ("c".into(), false));
-    assert_eq!(next(&mut late).await, ("c".into(), false));
+    // A relist after the watch was down: "a" was deleted meanwhile, "c" created.
+    send.send(watcher::Event::Init).unwrap();
+    send.send(watcher::Event::InitApply(object("b"))).unwrap();
+    send.send(watcher::Event::InitApply(object("c"))).unwrap();
+    send.send(watcher::Event::InitDone).unwrap();
+    for changes in [&mut early, &mut late] {
+        let mut seen = vec![
+            next_checked(&store, changes).await,
+            next_checked(&store, changes).await,
+            next_checked(&store, changes).await,
+        ];
+        seen.sort();
+        assert_eq!(
+            seen,
+            [("a".into(), true), ("b".into(), false), ("c".into(), false)]
+        );
+    }
+    send.send(watcher::Event::Apply(object("d"))).unwrap();
+    assert_eq!(next_checked(&store, &mut early).await, ("d".into(), false));
+    assert_eq!(next_checked(&store, &mut late).await, ("d".into(), false));
 }
 
 /// Asking whether the watch has listed never takes the wake-up of a task that awaits the store's
