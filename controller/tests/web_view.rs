@@ -48,6 +48,24 @@ spec:
         ports: [{protocol: UDP, port: 53}]
 "#;
 
+/// `graphProblems(svg)`: what makes a drawn graph unreadable (overlapping nodes or labels, an edge
+/// through a node it does not connect, an edge drawn twice or without its label).
+const GRAPH_PROBLEMS: &str = include_str!("data/graph_problems.js");
+
+/// The demo's graph (`cargo xtask demo`: frontend → api → db, the frontend's direct call to db both
+/// recorded in monitor and blocked in protect, everyone's DNS) with a long name, a self edge and an
+/// outside caller on eight ports: laid out by the page's own code beside the live graph.
+const DEMO_GRAPH: &str = include_str!("data/demo-graph.json");
+
+/// What is wrong with the graph `selector` finds, laid out as the page lays it out.
+fn graph_problems(browser: &Browser, selector: &str) -> Result<Vec<String>> {
+    let problems = browser.run(&format!(
+        "{GRAPH_PROBLEMS}\nreturn graphProblems(document.querySelector({}))",
+        json!(selector)
+    ))?;
+    Ok(serde_json::from_value(problems)?)
+}
+
 /// The graph's edges as `state from>to ports` lines, sorted.
 const EDGES_SCRIPT: &str = "return Array.from(document.querySelectorAll('#graph g.edge')).map(e => \
     `${e.dataset.state} ${e.dataset.from}>${e.dataset.to} ${e.dataset.ports}`).sort().join('\\n')";
@@ -208,6 +226,38 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         bail!("the graph shows\n{now}\nnot\n{expected}");
     }
     browser.screenshot(&out.join("graph.png"))?;
+    let problems = graph_problems(&browser, "#graph svg")?;
+    ensure!(problems.is_empty(), "the scenario's graph: {problems:#?}");
+
+    // The demo's graph, drawn by the page's own layout over the page (the poll redraws only #graph);
+    // what the page remembers of its own graph (edges seen, the view) is put back after.
+    browser.run(&format!(
+        "const saved = [seenEdges, view, moved]; \
+         const box = document.createElement('div'); box.id = 'demo-graph'; \
+         box.style.cssText = 'position:fixed;inset:0;background:#f6f7f9;z-index:10'; \
+         document.body.append(box); const svg = renderGraph({DEMO_GRAPH}, null); \
+         svg.style.cssText = 'width:100%;height:100%'; box.append(svg); \
+         [seenEdges, view, moved] = saved; return true"
+    ))?;
+    browser.screenshot(&out.join("graph-demo.png"))?;
+    let problems = graph_problems(&browser, "#demo-graph svg")?;
+    ensure!(problems.is_empty(), "the demo's graph: {problems:#?}");
+    let drawn = browser.run(
+        "return [document.querySelector('#demo-graph svg').dataset.layout, \
+         document.querySelectorAll('#demo-graph g.edge').length, \
+         document.querySelector('#demo-graph g.edge-label[data-id=\"x:*>w:demo/Deployment/frontend\"]\
+         [data-state=learned] text').textContent]",
+    )?;
+    ensure!(
+        drawn
+            == json!([
+                "layered",
+                14,
+                "TCP 80, TCP 443, TCP 8080, TCP 8443, TCP 9090, TCP 9091 +2"
+            ]),
+        "the demo's graph is laid out in layers, draws each of its 14 edges once, ports bundled: {drawn}"
+    );
+    browser.run("document.getElementById('demo-graph').remove(); return true")?;
 
     // Clicking an edge explains it (docs/ui.md, "Explain"): `check --explain` against the cluster as
     // it is now, between a current pod of each workload, with the command that reproduces it.
@@ -291,6 +341,11 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     ))?;
     assert_eq!(stroke, json!("rgb(211, 47, 47)"), "violations are red");
     browser.screenshot(&out.join("graph-violation.png"))?;
+    let problems = graph_problems(&browser, "#graph svg")?;
+    ensure!(
+        problems.is_empty(),
+        "the graph with its violation: {problems:#?}"
+    );
 
     // The cluster overview: the client's row (its egress in monitor, its violation counted) links to
     // its page; the server, with a proposal only, is learning.

@@ -35,6 +35,8 @@ pub const MAX_CONCURRENT_EXPLAIN: usize = 2;
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
+/// The graph layout library (dagre, from the npm registry), embedded by `build.rs`.
+const DAGRE_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/dagre.min.js"));
 
 /// Labels of `ui_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -675,6 +677,15 @@ pub fn router(state: UiState) -> axum::Router {
             get(page(
                 "text/javascript; charset=utf-8",
                 APP_JS,
+                "asset",
+                state.clone(),
+            )),
+        )
+        .route(
+            "/assets/dagre.js",
+            get(page(
+                "text/javascript; charset=utf-8",
+                DAGRE_JS,
                 "asset",
                 state.clone(),
             )),

@@ -795,9 +795,23 @@ async fn api_answers_json_errors_and_counts_requests() {
         (200, "text/html; charset=utf-8")
     );
     assert!(body.contains("assets/app.js"), "{body}");
+    assert!(body.contains("assets/dagre.js"), "{body}");
     let (code, _, js) = get(addr, "/assets/app.js").await;
     assert_eq!(code, 200);
     assert!(js.contains("api/v1/"));
+    // The layout library the build embedded: its code, its licence notices, no source map to ask for.
+    let (code, content_type, dagre) = get(addr, "/assets/dagre.js").await;
+    assert_eq!(
+        (code, content_type.as_str()),
+        (200, "text/javascript; charset=utf-8")
+    );
+    assert!(dagre.contains("var dagre="), "the browser bundle");
+    assert_eq!(
+        dagre.matches("Permission is hereby granted").count(),
+        2,
+        "dagre's and graphlib's notices"
+    );
+    assert!(!dagre.contains("sourceMappingURL"));
     assert_eq!(metrics.count("graph", 200), 2);
     assert_eq!(metrics.count("graph", 400), 2);
     assert_eq!(metrics.count("workload", 404), 1);
@@ -863,7 +877,12 @@ async fn on_loopback_only_requests_for_localhost_are_answered() {
     }
     let metrics = UiMetrics::default();
     let addr = serve(UiState::new(ready_source(), metrics.clone()).loopback_hosts_only()).await;
-    for path in ["/", "/assets/app.js", "/api/v1/namespaces"] {
+    for path in [
+        "/",
+        "/assets/app.js",
+        "/assets/dagre.js",
+        "/api/v1/namespaces",
+    ] {
         assert_eq!(get_for(addr, "localhost:8090", path).await.0, 200, "{path}");
         assert_eq!(get_for(addr, "127.0.0.1:8090", path).await.0, 200, "{path}");
         let (code, _, body) = get_for(addr, "rebound.attacker.example:8090", path).await;
@@ -874,7 +893,7 @@ async fn on_loopback_only_requests_for_localhost_are_answered() {
     metrics.register(&registry);
     let text = registry.encode();
     assert!(
-        text.contains(r#"ui_requests_total{route="refused_host",status="403"} 3"#),
+        text.contains(r#"ui_requests_total{route="refused_host",status="403"} 4"#),
         "{text}"
     );
     // Not on loopback (a Service in front): any name.

@@ -1,4 +1,5 @@
-//! `cargo xtask setup`: installs, from the registries this project may use (Debian, crates.io, PyPI),
+//! `cargo xtask setup`: installs, from the registries this project may use (Debian, crates.io, PyPI,
+//! npm),
 //! everything that builds and tests need. Every step checks first and does nothing when its result is
 //! already there, so a second run takes seconds. Caches live under `~/.cache/network-enforcer`.
 
@@ -6,6 +7,7 @@ mod debian;
 pub mod ebpf;
 pub mod kubernetes;
 pub mod tools;
+pub mod ui;
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ pub fn run() -> Result<()> {
     let start = std::time::Instant::now();
     ebpf::install().context("installing the eBPF toolchain")?;
     tools::install().context("installing test tools (helm, kubernetes-validate, chromium)")?;
+    ui::install().context("installing the web view's graph layout library (npm)")?;
     kubernetes::install().context("installing the local Kubernetes cluster parts")?;
     println!("==> setup: ok in {:.1}s", start.elapsed().as_secs_f64());
     Ok(())
