@@ -468,12 +468,14 @@ function renderGraph(g, onEdge) {
     const edge = el("svg:g", attrs,
       el("svg:title", {}, title + "\n(click: why)"),
       el("svg:path", { d: routePath(route, pos.get(e.from), e.from === e.to), "marker-end": `url(#arrow-${e.state})` }));
-    // Labels above every path (a path may pass under another edge's label, never hide it).
-    const label = el("svg:g", { ...attrs, class: `edge-label ${e.state}` },
+    // Labels above every path (a path may pass under another edge's label, never hide it). In the
+    // column layout (large graphs) only the text: a label's box and hover text double its elements.
+    const text = el("svg:text", { x: route.x, y: route.y, "text-anchor": "middle", "dominant-baseline": "central" }, route.label);
+    const label = el("svg:g", { ...attrs, class: `edge-label ${e.state}` }, ...(layered ? [
       el("svg:title", {}, title + "\n(click: why)"),
       // The box dagre kept clear for the label, so that a path under it never hides a letter.
       el("svg:rect", { class: "bg", x: route.x - route.width / 2, y: route.y - LABEL_H / 2, width: route.width, height: LABEL_H, rx: 3 }),
-      el("svg:text", { x: route.x, y: route.y, "text-anchor": "middle", "dominant-baseline": "central" }, route.label));
+      text] : [text]));
     if (onEdge) for (const part of [edge, label]) part.addEventListener("click", () => onEdge(e));
     edgeLayer.append(edge);
     labelLayer.append(label);
