@@ -429,9 +429,12 @@ fn rbac_is_exactly_least_privilege() {
         ])
     );
     // The hook stops the controller first: scale exactly its Deployment, and see its pods go; then
-    // it deletes the persisted edge history, by name (as many ConfigMaps as the controller writes).
+    // it deletes the persisted edge history, by name (as many ConfigMaps as the controller writes),
+    // and the evidence claims.
+    let claims = format!("{CONTROLLER}-evidence-claims");
     let history_maps: Vec<String> = (0..Limits::default().max_shards)
         .map(|i| format!("{CONTROLLER}-edge-history-{i}"))
+        .chain([claims.clone()])
         .collect();
     let stop = find(&docs, "Role", CLEANUP);
     assert_eq!(stop["metadata"]["namespace"], "ne-system");
@@ -450,8 +453,10 @@ fn rbac_is_exactly_least_privilege() {
         env_value(job, "EDGE_HISTORY_CONFIGMAP"),
         format!("{CONTROLLER}-edge-history")
     );
-    // The controller persists its protect gate's history: get and patch those names, create any
-    // ConfigMap of the release namespace (create cannot be limited to names), nothing else.
+    assert_eq!(env_value(job, "EVIDENCE_CLAIMS_CONFIGMAP"), claims);
+    // The controller persists its protect gate's history and its evidence claims: get and patch
+    // those names, create any ConfigMap of the release namespace (create cannot be limited to
+    // names), nothing else.
     let history = format!("{CONTROLLER}-edge-history");
     let role = find(&docs, "Role", &history);
     assert_eq!(role["metadata"]["namespace"], "ne-system");
@@ -471,6 +476,7 @@ fn rbac_is_exactly_least_privilege() {
     );
     let c = container(find(&docs, "Deployment", CONTROLLER), "controller");
     assert_eq!(env_value(c, "EDGE_HISTORY_CONFIGMAP"), history);
+    assert_eq!(env_value(c, "EVIDENCE_CLAIMS_CONFIGMAP"), claims);
     assert_eq!(env_value(c, "EDGE_HISTORY_PERSIST_INTERVAL"), "1m");
     let binding = find(&docs, "RoleBinding", CLEANUP);
     assert_eq!(binding["metadata"]["namespace"], "ne-system");

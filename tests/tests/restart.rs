@@ -830,6 +830,102 @@ async fn an_occurrence_sent_again_to_a_new_leader_counts_once() -> Result<()> {
     assert_violation_written(&ns, &logs).await
 }
 
+/// Issue 42, item 2: batches resent to a new leader count once even when the 60-second rule cannot
+/// tell (docs/behaviour.md §1.10, §3.6). Two batches carry one connection of the same client to the
+/// server, 61 s apart: two occurrences. A status pass writes them (`violationCount` 2) and then the
+/// claims of both batches; their acknowledgements are still held by their proposal, whose writes
+/// the API server refuses (a webhook that is down). The leader is killed (SIGKILL) and the agent resends what is unacknowledged to
+/// the next leader. The earlier occurrence lies 61 s from the record's last one, so the 60-second
+/// rule cannot tell it was counted: it would count again (3) without the claims the next leader
+/// reads before it takes any batch. Checked to fail with the claims turned off (`EVIDENCE_CLAIMS_CONFIGMAP=""`: 3).
+#[tokio::test]
+async fn batches_resent_to_a_new_leader_count_once_even_61_s_apart() -> Result<()> {
+    let (ns, mut controller, server, client) = guarded("claims-leader", "1s").await?;
+    // The learned edge's proposal cannot be written: the acknowledgements wait for it.
+    let refusal = StatusWritesFault::start_on(&ns, Writes::Proposals, StatusFault::Refuse).await?;
+    let n = ns.name.clone();
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    for (i, at) in [now - 61_000, now].into_iter().enumerate() {
+        let record = FlowRecord {
+            first_seen_ms: at,
+            last_seen_ms: at,
+            ..flow_record(
+                &n,
+                &server,
+                client,
+                18080,
+                Protocol::Tcp,
+                Direction::Inbound,
+                Outcome::Established,
+            )
+        };
+        assert!(controller.agent.send(vec![record]));
+        // One batch each: the next is sent once this one is.
+        let c = &controller.counters;
+        wait::until(
+            "the batch to be sent",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || c.batches_sent.get() > i as u64,
+            || agent_state(c),
+        )
+        .await?;
+    }
+    let policies = ns.api::<network_enforcer_api::WorkloadNetworkPolicy>();
+    let count = || async {
+        Ok::<_, kube::Error>(
+            policies
+                .get("guard")
+                .await?
+                .status
+                .map_or(0, |s| s.violation_count),
+        )
+    };
+    ns.wait_for(
+        "both occurrences in the status",
+        Duration::from_secs(60),
+        || async { Ok((count().await? == 2).then_some(())) },
+    )
+    .await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the claims of both batches persisted",
+            "network_enforcer_controller_evidence_claims_persisted_processes 1",
+        )
+        .await?;
+    // The earlier batch's acknowledgement waits for its proposal; the later one taught nothing new
+    // and may have been acknowledged once its occurrence was written.
+    let resent = controller.counters.pending_batches.get();
+    anyhow::ensure!(
+        resent >= 1,
+        "acknowledged before the kill (nothing would be resent): {}",
+        agent_state(&controller.counters)
+    );
+    controller.kill()?;
+    refusal.end().await?;
+    controller.restart(&ns)?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the next leader to take the resent batches in",
+            &format!("network_enforcer_controller_records_received_total {resent}"),
+        )
+        .await?;
+    let restored = controller
+        .metric("network_enforcer_controller_evidence_claims_restored_processes")
+        .await?;
+    // Its last status write records whatever it counted.
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    assert_eq!(
+        count().await?,
+        2,
+        "two occurrences, each counted once (claims restored for {restored} agent process(es))\n{logs}"
+    );
+    Ok(())
+}
+
 /// Fault injection against a ground truth (docs/behaviour.md §1.10, §3.6, §3.7): the real agent
 /// uplink sends one violating occurrence per batch (inbound to the server on its own port each time,
 /// so each is a violation of `guard` and an edge to learn), while the test closes the agent's stream
@@ -1160,14 +1256,35 @@ struct StatusWritesFault {
     hanging: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The writes a [`StatusWritesFault`] hits.
+#[derive(Clone, Copy)]
+enum Writes<'a> {
+    /// Status writes of WorkloadNetworkPolicies; shown on this policy's.
+    Status(&'a str),
+    /// Creates and updates of WorkloadNetworkPolicyProposals (the learned edges' writes).
+    Proposals,
+}
+
 impl StatusWritesFault {
     /// Starts the fault, and returns once a status write to `policy` shows it (refused, or delayed).
     async fn start(ns: &TestNamespace, policy: &str, fault: StatusFault) -> Result<Self> {
+        Self::start_on(ns, Writes::Status(policy), fault).await
+    }
+
+    /// Starts the fault on `writes`, and returns once such a write shows it (a status write of the
+    /// policy, or a dry-run create of a proposal).
+    async fn start_on(ns: &TestNamespace, writes: Writes<'_>, fault: StatusFault) -> Result<Self> {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         use k8s_openapi::api::core::v1::Namespace;
-        let (suffix, failure_policy) = match fault {
-            StatusFault::Refuse => ("refuse-status", "Fail"),
-            StatusFault::Delay => ("delay-status", "Ignore"),
+        let (suffix, failure_policy) = match (fault, writes) {
+            (StatusFault::Refuse, Writes::Status(_)) => ("refuse-status", "Fail"),
+            (StatusFault::Delay, Writes::Status(_)) => ("delay-status", "Ignore"),
+            (StatusFault::Refuse, Writes::Proposals) => ("refuse-proposals", "Fail"),
+            (StatusFault::Delay, Writes::Proposals) => ("delay-proposals", "Ignore"),
+        };
+        let (operations, resources) = match writes {
+            Writes::Status(_) => (vec!["UPDATE"], "workloadnetworkpolicies/status"),
+            Writes::Proposals => (vec!["CREATE", "UPDATE"], "workloadnetworkpolicyproposals"),
         };
         let name = format!("{}-{suffix}", ns.name);
         let (port, hanging) = match fault {
@@ -1205,7 +1322,7 @@ impl StatusWritesFault {
                 "clientConfig": {"url": format!("https://127.0.0.1:{port}/{suffix}")},
                 "rules": [{
                     "apiGroups": ["networkenforcer.kubewarden.io"], "apiVersions": ["*"],
-                    "operations": ["UPDATE"], "resources": ["workloadnetworkpolicies/status"],
+                    "operations": operations, "resources": [resources],
                 }],
                 "namespaceSelector": {"matchLabels": {label: ns.name}},
                 "failurePolicy": failure_policy,
@@ -1222,18 +1339,40 @@ impl StatusWritesFault {
             kubeconfig: ns.kubeconfig().to_path_buf(),
             hanging,
         };
-        // In force once the API server's admission has seen it: a (no-op) status patch is refused,
-        // or takes the webhook's timeout and goes through.
+        // In force once the API server's admission has seen it: a (no-op) status patch or a dry-run
+        // create is refused, or takes the webhook's timeout and goes through.
         let policies = ns.api::<network_enforcer_api::WorkloadNetworkPolicy>();
+        let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+        let probe: WorkloadNetworkPolicyProposal = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "fault-probe"},
+            "spec": {"backend": "kubernetes", "direction": "Ingress",
+                     "targetRef": {"kind": "Deployment", "name": "fault-probe"},
+                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+        }))?;
         ns.wait_for(
-            "the API server to refuse or delay status writes",
+            "the API server to refuse or delay the writes",
             Duration::from_secs(30),
             || async {
-                let noop = kube::api::Patch::Merge(serde_json::json!({"status": {}}));
                 let at = Instant::now();
-                let written = policies
-                    .patch_status(policy, &kube::api::PatchParams::default(), &noop)
-                    .await;
+                let written = match writes {
+                    Writes::Status(policy) => {
+                        let noop = kube::api::Patch::Merge(serde_json::json!({"status": {}}));
+                        policies
+                            .patch_status(policy, &kube::api::PatchParams::default(), &noop)
+                            .await
+                            .map(|_| ())
+                    }
+                    Writes::Proposals => proposals
+                        .create(
+                            &kube::api::PostParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
+                            &probe,
+                        )
+                        .await
+                        .map(|_| ()),
+                };
                 let shown = match fault {
                     StatusFault::Refuse => written.is_err(),
                     StatusFault::Delay => {

@@ -304,7 +304,10 @@ impl AppBuilder {
             evidence,
             early: Default::default(),
             names: Some(names.clone()),
-            claims: Default::default(),
+            // The status sync persists them (when it does) and reads them back as a new leader.
+            claims: status_sync
+                .as_ref()
+                .map_or_else(Default::default, |s| s.claims()),
         });
         let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())
             .with_settle_first(learning.clone());

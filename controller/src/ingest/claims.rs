@@ -12,15 +12,22 @@
 //! attempt's waited for, so it is never acknowledged before the first attempt's violations are in a
 //! status.
 //!
-//! In memory, and bounded: per node the [`INSTANCES_PER_NODE`] latest agent processes (a restarted
-//! agent never resends its predecessor's batches), per instance at most [`COUNTING_PER_INSTANCE`]
-//! batches still waiting for their acknowledgement and the last [`SETTLED_PER_INSTANCE`]
-//! acknowledged ones (an acknowledgement lost on a breaking stream is followed at once by the resend).
+//! Bounded: per node the [`INSTANCES_PER_NODE`] latest agent processes (a restarted agent never
+//! resends its predecessor's batches), per instance at most [`COUNTING_PER_INSTANCE`] batches still
+//! waiting for their acknowledgement, and the judged ones (acknowledged, or whose records handed
+//! nothing to count) as at most [`RANGES_PER_INSTANCE`] ranges of sequences: an agent numbers its
+//! batches in order, so they are one range but for batches it dropped or that are still waiting.
 //! What falls out is counted (`evidence_claims_dropped_total`); a batch resent after that counts
-//! again. A new leader starts with no claims (see the docs for what that means).
+//! again.
+//!
+//! The judged ranges, and the claims whose evidence is in statuses already, are what the leader
+//! persists ([`Claims::snapshot`], [`super::claims_store`]) before the acknowledgements they allow go
+//! out, and what a new leader reads ([`Claims::restore`]) before it takes any batch
+//! ([`Claims::ready`]): a batch resent to it is then recognised too.
 
 use super::Holds;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Agent processes remembered per node: the current one and its predecessor (a DaemonSet rolling
@@ -30,8 +37,8 @@ pub const INSTANCES_PER_NODE: usize = 2;
 /// yet. Above the acknowledgements one stream may have waiting (4,096) and far above what an agent
 /// keeps to resend (256 batches by default).
 pub const COUNTING_PER_INSTANCE: usize = 8_192;
-/// Acknowledged batches remembered per agent process, for an acknowledgement lost on the way.
-pub const SETTLED_PER_INSTANCE: usize = 256;
+/// Ranges of judged sequences remembered per agent process; past it the lowest are forgotten.
+pub const RANGES_PER_INSTANCE: usize = 16;
 
 /// The name of a batch across reconnects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,17 +74,98 @@ impl Attempt {
 }
 
 /// The claims of every node (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Claims {
     nodes: Mutex<HashMap<String, VecDeque<InstanceClaims>>>,
+    /// False until a persisted copy was read ([`Claims::restore`]); batches are refused until then.
+    ready: AtomicBool,
+}
+
+impl Default for Claims {
+    fn default() -> Self {
+        Claims {
+            nodes: Mutex::default(),
+            ready: AtomicBool::new(true),
+        }
+    }
 }
 
 #[derive(Debug)]
 struct InstanceClaims {
     instance: u64,
     counting: BTreeMap<u64, FirstAttempt>,
-    /// Ascending.
-    settled: VecDeque<u64>,
+    /// Batches whose evidence is in statuses or that had none.
+    judged: Ranges,
+}
+
+impl InstanceClaims {
+    fn new(instance: u64) -> Self {
+        InstanceClaims {
+            instance,
+            counting: BTreeMap::new(),
+            judged: Ranges::default(),
+        }
+    }
+}
+
+/// Sequences as ascending, disjoint, non-adjacent inclusive ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// The ranges of `pairs` (in any order, overlapping or not).
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut ranges = Ranges::default();
+        for (lo, hi) in pairs {
+            ranges.insert_range(lo.min(hi), lo.max(hi));
+        }
+        ranges
+    }
+
+    pub fn contains(&self, sequence: u64) -> bool {
+        let at = self.0.partition_point(|(_, hi)| *hi < sequence);
+        self.0.get(at).is_some_and(|(lo, _)| *lo <= sequence)
+    }
+
+    pub fn insert(&mut self, sequence: u64) {
+        self.insert_range(sequence, sequence);
+    }
+
+    /// Adds `lo..=hi`, merging it with the ranges it overlaps or touches.
+    pub fn insert_range(&mut self, lo: u64, hi: u64) {
+        // The first range that ends at or after lo - 1, and the first that starts after hi + 1.
+        let start = self.0.partition_point(|(_, h)| h.saturating_add(1) < lo);
+        let end = self.0.partition_point(|(l, _)| *l <= hi.saturating_add(1));
+        let (mut lo, mut hi) = (lo, hi);
+        if start < end {
+            lo = lo.min(self.0[start].0);
+            hi = hi.max(self.0[end - 1].1);
+        }
+        self.0.splice(start..end, [(lo, hi)]);
+    }
+
+    /// Keeps the `max` highest ranges; returns how many sequences were forgotten.
+    pub fn keep_highest(&mut self, max: usize) -> u64 {
+        let cut = self.0.len().saturating_sub(max);
+        self.0.drain(..cut).map(|(lo, hi)| hi - lo + 1).sum()
+    }
+
+    pub fn pairs(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One agent process's judged batches as persisted ([`Claims::snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Persisted {
+    pub node: String,
+    pub instance: u64,
+    pub ranges: Ranges,
 }
 
 /// What [`Claims::begin`] had to forget to stay in its bounds.
@@ -87,6 +175,87 @@ pub struct Dropped {
 }
 
 impl Claims {
+    /// Claims that a persisted copy will be read into ([`Claims::restore`]): until then not
+    /// [`Claims::ready`].
+    pub fn unread() -> Self {
+        Claims {
+            ready: AtomicBool::new(false),
+            ..Claims::default()
+        }
+    }
+
+    /// Whether batches may be taken: the persisted claims were read, or none are persisted.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Takes in what a previous leader persisted (every range as judged) and makes the claims
+    /// [`Claims::ready`]; `persisted` is empty when nothing could be read. Returns how many sequences
+    /// were forgotten to stay within the bounds.
+    pub fn restore(&self, persisted: Vec<Persisted>) -> u64 {
+        let mut dropped = 0;
+        {
+            let mut nodes = self.nodes.lock().expect("claims lock");
+            for entry in persisted {
+                let instances = nodes.entry(entry.node).or_default();
+                let claims = match instances.iter().position(|c| c.instance == entry.instance) {
+                    Some(i) => &mut instances[i],
+                    None if instances.len() < INSTANCES_PER_NODE => {
+                        // Behind the ones this process has seen already: those are newer.
+                        instances.push_back(InstanceClaims::new(entry.instance));
+                        instances.back_mut().expect("just pushed")
+                    }
+                    None => {
+                        dropped += entry
+                            .ranges
+                            .pairs()
+                            .iter()
+                            .map(|(lo, hi)| hi - lo + 1)
+                            .sum::<u64>();
+                        continue;
+                    }
+                };
+                for (lo, hi) in entry.ranges.pairs() {
+                    claims.judged.insert_range(*lo, *hi);
+                }
+                dropped += claims.judged.keep_highest(RANGES_PER_INSTANCE);
+            }
+        }
+        self.ready.store(true, Ordering::Release);
+        dropped
+    }
+
+    /// What to persist so that a new leader recognises what this one counted: every judged range,
+    /// and every claimed batch whose evidence is in statuses (`written(mark)` for its evidence mark)
+    /// though its acknowledgement may not have gone. A batch whose evidence is handed on after its
+    /// merge ([`Holds::evidence_later`]) is left out: its later mark is its stream's.
+    pub fn snapshot(&self, written: impl Fn(u64) -> bool) -> Vec<Persisted> {
+        let nodes = self.nodes.lock().expect("claims lock");
+        let mut out = Vec::new();
+        for (node, instances) in nodes.iter() {
+            for claims in instances {
+                let mut ranges = claims.judged.clone();
+                for (sequence, first) in &claims.counting {
+                    if first.get().is_some_and(|(_, holds)| {
+                        !holds.evidence_later && holds.evidence.is_some_and(&written)
+                    }) {
+                        ranges.insert(*sequence);
+                    }
+                }
+                ranges.keep_highest(RANGES_PER_INSTANCE);
+                if !ranges.is_empty() {
+                    out.push(Persisted {
+                        node: node.clone(),
+                        instance: claims.instance,
+                        ranges,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.node, a.instance).cmp(&(&b.node, b.instance)));
+        out
+    }
+
     /// A batch named `name` arrives: claims it if it is new. Every batch that may carry evidence
     /// goes through here before its records are taken in.
     pub fn begin(&self, name: BatchName<'_>) -> (Attempt, Dropped) {
@@ -100,11 +269,7 @@ impl Claims {
             Some(i) => i,
             None => {
                 // A new agent process: the latest first, the oldest forgotten.
-                instances.push_front(InstanceClaims {
-                    instance: name.instance,
-                    counting: BTreeMap::new(),
-                    settled: VecDeque::new(),
-                });
+                instances.push_front(InstanceClaims::new(name.instance));
                 while instances.len() > INSTANCES_PER_NODE {
                     if let Some(old) = instances.pop_back() {
                         dropped.batches += old.counting.len() as u64;
@@ -114,7 +279,7 @@ impl Claims {
             }
         };
         let claims = &mut instances[i];
-        if claims.settled.binary_search(&name.sequence).is_ok() {
+        if claims.judged.contains(name.sequence) {
             return (Attempt::Counted, dropped);
         }
         if let Some(first) = claims.counting.get(&name.sequence) {
@@ -130,32 +295,41 @@ impl Claims {
     }
 
     /// The first attempt `first` has been merged: its acknowledgement waits for `holds` at flush mark
-    /// `mark`. A batch whose records handed nothing to the evidence sink is unclaimed again (a
-    /// repeat of it is harmless).
-    pub fn merged(&self, name: BatchName<'_>, first: &FirstAttempt, mark: u64, holds: &Holds) {
+    /// `mark`. A batch whose records handed nothing to the evidence sink is judged at once: a
+    /// resend has nothing to count either (and the batch keeps its agent's range whole).
+    /// Returns how many sequences were forgotten to stay within the bounds.
+    pub fn merged(
+        &self,
+        name: BatchName<'_>,
+        first: &FirstAttempt,
+        mark: u64,
+        holds: &Holds,
+    ) -> u64 {
         let _ = first.set((mark, holds.clone()));
         if holds.evidence.is_none() && !holds.evidence_later {
-            let mut nodes = self.nodes.lock().expect("claims lock");
-            if let Some(claims) = instance_of(&mut nodes, name) {
-                claims.counting.remove(&name.sequence);
-            }
+            return self.judge(name);
         }
+        0
     }
 
-    /// An acknowledgement of batch `name` went out: its evidence is in statuses.
-    pub fn acknowledged(&self, name: BatchName<'_>) {
+    /// An acknowledgement of batch `name` went out: its evidence is in statuses. Returns how many
+    /// sequences were forgotten to stay within the bounds.
+    pub fn acknowledged(&self, name: BatchName<'_>) -> u64 {
+        self.judge(name)
+    }
+
+    /// A claimed batch's evidence is in statuses, or it had none: from now on a resend is counted.
+    /// Returns how many sequences were forgotten to stay within the bounds.
+    fn judge(&self, name: BatchName<'_>) -> u64 {
         let mut nodes = self.nodes.lock().expect("claims lock");
         let Some(claims) = instance_of(&mut nodes, name) else {
-            return;
+            return 0;
         };
         if claims.counting.remove(&name.sequence).is_none() {
-            return;
+            return 0;
         }
-        let at = claims.settled.partition_point(|s| *s < name.sequence);
-        claims.settled.insert(at, name.sequence);
-        while claims.settled.len() > SETTLED_PER_INSTANCE {
-            claims.settled.pop_front();
-        }
+        claims.judged.insert(name.sequence);
+        claims.judged.keep_highest(RANGES_PER_INSTANCE)
     }
 
     /// Batches claimed and not acknowledged yet, over all nodes.
@@ -228,18 +402,45 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_without_evidence_or_of_an_agent_without_instance_is_not_claimed() {
+    fn a_batch_without_evidence_is_judged_at_once_and_one_of_an_agent_without_instance_never() {
         let claims = Claims::default();
         let (Attempt::First(Some(first)), _) = claims.begin(name("a", 7, 1)) else {
             panic!("claimed");
         };
         claims.merged(name("a", 7, 1), &first, 1, &Holds::default());
-        assert!(matches!(
-            claims.begin(name("a", 7, 1)).0,
-            Attempt::First(Some(_))
-        ));
+        assert_eq!(claims.begin(name("a", 7, 1)).0, Attempt::Counted);
+        assert_eq!(claims.counting(), 0);
         assert_eq!(claims.begin(name("a", 0, 1)).0, Attempt::First(None));
         assert_eq!(claims.begin(name("a", 0, 1)).0, Attempt::First(None));
+    }
+
+    #[test]
+    fn ranges_merge_touching_and_overlapping_sequences_and_keep_the_highest() {
+        type Pairs = &'static [(u64, u64)];
+        let cases: &[(Pairs, Pairs)] = &[
+            (&[], &[]),
+            (&[(1, 1), (2, 2), (3, 3)], &[(1, 3)]),
+            (&[(5, 9), (1, 2)], &[(1, 2), (5, 9)]),
+            (&[(1, 2), (4, 5), (3, 3)], &[(1, 5)]),
+            (&[(1, 10), (3, 4)], &[(1, 10)]),
+            (&[(4, 6), (1, 20), (30, 31)], &[(1, 20), (30, 31)]),
+            (&[(9, 7)], &[(7, 9)]),
+            (
+                &[(u64::MAX - 1, u64::MAX), (0, 0)],
+                &[(0, 0), (u64::MAX - 1, u64::MAX)],
+            ),
+        ];
+        for (given, want) in cases {
+            let ranges = Ranges::from_pairs(given.iter().copied());
+            assert_eq!(ranges.pairs(), *want, "{given:?}");
+            for (lo, hi) in *want {
+                assert!(ranges.contains(*lo) && ranges.contains(*hi), "{given:?}");
+            }
+        }
+        let mut ranges = Ranges::from_pairs([(1, 3), (5, 5), (7, 8)]);
+        assert!(!ranges.contains(4) && !ranges.contains(6) && !ranges.contains(9));
+        assert_eq!(ranges.keep_highest(2), 3);
+        assert_eq!(ranges.pairs(), &[(5, 5), (7, 8)]);
     }
 
     #[test]
@@ -261,17 +462,84 @@ mod tests {
             claims.begin(name("a", 9, 1)).1.batches,
             COUNTING_PER_INSTANCE as u64
         );
-        for sequence in 1..=SETTLED_PER_INSTANCE as u64 + 1 {
+        // Every other batch acknowledged: one range each, the lowest forgotten past the bound.
+        let mut forgotten = 0;
+        for sequence in (1..=2 * RANGES_PER_INSTANCE as u64 + 2).step_by(2) {
             let (Attempt::First(Some(first)), _) = claims.begin(name("b", 7, sequence)) else {
                 panic!("claimed");
             };
             claims.merged(name("b", 7, sequence), &first, 1, &with_evidence(1));
-            claims.acknowledged(name("b", 7, sequence));
+            forgotten += claims.acknowledged(name("b", 7, sequence));
         }
+        assert_eq!(forgotten, 1);
         assert!(matches!(
             claims.begin(name("b", 7, 1)).0,
             Attempt::First(Some(_))
         ));
-        assert_eq!(claims.begin(name("b", 7, 2)).0, Attempt::Counted);
+        assert_eq!(claims.begin(name("b", 7, 3)).0, Attempt::Counted);
+    }
+
+    #[test]
+    fn a_snapshot_holds_judged_ranges_and_claims_whose_evidence_is_written_and_restores_as_counted()
+    {
+        let claims = Claims::default();
+        // 1, 2: acknowledged. 3: evidence at mark 5, written. 4: evidence at mark 9, not written yet.
+        // 5: evidence handed on later (its mark is its stream's). 6: merged without evidence.
+        for sequence in 1..=6 {
+            let (Attempt::First(Some(first)), _) = claims.begin(name("a", 7, sequence)) else {
+                panic!("claimed");
+            };
+            let holds = match sequence {
+                1..=3 => with_evidence(5),
+                4 => with_evidence(9),
+                5 => Holds {
+                    evidence_later: true,
+                    ..with_evidence(5)
+                },
+                _ => Holds::default(),
+            };
+            claims.merged(name("a", 7, sequence), &first, 1, &holds);
+        }
+        claims.acknowledged(name("a", 7, 1));
+        claims.acknowledged(name("a", 7, 2));
+        let snapshot = claims.snapshot(|mark| mark < 6);
+        assert_eq!(
+            snapshot,
+            vec![Persisted {
+                node: "a".into(),
+                instance: 7,
+                ranges: Ranges::from_pairs([(1, 3), (6, 6)]),
+            }]
+        );
+
+        let next = Claims::unread();
+        assert!(!next.ready());
+        assert_eq!(next.restore(snapshot), 0);
+        assert!(next.ready());
+        for sequence in [1, 2, 3, 6] {
+            assert_eq!(
+                next.begin(name("a", 7, sequence)).0,
+                Attempt::Counted,
+                "{sequence}"
+            );
+        }
+        for sequence in [4, 5, 7] {
+            assert!(
+                matches!(
+                    next.begin(name("a", 7, sequence)).0,
+                    Attempt::First(Some(_))
+                ),
+                "{sequence}"
+            );
+        }
+        // A newer process of the node is not pushed out by what is restored.
+        let later = Claims::unread();
+        let _ = later.begin(name("a", 8, 1));
+        let _ = later.begin(name("a", 9, 1));
+        assert_eq!(later.restore(claims.snapshot(|_| true)), 5);
+        assert!(matches!(
+            later.begin(name("a", 9, 2)).0,
+            Attempt::First(Some(_))
+        ));
     }
 }

@@ -32,6 +32,7 @@ pub mod admission;
 mod auth;
 pub mod auth_cache;
 pub mod claims;
+pub mod claims_store;
 pub mod early_records;
 pub mod flow_record;
 mod holds;
@@ -105,7 +106,7 @@ pub struct Learning {
     /// Where resolutions go (`OUTCOME_RESOLVED` records); `None`: they are counted and dropped.
     pub names: Option<Arc<crate::cluster::names::ResolvedNames>>,
     /// The batches whose evidence was counted, to recognise them when resent ([`claims`]).
-    pub claims: claims::Claims,
+    pub claims: Arc<claims::Claims>,
 }
 
 /// The gRPC service.

@@ -48,6 +48,12 @@ impl FlowUplink for IngestService {
             metrics.batch_refused("not_leader");
             return Err(status);
         }
+        if !self.learning.claims.ready() {
+            metrics.batch_refused("claims_unread");
+            return Err(Status::unavailable(
+                "the controller is reading the evidence claims the last leader persisted; retry shortly",
+            ));
+        }
         // Before the token is reviewed: a flood of connections must not become a flood of reviews.
         let slot = self
             .admission
@@ -253,7 +259,8 @@ impl FlowUplink for IngestService {
                         instance: claim.instance,
                         sequence: claim.sequence,
                     };
-                    learning.claims.merged(name, first, mark, &holds);
+                    let forgotten = learning.claims.merged(name, first, mark, &holds);
+                    metrics.evidence_claims_dropped.inc_by(forgotten);
                 }
                 match &written {
                     Some(_) if !holds.is_nothing() => {
@@ -293,11 +300,16 @@ async fn close(
 /// The acknowledgement of `claim`'s batch went out: a resend of it is learned from only.
 fn acknowledged(learning: &Learning, node: &str, claim: Option<&Claim>) {
     if let Some(claim) = claim {
-        learning.claims.acknowledged(claims::BatchName {
+        let forgotten = learning.claims.acknowledged(claims::BatchName {
             node,
             instance: claim.instance,
             sequence: claim.sequence,
         });
+        learning
+            .learner
+            .metrics()
+            .evidence_claims_dropped
+            .inc_by(forgotten);
     }
 }
 

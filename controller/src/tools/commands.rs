@@ -25,6 +25,10 @@ pub struct CleanupArgs {
     /// (in --controller-namespace); deleted after the rendered objects.
     #[arg(long, env = "EDGE_HISTORY_CONFIGMAP")]
     edge_history_configmap: Option<String>,
+    /// The ConfigMap the controller persisted its evidence claims in (in --controller-namespace);
+    /// deleted after the rendered objects.
+    #[arg(long, env = "EVIDENCE_CLAIMS_CONFIGMAP")]
+    evidence_claims_configmap: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -130,6 +134,21 @@ pub async fn cleanup(args: CleanupArgs) -> Result<()> {
             .await
             .context("removing the persisted edge history")?;
         println!("removed {removed} edge history ConfigMap(s)");
+    }
+    if let Some(name) = args
+        .evidence_claims_configmap
+        .as_deref()
+        .filter(|n| !n.is_empty())
+    {
+        use crate::ingest::claims_store::ClaimsStore;
+        let removed = ClaimsStore::new(client.clone(), &args.controller_namespace, name)
+            .remove()
+            .await
+            .context("removing the persisted evidence claims")?;
+        println!(
+            "removed {} evidence claims ConfigMap(s)",
+            usize::from(removed)
+        );
     }
     Ok(())
 }

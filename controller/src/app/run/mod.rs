@@ -12,6 +12,7 @@ use super::App;
 use crate::ingest::TokenReviewAuthenticator;
 use crate::ingest::admission::StreamLimits;
 use crate::ingest::auth_cache::{self, CachedAuthenticator};
+use crate::ingest::claims_store::ClaimsStore;
 use crate::ingest::tls;
 use crate::learn::learner::{self, ExcludedWorkload, Learner};
 use crate::monitor::history_store::{self, HistoryStore};
@@ -221,6 +222,14 @@ pub struct RunArgs {
         default_value = "network-enforcer-edge-history"
     )]
     edge_history_configmap: String,
+    /// The ConfigMap the evidence claims are persisted in, so that a batch resent to a new leader
+    /// counts once (docs/behaviour.md §1.10); empty: not persisted.
+    #[arg(
+        long,
+        env = "EVIDENCE_CLAIMS_CONFIGMAP",
+        default_value = "network-enforcer-evidence-claims"
+    )]
+    evidence_claims_configmap: String,
     /// A node that runs pods while no agent of it has streamed to the leader for this long is
     /// reported: Warning Event `AgentSilent` on the Node, gauges `agent_silent_nodes`/`_pods`, the
     /// `agents` readiness detail (docs/behaviour.md §3.12; `0s`: off).
@@ -497,6 +506,13 @@ fn status_sync_settings(
         history_persist_every: args
             .edge_history_persist_interval
             .max(Duration::from_secs(1)),
+        claims_store: (!args.evidence_claims_configmap.is_empty()).then(|| {
+            ClaimsStore::new(
+                client.clone(),
+                &args.pod_namespace,
+                &args.evidence_claims_configmap,
+            )
+        }),
         // The reconciler's memory: both elect the same policy per target.
         backends: settings.backends.clone(),
         ..status_sync::Settings::default()

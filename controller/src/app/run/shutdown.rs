@@ -22,6 +22,9 @@ pub async fn last_flush(app: &App, status_sync: &StatusSync, still_leading: bool
         let report = app.flusher.last_flush().await;
         // Only a sync that has run before has listed the policies the observations belong to.
         let synced = if status_sync.passes() > 0 {
+            if !still_leading {
+                status_sync.stop_persisting_claims();
+            }
             status_sync.attribute_evidence();
             let synced = status_sync.sync_all().await;
             // The history as it is now, for the next leader; not after a lost Lease: a new leader

@@ -33,6 +33,7 @@ use crate::cluster::index::Index;
 use crate::cluster::index::Opened;
 use crate::cluster::shared_watch::{self, PolicyObjects};
 use crate::cluster::watches::SharedIndex;
+use crate::ingest::claims::Claims;
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};
@@ -75,6 +76,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 mod attribute;
+mod claims;
 mod cluster_policies;
 mod history;
 mod listed;
@@ -215,6 +217,14 @@ pub struct SyncMetrics {
     pub history_store_failures: Counter,
     /// Edges taken in from the persisted history when this controller became the leader.
     pub history_restored: Gauge,
+    /// Agent processes whose claims the last write of the evidence claims held.
+    pub claims_persisted: Gauge,
+    /// Sequences the writes of the claims left out to fit their ConfigMap.
+    pub claims_cut: Counter,
+    /// Reads or writes of the persisted evidence claims that failed (API errors, damaged data).
+    pub claims_store_failures: Counter,
+    /// Agent processes whose claims were read when this controller became the leader.
+    pub claims_restored: Gauge,
     /// Status patches that failed, by reason: `conflict` (the copy was older than the object; retried
     /// at once from a fresh read) or `error` (retried next interval).
     pub patch_failures: Family<Reason, Counter>,
@@ -305,6 +315,16 @@ pub struct StatusSync {
     invalid_cluster_policies: Mutex<BTreeMap<String, String>>,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
+    /// The batches whose evidence was counted ([`crate::ingest::claims`]), shared with ingest.
+    claims: Arc<Claims>,
+    /// Drains whose observations were queued (with claims persisted) and whose batches' claims are
+    /// not persisted yet: other passes settle only below the first; the status pass settles past
+    /// them once it has persisted the claims ([`StatusSync::save_claims_then_settle`]).
+    claims_unsaved: Mutex<BTreeSet<u64>>,
+    /// False once the claims may not be written: they could not be read, or the Lease was lost.
+    claims_writable: std::sync::atomic::AtomicBool,
+    /// What the last write of the claims wrote (an unchanged snapshot is not written again).
+    claims_written: tokio::sync::Mutex<Option<Vec<u8>>>,
     metrics: SyncMetrics,
 }
 
@@ -339,6 +359,11 @@ impl StatusSync {
             ..SyncMetrics::default()
         };
         let settings_history_absent = settings.history_store.is_none();
+        let claims = Arc::new(if settings.claims_store.is_some() {
+            Claims::unread()
+        } else {
+            Claims::default()
+        });
         Arc::new(StatusSync {
             client,
             index,
@@ -373,7 +398,16 @@ impl StatusSync {
             history_written: tokio::sync::Mutex::default(),
             invalid_cluster_policies: Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
+            claims,
+            claims_unsaved: Mutex::default(),
+            claims_writable: std::sync::atomic::AtomicBool::new(true),
+            claims_written: tokio::sync::Mutex::default(),
         })
+    }
+
+    /// The evidence claims ingest takes batches through ([`crate::ingest::Learning::claims`]).
+    pub fn claims(&self) -> Arc<Claims> {
+        self.claims.clone()
     }
 
     /// Where ingest hands accepted records ([`crate::ingest::Learning::evidence`]).
@@ -457,6 +491,28 @@ impl StatusSync {
             "edge_history_restored_edges",
             "Observed edges taken in from the persisted history when this controller became the leader",
             m.history_restored.clone(),
+        );
+        metrics.register(
+            "evidence_claims_persisted_processes",
+            "Agent processes whose evidence claims the last write held (ConfigMap \
+             <--edge-history-configmap>-claims): a new leader recognises their resent batches",
+            m.claims_persisted.clone(),
+        );
+        metrics.register(
+            "evidence_claims_persist_cut",
+            "Batch sequences the writes of the evidence claims left out to fit their ConfigMap: resent \
+             to a new leader, such a batch counts again",
+            m.claims_cut.clone(),
+        );
+        metrics.register(
+            "evidence_claims_store_failures",
+            "Reads or writes of the persisted evidence claims that failed (API errors, damaged data)",
+            m.claims_store_failures.clone(),
+        );
+        metrics.register(
+            "evidence_claims_restored_processes",
+            "Agent processes whose evidence claims were read when this controller became the leader",
+            m.claims_restored.clone(),
         );
         metrics.register(
             "evidence_waited_for_peer",

@@ -30,6 +30,8 @@ impl StatusSync {
     /// Attributes evidence every `evidence_interval` and whenever the queue is half full, and syncs
     /// statuses every `interval`.
     pub async fn passes_forever(self: Arc<Self>) {
+        // First: ingest takes no batch before the claims are read.
+        self.restore_claims().await;
         self.restore_history().await;
         self.wait_ready().await;
         tracing::info!(interval = ?self.settings.interval, "status sync started");

@@ -30,6 +30,9 @@ pub struct Settings {
     pub history_store: Option<history_store::HistoryStore>,
     /// How often the leader persists the history (`--edge-history-persist-interval`).
     pub history_persist_every: Duration,
+    /// Where the evidence claims are persisted between leaders (`None`: they are not, and a batch
+    /// resent to a new leader is recognised only by the 60-second rule, docs/behaviour.md §3.6).
+    pub claims_store: Option<crate::ingest::claims_store::ClaimsStore>,
     /// The policy reconciler's memory of backends (`reconcile::Settings::backends`): which policy of a
     /// target is in force depends on validity, judged as the reconciler judges it.
     pub backends: SharedBackends,
@@ -49,6 +52,7 @@ impl Default for Settings {
             history_warmup: Duration::ZERO,
             history_store: None,
             history_persist_every: Duration::from_secs(60),
+            claims_store: None,
             backends: SharedBackends::default(),
         }
     }

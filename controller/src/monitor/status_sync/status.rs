@@ -67,7 +67,11 @@ impl StatusSync {
                 .count();
             self.metrics.status_writes_failing.set(parked as i64);
         }
-        self.settle_if_written(drained);
+        if !self.claims_unsaved.lock().expect("claims lock").is_empty() {
+            self.save_claims_then_settle(drained).await;
+        } else {
+            self.settle_if_written(drained);
+        }
         self.metrics.status_passes.inc();
         report
     }

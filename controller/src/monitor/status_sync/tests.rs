@@ -370,6 +370,20 @@ fn shop_app(
     TestWriters,
     ControllerMetrics,
 ) {
+    shop_app_with(client, grace_ms, Settings::default())
+}
+
+/// [`shop_app`] with the status sync's `settings`.
+fn shop_app_with(
+    client: Client,
+    grace_ms: i64,
+    settings: Settings,
+) -> (
+    crate::app::App,
+    Arc<StatusSync>,
+    TestWriters,
+    ControllerMetrics,
+) {
     let mut index = crate::cluster::index::Index::default();
     index.apply_pod(&shop_pod("web-5d8f7c9b6-a", "web", "10.0.0.2", true), 0);
     index.apply_workload(
@@ -383,10 +397,7 @@ fn shop_app(
     let app = crate::app::App::builder(client, Backend::Kubernetes)
         .index(Arc::new(SharedIndex::listed(index)))
         .configure_learner(move |l| l.with_resolution_grace(grace_ms))
-        .status_sync(
-            Settings::default(),
-            Arc::new(crate::monitor::otlp::Disabled),
-        )
+        .status_sync(settings, Arc::new(crate::monitor::otlp::Disabled))
         .metrics(metrics.clone())
         .build();
     let sync = app.status_sync.clone().expect("a status sync");
@@ -590,6 +601,9 @@ async fn a_denied_record_whose_peer_stays_unknown_is_a_violation_of_the_address_
 struct FakeApi {
     client: Client,
     status_patches: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// Every request as `METHOD path`, in order, and the body of each ConfigMap write.
+    requests: Arc<Mutex<Vec<String>>>,
+    configmap_writes: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
 async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
@@ -599,14 +613,37 @@ async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
 /// [`fake_api`] whose status patches succeed only with `patches_succeed`; else they are refused
 /// (422, as an admission webhook or a too large object is).
 async fn fake_api_patching(policy: &WorkloadNetworkPolicy, patches_succeed: bool) -> FakeApi {
+    fake_api_writing(policy, patches_succeed, true).await
+}
+
+/// [`fake_api_patching`] that also takes ConfigMap writes (`configmaps_succeed`; else a 500) and
+/// has no ConfigMap to read (404).
+async fn fake_api_writing(
+    policy: &WorkloadNetworkPolicy,
+    patches_succeed: bool,
+    configmaps_succeed: bool,
+) -> FakeApi {
     let status_patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+    let configmap_writes: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
     let answer = serde_json::to_vec(policy).unwrap();
     let kept = status_patches.clone();
+    let (logged, maps) = (requests.clone(), configmap_writes.clone());
     let router = axum::Router::new().fallback(
         move |method: http::Method, uri: http::Uri, body: bytes::Bytes| {
             let (kept, answer) = (kept.clone(), answer.clone());
+            let (logged, maps) = (logged.clone(), maps.clone());
             async move {
                 let json = [(http::header::CONTENT_TYPE, "application/json")];
+                logged.lock().unwrap().push(format!("{method} {}", uri.path()));
+                if method == http::Method::PATCH && uri.path().contains("/configmaps/") {
+                    if !configmaps_succeed {
+                        let status = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"InternalError","message":"etcd down","code":500}"#;
+                        return (http::StatusCode::INTERNAL_SERVER_ERROR, json, status.to_vec());
+                    }
+                    maps.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+                    return (http::StatusCode::OK, json, body.to_vec());
+                }
                 if method == http::Method::PATCH
                     && uri.path().ends_with("/status")
                     && !patches_succeed
@@ -632,6 +669,8 @@ async fn fake_api_patching(policy: &WorkloadNetworkPolicy, patches_succeed: bool
     FakeApi {
         client: Client::try_from(config).unwrap(),
         status_patches,
+        requests,
+        configmap_writes,
     }
 }
 
@@ -973,4 +1012,199 @@ async fn an_invalid_cluster_policy_is_counted_until_it_is_fixed() {
         .apply_watcher_event(&watcher::Event::Apply(policy("Admin")));
     sync.current_view();
     assert_eq!(sync.metrics.cluster_policies_invalid.get(), 0);
+}
+
+/// Issue 42, item 2: with the evidence claims persisted, a status pass writes the statuses, then the
+/// claims, and only then settles: the acknowledgement of a batch whose violation is in a status goes
+/// only once a new leader would know the batch, and a new leader that reads them takes its resend as
+/// counted. A failing ConfigMap write settles anyway (the 60-second rule is then the fallback), and
+/// is counted.
+#[tokio::test]
+async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() {
+    use crate::ingest::claims::{self, Attempt, BatchName, Claims};
+    use crate::ingest::claims_store::{self, ClaimsStore};
+    for configmaps_succeed in [true, false] {
+        let policy = web_allows("other");
+        let api = fake_api_writing(&policy, true, configmaps_succeed).await;
+        let settings = Settings {
+            claims_store: Some(ClaimsStore::new(api.client.clone(), "ne", "ne-claims")),
+            ..Settings::default()
+        };
+        let (app, sync, mut writers, _) = shop_app_with(api.client.clone(), 0, settings);
+        assert!(
+            !app.learning.claims.ready(),
+            "no batch before the claims are read"
+        );
+        sync.restore_claims().await;
+        assert!(app.learning.claims.ready(), "nothing persisted yet: ready");
+        app.index
+            .index
+            .write()
+            .unwrap()
+            .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+        list(&mut writers.policies, [policy.clone()]);
+        list(&mut writers.network_policies, []);
+        list(&mut writers.namespaces, [shop_namespace()]);
+        sync.wait_ready().await;
+        let batch = encoded_batch_of(
+            7,
+            1,
+            denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
+        );
+        let (_, mut holds) = app.learning.take_in("node-a", &batch);
+        let mark = app.flusher.ledger().mark();
+        let claim = holds.claim.take().expect("a named batch");
+        let name = BatchName {
+            node: "node-a",
+            instance: 7,
+            sequence: 1,
+        };
+        app.learning.claims.merged(
+            name,
+            claim.first.as_ref().expect("a first attempt"),
+            mark,
+            &holds,
+        );
+        let evidence = sync.evidence();
+        let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
+
+        assert_eq!(sync.attribute_evidence(), 1);
+        assert!(!acknowledged());
+        api.requests.lock().unwrap().clear();
+        let report = sync.sync_all().await;
+        assert_eq!((report.patched, report.failed), (1, 0), "{report:?}");
+        let writes: Vec<String> = api
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.starts_with("PATCH"))
+            .cloned()
+            .collect();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert!(
+            writes[0].ends_with("/status"),
+            "the status first: {writes:?}"
+        );
+        assert!(
+            writes[1].ends_with("/configmaps/ne-claims"),
+            "then the claims: {writes:?}"
+        );
+        assert!(
+            acknowledged(),
+            "settled after the claims (configmaps_succeed {configmaps_succeed})"
+        );
+        assert_eq!(
+            sync.metrics().claims_store_failures.get(),
+            u64::from(!configmaps_succeed)
+        );
+        if !configmaps_succeed {
+            continue;
+        }
+        let written = api
+            .configmap_writes
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap();
+        let data = written["binaryData"][claims_store::DATA_KEY]
+            .as_str()
+            .unwrap();
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap();
+        let persisted = claims_store::decode("ne-claims", &bytes).unwrap();
+        assert_eq!(
+            persisted,
+            vec![claims::Persisted {
+                node: "node-a".into(),
+                instance: 7,
+                ranges: claims::Ranges::from_pairs([(1, 1)]),
+            }]
+        );
+        let next_leader = Claims::unread();
+        next_leader.restore(persisted);
+        assert_eq!(next_leader.begin(name).0, Attempt::Counted);
+        // Nothing new: the next pass writes no ConfigMap.
+        api.requests.lock().unwrap().clear();
+        sync.sync_all().await;
+        assert!(
+            api.requests
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|r| !r.contains("/configmaps/"))
+        );
+    }
+}
+
+/// `batch` as agent process `instance` sends it, numbered `sequence`.
+fn encoded_batch_of(
+    instance: u64,
+    sequence: u64,
+    batch: network_enforcer_api::uplink::encoded::FlowBatch,
+) -> network_enforcer_api::uplink::encoded::FlowBatch {
+    network_enforcer_api::uplink::encoded::FlowBatch {
+        instance,
+        sequence,
+        ..batch
+    }
+}
+
+/// The race the claims' order closes: once a status pass has written a drain's observations but
+/// before it has persisted the claims, another pass (here an evidence pass with nothing new) finds
+/// nothing pending. It must not settle that drain: the batch's acknowledgement would go while a new
+/// leader could not know the batch was counted. Only the status pass settles it, after the claims.
+#[tokio::test]
+async fn no_other_pass_settles_a_drain_whose_claims_are_not_persisted_yet() {
+    use crate::ingest::claims_store::ClaimsStore;
+    let policy = web_allows("other");
+    let api = fake_api(&policy).await;
+    let settings = Settings {
+        claims_store: Some(ClaimsStore::new(api.client.clone(), "ne", "ne-claims")),
+        ..Settings::default()
+    };
+    let (app, sync, mut writers, _) = shop_app_with(api.client.clone(), 0, settings);
+    sync.restore_claims().await;
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+    list(&mut writers.policies, [policy.clone()]);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    sync.wait_ready().await;
+    let batch = encoded_batch_of(
+        7,
+        1,
+        denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
+    );
+    let (_, holds) = app.learning.take_in("node-a", &batch);
+    let evidence = sync.evidence();
+    let mark = app.flusher.ledger().mark();
+    let ready = |holds: &crate::ingest::Holds| {
+        holds
+            .clone()
+            .ready(mark, app.flusher.ledger(), Some(&*evidence))
+    };
+    assert_eq!(sync.attribute_evidence(), 1);
+    // As if the status pass had written the observation and not yet persisted the claims.
+    sync.state.lock().unwrap().pending = Pending::default();
+    assert_eq!(sync.attribute_evidence(), 0);
+    assert!(
+        !ready(&holds),
+        "settled by an evidence pass before the claims were persisted"
+    );
+    sync.sync_all().await;
+    assert!(ready(&holds), "settled once the claims are persisted");
+    assert!(
+        api.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.ends_with("/configmaps/ne-claims"))
+    );
 }
