@@ -887,22 +887,39 @@ async fn batches_resent_to_a_new_leader_count_once_even_61_s_apart() -> Result<(
         || async { Ok((count().await? == 2).then_some(())) },
     )
     .await?;
-    controller
-        .wait_for_metric(
-            &ns,
-            "the claims of both batches persisted",
-            "network_enforcer_controller_evidence_claims_persisted_processes 1",
-        )
-        .await?;
-    // The earlier batch's acknowledgement waits for its proposal; the later one taught nothing new
-    // and may have been acknowledged once its occurrence was written.
+    // Both batches (sequences 1 and 2: the uplink makes a batch only of records) are in the
+    // persisted claims (the ConfigMap the binary's default names, in its namespace).
+    let maps = ns.api::<k8s_openapi::api::core::v1::ConfigMap>();
+    ns.wait_for(
+        "the claims of both batches persisted",
+        Duration::from_secs(60),
+        || async {
+            use network_enforcer_controller::ingest::claims_store;
+            let Some(map) = maps.get_opt("network-enforcer-evidence-claims").await? else {
+                return Ok(None);
+            };
+            let Some(bytes) = map
+                .binary_data
+                .as_ref()
+                .and_then(|d| d.get(claims_store::DATA_KEY))
+            else {
+                return Ok(None);
+            };
+            let claims = claims_store::decode("claims", &bytes.0)?;
+            let held = |sequence| claims.iter().any(|c| c.ranges.contains(sequence));
+            Ok([1, 2].into_iter().all(held).then_some(()))
+        },
+    )
+    .await?;
+    controller.kill()?;
+    // Their acknowledgements wait for the proposal: nothing was acknowledged (the later batch, which
+    // taught nothing new, may have been once its occurrence and claim were written).
     let resent = controller.counters.pending_batches.get();
     anyhow::ensure!(
         resent >= 1,
         "acknowledged before the kill (nothing would be resent): {}",
         agent_state(&controller.counters)
     );
-    controller.kill()?;
     refusal.end().await?;
     controller.restart(&ns)?;
     controller
@@ -1347,7 +1364,8 @@ impl StatusWritesFault {
             "metadata": {"name": "fault-probe"},
             "spec": {"backend": "kubernetes", "direction": "Ingress",
                      "targetRef": {"kind": "Deployment", "name": "fault-probe"},
-                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+                     "kubernetes": {"podSelector": {"matchLabels": {"app": "fault-probe"}},
+                                    "policyTypes": ["Ingress"]}}
         }))?;
         ns.wait_for(
             "the API server to refuse or delay the writes",
@@ -1374,7 +1392,10 @@ impl StatusWritesFault {
                         .map(|_| ()),
                 };
                 let shown = match fault {
-                    StatusFault::Refuse => written.is_err(),
+                    // Refused by the webhook, not for another reason (the probe must be valid).
+                    StatusFault::Refuse => {
+                        matches!(&written, Err(e) if e.to_string().contains("webhook"))
+                    }
                     StatusFault::Delay => {
                         written.is_ok() && at.elapsed() >= Duration::from_secs(DELAY_SECONDS)
                     }

@@ -21,13 +21,15 @@
 //! again.
 //!
 //! The judged ranges, and the claims whose evidence is in statuses already, are what the leader
-//! persists ([`Claims::snapshot`], [`super::claims_store`]) before the acknowledgements they allow go
-//! out, and what a new leader reads ([`Claims::restore`]) before it takes any batch
-//! ([`Claims::ready`]): a batch resent to it is then recognised too.
+//! persists ([`Claims::snapshot`], [`super::claims_store`]), and what a new leader reads
+//! ([`Claims::restore`]) before it takes any batch ([`Claims::ready`]): a batch resent to it is then
+//! recognised too. A first attempt whose records an evidence pass counted is acknowledged only
+//! once a persisted snapshot holds it ([`ClaimGate`]): that is checked where the acknowledgement
+//! goes, so no pass can release it early.
 
 use super::Holds;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Agent processes remembered per node: the current one and its predecessor (a DaemonSet rolling
@@ -53,12 +55,105 @@ pub struct BatchName<'a> {
 /// its flush mark and [`Holds`]. Shared by every repeat of the batch.
 pub type FirstAttempt = Arc<OnceLock<(u64, Holds)>>;
 
+/// What a claimed first attempt's evidence came to, shared by the records it handed on (an evidence
+/// pass notes when it queued an observation from one, [`ClaimGate::counted`]) and by its
+/// acknowledgement ([`ClaimGate::may_acknowledge`]): a batch that counted is acknowledged only once
+/// a persisted snapshot of the claims holds it, so that a new leader knows it.
+#[derive(Clone, Debug)]
+pub struct ClaimGate(Arc<GateState>);
+
+#[derive(Debug)]
+struct GateState {
+    /// The evidence mark every record of the batch waits for; [`NO_MARK`] until the batch is merged
+    /// and while some of its evidence is still to be handed on.
+    mark: AtomicU64,
+    counted: AtomicBool,
+    persisted: AtomicBool,
+    /// Whether claims are persisted at all (else there is nothing to wait for).
+    required: bool,
+}
+
+const NO_MARK: u64 = u64::MAX;
+
+impl ClaimGate {
+    fn new(required: bool) -> Self {
+        ClaimGate(Arc::new(GateState {
+            mark: AtomicU64::new(NO_MARK),
+            counted: AtomicBool::new(false),
+            persisted: AtomicBool::new(false),
+            required,
+        }))
+    }
+
+    /// An evidence pass queued an observation from one of the batch's records for a status.
+    pub fn counted(&self) {
+        self.0.counted.store(true, Ordering::Release);
+    }
+
+    /// The evidence mark the batch's records wait for, once known: the first one set stays (a
+    /// repeat's copy may take a later one again, which would move the batch out of a snapshot that
+    /// already holds it).
+    pub fn set_mark(&self, mark: u64) {
+        let _ = self.0.mark.compare_exchange(
+            NO_MARK,
+            mark.min(NO_MARK - 1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    fn mark(&self) -> Option<u64> {
+        Some(self.0.mark.load(Ordering::Acquire)).filter(|m| *m != NO_MARK)
+    }
+
+    /// A persisted snapshot holds the batch, or persisting it was given up (a failed write): its
+    /// acknowledgement may go.
+    pub fn persisted(&self) {
+        self.0.persisted.store(true, Ordering::Release);
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.persisted.load(Ordering::Acquire)
+    }
+
+    /// Whether the batch's acknowledgement may go as far as the claims go: it counted nothing, or
+    /// a persisted snapshot holds it, or claims are not persisted.
+    pub fn may_acknowledge(&self) -> bool {
+        !self.0.required
+            || !self.0.counted.load(Ordering::Acquire)
+            || self.0.persisted.load(Ordering::Acquire)
+    }
+}
+
+impl PartialEq for ClaimGate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ClaimGate {}
+
+/// Whether records count as violation evidence ([`Attempt::counts`]) and, for a claimed batch, the
+/// claim they count for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counts<'a> {
+    pub counts: bool,
+    pub gate: Option<&'a ClaimGate>,
+}
+
+/// A claimed first attempt: where to set what its acknowledgement waits for once merged
+/// ([`Claims::merged`]), and its gate, which its records carry to the evidence pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    pub first: FirstAttempt,
+    pub gate: ClaimGate,
+}
+
 /// What a batch arriving now is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Attempt {
-    /// Not seen before (or not recognisable): take it in whole. `Some`: it is claimed; once merged,
-    /// set what its acknowledgement waits for there ([`Claims::merged`]).
-    First(Option<FirstAttempt>),
+    /// Not seen before (or not recognisable): take it in whole. `Some`: it is claimed.
+    First(Option<Claimed>),
     /// Its evidence was handed on by an attempt whose acknowledgement has not gone yet: learn from it
     /// only, and acknowledge it once the first attempt's waits are over.
     Repeat(FirstAttempt),
@@ -79,6 +174,8 @@ pub struct Claims {
     nodes: Mutex<HashMap<String, VecDeque<InstanceClaims>>>,
     /// False until a persisted copy was read ([`Claims::restore`]); batches are refused until then.
     ready: AtomicBool,
+    /// Whether claims are persisted: then a batch that counted waits for a snapshot that holds it.
+    persisting: bool,
 }
 
 impl Default for Claims {
@@ -86,6 +183,7 @@ impl Default for Claims {
         Claims {
             nodes: Mutex::default(),
             ready: AtomicBool::new(true),
+            persisting: false,
         }
     }
 }
@@ -93,7 +191,7 @@ impl Default for Claims {
 #[derive(Debug)]
 struct InstanceClaims {
     instance: u64,
-    counting: BTreeMap<u64, FirstAttempt>,
+    counting: BTreeMap<u64, Claimed>,
     /// Batches whose evidence is in statuses or that had none.
     judged: Ranges,
 }
@@ -114,13 +212,29 @@ impl InstanceClaims {
 pub struct Ranges(Vec<(u64, u64)>);
 
 impl Ranges {
-    /// The ranges of `pairs` (in any order, overlapping or not).
+    /// The ranges of `pairs` (in any order, overlapping or not), in O(n log n).
     pub fn from_pairs(pairs: impl IntoIterator<Item = (u64, u64)>) -> Self {
-        let mut ranges = Ranges::default();
-        for (lo, hi) in pairs {
-            ranges.insert_range(lo.min(hi), lo.max(hi));
+        let mut sorted: Vec<(u64, u64)> = pairs
+            .into_iter()
+            .map(|(lo, hi)| (lo.min(hi), lo.max(hi)))
+            .collect();
+        sorted.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+        for (lo, hi) in sorted {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
         }
-        ranges
+        Ranges(merged)
+    }
+
+    /// How many sequences the ranges hold (saturating).
+    pub fn len_sequences(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|(lo, hi)| (hi - lo).saturating_add(1))
+            .fold(0u64, u64::saturating_add)
     }
 
     pub fn contains(&self, sequence: u64) -> bool {
@@ -148,7 +262,8 @@ impl Ranges {
     /// Keeps the `max` highest ranges; returns how many sequences were forgotten.
     pub fn keep_highest(&mut self, max: usize) -> u64 {
         let cut = self.0.len().saturating_sub(max);
-        self.0.drain(..cut).map(|(lo, hi)| hi - lo + 1).sum()
+        let cut = Ranges(self.0.drain(..cut).collect());
+        cut.len_sequences()
     }
 
     pub fn pairs(&self) -> &[(u64, u64)] {
@@ -158,6 +273,16 @@ impl Ranges {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// What to persist ([`Claims::snapshot`]).
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub claims: Vec<Persisted>,
+    /// The gates to open once it is written (closed now).
+    pub gates: Vec<ClaimGate>,
+    /// Sequences left out to stay within [`RANGES_PER_INSTANCE`].
+    pub cut: u64,
 }
 
 /// One agent process's judged batches as persisted ([`Claims::snapshot`]).
@@ -180,6 +305,7 @@ impl Claims {
     pub fn unread() -> Self {
         Claims {
             ready: AtomicBool::new(false),
+            persisting: true,
             ..Claims::default()
         }
     }
@@ -193,7 +319,7 @@ impl Claims {
     /// [`Claims::ready`]; `persisted` is empty when nothing could be read. Returns how many sequences
     /// were forgotten to stay within the bounds.
     pub fn restore(&self, persisted: Vec<Persisted>) -> u64 {
-        let mut dropped = 0;
+        let mut dropped: u64 = 0;
         {
             let mut nodes = self.nodes.lock().expect("claims lock");
             for entry in persisted {
@@ -206,19 +332,14 @@ impl Claims {
                         instances.back_mut().expect("just pushed")
                     }
                     None => {
-                        dropped += entry
-                            .ranges
-                            .pairs()
-                            .iter()
-                            .map(|(lo, hi)| hi - lo + 1)
-                            .sum::<u64>();
+                        dropped = dropped.saturating_add(entry.ranges.len_sequences());
                         continue;
                     }
                 };
                 for (lo, hi) in entry.ranges.pairs() {
                     claims.judged.insert_range(*lo, *hi);
                 }
-                dropped += claims.judged.keep_highest(RANGES_PER_INSTANCE);
+                dropped = dropped.saturating_add(claims.judged.keep_highest(RANGES_PER_INSTANCE));
             }
         }
         self.ready.store(true, Ordering::Release);
@@ -226,23 +347,27 @@ impl Claims {
     }
 
     /// What to persist so that a new leader recognises what this one counted: every judged range,
-    /// and every claimed batch whose evidence is in statuses (`written(mark)` for its evidence mark)
-    /// though its acknowledgement may not have gone. A batch whose evidence is handed on after its
-    /// merge ([`Holds::evidence_later`]) is left out: its later mark is its stream's.
-    pub fn snapshot(&self, written: impl Fn(u64) -> bool) -> Vec<Persisted> {
+    /// and every claimed batch whose evidence is in statuses (`written(mark)` for the mark all its
+    /// records wait for) though its acknowledgement may not have gone; with the gates of those
+    /// batches, to open once the snapshot is written ([`ClaimGate::persisted`]).
+    pub fn snapshot(&self, written: impl Fn(u64) -> bool) -> Snapshot {
         let nodes = self.nodes.lock().expect("claims lock");
-        let mut out = Vec::new();
+        let (mut out, mut gates, mut cut) = (Vec::new(), Vec::new(), 0u64);
         for (node, instances) in nodes.iter() {
+            // Newest process first, as they are kept: a restore keeps that order.
             for claims in instances {
                 let mut ranges = claims.judged.clone();
-                for (sequence, first) in &claims.counting {
-                    if first.get().is_some_and(|(_, holds)| {
-                        !holds.evidence_later && holds.evidence.is_some_and(&written)
-                    }) {
+                for (sequence, claimed) in &claims.counting {
+                    if claimed.gate.mark().is_some_and(&written) {
                         ranges.insert(*sequence);
+                        if !claimed.gate.is_open() {
+                            gates.push(claimed.gate.clone());
+                        }
                     }
                 }
-                ranges.keep_highest(RANGES_PER_INSTANCE);
+                // The judged ranges are bounded as they grow; claims may split more. What is cut
+                // is counted, and its gates open all the same (it would never be held).
+                cut = cut.saturating_add(ranges.keep_highest(RANGES_PER_INSTANCE));
                 if !ranges.is_empty() {
                     out.push(Persisted {
                         node: node.clone(),
@@ -252,8 +377,13 @@ impl Claims {
                 }
             }
         }
-        out.sort_by(|a, b| (&a.node, a.instance).cmp(&(&b.node, b.instance)));
-        out
+        // By node only: each node's processes stay newest first.
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        Snapshot {
+            claims: out,
+            gates,
+            cut,
+        }
     }
 
     /// A batch named `name` arrives: claims it if it is new. Every batch that may carry evidence
@@ -273,6 +403,8 @@ impl Claims {
                 while instances.len() > INSTANCES_PER_NODE {
                     if let Some(old) = instances.pop_back() {
                         dropped.batches += old.counting.len() as u64;
+                        // Forgotten, so never in a snapshot: their acknowledgements go.
+                        old.counting.values().for_each(|c| c.gate.persisted());
                     }
                 }
                 0
@@ -282,16 +414,21 @@ impl Claims {
         if claims.judged.contains(name.sequence) {
             return (Attempt::Counted, dropped);
         }
-        if let Some(first) = claims.counting.get(&name.sequence) {
-            return (Attempt::Repeat(first.clone()), dropped);
+        if let Some(claimed) = claims.counting.get(&name.sequence) {
+            return (Attempt::Repeat(claimed.first.clone()), dropped);
         }
-        let first = FirstAttempt::default();
-        claims.counting.insert(name.sequence, first.clone());
+        let claimed = Claimed {
+            first: FirstAttempt::default(),
+            gate: ClaimGate::new(self.persisting),
+        };
+        claims.counting.insert(name.sequence, claimed.clone());
         while claims.counting.len() > COUNTING_PER_INSTANCE {
-            claims.counting.pop_first();
+            if let Some((_, forgotten)) = claims.counting.pop_first() {
+                forgotten.gate.persisted();
+            }
             dropped.batches += 1;
         }
-        (Attempt::First(Some(first)), dropped)
+        (Attempt::First(Some(claimed)), dropped)
     }
 
     /// The first attempt `first` has been merged: its acknowledgement waits for `holds` at flush mark
@@ -305,6 +442,14 @@ impl Claims {
         mark: u64,
         holds: &Holds,
     ) -> u64 {
+        // Before the first attempt is published: a repeat copies it.
+        if let Some(gate) = &holds.gate
+            && let Some(evidence) = holds.evidence
+            && !holds.evidence_later
+        {
+            // Evidence handed on later takes its mark then ([`Holds::ready`]).
+            gate.set_mark(evidence);
+        }
         let _ = first.set((mark, holds.clone()));
         if holds.evidence.is_none() && !holds.evidence_later {
             return self.judge(name);
@@ -325,9 +470,12 @@ impl Claims {
         let Some(claims) = instance_of(&mut nodes, name) else {
             return 0;
         };
-        if claims.counting.remove(&name.sequence).is_none() {
+        let Some(claimed) = claims.counting.remove(&name.sequence) else {
             return 0;
-        }
+        };
+        // Judged without evidence, a record may still have counted (a policy came after the batch
+        // was taken in): it waits for no snapshot.
+        claimed.gate.persisted();
         claims.judged.insert(name.sequence);
         claims.judged.keep_highest(RANGES_PER_INSTANCE)
     }
@@ -372,7 +520,7 @@ mod tests {
     fn a_resent_batch_is_a_repeat_of_its_first_attempt_until_acknowledged_then_counted() {
         let claims = Claims::default();
         let (first, _) = claims.begin(name("a", 7, 1));
-        let Attempt::First(Some(first)) = first else {
+        let Attempt::First(Some(Claimed { first, .. })) = first else {
             panic!("a new batch is a claimed first attempt: {first:?}");
         };
         claims.merged(name("a", 7, 1), &first, 3, &with_evidence(9));
@@ -389,7 +537,7 @@ mod tests {
     #[test]
     fn the_same_sequence_of_another_node_or_agent_process_is_another_batch() {
         let claims = Claims::default();
-        let (Attempt::First(Some(first)), _) = claims.begin(name("a", 7, 1)) else {
+        let (Attempt::First(Some(Claimed { first, .. })), _) = claims.begin(name("a", 7, 1)) else {
             panic!("claimed");
         };
         claims.merged(name("a", 7, 1), &first, 1, &with_evidence(1));
@@ -404,7 +552,7 @@ mod tests {
     #[test]
     fn a_batch_without_evidence_is_judged_at_once_and_one_of_an_agent_without_instance_never() {
         let claims = Claims::default();
-        let (Attempt::First(Some(first)), _) = claims.begin(name("a", 7, 1)) else {
+        let (Attempt::First(Some(Claimed { first, .. })), _) = claims.begin(name("a", 7, 1)) else {
             panic!("claimed");
         };
         claims.merged(name("a", 7, 1), &first, 1, &Holds::default());
@@ -465,7 +613,9 @@ mod tests {
         // Every other batch acknowledged: one range each, the lowest forgotten past the bound.
         let mut forgotten = 0;
         for sequence in (1..=2 * RANGES_PER_INSTANCE as u64 + 2).step_by(2) {
-            let (Attempt::First(Some(first)), _) = claims.begin(name("b", 7, sequence)) else {
+            let (Attempt::First(Some(Claimed { first, .. })), _) =
+                claims.begin(name("b", 7, sequence))
+            else {
                 panic!("claimed");
             };
             claims.merged(name("b", 7, sequence), &first, 1, &with_evidence(1));
@@ -482,11 +632,16 @@ mod tests {
     #[test]
     fn a_snapshot_holds_judged_ranges_and_claims_whose_evidence_is_written_and_restores_as_counted()
     {
-        let claims = Claims::default();
+        let claims = Claims::unread();
+        claims.restore(Vec::new());
         // 1, 2: acknowledged. 3: evidence at mark 5, written. 4: evidence at mark 9, not written yet.
-        // 5: evidence handed on later (its mark is its stream's). 6: merged without evidence.
+        // 5: evidence handed on later (its mark is its stream's until taken again). 6: merged
+        // without evidence.
+        let mut gates = Vec::new();
         for sequence in 1..=6 {
-            let (Attempt::First(Some(first)), _) = claims.begin(name("a", 7, sequence)) else {
+            let (Attempt::First(Some(Claimed { first, gate })), _) =
+                claims.begin(name("a", 7, sequence))
+            else {
                 panic!("claimed");
             };
             let holds = match sequence {
@@ -498,11 +653,18 @@ mod tests {
                 },
                 _ => Holds::default(),
             };
+            let holds = Holds {
+                gate: Some(gate.clone()),
+                ..holds
+            };
             claims.merged(name("a", 7, sequence), &first, 1, &holds);
+            gate.counted();
+            gates.push(gate);
         }
         claims.acknowledged(name("a", 7, 1));
         claims.acknowledged(name("a", 7, 2));
         let snapshot = claims.snapshot(|mark| mark < 6);
+        let (written, snapshot) = (snapshot.gates, snapshot.claims);
         assert_eq!(
             snapshot,
             vec![Persisted {
@@ -510,6 +672,28 @@ mod tests {
                 instance: 7,
                 ranges: Ranges::from_pairs([(1, 3), (6, 6)]),
             }]
+        );
+        // The counted batches not acknowledged yet wait for a snapshot that holds them (3 is in
+        // this one); 6, judged without evidence, had no mark to be persisted by.
+        assert!(gates[2..5].iter().all(|g| !g.may_acknowledge()));
+        assert!(gates[5].may_acknowledge());
+        assert_eq!(written, vec![gates[2].clone()]);
+        for gate in &written {
+            gate.persisted();
+        }
+        assert!(gates[2].may_acknowledge() && !gates[3].may_acknowledge());
+        // The later evidence's mark, taken again: 5 is in the next snapshot.
+        gates[4].set_mark(5);
+        assert_eq!(
+            claims.snapshot(|mark| mark < 6).gates,
+            vec![gates[4].clone()]
+        );
+        // The first mark stays: a repeat's copy taking a later one does not move it.
+        gates[4].set_mark(9);
+        assert!(
+            claims.snapshot(|mark| mark < 6).claims[0]
+                .ranges
+                .contains(5)
         );
 
         let next = Claims::unread();
@@ -536,10 +720,47 @@ mod tests {
         let later = Claims::unread();
         let _ = later.begin(name("a", 8, 1));
         let _ = later.begin(name("a", 9, 1));
-        assert_eq!(later.restore(claims.snapshot(|_| true)), 5);
+        assert_eq!(later.restore(claims.snapshot(|_| true).claims), 6);
         assert!(matches!(
             later.begin(name("a", 9, 2)).0,
             Attempt::First(Some(_))
         ));
+    }
+
+    #[test]
+    fn a_counted_claim_forgotten_by_the_bounds_waits_for_no_snapshot() {
+        let claims = Claims::unread();
+        claims.restore(Vec::new());
+        let gate_of = |instance, sequence| {
+            let (Attempt::First(Some(Claimed { gate, .. })), _) =
+                claims.begin(name("a", instance, sequence))
+            else {
+                panic!("claimed");
+            };
+            gate.counted();
+            gate
+        };
+        // Pushed out of its process's waiting claims by newer batches.
+        let oldest = gate_of(7, 1);
+        for sequence in 2..=COUNTING_PER_INSTANCE as u64 + 1 {
+            let _ = claims.begin(name("a", 7, sequence));
+        }
+        assert!(oldest.may_acknowledge());
+        // Its process pushed out by two newer ones.
+        let waiting = gate_of(7, COUNTING_PER_INSTANCE as u64 + 2);
+        assert!(!waiting.may_acknowledge());
+        let _ = claims.begin(name("a", 8, 1));
+        let _ = claims.begin(name("a", 9, 1));
+        assert!(waiting.may_acknowledge());
+    }
+
+    #[test]
+    fn without_persisting_a_counted_batch_waits_for_nothing() {
+        let claims = Claims::default();
+        let (Attempt::First(Some(Claimed { gate, .. })), _) = claims.begin(name("a", 7, 1)) else {
+            panic!("claimed");
+        };
+        gate.counted();
+        assert!(gate.may_acknowledge());
     }
 }

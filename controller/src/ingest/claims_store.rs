@@ -1,7 +1,8 @@
 //! The evidence claims ([`super::claims`]) persisted so that a new leader recognises a batch the last
 //! one counted when its agent resends it (docs/behaviour.md §1.10): one ConfigMap in the controller's
-//! namespace, `<edge history prefix>-claims`, written by the status sync after the statuses and
-//! before the acknowledgements they allow, read by a new leader before it takes any batch.
+//! namespace (`--evidence-claims-configmap`), written by the status sync after the statuses and
+//! before the acknowledgements of what they counted, read by a new leader before it takes any
+//! batch.
 //!
 //! The ConfigMap holds gzip-compressed JSON of every agent process's judged ranges of sequences
 //! ([`Persisted`]); usually one range per process. Past [`MAX_BYTES`] compressed, only each process's
@@ -49,6 +50,15 @@ pub enum StoreError {
         #[source]
         source: kube::Error,
     },
+    #[error("ConfigMap {0}: no answer in time")]
+    TimedOut(String),
+}
+
+impl StoreError {
+    /// The API server refused for lack of permission (the chart's Role names the ConfigMap).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, StoreError::Api { source: kube::Error::Api(status), .. } if status.code == 403)
+    }
 }
 
 /// `claims` compressed within [`MAX_BYTES`], and how many sequences were left out to fit.
@@ -77,9 +87,8 @@ pub fn encode(claims: &[Persisted]) -> (Vec<u8>, u64) {
     }
     let all = claims
         .iter()
-        .flat_map(|p| p.ranges.pairs())
-        .map(|(lo, hi)| hi - lo + 1)
-        .sum();
+        .map(|p| p.ranges.len_sequences())
+        .fold(0u64, u64::saturating_add);
     (compress(&[]), all)
 }
 

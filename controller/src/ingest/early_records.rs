@@ -52,6 +52,8 @@ pub struct Early {
     pub until_ms: i64,
     /// Whether it counts as violation evidence (not when its batch is a repeat: [`super::claims`]).
     pub counts: bool,
+    /// Its batch's claim ([`super::claims::ClaimGate`]).
+    pub gate: Option<super::claims::ClaimGate>,
 }
 
 /// Why a record cannot wait.
@@ -118,10 +120,21 @@ impl EarlyRecords {
         now_ms: i64,
         grace_ms: i64,
     ) -> Result<i64, NoWait> {
-        self.hold_as(node, reporter, record, now_ms, grace_ms, true)
+        self.hold_as(
+            node,
+            reporter,
+            record,
+            now_ms,
+            grace_ms,
+            super::claims::Counts {
+                counts: true,
+                gate: None,
+            },
+        )
     }
 
-    /// [`EarlyRecords::hold`], saying whether the record `counts` as violation evidence.
+    /// [`EarlyRecords::hold`], saying whether the record `counts` as violation evidence, and for
+    /// which claim.
     pub fn hold_as(
         &self,
         node: &str,
@@ -129,7 +142,7 @@ impl EarlyRecords {
         record: &FlowRecord,
         now_ms: i64,
         grace_ms: i64,
-        counts: bool,
+        counts: super::claims::Counts<'_>,
     ) -> Result<i64, NoWait> {
         if grace_ms <= 0 {
             return Err(NoWait::NoGrace);
@@ -150,7 +163,8 @@ impl EarlyRecords {
             record: record.clone(),
             arrived_ms: now_ms,
             until_ms,
-            counts,
+            counts: counts.counts,
+            gate: counts.gate.cloned(),
         });
         self.len.store(waiting.records.len(), Ordering::Relaxed);
         Ok(until_ms)

@@ -23,6 +23,9 @@ pub struct Holds {
     /// The batch's name in the [`claims`], for the stream to report its merge and acknowledgement
     /// (taken out by the stream; never part of what is waited for).
     pub claim: Option<Claim>,
+    /// A claimed first attempt's gate: once its evidence counted, it waits for a persisted snapshot
+    /// of the claims that holds it ([`claims::ClaimGate`]).
+    pub gate: Option<claims::ClaimGate>,
 }
 
 /// A batch named by its agent process ([`claims::BatchName`] without the node, which is the stream's).
@@ -88,11 +91,19 @@ impl Holds {
         if self.evidence_later && proposals_written {
             self.evidence_later = false;
             self.evidence = self.evidence.max(evidence.and_then(|e| e.hold()));
+            if let Some(gate) = &self.gate {
+                match self.evidence {
+                    Some(mark) => gate.set_mark(mark),
+                    // No mark to persist it by (no policy now): it waits for no snapshot.
+                    None => gate.persisted(),
+                }
+            }
         }
         !self.evidence_later
             && proposals_written
             && self
                 .evidence
                 .is_none_or(|m| evidence.is_none_or(|e| e.settled_after(m)))
+            && self.gate.as_ref().is_none_or(|g| g.may_acknowledge())
     }
 }

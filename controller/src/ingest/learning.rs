@@ -49,7 +49,7 @@ impl Learning {
     /// Takes in a batch from the agent on `node`: returns the acknowledgement.
     pub fn accept(&self, node: &str, batch: &FlowBatch) -> BatchAck {
         let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
-        self.take_in_as(node, batch.sequence, records, Reporter::Node, true)
+        self.take_in_as(node, batch.sequence, records, Reporter::Node, true, None)
             .0
     }
 
@@ -57,7 +57,7 @@ impl Learning {
     /// Goldmane), filed under the node of their local pod: they may teach both sides of a connection.
     pub fn accept_from_cluster_source(&self, node: &str, batch: &FlowBatch) -> BatchAck {
         let records = batch.records.iter().map(|r| Ok(Cow::Borrowed(r)));
-        self.take_in_as(node, batch.sequence, records, Reporter::Cluster, true)
+        self.take_in_as(node, batch.sequence, records, Reporter::Cluster, true, None)
             .0
     }
 
@@ -93,15 +93,21 @@ impl Learning {
                 .map(Cow::Owned)
                 .map_err(BadRecord::Malformed)
         });
+        let gate = match &attempt {
+            claims::Attempt::First(Some(claimed)) => Some(claimed.gate.clone()),
+            _ => None,
+        };
         let (ack, mut holds) = self.take_in_as(
             node,
             batch.sequence,
             records,
             Reporter::Node,
             attempt.counts(),
+            gate.as_ref(),
         );
+        holds.gate = gate;
         let first = match attempt {
-            claims::Attempt::First(first) => first,
+            claims::Attempt::First(claimed) => claimed.map(|c| c.first),
             claims::Attempt::Repeat(first) => {
                 holds.repeat_of = Some(Box::new(RepeatOf::new(first)));
                 None
@@ -123,6 +129,7 @@ impl Learning {
         records: impl ExactSizeIterator<Item = Result<Cow<'a, FlowRecord>, BadRecord>>,
         reporter: Reporter,
         counts: bool,
+        gate: Option<&ClaimGate>,
     ) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
         let metrics = self.learner.metrics();
@@ -145,15 +152,20 @@ impl Learning {
                     reporter,
                     at_ms: now_ms,
                     counts,
+                    gate,
                 };
                 let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence);
                 match taken {
                     Err(BadRecord::UnknownLocalPod(pod)) => {
                         let grace_ms = self.learner.resolution_grace_ms();
-                        match self
-                            .early
-                            .hold_as(node, reporter, &record, now_ms, grace_ms, counts)
-                        {
+                        match self.early.hold_as(
+                            node,
+                            reporter,
+                            &record,
+                            now_ms,
+                            grace_ms,
+                            claims::Counts { counts, gate },
+                        ) {
                             Ok(until_ms) => {
                                 metrics.resolved("local_pod_deferred", 1);
                                 metrics.records_waiting_for_pod.inc();
@@ -252,8 +264,9 @@ impl Learning {
             }
         };
         if let Some(sink) = self.evidence.as_ref().filter(|_| from.counts)
-            && let Some(e) = Evidence::of(record, decoded)
+            && let Some(mut e) = Evidence::of(record, decoded)
         {
+            e.claim = from.gate.cloned();
             match self.learner.evidence_or_wait(index, e, from.at_ms, waits) {
                 Some(e) => {
                     sink.accepted(e);
@@ -326,6 +339,7 @@ impl Learning {
                 reporter: early.reporter,
                 at_ms: early.arrived_ms,
                 counts: early.counts,
+                gate: early.gate.as_ref(),
             };
             // Its batch's acknowledgement already waits for the grace from its arrival, and then
             // takes the evidence mark again (`Holds::evidence_later`).
@@ -397,4 +411,6 @@ struct Arrival<'a> {
     at_ms: i64,
     /// Whether its records count as violation evidence (not a resent batch's: [`claims`]).
     counts: bool,
+    /// Its batch's claim, which the evidence pass tells when a record of it counted.
+    gate: Option<&'a ClaimGate>,
 }

@@ -54,6 +54,7 @@ use crate::learn::learner::{Learner, WaitsFor};
 use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{ReportedConnection, Reporter};
 use crate::monitor::violations::evidence::Evidence;
+use claims::ClaimGate;
 use early_records::EarlyRecords;
 use flow_record::{BadRecord, Decoded, PeerFrom};
 use futures::Stream;

@@ -189,6 +189,9 @@ impl FlowUplink for IngestService {
                             // resends what was not acknowledged.
                             break;
                         }
+                        // Checked again even when the value is the same: the evidence sink also
+                        // wakes streams when claims were persisted (`ClaimGate`).
+                        checked = (u64::MAX, u64::MAX);
                         continue;
                     }
                 };

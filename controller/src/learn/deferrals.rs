@@ -433,6 +433,7 @@ mod tests {
                 peer_name: Default::default(),
             },
             waited_for_peer: false,
+            claim: None,
         }
     }
 

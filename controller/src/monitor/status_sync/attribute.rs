@@ -129,6 +129,7 @@ impl StatusSync {
             kind,
             record,
             waited_for_peer,
+            claim,
         } in &records
         {
             let kind = *kind;
@@ -205,6 +206,9 @@ impl StatusSync {
                     tracing::debug!(?policy, ?observation, "violation observed");
                     state.pending.push(policy, observation);
                     queued += 1;
+                    if let Some(claim) = claim {
+                        claim.counted();
+                    }
                 }
                 judged.extend(peer_is_workload.map(|p| (p, violation)));
             }
@@ -226,14 +230,6 @@ impl StatusSync {
             .inc_by(evicted.saturating_sub(self.metrics.history_evicted.get()));
         drop(history);
         self.count_pending(&mut state);
-        // Counted: from now until the claims are persisted after the status write, nothing settles
-        // (a settled batch's acknowledgement may go, and a new leader must know it was counted).
-        if queued > 0 && self.settings.claims_store.is_some() {
-            self.claims_unsaved
-                .lock()
-                .expect("claims lock")
-                .insert(drain.number());
-        }
         drop(state);
         // Its observations are pending: the drain is attributed.
         let number = drain.number();
@@ -247,22 +243,7 @@ impl StatusSync {
     /// another pass is still attributing (the protect gate's replay runs beside the sync's own
     /// passes): their observations are not pending yet, so that nothing is pending says nothing
     /// about them.
-    /// Drains whose observations' claims wait to be persisted are settled only by the status pass,
-    /// after persisting them ([`StatusSync::save_claims_then_settle`]).
     pub(super) fn settle_if_written(&self, drain: u64) {
-        // A batch whose records a drain with unsaved claims took has an evidence mark of at least
-        // that drain's number minus one: settling below it releases none of them.
-        let unsaved = self
-            .claims_unsaved
-            .lock()
-            .expect("claims lock")
-            .first()
-            .copied();
-        self.settle_written(unsaved.map_or(drain, |d| drain.min(d.saturating_sub(1))));
-    }
-
-    /// [`StatusSync::settle_if_written`] whatever the claims.
-    pub(super) fn settle_written(&self, drain: u64) {
         let settleable = self.queue.settleable(drain);
         if self.all_written() {
             self.queue.settle(settleable);

@@ -4,6 +4,11 @@
 use super::*;
 use crate::ingest::claims_store::{self, StoreError};
 
+/// The longest one read of the persisted claims may take: agents' streams wait for it.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest one write may take: acknowledgements of what counted wait for it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl StatusSync {
     /// Reads the claims a previous leader persisted into the ingest's [`Claims`], which take batches
     /// from then on. An API error is retried (1, 2, 4 s); after that this leader starts without them
@@ -17,14 +22,18 @@ impl StatusSync {
         }
         let mut wait = Duration::from_secs(1);
         let persisted = loop {
-            match store.load().await {
+            let read = tokio::time::timeout(READ_TIMEOUT, store.load())
+                .await
+                .unwrap_or_else(|_| Err(StoreError::TimedOut(store.name().to_string())));
+            match read {
                 Ok(persisted) => break persisted,
                 Err(error @ StoreError::Corrupt { .. }) => {
                     self.metrics.claims_store_failures.inc();
                     tracing::warn!(%error, "the persisted evidence claims are left out");
                     break Vec::new();
                 }
-                Err(error) if wait <= Duration::from_secs(4) => {
+                // Forbidden (the ConfigMap's RBAC is missing) does not pass with time.
+                Err(error) if wait <= Duration::from_secs(4) && !error.is_forbidden() => {
                     self.metrics.claims_store_failures.inc();
                     tracing::warn!(%error, retry_in = ?wait, "reading the persisted evidence claims failed");
                     tokio::time::sleep(wait).await;
@@ -58,28 +67,37 @@ impl StatusSync {
         self.claims_writable.store(false, Ordering::Release);
     }
 
-    /// The end of a status pass while drains' claims wait to be persisted: once every observation
-    /// of the drains up to `drained` (but those still being attributed) is written, the claims of
-    /// the batches whose evidence that covers are persisted, and only then are those drains settled
-    /// (so their acknowledgements go). A failing write is logged and counted and settles anyway: a crash
-    /// before the next write may then count a resent batch twice (docs/behaviour.md §3.6), which
-    /// is better than holding every agent's acknowledgements behind the ConfigMap.
-    pub(super) async fn save_claims_then_settle(&self, drained: u64) {
+    /// At the end of a status pass, once every observation of the drains up to `drained` (but
+    /// those still being attributed) is written: persists the claims of the batches whose evidence
+    /// those drains hold, then lets their acknowledgements go ([`ClaimGate::persisted`]). A batch
+    /// that counted is never acknowledged before that ([`ClaimGate::may_acknowledge`]). An
+    /// unchanged snapshot is not written again. A failing write is logged and counted and lets the
+    /// acknowledgements go anyway: a crash before the next write may then count a resent batch
+    /// twice (docs/behaviour.md §3.6), which is better than holding every agent's
+    /// acknowledgements behind one ConfigMap.
+    pub(super) async fn persist_claims(&self, drained: u64) {
+        let Some(store) = &self.settings.claims_store else {
+            return;
+        };
         let target = self.queue.settleable(drained);
         if !self.all_written() {
             return;
         }
-        if let Some(store) = &self.settings.claims_store
-            && self.claims_writable.load(Ordering::Acquire)
-        {
-            let snapshot = self.claims.snapshot(|mark| mark < target);
-            let processes = snapshot.len();
-            let (bytes, cut) = claims_store::encode(&snapshot);
+        let snapshot = self.claims.snapshot(|mark| mark < target);
+        if self.claims_writable.load(Ordering::Acquire) {
             let mut written = self.claims_written.lock().await;
-            if written.as_deref() != Some(&bytes[..]) {
-                match store.save(bytes.clone()).await {
+            if written.as_ref() != Some(&snapshot.claims) {
+                let (bytes, cut) = claims_store::encode(&snapshot.claims);
+                let saved = tokio::time::timeout(WRITE_TIMEOUT, store.save(bytes))
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::TimedOut(store.name().to_string())));
+                match saved {
                     Ok(()) => {
-                        self.metrics.claims_persisted.set(processes as i64);
+                        self.metrics
+                            .claims_persisted
+                            .set(snapshot.claims.len() as i64);
+                        // Counted once per snapshot written, not per pass.
+                        let cut = cut.saturating_add(snapshot.cut);
                         if cut > 0 {
                             self.metrics.claims_cut.inc_by(cut);
                             tracing::warn!(
@@ -87,7 +105,7 @@ impl StatusSync {
                                 "the persisted evidence claims are full: older batches are left out"
                             );
                         }
-                        *written = Some(bytes);
+                        *written = Some(snapshot.claims);
                     }
                     Err(error) => {
                         self.metrics.claims_store_failures.inc();
@@ -96,11 +114,13 @@ impl StatusSync {
                 }
             }
         }
-        // Drains up to the target are covered (or, after a failure, given up on).
-        self.claims_unsaved
-            .lock()
-            .expect("claims lock")
-            .retain(|d| *d > target);
-        self.settle_written(target);
+        if snapshot.gates.is_empty() {
+            return;
+        }
+        for gate in &snapshot.gates {
+            gate.persisted();
+        }
+        // Streams check their held acknowledgements again.
+        self.queue.wake();
     }
 }

@@ -317,14 +317,10 @@ pub struct StatusSync {
     last_waiting: listed::LastWaiting,
     /// The batches whose evidence was counted ([`crate::ingest::claims`]), shared with ingest.
     claims: Arc<Claims>,
-    /// Drains whose observations were queued (with claims persisted) and whose batches' claims are
-    /// not persisted yet: other passes settle only below the first; the status pass settles past
-    /// them once it has persisted the claims ([`StatusSync::save_claims_then_settle`]).
-    claims_unsaved: Mutex<BTreeSet<u64>>,
     /// False once the claims may not be written: they could not be read, or the Lease was lost.
     claims_writable: std::sync::atomic::AtomicBool,
     /// What the last write of the claims wrote (an unchanged snapshot is not written again).
-    claims_written: tokio::sync::Mutex<Option<Vec<u8>>>,
+    claims_written: tokio::sync::Mutex<Option<Vec<crate::ingest::claims::Persisted>>>,
     metrics: SyncMetrics,
 }
 
@@ -399,7 +395,6 @@ impl StatusSync {
             invalid_cluster_policies: Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
             claims,
-            claims_unsaved: Mutex::default(),
             claims_writable: std::sync::atomic::AtomicBool::new(true),
             claims_written: tokio::sync::Mutex::default(),
         })
@@ -495,7 +490,7 @@ impl StatusSync {
         metrics.register(
             "evidence_claims_persisted_processes",
             "Agent processes whose evidence claims the last write held (ConfigMap \
-             <--edge-history-configmap>-claims): a new leader recognises their resent batches",
+             --evidence-claims-configmap): a new leader recognises their resent batches",
             m.claims_persisted.clone(),
         );
         metrics.register(

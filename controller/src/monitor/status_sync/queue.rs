@@ -4,7 +4,7 @@ use super::*;
 
 /// At most this many records wait in the [`EvidenceQueue`] between two passes. Each is an
 /// [`Evidence`] of fixed size (its local pod is shared with the index), so this bounds the memory
-/// too: about 16 MB. A pass starts at half of it; the other half is what arrives during a pass
+/// too: about 22 MB. A pass starts at half of it; the other half is what arrives during a pass
 /// (at 1,000 agents on two cores, 200,000 records were not always enough).
 pub const MAX_QUEUED_RECORDS: usize = 400_000;
 
@@ -84,6 +84,12 @@ impl EvidenceQueue {
             }
             newer
         });
+    }
+
+    /// Tells every stream to check its held acknowledgements again, as a new settled drain does
+    /// (their claims may have been persisted).
+    pub(super) fn wake(&self) {
+        self.settled.send_modify(|_| {});
     }
 
     /// Records dropped because the queue was full.

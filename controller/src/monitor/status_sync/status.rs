@@ -67,11 +67,9 @@ impl StatusSync {
                 .count();
             self.metrics.status_writes_failing.set(parked as i64);
         }
-        if !self.claims_unsaved.lock().expect("claims lock").is_empty() {
-            self.save_claims_then_settle(drained).await;
-        } else {
-            self.settle_if_written(drained);
-        }
+        // The claims of what this pass wrote, before the acknowledgements of what it counted.
+        self.persist_claims(drained).await;
+        self.settle_if_written(drained);
         self.metrics.status_passes.inc();
         report
     }

@@ -32,6 +32,7 @@ fn evidence(at_ms: i64) -> Evidence {
             peer_name: Default::default(),
         },
         waited_for_peer: false,
+        claim: None,
     }
 }
 
@@ -49,12 +50,12 @@ fn the_evidence_queue_never_blocks_and_drops_the_oldest() {
 }
 
 /// The queue's bound in records is a bound in memory: an entry holds no string of the agent's
-/// (a local pod is shared with the index), so a full queue is about 16 MB whatever the records
+/// (a local pod is shared with the index), so a full queue is about 22 MB (56 bytes each) whatever the records
 /// carried.
 #[test]
 fn a_queued_record_is_small_and_holds_no_strings_of_its_own() {
     assert!(
-        std::mem::size_of::<Evidence>() <= 48,
+        std::mem::size_of::<Evidence>() <= 56,
         "{} bytes",
         std::mem::size_of::<Evidence>()
     );
@@ -1153,12 +1154,13 @@ fn encoded_batch_of(
     }
 }
 
-/// The race the claims' order closes: once a status pass has written a drain's observations but
+/// The race the claims' gate closes: once a status pass has written a drain's observations but
 /// before it has persisted the claims, another pass (here an evidence pass with nothing new) finds
-/// nothing pending. It must not settle that drain: the batch's acknowledgement would go while a new
-/// leader could not know the batch was counted. Only the status pass settles it, after the claims.
+/// nothing pending and settles the drain. The batch that counted must still not be acknowledged: a
+/// new leader could not know it was counted. It is once the status pass has persisted the claims.
 #[tokio::test]
-async fn no_other_pass_settles_a_drain_whose_claims_are_not_persisted_yet() {
+async fn a_batch_that_counted_is_acknowledged_only_once_its_claim_is_persisted() {
+    use crate::ingest::claims::BatchName;
     use crate::ingest::claims_store::ClaimsStore;
     let policy = web_allows("other");
     let api = fake_api(&policy).await;
@@ -1182,24 +1184,37 @@ async fn no_other_pass_settles_a_drain_whose_claims_are_not_persisted_yet() {
         1,
         denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
     );
-    let (_, holds) = app.learning.take_in("node-a", &batch);
-    let evidence = sync.evidence();
+    let (_, mut holds) = app.learning.take_in("node-a", &batch);
     let mark = app.flusher.ledger().mark();
-    let ready = |holds: &crate::ingest::Holds| {
-        holds
-            .clone()
-            .ready(mark, app.flusher.ledger(), Some(&*evidence))
+    let claim = holds.claim.take().expect("a named batch");
+    let name = BatchName {
+        node: "node-a",
+        instance: 7,
+        sequence: 1,
     };
+    app.learning.claims.merged(
+        name,
+        claim.first.as_ref().expect("a first attempt"),
+        mark,
+        &holds,
+    );
+    let evidence = sync.evidence();
+    let evidence_mark = holds.evidence.expect("evidence");
+    let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
     assert_eq!(sync.attribute_evidence(), 1);
     // As if the status pass had written the observation and not yet persisted the claims.
     sync.state.lock().unwrap().pending = Pending::default();
     assert_eq!(sync.attribute_evidence(), 0);
     assert!(
-        !ready(&holds),
-        "settled by an evidence pass before the claims were persisted"
+        evidence.settled_after(evidence_mark),
+        "the evidence pass settles the drain"
+    );
+    assert!(
+        !acknowledged(),
+        "acknowledged before the claims were persisted"
     );
     sync.sync_all().await;
-    assert!(ready(&holds), "settled once the claims are persisted");
+    assert!(acknowledged(), "acknowledged once the claims are persisted");
     assert!(
         api.requests
             .lock()

@@ -73,6 +73,9 @@ pub struct Evidence {
     /// It waited for the index to place its peer ([`Evidence::may_wait_for_peer`]): the pass
     /// counts what it came to ([`WaitedOutcome`]).
     pub waited_for_peer: bool,
+    /// The claim of the agent batch it came in, told when the record counted
+    /// ([`crate::ingest::claims::ClaimGate`]); `None` for cluster sources and unnamed batches.
+    pub claim: Option<crate::ingest::claims::ClaimGate>,
 }
 
 impl Evidence {
@@ -82,6 +85,7 @@ impl Evidence {
             kind: EvidenceKind::of(record)?,
             record: decoded,
             waited_for_peer: false,
+            claim: None,
         })
     }
 

@@ -506,6 +506,7 @@ fn only_blocked_evidence_waits_for_its_peer_and_what_it_came_to() {
             peer_name: Default::default(),
         },
         waited_for_peer: false,
+        claim: None,
     };
     // A connection that went through (or a datagram) is judged at once, as before.
     for (kind, waits) in [
