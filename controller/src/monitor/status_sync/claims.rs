@@ -69,8 +69,8 @@ impl StatusSync {
 
     /// At the end of a status pass, once every observation of the drains up to `drained` (but
     /// those still being attributed) is written: persists the claims of the batches whose evidence
-    /// those drains hold, then lets their acknowledgements go ([`ClaimGate::persisted`]). A batch
-    /// that counted is never acknowledged before that ([`ClaimGate::may_acknowledge`]). An
+    /// those drains hold, then lets their acknowledgements go ([`crate::ingest::claims::ClaimGate::persisted`]). A batch
+    /// that counted is never acknowledged before that ([`crate::ingest::claims::ClaimGate::may_acknowledge`]). An
     /// unchanged snapshot is not written again. A failing write is logged and counted and lets the
     /// acknowledgements go anyway: a crash before the next write may then count a resent batch
     /// twice (docs/behaviour.md §3.6), which is better than holding every agent's

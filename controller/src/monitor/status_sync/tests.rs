@@ -1023,49 +1023,16 @@ async fn an_invalid_cluster_policy_is_counted_until_it_is_fixed() {
 #[tokio::test]
 async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() {
     use crate::ingest::claims::{self, Attempt, BatchName, Claims};
-    use crate::ingest::claims_store::{self, ClaimsStore};
+    use crate::ingest::claims_store;
     for configmaps_succeed in [true, false] {
         let policy = web_allows("other");
         let api = fake_api_writing(&policy, true, configmaps_succeed).await;
-        let settings = Settings {
-            claims_store: Some(ClaimsStore::new(api.client.clone(), "ne", "ne-claims")),
-            ..Settings::default()
-        };
-        let (app, sync, mut writers, _) = shop_app_with(api.client.clone(), 0, settings);
-        assert!(
-            !app.learning.claims.ready(),
-            "no batch before the claims are read"
-        );
-        sync.restore_claims().await;
-        assert!(app.learning.claims.ready(), "nothing persisted yet: ready");
-        app.index
-            .index
-            .write()
-            .unwrap()
-            .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
-        list(&mut writers.policies, [policy.clone()]);
-        list(&mut writers.network_policies, []);
-        list(&mut writers.namespaces, [shop_namespace()]);
-        sync.wait_ready().await;
-        let batch = encoded_batch_of(
-            7,
-            1,
-            denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
-        );
-        let (_, mut holds) = app.learning.take_in("node-a", &batch);
-        let mark = app.flusher.ledger().mark();
-        let claim = holds.claim.take().expect("a named batch");
+        let (app, sync, mut holds, mark) = claimed_denial(&api).await;
         let name = BatchName {
             node: "node-a",
             instance: 7,
             sequence: 1,
         };
-        app.learning.claims.merged(
-            name,
-            claim.first.as_ref().expect("a first attempt"),
-            mark,
-            &holds,
-        );
         let evidence = sync.evidence();
         let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
 
@@ -1160,44 +1127,9 @@ fn encoded_batch_of(
 /// new leader could not know it was counted. It is once the status pass has persisted the claims.
 #[tokio::test]
 async fn a_batch_that_counted_is_acknowledged_only_once_its_claim_is_persisted() {
-    use crate::ingest::claims::BatchName;
-    use crate::ingest::claims_store::ClaimsStore;
     let policy = web_allows("other");
     let api = fake_api(&policy).await;
-    let settings = Settings {
-        claims_store: Some(ClaimsStore::new(api.client.clone(), "ne", "ne-claims")),
-        ..Settings::default()
-    };
-    let (app, sync, mut writers, _) = shop_app_with(api.client.clone(), 0, settings);
-    sync.restore_claims().await;
-    app.index
-        .index
-        .write()
-        .unwrap()
-        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
-    list(&mut writers.policies, [policy.clone()]);
-    list(&mut writers.network_policies, []);
-    list(&mut writers.namespaces, [shop_namespace()]);
-    sync.wait_ready().await;
-    let batch = encoded_batch_of(
-        7,
-        1,
-        denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
-    );
-    let (_, mut holds) = app.learning.take_in("node-a", &batch);
-    let mark = app.flusher.ledger().mark();
-    let claim = holds.claim.take().expect("a named batch");
-    let name = BatchName {
-        node: "node-a",
-        instance: 7,
-        sequence: 1,
-    };
-    app.learning.claims.merged(
-        name,
-        claim.first.as_ref().expect("a first attempt"),
-        mark,
-        &holds,
-    );
+    let (app, sync, mut holds, mark) = claimed_denial(&api).await;
     let evidence = sync.evidence();
     let evidence_mark = holds.evidence.expect("evidence");
     let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
@@ -1222,4 +1154,55 @@ async fn a_batch_that_counted_is_acknowledged_only_once_its_claim_is_persisted()
             .iter()
             .any(|r| r.ends_with("/configmaps/ne-claims"))
     );
+}
+
+/// [`shop_app`] on `api` with the claims persisted in ConfigMap `ne-claims` (read: none yet), a client
+/// pod (10.0.0.3), watches that have listed `web_allows("other")`, and one batch of agent process 7
+/// (sequence 1) taken in and merged as the stream does: the client's connection to web refused.
+/// Returns what its acknowledgement waits for and its flush mark.
+async fn claimed_denial(
+    api: &FakeApi,
+) -> (crate::app::App, Arc<StatusSync>, crate::ingest::Holds, u64) {
+    use crate::ingest::claims::BatchName;
+    use crate::ingest::claims_store::ClaimsStore;
+    let settings = Settings {
+        claims_store: Some(ClaimsStore::new(api.client.clone(), "ne", "ne-claims")),
+        ..Settings::default()
+    };
+    let (app, sync, mut writers, _) = shop_app_with(api.client.clone(), 0, settings);
+    assert!(
+        !app.learning.claims.ready(),
+        "no batch before the claims are read"
+    );
+    sync.restore_claims().await;
+    assert!(app.learning.claims.ready(), "nothing persisted yet: ready");
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&shop_pod("client", "client", "10.0.0.3", false), 0);
+    list(&mut writers.policies, [web_allows("other")]);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    sync.wait_ready().await;
+    let batch = encoded_batch_of(
+        7,
+        1,
+        denied_from([10, 0, 0, 3], crate::cluster::watches::now_ms() - 1_000),
+    );
+    let (_, mut holds) = app.learning.take_in("node-a", &batch);
+    let mark = app.flusher.ledger().mark();
+    let claim = holds.claim.take().expect("a named batch");
+    let name = BatchName {
+        node: "node-a",
+        instance: 7,
+        sequence: 1,
+    };
+    app.learning.claims.merged(
+        name,
+        claim.first.as_ref().expect("a first attempt"),
+        mark,
+        &holds,
+    );
+    (app, sync, holds, mark)
 }
