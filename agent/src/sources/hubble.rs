@@ -230,6 +230,22 @@ impl Resume {
     }
 }
 
+/// A flow off the stream, converted; `None` when `resume` took it before. Another node's flow is
+/// skipped without moving the resume point: Relay streams every node's flows, ordered across nodes
+/// only within its buffer, so another node's newer flow would make this node's older one look taken
+/// (and a reconnect's `since` skip it).
+pub fn admit(
+    resume: &mut Resume,
+    flow: &Flow,
+    node: Option<&str>,
+) -> Option<Result<FlowRecord, Skip>> {
+    let converted = convert(flow, node);
+    if matches!(converted, Err(Skip::OtherNode(_))) {
+        return Some(converted);
+    }
+    resume.take(flow).then_some(converted)
+}
+
 /// TLS towards Hubble Relay.
 #[derive(Clone, Debug, Default)]
 pub struct RelayTls {
@@ -389,10 +405,10 @@ async fn stream_once(
         health.message();
         match response.response_types {
             Some(get_flows_response::ResponseTypes::Flow(flow)) => {
-                if !resume.take(&flow) {
+                let Some(converted) = admit(resume, &flow, config.node.as_deref()) else {
                     continue;
-                }
-                match convert(&flow, config.node.as_deref()) {
+                };
+                match converted {
                     Ok(record) => {
                         health.records.inc();
                         sink.add(record);
@@ -630,6 +646,41 @@ mod tests {
         let mut icmp = tcp_flow(TrafficDirection::Egress, Verdict::Forwarded);
         icmp.l4 = None;
         assert_eq!(convert(&icmp, None), Err(Skip::Protocol));
+    }
+
+    /// Relay's merge across nodes: node-b's flow at 12 s comes before node-a's at 11 s. The agent of
+    /// node-a takes its own flow, and its resume point is its own newest flow. Seen failing before
+    /// `admit` (the resume point was taken before the node filter: node-a's flow was dropped).
+    #[test]
+    fn another_nodes_newer_flow_does_not_drop_this_nodes_older_one() {
+        let flow = |node: &str, seconds: i64, uuid: &str| Flow {
+            time: Some(prost_types::Timestamp { seconds, nanos: 0 }),
+            uuid: uuid.into(),
+            node_name: node.into(),
+            ..tcp_flow(TrafficDirection::Egress, Verdict::Forwarded)
+        };
+        let mut r = Resume::default();
+        let node = Some("node-a");
+        assert!(matches!(
+            admit(&mut r, &flow("kind/node-a", 10, "a"), node),
+            Some(Ok(_))
+        ));
+        assert!(matches!(
+            admit(&mut r, &flow("kind/node-b", 12, "b"), node),
+            Some(Err(Skip::OtherNode(_)))
+        ));
+        assert!(
+            matches!(
+                admit(&mut r, &flow("kind/node-a", 11, "c"), node),
+                Some(Ok(_))
+            ),
+            "node-a's flow after node-b's newer one"
+        );
+        assert_eq!(r.since().unwrap().seconds, 11);
+        assert!(
+            admit(&mut r, &flow("kind/node-a", 11, "c"), node).is_none(),
+            "taken once"
+        );
     }
 
     #[test]
