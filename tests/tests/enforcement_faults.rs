@@ -212,7 +212,8 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
     let mut dropped = Vec::new();
     let mut check_new = |ns: &Namespace| -> Result<()> {
         for pod in workload::new_pods(ns, "starter", &mut seen)? {
-            let (rc, retransmits) = workload::first_connection(ns, &pod)?;
+            let first = workload::first_connection(ns, &pod)?;
+            let (rc, retransmits) = (first.rc, first.syn_resends);
             ensure!(rc == 0, "pod {pod}'s first connection failed (socat {rc})");
             if retransmits > 0 {
                 dropped.push(format!("{pod}: {retransmits} SYN(s) sent again"));
@@ -250,7 +251,7 @@ fn agent_enforcement_holds_through_agent_restarts_policy_edits_and_new_pods() ->
         &[],
     ))?;
     let (intruder, _) = ns.wait_for_deployment("intruder")?.remove(0);
-    let (rc, _) = workload::first_connection(&ns, &intruder)?;
+    let rc = workload::first_connection(&ns, &intruder)?.rc;
     ensure!(
         rc != 0,
         "a new pod the policies do not allow must stay blocked"

@@ -313,30 +313,69 @@ pub fn send(
 
 /// The script of a pod that, as soon as its container starts, opens one TCP connection to
 /// `ip:port` and writes socat's exit code to /tmp/first.rc and its namespace's TCP counters to
-/// /tmp/first.netstat (so the first connection's SYN retransmissions can be read back), then sleeps.
+/// /tmp/first.netstat (so the first connection's SYN retransmissions can be read back), and its
+/// kernel's `tcp_syn_linear_timeouts` (0 where there is none) to /tmp/first.linear, then sleeps.
 pub fn first_connection_script(ip: &str, port: u16) -> String {
     format!(
         "socat -T3 /dev/null TCP:{ip}:{port},connect-timeout=4; echo $? > /tmp/first.rc; \
+         cat /proc/sys/net/ipv4/tcp_syn_linear_timeouts > /tmp/first.linear 2>/dev/null \
+         || echo 0 > /tmp/first.linear; \
          grep TcpExt: /proc/net/netstat > /tmp/first.netstat; exec sleep 100000"
     )
 }
 
-/// The exit code of a pod's first connection and the SYNs its namespace retransmitted by then,
-/// once the pod has written them.
-pub fn first_connection(ns: &Namespace, pod: &str) -> Result<(i32, u64)> {
+/// A pod's first connection ([`first_connection_script`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstConnection {
+    /// socat's exit code.
+    pub rc: i32,
+    /// SYNs the pod's namespace sent again by then.
+    pub syn_resends: u64,
+    /// The kernel's `tcp_syn_linear_timeouts` (see [`syn_resends_within`]).
+    pub linear_timeouts: u64,
+}
+
+/// How many SYNs a connection has sent again by `seconds` after its first, when the peer drops them:
+/// Linux resends after 1 s, then at 1 s intervals for its first `linear_timeouts` resends (6.5 and
+/// later: 4 by default), and doubling the wait after that (before 6.5: 1, 3, 7 s).
+pub fn syn_resends_within(seconds: u64, linear_timeouts: u64) -> u64 {
+    let (mut at, mut wait, mut resends) = (0u64, 1u64, 0u64);
+    loop {
+        at += wait;
+        if at > seconds {
+            return resends;
+        }
+        resends += 1;
+        if resends >= linear_timeouts {
+            wait *= 2;
+        }
+    }
+}
+
+/// The first connection of a pod running [`first_connection_script`], once it has written it.
+pub fn first_connection(ns: &Namespace, pod: &str) -> Result<FirstConnection> {
     poll(
         &format!("pod {pod} to report its first connection"),
         Duration::from_secs(30),
         Duration::from_millis(200),
         || {
             let out = ns
-                .exec(pod, "cat /tmp/first.rc /tmp/first.netstat 2>/dev/null")
+                .exec(
+                    pod,
+                    // The counters last: their file has more lines (MPTcpExt: too).
+                    "cat /tmp/first.rc /tmp/first.linear /tmp/first.netstat 2>/dev/null",
+                )
                 .unwrap_or_default();
             let mut lines = out.lines();
-            let (Some(rc), Some(names), Some(values)) = (lines.next(), lines.next(), lines.next())
+            let (Some(rc), Some(linear), Some(names), Some(values)) =
+                (lines.next(), lines.next(), lines.next(), lines.next())
             else {
                 return Ok(None);
             };
+            let linear_timeouts = linear
+                .trim()
+                .parse()
+                .with_context(|| format!("tcp_syn_linear_timeouts {linear:?}"))?;
             let rc: i32 = rc.trim().parse().with_context(|| format!("rc {rc:?}"))?;
             let retransmits = names
                 .split_whitespace()
@@ -344,7 +383,11 @@ pub fn first_connection(ns: &Namespace, pod: &str) -> Result<(i32, u64)> {
                 .find(|(name, _)| *name == "TCPSynRetrans")
                 .and_then(|(_, v)| v.parse().ok())
                 .with_context(|| format!("no TCPSynRetrans in {out:?}"))?;
-            Ok(Some((rc, retransmits)))
+            Ok(Some(FirstConnection {
+                rc,
+                syn_resends: retransmits,
+                linear_timeouts,
+            }))
         },
         || ns.describe(),
     )
@@ -376,4 +419,34 @@ pub fn allow_ingress(name: &str, to: &str, from: &str, port: u16) -> String {
         }
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::syn_resends_within;
+
+    #[test]
+    fn syn_resends_follow_the_kernels_schedule() {
+        // (seconds, tcp_syn_linear_timeouts, resends by then)
+        let cases = [
+            (0, 4, 0),
+            (1, 4, 1),
+            (2, 4, 2),
+            (3, 4, 3),
+            (4, 4, 4),
+            (5, 4, 4),
+            (6, 4, 5),
+            (2, 0, 1),
+            (3, 0, 2),
+            (6, 0, 2),
+            (7, 0, 3),
+        ];
+        for (seconds, linear, resends) in cases {
+            assert_eq!(
+                syn_resends_within(seconds, linear),
+                resends,
+                "{seconds} s, linear {linear}"
+            );
+        }
+    }
 }
