@@ -611,6 +611,20 @@ pub struct ViolationRecord {
     pub denying_policy_name: String,
 }
 
+/// Hours kept in `status.violationHistory`: two days, enough to see yesterday's same hour.
+pub const VIOLATION_HISTORY_HOURS: usize = 48;
+
+/// The occurrences counted in one hour (`status.violationHistory[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ViolationBucket {
+    /// The hour's start, on the hour (UTC).
+    pub start: Time,
+    /// Occurrences counted in `violationCount` whose time lies in this hour.
+    #[schemars(range(min = 0))]
+    pub count: i64,
+}
+
 /// A violation a user acknowledged with the `networkenforcer.kubewarden.io/acknowledge-<id>` annotation.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -638,6 +652,11 @@ pub struct WorkloadNetworkPolicyStatus {
     /// Number of active records (`len(violations)`).
     #[serde(default)]
     pub active_violation_count: i64,
+    /// The occurrences `violationCount` counted, per hour of their time, over the last
+    /// 48 hours; oldest first, hours without any left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = VIOLATION_HISTORY_HOURS))]
+    pub violation_history: Vec<ViolationBucket>,
     /// Active records, newest first by timestamp, at most 100.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<ViolationRecord>,

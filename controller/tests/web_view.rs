@@ -302,10 +302,18 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         String::new,
     )
     .await?;
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    // The hourly history the workload page plots: 4 occurrences three hours ago, 1 this hour.
+    let hour = |back: i64| {
+        k8s_openapi::jiff::Timestamp::from_second((now.as_second() / 3600 - back) * 3600)
+            .map(|t| t.to_string())
+    };
+    let (this_hour, three_hours_ago) = (hour(0)?, hour(3)?);
+    let now = now.to_string();
     let status = json!({"status": {
-        "violationCount": 1,
+        "violationCount": 5,
         "activeViolationCount": 1,
+        "violationHistory": [{"start": three_hours_ago, "count": 4}, {"start": this_hour, "count": 1}],
         "violations": [{
             "id": 1, "timestamp": now,
             "source": {"namespace": n, "ownerKind": "Deployment", "ownerName": "http-client"},
@@ -410,6 +418,33 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     ensure!(
         title.starts_with("watched since 20") && !text.contains('{'),
         "absolute time on hover: {title:?}"
+    );
+    // The violations per hour, as bars in their hours: the busier hour drawn taller.
+    let bars = browser.wait_for(
+        "the violations plot",
+        Duration::from_secs(10),
+        "const rs = Array.from(document.querySelectorAll('section.policy figure.violation-plot rect')); \
+         return rs.length ? [rs.map(r => [r.dataset.start, Number(r.dataset.count), Number(r.getAttribute('height')), Number(r.getAttribute('x'))]), \
+         document.querySelector('section.policy figure.violation-plot figcaption').textContent] : null",
+    )?;
+    // [start, count, height, x]: bars 6 px apart per hour (x is left out: an hour may have turned
+    // since, moving both bars left).
+    let expected = json!([
+        [three_hours_ago.replace('Z', ".000Z"), 4, 36],
+        [this_hour.replace('Z', ".000Z"), 1, 9]
+    ]);
+    let x = |i: usize| bars[0][i][3].as_i64().unwrap_or_default();
+    let drawn: Vec<_> = (0..2)
+        .map(|i| json!(bars[0][i].as_array().map(|b| b[..3].to_vec())))
+        .collect();
+    ensure!(
+        json!(drawn) == expected
+            && x(1) - x(0) == 3 * 6
+            && x(1) >= 46 * 6
+            && bars[1]
+                .as_str()
+                .is_some_and(|c| c.starts_with("5 in the last 48 h")),
+        "the violations plot: {bars}, expected bars {expected} 18 px apart, the newest at the right"
     );
     // Conditions say what they mean in words.
     browser.wait_for(

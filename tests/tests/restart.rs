@@ -1079,6 +1079,11 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
         i64::from(OCCURRENCES),
         "counted none twice: {status:?}"
     );
+    let per_hour: i64 = status.violation_history.iter().map(|b| b.count).sum();
+    assert_eq!(
+        per_hour, status.violation_count,
+        "the hourly history counts what violationCount counts: {status:?}"
+    );
     let learned = rules(&ns).await?;
     for port in &expected {
         let rule = format!("deployment-http-server-ingress ingress {n}/app=http-client TCP/{port}");

@@ -7,7 +7,8 @@
 //!    that the status counted already: within [`REPEAT_WINDOW`] of the timestamp of an active or
 //!    acknowledged record with its key (the §3.6 rule, checked against what is persisted, so that an
 //!    occurrence sent again to a new leader, whose in-memory repeat filter starts empty, does not
-//!    count twice); records are sorted newest first and capped at [`MAX_VIOLATIONS`];
+//!    count twice), and adds to its hour in `violationHistory` ([`history`]); records are sorted
+//!    newest first and capped at [`MAX_VIOLATIONS`];
 //! 2. **clear** the records the current spec now allows (decided by the caller's semantic
 //!    evaluator, [`crate::monitor::evaluate::attribution::record_allowed_now`]);
 //! 3. **acknowledge** each `acknowledge-<id>` annotation: record `<id>` moves to
@@ -191,7 +192,7 @@ pub struct SyncInput<'a> {
     pub annotations: Option<&'a BTreeMap<String, String>>,
     /// Observations attributed to this policy since the last successful patch, in arrival order.
     pub observations: &'a [Observation],
-    /// The time of this sync, used as `acknowledgedAt`.
+    /// The time of this sync, used as `acknowledgedAt` and to age `violationHistory`.
     pub now: &'a Time,
 }
 
@@ -238,6 +239,7 @@ pub fn sync(
 ) -> SyncOutcome {
     let before = input.status.cloned().unwrap_or_default();
     let mut status = before.clone();
+    history::settle(&mut status.violation_history, input.now);
 
     // 1. Merge.
     for observation in input.observations {
@@ -265,6 +267,7 @@ pub fn sync(
             }
         }
         status.violation_count += 1;
+        history::count(&mut status.violation_history, at, input.now);
     }
     // Newest first; among equal timestamps the later id first, so the order is total.
     status
@@ -338,6 +341,7 @@ pub fn sync(
 }
 
 pub mod evidence;
+pub mod history;
 
 #[cfg(test)]
 mod tests;

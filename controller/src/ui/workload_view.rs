@@ -12,8 +12,8 @@ use network_enforcer_api::keys::{
     PROMOTED_FROM_LABEL,
 };
 use network_enforcer_api::{
-    Direction, IstioPolicy, NameRule, PolicyMode, ViolationRecord, WorkloadNetworkPolicyProposal,
-    WorkloadRef,
+    Direction, IstioPolicy, NameRule, PolicyMode, ViolationBucket, ViolationRecord,
+    WorkloadNetworkPolicyProposal, WorkloadRef,
 };
 use serde::Serialize;
 
@@ -131,6 +131,9 @@ pub struct PolicyView {
     pub conditions: Vec<ConditionView>,
     pub violation_count: i64,
     pub active_violation_count: i64,
+    /// `status.violationHistory`: occurrences counted per hour over the last 48 hours, oldest first,
+    /// hours without any left out (the page plots them).
+    pub violation_history: Vec<ViolationBucket>,
     pub violations: Vec<ViolationView>,
     pub acknowledged_violations: Vec<ViolationView>,
     /// For a monitor policy: the `kubectl patch` that switches it to protect.
@@ -296,6 +299,7 @@ fn policy_view(p: &PolicyObject) -> PolicyView {
         conditions: conditions(&status.conditions),
         violation_count: status.violation_count,
         active_violation_count: status.active_violation_count,
+        violation_history: status.violation_history.clone(),
         violations: status
             .violations
             .iter()

@@ -553,6 +553,10 @@ pub fn run_on(
         (s.violation_count, s.active_violation_count) == (2, 2),
         "{EGRESS}: expected the monitor and the protect violation: {s:#?}"
     );
+    ensure!(
+        s.violation_history.iter().map(|b| b.count).sum::<i64>() == 2,
+        "{EGRESS}: both violations in the hourly history: {s:#?}"
+    );
     let newest = &s.violations[0];
     ensure!(
         newest.action == PolicyMode::Protect

@@ -285,6 +285,7 @@ fn status_patch(
             "observedGeneration": status.observed_generation,
             "violationCount": status.violation_count,
             "activeViolationCount": status.active_violation_count,
+            "violationHistory": status.violation_history,
             "violations": status.violations,
             "acknowledgedViolations": status.acknowledged_violations,
             "ruleUsage": usage,

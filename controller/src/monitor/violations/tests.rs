@@ -1,6 +1,7 @@
 use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
+use network_enforcer_api::ViolationBucket;
 
 fn time(seconds: i64) -> Time {
     Time(Timestamp::from_second(1_800_000_000 + seconds).unwrap())
@@ -125,6 +126,48 @@ fn an_occurrence_already_counted_counts_nothing_when_it_comes_again() {
     let later = sync_with(Some(&acknowledged), &[observation(18081, 70)], None).status;
     assert_eq!(later.violation_count, 2, "a window later it counts");
     assert_eq!(later.violations.len(), 1, "and is active again");
+}
+
+#[test]
+fn the_hourly_history_counts_what_violation_count_counts() {
+    let with = |h: i64, count: i64| ViolationBucket {
+        start: time(h * 3600),
+        count,
+    };
+    let first = sync_with(
+        None,
+        &[observation(18081, 10), observation(53, -3590)],
+        None,
+    )
+    .status;
+    assert_eq!(first.violation_history, vec![with(-1, 1), with(0, 1)]);
+    // A resend of a counted occurrence adds to neither; a repeat a window later adds to both; an
+    // occurrence older than the kept hours only to the count.
+    let out = sync_with(
+        Some(&first),
+        &[
+            observation(18081, 10),
+            observation(18081, 80),
+            observation(5353, -48 * 3600),
+        ],
+        None,
+    )
+    .status;
+    assert_eq!(out.violation_count, 4);
+    assert_eq!(out.violation_history, vec![with(-1, 1), with(0, 2)]);
+    // Hours age out when a sync runs later, with or without new occurrences.
+    let later = sync(
+        SyncInput {
+            status: Some(&out),
+            generation: Some(3),
+            annotations: None,
+            observations: &[],
+            now: &time(47 * 3600),
+        },
+        |_| false,
+    );
+    assert!(later.status_changed);
+    assert_eq!(later.status.violation_history, vec![with(0, 2)]);
 }
 
 #[test]
@@ -449,7 +492,7 @@ mod properties {
     proptest! {
         /// For any batches of observations: the count grows by exactly the number of observations
         /// not counted already (all times here lie within one repeat window: the first of each key
-        /// counts), ids are unique and below the count, records are sorted newest first and capped, the active
+        /// counts), the hourly history sums to it, ids are unique and below the count, records are sorted newest first and capped, the active
         /// count is the length, and a second sync with nothing new changes nothing.
         #[test]
         fn merge_invariants(batches in prop::collection::vec(
@@ -480,6 +523,9 @@ mod properties {
                 let distinct: std::collections::BTreeSet<i32> =
                     s.violations.iter().filter_map(|r| r.dst_port).collect();
                 prop_assert_eq!(distinct.len(), s.violations.len());
+                // All times lie in the kept hours: the history sums to the count.
+                let in_history: i64 = s.violation_history.iter().map(|b| b.count).sum();
+                prop_assert_eq!(in_history, total);
                 let again = sync_with(Some(&s), &[], None);
                 prop_assert!(!again.status_changed);
                 status = Some(s);

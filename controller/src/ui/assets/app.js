@@ -648,6 +648,32 @@ function conditions(list) {
     list.map((c) => [c.type, c.status, CONDITION_MEANINGS[`${c.type}/${c.status}`] || "—", c.reason, c.message]));
 }
 
+// Violations per hour over the last 48 hours (status.violationHistory, oldest first, hours without any
+// left out), as bars: the newest hour on the right, each bar's hour and count on hover. The controller's
+// clock decides the hours: a newer hour than the browser's "now" moves the window, it is not dropped.
+const PLOT_HOURS = 48, PLOT_BAR = 6, PLOT_H = 36, HOUR_MS = 3600000;
+function violationPlot(history, now = Date.now()) {
+  const counts = new Map((history || []).map((b) => [Date.parse(b.start), Number(b.count) || 0]));
+  const last = Math.max(Math.floor(now / HOUR_MS) * HOUR_MS, ...counts.keys());
+  const first = last - (PLOT_HOURS - 1) * HOUR_MS;
+  const shown = [...counts].filter(([start, n]) => start >= first && n > 0);
+  const most = Math.max(0, ...shown.map(([, n]) => n));
+  const total = shown.reduce((sum, [, n]) => sum + n, 0);
+  const width = PLOT_HOURS * PLOT_BAR;
+  const svg = el("svg:svg", { width, height: PLOT_H + 2, viewBox: `0 0 ${width} ${PLOT_H + 2}`, role: "img",
+    "aria-label": `${total} violations in the last 48 hours` },
+    el("svg:line", { x1: 0, x2: width, y1: PLOT_H + 0.5, y2: PLOT_H + 0.5, class: "axis" }));
+  for (const [start, n] of shown) {
+    const h = Math.max(2, Math.round(PLOT_H * n / most));
+    const at = new Date(start);
+    svg.append(el("svg:rect", { x: Math.round((start - first) / HOUR_MS) * PLOT_BAR, y: PLOT_H - h, width: PLOT_BAR - 1, height: h,
+      "data-start": at.toISOString(), "data-count": n },
+    el("svg:title", {}, `${at.toLocaleString()} + 1 h: ${n} violation${n === 1 ? "" : "s"}`)));
+  }
+  return el("figure", { class: "violation-plot" }, svg,
+    el("figcaption", {}, total ? `${total} in the last 48 h, per hour (most ${most} in an hour); 48 h ago → now` : "none in the last 48 h"));
+}
+
 // Active violations, each followed by the command that acknowledges it on a row of its own, and a
 // "why" that explains the flow as the policies decide it now.
 function violationsTable(ns, list) {
@@ -691,6 +717,7 @@ async function workloadPage(ns, name, params) {
     const policies = el("div", {}, el("h2", {}, "Policies (in force)"), ...(w.policies.length ? w.policies.map((p) => el("section", { class: "card policy", "data-name": p.name },
       el("h3", {}, `${p.direction} · ${p.name} `, el("span", { class: `tag ${p.mode}` }, p.mode)),
       el("p", {}, `${p.activeViolationCount} active violations (${p.violationCount} observed in all)` + (p.promotedFrom ? `; from proposal ${p.promotedFrom}` : "")),
+      violationPlot(p.violationHistory),
       rulesTable(p.rules, true),
       ...namesTable(p.egressNames, true),
       el("h4", {}, "Active violations"),
