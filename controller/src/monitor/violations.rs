@@ -237,9 +237,11 @@ pub fn sync(
     input: SyncInput<'_>,
     mut allowed_now: impl FnMut(&ViolationRecord) -> bool,
 ) -> SyncOutcome {
-    let before = input.status.cloned().unwrap_or_default();
+    // The history settled before comparing: hours that only aged out change nothing worth a write
+    // (the page shows the last 48 hours whatever is stored); they leave with the next real one.
+    let mut before = input.status.cloned().unwrap_or_default();
+    history::settle(&mut before.violation_history, input.now);
     let mut status = before.clone();
-    history::settle(&mut status.violation_history, input.now);
 
     // 1. Merge.
     for observation in input.observations {

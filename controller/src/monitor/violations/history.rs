@@ -46,13 +46,24 @@ pub fn count(history: &mut Vec<ViolationBucket>, at: &Time, now: &Time) {
 }
 
 /// Puts a history read from a status in order and drops the hours that fell out of the window: what
-/// [`count`] expects. The status is written only by the controller, but anyone allowed to patch it
-/// could have written it out of order, with duplicates, or longer than the schema's bound on a
-/// cluster that does not enforce it.
+/// [`count`] expects. An hour after `now`'s was written by a leader whose clock ran ahead: it joins
+/// the current hour, as [`count`] does with such an occurrence, rather than being lost. The status is
+/// written only by the controller, but anyone allowed to patch it could have written starts off the
+/// hour, out of order, duplicates, or more than the schema's bound on a cluster that does not
+/// enforce it.
 pub fn settle(history: &mut Vec<ViolationBucket>, now: &Time) {
     let oldest = oldest_kept(now);
     let latest = hour_of(now);
-    history.retain(|b| (oldest..=latest).contains(&b.start.0.as_second()) && b.count > 0);
+    history.retain_mut(|b| {
+        let hour = hour_of(&b.start).min(latest);
+        if hour != b.start.0.as_second() {
+            match Timestamp::from_second(hour) {
+                Ok(start) => b.start = Time(start),
+                Err(_) => return false,
+            }
+        }
+        hour >= oldest && b.count > 0
+    });
     history.sort_by_key(|b| b.start.0.as_second());
     history.dedup_by(|later, earlier| {
         let same = later.start.0.as_second() == earlier.start.0.as_second();
@@ -128,15 +139,17 @@ mod tests {
             bucket("2026-12-04T12:00:00Z", 5), // fell out of the window
             bucket("2026-12-06T10:00:00Z", 2),
             bucket("2026-12-06T10:00:00Z", 3), // a duplicate hour
-            bucket("2026-12-06T13:00:00Z", 4), // the future
+            bucket("2026-12-06T13:00:00Z", 4), // a leader whose clock ran ahead
             bucket("2026-12-06T09:00:00Z", 0), // empty
+            bucket("2026-12-06T08:30:00Z", 6), // off the hour
         ];
         settle(&mut history, &now);
         assert_eq!(
             history,
             vec![
+                bucket("2026-12-06T08:00:00Z", 6),
                 bucket("2026-12-06T10:00:00Z", 5),
-                bucket("2026-12-06T12:00:00Z", 1),
+                bucket("2026-12-06T12:00:00Z", 5),
             ]
         );
         // At most one bucket per kept hour: the schema's bound holds.

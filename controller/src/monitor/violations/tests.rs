@@ -155,19 +155,28 @@ fn the_hourly_history_counts_what_violation_count_counts() {
     .status;
     assert_eq!(out.violation_count, 4);
     assert_eq!(out.violation_history, vec![with(-1, 1), with(0, 2)]);
-    // Hours age out when a sync runs later, with or without new occurrences.
-    let later = sync(
-        SyncInput {
-            status: Some(&out),
-            generation: Some(3),
-            annotations: None,
-            observations: &[],
-            now: &time(47 * 3600),
-        },
-        |_| false,
+    // Hours age out of the next status written; ageing alone writes nothing.
+    let later = |observations: &[Observation]| {
+        sync(
+            SyncInput {
+                status: Some(&out),
+                generation: Some(3),
+                annotations: None,
+                observations,
+                now: &time(47 * 3600),
+            },
+            |_| false,
+        )
+    };
+    let aged = later(&[]);
+    assert!(!aged.status_changed);
+    assert_eq!(aged.status.violation_history, vec![with(0, 2)]);
+    let written = later(&[observation(53, 47 * 3600)]);
+    assert!(written.status_changed);
+    assert_eq!(
+        written.status.violation_history,
+        vec![with(0, 2), with(47, 1)]
     );
-    assert!(later.status_changed);
-    assert_eq!(later.status.violation_history, vec![with(0, 2)]);
 }
 
 #[test]

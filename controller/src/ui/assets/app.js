@@ -653,7 +653,11 @@ function conditions(list) {
 // clock decides the hours: a newer hour than the browser's "now" moves the window, it is not dropped.
 const PLOT_HOURS = 48, PLOT_BAR = 6, PLOT_H = 36, HOUR_MS = 3600000;
 function violationPlot(history, now = Date.now()) {
-  const counts = new Map((history || []).map((b) => [Date.parse(b.start), Number(b.count) || 0]));
+  const counts = new Map();
+  for (const b of history || []) {
+    const start = Date.parse(b.start);
+    if (Number.isFinite(start)) counts.set(start, (counts.get(start) || 0) + (Number(b.count) || 0));
+  }
   const last = Math.max(Math.floor(now / HOUR_MS) * HOUR_MS, ...counts.keys());
   const first = last - (PLOT_HOURS - 1) * HOUR_MS;
   const shown = [...counts].filter(([start, n]) => start >= first && n > 0);
@@ -668,7 +672,7 @@ function violationPlot(history, now = Date.now()) {
     const at = new Date(start);
     svg.append(el("svg:rect", { x: Math.round((start - first) / HOUR_MS) * PLOT_BAR, y: PLOT_H - h, width: PLOT_BAR - 1, height: h,
       "data-start": at.toISOString(), "data-count": n },
-    el("svg:title", {}, `${at.toLocaleString()} + 1 h: ${n} violation${n === 1 ? "" : "s"}`)));
+    el("svg:title", {}, `${at.toISOString().slice(0, 16).replace("T", " ")} UTC + 1 h: ${n} violation${n === 1 ? "" : "s"}`)));
   }
   return el("figure", { class: "violation-plot" }, svg,
     el("figcaption", {}, total ? `${total} in the last 48 h, per hour (most ${most} in an hour); 48 h ago → now` : "none in the last 48 h"));
