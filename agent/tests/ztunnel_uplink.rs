@@ -4,8 +4,8 @@
 //! A controller that reads batches but never acknowledges them stands for an agent killed between
 //! sending and the acknowledgement: after the restart the lines are read again.
 
-use network_enforcer_agent::sources::ztunnel::{Reader, ZtunnelConfig};
-use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName};
+use network_enforcer_agent::sources::ztunnel::{self, Reader, ZtunnelConfig};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName, SourcesStop};
 use network_enforcer_agent::uplink::{self, UplinkConfig, UplinkCounters, UplinkSender};
 use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::uplink::FlowRecord;
@@ -40,14 +40,19 @@ impl Node {
             .join("containers/ztunnel-x7k2p_istio-system_istio-proxy-0123456789abcdef.log")
     }
 
-    /// A reader as the agent starts one: the same glob and state file at every (re)start.
+    /// The reader's settings as the agent has them: the same glob and state file at every (re)start.
+    fn config(&self, poll: Duration) -> ZtunnelConfig {
+        ZtunnelConfig {
+            glob: format!("{}/containers/*ztunnel*.log", self.dir.path().display()),
+            state_file: Some(self.dir.path().join("state/positions.json")),
+            poll,
+        }
+    }
+
+    /// A reader as the agent starts one.
     fn reader(&self) -> Reader {
         Reader::new(
-            ZtunnelConfig {
-                glob: format!("{}/containers/*ztunnel*.log", self.dir.path().display()),
-                state_file: Some(self.dir.path().join("state/positions.json")),
-                poll: Duration::from_millis(50),
-            },
+            self.config(Duration::from_millis(50)),
             self.metrics.source(SourceName::ztunnel),
         )
     }
@@ -162,4 +167,50 @@ async fn lines_sent_but_never_acknowledged_are_read_again_after_a_restart() {
 async fn acknowledged_lines_are_not_read_again_after_a_restart() {
     let records = restart_after_shipping(true).await;
     assert!(records.is_empty(), "read twice: {records:?}");
+}
+
+/// A rolling update (SIGTERM): the agent's last flush is acknowledged after the reader's last poll,
+/// and no poll comes after it (here the reader task polls once an hour). The agent's stop tells the
+/// reader, which saves what was acknowledged: the restarted agent does not read those lines again
+/// (before the stop saved, it did, and the controller took them as new batches of a new agent process).
+#[tokio::test]
+async fn a_stopping_agent_saves_what_was_acknowledged_after_the_last_poll() {
+    let node = Node::new();
+    // A first run opened the (empty) log and saved where it begins.
+    std::fs::write(node.log(), "").unwrap();
+    assert!(node.reader().poll().is_empty());
+    append_learned_connection(&node.log());
+
+    let (addr, seen) = serve_recorder(true).await;
+    let (sender, uplink_task, counters) = node.uplink(addr);
+    let sink = RecordSink::default();
+    let (tell, told) = tokio::sync::oneshot::channel();
+    let reader_task = tokio::spawn(ztunnel::run(
+        node.config(Duration::from_secs(3600)),
+        sink.clone(),
+        node.metrics.source(SourceName::ztunnel),
+        told,
+    ));
+    // The task's first poll (at once) read the line; the agent's last flush ships it.
+    let shipped = std::cell::Cell::new(0);
+    wait_for("the reader's first poll", || {
+        let (records, receipts) = sink.drain_with_receipts();
+        shipped.set(shipped.get() + records.len());
+        if !records.is_empty() {
+            sender.send_with_receipts(records, receipts);
+        }
+        shipped.get() == 1
+    })
+    .await;
+    wait_for("the acknowledgement", || counters.batches_acked.get() == 1).await;
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    drop(sender);
+    uplink_task.await.unwrap();
+    SourcesStop::ztunnel(tell, reader_task).stop().await;
+
+    let records = node.reader().poll();
+    assert!(
+        records.is_empty(),
+        "read again after the restart: {records:?}"
+    );
 }

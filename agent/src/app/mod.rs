@@ -287,7 +287,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let mut source_records = args
+    let (mut source_records, sources_stop) = args
         .sources
         .start(args.node_name.clone(), &metrics.sources());
     if enforcement.is_some() && source_records.is_none() {
@@ -440,7 +440,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             break;
         }
     }
-    stop::stop(pod_watch, enforcement_client, uplink).await;
+    stop::stop(pod_watch, enforcement_client, uplink, sources_stop).await;
     tracing::info!(counters = ?data_plane.counters()?, "stopped");
     Ok(())
 }

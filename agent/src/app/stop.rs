@@ -1,7 +1,9 @@
 //! The way out of the agent's loop: the pod watch and the enforcement stopped, the uplink given 5 s
-//! to deliver what is queued.
+//! to deliver what is queued, then the sources told, so that the ztunnel reader saves the read
+//! positions of what the controller acknowledged (its last flush's among them).
 
 use crate::enforce;
+use crate::sources::SourcesStop;
 use crate::uplink::UplinkSender;
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ pub async fn stop(
     pod_watch: Option<tokio::task::JoinHandle<()>>,
     enforcement_client: Option<(kube::Client, enforce::watch::Config, enforce::watch::Handle)>,
     uplink: Option<(UplinkSender, tokio::task::JoinHandle<()>)>,
+    sources: SourcesStop,
 ) {
     if let Some(watch) = pod_watch {
         watch.abort();
@@ -32,4 +35,5 @@ pub async fn stop(
             tracing::warn!("stopped with unacknowledged uplink batches");
         }
     }
+    sources.stop().await;
 }

@@ -114,13 +114,18 @@ impl SourceArgs {
         })
     }
 
-    /// Starts the configured sources; returns the sink the flush drains (`None`: no source on).
-    /// Must be called inside the Tokio runtime.
-    pub fn start(&self, node: Option<String>, metrics: &SourceMetrics) -> Option<RecordSink> {
+    /// Starts the configured sources; returns the sink the flush drains (`None`: no source on) and
+    /// what stops them. Must be called inside the Tokio runtime.
+    pub fn start(
+        &self,
+        node: Option<String>,
+        metrics: &SourceMetrics,
+    ) -> (Option<RecordSink>, SourcesStop) {
         let hubble = self.hubble(node);
         let ztunnel = self.ztunnel();
+        let mut stop = SourcesStop::default();
         if hubble.is_none() && ztunnel.is_none() {
-            return None;
+            return (None, stop);
         }
         let sink = RecordSink::default();
         if let Some(config) = hubble {
@@ -133,13 +138,55 @@ impl SourceArgs {
         }
         if let Some(config) = ztunnel {
             tracing::info!(glob = %config.glob, state = ?config.state_file, "ztunnel source on");
-            tokio::spawn(ztunnel::run(
+            let (tell, told) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(ztunnel::run(
                 config,
                 sink.clone(),
                 metrics.source(SourceName::ztunnel),
+                told,
             ));
+            stop = SourcesStop::ztunnel(tell, task);
         }
-        Some(sink)
+        (Some(sink), stop)
+    }
+}
+
+/// How the agent's stop ends the sources that keep state across restarts: the ztunnel reader saves
+/// the read positions whose records the controller acknowledged (docs/flow-sources.md, "Read
+/// positions"). Hubble keeps none (a restart reads live flows only).
+#[derive(Debug, Default)]
+pub struct SourcesStop {
+    ztunnel: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl SourcesStop {
+    /// A handle that stops a ztunnel reader task started with [`ztunnel::run`] and `told`.
+    pub fn ztunnel(
+        tell: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<()>,
+    ) -> Self {
+        Self {
+            ztunnel: Some((tell, task)),
+        }
+    }
+
+    /// Called once the uplink has delivered the last flush (or given up): the reader saves what was
+    /// acknowledged and ends, within 2 s (a save is one small file write).
+    pub async fn stop(self) {
+        if let Some((tell, task)) = self.ztunnel {
+            let _ = tell.send(());
+            let abort = task.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+                tracing::warn!("the ztunnel reader did not stop in 2 s; read positions not saved");
+            }
+        }
     }
 }
 

@@ -592,6 +592,13 @@ impl Reader {
                 .checkpoints
                 .push_back(Checkpoint { positions, watches }),
         }
+        self.save_settled();
+    }
+
+    /// Saves the newest checkpoint whose records, and every earlier one's, are settled: what a poll
+    /// does after reading, and what the agent's stop does once its last batches are acknowledged (no
+    /// poll comes after them: without it a rolling update would read the last flush's lines again).
+    pub fn save_settled(&mut self) {
         let mut reached = None;
         for c in &mut self.checkpoints {
             c.watches.retain(|w| !w.settled());
@@ -690,18 +697,32 @@ impl Reader {
     }
 }
 
-/// Tails the ztunnel logs into `sink` forever (see [`Reader`]), each poll's records with their receipt.
-/// Never returns.
-pub async fn run(config: ZtunnelConfig, sink: super::RecordSink, health: super::SourceHealth) {
+/// Tails the ztunnel logs into `sink` (see [`Reader`]), each poll's records with their receipt, until
+/// `stop` fires or its sender is dropped; then saves the acknowledged read positions and returns.
+pub async fn run(
+    config: ZtunnelConfig,
+    sink: super::RecordSink,
+    health: super::SourceHealth,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
     let poll = config.poll.max(std::time::Duration::from_millis(50));
     let mut reader = Reader::new(config, health);
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        // File I/O is blocking but short (only what was appended since the last poll).
-        let records = reader.poll();
-        sink.add_with_receipt(records, reader.take_receipt());
+        tokio::select! {
+            _ = tick.tick() => {
+                // File I/O is blocking but short (only what was appended since the last poll).
+                let records = reader.poll();
+                sink.add_with_receipt(records, reader.take_receipt());
+            }
+            // The agent stops (or dropped its handle): what the controller acknowledged by now is
+            // saved; lines read since its last flush stay unsaved, to be read again after a restart.
+            _ = &mut stop => {
+                reader.save_settled();
+                return;
+            }
+        }
     }
 }
 
