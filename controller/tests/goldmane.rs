@@ -5,7 +5,8 @@
 //!
 //! Checked: the mutual-TLS connect with material read through the API; a wrong client certificate is
 //! refused and the source recovers once the Secret is fixed (re-read on reconnect); a disconnect
-//! mid-stream; 15-s re-sends counted once; `Allow` reported by the destination reaching learning
+//! mid-stream, after which the source resumes from the newest window it received (the window that
+//! completed meanwhile is backfilled, not lost); 15-s re-sends counted once; `Allow` reported by the destination reaching learning
 //! (pending proposal edges) and `Deny` reaching the violation evidence queue as blocked, with its
 //! direction, under the reporting pod's node, the same path as agent batches.
 
@@ -39,9 +40,18 @@ use tonic::{Request, Response, Status};
 
 const SERVER_NAME: &str = "goldmane.calico-system.svc";
 
+/// One stream as Goldmane would serve it: the windows of its history (sent only to a request with
+/// `start_time_gte > 0`, those starting at or after it, as upstream backfills), then live windows,
+/// then an error (Goldmane restarting) or an open stream.
+struct Session {
+    history: Vec<FlowResult>,
+    live: Vec<FlowResult>,
+    fails: bool,
+}
+
 #[derive(Default)]
 struct Script {
-    sessions: Mutex<VecDeque<(Vec<FlowResult>, bool)>>,
+    sessions: Mutex<VecDeque<Session>>,
     requests: Mutex<Vec<FlowStreamRequest>>,
 }
 
@@ -58,16 +68,24 @@ impl Flows for FakeGoldmane {
         &self,
         request: Request<FlowStreamRequest>,
     ) -> Result<Response<Results>, Status> {
-        self.0.requests.lock().unwrap().push(request.into_inner());
-        let (results, fail) = self
-            .0
-            .sessions
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or((vec![], false));
-        let head = tokio_stream::iter(results.into_iter().map(Ok));
-        Ok(Response::new(if fail {
+        let request = request.into_inner();
+        let from = request.start_time_gte;
+        self.0.requests.lock().unwrap().push(request);
+        let session = self.0.sessions.lock().unwrap().pop_front();
+        let Session {
+            history,
+            live,
+            fails,
+        } = session.unwrap_or(Session {
+            history: vec![],
+            live: vec![],
+            fails: false,
+        });
+        let backfill = history
+            .into_iter()
+            .filter(move |r| from > 0 && r.flow.as_ref().is_some_and(|f| f.start_time >= from));
+        let head = tokio_stream::iter(backfill.chain(live).map(Ok));
+        Ok(Response::new(if fails {
             Box::pin(head.chain(tokio_stream::once(Err(Status::unavailable("restarting")))))
         } else {
             Box::pin(head.chain(tokio_stream::pending()))
@@ -222,26 +240,35 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     let mut host = key(Action::Allow, Reporter::Dst);
     host.source_type = EndpointType::HostEndpoint as i32;
     let script = Arc::new(Script::default());
+    let first_window = vec![
+        result(1, key(Action::Allow, Reporter::Src), 1_000),
+        result(2, key(Action::Allow, Reporter::Dst), 1_000),
+        result(3, denied_trace.clone(), 1_000),
+        result(4, host, 1_000),
+    ];
     script.sessions.lock().unwrap().extend([
-        // The first window, then Goldmane restarts mid-stream.
-        (
-            vec![
-                result(1, key(Action::Allow, Reporter::Src), 1_000),
-                result(2, key(Action::Allow, Reporter::Dst), 1_000),
-                result(3, denied_trace.clone(), 1_000),
-                result(4, host, 1_000),
+        // The first window, then the stream breaks (Goldmane's rollout, a network blip).
+        Session {
+            history: vec![],
+            live: first_window.clone(),
+            fails: true,
+        },
+        // While the source was away the next window completed, with a denial at ingress: only a
+        // reconnect from the newest window received gets it (a live-only one lost it). The window
+        // already taken comes again with it; then the next live window re-sends the same keys.
+        Session {
+            history: [
+                vec![result(0, key(Action::Allow, Reporter::Dst), 985)],
+                first_window,
+                vec![result(5, key(Action::Deny, Reporter::Dst), 1_015)],
+            ]
+            .concat(),
+            live: vec![
+                result(2, key(Action::Allow, Reporter::Dst), 1_030),
+                result(3, denied_trace, 1_030),
             ],
-            true,
-        ),
-        // After the reconnect: the next 15-s window re-sends the same keys, then a denial at ingress.
-        (
-            vec![
-                result(2, key(Action::Allow, Reporter::Dst), 1_015),
-                result(3, denied_trace, 1_015),
-                result(5, key(Action::Deny, Reporter::Dst), 1_015),
-            ],
-            false,
-        ),
+            fails: false,
+        },
     ]);
     let tls = ServerTlsConfig::new()
         .identity(pki.server.clone())
@@ -324,26 +351,41 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         "both sessions read in full",
         Duration::from_secs(20),
         Duration::from_millis(10),
-        || health.messages.get() >= 7,
+        || health.messages.get() >= 11,
         || format!("{} messages", health.messages.get()),
     )
     .await
     .unwrap();
     records.extend(evidence.drain());
-    assert_eq!(health.messages.get(), 7, "both sessions read in full");
+    assert_eq!(
+        health.messages.get(),
+        11,
+        "both sessions read in full: 4, then 5 backfilled and 2 live"
+    );
     let requests = script.requests.lock().unwrap().clone();
     assert_eq!(
         requests.len(),
         2,
         "one stream, then one after the disconnect"
     );
-    assert!(requests.iter().all(|r| r.start_time_gte == 0
-        && r.aggregation_interval == 15
-        && r.filter.as_ref().unwrap().actions == vec![1, 2]));
+    assert_eq!(
+        requests
+            .iter()
+            .map(|r| r.start_time_gte)
+            .collect::<Vec<_>>(),
+        vec![0, 1_000],
+        "live first, then from the newest window received"
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.aggregation_interval == 15
+                && r.filter.as_ref().unwrap().actions == vec![1, 2])
+    );
     assert_eq!(
         health.resends.get(),
-        2,
-        "the next window's re-sends of two keys"
+        6,
+        "the first window backfilled again (4 keys) and the next live window's re-sends of two"
     );
     assert_eq!(
         health.skipped.get(),

@@ -2,7 +2,8 @@
 //! cluster-wide, server-streaming `goldmane.Flows/Stream`, over mutual TLS.
 //!
 //! - **What is taken.** Live flows (`start_time_gte = 0`) with actions Allow and Deny, aggregation
-//!   interval 15 s. Only workload endpoints on both sides. `Allow` reported by the destination
+//!   interval 15 s; after a reconnect, from the newest window received ([`resume_from`]), so that the
+//!   windows that completed while disconnected are backfilled, not lost. Only workload endpoints on both sides. `Allow` reported by the destination
 //!   (reporter `Dst`) is learned (the source's report of the same flow is skipped, so one flow is not
 //!   counted twice); `Deny` is protect evidence, egress when reported by the source, ingress when
 //!   reported by the destination, naming the denying policy from the enforced trace (the hit itself,
@@ -520,10 +521,23 @@ pub async fn read_tls(
     Ok(TlsMaterial { ca, cert, key })
 }
 
-/// The request: live flows (no backfill), Allow and Deny, 15 s windows.
-pub fn request() -> FlowStreamRequest {
+/// Where a stream starts: live flows at the first connect (`0`: a new leader does not know where the
+/// last one stopped), and after a reconnect the newest window this process received, whole (its
+/// flows may have been cut by the disconnect): the windows that completed while disconnected are
+/// backfilled from Goldmane's history instead of lost, and what comes again of the windows already
+/// taken is a re-send [`Dedupe`] drops. Never later than `now` (a start in the future would hold back
+/// every flow until then).
+pub fn resume_from(newest_window: Option<i64>, now: i64) -> i64 {
+    match newest_window {
+        Some(start) if start > 0 => start.min(now),
+        _ => 0,
+    }
+}
+
+/// The request: from `start_time_gte` (see [`resume_from`]), Allow and Deny, 15 s windows.
+pub fn request(start_time_gte: i64) -> FlowStreamRequest {
     FlowStreamRequest {
-        start_time_gte: 0,
+        start_time_gte,
         filter: Some(Filter {
             actions: vec![Action::Allow as i32, Action::Deny as i32],
             ..Filter::default()
@@ -536,6 +550,7 @@ pub fn request() -> FlowStreamRequest {
 pub async fn open(
     config: &GoldmaneConfig,
     tls: TlsMaterial,
+    start_time_gte: i64,
 ) -> Result<tonic::Streaming<network_enforcer_api::goldmane::FlowResult>, GoldmaneError> {
     let bad = |e: String| GoldmaneError::Config(config.address.clone(), e);
     let endpoint = Endpoint::from_shared(format!("https://{}", config.address))
@@ -552,7 +567,7 @@ pub async fn open(
         .map_err(|e| bad(format!("{e:?}")))?;
     let channel = endpoint.connect().await.map_err(GoldmaneError::Connect)?;
     let mut client = FlowsClient::new(channel).max_decoding_message_size(16 * 1024 * 1024);
-    Ok(client.stream(request()).await?.into_inner())
+    Ok(client.stream(request(start_time_gte)).await?.into_inner())
 }
 
 /// The Goldmane source's metrics (registered by the caller).
@@ -654,14 +669,23 @@ impl Goldmane {
         }
     }
 
-    async fn stream_once(&self, dedupe: &mut Dedupe) -> Result<(), GoldmaneError> {
+    /// One stream, from `newest_window` on (see [`resume_from`]), which it moves forward.
+    async fn stream_once(
+        &self,
+        dedupe: &mut Dedupe,
+        newest_window: &mut Option<i64>,
+    ) -> Result<(), GoldmaneError> {
         let tls = read_tls(&self.client, &self.config).await?;
-        let mut stream = open(&self.config, tls).await?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let from = resume_from(*newest_window, now);
+        let mut stream = open(&self.config, tls, from).await?;
         self.health.connected.set(1);
         if let Some(r) = &self.readiness {
             r.ready(format!("streaming from {}", self.config.address));
         }
-        tracing::info!(address = %self.config.address, "Goldmane connected");
+        tracing::info!(address = %self.config.address, start_time_gte = from, "Goldmane connected");
         while let Some(result) = stream.message().await? {
             self.health.messages.inc();
             self.health.last_message.set(
@@ -671,6 +695,8 @@ impl Goldmane {
             );
             if let Some(flow) = result.flow {
                 self.take(dedupe, &flow);
+                *newest_window =
+                    Some(newest_window.map_or(flow.start_time, |n| n.max(flow.start_time)));
             }
         }
         Err(GoldmaneError::Ended)
@@ -679,11 +705,12 @@ impl Goldmane {
     /// Streams Goldmane's flows into learning and evidence forever. Never returns.
     pub async fn run(self) {
         let mut dedupe = Dedupe::default();
+        let mut newest_window = None;
         let mut attempt = 0u32;
         loop {
             let received = self.health.messages.get();
             let error = self
-                .stream_once(&mut dedupe)
+                .stream_once(&mut dedupe, &mut newest_window)
                 .await
                 .err()
                 .unwrap_or(GoldmaneError::Ended);
@@ -948,8 +975,22 @@ mod tests {
             "goldmane-key-pair"
         );
         assert!("nope".parse::<ObjectRef>().is_err());
-        let r = request();
+        let r = request(0);
         assert_eq!((r.start_time_gte, r.aggregation_interval), (0, 15));
         assert_eq!(r.filter.unwrap().actions, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_reconnect_resumes_from_the_newest_window_received() {
+        let now = 1_800_000_000;
+        for (newest, want) in [
+            (None, 0),                  // the first connect: live
+            (Some(now - 45), now - 45), // the window in full, and what completed since
+            (Some(now + 3_600), now),   // Goldmane's clock ahead: not a start in the future
+            (Some(0), 0),               // no usable time: live
+            (Some(-5), 0),
+        ] {
+            assert_eq!(resume_from(newest, now), want, "{newest:?}");
+        }
     }
 }
