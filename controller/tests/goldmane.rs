@@ -22,6 +22,9 @@ use network_enforcer_api::goldmane::{
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
+use network_enforcer_controller::ingest::Learning;
+use network_enforcer_controller::ingest::claims::Claims;
+use network_enforcer_controller::ingest::source_cursors::PersistedCursor;
 use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
 use network_enforcer_controller::monitor::violations::evidence::EvidenceKind;
 use network_enforcer_controller::sources::goldmane::{
@@ -265,7 +268,7 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
             .concat(),
             live: vec![
                 result(2, key(Action::Allow, Reporter::Dst), 1_030),
-                result(3, denied_trace, 1_030),
+                result(3, denied_trace.clone(), 1_030),
             ],
             fails: false,
         },
@@ -311,9 +314,9 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     let health = GoldmaneHealth::default();
     let source = tokio::spawn(
         Goldmane {
-            config,
+            config: config.clone(),
             client: ns.client.clone(),
-            learning,
+            learning: learning.clone(),
             health: health.clone(),
             readiness: None,
         }
@@ -429,5 +432,79 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     );
     assert_eq!(health.connected.get(), 1);
     source.abort();
+
+    // A new leader: it waits for the persisted evidence claims, then asks for the windows after the
+    // cursor the last leader's written evidence reached (1015 here, its status pass written): Goldmane
+    // backfills 1030, which the last leader had taken but not written, and 1045, which completed in
+    // between; 1000 and 1015 are not sent, so not counted twice.
+    let claims = Arc::new(Claims::unread());
+    let next = Arc::new(Learning {
+        index: learning.index.clone(),
+        learner: learning.learner.clone(),
+        writer: learning.writer.clone(),
+        evidence: learning.evidence.clone(),
+        early: Default::default(),
+        names: None,
+        claims: claims.clone(),
+    });
+    let mut egress_deny = key(Action::Deny, Reporter::Src);
+    egress_deny.dest_port = 9090;
+    script.sessions.lock().unwrap().push_back(Session {
+        history: vec![
+            result(1, key(Action::Allow, Reporter::Dst), 1_000),
+            result(5, key(Action::Deny, Reporter::Dst), 1_015),
+            result(3, denied_trace, 1_030),
+            result(6, egress_deny, 1_045),
+        ],
+        live: vec![],
+        fails: false,
+    });
+    let next_health = GoldmaneHealth::default();
+    let next_source = Goldmane {
+        config,
+        client: ns.client.clone(),
+        learning: next,
+        health: next_health.clone(),
+        readiness: None,
+    };
+    let cursor = next_source.cursor_name();
+    let next_source = tokio::spawn(next_source.run());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        script.requests.lock().unwrap().len(),
+        2,
+        "no stream before the claims are read"
+    );
+    claims.cursors.restore(vec![PersistedCursor {
+        source: cursor,
+        through: 1_015,
+    }]);
+    claims.restore(vec![]);
+    wait::until(
+        "the backfill after the cursor",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || next_health.messages.get() >= 2,
+        || format!("{} messages", next_health.messages.get()),
+    )
+    .await
+    .unwrap();
+    let requests = script.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests[2].start_time_gte, 1_016,
+        "after the cursor's window"
+    );
+    let mut after: Vec<(u16, String)> = evidence
+        .drain()
+        .iter()
+        .map(|e| (e.record.port, format!("{:?}", e.record.opened)))
+        .collect();
+    after.sort();
+    assert_eq!(
+        after,
+        vec![(8080, "Outbound".into()), (9090, "Outbound".into())],
+        "1030's denial (not written before) and 1045's, nothing of 1000 or 1015"
+    );
+    next_source.abort();
     server.abort();
 }

@@ -905,7 +905,7 @@ async fn batches_resent_to_a_new_leader_count_once_even_61_s_apart() -> Result<(
             else {
                 return Ok(None);
             };
-            let claims = claims_store::decode("claims", &bytes.0)?;
+            let claims = claims_store::decode("claims", &bytes.0)?.claims;
             let held = |sequence| claims.iter().any(|c| c.ranges.contains(sequence));
             Ok([1, 2].into_iter().all(held).then_some(()))
         },

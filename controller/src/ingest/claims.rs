@@ -172,6 +172,8 @@ impl Attempt {
 #[derive(Debug)]
 pub struct Claims {
     nodes: Mutex<HashMap<String, VecDeque<InstanceClaims>>>,
+    /// Where the cluster sources the controller reads itself stand, persisted with the claims.
+    pub cursors: super::source_cursors::SourceCursors,
     /// False until a persisted copy was read ([`Claims::restore`]); batches are refused until then.
     ready: AtomicBool,
     /// Whether claims are persisted: then a batch that counted waits for a snapshot that holds it.
@@ -182,6 +184,7 @@ impl Default for Claims {
     fn default() -> Self {
         Claims {
             nodes: Mutex::default(),
+            cursors: Default::default(),
             ready: AtomicBool::new(true),
             persisting: false,
         }
@@ -279,6 +282,8 @@ impl Ranges {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub claims: Vec<Persisted>,
+    /// The cluster sources' cursors ([`super::source_cursors::SourceCursors::advance`]).
+    pub cursors: Vec<super::source_cursors::PersistedCursor>,
     /// The gates to open once it is written (closed now).
     pub gates: Vec<ClaimGate>,
     /// Sequences left out to stay within [`RANGES_PER_INSTANCE`].
@@ -349,7 +354,8 @@ impl Claims {
     /// What to persist so that a new leader recognises what this one counted: every judged range,
     /// and every claimed batch whose evidence is in statuses (`written(mark)` for the mark all its
     /// records wait for) though its acknowledgement may not have gone; with the gates of those
-    /// batches, to open once the snapshot is written ([`ClaimGate::persisted`]).
+    /// batches, to open once the snapshot is written ([`ClaimGate::persisted`]); and the cluster
+    /// sources' cursors, moved over the windows whose evidence is written.
     pub fn snapshot(&self, written: impl Fn(u64) -> bool) -> Snapshot {
         let nodes = self.nodes.lock().expect("claims lock");
         let (mut out, mut gates, mut cut) = (Vec::new(), Vec::new(), 0u64);
@@ -377,10 +383,12 @@ impl Claims {
                 }
             }
         }
+        drop(nodes);
         // By node only: each node's processes stay newest first.
         out.sort_by(|a, b| a.node.cmp(&b.node));
         Snapshot {
             claims: out,
+            cursors: self.cursors.advance(&written),
             gates,
             cut,
         }

@@ -6,10 +6,13 @@
 //!
 //! The ConfigMap holds gzip-compressed JSON of every agent process's judged ranges of sequences
 //! ([`Persisted`]); usually one range per process. Past [`MAX_BYTES`] compressed, only each process's
-//! highest range is kept (counted as dropped). [`encode`] and [`decode`] are pure; [`ClaimsStore`] is
+//! highest range is kept (counted as dropped). Beside them, the cursors of the cluster sources the
+//! controller reads itself ([`super::source_cursors`]): an optional field, so that a controller of
+//! the release before reads the claims and leaves the cursors alone. [`encode`] and [`decode`] are pure; [`ClaimsStore`] is
 //! the thin Kubernetes part.
 
 use super::claims::{Persisted, Ranges};
+use super::source_cursors::PersistedCursor;
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
@@ -31,9 +34,18 @@ pub const MAX_BYTES: usize = 900 * 1024;
 const MAX_DECOMPRESSED: u64 = 32 << 20;
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Stored {
+struct Encoded {
     format: u32,
     claims: Vec<Persisted>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    cursors: Vec<PersistedCursor>,
+}
+
+/// What the ConfigMap holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub claims: Vec<Persisted>,
+    pub cursors: Vec<PersistedCursor>,
 }
 
 /// Why persisted claims could not be read or written.
@@ -61,9 +73,10 @@ impl StoreError {
     }
 }
 
-/// `claims` compressed within [`MAX_BYTES`], and how many sequences were left out to fit.
-pub fn encode(claims: &[Persisted]) -> (Vec<u8>, u64) {
-    let bytes = compress(claims);
+/// `claims` and `cursors` compressed within [`MAX_BYTES`], and how many sequences were left out to
+/// fit (the cursors, a few each, always fit).
+pub fn encode(claims: &[Persisted], cursors: &[PersistedCursor]) -> (Vec<u8>, u64) {
+    let bytes = compress(claims, cursors);
     if bytes.len() <= MAX_BYTES {
         return (bytes, 0);
     }
@@ -81,7 +94,7 @@ pub fn encode(claims: &[Persisted]) -> (Vec<u8>, u64) {
             }
         })
         .collect();
-    let bytes = compress(&cut);
+    let bytes = compress(&cut, cursors);
     if bytes.len() <= MAX_BYTES {
         return (bytes, dropped);
     }
@@ -89,13 +102,14 @@ pub fn encode(claims: &[Persisted]) -> (Vec<u8>, u64) {
         .iter()
         .map(|p| p.ranges.len_sequences())
         .fold(0u64, u64::saturating_add);
-    (compress(&[]), all)
+    (compress(&[], cursors), all)
 }
 
-fn compress(claims: &[Persisted]) -> Vec<u8> {
-    let json = serde_json::to_vec(&Stored {
+fn compress(claims: &[Persisted], cursors: &[PersistedCursor]) -> Vec<u8> {
+    let json = serde_json::to_vec(&Encoded {
         format: FORMAT,
         claims: claims.to_vec(),
+        cursors: cursors.to_vec(),
     })
     .unwrap_or_default();
     let mut gz = GzEncoder::new(Vec::with_capacity(json.len() / 4), Compression::fast());
@@ -104,8 +118,8 @@ fn compress(claims: &[Persisted]) -> Vec<u8> {
     gz.finish().unwrap_or_default()
 }
 
-/// The claims in `bytes` (read from ConfigMap `name`, for the error).
-pub fn decode(name: &str, bytes: &[u8]) -> Result<Vec<Persisted>, StoreError> {
+/// The claims and cursors in `bytes` (read from ConfigMap `name`, for the error).
+pub fn decode(name: &str, bytes: &[u8]) -> Result<Stored, StoreError> {
     let corrupt = |message: String| StoreError::Corrupt {
         name: name.to_string(),
         message,
@@ -120,7 +134,7 @@ pub fn decode(name: &str, bytes: &[u8]) -> Result<Vec<Persisted>, StoreError> {
             "larger than {MAX_DECOMPRESSED} bytes decompressed"
         )));
     }
-    let stored: Stored =
+    let stored: Encoded =
         serde_json::from_slice(&json).map_err(|e| corrupt(format!("not claims: {e}")))?;
     if stored.format != FORMAT {
         return Err(corrupt(format!(
@@ -129,14 +143,18 @@ pub fn decode(name: &str, bytes: &[u8]) -> Result<Vec<Persisted>, StoreError> {
         )));
     }
     // Written by hand or damaged: ranges normalised rather than trusted.
-    Ok(stored
+    let claims = stored
         .claims
         .into_iter()
         .map(|p| Persisted {
             ranges: Ranges::from_pairs(p.ranges.pairs().iter().copied()),
             ..p
         })
-        .collect())
+        .collect();
+    Ok(Stored {
+        claims,
+        cursors: stored.cursors,
+    })
 }
 
 /// The ConfigMap the claims are persisted in (see the module docs).
@@ -167,8 +185,8 @@ impl ClaimsStore {
         &self.name
     }
 
-    /// The persisted claims: none when nothing was persisted yet.
-    pub async fn load(&self) -> Result<Vec<Persisted>, StoreError> {
+    /// The persisted claims and cursors: none when nothing was persisted yet.
+    pub async fn load(&self) -> Result<Stored, StoreError> {
         let map = self
             .api
             .get_opt(&self.name)
@@ -179,7 +197,7 @@ impl ClaimsStore {
                 source,
             })?;
         let Some(map) = map else {
-            return Ok(Vec::new());
+            return Ok(Stored::default());
         };
         let Some(bytes) = map.binary_data.as_ref().and_then(|d| d.get(DATA_KEY)) else {
             return Err(StoreError::Corrupt {
@@ -251,10 +269,29 @@ mod tests {
             entry("a", 1, &[(1, 40), (50, 60)]),
             entry("b", 9, &[(7, 7)]),
         ];
-        let (bytes, dropped) = encode(&claims);
+        let cursors = vec![PersistedCursor {
+            source: "goldmane/g:7443".into(),
+            through: 1_800_000_015,
+        }];
+        let (bytes, dropped) = encode(&claims, &cursors);
         assert_eq!(dropped, 0);
-        assert_eq!(decode("x", &bytes).unwrap(), claims);
-        assert_eq!(decode("x", &encode(&[]).0).unwrap(), vec![]);
+        assert_eq!(
+            decode("x", &bytes).unwrap(),
+            Stored {
+                claims: claims.clone(),
+                cursors
+            }
+        );
+        assert_eq!(decode("x", &encode(&[], &[]).0).unwrap(), Stored::default());
+        // What the release before wrote (no cursors) is read; what this one writes without cursors
+        // has no such field, as that release wrote it.
+        let (bytes, _) = encode(&claims, &[]);
+        let mut json = String::new();
+        GzDecoder::new(&bytes[..])
+            .read_to_string(&mut json)
+            .unwrap();
+        assert!(!json.contains("cursors"), "{json}");
+        assert_eq!(decode("x", &bytes).unwrap().claims, claims);
     }
 
     #[test]
@@ -270,7 +307,7 @@ mod tests {
                 })
             })
             .collect();
-        let (bytes, dropped) = encode(&typical);
+        let (bytes, dropped) = encode(&typical, &[]);
         assert_eq!(dropped, 0);
         assert!(bytes.len() < 100 * 1024, "{} bytes", bytes.len());
 
@@ -287,9 +324,9 @@ mod tests {
         let fragmented: Vec<Persisted> = (0..4_000)
             .map(|n| entry(&format!("node-{n:04}"), n, &ranges(n)))
             .collect();
-        let (bytes, dropped) = encode(&fragmented);
+        let (bytes, dropped) = encode(&fragmented, &[]);
         assert!(bytes.len() <= MAX_BYTES);
-        let read = decode("x", &bytes).unwrap();
+        let read = decode("x", &bytes).unwrap().claims;
         let kept: u64 = read
             .iter()
             .flat_map(|p| p.ranges.pairs())
@@ -321,7 +358,7 @@ mod tests {
             &gzip(br#"{"format": 1, "claims": [{"node": "a", "instance": 1, "ranges": [[9, 5], [1, 4]]}]}"#),
         )
         .unwrap();
-        assert_eq!(read, vec![entry("a", 1, &[(1, 9)])]);
+        assert_eq!(read.claims, vec![entry("a", 1, &[(1, 9)])]);
     }
 
     fn gzip(json: &[u8]) -> Vec<u8> {

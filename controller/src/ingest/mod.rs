@@ -40,6 +40,7 @@ mod learning;
 pub mod peer_names;
 pub mod presence;
 mod service;
+pub mod source_cursors;
 pub mod tls;
 
 pub use auth::{AUDIENCE, AgentIdentity, Authenticate, TokenReviewAuthenticator};

@@ -2,8 +2,9 @@
 //! cluster-wide, server-streaming `goldmane.Flows/Stream`, over mutual TLS.
 //!
 //! - **What is taken.** Live flows (`start_time_gte = 0`) with actions Allow and Deny, aggregation
-//!   interval 15 s; after a reconnect, from the newest window received ([`resume_from`]), so that the
-//!   windows that completed while disconnected are backfilled, not lost. Only workload endpoints on both sides. `Allow` reported by the destination
+//!   interval 15 s; after a reconnect, from the newest window received, and at a new leader's first
+//!   connect after the window the last leader's evidence was written through ([`resume_from`]), so
+//!   that the windows that completed meanwhile are backfilled, not lost, nor counted twice. Only workload endpoints on both sides. `Allow` reported by the destination
 //!   (reporter `Dst`) is learned (the source's report of the same flow is skipped, so one flow is not
 //!   counted twice); `Deny` is protect evidence, egress when reported by the source, ingress when
 //!   reported by the destination, naming the denying policy from the enforced trace (the hit itself,
@@ -521,15 +522,22 @@ pub async fn read_tls(
     Ok(TlsMaterial { ca, cert, key })
 }
 
-/// Where a stream starts: live flows at the first connect (`0`: a new leader does not know where the
-/// last one stopped), and after a reconnect the newest window this process received, whole (its
-/// flows may have been cut by the disconnect): the windows that completed while disconnected are
-/// backfilled from Goldmane's history instead of lost, and what comes again of the windows already
-/// taken is a re-send [`Dedupe`] drops. Never later than `now` (a start in the future would hold back
-/// every flow until then).
-pub fn resume_from(newest_window: Option<i64>, now: i64) -> i64 {
-    match newest_window {
-        Some(start) if start > 0 => start.min(now),
+/// Where a stream starts (Goldmane's `start_time_gte`):
+/// - after a reconnect, the newest window this process received, whole (its flows may have been cut
+///   by the disconnect): the windows that completed while disconnected are backfilled from
+///   Goldmane's history instead of lost, and what comes again of the windows already taken is a
+///   re-send [`Dedupe`] drops;
+/// - at a leader's first connect, the window after the persisted cursor (`through`, the newest
+///   window whose evidence, and every earlier one's, the last leader wrote,
+///   [`crate::ingest::source_cursors`]): what it had not written is read again, what it had is not
+///   counted twice;
+/// - else live flows (`0`).
+///
+/// Never later than `now` (a start in the future would hold back every flow until then).
+pub fn resume_from(newest_window: Option<i64>, through: Option<i64>, now: i64) -> i64 {
+    match (newest_window, through) {
+        (Some(start), _) if start > 0 => start.min(now),
+        (None, Some(through)) if through > 0 => through.saturating_add(1).min(now),
         _ => 0,
     }
 }
@@ -645,8 +653,28 @@ pub struct Goldmane {
 }
 
 impl Goldmane {
-    /// Takes one flow: dedupe, convert, feed. Returns whether it produced a record.
+    /// The name of this source's cursor: `goldmane/<address>`.
+    pub fn cursor_name(&self) -> String {
+        format!("goldmane/{}", self.config.address)
+    }
+
+    /// Takes one flow: dedupe, convert, feed; notes its window and the evidence mark it waits for
+    /// in the source's cursor. Returns whether it produced a record.
     pub fn take(&self, dedupe: &mut Dedupe, flow: &Flow) -> bool {
+        let taken = self.take_flow(dedupe, flow);
+        let mark = if taken {
+            self.learning.evidence.as_ref().and_then(|e| e.hold())
+        } else {
+            None
+        };
+        self.learning
+            .claims
+            .cursors
+            .fed(&self.cursor_name(), flow.start_time, mark);
+        taken
+    }
+
+    fn take_flow(&self, dedupe: &mut Dedupe, flow: &Flow) -> bool {
         if !dedupe.admit(flow) {
             self.health.resends.inc();
             return false;
@@ -679,7 +707,8 @@ impl Goldmane {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let from = resume_from(*newest_window, now);
+        let through = self.learning.claims.cursors.through(&self.cursor_name());
+        let from = resume_from(*newest_window, through, now);
         let mut stream = open(&self.config, tls, from).await?;
         self.health.connected.set(1);
         if let Some(r) = &self.readiness {
@@ -702,8 +731,17 @@ impl Goldmane {
         Err(GoldmaneError::Ended)
     }
 
-    /// Streams Goldmane's flows into learning and evidence forever. Never returns.
+    /// Streams Goldmane's flows into learning and evidence forever. Never returns. Starts once the
+    /// evidence claims a previous leader persisted are read (they hold where it stopped).
     pub async fn run(self) {
+        if !self.learning.claims.ready() {
+            if let Some(r) = &self.readiness {
+                r.not_ready("waiting for the persisted evidence claims".to_string());
+            }
+            while !self.learning.claims.ready() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         let mut dedupe = Dedupe::default();
         let mut newest_window = None;
         let mut attempt = 0u32;
@@ -981,16 +1019,24 @@ mod tests {
     }
 
     #[test]
-    fn a_reconnect_resumes_from_the_newest_window_received() {
+    fn a_stream_resumes_from_the_newest_window_received_or_after_the_cursor() {
         let now = 1_800_000_000;
-        for (newest, want) in [
-            (None, 0),                  // the first connect: live
-            (Some(now - 45), now - 45), // the window in full, and what completed since
-            (Some(now + 3_600), now),   // Goldmane's clock ahead: not a start in the future
-            (Some(0), 0),               // no usable time: live
-            (Some(-5), 0),
+        // (newest window received, persisted cursor, start_time_gte)
+        for (newest, through, want) in [
+            (None, None, 0),                  // a first connect, nothing persisted: live
+            (Some(now - 45), None, now - 45), // a reconnect: that window in full, and since
+            (Some(now - 45), Some(now - 90), now - 45), // a reconnect goes by what it received
+            (None, Some(now - 90), now - 89), // a new leader: the windows after the cursor
+            (Some(now + 3_600), None, now),   // Goldmane's clock ahead: not in the future
+            (None, Some(now + 3_600), now),
+            (Some(0), None, 0), // no usable time: live
+            (Some(-5), Some(-5), 0),
         ] {
-            assert_eq!(resume_from(newest, now), want, "{newest:?}");
+            assert_eq!(
+                resume_from(newest, through, now),
+                want,
+                "{newest:?} {through:?}"
+            );
         }
     }
 }

@@ -30,7 +30,7 @@ impl StatusSync {
                 Err(error @ StoreError::Corrupt { .. }) => {
                     self.metrics.claims_store_failures.inc();
                     tracing::warn!(%error, "the persisted evidence claims are left out");
-                    break Vec::new();
+                    break Default::default();
                 }
                 // Forbidden (the ConfigMap's RBAC is missing) does not pass with time.
                 Err(error) if wait <= Duration::from_secs(4) && !error.is_forbidden() => {
@@ -45,12 +45,15 @@ impl StatusSync {
                     tracing::warn!(%error,
                         "the persisted evidence claims could not be read: starting without them (a batch \
                          the last leader counted may count again if resent) and not writing over them");
-                    break Vec::new();
+                    break Default::default();
                 }
             }
         };
-        let processes = persisted.len();
-        let dropped = self.claims.restore(persisted);
+        let processes = persisted.claims.len();
+        // The cursors first: the sources wait for the claims to be ready, then read them.
+        let sources = persisted.cursors.len();
+        self.claims.cursors.restore(persisted.cursors);
+        let dropped = self.claims.restore(persisted.claims);
         self.metrics.claims_restored.set(processes as i64);
         if dropped > 0 {
             tracing::warn!(
@@ -58,7 +61,12 @@ impl StatusSync {
                 "persisted evidence claims beyond the bounds are left out"
             );
         }
-        tracing::info!(processes, store = store.name(), "evidence claims read");
+        tracing::info!(
+            processes,
+            sources,
+            store = store.name(),
+            "evidence claims read"
+        );
     }
 
     /// A replica that lost its Lease writes no claims any more: the new leader may have read and
@@ -86,8 +94,11 @@ impl StatusSync {
         let snapshot = self.claims.snapshot(|mark| mark < target);
         if self.claims_writable.load(Ordering::Acquire) {
             let mut written = self.claims_written.lock().await;
-            if written.as_ref() != Some(&snapshot.claims) {
-                let (bytes, cut) = claims_store::encode(&snapshot.claims);
+            let unchanged = written.as_ref().is_some_and(|(claims, cursors)| {
+                *claims == snapshot.claims && *cursors == snapshot.cursors
+            });
+            if !unchanged {
+                let (bytes, cut) = claims_store::encode(&snapshot.claims, &snapshot.cursors);
                 let saved = tokio::time::timeout(WRITE_TIMEOUT, store.save(bytes))
                     .await
                     .unwrap_or_else(|_| Err(StoreError::TimedOut(store.name().to_string())));
@@ -105,7 +116,7 @@ impl StatusSync {
                                 "the persisted evidence claims are full: older batches are left out"
                             );
                         }
-                        *written = Some(snapshot.claims);
+                        *written = Some((snapshot.claims, snapshot.cursors));
                     }
                     Err(error) => {
                         self.metrics.claims_store_failures.inc();

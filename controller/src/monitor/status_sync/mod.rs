@@ -320,7 +320,12 @@ pub struct StatusSync {
     /// False once the claims may not be written: they could not be read, or the Lease was lost.
     claims_writable: std::sync::atomic::AtomicBool,
     /// What the last write of the claims wrote (an unchanged snapshot is not written again).
-    claims_written: tokio::sync::Mutex<Option<Vec<crate::ingest::claims::Persisted>>>,
+    claims_written: tokio::sync::Mutex<
+        Option<(
+            Vec<crate::ingest::claims::Persisted>,
+            Vec<crate::ingest::source_cursors::PersistedCursor>,
+        )>,
+    >,
     metrics: SyncMetrics,
 }
 

@@ -1034,6 +1034,13 @@ async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() 
             sequence: 1,
         };
         let evidence = sync.evidence();
+        // A cluster source's windows beside it: 1000 holds the same evidence, 1015 is the newest.
+        let source = "goldmane/g:7443";
+        let cursors = &app.learning.claims.cursors;
+        assert!(holds.evidence.is_some(), "the denial waits for its status");
+        cursors.fed(source, 1_000, holds.evidence);
+        assert!(cursors.advance(|_| false).is_empty(), "not written yet");
+        cursors.fed(source, 1_015, None);
         let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
 
         assert_eq!(sync.attribute_evidence(), 1);
@@ -1085,16 +1092,26 @@ async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() 
             .unwrap();
         let persisted = claims_store::decode("ne-claims", &bytes).unwrap();
         assert_eq!(
-            persisted,
+            persisted.claims,
             vec![claims::Persisted {
                 node: "node-a".into(),
                 instance: 7,
                 ranges: claims::Ranges::from_pairs([(1, 1)]),
             }]
         );
+        assert_eq!(
+            persisted.cursors,
+            vec![crate::ingest::source_cursors::PersistedCursor {
+                source: source.into(),
+                through: 1_000,
+            }],
+            "the source's window whose evidence is written, not the newest"
+        );
         let next_leader = Claims::unread();
-        next_leader.restore(persisted);
+        next_leader.cursors.restore(persisted.cursors);
+        next_leader.restore(persisted.claims);
         assert_eq!(next_leader.begin(name).0, Attempt::Counted);
+        assert_eq!(next_leader.cursors.through(source), Some(1_000));
         // Nothing new: the next pass writes no ConfigMap.
         api.requests.lock().unwrap().clear();
         sync.sync_all().await;
