@@ -4,7 +4,7 @@
 //! with TLS (with and without client certificates) as Hubble Relay. No real Hubble exists here.
 
 use network_enforcer_agent::sources::hubble::{self, HubbleConfig, RelayTls, Target};
-use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName};
+use network_enforcer_agent::sources::{RecordSink, SourceMetrics, SourceName, SourcesStop};
 use network_enforcer_api::backoff::Backoff;
 use network_enforcer_api::hubble::observer_server::{Observer, ObserverServer};
 use network_enforcer_api::hubble::{
@@ -120,6 +120,14 @@ fn config(target: Target, node: Option<&str>) -> HubbleConfig {
     c
 }
 
+/// The stop signal of a client that runs until the test aborts it (the sender is never dropped:
+/// a dropped sender stops the client, as when the agent stops).
+fn running() -> tokio::sync::oneshot::Receiver<()> {
+    let (tell, told) = tokio::sync::oneshot::channel();
+    std::mem::forget(tell);
+    told
+}
+
 /// Waits (bounded) until `sink` has produced `n` records in all; returns them.
 async fn collect(sink: &RecordSink, n: usize) -> Vec<FlowRecord> {
     let mut all = Vec::new();
@@ -202,6 +210,7 @@ async fn socket_stream_skips_replies_and_other_drops_and_resumes_without_loss_or
         config(Target::Socket(socket.clone()), None),
         sink.clone(),
         metrics.source(SourceName::hubble),
+        running(),
     ));
     let mut records = collect(&sink, 3).await;
     // The repeat of the denied flow comes before the new flow in the second session, so it has been
@@ -245,6 +254,89 @@ async fn socket_stream_skips_replies_and_other_drops_and_resumes_without_loss_or
     server.abort();
 }
 
+/// An agent restart (a rolling update): the client saves the newest resume point whose records the
+/// controller acknowledged, a last time when the agent stops, and the restarted client asks Hubble
+/// for the flows since then: the flow of the gap is taken, the one acknowledged before is not taken
+/// twice. Before the resume point was saved, a restarted agent started with live flows (`since`
+/// unset) and lost the gap.
+#[tokio::test]
+async fn a_restarted_agent_resumes_after_what_the_controller_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("hubble.sock");
+    let state = dir.path().join("state/hubble-resume.json");
+    let script = Arc::new(Script::default());
+    let (a, b, c) = (
+        flow("a", 10, 8080, Verdict::Forwarded as i32, ""),
+        flow("b", 11, 8081, Verdict::Forwarded as i32, ""),
+        flow("c", 12, 8082, Verdict::Forwarded as i32, ""),
+    );
+    script.sessions.lock().unwrap().extend([
+        (vec![respond(a), respond(b.clone())], End::Hang),
+        // Asked since 11, Hubble sends b again (inclusive), then c, which came during the restart.
+        (vec![respond(b), respond(c)], End::Hang),
+    ]);
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(ObserverServer::new(FakeHubble(script.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let start = |sink: &RecordSink| {
+        let (tell, told) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(hubble::run(
+            HubbleConfig {
+                state_file: Some(state.clone()),
+                ..config(Target::Socket(socket.clone()), None)
+            },
+            sink.clone(),
+            SourceMetrics::default().source(SourceName::hubble),
+            told,
+        ));
+        let mut stop = SourcesStop::default();
+        stop.push("hubble", tell, task);
+        stop
+    };
+
+    let sink = RecordSink::default();
+    let agent = start(&sink);
+    // The agent's flushes ship what the client handed over; the controller acknowledges it.
+    let mut shipped = Vec::new();
+    for _ in 0..500 {
+        let (records, receipts) = sink.drain_with_receipts();
+        shipped.extend(records);
+        receipts.into_iter().for_each(|r| r.settle());
+        if shipped.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(shipped.len(), 2, "{shipped:?}");
+    agent.stop().await;
+
+    let sink = RecordSink::default();
+    let agent = start(&sink);
+    let mut records = collect(&sink, 1).await;
+    // b comes before c in the stream: had it been taken again, it would be here by now.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    records.extend(sink.drain());
+    assert_eq!(
+        records.iter().map(|r| r.port).collect::<Vec<_>>(),
+        vec![8082],
+        "only the flow of the gap: {records:?}"
+    );
+    let requests = script.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests
+            .iter()
+            .map(|r| r.since.map(|t| t.seconds))
+            .collect::<Vec<_>>(),
+        vec![None, Some(11)],
+        "live at the first start, then since the acknowledged point"
+    );
+    agent.stop().await;
+    server.abort();
+}
+
 #[tokio::test]
 async fn a_missing_socket_is_retried_until_hubble_appears() {
     let dir = tempfile::tempdir().unwrap();
@@ -255,6 +347,7 @@ async fn a_missing_socket_is_retried_until_hubble_appears() {
         config(Target::Socket(socket.clone()), None),
         sink.clone(),
         metrics.source(SourceName::hubble),
+        running(),
     ));
     // Several failed attempts, and the task is still there.
     for _ in 0..500 {
@@ -386,6 +479,7 @@ async fn relay_with_mutual_tls_streams_only_this_nodes_flows() {
         config(target, Some("node-a")),
         sink.clone(),
         metrics.source(SourceName::hubble),
+        running(),
     ));
     let records = collect(&sink, 1).await;
     assert_eq!(records.len(), 1);
@@ -419,6 +513,7 @@ async fn relay_requiring_client_certs_refuses_a_client_without_one() {
         config(target, None),
         sink.clone(),
         metrics.source(SourceName::hubble),
+        running(),
     ));
     // Wait for a few failed attempts.
     for _ in 0..1000 {
@@ -461,6 +556,7 @@ async fn relay_with_server_tls_only_accepts_a_client_without_a_certificate() {
         config(target, None),
         sink.clone(),
         SourceMetrics::default().source(SourceName::hubble),
+        running(),
     ));
     let mut records = collect(&sink, 2).await;
     records.sort_by_key(|r| r.port);

@@ -206,7 +206,9 @@ async fn a_stopping_agent_saves_what_was_acknowledged_after_the_last_poll() {
     assert_eq!(seen.lock().unwrap().len(), 1);
     drop(sender);
     uplink_task.await.unwrap();
-    SourcesStop::ztunnel(tell, reader_task).stop().await;
+    let mut stop = SourcesStop::default();
+    stop.push("ztunnel", tell, reader_task);
+    stop.stop().await;
 
     let records = node.reader().poll();
     assert!(

@@ -644,7 +644,17 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     let cases: &[(&str, Mounts)] = &[
         ("ebpf", &[]),
         ("calico", &[]),
-        ("cilium", &[("/var/run/cilium", "/var/run/cilium", true)]),
+        (
+            "cilium",
+            &[
+                ("/var/run/cilium", "/var/run/cilium", true),
+                (
+                    "/var/lib/network-enforcer",
+                    "/var/lib/network-enforcer",
+                    false,
+                ),
+            ],
+        ),
         (
             "istio",
             &[
@@ -669,10 +679,16 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
             .collect();
         assert_eq!(host_mounts(ds), wanted, "{provider}");
         match *provider {
-            "cilium" => assert_eq!(
-                env_value(agent, "NE_HUBBLE_SOCKET"),
-                "/var/run/cilium/hubble.sock"
-            ),
+            "cilium" => {
+                assert_eq!(
+                    env_value(agent, "NE_HUBBLE_SOCKET"),
+                    "/var/run/cilium/hubble.sock"
+                );
+                assert_eq!(
+                    env_value(agent, "NE_HUBBLE_STATE_FILE"),
+                    "/var/lib/network-enforcer/hubble-resume.json"
+                );
+            }
             "istio" => {
                 assert_eq!(
                     env_value(agent, "NE_ZTUNNEL_LOG_GLOB"),

@@ -53,7 +53,11 @@ fn kubernetes_backend_through_cilium_hubble() -> Result<()> {
         "controller.provider.name=cilium".to_string(),
         "agent.hubble.source=socket".to_string(),
         format!("agent.hubble.socketPath={socket}"),
+        // The Hubble resume point of this release only.
+        format!("agent.stateDir=/var/lib/ne-src-cilium-{pid}"),
     ]);
+    // Removed when the test ends, passed or not (after the release, declared before it).
+    let _state_dir = RemoveOnDrop(format!("/var/lib/ne-src-cilium-{pid}").into());
     let release = Release::install(&cluster.kubeconfig, "ne-src-cilium", namespace, &values)?;
     let mut plane = HubbleDataPlane::new(hubble);
     // Hubble restarts before step 4's datagram: its monitor violations need the agent's resume.

@@ -8,7 +8,8 @@
 //! the side that is local follows `traffic_direction`). [`run`] is the client: it reconnects with a
 //! capped exponential backoff and resumes with `since` = the last flow's time, skipping the flows at
 //! exactly that time it already took ([`Resume`]), so a reconnect neither loses nor repeats flows that
-//! Hubble still has in its ring buffer.
+//! Hubble still has in its ring buffer; a restarted agent resumes the same way from the newest point
+//! whose records the controller acknowledged ([`ResumeFile`]).
 
 use super::{RecordSink, SourceHealth, now_ms};
 use network_enforcer_api::backoff::{Backoff, jitter};
@@ -17,11 +18,13 @@ use network_enforcer_api::hubble::{
     self as proto, Flow, GetFlowsRequest, TrafficDirection, Verdict, get_flows_response, layer4,
 };
 use network_enforcer_api::uplink::{self, FlowRecord, LocalPod, Peer};
-use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
+
+pub mod resume;
+pub use resume::{Resume, ResumeFile};
 
 /// Drop reason: no rule allowed the traffic (default deny).
 pub const POLICY_DENIED: i32 = 133;
@@ -188,48 +191,6 @@ pub fn convert(flow: &Flow, node: Option<&str>) -> Result<FlowRecord, Skip> {
     })
 }
 
-/// Where the resume point is: the newest flow time taken, and the flows taken at exactly that time
-/// (Hubble's `since` is inclusive, so they come again after a reconnect). Pure.
-#[derive(Clone, Debug, Default)]
-pub struct Resume {
-    last: Option<prost_types::Timestamp>,
-    at_last: HashSet<String>,
-}
-
-/// A flow's identity for [`Resume`]: its uuid, or (older servers) its content.
-fn flow_id(flow: &Flow) -> String {
-    if flow.uuid.is_empty() {
-        format!("{flow:?}")
-    } else {
-        flow.uuid.clone()
-    }
-}
-
-impl Resume {
-    /// The `since` of the next request (`None` before the first flow: start with live flows).
-    pub fn since(&self) -> Option<prost_types::Timestamp> {
-        self.last
-    }
-
-    /// Whether `flow` is new (not taken before); records it as taken.
-    pub fn take(&mut self, flow: &Flow) -> bool {
-        let Some(time) = flow.time else {
-            return true;
-        };
-        let key = (time.seconds, time.nanos);
-        match self.last.map(|l| (l.seconds, l.nanos)) {
-            Some(last) if key < last => false,
-            Some(last) if key == last => self.at_last.insert(flow_id(flow)),
-            _ => {
-                self.last = Some(time);
-                self.at_last.clear();
-                self.at_last.insert(flow_id(flow));
-                true
-            }
-        }
-    }
-}
-
 /// A flow off the stream, converted; `None` when `resume` took it before. Another node's flow is
 /// skipped without moving the resume point: Relay streams every node's flows, ordered across nodes
 /// only within its buffer, so another node's newer flow would make this node's older one look taken
@@ -284,6 +245,8 @@ pub struct HubbleConfig {
     pub backoff: Backoff,
     /// How long a connect may take.
     pub connect_timeout: Duration,
+    /// Where the resume point is kept across restarts (`None`: not kept; a restart starts live).
+    pub state_file: Option<PathBuf>,
 }
 
 impl HubbleConfig {
@@ -294,6 +257,7 @@ impl HubbleConfig {
             node,
             backoff: Backoff::default(),
             connect_timeout: Duration::from_secs(5),
+            state_file: None,
         }
     }
 }
@@ -385,23 +349,93 @@ pub fn request(resume: &Resume) -> GetFlowsRequest {
     }
 }
 
-/// Reads one stream until it fails or ends, feeding `sink`.
+/// How often the records taken off the stream are handed to the flush, with one receipt whose
+/// acknowledgement lets their resume point be saved.
+pub const HAND_OVER_EVERY: Duration = Duration::from_millis(250);
+
+/// How a stream ended.
+enum Ended {
+    /// The stream failed or ended: reconnect.
+    Failed(HubbleError),
+    /// The agent stops.
+    Stopped,
+}
+
+impl From<HubbleError> for Ended {
+    fn from(error: HubbleError) -> Self {
+        Ended::Failed(error)
+    }
+}
+
+/// The records taken since the last hand-over, and where they were taken up to.
+struct Taken<'a> {
+    records: Vec<FlowRecord>,
+    sink: &'a RecordSink,
+    file: &'a mut ResumeFile,
+}
+
+impl Taken<'_> {
+    /// Hands the records taken to the flush with one receipt, notes the resume point they reach,
+    /// and saves the newest acknowledged one.
+    fn hand_over(&mut self, resume: &Resume) {
+        let watch = if self.records.is_empty() {
+            None
+        } else {
+            let (receipt, watch) = crate::uplink::receipt();
+            self.sink
+                .add_with_receipt(std::mem::take(&mut self.records), Some(receipt));
+            Some(watch)
+        };
+        self.file.reached(resume, watch);
+        self.file.save_settled();
+    }
+}
+
+/// Reads one stream until it fails, ends or the agent stops, feeding `sink`.
 async fn stream_once(
     config: &HubbleConfig,
     resume: &mut Resume,
-    sink: &RecordSink,
+    taken: &mut Taken<'_>,
     health: &SourceHealth,
     connected_once: &mut bool,
-) -> Result<(), HubbleError> {
-    let channel = connect(config).await?;
+    stop: &mut tokio::sync::oneshot::Receiver<()>,
+) -> Ended {
+    let connected = tokio::select! {
+        connected = connect(config) => connected,
+        _ = &mut *stop => return Ended::Stopped,
+    };
+    let channel = match connected {
+        Ok(channel) => channel,
+        Err(error) => return error.into(),
+    };
     let mut client = ObserverClient::new(channel).max_decoding_message_size(16 * 1024 * 1024);
-    let mut stream = client.get_flows(request(resume)).await?.into_inner();
+    let mut stream = match client.get_flows(request(resume)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return HubbleError::from(status).into(),
+    };
     health.connected.set(1);
     if !*connected_once {
-        tracing::info!(target = ?config.target, "Hubble connected");
+        tracing::info!(target = ?config.target, since = ?resume.since(), "Hubble connected");
     }
     *connected_once = true;
-    while let Some(response) = stream.message().await? {
+    let mut hand_over = tokio::time::interval(HAND_OVER_EVERY);
+    hand_over.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ended = loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            _ = hand_over.tick() => {
+                taken.hand_over(resume);
+                continue;
+            }
+            // The last flush has gone: records not handed over stay unsaved, read again after
+            // the restart.
+            _ = &mut *stop => return Ended::Stopped,
+        };
+        let response = match message {
+            Ok(Some(response)) => response,
+            Ok(None) => break HubbleError::Ended,
+            Err(status) => break HubbleError::from(status),
+        };
         health.message();
         match response.response_types {
             Some(get_flows_response::ResponseTypes::Flow(flow)) => {
@@ -411,7 +445,7 @@ async fn stream_once(
                 match converted {
                     Ok(record) => {
                         health.records.inc();
-                        sink.add(record);
+                        taken.records.push(record);
                     }
                     Err(skip) => {
                         health.skipped.inc();
@@ -434,22 +468,47 @@ async fn stream_once(
                 health.skipped.inc();
             }
         }
-    }
-    Err(HubbleError::Ended)
+    };
+    // The resume point moved past these records: a reconnect will not bring them again.
+    taken.hand_over(resume);
+    ended.into()
 }
 
-/// Streams flows from Hubble into `sink` forever: every failure is logged and counted, and retried
-/// after a capped exponential backoff with jitter. Never returns.
-pub async fn run(config: HubbleConfig, sink: RecordSink, health: SourceHealth) {
-    let mut resume = Resume::default();
+/// Streams flows from Hubble into `sink` until `stop` fires (or its sender is dropped): every failure
+/// is logged and counted, and retried after a capped exponential backoff with jitter. Starts from
+/// the resume point saved in `config.state_file` (the newest one whose records the controller
+/// acknowledged), and saves the acknowledged ones as it goes, a last time when it stops.
+pub async fn run(
+    config: HubbleConfig,
+    sink: RecordSink,
+    health: SourceHealth,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let (mut file, mut resume) = ResumeFile::open(config.state_file.clone());
     let mut attempt = 0u32;
     let mut connected_once = false;
     loop {
         let received = health.messages.get();
-        let result = stream_once(&config, &mut resume, &sink, &health, &mut connected_once).await;
+        let mut taken = Taken {
+            records: Vec::new(),
+            sink: &sink,
+            file: &mut file,
+        };
+        let ended = stream_once(
+            &config,
+            &mut resume,
+            &mut taken,
+            &health,
+            &mut connected_once,
+            &mut stop,
+        )
+        .await;
         health.connected.set(0);
+        let error = match ended {
+            Ended::Stopped => break,
+            Ended::Failed(error) => error,
+        };
         health.errors.inc();
-        let error = result.err().unwrap_or(HubbleError::Ended);
         // A stream that delivered something resets the backoff: the peer was healthy.
         if health.messages.get() > received {
             attempt = 0;
@@ -470,8 +529,13 @@ pub async fn run(config: HubbleConfig, sink: RecordSink, health: SourceHealth) {
             _ => String::new(),
         };
         tracing::warn!(target = ?config.target, %error, hint, retry_in = ?delay, "Hubble stream failed");
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = &mut stop => break,
+        }
     }
+    // What the controller acknowledged by now (the agent's last flush among it) is saved.
+    file.save_settled();
 }
 
 #[cfg(test)]

@@ -64,6 +64,10 @@ pub struct SourceArgs {
         requires = "hubble_relay_client_cert_file"
     )]
     pub hubble_relay_client_key_file: Option<std::path::PathBuf>,
+    /// Where the Hubble resume point is kept across restarts (written atomically; needs a writable
+    /// host path; empty: not kept, a restart starts with live flows).
+    #[arg(long, env = "NE_HUBBLE_STATE_FILE", default_value = "")]
+    pub hubble_state_file: std::path::PathBuf,
     /// Tail Istio ztunnel's JSON logs matching this glob (`*`/`?` in any path component), e.g.
     /// `/var/log/containers/*ztunnel*.log`.
     #[arg(long, env = "NE_ZTUNNEL_LOG_GLOB")]
@@ -101,7 +105,10 @@ impl SourceArgs {
                 }),
             }
         };
-        Some(hubble::HubbleConfig::new(target, node))
+        Some(hubble::HubbleConfig {
+            state_file: Some(self.hubble_state_file.clone()).filter(|p| !p.as_os_str().is_empty()),
+            ..hubble::HubbleConfig::new(target, node)
+        })
     }
 
     /// The ztunnel reader's settings, if configured.
@@ -129,12 +136,15 @@ impl SourceArgs {
         }
         let sink = RecordSink::default();
         if let Some(config) = hubble {
-            tracing::info!(target = ?config.target, node = ?config.node, "Hubble source on");
-            tokio::spawn(hubble::run(
+            tracing::info!(target = ?config.target, node = ?config.node, state = ?config.state_file, "Hubble source on");
+            let (tell, told) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(hubble::run(
                 config,
                 sink.clone(),
                 metrics.source(SourceName::hubble),
+                told,
             ));
+            stop.push("hubble", tell, task);
         }
         if let Some(config) = ztunnel {
             tracing::info!(glob = %config.glob, state = ?config.state_file, "ztunnel source on");
@@ -145,38 +155,39 @@ impl SourceArgs {
                 metrics.source(SourceName::ztunnel),
                 told,
             ));
-            stop = SourcesStop::ztunnel(tell, task);
+            stop.push("ztunnel", tell, task);
         }
         (Some(sink), stop)
     }
 }
 
-/// How the agent's stop ends the sources that keep state across restarts: the ztunnel reader saves
-/// the read positions whose records the controller acknowledged (docs/flow-sources.md, "Read
-/// positions"). Hubble keeps none (a restart reads live flows only).
+/// How the agent's stop ends the sources, which keep state across restarts: the ztunnel reader saves
+/// the read positions, the Hubble client its resume point, of what the controller acknowledged
+/// (docs/flow-sources.md).
 #[derive(Debug, Default)]
 pub struct SourcesStop {
-    ztunnel: Option<(
+    tasks: Vec<(
+        &'static str,
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     )>,
 }
 
 impl SourcesStop {
-    /// A handle that stops a ztunnel reader task started with [`ztunnel::run`] and `told`.
-    pub fn ztunnel(
+    /// Adds a source task started with `tell`'s receiver ([`ztunnel::run`], [`hubble::run`]).
+    pub fn push(
+        &mut self,
+        name: &'static str,
         tell: tokio::sync::oneshot::Sender<()>,
         task: tokio::task::JoinHandle<()>,
-    ) -> Self {
-        Self {
-            ztunnel: Some((tell, task)),
-        }
+    ) {
+        self.tasks.push((name, tell, task));
     }
 
-    /// Called once the uplink has delivered the last flush (or given up): the reader saves what was
+    /// Called once the uplink has delivered the last flush (or given up): each source saves what was
     /// acknowledged and ends, within 2 s (a save is one small file write).
     pub async fn stop(self) {
-        if let Some((tell, task)) = self.ztunnel {
+        for (name, tell, task) in self.tasks {
             let _ = tell.send(());
             let abort = task.abort_handle();
             if tokio::time::timeout(std::time::Duration::from_secs(2), task)
@@ -184,7 +195,10 @@ impl SourcesStop {
                 .is_err()
             {
                 abort.abort();
-                tracing::warn!("the ztunnel reader did not stop in 2 s; read positions not saved");
+                tracing::warn!(
+                    source = name,
+                    "the source did not stop in 2 s; its state not saved"
+                );
             }
         }
     }
