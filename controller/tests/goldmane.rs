@@ -44,7 +44,7 @@ use tonic::{Request, Response, Status};
 const SERVER_NAME: &str = "goldmane.calico-system.svc";
 
 /// One stream as Goldmane would serve it: the windows of its history (sent only to a request with
-/// `start_time_gte > 0`, those starting at or after it, as upstream backfills), then live windows,
+/// `start_time_gte > 0`, from the window holding it on, as upstream backfills), then live windows,
 /// then an error (Goldmane restarting) or an open stream.
 struct Session {
     history: Vec<FlowResult>,
@@ -84,9 +84,10 @@ impl Flows for FakeGoldmane {
             live: vec![],
             fails: false,
         });
+        // Upstream starts the backfill at the window holding `start_time_gte`.
         let backfill = history
             .into_iter()
-            .filter(move |r| from > 0 && r.flow.as_ref().is_some_and(|f| f.start_time >= from));
+            .filter(move |r| from > 0 && r.flow.as_ref().is_some_and(|f| f.end_time > from));
         let head = tokio_stream::iter(backfill.chain(live).map(Ok));
         Ok(Response::new(if fails {
             Box::pin(head.chain(tokio_stream::once(Err(Status::unavailable("restarting")))))
@@ -243,11 +244,18 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     let mut host = key(Action::Allow, Reporter::Dst);
     host.source_type = EndpointType::HostEndpoint as i32;
     let script = Arc::new(Script::default());
+    // Windows 10 minutes ago, on Goldmane's 15-s grid: within what it keeps (and backfills).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let base = now - now % 15 - 600;
+    let at = |offset: i64| base + offset;
     let first_window = vec![
-        result(1, key(Action::Allow, Reporter::Src), 1_000),
-        result(2, key(Action::Allow, Reporter::Dst), 1_000),
-        result(3, denied_trace.clone(), 1_000),
-        result(4, host, 1_000),
+        result(1, key(Action::Allow, Reporter::Src), at(0)),
+        result(2, key(Action::Allow, Reporter::Dst), at(0)),
+        result(3, denied_trace.clone(), at(0)),
+        result(4, host, at(0)),
     ];
     script.sessions.lock().unwrap().extend([
         // The first window, then the stream breaks (Goldmane's rollout, a network blip).
@@ -261,14 +269,14 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
         // already taken comes again with it; then the next live window re-sends the same keys.
         Session {
             history: [
-                vec![result(0, key(Action::Allow, Reporter::Dst), 985)],
-                first_window,
-                vec![result(5, key(Action::Deny, Reporter::Dst), 1_015)],
+                vec![result(0, key(Action::Allow, Reporter::Dst), at(-15))],
+                first_window.clone(),
+                vec![result(5, key(Action::Deny, Reporter::Dst), at(15))],
             ]
             .concat(),
             live: vec![
-                result(2, key(Action::Allow, Reporter::Dst), 1_030),
-                result(3, denied_trace.clone(), 1_030),
+                result(2, key(Action::Allow, Reporter::Dst), at(30)),
+                result(3, denied_trace.clone(), at(30)),
             ],
             fails: false,
         },
@@ -376,7 +384,7 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
             .iter()
             .map(|r| r.start_time_gte)
             .collect::<Vec<_>>(),
-        vec![0, 1_000],
+        vec![0, at(0)],
         "live first, then from the newest window received"
     );
     assert!(
@@ -433,10 +441,11 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     assert_eq!(health.connected.get(), 1);
     source.abort();
 
-    // A new leader: it waits for the persisted evidence claims, then asks for the windows after the
-    // cursor the last leader's written evidence reached (1015 here, its status pass written): Goldmane
-    // backfills 1030, which the last leader had taken but not written, and 1045, which completed in
-    // between; 1000 and 1015 are not sent, so not counted twice.
+    // A new leader: it waits for the persisted evidence claims, then asks from 45 s before the cursor
+    // the last leader's written evidence reached (the window at 15 s here). The windows up to the
+    // cursor only teach its Dedupe what the last leader let through, so their keys' re-sends at 30 s
+    // (within 60 s of 0 s) count no more than they did there; the window at 45 s, completed in
+    // between with a new denial, counts; nothing is counted twice.
     let claims = Arc::new(Claims::unread());
     let next = Arc::new(Learning {
         index: learning.index.clone(),
@@ -450,12 +459,16 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     let mut egress_deny = key(Action::Deny, Reporter::Src);
     egress_deny.dest_port = 9090;
     script.sessions.lock().unwrap().push_back(Session {
-        history: vec![
-            result(1, key(Action::Allow, Reporter::Dst), 1_000),
-            result(5, key(Action::Deny, Reporter::Dst), 1_015),
-            result(3, denied_trace, 1_030),
-            result(6, egress_deny, 1_045),
-        ],
+        history: [
+            first_window,
+            vec![
+                result(5, key(Action::Deny, Reporter::Dst), at(15)),
+                result(2, key(Action::Allow, Reporter::Dst), at(30)),
+                result(3, denied_trace, at(30)),
+                result(6, egress_deny, at(45)),
+            ],
+        ]
+        .concat(),
         live: vec![],
         fails: false,
     });
@@ -477,23 +490,25 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     );
     claims.cursors.restore(vec![PersistedCursor {
         source: cursor,
-        through: 1_015,
+        through: at(15),
     }]);
     claims.restore(vec![]);
     wait::until(
         "the backfill after the cursor",
         Duration::from_secs(20),
         Duration::from_millis(10),
-        || next_health.messages.get() >= 2,
+        || next_health.messages.get() >= 8,
         || format!("{} messages", next_health.messages.get()),
     )
     .await
     .unwrap();
     let requests = script.requests.lock().unwrap().clone();
     assert_eq!(
-        requests[2].start_time_gte, 1_016,
-        "after the cursor's window"
+        requests[2].start_time_gte,
+        at(-30),
+        "45 s before the cursor's window"
     );
+    assert_eq!(next_health.messages.get(), 8, "{requests:?}");
     let mut after: Vec<(u16, String)> = evidence
         .drain()
         .iter()
@@ -502,8 +517,8 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     after.sort();
     assert_eq!(
         after,
-        vec![(8080, "Outbound".into()), (9090, "Outbound".into())],
-        "1030's denial (not written before) and 1045's, nothing of 1000 or 1015"
+        vec![(9090, "Outbound".into())],
+        "the new denial at 45 s only: 30 s re-sends what counted at 0 s"
     );
     next_source.abort();
     server.abort();

@@ -522,23 +522,36 @@ pub async fn read_tls(
     Ok(TlsMaterial { ca, cert, key })
 }
 
-/// Where a stream starts (Goldmane's `start_time_gte`):
+/// How far back a stream asks Goldmane at most: Goldmane keeps about an hour of windows and backfills
+/// nothing from a start older than its oldest window, so an older start is asked as "this many
+/// seconds before now" (its own clock), and the windows before it are lost.
+pub const MAX_BACKFILL_SECONDS: i64 = 3_300;
+
+/// Where a stream starts (Goldmane's `start_time_gte`, which it resolves to the window holding it):
 /// - after a reconnect, the newest window this process received, whole (its flows may have been cut
 ///   by the disconnect): the windows that completed while disconnected are backfilled from
 ///   Goldmane's history instead of lost, and what comes again of the windows already taken is a
 ///   re-send [`Dedupe`] drops;
-/// - at a leader's first connect, the window after the persisted cursor (`through`, the newest
-///   window whose evidence, and every earlier one's, the last leader wrote,
-///   [`crate::ingest::source_cursors`]): what it had not written is read again, what it had is not
-///   counted twice;
+/// - at a leader's first connect, 45 s before the persisted cursor (`through`, the newest window
+///   whose evidence, and every earlier one's, the last leader wrote,
+///   [`crate::ingest::source_cursors`]): the windows after it are read, what the last leader had not
+///   written among them counts, and the windows up to the cursor only teach [`Dedupe`] what that
+///   leader had let through (a key's re-send within 60 s of it counts no more than it did there);
 /// - else live flows (`0`).
 ///
-/// Never later than `now` (a start in the future would hold back every flow until then).
+/// Never later than `now` (a start in the future would hold back every flow until then); a start
+/// older than [`MAX_BACKFILL_SECONDS`] is asked relative to Goldmane's clock.
 pub fn resume_from(newest_window: Option<i64>, through: Option<i64>, now: i64) -> i64 {
-    match (newest_window, through) {
-        (Some(start), _) if start > 0 => start.min(now),
-        (None, Some(through)) if through > 0 => through.saturating_add(1).min(now),
-        _ => 0,
+    let from = match (newest_window, through) {
+        (Some(start), _) if start > 0 => start,
+        (None, Some(through)) if through > 0 => through.saturating_sub(Dedupe::WINDOW - 15),
+        _ => return 0,
+    };
+    let from = from.min(now);
+    if from < now.saturating_sub(MAX_BACKFILL_SECONDS) {
+        -MAX_BACKFILL_SECONDS
+    } else {
+        from
     }
 }
 
@@ -638,6 +651,16 @@ impl GoldmaneHealth {
     }
 }
 
+/// Where this process stands in Goldmane's windows.
+struct Position {
+    /// This source's cursor name ([`Goldmane::cursor_name`]).
+    cursor: String,
+    /// The newest window received by this process.
+    newest_window: Option<i64>,
+    /// The last leader's persisted cursor, read when this one started.
+    written_through: Option<i64>,
+}
+
 /// Everything [`Goldmane::run`] needs.
 pub struct Goldmane {
     /// Settings.
@@ -659,8 +682,18 @@ impl Goldmane {
     }
 
     /// Takes one flow: dedupe, convert, feed; notes its window and the evidence mark it waits for
-    /// in the source's cursor. Returns whether it produced a record.
-    pub fn take(&self, dedupe: &mut Dedupe, flow: &Flow) -> bool {
+    /// in the source's cursor. A flow of a window the last leader's evidence was written through is
+    /// only remembered by `dedupe` (see [`resume_from`]).
+    fn take(&self, dedupe: &mut Dedupe, flow: &Flow, position: &Position) {
+        if position
+            .written_through
+            .is_some_and(|t| flow.start_time <= t)
+        {
+            if !dedupe.admit(flow) {
+                self.health.resends.inc();
+            }
+            return;
+        }
         let taken = self.take_flow(dedupe, flow);
         let mark = if taken {
             self.learning.evidence.as_ref().and_then(|e| e.hold())
@@ -670,8 +703,7 @@ impl Goldmane {
         self.learning
             .claims
             .cursors
-            .fed(&self.cursor_name(), flow.start_time, mark);
-        taken
+            .fed(&position.cursor, flow.start_time, mark);
     }
 
     fn take_flow(&self, dedupe: &mut Dedupe, flow: &Flow) -> bool {
@@ -697,18 +729,22 @@ impl Goldmane {
         }
     }
 
-    /// One stream, from `newest_window` on (see [`resume_from`]), which it moves forward.
+    /// One stream, from where `position` says (see [`resume_from`]), which it moves forward.
     async fn stream_once(
         &self,
         dedupe: &mut Dedupe,
-        newest_window: &mut Option<i64>,
+        position: &mut Position,
     ) -> Result<(), GoldmaneError> {
         let tls = read_tls(&self.client, &self.config).await?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let through = self.learning.claims.cursors.through(&self.cursor_name());
-        let from = resume_from(*newest_window, through, now);
+        let from = resume_from(position.newest_window, position.written_through, now);
+        if from < 0 {
+            tracing::warn!(address = %self.config.address, newest_window = ?position.newest_window,
+                written_through = ?position.written_through, start_time_gte = from,
+                "resuming Goldmane from further back than it keeps windows: the flows in between are lost");
+        }
         let mut stream = open(&self.config, tls, from).await?;
         self.health.connected.set(1);
         if let Some(r) = &self.readiness {
@@ -723,9 +759,12 @@ impl Goldmane {
                     .map_or(0.0, |d| d.as_secs_f64()),
             );
             if let Some(flow) = result.flow {
-                self.take(dedupe, &flow);
-                *newest_window =
-                    Some(newest_window.map_or(flow.start_time, |n| n.max(flow.start_time)));
+                self.take(dedupe, &flow, position);
+                position.newest_window = Some(
+                    position
+                        .newest_window
+                        .map_or(flow.start_time, |n| n.max(flow.start_time)),
+                );
             }
         }
         Err(GoldmaneError::Ended)
@@ -742,13 +781,18 @@ impl Goldmane {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+        let cursor = self.cursor_name();
+        let mut position = Position {
+            written_through: self.learning.claims.cursors.through(&cursor),
+            cursor,
+            newest_window: None,
+        };
         let mut dedupe = Dedupe::default();
-        let mut newest_window = None;
         let mut attempt = 0u32;
         loop {
             let received = self.health.messages.get();
             let error = self
-                .stream_once(&mut dedupe, &mut newest_window)
+                .stream_once(&mut dedupe, &mut position)
                 .await
                 .err()
                 .unwrap_or(GoldmaneError::Ended);
@@ -1019,16 +1063,19 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_resumes_from_the_newest_window_received_or_after_the_cursor() {
+    fn a_stream_resumes_from_the_newest_window_received_or_before_the_cursor() {
         let now = 1_800_000_000;
+        let old = -MAX_BACKFILL_SECONDS;
         // (newest window received, persisted cursor, start_time_gte)
         for (newest, through, want) in [
             (None, None, 0),                  // a first connect, nothing persisted: live
             (Some(now - 45), None, now - 45), // a reconnect: that window in full, and since
             (Some(now - 45), Some(now - 90), now - 45), // a reconnect goes by what it received
-            (None, Some(now - 90), now - 89), // a new leader: the windows after the cursor
-            (Some(now + 3_600), None, now),   // Goldmane's clock ahead: not in the future
+            (None, Some(now - 90), now - 135), // a new leader: 45 s before the cursor, to seed Dedupe
+            (Some(now + 3_600), None, now),    // Goldmane's clock ahead: not in the future
             (None, Some(now + 3_600), now),
+            (Some(now - 7_200), None, old), // older than Goldmane keeps: relative to its clock
+            (None, Some(now - 7_200), old),
             (Some(0), None, 0), // no usable time: live
             (Some(-5), Some(-5), 0),
         ] {

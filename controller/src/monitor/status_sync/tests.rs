@@ -1034,13 +1034,18 @@ async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() 
             sequence: 1,
         };
         let evidence = sync.evidence();
-        // A cluster source's windows beside it: 1000 holds the same evidence, 1015 is the newest.
+        // A cluster source's windows beside it: 1000 holds the same evidence, 1015 none, 1030 is the
+        // newest.
         let source = "goldmane/g:7443";
         let cursors = &app.learning.claims.cursors;
         assert!(holds.evidence.is_some(), "the denial waits for its status");
         cursors.fed(source, 1_000, holds.evidence);
-        assert!(cursors.advance(|_| false).is_empty(), "not written yet");
         cursors.fed(source, 1_015, None);
+        cursors.fed(source, 1_030, None);
+        assert!(
+            cursors.advance(|_| false).is_empty(),
+            "1000 not written yet"
+        );
         let mut acknowledged = || holds.ready(mark, app.flusher.ledger(), Some(&*evidence));
 
         assert_eq!(sync.attribute_evidence(), 1);
@@ -1103,15 +1108,15 @@ async fn claims_are_persisted_after_the_status_and_before_the_acknowledgement() 
             persisted.cursors,
             vec![crate::ingest::source_cursors::PersistedCursor {
                 source: source.into(),
-                through: 1_000,
+                through: 1_015,
             }],
-            "the source's window whose evidence is written, not the newest"
+            "past the window whose evidence is written, not to the newest"
         );
         let next_leader = Claims::unread();
         next_leader.cursors.restore(persisted.cursors);
         next_leader.restore(persisted.claims);
         assert_eq!(next_leader.begin(name).0, Attempt::Counted);
-        assert_eq!(next_leader.cursors.through(source), Some(1_000));
+        assert_eq!(next_leader.cursors.through(source), Some(1_015));
         // Nothing new: the next pass writes no ConfigMap.
         api.requests.lock().unwrap().clear();
         sync.sync_all().await;
