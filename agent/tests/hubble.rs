@@ -254,13 +254,10 @@ async fn socket_stream_skips_replies_and_other_drops_and_resumes_without_loss_or
     server.abort();
 }
 
-/// An agent restart (a rolling update): the client saves the newest resume point whose records the
-/// controller acknowledged, a last time when the agent stops, and the restarted client asks Hubble
-/// for the flows since then: the flow of the gap is taken, the one acknowledged before is not taken
-/// twice. Before the resume point was saved, a restarted agent started with live flows (`since`
-/// unset) and lost the gap.
-#[tokio::test]
-async fn a_restarted_agent_resumes_after_what_the_controller_acknowledged() {
+/// An agent that ships two flows (a at 10 s, b at 11 s), has them acknowledged by the controller
+/// (`acknowledged`) or not, stops (SIGTERM) and starts again, while Hubble got c (12 s): returns the
+/// ports the restarted agent takes and the `since` of every request.
+async fn restart_after_shipping(acknowledged: bool) -> (Vec<u32>, Vec<Option<i64>>) {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("hubble.sock");
     let state = dir.path().join("state/hubble-resume.json");
@@ -270,10 +267,16 @@ async fn a_restarted_agent_resumes_after_what_the_controller_acknowledged() {
         flow("b", 11, 8081, Verdict::Forwarded as i32, ""),
         flow("c", 12, 8082, Verdict::Forwarded as i32, ""),
     );
+    // After the restart Hubble sends what it has since the request's `since` (inclusive); without
+    // one, only what comes next (c).
+    let after_restart = if acknowledged {
+        vec![respond(b.clone()), respond(c.clone())]
+    } else {
+        vec![respond(a.clone()), respond(b.clone()), respond(c.clone())]
+    };
     script.sessions.lock().unwrap().extend([
-        (vec![respond(a), respond(b.clone())], End::Hang),
-        // Asked since 11, Hubble sends b again (inclusive), then c, which came during the restart.
-        (vec![respond(b), respond(c)], End::Hang),
+        (vec![respond(a), respond(b)], End::Hang),
+        (after_restart, End::Hang),
     ]);
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     let server = tokio::spawn(
@@ -299,42 +302,66 @@ async fn a_restarted_agent_resumes_after_what_the_controller_acknowledged() {
 
     let sink = RecordSink::default();
     let agent = start(&sink);
-    // The agent's flushes ship what the client handed over; the controller acknowledges it.
+    // The agent's flushes ship what the client handed over; the controller acknowledges it or not.
     let mut shipped = Vec::new();
+    let mut receipts = Vec::new();
     for _ in 0..500 {
-        let (records, receipts) = sink.drain_with_receipts();
+        let (records, mut flushed) = sink.drain_with_receipts();
         shipped.extend(records);
-        receipts.into_iter().for_each(|r| r.settle());
+        receipts.append(&mut flushed);
         if shipped.len() >= 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(shipped.len(), 2, "{shipped:?}");
+    if acknowledged {
+        receipts.into_iter().for_each(|r| r.settle());
+    }
     agent.stop().await;
 
     let sink = RecordSink::default();
     let agent = start(&sink);
-    let mut records = collect(&sink, 1).await;
-    // b comes before c in the stream: had it been taken again, it would be here by now.
+    let expected = if acknowledged { 1 } else { 3 };
+    let mut records = collect(&sink, expected).await;
+    // Hubble's stream is in time order: anything taken twice would be here by now.
     tokio::time::sleep(Duration::from_millis(400)).await;
     records.extend(sink.drain());
+    let mut ports: Vec<u32> = records.iter().map(|r| r.port).collect();
+    ports.sort();
+    let since = script
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.since.map(|t| t.seconds))
+        .collect();
+    agent.stop().await;
+    server.abort();
+    (ports, since)
+}
+
+/// An agent restart (a rolling update): the client saves the newest resume point whose records the
+/// controller acknowledged, a last time when the agent stops, and the restarted client asks Hubble
+/// for the flows since then: the flow of the gap is taken, the acknowledged ones not again. Before the
+/// resume point was saved, a restarted agent started with live flows (`since` unset) and lost the gap.
+#[tokio::test]
+async fn a_restarted_agent_resumes_after_what_the_controller_acknowledged() {
+    let (ports, since) = restart_after_shipping(true).await;
+    assert_eq!(ports, vec![8082], "only the flow of the gap");
     assert_eq!(
-        records.iter().map(|r| r.port).collect::<Vec<_>>(),
-        vec![8082],
-        "only the flow of the gap: {records:?}"
-    );
-    let requests = script.requests.lock().unwrap().clone();
-    assert_eq!(
-        requests
-            .iter()
-            .map(|r| r.since.map(|t| t.seconds))
-            .collect::<Vec<_>>(),
+        since,
         vec![None, Some(11)],
         "live at the first start, then since the acknowledged point"
     );
-    agent.stop().await;
-    server.abort();
+}
+
+/// What the controller never acknowledged is not saved: the restarted agent takes it again.
+#[tokio::test]
+async fn flows_never_acknowledged_are_taken_again_after_a_restart() {
+    let (ports, since) = restart_after_shipping(false).await;
+    assert_eq!(ports, vec![8080, 8081, 8082]);
+    assert_eq!(since, vec![None, None]);
 }
 
 #[tokio::test]

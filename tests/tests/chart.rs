@@ -632,8 +632,9 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(strings(&agent["args"]), ["run"]);
 
-    // Host mounts per provider: the kernel file systems always; the Hubble socket's directory for
-    // cilium; the container logs (read-only) and the state directory (the only writable one) for istio.
+    // Host mounts per provider: the kernel file systems always; the Hubble socket's directory and the
+    // state directory (the only writable one: the resume point) for cilium; the container logs
+    // (read-only) and the state directory (the read positions) for istio.
     let kernel = [
         ("/sys/fs/bpf", "/sys/fs/bpf", true),
         ("/sys/fs/cgroup", "/sys/fs/cgroup", true),

@@ -1,6 +1,7 @@
 //! The way out of the agent's loop: the pod watch and the enforcement stopped, the uplink given 5 s
 //! to deliver what is queued, then the sources told, so that the ztunnel reader saves the read
-//! positions of what the controller acknowledged (its last flush's among them).
+//! positions, and the Hubble client its resume point, of what the controller acknowledged (its last
+//! flush's among them).
 
 use crate::enforce;
 use crate::sources::SourcesStop;

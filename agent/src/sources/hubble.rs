@@ -409,9 +409,15 @@ async fn stream_once(
         Err(error) => return error.into(),
     };
     let mut client = ObserverClient::new(channel).max_decoding_message_size(16 * 1024 * 1024);
-    let mut stream = match client.get_flows(request(resume)).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => return HubbleError::from(status).into(),
+    // A server may hold its response back until its first flow: bounded, and the stop heard.
+    let called = tokio::select! {
+        called = tokio::time::timeout(config.connect_timeout, client.get_flows(request(resume))) => called,
+        _ = &mut *stop => return Ended::Stopped,
+    };
+    let mut stream = match called {
+        Ok(Ok(response)) => response.into_inner(),
+        Ok(Err(status)) => return HubbleError::from(status).into(),
+        Err(_) => return HubbleError::Ended.into(),
     };
     health.connected.set(1);
     if !*connected_once {
@@ -484,7 +490,7 @@ pub async fn run(
     health: SourceHealth,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let (mut file, mut resume) = ResumeFile::open(config.state_file.clone());
+    let (mut file, mut resume) = ResumeFile::open(config.state_file.clone(), now_ms() / 1000);
     let mut attempt = 0u32;
     let mut connected_once = false;
     loop {

@@ -66,8 +66,8 @@ pub struct SourceArgs {
     pub hubble_relay_client_key_file: Option<std::path::PathBuf>,
     /// Where the Hubble resume point is kept across restarts (written atomically; needs a writable
     /// host path; empty: not kept, a restart starts with live flows).
-    #[arg(long, env = "NE_HUBBLE_STATE_FILE", default_value = "")]
-    pub hubble_state_file: std::path::PathBuf,
+    #[arg(long, env = "NE_HUBBLE_STATE_FILE")]
+    pub hubble_state_file: Option<std::path::PathBuf>,
     /// Tail Istio ztunnel's JSON logs matching this glob (`*`/`?` in any path component), e.g.
     /// `/var/log/containers/*ztunnel*.log`.
     #[arg(long, env = "NE_ZTUNNEL_LOG_GLOB")]
@@ -106,7 +106,10 @@ impl SourceArgs {
             }
         };
         Some(hubble::HubbleConfig {
-            state_file: Some(self.hubble_state_file.clone()).filter(|p| !p.as_os_str().is_empty()),
+            state_file: self
+                .hubble_state_file
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty()),
             ..hubble::HubbleConfig::new(target, node)
         })
     }

@@ -108,10 +108,17 @@ pub struct ResumeFile {
 
 impl ResumeFile {
     /// The file at `path` (`None`: nothing kept) and the resume point it holds: where a restarted
-    /// agent resumes (`Resume::default()`, live flows, when there is none or it cannot be read).
-    pub fn open(path: Option<PathBuf>) -> (Self, Resume) {
+    /// agent resumes (`Resume::default()`, live flows, when there is none, it cannot be read, or it
+    /// lies more than a minute after `now_s`: the node's clock went back, and such a `since` would
+    /// hold back every flow until the clock caught up).
+    pub fn open(path: Option<PathBuf>, now_s: i64) -> (Self, Resume) {
         let read = path.as_ref().and_then(|p| match std::fs::read(p) {
             Ok(bytes) => match serde_json::from_slice::<Saved>(&bytes) {
+                Ok(saved) if saved.seconds > now_s.saturating_add(60) => {
+                    tracing::warn!(file = %p.display(), saved = saved.seconds, now = now_s,
+                        "the saved Hubble resume point is in the future (the clock went back): starting with live flows");
+                    None
+                }
                 Ok(saved) => Some(saved.resume()),
                 Err(error) => {
                     tracing::warn!(file = %p.display(), %error,
@@ -136,8 +143,15 @@ impl ResumeFile {
     }
 
     /// The client handed the records taken up to `resume` to the flush, with the receipt `watch`
-    /// watches (`None`: no records since the last point).
+    /// watches (`None`: no records since the last point, which then only moves on: nothing was
+    /// taken in between that could wait for anything).
     pub fn reached(&mut self, resume: &Resume, watch: Option<ReceiptWatch>) {
+        if watch.is_none() {
+            if let Some((newest, _)) = self.pending.back_mut() {
+                *newest = resume.clone();
+                return;
+            }
+        }
         if self.pending.len() >= MAX_PENDING {
             if let Some((newest, watches)) = self.pending.back_mut() {
                 *newest = resume.clone();
@@ -195,6 +209,8 @@ impl ResumeFile {
 mod tests {
     use super::*;
 
+    const NOW: i64 = 1_800_000_000;
+
     fn flow(uuid: &str, seconds: i64) -> Flow {
         Flow {
             uuid: uuid.into(),
@@ -207,7 +223,7 @@ mod tests {
     fn only_acknowledged_resume_points_are_saved_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state/hubble-resume.json");
-        let (mut file, start) = ResumeFile::open(Some(path.clone()));
+        let (mut file, start) = ResumeFile::open(Some(path.clone()), NOW);
         assert_eq!(start, Resume::default(), "nothing saved: live");
 
         let mut resume = Resume::default();
@@ -225,7 +241,12 @@ mod tests {
         assert!(!path.exists());
         first.settle();
         file.save_settled();
-        let (_, restarted) = ResumeFile::open(Some(path.clone()));
+        assert_eq!(
+            ResumeFile::open(Some(path.clone()), 10 - 61).1,
+            Resume::default(),
+            "saved after now: the clock went back"
+        );
+        let (_, restarted) = ResumeFile::open(Some(path.clone()), NOW);
         assert_eq!(restarted, resume);
         let mut restarted = restarted;
         assert!(!restarted.take(&flow("c", 11)), "taken before the restart");
@@ -233,13 +254,28 @@ mod tests {
         assert!(!restarted.take(&flow("e", 10)));
 
         std::fs::write(&path, b"{not json").unwrap();
-        assert_eq!(ResumeFile::open(Some(path)).1, Resume::default());
-        assert_eq!(ResumeFile::open(None).1, Resume::default());
+        assert_eq!(ResumeFile::open(Some(path), NOW).1, Resume::default());
+        assert_eq!(ResumeFile::open(None, NOW).1, Resume::default());
+    }
+
+    #[test]
+    fn a_point_without_records_moves_the_newest_on() {
+        let (mut file, _) = ResumeFile::open(None, NOW);
+        let mut resume = Resume::default();
+        resume.take(&flow("a", 10));
+        let (_receipt, watch) = crate::uplink::receipt();
+        file.reached(&resume, Some(watch));
+        for s in 11..200 {
+            resume.take(&flow("x", s));
+            file.reached(&resume, None);
+        }
+        assert_eq!(file.pending.len(), 1, "no point per empty hand-over");
+        assert_eq!(file.pending[0].0, resume);
     }
 
     #[test]
     fn pending_points_are_bounded() {
-        let (mut file, _) = ResumeFile::open(None);
+        let (mut file, _) = ResumeFile::open(None, NOW);
         let mut resume = Resume::default();
         let mut receipts = Vec::new();
         for s in 0..(MAX_PENDING as i64 + 10) {
