@@ -244,6 +244,11 @@ fn graph_groups_external_peers_and_names_what_allows_an_edge() {
     assert_eq!(violation.violations.len(), 1);
     assert_eq!(violation.violations[0].id, 7);
     assert_eq!(grouped.counts["violation"], 1);
+    let mut ids: Vec<&str> = grouped.edges.iter().map(|e| e.id.as_str()).collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), before, "edge ids are unique: {:#?}", grouped.edges);
     let ungrouped = graph_view::build(
         &snapshot,
         &GraphQuery {
