@@ -248,7 +248,12 @@ fn graph_groups_external_peers_and_names_what_allows_an_edge() {
     ids.sort();
     let before = ids.len();
     ids.dedup();
-    assert_eq!(ids.len(), before, "edge ids are unique: {:#?}", grouped.edges);
+    assert_eq!(
+        ids.len(),
+        before,
+        "edge ids are unique: {:#?}",
+        grouped.edges
+    );
     let ungrouped = graph_view::build(
         &snapshot,
         &GraphQuery {
