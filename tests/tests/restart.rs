@@ -1285,6 +1285,9 @@ enum Writes<'a> {
     Status(&'a str),
     /// Creates and updates of WorkloadNetworkPolicyProposals (the learned edges' writes).
     Proposals,
+    /// Deletes of WorkloadNetworkPolicyProposals (a promotion's last step); shown on a probe
+    /// proposal the fault creates.
+    ProposalDeletes,
 }
 
 impl StatusWritesFault {
@@ -1303,10 +1306,13 @@ impl StatusWritesFault {
             (StatusFault::Delay, Writes::Status(_)) => ("delay-status", "Ignore"),
             (StatusFault::Refuse, Writes::Proposals) => ("refuse-proposals", "Fail"),
             (StatusFault::Delay, Writes::Proposals) => ("delay-proposals", "Ignore"),
+            (StatusFault::Refuse, Writes::ProposalDeletes) => ("refuse-proposal-deletes", "Fail"),
+            (StatusFault::Delay, Writes::ProposalDeletes) => ("delay-proposal-deletes", "Ignore"),
         };
         let (operations, resources) = match writes {
             Writes::Status(_) => (vec!["UPDATE"], "workloadnetworkpolicies/status"),
             Writes::Proposals => (vec!["CREATE", "UPDATE"], "workloadnetworkpolicyproposals"),
+            Writes::ProposalDeletes => (vec!["DELETE"], "workloadnetworkpolicyproposals"),
         };
         let name = format!("{}-{suffix}", ns.name);
         let (port, hanging) = match fault {
@@ -1353,6 +1359,22 @@ impl StatusWritesFault {
                 "timeoutSeconds": DELAY_SECONDS,
             }]
         }))?;
+        let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+        let probe: WorkloadNetworkPolicyProposal = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "fault-probe"},
+            "spec": {"backend": "kubernetes", "direction": "Ingress",
+                     "targetRef": {"kind": "Deployment", "name": "fault-probe"},
+                     "kubernetes": {"podSelector": {"matchLabels": {"app": "fault-probe"}},
+                                    "policyTypes": ["Ingress"]}}
+        }))?;
+        if matches!(writes, Writes::ProposalDeletes)
+            && proposals.get_opt("fault-probe").await?.is_none()
+        {
+            // What a refused delete is shown on.
+            proposals
+                .create(&kube::api::PostParams::default(), &probe)
+                .await?;
+        }
         Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
             .create(&kube::api::PostParams::default(), &webhook)
             .await?;
@@ -1364,14 +1386,6 @@ impl StatusWritesFault {
         // In force once the API server's admission has seen it: a (no-op) status patch or a dry-run
         // create is refused, or takes the webhook's timeout and goes through.
         let policies = ns.api::<network_enforcer_api::WorkloadNetworkPolicy>();
-        let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
-        let probe: WorkloadNetworkPolicyProposal = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "fault-probe"},
-            "spec": {"backend": "kubernetes", "direction": "Ingress",
-                     "targetRef": {"kind": "Deployment", "name": "fault-probe"},
-                     "kubernetes": {"podSelector": {"matchLabels": {"app": "fault-probe"}},
-                                    "policyTypes": ["Ingress"]}}
-        }))?;
         ns.wait_for(
             "the API server to refuse or delay the writes",
             Duration::from_secs(30),
@@ -1392,6 +1406,16 @@ impl StatusWritesFault {
                                 ..Default::default()
                             },
                             &probe,
+                        )
+                        .await
+                        .map(|_| ()),
+                    Writes::ProposalDeletes => proposals
+                        .delete(
+                            "fault-probe",
+                            &kube::api::DeleteParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
                         )
                         .await
                         .map(|_| ()),
@@ -1906,5 +1930,229 @@ async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -
         || async { Ok(policies.get_opt(&isolate).await?.is_none().then_some(())) },
     )
     .await?;
+    Ok(())
+}
+
+/// Issue 42 item 6, a restart during a promotion to protect: the real controller binary learns the
+/// server's ingress proposal from the real uplink; the test labels it `promote=protect` and kills the
+/// controller (SIGKILL) at once, when the promotion has at best begun. The API server refuses every
+/// delete of a proposal (a webhook that fails closed), so the next leader creates the policy and
+/// renders it but cannot take the proposal away; it is killed there, half way, the refusal ends, and
+/// the third leader finishes from what is in the API: exactly one policy, in protect, promoted from
+/// the proposal, with the learned rule; the proposal gone; the NetworkPolicy rendered and owned by
+/// the policy.
+#[tokio::test]
+async fn a_promotion_to_protect_is_finished_by_the_next_leader_whenever_the_last_dies() -> Result<()>
+{
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
+    use network_enforcer_api::{PolicyMode, WorkloadNetworkPolicy};
+    const NAME: &str = "deployment-http-server-ingress";
+    let ns = TestNamespace::create_with_crds("promote-kill").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    let mut controller = BinaryController::start(&ns, "1", "1s").await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the controller to lead",
+            "network_enforcer_controller_leader 1",
+        )
+        .await?;
+    let record = flow_record(
+        &n,
+        &server,
+        clients[0].1,
+        18080,
+        Protocol::Tcp,
+        Direction::Inbound,
+        Outcome::Established,
+    );
+    assert!(controller.agent.send(vec![record]));
+    let learned = format!("{NAME} ingress {n}/app=http-client TCP/18080");
+    ns.wait_for("the learned proposal", Duration::from_secs(60), || async {
+        Ok(rules(&ns).await?.contains(&learned).then_some(()))
+    })
+    .await?;
+
+    let proposals = ns.api::<WorkloadNetworkPolicyProposal>();
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    let network_policies = ns.api::<NetworkPolicy>();
+    let rendered = || async {
+        Ok::<_, kube::Error>(network_policies.get_opt(NAME).await?.is_some_and(|np| {
+            np.owner_references()
+                .iter()
+                .any(|o| o.kind == "WorkloadNetworkPolicy" && o.name == NAME)
+        }))
+    };
+    let refusal =
+        StatusWritesFault::start_on(&ns, Writes::ProposalDeletes, StatusFault::Refuse).await?;
+    proposals
+        .patch(
+            NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"networkenforcer.kubewarden.io/promote": "protect"}}
+            })),
+        )
+        .await?;
+    controller.kill()?;
+    controller.restart(&ns)?;
+    ns.wait_for(
+        "the policy created and rendered, the proposal's delete refused",
+        Duration::from_secs(60),
+        || async {
+            let created = policies.get_opt(NAME).await?.is_some();
+            Ok((created && rendered().await?).then_some(()))
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        proposals.get_opt(NAME).await?.is_some(),
+        "the refusal did not hold the proposal"
+    );
+    controller.kill()?;
+    refusal.end().await?;
+    controller.restart(&ns)?;
+    ns.wait_for(
+        "the next leader to finish the promotion",
+        Duration::from_secs(60),
+        || async {
+            let proposal_gone = proposals.get_opt(NAME).await?.is_none();
+            Ok((proposal_gone && rendered().await?).then_some(()))
+        },
+    )
+    .await?;
+    let all = policies.list(&ListParams::default()).await?.items;
+    assert_eq!(all.len(), 1, "one policy: {all:#?}");
+    let policy = &all[0];
+    assert_eq!(policy.spec.mode, PolicyMode::Protect, "{policy:#?}");
+    assert_eq!(
+        policy.labels().get(PROMOTED_FROM_LABEL),
+        Some(&network_enforcer_api::naming::promoted_from_value(NAME)),
+        "{policy:#?}"
+    );
+    let ingress = serde_json::to_value(&policy.spec)?["kubernetes"]["ingress"].clone();
+    assert!(
+        ingress.to_string().contains("18080") && ingress.to_string().contains("http-client"),
+        "the learned rule: {ingress}"
+    );
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
+    Ok(())
+}
+
+/// Issue 42 items 4 and 6: the protect gate's verdict on a policy is the same before and after the
+/// leader is killed (SIGKILL), for the same observed traffic, once the history was persisted (the
+/// documented bound: one persist interval, 1 s here). In between the condition may say `NoHistory`,
+/// never `NoObservedFlowBlocked`.
+#[tokio::test]
+async fn the_gate_gives_the_same_verdict_after_the_leader_is_killed() -> Result<()> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    let ns = TestNamespace::create_with_crds("gate-verdict").await?;
+    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let n = ns.name.clone();
+    let guard: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+        "kind": "WorkloadNetworkPolicy",
+        "metadata": {"name": "guard", "namespace": n},
+        "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
+                 "targetRef": {"kind": "Deployment", "name": "http-server"},
+                 "kubernetes": {"podSelector": {"matchLabels": {"app": "http-server"}},
+                                "policyTypes": ["Ingress"]}}
+    }))?;
+    let policies = ns.api::<WorkloadNetworkPolicy>();
+    policies
+        .create(&kube::api::PostParams::default(), &guard)
+        .await?;
+    let env = [
+        ("EDGE_HISTORY_PERSIST_INTERVAL", "1s"),
+        ("EDGE_HISTORY_WARMUP", "1s"),
+    ];
+    let mut controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the controller to lead",
+            "network_enforcer_controller_leader 1",
+        )
+        .await?;
+    let records = (0..3)
+        .map(|i| {
+            flow_record(
+                &n,
+                &server,
+                clients[0].1,
+                18100 + i,
+                Protocol::Tcp,
+                Direction::Inbound,
+                Outcome::Established,
+            )
+        })
+        .collect();
+    assert!(controller.agent.send(records));
+    let would_block = || async {
+        let policy = policies.get("guard").await?;
+        Ok::<Option<Condition>, kube::Error>(
+            policy
+                .status
+                .unwrap_or_default()
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "WouldBlock"),
+        )
+    };
+    let before = ns
+        .wait_for(
+            "the gate's verdict on all three flows",
+            Duration::from_secs(60),
+            || async {
+                Ok(would_block().await?.filter(|c| {
+                    c.status == "True"
+                        && c.message
+                            .starts_with("3 of 3 observed flows would be blocked")
+                }))
+            },
+        )
+        .await?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the history persisted",
+            "network_enforcer_controller_edge_history_persisted_edges 3",
+        )
+        .await?;
+
+    controller.kill()?;
+    controller.restart(&ns)?;
+    controller
+        .wait_for_metric(
+            &ns,
+            "the new leader to read the history back",
+            "network_enforcer_controller_edge_history_restored_edges 3",
+        )
+        .await?;
+    // Past its warm-up (1 s), through several status passes and reconciles (1 s each), every
+    // verdict the new leader writes is the old one; `NoHistory` only before it can answer.
+    let verdict = |c: &Condition| (c.status.clone(), c.reason.clone(), c.message.clone());
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline {
+        let now = would_block()
+            .await?
+            .context("the WouldBlock condition is gone")?;
+        if now.reason != "NoHistory" && !seen.contains(&verdict(&now)) {
+            seen.push(verdict(&now));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        seen,
+        vec![verdict(&before)],
+        "the same verdict after the restart, and no other on the way"
+    );
+    let (success, logs) = controller.terminate().await?;
+    assert!(success, "{logs}");
     Ok(())
 }

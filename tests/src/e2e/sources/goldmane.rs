@@ -128,7 +128,8 @@ impl Flows for Shared {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut state = self.0.lock().expect("goldmane state");
         state.requests.push(request.into_inner());
-        // start_time_gte = 0: live flows only, no backfill.
+        // Live flows only: the start is not honoured, no backfill (a reconnect's and a new
+        // leader's backfill are tested against the in-process Goldmane of controller/tests).
         state.subscribers.push(tx);
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
     }
