@@ -1604,38 +1604,34 @@ async fn assert_violation_written(ns: &TestNamespace, logs: &str) -> Result<()> 
     Ok(())
 }
 
-/// The protect gate answers after a restart from the history the last leader persisted
-/// (docs/behaviour.md §3.11), not only from violation records. A flow the policy allows (so no
-/// violation record names it) is observed; the leader persists its history and is killed (SIGKILL:
-/// no last write); the new leader reads the history back. Once its warm-up is over, the policy is
-/// switched to protect without the rule that allowed the flow: the gate must say the observed flow
-/// would be blocked. A new leader that knew only the violation records would say nothing is.
-#[tokio::test]
-async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> Result<()> {
+/// A test namespace with a monitor-mode policy `name` on the server's ingress with `ingress` rules,
+/// and the controller binary persisting the protect gate's history every second (warm-up 1 s),
+/// leading and past its first status pass; returns the server's name and the client's address too.
+async fn with_gate_history(
+    namespace: &str,
+    name: &str,
+    ingress: serde_json::Value,
+) -> Result<(TestNamespace, BinaryController, String, IpAddr)> {
     use network_enforcer_api::WorkloadNetworkPolicy;
-    let ns = TestNamespace::create_with_crds("gate-restart").await?;
+    let ns = TestNamespace::create_with_crds(namespace).await?;
     let Workloads { clients, server } = create_workloads(&ns, 1).await?;
-    let n = ns.name.clone();
-    let allowing: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
+    let policy: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
         "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
         "kind": "WorkloadNetworkPolicy",
-        "metadata": {"name": "server-in", "namespace": n},
+        "metadata": {"name": name, "namespace": ns.name},
         "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
                  "targetRef": {"kind": "Deployment", "name": "http-server"},
                  "kubernetes": {"podSelector": {"matchLabels": {"app": "http-server"}},
-                                "policyTypes": ["Ingress"],
-                                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
-                                             "ports": [{"protocol": "TCP", "port": 18080}]}]}}
+                                "policyTypes": ["Ingress"], "ingress": ingress}}
     }))?;
-    let policies = ns.api::<WorkloadNetworkPolicy>();
-    policies
-        .create(&kube::api::PostParams::default(), &allowing)
+    ns.api::<WorkloadNetworkPolicy>()
+        .create(&kube::api::PostParams::default(), &policy)
         .await?;
     let env = [
         ("EDGE_HISTORY_PERSIST_INTERVAL", "1s"),
         ("EDGE_HISTORY_WARMUP", "1s"),
     ];
-    let mut controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
+    let controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
     for (what, line) in [
         (
             "the controller to lead",
@@ -1648,10 +1644,30 @@ async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> 
     ] {
         controller.wait_for_metric(&ns, what, line).await?;
     }
+    Ok((ns, controller, server, clients[0].1))
+}
+
+/// The protect gate answers after a restart from the history the last leader persisted
+/// (docs/behaviour.md §3.11), not only from violation records. A flow the policy allows (so no
+/// violation record names it) is observed; the leader persists its history and is killed (SIGKILL:
+/// no last write); the new leader reads the history back. Once its warm-up is over, the policy is
+/// switched to protect without the rule that allowed the flow: the gate must say the observed flow
+/// would be blocked. A new leader that knew only the violation records would say nothing is.
+#[tokio::test]
+async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> Result<()> {
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    let allows_the_client = serde_json::json!([{
+        "from": [{"podSelector": {"matchLabels": {"app": "http-client"}}}],
+        "ports": [{"protocol": "TCP", "port": 18080}]
+    }]);
+    let (ns, mut controller, server, client) =
+        with_gate_history("gate-restart", "server-in", allows_the_client).await?;
+    let n = ns.name.clone();
+    let policies = ns.api::<WorkloadNetworkPolicy>();
     let record = flow_record(
         &n,
         &server,
-        clients[0].1,
+        client,
         18080,
         Protocol::Tcp,
         Direction::Inbound,
@@ -2050,40 +2066,16 @@ async fn a_promotion_to_protect_is_finished_by_the_next_leader_whenever_the_last
 async fn the_gate_gives_the_same_verdict_after_the_leader_is_killed() -> Result<()> {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use network_enforcer_api::WorkloadNetworkPolicy;
-    let ns = TestNamespace::create_with_crds("gate-verdict").await?;
-    let Workloads { clients, server } = create_workloads(&ns, 1).await?;
+    let (ns, mut controller, server, client) =
+        with_gate_history("gate-verdict", "guard", serde_json::json!([])).await?;
     let n = ns.name.clone();
-    let guard: WorkloadNetworkPolicy = serde_json::from_value(serde_json::json!({
-        "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
-        "kind": "WorkloadNetworkPolicy",
-        "metadata": {"name": "guard", "namespace": n},
-        "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": "monitor",
-                 "targetRef": {"kind": "Deployment", "name": "http-server"},
-                 "kubernetes": {"podSelector": {"matchLabels": {"app": "http-server"}},
-                                "policyTypes": ["Ingress"]}}
-    }))?;
     let policies = ns.api::<WorkloadNetworkPolicy>();
-    policies
-        .create(&kube::api::PostParams::default(), &guard)
-        .await?;
-    let env = [
-        ("EDGE_HISTORY_PERSIST_INTERVAL", "1s"),
-        ("EDGE_HISTORY_WARMUP", "1s"),
-    ];
-    let mut controller = BinaryController::start_with(&ns, "1", "1s", &env).await?;
-    controller
-        .wait_for_metric(
-            &ns,
-            "the controller to lead",
-            "network_enforcer_controller_leader 1",
-        )
-        .await?;
     let records = (0..3)
         .map(|i| {
             flow_record(
                 &n,
                 &server,
-                clients[0].1,
+                client,
                 18100 + i,
                 Protocol::Tcp,
                 Direction::Inbound,
