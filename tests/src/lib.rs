@@ -7,6 +7,7 @@
 //! - [`scenario_fixture`]: the end-to-end scenario's workload and an agent's side of the uplink (tokens,
 //!   records).
 //! - [`e2e`]: our images and chart installed into the cluster, workloads and traffic for end-to-end tests.
+//! - [`faults`]: the API server's writes refused or delayed for a while (fault-injection tests).
 //! - [`stand_in_controller`]: a stand-in for the controller's uplink endpoint that records what it reads.
 //! - [`wait`]: the one polling loop (blocking and async) every test waits with.
 //! - [`netpol`]: the NetworkPolicy conformance harness (truth tables from real packets, `check` as a
@@ -15,6 +16,7 @@
 pub mod buildah;
 pub mod cluster;
 pub mod e2e;
+pub mod faults;
 pub mod fixture;
 pub mod images;
 pub mod netpol;
