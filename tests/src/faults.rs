@@ -62,7 +62,11 @@ impl StatusWritesFault {
 
     /// Starts the fault on `writes`, and returns once such a write shows it (a status write of the
     /// policy, or a dry-run create of a proposal).
-    pub async fn start_on(ns: &TestNamespace, writes: Writes<'_>, fault: StatusFault) -> Result<Self> {
+    pub async fn start_on(
+        ns: &TestNamespace,
+        writes: Writes<'_>,
+        fault: StatusFault,
+    ) -> Result<Self> {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         use k8s_openapi::api::core::v1::Namespace;
         let (suffix, failure_policy) = match (fault, writes) {

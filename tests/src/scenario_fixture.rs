@@ -11,6 +11,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use network_enforcer_api::WorkloadNetworkPolicyProposal;
 use network_enforcer_api::uplink::flow_uplink_client::FlowUplinkClient;
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord, LocalPod};
 use serde_json::json;
@@ -285,4 +286,56 @@ pub async fn send_batches(
         }
     }
     Ok(out)
+}
+
+/// Every (proposal, direction, peer, protocol, port) the proposals of `ns` allow, one entry per rule
+/// peer and port (see [`rule_entries`]), sorted but not deduplicated: a rule learned twice shows up
+/// twice.
+pub async fn learned_rules(ns: &TestNamespace) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for p in ns
+        .api::<WorkloadNetworkPolicyProposal>()
+        .list(&ListParams::default())
+        .await?
+    {
+        out.extend(rule_entries(&p.name_any(), &serde_json::to_value(&p.spec)?));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `<name> <direction> <namespace>/<labels> <protocol>/<port>` for each peer and port of the
+/// Kubernetes rules of spec `spec` (a proposal's or a policy's).
+pub fn rule_entries(name: &str, spec: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for (direction, peers) in [("egress", "to"), ("ingress", "from")] {
+        for rule in spec["kubernetes"][direction]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            for peer in rule[peers].as_array().into_iter().flatten() {
+                let namespace =
+                    &peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"];
+                let labels = peer["podSelector"]["matchLabels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_else(|| peer.to_string());
+                for port in rule["ports"].as_array().into_iter().flatten() {
+                    out.push(format!(
+                        "{name} {direction} {}/{labels} {}/{}",
+                        namespace.as_str().unwrap_or("?"),
+                        port["protocol"].as_str().unwrap_or("?"),
+                        port["port"]
+                    ));
+                }
+            }
+        }
+    }
+    out
 }

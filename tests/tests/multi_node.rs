@@ -433,30 +433,17 @@ struct AgentProcess {
 impl AgentProcess {
     fn find(release: &Release, node: &str) -> Result<Self> {
         let pod = release.agent_pod_on(node)?;
-        let uid = release.kubectl(&["get", "pod", &pod, "-o", "jsonpath={.metadata.uid}"])?;
-        let uid = uid.trim();
-        for entry in std::fs::read_dir("/proc")?.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains("network-enforcer-agent")
-                && cgroup.contains(uid)
-            {
-                let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
-                let env = environ
-                    .split(|b| *b == 0)
-                    .filter_map(|kv| {
-                        let kv = String::from_utf8_lossy(kv);
-                        kv.split_once('=')
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                    })
-                    .collect();
-                return Ok(Self { pid, env });
-            }
-        }
-        anyhow::bail!("no agent process of pod {pod} ({uid}) on this machine")
+        let pid = release.host_pid(&pod, "network-enforcer-agent")?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+        let env = environ
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        Ok(Self { pid, env })
     }
 
     /// `path` inside the container, as a host path. Symlinks are followed inside the container's root:

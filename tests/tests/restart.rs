@@ -24,7 +24,7 @@ use network_enforcer_tests::e2e::release::debug_binary;
 use network_enforcer_tests::faults::{StatusFault, StatusWritesFault, Writes, free_port};
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::scenario_fixture::{
-    Workloads, cluster_ip, create_workloads, flow_record,
+    Workloads, cluster_ip, create_workloads, flow_record, learned_rules,
 };
 use network_enforcer_tests::wait;
 use std::net::{IpAddr, SocketAddr};
@@ -190,51 +190,6 @@ async fn wait_for_index(
         },
     )
     .await
-}
-
-/// Every (proposal, direction, peer, protocol, port) the proposals allow, one entry per rule peer and
-/// port, sorted but not deduplicated: a rule learned twice shows up twice.
-async fn rules(ns: &TestNamespace) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for p in ns
-        .api::<WorkloadNetworkPolicyProposal>()
-        .list(&ListParams::default())
-        .await?
-    {
-        let spec = serde_json::to_value(&p.spec)?;
-        for (direction, peers) in [("egress", "to"), ("ingress", "from")] {
-            for rule in spec["kubernetes"][direction]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
-                for peer in rule[peers].as_array().into_iter().flatten() {
-                    let namespace =
-                        &peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"];
-                    let labels = peer["podSelector"]["matchLabels"]
-                        .as_object()
-                        .map(|m| {
-                            m.iter()
-                                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        })
-                        .unwrap_or_else(|| peer.to_string());
-                    for port in rule["ports"].as_array().into_iter().flatten() {
-                        out.push(format!(
-                            "{} {direction} {}/{labels} {}/{}",
-                            p.name_any(),
-                            namespace.as_str().unwrap_or("?"),
-                            port["protocol"].as_str().unwrap_or("?"),
-                            port["port"]
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
 }
 
 /// A token file of its own, removed on drop.
@@ -404,7 +359,7 @@ async fn a_controller_killed_mid_stream_loses_and_duplicates_nothing() -> Result
         want("http-server-egress", "egress", kube_dns, "UDP/53"),
     ];
     expected.sort();
-    assert_eq!(rules(&ns).await?, expected);
+    assert_eq!(learned_rules(&ns).await?, expected);
 
     drop(agent);
     uplink_task.abort();
@@ -746,7 +701,7 @@ async fn on_sigterm_the_controller_writes_what_is_pending_and_releases_its_lease
     let server_pods = format!("{n}/app=http-server");
     let client_pods = format!("{n}/app=http-client");
     assert_eq!(
-        rules(&ns).await?,
+        learned_rules(&ns).await?,
         [
             format!("deployment-http-client-egress egress {server_pods} TCP/18080"),
             format!("deployment-http-server-ingress ingress {client_pods} TCP/18080"),
@@ -1078,7 +1033,7 @@ async fn faults_lose_no_occurrence_and_count_none_twice() -> Result<()> {
         per_hour, status.violation_count,
         "the hourly history counts what violationCount counts: {status:?}"
     );
-    let learned = rules(&ns).await?;
+    let learned = learned_rules(&ns).await?;
     for port in &expected {
         let rule = format!("deployment-http-server-ingress ingress {n}/app=http-client TCP/{port}");
         assert!(learned.contains(&rule), "{rule} not learned: {learned:?}");
@@ -1320,7 +1275,12 @@ async fn violation_held(name: &str) -> Result<(TestNamespace, BinaryController, 
     ns.wait_for(
         "the edge to be written",
         Duration::from_secs(60),
-        || async { Ok(rules(&ns).await?.contains(&server_rule).then_some(())) },
+        || async {
+            Ok(learned_rules(&ns)
+                .await?
+                .contains(&server_rule)
+                .then_some(()))
+        },
     )
     .await?;
     // Written, flushed again and again (every second), yet held: the violation is not in a status.
@@ -1755,7 +1715,7 @@ async fn a_promotion_to_protect_is_finished_by_the_next_leader_whenever_the_last
     assert!(controller.agent.send(vec![record]));
     let learned = format!("{NAME} ingress {n}/app=http-client TCP/18080");
     ns.wait_for("the learned proposal", Duration::from_secs(60), || async {
-        Ok(rules(&ns).await?.contains(&learned).then_some(()))
+        Ok(learned_rules(&ns).await?.contains(&learned).then_some(()))
     })
     .await?;
 

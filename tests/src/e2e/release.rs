@@ -157,6 +157,9 @@ pub fn local_values() -> Vec<String> {
     sets
 }
 
+/// The controller's metrics port, the chart's default (`controller.metricsPort`).
+const CONTROLLER_METRICS_PORT: u16 = 8080;
+
 /// One installed release of our chart; uninstalled on drop.
 pub struct Release {
     /// The release name.
@@ -295,20 +298,7 @@ impl Release {
     /// then writes every policy's status: after two, whatever reached the controller before the call
     /// is in the statuses.
     pub fn wait_for_status_passes(&self, passes: u64, timeout: Duration) -> Result<()> {
-        const CONTROLLER_METRICS_PORT: u16 = 8080;
-        let lease = self.kubectl(&[
-            "get",
-            "lease",
-            &self.object_name("controller"),
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ]);
-        let target = match lease {
-            Ok(holder) if !holder.trim().is_empty() => format!("pod/{}", holder.trim()),
-            // No leader election: the one replica.
-            _ => format!("deploy/{}", self.object_name("controller")),
-        };
-        let forward = self.port_forward(&target, CONTROLLER_METRICS_PORT)?;
+        let forward = self.port_forward(&self.leader_target(), CONTROLLER_METRICS_PORT)?;
         let read = || -> Result<Option<f64>> {
             let text = http_get(&forward.address(), "/metrics")?;
             Ok(metric(
@@ -332,6 +322,56 @@ impl Release {
             describe,
         )?;
         Ok(())
+    }
+
+    /// The controller replica holding the Lease (its pod name), if one does.
+    pub fn leader(&self) -> Option<String> {
+        let holder = self
+            .kubectl(&[
+                "get",
+                "lease",
+                &self.object_name("controller"),
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .ok()?;
+        let holder = holder.trim();
+        (!holder.is_empty()).then(|| holder.to_string())
+    }
+
+    /// What `kubectl port-forward` reaches the leading controller by: its pod, or the Deployment
+    /// without leader election (the one replica).
+    fn leader_target(&self) -> String {
+        match self.leader() {
+            Some(pod) => format!("pod/{pod}"),
+            None => format!("deploy/{}", self.object_name("controller")),
+        }
+    }
+
+    /// The leading controller's `/metrics` (through a port-forward to its metrics port).
+    pub fn controller_metrics(&self) -> Result<String> {
+        let forward = self.port_forward(&self.leader_target(), CONTROLLER_METRICS_PORT)?;
+        http_get(&forward.address(), "/metrics")
+    }
+
+    /// The host's process id of the process running `binary` (a substring of its command line) in pod
+    /// `pod` of the release namespace: the pods of the local cluster run on this machine, and each
+    /// process's cgroup names its pod's UID.
+    pub fn host_pid(&self, pod: &str, binary: &str) -> Result<u32> {
+        let uid = self.kubectl(&["get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?;
+        let uid = uid.trim();
+        anyhow::ensure!(!uid.is_empty(), "pod {pod} has no UID");
+        for entry in std::fs::read_dir("/proc")?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(binary) && cgroup.contains(uid) {
+                return Ok(pid);
+            }
+        }
+        bail!("no {binary} process of pod {pod} ({uid}) on this machine")
     }
 
     /// The name of the chart's object for `component` (`<release>-network-enforcer-<component>`, or
