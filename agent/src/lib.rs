@@ -17,11 +17,13 @@
 //! - [`kernel::host`] and [`kernel::btf`]: what the loader needs to know about the running kernel;
 //! - [`enforce`]: NetworkPolicy enforcement on the node (off unless `--enforcement networkpolicy`);
 //! - [`memory`]: the allocator settings that keep the agent's resident memory bounded;
+//! - [`cost`]: what the agent process costs its node (CPU time, resident memory), for the controller;
 //! - [`error`]: what can go wrong, with what to do about it.
 
 pub mod aggregate;
 pub mod app;
 pub mod clock;
+pub mod cost;
 pub mod debug;
 pub mod dns;
 pub mod enforce;

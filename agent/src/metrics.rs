@@ -540,7 +540,7 @@ impl AgentMetrics {
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
-        if let Some(bytes) = resident_memory_bytes() {
+        if let Some(bytes) = crate::cost::resident_memory_bytes() {
             self.resident_memory.set(bytes);
         }
         network_enforcer_api::metrics::render(&self.registry)
@@ -621,15 +621,6 @@ fn rfc3339(unix_seconds: f64) -> String {
     // Rounded to the millisecond: 1_787_307_330.123 is 1_787_307_330.12299… as a float.
     let ms = (unix_seconds * 1000.0).round().max(0.0) as u64;
     crate::debug::flows::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-}
-
-/// This process's resident memory in bytes, from `/proc/self/statm` (pages × page size).
-fn resident_memory_bytes() -> Option<i64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    (page > 0).then(|| pages.saturating_mul(page))
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ fn an_encoded_batch_reads_a_flow_batch_and_its_records_decode_back() {
         health: Some(AgentHealth {
             events_lost: 3,
             batches_dropped: 1,
+            cost_sampled_ms: 1_787_307_330_123,
+            cpu_ms: 4_200,
+            kernel_ns: 9_000_000,
+            rss_bytes: 52 << 20,
             ..AgentHealth::default()
         }),
     };

@@ -196,6 +196,14 @@ fn schema_rejects_bad_enums_and_unknown_keys() {
             "/telemetry/externalCollector/protocol",
         ),
         ("controller.logFormat=xml", "/controller/logFormat"),
+        (
+            "controller.agentBudget.cpuCores=lots",
+            "/controller/agentBudget/cpuCores",
+        ),
+        (
+            "controller.agentBudget.memoryMiB=-1",
+            "/controller/agentBudget/memoryMiB",
+        ),
         ("bogus=1", "bogus"),
         ("controller.bogus=1", "bogus"),
         ("controller.provider.istio.bogus=1", "bogus"),
@@ -888,6 +896,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
         "controller.edgeHistory.maxEdges=5000",
         "controller.edgeHistory.warmup=0s",
         "controller.agentSilenceAfter=5m",
+        "controller.agentBudget.cpuCores=0.25",
+        "controller.agentBudget.memoryMiB=96",
         "controller.replicas=2",
         "controller.resolutionGraceSeconds=0",
         "controller.maxExternalPeersPerPort=5",
@@ -907,6 +917,8 @@ fn controller_runs_non_root_on_a_read_only_root_fs() {
     assert_eq!(env_value(c, "EDGE_HISTORY_MAX_EDGES"), "5000");
     assert_eq!(env_value(c, "EDGE_HISTORY_WARMUP"), "0s");
     assert_eq!(env_value(c, "AGENT_SILENCE_AFTER"), "5m");
+    assert_eq!(env_value(c, "AGENT_CPU_BUDGET"), "0.25");
+    assert_eq!(env_value(c, "AGENT_MEMORY_BUDGET_MIB"), "96");
     assert_eq!(env_value(c, "RESOLUTION_GRACE_SECONDS"), "0");
     assert_eq!(env_value(c, "MAX_EXTERNAL_PEERS_PER_PORT"), "5");
     assert_eq!(env_value(c, "MAX_PORTS_PER_RULE"), "8");

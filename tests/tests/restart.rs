@@ -1070,7 +1070,8 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
 }
 
 /// Coverage (docs/behaviour.md §3.12): an agent whose batches say it lost more events is reported
-/// (a Warning Event `AgentDropping` on the Node); while the node's agent streams, the node is covered; once no
+/// (a Warning Event `AgentDropping` on the Node), and one whose batches say it uses more CPU than its
+/// budget (`AgentOverBudget`); while the node's agent streams, the node is covered; once no
 /// stream of it has been open for `AGENT_SILENCE_AFTER`, the node is reported silent (the gauge, a
 /// Warning Event `AgentSilent` on the Node), and reporting again once its agent reconnects (a Normal
 /// Event `AgentReporting`).
@@ -1146,6 +1147,40 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
             && note.contains("connection events (its ring buffer was full)"),
         "the Event says what was lost: {note}"
     );
+    // The agent's process then uses 2 cores (its CPU time grows by 2 s each second; the default
+    // budget is 1): a Warning Event `AgentOverBudget` on the Node gives the figure.
+    let mut over = None;
+    let start_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    for i in 0..30u64 {
+        let health = network_enforcer_api::uplink::AgentHealth {
+            cost_sampled_ms: start_ms + 1_000 * i as i64,
+            cpu_ms: 2_000 * i,
+            rss_bytes: 50 << 20,
+            ..Default::default()
+        };
+        let record = network_enforcer_api::uplink::FlowRecord::default();
+        controller
+            .agent
+            .send_with_health(vec![record], Vec::new(), Some(health));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(event) = of_ours("AgentOverBudget").await? {
+            over = Some(event);
+            break;
+        }
+    }
+    let over = over.context("no AgentOverBudget Event within 30 s of 2 cores")?;
+    let note = over.note.unwrap_or_default();
+    anyhow::ensure!(
+        over.type_.as_deref() == Some("Warning") && note.contains("CPU 2.00 cores (budget 1.00"),
+        "the Event gives the figure and the budget: {note}"
+    );
+    controller
+        .wait_for_metric(
+            &ns,
+            "the over-budget gauge",
+            "network_enforcer_controller_agent_over_budget_nodes 1",
+        )
+        .await?;
     // The agent stops: its stream closes.
     controller.uplink_task.abort();
     controller

@@ -53,6 +53,7 @@ impl Report {
         self.metrics.kernel(&self.kernel_before, &counters);
         self.health.events_lost = counters.ring_buffer_full;
         self.health.dns_lost = counters.dns_ring_buffer_full;
+        self.cost(&counters);
         self.health.events_dropped = self
             .health
             .events_dropped
@@ -102,6 +103,18 @@ impl Report {
             );
         }
         Ok(())
+    }
+}
+
+impl Report {
+    /// What the agent costs its node now, for the controller's budget check (docs/behaviour.md §3.12).
+    fn cost(&mut self, counters: &KernelCounters) {
+        self.health.cost_sampled_ms = crate::sources::now_ms();
+        self.health.cpu_ms = crate::cost::cpu_time_ms().unwrap_or_default();
+        self.health.kernel_ns = counters.programs.values().map(|p| p.run_ns).sum();
+        self.health.rss_bytes = crate::cost::resident_memory_bytes()
+            .and_then(|b| u64::try_from(b).ok())
+            .unwrap_or_default();
     }
 }
 

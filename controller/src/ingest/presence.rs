@@ -68,20 +68,32 @@ impl Presence {
     }
 }
 
-/// `kept` with `instance`'s report: its counts the larger of each, the process first; a new process
-/// pushes out the oldest.
+/// `kept` with `instance`'s report: its loss counts the larger of each, its cost the newer sample's,
+/// the process first; a new process pushes out the oldest.
 pub fn with_report(
     kept: [Option<(u64, AgentHealth)>; INSTANCES_PER_NODE],
     instance: u64,
     health: AgentHealth,
 ) -> [Option<(u64, AgentHealth)>; INSTANCES_PER_NODE] {
     let merged = match kept.iter().flatten().find(|(i, _)| *i == instance) {
-        Some((_, old)) => AgentHealth {
-            events_lost: old.events_lost.max(health.events_lost),
-            events_dropped: old.events_dropped.max(health.events_dropped),
-            batches_dropped: old.batches_dropped.max(health.batches_dropped),
-            dns_lost: old.dns_lost.max(health.dns_lost),
-        },
+        Some((_, old)) => {
+            // A resent batch carries an older sample of the cost.
+            let cost = if health.cost_sampled_ms >= old.cost_sampled_ms {
+                &health
+            } else {
+                old
+            };
+            AgentHealth {
+                events_lost: old.events_lost.max(health.events_lost),
+                events_dropped: old.events_dropped.max(health.events_dropped),
+                batches_dropped: old.batches_dropped.max(health.batches_dropped),
+                dns_lost: old.dns_lost.max(health.dns_lost),
+                cost_sampled_ms: cost.cost_sampled_ms,
+                cpu_ms: cost.cpu_ms,
+                kernel_ns: cost.kernel_ns,
+                rss_bytes: cost.rss_bytes,
+            }
+        }
         None => health,
     };
     let mut out = [None; INSTANCES_PER_NODE];
@@ -139,6 +151,26 @@ mod tests {
         // A second process (a rolling update) is kept beside it, newest first.
         let kept = with_report(kept, 8, h(0, 0));
         assert_eq!(kept[..2], [Some((8, h(0, 0))), Some((7, h(5, 1)))]);
+        // The cost is the newest sample's, not the largest figures: memory goes down too.
+        let sample = |at, cpu_ms, rss_bytes| AgentHealth {
+            cost_sampled_ms: at,
+            cpu_ms,
+            rss_bytes,
+            ..h(5, 1)
+        };
+        let costs = with_report(kept, 7, sample(2_000, 900, 50));
+        let costs = with_report(costs, 7, sample(1_000, 500, 80));
+        assert_eq!(
+            costs[0],
+            Some((7, sample(2_000, 900, 50))),
+            "an older sample"
+        );
+        let costs = with_report(costs, 7, sample(3_000, 950, 40));
+        assert_eq!(
+            costs[0],
+            Some((7, sample(3_000, 950, 40))),
+            "a newer sample"
+        );
         // Beyond the bound, the oldest process goes.
         let kept = (9..12).fold(kept, |k, i| with_report(k, i, h(0, 0)));
         let instances: Vec<u64> = kept.iter().flatten().map(|(i, _)| *i).collect();

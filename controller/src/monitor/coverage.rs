@@ -9,6 +9,10 @@
 //! - [`dropping_nodes`]: the nodes whose agent said it lost flows since the last look (each batch
 //!   carries the agent's cumulative losses, `FlowBatch.health`): a Warning Event `AgentDropping` on
 //!   the Node, a Normal `AgentNotDropping` once it stops, the gauge `agent_dropping_nodes`;
+//! - [`over_budget`]: the nodes whose agent costs more than its budget (CPU in the process and in its
+//!   eBPF programs, resident memory; each batch carries the agent's cost): a Warning Event
+//!   `AgentOverBudget` on the Node, a Normal `AgentWithinBudget` once it is back within, the gauge
+//!   `agent_over_budget_nodes`;
 //! - [`Coverage`]: the loop that reads the index and the ingest's [`Presence`] and reports changes.
 
 use crate::cluster::watches::{SharedIndex, now_ms};
@@ -80,14 +84,14 @@ pub struct Dropping {
     pub lost: AgentHealth,
 }
 
-/// What each agent process (node, instance) said it lost so far.
-pub type Losses = HashMap<(String, u64), AgentHealth>;
+/// What each agent process (node, instance) said so far: its losses and its last cost sample.
+pub type Reports = HashMap<(String, u64), AgentHealth>;
 
 /// The nodes whose agent processes said they lost more (`now`) than at the last look (`before`),
 /// summed per node. A process first seen on a node this replica saw no process of is a baseline
 /// (its counts may be old); one that appears beside or after a known process of its node is new and
 /// counts from 0, so all it says is new.
-pub fn dropping_nodes(before: &Losses, now: &Losses) -> Vec<Dropping> {
+pub fn dropping_nodes(before: &Reports, now: &Reports) -> Vec<Dropping> {
     let known: BTreeSet<&str> = before.keys().map(|(node, _)| node.as_str()).collect();
     let mut lost: BTreeMap<&str, AgentHealth> = BTreeMap::new();
     for ((node, instance), health) in now {
@@ -111,6 +115,82 @@ pub fn dropping_nodes(before: &Losses, now: &Losses) -> Vec<Dropping> {
         .collect()
 }
 
+/// What an agent may cost its node (`--agent-cpu-budget`, `--agent-memory-budget`); 0: not checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Budget {
+    /// Cores: the agent process's CPU time and its eBPF programs' time per second.
+    pub cpu_cores: f64,
+    /// Bytes of resident memory of one agent process.
+    pub memory_bytes: u64,
+}
+
+/// A node whose agent costs more than its [`Budget`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverBudget {
+    pub node: String,
+    /// Cores its agent processes used between their last two samples (`None`: not two samples yet).
+    pub cpu_cores: Option<f64>,
+    /// The largest resident memory of its agent processes, bytes.
+    pub memory_bytes: u64,
+}
+
+/// Each agent process's last two distinct cost samples (a process gone from the reports is forgotten).
+#[derive(Debug, Default)]
+pub struct CostSamples {
+    pub previous: Reports,
+    pub latest: Reports,
+}
+
+impl CostSamples {
+    /// Takes in the reports of a look: a process whose sample is new moves its latest to previous.
+    pub fn advance(&mut self, now: &Reports) {
+        self.latest.retain(|k, _| now.contains_key(k));
+        self.previous.retain(|k, _| now.contains_key(k));
+        for (k, health) in now {
+            let newer = self
+                .latest
+                .get(k)
+                .is_none_or(|l| l.cost_sampled_ms != health.cost_sampled_ms);
+            if newer && let Some(old) = self.latest.insert(k.clone(), *health) {
+                self.previous.insert(k.clone(), old);
+            }
+        }
+    }
+}
+
+/// The nodes whose agents cost more than `budget`: the CPU their processes (and those processes'
+/// eBPF programs, when the kernel keeps BPF statistics) used per second between their `before` and
+/// `now` samples, summed per node, or the resident memory of one of them. A process without a cost
+/// sample (an agent older than the field) is never over.
+pub fn over_budget(before: &Reports, now: &Reports, budget: Budget) -> Vec<OverBudget> {
+    let mut nodes: BTreeMap<&str, OverBudget> = BTreeMap::new();
+    for ((node, instance), health) in now.iter().filter(|(_, h)| h.cost_sampled_ms > 0) {
+        let entry = nodes.entry(node.as_str()).or_insert_with(|| OverBudget {
+            node: node.clone(),
+            cpu_cores: None,
+            memory_bytes: 0,
+        });
+        entry.memory_bytes = entry.memory_bytes.max(health.rss_bytes);
+        let Some(base) = before
+            .get(&(node.clone(), *instance))
+            .filter(|b| b.cost_sampled_ms > 0 && b.cost_sampled_ms < health.cost_sampled_ms)
+        else {
+            continue;
+        };
+        let elapsed_ms = (health.cost_sampled_ms - base.cost_sampled_ms) as f64;
+        let used_ms = health.cpu_ms.saturating_sub(base.cpu_ms) as f64
+            + health.kernel_ns.saturating_sub(base.kernel_ns) as f64 / 1e6;
+        *entry.cpu_cores.get_or_insert(0.0) += used_ms / elapsed_ms;
+    }
+    nodes
+        .into_values()
+        .filter(|n| {
+            (budget.cpu_cores > 0.0 && n.cpu_cores.is_some_and(|c| c > budget.cpu_cores))
+                || (budget.memory_bytes > 0 && n.memory_bytes > budget.memory_bytes)
+        })
+        .collect()
+}
+
 /// The coverage loop's parts ([`Coverage::run`]); it runs on the leader only (agents stream to the
 /// leader), from when it starts to lead.
 pub struct Coverage {
@@ -123,6 +203,10 @@ pub struct Coverage {
     pub silent_pods: Gauge,
     /// Nodes whose agent lost flows since the last look.
     pub dropping_nodes: Gauge,
+    /// What an agent may cost.
+    pub budget: Budget,
+    /// Nodes whose agent costs more than [`Coverage::budget`].
+    pub over_budget_nodes: Gauge,
     pub health: Component,
 }
 
@@ -135,9 +219,13 @@ impl Coverage {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let watching_since = now_ms();
         let mut reported: BTreeSet<String> = BTreeSet::new();
-        let mut losses_before = Losses::new();
+        let mut reports_before = Reports::new();
+        // Each process's last two cost samples: a look between two batches judges the same ones.
+        let mut samples = CostSamples::default();
         // Nodes in a dropping episode, with when their losses last grew.
         let mut episodes: BTreeMap<String, i64> = BTreeMap::new();
+        // Nodes in an over-budget episode, with when they were last over.
+        let mut over_episodes: BTreeMap<String, i64> = BTreeMap::new();
         self.health.ready("listing the cluster");
         loop {
             tick.tick().await;
@@ -153,7 +241,7 @@ impl Coverage {
                 .retain(|node| pods_per_node.contains_key(node));
             let seen = self.presence.seen();
             let silent = silent_nodes(&pods_per_node, &seen, watching_since, now, after_ms);
-            let losses_now: Losses = seen
+            let reports_now: Reports = seen
                 .iter()
                 .flat_map(|(node, s)| {
                     s.health
@@ -162,10 +250,15 @@ impl Coverage {
                         .map(|(instance, h)| ((node.clone(), *instance), *h))
                 })
                 .collect();
-            let dropping = dropping_nodes(&losses_before, &losses_now);
-            losses_before = losses_now;
+            let dropping = dropping_nodes(&reports_before, &reports_now);
+            samples.advance(&reports_now);
+            let over = over_budget(&samples.previous, &samples.latest, self.budget);
+            reports_before = reports_now;
             self.dropping_nodes.set(dropping.len() as i64);
             self.report_dropping(&dropping, &seen, now, &mut episodes)
+                .await;
+            self.over_budget_nodes.set(over.len() as i64);
+            self.report_over_budget(&over, &seen, now, &mut over_episodes)
                 .await;
             self.silent_nodes.set(silent.len() as i64);
             self.silent_pods
@@ -268,6 +361,57 @@ impl Coverage {
         }
     }
 
+    /// A Warning Event `AgentOverBudget` on each node whose agent starts costing more than its
+    /// budget (once per episode), a Normal `AgentWithinBudget` once its agent, still streaming, has
+    /// been within it for [`QUIET`].
+    async fn report_over_budget(
+        &self,
+        over: &[OverBudget],
+        seen: &HashMap<String, NodeSeen>,
+        now_ms: i64,
+        episodes: &mut BTreeMap<String, i64>,
+    ) {
+        for o in over {
+            if episodes.insert(o.node.clone(), now_ms).is_some() {
+                continue;
+            }
+            let cpu = o.cpu_cores.map_or_else(
+                || "not measured yet".to_string(),
+                |c| format!("{c:.2} cores"),
+            );
+            let note = format!(
+                "the node's network-enforcer agent costs more than its budget: CPU {cpu} (budget \
+                 {:.2}; its process and its eBPF programs), resident memory {} MiB (budget {} MiB); \
+                 see the agent's metrics (network_enforcer_agent_resident_memory_bytes, \
+                 _ebpf_program_run_seconds_total) and docs/operations.md",
+                self.budget.cpu_cores,
+                o.memory_bytes >> 20,
+                self.budget.memory_bytes >> 20,
+            );
+            tracing::warn!(node = %o.node, cpu_cores = ?o.cpu_cores, memory_bytes = o.memory_bytes, "agent over budget");
+            self.publish(&o.node, "Warning", "AgentOverBudget", note)
+                .await;
+        }
+        let quiet_ms = i64::try_from(QUIET.as_millis()).unwrap_or(i64::MAX);
+        let within: Vec<String> = episodes
+            .iter()
+            .filter(|(node, last)| {
+                now_ms.saturating_sub(**last) >= quiet_ms
+                    && seen.get(node.as_str()).is_some_and(|s| s.open > 0)
+            })
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in within {
+            episodes.remove(&node);
+            let note = format!(
+                "the node's network-enforcer agent streams and has been within its budget for {}",
+                short_duration(QUIET)
+            );
+            self.publish(&node, "Normal", "AgentWithinBudget", note)
+                .await;
+        }
+    }
+
     /// An Event about Node `node` ([`publish_cluster_scoped`]).
     async fn publish(&self, node: &str, type_: &str, reason: &str, note: String) {
         // The uid is the node's name, as the kubelet writes it for its own Events of the node: what
@@ -296,7 +440,7 @@ mod tests {
             batches_dropped,
             ..AgentHealth::default()
         };
-        let map = |entries: &[(&str, u64, AgentHealth)]| -> Losses {
+        let map = |entries: &[(&str, u64, AgentHealth)]| -> Reports {
             entries
                 .iter()
                 .map(|(node, instance, health)| ((node.to_string(), *instance), *health))
@@ -304,8 +448,8 @@ mod tests {
         };
         type Case = (
             &'static str,
-            Losses,
-            Losses,
+            Reports,
+            Reports,
             Vec<(&'static str, AgentHealth)>,
         );
         // (case, before, now, dropping: (node, what it lost since))
@@ -361,6 +505,159 @@ mod tests {
             let expected: Vec<(String, AgentHealth)> = expected
                 .into_iter()
                 .map(|(n, l)| (n.to_string(), l))
+                .collect();
+            assert_eq!(got, expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn cost_samples_keep_the_last_two_distinct_ones() {
+        let c = |at| AgentHealth {
+            cost_sampled_ms: at,
+            ..AgentHealth::default()
+        };
+        let look = |entries: &[(u64, i64)]| -> Reports {
+            entries
+                .iter()
+                .map(|(instance, at)| (("n1".to_string(), *instance), c(*at)))
+                .collect()
+        };
+        let mut samples = CostSamples::default();
+        samples.advance(&look(&[(7, 1_000)]));
+        assert!(samples.previous.is_empty(), "one sample: no previous");
+        samples.advance(&look(&[(7, 2_000)]));
+        samples.advance(&look(&[(7, 2_000)]));
+        let key = ("n1".to_string(), 7);
+        assert_eq!(
+            (
+                samples.previous[&key].cost_sampled_ms,
+                samples.latest[&key].cost_sampled_ms
+            ),
+            (1_000, 2_000),
+            "a look without a new batch keeps the two samples"
+        );
+        samples.advance(&look(&[(8, 5_000)]));
+        assert_eq!(
+            (samples.previous.len(), samples.latest.len()),
+            (0, 1),
+            "a process gone is forgotten"
+        );
+    }
+
+    #[test]
+    fn over_budget_table() {
+        const MIB: u64 = 1 << 20;
+        // A cost sample at `at` ms: CPU ms, eBPF ns, RSS MiB.
+        let c = |at, cpu_ms, kernel_ns, rss_mib| AgentHealth {
+            cost_sampled_ms: at,
+            cpu_ms,
+            kernel_ns,
+            rss_bytes: rss_mib * MIB,
+            ..AgentHealth::default()
+        };
+        let map = |entries: &[(&str, u64, AgentHealth)]| -> Reports {
+            entries
+                .iter()
+                .map(|(node, instance, health)| ((node.to_string(), *instance), *health))
+                .collect()
+        };
+        let budget = Budget {
+            cpu_cores: 0.5,
+            memory_bytes: 200 * MIB,
+        };
+        // (case, before, now, budget, over: (node, cores, MiB))
+        type Case = (
+            &'static str,
+            Reports,
+            Reports,
+            Budget,
+            Vec<(&'static str, Option<f64>, u64)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "within: 0.1 cores, 50 MiB",
+                map(&[("n1", 7, c(10_000, 1_000, 0, 40))]),
+                map(&[("n1", 7, c(20_000, 2_000, 0, 50))]),
+                budget,
+                vec![],
+            ),
+            (
+                "over on CPU: 0.8 cores in the process",
+                map(&[("n1", 7, c(10_000, 1_000, 0, 40))]),
+                map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+                budget,
+                vec![("n1", Some(0.8), 50)],
+            ),
+            (
+                "over on CPU with the eBPF programs' time: 0.3 + 0.3 cores",
+                map(&[("n1", 7, c(10_000, 1_000, 1_000_000_000, 40))]),
+                map(&[("n1", 7, c(20_000, 4_000, 4_000_000_000, 50))]),
+                budget,
+                vec![("n1", Some(0.6), 50)],
+            ),
+            (
+                "over on memory, with one sample only (CPU not measured yet)",
+                map(&[]),
+                map(&[("n1", 7, c(20_000, 9_000, 0, 250))]),
+                budget,
+                vec![("n1", None, 250)],
+            ),
+            (
+                "one sample only and little memory: nothing to say",
+                map(&[]),
+                map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+                budget,
+                vec![],
+            ),
+            (
+                "the same sample again (no new batch): no rate, not over",
+                map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+                map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+                budget,
+                vec![],
+            ),
+            (
+                "an agent older than the cost fields is never over",
+                map(&[("n1", 7, AgentHealth::default())]),
+                map(&[("n1", 7, AgentHealth::default())]),
+                budget,
+                vec![],
+            ),
+            (
+                "two processes of a node (a rolling update): their CPU sums, the larger memory",
+                map(&[
+                    ("n1", 7, c(10_000, 0, 0, 90)),
+                    ("n1", 8, c(10_000, 0, 0, 10)),
+                ]),
+                map(&[
+                    ("n1", 7, c(20_000, 3_000, 0, 90)),
+                    ("n1", 8, c(20_000, 3_000, 0, 20)),
+                ]),
+                budget,
+                vec![("n1", Some(0.6), 90)],
+            ),
+            (
+                "budgets of 0 are not checked",
+                map(&[("n1", 7, c(10_000, 0, 0, 900))]),
+                map(&[("n1", 7, c(20_000, 10_000, 0, 900))]),
+                Budget::default(),
+                vec![],
+            ),
+        ];
+        for (case, before, now, budget, expected) in cases {
+            let got: Vec<(String, Option<f64>, u64)> = over_budget(&before, &now, budget)
+                .into_iter()
+                .map(|o| {
+                    (
+                        o.node,
+                        o.cpu_cores.map(|c| (c * 1000.0).round() / 1000.0),
+                        o.memory_bytes / MIB,
+                    )
+                })
+                .collect();
+            let expected: Vec<(String, Option<f64>, u64)> = expected
+                .into_iter()
+                .map(|(n, c, m)| (n.to_string(), c, m))
                 .collect();
             assert_eq!(got, expected, "{case}");
         }

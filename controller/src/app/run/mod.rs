@@ -236,6 +236,15 @@ pub struct RunArgs {
     #[arg(long, env = "AGENT_SILENCE_AFTER", default_value = "2m",
           value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
     agent_silence_after: Duration,
+    /// An agent whose process and eBPF programs use more CPU than this many cores (between two of its
+    /// batches) is reported: Warning Event `AgentOverBudget` on the Node, gauge
+    /// `agent_over_budget_nodes` (docs/behaviour.md §3.12; `0`: not checked).
+    #[arg(long, env = "AGENT_CPU_BUDGET", default_value_t = 1.0)]
+    agent_cpu_budget: f64,
+    /// An agent process with more resident memory than this many MiB is reported as over its budget
+    /// (set it below the agent's memory limit, where the OOM killer stops it; `0`: not checked).
+    #[arg(long, env = "AGENT_MEMORY_BUDGET_MIB", default_value_t = 200)]
+    agent_memory_budget_mib: u64,
     /// How long an address that pods of a workload resolved a name to stays in the NetworkPolicy a
     /// protect policy allowing the name renders, after it was last resolved (e.g. `10m`). Longer
     /// than the names' TTLs: clients cache answers, and a rendering that follows every TTL churns.

@@ -5,7 +5,7 @@
 use super::RunArgs;
 use crate::app::App;
 use crate::cluster::watches::SharedIndex;
-use crate::monitor::coverage::Coverage;
+use crate::monitor::coverage::{Budget, Coverage};
 use crate::monitor::status_sync::StatusSync;
 use crate::policy::provenance::SigningKey;
 use crate::reconcile::Settings;
@@ -69,6 +69,13 @@ pub fn coverage(
          since the coverage loop's last look",
         dropping_nodes.clone(),
     );
+    let over_budget_nodes = Gauge::default();
+    metrics.register(
+        "agent_over_budget_nodes",
+        "Nodes whose agent costs more CPU or memory than --agent-cpu-budget / \
+         --agent-memory-budget-mib",
+        over_budget_nodes.clone(),
+    );
     let coverage = (!args.agent_silence_after.is_zero()).then(|| Coverage {
         index: app.index.clone(),
         presence: app.presence.clone(),
@@ -81,6 +88,11 @@ pub fn coverage(
         silent_nodes,
         silent_pods,
         dropping_nodes,
+        budget: Budget {
+            cpu_cores: args.agent_cpu_budget.max(0.0),
+            memory_bytes: args.agent_memory_budget_mib.saturating_mul(1 << 20),
+        },
+        over_budget_nodes,
         health,
     });
     async move {
