@@ -4,14 +4,16 @@
 //! connections and writes each one it made into a file in the pod. A monitor-mode policy `guard`
 //! allows the client to the server on one port: every other port is a violation.
 //!
-//! In phases, the generator connects to the allowed port and to two ports no earlier phase used (three
-//! connections each: repeats within a 60-second window, one occurrence), and the test injects one
-//! fault per phase: the agent's streams closed (mid-batch: several times while the batch is in
-//! flight), the agent stopped (SIGTERM, a rollout) and killed (SIGKILL, once what it sent is
-//! acknowledged: what it still held would be lost with its memory, the documented exception), the
-//! leader killed (SIGKILL) right after traffic and once more after the gate's verdict, status writes
-//! refused and then delayed by the API server, and at the end the leader killed right after a
-//! promotion to protect was asked for.
+//! In nine phases, the generator connects to the allowed port and to two ports no other phase uses
+//! (three connections each: repeats within a 60-second window, one occurrence), and the test injects
+//! a fault in eight of them: the agent's streams closed (several times while its batches wait for
+//! acknowledgements), the agent stopped (SIGTERM, a rollout) and killed (SIGKILL, once what it sent
+//! is acknowledged: what it still held would be lost with its memory, the documented exception), the
+//! leader killed (SIGKILL) right after traffic, with the phase's violations learned but held by
+//! refused status writes, and after the gate's verdict, status writes refused until the policy is
+//! parked and then delayed by the API server; at the end the leader is killed right after a
+//! promotion to protect was asked for, its last step (the proposal's delete) refused meanwhile.
+//! Monitor learns every observed edge: the learned proposals are all the generator's edges.
 //!
 //! At the end it compares with what the generator wrote: the learned proposals hold exactly the
 //! generator's edges, `guard`'s violations are exactly its violating ports, `violationCount` is their
@@ -24,7 +26,7 @@ use network_enforcer_api::WorkloadNetworkPolicy;
 use network_enforcer_tests::e2e::release::{self, Release, metric};
 use network_enforcer_tests::e2e::scenario;
 use network_enforcer_tests::e2e::workload::{deployment, echo_server_script};
-use network_enforcer_tests::faults::{StatusFault, StatusWritesFault};
+use network_enforcer_tests::faults::{StatusFault, StatusWritesFault, Writes};
 use network_enforcer_tests::fixture::{self, TestNamespace};
 use network_enforcer_tests::scenario_fixture::{learned_rules, rule_entries};
 use network_enforcer_tests::wait::poll;
@@ -80,7 +82,8 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
     values.extend([
         format!("controller.watchNamespace={n}"),
         "controller.replicas=2".into(),
-        "controller.wnpStatusUpdateInterval=2s".into(),
+        // 3 failed passes park a policy: 9 s, well after a kill that follows the learning.
+        "controller.wnpStatusUpdateInterval=3s".into(),
         "controller.flushIntervalSeconds=1".into(),
         "controller.edgeHistory.persistInterval=1s".into(),
         "controller.edgeHistory.warmup=1s".into(),
@@ -105,6 +108,19 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
         eprintln!("[truth] phase with fault {fault:?}");
         let mut refusal = None;
         let mut delay = None;
+        if fault == Fault::LeaderKilledWithViolationsHeld {
+            // Everything of the phases before written and acknowledged: nothing of theirs may
+            // start the refused policy's count of failed passes early.
+            wait_until_written(&ns, &generator)?;
+            wait_for_agent_acknowledged()?;
+        }
+        // Looked up first, so that the kill follows the traffic (or the learning) at once.
+        let leader = match fault {
+            Fault::LeaderKilled | Fault::LeaderKilledWithViolationsHeld => {
+                Some(leader_pid(&release)?)
+            }
+            _ => None,
+        };
         match fault {
             Fault::StatusWritesRefused | Fault::LeaderKilledWithViolationsHeld => {
                 refusal = Some(StatusWritesFault::start(&ns, "guard", StatusFault::Refuse).await?);
@@ -119,13 +135,16 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
             Fault::None => {}
             Fault::StreamsClosed => {
                 // While the agent flushes (every 2 s) and waits for acknowledgements.
-                let mut closed = 0;
+                let (mut closed, mut pending) = (0, 0.0_f64);
                 for _ in 0..6 {
+                    pending = pending.max(agent_pending_batches()?);
                     closed += close_agent_streams()?;
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 anyhow::ensure!(closed > 0, "no agent stream to close");
-                injected.push(format!("{closed} agent streams closed"));
+                injected.push(format!(
+                    "{closed} agent streams closed (at most {pending} batches unacknowledged then)"
+                ));
             }
             Fault::AgentStopped => {
                 let agent = release.agent_pod()?;
@@ -134,30 +153,40 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
                 injected.push("agent stopped (SIGTERM) and replaced".into());
             }
             Fault::LeaderKilled => {
-                kill_leader(&release)?;
-                wait_for_leader(&release)?;
-                injected.push("leader killed (SIGKILL) right after traffic".into());
+                let (pod, pid) = leader.context("looked up")?;
+                signal(pid, "KILL")?;
+                let next = wait_for_leader(&release)?;
+                injected.push(format!(
+                    "leader {pod} killed (SIGKILL) right after traffic; next leader {next}"
+                ));
             }
             Fault::LeaderKilledWithViolationsHeld => {
                 // The phase's records are merged and their proposal written, their violations wait
                 // for a status write the API server refuses (killed before the policy is parked,
-                // 3 failed passes of 2 s): the agent's batch is unacknowledged, and is resent to
+                // 3 failed passes of 3 s): the agent's batch is unacknowledged, and is resent to
                 // the next leader.
                 wait_until_learned(&ns, &generator.violating[generator.violating.len() - 2..])
                     .await?;
-                kill_leader(&release)?;
+                let held = agent_pending_batches()?;
+                let (pod, pid) = leader.context("looked up")?;
+                signal(pid, "KILL")?;
+                // The premise: the batch was unacknowledged when the leader died (were the policy
+                // parked first, 3 failed passes, its loss would be the documented one).
+                anyhow::ensure!(
+                    held >= 1.0,
+                    "the phase's premise was not met: the agent held no batch at the kill"
+                );
                 if let Some(refusal) = refusal.take() {
                     refusal.end().await?;
                 }
-                wait_for_leader(&release)?;
-                injected.push(
-                    "leader killed (SIGKILL) with the phase's violations learned but held by \
-                     refused status writes"
-                        .into(),
-                );
+                let next = wait_for_leader(&release)?;
+                injected.push(format!(
+                    "leader {pod} killed (SIGKILL) with the phase's violations learned but held \
+                     by refused status writes ({held} batches unacknowledged); next leader {next}"
+                ));
             }
             Fault::StatusWritesRefused => {
-                // Long enough for the policy to be parked (3 failed passes of 2 s).
+                // Long enough for the policy to be parked (3 failed passes of 3 s).
                 wait_for_controller_metric(&release, "status_writes_failing", 1.0)?;
                 if let Some(refusal) = refusal.take() {
                     refusal.end().await?;
@@ -181,34 +210,51 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
                 injected.push("agent killed (SIGKILL) once acknowledged, restarted".into());
             }
             Fault::LeaderKilledAfterTheGate => {
-                let before = wait_for_verdict(&ns, generator.violating.len())?;
-                wait_for_controller_metric(
-                    &release,
-                    "edge_history_persisted_edges",
-                    (generator.violating.len() + 1) as f64,
-                )?;
-                kill_leader(&release)?;
-                wait_for_leader(&release)?;
-                wait_for_controller_metric(&release, "edge_history_restored_edges", 1.0)?;
-                let seen = verdicts_for(&ns, Duration::from_secs(8))?;
+                // Settled: every flow in the history, persisted, and the verdict (which names
+                // each flow's last minute) the same over two reads.
+                wait_until_written(&ns, &generator)?;
+                let edges = (generator.violating.len() + 1) as f64;
+                wait_for_controller_metric(&release, "edge_history_persisted_edges", edges)?;
+                let before = stable_verdict(&ns, generator.violating.len())?;
+                let (pod, pid) = leader_pid(&release)?;
+                signal(pid, "KILL")?;
+                let next = wait_for_leader(&release)?;
+                wait_for_controller_metric(&release, "edge_history_restored_edges", edges)?;
+                // Longer than the gate's recheck (10 s): the new leader judges again within it.
+                let seen = verdicts_for(&ns, Duration::from_secs(14))?;
                 gate = Some((before, seen));
-                injected.push("leader killed (SIGKILL) once the gate had answered".into());
+                injected.push(format!(
+                    "leader {pod} killed (SIGKILL) once the gate had answered; next leader {next}"
+                ));
             }
         }
     }
 
-    // The promotion of the client's learned egress to protect, and the leader killed at once.
+    // The promotion of the client's learned egress to protect, and the leader killed at once; the
+    // proposal's delete (a promotion's last step) is refused meanwhile, so the promotion cannot be
+    // over before the kill.
     let egress = scenario::EGRESS;
     wait_until_written(&ns, &generator)?;
+    let deletes =
+        StatusWritesFault::start_on(&ns, Writes::ProposalDeletes, StatusFault::Refuse).await?;
+    let (pod, pid) = leader_pid(&release)?;
     ns.kubectl(&[
         "label",
         "workloadnetworkpolicyproposal",
         egress,
         &format!("{}=protect", network_enforcer_api::keys::PROMOTE_LABEL),
     ])?;
-    kill_leader(&release)?;
-    wait_for_leader(&release)?;
-    injected.push("leader killed (SIGKILL) right after a promotion to protect".into());
+    signal(pid, "KILL")?;
+    anyhow::ensure!(
+        ns.kubectl(&["get", "workloadnetworkpolicyproposal", egress])
+            .is_ok(),
+        "the proposal is still there at the kill"
+    );
+    deletes.end().await?;
+    let next = wait_for_leader(&release)?;
+    injected.push(format!(
+        "leader {pod} killed (SIGKILL) right after a promotion to protect; next leader {next}"
+    ));
 
     // The ground truth: what the generator wrote it made.
     let made = generator.made()?;
@@ -288,7 +334,11 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
         lost.len(),
         twice
     );
-    assert!(lost.is_empty(), "violations lost: {lost:?} ({status:?})");
+    let phases: Vec<u16> = lost.iter().map(|p| (p - FIRST_VIOLATING) / 2).collect();
+    assert!(
+        lost.is_empty(),
+        "violations lost: ports {lost:?}, of the phases {phases:?} (0: the first) ({status:?})"
+    );
     assert_eq!(written.len(), distinct.len(), "one record per occurrence");
     assert_eq!(
         distinct, violating,
@@ -461,32 +511,30 @@ async fn create_guard(ns: &TestNamespace) -> Result<()> {
     Ok(())
 }
 
-/// Waits for a leading controller that has passed its status sync once.
-fn wait_for_leader(release: &Release) -> Result<()> {
+/// Waits for a leading controller that has passed its status sync once; returns its pod.
+fn wait_for_leader(release: &Release) -> Result<String> {
     poll(
         "a leading controller with a status pass done",
         STEP,
         Duration::from_secs(1),
         || {
             let text = release.controller_metrics()?;
-            Ok(
-                (metric(&text, "network_enforcer_controller_leader") == Some(1.0)
-                    && metric(&text, "network_enforcer_controller_status_passes_total")
-                        .is_some_and(|p| p >= 1.0))
-                .then_some(()),
-            )
+            let leading = metric(&text, "network_enforcer_controller_leader") == Some(1.0)
+                && metric(&text, "network_enforcer_controller_status_passes_total")
+                    .is_some_and(|p| p >= 1.0);
+            Ok(if leading { release.leader()? } else { None })
         },
         || release.describe(),
     )
 }
 
-/// SIGKILLs the leading controller's process: no last write, the Lease kept until it expires.
-fn kill_leader(release: &Release) -> Result<()> {
-    let leader = release.leader().context("a leader holds the Lease")?;
-    signal(
-        release.host_pid(&leader, "network-enforcer-controller")?,
-        "KILL",
-    )
+/// The leading controller's pod and its process on this machine. Killed (SIGKILL: no last write),
+/// the container restarts in the same pod, which may take the Lease back at once (the holder is
+/// the pod's name), or the other replica takes over once the Lease expires (15 s).
+fn leader_pid(release: &Release) -> Result<(String, u32)> {
+    let leader = release.leader()?.context("a leader holds the Lease")?;
+    let pid = release.host_pid(&leader, "network-enforcer-controller")?;
+    Ok((leader, pid))
 }
 
 /// Waits until the server's learned ingress has every port of `ports`.
@@ -588,6 +636,15 @@ fn wait_until_written(ns: &TestNamespace, generator: &Generator) -> Result<()> {
 /// The agent's uplink metrics on the host network.
 fn agent_metrics() -> Result<String> {
     release::http_get(&format!("127.0.0.1:{AGENT_METRICS_PORT}"), "/metrics")
+}
+
+/// The agent's unacknowledged batches now.
+fn agent_pending_batches() -> Result<f64> {
+    metric(
+        &agent_metrics()?,
+        "network_enforcer_agent_uplink_pending_batches",
+    )
+    .context("the agent's pending batches")
 }
 
 /// Waits until the agent holds no unacknowledged batch.
@@ -699,6 +756,21 @@ fn wait_for_verdict(ns: &TestNamespace, blocked: usize) -> Result<(String, Strin
             Ok(verdict(ns)?.filter(|(status, _, message)| {
                 status == "True" && message.starts_with(&format!("{blocked} of "))
             }))
+        },
+        || ns.describe(),
+    )
+}
+
+/// [`wait_for_verdict`], until it reads the same twice 3 s apart.
+fn stable_verdict(ns: &TestNamespace, blocked: usize) -> Result<(String, String, String)> {
+    poll(
+        "the gate's verdict to settle",
+        STEP,
+        Duration::from_secs(1),
+        || {
+            let first = wait_for_verdict(ns, blocked)?;
+            std::thread::sleep(Duration::from_secs(3));
+            Ok((verdict(ns)?.as_ref() == Some(&first)).then_some(first))
         },
         || ns.describe(),
     )

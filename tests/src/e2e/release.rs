@@ -298,7 +298,7 @@ impl Release {
     /// then writes every policy's status: after two, whatever reached the controller before the call
     /// is in the statuses.
     pub fn wait_for_status_passes(&self, passes: u64, timeout: Duration) -> Result<()> {
-        let forward = self.port_forward(&self.leader_target(), CONTROLLER_METRICS_PORT)?;
+        let forward = self.port_forward(&self.leader_target()?, CONTROLLER_METRICS_PORT)?;
         let read = || -> Result<Option<f64>> {
             let text = http_get(&forward.address(), "/metrics")?;
             Ok(metric(
@@ -324,33 +324,36 @@ impl Release {
         Ok(())
     }
 
-    /// The controller replica holding the Lease (its pod name), if one does.
-    pub fn leader(&self) -> Option<String> {
-        let holder = self
-            .kubectl(&[
-                "get",
-                "lease",
-                &self.object_name("controller"),
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ])
-            .ok()?;
+    /// The controller replica holding the Lease (its pod name); `None` when there is no Lease (no
+    /// leader election) or nobody holds it.
+    pub fn leader(&self) -> Result<Option<String>> {
+        let holder = match self.kubectl(&[
+            "get",
+            "lease",
+            &self.object_name("controller"),
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]) {
+            Ok(holder) => holder,
+            Err(e) if format!("{e:#}").contains("NotFound") => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let holder = holder.trim();
-        (!holder.is_empty()).then(|| holder.to_string())
+        Ok((!holder.is_empty()).then(|| holder.to_string()))
     }
 
     /// What `kubectl port-forward` reaches the leading controller by: its pod, or the Deployment
     /// without leader election (the one replica).
-    fn leader_target(&self) -> String {
-        match self.leader() {
+    fn leader_target(&self) -> Result<String> {
+        Ok(match self.leader()? {
             Some(pod) => format!("pod/{pod}"),
             None => format!("deploy/{}", self.object_name("controller")),
-        }
+        })
     }
 
     /// The leading controller's `/metrics` (through a port-forward to its metrics port).
     pub fn controller_metrics(&self) -> Result<String> {
-        let forward = self.port_forward(&self.leader_target(), CONTROLLER_METRICS_PORT)?;
+        let forward = self.port_forward(&self.leader_target()?, CONTROLLER_METRICS_PORT)?;
         http_get(&forward.address(), "/metrics")
     }
 
