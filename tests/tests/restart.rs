@@ -1078,6 +1078,7 @@ async fn a_replica_that_loses_its_lease_still_writes_the_violations_it_holds() -
 #[tokio::test]
 async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -> Result<()> {
     use k8s_openapi::api::events::v1::Event;
+    use network_enforcer_api::uplink::AgentHealth;
     let ns = TestNamespace::create_with_crds("coverage").await?;
     // Its own reporting instance: the Events of other tests' controllers are not this one's.
     let instance = format!("coverage-{}", ns.name);
@@ -1124,54 +1125,45 @@ async fn a_node_whose_agent_stops_streaming_is_reported_silent_and_then_back() -
     // The agent says, batch after batch, that it lost more and more events (its ring buffer was
     // full): a Warning Event `AgentDropping` on the Node says what was lost. (The first report this
     // controller sees is its baseline; the batches keep coming until a look sees growth.)
-    let mut dropping = None;
-    for i in 0..30u64 {
-        let health = network_enforcer_api::uplink::AgentHealth {
-            events_lost: 5 * i,
-            ..Default::default()
-        };
-        let record = network_enforcer_api::uplink::FlowRecord::default();
-        controller
-            .agent
-            .send_with_health(vec![record], Vec::new(), Some(health));
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Some(event) = of_ours("AgentDropping").await? {
-            dropping = Some(event);
-            break;
+    // Sends a batch a second with the health `health(i)` says, until a Warning Event `reason`.
+    let until_event = |reason: &'static str, health: &dyn Fn(u64) -> AgentHealth| {
+        let sender = controller.agent.clone();
+        let of_ours = &of_ours;
+        let health: Vec<AgentHealth> = (0..30).map(health).collect();
+        async move {
+            for health in health {
+                let record = network_enforcer_api::uplink::FlowRecord::default();
+                sender.send_with_health(vec![record], Vec::new(), Some(health));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Some(event) = of_ours(reason).await? {
+                    anyhow::ensure!(event.type_.as_deref() == Some("Warning"), "{event:?}");
+                    return Ok(event.note.unwrap_or_default());
+                }
+            }
+            anyhow::bail!("no {reason} Event within 30 s")
         }
-    }
-    let dropping = dropping.context("no AgentDropping Event within 30 s of growing losses")?;
-    let note = dropping.note.unwrap_or_default();
+    };
+    let note = until_event("AgentDropping", &|i| AgentHealth {
+        events_lost: 5 * i,
+        ..Default::default()
+    })
+    .await?;
     anyhow::ensure!(
-        dropping.type_.as_deref() == Some("Warning")
-            && note.contains("connection events (its ring buffer was full)"),
+        note.contains("connection events (its ring buffer was full)"),
         "the Event says what was lost: {note}"
     );
     // The agent's process then uses 2 cores (its CPU time grows by 2 s each second; the default
     // budget is 1): a Warning Event `AgentOverBudget` on the Node gives the figure.
-    let mut over = None;
     let start_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    for i in 0..30u64 {
-        let health = network_enforcer_api::uplink::AgentHealth {
-            cost_sampled_ms: start_ms + 1_000 * i as i64,
-            cpu_ms: 2_000 * i,
-            rss_bytes: 50 << 20,
-            ..Default::default()
-        };
-        let record = network_enforcer_api::uplink::FlowRecord::default();
-        controller
-            .agent
-            .send_with_health(vec![record], Vec::new(), Some(health));
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Some(event) = of_ours("AgentOverBudget").await? {
-            over = Some(event);
-            break;
-        }
-    }
-    let over = over.context("no AgentOverBudget Event within 30 s of 2 cores")?;
-    let note = over.note.unwrap_or_default();
+    let note = until_event("AgentOverBudget", &|i| AgentHealth {
+        cost_sampled_ms: start_ms + 1_000 * i as i64,
+        cpu_ms: 2_000 * i,
+        rss_bytes: 50 << 20,
+        ..Default::default()
+    })
+    .await?;
     anyhow::ensure!(
-        over.type_.as_deref() == Some("Warning") && note.contains("CPU 2.00 cores (budget 1.00"),
+        note.contains("CPU 2.00 cores (budget 1.00"),
         "the Event gives the figure and the budget: {note}"
     );
     controller

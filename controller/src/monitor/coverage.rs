@@ -191,6 +191,29 @@ pub fn over_budget(before: &Reports, now: &Reports, budget: Budget) -> Vec<OverB
         .collect()
 }
 
+/// Ends and returns the episodes (node → when it was last in trouble) quiet for [`QUIET`] at
+/// `now_ms` whose node's agent still streams (one that stopped leaves its episode open:
+/// `AgentSilent` covers it).
+pub fn quiet_episodes(
+    episodes: &mut BTreeMap<String, i64>,
+    seen: &HashMap<String, NodeSeen>,
+    now_ms: i64,
+) -> Vec<String> {
+    let quiet_ms = i64::try_from(QUIET.as_millis()).unwrap_or(i64::MAX);
+    let quiet: Vec<String> = episodes
+        .iter()
+        .filter(|(node, last)| {
+            now_ms.saturating_sub(**last) >= quiet_ms
+                && seen.get(node.as_str()).is_some_and(|s| s.open > 0)
+        })
+        .map(|(node, _)| node.clone())
+        .collect();
+    for node in &quiet {
+        episodes.remove(node);
+    }
+    quiet
+}
+
 /// The coverage loop's parts ([`Coverage::run`]); it runs on the leader only (agents stream to the
 /// leader), from when it starts to lead.
 pub struct Coverage {
@@ -341,17 +364,7 @@ impl Coverage {
             self.publish(&d.node, "Warning", "AgentDropping", note)
                 .await;
         }
-        let quiet_ms = i64::try_from(QUIET.as_millis()).unwrap_or(i64::MAX);
-        let over: Vec<String> = episodes
-            .iter()
-            .filter(|(node, grew)| {
-                now_ms.saturating_sub(**grew) >= quiet_ms
-                    && seen.get(node.as_str()).is_some_and(|s| s.open > 0)
-            })
-            .map(|(node, _)| node.clone())
-            .collect();
-        for node in over {
-            episodes.remove(&node);
+        for node in quiet_episodes(episodes, seen, now_ms) {
             let note = format!(
                 "the node's network-enforcer agent streams and has reported no new loss for {}",
                 short_duration(QUIET)
@@ -392,17 +405,7 @@ impl Coverage {
             self.publish(&o.node, "Warning", "AgentOverBudget", note)
                 .await;
         }
-        let quiet_ms = i64::try_from(QUIET.as_millis()).unwrap_or(i64::MAX);
-        let within: Vec<String> = episodes
-            .iter()
-            .filter(|(node, last)| {
-                now_ms.saturating_sub(**last) >= quiet_ms
-                    && seen.get(node.as_str()).is_some_and(|s| s.open > 0)
-            })
-            .map(|(node, _)| node.clone())
-            .collect();
-        for node in within {
-            episodes.remove(&node);
+        for node in quiet_episodes(episodes, seen, now_ms) {
             let note = format!(
                 "the node's network-enforcer agent streams and has been within its budget for {}",
                 short_duration(QUIET)
@@ -508,6 +511,30 @@ mod tests {
                 .collect();
             assert_eq!(got, expected, "{case}");
         }
+    }
+
+    #[test]
+    fn an_episode_ends_once_quiet_while_the_agent_streams() {
+        let streaming = |open| NodeSeen {
+            open,
+            since_ms: 0,
+            health: Default::default(),
+        };
+        let quiet_ms = QUIET.as_millis() as i64;
+        let mut episodes: BTreeMap<String, i64> =
+            [("a".into(), 0), ("b".into(), 0), ("c".into(), quiet_ms)].into();
+        let seen: HashMap<String, NodeSeen> = [
+            ("a".into(), streaming(1)),
+            ("b".into(), streaming(0)),
+            ("c".into(), streaming(1)),
+        ]
+        .into();
+        assert_eq!(quiet_episodes(&mut episodes, &seen, quiet_ms), ["a"]);
+        assert_eq!(
+            episodes.keys().collect::<Vec<_>>(),
+            ["b", "c"],
+            "b's agent stopped (left open), c is not quiet yet"
+        );
     }
 
     #[test]
