@@ -259,6 +259,12 @@ impl AppBuilder {
             };
             Arc::new(PolicyObjects::new(&self.client, scope))
         });
+        metrics.register(
+            "watch_objects_undecodable",
+            "Objects the shared watches left out because they do not decode (a newer release's \
+             values, an object no schema checked), by kind; each is named in a warning",
+            objects.undecodable.clone(),
+        );
         let status_sync = self.status_sync.map(|(settings, sink)| {
             let sync = StatusSync::new(
                 self.client.clone(),

@@ -18,9 +18,16 @@
 //! subscriber holds the watch back (its channel is bounded) rather than losing a change, and a
 //! dropped one is forgotten at the next change.
 //!
+//! An object that does not decode is left out and reported ([`lenient`]), not a failed list: one
+//! bad object must not blind every reader of its kind.
+//!
 //! Whether a watch has listed is a flag of its own ([`SharedWatch::listed`]), never a poll of the
 //! store's readiness: a kube-runtime controller awaits that readiness before it reconciles, and it
 //! keeps room for one waker only, which a poll from anywhere else would take.
+
+mod lenient;
+
+pub use lenient::Lenient;
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
@@ -29,6 +36,9 @@ use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource};
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,20 +54,32 @@ pub struct PolicyObjects {
     pub policies: SharedWatch<WorkloadNetworkPolicy>,
     pub proposals: SharedWatch<WorkloadNetworkPolicyProposal>,
     pub network_policies: SharedWatch<NetworkPolicy>,
+    /// Objects the watches left out because they did not decode, by kind.
+    pub undecodable: Undecodable,
 }
 
 impl PolicyObjects {
     /// The three watches over `namespace` (`None`: all namespaces), none started yet.
     pub fn new(client: &Client, namespace: Option<&str>) -> Self {
+        let undecodable = Undecodable::default();
         Self {
-            policies: SharedWatch::new(scoped(client, namespace)),
-            proposals: SharedWatch::new(scoped(client, namespace)),
-            network_policies: SharedWatch::new(scoped(client, namespace)),
+            policies: SharedWatch::new(scoped(client, namespace), undecodable.clone()),
+            proposals: SharedWatch::new(scoped(client, namespace), undecodable.clone()),
+            network_policies: SharedWatch::new(scoped(client, namespace), undecodable.clone()),
+            undecodable,
         }
     }
 }
 
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+/// `watch_objects_undecodable_total{kind}`: objects a shared watch left out (see [`Lenient`]).
+pub type Undecodable = Family<KindLabel, Counter>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<Lenient<K>>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
 {
@@ -77,7 +99,8 @@ pub enum Change<K> {
 
 /// One watch of kind `K` and its store. See the module docs.
 pub struct SharedWatch<K: Resource<DynamicType = ()> + Clone + 'static> {
-    api: Api<K>,
+    api: Api<Lenient<K>>,
+    undecodable: Undecodable,
     store: Store<K>,
     /// Taken by the one start (or by a test that fills the store itself, which then never starts).
     writer: Mutex<Option<Writer<K>>>,
@@ -135,11 +158,12 @@ impl<K> SharedWatch<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    /// A watch of `api`, not started.
-    pub fn new(api: Api<K>) -> Self {
+    /// A watch of `api`, not started; objects that do not decode are counted into `undecodable`.
+    pub fn new(api: Api<Lenient<K>>, undecodable: Undecodable) -> Self {
         let (store, writer) = reflector::store();
         Self {
             api,
+            undecodable,
             store,
             writer: Mutex::new(Some(writer)),
             shared: Arc::default(),
@@ -170,6 +194,7 @@ where
         };
         tokio::spawn(run(
             self.api.clone(),
+            self.undecodable.clone(),
             writer,
             self.shared.clone(),
             self.listed.clone(),
@@ -252,12 +277,55 @@ where
 
 /// The watch: applies each event to the store and passes it to every subscriber; retries with
 /// backoff when it fails.
-async fn run<K>(api: Api<K>, writer: Writer<K>, shared: Arc<Mutex<Shared<K>>>, listed: Listed)
-where
+async fn run<K>(
+    api: Api<Lenient<K>>,
+    undecodable: Undecodable,
+    writer: Writer<K>,
+    shared: Arc<Mutex<Shared<K>>>,
+    listed: Listed,
+) where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| std::future::ready(decoded(event, &undecodable)));
     apply_events(events, writer, shared, listed).await
+}
+
+/// `event` with its object decoded; `None` for an object that did not decode, reported (a warning
+/// naming it and why, the counter). Such an object is left out of the store: one decoded before it
+/// changed stays as it was until the next list, and a deletion of it is passed on by that list.
+fn decoded<K>(
+    event: watcher::Result<watcher::Event<Lenient<K>>>,
+    undecodable: &Undecodable,
+) -> Option<watcher::Result<watcher::Event<K>>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let object = |lenient: Lenient<K>| match lenient {
+        Lenient::Decoded(object) => Some(object),
+        Lenient::Undecodable { metadata, error } => {
+            let kind = K::kind(&()).to_string();
+            tracing::warn!(
+                %kind,
+                namespace = metadata.namespace.as_deref().unwrap_or_default(),
+                name = metadata.name.as_deref().unwrap_or_default(),
+                %error,
+                "an object that does not decode is left out (written by a newer release, or \
+                 where no schema checks it); fix or delete it"
+            );
+            undecodable.get_or_create(&KindLabel { kind }).inc();
+            None
+        }
+    };
+    Some(match event {
+        Err(error) => Err(error),
+        Ok(watcher::Event::Apply(o)) => Ok(watcher::Event::Apply(object(o)?)),
+        Ok(watcher::Event::Delete(o)) => Ok(watcher::Event::Delete(object(o)?)),
+        Ok(watcher::Event::InitApply(o)) => Ok(watcher::Event::InitApply(object(o)?)),
+        Ok(watcher::Event::Init) => Ok(watcher::Event::Init),
+        Ok(watcher::Event::InitDone) => Ok(watcher::Event::InitDone),
+    })
 }
 
 /// [`run`]'s loop over the watch's `events`.

@@ -135,7 +135,7 @@ async fn a_subscriber_gets_the_store_then_every_change_deletions_included() {
         .unwrap()
         .insert("networkpolicies".into(), vec![network_policy("a", "1")]);
     let client = fake.serve().await;
-    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(client));
+    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(client), Undecodable::default());
     let mut early = Box::pin(watch.changes());
     assert_eq!(next(&mut early).await, ("a".into(), false), "the list");
     let store = watch.store();
@@ -168,6 +168,77 @@ async fn a_subscriber_gets_the_store_then_every_change_deletions_included() {
         fake.watch_requests().get("networkpolicies"),
         Some(&1),
         "one watch for the store and both subscribers"
+    );
+}
+
+/// One object that does not decode (here a mode a newer release might write, after a rollback) is
+/// left out and counted; the others are listed and every later change passes. A typed watch fails
+/// the whole list on it: every reader of the kind would wait for a list that never comes.
+#[tokio::test]
+async fn an_object_that_does_not_decode_is_left_out_not_the_whole_list() {
+    use network_enforcer_api::WorkloadNetworkPolicy;
+    let policy = |name: &str, mode: &str, version: &str| {
+        serde_json::json!({
+            "apiVersion": "networkenforcer.kubewarden.io/v1alpha1",
+            "kind": "WorkloadNetworkPolicy",
+            "metadata": {"name": name, "namespace": "shop", "resourceVersion": version},
+            "spec": {"backend": "kubernetes", "direction": "Ingress", "mode": mode,
+                     "targetRef": {"kind": "Deployment", "name": name},
+                     "kubernetes": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+        })
+    };
+    let fake = FakeApi::default();
+    fake.objects.lock().unwrap().insert(
+        "workloadnetworkpolicies".into(),
+        vec![
+            policy("a", "monitor", "1"),
+            policy("newer", "enforce-later", "2"),
+        ],
+    );
+    let client = fake.serve().await;
+    // What a typed watch would have listed: nothing at all.
+    let typed = Api::<WorkloadNetworkPolicy>::all(client.clone())
+        .list(&Default::default())
+        .await;
+    assert!(typed.is_err(), "the typed list fails on the one object");
+
+    let undecodable = Undecodable::default();
+    let watch = SharedWatch::<WorkloadNetworkPolicy>::new(Api::all(client), undecodable.clone());
+    watch.start();
+    wait_until("the first list", || watch.listed()).await;
+    let count = || {
+        undecodable
+            .get_or_create(&KindLabel {
+                kind: "WorkloadNetworkPolicy".into(),
+            })
+            .get()
+    };
+    let names = || {
+        let mut names: Vec<_> = watch.store().state().iter().map(|p| p.name_any()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(), ["a"]);
+    assert_eq!(count(), 1);
+    wait_until("the watch request", || {
+        fake.watch_requests().get("workloadnetworkpolicies") == Some(&1)
+    })
+    .await;
+    fake.event(
+        "workloadnetworkpolicies",
+        "MODIFIED",
+        &policy("a", "bogus", "3"),
+    );
+    fake.event(
+        "workloadnetworkpolicies",
+        "ADDED",
+        &policy("b", "protect", "4"),
+    );
+    wait_until("the next good change", || names() == ["a", "b"]).await;
+    assert_eq!(
+        count(),
+        2,
+        "the bad change is counted, the store keeps a's last good copy"
     );
 }
 
@@ -219,9 +290,10 @@ async fn next_checked(
 /// down.
 #[tokio::test]
 async fn a_list_is_passed_on_once_it_is_in_the_store() {
-    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(
-        network_enforcer_tests::fixture::offline_client(),
-    ));
+    let watch = SharedWatch::<NetworkPolicy>::new(
+        Api::all(network_enforcer_tests::fixture::offline_client()),
+        Undecodable::default(),
+    );
     let (send, stream) = events();
     watch.start_on(stream);
     let store = watch.store();
@@ -267,9 +339,10 @@ async fn a_list_is_passed_on_once_it_is_in_the_store() {
 /// readiness has room for one waker (the web view, the status sync and every agent batch ask).
 #[tokio::test]
 async fn asking_whether_it_listed_leaves_the_stores_readiness_to_its_waiter() {
-    let watch = SharedWatch::<NetworkPolicy>::new(Api::all(
-        network_enforcer_tests::fixture::offline_client(),
-    ));
+    let watch = SharedWatch::<NetworkPolicy>::new(
+        Api::all(network_enforcer_tests::fixture::offline_client()),
+        Undecodable::default(),
+    );
     let (send, stream) = events();
     watch.start_on(stream);
     send.send(watcher::Event::Init).unwrap();
