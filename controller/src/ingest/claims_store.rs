@@ -13,15 +13,11 @@
 
 use super::claims::{Persisted, Ranges};
 use super::source_cursors::PersistedCursor;
-use flate2::Compression;
-use flate2::read::GzDecoder;
-use flate2::write::GzEncoder;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use network_enforcer_api::keys::FIELD_MANAGER;
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
 
 /// The key of the data in the ConfigMap's `binaryData`.
 pub const DATA_KEY: &str = "claims.json.gz";
@@ -112,10 +108,7 @@ fn compress(claims: &[Persisted], cursors: &[PersistedCursor]) -> Vec<u8> {
         cursors: cursors.to_vec(),
     })
     .unwrap_or_default();
-    let mut gz = GzEncoder::new(Vec::with_capacity(json.len() / 4), Compression::fast());
-    // Writing into a Vec cannot fail.
-    let _ = gz.write_all(&json);
-    gz.finish().unwrap_or_default()
+    crate::runtime::gzip::compress(&json, 4)
 }
 
 /// The claims and cursors in `bytes` (read from ConfigMap `name`, for the error).
@@ -124,16 +117,7 @@ pub fn decode(name: &str, bytes: &[u8]) -> Result<Stored, StoreError> {
         name: name.to_string(),
         message,
     };
-    let mut json = Vec::new();
-    GzDecoder::new(bytes)
-        .take(MAX_DECOMPRESSED + 1)
-        .read_to_end(&mut json)
-        .map_err(|e| corrupt(format!("not gzip: {e}")))?;
-    if json.len() as u64 > MAX_DECOMPRESSED {
-        return Err(corrupt(format!(
-            "larger than {MAX_DECOMPRESSED} bytes decompressed"
-        )));
-    }
+    let json = crate::runtime::gzip::decompress(bytes, MAX_DECOMPRESSED).map_err(corrupt)?;
     let stored: Encoded =
         serde_json::from_slice(&json).map_err(|e| corrupt(format!("not claims: {e}")))?;
     if stored.format != FORMAT {
@@ -286,10 +270,8 @@ mod tests {
         // What the release before wrote (no cursors) is read; what this one writes without cursors
         // has no such field, as that release wrote it.
         let (bytes, _) = encode(&claims, &[]);
-        let mut json = String::new();
-        GzDecoder::new(&bytes[..])
-            .read_to_string(&mut json)
-            .unwrap();
+        let json =
+            String::from_utf8(crate::runtime::gzip::decompress(&bytes, 1 << 20).unwrap()).unwrap();
         assert!(!json.contains("cursors"), "{json}");
         assert_eq!(decode("x", &bytes).unwrap().claims, claims);
     }
@@ -362,8 +344,6 @@ mod tests {
     }
 
     fn gzip(json: &[u8]) -> Vec<u8> {
-        let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-        gz.write_all(json).unwrap();
-        gz.finish().unwrap()
+        crate::runtime::gzip::compress(json, 4)
     }
 }
