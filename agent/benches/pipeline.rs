@@ -129,8 +129,8 @@ struct Run {
 fn run(bytes: &[u8], socket: &std::path::Path) -> Run {
     let size = std::mem::size_of::<FlowEvent>();
     let debug = DebugServer::bind(socket, RECENT_EDGES).expect("binding the debug socket");
-    let mut pipeline =
-        Pipeline::new(Arc::new(Mutex::new(attributor())), EdgeCaps::default()).with_debug(debug);
+    let mut pipeline = Pipeline::new(Arc::new(Mutex::new(attributor())), EdgeCaps::default())
+        .with_tap(Arc::new(debug));
     let clock = WallClock::now();
     let mut batch = Vec::with_capacity(1024);
     let (mut edges, mut records) = (0, 0);

@@ -2,8 +2,8 @@
 //! stage diagram: docs/design.md, "Architecture"):
 //!
 //! read (the caller hands in batches from [`crate::kernel::events::EventReader`]) → **attribute** (each
-//! edge once per flush interval, when it starts) → **aggregate** into edges → publish to the debug API
-//! → **flush** (edges with their owners, turned into uplink records).
+//! edge once per flush interval, when it starts) → **aggregate** into edges → hand to a tap
+//! ([`EventTap`]: the debug API) → **flush** (edges with their owners, turned into uplink records).
 //!
 //! `run` and `cargo xtask bench agent` both drive this type, so the figure the bench prints is the
 //! agent's. I/O stays outside: the caller reads the ring buffer and sends the records.
@@ -15,8 +15,6 @@
 
 use crate::aggregate::{Aggregator, Edge, EdgeHasher, EdgeId, EdgeKey};
 use crate::clock::{WallClock, monotonic_now};
-use crate::debug::flows::{self, PodNames};
-use crate::debug::socket::{Attributed, DebugServer};
 use crate::dns::tracker::{Limits, Tracker};
 use crate::error::Result;
 use crate::identity::attribution::{Attributor, Owner};
@@ -136,30 +134,33 @@ impl Flushed {
             .chain(self.resolutions.iter().map(|r| r.record(clock)))
             .collect()
     }
+}
 
-    /// Logs every edge at debug level (as `flows -o json` prints it); nothing is rendered otherwise.
-    pub fn log_edges(&self, clock: &WallClock) {
-        if !tracing::enabled!(tracing::Level::DEBUG) {
-            return;
-        }
-        let mut names = PodNames::default();
-        for (edge, owner) in &self.edges {
-            if let Owner::Pod(pod) = owner {
-                names.insert(&edge.key, pod.label().into());
-            }
-        }
-        let edges: Vec<Edge> = self.edges.iter().map(|(e, _)| *e).collect();
-        for line in flows::render_json(&edges, clock, &names).lines() {
-            tracing::debug!(edge = line, "edge");
-        }
-    }
+/// What the pipeline knows of an event for a tap: its pod's label and, for an outbound connection to
+/// an address the pod resolved, the name it resolved it from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attributed {
+    pub pod: Option<Arc<str>>,
+    pub resolved_from: Option<Arc<str>>,
+}
+
+/// What sees each batch of events as the pipeline reads it, besides the aggregation: the debug API
+/// (`crate::debug::socket::DebugServer`), which streams them to `flows`.
+pub trait EventTap: Send + Sync {
+    /// `events` as read; `attribute` says who each one is (a tap asks it once per edge new to it,
+    /// not per event).
+    fn publish(
+        &self,
+        events: &[ConnectionEvent],
+        attribute: &mut dyn FnMut(&ConnectionEvent) -> Attributed,
+    );
 }
 
 /// The pipeline; see the module documentation.
 pub struct Pipeline {
     attributor: SharedAttributor,
     scanner: Option<Scanner>,
-    debug: Option<DebugServer>,
+    tap: Option<Arc<dyn EventTap>>,
     aggregator: Aggregator<Owner>,
     caps: EdgeCaps,
     /// Distinct edges counted against the caps in this interval (at most `caps.per_node`).
@@ -282,7 +283,7 @@ impl Pipeline {
         Self {
             attributor,
             scanner: None,
-            debug: None,
+            tap: None,
             aggregator: Aggregator::default(),
             caps,
             counted: HashSet::default(),
@@ -370,15 +371,10 @@ impl Pipeline {
         self
     }
 
-    /// Publishes every event to the debug API's `server`.
-    pub fn with_debug(mut self, server: DebugServer) -> Self {
-        self.debug = Some(server);
+    /// Hands every event to `tap` (the debug API).
+    pub fn with_tap(mut self, tap: Arc<dyn EventTap>) -> Self {
+        self.tap = Some(tap);
         self
-    }
-
-    /// The debug API server, if any.
-    pub fn debug(&self) -> Option<&DebugServer> {
-        self.debug.as_ref()
     }
 
     /// Takes in one batch of events.
@@ -426,11 +422,11 @@ impl Pipeline {
         if let (true, Some(scanner)) = (unknown_netns, &mut self.scanner) {
             scanner.scan_if_due()?;
         }
-        if let Some(debug) = &self.debug {
+        if let Some(tap) = &self.tap {
             let state = lock(&self.attributor);
             let (aggregator, names) = (&self.aggregator, &self.names);
-            // Asked once per edge new to the debug API's buffer, not per event.
-            debug.publish(events, |e| {
+            // Asked once per edge new to the tap, not per event.
+            tap.publish(events, &mut |e| {
                 let owner = match aggregator.tag(&EdgeId::of_event(e)) {
                     Some(owner @ Owner::Pod(_)) => owner.clone(),
                     _ => state.resolve(e.netns_ino, e.cgroup_id, e.local.ip(), e.monotonic),

@@ -11,6 +11,7 @@ use crate::uplink::UplinkSender;
 use crate::{DataPlane, EventReader, KernelCounters};
 use anyhow::Result;
 use network_enforcer_api::uplink::AgentHealth;
+use std::sync::Arc;
 
 /// The counters as the last flush read them: each flush reports what changed since.
 pub struct Report {
@@ -20,6 +21,8 @@ pub struct Report {
     dns_decode_errors_before: u64,
     /// What the data path lost since the agent started, for the controller.
     health: AgentHealth,
+    /// The debug API, for its buffer's figures.
+    debug: Option<Arc<DebugServer>>,
 }
 
 impl Report {
@@ -30,7 +33,14 @@ impl Report {
             decode_errors_before: 0,
             dns_decode_errors_before: 0,
             health: AgentHealth::default(),
+            debug: None,
         }
+    }
+
+    /// Reports the debug API's buffer too.
+    pub fn with_debug(mut self, debug: Arc<DebugServer>) -> Self {
+        self.debug = Some(debug);
+        self
     }
 
     /// What the data path lost since the agent started (the uplink adds its own dropped batches).
@@ -76,8 +86,9 @@ impl Report {
         self.metrics
             .flushed(flushed.edges.len(), flushed.unattributed);
         self.metrics.events_dropped(&flushed.dropped);
-        let (recent, evicted) = pipeline
-            .debug()
+        let (recent, evicted) = self
+            .debug
+            .as_deref()
             .map(DebugServer::recent_edges)
             .unwrap_or_default();
         tracing::info!(
@@ -127,7 +138,7 @@ pub fn send(
     source_records: Option<&RecordSink>,
     health: AgentHealth,
 ) {
-    flushed.log_edges(clock);
+    crate::debug::flows::log_edges(flushed, clock);
     let mut records = if uplink.is_some() {
         flushed.records(clock)
     } else {

@@ -340,9 +340,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         per_node: args.max_edges.max(1),
         interval: Duration::from_secs(args.flush_seconds.max(1)),
     };
+    let debug = Arc::new(debug);
     let mut pipeline = Pipeline::new(attributor.clone(), caps)
         .with_scanner(scanner)
-        .with_debug(debug);
+        .with_tap(debug.clone());
     if dns.is_some() {
         pipeline = pipeline.with_dns_names(crate::dns::tracker::Limits::default());
     }
@@ -354,7 +355,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
         tokio::spawn(metrics.clone().serve(listener));
     }
-    let mut report = flush::Report::new(metrics.clone());
+    let mut report = flush::Report::new(metrics.clone()).with_debug(debug);
     let clock = WallClock::now();
     let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
     // When an edge never flushed before is held: flush it soon rather than at the next tick.

@@ -3,7 +3,9 @@
 
 use crate::aggregate::{Edge, EdgeKey};
 use crate::clock::WallClock;
+use crate::identity::attribution::Owner;
 use crate::kernel::events::{Direction, Outcome, Protocol};
+use crate::pipeline::Flushed;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -306,6 +308,23 @@ pub fn render_json(edges: &[Edge], clock: &WallClock, names: &PodNames) -> Strin
         let _ = writeln!(out, "{value}");
     }
     out
+}
+
+/// Logs every edge at debug level (as `flows -o json` prints it); nothing is rendered otherwise.
+pub fn log_edges(flushed: &Flushed, clock: &WallClock) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let mut names = PodNames::default();
+    for (edge, owner) in &flushed.edges {
+        if let Owner::Pod(pod) = owner {
+            names.insert(&edge.key, pod.label().into());
+        }
+    }
+    let edges: Vec<Edge> = flushed.edges.iter().map(|(e, _)| *e).collect();
+    for line in render_json(&edges, clock, &names).lines() {
+        tracing::debug!(edge = line, "edge");
+    }
 }
 
 #[cfg(test)]

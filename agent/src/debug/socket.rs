@@ -370,12 +370,16 @@ impl Shared {
     }
 }
 
-/// What the pipeline knows of an event for the debug API: its pod's label and, for an outbound
-/// connection to an address the pod resolved, the name it resolved it from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Attributed {
-    pub pod: Option<Arc<str>>,
-    pub resolved_from: Option<Arc<str>>,
+pub use crate::pipeline::Attributed;
+
+impl crate::pipeline::EventTap for DebugServer {
+    fn publish(
+        &self,
+        events: &[ConnectionEvent],
+        attribute: &mut dyn FnMut(&ConnectionEvent) -> Attributed,
+    ) {
+        DebugServer::publish(self, events, attribute);
+    }
 }
 
 impl DebugServer {
