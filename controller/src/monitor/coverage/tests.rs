@@ -1,0 +1,349 @@
+use super::*;
+
+const MIN: i64 = 60_000;
+
+#[test]
+fn dropping_nodes_table() {
+    let h = |events_lost, batches_dropped| AgentHealth {
+        events_lost,
+        batches_dropped,
+        ..AgentHealth::default()
+    };
+    let map = |entries: &[(&str, u64, AgentHealth)]| -> Reports {
+        entries
+            .iter()
+            .map(|(node, instance, health)| ((node.to_string(), *instance), *health))
+            .collect()
+    };
+    type Case = (
+        &'static str,
+        Reports,
+        Reports,
+        Vec<(&'static str, AgentHealth)>,
+    );
+    // (case, before, now, dropping: (node, what it lost since))
+    let cases: Vec<Case> = vec![
+        (
+            "the same counts: nothing lost",
+            map(&[("n1", 7, h(5, 0))]),
+            map(&[("n1", 7, h(5, 0))]),
+            vec![],
+        ),
+        (
+            "grown counts: what was lost since",
+            map(&[("n1", 7, h(5, 0)), ("n2", 9, h(0, 0))]),
+            map(&[("n1", 7, h(8, 1)), ("n2", 9, h(0, 0))]),
+            vec![("n1", h(3, 1))],
+        ),
+        (
+            "first seen by this replica: a baseline, whatever it says",
+            map(&[]),
+            map(&[("n1", 7, h(50, 2))]),
+            vec![],
+        ),
+        (
+            "a new agent process counts from 0: all it says is new",
+            map(&[("n1", 7, h(50, 2))]),
+            map(&[("n1", 8, h(1, 0))]),
+            vec![("n1", h(1, 0))],
+        ),
+        (
+            "a new agent process that lost nothing",
+            map(&[("n1", 7, h(50, 2))]),
+            map(&[("n1", 8, h(0, 0))]),
+            vec![],
+        ),
+        (
+            "two processes of one node (a rolling update): each against its own counts",
+            map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+            map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+            vec![],
+        ),
+        (
+            "two processes, one losing: only its growth",
+            map(&[("n1", 7, h(50, 2)), ("n1", 8, h(1, 0))]),
+            map(&[("n1", 7, h(50, 2)), ("n1", 8, h(4, 0))]),
+            vec![("n1", h(3, 0))],
+        ),
+    ];
+    for (case, before, now, expected) in cases {
+        let got: Vec<(String, AgentHealth)> = dropping_nodes(&before, &now)
+            .into_iter()
+            .map(|d| (d.node, d.lost))
+            .collect();
+        let expected: Vec<(String, AgentHealth)> = expected
+            .into_iter()
+            .map(|(n, l)| (n.to_string(), l))
+            .collect();
+        assert_eq!(got, expected, "{case}");
+    }
+}
+
+#[test]
+fn an_episode_ends_once_quiet_while_the_agent_streams() {
+    let streaming = |open| NodeSeen {
+        open,
+        since_ms: 0,
+        health: Default::default(),
+    };
+    let quiet_ms = QUIET.as_millis() as i64;
+    let mut episodes: BTreeMap<String, i64> =
+        [("a".into(), 0), ("b".into(), 0), ("c".into(), quiet_ms)].into();
+    let seen: HashMap<String, NodeSeen> = [
+        ("a".into(), streaming(1)),
+        ("b".into(), streaming(0)),
+        ("c".into(), streaming(1)),
+    ]
+    .into();
+    assert_eq!(quiet_episodes(&mut episodes, &seen, quiet_ms), ["a"]);
+    assert_eq!(
+        episodes.keys().collect::<Vec<_>>(),
+        ["b", "c"],
+        "b's agent stopped (left open), c is not quiet yet"
+    );
+}
+
+#[test]
+fn cost_samples_keep_the_last_two_distinct_ones() {
+    let c = |at| AgentHealth {
+        cost_sampled_ms: at,
+        ..AgentHealth::default()
+    };
+    let look = |entries: &[(u64, i64)]| -> Reports {
+        entries
+            .iter()
+            .map(|(instance, at)| (("n1".to_string(), *instance), c(*at)))
+            .collect()
+    };
+    let mut samples = CostSamples::default();
+    samples.advance(&look(&[(7, 1_000)]));
+    assert!(samples.previous.is_empty(), "one sample: no previous");
+    samples.advance(&look(&[(7, 2_000)]));
+    samples.advance(&look(&[(7, 2_000)]));
+    let key = ("n1".to_string(), 7);
+    assert_eq!(
+        (
+            samples.previous[&key].cost_sampled_ms,
+            samples.latest[&key].cost_sampled_ms
+        ),
+        (1_000, 2_000),
+        "a look without a new batch keeps the two samples"
+    );
+    samples.advance(&look(&[(8, 5_000)]));
+    assert_eq!(
+        (samples.previous.len(), samples.latest.len()),
+        (0, 1),
+        "a process gone is forgotten"
+    );
+}
+
+#[test]
+fn over_budget_table() {
+    const MIB: u64 = 1 << 20;
+    // A cost sample at `at` ms: CPU ms, eBPF ns, RSS MiB.
+    let c = |at, cpu_ms, kernel_ns, rss_mib| AgentHealth {
+        cost_sampled_ms: at,
+        cpu_ms,
+        kernel_ns,
+        rss_bytes: rss_mib * MIB,
+        ..AgentHealth::default()
+    };
+    let map = |entries: &[(&str, u64, AgentHealth)]| -> Reports {
+        entries
+            .iter()
+            .map(|(node, instance, health)| ((node.to_string(), *instance), *health))
+            .collect()
+    };
+    let budget = Budget {
+        cpu_cores: 0.5,
+        memory_bytes: 200 * MIB,
+    };
+    // (case, before, now, budget, over: (node, cores, MiB))
+    type Case = (
+        &'static str,
+        Reports,
+        Reports,
+        Budget,
+        Vec<(&'static str, Option<f64>, u64)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "within: 0.1 cores, 50 MiB",
+            map(&[("n1", 7, c(10_000, 1_000, 0, 40))]),
+            map(&[("n1", 7, c(20_000, 2_000, 0, 50))]),
+            budget,
+            vec![],
+        ),
+        (
+            "over on CPU: 0.8 cores in the process",
+            map(&[("n1", 7, c(10_000, 1_000, 0, 40))]),
+            map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+            budget,
+            vec![("n1", Some(0.8), 50)],
+        ),
+        (
+            "over on CPU with the eBPF programs' time: 0.3 + 0.3 cores",
+            map(&[("n1", 7, c(10_000, 1_000, 1_000_000_000, 40))]),
+            map(&[("n1", 7, c(20_000, 4_000, 4_000_000_000, 50))]),
+            budget,
+            vec![("n1", Some(0.6), 50)],
+        ),
+        (
+            "over on memory, with one sample only (CPU not measured yet)",
+            map(&[]),
+            map(&[("n1", 7, c(20_000, 9_000, 0, 250))]),
+            budget,
+            vec![("n1", None, 250)],
+        ),
+        (
+            "one sample only and little memory: nothing to say",
+            map(&[]),
+            map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+            budget,
+            vec![],
+        ),
+        (
+            "the same sample again (no new batch): no rate, not over",
+            map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+            map(&[("n1", 7, c(20_000, 9_000, 0, 50))]),
+            budget,
+            vec![],
+        ),
+        (
+            "an agent older than the cost fields is never over",
+            map(&[("n1", 7, AgentHealth::default())]),
+            map(&[("n1", 7, AgentHealth::default())]),
+            budget,
+            vec![],
+        ),
+        (
+            "two processes of a node (a rolling update): their CPU sums, the larger memory",
+            map(&[
+                ("n1", 7, c(10_000, 0, 0, 90)),
+                ("n1", 8, c(10_000, 0, 0, 10)),
+            ]),
+            map(&[
+                ("n1", 7, c(20_000, 3_000, 0, 90)),
+                ("n1", 8, c(20_000, 3_000, 0, 20)),
+            ]),
+            budget,
+            vec![("n1", Some(0.6), 90)],
+        ),
+        (
+            "budgets of 0 are not checked",
+            map(&[("n1", 7, c(10_000, 0, 0, 900))]),
+            map(&[("n1", 7, c(20_000, 10_000, 0, 900))]),
+            Budget::default(),
+            vec![],
+        ),
+    ];
+    for (case, before, now, budget, expected) in cases {
+        let got: Vec<(String, Option<f64>, u64)> = over_budget(&before, &now, budget)
+            .into_iter()
+            .map(|o| {
+                (
+                    o.node,
+                    o.cpu_cores.map(|c| (c * 1000.0).round() / 1000.0),
+                    o.memory_bytes / MIB,
+                )
+            })
+            .collect();
+        let expected: Vec<(String, Option<f64>, u64)> = expected
+            .into_iter()
+            .map(|(n, c, m)| (n.to_string(), c, m))
+            .collect();
+        assert_eq!(got, expected, "{case}");
+    }
+}
+
+#[test]
+fn silent_nodes_table() {
+    let open = |since_ms| NodeSeen {
+        open: 1,
+        since_ms,
+        health: Default::default(),
+    };
+    let closed = |since_ms| NodeSeen {
+        open: 0,
+        since_ms,
+        health: Default::default(),
+    };
+    struct Case {
+        name: &'static str,
+        pods: &'static [(&'static str, usize)],
+        seen: Vec<(&'static str, NodeSeen)>,
+        watching_since: i64,
+        now: i64,
+        want: Vec<(&'static str, usize, i64)>,
+    }
+    let cases = [
+        Case {
+            name: "a node whose agent streams is covered",
+            pods: &[("a", 3)],
+            seen: vec![("a", open(0))],
+            watching_since: 0,
+            now: 10 * MIN,
+            want: vec![],
+        },
+        Case {
+            name: "never seen: silent once the leader has watched for the threshold",
+            pods: &[("a", 3)],
+            seen: vec![],
+            watching_since: 0,
+            now: 2 * MIN,
+            want: vec![("a", 3, 0)],
+        },
+        Case {
+            name: "never seen, but the leader started watching only just now",
+            pods: &[("a", 3)],
+            seen: vec![],
+            watching_since: 9 * MIN,
+            now: 10 * MIN,
+            want: vec![],
+        },
+        Case {
+            name: "closed a minute ago: not yet; closed 3 minutes ago: silent",
+            pods: &[("a", 1), ("b", 2)],
+            seen: vec![("a", closed(9 * MIN)), ("b", closed(7 * MIN))],
+            watching_since: 0,
+            now: 10 * MIN,
+            want: vec![("b", 2, 7 * MIN)],
+        },
+        Case {
+            name: "closed before this replica led: counted from when it leads",
+            pods: &[("a", 1)],
+            seen: vec![("a", closed(MIN))],
+            watching_since: 9 * MIN,
+            now: 10 * MIN,
+            want: vec![],
+        },
+        Case {
+            name: "a node without running pods is never silent",
+            pods: &[("a", 0)],
+            seen: vec![],
+            watching_since: 0,
+            now: 10 * MIN,
+            want: vec![],
+        },
+    ];
+    for case in cases {
+        let pods: BTreeMap<String, usize> =
+            case.pods.iter().map(|(n, p)| (n.to_string(), *p)).collect();
+        let seen: HashMap<String, NodeSeen> = case
+            .seen
+            .into_iter()
+            .map(|(n, s)| (n.to_string(), s))
+            .collect();
+        let got: Vec<(String, usize, i64)> =
+            silent_nodes(&pods, &seen, case.watching_since, case.now, 2 * MIN)
+                .into_iter()
+                .map(|s| (s.node, s.pods, s.since_ms))
+                .collect();
+        let want: Vec<(String, usize, i64)> = case
+            .want
+            .into_iter()
+            .map(|(n, p, s)| (n.to_string(), p, s))
+            .collect();
+        assert_eq!(got, want, "{}", case.name);
+    }
+}
