@@ -11,17 +11,22 @@ pub fn resident_memory_bytes() -> Option<i64> {
     (page > 0).then(|| pages.saturating_mul(page))
 }
 
-/// The CPU time (user and system) this process has used since it started, in ms.
+/// The CPU time (user and system) this process and its finished child processes (the `nft` runs
+/// of enforcement) have used since it started, in ms.
 pub fn cpu_time_ms() -> Option<u64> {
-    // SAFETY: getrusage writes one rusage into the zeroed value passed; nothing else is touched.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        (libc::getrusage(libc::RUSAGE_SELF, &mut usage) == 0).then_some(usage)
-    }?;
-    let ms = |t: libc::timeval| {
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1000 + u64::try_from(t.tv_usec).unwrap_or(0) / 1000
+    let used = |who| {
+        // SAFETY: getrusage writes one rusage into the zeroed value passed; nothing else is touched.
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            (libc::getrusage(who, &mut usage) == 0).then_some(usage)
+        }?;
+        let ms = |t: libc::timeval| {
+            u64::try_from(t.tv_sec).unwrap_or(0) * 1000
+                + u64::try_from(t.tv_usec).unwrap_or(0) / 1000
+        };
+        Some(ms(usage.ru_utime) + ms(usage.ru_stime))
     };
-    Some(ms(usage.ru_utime) + ms(usage.ru_stime))
+    Some(used(libc::RUSAGE_SELF)? + used(libc::RUSAGE_CHILDREN).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -120,7 +120,10 @@ impl Report {
 impl Report {
     /// What the agent costs its node now, for the controller's budget check (docs/behaviour.md §3.12).
     fn cost(&mut self, counters: &KernelCounters) {
-        self.health.cost_sampled_ms = crate::sources::now_ms();
+        // Monotonic: only differences of this process's samples are used, and a wall clock stepped
+        // back would make a short interval look like a burst of CPU.
+        self.health.cost_sampled_ms =
+            i64::try_from(crate::clock::monotonic_now().as_millis()).unwrap_or(i64::MAX);
         self.health.cpu_ms = crate::cost::cpu_time_ms().unwrap_or_default();
         self.health.kernel_ns = counters.programs.values().map(|p| p.run_ns).sum();
         self.health.rss_bytes = crate::cost::resident_memory_bytes()

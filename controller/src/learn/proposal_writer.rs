@@ -40,11 +40,12 @@ const CONFLICT_RETRIES: usize = 3;
 /// no longer reviewable anyway. Edges that would pass it are left out and reported.
 pub const MAX_PROPOSAL_BYTES: usize = 1024 * 1024;
 
-/// Whether the API server refused a write for what it holds (invalid, or too large): writing the
-/// same edges again cannot succeed, so they are dropped (and reported) instead of holding up
-/// every agent's acknowledgements.
+/// Whether the API server refused a write for what it holds (invalid, or too large), or holds a
+/// proposal this build cannot read (a newer release's values): writing the same edges again cannot
+/// succeed, so they are dropped (and reported) instead of holding up every agent's acknowledgements.
 pub fn refused_for_good(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(e) if matches!(e.code, 400 | 413 | 422))
+        || matches!(error, kube::Error::SerdeError(_))
 }
 
 /// See the module docs.

@@ -71,8 +71,19 @@ pub async fn reconcile(
                     )
                     .await;
                 }
-                // Our cache had not seen the policy yet; the next pass decides with it.
+                // Our cache had not seen the policy yet; the next pass decides with it. Unless the
+                // policy is one this build cannot read (the shared watch leaves it out): then the
+                // cache never will, and the promotion is refused until it is fixed or deleted.
                 Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let policies = ctx.api::<WorkloadNetworkPolicy>(&ns);
+                    if let Err(kube::Error::SerdeError(error)) = policies.get(&name).await {
+                        let message = format!(
+                            "a WorkloadNetworkPolicy {name} exists that this controller cannot read \
+                             ({error}); fix or delete it, then promote again"
+                        );
+                        refuse(&ctx, &proposal, "PolicyUnreadable", message).await?;
+                        return Ok(Action::requeue(Duration::from_secs(300)));
+                    }
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 Err(e) => return Err(e.into()),

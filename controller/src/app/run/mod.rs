@@ -238,7 +238,8 @@ pub struct RunArgs {
     agent_silence_after: Duration,
     /// An agent whose process and eBPF programs use more CPU than this many cores (between two of its
     /// batches) is reported: Warning Event `AgentOverBudget` on the Node, gauge
-    /// `agent_over_budget_nodes` (docs/behaviour.md §3.12; `0`: not checked).
+    /// `agent_over_budget_nodes` (docs/behaviour.md §3.12; `0`: not checked; checked at the coverage
+    /// loop's looks, so off with `--agent-silence-after 0s` too).
     #[arg(long, env = "AGENT_CPU_BUDGET", default_value_t = 1.0)]
     agent_cpu_budget: f64,
     /// An agent process with more resident memory than this many MiB is reported as over its budget

@@ -63,12 +63,12 @@ impl<K: Resource> Resource for Lenient<K> {
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(deserializer)?;
-        let metadata = value.get("metadata").cloned().unwrap_or_default();
-        match K::deserialize(value) {
+        match K::deserialize(&value) {
             Ok(object) => Ok(Lenient::Decoded(object)),
             Err(error) => {
                 // Without its metadata it could not even be named: the list fails, as before.
-                let metadata = ObjectMeta::deserialize(metadata).map_err(D::Error::custom)?;
+                let metadata = ObjectMeta::deserialize(value.get("metadata").unwrap_or_default())
+                    .map_err(D::Error::custom)?;
                 Ok(Lenient::Undecodable {
                     metadata: Box::new(metadata),
                     error: error.to_string().into(),

@@ -286,21 +286,24 @@ async fn run<K>(
 ) where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
+    let store = writer.as_reader();
     let events = watcher(api, watcher::Config::default())
         .default_backoff()
-        .filter_map(move |event| std::future::ready(decoded(event, &undecodable)));
+        .filter_map(move |event| std::future::ready(decoded(event, &undecodable, &store)));
     apply_events(events, writer, shared, listed).await
 }
 
 /// `event` with its object decoded; `None` for an object that did not decode, reported (a warning
-/// naming it and why, the counter). Such an object is left out of the store: one decoded before it
-/// changed stays as it was until the next list, and a deletion of it is passed on by that list.
+/// naming it and why, the counter). Such an object is left out of the store: a copy decoded before
+/// it changed stays as it was (until the next list), and its deletion deletes that copy (from
+/// `store`).
 fn decoded<K>(
     event: watcher::Result<watcher::Event<Lenient<K>>>,
     undecodable: &Undecodable,
+    store: &Store<K>,
 ) -> Option<watcher::Result<watcher::Event<K>>>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + Clone,
 {
     let object = |lenient: Lenient<K>| match lenient {
         Lenient::Decoded(object) => Some(object),
@@ -321,6 +324,14 @@ where
     Some(match event {
         Err(error) => Err(error),
         Ok(watcher::Event::Apply(o)) => Ok(watcher::Event::Apply(object(o)?)),
+        Ok(watcher::Event::Delete(Lenient::Undecodable { metadata, .. })) => {
+            let name = metadata.name.as_deref()?;
+            let mut key = reflector::ObjectRef::<K>::new(name);
+            if let Some(ns) = metadata.namespace.as_deref() {
+                key = key.within(ns);
+            }
+            Ok(watcher::Event::Delete(store.get(&key)?.as_ref().clone()))
+        }
         Ok(watcher::Event::Delete(o)) => Ok(watcher::Event::Delete(object(o)?)),
         Ok(watcher::Event::InitApply(o)) => Ok(watcher::Event::InitApply(object(o)?)),
         Ok(watcher::Event::Init) => Ok(watcher::Event::Init),

@@ -240,6 +240,13 @@ async fn an_object_that_does_not_decode_is_left_out_not_the_whole_list() {
         2,
         "the bad change is counted, the store keeps a's last good copy"
     );
+    // Deleted as it is now (it does not decode): the copy kept from before goes with it.
+    fake.event(
+        "workloadnetworkpolicies",
+        "DELETED",
+        &policy("a", "bogus", "5"),
+    );
+    wait_until("the deletion of the kept copy", || names() == ["b"]).await;
 }
 
 /// Events for [`SharedWatch::start_on`], sent one at a time.

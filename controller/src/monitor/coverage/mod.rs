@@ -115,7 +115,8 @@ pub fn dropping_nodes(before: &Reports, now: &Reports) -> Vec<Dropping> {
         .collect()
 }
 
-/// What an agent may cost its node (`--agent-cpu-budget`, `--agent-memory-budget`); 0: not checked.
+/// What an agent may cost its node (`--agent-cpu-budget`, `--agent-memory-budget-mib`); 0: not
+/// checked.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Budget {
     /// Cores: the agent process's CPU time and its eBPF programs' time per second.
@@ -134,27 +135,87 @@ pub struct OverBudget {
     pub memory_bytes: u64,
 }
 
-/// Each agent process's last two distinct cost samples (a process gone from the reports is forgotten).
+/// A process's cost is judged over at least this span of its own samples: a burst of early flushes
+/// (a backlog replayed, the start-up scan) is not a rate.
+pub const MIN_COST_SPAN_MS: i64 = 10_000;
+
+/// A process whose newest sample is older than this (on the controller's clock: when it last
+/// changed) is not judged: it stopped (a restart, the OOM killer) or is idle (a flush without records
+/// sends no batch), and its last figures would otherwise stand for it forever.
+pub const COST_SAMPLE_FRESH_MS: i64 = 60_000;
+
+/// Each agent process's cost samples: the newest, and one at least [`MIN_COST_SPAN_MS`] older (on
+/// the agent's clock; at most about twice that) to take the rate against.
 #[derive(Debug, Default)]
 pub struct CostSamples {
-    pub previous: Reports,
-    pub latest: Reports,
+    processes: HashMap<(String, u64), Samples>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Samples {
+    /// A sample older than `latest` by at least [`MIN_COST_SPAN_MS`], if any (the rate's start).
+    base: Option<AgentHealth>,
+    /// The oldest sample kept after `base`: the next base once far enough behind.
+    pending: Option<AgentHealth>,
+    latest: AgentHealth,
+    /// When `latest` arrived, on the controller's clock.
+    changed_ms: i64,
 }
 
 impl CostSamples {
-    /// Takes in the reports of a look: a process whose sample is new moves its latest to previous.
-    pub fn advance(&mut self, now: &Reports) {
-        self.latest.retain(|k, _| now.contains_key(k));
-        self.previous.retain(|k, _| now.contains_key(k));
-        for (k, health) in now {
-            let newer = self
-                .latest
-                .get(k)
-                .is_none_or(|l| l.cost_sampled_ms != health.cost_sampled_ms);
-            if newer && let Some(old) = self.latest.insert(k.clone(), *health) {
-                self.previous.insert(k.clone(), old);
+    /// Takes in the reports of a look at `now_ms` (a process gone from them is forgotten).
+    pub fn advance(&mut self, now: &Reports, now_ms: i64) {
+        self.processes.retain(|k, _| now.contains_key(k));
+        for (k, health) in now.iter().filter(|(_, h)| h.cost_sampled_ms > 0) {
+            let Some(p) = self.processes.get_mut(k) else {
+                self.processes.insert(
+                    k.clone(),
+                    Samples {
+                        base: None,
+                        pending: None,
+                        latest: *health,
+                        changed_ms: now_ms,
+                    },
+                );
+                continue;
+            };
+            if health.cost_sampled_ms <= p.latest.cost_sampled_ms {
+                continue;
+            }
+            // The base moves up to the newest sample far enough behind the new one: the previous
+            // latest after a gap, else the oldest sample since the base once it is far enough.
+            let far = |older: &AgentHealth| {
+                health.cost_sampled_ms - older.cost_sampled_ms >= MIN_COST_SPAN_MS
+            };
+            if far(&p.latest) {
+                p.base = Some(p.latest);
+                p.pending = None;
+            } else if let Some(pending) = p.pending.filter(far) {
+                p.base = Some(pending);
+                p.pending = Some(p.latest);
+            } else if p.pending.is_none() {
+                p.pending = Some(p.latest);
+            }
+            p.latest = *health;
+            p.changed_ms = now_ms;
+        }
+    }
+
+    /// (bases, latest samples) of the processes whose sample is fresh at `now_ms`, for
+    /// [`over_budget`].
+    pub fn fresh(&self, now_ms: i64) -> (Reports, Reports) {
+        let mut bases = Reports::new();
+        let mut latest = Reports::new();
+        for (k, p) in &self.processes {
+            if now_ms.saturating_sub(p.changed_ms) > COST_SAMPLE_FRESH_MS {
+                continue;
+            }
+            latest.insert(k.clone(), p.latest);
+            if let Some(base) = p.base {
+                bases.insert(k.clone(), base);
             }
         }
+        (bases, latest)
     }
 }
 
@@ -189,6 +250,18 @@ pub fn over_budget(before: &Reports, now: &Reports, budget: Budget) -> Vec<OverB
                 || (budget.memory_bytes > 0 && n.memory_bytes > budget.memory_bytes)
         })
         .collect()
+}
+
+/// The nodes of `over` that were over at the last look too (`last`, then set to this look's): a
+/// single look over budget is a burst, not a cost.
+pub fn confirmed_over(over: Vec<OverBudget>, last: &mut BTreeSet<String>) -> Vec<OverBudget> {
+    let now: BTreeSet<String> = over.iter().map(|o| o.node.clone()).collect();
+    let confirmed = over
+        .into_iter()
+        .filter(|o| last.contains(&o.node))
+        .collect();
+    *last = now;
+    confirmed
 }
 
 /// Ends and returns the episodes (node → when it was last in trouble) quiet for [`QUIET`] at
@@ -228,7 +301,7 @@ pub struct Coverage {
     pub dropping_nodes: Gauge,
     /// What an agent may cost.
     pub budget: Budget,
-    /// Nodes whose agent costs more than [`Coverage::budget`].
+    /// Nodes whose agent costs more than [`Coverage::budget`] (at two looks in a row).
     pub over_budget_nodes: Gauge,
     pub health: Component,
 }
@@ -243,12 +316,13 @@ impl Coverage {
         let watching_since = now_ms();
         let mut reported: BTreeSet<String> = BTreeSet::new();
         let mut reports_before = Reports::new();
-        // Each process's last two cost samples: a look between two batches judges the same ones.
+        // Each process's cost samples: a look between two batches judges the same ones.
         let mut samples = CostSamples::default();
         // Nodes in a dropping episode, with when their losses last grew.
         let mut episodes: BTreeMap<String, i64> = BTreeMap::new();
-        // Nodes in an over-budget episode, with when they were last over.
+        // Nodes in an over-budget episode, with when they were last over; nodes over at the last look.
         let mut over_episodes: BTreeMap<String, i64> = BTreeMap::new();
+        let mut over_last_look = BTreeSet::new();
         self.health.ready("listing the cluster");
         loop {
             tick.tick().await;
@@ -274,8 +348,12 @@ impl Coverage {
                 })
                 .collect();
             let dropping = dropping_nodes(&reports_before, &reports_now);
-            samples.advance(&reports_now);
-            let over = over_budget(&samples.previous, &samples.latest, self.budget);
+            samples.advance(&reports_now, now);
+            let (bases, latest) = samples.fresh(now);
+            let over = confirmed_over(
+                over_budget(&bases, &latest, self.budget),
+                &mut over_last_look,
+            );
             reports_before = reports_now;
             self.dropping_nodes.set(dropping.len() as i64);
             self.report_dropping(&dropping, &seen, now, &mut episodes)
@@ -392,14 +470,21 @@ impl Coverage {
                 || "not measured yet".to_string(),
                 |c| format!("{c:.2} cores"),
             );
+            let cpu_budget = match self.budget.cpu_cores {
+                c if c > 0.0 => format!("{c:.2}"),
+                _ => "off".to_string(),
+            };
+            let memory_budget = match self.budget.memory_bytes >> 20 {
+                0 => "off".to_string(),
+                mib => format!("{mib} MiB"),
+            };
             let note = format!(
                 "the node's network-enforcer agent costs more than its budget: CPU {cpu} (budget \
-                 {:.2}; its process and its eBPF programs), resident memory {} MiB (budget {} MiB); \
-                 see the agent's metrics (network_enforcer_agent_resident_memory_bytes, \
-                 _ebpf_program_run_seconds_total) and docs/operations.md",
-                self.budget.cpu_cores,
+                 {cpu_budget}; its process, its children and its eBPF programs), resident memory \
+                 {} MiB (budget {memory_budget}); see the agent's metrics \
+                 (network_enforcer_agent_resident_memory_bytes, _ebpf_program_run_seconds_total) \
+                 and docs/operations.md",
                 o.memory_bytes >> 20,
-                self.budget.memory_bytes >> 20,
             );
             tracing::warn!(node = %o.node, cpu_cores = ?o.cpu_cores, memory_bytes = o.memory_bytes, "agent over budget");
             self.publish(&o.node, "Warning", "AgentOverBudget", note)

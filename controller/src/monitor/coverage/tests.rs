@@ -104,7 +104,7 @@ fn an_episode_ends_once_quiet_while_the_agent_streams() {
 }
 
 #[test]
-fn cost_samples_keep_the_last_two_distinct_ones() {
+fn cost_samples_span_ten_seconds_and_go_stale() {
     let c = |at| AgentHealth {
         cost_sampled_ms: at,
         ..AgentHealth::default()
@@ -115,26 +115,77 @@ fn cost_samples_keep_the_last_two_distinct_ones() {
             .map(|(instance, at)| (("n1".to_string(), *instance), c(*at)))
             .collect()
     };
-    let mut samples = CostSamples::default();
-    samples.advance(&look(&[(7, 1_000)]));
-    assert!(samples.previous.is_empty(), "one sample: no previous");
-    samples.advance(&look(&[(7, 2_000)]));
-    samples.advance(&look(&[(7, 2_000)]));
     let key = ("n1".to_string(), 7);
-    assert_eq!(
+    let span = |samples: &CostSamples, now_ms| {
+        let (bases, latest) = samples.fresh(now_ms);
         (
-            samples.previous[&key].cost_sampled_ms,
-            samples.latest[&key].cost_sampled_ms
-        ),
-        (1_000, 2_000),
-        "a look without a new batch keeps the two samples"
-    );
-    samples.advance(&look(&[(8, 5_000)]));
+            bases.get(&key).map(|b| b.cost_sampled_ms),
+            latest.get(&key).map(|l| l.cost_sampled_ms),
+        )
+    };
+    let mut samples = CostSamples::default();
+    // A batch every 2 s (early flushes): no rate before 10 s of samples, then over 10 to 20 s. (A
+    // sample at 0 would be "not read": the times start at 1 s.)
+    for (i, at) in (0..=12).map(|i| (i, 1_000 + i * 2_000)) {
+        samples.advance(&look(&[(7, at)]), at);
+        let want_base = match at {
+            ..11_000 => None,
+            11_000..19_000 => Some(1_000),
+            _ => Some(9_000),
+        };
+        assert_eq!(
+            span(&samples, at),
+            (want_base, Some(at)),
+            "sample {i} at {at} ms"
+        );
+    }
+    // A look without a new batch keeps the pair.
+    samples.advance(&look(&[(7, 25_000)]), 26_000);
+    assert_eq!(span(&samples, 26_000), (Some(9_000), Some(25_000)));
+    // After a gap, the sample before it is the base.
+    samples.advance(&look(&[(7, 60_000)]), 60_000);
+    assert_eq!(span(&samples, 60_000), (Some(25_000), Some(60_000)));
+    // No new sample for over a minute (the process stopped, or sends nothing): not judged.
     assert_eq!(
-        (samples.previous.len(), samples.latest.len()),
-        (0, 1),
-        "a process gone is forgotten"
+        span(&samples, 60_000 + COST_SAMPLE_FRESH_MS + 1),
+        (None, None)
     );
+    // A process gone from the reports is forgotten; a new one starts without a base.
+    samples.advance(&look(&[(8, 70_000)]), 70_000);
+    assert_eq!(span(&samples, 70_000), (None, None));
+    assert_eq!(samples.fresh(70_000).1.len(), 1);
+    // A sample older than the newest (a resent batch) changes nothing.
+    samples.advance(&look(&[(8, 65_000)]), 71_000);
+    assert_eq!(
+        samples.fresh(71_000).1[&("n1".to_string(), 8)].cost_sampled_ms,
+        70_000
+    );
+}
+
+#[test]
+fn a_node_is_over_budget_once_over_at_two_looks_in_a_row() {
+    let over = |nodes: &[&str]| -> Vec<OverBudget> {
+        nodes
+            .iter()
+            .map(|n| OverBudget {
+                node: n.to_string(),
+                cpu_cores: Some(2.0),
+                memory_bytes: 0,
+            })
+            .collect()
+    };
+    let names = |o: Vec<OverBudget>| o.into_iter().map(|o| o.node).collect::<Vec<_>>();
+    let mut last = BTreeSet::new();
+    assert!(
+        confirmed_over(over(&["a", "b"]), &mut last).is_empty(),
+        "once: not yet"
+    );
+    assert_eq!(names(confirmed_over(over(&["a"]), &mut last)), ["a"]);
+    assert!(
+        confirmed_over(over(&["b"]), &mut last).is_empty(),
+        "b's second look was not over"
+    );
+    assert_eq!(names(confirmed_over(over(&["b"]), &mut last)), ["b"]);
 }
 
 #[test]
