@@ -236,8 +236,9 @@ pub struct RunArgs {
     #[arg(long, env = "AGENT_SILENCE_AFTER", default_value = "2m",
           value_parser = crate::monitor::status_sync::parse_duration_or_zero)]
     agent_silence_after: Duration,
-    /// An agent whose process and eBPF programs use more CPU than this many cores (between two of its
-    /// batches) is reported: Warning Event `AgentOverBudget` on the Node, gauge
+    /// An agent whose process (with its `nft` runs) and eBPF programs use more CPU than this many
+    /// cores (over at least 10 s of its samples) is reported: Warning Event `AgentOverBudget` on the
+    /// Node, gauge
     /// `agent_over_budget_nodes` (docs/behaviour.md §3.12; `0`: not checked; checked at the coverage
     /// loop's looks, so off with `--agent-silence-after 0s` too).
     #[arg(long, env = "AGENT_CPU_BUDGET", default_value_t = 1.0)]

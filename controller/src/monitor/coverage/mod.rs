@@ -119,7 +119,8 @@ pub fn dropping_nodes(before: &Reports, now: &Reports) -> Vec<Dropping> {
 /// checked.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Budget {
-    /// Cores: the agent process's CPU time and its eBPF programs' time per second.
+    /// Cores: the agent process's CPU time (with its finished children's) and its eBPF programs'
+    /// time per second.
     pub cpu_cores: f64,
     /// Bytes of resident memory of one agent process.
     pub memory_bytes: u64,
@@ -129,7 +130,8 @@ pub struct Budget {
 #[derive(Clone, Debug, PartialEq)]
 pub struct OverBudget {
     pub node: String,
-    /// Cores its agent processes used between their last two samples (`None`: not two samples yet).
+    /// Cores its agent processes used per second from their base sample to their newest (`None`: no
+    /// process has 10 s of samples yet).
     pub cpu_cores: Option<f64>,
     /// The largest resident memory of its agent processes, bytes.
     pub memory_bytes: u64,

@@ -145,10 +145,28 @@ fn cost_samples_span_ten_seconds_and_go_stale() {
     // After a gap, the sample before it is the base.
     samples.advance(&look(&[(7, 60_000)]), 60_000);
     assert_eq!(span(&samples, 60_000), (Some(25_000), Some(60_000)));
-    // No new sample for over a minute (the process stopped, or sends nothing): not judged.
+    // No new sample for over a minute (the process stopped, or sends nothing): not judged, although
+    // every look hands the same sample in again (the ingest keeps each process's last report).
+    samples.advance(&look(&[(7, 60_000)]), 100_000);
+    assert_eq!(
+        span(&samples, 60_000 + COST_SAMPLE_FRESH_MS),
+        (Some(25_000), Some(60_000))
+    );
     assert_eq!(
         span(&samples, 60_000 + COST_SAMPLE_FRESH_MS + 1),
         (None, None)
+    );
+    // A rolling update: the old process's last sample beside the new one's, judged until it is a
+    // minute old, then only the new process.
+    samples.advance(&look(&[(7, 60_000), (9, 61_000)]), 61_000);
+    samples.advance(&look(&[(7, 60_000), (9, 75_000)]), 75_000);
+    assert_eq!(samples.fresh(75_000).1.len(), 2, "both within the minute");
+    samples.advance(&look(&[(7, 60_000), (9, 125_000)]), 125_000);
+    let (bases, latest) = samples.fresh(125_000);
+    assert_eq!(
+        (bases.len(), latest.keys().map(|k| k.1).collect::<Vec<_>>()),
+        (1, vec![9]),
+        "the old process is stale, the new one has its base"
     );
     // A process gone from the reports is forgotten; a new one starts without a base.
     samples.advance(&look(&[(8, 70_000)]), 70_000);
