@@ -149,7 +149,7 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
             Fault::AgentStopped => {
                 let agent = release.agent_pod()?;
                 release.kubectl(&["delete", "pod", &agent, "--wait=false"])?;
-                wait_for_new_agent(&release, &agent)?;
+                wait_for_agent(&release, "a new agent pod to be ready", |p| p.name != agent)?;
                 injected.push("agent stopped (SIGTERM) and replaced".into());
             }
             Fault::LeaderKilled => {
@@ -206,7 +206,9 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
                 wait_for_agent_acknowledged()?;
                 let restarts = restart_count(&release, &agent)?;
                 signal(release.host_pid(&agent, "network-enforcer-agent")?, "KILL")?;
-                wait_for_agent_restart(&release, &agent, restarts)?;
+                wait_for_agent(&release, "the killed agent to restart and be ready", |p| {
+                    p.name == agent && p.restarts > restarts
+                })?;
                 injected.push("agent killed (SIGKILL) once acknowledged, restarted".into());
             }
             Fault::LeaderKilledAfterTheGate => {
@@ -664,64 +666,59 @@ fn wait_for_agent_acknowledged() -> Result<()> {
     )
 }
 
-/// The agent container's restart count in pod `pod`.
-fn restart_count(release: &Release, pod: &str) -> Result<u32> {
+/// An agent pod as the API server has it now.
+struct AgentPod {
+    name: String,
+    /// Its container's restarts.
+    restarts: u32,
+    ready: bool,
+}
+
+/// The release's agent pods.
+fn agent_pods(release: &Release) -> Result<Vec<AgentPod>> {
     let out = release.kubectl(&[
         "get",
-        "pod",
-        pod,
+        "pods",
+        "-l",
+        &release.selector("agent"),
         "-o",
-        "jsonpath={.status.containerStatuses[0].restartCount}",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount} \
+         {.status.containerStatuses[0].ready}{\"\\n\"}{end}",
     ])?;
-    out.trim().parse().context("a restart count")
+    Ok(out
+        .lines()
+        .filter_map(
+            |l| match l.split_whitespace().collect::<Vec<_>>().as_slice() {
+                [name, restarts, ready] => Some(AgentPod {
+                    name: name.to_string(),
+                    restarts: restarts.parse().ok()?,
+                    ready: *ready == "true",
+                }),
+                _ => None,
+            },
+        )
+        .collect())
 }
 
-/// Waits until the agent container of `pod` has restarted after `restarts` and is ready again.
-fn wait_for_agent_restart(release: &Release, pod: &str, restarts: u32) -> Result<()> {
+/// The restarts of agent pod `pod`'s container.
+fn restart_count(release: &Release, pod: &str) -> Result<u32> {
+    agent_pods(release)?
+        .into_iter()
+        .find(|p| p.name == pod)
+        .map(|p| p.restarts)
+        .with_context(|| format!("agent pod {pod}"))
+}
+
+/// Waits until an agent pod `ready` says of is ready.
+fn wait_for_agent(release: &Release, what: &str, ready: impl Fn(&AgentPod) -> bool) -> Result<()> {
     poll(
-        "the killed agent to restart and be ready",
+        what,
         STEP,
         Duration::from_millis(500),
         || {
-            let out = release.kubectl(&[
-                "get",
-                "pod",
-                pod,
-                "-o",
-                "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].ready}",
-            ])?;
-            Ok(
-                match out.split_whitespace().collect::<Vec<_>>().as_slice() {
-                    [count, "true"] => (count.parse::<u32>()? > restarts).then_some(()),
-                    _ => None,
-                },
-            )
-        },
-        || release.describe(),
-    )
-}
-
-/// Waits until an agent pod other than `old` is ready.
-fn wait_for_new_agent(release: &Release, old: &str) -> Result<()> {
-    poll(
-        "a new agent pod to be ready",
-        STEP,
-        Duration::from_millis(500),
-        || {
-            let out = release.kubectl(&[
-                "get",
-                "pods",
-                "-l",
-                &release.selector("agent"),
-                "-o",
-                "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready}{\"\\n\"}{end}",
-            ])?;
-            Ok(out
-                .lines()
-                .any(|l| {
-                    l.split_once(' ')
-                        .is_some_and(|(pod, ready)| pod != old && ready == "true")
-                })
+            Ok(agent_pods(release)?
+                .iter()
+                .any(|p| p.ready && ready(p))
                 .then_some(()))
         },
         || release.describe(),
