@@ -467,7 +467,19 @@ pub fn clear_all(table: &str) -> Result<bool, NftError> {
 }
 
 fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError> {
-    let mut child = Command::new("nft")
+    run_program("nft", args, input, action)
+}
+
+/// Runs `program` (`nft`; a stand-in in tests) with `input` on its stdin. The child is always
+/// waited for, also when writing its input fails (it exited early): an agent that enforces for
+/// months must not collect zombies, and nft's own complaint says more than "broken pipe".
+fn run_program(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[&str],
+    input: Option<&str>,
+    action: &str,
+) -> Result<(), NftError> {
+    let mut child = Command::new(program)
         .args(args)
         .stdin(if input.is_some() {
             Stdio::piped()
@@ -478,18 +490,19 @@ fn run(args: &[&str], input: Option<&str>, action: &str) -> Result<(), NftError>
         .stderr(Stdio::piped())
         .spawn()
         .map_err(NftError::Spawn)?;
-    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(input.as_bytes()).map_err(NftError::Spawn)?;
-    }
+    let written = match (input, child.stdin.take()) {
+        // The pipe closes when `stdin` drops here, so nft sees the end of its input.
+        (Some(input), Some(mut stdin)) => stdin.write_all(input.as_bytes()),
+        _ => Ok(()),
+    };
     let out = child.wait_with_output().map_err(NftError::Spawn)?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NftError::Refused {
+    if !out.status.success() {
+        return Err(NftError::Refused {
             action: action.into(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        });
     }
+    written.map_err(NftError::Spawn)
 }
 
 #[cfg(test)]

@@ -351,3 +351,43 @@ fn table_names_are_checked() {
         assert!(valid_table_name(bad).is_err(), "{bad}");
     }
 }
+
+/// nft that exits before reading its input (a syntax error on the first line, a crash) broke the
+/// pipe under our write: the agent returned "broken pipe" and left the child unreaped, one zombie
+/// per failed sync for the agent's lifetime.
+#[test]
+fn an_nft_that_exits_before_reading_its_input_is_reaped_and_its_complaint_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    // More than a pipe holds, so the write cannot finish before the stand-in exits.
+    let script = "x".repeat(1 << 20);
+    let stand_in = format!(
+        "echo $$ > {}; echo 'Error: syntax error, unexpected x' >&2; exit 1",
+        pid_file.display()
+    );
+    let err = run_program("sh", &["-c", &stand_in], Some(&script), "-f").unwrap_err();
+    match &err {
+        NftError::Refused { action, stderr } => {
+            assert_eq!(action, "-f");
+            assert_eq!(stderr, "Error: syntax error, unexpected x");
+        }
+        other => panic!("nft's complaint was lost: {other}"),
+    }
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc_entry = format!("/proc/{}", pid.trim());
+    assert!(
+        !std::path::Path::new(&proc_entry).exists(),
+        "the exited nft (pid {}) was left a zombie",
+        pid.trim()
+    );
+}
+
+#[test]
+fn nft_gets_its_whole_input_and_success_is_ok() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let stand_in = format!("cat > {}", got.display());
+    let script = "table inet t {}\n".repeat(10_000);
+    run_program("sh", &["-c", &stand_in], Some(&script), "-f").unwrap();
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), script);
+}
