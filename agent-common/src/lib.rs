@@ -35,6 +35,21 @@ pub const UDP_PROGRAMS: [&str; 6] = [
     "udp_recvmsg6",
 ];
 
+/// The programs' LRU hash maps, whose fill the agent reports (a full one evicts its oldest entry):
+/// sockets inside `connect()`, the dedupe's edges, UDP sockets' peers.
+pub const CONNECTING_MAP: &str = "CONNECTING";
+pub const EDGES_MAP: &str = "EDGES";
+pub const UDP_PEERS_MAP: &str = "UDP_PEERS";
+/// Bytes of those maps' keys and values, for user space to walk them (checked in the eBPF crate).
+pub const CONNECTING_KEY_BYTES: usize = 8;
+pub const CONNECTING_VALUE_BYTES: usize = 4;
+pub const EDGE_KEY_BYTES: usize = 40;
+pub const EDGE_VALUE_BYTES: usize = 16;
+pub const UDP_PEER_KEY_BYTES: usize = 32;
+pub const UDP_PEER_VALUE_BYTES: usize = 1;
+/// Default capacity of each of those maps (user space may change it at load time).
+pub const DEFAULT_FLOW_MAP_ENTRIES: u32 = 65_536;
+
 /// Default size of the events ring buffer in bytes (a power of two, a multiple of the page size).
 pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 22;
 
@@ -208,6 +223,17 @@ pub enum Counter {
     DnsRingBufferFull = 3,
     /// A DNS message longer than [`DNS_CAPTURE_BYTES`] was copied cut (user space cannot read it).
     DnsTruncated = 4,
+    /// A new entry went into [`EDGES_MAP`].
+    EdgesInserted = 5,
+    /// A new entry went into [`CONNECTING_MAP`].
+    ConnectingInserted = 6,
+    /// An entry was taken out of [`CONNECTING_MAP`] (its socket left `connect()`).
+    ConnectingRemoved = 7,
+    /// A new entry went into [`UDP_PEERS_MAP`].
+    UdpPeersInserted = 8,
+    /// Not a count: the most unread bytes the events ring buffer held when a program wrote to it,
+    /// per CPU. User space takes the largest over the CPUs and sets it back to 0 after reading.
+    RingBufferPeakBytes = 9,
 }
 
 impl Counter {
@@ -218,11 +244,16 @@ impl Counter {
         Counter::UnknownFamily,
         Counter::DnsRingBufferFull,
         Counter::DnsTruncated,
+        Counter::EdgesInserted,
+        Counter::ConnectingInserted,
+        Counter::ConnectingRemoved,
+        Counter::UdpPeersInserted,
+        Counter::RingBufferPeakBytes,
     ];
 }
 
 /// Number of slots in [`COUNTERS_MAP`].
-pub const COUNTER_SLOTS: u32 = 5;
+pub const COUNTER_SLOTS: u32 = 10;
 
 /// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
 /// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.

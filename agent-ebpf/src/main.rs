@@ -50,8 +50,10 @@ use aya_ebpf::{
     programs::{RawTracePointContext, SockAddrContext},
 };
 use network_enforcer_agent_common::{
-    AF_INET, AF_INET6, COUNTER_SLOTS, Config, Counter, DEFAULT_RING_BUFFER_BYTES, Direction,
-    FlowEvent, IPPROTO_TCP, IPPROTO_UDP, KernelOffsets, Outcome, tcp_state,
+    AF_INET, AF_INET6, CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES, COUNTER_SLOTS, Config,
+    Counter, DEFAULT_FLOW_MAP_ENTRIES, DEFAULT_RING_BUFFER_BYTES, Direction, EDGE_KEY_BYTES,
+    EDGE_VALUE_BYTES, FlowEvent, IPPROTO_TCP, IPPROTO_UDP, KernelOffsets, Outcome,
+    UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, tcp_state,
 };
 
 /// Connection events for user space. User space may resize it at load time.
@@ -73,15 +75,25 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 /// Sockets in SYN_SENT → the process that called `connect()`. LRU so sockets whose CLOSE we never see
 /// age out instead of filling the map.
 #[map(name = "CONNECTING")]
-static CONNECTING: LruHashMap<u64, u32> = LruHashMap::with_max_entries(65_536, 0);
+static CONNECTING: LruHashMap<u64, u32> = LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_ENTRIES, 0);
 
 /// Edge → when it was last reported and how many occurrences were suppressed since (the dedupe).
 #[map(name = "EDGES")]
-static EDGES: LruHashMap<EdgeKey, EdgeState> = LruHashMap::with_max_entries(65_536, 0);
+static EDGES: LruHashMap<EdgeKey, EdgeState> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_ENTRIES, 0);
 
 /// (UDP socket, peer) → the direction of its first datagram, so replies join the request's edge.
 #[map(name = "UDP_PEERS")]
-static UDP_PEERS: LruHashMap<UdpPeerKey, u8> = LruHashMap::with_max_entries(65_536, 0);
+static UDP_PEERS: LruHashMap<UdpPeerKey, u8> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_ENTRIES, 0);
+
+// User space walks these maps by their byte sizes (agent-common).
+const _: () = assert!(core::mem::size_of::<u64>() == CONNECTING_KEY_BYTES);
+const _: () = assert!(core::mem::size_of::<u32>() == CONNECTING_VALUE_BYTES);
+const _: () = assert!(core::mem::size_of::<EdgeKey>() == EDGE_KEY_BYTES);
+const _: () = assert!(core::mem::size_of::<EdgeState>() == EDGE_VALUE_BYTES);
+const _: () = assert!(core::mem::size_of::<UdpPeerKey>() == UDP_PEER_KEY_BYTES);
+const _: () = assert!(core::mem::size_of::<u8>() == UDP_PEER_VALUE_BYTES);
 
 /// Patched by user space at load time (tracepoint layout, kernel offsets, dedupe window).
 #[unsafe(no_mangle)]
@@ -142,6 +154,19 @@ fn count(counter: Counter) {
     }
 }
 
+/// Keeps the most unread bytes this CPU saw in the events ring buffer (user space reads and resets it).
+#[inline(always)]
+fn note_ring_buffer_fill(unread: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(Counter::RingBufferPeakBytes as u32) {
+        // SAFETY: as in `count`.
+        unsafe {
+            if unread > *slot {
+                *slot = unread;
+            }
+        }
+    }
+}
+
 /// Applies the dedupe, then sends the event to user space (or counts it as lost when the ring buffer
 /// is full).
 #[inline(always)]
@@ -185,7 +210,9 @@ fn report(event: &mut FlowEvent, window_ns: u64) {
                     _pad: 0,
                 };
                 // A full LRU evicts its oldest edge, which is then simply reported again later.
-                let _ = EDGES.insert(key, state, 0);
+                if EDGES.insert(key, state, 0).is_ok() {
+                    count(Counter::EdgesInserted);
+                }
             }
         }
     }
@@ -193,6 +220,7 @@ fn report(event: &mut FlowEvent, window_ns: u64) {
     // connects tens of thousands of times a second) costs more than reading the record. The reader
     // also drains the buffer on a short timer, which picks up a quiet node's few records.
     let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
+    note_ring_buffer_fill(waiting);
     let wakeup = if waiting >= WAKEUP_BYTES {
         BPF_RB_FORCE_WAKEUP
     } else {
@@ -300,7 +328,9 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     let Some(outcome) = outcome else {
         // Inside connect(): remember who is connecting. A full LRU evicts the oldest entry.
         let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        let _ = CONNECTING.insert(sk, pid, 0);
+        if CONNECTING.insert(sk, pid, 0).is_ok() {
+            count(Counter::ConnectingInserted);
+        }
         return;
     };
 
@@ -314,7 +344,9 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
         // SAFETY: lookup of a plain u32 value, copied out immediately.
         if let Some(pid) = unsafe { CONNECTING.get(sk) } {
             event.pid = *pid;
-            let _ = CONNECTING.remove(sk);
+            if CONNECTING.remove(sk).is_ok() {
+                count(Counter::ConnectingRemoved);
+            }
         }
     }
     (event.netns_ino, event.cgroup_id) = socket_context(sk, k);
@@ -488,7 +520,9 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
     event.direction = match unsafe { UDP_PEERS.get(peer_key) } {
         Some(first) => *first,
         None => {
-            let _ = UDP_PEERS.insert(peer_key, hook_direction as u8, 0);
+            if UDP_PEERS.insert(peer_key, hook_direction as u8, 0).is_ok() {
+                count(Counter::UdpPeersInserted);
+            }
             hook_direction as u8
         }
     };

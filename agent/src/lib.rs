@@ -38,4 +38,4 @@ pub mod uplink;
 
 pub use error::{Error, Result};
 pub use kernel::events::{ConnectionEvent, Direction, EventReader, Outcome, Protocol};
-pub use kernel::loader::{DataPlane, KernelCounters, LoadOptions};
+pub use kernel::loader::{DataPlane, FlowMap, KernelCounters, LoadOptions, MapFill};

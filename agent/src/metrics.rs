@@ -14,9 +14,9 @@
 
 use crate::enforce::metrics::EnforcementMetrics;
 use crate::identity::pod_watch::PodWatchCounters;
-use crate::kernel::loader::KernelCounters;
 #[cfg(test)]
 use crate::kernel::loader::ProgramCost;
+use crate::kernel::loader::{FlowMap, KernelCounters, MapFill};
 use crate::pipeline::Dropped;
 use crate::uplink::UplinkCounters;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -53,6 +53,11 @@ pub struct AgentMetrics {
     resident_memory: Gauge,
     /// 1 once the eBPF programs are loaded and attached.
     ebpf_attached: Gauge,
+    map_entries: Family<MapLabel, Gauge>,
+    map_capacity: Family<MapLabel, Gauge>,
+    map_evictions: Family<MapLabel, Counter>,
+    ring_buffer_capacity: Gauge,
+    ring_buffer_peak_fill: Gauge<f64, AtomicU64>,
     /// Which optional parts run, for `/readyz`.
     enabled: Arc<Mutex<Enabled>>,
 }
@@ -71,6 +76,11 @@ pub enum DropReason {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProgramLabel {
     program: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapLabel {
+    map: FlowMap,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -258,6 +268,40 @@ impl AgentMetrics {
             "1 once the eBPF programs are loaded and attached",
             ebpf_attached.clone(),
         );
+        let map_entries = Family::<MapLabel, Gauge>::default();
+        registry.register(
+            "ebpf_map_entries",
+            "Entries in each of the kernel programs' LRU maps, sampled about once a minute (a map at \
+             its capacity evicts its oldest entry: raise --flow-map-entries)",
+            map_entries.clone(),
+        );
+        let map_capacity = Family::<MapLabel, Gauge>::default();
+        registry.register(
+            "ebpf_map_capacity",
+            "Capacity of each of the kernel programs' LRU maps",
+            map_capacity.clone(),
+        );
+        let map_evictions = Family::<MapLabel, Counter>::default();
+        registry.register(
+            "ebpf_map_evictions",
+            "Entries the kernel evicted from each LRU map to make room (estimated: put in, neither \
+             taken out nor still there): in connecting a connection's process is lost, in edges an \
+             edge is reported again early, in udp_peers a reply may be taken for a request",
+            map_evictions.clone(),
+        );
+        let ring_buffer_capacity = Gauge::default();
+        registry.register(
+            "ring_buffer_capacity_bytes",
+            "Size of the kernel's events ring buffer",
+            ring_buffer_capacity.clone(),
+        );
+        let ring_buffer_peak_fill = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "ring_buffer_peak_fill_ratio",
+            "The fullest the events ring buffer was between the last two flushes (unread bytes over \
+             its size; at 1 events are lost)",
+            ring_buffer_peak_fill.clone(),
+        );
         let sources = crate::sources::SourceMetrics::default();
         sources.register(&mut registry);
         let enforcement = EnforcementMetrics::default();
@@ -270,6 +314,11 @@ impl AgentMetrics {
             dns_names,
             resident_memory,
             ebpf_attached,
+            map_entries,
+            map_capacity,
+            map_evictions,
+            ring_buffer_capacity,
+            ring_buffer_peak_fill,
             enabled: Arc::default(),
             registry: Arc::new(registry),
             sources,
@@ -483,6 +532,29 @@ impl AgentMetrics {
                 .get_or_create(&label)
                 .inc_by(now.run_ns.saturating_sub(before.run_ns) as f64 / 1e9);
         }
+    }
+
+    /// The fill of the programs' LRU maps, as sampled.
+    pub fn maps(&self, fills: &[MapFill]) {
+        for fill in fills {
+            let label = MapLabel { map: fill.map };
+            self.map_entries
+                .get_or_create(&label)
+                .set(i64::try_from(fill.entries).unwrap_or(i64::MAX));
+            self.map_capacity
+                .get_or_create(&label)
+                .set(i64::from(fill.capacity));
+            // The estimate may dip between samples (see `MapFill::evicted`): the counter only rises.
+            let evictions = self.map_evictions.get_or_create(&label);
+            evictions.inc_by(fill.evicted().saturating_sub(evictions.get()));
+        }
+    }
+
+    /// The events ring buffer's fullest since the last flush (`peak_bytes` unread of `capacity`).
+    pub fn ring_buffer(&self, peak_bytes: u64, capacity: u32) {
+        self.ring_buffer_capacity.set(i64::from(capacity));
+        self.ring_buffer_peak_fill
+            .set((peak_bytes as f64 / f64::from(capacity.max(1))).min(1.0));
     }
 
     /// Brings the DNS counters up to the cumulative figures of the tracker, the pipeline and the
@@ -762,6 +834,20 @@ mod tests {
         m.kernel(&first, &second);
         m.events_read(3);
         m.flushed(4, 1);
+        let fill = |map, entries, inserted, removed| MapFill {
+            map,
+            entries,
+            capacity: 100,
+            inserted,
+            removed,
+        };
+        m.maps(&[
+            fill(FlowMap::connecting, 10, 50, 30),
+            fill(FlowMap::edges, 100, 150, 0),
+        ]);
+        // A later sample whose estimate dips (a walk that ended early) leaves the counter as it was.
+        m.maps(&[fill(FlowMap::edges, 100, 140, 0)]);
+        m.ring_buffer(1024, 4096);
         // The uplink task gets clones of the registered counters.
         let uplink = m.uplink();
         uplink.batches_acked.inc_by(2);
@@ -781,6 +867,12 @@ mod tests {
             "network_enforcer_agent_uplink_batches_acked_total 2",
             "network_enforcer_agent_uplink_batches_dropped_total 0",
             "network_enforcer_agent_uplink_pending_batches 3",
+            "network_enforcer_agent_ebpf_map_entries{map=\"connecting\"} 10",
+            "network_enforcer_agent_ebpf_map_capacity{map=\"edges\"} 100",
+            "network_enforcer_agent_ebpf_map_evictions_total{map=\"connecting\"} 10",
+            "network_enforcer_agent_ebpf_map_evictions_total{map=\"edges\"} 50",
+            "network_enforcer_agent_ring_buffer_capacity_bytes 4096",
+            "network_enforcer_agent_ring_buffer_peak_fill_ratio 0.25",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

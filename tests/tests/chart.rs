@@ -731,6 +731,7 @@ fn agent_has_exactly_its_capabilities_and_mounts() {
     assert_eq!(env_value(agent, "NE_FLUSH_SECONDS"), "10");
     assert_eq!(env_value(agent, "NE_DEDUPE_SECONDS"), "5");
     assert!(env(agent, "NE_RING_BUFFER_BYTES").is_none());
+    assert!(env(agent, "NE_FLOW_MAP_ENTRIES").is_none());
     assert_eq!(agent["ports"][0]["containerPort"], 9464);
     assert_eq!(env_value(agent, "NE_METRICS_PORT"), "9464");
 
@@ -748,12 +749,14 @@ fn agent_values_reach_its_env_and_privileges() {
         "agent.flushIntervalSeconds=3",
         "agent.dedupeSeconds=0",
         "agent.ringBufferBytes=1048576",
+        "agent.flowMapEntries=262144",
         "agent.extraCapabilities[0]=SYS_PTRACE",
     ]);
     let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
     assert_eq!(env_value(agent, "NE_FLUSH_SECONDS"), "3");
     assert_eq!(env_value(agent, "NE_DEDUPE_SECONDS"), "0");
     assert_eq!(env_value(agent, "NE_RING_BUFFER_BYTES"), "1048576");
+    assert_eq!(env_value(agent, "NE_FLOW_MAP_ENTRIES"), "262144");
     assert_eq!(
         strings(&agent["securityContext"]["capabilities"]["add"]),
         ["BPF", "PERFMON", "NET_ADMIN", "SYS_PTRACE"]

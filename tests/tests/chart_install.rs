@@ -59,6 +59,18 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         metric(&metrics, "network_enforcer_agent_decode_errors_total") == Some(0.0),
         "the agent could not decode kernel records:\n{metrics}"
     );
+    // The fill of the kernel's buffers is sampled at the agent's first flush.
+    let capacity = r#"network_enforcer_agent_ebpf_map_capacity{map="edges"}"#;
+    poll(
+        "the agent to report its eBPF maps' fill",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let text = http_get(&format!("127.0.0.1:{METRICS_PORT}"), "/metrics")?;
+            Ok((metric(&text, capacity) == Some(65536.0)).then_some(()))
+        },
+        || release.describe(),
+    )?;
     // The operator's view of the agent's cost and health, from inside its pod.
     let status = release.exec_agent(&["network-enforcer-agent", "status", "--sample", "2s"])?;
     for expected in [
@@ -67,6 +79,11 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         "PROGRAM",
         "inet_sock_set_state",
         "memory: ",
+        "ring buffer: ",
+        "of 4096 KiB",
+        "map edges: ",
+        "map connecting: ",
+        "map udp_peers: ",
     ] {
         ensure!(
             status.contains(expected),

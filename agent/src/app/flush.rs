@@ -13,9 +13,15 @@ use anyhow::Result;
 use network_enforcer_api::uplink::AgentHealth;
 use std::sync::Arc;
 
+/// How often the fill of the programs' LRU maps is sampled: walking a full map costs a syscall per
+/// entry (tens of milliseconds), and maps fill over minutes, not seconds.
+const MAP_FILL_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The counters as the last flush read them: each flush reports what changed since.
 pub struct Report {
     metrics: AgentMetrics,
+    /// When the maps' fill was last sampled.
+    maps_sampled: Option<std::time::Instant>,
     kernel_before: KernelCounters,
     decode_errors_before: u64,
     dns_decode_errors_before: u64,
@@ -29,6 +35,7 @@ impl Report {
     pub fn new(metrics: AgentMetrics) -> Self {
         Self {
             metrics,
+            maps_sampled: None,
             kernel_before: KernelCounters::default(),
             decode_errors_before: 0,
             dns_decode_errors_before: 0,
@@ -64,6 +71,7 @@ impl Report {
         self.health.events_lost = counters.ring_buffer_full;
         self.health.dns_lost = counters.dns_ring_buffer_full;
         self.cost(&counters);
+        self.fill(data_plane, &counters);
         self.health.events_dropped = self
             .health
             .events_dropped
@@ -118,6 +126,44 @@ impl Report {
 }
 
 impl Report {
+    /// How full the ring buffer came to be since the last flush, and (now and then) the maps. Not
+    /// reading them is reported, not fatal: the data path works on.
+    fn fill(&mut self, data_plane: &DataPlane, counters: &KernelCounters) {
+        match data_plane.take_ring_buffer_peak() {
+            Ok(peak) => self
+                .metrics
+                .ring_buffer(peak, data_plane.ring_buffer_bytes()),
+            Err(error) => tracing::warn!(%error, "could not read the ring buffer's fill"),
+        }
+        if self
+            .maps_sampled
+            .is_some_and(|at| at.elapsed() < MAP_FILL_EVERY)
+        {
+            return;
+        }
+        self.maps_sampled = Some(std::time::Instant::now());
+        // The walk blocks for a moment: on the agent's multi-threaded runtime, let it move other
+        // tasks off this thread (a current-thread runtime, as in tests, cannot).
+        let walk = || data_plane.map_fill(counters);
+        let multi_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let fills = if multi_threaded {
+            tokio::task::block_in_place(walk)
+        } else {
+            walk()
+        };
+        match fills {
+            Ok(fills) => {
+                for full in fills.iter().filter(|f| f.entries >= u64::from(f.capacity)) {
+                    tracing::warn!(map = ?full.map, capacity = full.capacity, evicted = full.evicted(),
+                        "an eBPF map is full and evicts its oldest entries: raise --flow-map-entries");
+                }
+                self.metrics.maps(&fills);
+            }
+            Err(error) => tracing::warn!(%error, "could not read the eBPF maps' fill"),
+        }
+    }
+
     /// What the agent costs its node now, for the controller's budget check (docs/behaviour.md §3.12).
     fn cost(&mut self, counters: &KernelCounters) {
         // Monotonic: only differences of this process's samples are used, and a wall clock stepped

@@ -82,6 +82,11 @@ pub struct KernelArgs {
     /// Size of the kernel's events ring buffer in bytes (a power of two, a multiple of the page size).
     #[arg(long, env = "NE_RING_BUFFER_BYTES")]
     ring_buffer_bytes: Option<u32>,
+    /// Capacity of each of the kernel programs' LRU maps (sockets inside connect(), the dedupe's
+    /// edges, UDP peers; default 65,536). A full map evicts its oldest entry: raise it when
+    /// `status` or `ebpf_map_entries` shows a map at its capacity.
+    #[arg(long, env = "NE_FLOW_MAP_ENTRIES", value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
+    flow_map_entries: Option<u32>,
     /// The kernel reports the same edge at most once per this many seconds (0: report every event).
     #[arg(long, default_value_t = 5, env = "NE_DEDUPE_SECONDS")]
     dedupe_seconds: u64,
@@ -98,6 +103,7 @@ impl KernelArgs {
             dedupe_window: Duration::from_secs(self.dedupe_seconds),
             cgroup: None,
             dns: !self.no_dns_names,
+            flow_map_entries: self.flow_map_entries,
         }
     }
 }

@@ -84,6 +84,16 @@ pub struct ProgramRow {
     pub cpu_percent: f64,
 }
 
+/// One of the programs' LRU maps, as the agent last sampled it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MapRow {
+    pub map: String,
+    pub entries: f64,
+    pub capacity: f64,
+    /// Evicted to make room over the sample (estimated by the agent).
+    pub evictions: f64,
+}
+
 /// Whether the kernel kept BPF statistics during the sample.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -111,6 +121,10 @@ pub struct Report {
     pub events_lost: f64,
     /// Dropped over the sample at the per-pod and per-node caps of new edges.
     pub events_dropped: f64,
+    /// The fullest the events ring buffer was between the agent's last two flushes (0 to 1).
+    pub ring_buffer_peak_fill: f64,
+    pub ring_buffer_bytes: f64,
+    pub maps: Vec<MapRow>,
     pub edges_per_sec: f64,
     pub unattributed_edges_per_sec: f64,
     pub uplink_connected: bool,
@@ -177,6 +191,21 @@ impl Report {
             (sum(after) - sum(before)).max(0.0)
         };
         let dropped = family("events_dropped_total", "reason");
+        let evictions_after = after.by_label("ebpf_map_evictions_total", "map");
+        let evictions_before = before.by_label("ebpf_map_evictions_total", "map");
+        let capacity = after.by_label("ebpf_map_capacity", "map");
+        let maps = after
+            .by_label("ebpf_map_entries", "map")
+            .into_iter()
+            .map(|(map, entries)| MapRow {
+                capacity: capacity.get(&map).copied().unwrap_or(0.0),
+                evictions: (evictions_after.get(&map).copied().unwrap_or(0.0)
+                    - evictions_before.get(&map).copied().unwrap_or(0.0))
+                .max(0.0),
+                map,
+                entries,
+            })
+            .collect();
         let dns_messages = family("dns_messages_total", "outcome") / seconds;
         let denied = family("enforcement_denied_total", "direction") / seconds;
         Report {
@@ -189,6 +218,9 @@ impl Report {
             events_per_sec: rate("events_total"),
             events_lost: delta("events_lost_total"),
             events_dropped: dropped,
+            ring_buffer_peak_fill: after.get("ring_buffer_peak_fill_ratio"),
+            ring_buffer_bytes: after.get("ring_buffer_capacity_bytes"),
+            maps,
             edges_per_sec: rate("edges_total"),
             unattributed_edges_per_sec: rate("unattributed_edges_total"),
             uplink_connected: after.get("uplink_connected") == 1.0,
@@ -257,6 +289,28 @@ impl Report {
             "events: {:.1}/s read, {} lost (ring buffer full), {} dropped at the edge caps",
             self.events_per_sec, self.events_lost, self.events_dropped
         );
+        let _ = writeln!(
+            out,
+            "ring buffer: {:.0}% full at its fullest since the last flush, of {:.0} KiB",
+            self.ring_buffer_peak_fill * 100.0,
+            self.ring_buffer_bytes / 1024.0
+        );
+        for m in &self.maps {
+            let full = if m.capacity > 0.0 && m.entries >= m.capacity {
+                " FULL (raise --flow-map-entries)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "map {}: {} of {} entries ({:.0}%), {} evicted in the sample{full}",
+                m.map,
+                m.entries,
+                m.capacity,
+                m.entries / m.capacity.max(1.0) * 100.0,
+                m.evictions
+            );
+        }
         let _ = writeln!(
             out,
             "edges: {:.2}/s flushed, {:.2}/s of no known pod",
@@ -386,6 +440,14 @@ network_enforcer_agent_uplink_connected 1
 network_enforcer_agent_uplink_batches_sent_total 7
 network_enforcer_agent_enforcement_in_sync 1
 network_enforcer_agent_resident_memory_bytes 1048576
+network_enforcer_agent_ring_buffer_peak_fill_ratio 0.5
+network_enforcer_agent_ring_buffer_capacity_bytes 4194304
+network_enforcer_agent_ebpf_map_entries{map="edges"} 65536
+network_enforcer_agent_ebpf_map_capacity{map="edges"} 65536
+network_enforcer_agent_ebpf_map_evictions_total{map="edges"} 100
+network_enforcer_agent_ebpf_map_entries{map="connecting"} 12
+network_enforcer_agent_ebpf_map_capacity{map="connecting"} 65536
+network_enforcer_agent_ebpf_map_evictions_total{map="connecting"} 0
 other_metric 5
 "#;
 
@@ -403,6 +465,10 @@ other_metric 5
             )
             .replace("{reason=\"pod_cap\"} 1", "{reason=\"pod_cap\"} 4")
             .replace("batches_sent_total 7", "batches_sent_total 9")
+            .replace(
+                "evictions_total{map=\"edges\"} 100",
+                "evictions_total{map=\"edges\"} 350",
+            )
             .replace(
                 "resident_memory_bytes 1048576",
                 "resident_memory_bytes 47185920",
@@ -428,6 +494,12 @@ other_metric 5
         assert!(report.uplink_connected);
         assert_eq!(report.enforcement_in_sync, Some(true));
         assert_eq!(report.resident_memory_bytes, 47185920.0);
+        assert_eq!(report.ring_buffer_peak_fill, 0.5);
+        let edges = report.maps.iter().find(|m| m.map == "edges").unwrap();
+        assert_eq!(
+            (edges.entries, edges.capacity, edges.evictions),
+            (65536.0, 65536.0, 250.0)
+        );
         let tcp = &report.programs[0];
         assert_eq!(tcp.program, "inet_sock_set_state");
         assert_eq!(tcp.runs_per_sec, 1000.0);
@@ -448,6 +520,9 @@ other_metric 5
             "events: 100.0/s read, 1 lost (ring buffer full), 3 dropped at the edge caps",
             "enforcement: in sync",
             "memory: 45.0 MiB resident",
+            "ring buffer: 50% full at its fullest since the last flush, of 4096 KiB",
+            "map connecting: 12 of 65536 entries (0%), 0 evicted in the sample\n",
+            "map edges: 65536 of 65536 entries (100%), 250 evicted in the sample FULL (raise --flow-map-entries)",
         ] {
             assert!(table.contains(line), "{line:?} in\n{table}");
         }

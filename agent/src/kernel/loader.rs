@@ -6,17 +6,20 @@ use crate::kernel::btf::Btf;
 use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::events::EventReader;
 use crate::kernel::host;
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{
     CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
 };
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
-    CONFIG_GLOBAL, COUNTERS_MAP, Config, Counter, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP,
-    DNS_QUERY_PROGRAM, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM, UDP_PROGRAMS,
+    CONFIG_GLOBAL, CONNECTING_KEY_BYTES, CONNECTING_MAP, CONNECTING_VALUE_BYTES, COUNTERS_MAP,
+    Config, Counter, DEFAULT_RING_BUFFER_BYTES, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP,
+    DNS_QUERY_PROGRAM, EDGE_KEY_BYTES, EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets,
+    TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The kernel programs, compiled by `build.rs` from the `agent-ebpf` crate.
@@ -35,6 +38,9 @@ pub struct LoadOptions {
     pub cgroup: Option<std::path::PathBuf>,
     /// Copy the pods' DNS messages (for the names of outside peers); off: no DNS program is attached.
     pub dns: bool,
+    /// Capacity of each of the programs' LRU maps ([`FlowMap`]); `None` keeps the compiled-in
+    /// 65,536. A full map evicts its oldest entry: raise it when `status` shows a map full.
+    pub flow_map_entries: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -44,6 +50,7 @@ impl Default for LoadOptions {
             dedupe_window: Duration::from_secs(5),
             cgroup: None,
             dns: true,
+            flow_map_entries: None,
         }
     }
 }
@@ -63,6 +70,65 @@ fn kernel_offsets() -> Result<KernelOffsets> {
 /// The loaded and attached kernel programs. Dropping it detaches and unloads them.
 pub struct DataPlane {
     ebpf: Ebpf,
+    /// The events ring buffer's size (its map is handed to the reader).
+    ring_buffer_bytes: u32,
+    /// The counters, taken out of `ebpf` to be written too (the ring buffer's peak is set back to 0
+    /// after each reading). A second handle by the map's id would need CAP_SYS_ADMIN.
+    counters: Mutex<PerCpuArray<MapData, u64>>,
+}
+
+/// The programs' LRU hash maps (`ebpf_map_*{map}` on `/metrics`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(non_camel_case_types)]
+pub enum FlowMap {
+    /// TCP sockets inside `connect()`, for the process that connects.
+    connecting,
+    /// Edges reported within the dedupe window.
+    edges,
+    /// UDP sockets' peers, so that replies join the request's edge.
+    udp_peers,
+}
+
+impl FlowMap {
+    pub const ALL: [FlowMap; 3] = [FlowMap::connecting, FlowMap::edges, FlowMap::udp_peers];
+
+    fn map_name(self) -> &'static str {
+        match self {
+            FlowMap::connecting => CONNECTING_MAP,
+            FlowMap::edges => EDGES_MAP,
+            FlowMap::udp_peers => UDP_PEERS_MAP,
+        }
+    }
+}
+
+/// How full one of the [`FlowMap`]s is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapFill {
+    pub map: FlowMap,
+    /// Entries now (counted by walking the map's keys).
+    pub entries: u64,
+    pub capacity: u32,
+    /// Entries the programs put in and took out since they were loaded.
+    pub inserted: u64,
+    pub removed: u64,
+}
+
+impl MapFill {
+    /// Entries the kernel evicted to make room since the programs were loaded: what went in and
+    /// neither came out nor is still there. An estimate: the counters and the walk are not one
+    /// instant, and a key written twice counts twice.
+    pub fn evicted(&self) -> u64 {
+        self.inserted
+            .saturating_sub(self.removed)
+            .saturating_sub(self.entries)
+    }
+
+    /// Entries over capacity (a full LRU map evicts).
+    pub fn ratio(&self) -> f64 {
+        self.entries as f64 / f64::from(self.capacity.max(1))
+    }
 }
 
 /// The kernel-side counters, summed over all CPUs.
@@ -78,6 +144,11 @@ pub struct KernelCounters {
     pub dns_ring_buffer_full: u64,
     /// DNS messages longer than the kernel copies (user space cannot read them).
     pub dns_truncated: u64,
+    /// Entries the programs put into and took out of their LRU maps ([`MapFill`]).
+    pub edges_inserted: u64,
+    pub connecting_inserted: u64,
+    pub connecting_removed: u64,
+    pub udp_peers_inserted: u64,
     /// Per program, by its name (`inet_sock_set_state`, `udp_sendmsg4`, ...): its runs and the time the
     /// kernel spent in it. Both stay 0 unless the kernel keeps BPF statistics (`sysctl
     /// kernel.bpf_stats_enabled=1`): they are what the agent costs inside the kernel
@@ -123,7 +194,23 @@ impl DataPlane {
         if let Some(bytes) = options.ring_buffer_bytes {
             loader.map_max_entries(EVENTS_MAP, bytes);
         }
+        if let Some(entries) = options.flow_map_entries {
+            for map in FlowMap::ALL {
+                loader.map_max_entries(map.map_name(), entries);
+            }
+        }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
+        let counters = ebpf.take_map(COUNTERS_MAP).ok_or(Error::Missing {
+            kind: "map",
+            name: COUNTERS_MAP,
+        })?;
+        let counters =
+            Mutex::new(
+                PerCpuArray::try_from(counters).map_err(|source| Error::Map {
+                    map: COUNTERS_MAP,
+                    source,
+                })?,
+            );
 
         let program: &mut RawTracePoint = ebpf
             .program_mut(TCP_STATE_PROGRAM)
@@ -212,7 +299,13 @@ impl DataPlane {
             "eBPF programs attached: raw tracepoint inet_sock_set_state, UDP sock_addr hooks, \
              DNS cgroup skb hooks (when dns)"
         );
-        Ok(Self { ebpf })
+        Ok(Self {
+            ebpf,
+            ring_buffer_bytes: options
+                .ring_buffer_bytes
+                .unwrap_or(DEFAULT_RING_BUFFER_BYTES),
+            counters,
+        })
     }
 
     /// Takes the reader of the events ring buffer (once; later calls fail with [`Error::Missing`]).
@@ -250,15 +343,7 @@ impl DataPlane {
 
     /// Reads the kernel-side counters.
     pub fn counters(&self) -> Result<KernelCounters> {
-        let map = self.ebpf.map(COUNTERS_MAP).ok_or(Error::Missing {
-            kind: "map",
-            name: COUNTERS_MAP,
-        })?;
-        let array: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|source| Error::Map {
-                map: COUNTERS_MAP,
-                source,
-            })?;
+        let array = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         let sum = |counter: Counter| -> Result<u64> {
             let values = array
                 .get(&(counter as u32), 0)
@@ -287,7 +372,114 @@ impl DataPlane {
             unknown_family: sum(Counter::UnknownFamily)?,
             dns_ring_buffer_full: sum(Counter::DnsRingBufferFull)?,
             dns_truncated: sum(Counter::DnsTruncated)?,
+            edges_inserted: sum(Counter::EdgesInserted)?,
+            connecting_inserted: sum(Counter::ConnectingInserted)?,
+            connecting_removed: sum(Counter::ConnectingRemoved)?,
+            udp_peers_inserted: sum(Counter::UdpPeersInserted)?,
             programs,
         })
     }
+
+    /// The events ring buffer's size in bytes.
+    pub fn ring_buffer_bytes(&self) -> u32 {
+        self.ring_buffer_bytes
+    }
+
+    /// The most unread bytes the events ring buffer held since the last call (or the load): how
+    /// close the node came to losing events. Sets the peak back to 0.
+    pub fn take_ring_buffer_peak(&self) -> Result<u64> {
+        let slot = Counter::RingBufferPeakBytes as u32;
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let map_error = |source| Error::Map {
+            map: COUNTERS_MAP,
+            source,
+        };
+        let peak = counters
+            .get(&slot, 0)
+            .map_err(map_error)?
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        // A program raising its CPU's peak between the read and this write loses that raise: the
+        // next reading starts lower, never higher, than the truth.
+        let zeros = aya::util::nr_cpus()
+            .map_err(|(_, source)| Error::Map {
+                map: COUNTERS_MAP,
+                source: aya::maps::MapError::IoError(source),
+            })
+            .and_then(|cpus| {
+                PerCpuValues::try_from(vec![0u64; cpus]).map_err(|e| Error::Map {
+                    map: COUNTERS_MAP,
+                    source: aya::maps::MapError::IoError(e),
+                })
+            })?;
+        counters.set(slot, zeros, 0).map_err(map_error)?;
+        Ok(peak)
+    }
+
+    /// How full each of the programs' LRU maps is, with `counters` (read just before) for what went
+    /// in and out. Walks every key: a syscall per entry, up to a few tens of milliseconds for a full
+    /// map, so callers sample it rarely.
+    pub fn map_fill(&self, counters: &KernelCounters) -> Result<Vec<MapFill>> {
+        FlowMap::ALL
+            .into_iter()
+            .map(|map| {
+                let name = map.map_name();
+                let data = self
+                    .ebpf
+                    .map(name)
+                    .ok_or(Error::Missing { kind: "map", name })?;
+                let map_error = |source| Error::Map { map: name, source };
+                let capacity = match data {
+                    Map::LruHashMap(data) => data.info().map_err(map_error)?.max_entries(),
+                    _ => {
+                        return Err(Error::Missing {
+                            kind: "LRU hash map",
+                            name,
+                        });
+                    }
+                };
+                let entries = match map {
+                    FlowMap::connecting => {
+                        count_keys::<CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES>(data)
+                    }
+                    FlowMap::edges => count_keys::<EDGE_KEY_BYTES, EDGE_VALUE_BYTES>(data),
+                    FlowMap::udp_peers => {
+                        count_keys::<UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES>(data)
+                    }
+                }
+                .map_err(map_error)?;
+                let (inserted, removed) = match map {
+                    FlowMap::connecting => {
+                        (counters.connecting_inserted, counters.connecting_removed)
+                    }
+                    FlowMap::edges => (counters.edges_inserted, 0),
+                    FlowMap::udp_peers => (counters.udp_peers_inserted, 0),
+                };
+                Ok(MapFill {
+                    map,
+                    entries,
+                    capacity,
+                    inserted,
+                    removed,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Entries of a hash map whose keys are `K` bytes and values `V` bytes. A key evicted or deleted
+/// during the walk ends it early (the kernel restarts from the first key, which would count some
+/// twice): the count is then a little low, never high.
+fn count_keys<const K: usize, const V: usize>(
+    map: &Map,
+) -> std::result::Result<u64, aya::maps::MapError> {
+    let map: HashMap<&MapData, [u8; K], [u8; V]> = HashMap::try_from(map)?;
+    let mut entries = 0;
+    for key in map.keys() {
+        key?;
+        entries += 1;
+    }
+    Ok(entries)
 }
