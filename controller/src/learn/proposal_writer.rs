@@ -41,8 +41,10 @@ const CONFLICT_RETRIES: usize = 3;
 pub const MAX_PROPOSAL_BYTES: usize = 1024 * 1024;
 
 /// Whether the API server refused a write for what it holds (invalid, or too large), or holds a
-/// proposal this build cannot read (a newer release's values): writing the same edges again cannot
-/// succeed, so they are dropped (and reported) instead of holding up every agent's acknowledgements.
+/// proposal (or a policy of its name) this build cannot read (a newer release's values): writing the
+/// same edges again cannot succeed, so they are dropped (and reported) instead of holding up every
+/// agent's acknowledgements. (A write whose answer alone does not decode happened: [`ProposalWriter::write`]
+/// counts it written.)
 pub fn refused_for_good(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(e) if matches!(e.code, 400 | 413 | 422))
         || matches!(error, kube::Error::SerdeError(_))
@@ -395,9 +397,22 @@ impl ProposalWriter {
                         "peerCount": learn::peer_count(&desired.spec),
                         "lastLearnedTime": Time(k8s_openapi::jiff::Timestamp::now()),
                     }});
-                    proposals
+                    match proposals
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                        .await?;
+                        .await
+                    {
+                        // Patched; only the answer does not decode (see below).
+                        Ok(_) | Err(kube::Error::SerdeError(_)) => return Ok(()),
+                        Err(e) => return Err(e),
+                    }
+                }
+                // The API server took the write and answered with an object this build cannot
+                // read (a newer release's values in it): the edges are in, not refused.
+                Err(kube::Error::SerdeError(error)) => {
+                    tracing::warn!(proposal = %name, namespace = %ns, %error,
+                        "proposal written; the API server's answer does not decode");
+                    report.written += 1;
+                    report.created += usize::from(created);
                     return Ok(());
                 }
                 // Changed or deleted since it was read (409; 404 would also mean deleted): read it
@@ -419,5 +434,85 @@ impl ProposalWriter {
             .with_code(409)
             .boxed(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::index::{FlowEnd, WorkloadEndpoint};
+    use network_enforcer_api::{Direction, WorkloadKind};
+    use std::sync::Mutex;
+
+    /// A stand-in API server that holds no proposal and no policy, takes every write, and answers
+    /// each with the object as a newer release would hold it (a backend this build does not know).
+    async fn api_answering_newer_objects() -> (Client, Arc<Mutex<Vec<String>>>) {
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let router = axum::Router::new().fallback(
+            move |method: http::Method, uri: http::Uri, body: bytes::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock()
+                        .unwrap()
+                        .push(format!("{method} {}", uri.path()));
+                    let json = [(http::header::CONTENT_TYPE, "application/json")];
+                    if method == http::Method::GET {
+                        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "NotFound", "code": 404});
+                        return (http::StatusCode::NOT_FOUND, json, status.to_string());
+                    }
+                    let mut object: serde_json::Value = match method {
+                        http::Method::POST => serde_json::from_slice(&body).unwrap(),
+                        _ => serde_json::json!({
+                            "apiVersion": "network-enforcer.kubewarden.io/v1alpha1",
+                            "kind": "WorkloadNetworkPolicyProposal",
+                            "metadata": {"name": "deployment-api-egress", "namespace": "shop"},
+                            "spec": {}}),
+                    };
+                    object["spec"]["backend"] = "a-backend-of-a-newer-release".into();
+                    (http::StatusCode::CREATED, json, object.to_string())
+                }
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        (Client::try_from(config).unwrap(), requests)
+    }
+
+    /// A write the API server took is written, though its answer does not decode: its edges are in
+    /// the proposal, and reporting them refused (dropped) would tell the user they were lost.
+    #[tokio::test]
+    async fn a_write_whose_answer_does_not_decode_is_counted_written_not_refused() {
+        let (client, requests) = api_answering_newer_objects().await;
+        let writer = ProposalWriter::new(client, Backend::Kubernetes);
+        let target = Target {
+            workload: Arc::new(WorkloadEndpoint {
+                namespace: "shop".into(),
+                kind: Some(WorkloadKind::Deployment),
+                name: "api".into(),
+                ..WorkloadEndpoint::default()
+            }),
+            kind: WorkloadKind::Deployment,
+            direction: Direction::Egress,
+        };
+        let edges = [Edge::Kubernetes {
+            peer: FlowEnd::External("192.0.2.7".parse().unwrap()),
+            protocol: Protocol::TCP,
+            port: 443,
+        }];
+        let mut report = FlushReport::default();
+        let result = writer
+            .write(&target, &edges, (&BTreeMap::new(), 0), &mut report)
+            .await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!((report.written, report.created), (1, 1), "{report:?}");
+        let requests = requests.lock().unwrap();
+        assert!(
+            requests.iter().any(|r| r.starts_with("POST ")),
+            "{requests:?}"
+        );
     }
 }

@@ -79,7 +79,8 @@ pub async fn reconcile(
                     if let Err(kube::Error::SerdeError(error)) = policies.get(&name).await {
                         let message = format!(
                             "a WorkloadNetworkPolicy {name} exists that this controller cannot read \
-                             ({error}); fix or delete it, then promote again"
+                             ({}); fix or delete it, then promote again",
+                            what_not_where(&error)
                         );
                         refuse(&ctx, &proposal, "PolicyUnreadable", message).await?;
                         return Ok(Action::requeue(Duration::from_secs(300)));
@@ -148,6 +149,16 @@ async fn delete(api: &kube::Api<WorkloadNetworkPolicyProposal>, name: &str) -> R
 
 /// Reports a refused promotion as a Warning Event and a `Promoted=False` condition (written only when
 /// it changes, so a proposal left in this state does not produce a write per resync).
+/// What a decode error says, without where in the document ("at line 1 column 345"): the position
+/// moves with unrelated bytes of the object, and a changed message is a new condition and Event.
+fn what_not_where(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    match text.rfind(" at line ") {
+        Some(at) if error.line() > 0 => text[..at].to_string(),
+        _ => text,
+    }
+}
+
 async fn refuse(
     ctx: &Context,
     proposal: &WorkloadNetworkPolicyProposal,
@@ -185,4 +196,38 @@ async fn refuse(
         )
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_error_is_told_without_its_position() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        enum Mode {
+            Monitor,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Spec {
+            note: String,
+            mode: Mode,
+        }
+        let error = |json: &str| serde_json::from_str::<Spec>(json).unwrap_err();
+        let short = error(r#"{"note": "a", "mode": "Enforce"}"#);
+        let long = error(r#"{"note": "a much longer note", "mode": "Enforce"}"#);
+        assert_ne!(
+            short.to_string(),
+            long.to_string(),
+            "serde tells the column"
+        );
+        assert_eq!(what_not_where(&short), what_not_where(&long));
+        assert!(
+            what_not_where(&short).starts_with("unknown variant `Enforce`"),
+            "{}",
+            what_not_where(&short)
+        );
+    }
 }
