@@ -65,6 +65,11 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 /// `bpf_ringbuf_submit` flags: do not notify the reader, or notify it now.
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
+/// `bpf_map_update_elem` flags: only a new key, or only an existing one.
+const BPF_NOEXIST: u64 = 1;
+const BPF_EXIST: u64 = 2;
+/// What one event takes in the ring buffer: its 8-byte record header and the event, 8-aligned.
+const RECORD_BYTES: u64 = (8 + core::mem::size_of::<FlowEvent>() as u64).next_multiple_of(8);
 /// Unread bytes (64 records) from which a submit wakes the reader.
 const WAKEUP_BYTES: u64 = 64 * core::mem::size_of::<FlowEvent>() as u64;
 
@@ -210,7 +215,8 @@ fn report(event: &mut FlowEvent, window_ns: u64) {
                     _pad: 0,
                 };
                 // A full LRU evicts its oldest edge, which is then simply reported again later.
-                if EDGES.insert(key, state, 0).is_ok() {
+                // Only a new key counts: another CPU may have put the same edge in meanwhile.
+                if EDGES.insert(key, state, BPF_NOEXIST).is_ok() {
                     count(Counter::EdgesInserted);
                 }
             }
@@ -220,7 +226,8 @@ fn report(event: &mut FlowEvent, window_ns: u64) {
     // connects tens of thousands of times a second) costs more than reading the record. The reader
     // also drains the buffer on a short timer, which picks up a quiet node's few records.
     let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
-    note_ring_buffer_fill(waiting);
+    // With this event's record: a buffer this fills is full (and the next event lost).
+    note_ring_buffer_fill(waiting + RECORD_BYTES);
     let wakeup = if waiting >= WAKEUP_BYTES {
         BPF_RB_FORCE_WAKEUP
     } else {
@@ -328,8 +335,12 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     let Some(outcome) = outcome else {
         // Inside connect(): remember who is connecting. A full LRU evicts the oldest entry.
         let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if CONNECTING.insert(sk, pid, 0).is_ok() {
+        // Counted only as a new key (the evictions are estimated from it); a socket address
+        // reused before its entry left gets the new process.
+        if CONNECTING.insert(sk, pid, BPF_NOEXIST).is_ok() {
             count(Counter::ConnectingInserted);
+        } else {
+            let _ = CONNECTING.insert(sk, pid, BPF_EXIST);
         }
         return;
     };
@@ -520,7 +531,10 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
     event.direction = match unsafe { UDP_PEERS.get(peer_key) } {
         Some(first) => *first,
         None => {
-            if UDP_PEERS.insert(peer_key, hook_direction as u8, 0).is_ok() {
+            if UDP_PEERS
+                .insert(peer_key, hook_direction as u8, BPF_NOEXIST)
+                .is_ok()
+            {
                 count(Counter::UdpPeersInserted);
             }
             hook_direction as u8

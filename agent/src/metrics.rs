@@ -271,8 +271,7 @@ impl AgentMetrics {
         let map_entries = Family::<MapLabel, Gauge>::default();
         registry.register(
             "ebpf_map_entries",
-            "Entries in each of the kernel programs' LRU maps, sampled about once a minute (a map at \
-             its capacity evicts its oldest entry: raise --flow-map-entries)",
+            "Entries in each of the kernel programs' LRU maps, sampled about once a minute",
             map_entries.clone(),
         );
         let map_capacity = Family::<MapLabel, Gauge>::default();
@@ -285,8 +284,9 @@ impl AgentMetrics {
         registry.register(
             "ebpf_map_evictions",
             "Entries the kernel evicted from each LRU map to make room (estimated: put in, neither \
-             taken out nor still there): in connecting a connection's process is lost, in edges an \
-             edge is reported again early, in udp_peers a reply may be taken for a request",
+             taken out nor still there). connecting: a connection lost its process; edges: an edge \
+             past its dedupe window, or (when the map turns over faster) reported again early; \
+             udp_peers: mostly closed sockets' entries, normal",
             map_evictions.clone(),
         );
         let ring_buffer_capacity = Gauge::default();
@@ -298,8 +298,8 @@ impl AgentMetrics {
         let ring_buffer_peak_fill = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "ring_buffer_peak_fill_ratio",
-            "The fullest the events ring buffer was between the last two flushes (unread bytes over \
-             its size; at 1 events are lost)",
+            "The fullest the events ring buffer was in the last minute (unread bytes, the event \
+             being written included, over its size; at 1 events are lost)",
             ring_buffer_peak_fill.clone(),
         );
         let sources = crate::sources::SourceMetrics::default();
@@ -550,7 +550,7 @@ impl AgentMetrics {
         }
     }
 
-    /// The events ring buffer's fullest since the last flush (`peak_bytes` unread of `capacity`).
+    /// The events ring buffer's fullest of late (`peak_bytes` unread of `capacity`).
     pub fn ring_buffer(&self, peak_bytes: u64, capacity: u32) {
         self.ring_buffer_capacity.set(i64::from(capacity));
         self.ring_buffer_peak_fill

@@ -56,7 +56,9 @@ async fn a_full_ring_buffer_counts_lost_events() {
 
 /// The agent sees how close it comes to losing: how full each LRU map is and what it evicted, and
 /// the fullest the ring buffer was. One UDP socket sends to 300 ports nobody listens on (loopback):
-/// 300 edges and 300 (socket, peer) entries into maps of 64, and 300 unread events.
+/// 300 edges and 300 (socket, peer) entries into maps of 64, and 300 unread events. Other traffic of
+/// the machine (a cluster runs beside the tests) only adds, so the bounds are lower ones, and the
+/// counts stay within the capacity.
 #[tokio::test]
 async fn full_maps_count_their_evictions_and_the_ring_buffer_its_peak() {
     use network_enforcer_agent::FlowMap;
@@ -90,7 +92,7 @@ async fn full_maps_count_their_evictions_and_the_ring_buffer_its_peak() {
     accept.join().unwrap();
 
     let counters = data_plane.counters().unwrap();
-    let fills = data_plane.map_fill(&counters).unwrap();
+    let fills = data_plane.maps().fill().unwrap();
     for map in [FlowMap::edges, FlowMap::udp_peers] {
         let fill = fills.iter().find(|f| f.map == map).unwrap();
         assert_eq!(fill.capacity, ENTRIES, "{fill:?}");
@@ -119,10 +121,10 @@ async fn full_maps_count_their_evictions_and_the_ring_buffer_its_peak() {
         "{counters:?}"
     );
 
-    // Nothing read yet: the last of our events found the others unread.
+    // Nothing read yet: the last of our events found the others unread (and counts itself).
     let peak = data_plane.take_ring_buffer_peak().unwrap();
     assert!(
-        peak >= (u64::from(PORTS) - 1) * RECORD_BYTES,
+        peak >= u64::from(PORTS) * RECORD_BYTES,
         "peak {peak} bytes; {PORTS} events were unread"
     );
     let mut batch = Vec::new();

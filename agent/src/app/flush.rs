@@ -4,6 +4,7 @@
 use crate::clock::WallClock;
 use crate::debug::socket::DebugServer;
 use crate::kernel::dns_messages::DnsReader;
+use crate::kernel::loader::MapFill;
 use crate::metrics::AgentMetrics;
 use crate::pipeline::{EdgeCaps, Flushed, Pipeline};
 use crate::sources::RecordSink;
@@ -11,17 +12,31 @@ use crate::uplink::UplinkSender;
 use crate::{DataPlane, EventReader, KernelCounters};
 use anyhow::Result;
 use network_enforcer_api::uplink::AgentHealth;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// How often the fill of the programs' LRU maps is sampled: walking a full map costs a syscall per
-/// entry (tens of milliseconds), and maps fill over minutes, not seconds.
-const MAP_FILL_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often the fill of the programs' LRU maps is sampled: walking a full map costs a system call
+/// per entry (about 170 ms for two full maps), and maps fill over minutes, not seconds.
+const MAP_FILL_EVERY: Duration = Duration::from_secs(60);
+
+/// The ring buffer's fullest is reported over this long, so that a scrape every 30 s sees the peak
+/// of every flush between.
+const PEAK_WINDOW: Duration = Duration::from_secs(60);
+
+/// A walk of the maps: its result once done, and when it was taken.
+type Walked = Arc<Mutex<Option<(Instant, crate::Result<Vec<MapFill>>)>>>;
 
 /// The counters as the last flush read them: each flush reports what changed since.
 pub struct Report {
     metrics: AgentMetrics,
-    /// When the maps' fill was last sampled.
-    maps_sampled: Option<std::time::Instant>,
+    /// Each flush's ring buffer peak over the last [`PEAK_WINDOW`].
+    peaks: VecDeque<(Instant, u64)>,
+    /// When the last walk of the maps started, its task, its result, and the sample before.
+    walk_started: Option<Instant>,
+    walking: Option<tokio::task::JoinHandle<()>>,
+    walked: Walked,
+    last_fill: Option<(Instant, Vec<MapFill>)>,
     kernel_before: KernelCounters,
     decode_errors_before: u64,
     dns_decode_errors_before: u64,
@@ -35,7 +50,11 @@ impl Report {
     pub fn new(metrics: AgentMetrics) -> Self {
         Self {
             metrics,
-            maps_sampled: None,
+            peaks: VecDeque::new(),
+            walk_started: None,
+            walking: None,
+            walked: Walked::default(),
+            last_fill: None,
             kernel_before: KernelCounters::default(),
             decode_errors_before: 0,
             dns_decode_errors_before: 0,
@@ -71,7 +90,7 @@ impl Report {
         self.health.events_lost = counters.ring_buffer_full;
         self.health.dns_lost = counters.dns_ring_buffer_full;
         self.cost(&counters);
-        self.fill(data_plane, &counters);
+        self.fill(data_plane);
         self.health.events_dropped = self
             .health
             .events_dropped
@@ -126,41 +145,62 @@ impl Report {
 }
 
 impl Report {
-    /// How full the ring buffer came to be since the last flush, and (now and then) the maps. Not
-    /// reading them is reported, not fatal: the data path works on.
-    fn fill(&mut self, data_plane: &DataPlane, counters: &KernelCounters) {
+    /// How full the ring buffer came to be, and (once a minute, walked on a blocking thread so that
+    /// the loop goes on reading events) the maps. Not reading them is reported, not fatal: the data
+    /// path works on.
+    fn fill(&mut self, data_plane: &DataPlane) {
+        let now = Instant::now();
         match data_plane.take_ring_buffer_peak() {
-            Ok(peak) => self
-                .metrics
-                .ring_buffer(peak, data_plane.ring_buffer_bytes()),
+            Ok(peak) => self.peaks.push_back((now, peak)),
             Err(error) => tracing::warn!(%error, "could not read the ring buffer's fill"),
         }
-        if self
-            .maps_sampled
-            .is_some_and(|at| at.elapsed() < MAP_FILL_EVERY)
+        while self
+            .peaks
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > PEAK_WINDOW)
         {
-            return;
+            self.peaks.pop_front();
         }
-        self.maps_sampled = Some(std::time::Instant::now());
-        // The walk blocks for a moment: on the agent's multi-threaded runtime, let it move other
-        // tasks off this thread (a current-thread runtime, as in tests, cannot).
-        let walk = || data_plane.map_fill(counters);
-        let multi_threaded = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let fills = if multi_threaded {
-            tokio::task::block_in_place(walk)
-        } else {
-            walk()
-        };
-        match fills {
-            Ok(fills) => {
-                for full in fills.iter().filter(|f| f.entries >= u64::from(f.capacity)) {
-                    tracing::warn!(map = ?full.map, capacity = full.capacity, evicted = full.evicted(),
-                        "an eBPF map is full and evicts its oldest entries: raise --flow-map-entries");
+        let peak = self.peaks.iter().map(|(_, p)| *p).max().unwrap_or(0);
+        self.metrics
+            .ring_buffer(peak, data_plane.ring_buffer_bytes());
+
+        let walked = self.walked.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match walked {
+            Some((at, Ok(fills))) => {
+                if let Some((before, previous)) = &self.last_fill {
+                    let elapsed = at.duration_since(*before);
+                    for (fill, previous) in fills.iter().zip(previous) {
+                        let pressure = fill.pressure(previous, elapsed, data_plane.dedupe_window());
+                        if let Some(why) = pressure {
+                            tracing::warn!(map = ?fill.map, capacity = fill.capacity, entries = fill.entries,
+                                "an eBPF map evicts what the agent still needs: {why}; raise --flow-map-entries");
+                        }
+                    }
                 }
                 self.metrics.maps(&fills);
+                self.last_fill = Some((at, fills));
             }
-            Err(error) => tracing::warn!(%error, "could not read the eBPF maps' fill"),
+            Some((_, Err(error))) => tracing::warn!(%error, "could not read the eBPF maps' fill"),
+            None => {}
+        }
+        let due = self
+            .walk_started
+            .is_none_or(|at| at.elapsed() >= MAP_FILL_EVERY)
+            && self.walking.as_ref().is_none_or(|w| w.is_finished());
+        if !due {
+            return;
+        }
+        self.walk_started = Some(now);
+        let maps = data_plane.maps();
+        let slot = Arc::clone(&self.walked);
+        let walk = move || {
+            let fills = maps.fill();
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), fills));
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => self.walking = Some(runtime.spawn_blocking(walk)),
+            Err(_) => walk(),
         }
     }
 

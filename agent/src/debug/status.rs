@@ -90,7 +90,8 @@ pub struct MapRow {
     pub map: String,
     pub entries: f64,
     pub capacity: f64,
-    /// Evicted to make room over the sample (estimated by the agent).
+    /// Evicted to make room since the agent started (estimated by the agent; see its metric's help:
+    /// most are harmless).
     pub evictions: f64,
 }
 
@@ -121,7 +122,7 @@ pub struct Report {
     pub events_lost: f64,
     /// Dropped over the sample at the per-pod and per-node caps of new edges.
     pub events_dropped: f64,
-    /// The fullest the events ring buffer was between the agent's last two flushes (0 to 1).
+    /// The fullest the events ring buffer was in the last minute (0 to 1).
     pub ring_buffer_peak_fill: f64,
     pub ring_buffer_bytes: f64,
     pub maps: Vec<MapRow>,
@@ -191,17 +192,14 @@ impl Report {
             (sum(after) - sum(before)).max(0.0)
         };
         let dropped = family("events_dropped_total", "reason");
-        let evictions_after = after.by_label("ebpf_map_evictions_total", "map");
-        let evictions_before = before.by_label("ebpf_map_evictions_total", "map");
+        let evictions = after.by_label("ebpf_map_evictions_total", "map");
         let capacity = after.by_label("ebpf_map_capacity", "map");
         let maps = after
             .by_label("ebpf_map_entries", "map")
             .into_iter()
             .map(|(map, entries)| MapRow {
                 capacity: capacity.get(&map).copied().unwrap_or(0.0),
-                evictions: (evictions_after.get(&map).copied().unwrap_or(0.0)
-                    - evictions_before.get(&map).copied().unwrap_or(0.0))
-                .max(0.0),
+                evictions: evictions.get(&map).copied().unwrap_or(0.0),
                 map,
                 entries,
             })
@@ -291,19 +289,14 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "ring buffer: {:.0}% full at its fullest since the last flush, of {:.0} KiB",
+            "ring buffer: {:.0}% full at its fullest in the last minute, of {:.0} KiB",
             self.ring_buffer_peak_fill * 100.0,
             self.ring_buffer_bytes / 1024.0
         );
         for m in &self.maps {
-            let full = if m.capacity > 0.0 && m.entries >= m.capacity {
-                " FULL (raise --flow-map-entries)"
-            } else {
-                ""
-            };
             let _ = writeln!(
                 out,
-                "map {}: {} of {} entries ({:.0}%), {} evicted in the sample{full}",
+                "map {}: {} of {} entries ({:.0}%), {} evicted since the agent started",
                 m.map,
                 m.entries,
                 m.capacity,
@@ -498,7 +491,7 @@ other_metric 5
         let edges = report.maps.iter().find(|m| m.map == "edges").unwrap();
         assert_eq!(
             (edges.entries, edges.capacity, edges.evictions),
-            (65536.0, 65536.0, 250.0)
+            (65536.0, 65536.0, 350.0)
         );
         let tcp = &report.programs[0];
         assert_eq!(tcp.program, "inet_sock_set_state");
@@ -520,9 +513,9 @@ other_metric 5
             "events: 100.0/s read, 1 lost (ring buffer full), 3 dropped at the edge caps",
             "enforcement: in sync",
             "memory: 45.0 MiB resident",
-            "ring buffer: 50% full at its fullest since the last flush, of 4096 KiB",
-            "map connecting: 12 of 65536 entries (0%), 0 evicted in the sample\n",
-            "map edges: 65536 of 65536 entries (100%), 250 evicted in the sample FULL (raise --flow-map-entries)",
+            "ring buffer: 50% full at its fullest in the last minute, of 4096 KiB",
+            "map connecting: 12 of 65536 entries (0%), 0 evicted since the agent started\n",
+            "map edges: 65536 of 65536 entries (100%), 350 evicted since the agent started",
         ] {
             assert!(table.contains(line), "{line:?} in\n{table}");
         }

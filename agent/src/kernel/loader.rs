@@ -13,13 +13,13 @@ use aya::programs::{
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
     CONFIG_GLOBAL, CONNECTING_KEY_BYTES, CONNECTING_MAP, CONNECTING_VALUE_BYTES, COUNTERS_MAP,
-    Config, Counter, DEFAULT_RING_BUFFER_BYTES, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP,
-    DNS_QUERY_PROGRAM, EDGE_KEY_BYTES, EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets,
-    TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
+    Config, Counter, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP, DNS_QUERY_PROGRAM, EDGE_KEY_BYTES,
+    EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES,
+    UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The kernel programs, compiled by `build.rs` from the `agent-ebpf` crate.
@@ -70,11 +70,19 @@ fn kernel_offsets() -> Result<KernelOffsets> {
 /// The loaded and attached kernel programs. Dropping it detaches and unloads them.
 pub struct DataPlane {
     ebpf: Ebpf,
-    /// The events ring buffer's size (its map is handed to the reader).
+    /// The events ring buffer's size as the kernel made it (its map is handed to the reader).
     ring_buffer_bytes: u32,
-    /// The counters, taken out of `ebpf` to be written too (the ring buffer's peak is set back to 0
-    /// after each reading). A second handle by the map's id would need CAP_SYS_ADMIN.
+    dedupe_window: Duration,
+    maps: Arc<KernelMaps>,
+}
+
+/// The counters and the LRU maps, taken out of the loaded object: the counters are written too
+/// (the ring buffer's peak is set back to 0 after each reading), and the maps are walked on a
+/// blocking thread while the agent's loop goes on. (Opening second handles by the maps' ids
+/// would need CAP_SYS_ADMIN.)
+pub struct KernelMaps {
     counters: Mutex<PerCpuArray<MapData, u64>>,
+    flow_maps: Vec<(FlowMap, Map)>,
 }
 
 /// The programs' LRU hash maps (`ebpf_map_*{map}` on `/metrics`).
@@ -125,9 +133,52 @@ impl MapFill {
             .saturating_sub(self.entries)
     }
 
-    /// Entries over capacity (a full LRU map evicts).
+    /// Entries over capacity.
     pub fn ratio(&self) -> f64 {
         self.entries as f64 / f64::from(self.capacity.max(1))
+    }
+
+    /// What this sample says, against the one `elapsed` before it, that costs the agent what it
+    /// sees (`None`: nothing). An LRU map evicts before it is full (each CPU keeps free entries
+    /// aside), and most evictions are of entries that no longer matter, so only these count:
+    /// - `connecting` evicted: connections still inside `connect()` lost their process;
+    /// - `edges` evicted at a rate that turns the map over within `dedupe_window`: edges are
+    ///   reported again before their window ends (more events, never fewer edges);
+    /// - `udp_peers` never: the programs cannot tell when a UDP socket closes, so dead sockets'
+    ///   entries fill it and are evicted; full is its normal state.
+    pub fn pressure(
+        &self,
+        previous: &MapFill,
+        elapsed: Duration,
+        dedupe_window: Duration,
+    ) -> Option<String> {
+        let evicted = self.evicted().saturating_sub(previous.evicted());
+        if evicted == 0 {
+            return None;
+        }
+        match self.map {
+            FlowMap::connecting => Some(format!(
+                "{evicted} connections in progress lost their process: more sockets were inside \
+                 connect() at once than the map holds ({})",
+                self.capacity
+            )),
+            FlowMap::edges => {
+                let inserted = self.inserted.saturating_sub(previous.inserted) as f64;
+                let seconds = elapsed.as_secs_f64();
+                if inserted == 0.0 || seconds <= 0.0 {
+                    return None;
+                }
+                let turnover = f64::from(self.capacity) * seconds / inserted;
+                (turnover < dedupe_window.as_secs_f64()).then(|| {
+                    format!(
+                        "new edges turn the map over in {turnover:.1} s, within the dedupe window \
+                         ({} s): edges are reported again early",
+                        dedupe_window.as_secs_f64()
+                    )
+                })
+            }
+            FlowMap::udp_peers => None,
+        }
     }
 }
 
@@ -200,6 +251,35 @@ impl DataPlane {
             }
         }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
+        // The kernel rounds the size up to whole pages (a power of two of them).
+        let ring_buffer_bytes = match ebpf.map(EVENTS_MAP) {
+            Some(Map::RingBuf(data)) => data
+                .info()
+                .map_err(|source| Error::Map {
+                    map: EVENTS_MAP,
+                    source,
+                })?
+                .max_entries(),
+            _ => {
+                return Err(Error::Missing {
+                    kind: "ring buffer",
+                    name: EVENTS_MAP,
+                });
+            }
+        };
+        let flow_maps = FlowMap::ALL
+            .into_iter()
+            .map(|map| {
+                let name = map.map_name();
+                match ebpf.take_map(name) {
+                    Some(taken @ Map::LruHashMap(_)) => Ok((map, taken)),
+                    _ => Err(Error::Missing {
+                        kind: "LRU hash map",
+                        name,
+                    }),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
         let counters = ebpf.take_map(COUNTERS_MAP).ok_or(Error::Missing {
             kind: "map",
             name: COUNTERS_MAP,
@@ -301,10 +381,12 @@ impl DataPlane {
         );
         Ok(Self {
             ebpf,
-            ring_buffer_bytes: options
-                .ring_buffer_bytes
-                .unwrap_or(DEFAULT_RING_BUFFER_BYTES),
-            counters,
+            ring_buffer_bytes,
+            dedupe_window: options.dedupe_window,
+            maps: Arc::new(KernelMaps {
+                counters,
+                flow_maps,
+            }),
         })
     }
 
@@ -343,16 +425,6 @@ impl DataPlane {
 
     /// Reads the kernel-side counters.
     pub fn counters(&self) -> Result<KernelCounters> {
-        let array = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        let sum = |counter: Counter| -> Result<u64> {
-            let values = array
-                .get(&(counter as u32), 0)
-                .map_err(|source| Error::Map {
-                    map: COUNTERS_MAP,
-                    source,
-                })?;
-            Ok(values.iter().sum())
-        };
         // A program that is not loaded (a hook this kernel refused) has no statistics: skip it.
         let programs = self
             .ebpf
@@ -367,6 +439,46 @@ impl DataPlane {
             })
             .collect();
         Ok(KernelCounters {
+            programs,
+            ..self.maps.counters()?
+        })
+    }
+
+    /// The events ring buffer's size in bytes.
+    pub fn ring_buffer_bytes(&self) -> u32 {
+        self.ring_buffer_bytes
+    }
+
+    /// The kernel's dedupe window (an edge's entry in the `edges` map matters for that long).
+    pub fn dedupe_window(&self) -> Duration {
+        self.dedupe_window
+    }
+
+    /// The counters and the LRU maps, for a thread of their own.
+    pub fn maps(&self) -> Arc<KernelMaps> {
+        Arc::clone(&self.maps)
+    }
+
+    /// See [`KernelMaps::take_ring_buffer_peak`].
+    pub fn take_ring_buffer_peak(&self) -> Result<u64> {
+        self.maps.take_ring_buffer_peak()
+    }
+}
+
+impl KernelMaps {
+    /// The kernel-side counters summed over the CPUs (no program statistics).
+    pub fn counters(&self) -> Result<KernelCounters> {
+        let array = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let sum = |counter: Counter| -> Result<u64> {
+            let values = array
+                .get(&(counter as u32), 0)
+                .map_err(|source| Error::Map {
+                    map: COUNTERS_MAP,
+                    source,
+                })?;
+            Ok(values.iter().sum())
+        };
+        Ok(KernelCounters {
             ring_buffer_full: sum(Counter::RingBufferFull)?,
             dedupe_hits: sum(Counter::DedupeHit)?,
             unknown_family: sum(Counter::UnknownFamily)?,
@@ -376,17 +488,12 @@ impl DataPlane {
             connecting_inserted: sum(Counter::ConnectingInserted)?,
             connecting_removed: sum(Counter::ConnectingRemoved)?,
             udp_peers_inserted: sum(Counter::UdpPeersInserted)?,
-            programs,
+            programs: BTreeMap::new(),
         })
     }
 
-    /// The events ring buffer's size in bytes.
-    pub fn ring_buffer_bytes(&self) -> u32 {
-        self.ring_buffer_bytes
-    }
-
-    /// The most unread bytes the events ring buffer held since the last call (or the load): how
-    /// close the node came to losing events. Sets the peak back to 0.
+    /// The most unread bytes the events ring buffer held (the event being written included) since
+    /// the last call (or the load): how close the node came to losing events. Sets it back to 0.
     pub fn take_ring_buffer_peak(&self) -> Result<u64> {
         let slot = Counter::RingBufferPeakBytes as u32;
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
@@ -418,68 +525,153 @@ impl DataPlane {
         Ok(peak)
     }
 
-    /// How full each of the programs' LRU maps is, with `counters` (read just before) for what went
-    /// in and out. Walks every key: a syscall per entry, up to a few tens of milliseconds for a full
-    /// map, so callers sample it rarely.
-    pub fn map_fill(&self, counters: &KernelCounters) -> Result<Vec<MapFill>> {
-        FlowMap::ALL
-            .into_iter()
-            .map(|map| {
-                let name = map.map_name();
-                let data = self
-                    .ebpf
-                    .map(name)
-                    .ok_or(Error::Missing { kind: "map", name })?;
-                let map_error = |source| Error::Map { map: name, source };
-                let capacity = match data {
-                    Map::LruHashMap(data) => data.info().map_err(map_error)?.max_entries(),
-                    _ => {
-                        return Err(Error::Missing {
-                            kind: "LRU hash map",
-                            name,
-                        });
-                    }
-                };
-                let entries = match map {
-                    FlowMap::connecting => {
-                        count_keys::<CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES>(data)
-                    }
-                    FlowMap::edges => count_keys::<EDGE_KEY_BYTES, EDGE_VALUE_BYTES>(data),
-                    FlowMap::udp_peers => {
-                        count_keys::<UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES>(data)
-                    }
+    /// How full each of the programs' LRU maps is. Walks every key, a system call per entry (about
+    /// 170 ms for two full maps of 65,536 on a 2-core machine): call it rarely, off the agent's loop.
+    /// What went in is read before the walk and what came out after it, so that entries moving
+    /// during the walk can only make the eviction estimate low, never high.
+    pub fn fill(&self) -> Result<Vec<MapFill>> {
+        let before = self.counters()?;
+        let mut walked = Vec::with_capacity(self.flow_maps.len());
+        for (map, data) in &self.flow_maps {
+            let name = map.map_name();
+            let map_error = |source| Error::Map { map: name, source };
+            let capacity = match data {
+                Map::LruHashMap(data) => data.info().map_err(map_error)?.max_entries(),
+                _ => {
+                    return Err(Error::Missing {
+                        kind: "LRU hash map",
+                        name,
+                    });
                 }
-                .map_err(map_error)?;
+            };
+            let entries = match map {
+                FlowMap::connecting => {
+                    count_keys::<CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES>(data, capacity)
+                }
+                FlowMap::edges => count_keys::<EDGE_KEY_BYTES, EDGE_VALUE_BYTES>(data, capacity),
+                FlowMap::udp_peers => {
+                    count_keys::<UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES>(data, capacity)
+                }
+            }
+            .map_err(map_error)?;
+            walked.push((*map, entries, capacity));
+        }
+        let after = self.counters()?;
+        Ok(walked
+            .into_iter()
+            .map(|(map, entries, capacity)| {
                 let (inserted, removed) = match map {
-                    FlowMap::connecting => {
-                        (counters.connecting_inserted, counters.connecting_removed)
-                    }
-                    FlowMap::edges => (counters.edges_inserted, 0),
-                    FlowMap::udp_peers => (counters.udp_peers_inserted, 0),
+                    FlowMap::connecting => (before.connecting_inserted, after.connecting_removed),
+                    FlowMap::edges => (before.edges_inserted, 0),
+                    FlowMap::udp_peers => (before.udp_peers_inserted, 0),
                 };
-                Ok(MapFill {
+                MapFill {
                     map,
                     entries,
                     capacity,
                     inserted,
                     removed,
-                })
+                }
             })
-            .collect()
+            .collect())
     }
 }
 
-/// Entries of a hash map whose keys are `K` bytes and values `V` bytes. A key evicted or deleted
-/// during the walk ends it early (the kernel restarts from the first key, which would count some
-/// twice): the count is then a little low, never high.
+/// Entries of a hash map whose keys are `K` bytes and values `V` bytes, at most `capacity`. When
+/// the key the walk stands on is evicted or deleted, the kernel goes on from the first key and the
+/// walk counts some twice: the cap keeps the count within what the map can hold.
 fn count_keys<const K: usize, const V: usize>(
     map: &Map,
+    capacity: u32,
 ) -> std::result::Result<u64, aya::maps::MapError> {
     let map: HashMap<&MapData, [u8; K], [u8; V]> = HashMap::try_from(map)?;
     let mut entries = 0;
-    for key in map.keys() {
+    for key in map.keys().take(capacity as usize) {
         key?;
         entries += 1;
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(map: FlowMap, entries: u64, inserted: u64, removed: u64) -> MapFill {
+        MapFill {
+            map,
+            entries,
+            capacity: 1_000,
+            inserted,
+            removed,
+        }
+    }
+
+    #[test]
+    fn evictions_are_what_went_in_and_neither_came_out_nor_stayed() {
+        assert_eq!(fill(FlowMap::connecting, 10, 100, 60).evicted(), 30);
+        assert_eq!(
+            fill(FlowMap::edges, 1_000, 800, 0).evicted(),
+            0,
+            "never below 0"
+        );
+        assert_eq!(fill(FlowMap::edges, 250, 1_000, 0).ratio(), 0.25);
+    }
+
+    #[test]
+    fn only_evictions_that_cost_what_the_agent_sees_are_pressure() {
+        let minute = Duration::from_secs(60);
+        let window = Duration::from_secs(5);
+        let cases = [
+            // (map, before (entries, inserted, removed), now, pressure?)
+            (
+                "connecting evicts",
+                FlowMap::connecting,
+                (10, 100, 90),
+                (1_000, 2_000, 900),
+                true,
+            ),
+            (
+                "connecting within",
+                FlowMap::connecting,
+                (10, 100, 90),
+                (20, 300, 280),
+                false,
+            ),
+            // 60,000 new edges a minute turn 1,000 entries over each second.
+            (
+                "edges churn within the window",
+                FlowMap::edges,
+                (1_000, 10_000, 0),
+                (1_000, 70_000, 0),
+                true,
+            ),
+            // 2,000 a minute: once every 30 s, past the window.
+            (
+                "edges evict old entries",
+                FlowMap::edges,
+                (1_000, 10_000, 0),
+                (1_000, 12_000, 0),
+                false,
+            ),
+            (
+                "edges without evictions",
+                FlowMap::edges,
+                (100, 100, 0),
+                (900, 900, 0),
+                false,
+            ),
+            (
+                "udp peers full",
+                FlowMap::udp_peers,
+                (1_000, 10_000, 0),
+                (1_000, 90_000, 0),
+                false,
+            ),
+        ];
+        for (name, map, (e0, i0, r0), (e1, i1, r1), expected) in cases {
+            let pressure = fill(map, e1, i1, r1).pressure(&fill(map, e0, i0, r0), minute, window);
+            assert_eq!(pressure.is_some(), expected, "{name}: {pressure:?}");
+        }
+    }
 }
