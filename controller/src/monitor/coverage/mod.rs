@@ -135,6 +135,9 @@ pub struct OverBudget {
     pub cpu_cores: Option<f64>,
     /// The largest resident memory of its agent processes, bytes.
     pub memory_bytes: u64,
+    /// The newest of its processes' samples (the node's monotonic clock, ms): a node is judged
+    /// again only on a newer one ([`confirmed_over`]).
+    pub sampled_ms: i64,
 }
 
 /// A process's cost is judged over at least this span of its own samples: a burst of early flushes
@@ -142,8 +145,9 @@ pub struct OverBudget {
 pub const MIN_COST_SPAN_MS: i64 = 10_000;
 
 /// A process whose newest sample is older than this (on the controller's clock: when it last
-/// changed) is not judged: it stopped (a restart, the OOM killer) or is idle (a flush without records
-/// sends no batch), and its last figures would otherwise stand for it forever.
+/// changed), and older than three of its own intervals between samples, is not judged: it stopped
+/// (a restart, the OOM killer) or is idle (a flush without records sends no batch), and its last
+/// figures would otherwise stand for it forever.
 pub const COST_SAMPLE_FRESH_MS: i64 = 60_000;
 
 /// Each agent process's cost samples: the newest, and one at least [`MIN_COST_SPAN_MS`] older (on
@@ -162,6 +166,8 @@ struct Samples {
     latest: AgentHealth,
     /// When `latest` arrived, on the controller's clock.
     changed_ms: i64,
+    /// Between the last two samples, on the agent's clock (its flush interval, or longer when idle).
+    interval_ms: i64,
 }
 
 impl CostSamples {
@@ -177,6 +183,7 @@ impl CostSamples {
                         pending: None,
                         latest: *health,
                         changed_ms: now_ms,
+                        interval_ms: 0,
                     },
                 );
                 continue;
@@ -198,18 +205,31 @@ impl CostSamples {
             } else if p.pending.is_none() {
                 p.pending = Some(p.latest);
             }
+            p.interval_ms = health.cost_sampled_ms - p.latest.cost_sampled_ms;
             p.latest = *health;
             p.changed_ms = now_ms;
         }
     }
 
     /// (bases, latest samples) of the processes whose sample is fresh at `now_ms`, for
-    /// [`over_budget`].
+    /// [`over_budget`]. A process of a node whose successor has a base after its newest sample
+    /// (a rolling update: the successor has run for 10 s since it last reported) is not judged:
+    /// the node's cost is its successor's.
     pub fn fresh(&self, now_ms: i64) -> (Reports, Reports) {
         let mut bases = Reports::new();
         let mut latest = Reports::new();
         for (k, p) in &self.processes {
-            if now_ms.saturating_sub(p.changed_ms) > COST_SAMPLE_FRESH_MS {
+            let fresh_for = COST_SAMPLE_FRESH_MS.max(p.interval_ms.saturating_mul(3));
+            if now_ms.saturating_sub(p.changed_ms) > fresh_for {
+                continue;
+            }
+            let replaced = self.processes.iter().any(|(other, o)| {
+                other.0 == k.0
+                    && other.1 != k.1
+                    && o.base
+                        .is_some_and(|b| b.cost_sampled_ms > p.latest.cost_sampled_ms)
+            });
+            if replaced {
                 continue;
             }
             latest.insert(k.clone(), p.latest);
@@ -232,8 +252,10 @@ pub fn over_budget(before: &Reports, now: &Reports, budget: Budget) -> Vec<OverB
             node: node.clone(),
             cpu_cores: None,
             memory_bytes: 0,
+            sampled_ms: 0,
         });
         entry.memory_bytes = entry.memory_bytes.max(health.rss_bytes);
+        entry.sampled_ms = entry.sampled_ms.max(health.cost_sampled_ms);
         let Some(base) = before
             .get(&(node.clone(), *instance))
             .filter(|b| b.cost_sampled_ms > 0 && b.cost_sampled_ms < health.cost_sampled_ms)
@@ -254,15 +276,42 @@ pub fn over_budget(before: &Reports, now: &Reports, budget: Budget) -> Vec<OverB
         .collect()
 }
 
-/// The nodes of `over` that were over at the last look too (`last`, then set to this look's): a
-/// single look over budget is a burst, not a cost.
-pub fn confirmed_over(over: Vec<OverBudget>, last: &mut BTreeSet<String>) -> Vec<OverBudget> {
-    let now: BTreeSet<String> = over.iter().map(|o| o.node.clone()).collect();
-    let confirmed = over
-        .into_iter()
-        .filter(|o| last.contains(&o.node))
-        .collect();
-    *last = now;
+/// Where a node over its budget stands: its newest sample judged over, and whether an older one was
+/// over too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverRun {
+    sampled_ms: i64,
+    confirmed: bool,
+}
+
+/// The nodes of `over` over on two samples in a row (`last` keeps each node's run; a node not over
+/// at this look starts over): a single window over budget is a burst, not a cost. A look without
+/// a newer sample of the node (agents flush every 10 s or more, the loop looks every 15 s) judges
+/// nothing new, so it neither confirms nor breaks the run.
+pub fn confirmed_over(
+    over: Vec<OverBudget>,
+    last: &mut BTreeMap<String, OverRun>,
+) -> Vec<OverBudget> {
+    let mut runs = BTreeMap::new();
+    let mut confirmed = Vec::new();
+    for o in over {
+        let run = match last.get(&o.node) {
+            Some(run) if run.sampled_ms >= o.sampled_ms => *run,
+            Some(_) => OverRun {
+                sampled_ms: o.sampled_ms,
+                confirmed: true,
+            },
+            None => OverRun {
+                sampled_ms: o.sampled_ms,
+                confirmed: false,
+            },
+        };
+        runs.insert(o.node.clone(), run);
+        if run.confirmed {
+            confirmed.push(o);
+        }
+    }
+    *last = runs;
     confirmed
 }
 
@@ -303,7 +352,7 @@ pub struct Coverage {
     pub dropping_nodes: Gauge,
     /// What an agent may cost.
     pub budget: Budget,
-    /// Nodes whose agent costs more than [`Coverage::budget`] (at two looks in a row).
+    /// Nodes whose agent costs more than [`Coverage::budget`] (on two samples in a row).
     pub over_budget_nodes: Gauge,
     pub health: Component,
 }
@@ -324,7 +373,7 @@ impl Coverage {
         let mut episodes: BTreeMap<String, i64> = BTreeMap::new();
         // Nodes in an over-budget episode, with when they were last over; nodes over at the last look.
         let mut over_episodes: BTreeMap<String, i64> = BTreeMap::new();
-        let mut over_last_look = BTreeSet::new();
+        let mut over_last_look = BTreeMap::new();
         self.health.ready("listing the cluster");
         loop {
             tick.tick().await;

@@ -147,26 +147,28 @@ fn cost_samples_span_ten_seconds_and_go_stale() {
     assert_eq!(span(&samples, 60_000), (Some(25_000), Some(60_000)));
     // No new sample for over a minute (the process stopped, or sends nothing): not judged, although
     // every look hands the same sample in again (the ingest keeps each process's last report).
+    // Fresh for a minute, or three of its intervals when longer (35 s here: 105 s).
     samples.advance(&look(&[(7, 60_000)]), 100_000);
+    let fresh_for = COST_SAMPLE_FRESH_MS.max(3 * 35_000);
     assert_eq!(
-        span(&samples, 60_000 + COST_SAMPLE_FRESH_MS),
+        span(&samples, 60_000 + fresh_for),
         (Some(25_000), Some(60_000))
     );
-    assert_eq!(
-        span(&samples, 60_000 + COST_SAMPLE_FRESH_MS + 1),
-        (None, None)
-    );
-    // A rolling update: the old process's last sample beside the new one's, judged until it is a
-    // minute old, then only the new process.
+    assert_eq!(span(&samples, 60_000 + fresh_for + 1), (None, None));
+    // A rolling update: the old process's last sample beside the new one's until the new one has
+    // a base after it (it ran 10 s past the old one's last report), then only the new process.
     samples.advance(&look(&[(7, 60_000), (9, 61_000)]), 61_000);
+    assert_eq!(
+        samples.fresh(61_000).1.len(),
+        2,
+        "both, the new one without a base"
+    );
     samples.advance(&look(&[(7, 60_000), (9, 75_000)]), 75_000);
-    assert_eq!(samples.fresh(75_000).1.len(), 2, "both within the minute");
-    samples.advance(&look(&[(7, 60_000), (9, 125_000)]), 125_000);
-    let (bases, latest) = samples.fresh(125_000);
+    let (bases, latest) = samples.fresh(75_000);
     assert_eq!(
         (bases.len(), latest.keys().map(|k| k.1).collect::<Vec<_>>()),
         (1, vec![9]),
-        "the old process is stale, the new one has its base"
+        "the old process is replaced, the new one has its base"
     );
     // A process gone from the reports is forgotten; a new one starts without a base.
     samples.advance(&look(&[(8, 70_000)]), 70_000);
@@ -181,29 +183,71 @@ fn cost_samples_span_ten_seconds_and_go_stale() {
 }
 
 #[test]
-fn a_node_is_over_budget_once_over_at_two_looks_in_a_row() {
-    let over = |nodes: &[&str]| -> Vec<OverBudget> {
+fn a_node_is_over_budget_once_over_on_two_samples_in_a_row() {
+    // Nodes over at this look, each with its newest sample's time.
+    let over = |nodes: &[(&str, i64)]| -> Vec<OverBudget> {
         nodes
             .iter()
-            .map(|n| OverBudget {
+            .map(|(n, sampled_ms)| OverBudget {
                 node: n.to_string(),
                 cpu_cores: Some(2.0),
                 memory_bytes: 0,
+                sampled_ms: *sampled_ms,
             })
             .collect()
     };
     let names = |o: Vec<OverBudget>| o.into_iter().map(|o| o.node).collect::<Vec<_>>();
-    let mut last = BTreeSet::new();
+    let mut last = BTreeMap::new();
     assert!(
-        confirmed_over(over(&["a", "b"]), &mut last).is_empty(),
+        confirmed_over(over(&[("a", 10_000), ("b", 10_000)]), &mut last).is_empty(),
         "once: not yet"
     );
-    assert_eq!(names(confirmed_over(over(&["a"]), &mut last)), ["a"]);
+    // An agent flushing every 20 s: the next look (15 s on) has no new sample of a, whose one
+    // window over is still one window.
     assert!(
-        confirmed_over(over(&["b"]), &mut last).is_empty(),
-        "b's second look was not over"
+        confirmed_over(over(&[("a", 10_000)]), &mut last).is_empty(),
+        "the same sample judged twice is not two windows"
     );
-    assert_eq!(names(confirmed_over(over(&["b"]), &mut last)), ["b"]);
+    assert_eq!(
+        names(confirmed_over(over(&[("a", 30_000)]), &mut last)),
+        ["a"]
+    );
+    assert_eq!(
+        names(confirmed_over(over(&[("a", 30_000)]), &mut last)),
+        ["a"],
+        "stays over on the same sample"
+    );
+    assert!(
+        confirmed_over(over(&[("b", 20_000)]), &mut last).is_empty(),
+        "b's look in between was not over: its run starts again"
+    );
+    assert_eq!(
+        names(confirmed_over(over(&[("b", 30_000)]), &mut last)),
+        ["b"]
+    );
+}
+
+#[test]
+fn a_process_that_flushes_rarely_stays_fresh_for_three_of_its_intervals() {
+    let c = |at| AgentHealth {
+        cost_sampled_ms: at,
+        ..AgentHealth::default()
+    };
+    let look = |at| -> Reports { [(("n1".to_string(), 7), c(at))].into() };
+    let mut samples = CostSamples::default();
+    // `--flush-seconds 90`: a batch every 90 s.
+    samples.advance(&look(1_000), 1_000);
+    samples.advance(&look(91_000), 91_000);
+    assert_eq!(
+        samples.fresh(91_000 + 80_000).1.len(),
+        1,
+        "80 s after its last: fresh"
+    );
+    assert_eq!(samples.fresh(91_000 + 270_000).1.len(), 1);
+    assert!(
+        samples.fresh(91_000 + 270_001).1.is_empty(),
+        "three intervals without a batch"
+    );
 }
 
 #[test]
