@@ -3,24 +3,24 @@
 //! uplink and the enforcement, then runs the loop of [`run`]: read events → [`Pipeline`] → flush
 //! into uplink records, until SIGINT/SIGTERM (one last flush, then the uplink gets 5 s to deliver).
 
+mod event_loop;
 mod flush;
 mod start;
 mod stop;
 
-use crate::clock::WallClock;
-use crate::debug::socket::{self, DebugServer};
+use crate::LoadOptions;
+use crate::debug::socket;
 use crate::enforce::nft;
 use crate::identity::attribution::Attributor;
-use crate::identity::pod_identity::Scanner;
 use crate::identity::pod_watch::SharedAttributor;
-use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::existing;
 use crate::metrics::AgentMetrics;
-use crate::pipeline::{EdgeCaps, Pipeline};
-use crate::uplink::{self, UplinkConfig};
-use crate::{DataPlane, LoadOptions};
+use crate::pipeline::EdgeCaps;
+use crate::sources::{RecordSink, SourcesStop};
+use crate::uplink::{self, UplinkConfig, UplinkSender};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
+use event_loop::EventLoop;
 use start::{
     bind_endpoints, clear_leftover_table, enforcement_config, start_enforcement, start_peer_names,
     start_pod_watch,
@@ -197,46 +197,6 @@ pub struct RunArgs {
     enforcement: EnforcementArgs,
 }
 
-/// What the run loop does after a tick or a stop signal.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Step {
-    /// Flush the aggregated edges and keep running.
-    Flush,
-    /// Flush the aggregated edges, then stop.
-    FlushAndStop,
-}
-
-/// The least time between a flush and an early one for new edges.
-const EARLY_FLUSH_MIN_GAP: Duration = Duration::from_millis(500);
-
-/// Waits for DNS messages, or forever when DNS capture is off.
-async fn dns_readable(dns: &mut Option<DnsReader>) -> Result<()> {
-    match dns {
-        Some(dns) => Ok(dns.readable().await?),
-        None => std::future::pending().await,
-    }
-}
-
-/// Sleeps until `at`, or forever without one.
-async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The start-up scan's events, once (nothing when it failed; it logged why); then never resolves.
-async fn existing_connections(
-    scan: &mut Option<tokio::sync::oneshot::Receiver<Vec<crate::ConnectionEvent>>>,
-) -> Vec<crate::ConnectionEvent> {
-    let Some(receiver) = scan else {
-        return std::future::pending().await;
-    };
-    let events = receiver.await.unwrap_or_default();
-    *scan = None;
-    events
-}
-
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends to stop a pod).
 pub async fn shutdown_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -282,36 +242,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Bound before anything is loaded: an address this host does not have fails the start at once.
     let listeners = bind_endpoints(&args).await?;
     let metrics = AgentMetrics::new();
-    let uplink = match uplink_config {
-        Some(config) => {
-            tracing::info!(controller = %config.endpoint, node = %config.node, "uplink on");
-            metrics.uplink_enabled();
-            Some(uplink::spawn(config, metrics.uplink()).context("starting the uplink")?)
-        }
-        None => {
-            tracing::info!("no --controller-url: uplink off");
-            None
-        }
-    };
-    let (mut source_records, sources_stop) = args
-        .sources
-        .start(args.node_name.clone(), &metrics.sources());
-    if enforcement.is_some() && source_records.is_none() {
-        // Deny evidence joins each flush like a flow source's records.
-        source_records = Some(Default::default());
-    }
-    if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
-        metrics.source_enabled(crate::sources::SourceName::hubble);
-    }
-    if args.sources.ztunnel_log_glob.is_some() {
-        metrics.source_enabled(crate::sources::SourceName::ztunnel);
-    }
+    let outputs = Outputs::start(&args, uplink_config, enforcement.is_some(), &metrics)?;
     let attributor: SharedAttributor = Arc::new(Mutex::new(Attributor::default()));
     let pod_watch = start_pod_watch(args.node_name.as_deref(), &attributor, &metrics).await;
     let peers = start_peer_names(args.node_name.as_deref()).await;
     let enforcement_client = match enforcement {
         Some(config) => {
-            let records = source_records.clone().unwrap_or_default();
+            let records = outputs.source_records.clone().unwrap_or_default();
             Some(start_enforcement(config, &metrics, records).await?)
         }
         None => {
@@ -319,135 +256,71 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    // The node's cgroup: where the UDP hooks attach and which pods the scans name.
-    let node_cgroups = crate::kernel::host::NodeCgroups::detect()?;
-    tracing::info!(
-        pods_cgroup = node_cgroups.pods.as_deref().unwrap_or("(the whole tree)"),
-        "this node's pods"
-    );
-    let load_options = LoadOptions {
-        cgroup: Some(node_cgroups.attach_dir()),
-        ..args.kernel.load_options()
-    };
-    let mut data_plane = DataPlane::load(&load_options).context("starting the eBPF data plane")?;
-    // Loading parsed the kernel's BTF (megabytes, all freed now): give it back before the scan parses it again.
-    crate::memory::release_freed();
-    metrics.ebpf_attached();
-    let mut reader = data_plane.events()?;
-    let mut dns = data_plane.dns_messages()?;
-    let scanner = Scanner::new(node_cgroups, attributor.clone());
-    let mut debug = DebugServer::bind(&args.debug_socket, args.recent_edges)?;
-    if let Some(peers) = peers {
-        debug = debug.with_peers(peers);
-    }
-    tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
-    let caps = EdgeCaps {
-        per_pod: args.max_edges_per_pod.max(1),
-        per_node: args.max_edges.max(1),
-        interval: Duration::from_secs(args.flush_seconds.max(1)),
-    };
-    let debug = Arc::new(debug);
-    let mut pipeline = Pipeline::new(attributor.clone(), caps)
-        .with_scanner(scanner)
-        .with_tap(debug.clone());
-    if dns.is_some() {
-        pipeline = pipeline.with_dns_names(crate::dns::tracker::Limits::default());
-    }
-    // Connections open before the agent started. The live programs are attached already, so every
-    // connection is seen by them, by this scan or by both (the same edge); it runs in the background.
-    let mut existing_scan = (args.max_existing_sockets > 0)
-        .then(|| existing::spawn(args.max_existing_sockets, metrics.existing()));
+    let event_loop = EventLoop::start(&args, attributor, peers, &metrics)?;
     for (address, listener) in listeners {
         tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
         tokio::spawn(metrics.clone().serve(listener));
     }
-    let mut report = flush::Report::new(metrics.clone()).with_debug(debug);
-    let clock = WallClock::now();
-    let mut flush = tokio::time::interval(Duration::from_secs(args.flush_seconds.max(1)));
-    // When an edge never flushed before is held: flush it soon rather than at the next tick.
-    let mut early: Option<tokio::time::Instant> = None;
-    let mut last_flush = tokio::time::Instant::now();
-    let new_edge_delay = Duration::from_millis(args.new_edge_flush_ms);
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    let mut batch = Vec::new();
-    loop {
-        // New edges, and new resolutions (a protect policy allowing the name waits for them).
-        let news = pipeline.new_edges() > 0 || pipeline.new_resolutions().0 > 0;
-        if early.is_none() && args.new_edge_flush_ms > 0 && news {
-            // Not more often than every EARLY_FLUSH_MIN_GAP: each flush also rescans /proc, and a pod
-            // reaching many new peers must not turn that into a busy loop.
-            early = Some(
-                (tokio::time::Instant::now() + new_edge_delay)
-                    .max(last_flush + EARLY_FLUSH_MIN_GAP),
-            );
-        }
-        let step = tokio::select! {
-            read = reader.read_batch(&mut batch) => {
-                read?;
-                metrics.events_read(batch.len());
-                // The DNS messages first: an answer was copied before its pod could read it, so
-                // before any connection it led to.
-                if let Some(dns) = &mut dns {
-                    dns.drain(|message| pipeline.take_dns(message));
-                }
-                pipeline.take_in(&batch)?;
-                batch.clear();
-                continue;
-            }
-            read = dns_readable(&mut dns) => {
-                read?;
-                if let Some(dns) = &mut dns {
-                    dns.drain(|message| pipeline.take_dns(message));
-                }
-                continue;
-            }
-            events = existing_connections(&mut existing_scan) => {
-                pipeline.take_in(&events)?;
-                continue;
-            }
-            _ = flush.tick() => Step::Flush,
-            () = sleep_until_or_never(early) => Step::Flush,
-            r = &mut shutdown => {
-                r?;
-                // The pipeline still holds every edge since the last tick (up to --flush-seconds of
-                // them): flush it once more, the same way, so a rollout loses nothing. First the events
-                // still in the ring buffer: the kernel wakes the reader per batch, and `select!` may
-                // take the signal before a wakeup that is ready too.
-                if reader.read_waiting(&mut batch) > 0 {
-                    metrics.events_read(batch.len());
-                    if let Some(dns) = &mut dns {
-                        dns.drain(|message| pipeline.take_dns(message));
-                    }
-                    pipeline.take_in(&batch)?;
-                    batch.clear();
-                }
-                Step::FlushAndStop
-            }
-        };
-        early = None;
-        last_flush = tokio::time::Instant::now();
-        let flushed = pipeline.flush()?;
-        report.flushed(
-            &flushed,
-            &data_plane,
-            &mut dns,
-            &reader,
-            &mut pipeline,
-            caps,
-        )?;
-        flush::send(
-            &flushed,
-            &clock,
-            uplink.as_ref().map(|(sender, _)| sender),
-            source_records.as_ref(),
-            report.health(),
-        );
-        if step == Step::FlushAndStop {
-            break;
-        }
-    }
+    let data_plane = event_loop
+        .run(
+            outputs.uplink.as_ref().map(|(sender, _)| sender),
+            outputs.source_records.as_ref(),
+            shutdown_signal(),
+        )
+        .await?;
+    let Outputs {
+        uplink,
+        sources_stop,
+        ..
+    } = outputs;
     stop::stop(pod_watch, enforcement_client, uplink, sources_stop).await;
     tracing::info!(counters = ?data_plane.counters()?, "stopped");
     Ok(())
+}
+
+/// Where the agent's records go: the uplink to the controller, and the sink the flow sources (and
+/// the enforcement's deny evidence) fill for each flush.
+struct Outputs {
+    uplink: Option<(UplinkSender, tokio::task::JoinHandle<()>)>,
+    source_records: Option<RecordSink>,
+    sources_stop: SourcesStop,
+}
+
+impl Outputs {
+    fn start(
+        args: &RunArgs,
+        uplink_config: Option<UplinkConfig>,
+        enforcing: bool,
+        metrics: &AgentMetrics,
+    ) -> Result<Self> {
+        let uplink = match uplink_config {
+            Some(config) => {
+                tracing::info!(controller = %config.endpoint, node = %config.node, "uplink on");
+                metrics.uplink_enabled();
+                Some(uplink::spawn(config, metrics.uplink()).context("starting the uplink")?)
+            }
+            None => {
+                tracing::info!("no --controller-url: uplink off");
+                None
+            }
+        };
+        let (mut source_records, sources_stop) = args
+            .sources
+            .start(args.node_name.clone(), &metrics.sources());
+        if enforcing && source_records.is_none() {
+            // Deny evidence joins each flush like a flow source's records.
+            source_records = Some(Default::default());
+        }
+        if args.sources.hubble_socket.is_some() || args.sources.hubble_relay_address.is_some() {
+            metrics.source_enabled(crate::sources::SourceName::hubble);
+        }
+        if args.sources.ztunnel_log_glob.is_some() {
+            metrics.source_enabled(crate::sources::SourceName::ztunnel);
+        }
+        Ok(Self {
+            uplink,
+            source_records,
+            sources_stop,
+        })
+    }
 }
