@@ -5,29 +5,18 @@
 
 mod election;
 mod ingest_server;
+mod setup;
 mod shutdown;
 mod tasks;
 
-use super::App;
-use crate::ingest::TokenReviewAuthenticator;
-use crate::ingest::admission::StreamLimits;
-use crate::ingest::auth_cache::{self, CachedAuthenticator};
-use crate::ingest::claims_store::ClaimsStore;
-use crate::ingest::tls;
-use crate::learn::learner::{self, ExcludedWorkload, Learner};
-use crate::monitor::history_store::{self, HistoryStore};
-use crate::monitor::status_sync;
-use crate::policy::protect_gate::GateHistory;
-use crate::policy::provenance::SigningKey;
-use crate::reconcile::{self, Settings};
+use crate::learn::learner::{self, ExcludedWorkload};
 use crate::runtime::http::Health;
 use crate::runtime::metrics::ControllerMetrics;
 use anyhow::{Context as _, Result};
 use clap::ValueEnum;
 use election::Election;
 use network_enforcer_api::Backend;
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use setup::Setup;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -289,157 +278,45 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
-    let signing_key = signing_key(&args)?;
-    let settings = Settings {
-        namespace: args.namespace.clone(),
-        instance: args.instance.clone(),
-        resync: Duration::from_secs(args.resync_seconds),
-        signing_key: signing_key.clone(),
-        unused_rule_after: args.unused_rule_after,
-        ..Settings::default()
-    };
-    let (agent_ns, agent_name) = args
-        .agent_service_account
-        .split_once('/')
-        .context("--agent-service-account must be `namespace/name`")?;
-    let excluded: BTreeSet<String> = if args.exclude_namespaces.is_empty() {
-        BTreeSet::from([args.pod_namespace.clone()])
-    } else {
-        args.exclude_namespaces.iter().cloned().collect()
-    };
-    let backend = args.provider.backend();
-    // Decided before anything starts: a missing certificate is a startup error, not a silent plaintext.
-    let transport = tls::transport(
-        args.ingest_tls_cert_file.clone(),
-        args.ingest_tls_key_file.clone(),
-        args.ingest_insecure,
-    )?;
-    tracing::info!(namespace = ?settings.namespace, ?backend, ?excluded, ingest = %args.ingest_address, "starting controller");
-
+    let setup = Setup::from_args(&args)?;
     let metrics = ControllerMetrics::new();
-    settings.metrics.register(&metrics);
+    setup.settings.metrics.register(&metrics);
     let health = Health::default();
-    let http_listener = tokio::net::TcpListener::bind(args.metrics_address)
-        .await
-        .with_context(|| format!("binding --metrics-address {}", args.metrics_address))?;
-    tracing::info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
-    let http = crate::runtime::http::serve(http_listener, metrics.clone(), health.clone());
+    let http = setup::serve_probes(&args, &metrics, &health).await?;
     let ingest_health = health.component("ingest", true);
-    let election = Election::start(&args, &client, &settings, &metrics)?;
+    let election = Election::start(&args, &client, &setup.settings, &metrics)?;
     // Kept to flush queued events on the way out.
     let violation_sink = crate::monitor::otlp::from_env(&metrics)
         .context("setting up OTLP export (OTEL_EXPORTER_OTLP_* variables)")?;
-
-    let learner_settings = LearnerSettings::from(&args);
-    let mut builder = App::builder(client.clone(), backend)
-        .excluded_namespaces(excluded.clone())
-        .namespace(settings.namespace.clone())
-        .metrics(metrics.clone())
-        .configure_learner(move |l| learner_settings.apply(l))
-        .signing_key(signing_key.clone())
-        .status_sync(
-            status_sync_settings(&args, &client, &settings),
-            violation_sink.clone(),
-        )
-        .stream_limits(StreamLimits {
-            max_streams: args.max_agent_streams,
-            max_age: Duration::from_secs(args.max_agent_stream_age_seconds),
-            ..StreamLimits::default()
-        })
-        .names(crate::cluster::names::Settings {
-            retention: args.name_address_retention,
-            ..Default::default()
-        });
-    if let Some(election) = &election {
-        builder = builder.leadership(election.leadership());
-    }
-    let app = builder.build();
+    let app = setup.app(
+        &args,
+        &client,
+        &metrics,
+        violation_sink.clone(),
+        election.as_ref(),
+    );
     let status_sync = app.status_sync.clone().expect("built with a status sync");
-    // One watch per kind: the reconcilers, the status sync, the proposal writer and the web view
-    // share the app's. The protect gate replays the flows the status sync has seen.
-    let mut reconcilers =
-        reconcile::Reconcilers::new(&client, app.objects.clone(), settings.clone())
-            .with_gate(GateHistory(status_sync.clone()));
-    if let Some(changes) = app.take_name_changes() {
-        reconcilers = reconcilers.with_names(app.names.clone(), changes);
-    }
-
-    let ui_address = if args.no_ui { "" } else { &args.ui_address };
-    let ui = crate::ui::start(
-        ui_address,
-        client.clone(),
-        &app.objects,
-        status_sync.clone(),
-        Arc::new(super::explainer::ClusterExplainer {
-            client: client.clone(),
-            scope: settings.namespace.clone(),
-        }),
-        &metrics,
-    )
-    .await?;
-    let goldmane = args
-        .goldmane
-        .run(client.clone(), app.learning.clone(), &metrics, || {
-            health.component("goldmane", false)
-        });
-    // Reconnects within a short window reuse the last review (see auth_cache).
-    let ingest = app.ingest(Arc::new(CachedAuthenticator::new(
-        TokenReviewAuthenticator::new(client.clone(), agent_ns, agent_name),
-        auth_cache::TTL,
-    )));
-    let ingest_listener = tokio::net::TcpListener::bind(args.ingest_address)
-        .await
-        .with_context(|| format!("binding --ingest-address {}", args.ingest_address))?;
-    let grpc = ingest_server::serve(
-        args.ingest_address,
-        ingest_listener,
-        transport,
-        ingest,
-        &metrics,
-    )?;
+    let ui = setup::start_ui(&args, &client, &app, &setup, status_sync.clone(), &metrics).await?;
+    let grpc = setup::serve_ingest(&args, &client, &app, &setup, &metrics).await?;
     let readiness = election::readiness(
         election.as_ref(),
         ingest_health,
         format!("serving on {}", args.ingest_address),
         metrics.clone(),
     );
-    let flusher = app
-        .flusher
-        .run(Duration::from_secs(args.flush_interval_seconds.max(1)));
-    let coverage = tasks::coverage(&args, &app, &client, &settings, &metrics, &health);
-    let cluster_proposals = tasks::cluster_proposals(
-        &args,
-        &client,
-        &settings,
-        &excluded,
-        status_sync.clone(),
-        signing_key.clone(),
-        &metrics,
+    let leading = tasks::lead(
+        election.as_ref(),
+        tasks::leader_tasks(
+            &args,
+            &client,
+            &app,
+            &setup,
+            &status_sync,
+            &metrics,
+            &health,
+        ),
     );
-    // Writers and reconcilers run on the leader only; a replica that loses the lead exits, so that it
-    // restarts as a clean follower instead of stopping its tasks halfway.
-    let leading = async {
-        election::until_leading(election.as_ref()).await;
-        tokio::select! {
-            () = reconcilers.run() => {}
-            () = flusher => {}
-            () = status_sync.clone().run() => {}
-            () = goldmane => {}
-            () = coverage => {}
-            () = cluster_proposals => {}
-        }
-    };
-    // SIGTERM (Kubernetes) or Ctrl-C: stop serving at once (agents' streams never end on their own,
-    // so a graceful gRPC shutdown would wait for the kill), then write what is pending.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    let stop = async {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("stopping: writing pending proposals and violations, flushing OTLP events");
-    };
+    let stop = shutdown::signal()?;
     let result = tokio::select! {
         () = stop => Ok(()),
         () = leading => Ok(()),
@@ -473,101 +350,4 @@ fn init_logs(args: &RunArgs) -> Result<()> {
         LogFormat::Text => logs.init(),
     }
     Ok(())
-}
-
-/// The key proposals are signed with; without one, any proposal is promoted (warned).
-fn signing_key(args: &RunArgs) -> Result<Option<Arc<SigningKey>>> {
-    Ok(match &args.proposal_signing_key_file {
-        Some(path) => Some(Arc::new(SigningKey::from_file(path)?)),
-        None => {
-            tracing::warn!(
-                "no --proposal-signing-key-file: any proposal is promoted, also one written by hand \
-                 (anyone who may write proposals may then create NetworkPolicies through promotion)"
-            );
-            None
-        }
-    })
-}
-
-/// The status sync's settings from the command line.
-fn status_sync_settings(
-    args: &RunArgs,
-    client: &kube::Client,
-    settings: &Settings,
-) -> status_sync::Settings {
-    status_sync::Settings {
-        namespace: settings.namespace.clone(),
-        interval: args.status_update_interval,
-        // Cilium gives in-cluster pods identities that CIDR rules do not match.
-        ip_blocks_match_pods: !matches!(args.provider, Provider::Cilium),
-        instance: settings.instance.clone(),
-        history: crate::monitor::edge_history::Bounds {
-            max_edges: args.edge_history_max_edges as usize,
-            retention: args.edge_history_retention,
-        },
-        history_warmup: args.edge_history_warmup,
-        history_store: (!args.edge_history_persist_interval.is_zero()).then(|| {
-            HistoryStore::new(
-                client.clone(),
-                &args.pod_namespace,
-                &args.edge_history_configmap,
-                history_store::Limits::default(),
-            )
-        }),
-        history_persist_every: args
-            .edge_history_persist_interval
-            .max(Duration::from_secs(1)),
-        claims_store: (!args.evidence_claims_configmap.is_empty()).then(|| {
-            ClaimsStore::new(
-                client.clone(),
-                &args.pod_namespace,
-                &args.evidence_claims_configmap,
-            )
-        }),
-        // The reconciler's memory: both elect the same policy per target.
-        backends: settings.backends.clone(),
-        ..status_sync::Settings::default()
-    }
-}
-
-/// The learner's settings from the command line.
-struct LearnerSettings {
-    excluded_workloads: Vec<ExcludedWorkload>,
-    max_external_peers_per_port: usize,
-    max_ports_per_rule: usize,
-    max_rules: usize,
-    wildcard_min_names: usize,
-    trust_remote_peers: bool,
-    resolution_grace_ms: i64,
-    cluster_cidrs: Vec<ipnet::IpNet>,
-}
-
-impl From<&RunArgs> for LearnerSettings {
-    fn from(args: &RunArgs) -> Self {
-        Self {
-            excluded_workloads: args.exclude_workloads.clone(),
-            max_external_peers_per_port: args.max_external_peers_per_port,
-            max_ports_per_rule: args.max_ports_per_rule,
-            max_rules: args.max_rules,
-            wildcard_min_names: args.wildcard_min_names,
-            trust_remote_peers: args.trust_remote_peers,
-            resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
-                .unwrap_or(i64::MAX),
-            cluster_cidrs: args.cluster_cidrs.clone(),
-        }
-    }
-}
-
-impl LearnerSettings {
-    fn apply(self, learner: Learner) -> Learner {
-        learner
-            .with_excluded_workloads(self.excluded_workloads)
-            .with_max_external_peers(self.max_external_peers_per_port)
-            .with_max_ports_per_rule(self.max_ports_per_rule)
-            .with_max_rules(self.max_rules)
-            .with_wildcard_min_names(self.wildcard_min_names)
-            .with_trust_remote_peers(self.trust_remote_peers)
-            .with_resolution_grace(self.resolution_grace_ms)
-            .with_cluster_cidrs(self.cluster_cidrs)
-    }
 }

@@ -45,3 +45,19 @@ pub async fn last_flush(app: &App, status_sync: &StatusSync, still_leading: bool
         tracing::warn!("the last flush did not finish within {LAST_FLUSH_TIMEOUT:?}");
     }
 }
+
+/// Resolves on SIGTERM (Kubernetes) or Ctrl-C: `run` then stops serving at once (agents' streams
+/// never end on their own, so a graceful gRPC shutdown would wait for the kill) and writes what is
+/// pending.
+pub fn signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use anyhow::Context as _;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("stopping: writing pending proposals and violations, flushing OTLP events");
+    })
+}

@@ -152,3 +152,69 @@ pub fn cluster_proposals(
         }
     }
 }
+
+/// A task that runs until the process stops.
+pub type Task<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// What runs on the leader only: the reconcilers, the proposal flusher, the status sync, Goldmane's
+/// reader, the agents' coverage and the cluster proposals.
+pub fn leader_tasks<'a>(
+    args: &'a RunArgs,
+    client: &kube::Client,
+    app: &'a App,
+    setup: &super::setup::Setup,
+    status_sync: &Arc<StatusSync>,
+    metrics: &'a ControllerMetrics,
+    health: &'a Health,
+) -> Vec<Task<'a>> {
+    // One watch per kind: the reconcilers, the status sync, the proposal writer and the web view
+    // share the app's. The protect gate replays the flows the status sync has seen.
+    let mut reconcilers =
+        crate::reconcile::Reconcilers::new(client, app.objects.clone(), setup.settings.clone())
+            .with_gate(crate::policy::protect_gate::GateHistory(
+                status_sync.clone(),
+            ));
+    if let Some(changes) = app.take_name_changes() {
+        reconcilers = reconcilers.with_names(app.names.clone(), changes);
+    }
+    let status_sync = status_sync.clone();
+    vec![
+        Box::pin(async move { reconcilers.run().await }),
+        Box::pin(
+            app.flusher
+                .run(Duration::from_secs(args.flush_interval_seconds.max(1))),
+        ),
+        Box::pin(status_sync.clone().run()),
+        Box::pin(
+            args.goldmane
+                .run(client.clone(), app.learning.clone(), metrics, || {
+                    health.component("goldmane", false)
+                }),
+        ),
+        Box::pin(coverage(
+            args,
+            app,
+            client,
+            &setup.settings,
+            metrics,
+            health,
+        )),
+        Box::pin(cluster_proposals(
+            args,
+            client,
+            &setup.settings,
+            &setup.excluded,
+            status_sync,
+            setup.signing_key.clone(),
+            metrics,
+        )),
+    ]
+}
+
+/// Waits to lead, then runs `tasks` until one ends. Writers and reconcilers run on the leader only; a
+/// replica that loses the lead exits, so that it restarts as a clean follower instead of stopping
+/// its tasks halfway.
+pub async fn lead(election: Option<&super::election::Election>, tasks: Vec<Task<'_>>) {
+    super::election::until_leading(election).await;
+    futures::future::select_all(tasks).await;
+}
