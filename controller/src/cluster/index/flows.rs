@@ -85,54 +85,173 @@ pub struct Flow {
 /// The flows of one connection: one, or one per backend workload of a Service.
 pub type Flows = SmallVec<[Flow; 1]>;
 
+/// An address's family: a host-network local pod is its address of its peer's family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    /// An address of this family, standing for one whose only use is its family.
+    fn any_address(self) -> IpAddr {
+        match self {
+            Family::V4 => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        }
+    }
+}
+
+/// Where a connection's peer is, as the index placed it at the record's time ([`Index::place`]):
+/// the part of a record's resolution that reads the index's history of addresses, done once per
+/// record and kept (small: what waits between two evidence passes holds one) until
+/// [`Index::flows_at`] expands it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PeerAt {
+    /// Not placed yet: the address as the record gave it.
+    Unplaced(IpAddr),
+    /// The pod that held the address.
+    Pod(Arc<PodRecord>, Family),
+    /// A Service ClusterIP's backends on the connection's port.
+    Backends(Arc<Vec<Backend>>, Family),
+    /// A Service ClusterIP without a backend on that port yet.
+    NoBackends(IpAddr),
+    /// No pod's and no Service's: a node's or an outside address.
+    Address(IpAddr),
+}
+
+impl PeerAt {
+    /// Whether placing it again may give another answer: not placed yet, a Service without
+    /// backends, or an address a pod or Service could still turn out to have (any address when
+    /// `cluster_cidrs` is empty: the ranges are not known; else only one inside them) that is no
+    /// node's.
+    pub fn may_improve(&self, index: &Index, cluster_cidrs: &[ipnet::IpNet]) -> bool {
+        match self {
+            PeerAt::Unplaced(_) | PeerAt::NoBackends(_) => true,
+            PeerAt::Pod(..) | PeerAt::Backends(..) => false,
+            PeerAt::Address(ip) => {
+                !index.nodes.contains_key(ip)
+                    && (cluster_cidrs.is_empty() || cluster_cidrs.iter().any(|c| c.contains(ip)))
+            }
+        }
+    }
+
+    /// The address, when the placement keeps it (for logs).
+    pub fn address(&self) -> Option<IpAddr> {
+        match self {
+            PeerAt::Unplaced(ip) | PeerAt::NoBackends(ip) | PeerAt::Address(ip) => Some(*ip),
+            PeerAt::Pod(..) | PeerAt::Backends(..) => None,
+        }
+    }
+}
+
 impl Index {
     /// The flows `connection` stands for: to the pod that held the peer's address at the record's
     /// time, to each backend of a Service ClusterIP (on the port each is reached on after DNAT), or
     /// to a node or outside address. An inbound peer is never a ClusterIP (kube-proxy keeps the
     /// client's address). A host-network local pod is its address of the peer's family.
     pub fn flows(&self, connection: &Connection<'_>) -> Result<Flows, NoFlow> {
+        self.flows_at(connection, &self.place(connection))
+    }
+
+    /// Where `connection`'s peer is at the record's time (see [`PeerAt`]).
+    pub fn place(&self, connection: &Connection<'_>) -> PeerAt {
         let Connection {
-            local,
             peer,
             port,
             protocol,
             opened,
             at_ms,
+            ..
         } = *connection;
-        let local = self.local_end(local, peer)?;
+        let family = Family::of(peer);
+        if let Some(pod) = self.pod_at(peer, at_ms) {
+            return PeerAt::Pod(Arc::clone(pod), family);
+        }
+        if opened == Opened::Inbound {
+            return PeerAt::Address(peer);
+        }
+        match self.service_ips.get(&peer) {
+            Some(key) if self.services.contains_key(key) => {
+                match self
+                    .backends
+                    .get(key)
+                    .and_then(|b| b.by_port.get(&(port, protocol)))
+                {
+                    Some(b) if !b.is_empty() => PeerAt::Backends(Arc::clone(b), family),
+                    _ => PeerAt::NoBackends(peer),
+                }
+            }
+            _ => PeerAt::Address(peer),
+        }
+    }
+
+    /// The flows of `connection` whose peer is `placed` (an [`PeerAt::Unplaced`] one is placed
+    /// now): [`Index::flows`] without reading the history of addresses again.
+    pub fn flows_at(&self, connection: &Connection<'_>, placed: &PeerAt) -> Result<Flows, NoFlow> {
+        let Connection {
+            local,
+            port,
+            opened,
+            ..
+        } = *connection;
+        let placed = match placed {
+            PeerAt::Unplaced(_) => &self.place(connection),
+            placed => placed,
+        };
+        let family = match placed {
+            PeerAt::Pod(_, family) | PeerAt::Backends(_, family) => *family,
+            PeerAt::Unplaced(ip) | PeerAt::NoBackends(ip) | PeerAt::Address(ip) => Family::of(*ip),
+        };
+        let local = self.local_end(local, family.any_address())?;
         let flow = |source, destination, port| Flow {
             source,
             destination,
             port,
             to_address: false,
         };
-        Ok(match opened {
-            Opened::Outbound => match self.resolve_ref(peer, port, protocol, at_ms) {
-                ResolvedRef::Pod(pod, port) => {
-                    smallvec::smallvec![flow(local, End::Pod(Arc::clone(pod)), port)]
-                }
-                ResolvedRef::Backends(backends) => backends
+        let peer = match placed {
+            PeerAt::Pod(pod, _) => End::Pod(Arc::clone(pod)),
+            PeerAt::Backends(backends, _) => {
+                return Ok(backends
                     .iter()
                     .map(|(backend, port)| flow(local.clone(), End::Other(backend.clone()), *port))
-                    .collect(),
-                ResolvedRef::Address(end, port) => smallvec::smallvec![Flow {
-                    to_address: true,
-                    ..flow(local, End::Other(end), port)
-                }],
-                ResolvedRef::ServiceWithoutBackends(svc) => {
-                    return Err(NoFlow::ServiceWithoutBackends(
-                        svc.namespace.clone(),
-                        svc.name.clone(),
-                    ));
-                }
-            },
-            Opened::Inbound => {
-                let source = match self.pod_at(peer, at_ms) {
-                    Some(pod) => End::Pod(Arc::clone(pod)),
-                    None => End::Other(self.address_endpoint(peer, at_ms)),
-                };
-                smallvec::smallvec![flow(source, local, port)]
+                    .collect());
             }
+            PeerAt::NoBackends(ip) => {
+                let (namespace, name) = self
+                    .service_ips
+                    .get(ip)
+                    .cloned()
+                    .unwrap_or_else(|| (String::new(), ip.to_string()));
+                return Err(NoFlow::ServiceWithoutBackends(namespace, name));
+            }
+            PeerAt::Address(ip) | PeerAt::Unplaced(ip) => {
+                let end = match self.nodes.get(ip) {
+                    Some(node) => FlowEnd::Node {
+                        ip: *ip,
+                        name: node.clone(),
+                    },
+                    None => FlowEnd::External(*ip),
+                };
+                let to_address = opened == Opened::Outbound;
+                let (source, destination) = match opened {
+                    Opened::Outbound => (local, End::Other(end)),
+                    Opened::Inbound => (End::Other(end), local),
+                };
+                return Ok(smallvec::smallvec![Flow {
+                    to_address,
+                    ..flow(source, destination, port)
+                }]);
+            }
+        };
+        Ok(match opened {
+            Opened::Outbound => smallvec::smallvec![flow(local, peer, port)],
+            Opened::Inbound => smallvec::smallvec![flow(peer, local, port)],
         })
     }
 

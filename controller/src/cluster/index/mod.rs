@@ -170,7 +170,8 @@ struct Backends {
     /// Per service port: the backend workloads and their container ports, sorted and deduplicated (one
     /// workload appears once per distinct container port, e.g. while a rollout changes a named port);
     /// for a Service without a selector, what its Endpoints' addresses are and their ports.
-    by_port: FastMap<(u16, Protocol), Vec<Backend>>,
+    /// Shared, so that a record placed on them holds them without a copy ([`PeerAt::Backends`]).
+    by_port: FastMap<(u16, Protocol), Arc<Vec<Backend>>>,
 }
 
 /// Who held an IP, and when (ms since the epoch).
@@ -607,7 +608,7 @@ fn remove_from<K: Eq + Hash>(map: &mut FastMap<K, BTreeSet<String>>, key: &K, na
     }
 }
 
-pub use flows::{Connection, End, Flow, Flows, NoFlow, Opened};
+pub use flows::{Connection, End, Family, Flow, Flows, NoFlow, Opened, PeerAt};
 
 mod endpoints;
 mod flows;

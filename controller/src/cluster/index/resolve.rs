@@ -14,15 +14,18 @@ impl Index {
             return true;
         }
         self.backends.get(key).is_some_and(|b| {
-            b.by_port.values().flatten().any(|(endpoint, p)| {
-                *p == port
-                    && match endpoint {
-                        FlowEnd::Node { ip: at, .. }
-                        | FlowEnd::External(at)
-                        | FlowEnd::HostNetwork { ip: at, .. } => *at == ip,
-                        FlowEnd::Workload(_) => false,
-                    }
-            })
+            b.by_port
+                .values()
+                .flat_map(|v| v.iter())
+                .any(|(endpoint, p)| {
+                    *p == port
+                        && match endpoint {
+                            FlowEnd::Node { ip: at, .. }
+                            | FlowEnd::External(at)
+                            | FlowEnd::HostNetwork { ip: at, .. } => *at == ip,
+                            FlowEnd::Workload(_) => false,
+                        }
+                })
         })
     }
 

@@ -84,7 +84,10 @@ impl Index {
                 }
             }
             if !found.is_empty() {
-                by_port.insert((sp.port, sp.protocol), found.into_iter().collect());
+                by_port.insert(
+                    (sp.port, sp.protocol),
+                    Arc::new(found.into_iter().collect()),
+                );
             }
         }
         if let Some(backends) = self.backends.get_mut(key) {
@@ -126,7 +129,7 @@ impl Index {
         &self,
         key: &ServiceKey,
         svc: &ServiceInfo,
-    ) -> FastMap<(u16, Protocol), Vec<Backend>> {
+    ) -> FastMap<(u16, Protocol), Arc<Vec<Backend>>> {
         let mut by_port = FastMap::default();
         let Some(parts) = self.endpoints.get(key) else {
             return by_port;
@@ -163,7 +166,10 @@ impl Index {
                 found = serving(true);
             }
             if !found.is_empty() {
-                by_port.insert((sp.port, sp.protocol), found.into_iter().collect());
+                by_port.insert(
+                    (sp.port, sp.protocol),
+                    Arc::new(found.into_iter().collect()),
+                );
             }
         }
         by_port
