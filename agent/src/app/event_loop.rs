@@ -115,14 +115,14 @@ impl EventLoop {
         })
     }
 
-    /// Runs until `shutdown` resolves, then flushes once more (so a rollout loses nothing) and
-    /// hands back the data plane (its programs stay attached until it is dropped).
+    /// Runs until `shutdown` resolves, then flushes once more (so a rollout loses nothing). The
+    /// programs stay attached and the debug API open until the loop is dropped, after the stop.
     pub async fn run(
-        mut self,
+        &mut self,
         uplink: Option<&UplinkSender>,
         source_records: Option<&RecordSink>,
         shutdown: impl Future<Output = Result<()>>,
-    ) -> Result<DataPlane> {
+    ) -> Result<()> {
         let mut flush = tokio::time::interval(self.flush_every);
         // When an edge never flushed before is held: flush it soon rather than at the next tick.
         let mut early: Option<tokio::time::Instant> = None;
@@ -172,9 +172,14 @@ impl EventLoop {
             last_flush = tokio::time::Instant::now();
             self.flush(uplink, source_records)?;
             if step == Step::FlushAndStop {
-                return Ok(self.data_plane);
+                return Ok(());
             }
         }
+    }
+
+    /// The data plane (its counters, for the last log line).
+    pub fn data_plane(&self) -> &DataPlane {
+        &self.data_plane
     }
 
     /// Takes in a batch of events (the DNS messages first: an answer was copied before its pod

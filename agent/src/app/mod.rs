@@ -256,12 +256,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             None
         }
     };
-    let event_loop = EventLoop::start(&args, attributor, peers, &metrics)?;
+    let mut event_loop = EventLoop::start(&args, attributor, peers, &metrics)?;
     for (address, listener) in listeners {
         tracing::info!(%address, "metrics on /metrics, probes on /healthz and /readyz");
         tokio::spawn(metrics.clone().serve(listener));
     }
-    let data_plane = event_loop
+    event_loop
         .run(
             outputs.uplink.as_ref().map(|(sender, _)| sender),
             outputs.source_records.as_ref(),
@@ -274,7 +274,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         ..
     } = outputs;
     stop::stop(pod_watch, enforcement_client, uplink, sources_stop).await;
-    tracing::info!(counters = ?data_plane.counters()?, "stopped");
+    tracing::info!(counters = ?event_loop.data_plane().counters()?, "stopped");
+    // Dropping the loop detaches the programs and removes the debug socket: after the stop.
+    drop(event_loop);
     Ok(())
 }
 

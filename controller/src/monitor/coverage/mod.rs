@@ -163,11 +163,28 @@ struct Samples {
     base: Option<AgentHealth>,
     /// The oldest sample kept after `base`: the next base once far enough behind.
     pending: Option<AgentHealth>,
+    /// When `base` and `pending` arrived, on the controller's clock (the agents' clocks start
+    /// over when a node reboots: only the controller's compares two processes).
+    base_arrived_ms: i64,
+    pending_arrived_ms: i64,
     latest: AgentHealth,
     /// When `latest` arrived, on the controller's clock.
     changed_ms: i64,
     /// Between the last two samples, on the agent's clock (its flush interval, or longer when idle).
     interval_ms: i64,
+}
+
+/// The longest three sample intervals keep a process fresh: one idle for an hour before a batch is
+/// not judged for three.
+const MAX_FRESH_MS: i64 = 10 * 60_000;
+
+impl Samples {
+    /// Whether its newest sample stands for it at `now_ms` (see [`COST_SAMPLE_FRESH_MS`]).
+    fn fresh(&self, now_ms: i64) -> bool {
+        let fresh_for =
+            COST_SAMPLE_FRESH_MS.max(self.interval_ms.saturating_mul(3).min(MAX_FRESH_MS));
+        now_ms.saturating_sub(self.changed_ms) <= fresh_for
+    }
 }
 
 impl CostSamples {
@@ -181,6 +198,8 @@ impl CostSamples {
                     Samples {
                         base: None,
                         pending: None,
+                        base_arrived_ms: 0,
+                        pending_arrived_ms: 0,
                         latest: *health,
                         changed_ms: now_ms,
                         interval_ms: 0,
@@ -198,12 +217,16 @@ impl CostSamples {
             };
             if far(&p.latest) {
                 p.base = Some(p.latest);
+                p.base_arrived_ms = p.changed_ms;
                 p.pending = None;
             } else if let Some(pending) = p.pending.filter(far) {
                 p.base = Some(pending);
+                p.base_arrived_ms = p.pending_arrived_ms;
                 p.pending = Some(p.latest);
+                p.pending_arrived_ms = p.changed_ms;
             } else if p.pending.is_none() {
                 p.pending = Some(p.latest);
+                p.pending_arrived_ms = p.changed_ms;
             }
             p.interval_ms = health.cost_sampled_ms - p.latest.cost_sampled_ms;
             p.latest = *health;
@@ -219,15 +242,15 @@ impl CostSamples {
         let mut bases = Reports::new();
         let mut latest = Reports::new();
         for (k, p) in &self.processes {
-            let fresh_for = COST_SAMPLE_FRESH_MS.max(p.interval_ms.saturating_mul(3));
-            if now_ms.saturating_sub(p.changed_ms) > fresh_for {
+            if !p.fresh(now_ms) {
                 continue;
             }
             let replaced = self.processes.iter().any(|(other, o)| {
                 other.0 == k.0
                     && other.1 != k.1
-                    && o.base
-                        .is_some_and(|b| b.cost_sampled_ms > p.latest.cost_sampled_ms)
+                    && o.fresh(now_ms)
+                    && o.base.is_some()
+                    && o.base_arrived_ms > p.changed_ms
             });
             if replaced {
                 continue;
@@ -296,7 +319,8 @@ pub fn confirmed_over(
     let mut confirmed = Vec::new();
     for o in over {
         let run = match last.get(&o.node) {
-            Some(run) if run.sampled_ms >= o.sampled_ms => *run,
+            // Any other time is a new sample: a restarted node's agents count from 0 again.
+            Some(run) if run.sampled_ms == o.sampled_ms => *run,
             Some(_) => OverRun {
                 sampled_ms: o.sampled_ms,
                 confirmed: true,

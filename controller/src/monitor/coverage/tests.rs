@@ -248,6 +248,52 @@ fn a_process_that_flushes_rarely_stays_fresh_for_three_of_its_intervals() {
         samples.fresh(91_000 + 270_001).1.is_empty(),
         "three intervals without a batch"
     );
+    // Idle for an hour, then one batch: fresh for ten minutes, not three hours.
+    samples.advance(&look(3_691_000), 3_691_000);
+    assert_eq!(samples.fresh(3_691_000 + 600_000).1.len(), 1);
+    assert!(samples.fresh(3_691_000 + 600_001).1.is_empty());
+}
+
+#[test]
+fn after_a_node_reboot_its_new_agent_is_judged_though_its_clock_started_over() {
+    let c = |at| AgentHealth {
+        cost_sampled_ms: at,
+        ..AgentHealth::default()
+    };
+    let look = |entries: &[(u64, i64)]| -> Reports {
+        entries
+            .iter()
+            .map(|(instance, at)| (("n1".to_string(), *instance), c(*at)))
+            .collect()
+    };
+    let mut samples = CostSamples::default();
+    // The agent before the reboot: up for a week (its monotonic clock), its last batch at 100 s
+    // on the controller's clock; its report stays in the node's presence.
+    let week = 7 * 86_400_000;
+    samples.advance(&look(&[(7, week)]), 80_000);
+    samples.advance(&look(&[(7, week + 20_000)]), 100_000);
+    // The node reboots; the new agent's clock starts near 0.
+    samples.advance(&look(&[(7, week + 20_000), (9, 30_000)]), 130_000);
+    samples.advance(&look(&[(7, week + 20_000), (9, 45_000)]), 145_000);
+    let (bases, latest) = samples.fresh(145_000);
+    assert_eq!(
+        (
+            bases.keys().map(|k| k.1).collect::<Vec<_>>(),
+            latest.keys().map(|k| k.1).collect::<Vec<_>>()
+        ),
+        (vec![9], vec![9]),
+        "the new agent is judged, the old one replaced"
+    );
+    // Confirmation takes any other sample time as new, smaller ones too.
+    let over = |sampled_ms| OverBudget {
+        node: "n1".into(),
+        cpu_cores: Some(2.0),
+        memory_bytes: 0,
+        sampled_ms,
+    };
+    let mut last = BTreeMap::new();
+    assert!(confirmed_over(vec![over(week + 20_000)], &mut last).is_empty());
+    assert_eq!(confirmed_over(vec![over(45_000)], &mut last).len(), 1);
 }
 
 #[test]
