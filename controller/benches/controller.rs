@@ -412,6 +412,10 @@ fn stages(
         .iter()
         .map(|d| ReportedConnection::of(d, Reporter::Node))
         .collect();
+    // The part of a resolution that reads the address history (once per record).
+    let place = ns_per_item(&decoded, |d| {
+        black_box(ix.place(&d.connection()));
+    });
     let resolve_learning = ns_per_item(&observations, |o| {
         black_box(learn::flows(&ix, o).unwrap());
     });
@@ -455,6 +459,7 @@ fn stages(
     let figures = json!({
         "protobuf": protobuf,
         "decode": decode,
+        "place": place,
         "resolve_learning": resolve_learning,
         "learn": learn,
         "resolve_evidence": resolve_evidence,

@@ -24,9 +24,9 @@ use network_enforcer_controller::cluster::index::Index;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::Learning;
 use network_enforcer_controller::ingest::claims::Claims;
+use network_enforcer_controller::ingest::evidence::EvidenceKind;
 use network_enforcer_controller::ingest::source_cursors::PersistedCursor;
 use network_enforcer_controller::monitor::status_sync::EvidenceQueue;
-use network_enforcer_controller::monitor::violations::evidence::EvidenceKind;
 use network_enforcer_controller::sources::goldmane::{
     Goldmane, GoldmaneConfig, GoldmaneHealth, ObjectRef,
 };

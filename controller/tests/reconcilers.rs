@@ -1132,7 +1132,7 @@ async fn stopping_the_controller_ignores_failed_pods_and_restores_it_when_it_can
 /// "Who can promote what"); against the real API server, so the signature survives the round trip.
 #[tokio::test]
 async fn only_proposals_the_controller_signed_are_promoted() -> Result<()> {
-    use network_enforcer_controller::policy::provenance::SigningKey;
+    use network_enforcer_controller::learn::provenance::SigningKey;
     let ns = TestNamespace::create_with_crds("provenance").await?;
     let key = std::sync::Arc::new(SigningKey::new(&[42u8; 32]).expect("a key"));
     let settings = Settings {

@@ -48,7 +48,8 @@ enum Command {
     /// The product's main job, locally: cluster, chart, an app whose traffic is learned.
     Demo,
     /// Check the layout rule (docs/development.md): no source file over 800 code lines, no inline
-    /// test module over 300 lines; prints the largest files.
+    /// test module over 300 lines (prints the largest files); no controller import against the
+    /// stage order.
     Layout,
     /// The fuzz tests in release, 100,000 cases per target (NE_FUZZ_CASES); figures in
     /// target/bench/fuzz.json.

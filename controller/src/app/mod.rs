@@ -18,14 +18,15 @@ use crate::cluster::names::{self, ResolvedNames, WorkloadKey};
 use crate::cluster::shared_watch::PolicyObjects;
 use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
+use crate::ingest::evidence::EvidenceSink;
 use crate::ingest::presence::Presence;
 use crate::ingest::{Authenticate, IngestService, Learning, Limits};
 use crate::learn::flusher::{FlushReport, Flusher};
 use crate::learn::learner::Learner;
 use crate::learn::proposal_writer::ProposalWriter;
+use crate::learn::provenance::SigningKey;
 use crate::monitor::otlp::ViolationSink;
-use crate::monitor::status_sync::{self, EvidenceSink, StatusSync};
-use crate::policy::provenance::SigningKey;
+use crate::monitor::status_sync::{self, StatusSync};
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::ControllerMetrics;
 use kube::Client;
@@ -175,7 +176,7 @@ impl AppBuilder {
         self
     }
 
-    /// Signs every proposal written with `key` ([`crate::policy::provenance`]); `None`: unsigned.
+    /// Signs every proposal written with `key` ([`crate::learn::provenance`]); `None`: unsigned.
     pub fn signing_key(mut self, key: Option<Arc<SigningKey>>) -> Self {
         self.signing_key = key;
         self

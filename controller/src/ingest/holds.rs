@@ -9,7 +9,7 @@ pub struct Holds {
     /// The writes of these proposals.
     pub proposals: WaitsFor,
     /// The status patch of violations found in its records: a mark of the evidence sink
-    /// ([`crate::monitor::status_sync::EvidenceSink::hold`]).
+    /// ([`crate::ingest::evidence::EvidenceSink::hold`]).
     pub evidence: Option<u64>,
     /// Some of its evidence is handed to the evidence sink after the batch was merged: records that
     /// waited for their pod ([`early_records`]), or blocked connections whose peer waited for the
@@ -71,7 +71,7 @@ impl Holds {
         &mut self,
         mark: u64,
         written: &Ledger,
-        evidence: Option<&dyn crate::monitor::status_sync::EvidenceSink>,
+        evidence: Option<&dyn crate::ingest::evidence::EvidenceSink>,
     ) -> bool {
         if let Some(repeat) = &mut self.repeat_of {
             if repeat.copied.is_none() {

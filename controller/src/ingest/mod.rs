@@ -34,6 +34,7 @@ pub mod auth_cache;
 pub mod claims;
 pub mod claims_store;
 pub mod early_records;
+pub mod evidence;
 pub mod flow_record;
 mod holds;
 mod learning;
@@ -50,11 +51,11 @@ pub use learning::{CLOCK_SKEW_MS, clamp_times, observation};
 use crate::cluster::index::{FlowEnd, Index, ResolvedRef};
 use crate::cluster::names::{Change, WorkloadKey};
 use crate::cluster::watches::SharedIndex;
+use crate::ingest::evidence::Evidence;
 use crate::learn::flusher::{Flusher, Ledger};
 use crate::learn::learner::{Learner, WaitsFor};
 use crate::learn::proposal_writer::ProposalWriter;
 use crate::learn::{ReportedConnection, Reporter};
-use crate::monitor::violations::evidence::Evidence;
 use claims::ClaimGate;
 use early_records::EarlyRecords;
 use flow_record::{BadRecord, Decoded, PeerFrom};
@@ -102,7 +103,7 @@ pub struct Learning {
     /// Whose leadership decides whether agents' streams are taken.
     pub writer: Arc<ProposalWriter>,
     /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
-    pub evidence: Option<Arc<dyn crate::monitor::status_sync::EvidenceSink>>,
+    pub evidence: Option<Arc<dyn crate::ingest::evidence::EvidenceSink>>,
     /// Records that arrived before the index knew their pod ([`early_records`]).
     pub early: EarlyRecords,
     /// Where resolutions go (`OUTCOME_RESOLVED` records); `None`: they are counted and dropped.

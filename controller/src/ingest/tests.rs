@@ -21,7 +21,7 @@ fn index_with_pod(node: &str) -> Index {
 fn app_with(
     index: Index,
     grace_ms: i64,
-    evidence: Arc<dyn crate::monitor::status_sync::EvidenceSink>,
+    evidence: Arc<dyn crate::ingest::evidence::EvidenceSink>,
 ) -> crate::app::App {
     crate::app::App::builder(
         network_enforcer_tests::fixture::offline_client(),
@@ -87,7 +87,7 @@ async fn a_record_that_does_not_decode_is_refused_alone() {
 /// its flow, is not queued.
 #[tokio::test]
 async fn accepted_records_reach_the_evidence_queue_as_ingest_read_them() {
-    use crate::monitor::violations::evidence::EvidenceKind;
+    use crate::ingest::evidence::EvidenceKind;
     let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
     let app = app_with(index_with_pod("node-a"), 0, queue.clone());
     let with = |uid: &str, outcome: uplink::Outcome| FlowRecord {
@@ -167,7 +167,7 @@ fn encoded_batch(sequence: u64, node: &str, records: &[FlowRecord]) -> encoded::
 /// are learned and judged once it comes.
 #[tokio::test]
 async fn records_that_arrive_before_their_pod_wait_for_it() {
-    use crate::monitor::violations::evidence::EvidenceKind;
+    use crate::ingest::evidence::EvidenceKind;
     let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
     let mut index = index_with_pod("node-a");
     // The peer every record names (10.0.0.9).
@@ -244,7 +244,7 @@ struct Marks {
     settled: std::sync::atomic::AtomicU64,
 }
 
-impl crate::monitor::status_sync::EvidenceSink for Marks {
+impl crate::ingest::evidence::EvidenceSink for Marks {
     fn accepted(&self, _: Evidence) {
         self.handed
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -15,7 +15,6 @@
 //! are widened to their /24 (IPv6: /64); if those are still more than 25, the floor lets every
 //! outside address through and says so in the notes (it never denies what was observed).
 
-use crate::monitor::edge_history::StoredEdge;
 use ipnet::IpNet;
 use network_enforcer_api::Protocol;
 use network_enforcer_api::cluster_network_policy::{
@@ -82,30 +81,12 @@ pub struct Proposed {
     pub notes: Vec<String>,
 }
 
-/// The namespace graph of the protect gate's history (what the leader learns cluster proposals from,
-/// `reconcile::cluster_proposals`): one edge per source namespace and destination namespace or
-/// address, sorted. A source seen by address (a hostNetwork pod, an outside client) has no namespace
-/// a policy could select; a destination seen by address (outside, a node, a hostNetwork pod) is an
-/// address, as ClusterNetworkPolicy `networks` see it.
-pub fn namespace_edges(edges: &[StoredEdge]) -> Vec<NamespaceEdge> {
-    let mut out: BTreeSet<NamespaceEdge> = BTreeSet::new();
-    for edge in edges {
-        if edge.source_ip.is_some() || edge.source.namespace.is_empty() {
-            continue;
-        }
-        let to = match edge.destination_ip {
-            Some(ip) => EdgeEnd::Address(ip),
-            None if !edge.destination.namespace.is_empty() => {
-                EdgeEnd::Namespace(edge.destination.namespace.clone())
-            }
-            None => continue,
-        };
-        out.insert(NamespaceEdge {
-            from: edge.source.namespace.clone(),
-            to,
-        });
-    }
-    out.into_iter().collect()
+/// Where the namespace graph comes from (the status sync's edge history in the controller, which
+/// implements this in the monitor stage; a plain list in tests).
+pub trait NamespaceGraph: Send + Sync {
+    /// The graph's edges, sorted; `None` while the graph is incomplete (a partial graph would
+    /// propose to deny what was seen).
+    fn namespace_edges(&self) -> Option<Vec<NamespaceEdge>>;
 }
 
 /// The Admin isolation and the Baseline floor of every non-system namespace of `edges`.

@@ -38,8 +38,8 @@
 
 use crate::FastSet;
 use crate::cluster::index::{Connection, End, FlowEnd, Flows, Index, NoFlow, Opened};
+use crate::ingest::evidence::Evidence;
 use crate::learn::{self, ReportedConnection, Reporter, WorkloadFlow};
-use crate::monitor::violations::evidence::Evidence;
 use ipnet::IpNet;
 use network_enforcer_api::Protocol;
 use std::collections::VecDeque;
@@ -348,8 +348,8 @@ impl Deferrals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::evidence::EvidenceKind;
     use crate::ingest::flow_record::Decoded;
-    use crate::monitor::violations::evidence::EvidenceKind;
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::Protocol;
 

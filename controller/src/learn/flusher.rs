@@ -69,7 +69,7 @@ pub struct FlushReport {
     /// External peers not learned because their proposal and port had reached the cap.
     pub capped: usize,
     /// Proposals not learned into because their spec is not what the controller wrote
-    /// ([`crate::policy::provenance`]).
+    /// ([`crate::learn::provenance`]).
     pub foreign: usize,
 }
 

@@ -15,10 +15,9 @@
 //! flush before its acknowledgement, [`WaitsFor`]).
 
 use crate::cluster::index::{FlowEnd, Index, NoFlow};
+use crate::ingest::evidence::{Evidence, EvidenceSink};
 use crate::learn::deferrals::{Admitted, Decided, Deferrals, Resolution};
 use crate::learn::{self, Edge, ReportedConnection, Target};
-use crate::monitor::status_sync::EvidenceSink;
-use crate::monitor::violations::evidence::Evidence;
 use crate::runtime::metrics::{ControllerMetrics, PeerKind};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind};

@@ -4,7 +4,8 @@
 //! `flows` turns an agent observation into workload-level flows using the [`Index`]; `edges` turns a
 //! flow into proposal edges for the backend; `apply` merges an edge into a proposal spec. All pure.
 //! Around them: the [`learner`] holds what was learned and not written yet, the [`flusher`] takes it
-//! and has the [`proposal_writer`] write each proposal.
+//! and has the [`proposal_writer`] write each proposal, signed ([`provenance`]: promotion takes only
+//! what learning signed).
 
 pub mod cluster_policies;
 pub mod deferrals;
@@ -15,6 +16,7 @@ pub mod learner;
 mod merge;
 mod proposal;
 pub mod proposal_writer;
+pub mod provenance;
 mod wildcards;
 
 pub use edges::{edges, has_unselectable_side};

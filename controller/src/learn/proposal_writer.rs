@@ -17,8 +17,8 @@
 
 use crate::learn::flusher::FlushReport;
 use crate::learn::learner::MAX_PENDING_EDGES;
+use crate::learn::provenance::{Provenance, SigningKey};
 use crate::learn::{self, Edge, Target};
-use crate::policy::provenance::{Provenance, SigningKey};
 use crate::runtime::metrics::ControllerMetrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -130,7 +130,7 @@ impl ProposalWriter {
     }
 
     /// Signs every proposal it writes with `key`, and does not write into a proposal whose spec is not
-    /// what it signed ([`crate::policy::provenance`]).
+    /// what it signed ([`crate::learn::provenance`]).
     pub fn with_signing_key(mut self, key: Option<Arc<SigningKey>>) -> Self {
         self.signing_key = key;
         self

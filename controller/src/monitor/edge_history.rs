@@ -6,6 +6,7 @@
 //! Pure: the status sync records the flows it resolves anyway and the policy reconciler asks for a
 //! replay; time comes in with the flows.
 
+use crate::learn::cluster_policies::{EdgeEnd, NamespaceEdge};
 use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
 use crate::policy::protect_gate::{Example, GateReport};
@@ -543,6 +544,32 @@ pub fn name_of(w: &WorkloadRef) -> String {
     } else {
         format!("{} ({})", w.dns_name, w.address)
     }
+}
+
+/// The namespace graph of the protect gate's history (what the leader learns cluster proposals from,
+/// [`NamespaceGraph`]): one edge per source namespace and destination namespace or
+/// address, sorted. A source seen by address (a hostNetwork pod, an outside client) has no namespace
+/// a policy could select; a destination seen by address (outside, a node, a hostNetwork pod) is an
+/// address, as ClusterNetworkPolicy `networks` see it.
+pub fn namespace_edges(edges: &[StoredEdge]) -> Vec<NamespaceEdge> {
+    let mut out: std::collections::BTreeSet<NamespaceEdge> = Default::default();
+    for edge in edges {
+        if edge.source_ip.is_some() || edge.source.namespace.is_empty() {
+            continue;
+        }
+        let to = match edge.destination_ip {
+            Some(ip) => EdgeEnd::Address(ip),
+            None if !edge.destination.namespace.is_empty() => {
+                EdgeEnd::Namespace(edge.destination.namespace.clone())
+            }
+            None => continue,
+        };
+        out.insert(NamespaceEdge {
+            from: edge.source.namespace.clone(),
+            to,
+        });
+    }
+    out.into_iter().collect()
 }
 
 #[cfg(test)]

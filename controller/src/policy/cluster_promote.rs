@@ -8,8 +8,8 @@
 //! - no label (or the label removed, or the proposal deleted): a ClusterNetworkPolicy we created for
 //!   it is deleted.
 
+use crate::learn::provenance::{Provenance, SigningKey};
 use crate::policy::conditions::Desired;
-use crate::policy::provenance::{Provenance, SigningKey};
 use crate::policy::render::MANAGED_BY_LABEL;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
@@ -38,7 +38,7 @@ pub struct Plan {
 /// name); `served`: whether the API server serves the ClusterNetworkPolicy kind at all.
 ///
 /// With `key`, only proposals whose spec the controller signed are put in force (see
-/// [`crate::policy::provenance`]): promotion creates ClusterNetworkPolicies with the controller's
+/// [`crate::learn::provenance`]): promotion creates ClusterNetworkPolicies with the controller's
 /// rights, so whoever may write a proposal must not choose its rules.
 pub fn plan(
     proposals: &[ClusterNetworkPolicyProposal],

@@ -1,7 +1,7 @@
 //! Promotion (docs/design.md, "Promotion and rendering"): what the proposal reconciler does with one
 //! proposal, decided from the proposal and the policies in its namespace.
 
-use crate::policy::provenance::Provenance;
+use crate::learn::provenance::Provenance;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use network_enforcer_api::keys::{PROMOTE_LABEL, PROMOTED_FROM_LABEL, PROTECT_GATE_ANNOTATION};
@@ -61,7 +61,7 @@ pub fn decide<'a>(
     }
 }
 
-/// Refuses to promote a proposal whose spec the controller did not write ([`crate::policy::provenance`]);
+/// Refuses to promote a proposal whose spec the controller did not write ([`crate::learn::provenance`]);
 /// every other decision stands.
 pub fn gate(decision: Decision, provenance: Provenance) -> Decision {
     match decision {

@@ -4,11 +4,10 @@
 //! [`RENDER_EVERY`] the promoted ones are put in force and drift is repaired
 //! ([`crate::policy::cluster_promote`]).
 
-use crate::learn::cluster_policies::{self, Settings, namespace_edges};
-use crate::monitor::status_sync::StatusSync;
+use crate::learn::cluster_policies::{self, NamespaceGraph, Settings};
+use crate::learn::provenance::{Provenance, SigningKey};
 use crate::policy::cluster_promote::{self, RENDERED};
 use crate::policy::conditions;
-use crate::policy::provenance::{Provenance, SigningKey};
 use crate::policy::render::MANAGED_BY_LABEL;
 use crate::runtime::events::publish_cluster_scoped;
 use crate::runtime::metrics::ControllerMetrics;
@@ -35,7 +34,7 @@ pub const RENDER_EVERY: Duration = Duration::from_secs(10);
 /// The loop (see the module docs).
 pub struct ClusterProposals {
     pub client: Client,
-    pub history: Arc<StatusSync>,
+    pub history: Arc<dyn NamespaceGraph>,
     pub settings: Settings,
     /// How often the proposals are learned again.
     pub every: Duration,
@@ -119,10 +118,10 @@ impl ClusterProposals {
     async fn learn(&self, written: &mut Written) -> Result<(), kube::Error> {
         // Until the history is complete (the watches have listed, the persisted history is read) a
         // partial graph would propose to deny what was seen.
-        let Some(edges) = self.history.export_history() else {
+        let Some(edges) = self.history.namespace_edges() else {
             return Ok(());
         };
-        let proposed = cluster_policies::propose(&namespace_edges(&edges), &self.settings);
+        let proposed = cluster_policies::propose(&edges, &self.settings);
         let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
         let existing: HashMap<String, ClusterNetworkPolicyProposal> = api
             .list(&ListParams::default())

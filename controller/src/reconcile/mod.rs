@@ -48,9 +48,9 @@ pub struct Settings {
     /// How often istio policies are re-checked: AuthorizationPolicies are not watched (their CRD may
     /// be missing), so drift and a newly installed CRD are picked up by this requeue.
     pub istio_recheck: Duration,
-    /// Proposals are promoted only when signed with this key ([`crate::policy::provenance`]); `None`:
+    /// Proposals are promoted only when signed with this key ([`crate::learn::provenance`]); `None`:
     /// every proposal is promoted.
-    pub signing_key: Option<std::sync::Arc<crate::policy::provenance::SigningKey>>,
+    pub signing_key: Option<std::sync::Arc<crate::learn::provenance::SigningKey>>,
     /// Where reconciles are counted and timed.
     pub metrics: ReconcileMetrics,
     /// A rule that allowed no observed flow for this long makes `UnusedRules=True`

@@ -5,9 +5,9 @@
 use super::RunArgs;
 use crate::app::App;
 use crate::cluster::watches::SharedIndex;
+use crate::learn::provenance::SigningKey;
 use crate::monitor::coverage::{Budget, Coverage};
 use crate::monitor::status_sync::StatusSync;
-use crate::policy::provenance::SigningKey;
 use crate::reconcile::Settings;
 use crate::reconcile::cluster_proposals::{ClusterProposals, ProposalMetrics};
 use crate::runtime::http::{Component, Health};

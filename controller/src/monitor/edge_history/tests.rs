@@ -472,3 +472,80 @@ fn the_gate_leaves_out_flows_an_admin_policy_stops_at_their_source() {
         "{report:?}"
     );
 }
+
+#[test]
+fn the_namespace_graph_of_the_history_has_namespaces_and_addresses() {
+    use network_enforcer_api::WorkloadRef;
+    let workload = |ns: &str| WorkloadRef {
+        namespace: ns.into(),
+        owner_kind: "Deployment".into(),
+        owner_name: "app".into(),
+        ..WorkloadRef::default()
+    };
+    let outside = WorkloadRef {
+        address: "203.0.113.10".into(),
+        ..WorkloadRef::default()
+    };
+    let edge = |source: WorkloadRef,
+                source_ip: Option<&str>,
+                destination: WorkloadRef,
+                ip: Option<&str>| StoredEdge {
+        source: source.into(),
+        source_ip: source_ip.map(|s| s.parse().unwrap()),
+        destination: destination.into(),
+        destination_ip: ip.map(|s| s.parse().unwrap()),
+        protocol: Protocol::TCP,
+        port: 80,
+        peer_name: None,
+        stats: EdgeStats {
+            first_seen_ms: 1,
+            last_seen_ms: 2,
+            count: 1,
+            to_api_server: false,
+        },
+    };
+    let history = [
+        edge(workload("shop"), None, workload("db"), None),
+        // Two pods' edges of the same namespaces are one namespace edge.
+        edge(workload("shop"), None, workload("db"), None),
+        edge(
+            workload("shop"),
+            None,
+            outside.clone(),
+            Some("203.0.113.10"),
+        ),
+        // A hostNetwork pod as the destination is seen by its (node's) address.
+        edge(
+            workload("db"),
+            None,
+            workload("kube-system"),
+            Some("192.0.2.1"),
+        ),
+        // A source by address (outside client, hostNetwork pod) has no namespace to isolate.
+        edge(outside, Some("203.0.113.10"), workload("shop"), None),
+        edge(
+            workload("monitoring"),
+            Some("192.0.2.1"),
+            workload("shop"),
+            None,
+        ),
+    ];
+    let address = |ip: &str| EdgeEnd::Address(ip.parse().unwrap());
+    assert_eq!(
+        namespace_edges(&history),
+        vec![
+            NamespaceEdge {
+                from: "db".into(),
+                to: address("192.0.2.1")
+            },
+            NamespaceEdge {
+                from: "shop".into(),
+                to: EdgeEnd::Namespace("db".into())
+            },
+            NamespaceEdge {
+                from: "shop".into(),
+                to: address("203.0.113.10")
+            },
+        ]
+    );
+}

@@ -1,6 +1,7 @@
 //! The edge history behind the protect gate and the UI.
 
 use super::*;
+use crate::learn::cluster_policies::{NamespaceEdge, NamespaceGraph};
 
 impl StatusSync {
     /// Replays the edge history against `policy` (the protect gate, [`EdgeHistory::replay`]) with the
@@ -207,6 +208,12 @@ impl StatusSync {
     /// Edges the protect gate's history holds now.
     pub fn history_len(&self) -> usize {
         self.history.lock().expect("history lock").len()
+    }
+}
+
+impl NamespaceGraph for StatusSync {
+    fn namespace_edges(&self) -> Option<Vec<NamespaceEdge>> {
+        Some(edge_history::namespace_edges(&self.export_history()?))
     }
 }
 

@@ -34,14 +34,15 @@ use crate::cluster::index::Opened;
 use crate::cluster::shared_watch::{self, PolicyObjects};
 use crate::cluster::watches::SharedIndex;
 use crate::ingest::claims::Claims;
+use crate::ingest::evidence::{Evidence, EvidenceKind, EvidenceSink};
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};
 use crate::monitor::history_store;
 use crate::monitor::otlp::ViolationSink;
 use crate::monitor::violations::evidence::{
-    Evidence, EvidenceKind, Pending, REPEAT_WINDOW, RepeatFilter, WaitedOutcome, WorkloadNames,
-    names_a_workload, observed_flows,
+    Pending, REPEAT_WINDOW, RepeatFilter, WaitedOutcome, WorkloadNames, names_a_workload,
+    observed_flows,
 };
 use crate::monitor::violations::{self, SyncInput, SyncOutcome};
 use crate::policy::protect_gate;
@@ -86,7 +87,7 @@ mod settings;
 mod status;
 
 pub use listed::{Listed, Watch, WatchLabel, evidence_may_count};
-pub use queue::{EvidenceSink, MAX_QUEUED_RECORDS};
+pub use queue::MAX_QUEUED_RECORDS;
 pub use settings::{Settings, parse_duration, parse_duration_or_zero};
 
 /// Records waiting for the next evidence pass; bounded, dropping the oldest.

@@ -8,28 +8,6 @@ use super::*;
 /// (at 1,000 agents on two cores, 200,000 records were not always enough).
 pub const MAX_QUEUED_RECORDS: usize = 400_000;
 
-/// Where ingest hands every accepted record, as violation evidence. Must return at once.
-pub trait EvidenceSink: Send + Sync {
-    /// An authenticated agent's record was accepted; this is what ingest read from it.
-    fn accepted(&self, evidence: Evidence);
-
-    /// Called after handing records in: the mark to wait for ([`EvidenceSink::settled_after`]) before
-    /// acknowledging them, or `None` when they need no wait (no policy, so no record is evidence).
-    fn hold(&self) -> Option<u64> {
-        None
-    }
-
-    /// Whether every violation found in records handed in before `mark` was taken is in a status.
-    fn settled_after(&self, _mark: u64) -> bool {
-        true
-    }
-
-    /// Changes whenever [`EvidenceSink::settled_after`] may have become true.
-    fn settled(&self) -> Option<watch::Receiver<u64>> {
-        None
-    }
-}
-
 impl EvidenceQueue {
     /// Resolves once the queue has reached half its bound since the last call (or since the queue
     /// was made, for the first call).

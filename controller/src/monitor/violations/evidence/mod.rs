@@ -1,4 +1,4 @@
-//! Violation evidence: which flow records are evidence for which policy mode ([`EvidenceKind`],
+//! Violation evidence: which flow records are evidence for which policy mode ([`EvidenceKind`](crate::ingest::evidence::EvidenceKind),
 //! docs/behaviour.md §3.5), how a record becomes flows between pods the evaluators know
 //! ([`observed_flows`], §3.2), when a repeat of the same flow counts again ([`RepeatFilter`],
 //! [`REPEAT_WINDOW`], §3.6), and the observations waiting for the status patch that records them
@@ -13,7 +13,6 @@ use crate::ingest::flow_record::Decoded;
 use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use network_enforcer_api::uplink::{self, FlowRecord};
 use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadKind, WorkloadRef};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -26,78 +25,6 @@ pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 /// At most this many observations wait per policy for a successful status patch; beyond, the
 /// oldest are dropped (and counted) rather than growing without bound while the API refuses patches.
 pub const MAX_PENDING_PER_POLICY: usize = 10_000;
-
-/// What a record says about a flow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EvidenceKind {
-    /// The flow went through: an established TCP connection, or a datagram the peer received.
-    WentThrough,
-    /// A UDP datagram was sent; whether it arrived is unknown to the sender.
-    Sent,
-    /// The flow did not go through: a TCP attempt that never established, or a CNI/mesh denial.
-    Blocked,
-}
-
-impl EvidenceKind {
-    /// The kind of evidence `record` is; `None` for records with an unknown outcome.
-    pub fn of(record: &FlowRecord) -> Option<Self> {
-        let outbound = record.direction == uplink::Direction::Outbound as i32;
-        match uplink::Outcome::try_from(record.outcome).ok()? {
-            uplink::Outcome::Established => Some(EvidenceKind::WentThrough),
-            uplink::Outcome::Datagram if outbound => Some(EvidenceKind::Sent),
-            uplink::Outcome::Datagram => Some(EvidenceKind::WentThrough),
-            // A dry-run denial (ztunnel, Hubble audit) let the connection through: monitor evidence.
-            uplink::Outcome::Denied if record.dry_run => Some(EvidenceKind::WentThrough),
-            uplink::Outcome::Failed | uplink::Outcome::Denied => Some(EvidenceKind::Blocked),
-            // A DNS answer, no connection (cluster::names).
-            uplink::Outcome::Resolved | uplink::Outcome::Unspecified => None,
-        }
-    }
-
-    /// Whether this evidence records a violation on a policy in `mode` (see the module docs).
-    pub fn counts_for(self, mode: PolicyMode) -> bool {
-        match mode {
-            PolicyMode::Monitor => matches!(self, EvidenceKind::WentThrough | EvidenceKind::Sent),
-            PolicyMode::Protect => matches!(self, EvidenceKind::Sent | EvidenceKind::Blocked),
-        }
-    }
-}
-
-/// An accepted record as violation evidence: what ingest read from it, kept until the next evidence
-/// pass. Small (no strings of the agent's; its local pod shared with the index) because up to
-/// [`crate::monitor::status_sync::MAX_QUEUED_RECORDS`] of them wait between two passes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Evidence {
-    pub kind: EvidenceKind,
-    pub record: Decoded,
-    /// It waited for the index to place its peer ([`Evidence::may_wait_for_peer`]): the pass
-    /// counts what it came to ([`WaitedOutcome`]).
-    pub waited_for_peer: bool,
-    /// The claim of the agent batch it came in, told when the record counted
-    /// ([`crate::ingest::claims::ClaimGate`]); `None` for cluster sources and unnamed batches.
-    pub claim: Option<crate::ingest::claims::ClaimGate>,
-}
-
-impl Evidence {
-    /// `record`, read as `decoded`, as evidence; `None` for a record with an unknown outcome.
-    pub fn of(record: &FlowRecord, decoded: Decoded) -> Option<Evidence> {
-        Some(Evidence {
-            kind: EvidenceKind::of(record)?,
-            record: decoded,
-            waited_for_peer: false,
-            claim: None,
-        })
-    }
-
-    /// Whether this evidence may wait for the index to place its peer, as learning does
-    /// (docs/behaviour.md §1.3, §3.2): blocked connections only. A new pod's first packets can be
-    /// refused by a node that has not learned the pod's address yet; judged at once, the pod would
-    /// be a bare address, and a violation the policy does not make. Evidence of connections that
-    /// went through is judged at once, as before.
-    pub fn may_wait_for_peer(&self) -> bool {
-        self.kind == EvidenceKind::Blocked
-    }
-}
 
 /// What blocked evidence that waited for its peer came to, judged against the policies as they are
 /// at the pass (`evidence_waited_for_peer_total{outcome}`, docs/behaviour.md §3.2).

@@ -1,7 +1,9 @@
 use super::*;
 use crate::cluster::index::Opened;
+use crate::ingest::evidence::{Evidence, EvidenceKind};
 use crate::ingest::flow_record::{BadRecord, decode};
 use k8s_openapi::jiff::Timestamp;
+use network_enforcer_api::uplink::{self, FlowRecord};
 use std::collections::BTreeMap;
 
 /// The flows `record` stands for, as one evidence pass of its own sees them.
@@ -110,14 +112,6 @@ fn observation(second: i64, action: PolicyMode) -> Observation {
         direction: Direction::Egress,
         denying_policy_namespace: "n".into(),
         denying_policy_name: "p".into(),
-    }
-}
-
-fn record(outcome: uplink::Outcome, direction: uplink::Direction) -> FlowRecord {
-    FlowRecord {
-        outcome: outcome as i32,
-        direction: direction as i32,
-        ..FlowRecord::default()
     }
 }
 
@@ -451,42 +445,6 @@ fn a_host_network_service_backend_is_its_address() {
         [(Endpoint::Ip("192.168.1.1".parse().unwrap()), 9000, "agent")],
         "evaluated as its address (no NetworkPolicy applies to it), named by its workload"
     );
-}
-
-#[test]
-fn evidence_kinds_and_the_modes_they_count_for() {
-    use uplink::Direction::{Inbound, Outbound};
-    use uplink::Outcome::{Datagram, Denied, Established, Failed, Unspecified};
-    let cases = [
-        (Established, Outbound, Some(EvidenceKind::WentThrough)),
-        (Established, Inbound, Some(EvidenceKind::WentThrough)),
-        (Datagram, Outbound, Some(EvidenceKind::Sent)),
-        (Datagram, Inbound, Some(EvidenceKind::WentThrough)),
-        (Failed, Outbound, Some(EvidenceKind::Blocked)),
-        (Denied, Inbound, Some(EvidenceKind::Blocked)),
-        (Unspecified, Outbound, None),
-    ];
-    for (outcome, direction, kind) in cases {
-        assert_eq!(
-            EvidenceKind::of(&record(outcome, direction)),
-            kind,
-            "{outcome:?} {direction:?}"
-        );
-    }
-    let dry_run = FlowRecord {
-        dry_run: true,
-        ..record(Denied, Inbound)
-    };
-    assert_eq!(EvidenceKind::of(&dry_run), Some(EvidenceKind::WentThrough));
-    let counts = |kind: EvidenceKind| {
-        (
-            kind.counts_for(PolicyMode::Monitor),
-            kind.counts_for(PolicyMode::Protect),
-        )
-    };
-    assert_eq!(counts(EvidenceKind::WentThrough), (true, false));
-    assert_eq!(counts(EvidenceKind::Sent), (true, true));
-    assert_eq!(counts(EvidenceKind::Blocked), (false, true));
 }
 
 #[test]

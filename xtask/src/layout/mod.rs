@@ -3,10 +3,12 @@
 //! code, and an inline test module of at most [`MAX_INLINE_TEST_LINES`] lines of code; beyond
 //! either, the file becomes a folder. Lines of code: neither blank nor only a comment (the inline
 //! `#[cfg(test)] mod tests { … }` counted apart). Prints the largest files, so the figure is one
-//! command away.
+//! command away. Then the controller's stage order ([`stages`]).
 
 use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
+
+mod stages;
 
 /// Code lines a source file may have.
 pub const MAX_CODE_LINES: usize = 800;
@@ -33,8 +35,24 @@ pub struct Counted {
 
 /// Counts `text` (see the module docs).
 pub fn count(text: &str) -> Counted {
+    let (code, tests) = split_tests(text);
+    Counted {
+        code: code.iter().filter(|l| is_code(l)).count(),
+        inline_tests: tests.iter().filter(|l| is_code(l)).count(),
+    }
+}
+
+/// The lines of code of `text` outside its inline test module, comments left out.
+pub fn code_outside_tests(text: &str) -> String {
+    let (code, _) = split_tests(text);
+    let code: Vec<&str> = code.into_iter().filter(|l| is_code(l)).collect();
+    code.join("\n")
+}
+
+/// `text`'s lines outside its inline test modules, and those inside.
+fn split_tests(text: &str) -> (Vec<&str>, Vec<&str>) {
     let lines: Vec<&str> = text.lines().collect();
-    let (mut code, mut inline_tests) = (0, 0);
+    let (mut code, mut tests) = (Vec::new(), Vec::new());
     let mut i = 0;
     while i < lines.len() {
         let line = lines[i].trim();
@@ -52,19 +70,14 @@ pub fn count(text: &str) -> Counted {
                 .iter()
                 .position(|l| *l == close)
                 .map_or(lines.len(), |p| i + 2 + p);
-            inline_tests += lines[i..=end.min(lines.len() - 1)]
-                .iter()
-                .filter(|l| is_code(l))
-                .count();
+            tests.extend_from_slice(&lines[i..=end.min(lines.len() - 1)]);
             i = end + 1;
             continue;
         }
-        if is_code(line) {
-            code += 1;
-        }
+        code.push(line);
         i += 1;
     }
-    Counted { code, inline_tests }
+    (code, tests)
 }
 
 /// Neither blank nor only a comment.
@@ -133,6 +146,33 @@ pub fn check(root: &Path) -> Result<()> {
             )
         })
         .collect();
+    let (against, gone) = stages::check(&root.join("controller").join("src"))?;
+    println!(
+        "  controller imports against the stage order: {} beyond the {} known ({})",
+        against.len(),
+        stages::KNOWN.len(),
+        stages::KNOWN
+            .iter()
+            .map(|(stage, later, _)| format!("{stage} → {later}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !against.is_empty() || !gone.is_empty() {
+        bail!(
+            "the controller's stage order (docs/development.md, \"Stage order\"): imports against it: \
+             {}; known ones no longer found (remove them from KNOWN in xtask/src/layout/stages.rs): {}",
+            if against.is_empty() {
+                "none".to_string()
+            } else {
+                against.join("; ")
+            },
+            if gone.is_empty() {
+                "none".to_string()
+            } else {
+                gone.join(", ")
+            }
+        );
+    }
     if !over.is_empty() {
         bail!(
             "over the layout rule (docs/development.md: more than {MAX_CODE_LINES} code lines or an \
