@@ -255,6 +255,22 @@ impl Counter {
 /// Number of slots in [`COUNTERS_MAP`].
 pub const COUNTER_SLOTS: u32 = 10;
 
+/// Name of the `u32` array of [`Switch`]es user space turns on and off while the programs run.
+pub const SWITCHES_MAP: &str = "SWITCHES";
+
+/// Indexes into [`SWITCHES_MAP`]: what the programs do only while user space asks (non-zero).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// Note the process inside `connect()` ([`CONNECTING_MAP`]) so the TCP outbound event names it.
+    /// It is a quarter of the TCP program's time, and only the debug API shows it: the agent turns
+    /// it on while a client watches there.
+    ConnectionPids = 0,
+}
+
+/// Number of slots in [`SWITCHES_MAP`].
+pub const SWITCH_SLOTS: u32 = 1;
+
 /// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
 /// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.
 /// An offset of [`KernelOffsets::UNKNOWN`] means "not available on this kernel": the program then reports 0.

@@ -46,14 +46,14 @@ use aya_ebpf::{
         bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{cgroup_sock_addr, map, raw_tracepoint},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, SockAddrContext},
 };
 use network_enforcer_agent_common::{
     AF_INET, AF_INET6, CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES, COUNTER_SLOTS, Config,
     Counter, DEFAULT_FLOW_MAP_ENTRIES, DEFAULT_RING_BUFFER_BYTES, Direction, EDGE_KEY_BYTES,
-    EDGE_VALUE_BYTES, FlowEvent, IPPROTO_TCP, IPPROTO_UDP, KernelOffsets, Outcome,
-    UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, tcp_state,
+    EDGE_VALUE_BYTES, FlowEvent, IPPROTO_TCP, IPPROTO_UDP, KernelOffsets, Outcome, SWITCH_SLOTS,
+    Switch, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, tcp_state,
 };
 
 /// Connection events for user space. User space may resize it at load time.
@@ -77,7 +77,11 @@ const WAKEUP_BYTES: u64 = 64 * core::mem::size_of::<FlowEvent>() as u64;
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
-/// Sockets in SYN_SENT → the process that called `connect()`. LRU so sockets whose CLOSE we never see
+/// What user space turned on, indexed by `Switch`.
+#[map(name = "SWITCHES")]
+static SWITCHES: Array<u32> = Array::with_max_entries(SWITCH_SLOTS, 0);
+
+/// Sockets in SYN_SENT → the process that called `connect()` (while `Switch::ConnectionPids` is on). LRU so sockets whose CLOSE we never see
 /// age out instead of filling the map.
 #[map(name = "CONNECTING")]
 static CONNECTING: LruHashMap<u64, u32> = LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_ENTRIES, 0);
@@ -147,6 +151,12 @@ struct UdpPeerKey {
 fn config() -> Config {
     // SAFETY: CONFIG is a valid, aligned static; the read is by value.
     unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+/// Whether user space turned `switch` on.
+#[inline(always)]
+fn switched_on(switch: Switch) -> bool {
+    SWITCHES.get(switch as u32).is_some_and(|on| *on != 0)
 }
 
 /// Adds one to a per-CPU counter.
@@ -316,7 +326,10 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     // Decided on the arguments alone: most state changes (closing, the listener's SYN_RECV child being
     // created) end here without a single read of kernel memory.
     let (direction, outcome) = match (oldstate, newstate) {
-        (tcp_state::CLOSE, tcp_state::SYN_SENT) => (Direction::Outbound, None),
+        // Only to note the process, which costs a map insert and a removal per connection.
+        (tcp_state::CLOSE, tcp_state::SYN_SENT) if switched_on(Switch::ConnectionPids) => {
+            (Direction::Outbound, None)
+        }
         (tcp_state::SYN_SENT, tcp_state::ESTABLISHED) => {
             (Direction::Outbound, Some(Outcome::Established))
         }
@@ -351,7 +364,9 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     event.protocol = IPPROTO_TCP;
     event.direction = direction as u8;
     event.outcome = outcome as u8;
-    if direction == Direction::Outbound {
+    // A socket that connected while the switch was off has no entry: no lookup then. (One noted just
+    // before it went off stays until the LRU evicts it.)
+    if direction == Direction::Outbound && switched_on(Switch::ConnectionPids) {
         // SAFETY: lookup of a plain u32 value, copied out immediately.
         if let Some(pid) = unsafe { CONNECTING.get(sk) } {
             event.pid = *pid;

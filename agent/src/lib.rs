@@ -38,4 +38,5 @@ pub mod uplink;
 
 pub use error::{Error, Result};
 pub use kernel::events::{ConnectionEvent, Direction, EventReader, Outcome, Protocol};
-pub use kernel::loader::{DataPlane, FlowMap, KernelCounters, LoadOptions, MapFill};
+pub use kernel::loader::{DataPlane, FlowMap, KernelCounters, LoadOptions, MapFill, Switches};
+pub use network_enforcer_agent_common::Switch;

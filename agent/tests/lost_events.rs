@@ -19,6 +19,7 @@ async fn a_full_ring_buffer_counts_lost_events() {
         cgroup: None,
         dns: false,
         flow_map_entries: None,
+        connection_pids: false,
     });
 
     // Nothing reads the ring buffer while 200 loopback connections produce 400 events.

@@ -4,7 +4,7 @@
 //! and looks only at events for the ports it used, so other traffic on the machine does not disturb it.
 
 use network_enforcer_agent::{
-    ConnectionEvent, DataPlane, Direction, EventReader, LoadOptions, Outcome, Protocol,
+    ConnectionEvent, DataPlane, Direction, EventReader, LoadOptions, Outcome, Protocol, Switch,
 };
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -193,4 +193,56 @@ async fn reports_a_refused_ipv4_connect_as_failed() {
 #[tokio::test]
 async fn reports_a_refused_ipv6_connect_as_failed() {
     reports_a_refused_connect_as_failed("::1").await;
+}
+
+/// The process inside `connect()` is noted only while asked ([`Switch::ConnectionPids`]; the agent's
+/// `run` asks only while its debug API has a client): otherwise nothing goes into the `connecting`
+/// map, which is a quarter of the TCP program's time per connection.
+#[tokio::test]
+async fn the_connecting_process_is_named_only_while_asked() {
+    require_root();
+    let mut data_plane = DataPlane::load(&LoadOptions {
+        connection_pids: false,
+        ..LoadOptions::default()
+    })
+    .expect("loading the eBPF programs");
+    let mut reader = data_plane.events().expect("taking the events reader");
+    // One connection to a listener of its own (a new edge each time, whatever the dedupe): the
+    // process its outbound event names.
+    async fn connection_names(reader: &mut EventReader) -> Option<u32> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let (stream, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(server), listener.accept());
+        let (_stream, _accepted) = (stream.unwrap(), accepted.unwrap());
+        let events = events_for_port(reader, server.port(), 2).await;
+        let outbound: Vec<_> = events
+            .iter()
+            .filter(|e| e.direction == Direction::Outbound)
+            .collect();
+        assert_eq!(outbound.len(), 1, "{events:#?}");
+        outbound[0].pid
+    }
+
+    assert_eq!(connection_names(&mut reader).await, None, "not asked");
+    assert_eq!(
+        data_plane.counters().unwrap().connecting_inserted,
+        0,
+        "nothing noted while not asked"
+    );
+    data_plane
+        .switches()
+        .set(Switch::ConnectionPids, true)
+        .unwrap();
+    assert_eq!(
+        connection_names(&mut reader).await,
+        Some(std::process::id()),
+        "asked while the programs run"
+    );
+    assert!(data_plane.counters().unwrap().connecting_inserted >= 1);
+    data_plane
+        .switches()
+        .set(Switch::ConnectionPids, false)
+        .unwrap();
+    assert_eq!(connection_names(&mut reader).await, None, "no longer asked");
 }

@@ -16,6 +16,7 @@ use crate::sources::RecordSink;
 use crate::uplink::UplinkSender;
 use crate::{ConnectionEvent, DataPlane, EventReader, LoadOptions};
 use anyhow::{Context, Result};
+use network_enforcer_agent_common::Switch;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +67,8 @@ impl EventLoop {
         );
         let load_options = LoadOptions {
             cgroup: Some(node_cgroups.attach_dir()),
+            // Only the debug API shows them: named while a client watches there (below).
+            connection_pids: false,
             ..args.kernel.load_options()
         };
         let mut data_plane =
@@ -81,6 +84,13 @@ impl EventLoop {
         if let Some(peers) = peers {
             debug = debug.with_peers(peers);
         }
+        let switches = data_plane.switches();
+        debug = debug.on_watchers(move |watched| {
+            match switches.set(Switch::ConnectionPids, watched) {
+                Ok(()) => tracing::debug!(watched, "naming the processes of TCP connections"),
+                Err(err) => tracing::warn!(%err, watched, "could not turn the naming of TCP connections' processes on or off"),
+            }
+        });
         tracing::info!(socket = %args.debug_socket.display(), "debug API listening");
         let caps = EdgeCaps {
             per_pod: args.max_edges_per_pod.max(1),

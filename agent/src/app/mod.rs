@@ -104,6 +104,8 @@ impl KernelArgs {
             cgroup: None,
             dns: !self.no_dns_names,
             flow_map_entries: self.flow_map_entries,
+            // `flows --local` watches from the start; `run` turns it on only while watched.
+            connection_pids: true,
         }
     }
 }

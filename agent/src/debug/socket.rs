@@ -98,7 +98,8 @@ pub struct EventRecord {
     pub netns_ino: Option<u32>,
     /// The local socket's cgroup v2 id.
     pub cgroup_id: Option<u64>,
-    /// The process that opened the connection.
+    /// The process that opened the connection: UDP always, an outbound TCP connection only when it
+    /// was made while a client watched this socket (the agent names those only then).
     pub pid: Option<u32>,
     /// The socket error of a failed attempt.
     pub error: Option<u8>,
@@ -361,6 +362,39 @@ struct Shared {
     lines: broadcast::Sender<Arc<str>>,
     /// Names of peer addresses, when the agent watches the cluster ([`DebugServer::with_peers`]).
     peers: OnceLock<SharedPeers>,
+    /// Clients connected now; told to [`DebugServer::on_watchers`]'s function as it changes
+    /// between none and some, under this lock (so two clients coming and going cannot reorder it).
+    watchers: Mutex<usize>,
+    on_watchers: OnceLock<Box<dyn Fn(bool) + Send + Sync>>,
+}
+
+/// A connected client, counted in [`Shared::watchers`] while it lives.
+struct Watching(Arc<Shared>);
+
+impl Watching {
+    fn start(shared: Arc<Shared>) -> Self {
+        let mut watchers = shared.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        *watchers += 1;
+        if *watchers == 1
+            && let Some(tell) = shared.on_watchers.get()
+        {
+            tell(true);
+        }
+        drop(watchers);
+        Self(shared)
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let mut watchers = self.0.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        *watchers = watchers.saturating_sub(1);
+        if *watchers == 0
+            && let Some(tell) = self.0.on_watchers.get()
+        {
+            tell(false);
+        }
+    }
 }
 
 impl Shared {
@@ -404,6 +438,8 @@ impl DebugServer {
             recent: Mutex::new(RecentEdges::new(recent_edges)),
             lines,
             peers: OnceLock::new(),
+            watchers: Mutex::new(0),
+            on_watchers: OnceLock::new(),
         });
         let server = Self {
             shared: shared.clone(),
@@ -428,6 +464,14 @@ impl DebugServer {
     /// Names peers from `peers` from now on (set once; a later call is ignored).
     pub fn with_peers(self, peers: SharedPeers) -> Self {
         let _ = self.shared.peers.set(peers);
+        self
+    }
+
+    /// Calls `tell(true)` when a first client connects and `tell(false)` when the last one leaves
+    /// (set once; a later call is ignored): the agent names the processes of TCP connections only
+    /// while someone watches, as only this API shows them.
+    pub fn on_watchers(self, tell: impl Fn(bool) + Send + Sync + 'static) -> Self {
+        let _ = self.shared.on_watchers.set(Box::new(tell));
         self
     }
 
@@ -480,6 +524,9 @@ impl Drop for DebugServer {
 }
 
 async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
+    // From the connection on: the request and the history take a moment, and the live events
+    // after them should name their processes already.
+    let _watching = Watching::start(shared.clone());
     let (read, mut write) = stream.into_split();
     // Past the bound the line reads as cut short, fails to parse, and the client gets live events.
     let mut requests = BufReader::new(read.take(MAX_REQUEST_BYTES)).lines();
@@ -919,6 +966,70 @@ mod tests {
         assert_eq!(got, vec![event()]);
         drop(server);
         assert!(!path.exists(), "the socket file is removed with the server");
+        let _ = std::fs::remove_dir(dir);
+    }
+
+    #[tokio::test]
+    async fn the_first_client_turns_watching_on_and_the_last_one_off() {
+        let dir = std::env::temp_dir().join(format!("ne-debug-watch-{}", std::process::id()));
+        let path = dir.join("agent.sock");
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let server = DebugServer::bind(&path, 100).unwrap().on_watchers({
+            let told = told.clone();
+            move |watched| told.lock().unwrap().push(watched)
+        });
+        let told_now = || told.lock().unwrap().clone();
+        let until = |want: Vec<bool>| async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while told_now() != want {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "told {:?}, want {want:?}",
+                    told_now()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let first = DebugClient::connect(&path, None).await.unwrap();
+        until(vec![true]).await;
+        let second = DebugClient::connect(&path, None).await.unwrap();
+        // Its connection is served once accepted: wait until it is counted.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while *server.shared.watchers.lock().unwrap() != 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "second client never counted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(first);
+        // The server sees a client leave when a write to it fails: publish until both are seen.
+        let publish_until = |want: Vec<bool>| {
+            let server = &server;
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                while told_now() != want {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "told {:?}, want {want:?}",
+                        told_now()
+                    );
+                    server.publish(&[event()], |_| Attributed::default());
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        // One of two left: still watched, nothing told.
+        for _ in 0..20 {
+            server.publish(&[event()], |_| Attributed::default());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(told_now(), vec![true]);
+        drop(second);
+        publish_until(vec![true, false]).await;
+        let _third = DebugClient::connect(&path, None).await.unwrap();
+        until(vec![true, false, true]).await;
+        drop(server);
         let _ = std::fs::remove_dir(dir);
     }
 }

@@ -47,7 +47,8 @@ pub struct ConnectionEvent {
     pub netns_ino: Option<u32>,
     /// cgroup v2 id of the local socket; `None` when the kernel could not tell.
     pub cgroup_id: Option<u64>,
-    /// The process that opened the connection; `None` when unknown (inbound TCP, for one).
+    /// The process that opened the connection; `None` when unknown (inbound TCP, for one; outbound
+    /// TCP while [`crate::Switch::ConnectionPids`] is off).
     pub pid: Option<u32>,
     /// For a failed attempt: the socket error (errno) when the kernel set one.
     pub error: Option<u8>,

@@ -6,7 +6,7 @@ use crate::kernel::btf::Btf;
 use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::events::EventReader;
 use crate::kernel::host;
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{
     CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
 };
@@ -14,8 +14,8 @@ use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
     CONFIG_GLOBAL, CONNECTING_KEY_BYTES, CONNECTING_MAP, CONNECTING_VALUE_BYTES, COUNTERS_MAP,
     Config, Counter, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP, DNS_QUERY_PROGRAM, EDGE_KEY_BYTES,
-    EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets, TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES,
-    UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
+    EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets, SWITCHES_MAP, Switch,
+    TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,6 +41,10 @@ pub struct LoadOptions {
     /// Capacity of each of the programs' LRU maps ([`FlowMap`]); `None` keeps the compiled-in
     /// 65,536. A full map evicts its oldest entry: raise it when `status` shows a map full.
     pub flow_map_entries: Option<u32>,
+    /// Name the process of each outbound TCP connection from the start ([`Switch::ConnectionPids`];
+    /// [`DataPlane::switches`] turns it on and off later). The agent's `run` starts without, and
+    /// turns it on while the debug API has a client.
+    pub connection_pids: bool,
 }
 
 impl Default for LoadOptions {
@@ -51,6 +55,7 @@ impl Default for LoadOptions {
             cgroup: None,
             dns: true,
             flow_map_entries: None,
+            connection_pids: true,
         }
     }
 }
@@ -74,6 +79,23 @@ pub struct DataPlane {
     ring_buffer_bytes: u32,
     dedupe_window: Duration,
     maps: Arc<KernelMaps>,
+    switches: Arc<Switches>,
+}
+
+/// The programs' switches ([`Switch`]), turned while they run.
+pub struct Switches(Mutex<Array<MapData, u32>>);
+
+impl Switches {
+    /// Turns `switch` on or off.
+    pub fn set(&self, switch: Switch, on: bool) -> Result<()> {
+        // A panic elsewhere while holding the lock left the map handle as it was.
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.set(switch as u32, u32::from(on), 0)
+            .map_err(|source| Error::Map {
+                map: SWITCHES_MAP,
+                source,
+            })
+    }
 }
 
 /// The counters and the LRU maps, taken out of the loaded object: the counters are written too
@@ -292,6 +314,19 @@ impl DataPlane {
                 })?,
             );
 
+        let switches = ebpf.take_map(SWITCHES_MAP).ok_or(Error::Missing {
+            kind: "map",
+            name: SWITCHES_MAP,
+        })?;
+        let switches = Switches(Mutex::new(Array::try_from(switches).map_err(|source| {
+            Error::Map {
+                map: SWITCHES_MAP,
+                source,
+            }
+        })?));
+        // Before the programs attach: the first connections are named (or not) as asked.
+        switches.set(Switch::ConnectionPids, options.connection_pids)?;
+
         let program: &mut RawTracePoint = ebpf
             .program_mut(TCP_STATE_PROGRAM)
             .ok_or(Error::Missing {
@@ -387,6 +422,7 @@ impl DataPlane {
                 counters,
                 flow_maps,
             }),
+            switches: Arc::new(switches),
         })
     }
 
@@ -457,6 +493,11 @@ impl DataPlane {
     /// The counters and the LRU maps, for a thread of their own.
     pub fn maps(&self) -> Arc<KernelMaps> {
         Arc::clone(&self.maps)
+    }
+
+    /// The programs' switches, for whoever turns them while the programs run.
+    pub fn switches(&self) -> Arc<Switches> {
+        Arc::clone(&self.switches)
     }
 
     /// See [`KernelMaps::take_ring_buffer_peak`].

@@ -14,8 +14,11 @@
 //! the median of its rounds with its spread. When the baseline rounds disagree by more than 10 % the
 //! machine's speed drifted and no ratio is reported.
 //!
-//! Then the user-space pipeline alone (`agent/benches/pipeline.rs`, release) for events/s on one core.
-//! Figures go to `target/bench/agent.json`.
+//! Then the kernel's time in each of our programs (BPF statistics on: runs, ns per run, ns per
+//! connection), and the user-space pipeline alone (`agent/benches/pipeline.rs`, release) for events/s
+//! on one core. Figures go to `target/bench/agent.json`. `NE_AGENT_BENCH_KERNEL_ONLY=1` runs only the
+//! kernel-time phases (about 30 s, `target/bench/agent_kernel.json`), for comparing builds of the
+//! programs.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -94,6 +97,14 @@ pub fn run() -> Result<()> {
         .transpose()?
         .unwrap_or(3)
         .max(1);
+    if std::env::var_os("NE_AGENT_BENCH_KERNEL_ONLY").is_some() {
+        // Only the kernel-time phases (about 30 s): for comparing builds of the programs.
+        let pods = Pods::create()?;
+        let kernel = kernel_phases(&agent_bin, &pods)?;
+        drop(pods);
+        report("agent_kernel", &kernel_figures(&kernel))?;
+        return Ok(());
+    }
     let pods = Pods::create()?;
     let (mut baseline, mut agent, mut tcplife) = (Vec::new(), Vec::new(), Vec::new());
     let mut agent_default = Vec::new();
@@ -139,28 +150,7 @@ pub fn run() -> Result<()> {
         lost += phase.lost;
     }
 
-    // What the agent costs inside the kernel, from the kernel's own BPF statistics: kept only for
-    // these phases, because keeping them adds two clock reads to every program run.
-    let mut kernel = Vec::new();
-    for dedupe in [0, DEFAULT_DEDUPE_SECONDS] {
-        println!("==> kernel time of our programs (--dedupe-seconds {dedupe}, BPF statistics on)");
-        let stats = BpfStats::enable()?;
-        let phase = Agent::start(&agent_bin, dedupe)?.phase(&pods)?;
-        drop(stats);
-        let connections = (phase.storm.tcp + phase.storm.udp).max(1) as f64;
-        let kernel_s = phase.kernel_s();
-        println!(
-            "    {phase}; {kernel_s:.3} s in the kernel's runs of our programs, {:.0} ns per connection",
-            kernel_s * 1e9 / connections
-        );
-        for (program, s) in &phase.kernel_by_program {
-            println!(
-                "      {program}: {:.0} ns per connection",
-                s * 1e9 / connections
-            );
-        }
-        kernel.push((kernel_s * 1e9 / connections, kernel_s / phase.storm.secs));
-    }
+    let kernel = kernel_phases(&agent_bin, &pods)?;
     drop(pods);
 
     println!("==> pipeline alone (release, one core)");
@@ -230,6 +220,48 @@ pub fn run() -> Result<()> {
         Figure::new("cpu_s_per_million_conn", cpu / (tcp as f64 / 1e6), "CPU s"),
         Figure::new("pipeline_events_per_sec_per_core", pipeline, "events/CPU-s"),
         Figure::new("agent_peak_rss_mib", rss, "MiB"),
+    ]);
+    figures.extend(kernel_figures(&kernel));
+    report("agent", &figures)?;
+    Ok(())
+}
+
+/// The storm with the agent at `--dedupe-seconds 0` and at the shipped setting, with the kernel's
+/// BPF statistics on: (ns in our programs per connection, CPU-s in them per second) for each.
+fn kernel_phases(agent_bin: &Path, pods: &Pods) -> Result<Vec<(f64, f64)>> {
+    let mut kernel = Vec::new();
+    // What the agent costs inside the kernel, from the kernel's own BPF statistics: kept only for
+    // these phases, because keeping them adds two clock reads to every program run.
+    for dedupe in [0, DEFAULT_DEDUPE_SECONDS] {
+        println!("==> kernel time of our programs (--dedupe-seconds {dedupe}, BPF statistics on)");
+        let stats = BpfStats::enable()?;
+        let phase = Agent::start(agent_bin, dedupe)?.phase(pods)?;
+        drop(stats);
+        let connections = (phase.storm.tcp + phase.storm.udp).max(1) as f64;
+        let kernel_s = phase.kernel_s();
+        println!(
+            "    {phase}; {kernel_s:.3} s in the kernel's runs of our programs, {:.0} ns per connection",
+            kernel_s * 1e9 / connections
+        );
+        // Runs per connection and time per run tell a hook that fires often from one that works
+        // hard when it fires (issue: which hook set costs least per connection).
+        for (program, s) in &phase.kernel_by_program {
+            let runs = phase.runs_by_program.get(program).copied().unwrap_or(0.0);
+            println!(
+                "      {program}: {:.0} ns per connection ({:.2} runs per connection, {:.0} ns per run)",
+                s * 1e9 / connections,
+                runs / connections,
+                if runs > 0.0 { s * 1e9 / runs } else { 0.0 }
+            );
+        }
+        kernel.push((kernel_s * 1e9 / connections, kernel_s / phase.storm.secs));
+    }
+    Ok(kernel)
+}
+
+/// The figures of [`kernel_phases`].
+fn kernel_figures(kernel: &[(f64, f64)]) -> Vec<Figure> {
+    vec![
         Figure::new("kernel_ns_per_conn", kernel[0].0, "ns in our programs"),
         Figure::new(
             "kernel_cpu_share",
@@ -246,9 +278,7 @@ pub fn run() -> Result<()> {
             kernel[1].1,
             "CPU-s in our programs per second",
         ),
-    ]);
-    report("agent", &figures)?;
-    Ok(())
+    ]
 }
 
 /// Baseline phases further apart than this (relative to their median) make a ratio meaningless.
@@ -588,6 +618,7 @@ impl Agent {
         let cpu_before = self.cpu_seconds()?;
         let events_before = self.metric("network_enforcer_agent_events_total")?;
         let kernel_before = self.series(KERNEL_SECONDS)?;
+        let runs_before = self.series(KERNEL_RUNS)?;
         let storm = storm(pods)?;
         // Let the agent drain its ring buffer and fold in the kernel counters (it flushes every second).
         std::thread::sleep(Duration::from_secs(3));
@@ -602,6 +633,14 @@ impl Agent {
                 .map(|(program, s)| {
                     let before = kernel_before.get(&program).copied().unwrap_or(0.0);
                     (program, s - before)
+                })
+                .collect(),
+            runs_by_program: self
+                .series(KERNEL_RUNS)?
+                .into_iter()
+                .map(|(program, runs)| {
+                    let before = runs_before.get(&program).copied().unwrap_or(0.0);
+                    (program, runs - before)
                 })
                 .collect(),
             storm,
@@ -675,6 +714,8 @@ struct AgentPhase {
     /// Time the kernel spent in each of our programs (0 unless [`BpfStats`] are on), by the metric's
     /// labels (`program="..."`).
     kernel_by_program: std::collections::BTreeMap<String, f64>,
+    /// Runs of each of our programs (counted only while [`BpfStats`] are on), by the same labels.
+    runs_by_program: std::collections::BTreeMap<String, f64>,
 }
 
 impl AgentPhase {
@@ -686,6 +727,8 @@ impl AgentPhase {
 
 /// The agent's metric of the time the kernel spent in its programs, per program.
 const KERNEL_SECONDS: &str = "network_enforcer_agent_ebpf_program_run_seconds_total";
+/// The agent's metric of its programs' runs, per program.
+const KERNEL_RUNS: &str = "network_enforcer_agent_ebpf_program_runs_total";
 
 impl std::fmt::Display for AgentPhase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -724,13 +767,38 @@ struct Observer(Child);
 
 impl Observer {
     fn start(mut cmd: Command) -> Result<Self> {
-        let child = cmd
+        // tcplife attaches to the classic tracepoint, found through tracefs (the agent's raw
+        // tracepoint needs none): a machine booted without it mounted has the directory empty.
+        let tracefs = Path::new("/sys/kernel/tracing");
+        if !tracefs.join("events").exists() {
+            let mounted = Command::new("mount")
+                .args(["-t", "tracefs", "nodev"])
+                .arg(tracefs)
+                .status()
+                .context("mounting tracefs for the observer")?;
+            if !mounted.success() {
+                bail!(
+                    "tracefs is not mounted at {} and mounting it failed",
+                    tracefs.display()
+                );
+            }
+        }
+        // Its complaints to a file: a pipe nobody reads while it runs could fill and stall it.
+        let errors =
+            std::env::temp_dir().join(format!("ne-bench-observer-{}.err", std::process::id()));
+        let mut child = cmd
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&errors).context("creating the observer's error file")?)
             .spawn()
             .context("starting the observer")?;
         // Its programs take a moment to load and attach.
         std::thread::sleep(Duration::from_secs(3));
+        // One that could not attach has exited by now: its rate would be the baseline's, passed
+        // off as an observer's.
+        if let Some(status) = child.try_wait()? {
+            let stderr = std::fs::read_to_string(&errors).unwrap_or_default();
+            bail!("the observer exited at start ({status}): {}", stderr.trim());
+        }
         Ok(Self(child))
     }
 }
