@@ -263,8 +263,8 @@ pub const SWITCHES_MAP: &str = "SWITCHES";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Switch {
     /// Note the process inside `connect()` ([`CONNECTING_MAP`]) so the TCP outbound event names it.
-    /// It is a quarter of the TCP program's time, and only the debug API shows it: the agent turns
-    /// it on while a client watches there.
+    /// It is a quarter of the TCP program's time, and only the debug socket's raw events show it:
+    /// the agent turns it on while a client there asks for processes.
     ConnectionPids = 0,
 }
 

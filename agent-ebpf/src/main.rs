@@ -364,9 +364,10 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     event.protocol = IPPROTO_TCP;
     event.direction = direction as u8;
     event.outcome = outcome as u8;
-    // A socket that connected while the switch was off has no entry: no lookup then. (One noted just
-    // before it went off stays until the LRU evicts it.)
-    if direction == Direction::Outbound && switched_on(Switch::ConnectionPids) {
+    // Looked up whether the switch is on or not: an entry noted before it went off is taken out at
+    // its connection's outcome (it names this very socket's process), so none stays behind for a
+    // later socket at the same address. A miss in a near-empty map is cheap.
+    if direction == Direction::Outbound {
         // SAFETY: lookup of a plain u32 value, copied out immediately.
         if let Some(pid) = unsafe { CONNECTING.get(sk) } {
             event.pid = *pid;

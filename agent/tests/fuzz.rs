@@ -457,6 +457,7 @@ fn debug_socket() {
     let valid_requests = vec![
         serde_json::to_value(Request {
             since_ns: Some(1_000_000_000),
+            pids: true,
         })
         .unwrap(),
         serde_json::to_value(Request::default()).unwrap(),

@@ -71,6 +71,8 @@ async fn full_maps_count_their_evictions_and_the_ring_buffer_its_peak() {
     let (data_plane, mut reader) = support::load(&LoadOptions {
         flow_map_entries: Some(ENTRIES),
         dns: false,
+        // The `connecting` map fills only while processes are named.
+        connection_pids: true,
         ..LoadOptions::default()
     });
     let before = data_plane.counters().unwrap();

@@ -16,6 +16,7 @@ use support::{PodPair, collect, load, own_cgroup_id};
 fn deduping() -> LoadOptions {
     LoadOptions {
         dedupe_window: Duration::from_secs(30),
+        connection_pids: true,
         ..LoadOptions::default()
     }
 }

@@ -42,8 +42,12 @@ fn require_root() {
 
 fn load() -> (DataPlane, EventReader) {
     require_root();
-    let mut data_plane =
-        DataPlane::load(&LoadOptions::default()).expect("loading the eBPF programs");
+    // Processes named: these tests check them.
+    let mut data_plane = DataPlane::load(&LoadOptions {
+        connection_pids: true,
+        ..LoadOptions::default()
+    })
+    .expect("loading the eBPF programs");
     let reader = data_plane.events().expect("taking the events reader");
     (data_plane, reader)
 }

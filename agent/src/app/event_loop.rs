@@ -67,8 +67,6 @@ impl EventLoop {
         );
         let load_options = LoadOptions {
             cgroup: Some(node_cgroups.attach_dir()),
-            // Only the debug API shows them: named while a client watches there (below).
-            connection_pids: false,
             ..args.kernel.load_options()
         };
         let mut data_plane =

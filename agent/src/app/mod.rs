@@ -1,6 +1,6 @@
 //! `network-enforcer-agent run`: the agent as one value the binary starts. It loads the kernel
 //! programs, starts the pod watch, the debug socket, the metrics endpoint, the flow sources, the
-//! uplink and the enforcement, then runs the loop of [`run`]: read events → [`Pipeline`] → flush
+//! uplink and the enforcement, then runs the loop of [`run`]: read events → [`Pipeline`](crate::pipeline::Pipeline) → flush
 //! into uplink records, until SIGINT/SIGTERM (one last flush, then the uplink gets 5 s to deliver).
 
 mod event_loop;
@@ -104,8 +104,8 @@ impl KernelArgs {
             cgroup: None,
             dns: !self.no_dns_names,
             flow_map_entries: self.flow_map_entries,
-            // `flows --local` watches from the start; `run` turns it on only while watched.
-            connection_pids: true,
+            // Nothing the agent prints shows them; `run` turns them on while a debug client asks.
+            connection_pids: false,
         }
     }
 }

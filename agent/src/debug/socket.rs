@@ -43,11 +43,20 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// agent buffer an endless line.
 const MAX_REQUEST_BYTES: u64 = 4096;
 
+/// How long a write to a client may take: one that stopped reading (a paused pager, a suspended
+/// process) is let go rather than kept, with what it asked for, for ever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a client asks for (its first line).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Replay the recent edges last seen at most this many nanoseconds ago before the live events.
     pub since_ns: Option<u64>,
+    /// Name the process of each outbound TCP connection in the live events (`pid`). The kernel
+    /// notes it only while a connected client asks: it is about a fifth of the agent's kernel time
+    /// per connection (docs/design.md, "Capture"), and `flows` does not show it.
+    #[serde(default)]
+    pub pids: bool,
 }
 
 /// One line from the agent.
@@ -99,7 +108,7 @@ pub struct EventRecord {
     /// The local socket's cgroup v2 id.
     pub cgroup_id: Option<u64>,
     /// The process that opened the connection: UDP always, an outbound TCP connection only when it
-    /// was made while a client watched this socket (the agent names those only then).
+    /// was made while a client that asked for processes ([`Request::pids`]) was connected.
     pub pid: Option<u32>,
     /// The socket error of a failed attempt.
     pub error: Option<u8>,
@@ -362,26 +371,33 @@ struct Shared {
     lines: broadcast::Sender<Arc<str>>,
     /// Names of peer addresses, when the agent watches the cluster ([`DebugServer::with_peers`]).
     peers: OnceLock<SharedPeers>,
-    /// Clients connected now; told to [`DebugServer::on_watchers`]'s function as it changes
+    /// Clients asking for processes connected now; told to [`DebugServer::on_watchers`]'s function as it changes
     /// between none and some, under this lock (so two clients coming and going cannot reorder it).
     watchers: Mutex<usize>,
     on_watchers: OnceLock<Box<dyn Fn(bool) + Send + Sync>>,
 }
 
-/// A connected client, counted in [`Shared::watchers`] while it lives.
+/// A connected client that asked for processes ([`Request::pids`]), counted in
+/// [`Shared::watchers`] while it lives.
 struct Watching(Arc<Shared>);
 
 impl Watching {
     fn start(shared: Arc<Shared>) -> Self {
-        let mut watchers = shared.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        // Made first, so that its drop undoes the count whatever happens after.
+        let watching = Self(shared);
+        let mut watchers = watching
+            .0
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         *watchers += 1;
         if *watchers == 1
-            && let Some(tell) = shared.on_watchers.get()
+            && let Some(tell) = watching.0.on_watchers.get()
         {
             tell(true);
         }
         drop(watchers);
-        Self(shared)
+        watching
     }
 }
 
@@ -467,11 +483,23 @@ impl DebugServer {
         self
     }
 
-    /// Calls `tell(true)` when a first client connects and `tell(false)` when the last one leaves
-    /// (set once; a later call is ignored): the agent names the processes of TCP connections only
-    /// while someone watches, as only this API shows them.
+    /// Calls `tell(true)` when a first client asking for processes ([`Request::pids`]) connects and
+    /// `tell(false)` when the last one leaves (set once; a later call is ignored): the agent names
+    /// the processes of TCP connections only while someone asks.
     pub fn on_watchers(self, tell: impl Fn(bool) + Send + Sync + 'static) -> Self {
-        let _ = self.shared.on_watchers.set(Box::new(tell));
+        // Under the count's lock: a client that came between `bind` and now is told about too.
+        let watchers = self
+            .shared
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.shared.on_watchers.set(Box::new(tell)).is_ok()
+            && *watchers > 0
+            && let Some(tell) = self.shared.on_watchers.get()
+        {
+            tell(true);
+        }
+        drop(watchers);
         self
     }
 
@@ -524,9 +552,6 @@ impl Drop for DebugServer {
 }
 
 async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
-    // From the connection on: the request and the history take a moment, and the live events
-    // after them should name their processes already.
-    let _watching = Watching::start(shared.clone());
     let (read, mut write) = stream.into_split();
     // Past the bound the line reads as cut short, fails to parse, and the client gets live events.
     let mut requests = BufReader::new(read.take(MAX_REQUEST_BYTES)).lines();
@@ -538,6 +563,9 @@ async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
         // No request: a client that only listens.
         _ => Request::default(),
     };
+    // From here on: the history takes a moment, and the live events after it should name their
+    // processes already.
+    let _watching = request.pids.then(|| Watching::start(shared.clone()));
     let (history, mut lines) = {
         let recent = shared.recent();
         let history = request.since_ns.map(|ns| {
@@ -557,12 +585,23 @@ async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
         let Ok(text) = serde_json::to_string(&line) else {
             continue;
         };
-        if write_line(&mut write, &text).await.is_err() {
+        if !written(&mut write, &text).await {
             return;
         }
     }
+    // The connection itself, past the request's bound: a client that closed its end is gone even
+    // while no event comes to fail a write (what it sends after the request is not read as asked).
+    let mut read = requests.into_inner().into_inner().into_inner();
+    let mut discarded = [0u8; 512];
     loop {
-        let line = match lines.recv().await {
+        let received = tokio::select! {
+            received = lines.recv() => received,
+            read = read.read(&mut discarded) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            },
+        };
+        let line = match received {
             Ok(line) => line,
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 serde_json::to_string(&Line::Lagged(missed))
@@ -571,10 +610,18 @@ async fn serve_client(stream: UnixStream, shared: Arc<Shared>) {
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        if write_line(&mut write, &line).await.is_err() {
-            return; // the client went away
+        if !written(&mut write, &line).await {
+            return;
         }
     }
+}
+
+/// Writes `line` within [`WRITE_TIMEOUT`]; `false`: the client went away or stopped reading.
+async fn written(write: &mut tokio::net::unix::OwnedWriteHalf, line: &str) -> bool {
+    matches!(
+        tokio::time::timeout(WRITE_TIMEOUT, write_line(write, line)).await,
+        Ok(Ok(()))
+    )
 }
 
 async fn write_line(
@@ -606,15 +653,21 @@ impl DebugClient {
     /// Connects to a running agent; with `since`, the agent first replays the edges last seen within
     /// that window (read them with [`DebugClient::read_history`]).
     pub async fn connect(path: &Path, since: Option<Duration>) -> Result<Self> {
+        let request = Request {
+            since_ns: since.map(nanos),
+            pids: false,
+        };
+        Self::asking(path, &request).await
+    }
+
+    /// Connects to the agent's debug socket with `request` as the first line.
+    pub async fn asking(path: &Path, request: &Request) -> Result<Self> {
         let io = |source| Error::DebugSocket {
             path: path.to_path_buf(),
             source,
         };
         let stream = UnixStream::connect(path).await.map_err(io)?;
         let (read, mut write) = stream.into_split();
-        let request = Request {
-            since_ns: since.map(nanos),
-        };
         let text = serde_json::to_string(&request).unwrap_or_default();
         write_line(&mut write, &text).await.map_err(io)?;
         Ok(Self {
@@ -990,9 +1043,17 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
-        let first = DebugClient::connect(&path, None).await.unwrap();
+        // A client that does not ask for processes turns nothing on.
+        let _listening = DebugClient::connect(&path, None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(told_now(), Vec::<bool>::new());
+        let asking = Request {
+            since_ns: None,
+            pids: true,
+        };
+        let first = DebugClient::asking(&path, &asking).await.unwrap();
         until(vec![true]).await;
-        let second = DebugClient::connect(&path, None).await.unwrap();
+        let second = DebugClient::asking(&path, &asking).await.unwrap();
         // Its connection is served once accepted: wait until it is counted.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while *server.shared.watchers.lock().unwrap() != 2 {
@@ -1003,22 +1064,6 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         drop(first);
-        // The server sees a client leave when a write to it fails: publish until both are seen.
-        let publish_until = |want: Vec<bool>| {
-            let server = &server;
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while told_now() != want {
-                    assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "told {:?}, want {want:?}",
-                        told_now()
-                    );
-                    server.publish(&[event()], |_| Attributed::default());
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        };
         // One of two left: still watched, nothing told.
         for _ in 0..20 {
             server.publish(&[event()], |_| Attributed::default());
@@ -1026,8 +1071,9 @@ mod tests {
         }
         assert_eq!(told_now(), vec![true]);
         drop(second);
-        publish_until(vec![true, false]).await;
-        let _third = DebugClient::connect(&path, None).await.unwrap();
+        // Seen gone by its closed end, with no event published to fail a write.
+        until(vec![true, false]).await;
+        let _third = DebugClient::asking(&path, &asking).await.unwrap();
         until(vec![true, false, true]).await;
         drop(server);
         let _ = std::fs::remove_dir(dir);

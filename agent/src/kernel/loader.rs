@@ -42,8 +42,8 @@ pub struct LoadOptions {
     /// 65,536. A full map evicts its oldest entry: raise it when `status` shows a map full.
     pub flow_map_entries: Option<u32>,
     /// Name the process of each outbound TCP connection from the start ([`Switch::ConnectionPids`];
-    /// [`DataPlane::switches`] turns it on and off later). The agent's `run` starts without, and
-    /// turns it on while the debug API has a client.
+    /// [`DataPlane::switches`] turns it on and off later). Off by default: the agent turns it on
+    /// only while a debug client asks for processes.
     pub connection_pids: bool,
 }
 
@@ -55,7 +55,7 @@ impl Default for LoadOptions {
             cgroup: None,
             dns: true,
             flow_map_entries: None,
-            connection_pids: true,
+            connection_pids: false,
         }
     }
 }

@@ -36,7 +36,9 @@ impl EvidenceKind {
         }
     }
 
-    /// Whether this evidence records a violation on a policy in `mode` (see the module docs).
+    /// Whether this evidence records a violation on a policy in `mode`: a flow that went through
+    /// (or a datagram sent) violates a monitor policy; one that was blocked (or a datagram sent,
+    /// whose arrival the sender cannot know) a protect policy (docs/behaviour.md §3.5).
     pub fn counts_for(self, mode: PolicyMode) -> bool {
         match mode {
             PolicyMode::Monitor => matches!(self, EvidenceKind::WentThrough | EvidenceKind::Sent),
@@ -53,7 +55,7 @@ pub struct Evidence {
     pub kind: EvidenceKind,
     pub record: Decoded,
     /// It waited for the index to place its peer ([`Evidence::may_wait_for_peer`]): the pass
-    /// counts what it came to ([`WaitedOutcome`]).
+    /// counts what it came to ([`crate::monitor::violations::evidence::WaitedOutcome`]).
     pub waited_for_peer: bool,
     /// The claim of the agent batch it came in, told when the record counted
     /// ([`ClaimGate`]); `None` for cluster sources and unnamed batches.

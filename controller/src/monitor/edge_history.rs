@@ -547,7 +547,7 @@ pub fn name_of(w: &WorkloadRef) -> String {
 }
 
 /// The namespace graph of the protect gate's history (what the leader learns cluster proposals from,
-/// [`NamespaceGraph`]): one edge per source namespace and destination namespace or
+/// [`crate::learn::cluster_policies::NamespaceGraph`]): one edge per source namespace and destination namespace or
 /// address, sorted. A source seen by address (a hostNetwork pod, an outside client) has no namespace
 /// a policy could select; a destination seen by address (outside, a node, a hostNetwork pod) is an
 /// address, as ClusterNetworkPolicy `networks` see it.

@@ -88,8 +88,6 @@ pub fn run() -> Result<()> {
         ),
     )?;
     let agent_bin = root.join("target/release/network-enforcer-agent");
-    let tcplife_bin = which("tcplife")
-        .context("tcplife not found: install Debian's libbpf-tools (`cargo xtask setup` does)")?;
 
     let rounds: usize = std::env::var("NE_AGENT_BENCH_ROUNDS")
         .ok()
@@ -105,6 +103,8 @@ pub fn run() -> Result<()> {
         report("agent_kernel", &kernel_figures(&kernel))?;
         return Ok(());
     }
+    let tcplife_bin = which("tcplife")
+        .context("tcplife not found: install Debian's libbpf-tools (`cargo xtask setup` does)")?;
     let pods = Pods::create()?;
     let (mut baseline, mut agent, mut tcplife) = (Vec::new(), Vec::new(), Vec::new());
     let mut agent_default = Vec::new();
@@ -763,7 +763,8 @@ impl Drop for BpfStats {
 }
 
 /// A peer observer running for one phase; stopped on drop.
-struct Observer(Child);
+/// A running observer and the file its complaints go to.
+struct Observer(Child, PathBuf);
 
 impl Observer {
     fn start(mut cmd: Command) -> Result<Self> {
@@ -797,9 +798,10 @@ impl Observer {
         // off as an observer's.
         if let Some(status) = child.try_wait()? {
             let stderr = std::fs::read_to_string(&errors).unwrap_or_default();
+            let _ = std::fs::remove_file(&errors);
             bail!("the observer exited at start ({status}): {}", stderr.trim());
         }
-        Ok(Self(child))
+        Ok(Self(child, errors))
     }
 }
 
@@ -809,6 +811,7 @@ impl Drop for Observer {
             .args(["-INT", &self.0.id().to_string()])
             .status();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(&self.1);
     }
 }
 

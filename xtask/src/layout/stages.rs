@@ -5,7 +5,9 @@
 //! `NamespaceGraph`) and the later stage implements it; the app wires them.
 //!
 //! Test files (`tests.rs`, inline test modules) build whole apps and may import anything; comments
-//! (intra-doc links) are no imports.
+//! (intra-doc links) and string literals are no imports. Read are `crate::` paths, grouped or not;
+//! not read: `super::` paths out of a stage's root module, macros used without a path, and items
+//! the crate root re-exports (`lib.rs` re-exports none of a stage's).
 
 use super::{code_outside_tests, sources};
 use anyhow::Result;
@@ -46,29 +48,98 @@ fn rank(stage: &str) -> Option<u8> {
         .map(|(_, rank)| *rank)
 }
 
-/// The stages `code` names as `crate::<stage>` (an import or a path in code).
-pub fn stages_used(code: &str) -> BTreeSet<&str> {
-    code.match_indices("crate::")
-        .filter(|(at, _)| {
-            // `crate::` itself, not the end of `other_crate::`.
-            code[..*at]
-                .chars()
-                .next_back()
-                .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
-        })
-        .map(|(at, _)| {
-            let rest = &code[at + "crate::".len()..];
-            let end = rest
+/// The stages `code` names as `crate::<stage>` (an import, grouped or not, or a path in code),
+/// string literals and end-of-line comments left out.
+pub fn stages_used(code: &str) -> BTreeSet<String> {
+    let code = without_strings_and_comments(code);
+    let mut used = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        // `crate::` itself, not the end of `other_crate::`.
+        let starts_a_path = code[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        if !starts_a_path {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        let firsts = match rest.strip_prefix('{') {
+            // `crate::{monitor::X, ingest::{Y, Z}}`: the first name of each top-level part.
+            Some(group) => top_level_parts(group),
+            None => vec![rest],
+        };
+        for part in firsts {
+            let part = part.trim_start();
+            let end = part
                 .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            &rest[..end]
-        })
-        .filter(|name| rank(name).is_some())
-        .collect()
+                .unwrap_or(part.len());
+            if rank(&part[..end]).is_some() {
+                used.insert(part[..end].to_string());
+            }
+        }
+    }
+    used
+}
+
+/// The comma-separated parts of a `{ … }` group whose opening brace `group` follows, up to its
+/// closing brace (nested groups stay whole).
+fn top_level_parts(group: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                parts.push(&group[start..i]);
+                return parts;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&group[start..]);
+    parts
+}
+
+/// `code` with the contents of string literals and the comments after code on a line removed
+/// (`"crate::monitor"` in a message is no import). Raw strings and block comments are not
+/// parsed: the tree uses neither around stage paths.
+fn without_strings_and_comments(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    for line in code.lines() {
+        let (mut in_string, mut escaped) = (false, false);
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if in_string {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        in_string = false;
+                        out.push('"');
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            if c == '/' && chars.peek() == Some(&'/') {
+                break;
+            }
+            if c == '"' {
+                in_string = true;
+            }
+            out.push(c);
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The imports of a file of `stage` against the order: the later stages it uses.
-pub fn against_order<'a>(stage: &str, code: &'a str) -> Vec<&'a str> {
+pub fn against_order(stage: &str, code: &str) -> Vec<String> {
     let Some(own) = rank(stage) else {
         return Vec::new();
     };
@@ -98,7 +169,7 @@ pub fn check(controller_src: &Path) -> Result<(Vec<String>, Vec<String>)> {
         let text = std::fs::read_to_string(&path)?;
         let code = code_outside_tests(&text);
         for later in against_order(&stage, &code) {
-            found.insert((stage.clone(), later.to_string()));
+            found.insert((stage.clone(), later.clone()));
             if !KNOWN.iter().any(|(s, l, _)| *s == stage && *l == later) {
                 unknown.push(format!("{} uses {later}", relative.display()));
             }
@@ -134,5 +205,15 @@ mod tests {
             Vec::<&str>::new(),
             "not a stage"
         );
+    }
+
+    #[test]
+    fn grouped_imports_count_and_strings_and_comments_do_not() {
+        let grouped = "use crate::{FastMap, monitor::{status_sync::X, Y}, ingest::Z};\n";
+        assert_eq!(against_order("learn", grouped), ["monitor"]);
+        let quoted = "let m = \"see crate::monitor \\\" and crate::ui\"; // crate::ui::x\n";
+        assert_eq!(against_order("learn", quoted), Vec::<&str>::new());
+        let after = "let u = \"a\"; let v = crate::ui::view();\n";
+        assert_eq!(against_order("learn", after), ["ui"]);
     }
 }

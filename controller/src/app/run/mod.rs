@@ -1,5 +1,5 @@
 //! `network-enforcer-controller run`: the controller as the binary starts it. [`run()`] reads the
-//! command line into an [`App`] (index, learning, flusher, ingest, status sync) and adds what only a
+//! command line into an [`App`](crate::app::App) (index, learning, flusher, ingest, status sync) and adds what only a
 //! process in the cluster has: leader election, TLS, `/metrics` and health, the reconcilers, the flow
 //! sources and the web view; then it runs until SIGTERM (the last status sync and flush included).
 
