@@ -18,6 +18,7 @@ mod edge_history;
 mod enforce;
 mod evaluate;
 mod fleet;
+mod socket_state;
 mod ui;
 
 /// The benchmarks (`cargo xtask bench <name>`; clap lists them in `--help` and refuses others).
@@ -32,6 +33,8 @@ pub enum Name {
     Enforce,
     Evaluate,
     Fleet,
+    #[value(name = "socket_state")]
+    SocketState,
     Ui,
 }
 
@@ -46,6 +49,7 @@ pub fn run(name: Name) -> Result<()> {
         Name::Enforce => enforce::run(),
         Name::Evaluate => evaluate::run(),
         Name::Fleet => fleet::run(),
+        Name::SocketState => socket_state::run(),
         Name::Ui => ui::run(),
     }
 }
