@@ -66,10 +66,6 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 pub const PROMOTE_LABEL_MESSAGE: &str =
     r#"networkenforcer.kubewarden.io/promote must be "monitor" or "protect""#;
 
-/// The message of the chart's ValidatingAdmissionPolicy for a promote label on a
-/// ClusterNetworkPolicyProposal that is not `protect`.
-pub const CLUSTER_PROMOTE_LABEL_MESSAGE: &str = r#"networkenforcer.kubewarden.io/promote must be "protect" on a ClusterNetworkPolicyProposal (a ClusterNetworkPolicy has no monitor mode)"#;
-
 /// Returns the violation id named by an acknowledge annotation key, `None` for other keys.
 /// A key with the prefix but a non-numeric suffix yields `Some(Err(suffix))`, so the caller can
 /// report and remove it.

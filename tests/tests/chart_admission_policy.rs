@@ -134,7 +134,13 @@ fn policy_and_binding_match_the_spec() {
     let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
     assert_eq!(rule["apiGroups"], json!(["networkenforcer.kubewarden.io"]));
     assert_eq!(rule["operations"], json!(["CREATE", "UPDATE"]));
-    assert_eq!(rule["resources"], json!(["workloadnetworkpolicyproposals"]));
+    assert_eq!(
+        rule["resources"],
+        json!([
+            "workloadnetworkpolicyproposals",
+            "clusternetworkpolicyproposals"
+        ])
+    );
     let binding = find(&docs, "ValidatingAdmissionPolicyBinding");
     assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
@@ -258,31 +264,45 @@ fn policy_named<'a>(docs: &'a [Value], name: &str) -> &'a Value {
 /// What the API server would answer for a ClusterNetworkPolicyProposal with these labels.
 fn admit_cluster(labels: Option<Value>) -> Result<(), String> {
     let docs = rendered();
-    let policy = policy_named(&docs, "release-network-enforcer-cluster-promote-label");
+    let policy = policy_named(&docs, "release-network-enforcer-promote-label");
     let metadata = json!({"name": "ne-isolate-shop"});
     admit_labelled(policy, "ClusterNetworkPolicyProposal", metadata, labels)
 }
 
+/// A cluster proposal is promoted to monitor or protect, like a workload proposal, by the same
+/// policy (there is no other promote-label policy to keep in step).
 #[test]
-fn a_cluster_proposal_is_promoted_only_to_protect() {
+fn a_cluster_proposal_is_promoted_to_monitor_or_protect() {
     let docs = rendered();
-    let policy = policy_named(&docs, "release-network-enforcer-cluster-promote-label");
-    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let policy = policy_named(&docs, "release-network-enforcer-promote-label");
     assert_eq!(
         policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"],
-        json!(["clusternetworkpolicyproposals"])
+        json!([
+            "workloadnetworkpolicyproposals",
+            "clusternetworkpolicyproposals"
+        ])
     );
-    assert!(
-        docs.iter()
-            .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding"
-                && d["spec"]["policyName"] == policy["metadata"]["name"]
-                && d["spec"]["validationActions"] == json!(["Deny"]))
-    );
-    assert_eq!(admit_cluster(Some(json!({PROMOTE: "protect"}))), Ok(()));
-    for bad in ["monitor", "Protect", "", "enforce"] {
+    let promote_policies = docs
+        .iter()
+        .filter(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("promote-label"))
+        })
+        .count();
+    assert_eq!(promote_policies, 1);
+    for good in ["monitor", "protect"] {
+        assert_eq!(
+            admit_cluster(Some(json!({PROMOTE: good}))),
+            Ok(()),
+            "{good}"
+        );
+    }
+    for bad in ["Protect", "", "enforce"] {
         assert_eq!(
             admit_cluster(Some(json!({PROMOTE: bad}))),
-            Err(network_enforcer_api::keys::CLUSTER_PROMOTE_LABEL_MESSAGE.to_string()),
+            Err(network_enforcer_api::keys::PROMOTE_LABEL_MESSAGE.to_string()),
             "{bad:?}"
         );
     }

@@ -4,7 +4,10 @@
 //! - `promote=protect`: the ClusterNetworkPolicy of the proposal's name, with its spec, labelled as
 //!   ours and owned by the proposal (deleting the proposal deletes it). A policy of that name that is
 //!   not ours is never taken over.
-//! - `promote=monitor`: not supported for cluster proposals yet; said in the condition.
+//! - `promote=monitor`: nothing is created (one we created under `protect` is deleted); the status
+//!   sync records the flows the policy would deny in the proposal's status
+//!   ([`crate::monitor::evaluate::cluster_monitor`]). Nothing is put in force, so no signature is
+//!   needed: a proposal edited by hand may be monitored to see what the edit would deny.
 //! - no label (or the label removed, or the proposal deleted): a ClusterNetworkPolicy we created for
 //!   it is deleted.
 
@@ -22,6 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 
 /// The proposal's condition: whether its promoted ClusterNetworkPolicy exists as proposed.
 pub const RENDERED: &str = "Rendered";
+
+/// The `Rendered` reason of a proposal in monitor: nothing rendered, by request (no warning).
+pub const MONITORED: &str = "Monitored";
 
 /// What to do.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -121,15 +127,15 @@ pub fn plan(
             }
             PROMOTE_MONITOR => plan.conditions.push(condition(
                 false,
-                "MonitorNotSupported",
-                "monitor is not supported for cluster proposals yet: `network-enforcer-controller \
-                 check --from-cluster` shows what the proposal would deny; promote=protect creates it"
+                MONITORED,
+                "in monitor: nothing is created; the flows the ClusterNetworkPolicy would deny are \
+                 recorded in status.violations (promote=protect creates it)"
                     .into(),
             )),
             other => plan.conditions.push(condition(
                 false,
                 "InvalidPromotion",
-                format!("{PROMOTE_LABEL}={other:?}: use {PROMOTE_PROTECT}"),
+                format!("{PROMOTE_LABEL}={other:?}: use {PROMOTE_MONITOR} or {PROMOTE_PROTECT}"),
             )),
         }
     }
@@ -293,7 +299,7 @@ mod tests {
                 delete: vec![],
                 conditions: vec![
                     ("ne-isolate-shop", false, "KindNotServed"),
-                    ("ne-floor-shop", false, "MonitorNotSupported"),
+                    ("ne-floor-shop", false, "Monitored"),
                     ("ne-floor-db", false, "InvalidPromotion"),
                 ],
             },

@@ -6,7 +6,7 @@
 
 use crate::learn::cluster_policies::{self, NamespaceGraph, Settings};
 use crate::learn::provenance::{Provenance, SigningKey};
-use crate::policy::cluster_promote::{self, RENDERED};
+use crate::policy::cluster_promote::{self, MONITORED, RENDERED};
 use crate::policy::conditions;
 use crate::policy::render::MANAGED_BY_LABEL;
 use crate::runtime::events::publish_cluster_scoped;
@@ -287,7 +287,12 @@ impl ClusterProposals {
                     &self.client,
                     &self.reporter,
                     reference(proposal),
-                    "Warning",
+                    // Monitor is asked for: said, not warned.
+                    if desired.reason == MONITORED {
+                        "Normal"
+                    } else {
+                        "Warning"
+                    },
                     &desired.reason,
                     desired.message.clone(),
                 )

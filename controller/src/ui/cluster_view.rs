@@ -154,6 +154,7 @@ mod tests {
                 })
                 .into_iter()
                 .collect(),
+            ..ClusterNetworkPolicyProposalStatus::default()
         });
         p
     }

@@ -92,24 +92,52 @@ pub struct PolicyKey {
     pub name: String,
 }
 
-/// A violation [`attribute`] found: the policy that records it, and the flow. Borrowed: the
-/// observation the policy's status records is built only when asked for
-/// ([`Attributed::observation`]), so that a repeat the status sync drops costs no copy.
+/// The object whose status records a violation: a WorkloadNetworkPolicy, or a cluster proposal in
+/// monitor (no namespace, [`super::cluster_monitor`]), with what its records say of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorder<'a> {
+    /// Empty for a cluster-scoped object.
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub mode: PolicyMode,
+    /// The side of the flow it denies.
+    pub direction: Direction,
+}
+
+impl<'a> Recorder<'a> {
+    /// A WorkloadNetworkPolicy as the recorder of its violations.
+    pub fn policy(policy: &'a WorkloadNetworkPolicy) -> Self {
+        let metadata = &policy.metadata;
+        Recorder {
+            namespace: metadata.namespace.as_deref().unwrap_or_default(),
+            name: metadata.name.as_deref().unwrap_or_default(),
+            mode: policy.spec.mode,
+            direction: policy.spec.direction,
+        }
+    }
+}
+
+/// A violation [`attribute`] found: the object that records it, and the flow. Borrowed: the
+/// observation the status records is built only when asked for ([`Attributed::observation`]), so
+/// that a repeat the status sync drops costs no copy.
 #[derive(Clone, Copy, Debug)]
 pub struct Attributed<'a> {
-    pub policy: &'a WorkloadNetworkPolicy,
+    pub by: Recorder<'a>,
     pub flow: &'a ObservedFlow,
 }
 
 impl<'a> Attributed<'a> {
-    /// The policy's name and namespace.
+    /// The recorder's name and namespace (empty for a cluster-scoped one).
     pub fn key(&self) -> PolicyKey {
-        policy_key(self.policy)
+        PolicyKey {
+            namespace: self.by.namespace.to_string(),
+            name: self.by.name.to_string(),
+        }
     }
 
-    /// What the violation records: the policy's mode.
+    /// What the violation records: the recorder's mode.
     pub fn action(&self) -> PolicyMode {
-        self.policy.spec.mode
+        self.by.mode
     }
 
     /// What the repeat window compares ([`RepeatKey`]), the same as the observation's.
@@ -119,15 +147,14 @@ impl<'a> Attributed<'a> {
             dest: &self.flow.destination.workload,
             protocol: self.flow.protocol,
             dst_port: Some(i32::from(self.flow.port)),
-            action: self.policy.spec.mode,
-            policy: self.policy_name(),
-            direction: self.policy.spec.direction,
+            action: self.by.mode,
+            policy: (self.by.namespace, self.by.name),
+            direction: self.by.direction,
         }
     }
 
-    /// The observation the policy's status records.
+    /// The observation the recorder's status records.
     pub fn observation(&self) -> Observation {
-        let (namespace, name) = self.policy_name();
         let flow = self.flow;
         Observation {
             timestamp: flow.seen_at.clone(),
@@ -135,19 +162,11 @@ impl<'a> Attributed<'a> {
             dest: WorkloadRef::clone(&flow.destination.workload),
             protocol: flow.protocol,
             dst_port: Some(i32::from(flow.port)),
-            action: self.policy.spec.mode,
-            direction: self.policy.spec.direction,
-            denying_policy_namespace: namespace.to_string(),
-            denying_policy_name: name.to_string(),
+            action: self.by.mode,
+            direction: self.by.direction,
+            denying_policy_namespace: self.by.namespace.to_string(),
+            denying_policy_name: self.by.name.to_string(),
         }
-    }
-
-    fn policy_name(&self) -> (&'a str, &'a str) {
-        let metadata = &self.policy.metadata;
-        (
-            metadata.namespace.as_deref().unwrap_or_default(),
-            metadata.name.as_deref().unwrap_or_default(),
-        )
     }
 }
 
@@ -496,7 +515,7 @@ pub fn attribute_with_usage<'a>(
         match egress.verdict(view, flow.into(), principal, &mut ends)? {
             PolicyVerdict::Denies => {
                 violations.push(Attributed {
-                    policy: egress.policy,
+                    by: Recorder::policy(egress.policy),
                     flow,
                 });
                 if egress.policy.spec.mode == PolicyMode::Protect {
@@ -525,7 +544,7 @@ pub fn attribute_with_usage<'a>(
     }
     match ingress.verdict(view, flow.into(), principal, &mut ends)? {
         PolicyVerdict::Denies => violations.push(Attributed {
-            policy: ingress.policy,
+            by: Recorder::policy(ingress.policy),
             flow,
         }),
         PolicyVerdict::Allows => used(ingress, &ends),
@@ -673,18 +692,8 @@ impl<'a> AllowedNow<'a> {
 
     /// Whether the policy allows `record` now (see [`record_allowed_now`]).
     pub fn record(&self, record: &ViolationRecord) -> bool {
-        let (Some(source), Some(destination), Some(port)) = (
-            endpoint_of(self.view, &record.source),
-            endpoint_of(self.view, &record.dest),
-            record.dst_port.and_then(|p| u16::try_from(p).ok()),
-        ) else {
+        let Some(flow) = flow_of_record(self.view, record) else {
             return false;
-        };
-        let flow = Flow {
-            source,
-            destination,
-            protocol: record.protocol,
-            port,
         };
         let principal = Some(record.source.identity.as_str()).filter(|p| !p.is_empty());
         // A record of an address the pod resolved from a name is cleared once the name is listed
@@ -699,6 +708,17 @@ impl<'a> AllowedNow<'a> {
             Ok(PolicyVerdict::Allows | PolicyVerdict::NotApplicable)
         )
     }
+}
+
+/// The flow a violation record stands for now: its workloads' first pods (or addresses), its port;
+/// `None` when it cannot be rebuilt (a workload without pods, no port).
+pub(super) fn flow_of_record(view: &ClusterView, record: &ViolationRecord) -> Option<Flow> {
+    Some(Flow {
+        source: endpoint_of(view, &record.source)?,
+        destination: endpoint_of(view, &record.dest)?,
+        protocol: record.protocol,
+        port: record.dst_port.and_then(|p| u16::try_from(p).ok())?,
+    })
 }
 
 /// The endpoint a recorded workload stands for now: its first pod, or its address.

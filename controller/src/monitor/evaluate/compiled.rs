@@ -423,4 +423,4 @@ pub fn matching_rules(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

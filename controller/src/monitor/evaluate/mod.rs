@@ -11,12 +11,14 @@
 //! - [`authorization_policy`]: the Istio AuthorizationPolicy evaluator for the subset we render;
 //! - [`names`]: a WorkloadNetworkPolicy's `egressNames`, for outside addresses a pod resolved;
 //! - [`attribution`]: the two steps (egress first, then ingress) deciding which
-//!   WorkloadNetworkPolicy records which violation.
+//!   WorkloadNetworkPolicy records which violation;
+//! - [`cluster_monitor`]: which cluster proposal in monitor would deny a flow.
 //!
 //! Everything here is pure: no I/O, no clock (timestamps come in with the observations).
 
 pub mod attribution;
 pub mod authorization_policy;
+pub mod cluster_monitor;
 pub mod compiled;
 pub mod names;
 /// The reference evaluator the production path is checked against.

@@ -82,6 +82,7 @@ impl StatusSync {
         }
         let (records, drain) = self.queue.drain_numbered();
         let policies = self.policies.state();
+        let proposals = self.monitored_proposals();
         // A strict protect policy the gate holds renders nothing yet: what it sees counts as monitor's.
         let held = self.held.lock().expect("held lock").clone();
         let as_monitor: Vec<WorkloadNetworkPolicy> = policies
@@ -118,6 +119,7 @@ impl StatusSync {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let index = self.index.index.read().expect("index lock");
         let view = self.view(&index);
+        let monitored = Self::monitored_view(&view, &proposals);
         let mut state = self.state.lock().expect("state lock");
         let mut history = self.history.lock().expect("history lock");
         let mut queued = 0;
@@ -158,12 +160,12 @@ impl StatusSync {
                     };
                     history.record(&flow, to_api_server);
                 }
-                if set.is_empty() {
+                if set.is_empty() && monitored.is_none() {
                     judged.extend(peer_is_workload.map(|p| (p, false)));
                     continue;
                 }
                 matches.clear();
-                let attributed =
+                let mut attributed =
                     match attribution::attribute_with_usage(&view, &set, &flow, Some(&mut matches))
                     {
                         Ok(attributed) => attributed,
@@ -172,6 +174,17 @@ impl StatusSync {
                             continue;
                         }
                     };
+                // What a cluster proposal in monitor would deny: only evidence of a flow that
+                // went through counts for it, as for a policy in monitor.
+                if let Some(monitored) = monitored
+                    .as_ref()
+                    .filter(|_| kind.counts_for(PolicyMode::Monitor))
+                {
+                    match monitored.denial(&flow) {
+                        Ok(denial) => attributed.extend(denial),
+                        Err(error) => tracing::debug!(%error, "evidence not evaluable"),
+                    }
+                }
                 for used in &matches {
                     let rules = rules.entry(used.policy.clone()).or_insert_with(|| {
                         policies

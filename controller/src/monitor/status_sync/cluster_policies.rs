@@ -1,13 +1,14 @@
 //! The ClusterNetworkPolicies evidence is judged against (`policy.networking.k8s.io/v1alpha2`,
-//! docs/behaviour.md §3.6). The kind is upstream's, installed by clusters that use it: the watch
-//! starts once the API server serves it and this controller may list it, and is looked for again
-//! every [`LOOK_AGAIN`] until then, so a CRD installed later is picked up without a restart.
+//! docs/behaviour.md §3.6), and the ClusterNetworkPolicyProposals whose monitor records violations.
+//! The first kind is upstream's, installed by clusters that use it; the second ours, absent after an
+//! upgrade that did not apply the CRDs: each watch starts once the API server serves the kind and
+//! this controller may list it, and is looked for again every [`LOOK_AGAIN`] until then, so a CRD
+//! installed later is picked up without a restart.
 //!
-//! Evidence waits for this watch's first list only when the kind is served: a cluster without the
-//! CRD (most) never waits for it, and a cluster with it never judges a flow without its tiers.
+//! Evidence waits for such a watch's first list only when the kind is served: a cluster without the
+//! CRD never waits for it, and a cluster with it never judges a flow without its tiers.
 
 use super::*;
-use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use std::sync::atomic::AtomicU8;
 
 /// How often a cluster without the kind (or without our permission to list it) is looked at again.
@@ -34,7 +35,10 @@ impl Served {
 
     /// Whether evidence may be judged as far as this watch goes: the kind is absent, or its store
     /// has listed.
-    pub(super) fn listed(&self, store: &Store<ClusterNetworkPolicy>) -> bool {
+    pub(super) fn listed<K>(&self, store: &Store<K>) -> bool
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
         match self.0.load(Ordering::Acquire) {
             Self::ABSENT => true,
             Self::WATCHED => listed::has_listed(store),
@@ -44,38 +48,41 @@ impl Served {
 }
 
 impl StatusSync {
-    /// Watches ClusterNetworkPolicies once the API server serves them and we may list them.
-    pub(super) async fn watch_cluster_policies(&self, writer: Writer<ClusterNetworkPolicy>) {
-        let api = Api::<ClusterNetworkPolicy>::all(self.client.clone());
+    /// Watches the cluster-scoped kind `K` into `writer` once the API server serves it and we may
+    /// list it; `served` says how far it got.
+    pub(super) async fn watch_when_served<K>(&self, served: &Served, writer: Writer<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    {
+        let api = Api::<K>::all(self.client.clone());
+        let (kind, group) = (K::kind(&()), K::api_version(&()));
         loop {
             match api.list(&kube::api::ListParams::default().limit(1)).await {
                 Ok(_) => {
-                    self.cluster_policies_served.set(Served::WATCHED);
-                    tracing::info!(
-                        "watching ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2)"
-                    );
+                    served.set(Served::WATCHED);
+                    tracing::info!(%kind, %group, "watching a cluster-scoped kind evidence is judged against");
                     run::reflect(api, writer).await;
                     return;
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
-                    tracing::debug!("no ClusterNetworkPolicy kind served; looking again later");
+                    tracing::debug!(%kind, "kind not served; looking again later");
                 }
                 Err(kube::Error::Api(status)) if status.code == 403 => {
-                    tracing::warn!(
-                        "ClusterNetworkPolicies are served but this controller may not list them \
-                         (ClusterRole): flows are judged without them until it may"
+                    tracing::warn!(%kind, %group,
+                        "served, but this controller may not list it (ClusterRole): flows are \
+                         judged without it until it may"
                     );
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "looking for ClusterNetworkPolicies failed; looking again later");
+                    tracing::warn!(%kind, %error, "looking for the kind failed; looking again later");
                     // Unknown stays unknown: evidence keeps waiting rather than judging without.
-                    if self.cluster_policies_served.0.load(Ordering::Acquire) == Served::UNKNOWN {
+                    if served.0.load(Ordering::Acquire) == Served::UNKNOWN {
                         tokio::time::sleep(LOOK_AGAIN / 12).await;
                         continue;
                     }
                 }
             }
-            self.cluster_policies_served.set(Served::ABSENT);
+            served.set(Served::ABSENT);
             tokio::time::sleep(LOOK_AGAIN).await;
         }
     }

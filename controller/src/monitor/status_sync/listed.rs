@@ -31,18 +31,21 @@ pub enum Watch {
     index,
     /// ClusterNetworkPolicies, when the cluster serves them (else this watch counts as listed).
     cluster_policies,
+    /// ClusterNetworkPolicyProposals (those in monitor record violations), when served.
+    cluster_proposals,
     /// The protect gate's history as the previous leader persisted it ([`history_store`]): read
     /// before new flows are added, so that a flow seen again merges into its old edge.
     edge_history,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 6] = [
+    pub const ALL: [Watch; 7] = [
         Watch::policies,
         Watch::network_policies,
         Watch::namespaces,
         Watch::index,
         Watch::cluster_policies,
+        Watch::cluster_proposals,
         Watch::edge_history,
     ];
 
@@ -66,6 +69,7 @@ pub struct Listed {
     pub namespaces: bool,
     pub index: bool,
     pub cluster_policies: bool,
+    pub cluster_proposals: bool,
     pub edge_history: bool,
 }
 
@@ -77,6 +81,7 @@ impl Listed {
         namespaces: true,
         index: true,
         cluster_policies: true,
+        cluster_proposals: true,
         edge_history: true,
     };
 
@@ -88,6 +93,7 @@ impl Listed {
             Watch::namespaces => self.namespaces,
             Watch::index => self.index,
             Watch::cluster_policies => self.cluster_policies,
+            Watch::cluster_proposals => self.cluster_proposals,
             Watch::edge_history => self.edge_history,
         }
     }
@@ -157,6 +163,9 @@ impl StatusSync {
             namespaces: has_listed(&self.namespaces),
             index: self.index.ready(),
             cluster_policies: self.cluster_policies_served.listed(&self.cluster_policies),
+            cluster_proposals: self
+                .cluster_proposals_served
+                .listed(&self.cluster_proposals),
             edge_history: self.history_restored.load(Ordering::Acquire),
         };
         for watch in Watch::ALL {
@@ -204,6 +213,7 @@ mod tests {
             namespaces,
             index,
             cluster_policies: true,
+            cluster_proposals: true,
             edge_history: true,
         }
     }
@@ -231,6 +241,13 @@ mod tests {
                     ..Listed::ALL
                 },
                 vec![cluster_policies],
+            ),
+            (
+                Listed {
+                    cluster_proposals: false,
+                    ..Listed::ALL
+                },
+                vec![cluster_proposals],
             ),
             (listed(true, true, true, true), vec![]),
         ];

@@ -37,6 +37,7 @@ use crate::ingest::claims::Claims;
 use crate::ingest::evidence::{Evidence, EvidenceKind, EvidenceSink};
 use crate::monitor::edge_history::{self, EdgeHistory};
 use crate::monitor::evaluate::attribution::{self, AllowedNow, PolicyKey, PolicySet, RuleMatch};
+use crate::monitor::evaluate::cluster_monitor::Monitored;
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, NamedClusterPolicy, NamedPolicy};
 use crate::monitor::history_store;
 use crate::monitor::otlp::ViolationSink;
@@ -49,7 +50,7 @@ use crate::policy::protect_gate;
 use crate::policy::protect_gate::GateReport;
 use crate::policy::rule_usage::{self, RuleRef, UsageTracker};
 use crate::policy::validity::SharedBackends;
-use crate::runtime::events::publish_with;
+use crate::runtime::events::{publish_cluster_scoped, publish_with};
 use crate::runtime::metrics::{ControllerMetrics, Reason};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
@@ -61,6 +62,7 @@ use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
+use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::{
     AcknowledgedViolation, Backend, Direction, PolicyMode, RuleUsage, WorkloadNetworkPolicy,
     WorkloadRef,
@@ -79,6 +81,8 @@ use tokio::sync::watch;
 mod attribute;
 mod claims;
 mod cluster_policies;
+mod cluster_proposals;
+use cluster_proposals::proposal_key;
 mod history;
 mod listed;
 mod queue;
@@ -112,6 +116,9 @@ pub struct EvidenceQueue {
     /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
     /// interval.
     half_full: tokio::sync::Notify,
+    /// The status sync's store of cluster proposals: while one is in monitor, every record may be
+    /// evidence, policies or not.
+    proposals: Option<Store<ClusterNetworkPolicyProposal>>,
 }
 
 /// The queue's records.
@@ -163,6 +170,7 @@ pub struct PassReport {
 /// shared watches, [`PolicyObjects`]).
 struct Writers {
     cluster_policies: Writer<ClusterNetworkPolicy>,
+    cluster_proposals: Writer<ClusterNetworkPolicyProposal>,
     namespaces: Writer<Namespace>,
 }
 
@@ -292,6 +300,9 @@ pub struct StatusSync {
     cluster_policies: Store<ClusterNetworkPolicy>,
     /// Whether [`StatusSync::cluster_policies`] is watched ([`cluster_policies::Served`]).
     cluster_policies_served: cluster_policies::Served,
+    /// ClusterNetworkPolicyProposals: those in monitor record violations ([`cluster_proposals`]).
+    cluster_proposals: Store<ClusterNetworkPolicyProposal>,
+    cluster_proposals_served: cluster_policies::Served,
     namespaces: Store<Namespace>,
     writers: Mutex<Option<Writers>>,
     state: Mutex<State>,
@@ -343,6 +354,7 @@ impl StatusSync {
         let policies = objects.policies.store();
         let network_policies = objects.network_policies.store();
         let (cluster_policies, cluster_policies_writer) = reflector::store();
+        let (cluster_proposals, cluster_proposals_writer) = reflector::store();
         let (namespaces, namespaces_writer) = reflector::store();
         let recorder = Recorder::new(
             client.clone(),
@@ -353,6 +365,7 @@ impl StatusSync {
         );
         let queue = EvidenceQueue {
             policies: Some((policies.clone(), objects.policies.listed_flag())),
+            proposals: Some(cluster_proposals.clone()),
             ..EvidenceQueue::default()
         };
         let metrics = SyncMetrics {
@@ -390,9 +403,12 @@ impl StatusSync {
             network_policies,
             cluster_policies,
             cluster_policies_served: cluster_policies::Served::default(),
+            cluster_proposals,
+            cluster_proposals_served: cluster_policies::Served::default(),
             namespaces,
             writers: Mutex::new(Some(Writers {
                 cluster_policies: cluster_policies_writer,
+                cluster_proposals: cluster_proposals_writer,
                 namespaces: namespaces_writer,
             })),
             history_restored: std::sync::atomic::AtomicBool::new(settings_history_absent),

@@ -92,10 +92,15 @@ impl EvidenceSink for EvidenceQueue {
     }
 
     fn hold(&self) -> Option<u64> {
-        let may_count = self
-            .policies
+        let monitoring = self
+            .proposals
             .as_ref()
-            .is_none_or(|(store, listed)| evidence_may_count(listed.get(), store.len()));
+            .is_some_and(|store| store.find(cluster_proposals::monitored).is_some());
+        let may_count = monitoring
+            || self
+                .policies
+                .as_ref()
+                .is_none_or(|(store, listed)| evidence_may_count(listed.get(), store.len()));
         // Read after the records were pushed: the next drain takes them, or one already did.
         may_count.then(|| self.drains())
     }

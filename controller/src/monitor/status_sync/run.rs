@@ -23,7 +23,8 @@ impl StatusSync {
                 Api::<Namespace>::all(self.client.clone()),
                 writers.namespaces
             ),
-            self.watch_cluster_policies(writers.cluster_policies),
+            self.watch_when_served(&self.cluster_policies_served, writers.cluster_policies),
+            self.watch_when_served(&self.cluster_proposals_served, writers.cluster_proposals),
         );
     }
 

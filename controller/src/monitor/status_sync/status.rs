@@ -14,7 +14,12 @@ impl StatusSync {
         // Everything drained so far is pending or written; what this pass writes settles it.
         let drained = self.queue.drains();
         let policies = self.policies.state();
-        let keys: HashSet<PolicyKey> = policies.iter().map(|p| policy_key(p)).collect();
+        let proposals = self.monitored_proposals();
+        let keys: HashSet<PolicyKey> = policies
+            .iter()
+            .map(|p| policy_key(p))
+            .chain(proposals.iter().map(|p| proposal_key(&p.name_any())))
+            .collect();
         let gone = {
             let mut state = self.state.lock().expect("state lock");
             let gone = state.pending.retain_policies(|k| keys.contains(k));
@@ -36,26 +41,23 @@ impl StatusSync {
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
         {
-            report.policies += 1;
-            match self.sync_policy_or_reread(policy, &view).await {
-                Ok(done) => {
-                    report.patched += usize::from(done.patched);
-                    report.observations += done.observations;
-                    report.acknowledged += done.acknowledged;
-                    self.state
-                        .lock()
-                        .expect("state lock")
-                        .failing
-                        .remove(&policy_key(policy));
-                }
-                Err(error) => {
-                    report.failed += 1;
-                    tracing::warn!(
-                        namespace = ?policy.namespace(), name = %policy.name_any(), %error,
-                        "status sync failed; pending observations are kept and retried"
-                    );
-                    self.failed_again(policy, &error).await;
-                }
+            let synced = self.sync_policy_or_reread(policy, &view).await;
+            self.tally(&mut report, policy.as_ref(), policy_key(policy), synced)
+                .await;
+        }
+        if let Some(monitored) = Self::monitored_view(&view, &proposals) {
+            let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
+            for proposal in &proposals {
+                let first = self.sync_proposal(proposal, &monitored).await;
+                let synced = match self.after(first, proposal.as_ref(), &api).await {
+                    Next::Done(done) => done,
+                    Next::Again(fresh) => {
+                        self.retried(self.sync_proposal(&fresh, &monitored).await)
+                    }
+                };
+                let key = proposal_key(&proposal.name_any());
+                self.tally(&mut report, proposal.as_ref(), key, synced)
+                    .await;
             }
         }
         {
@@ -76,10 +78,14 @@ impl StatusSync {
 
     /// Counts one more failed pass for `policy`; at the [`FAILED_PASSES_BEFORE_PARKED`]th in a row
     /// its pending observations stop holding back acknowledgements, which a Warning Event says.
-    async fn failed_again(&self, policy: &WorkloadNetworkPolicy, error: &SyncError) {
+    pub(super) async fn failed_again<K: Resource<DynamicType = ()>>(
+        &self,
+        policy: &K,
+        key: PolicyKey,
+        error: &SyncError,
+    ) {
         let (failed, pending) = {
             let mut state = self.state.lock().expect("state lock");
-            let key = policy_key(policy);
             let failed = state.failing.entry(key.clone()).or_default();
             *failed += 1;
             let failed = *failed;
@@ -94,10 +100,9 @@ impl StatusSync {
              back the agents' acknowledgements: a controller that stops before they are written \
              loses them"
         );
-        tracing::warn!(namespace = ?policy.namespace(), name = %policy.name_any(), %note,
+        tracing::warn!(namespace = ?policy.meta().namespace, name = ?policy.meta().name, %note,
             "status writes failing");
-        publish_with(
-            &self.recorder,
+        self.event(
             &policy.object_ref(&()),
             EventType::Warning,
             "StatusWriteFailing",
@@ -107,41 +112,108 @@ impl StatusSync {
         .await;
     }
 
-    /// [`StatusSync::sync_policy`], retried once from a copy read now when the patch conflicts: the
-    /// watch had not yet delivered another writer's change (usually the policy reconciler's
-    /// conditions, written right after a promotion), and waiting an interval for it could meet the
-    /// next change again.
-    pub async fn sync_policy_or_reread(
+    /// Publishes an Event about `regarding`, a namespaced or a cluster-scoped object.
+    pub(super) async fn event(
         &self,
-        policy: &WorkloadNetworkPolicy,
-        view: &ClusterView,
-    ) -> Result<PolicySync, SyncError> {
-        let error = match self.sync_policy(policy, view).await {
+        regarding: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if regarding.namespace.is_some() {
+            publish_with(&self.recorder, regarding, type_, reason, action, note).await;
+        } else {
+            let reporter = Reporter {
+                controller: self.settings.reporter.clone(),
+                instance: self.settings.instance.clone(),
+            };
+            let type_ = match type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            };
+            publish_cluster_scoped(
+                &self.client,
+                &reporter,
+                regarding.clone(),
+                type_,
+                reason,
+                note,
+            )
+            .await;
+        }
+    }
+
+    /// Adds what syncing `object` (of pending key `key`) did to `report`; a failure counts one more
+    /// failed pass for it ([`StatusSync::failed_again`]).
+    async fn tally<K: Resource<DynamicType = ()>>(
+        &self,
+        report: &mut PassReport,
+        object: &K,
+        key: PolicyKey,
+        synced: Result<PolicySync, SyncError>,
+    ) {
+        report.policies += 1;
+        match synced {
+            Ok(done) => {
+                report.patched += usize::from(done.patched);
+                report.observations += done.observations;
+                report.acknowledged += done.acknowledged;
+                self.state.lock().expect("state lock").failing.remove(&key);
+            }
+            Err(error) => {
+                report.failed += 1;
+                tracing::warn!(
+                    namespace = ?object.meta().namespace, name = ?object.meta().name, %error,
+                    "status sync failed; pending observations are kept and retried"
+                );
+                self.failed_again(object, key, &error).await;
+            }
+        }
+    }
+
+    /// What follows the first sync of `object`: done, or once more from a copy read now through
+    /// `api` when the patch conflicted: the watch had not yet delivered another writer's change
+    /// (usually the policy reconciler's conditions, written right after a promotion), and waiting
+    /// an interval for it could meet the next change again.
+    pub(super) async fn after<K>(
+        &self,
+        first: Result<PolicySync, SyncError>,
+        object: &K,
+        api: &Api<K>,
+    ) -> Next<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+    {
+        let error = match first {
             Err(SyncError::Patch(kube::Error::Api(e))) if e.code == 409 => e,
             Err(error) => {
                 if matches!(error, SyncError::Patch(_)) {
                     self.metrics.patch_failed("error");
                 }
-                return Err(error);
+                return Next::Done(Err(error));
             }
-            done => return done,
+            done => return Next::Done(done),
         };
         self.metrics.patch_failed("conflict");
+        let Some(name) = object.meta().name.as_deref() else {
+            return Next::Done(Err(SyncError::Unnamed));
+        };
         tracing::debug!(
-            namespace = ?policy.namespace(), name = %policy.name_any(), error = %error.message,
+            namespace = ?object.meta().namespace, name, error = %error.message,
             "status patch conflicted; retrying from a fresh read"
         );
-        let (Some(namespace), Some(name)) = (
-            policy.metadata.namespace.as_deref(),
-            policy.metadata.name.as_deref(),
-        ) else {
-            return Err(SyncError::Unnamed);
-        };
-        let fresh = Api::<WorkloadNetworkPolicy>::namespaced(self.client.clone(), namespace)
-            .get(name)
-            .await
-            .map_err(SyncError::Reread)?;
-        let retried = self.sync_policy(&fresh, view).await;
+        match api.get(name).await {
+            Ok(fresh) => Next::Again(fresh),
+            Err(error) => Next::Done(Err(SyncError::Reread(error))),
+        }
+    }
+
+    /// The second sync after a conflict ([`StatusSync::after`]), its failure counted.
+    pub(super) fn retried(
+        &self,
+        retried: Result<PolicySync, SyncError>,
+    ) -> Result<PolicySync, SyncError> {
         if let Err(SyncError::Patch(e)) = &retried {
             let reason = match e {
                 kube::Error::Api(e) if e.code == 409 => "conflict",
@@ -150,6 +222,24 @@ impl StatusSync {
             self.metrics.patch_failed(reason);
         }
         retried
+    }
+
+    /// [`StatusSync::sync_policy`], once more from a fresh read when the patch conflicts
+    /// ([`StatusSync::after`]).
+    pub async fn sync_policy_or_reread(
+        &self,
+        policy: &WorkloadNetworkPolicy,
+        view: &ClusterView,
+    ) -> Result<PolicySync, SyncError> {
+        let api = Api::<WorkloadNetworkPolicy>::namespaced(
+            self.client.clone(),
+            policy.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let first = self.sync_policy(policy, view).await;
+        match self.after(first, policy, &api).await {
+            Next::Done(done) => done,
+            Next::Again(fresh) => self.retried(self.sync_policy(&fresh, view).await),
+        }
     }
 
     /// Syncs one policy's status from `policy` (its status, annotations and `resourceVersion`):
@@ -202,21 +292,45 @@ impl StatusSync {
             api.patch_status(
                 name,
                 &PatchParams::default(),
-                &Patch::Merge(status_patch(policy, &outcome, &usage)),
+                &Patch::Merge(status_patch(policy, &outcome, Some(&usage))),
             )
             .await
             .map_err(SyncError::Patch)?;
         }
+        let done = PolicySync {
+            patched,
+            observations: observations.len(),
+            acknowledged: outcome.acknowledged.len(),
+            annotations_removed: 0,
+        };
+        Ok(self.written(&api, policy, &key, read, &outcome, done).await)
+    }
+
+    /// After a successful patch (or none needed) of `object`'s status: its observations up to
+    /// `read` are no longer pending, its acknowledgements are reported and its consumed
+    /// annotations removed.
+    pub(super) async fn written<K>(
+        &self,
+        api: &Api<K>,
+        object: &K,
+        key: &PolicyKey,
+        read: crate::monitor::violations::evidence::Read,
+        outcome: &SyncOutcome,
+        mut done: PolicySync,
+    ) -> PolicySync
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+    {
+        let name = object.meta().name.as_deref().unwrap_or_default();
         {
             let mut state = self.state.lock().expect("state lock");
-            state.pending.commit(&key, read);
+            state.pending.commit(key, read);
             self.count_pending(&mut state);
         }
-        let regarding = policy.object_ref(&());
+        let regarding = object.object_ref(&());
         for acknowledged in &outcome.acknowledged {
             self.sink.acknowledged(acknowledged);
-            publish_with(
-                &self.recorder,
+            self.event(
                 &regarding,
                 EventType::Normal,
                 "ViolationAcknowledged",
@@ -225,14 +339,8 @@ impl StatusSync {
             )
             .await;
         }
-        let mut done = PolicySync {
-            patched,
-            observations: observations.len(),
-            acknowledged: outcome.acknowledged.len(),
-            annotations_removed: 0,
-        };
         if outcome.remove_annotations.is_empty() {
-            return Ok(done);
+            return done;
         }
         let annotations: serde_json::Map<String, serde_json::Value> = outcome
             .remove_annotations
@@ -247,8 +355,7 @@ impl StatusSync {
             Ok(_) => {
                 done.annotations_removed = annotations.len();
                 for unknown in &outcome.unknown {
-                    publish_with(
-                        &self.recorder,
+                    self.event(
                         &regarding,
                         EventType::Warning,
                         "UnknownViolationAcknowledgement",
@@ -264,20 +371,29 @@ impl StatusSync {
             // The status is recorded; the annotations are removed at the next interval (an already
             // acknowledged id is then removed silently, an unknown one with its Event).
             Err(error) => tracing::warn!(
-                namespace, name, %error, "could not remove acknowledge annotations; retrying next interval"
+                namespace = ?object.meta().namespace, name, %error,
+                "could not remove acknowledge annotations; retrying next interval"
             ),
         }
-        Ok(done)
+        done
     }
 }
 
-/// The merge patch of the violation fields and `ruleUsage` of the status (not `conditions`, which the
-/// policy reconciler owns), with the copy's `resourceVersion` as precondition. Empty lists are sent
-/// as `[]` so that a merge patch clears them.
-fn status_patch(
-    policy: &WorkloadNetworkPolicy,
+/// What follows a status sync whose patch may have conflicted ([`StatusSync::after`]).
+pub(super) enum Next<K> {
+    Done(Result<PolicySync, SyncError>),
+    /// Sync once more from this copy, read after the conflict.
+    Again(K),
+}
+
+/// The merge patch of the violation fields and `ruleUsage` (a policy's; a cluster proposal has
+/// none) of `object`'s status (not `conditions`, which the policy reconciler and the cluster
+/// proposals' render loop own), with the copy's `resourceVersion` as precondition. Empty lists are
+/// sent as `[]` so that a merge patch clears them.
+pub(super) fn status_patch<K: Resource>(
+    object: &K,
     outcome: &SyncOutcome,
-    usage: &[RuleUsage],
+    usage: Option<&[RuleUsage]>,
 ) -> serde_json::Value {
     let status = &outcome.status;
     let mut patch = serde_json::json!({
@@ -288,10 +404,12 @@ fn status_patch(
             "violationHistory": status.violation_history,
             "violations": status.violations,
             "acknowledgedViolations": status.acknowledged_violations,
-            "ruleUsage": usage,
         }
     });
-    if let Some(version) = policy.resource_version() {
+    if let Some(usage) = usage {
+        patch["status"]["ruleUsage"] = serde_json::json!(usage);
+    }
+    if let Some(version) = object.resource_version() {
         patch["metadata"] = serde_json::json!({"resourceVersion": version});
     }
     patch

@@ -197,22 +197,26 @@ async fn dropped_evidence_and_pending_observations_are_metrics() {
 }
 
 /// The writers of every store the sync reads, the shared watches' included.
-struct TestWriters {
-    policies: Feed<WorkloadNetworkPolicy>,
-    network_policies: Feed<NetworkPolicy>,
-    cluster_policies: Writer<ClusterNetworkPolicy>,
-    namespaces: Writer<Namespace>,
+pub(super) struct TestWriters {
+    pub(super) policies: Feed<WorkloadNetworkPolicy>,
+    pub(super) network_policies: Feed<NetworkPolicy>,
+    pub(super) cluster_policies: Writer<ClusterNetworkPolicy>,
+    pub(super) cluster_proposals: Writer<ClusterNetworkPolicyProposal>,
+    pub(super) namespaces: Writer<Namespace>,
 }
 
 /// The stores' writers, for a test that stands in for the watches (which then never start); the
-/// cluster serves no ClusterNetworkPolicy kind (as most do).
+/// cluster serves no ClusterNetworkPolicy kind (as most do) and no ClusterNetworkPolicyProposal kind
+/// (its store is filled by hand all the same).
 fn take_writers(sync: &StatusSync) -> TestWriters {
     sync.cluster_policies_served.set_absent();
+    sync.cluster_proposals_served.set_absent();
     let own = sync.writers.lock().unwrap().take().unwrap();
     TestWriters {
         policies: sync.objects.policies.take_writer().unwrap(),
         network_policies: sync.objects.network_policies.take_writer().unwrap(),
         cluster_policies: own.cluster_policies,
+        cluster_proposals: own.cluster_proposals,
         namespaces: own.namespaces,
     }
 }
@@ -326,7 +330,12 @@ async fn evidence_is_settled_only_once_its_violations_are_written() {
 
 /// Pod `shop/<name>` labelled `app=<app>` at `ip` on node-a: a Deployment's (through its
 /// ReplicaSet) when `deployment`, else a bare pod.
-fn shop_pod(name: &str, app: &str, ip: &str, deployment: bool) -> k8s_openapi::api::core::v1::Pod {
+pub(super) fn shop_pod(
+    name: &str,
+    app: &str,
+    ip: &str,
+    deployment: bool,
+) -> k8s_openapi::api::core::v1::Pod {
     let mut meta = serde_json::json!({"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
                                       "labels": {"app": app}});
     if deployment {
@@ -362,7 +371,7 @@ fn web_allows(allowed: &str) -> WorkloadNetworkPolicy {
 /// The controller in process, without a cluster, talking to the API server `client`: pod
 /// `shop/web-…` of Deployment web (10.0.0.2) on node-a, ingest with the resolution grace
 /// `grace_ms`, and a status sync whose watches have listed nothing yet; its writers fill them.
-fn shop_app(
+pub(super) fn shop_app(
     client: Client,
     grace_ms: i64,
 ) -> (
@@ -407,7 +416,7 @@ fn shop_app_with(
 }
 
 /// Namespace `shop`, as its watch lists it.
-fn shop_namespace() -> Namespace {
+pub(super) fn shop_namespace() -> Namespace {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}
     }))
@@ -415,7 +424,7 @@ fn shop_namespace() -> Namespace {
 }
 
 /// A store's writer: the sync's own watches' and the shared watches' ([`Feed`]).
-trait Apply<K> {
+pub(super) trait Apply<K> {
     fn apply_watcher_event(&mut self, event: &watcher::Event<K>);
 }
 
@@ -432,7 +441,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Apply<K> for Feed<K> {
 }
 
 /// A first list of `writer`'s kind that finds `objects`, as a watch delivers it.
-fn list<K>(writer: &mut impl Apply<K>, objects: impl IntoIterator<Item = K>)
+pub(super) fn list<K>(writer: &mut impl Apply<K>, objects: impl IntoIterator<Item = K>)
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
@@ -461,6 +470,15 @@ async fn startup_drop_app(
 /// The agent's enforcement refused a TCP attempt on web's port 8080 from `peer`, seen at `at_ms`:
 /// one batch of node-a's agent, as its stream delivers it.
 fn denied_from(peer: [u8; 4], at_ms: i64) -> network_enforcer_api::uplink::encoded::FlowBatch {
+    inbound_from(peer, network_enforcer_api::uplink::Outcome::Denied, at_ms)
+}
+
+/// A TCP connection on web's port 8080 from `peer` that came to `outcome`, seen at `at_ms`.
+pub(super) fn inbound_from(
+    peer: [u8; 4],
+    outcome: network_enforcer_api::uplink::Outcome,
+    at_ms: i64,
+) -> network_enforcer_api::uplink::encoded::FlowBatch {
     use network_enforcer_api::uplink;
     use prost::Message;
     let record = uplink::FlowRecord {
@@ -473,7 +491,7 @@ fn denied_from(peer: [u8; 4], at_ms: i64) -> network_enforcer_api::uplink::encod
         port: 8080,
         protocol: uplink::Protocol::Tcp as i32,
         direction: uplink::Direction::Inbound as i32,
-        outcome: uplink::Outcome::Denied as i32,
+        outcome: outcome as i32,
         first_seen_ms: at_ms,
         last_seen_ms: at_ms,
         ..uplink::FlowRecord::default()
@@ -599,28 +617,28 @@ async fn a_denied_record_whose_peer_stays_unknown_is_a_violation_of_the_address_
 
 /// A stand-in API server for the status sync: answers every PATCH of a status with `policy` and
 /// keeps the patch; anything else (Events) is 404, which the sync only logs.
-struct FakeApi {
-    client: Client,
-    status_patches: Arc<Mutex<Vec<serde_json::Value>>>,
+pub(super) struct FakeApi {
+    pub(super) client: Client,
+    pub(super) status_patches: Arc<Mutex<Vec<serde_json::Value>>>,
     /// Every request as `METHOD path`, in order, and the body of each ConfigMap write.
     requests: Arc<Mutex<Vec<String>>>,
     configmap_writes: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
-async fn fake_api(policy: &WorkloadNetworkPolicy) -> FakeApi {
+pub(super) async fn fake_api(policy: &impl serde::Serialize) -> FakeApi {
     fake_api_patching(policy, true).await
 }
 
 /// [`fake_api`] whose status patches succeed only with `patches_succeed`; else they are refused
 /// (422, as an admission webhook or a too large object is).
-async fn fake_api_patching(policy: &WorkloadNetworkPolicy, patches_succeed: bool) -> FakeApi {
+async fn fake_api_patching(policy: &impl serde::Serialize, patches_succeed: bool) -> FakeApi {
     fake_api_writing(policy, patches_succeed, true).await
 }
 
 /// [`fake_api_patching`] that also takes ConfigMap writes (`configmaps_succeed`; else a 500) and
 /// has no ConfigMap to read (404).
 async fn fake_api_writing(
-    policy: &WorkloadNetworkPolicy,
+    policy: &impl serde::Serialize,
     patches_succeed: bool,
     configmaps_succeed: bool,
 ) -> FakeApi {

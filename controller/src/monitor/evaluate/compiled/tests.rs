@@ -305,7 +305,7 @@ proptest! {
 }
 
 /// A ClusterNetworkPolicy `name` with the spec written as JSON.
-fn cnp(name: &str, spec: serde_json::Value) -> NamedClusterPolicy {
+pub(crate) fn cnp(name: &str, spec: serde_json::Value) -> NamedClusterPolicy {
     NamedClusterPolicy {
         name: name.into(),
         spec: serde_json::from_value(spec).expect("a ClusterNetworkPolicySpec"),
