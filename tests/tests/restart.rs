@@ -1507,8 +1507,10 @@ async fn the_protect_gate_knows_an_allowed_flow_after_the_leader_is_killed() -> 
 /// second from what the real uplink reports: traffic inside the namespace and to an outside address
 /// becomes `ne-isolate-<ns>` (Admin: Pass from the namespace itself, Deny the rest) and
 /// `ne-floor-<ns>` (Baseline: the namespace, the address, DNS, Deny the rest). Labelled
-/// `promote=protect`, the isolation becomes a ClusterNetworkPolicy owned by its proposal; edited by
-/// hand it is brought back; unlabelled it is deleted.
+/// `promote=monitor`, the isolation records a call from another namespace (a kube-dns pod into the
+/// server) in the proposal's status, creating nothing. Labelled `promote=protect`, it becomes a
+/// ClusterNetworkPolicy owned by its proposal; edited by hand it is brought back; unlabelled it is
+/// deleted.
 #[tokio::test]
 async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -> Result<()> {
     use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
@@ -1611,6 +1613,84 @@ async fn cluster_proposals_are_learned_from_the_namespace_graph_and_promoted() -
     assert!(
         isolation.status.and_then(|s| s.last_learned_time).is_some(),
         "learning says when"
+    );
+
+    // Monitor (issue 46 item 4): nothing created; a call into the namespace from kube-system, which
+    // the isolation would deny, is recorded in the proposal's status.
+    proposals
+        .patch(
+            &isolate,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "networkenforcer.kubewarden.io/promote": "monitor"}}})),
+        )
+        .await?;
+    let dns_pod = Api::<Pod>::namespaced(ns.client.clone(), "kube-system")
+        .list(&ListParams::default().labels("k8s-app=kube-dns"))
+        .await?
+        .items
+        .into_iter()
+        .find_map(|p| p.status?.pod_ip)
+        .context("a kube-dns pod with an address")?;
+    let from_kube_system = flow_record(
+        &n,
+        &server,
+        dns_pod.parse()?,
+        18080,
+        Protocol::Tcp,
+        Direction::Inbound,
+        Outcome::Established,
+    );
+    let recorded = ns
+        .wait_for(
+            "the cross-namespace call recorded on the proposal",
+            Duration::from_secs(60),
+            || async {
+                // Sent again until recorded: the status sync must have seen the label first.
+                controller.agent.send(vec![from_kube_system.clone()]);
+                let status = proposals.get(&isolate).await?.status.unwrap_or_default();
+                Ok(status
+                    .violations
+                    .into_iter()
+                    .find(|v| v.source.namespace == "kube-system"))
+            },
+        )
+        .await?;
+    assert_eq!(
+        (
+            recorded.denying_policy_name.as_str(),
+            recorded.direction,
+            recorded.action,
+            recorded.dest.namespace.as_str(),
+        ),
+        (
+            isolate.as_str(),
+            Some(network_enforcer_api::Direction::Ingress),
+            network_enforcer_api::PolicyMode::Monitor,
+            n.as_str()
+        )
+    );
+    // The render loop's pass (every 10 s) says so in the condition.
+    ns.wait_for(
+        "Rendered=False, Monitored on the proposal",
+        Duration::from_secs(30),
+        || async {
+            let p = proposals.get(&isolate).await?;
+            Ok(p.status
+                .unwrap_or_default()
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Rendered" && c.status == "False" && c.reason == "Monitored")
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert!(
+        kube::Api::<ClusterNetworkPolicy>::all(ns.client.clone())
+            .get_opt(&isolate)
+            .await?
+            .is_none(),
+        "monitor creates no ClusterNetworkPolicy"
     );
 
     // Promoted: the ClusterNetworkPolicy of the same name, owned by the proposal.

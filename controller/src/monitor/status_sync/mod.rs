@@ -542,7 +542,7 @@ impl StatusSync {
         metrics.register(
             "evidence_waiting_for_watch",
             "1 while evidence waits for the first list of this watch (policies, network_policies, \
-             namespaces, index, cluster_policies) or for the persisted edge history to be read \
+             namespaces, index, cluster_policies, cluster_proposals) or for the persisted edge history to be read \
              (edge_history): until every one is in, records stay queued and their batches \
              unacknowledged; 0 once it is",
             m.waiting_for_watch.clone(),
