@@ -1,12 +1,15 @@
 //! The cluster guardrails page (`#/cluster`): the ClusterNetworkPolicyProposals the leader learned
-//! from the namespace graph (docs/behaviour.md §1.11), whether each is promoted and in force, what the
-//! API's limits widened, and the command that promotes it. Pure: a [`Snapshot`] in, a
+//! from the namespace graph (docs/behaviour.md §1.11), whether each is promoted, in monitor (with
+//! what it would deny) or in force, what the API's limits widened, and the command of the next step. Pure: a [`Snapshot`] in, a
 //! [`ClusterPage`] out.
 
-use crate::policy::cluster_promote::RENDERED;
+use crate::policy::cluster_promote::{MONITORED, RENDERED};
 use crate::ui::objects::Snapshot;
+use network_enforcer_api::WorkloadRef;
 use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
-use network_enforcer_api::keys::{NAMESPACE_NAME_LABEL, PROMOTE_LABEL, PROMOTE_PROTECT};
+use network_enforcer_api::keys::{
+    NAMESPACE_NAME_LABEL, PROMOTE_LABEL, PROMOTE_MONITOR, PROMOTE_PROTECT,
+};
 use serde::Serialize;
 
 /// One proposal.
@@ -23,13 +26,17 @@ pub struct ProposalRow {
     pub egress_rules: usize,
     /// The `promote` label's value, if any.
     pub promote: Option<String>,
-    /// `in force`, `not in force` (with `reason`), or `not promoted`.
+    /// `in force`, `in monitor`, `not in force` (with `reason`), or `not promoted`.
     pub state: String,
+    /// In monitor: the active violations, and the newest few (`bank/client → shop/web TCP 8080,
+    /// ingress`).
+    pub active_violations: i64,
+    pub violations: Vec<String>,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub last_learned: Option<String>,
     pub notes: Vec<String>,
-    /// What to run to put it in force (or take it out again).
+    /// What to run next: monitor it, put it in force, or take it out again.
     pub command: String,
 }
 
@@ -41,6 +48,9 @@ pub struct ClusterPage {
     pub listed: bool,
     pub proposals: Vec<ProposalRow>,
 }
+
+/// How many of a proposal's newest violations its row shows (the status has up to 100).
+const VIOLATIONS_SHOWN: usize = 5;
 
 /// The page for `snapshot`, proposals by tier (Admin first), then name.
 pub fn build(snapshot: &Snapshot) -> ClusterPage {
@@ -66,13 +76,39 @@ fn row(p: &ClusterNetworkPolicyProposal) -> ProposalRow {
     let state = match (&promote, rendered) {
         (None, _) => "not promoted",
         (Some(_), Some(c)) if c.status == "True" => "in force",
+        (Some(_), Some(c)) if c.reason == MONITORED => "in monitor",
         (Some(_), Some(_)) => "not in force",
         (Some(_), None) => "promoted, not checked yet",
     };
-    let command = match promote {
+    let command = match promote.as_deref() {
+        None => format!("kubectl label cnpp {name} {PROMOTE_LABEL}={PROMOTE_MONITOR}"),
+        Some(PROMOTE_MONITOR) => {
+            format!("kubectl label --overwrite cnpp {name} {PROMOTE_LABEL}={PROMOTE_PROTECT}")
+        }
         Some(_) => format!("kubectl label cnpp {name} {PROMOTE_LABEL}-"),
-        None => format!("kubectl label cnpp {name} {PROMOTE_LABEL}={PROMOTE_PROTECT}"),
     };
+    let side = |w: &WorkloadRef| {
+        if w.owner_name.is_empty() {
+            w.address.clone()
+        } else {
+            format!("{}/{}", w.namespace, w.owner_name)
+        }
+    };
+    let violations = status
+        .violations
+        .iter()
+        .take(VIOLATIONS_SHOWN)
+        .map(|v| {
+            format!(
+                "{} → {} {} {}, {}",
+                side(&v.source),
+                side(&v.dest),
+                v.protocol.as_str(),
+                v.dst_port.map_or_else(|| "?".into(), |p| p.to_string()),
+                v.direction.map_or("?", |d| d.as_str()).to_lowercase()
+            )
+        })
+        .collect();
     ProposalRow {
         tier: policy.tier.clone(),
         priority: policy.priority,
@@ -91,6 +127,8 @@ fn row(p: &ClusterNetworkPolicyProposal) -> ProposalRow {
             .filter(|c| c.status != "True")
             .map(|c| c.reason.clone()),
         message: rendered.map(|c| c.message.clone()),
+        active_violations: status.active_violation_count,
+        violations,
         last_learned: status.last_learned_time.map(|t| t.0.to_string()),
         notes: status.notes,
         command,
@@ -161,6 +199,36 @@ mod tests {
 
     #[test]
     fn the_page_lists_each_proposal_with_its_state_and_command() {
+        let mut monitored = proposal(
+            "ne-floor-bank",
+            "Baseline",
+            Some("monitor"),
+            Some(("False", "Monitored")),
+        );
+        let status = monitored.status.as_mut().unwrap();
+        status.active_violation_count = 7;
+        status.violations = (0..7)
+            .map(|id| network_enforcer_api::ViolationRecord {
+                id,
+                timestamp: Time("2026-12-06T03:00:00Z".parse().unwrap()),
+                source: WorkloadRef {
+                    namespace: "bank".into(),
+                    owner_kind: "Deployment".into(),
+                    owner_name: "client".into(),
+                    ..WorkloadRef::default()
+                },
+                dest: WorkloadRef {
+                    address: "198.51.100.7".into(),
+                    ..WorkloadRef::default()
+                },
+                protocol: network_enforcer_api::Protocol::TCP,
+                dst_port: Some(443),
+                action: network_enforcer_api::PolicyMode::Monitor,
+                direction: Some(network_enforcer_api::Direction::Egress),
+                denying_policy_namespace: String::new(),
+                denying_policy_name: "ne-floor-bank".into(),
+            })
+            .collect();
         let snapshot = Snapshot {
             cluster_proposals: vec![
                 proposal("ne-floor-shop", "Baseline", None, None),
@@ -176,6 +244,7 @@ mod tests {
                     Some("protect"),
                     Some(("False", "NameTaken")),
                 ),
+                monitored,
             ],
             cluster_proposals_listed: true,
             ..Snapshot::default()
@@ -192,15 +261,27 @@ mod tests {
             [
                 ("ne-isolate-db", "not in force", Some("NameTaken")),
                 ("ne-isolate-shop", "in force", None),
+                ("ne-floor-bank", "in monitor", Some("Monitored")),
                 ("ne-floor-shop", "not promoted", None),
             ]
         );
-        let floor = &page.proposals[2];
+        let monitor = &page.proposals[2];
+        assert_eq!(monitor.active_violations, 7);
+        assert_eq!(monitor.violations.len(), VIOLATIONS_SHOWN);
+        assert_eq!(
+            monitor.violations[0],
+            "bank/client → 198.51.100.7 TCP 443, egress"
+        );
+        assert_eq!(
+            monitor.command,
+            "kubectl label --overwrite cnpp ne-floor-bank networkenforcer.kubewarden.io/promote=protect"
+        );
+        let floor = &page.proposals[3];
         assert_eq!(floor.namespace.as_deref(), Some("shop"));
         assert_eq!((floor.ingress_rules, floor.egress_rules), (2, 0));
         assert_eq!(
             floor.command,
-            "kubectl label cnpp ne-floor-shop networkenforcer.kubewarden.io/promote=protect"
+            "kubectl label cnpp ne-floor-shop networkenforcer.kubewarden.io/promote=monitor"
         );
         assert_eq!(
             page.proposals[1].command,

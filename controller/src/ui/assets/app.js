@@ -161,14 +161,17 @@ async function clusterPage() {
         ? el("a", { href: `#/graph/${encodeURIComponent(p.namespace)}` }, p.namespace) : "—" },
       { title: "rules (in / out)", value: (p) => p.ingressRules + p.egressRules, cell: (p) => `${p.ingressRules} / ${p.egressRules}` },
       { title: "state", value: (p) => p.state, cell: (p) => el("span", { class: `tag ${p.state === "in force" ? "protect" : p.promote ? "monitor" : "learning"}`,
-        title: p.message || "" }, p.reason ? `${p.state} (${p.reason})` : p.state) },
+        title: p.message || "" }, p.reason && p.state !== "in monitor" ? `${p.state} (${p.reason})` : p.state) },
+      { title: "would deny", value: (p) => p.activeViolations, cell: (p) => p.activeViolations
+        ? el("span", { class: "violations", title: p.violations.join("\n") }, `${p.activeViolations}: ${p.violations[0]}${p.activeViolations > 1 ? " …" : ""}`)
+        : (p.state === "in monitor" ? "none yet" : "—") },
       { title: "learned", value: (p) => p.lastLearned || "", cell: (p) => p.lastLearned ? ago(p.lastLearned, Date.now()) : "—" },
       { title: "notes", value: (p) => p.notes.length, cell: (p) => p.notes.join("; ") || "—" },
       { title: "command", value: (p) => p.command, cell: (p) => command(p.command, "promote") },
     ], c.proposals);
     $("main").replaceChildren(
       el("h1", {}, "Cluster guardrails"),
-      el("p", {}, "ClusterNetworkPolicyProposals learned from the traffic between namespaces: an Admin isolation per namespace (Pass what was seen, Deny the rest) and a Baseline floor. Promote one with the command; it then becomes a ClusterNetworkPolicy."),
+      el("p", {}, "ClusterNetworkPolicyProposals learned from the traffic between namespaces: an Admin isolation per namespace (Pass what was seen, Deny the rest) and a Baseline floor. Monitor one with the command to see what it would deny, then promote it to protect: it then becomes a ClusterNetworkPolicy."),
       !c.listed ? el("p", { class: "empty" }, "not listed (yet): is the ClusterNetworkPolicyProposal CRD installed? kubectl apply --server-side -f charts/network-enforcer/crds/")
         : c.proposals.length ? rows : el("p", { class: "empty" }, "none learned yet"));
   });
