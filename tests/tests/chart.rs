@@ -964,8 +964,8 @@ fn admission_policy_can_be_disabled() {
             .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
             .count()
     };
-    // The promote-label policies (proposals, cluster proposals) and the proposal-author policy.
-    assert_eq!(kinds(&render(&[])), 3);
+    // The promote-label policy (both kinds of proposal) and the proposal-author policy.
+    assert_eq!(kinds(&render(&[])), 2);
     assert_eq!(kinds(&render(&["admissionPolicy.enabled=false"])), 0);
 }
 
