@@ -7,6 +7,7 @@
 //! - [`app`]: `run`, the agent as the binary starts it: every part started, then the event loop;
 //! - [`pipeline`]: the path of every event in `run`: attribute → aggregate → flush into uplink records;
 //! - [`aggregate`]: identical events folded into edges with first/last seen and a count;
+//! - [`refresh`]: edges the controller holds already go up once per refresh interval, not per flush;
 //! - [`clock`]: the kernel's monotonic clock (event times) and wall-clock time derived from it;
 //! - [`debug::flows`]: the node-level `flows` view of those edges (filters, table, JSON);
 //! - [`debug::socket`]: the local unix socket streaming events to `flows`;
@@ -33,6 +34,7 @@ pub mod kernel;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
+pub mod refresh;
 pub mod sources;
 pub mod uplink;
 

@@ -58,6 +58,10 @@ pub struct AgentMetrics {
     map_evictions: Family<MapLabel, Counter>,
     ring_buffer_capacity: Gauge,
     ring_buffer_peak_fill: Gauge<f64, AtomicU64>,
+    /// The refresh ([`crate::refresh`]): records held, merged, sent at once past its bound.
+    refresh_held: Gauge,
+    refresh_merged: Counter,
+    refresh_overflowed: Counter,
     /// Which optional parts run, for `/readyz`.
     enabled: Arc<Mutex<Enabled>>,
 }
@@ -302,6 +306,26 @@ impl AgentMetrics {
              being written included, over its size; at 1 events are lost)",
             ring_buffer_peak_fill.clone(),
         );
+        let refresh_held = Gauge::default();
+        registry.register(
+            "uplink_records_held",
+            "Records of edges sent within --refresh-seconds, held to go up with the edge's next \
+             refresh",
+            refresh_held.clone(),
+        );
+        let refresh_merged = Counter::default();
+        registry.register(
+            "uplink_records_merged",
+            "Records of edges sent within --refresh-seconds merged into the edge's next refresh \
+             instead of going up (a steady edge: one record per refresh, not per flush)",
+            refresh_merged.clone(),
+        );
+        let refresh_overflowed = Counter::default();
+        registry.register(
+            "uplink_records_unrefreshed",
+            "Records sent at once because the refresh remembered its bound of edges (100,000)",
+            refresh_overflowed.clone(),
+        );
         let sources = crate::sources::SourceMetrics::default();
         sources.register(&mut registry);
         let enforcement = EnforcementMetrics::default();
@@ -319,6 +343,9 @@ impl AgentMetrics {
             map_evictions,
             ring_buffer_capacity,
             ring_buffer_peak_fill,
+            refresh_held,
+            refresh_merged,
+            refresh_overflowed,
             enabled: Arc::default(),
             registry: Arc::new(registry),
             sources,
@@ -590,6 +617,18 @@ impl AgentMetrics {
     /// Counts newly seen decode errors.
     pub fn decode_errors(&self, n: u64) {
         self.decode_errors.inc_by(n);
+    }
+
+    /// Brings the refresh's figures up to date.
+    pub fn refreshed(&self, refresh: &crate::refresh::Refresher) {
+        self.refresh_held.set(refresh.held() as i64);
+        self.refresh_merged
+            .inc_by(refresh.held_total.saturating_sub(self.refresh_merged.get()));
+        self.refresh_overflowed.inc_by(
+            refresh
+                .overflowed
+                .saturating_sub(self.refresh_overflowed.get()),
+        );
     }
 
     /// Counts a flush.

@@ -105,9 +105,21 @@ pub struct Flushed {
 }
 
 impl Flushed {
-    /// The uplink records: pods' edges only (the host's and unknown ones are counted, not sent). Without
-    /// the pod watch, records carry the UID only (the controller accepts that).
+    /// The uplink records: [`Flushed::edge_records`], then [`Flushed::resolution_records`].
     pub fn records(&self, clock: &WallClock) -> Vec<FlowRecord> {
+        let mut records = self.edge_records(clock);
+        records.extend(self.resolution_records(clock));
+        records
+    }
+
+    /// The records of what pods resolved, which the controller has not heard lately.
+    pub fn resolution_records(&self, clock: &WallClock) -> Vec<FlowRecord> {
+        self.resolutions.iter().map(|r| r.record(clock)).collect()
+    }
+
+    /// The records of the edges: pods' edges only (the host's and unknown ones are counted, not
+    /// sent). Without the pod watch, records carry the UID only (the controller accepts that).
+    pub fn edge_records(&self, clock: &WallClock) -> Vec<FlowRecord> {
         self.edges
             .iter()
             .enumerate()
@@ -131,7 +143,6 @@ impl Flushed {
                 }
                 Owner::Host | Owner::Unknown => None,
             })
-            .chain(self.resolutions.iter().map(|r| r.record(clock)))
             .collect()
     }
 }

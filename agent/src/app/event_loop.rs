@@ -48,6 +48,8 @@ pub struct EventLoop {
     flush_every: Duration,
     /// How soon after a new edge it is flushed (`None`: at the next tick).
     new_edge_delay: Option<Duration>,
+    /// Edges sent within the refresh interval, and what was seen of them since.
+    refresh: crate::refresh::Refresher,
 }
 
 impl EventLoop {
@@ -120,6 +122,7 @@ impl EventLoop {
             flush_every: Duration::from_secs(args.flush_seconds.max(1)),
             new_edge_delay: (args.new_edge_flush_ms > 0)
                 .then(|| Duration::from_millis(args.new_edge_flush_ms)),
+            refresh: crate::refresh::Refresher::new(Duration::from_secs(args.refresh_seconds)),
         })
     }
 
@@ -178,7 +181,7 @@ impl EventLoop {
             };
             early = None;
             last_flush = tokio::time::Instant::now();
-            self.flush(uplink, source_records)?;
+            self.flush(uplink, source_records, step == Step::FlushAndStop)?;
             if step == Step::FlushAndStop {
                 return Ok(());
             }
@@ -206,11 +209,13 @@ impl EventLoop {
         }
     }
 
-    /// Flushes the pipeline, reports it and sends its records.
+    /// Flushes the pipeline, reports it and sends its records (`last`: before the agent stops,
+    /// with every record the refresh holds).
     fn flush(
         &mut self,
         uplink: Option<&UplinkSender>,
         source_records: Option<&RecordSink>,
+        last: bool,
     ) -> Result<()> {
         let flushed = self.pipeline.flush()?;
         self.report.flushed(
@@ -224,10 +229,11 @@ impl EventLoop {
         flush::send(
             &flushed,
             &self.clock,
-            uplink,
+            uplink.map(|u| (u, &mut self.refresh, last)),
             source_records,
             self.report.health(),
         );
+        self.metrics.refreshed(&self.refresh);
         Ok(())
     }
 }

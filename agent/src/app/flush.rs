@@ -7,6 +7,7 @@ use crate::kernel::dns_messages::DnsReader;
 use crate::kernel::loader::MapFill;
 use crate::metrics::AgentMetrics;
 use crate::pipeline::{EdgeCaps, Flushed, Pipeline};
+use crate::refresh::Refresher;
 use crate::sources::RecordSink;
 use crate::uplink::UplinkSender;
 use crate::{DataPlane, EventReader, KernelCounters};
@@ -218,20 +219,27 @@ impl Report {
     }
 }
 
-/// Hands the flush's records (and the flow sources' with their receipts) to the uplink; without
-/// one, they were only logged and the receipts are settled now.
+/// Hands the flush's records (and the flow sources' with their receipts) to the uplink, its edges'
+/// through `refresh` (all it holds with `last`); without an uplink, they were only logged and the
+/// receipts are settled now.
 pub fn send(
     flushed: &Flushed,
     clock: &WallClock,
-    uplink: Option<&UplinkSender>,
+    uplink: Option<(&UplinkSender, &mut Refresher, bool)>,
     source_records: Option<&RecordSink>,
     health: AgentHealth,
 ) {
     crate::debug::flows::log_edges(flushed, clock);
-    let mut records = if uplink.is_some() {
-        flushed.records(clock)
-    } else {
-        Vec::new()
+    let (uplink, mut records) = match uplink {
+        Some((sender, refresh, last)) => {
+            let mut records = refresh.take(flushed.edge_records(clock), Instant::now());
+            if last {
+                records.extend(refresh.release());
+            }
+            records.extend(flushed.resolution_records(clock));
+            (Some(sender), records)
+        }
+        None => (None, Vec::new()),
     };
     let mut receipts = Vec::new();
     if let Some(sink) = source_records {

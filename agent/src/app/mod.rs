@@ -117,6 +117,11 @@ pub struct RunArgs {
     /// Seconds between flushes of the aggregated edges.
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
+    /// An edge sent before goes up again at most once per this many seconds, with what was seen of
+    /// it since (0: every flush; at most 30, half the controller's counting window).
+    #[arg(long, default_value_t = 30, env = "NE_REFRESH_SECONDS",
+          value_parser = clap::value_parser!(u64).range(0..=30))]
+    refresh_seconds: u64,
     /// A connection never seen before is flushed this many milliseconds after it appears instead of
     /// at the next tick (and at least 500 ms after the previous flush), so that it is learned within a
     /// couple of seconds (0: wait for the tick).

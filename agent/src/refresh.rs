@@ -1,0 +1,263 @@
+//! What the controller already holds (docs/behaviour.md §7.2): an edge's first record goes up with
+//! the flush that found it; after that the agent sends the edge at most once per refresh interval
+//! (`--refresh-seconds`, default 30), the occurrences in between merged into that one record (first
+//! seen, last seen, count). A steady edge then costs the controller one record per interval instead
+//! of one per flush (three times fewer at the default 10 s flushes), and nothing a consumer needs is
+//! lost: learning needs the edge once; the violation counting rule counts one occurrence per 60 s
+//! (§3.6), and a record at least every 30 s, carrying the last occurrence, reaches every window a
+//! flush per 10 s reached; rule usage is written in 5-minute steps; the protect gate keeps first and
+//! last seen.
+//!
+//! Pure bookkeeping over plain records and a clock passed in; the event loop holds one.
+
+use network_enforcer_api::uplink::FlowRecord;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The longest refresh interval: half the controller's counting window (60 s), so that a flow seen
+/// all along still has an occurrence in every window.
+pub const MAX_REFRESH: Duration = Duration::from_secs(30);
+
+/// Edges remembered at most; past that a new edge is sent every flush, as without a refresh (and
+/// counted), rather than forgetting what is held.
+pub const MAX_EDGES: usize = 100_000;
+
+/// What makes two records the same edge: everything but the times and the count.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    uid: String,
+    peer_ip: Vec<u8>,
+    port: u32,
+    protocol: i32,
+    direction: i32,
+    outcome: i32,
+    source: i32,
+    policy: String,
+    dry_run: bool,
+    peer_name: String,
+}
+
+impl Key {
+    fn of(r: &FlowRecord) -> Self {
+        Key {
+            uid: r.local.as_ref().map(|l| l.uid.clone()).unwrap_or_default(),
+            peer_ip: r.peer_ip.clone(),
+            port: r.port,
+            protocol: r.protocol,
+            direction: r.direction,
+            outcome: r.outcome,
+            source: r.source,
+            policy: r.policy.clone(),
+            dry_run: r.dry_run,
+            peer_name: r.peer_name.clone(),
+        }
+    }
+}
+
+/// One edge sent before: when, and what was seen of it since.
+#[derive(Debug)]
+struct Sent {
+    at: Instant,
+    held: Option<FlowRecord>,
+}
+
+/// The edges sent within the refresh interval (see the module docs).
+#[derive(Debug)]
+pub struct Refresher {
+    every: Duration,
+    edges: HashMap<Key, Sent>,
+    /// Records merged into a held one instead of going up (cumulative).
+    pub held_total: u64,
+    /// Records sent at once because [`MAX_EDGES`] were remembered (cumulative).
+    pub overflowed: u64,
+}
+
+impl Refresher {
+    /// A refresh every `every` (capped at [`MAX_REFRESH`]); zero sends every record at once.
+    pub fn new(every: Duration) -> Self {
+        Refresher {
+            every: every.min(MAX_REFRESH),
+            edges: HashMap::new(),
+            held_total: 0,
+            overflowed: 0,
+        }
+    }
+
+    /// What of `records` (one flush's, at `now`) goes up now: each new edge's record, and each
+    /// edge whose refresh is due with what was held of it; the other records are held. Edges held
+    /// since an earlier flush whose refresh is due go up too, even if not seen in this one.
+    pub fn take(&mut self, records: Vec<FlowRecord>, now: Instant) -> Vec<FlowRecord> {
+        if self.every.is_zero() {
+            return records;
+        }
+        let mut out = Vec::new();
+        for record in records {
+            let key = Key::of(&record);
+            let full = self.edges.len() >= MAX_EDGES;
+            match self.edges.get_mut(&key) {
+                Some(sent) if now.saturating_duration_since(sent.at) >= self.every => {
+                    let record = match sent.held.take() {
+                        Some(mut held) => {
+                            merge(&mut held, &record);
+                            held
+                        }
+                        None => record,
+                    };
+                    sent.at = now;
+                    out.push(record);
+                }
+                Some(sent) => {
+                    self.held_total += 1;
+                    match &mut sent.held {
+                        Some(held) => merge(held, &record),
+                        None => sent.held = Some(record),
+                    }
+                }
+                None if full => {
+                    self.overflowed += 1;
+                    out.push(record);
+                }
+                None => {
+                    self.edges.insert(
+                        key,
+                        Sent {
+                            at: now,
+                            held: None,
+                        },
+                    );
+                    out.push(record);
+                }
+            }
+        }
+        // Held edges that went quiet: their last occurrences go up when due. Edges quiet for
+        // longer than two intervals are forgotten: seen again, they are new.
+        let every = self.every;
+        self.edges.retain(|_, sent| {
+            let since = now.saturating_duration_since(sent.at);
+            if since >= every {
+                if let Some(held) = sent.held.take() {
+                    out.push(held);
+                    sent.at = now;
+                    return true;
+                }
+            }
+            since < every * 2
+        });
+        out
+    }
+
+    /// Everything held, for the last flush before the agent stops.
+    pub fn release(&mut self) -> Vec<FlowRecord> {
+        self.edges
+            .drain()
+            .filter_map(|(_, sent)| sent.held)
+            .collect()
+    }
+
+    /// Records held now.
+    pub fn held(&self) -> usize {
+        self.edges.values().filter(|s| s.held.is_some()).count()
+    }
+}
+
+/// `into` with `other`'s occurrences: the earliest first, the latest last, the counts added.
+fn merge(into: &mut FlowRecord, other: &FlowRecord) {
+    into.first_seen_ms = into.first_seen_ms.min(other.first_seen_ms);
+    into.last_seen_ms = into.last_seen_ms.max(other.last_seen_ms);
+    into.count = into.count.saturating_add(other.count);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use network_enforcer_api::uplink::LocalPod;
+
+    /// A record of pod `uid`'s edge to port `port`, seen at `at_ms`.
+    fn record(uid: &str, port: u32, at_ms: i64) -> FlowRecord {
+        FlowRecord {
+            local: Some(LocalPod {
+                uid: uid.into(),
+                ..LocalPod::default()
+            }),
+            peer_ip: vec![10, 0, 0, 9],
+            port,
+            first_seen_ms: at_ms,
+            last_seen_ms: at_ms,
+            count: 1,
+            ..FlowRecord::default()
+        }
+    }
+
+    /// A record as the tests compare it: port, first seen, last seen, count.
+    type Seen = (u32, i64, i64, u64);
+
+    fn sent(records: &[FlowRecord]) -> Vec<Seen> {
+        let mut out: Vec<_> = records
+            .iter()
+            .map(|r| (r.port, r.first_seen_ms, r.last_seen_ms, r.count))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// A steady edge flushed every 10 s goes up once per 30 s with what was seen between; a new
+    /// edge at once; an edge that went quiet with occurrences held goes up when due; a quiet edge
+    /// is forgotten and sent at once when seen again; the last flush releases what is held.
+    #[test]
+    fn a_steady_edge_goes_up_once_per_interval_with_its_occurrences() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut refresh = Refresher::new(Duration::from_secs(30));
+        // (second, records flushed then, records sent then)
+        let steps: [(u64, Vec<FlowRecord>, Vec<Seen>); 9] = [
+            (0, vec![record("a", 80, 0)], vec![(80, 0, 0, 1)]),
+            (10, vec![record("a", 80, 10)], vec![]),
+            // A new edge of the same pod: at once.
+            (
+                20,
+                vec![record("a", 80, 20), record("a", 443, 20)],
+                vec![(443, 20, 20, 1)],
+            ),
+            // Due: the two held occurrences and this one, as one record.
+            (30, vec![record("a", 80, 30)], vec![(80, 10, 30, 3)]),
+            (40, vec![record("a", 80, 40)], vec![]),
+            // 443 went quiet after one record: nothing held, nothing sent; 80 quiet since 40.
+            (50, vec![], vec![]),
+            // 80's held occurrence is due though 80 is quiet.
+            (60, vec![], vec![(80, 40, 40, 1)]),
+            // 443, quiet for longer than an interval with nothing held: due, sent at once.
+            (80, vec![record("a", 443, 80)], vec![(443, 80, 80, 1)]),
+            (85, vec![record("a", 443, 85)], vec![]),
+        ];
+        for (second, records, expected) in steps {
+            let out = refresh.take(records, at(second));
+            assert_eq!(sent(&out), expected, "at {second} s");
+        }
+        assert_eq!(refresh.held(), 1);
+        assert_eq!(sent(&refresh.release()), [(443, 85, 85, 1)]);
+        assert_eq!(refresh.held(), 0);
+        assert_eq!(refresh.held_total, 4);
+    }
+
+    /// Zero refreshes nothing: every record goes up (the behaviour before the refresh); an
+    /// interval over [`MAX_REFRESH`] is capped; past [`MAX_EDGES`] new edges go up every flush.
+    #[test]
+    fn off_capped_and_bounded() {
+        let now = Instant::now();
+        let mut off = Refresher::new(Duration::ZERO);
+        for _ in 0..3 {
+            assert_eq!(off.take(vec![record("a", 80, 0)], now).len(), 1);
+        }
+        assert_eq!(Refresher::new(Duration::from_secs(300)).every, MAX_REFRESH);
+        let mut full = Refresher::new(Duration::from_secs(30));
+        let many: Vec<FlowRecord> = (0..MAX_EDGES as u32 + 2)
+            .map(|p| record("a", p, 0))
+            .collect();
+        assert_eq!(full.take(many, now).len(), MAX_EDGES + 2);
+        assert_eq!(full.overflowed, 2);
+        let again: Vec<FlowRecord> = (0..MAX_EDGES as u32 + 2)
+            .map(|p| record("a", p, 1))
+            .collect();
+        assert_eq!(full.take(again, now).len(), 2, "remembered ones are held");
+    }
+}
