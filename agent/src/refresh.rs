@@ -12,6 +12,7 @@
 
 use network_enforcer_api::uplink::FlowRecord;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
 /// The longest refresh interval: half the controller's counting window (60 s), so that a flow seen
@@ -22,49 +23,41 @@ pub const MAX_REFRESH: Duration = Duration::from_secs(30);
 /// counted), rather than forgetting what is held.
 pub const MAX_EDGES: usize = 100_000;
 
-/// What makes two records the same edge: everything but the times and the count.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Key {
-    uid: String,
-    peer_ip: Vec<u8>,
-    port: u32,
-    protocol: i32,
-    direction: i32,
-    outcome: i32,
-    source: i32,
-    policy: String,
-    dry_run: bool,
-    peer_name: String,
-}
+/// What makes two records the same edge (everything but the times and the count), remembered as
+/// two keyed hashes (SipHash, per-process random keys): 16 bytes per edge instead of copies of its
+/// strings, so that a pod spraying thousands of edges costs little memory. Two edges share a key
+/// with odds of about n²/2¹²⁹; they would then be refreshed as one.
+type Key = (u64, u64);
 
-impl Key {
-    fn of(r: &FlowRecord) -> Self {
-        Key {
-            uid: r.local.as_ref().map(|l| l.uid.clone()).unwrap_or_default(),
-            peer_ip: r.peer_ip.clone(),
-            port: r.port,
-            protocol: r.protocol,
-            direction: r.direction,
-            outcome: r.outcome,
-            source: r.source,
-            policy: r.policy.clone(),
-            dry_run: r.dry_run,
-            peer_name: r.peer_name.clone(),
-        }
+/// The hashers of [`Key`].
+#[derive(Debug, Default)]
+struct Keys(RandomState, RandomState);
+
+impl Keys {
+    fn of(&self, r: &FlowRecord) -> Key {
+        let fields = (
+            r.local.as_ref().map(|l| l.uid.as_str()),
+            &r.peer_ip,
+            r.port,
+            (r.protocol, r.direction, r.outcome, r.source),
+            (&r.policy, r.dry_run, &r.peer_name),
+        );
+        (self.0.hash_one(fields), self.1.hash_one(fields))
     }
 }
 
-/// One edge sent before: when, and what was seen of it since.
+/// One edge sent before: when, and what was seen of it since (boxed: most edges hold nothing).
 #[derive(Debug)]
 struct Sent {
     at: Instant,
-    held: Option<FlowRecord>,
+    held: Option<Box<FlowRecord>>,
 }
 
 /// The edges sent within the refresh interval (see the module docs).
 #[derive(Debug)]
 pub struct Refresher {
     every: Duration,
+    keys: Keys,
     edges: HashMap<Key, Sent>,
     /// Records merged into a held one instead of going up (cumulative).
     pub held_total: u64,
@@ -77,6 +70,7 @@ impl Refresher {
     pub fn new(every: Duration) -> Self {
         Refresher {
             every: every.min(MAX_REFRESH),
+            keys: Keys::default(),
             edges: HashMap::new(),
             held_total: 0,
             overflowed: 0,
@@ -92,14 +86,14 @@ impl Refresher {
         }
         let mut out = Vec::new();
         for record in records {
-            let key = Key::of(&record);
+            let key = self.keys.of(&record);
             let full = self.edges.len() >= MAX_EDGES;
             match self.edges.get_mut(&key) {
                 Some(sent) if now.saturating_duration_since(sent.at) >= self.every => {
                     let record = match sent.held.take() {
                         Some(mut held) => {
                             merge(&mut held, &record);
-                            held
+                            *held
                         }
                         None => record,
                     };
@@ -110,7 +104,7 @@ impl Refresher {
                     self.held_total += 1;
                     match &mut sent.held {
                         Some(held) => merge(held, &record),
-                        None => sent.held = Some(record),
+                        None => sent.held = Some(Box::new(record)),
                     }
                 }
                 None if full => {
@@ -136,7 +130,7 @@ impl Refresher {
             let since = now.saturating_duration_since(sent.at);
             if since >= every {
                 if let Some(held) = sent.held.take() {
-                    out.push(held);
+                    out.push(*held);
                     sent.at = now;
                     return true;
                 }
@@ -150,7 +144,7 @@ impl Refresher {
     pub fn release(&mut self) -> Vec<FlowRecord> {
         self.edges
             .drain()
-            .filter_map(|(_, sent)| sent.held)
+            .filter_map(|(_, sent)| sent.held.map(|held| *held))
             .collect()
     }
 

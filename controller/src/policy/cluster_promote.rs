@@ -125,6 +125,17 @@ pub fn plan(
                     }
                 }
             }
+            PROMOTE_MONITOR if existing.get(&name).is_some_and(|p| !is_ours(p)) => {
+                plan.conditions.push(condition(
+                    false,
+                    "NameTaken",
+                    format!(
+                        "a ClusterNetworkPolicy named {name} exists and was not created from \
+                         this proposal: what the proposal would deny in its place is not recorded \
+                         (it could never be put in force); rename or delete that one"
+                    ),
+                ))
+            }
             PROMOTE_MONITOR => plan.conditions.push(condition(
                 false,
                 MONITORED,
@@ -150,7 +161,7 @@ pub fn plan(
 }
 
 /// A ClusterNetworkPolicy we created from a proposal.
-fn is_ours(policy: &ClusterNetworkPolicy) -> bool {
+pub fn is_ours(policy: &ClusterNetworkPolicy) -> bool {
     let labels = policy.labels();
     labels.get(MANAGED_BY_LABEL.0).map(String::as_str) == Some(MANAGED_BY_LABEL.1)
         && labels.contains_key(PROMOTED_FROM_LABEL)
@@ -280,6 +291,15 @@ mod tests {
             Case {
                 name: "a policy of the name that is not ours is never taken over",
                 proposals: vec![proposal("ne-floor-shop", Some("protect"), 900)],
+                existing: vec![foreign.clone()],
+                served: true,
+                apply: vec![],
+                delete: vec![],
+                conditions: vec![("ne-floor-shop", false, "NameTaken")],
+            },
+            Case {
+                name: "nor monitored in its place",
+                proposals: vec![proposal("ne-floor-shop", Some("monitor"), 900)],
                 existing: vec![foreign],
                 served: true,
                 apply: vec![],

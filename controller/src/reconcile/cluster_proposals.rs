@@ -198,6 +198,7 @@ impl ClusterProposals {
                     reference(&applied),
                     "Warning",
                     "ProposalWidened",
+                    "Observe",
                     notes.join("; "),
                 )
                 .await;
@@ -294,6 +295,7 @@ impl ClusterProposals {
                         "Warning"
                     },
                     &desired.reason,
+                    "Observe",
                     desired.message.clone(),
                 )
                 .await;

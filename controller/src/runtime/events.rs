@@ -39,6 +39,7 @@ pub async fn publish_cluster_scoped(
     regarding: k8s_openapi::api::core::v1::ObjectReference,
     type_: &str,
     reason: &str,
+    action: &str,
     note: String,
 ) {
     use k8s_openapi::api::events::v1::Event;
@@ -52,7 +53,7 @@ pub async fn publish_cluster_scoped(
             ..ObjectMeta::default()
         },
         event_time: Some(MicroTime(now)),
-        action: Some("Observe".into()),
+        action: Some(action.into()),
         reason: Some(reason.into()),
         note: Some(note),
         type_: Some(type_.into()),

@@ -586,7 +586,16 @@ impl Coverage {
             uid: Some(node.into()),
             ..ObjectReference::default()
         };
-        publish_cluster_scoped(&self.client, &self.reporter, regarding, type_, reason, note).await;
+        publish_cluster_scoped(
+            &self.client,
+            &self.reporter,
+            regarding,
+            type_,
+            reason,
+            "Observe",
+            note,
+        )
+        .await;
     }
 }
 

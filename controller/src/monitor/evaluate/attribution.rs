@@ -473,9 +473,10 @@ pub struct RuleMatch {
     pub rules: Vec<usize>,
 }
 
-/// The violations of one flow: at most two (the source's egress policy, the destination's ingress
-/// policy), kept inline so that evaluating a flow allocates nothing.
-pub type Violations<'a> = smallvec::SmallVec<[Attributed<'a>; 2]>;
+/// The violations of one flow: at most three (the source's egress policy, the destination's ingress
+/// policy, a cluster proposal in monitor that the evidence pass adds), kept inline so that
+/// evaluating a flow allocates nothing.
+pub type Violations<'a> = smallvec::SmallVec<[Attributed<'a>; 3]>;
 
 /// The violations `flow` causes, in attribution order: the source's egress policy first, then (unless
 /// that one denies in protect mode, or an Admin ClusterNetworkPolicy denies the source's egress) the

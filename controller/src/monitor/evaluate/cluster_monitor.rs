@@ -17,6 +17,7 @@ use super::compiled;
 use super::verdict::FlowVerdict;
 use super::view::{ClusterView, NamedClusterPolicy};
 use netpol::cluster::{Action, Decider, Tier};
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicySpec;
 use network_enforcer_api::{Direction, PolicyMode, ViolationRecord};
 use std::collections::BTreeSet;
 
@@ -48,6 +49,16 @@ impl Monitored {
     /// The names of the monitored proposals.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.names.iter().map(String::as_str)
+    }
+
+    /// Whether this judges proposal `name` by `spec` (it is monitored, with that spec).
+    pub fn judges(&self, name: &str, spec: &ClusterNetworkPolicySpec) -> bool {
+        self.names.contains(name)
+            && self
+                .view
+                .cluster_policies()
+                .iter()
+                .any(|p| p.name == name && p.spec == *spec)
     }
 
     /// The violation a monitored proposal would record for `flow`, if one would deny it.

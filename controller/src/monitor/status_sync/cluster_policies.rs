@@ -33,6 +33,12 @@ impl Served {
         self.set(Self::ABSENT);
     }
 
+    /// The cluster serves the kind and it is watched (tests that stand in for the watch).
+    #[cfg(test)]
+    pub(super) fn set_watched(&self) {
+        self.set(Self::WATCHED);
+    }
+
     /// Whether evidence may be judged as far as this watch goes: the kind is absent, or its store
     /// has listed.
     pub(super) fn listed<K>(&self, store: &Store<K>) -> bool

@@ -22,12 +22,37 @@ pub(super) fn monitored(proposal: &ClusterNetworkPolicyProposal) -> bool {
 }
 
 impl StatusSync {
-    /// The cluster proposals in monitor ([`monitored`]).
+    /// The cluster proposals in monitor ([`monitored`]), but those whose name a ClusterNetworkPolicy
+    /// in force holds that was not created from them: promoting such a proposal is refused
+    /// (`NameTaken`), so what it would deny in that one's place is nothing it could ever enforce.
     pub(super) fn monitored_proposals(&self) -> Vec<Arc<ClusterNetworkPolicyProposal>> {
         self.cluster_proposals
             .state()
             .into_iter()
             .filter(|p| monitored(p))
+            .filter(|p| {
+                let name = p.name_any();
+                self.cluster_policies
+                    .get(&kube::runtime::reflector::ObjectRef::new(&name))
+                    .is_none_or(|policy| crate::policy::cluster_promote::is_ours(&policy))
+            })
+            .collect()
+    }
+
+    /// The cluster proposals whose status the status pass writes: those in monitor, and any other
+    /// (not being deleted) that observations still wait for: attributed while it was in monitor,
+    /// they are written although it left monitor since (protect, or the label removed).
+    pub(super) fn proposals_to_write(&self) -> Vec<Arc<ClusterNetworkPolicyProposal>> {
+        let state = self.state.lock().expect("state lock");
+        self.cluster_proposals
+            .state()
+            .into_iter()
+            .filter(|p| {
+                monitored(p)
+                    || (p.metadata.deletion_timestamp.is_none()
+                        && p.metadata.name.is_some()
+                        && state.pending.len_of(&proposal_key(&p.name_any())) > 0)
+            })
             .collect()
     }
 
@@ -45,12 +70,14 @@ impl StatusSync {
         )
     }
 
-    /// Syncs one monitored proposal's violation fields (see the module docs), patching them when
-    /// they changed, with the copy's `resourceVersion` as precondition.
+    /// Syncs one proposal's violation fields (see the module docs), patching them when they
+    /// changed, with the copy's `resourceVersion` as precondition. Records are cleared only while
+    /// the proposal is in monitor with the spec `monitored` judges by (a copy read after a conflict
+    /// may say otherwise): a proposal that left monitor keeps what it recorded.
     pub(super) async fn sync_proposal(
         &self,
         proposal: &ClusterNetworkPolicyProposal,
-        monitored: &Monitored,
+        monitored: Option<&Monitored>,
     ) -> Result<PolicySync, SyncError> {
         let Some(name) = proposal.metadata.name.as_deref() else {
             return Err(SyncError::Unnamed);
@@ -63,6 +90,8 @@ impl StatusSync {
             .as_ref()
             .map(|s| s.violation_status())
             .unwrap_or_default();
+        let judge = monitored
+            .filter(|m| self::monitored(proposal) && m.judges(name, &proposal.spec.policy));
         let outcome = violations::sync(
             SyncInput {
                 status: Some(&current),
@@ -71,7 +100,7 @@ impl StatusSync {
                 observations: &observations,
                 now: &now,
             },
-            |record| monitored.allows_now(record),
+            |record| judge.is_some_and(|m| m.allows_now(record)),
         );
         let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
         if outcome.status_changed {

@@ -116,9 +116,13 @@ pub struct EvidenceQueue {
     /// Woken when the queue reaches half its bound: the next pass starts then rather than at its
     /// interval.
     half_full: tokio::sync::Notify,
-    /// The status sync's store of cluster proposals: while one is in monitor, every record may be
-    /// evidence, policies or not.
-    proposals: Option<Store<ClusterNetworkPolicyProposal>>,
+    /// The status sync's store of cluster proposals and whether their kind is served: while one is
+    /// in monitor, or the store has not listed yet (any may be), every record may be evidence,
+    /// policies or not.
+    proposals: Option<(
+        Store<ClusterNetworkPolicyProposal>,
+        Arc<cluster_policies::Served>,
+    )>,
 }
 
 /// The queue's records.
@@ -302,7 +306,7 @@ pub struct StatusSync {
     cluster_policies_served: cluster_policies::Served,
     /// ClusterNetworkPolicyProposals: those in monitor record violations ([`cluster_proposals`]).
     cluster_proposals: Store<ClusterNetworkPolicyProposal>,
-    cluster_proposals_served: cluster_policies::Served,
+    cluster_proposals_served: Arc<cluster_policies::Served>,
     namespaces: Store<Namespace>,
     writers: Mutex<Option<Writers>>,
     state: Mutex<State>,
@@ -355,6 +359,7 @@ impl StatusSync {
         let network_policies = objects.network_policies.store();
         let (cluster_policies, cluster_policies_writer) = reflector::store();
         let (cluster_proposals, cluster_proposals_writer) = reflector::store();
+        let cluster_proposals_served = Arc::new(cluster_policies::Served::default());
         let (namespaces, namespaces_writer) = reflector::store();
         let recorder = Recorder::new(
             client.clone(),
@@ -365,7 +370,7 @@ impl StatusSync {
         );
         let queue = EvidenceQueue {
             policies: Some((policies.clone(), objects.policies.listed_flag())),
-            proposals: Some(cluster_proposals.clone()),
+            proposals: Some((cluster_proposals.clone(), cluster_proposals_served.clone())),
             ..EvidenceQueue::default()
         };
         let metrics = SyncMetrics {
@@ -404,7 +409,7 @@ impl StatusSync {
             cluster_policies,
             cluster_policies_served: cluster_policies::Served::default(),
             cluster_proposals,
-            cluster_proposals_served: cluster_policies::Served::default(),
+            cluster_proposals_served,
             namespaces,
             writers: Mutex::new(Some(Writers {
                 cluster_policies: cluster_policies_writer,

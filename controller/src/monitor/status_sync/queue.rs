@@ -92,10 +92,9 @@ impl EvidenceSink for EvidenceQueue {
     }
 
     fn hold(&self) -> Option<u64> {
-        let monitoring = self
-            .proposals
-            .as_ref()
-            .is_some_and(|store| store.find(cluster_proposals::monitored).is_some());
+        let monitoring = self.proposals.as_ref().is_some_and(|(store, served)| {
+            !served.listed(store) || store.find(cluster_proposals::monitored).is_some()
+        });
         let may_count = monitoring
             || self
                 .policies

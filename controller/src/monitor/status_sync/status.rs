@@ -14,7 +14,8 @@ impl StatusSync {
         // Everything drained so far is pending or written; what this pass writes settles it.
         let drained = self.queue.drains();
         let policies = self.policies.state();
-        let proposals = self.monitored_proposals();
+        let monitored = self.monitored_proposals();
+        let proposals = self.proposals_to_write();
         let keys: HashSet<PolicyKey> = policies
             .iter()
             .map(|p| policy_key(p))
@@ -45,20 +46,19 @@ impl StatusSync {
             self.tally(&mut report, policy.as_ref(), policy_key(policy), synced)
                 .await;
         }
-        if let Some(monitored) = Self::monitored_view(&view, &proposals) {
-            let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
-            for proposal in &proposals {
-                let first = self.sync_proposal(proposal, &monitored).await;
-                let synced = match self.after(first, proposal.as_ref(), &api).await {
-                    Next::Done(done) => done,
-                    Next::Again(fresh) => {
-                        self.retried(self.sync_proposal(&fresh, &monitored).await)
-                    }
-                };
-                let key = proposal_key(&proposal.name_any());
-                self.tally(&mut report, proposal.as_ref(), key, synced)
-                    .await;
-            }
+        let monitored = Self::monitored_view(&view, &monitored);
+        let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
+        for proposal in &proposals {
+            let first = self.sync_proposal(proposal, monitored.as_ref()).await;
+            let synced = match self.after(first, proposal.as_ref(), &api).await {
+                Next::Done(done) => done,
+                Next::Again(fresh) => {
+                    self.retried(self.sync_proposal(&fresh, monitored.as_ref()).await)
+                }
+            };
+            let key = proposal_key(&proposal.name_any());
+            self.tally(&mut report, proposal.as_ref(), key, synced)
+                .await;
         }
         {
             let state = self.state.lock().expect("state lock");
@@ -138,6 +138,7 @@ impl StatusSync {
                 regarding.clone(),
                 type_,
                 reason,
+                action,
                 note,
             )
             .await;

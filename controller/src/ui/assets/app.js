@@ -162,9 +162,10 @@ async function clusterPage() {
       { title: "rules (in / out)", value: (p) => p.ingressRules + p.egressRules, cell: (p) => `${p.ingressRules} / ${p.egressRules}` },
       { title: "state", value: (p) => p.state, cell: (p) => el("span", { class: `tag ${p.state === "in force" ? "protect" : p.promote ? "monitor" : "learning"}`,
         title: p.message || "" }, p.reason && p.state !== "in monitor" ? `${p.state} (${p.reason})` : p.state) },
-      { title: "would deny", value: (p) => p.activeViolations, cell: (p) => p.activeViolations
+      { title: "would deny", value: (p) => p.state === "in monitor" ? p.activeViolations : -1, cell: (p) => p.state !== "in monitor" ? "—"
+        : p.activeViolations
         ? el("span", { class: "violations", title: p.violations.join("\n") }, `${p.activeViolations}: ${p.violations[0]}${p.activeViolations > 1 ? " …" : ""}`)
-        : (p.state === "in monitor" ? "none yet" : "—") },
+        : "none yet" },
       { title: "learned", value: (p) => p.lastLearned || "", cell: (p) => p.lastLearned ? ago(p.lastLearned, Date.now()) : "—" },
       { title: "notes", value: (p) => p.notes.length, cell: (p) => p.notes.join("; ") || "—" },
       { title: "command", value: (p) => p.command, cell: (p) => command(p.command, "promote") },

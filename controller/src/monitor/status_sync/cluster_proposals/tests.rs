@@ -157,3 +157,63 @@ async fn only_a_proposal_in_monitor_records_violations() {
         assert!(api.status_patches.lock().unwrap().is_empty(), "{label}");
     }
 }
+
+/// Review fix: until the proposals' watch has listed, any proposal may be in monitor, so batches
+/// are held although no policy exists (a new leader's first seconds: its agents resend what the
+/// last one did not acknowledge).
+#[tokio::test]
+async fn batches_are_held_until_the_proposals_have_listed() {
+    let proposal = isolate_shop("monitor");
+    let api = fake_api(&proposal).await;
+    let (app, sync, mut writers, _) = shop_app(api.client.clone(), 0);
+    sync.cluster_proposals_served.set_watched();
+    list(&mut writers.policies, []);
+    list(&mut writers.network_policies, []);
+    list(&mut writers.namespaces, [shop_namespace()]);
+    let evidence = sync.evidence();
+    let now = crate::cluster::watches::now_ms();
+    app.learning.take_in(
+        "node-a",
+        &inbound_from([10, 0, 0, 3], Outcome::Established, now - 1_000),
+    );
+    assert!(
+        evidence.hold().is_some(),
+        "not held before the proposals listed"
+    );
+    list(&mut writers.cluster_proposals, []);
+    assert_eq!(evidence.hold(), None, "listed, none in monitor");
+}
+
+/// Review fix: what a proposal recorded while in monitor is written although it left monitor
+/// (promoted to protect) before the status pass, not dropped as a deleted policy's; and the
+/// records it holds are not cleared then.
+#[tokio::test]
+async fn what_was_recorded_in_monitor_is_written_after_the_proposal_left_monitor() {
+    let proposal = isolate_shop("monitor");
+    let api = fake_api(&proposal).await;
+    let (app, sync, mut writers) = two_namespaces(&api, vec![proposal.clone()]).await;
+    let now = crate::cluster::watches::now_ms();
+    app.learning.take_in(
+        "node-a",
+        &inbound_from([10, 0, 1, 3], Outcome::Established, now - 1_000),
+    );
+    assert_eq!(sync.attribute_evidence(), 1);
+    let mut protected = proposal.clone();
+    protected.metadata.labels = Some(
+        [(PROMOTE_LABEL.to_string(), "protect".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    writers
+        .cluster_proposals
+        .apply_watcher_event(&watcher::Event::Apply(protected));
+    let report = sync.sync_all().await;
+    assert_eq!((report.patched, report.observations), (1, 1), "{report:?}");
+    let patch = api.status_patches.lock().unwrap()[0].clone();
+    assert_eq!(patch["status"]["activeViolationCount"], 1, "{patch}");
+    assert_eq!(
+        sync.sync_all().await.policies,
+        0,
+        "nothing pending: not written again"
+    );
+}
