@@ -1,12 +1,15 @@
-//! What the controller already holds (docs/behaviour.md §7.2): an edge's first record goes up with
-//! the flush that found it; after that the agent sends the edge at most once per refresh interval
-//! (`--refresh-seconds`, default 30), the occurrences in between merged into that one record (first
-//! seen, last seen, count). A steady edge then costs the controller one record per interval instead
-//! of one per flush (three times fewer at the default 10 s flushes), and nothing a consumer needs is
-//! lost: learning needs the edge once; the violation counting rule counts one occurrence per 60 s
-//! (§3.6), and a record at least every 30 s, carrying the last occurrence, reaches every window a
-//! flush per 10 s reached; rule usage is written in 5-minute steps; the protect gate keeps first and
-//! last seen.
+//! What the controller already holds (docs/behaviour.md §7.2): an eBPF edge's first record goes up
+//! with the flush that found it; after that the agent sends the edge at most once per refresh
+//! interval (`--refresh-seconds`, default 30), the occurrences in between merged into that one record
+//! (first seen, last seen, count). A steady edge then costs the controller one record per interval
+//! instead of one per flush (three times fewer at the default 10 s flushes).
+//!
+//! Nothing a consumer needs is lost. Learning needs an edge once. Violations: the controller counts
+//! an occurrence when its time is at least [`COUNTING_WINDOW_MS`] from the last one it counted
+//! (§3.6); a merged record carries its latest occurrence, which would move that point later, so the
+//! agent applies the same rule per edge and sends at once a record the controller would count, with
+//! what it held: the controller counts the occurrences it would have counted with a record per
+//! flush. Rule usage is written in 5-minute steps; the protect gate keeps first and last seen.
 //!
 //! Pure bookkeeping over plain records and a clock passed in; the event loop holds one.
 
@@ -15,8 +18,12 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
-/// The longest refresh interval: half the controller's counting window (60 s), so that a flow seen
-/// all along still has an occurrence in every window.
+/// The controller's counting window (docs/behaviour.md §3.6: its `REPEAT_WINDOW`, which a test in
+/// `tests/` checks this equals).
+pub const COUNTING_WINDOW_MS: i64 = 60_000;
+
+/// The longest refresh interval: what the controller knows of a steady edge is at most this old
+/// (plus a flush).
 pub const MAX_REFRESH: Duration = Duration::from_secs(30);
 
 /// Edges remembered at most; past that a new edge is sent every flush, as without a refresh (and
@@ -25,8 +32,8 @@ pub const MAX_EDGES: usize = 100_000;
 
 /// What makes two records the same edge (everything but the times and the count), remembered as
 /// two keyed hashes (SipHash, per-process random keys): 16 bytes per edge instead of copies of its
-/// strings, so that a pod spraying thousands of edges costs little memory. Two edges share a key
-/// with odds of about n²/2¹²⁹; they would then be refreshed as one.
+/// strings, so that a pod spraying thousands of edges costs little memory. Two edges sharing a key
+/// (odds of about n²/2⁶⁵ for n edges, at the least) would be refreshed as one.
 type Key = (u64, u64);
 
 /// The hashers of [`Key`].
@@ -46,17 +53,37 @@ impl Keys {
     }
 }
 
-/// One edge sent before: when, and what was seen of it since (boxed: most edges hold nothing).
+/// One edge sent before: when, the time of the occurrence the controller last counted (its rule
+/// applied to what this edge sent), and what was seen of it since (boxed: most edges hold nothing).
 #[derive(Debug)]
 struct Sent {
     at: Instant,
+    counted_ms: i64,
+    /// When the record of `counted_ms` went up.
+    counted_at: Instant,
     held: Option<Box<FlowRecord>>,
+}
+
+impl Sent {
+    /// `record` with what is held merged in, to go up now.
+    fn with_held(&mut self, record: FlowRecord) -> FlowRecord {
+        match self.held.take() {
+            Some(mut held) => {
+                merge(&mut held, &record);
+                *held
+            }
+            None => record,
+        }
+    }
 }
 
 /// The edges sent within the refresh interval (see the module docs).
 #[derive(Debug)]
 pub struct Refresher {
     every: Duration,
+    /// Half the flush interval: an edge is due at the flush nearest its interval, whatever the
+    /// jitter of the flushes' times.
+    slack: Duration,
     keys: Keys,
     edges: HashMap<Key, Sent>,
     /// Records merged into a held one instead of going up (cumulative).
@@ -66,10 +93,12 @@ pub struct Refresher {
 }
 
 impl Refresher {
-    /// A refresh every `every` (capped at [`MAX_REFRESH`]); zero sends every record at once.
-    pub fn new(every: Duration) -> Self {
+    /// A refresh every `every` (capped at [`MAX_REFRESH`]) for flushes every `flush_every`; zero
+    /// sends every record at once.
+    pub fn new(every: Duration, flush_every: Duration) -> Self {
         Refresher {
             every: every.min(MAX_REFRESH),
+            slack: flush_every / 2,
             keys: Keys::default(),
             edges: HashMap::new(),
             held_total: 0,
@@ -77,9 +106,15 @@ impl Refresher {
         }
     }
 
-    /// What of `records` (one flush's, at `now`) goes up now: each new edge's record, and each
-    /// edge whose refresh is due with what was held of it; the other records are held. Edges held
-    /// since an earlier flush whose refresh is due go up too, even if not seen in this one.
+    /// Whether an edge last sent at `at` is due at `now`.
+    fn due(&self, at: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(at) + self.slack >= self.every
+    }
+
+    /// What of `records` (one flush's, at `now`) goes up now: each new edge's record, each record
+    /// the controller would count, and each edge whose refresh is due, with what was held of it;
+    /// the other records are held. Edges held since an earlier flush whose refresh is due go up
+    /// too, even if not seen in this one.
     pub fn take(&mut self, records: Vec<FlowRecord>, now: Instant) -> Vec<FlowRecord> {
         if self.every.is_zero() {
             return records;
@@ -88,34 +123,37 @@ impl Refresher {
         for record in records {
             let key = self.keys.of(&record);
             let full = self.edges.len() >= MAX_EDGES;
-            match self.edges.get_mut(&key) {
-                Some(sent) if now.saturating_duration_since(sent.at) >= self.every => {
-                    let record = match sent.held.take() {
-                        Some(mut held) => {
-                            merge(&mut held, &record);
-                            *held
+            let due = self.edges.get(&key).map(|sent| self.due(sent.at, now));
+            match (self.edges.get_mut(&key), due) {
+                (Some(sent), Some(due)) => {
+                    let counts = record.last_seen_ms >= sent.counted_ms + COUNTING_WINDOW_MS;
+                    if counts || due {
+                        let record = sent.with_held(record);
+                        if counts {
+                            sent.counted_ms = record.last_seen_ms;
+                            sent.counted_at = now;
                         }
-                        None => record,
-                    };
-                    sent.at = now;
-                    out.push(record);
-                }
-                Some(sent) => {
-                    self.held_total += 1;
-                    match &mut sent.held {
-                        Some(held) => merge(held, &record),
-                        None => sent.held = Some(Box::new(record)),
+                        sent.at = now;
+                        out.push(record);
+                    } else {
+                        self.held_total += 1;
+                        match &mut sent.held {
+                            Some(held) => merge(held, &record),
+                            None => sent.held = Some(Box::new(record)),
+                        }
                     }
                 }
-                None if full => {
+                _ if full => {
                     self.overflowed += 1;
                     out.push(record);
                 }
-                None => {
+                _ => {
                     self.edges.insert(
                         key,
                         Sent {
                             at: now,
+                            counted_ms: record.last_seen_ms,
+                            counted_at: now,
                             held: None,
                         },
                     );
@@ -123,19 +161,22 @@ impl Refresher {
                 }
             }
         }
-        // Held edges that went quiet: their last occurrences go up when due. Edges quiet for
-        // longer than two intervals are forgotten: seen again, they are new.
-        let every = self.every;
+        // Held edges that went quiet: their occurrences go up when due. An edge with nothing held
+        // is forgotten once due and a counting window after its counted occurrence went up: seen
+        // again, it goes up at once and the controller counts it, as it would have.
+        let (every, slack) = (self.every, self.slack);
+        let window = Duration::from_millis(COUNTING_WINDOW_MS.unsigned_abs());
         self.edges.retain(|_, sent| {
             let since = now.saturating_duration_since(sent.at);
-            if since >= every {
+            if since + slack >= every {
                 if let Some(held) = sent.held.take() {
                     out.push(*held);
                     sent.at = now;
                     return true;
                 }
+                return now.saturating_duration_since(sent.counted_at) < window;
             }
-            since < every * 2
+            true
         });
         out
     }
@@ -146,6 +187,11 @@ impl Refresher {
             .drain()
             .filter_map(|(_, sent)| sent.held.map(|held| *held))
             .collect()
+    }
+
+    /// Edges remembered now.
+    pub fn remembered(&self) -> usize {
+        self.edges.len()
     }
 
     /// Records held now.
@@ -201,7 +247,7 @@ mod tests {
     fn a_steady_edge_goes_up_once_per_interval_with_its_occurrences() {
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
-        let mut refresh = Refresher::new(Duration::from_secs(30));
+        let mut refresh = Refresher::new(Duration::from_secs(30), Duration::from_secs(10));
         // (second, records flushed then, records sent then)
         let steps: [(u64, Vec<FlowRecord>, Vec<Seen>); 9] = [
             (0, vec![record("a", 80, 0)], vec![(80, 0, 0, 1)]),
@@ -238,12 +284,16 @@ mod tests {
     #[test]
     fn off_capped_and_bounded() {
         let now = Instant::now();
-        let mut off = Refresher::new(Duration::ZERO);
+        let flush = Duration::from_secs(10);
+        let mut off = Refresher::new(Duration::ZERO, flush);
         for _ in 0..3 {
             assert_eq!(off.take(vec![record("a", 80, 0)], now).len(), 1);
         }
-        assert_eq!(Refresher::new(Duration::from_secs(300)).every, MAX_REFRESH);
-        let mut full = Refresher::new(Duration::from_secs(30));
+        assert_eq!(
+            Refresher::new(Duration::from_secs(300), flush).every,
+            MAX_REFRESH
+        );
+        let mut full = Refresher::new(Duration::from_secs(30), flush);
         let many: Vec<FlowRecord> = (0..MAX_EDGES as u32 + 2)
             .map(|p| record("a", p, 0))
             .collect();
@@ -253,5 +303,35 @@ mod tests {
             .map(|p| record("a", p, 1))
             .collect();
         assert_eq!(full.take(again, now).len(), 2, "remembered ones are held");
+    }
+
+    /// A record the controller would count (a window after the last one it counted, on the
+    /// record's own clock) goes up at once with what was held, whatever the refresh; flushes a
+    /// little early or late do not move an edge to the next one; an edge with nothing held is
+    /// forgotten once due and a window after its counted occurrence went up.
+    #[test]
+    fn what_the_controller_would_count_goes_up_at_once() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut refresh = Refresher::new(Duration::from_secs(30), Duration::from_secs(10));
+        let sent = |r: &mut Refresher, record_ms: i64, now_ms: u64| {
+            r.take(vec![record("a", 80, record_ms)], at(now_ms))
+                .iter()
+                .map(|r| (r.first_seen_ms, r.last_seen_ms, r.count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sent(&mut refresh, 0, 0), [(0, 0, 1)]);
+        assert_eq!(sent(&mut refresh, 10_000, 10_000), []);
+        // 60 s after the counted occurrence on the record's clock (the agent's flushes ran late).
+        assert_eq!(sent(&mut refresh, 60_000, 20_000), [(10_000, 60_000, 2)]);
+        assert_eq!(sent(&mut refresh, 70_000, 30_000), []);
+        // Due a little early (a flush 29.9 s after the last send): not put off to the next.
+        assert_eq!(sent(&mut refresh, 80_000, 49_900), [(70_000, 80_000, 2)]);
+        assert_eq!(refresh.remembered(), 1);
+        // Quiet: kept until due and a window after the counted occurrence went up (at 20 s).
+        refresh.take(vec![], at(79_000));
+        assert_eq!(refresh.remembered(), 1);
+        refresh.take(vec![], at(80_000));
+        assert_eq!(refresh.remembered(), 0);
     }
 }

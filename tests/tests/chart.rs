@@ -748,6 +748,7 @@ fn agent_values_reach_its_env_and_privileges() {
     let docs = render(&[
         "agent.flushIntervalSeconds=3",
         "agent.dedupeSeconds=0",
+        "agent.refreshSeconds=12",
         "agent.ringBufferBytes=1048576",
         "agent.flowMapEntries=262144",
         "agent.extraCapabilities[0]=SYS_PTRACE",
@@ -755,6 +756,7 @@ fn agent_values_reach_its_env_and_privileges() {
     let agent = container(find(&docs, "DaemonSet", AGENT), "agent");
     assert_eq!(env_value(agent, "NE_FLUSH_SECONDS"), "3");
     assert_eq!(env_value(agent, "NE_DEDUPE_SECONDS"), "0");
+    assert_eq!(env_value(agent, "NE_REFRESH_SECONDS"), "12");
     assert_eq!(env_value(agent, "NE_RING_BUFFER_BYTES"), "1048576");
     assert_eq!(env_value(agent, "NE_FLOW_MAP_ENTRIES"), "262144");
     assert_eq!(

@@ -89,6 +89,10 @@ async fn every_fault_at_once_loses_no_occurrence_and_counts_none_twice() -> Resu
         "controller.edgeHistory.warmup=1s".into(),
         format!("agent.metricsPort={AGENT_METRICS_PORT}"),
         "agent.flushIntervalSeconds=2".into(),
+        // Every connection of a phase reaches the controller within a flush: the gate's verdict
+        // names each flow's last-seen minute, read once the phase's flows are in (a repeat held
+        // for the agent's refresh could cross a minute after it was read).
+        "agent.refreshSeconds=0".into(),
     ]);
     let release = Release::install(&cluster.kubeconfig, "ne-truth", release_ns, &values)?;
     let (client, server_ip) = create_workload(&ns)?;

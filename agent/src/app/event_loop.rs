@@ -122,7 +122,10 @@ impl EventLoop {
             flush_every: Duration::from_secs(args.flush_seconds.max(1)),
             new_edge_delay: (args.new_edge_flush_ms > 0)
                 .then(|| Duration::from_millis(args.new_edge_flush_ms)),
-            refresh: crate::refresh::Refresher::new(Duration::from_secs(args.refresh_seconds)),
+            refresh: crate::refresh::Refresher::new(
+                Duration::from_secs(args.refresh_seconds),
+                Duration::from_secs(args.flush_seconds.max(1)),
+            ),
         })
     }
 

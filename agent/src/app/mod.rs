@@ -117,8 +117,9 @@ pub struct RunArgs {
     /// Seconds between flushes of the aggregated edges.
     #[arg(long, default_value_t = 10, env = "NE_FLUSH_SECONDS")]
     flush_seconds: u64,
-    /// An edge sent before goes up again at most once per this many seconds, with what was seen of
-    /// it since (0: every flush; at most 30, half the controller's counting window).
+    /// An eBPF edge sent before goes up again about once per this many seconds, with what was seen
+    /// of it since, and at once when the controller would count a violation occurrence (0: every
+    /// flush; at most 30: what the controller knows of a steady edge is at most that old).
     #[arg(long, default_value_t = 30, env = "NE_REFRESH_SECONDS",
           value_parser = clap::value_parser!(u64).range(0..=30))]
     refresh_seconds: u64,
