@@ -84,7 +84,7 @@ impl Task {
     /// `max_records_per_batch` (`None`: every sender is gone); their receipts wait for those batches.
     pub(super) fn take(&mut self, outgoing: Option<Outgoing>) {
         let Some(Outgoing {
-            mut records,
+            records,
             receipts,
             health,
         }) = outgoing
@@ -94,8 +94,15 @@ impl Task {
         };
         let max = self.config.max_records_per_batch.max(1);
         let mut sequences = Vec::new();
-        while !records.is_empty() {
-            let rest = records.split_off(records.len().min(max));
+        // Each batch its own vector of its records only: splitting off the rest instead left every
+        // batch with the capacity of all that followed it, which the resend buffer held until
+        // acknowledged (a spray's 40,000 records took about 50 MB where 11 MB is theirs).
+        let mut records = records.into_iter();
+        loop {
+            let batch: Vec<FlowRecord> = records.by_ref().take(max).collect();
+            if batch.is_empty() {
+                break;
+            }
             // The data path's counts, with the batches this uplink dropped so far.
             let health = health.map(|h| AgentHealth {
                 batches_dropped: self.counters.batches_dropped.get(),
@@ -103,7 +110,7 @@ impl Task {
             });
             let pushed = self
                 .buffer
-                .push_with_health(&self.config.node, records, health);
+                .push_with_health(&self.config.node, batch, health);
             sequences.push(pushed.sequence);
             if !pushed.dropped.is_empty() {
                 self.counters
@@ -115,7 +122,6 @@ impl Task {
                 );
                 pushed.dropped.iter().for_each(|s| self.settle(*s));
             }
-            records = rest;
         }
         // A batch of this very send may have made room for its successor.
         sequences.retain(|s| self.buffer.contains(*s));

@@ -157,6 +157,25 @@ fn ack(sequence: u64) -> BatchAck {
     }
 }
 
+/// A large send is split into batches that each hold their own records only: the resend buffer
+/// keeps them until acknowledged, and a batch split off with the capacity of the rest made that
+/// memory grow with the square of the send (a spray's flush).
+#[test]
+fn a_large_send_is_split_into_batches_of_their_own_size() {
+    let mut task = task(16, 5);
+    task.take(Some(Outgoing {
+        records: records(23),
+        receipts: vec![],
+        health: None,
+    }));
+    let sizes: Vec<(usize, usize)> = task
+        .buffer
+        .pending()
+        .map(|b| (b.records.len(), b.records.capacity()))
+        .collect();
+    assert_eq!(sizes, [(5, 5), (5, 5), (5, 5), (5, 5), (3, 3)]);
+}
+
 #[test]
 fn a_receipt_is_settled_once_every_batch_of_its_send_is_acknowledged() {
     let mut task = task(8, 2);
