@@ -2,14 +2,16 @@
 //! into the local cluster with our images, real `http-client` / `http-server` pods, real traffic
 //! from inside the client pod, every flow seen by our agent's eBPF programs; learn, promote to monitor,
 //! violations, protect with the blocked flow dropped by the agent's own NetworkPolicy enforcement,
-//! turned on by a `helm upgrade` of the install.
+//! turned on by a `helm upgrade` of the install. Then the cluster guardrail step
+//! (`network_enforcer_tests::e2e::guardrail`): a namespace's learned isolation promoted to protect,
+//! and the agent keeping another namespace out.
 //! The steps and assertions are in `network_enforcer_tests::e2e::scenario`; the scenario runs three times
 //! in a row on one install (`NE_E2E_RUNS`). Needs root, `cargo xtask setup` and the binaries
 //! (`cargo build --bins`; `cargo test --workspace` builds them).
 
 use anyhow::{Result, ensure};
 use network_enforcer_tests::e2e::release::{self, Release};
-use network_enforcer_tests::e2e::scenario;
+use network_enforcer_tests::e2e::{guardrail, scenario};
 use network_enforcer_tests::fixture;
 
 /// How many times the scenario runs on one install: the issue asks for three passes in a row
@@ -26,12 +28,9 @@ fn kubernetes_backend_with_the_ebpf_provider_learns_monitors_and_protects() -> R
     let cluster = fixture::cluster_with_crds()?;
     release::images_from_debug_build()?;
     let namespace = "ne-e2e-system";
-    let release = Release::install(
-        &cluster.kubeconfig,
-        "ne-e2e",
-        namespace,
-        &scenario::release_values(namespace),
-    )?;
+    let mut values = scenario::release_values(namespace);
+    values.push(guardrail::LEARN_OFTEN.into());
+    let release = Release::install(&cluster.kubeconfig, "ne-e2e", namespace, &values)?;
     // The chart's default agent does not enforce: an upgrade turns enforcement on for every run (and
     // the uninstall at the end must remove the agent's table).
     release.upgrade(&[scenario::AGENT_ENFORCEMENT.to_string()])?;
@@ -64,5 +63,10 @@ fn kubernetes_backend_with_the_ebpf_provider_learns_monitors_and_protects() -> R
         scenario::percentile_ms(&latencies, 50.0),
         scenario::percentile_ms(&latencies, 99.0)
     );
+    guardrail::isolation_protected_by_the_agent(
+        &cluster.kubeconfig,
+        &release,
+        &format!("e2e-{}-guard", std::process::id()),
+    )?;
     release.uninstall()
 }

@@ -87,6 +87,21 @@ pub trait NamespaceGraph: Send + Sync {
     /// The graph's edges, sorted; `None` while the graph is incomplete (a partial graph would
     /// propose to deny what was seen).
     fn namespace_edges(&self) -> Option<Vec<NamespaceEdge>>;
+    /// The cluster's namespaces now (complete once [`NamespaceGraph::namespace_edges`] is `Some`):
+    /// a deleted namespace's edges stay in the graph for the history's retention, but it is no
+    /// subject any more.
+    fn namespaces(&self) -> BTreeSet<String>;
+}
+
+/// The namespace a learned proposal guards: its subject's `kubernetes.io/metadata.name`.
+pub fn subject_namespace(spec: &ClusterNetworkPolicySpec) -> Option<&str> {
+    spec.subject
+        .namespaces
+        .as_ref()?
+        .match_labels
+        .as_ref()?
+        .get(NAMESPACE_NAME_LABEL)
+        .map(String::as_str)
 }
 
 /// The Admin isolation and the Baseline floor of every non-system namespace of `edges`.

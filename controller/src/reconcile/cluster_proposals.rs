@@ -24,7 +24,7 @@ use network_enforcer_api::cluster_proposal::{
 };
 use network_enforcer_api::keys::{FIELD_MANAGER, LEARNED_DIGEST_ANNOTATION, PROMOTE_LABEL};
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +49,8 @@ pub struct ClusterProposals {
 pub struct ProposalMetrics {
     /// Proposals written by learning (created or changed).
     pub learned: Counter,
+    /// Learned proposals deleted because their namespace was.
+    pub removed: Counter,
     /// ClusterNetworkPolicies in force from promoted proposals after the last pass.
     pub in_force: Gauge,
     /// Passes (learning or promotion) that failed and are retried.
@@ -63,6 +65,11 @@ impl ProposalMetrics {
             self.learned.clone(),
         );
         metrics.register(
+            "cluster_proposals_removed",
+            "Learned ClusterNetworkPolicyProposals deleted because their namespace was",
+            self.removed.clone(),
+        );
+        metrics.register(
             "cluster_proposals_in_force",
             "ClusterNetworkPolicies in force from promoted ClusterNetworkPolicyProposals",
             self.in_force.clone(),
@@ -73,6 +80,24 @@ impl ProposalMetrics {
             self.failures.clone(),
         );
     }
+}
+
+/// The proposals learning wrote for a namespace that no longer exists, by name: deleted, unless
+/// promoted (what an admin approved stays until they remove it; its policy selects nothing).
+pub fn gone<'a>(
+    proposals: impl IntoIterator<Item = &'a ClusterNetworkPolicyProposal>,
+    namespaces: &BTreeSet<String>,
+) -> Vec<String> {
+    proposals
+        .into_iter()
+        .filter(|p| {
+            p.labels().get(MANAGED_BY_LABEL.0).map(String::as_str) == Some(MANAGED_BY_LABEL.1)
+                && !p.labels().contains_key(PROMOTE_LABEL)
+                && cluster_policies::subject_namespace(&p.spec.policy)
+                    .is_some_and(|n| !namespaces.contains(n))
+        })
+        .map(|p| p.name_any())
+        .collect()
 }
 
 /// What was last written of a proposal: its spec and notes.
@@ -121,7 +146,11 @@ impl ClusterProposals {
         let Some(edges) = self.history.namespace_edges() else {
             return Ok(());
         };
-        let proposed = cluster_policies::propose(&edges, &self.settings);
+        let namespaces = self.history.namespaces();
+        let mut proposed = cluster_policies::propose(&edges, &self.settings);
+        proposed.policies.retain(|p| {
+            cluster_policies::subject_namespace(&p.spec).is_none_or(|n| namespaces.contains(n))
+        });
         let api = Api::<ClusterNetworkPolicyProposal>::all(self.client.clone());
         let existing: HashMap<String, ClusterNetworkPolicyProposal> = api
             .list(&ListParams::default())
@@ -130,6 +159,17 @@ impl ClusterProposals {
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect();
+        for name in gone(existing.values(), &namespaces) {
+            match api.delete(&name, &Default::default()).await {
+                Ok(_) => {
+                    self.metrics.removed.inc();
+                    tracing::info!(proposal = %name, "cluster proposal of a deleted namespace removed");
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error),
+            }
+            written.remove(&name);
+        }
         for policy in proposed.policies {
             let name = policy.name_any();
             let notes: Vec<String> = proposed
@@ -315,3 +355,6 @@ fn reference(proposal: &ClusterNetworkPolicyProposal) -> ObjectReference {
         ..ObjectReference::default()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,6 +7,7 @@
 //! Everything here is synchronous (kubectl, helm, ctr as child processes), so the xtask commands can use
 //! it without a runtime.
 
+pub mod guardrail;
 pub mod latency;
 pub mod release;
 pub mod scenario;

@@ -215,6 +215,14 @@ impl NamespaceGraph for StatusSync {
     fn namespace_edges(&self) -> Option<Vec<NamespaceEdge>> {
         Some(edge_history::namespace_edges(&self.export_history()?))
     }
+
+    fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        self.namespaces
+            .state()
+            .iter()
+            .map(|n| n.name_any())
+            .collect()
+    }
 }
 
 impl StatusSync {
