@@ -296,7 +296,6 @@ mod tests {
         assert_eq!(refresh.held_total, 4);
     }
 
-    /// Zero refreshes nothing: every record goes up (the behaviour before the refresh); an
     /// A flush's records are filtered in the vector they came in: a spray's flush is tens of
     /// thousands of records, and a second vector beside it doubled the agent's peak memory (the
     /// hostile-workload cluster test failed its bound).
@@ -311,6 +310,7 @@ mod tests {
         assert_eq!((out.as_ptr(), out.capacity()), (at, capacity));
     }
 
+    /// Zero refreshes nothing: every record goes up (the behaviour before the refresh); an
     /// interval over [`MAX_REFRESH`] is capped; past [`MAX_EDGES`] new edges go up every flush.
     #[test]
     fn off_capped_and_bounded() {

@@ -13,7 +13,7 @@ use crate::runtime::events::publish_cluster_scoped;
 use crate::runtime::metrics::ControllerMetrics;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::Reporter;
 use kube::{Client, Resource, ResourceExt};
 use network_enforcer_api::cluster_network_policy::{
@@ -83,7 +83,8 @@ impl ProposalMetrics {
 }
 
 /// The proposals learning wrote for a namespace that no longer exists, by name: deleted, unless
-/// promoted (what an admin approved stays until they remove it; its policy selects nothing).
+/// promoted (what an admin approved stays until they remove it, and applies to a namespace of that
+/// name created again).
 pub fn gone<'a>(
     proposals: impl IntoIterator<Item = &'a ClusterNetworkPolicyProposal>,
     namespaces: &BTreeSet<String>,
@@ -159,13 +160,25 @@ impl ClusterProposals {
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect();
+        // A proposal deleted since it was written (by hand, or below) is written again when
+        // learned, even as it was.
+        written.retain(|name, _| existing.contains_key(name));
         for name in gone(existing.values(), &namespaces) {
-            match api.delete(&name, &Default::default()).await {
+            // As listed: one promoted or changed meanwhile is left for the next pass.
+            let preconditions = existing.get(&name).map(|p| Preconditions {
+                resource_version: p.resource_version(),
+                uid: p.uid(),
+            });
+            let params = DeleteParams {
+                preconditions,
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
                 Ok(_) => {
                     self.metrics.removed.inc();
                     tracing::info!(proposal = %name, "cluster proposal of a deleted namespace removed");
                 }
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
                 Err(error) => return Err(error),
             }
             written.remove(&name);

@@ -157,10 +157,14 @@ pub fn isolation_protected_by_the_agent(
         )?,
         "the outsider's connection passed again while the isolation is in force"
     );
-    ensure!(
-        w.send(Protocol::Tcp, 18080, "inside")?,
-        "the namespace's own client was blocked by its isolation (it passes to NetworkPolicy)"
-    );
+    // Its own namespace passes to NetworkPolicy (none here): a few tries, for a slow echo.
+    poll(
+        "the namespace's own client to pass its isolation",
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        || Ok(w.send(Protocol::Tcp, 18080, "inside")?.then_some(())),
+        || release.describe(),
+    )?;
 
     say("guardrail: the label removed; the policy goes and the outsider gets through");
     release.kubectl(&[

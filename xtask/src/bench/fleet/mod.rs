@@ -19,6 +19,14 @@
 //! sequence + i is a multiple of `NE_FLEET_NEW_EDGE_EVERY`), as nodes learning independently do.
 //! The figure `new_edges_spread` (0 or 1) says which a run used.
 //!
+//! `NE_FLEET_PROFILE=steady` measures a quiet fleet instead of a storm (figures in
+//! `target/bench/fleet_steady.json`, among them `controller_cores_steady_1000`): each agent knows
+//! `NE_FLEET_EDGES_PER_NODE` edges (default 1,000) and, as an agent with the default refresh
+//! (`--refresh-seconds 30`) does once they are known, sends each of them once per 30 s, in batches
+//! every 10 s (the agent's flush), with one new edge per batch (0.6 % of the edges per minute), agents
+//! in turns; window 60 s. The records are what the refresh lets through; the simulator does not run
+//! the agent's refresh itself.
+//!
 //! Per phase: a fresh controller (`FLUSH_INTERVAL_SECONDS` = `NE_FLEET_FLUSH_SECONDS`, default 2, the
 //! chart's default), every agent opens a stream once and drops it (first connects: one TokenReview
 //! each), then opens it again and keeps it (reconnects within the review cache's TTL), then a warm-up
@@ -98,7 +106,21 @@ const EXTERNAL_PEERS: u64 = 48;
 /// New-edge ports are drawn from this many ports above 20000.
 const NEW_EDGE_PORTS: u64 = 1000;
 
+/// What the agents send: a storm of records, or a known fleet's steady refreshes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Profile {
+    Storm,
+    /// Each agent's known edges, each once per [`STEADY_REFRESH`].
+    Steady {
+        edges: usize,
+    },
+}
+
+/// How often an agent with the default refresh sends a known edge.
+pub(super) const STEADY_REFRESH: Duration = Duration::from_secs(30);
+
 struct Settings {
+    profile: Profile,
     sizes: Vec<usize>,
     rate: u32,
     seconds: u64,
@@ -136,22 +158,43 @@ impl Settings {
         if sizes.is_empty() || sizes[0] == 0 {
             bail!("NE_FLEET_SIZES needs at least one size above 0");
         }
+        let profile = match std::env::var("NE_FLEET_PROFILE").as_deref() {
+            Err(_) | Ok("") | Ok("storm") => Profile::Storm,
+            Ok("steady") => Profile::Steady {
+                edges: env_or("NE_FLEET_EDGES_PER_NODE", 1000)?,
+            },
+            Ok(other) => bail!("NE_FLEET_PROFILE={other:?}: use `storm` or `steady`"),
+        };
+        let steady = matches!(profile, Profile::Steady { .. });
+        let batch_ms = env_or("NE_FLEET_BATCH_MS", if steady { 10_000 } else { 1000 })?;
+        let rate = match profile {
+            // Each known edge once per refresh.
+            Profile::Steady { edges } => {
+                (edges as u64).div_ceil(STEADY_REFRESH.as_secs()).max(1) as u32
+            }
+            Profile::Storm => env_or("NE_FLEET_RATE", 1000)?,
+        };
         let s = Self {
+            profile,
             sizes,
-            rate: env_or("NE_FLEET_RATE", 1000)?,
-            seconds: env_or("NE_FLEET_SECONDS", 30)?,
+            rate,
+            seconds: env_or("NE_FLEET_SECONDS", if steady { 60 } else { 30 })?,
             warmup: env_or("NE_FLEET_WARMUP_SECONDS", 5)?,
-            batch_ms: env_or("NE_FLEET_BATCH_MS", 1000)?,
+            batch_ms,
             apps: env_or("NE_FLEET_APPS", 40)?,
             pods_per_node: env_or("NE_FLEET_PODS_PER_NODE", 3)?,
             flush_seconds: env_or("NE_FLEET_FLUSH_SECONDS", 2)?,
-            new_edge_every: env_or("NE_FLEET_NEW_EDGE_EVERY", 10)?,
+            new_edge_every: env_or("NE_FLEET_NEW_EDGE_EVERY", if steady { 1 } else { 10 })?,
             new_edges_spread: match std::env::var("NE_FLEET_NEW_EDGES").as_deref() {
-                Err(_) | Ok("") | Ok("burst") => false,
+                Err(_) | Ok("") => steady,
+                Ok("burst") => false,
                 Ok("spread") => true,
                 Ok(other) => bail!("NE_FLEET_NEW_EDGES={other:?}: use `burst` or `spread`"),
             },
         };
+        if s.profile == (Profile::Steady { edges: 0 }) {
+            bail!("NE_FLEET_EDGES_PER_NODE must be above 0");
+        }
         if s.rate == 0 || s.seconds == 0 || s.batch_ms == 0 || s.apps == 0 || s.pods_per_node == 0 {
             bail!("NE_FLEET_RATE, _SECONDS, _BATCH_MS, _APPS and _PODS_PER_NODE must be above 0");
         }
@@ -278,6 +321,13 @@ async fn phases(
     if let Some(r) = results.iter().find(|r| r.agents == 1000) {
         figures.push(Figure::new("p99_ack_ms_at_1000", r.p99_ms, "ms"));
         figures.push(Figure::new("controller_rss_mib_at_1000", r.rss_mib, "MiB"));
+        if let Profile::Steady { .. } = settings.profile {
+            figures.push(Figure::new(
+                "controller_cores_steady_1000",
+                r.cpu_cores,
+                "controller CPU (cores), 1,000 agents in the steady profile (goal <= 0.25)",
+            ));
+        }
     }
     let first_drop = results.iter().find(|r| r.drops()).map_or(0, |r| r.agents);
     figures.push(Figure::new(
@@ -407,6 +457,14 @@ async fn phases(
             "records/s each agent offers",
         ),
         Figure::new(
+            "edges_per_node",
+            match settings.profile {
+                Profile::Steady { edges } => edges as f64,
+                Profile::Storm => 0.0,
+            },
+            "steady profile: edges each agent refreshes every 30 s (0: the storm profile)",
+        ),
+        Figure::new(
             "new_edges_spread",
             f64::from(u8::from(settings.new_edges_spread)),
             "1: agents teach new edges in turns (NE_FLEET_NEW_EDGES=spread); 0: all at once",
@@ -432,7 +490,11 @@ async fn phases(
             "s to create Nodes, pods, IPs, tokens",
         ),
     ]);
-    report("fleet", &figures)?;
+    let name = match settings.profile {
+        Profile::Storm => "fleet",
+        Profile::Steady { .. } => "fleet_steady",
+    };
+    report(name, &figures)?;
     Ok(())
 }
 

@@ -160,6 +160,7 @@ pub(super) async fn phase(
                     fleet.pod_ips.clone(),
                     fleet.services.clone(),
                     i as u64,
+                    settings.profile,
                 );
                 let window = window.clone();
                 let node = agents[i].node.clone();
