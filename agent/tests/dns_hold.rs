@@ -37,8 +37,18 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
         "first connection after the answer failed"
     );
     eprintln!("answer with a new grant took {took:?} end to end");
-    // The same answer again: nothing new to install, so it does not wait for the agent (the kernel
-    // check finds every address granted), and the grant still works.
+    // The same answer again, once the check's mirror has the grant (written just after the first
+    // answer went on: a loaded CI machine once sent the second answer before that): nothing new to
+    // install, so it does not wait for the agent (the kernel check finds every address granted),
+    // and the grant still works.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while hold.mirrored() < Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the kernel check's mirror never got the grant"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let before = hold
         .checked()
         .expect("the kernel check runs on this kernel");

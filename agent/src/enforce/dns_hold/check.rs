@@ -111,6 +111,15 @@ impl Check {
         Ok(())
     }
 
+    /// Entries of the current generation in the mirror.
+    pub fn entries(&self) -> usize {
+        self.grants
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, value)| value.generation == self.generation)
+            .count()
+    }
+
     /// Makes every entry written so far count as absent.
     pub fn new_generation(&mut self) -> Result<(), CheckError> {
         let next = self.generation + 1;

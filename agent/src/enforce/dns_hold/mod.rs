@@ -352,6 +352,13 @@ impl Hold {
         }
     }
 
+    /// Entries in the kernel check's mirror now (`None` without the check). The mirror is written
+    /// just after an answer went on, so an answer right behind it may still be queued once.
+    pub fn mirrored(&self) -> Option<usize> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.check.as_ref().map(Check::entries)
+    }
+
     /// Answers the kernel check let through at once and answers it queued, since the hold started;
     /// `None` without the check.
     pub fn checked(&self) -> Option<(u64, u64)> {
