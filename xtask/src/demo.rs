@@ -310,12 +310,7 @@ fn show_lifecycle(app: &Namespace, release: &Release) -> Result<()> {
             let reached = workload::send(app, &frontend.0, Protocol::Tcp, "db", 5432, "select")?;
             Ok((!reached).then_some(reached))
         },
-        || {
-            release
-                .enforcement_rules()
-                .map(|r| format!("{r:#?}"))
-                .unwrap_or_default()
-        },
+        || release.describe_enforcement(),
     )?;
     info(&format!(
         "nft list table inet {}: {} packet(s) of {} → db ({db_ip}):5432 dropped",

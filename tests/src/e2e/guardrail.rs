@@ -139,12 +139,7 @@ pub fn isolation_protected_by_the_agent(
             let counted = release.enforcement_drops().unwrap_or(0) > before;
             Ok((!echoed && counted).then_some(()))
         },
-        || {
-            release
-                .enforcement_rules()
-                .map(|r| format!("{r:#?}"))
-                .unwrap_or_default()
-        },
+        || release.describe_enforcement(),
     )?;
     ensure!(
         !send(
@@ -199,12 +194,7 @@ pub fn isolation_protected_by_the_agent(
             )?
             .then_some(()))
         },
-        || {
-            release
-                .enforcement_rules()
-                .map(|r| format!("{r:#?}"))
-                .unwrap_or_default()
-        },
+        || release.describe_enforcement(),
     )
     .context("the drop was not the isolation's")?;
 

@@ -663,6 +663,14 @@ impl Release {
         format!("ne_{name}")
     }
 
+    /// The enforcement table for a timeout's message ([`Release::enforcement_rules`]; empty when it
+    /// could not be read).
+    pub fn describe_enforcement(&self) -> String {
+        self.enforcement_rules()
+            .map(|r| format!("{r:#?}"))
+            .unwrap_or_default()
+    }
+
     /// The enforcement table as `nft` lists it, `None` when this node has none.
     pub fn enforcement_rules(&self) -> Result<Option<String>> {
         let out = Command::new("nft")

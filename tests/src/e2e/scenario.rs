@@ -522,12 +522,7 @@ pub fn run_on(
             let counted = release.enforcement_drops().unwrap_or(0) > before;
             Ok((!echoed && counted).then_some(()))
         },
-        || {
-            release
-                .enforcement_rules()
-                .map(|r| format!("{r:#?}"))
-                .unwrap_or_default()
-        },
+        || release.describe_enforcement(),
     )?;
     for attempt in 0..3 {
         ensure!(
