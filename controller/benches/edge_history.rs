@@ -6,7 +6,8 @@
 //!
 //! A plain `harness = false` benchmark: it prints its figures and writes them to
 //! `target/bench/edge_history.json` (`bytes_per_edge_1m`, `record_new_per_sec`,
-//! `record_repeat_per_sec`, `replay_ms_1m`), or to the file `BENCH_FIGURES` names
+//! `record_repeat_per_sec`, `replay_ms_1m`, `edges_in_ms_10k_of_1m` and `judge_ms_10k`: the web
+//! view's edges of one namespace listed and judged), or to the file `BENCH_FIGURES` names
 //! (`cargo xtask bench edge_history`).
 
 #[path = "support/counting.rs"]
@@ -153,6 +154,27 @@ fn main() {
         "{report:?}"
     );
 
+    // The web view's answer for one namespace (about 20,000 of the edges have an end in it): the
+    // 10,000 newest listed, then each judged (which tier decides it) against the 10k pods.
+    let (mut list_times, mut judge_times) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (listed, truncated) = history.edges_in(&namespace(0), 10_000);
+        list_times.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert!(truncated && listed.len() == 10_000);
+        let started = Instant::now();
+        let judged: Vec<_> = listed.into_iter().map(|e| e.judged(&view)).collect();
+        judge_times.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert!(
+            judged
+                .iter()
+                .all(|e| e.egress.is_some() && e.ingress.is_some())
+        );
+    }
+    list_times.sort_by(f64::total_cmp);
+    judge_times.sort_by(f64::total_cmp);
+    let (list_ms, judge_ms) = (list_times[2], judge_times[2]);
+
     // Persisting it for the next leader (docs/behaviour.md §3.11), within the default bound.
     let started = Instant::now();
     let exported = history.export();
@@ -182,6 +204,8 @@ fn main() {
         "record_new_per_sec": new_per_sec.round(),
         "record_repeat_per_sec": repeat_per_sec.round(),
         "replay_ms_1m": (replay_ms * 10.0).round() / 10.0,
+        "edges_in_ms_10k_of_1m": (list_ms * 10.0).round() / 10.0,
+        "judge_ms_10k": (judge_ms * 10.0).round() / 10.0,
     });
     println!("{}", serde_json::to_string_pretty(&figures).expect("JSON"));
     let path = std::env::var_os("BENCH_FIGURES")

@@ -4,14 +4,17 @@
 //!
 //! A plain `harness = false` benchmark: it prints its figures and writes them to
 //! `target/bench/ui.json` (`graph_build_ms_10k_edges`, `graph_json_kb_10k_edges`,
-//! `graph_encode_ms_10k_edges`, `first_render_ms_10k_edges`, `update_render_ms_10k_edges`), or to the
+//! `graph_encode_ms_10k_edges`, `graph_build_ms_10k_edges_10k_observed` (every edge's flow observed,
+//! with the tiers that decide it, as the leader answers), `first_render_ms_10k_edges`, `update_render_ms_10k_edges`), or to the
 //! file `BENCH_FIGURES` names (`cargo xtask bench ui`). Without chromedriver the browser figures are
 //! left out (`cargo xtask setup` installs it).
 
 #[path = "../tests/support/webdriver.rs"]
 mod webdriver;
 
-use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
+use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal, WorkloadRef};
+use network_enforcer_controller::monitor::edge_history::HistoryEdge;
+use network_enforcer_controller::monitor::evaluate::verdict::SideDecision;
 use network_enforcer_controller::ui::graph_view::{self, GraphQuery};
 use network_enforcer_controller::ui::{ObjectSource, PolicyObject, Snapshot, UiMetrics, UiState};
 use serde_json::json;
@@ -124,13 +127,55 @@ fn main() {
         namespace: NAMESPACE.into(),
         ..GraphQuery::default()
     };
-    let view = graph_view::build(&snapshot, &query);
+    let view = graph_view::build(&snapshot, &query, &[]);
     assert_eq!(view.nodes.len(), WORKLOADS, "one node per workload");
     assert_eq!(view.edges.len(), WORKLOADS * PEERS, "every edge");
     assert!(!view.truncated);
     let build_ms = median_ms(
         || {
-            std::hint::black_box(graph_view::build(&snapshot, &query));
+            std::hint::black_box(graph_view::build(&snapshot, &query, &[]));
+        },
+        5,
+    );
+    // Every rule's flow observed once, judged: what the leader's graph places on the edges.
+    let observed: Vec<HistoryEdge> = (0..WORKLOADS)
+        .flat_map(|i| (1..=PEERS).map(move |k| (i, k)))
+        .map(|(i, k)| {
+            let workload = |n: usize| WorkloadRef {
+                namespace: NAMESPACE.into(),
+                owner_kind: "Deployment".into(),
+                owner_name: format!("w{n}"),
+                ..WorkloadRef::default()
+            };
+            let side = SideDecision {
+                tier: netpol::cluster::Decider::NetworkPolicy,
+                allowed: true,
+                by: vec![format!("{NAMESPACE}/deployment-w{i}-egress")],
+            };
+            HistoryEdge {
+                last_seen_ms: now_ms,
+                count: 1,
+                egress: Some(side.clone()),
+                ingress: Some(side),
+                ..HistoryEdge::flow(
+                    workload(i),
+                    workload((i + k) % WORKLOADS),
+                    network_enforcer_api::Protocol::TCP,
+                    8000 + k as u16,
+                )
+            }
+        })
+        .collect();
+    let with_observed = graph_view::build(&snapshot, &query, &observed);
+    assert_eq!(
+        with_observed.edges.len(),
+        WORKLOADS * PEERS,
+        "every flow on its rule's edge"
+    );
+    assert!(with_observed.edges.iter().all(|e| e.decisions.len() == 1));
+    let observed_ms = median_ms(
+        || {
+            std::hint::black_box(graph_view::build(&snapshot, &query, &observed));
         },
         5,
     );
@@ -140,6 +185,7 @@ fn main() {
         ("graph_build_ms_10k_edges", build_ms),
         ("graph_json_kb_10k_edges", encoded.len() as f64 / 1024.0),
         ("graph_encode_ms_10k_edges", encode_ms),
+        ("graph_build_ms_10k_edges_10k_observed", observed_ms),
     ];
     match browser_figures(snapshot) {
         Ok(more) => figures.extend(more),

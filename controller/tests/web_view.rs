@@ -84,22 +84,42 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
     // A cluster proposal (cluster-scoped: removed by the guard, not with the namespace), promoted and
     // in force as the leader would report it, for the cluster guardrails page.
     let isolate = format!("ne-isolate-{n}");
-    struct Remove(PathBuf, String);
+    // And a ClusterNetworkPolicy written by hand, for the page's list of policies.
+    let by_hand = format!("ne-test-ui-{n}");
+    struct Remove(PathBuf, String, String);
     impl Drop for Remove {
         fn drop(&mut self) {
-            let _ = network_enforcer_tests::cluster::components::kubectl(
-                &self.0,
-                &[
-                    "delete",
-                    "clusternetworkpolicyproposals",
-                    &self.1,
-                    "--ignore-not-found",
-                    "--wait=false",
-                ],
-            );
+            for (kind, name) in [
+                ("clusternetworkpolicyproposals", &self.1),
+                ("clusternetworkpolicies", &self.2),
+            ] {
+                let _ = network_enforcer_tests::cluster::components::kubectl(
+                    &self.0,
+                    &["delete", kind, name, "--ignore-not-found", "--wait=false"],
+                );
+            }
         }
     }
-    let _remove = Remove(ns.kubeconfig().to_path_buf(), isolate.clone());
+    let _remove = Remove(
+        ns.kubeconfig().to_path_buf(),
+        isolate.clone(),
+        by_hand.clone(),
+    );
+    kube::Api::<network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy>::all(
+        ns.client.clone(),
+    )
+    .create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": by_hand},
+            "spec": {"tier": "Admin", "priority": 20,
+                "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": n}}},
+                "ingress": [{"name": "probes", "action": "Accept", "from": [{"namespaces": {}}],
+                             "protocols": [{"tcp": {"destinationPort": {"number": 9100}}}]}]}
+        }))?,
+    )
+    .await?;
     let cluster_proposals = kube::Api::<ClusterNetworkPolicyProposal>::all(ns.client.clone());
     cluster_proposals
         .create(
@@ -246,16 +266,21 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
         "return [document.querySelector('#demo-graph svg').dataset.layout, \
          document.querySelectorAll('#demo-graph g.edge').length, \
          document.querySelector('#demo-graph g.edge-label[data-id=\"x:*>w:demo/Deployment/frontend\"]\
-         [data-state=learned] text').textContent]",
+         [data-state=learned] text').textContent, \
+         document.querySelector('#demo-graph g.edge-label[data-state=observed] text').textContent, \
+         document.querySelector('#demo-graph g.edge-label[data-id=\"w:demo/Deployment/frontend>w:demo/Deployment/api\"] text').textContent]",
     )?;
     ensure!(
         drawn
             == json!([
                 "layered",
-                14,
-                "TCP 80, TCP 443, TCP 8080, TCP 8443, TCP 9090, TCP 9091 +2"
+                15,
+                "TCP 80, TCP 443, TCP 8080, TCP 8443, TCP 9090, TCP 9091 +2",
+                "Admin · TCP 9100",
+                "NP · TCP 8080"
             ]),
-        "the demo's graph is laid out in layers, draws each of its 14 edges once, ports bundled: {drawn}"
+        "the demo's graph is laid out in layers, draws each of its 15 edges once, ports bundled, \
+         the tiers deciding observed flows first: {drawn}"
     );
     browser.run("document.getElementById('demo-graph').remove(); return true")?;
 
@@ -497,6 +522,23 @@ async fn the_web_view_shows_the_graph_a_new_violation_and_the_promote_command() 
             json!(unpromote)
         ),
     )?;
+    // Below, every ClusterNetworkPolicy in the order the tiers consult them, with where it came from.
+    let policy_row = browser.wait_for(
+        "the hand-written ClusterNetworkPolicy's row",
+        Duration::from_secs(20),
+        &format!(
+            "const r = document.querySelector('[data-policy={}]'); \
+             return r ? Array.from(r.closest('tr').cells).map(c => c.textContent).slice(1).join('|') : null",
+            json!(by_hand)
+        ),
+    )?;
+    assert_eq!(
+        policy_row,
+        json!(format!(
+            "{by_hand}|Admin|20|namespaces {{kubernetes.io/metadata.name={n}}}|Accept (probes)|—|written by hand|yes"
+        )),
+        "the policy's row"
+    );
     browser.screenshot(&out.join("cluster.png"))?;
 
     // The proposal diff page: the three learned peers (the client and two outside ranges) would be

@@ -124,14 +124,25 @@ pub struct Match<'p, 'a> {
     pub action: Action,
 }
 
-/// The tier whose answer stood for one side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The tier whose answer stood for one side; ordered as the tiers are consulted (Admin first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Decider {
     Admin,
     NetworkPolicy,
     Baseline,
     /// No tier decided: allowed.
     Default,
+}
+
+impl Decider {
+    /// The cluster tier that decided, when one did (not the NetworkPolicies, not the default).
+    pub fn tier(self) -> Option<Tier> {
+        match self {
+            Decider::Admin => Some(Tier::Admin),
+            Decider::Baseline => Some(Tier::Baseline),
+            Decider::NetworkPolicy | Decider::Default => None,
+        }
+    }
 }
 
 /// Whether one side lets a connection through, and which tier decided: `admin` and `baseline` are

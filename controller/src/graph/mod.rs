@@ -67,6 +67,17 @@ impl Node {
             Node::Name(n) => format!("n:{n}"),
         }
     }
+
+    /// The node's [`ModelNode::kind`], namespace, workload kind and name.
+    fn parts(&self) -> (&'static str, String, String, String) {
+        match self {
+            Node::Workload(ns, kind, name) => ("workload", ns.clone(), kind.clone(), name.clone()),
+            Node::Selector(ns, sel) => ("selector", ns.clone(), String::new(), sel.clone()),
+            Node::External(a) => ("external", String::new(), String::new(), a.clone()),
+            Node::Identity(i) => ("identity", String::new(), String::new(), i.clone()),
+            Node::Name(n) => ("name", String::new(), String::new(), n.clone()),
+        }
+    }
 }
 
 /// What governs one workload, per direction.
@@ -705,15 +716,7 @@ pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
         .nodes
         .iter()
         .map(|node| {
-            let (kind, namespace, workload_kind, name) = match node {
-                Node::Workload(ns, kind, name) => {
-                    ("workload", ns.clone(), kind.clone(), name.clone())
-                }
-                Node::Selector(ns, sel) => ("selector", ns.clone(), String::new(), sel.clone()),
-                Node::External(a) => ("external", String::new(), String::new(), a.clone()),
-                Node::Identity(i) => ("identity", String::new(), String::new(), i.clone()),
-                Node::Name(n) => ("name", String::new(), String::new(), n.clone()),
-            };
+            let (kind, namespace, workload_kind, name) = node.parts();
             let addresses = match node {
                 Node::Name(n) => b.addresses_of(n),
                 _ => Vec::new(),
@@ -772,6 +775,22 @@ pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
 /// The [`ModelNode::id`] of one side of a violation record.
 pub fn violation_node_id(w: &WorkloadRef) -> String {
     workload_node(w).id()
+}
+
+/// The node one end of an observed flow is drawn as when no rule or record names it: as a
+/// violation's end is, without governance.
+pub fn flow_node(w: &WorkloadRef) -> ModelNode {
+    let node = workload_node(w);
+    let (kind, namespace, workload_kind, name) = node.parts();
+    ModelNode {
+        id: node.id(),
+        kind,
+        namespace,
+        workload_kind,
+        name,
+        addresses: Vec::new(),
+        governance: Vec::new(),
+    }
 }
 
 /// Why a `--from-file` document cannot be drawn.

@@ -8,12 +8,15 @@
 
 use crate::learn::cluster_policies::{EdgeEnd, NamespaceEdge};
 use crate::monitor::evaluate::attribution::{self, ObservedFlow, PolicyVerdict};
+use crate::monitor::evaluate::compiled;
+use crate::monitor::evaluate::verdict::{FlowVerdict, SideDecision};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, Flow};
 use crate::policy::protect_gate::{Example, GateReport};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{
     Direction, Protocol, ViolationRecord, WorkloadKind, WorkloadNetworkPolicy, WorkloadRef,
 };
+use std::cmp::Ordering;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +124,56 @@ pub struct HistoryEdge {
     pub first_seen_ms: i64,
     pub last_seen_ms: i64,
     pub count: u64,
+    /// Which tier decides the edge's egress at its source with the policies in force now; absent
+    /// when an end has no pod now (or the edge was not judged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<SideDecision>,
+    /// The same for its ingress at the destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<SideDecision>,
+}
+
+/// An edge as [`EdgeHistory::edges_in`] lists it, with its key: judged
+/// ([`ListedEdge::judged`]) once the history's lock is released, so that evaluating thousands of
+/// edges for a web view answer never holds up the evidence pass.
+#[derive(Clone, Debug)]
+pub struct ListedEdge {
+    pub edge: HistoryEdge,
+    key: EdgeKey,
+}
+
+impl ListedEdge {
+    /// The edge with which tier decides each side in `view` (a current pod of each workload
+    /// standing in for it); undecided when an end has no pod now.
+    pub fn judged(mut self, view: &ClusterView) -> HistoryEdge {
+        if let Some(verdict) = decide(view, &self.key) {
+            self.edge.egress = Some(verdict.egress.decision());
+            self.edge.ingress = Some(verdict.ingress.decision());
+        }
+        self.edge
+    }
+}
+
+impl HistoryEdge {
+    /// One flow, never seen (what `check` explains a single flow as).
+    pub fn flow(
+        source: WorkloadRef,
+        destination: WorkloadRef,
+        protocol: Protocol,
+        port: u16,
+    ) -> Self {
+        HistoryEdge {
+            source,
+            destination,
+            protocol,
+            port,
+            first_seen_ms: 0,
+            last_seen_ms: 0,
+            count: 0,
+            egress: None,
+            ingress: None,
+        }
+    }
 }
 
 /// An edge as it is persisted between leaders ([`crate::monitor::history_store`]): both ends with
@@ -413,30 +466,44 @@ impl EdgeHistory {
 
     /// The edges with an end in `namespace`, most recently seen first, at most `limit`; and whether
     /// more were left out.
-    pub fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<HistoryEdge>, bool) {
+    pub fn edges_in(&self, namespace: &str, limit: usize) -> (Vec<ListedEdge>, bool) {
         let in_namespace =
             |side: &Side| side.workload.address.is_empty() && side.workload.namespace == namespace;
-        let mut edges: Vec<HistoryEdge> = self
+        let mut hits: Vec<(&EdgeKey, &EdgeStats)> = self
             .edges
             .iter()
             .filter(|(k, _)| in_namespace(&k.source) || in_namespace(&k.destination))
-            .map(|(k, s)| HistoryEdge {
-                source: (*k.source.workload).clone(),
-                destination: (*k.destination.workload).clone(),
-                protocol: k.protocol,
-                port: k.port,
-                first_seen_ms: s.first_seen_ms,
-                last_seen_ms: s.last_seen_ms,
-                count: s.count,
+            .collect();
+        fn newest_first(a: &(&EdgeKey, &EdgeStats), b: &(&EdgeKey, &EdgeStats)) -> Ordering {
+            fn names(k: &EdgeKey) -> (&WorkloadRef, &WorkloadRef, u16) {
+                (&k.source.workload.0, &k.destination.workload.0, k.port)
+            }
+            (b.1.last_seen_ms.cmp(&a.1.last_seen_ms)).then_with(|| names(a.0).cmp(&names(b.0)))
+        }
+        // Only what is answered is sorted and copied: the web view's graph asks every 2 s.
+        let truncated = hits.len() > limit;
+        if truncated {
+            hits.select_nth_unstable_by(limit, newest_first);
+            hits.truncate(limit);
+        }
+        hits.sort_by(newest_first);
+        let edges = hits
+            .into_iter()
+            .map(|(k, s)| ListedEdge {
+                edge: HistoryEdge {
+                    count: s.count,
+                    first_seen_ms: s.first_seen_ms,
+                    last_seen_ms: s.last_seen_ms,
+                    ..HistoryEdge::flow(
+                        (*k.source.workload).clone(),
+                        (*k.destination.workload).clone(),
+                        k.protocol,
+                        k.port,
+                    )
+                },
+                key: k.clone(),
             })
             .collect();
-        edges.sort_by(|a, b| {
-            b.last_seen_ms.cmp(&a.last_seen_ms).then_with(|| {
-                (&a.source, &a.destination, a.port).cmp(&(&b.source, &b.destination, b.port))
-            })
-        });
-        let truncated = edges.len() > limit;
-        edges.truncate(limit);
         (edges, truncated)
     }
 
@@ -516,6 +583,18 @@ impl EdgeHistory {
             .collect();
         report
     }
+}
+
+/// What the policies in force in `view` say about the edge `key` (a current pod of each workload
+/// standing in for it); `None` when an end has no pod now.
+fn decide(view: &ClusterView, key: &EdgeKey) -> Option<FlowVerdict> {
+    let flow = Flow {
+        source: endpoint(view, &key.source)?,
+        destination: endpoint(view, &key.destination)?,
+        protocol: key.protocol,
+        port: key.port,
+    };
+    compiled::evaluate(view, &flow).ok()
 }
 
 /// Where the evaluators find an end now: its address, or a current pod of its workload.

@@ -1,11 +1,17 @@
 //! The cluster guardrails page (`#/cluster`): the ClusterNetworkPolicyProposals the leader learned
 //! from the namespace graph (docs/behaviour.md §1.11), whether each is promoted, in monitor (with
-//! what it would deny) or in force, what the API's limits widened, and the command of the next step. Pure: a [`Snapshot`] in, a
-//! [`ClusterPage`] out.
+//! what it would deny) or in force, what the API's limits widened, and the command of the next
+//! step; then every ClusterNetworkPolicy in the order the tiers consult them, learned or written by
+//! hand, and why one the controller and the agent cannot use is left out. Pure: a [`Snapshot`] in,
+//! a [`ClusterPage`] out.
 
-use crate::policy::cluster_promote::{MONITORED, RENDERED};
+use crate::graph::selector_text;
+use crate::policy::cluster_promote::{MONITORED, RENDERED, is_ours};
 use crate::ui::objects::Snapshot;
 use network_enforcer_api::WorkloadRef;
+use network_enforcer_api::cluster_network_policy::{
+    ClusterNetworkPolicy, ClusterNetworkPolicyRule, ClusterNetworkPolicySubject,
+};
 use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::keys::{
     NAMESPACE_NAME_LABEL, PROMOTE_LABEL, PROMOTE_MONITOR, PROMOTE_PROTECT,
@@ -40,6 +46,25 @@ pub struct ProposalRow {
     pub command: String,
 }
 
+/// One ClusterNetworkPolicy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyRow {
+    pub name: String,
+    /// `Admin` or `Baseline`.
+    pub tier: String,
+    pub priority: i32,
+    /// What its subject selects (`namespaces {kubernetes.io/metadata.name=shop}`).
+    pub subject: String,
+    /// Each rule's action (and name), in order.
+    pub ingress: Vec<String>,
+    pub egress: Vec<String>,
+    /// The proposal it was promoted from; `None`: not ours (written by hand or by another tool).
+    pub promoted_from: Option<String>,
+    /// Why the controller and the agent leave it out (they judge and enforce without it).
+    pub invalid: Option<String>,
+}
+
 /// The page.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -47,6 +72,11 @@ pub struct ClusterPage {
     /// False until the proposals have listed (never where the CRD is not installed).
     pub listed: bool,
     pub proposals: Vec<ProposalRow>,
+    /// False until the ClusterNetworkPolicies have listed (never where upstream's CRD is not
+    /// installed).
+    pub policies_listed: bool,
+    /// In the order the tiers consult them: Admin, then Baseline, each by priority, then name.
+    pub policies: Vec<PolicyRow>,
 }
 
 /// How many of a proposal's newest violations its row shows (the status has up to 100).
@@ -56,9 +86,63 @@ const VIOLATIONS_SHOWN: usize = 5;
 pub fn build(snapshot: &Snapshot) -> ClusterPage {
     let mut proposals: Vec<ProposalRow> = snapshot.cluster_proposals.iter().map(row).collect();
     proposals.sort_by(|a, b| (&a.tier, &a.name).cmp(&(&b.tier, &b.name)));
+    let mut policies: Vec<PolicyRow> = snapshot.cluster_policies.iter().map(policy_row).collect();
+    let tier_order = |tier: &str| u8::from(tier != "Admin");
+    policies.sort_by(|a, b| {
+        (tier_order(&a.tier), a.priority, &a.name).cmp(&(tier_order(&b.tier), b.priority, &b.name))
+    });
     ClusterPage {
         listed: snapshot.cluster_proposals_listed,
         proposals,
+        policies_listed: snapshot.cluster_policies_listed,
+        policies,
+    }
+}
+
+fn policy_row(policy: &ClusterNetworkPolicy) -> PolicyRow {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let spec = &policy.spec;
+    let rules = |rules: &[ClusterNetworkPolicyRule]| -> Vec<String> {
+        rules
+            .iter()
+            .map(|r| match &r.name {
+                Some(name) => format!("{} ({name})", r.action),
+                None => r.action.clone(),
+            })
+            .collect()
+    };
+    PolicyRow {
+        tier: spec.tier.clone(),
+        priority: spec.priority,
+        subject: subject_text(&spec.subject),
+        ingress: rules(&spec.ingress),
+        egress: rules(&spec.egress),
+        promoted_from: is_ours(policy).then(|| {
+            policy
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(network_enforcer_api::keys::PROMOTED_FROM_LABEL))
+                .cloned()
+                .unwrap_or_default()
+        }),
+        invalid: netpol::cluster::ClusterPolicy::parse(&name, spec)
+            .err()
+            .map(|why| why.to_string()),
+        name,
+    }
+}
+
+/// A subject in words: the namespaces it selects, or the pods in them.
+fn subject_text(subject: &ClusterNetworkPolicySubject) -> String {
+    match (&subject.namespaces, &subject.pods) {
+        (Some(namespaces), _) => format!("namespaces {}", selector_text(namespaces)),
+        (None, Some(pods)) => format!(
+            "pods {} in namespaces {}",
+            selector_text(&pods.pod_selector),
+            selector_text(&pods.namespace_selector)
+        ),
+        (None, None) => "nothing".into(),
     }
 }
 
@@ -289,5 +373,124 @@ mod tests {
         );
         assert_eq!(floor.last_learned.as_deref(), Some("2026-12-06T03:00:00Z"));
         assert!(!build(&Snapshot::default()).listed);
+    }
+
+    /// Every ClusterNetworkPolicy is listed in the order the tiers consult them, learned ones with
+    /// their proposal, and one the controller and the agent cannot use with why.
+    #[test]
+    fn the_page_lists_every_cluster_policy_in_precedence_order() {
+        use crate::policy::render::MANAGED_BY_LABEL;
+        use network_enforcer_api::keys::PROMOTED_FROM_LABEL;
+        let cnp = |name: &str, spec: serde_json::Value| {
+            ClusterNetworkPolicy::new(name, serde_json::from_value(spec).unwrap())
+        };
+        let mut learned = cnp(
+            "ne-isolate-shop",
+            serde_json::json!({"tier": "Admin", "priority": 900,
+                "subject": {"namespaces": {"matchLabels": {NAMESPACE_NAME_LABEL: "shop"}}},
+                "ingress": [{"action": "Pass", "from": [{"namespaces": {}}]},
+                            {"action": "Deny", "from": [{"namespaces": {}}]}]}),
+        );
+        learned.metadata.labels = Some(BTreeMap::from([
+            (
+                MANAGED_BY_LABEL.0.to_string(),
+                MANAGED_BY_LABEL.1.to_string(),
+            ),
+            (
+                PROMOTED_FROM_LABEL.to_string(),
+                "ne-isolate-shop".to_string(),
+            ),
+        ]));
+        let snapshot = Snapshot {
+            cluster_policies: vec![
+                cnp(
+                    "floor",
+                    serde_json::json!({"tier": "Baseline", "priority": 5,
+                        "subject": {"pods": {"namespaceSelector": {},
+                                             "podSelector": {"matchLabels": {"app": "db"}}}},
+                        "egress": [{"action": "Deny", "to": [{"namespaces": {}}]}]}),
+                ),
+                learned,
+                cnp(
+                    "allow-probes",
+                    serde_json::json!({"tier": "Admin", "priority": 10,
+                        "subject": {"namespaces": {}},
+                        "ingress": [{"name": "probes", "action": "Accept",
+                                     "from": [{"namespaces": {}}]}]}),
+                ),
+                cnp(
+                    "odd",
+                    serde_json::json!({"tier": "Middle", "priority": 1,
+                        "subject": {"namespaces": {}}}),
+                ),
+            ],
+            cluster_policies_listed: true,
+            ..Snapshot::default()
+        };
+        let page = build(&snapshot);
+        assert!(page.policies_listed);
+        type Row<'a> = (
+            &'a str,
+            &'a str,
+            Vec<String>,
+            Vec<String>,
+            Option<&'a str>,
+            bool,
+        );
+        let rows: Vec<Row> = page
+            .policies
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.subject.as_str(),
+                    r.ingress.clone(),
+                    r.egress.clone(),
+                    r.promoted_from.as_deref(),
+                    r.invalid.is_some(),
+                )
+            })
+            .collect();
+        let texts = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "allow-probes",
+                    "namespaces all",
+                    texts(&["Accept (probes)"]),
+                    vec![],
+                    None,
+                    false
+                ),
+                (
+                    "ne-isolate-shop",
+                    "namespaces {kubernetes.io/metadata.name=shop}",
+                    texts(&["Pass", "Deny"]),
+                    vec![],
+                    Some("ne-isolate-shop"),
+                    false
+                ),
+                ("odd", "namespaces all", vec![], vec![], None, true),
+                (
+                    "floor",
+                    "pods {app=db} in namespaces all",
+                    vec![],
+                    texts(&["Deny"]),
+                    None,
+                    false
+                ),
+            ]
+        );
+        assert!(
+            page.policies[2]
+                .invalid
+                .as_deref()
+                .unwrap_or_default()
+                .contains("Middle"),
+            "{:?}",
+            page.policies[2].invalid
+        );
+        assert!(!build(&Snapshot::default()).policies_listed);
     }
 }

@@ -3,17 +3,24 @@
 //!
 //! Nodes and rule edges come from [`crate::graph::model`], the same model the `graph` command
 //! draws, so the page and the DOT never disagree. Violation edges are added here from the policies'
-//! active records, with their ids and times (the time window filters on them).
+//! active records, with their ids and times (the time window filters on them). The flows the
+//! controller observed ([`HistoryEdge`], from the protect gate's history) say which tier decides each
+//! edge now; a pair of nodes no rule or record joins gets an `observed` edge.
 
 use crate::graph::{self, GraphInput, GraphModel};
+use crate::monitor::edge_history::HistoryEdge;
+use crate::monitor::evaluate::verdict::{SideDecision, TierName};
 use crate::ui::objects::Snapshot;
-use network_enforcer_api::PolicyMode;
+use network_enforcer_api::{PolicyMode, WorkloadRef};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// At most this many nodes and edges per answer; past it the view says `truncated`.
 pub const MAX_NODES: usize = 2_000;
 pub const MAX_EDGES: usize = 10_000;
+
+/// At most this many decisions per edge (one per port and outcome is the usual count).
+pub const MAX_DECISIONS: usize = 16;
 
 /// The id of the node external peers are grouped into.
 pub const EXTERNAL_GROUP: &str = "x:*";
@@ -24,8 +31,8 @@ pub struct GraphQuery {
     pub namespace: String,
     /// Only edges touching this workload (`name` or `Kind/name`).
     pub workload: Option<String>,
-    /// Only violations seen in the last this many seconds (rules are always shown: they are state,
-    /// not events).
+    /// Only violations and observed flows seen in the last this many seconds (rules are always
+    /// shown: they are state, not events).
     pub window_seconds: Option<i64>,
     /// One node per external address instead of one group.
     pub ungroup_external: bool,
@@ -35,6 +42,8 @@ pub struct GraphQuery {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum EdgeState {
+    /// Seen going through, and no rule or record of a proposal or policy joins the pair.
+    Observed,
     /// Only a proposal has it: learned, nothing promoted allows it yet.
     Learned,
     /// A promoted policy's rule allows it.
@@ -96,9 +105,43 @@ pub struct GraphEdge {
     pub allowed_by: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<EdgeViolation>,
-    /// Newest violation time of the edge, ms since the epoch (violation edges only).
+    /// Newest violation time of the edge, ms since the epoch (violation and observed edges).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen_ms: Option<i64>,
+    /// The tiers that decide the flows observed on this edge now, in precedence order (`admin`,
+    /// `networkPolicy`, `baseline`, `default`): per flow the tier of the side that denies it (the
+    /// egress first), else the first tier that decided a side.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierName>,
+    /// Per observed port: which tier decides each side, at most [`MAX_DECISIONS`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<EdgeDecision>,
+}
+
+/// Which tiers decide an observed flow of an edge, per side, with the policies in force now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EdgeDecision {
+    /// `TCP 443`.
+    pub port: String,
+    pub egress: SideDecision,
+    pub ingress: SideDecision,
+}
+
+impl EdgeDecision {
+    /// The tier that decided the flow: the denying side's (the egress first), else the first
+    /// cluster or NetworkPolicy tier that decided a side, else the default.
+    fn tier(&self) -> TierName {
+        let sides = [&self.egress, &self.ingress];
+        match sides.iter().find(|side| !side.allowed) {
+            Some(denying) => TierName(denying.tier),
+            None => sides
+                .iter()
+                .map(|side| TierName(side.tier))
+                .min()
+                .unwrap_or(TierName(netpol::cluster::Decider::Default)),
+        }
+    }
 }
 
 /// The graph page's answer.
@@ -114,8 +157,9 @@ pub struct GraphView {
     pub truncated: bool,
 }
 
-/// Builds the graph of `query.namespace` from `snapshot`.
-pub fn build(snapshot: &Snapshot, query: &GraphQuery) -> GraphView {
+/// Builds the graph of `query.namespace` from `snapshot` and the flows `observed` with an end in
+/// that namespace (none where this process keeps no history).
+pub fn build(snapshot: &Snapshot, query: &GraphQuery, observed: &[HistoryEdge]) -> GraphView {
     let since_ms = query
         .window_seconds
         .map(|s| snapshot.now_ms.saturating_sub(s.saturating_mul(1000)));
@@ -140,6 +184,10 @@ pub fn build(snapshot: &Snapshot, query: &GraphQuery) -> GraphView {
     };
     let model = graph::model(&input, Some(&query.namespace));
     let mut view = from_model(&query.namespace, model, &input);
+    add_observed(
+        &mut view,
+        observed.iter().filter(|e| in_window(e.last_seen_ms)),
+    );
     if let Some(workload) = &query.workload {
         keep_workload(&mut view, workload);
     }
@@ -171,6 +219,7 @@ pub fn build(snapshot: &Snapshot, query: &GraphQuery) -> GraphView {
 
 fn state_name(state: EdgeState) -> &'static str {
     match state {
+        EdgeState::Observed => "observed",
         EdgeState::Learned => "learned",
         EdgeState::Allowed => "allowed",
         EdgeState::Violation => "violation",
@@ -178,29 +227,29 @@ fn state_name(state: EdgeState) -> &'static str {
     }
 }
 
+fn graph_node(n: graph::ModelNode) -> GraphNode {
+    GraphNode {
+        id: n.id,
+        kind: n.kind,
+        namespace: n.namespace,
+        workload_kind: n.workload_kind,
+        name: n.name,
+        governance: n
+            .governance
+            .into_iter()
+            .map(|(direction, name, mode)| Governance {
+                direction: direction.as_str(),
+                name,
+                mode,
+            })
+            .collect(),
+        // A name stays one node (not grouped with the addresses): its addresses rotate.
+        members: n.addresses,
+    }
+}
+
 fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphView {
-    let nodes = model
-        .nodes
-        .into_iter()
-        .map(|n| GraphNode {
-            id: n.id,
-            kind: n.kind,
-            namespace: n.namespace,
-            workload_kind: n.workload_kind,
-            name: n.name,
-            governance: n
-                .governance
-                .into_iter()
-                .map(|(direction, name, mode)| Governance {
-                    direction: direction.as_str(),
-                    name,
-                    mode,
-                })
-                .collect(),
-            // A name stays one node (not grouped with the addresses): its addresses rotate.
-            members: n.addresses,
-        })
-        .collect();
+    let nodes = model.nodes.into_iter().map(graph_node).collect();
     let mut edges: Vec<GraphEdge> = model
         .edges
         .into_iter()
@@ -221,6 +270,8 @@ fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphVi
             ports: e.labels,
             violations: Vec::new(),
             last_seen_ms: None,
+            tiers: Vec::new(),
+            decisions: Vec::new(),
         })
         .collect();
     // One edge per pair and state: a monitor violation and a protect block of the same pair differ.
@@ -251,6 +302,8 @@ fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphVi
                     allowed_by: Vec::new(),
                     violations: Vec::new(),
                     last_seen_ms: Some(ms),
+                    tiers: Vec::new(),
+                    decisions: Vec::new(),
                 });
             let port = match v.dst_port {
                 Some(p) => format!("{} {p}", v.protocol.as_str()),
@@ -276,6 +329,196 @@ fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphVi
         nodes,
         edges,
         ..GraphView::default()
+    }
+}
+
+/// Adds what the `observed` flows say to the edges that stand for them: a rule edge that covers the
+/// flow (its pair of nodes, or one end and a selector, address block or name that may stand for the
+/// other, on a port it lists), else a violation edge of the pair on its port, else an `observed` edge
+/// of the pair (a flow no proposal or policy names: one an Admin ClusterNetworkPolicy accepts, or of a
+/// workload nothing learns yet), with nodes for ends nothing else draws.
+fn add_observed<'a>(view: &mut GraphView, observed: impl Iterator<Item = &'a HistoryEdge>) {
+    let index = EdgeIndex::of(&view.edges);
+    let mut drawn: BTreeSet<String> = view.nodes.iter().map(|n| n.id.clone()).collect();
+    let mut own: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for flow in observed {
+        let ends = (
+            graph::violation_node_id(&flow.source),
+            graph::violation_node_id(&flow.destination),
+        );
+        let port = format!("{} {}", flow.protocol.as_str(), flow.port);
+        let at = match index.covering(&view.edges, flow, &ends, &port) {
+            Some(at) => at,
+            None => {
+                for w in [&flow.source, &flow.destination] {
+                    let node = graph::flow_node(w);
+                    if drawn.insert(node.id.clone()) {
+                        view.nodes.push(graph_node(node));
+                    }
+                }
+                *own.entry(ends).or_insert_with_key(|(from, to)| {
+                    view.edges.push(GraphEdge {
+                        id: format!("{from}>{to}!observed"),
+                        from: from.clone(),
+                        to: to.clone(),
+                        state: EdgeState::Observed,
+                        ports: Vec::new(),
+                        allowed_by: Vec::new(),
+                        violations: Vec::new(),
+                        last_seen_ms: None,
+                        tiers: Vec::new(),
+                        decisions: Vec::new(),
+                    });
+                    view.edges.len() - 1
+                })
+            }
+        };
+        let edge = &mut view.edges[at];
+        if edge.state == EdgeState::Observed {
+            if !edge.ports.contains(&port) {
+                edge.ports.push(port.clone());
+                edge.ports.sort();
+            }
+            edge.last_seen_ms = edge.last_seen_ms.max(Some(flow.last_seen_ms));
+        }
+        if let (Some(egress), Some(ingress)) = (&flow.egress, &flow.ingress) {
+            merge_decisions(
+                edge,
+                [EdgeDecision {
+                    port,
+                    egress: egress.clone(),
+                    ingress: ingress.clone(),
+                }],
+            );
+        }
+    }
+}
+
+/// The rule and violation edges by their nodes, so that placing each of thousands of observed
+/// flows looks at the edges of its own nodes only.
+#[derive(Default)]
+struct EdgeIndex {
+    by_pair: BTreeMap<(String, String), Vec<usize>>,
+    by_from: BTreeMap<String, Vec<usize>>,
+    by_to: BTreeMap<String, Vec<usize>>,
+}
+
+impl EdgeIndex {
+    fn of(edges: &[GraphEdge]) -> Self {
+        let mut index = EdgeIndex::default();
+        for (at, e) in edges.iter().enumerate() {
+            let pair = (e.from.clone(), e.to.clone());
+            index.by_pair.entry(pair).or_default().push(at);
+            index.by_from.entry(e.from.clone()).or_default().push(at);
+            index.by_to.entry(e.to.clone()).or_default().push(at);
+        }
+        index
+    }
+
+    /// The index of the edge `flow` (drawn between the nodes `ends`) is shown on, if one stands
+    /// for it.
+    fn covering(
+        &self,
+        edges: &[GraphEdge],
+        flow: &HistoryEdge,
+        (from, to): &(String, String),
+        port: &str,
+    ) -> Option<usize> {
+        let rule = |at: &&usize| {
+            let e = &edges[**at];
+            matches!(e.state, EdgeState::Learned | EdgeState::Allowed)
+                && e.ports.iter().any(|label| covers(label, flow))
+        };
+        let recorded = |at: &&usize| {
+            let e = &edges[**at];
+            matches!(e.state, EdgeState::Violation | EdgeState::Blocked)
+                && e.ports.iter().any(|p| p == port)
+        };
+        fn of<'m>(map: &'m BTreeMap<String, Vec<usize>>, key: &str) -> &'m [usize] {
+            map.get(key).map(Vec::as_slice).unwrap_or_default()
+        }
+        let pair: &[usize] = self
+            .by_pair
+            .get(&(from.clone(), to.clone()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        pair.iter()
+            .find(rule)
+            .or_else(|| pair.iter().find(recorded))
+            .or_else(|| {
+                of(&self.by_from, from)
+                    .iter()
+                    .find(|at| rule(at) && may_stand_for(&edges[**at].to, &flow.destination))
+            })
+            .or_else(|| {
+                of(&self.by_to, to)
+                    .iter()
+                    .find(|at| rule(at) && may_stand_for(&edges[**at].from, &flow.source))
+            })
+            .copied()
+    }
+}
+
+/// Whether a rule's port label (`TCP 18080`, `TCP 8000-8080`, `UDP any`, `any port`) covers the
+/// flow's protocol and port. A named port covers nothing here (the pod's ports are not known).
+fn covers(label: &str, flow: &HistoryEdge) -> bool {
+    if label == "any port" {
+        return true;
+    }
+    let Some((protocol, ports)) = label.split_once(' ') else {
+        return false;
+    };
+    if protocol != flow.protocol.as_str() {
+        return false;
+    }
+    let number = |p: &str| p.parse::<u16>().ok();
+    match ports.split_once('-') {
+        _ if ports == "any" => true,
+        Some((first, last)) => number(first)
+            .zip(number(last))
+            .is_some_and(|(a, b)| (a..=b).contains(&flow.port)),
+        None => number(ports) == Some(flow.port),
+    }
+}
+
+/// Whether the graph node `id` (a rule's peer) may stand for the flow's end `w`: pods a selector
+/// picks in its namespace (or in namespaces a selector picks), an address block holding its
+/// address, `any`, or a wildcard name the name it was resolved from falls under. Selectors are not
+/// evaluated (the pods' labels are not here): a selector of the end's namespace may stand for it.
+fn may_stand_for(id: &str, w: &WorkloadRef) -> bool {
+    if let Some(selector) = id.strip_prefix("s:") {
+        let workload = !w.owner_name.is_empty() && w.address.is_empty();
+        return workload
+            && (selector.starts_with('/') || selector.starts_with(&format!("{}/", w.namespace)));
+    }
+    if let Some(block) = id.strip_prefix("x:") {
+        let address = w.address.parse::<std::net::IpAddr>().ok();
+        return block == "any"
+            || address.is_some_and(|ip| {
+                block
+                    .parse::<ipnet::IpNet>()
+                    .is_ok_and(|net| net.contains(&ip))
+                    || block.parse::<std::net::IpAddr>() == Ok(ip)
+            });
+    }
+    if let Some(suffix) = id.strip_prefix("n:*.") {
+        return w.dns_name.ends_with(&format!(".{suffix}"));
+    }
+    false
+}
+
+/// Adds `decisions` to `edge`'s (once each, within [`MAX_DECISIONS`]) and their tiers (all of them,
+/// past the bound too).
+fn merge_decisions(edge: &mut GraphEdge, decisions: impl IntoIterator<Item = EdgeDecision>) {
+    for decision in decisions {
+        let tier = decision.tier();
+        if !edge.tiers.contains(&tier) {
+            edge.tiers.push(tier);
+            edge.tiers.sort();
+        }
+        if edge.decisions.len() < MAX_DECISIONS && !edge.decisions.contains(&decision) {
+            edge.decisions.push(decision);
+        }
     }
 }
 
@@ -350,7 +593,7 @@ fn group_external(view: &mut GraphView) {
         match merged.entry((edge.from.clone(), edge.to.clone(), edge.state)) {
             std::collections::btree_map::Entry::Vacant(slot) => {
                 let suffix = match edge.state {
-                    EdgeState::Violation | EdgeState::Blocked => {
+                    EdgeState::Violation | EdgeState::Blocked | EdgeState::Observed => {
                         format!("!{}", state_name(edge.state))
                     }
                     _ => String::new(),
@@ -373,6 +616,7 @@ fn group_external(view: &mut GraphView) {
                 into.violations.extend(edge.violations);
                 into.last_seen_ms = into.last_seen_ms.max(edge.last_seen_ms);
                 into.ports.sort();
+                merge_decisions(into, edge.decisions);
             }
         }
     }

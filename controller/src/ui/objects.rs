@@ -1,6 +1,7 @@
 //! The objects the web view shows, as plain data: [`Snapshot`] (what the pure views are built from)
 //! and [`Reflected`] (the live source: the controller's shared watches of WorkloadNetworkPolicies and
-//! proposals, [`PolicyObjects`], and a watch of the cluster-scoped ClusterNetworkPolicyProposals).
+//! proposals, [`PolicyObjects`], and watches of the cluster-scoped ClusterNetworkPolicyProposals and
+//! ClusterNetworkPolicies).
 //!
 //! A policy's `status.ruleUsage` (docs/api.md) reaches the page as JSON, as the policy holds it.
 
@@ -9,6 +10,7 @@ use futures::StreamExt as _;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicy;
 use network_enforcer_api::cluster_proposal::ClusterNetworkPolicyProposal;
 use network_enforcer_api::{WorkloadNetworkPolicy, WorkloadNetworkPolicyProposal};
 use std::sync::Arc;
@@ -65,6 +67,10 @@ pub struct Snapshot {
     pub cluster_proposals: Vec<ClusterNetworkPolicyProposal>,
     /// Whether `cluster_proposals` has listed (it never does where the CRD is not installed).
     pub cluster_proposals_listed: bool,
+    /// Every ClusterNetworkPolicy, learned or not.
+    pub cluster_policies: Vec<ClusterNetworkPolicy>,
+    /// Whether `cluster_policies` has listed (never where upstream's CRD is not installed).
+    pub cluster_policies_listed: bool,
     /// Milliseconds since the epoch when the snapshot was taken (the time window's end).
     pub now_ms: i64,
 }
@@ -95,6 +101,8 @@ impl ObjectSource for Snapshot {
                 .collect(),
             cluster_proposals: self.cluster_proposals.clone(),
             cluster_proposals_listed: self.cluster_proposals_listed,
+            cluster_policies: self.cluster_policies.clone(),
+            cluster_policies_listed: self.cluster_policies_listed,
             now_ms: self.now_ms,
         }
     }
@@ -104,8 +112,8 @@ impl ObjectSource for Snapshot {
     }
 }
 
-/// The shared watches of policies and proposals, and a watch of cluster proposals (read-only:
-/// list and watch, nothing else).
+/// The shared watches of policies and proposals, and watches of cluster proposals and cluster
+/// policies (read-only: list and watch, nothing else).
 pub struct Reflected {
     policies: Store<WorkloadNetworkPolicy>,
     proposals: Store<WorkloadNetworkPolicyProposal>,
@@ -113,17 +121,19 @@ pub struct Reflected {
     proposals_listed: Listed,
     cluster_proposals: Store<ClusterNetworkPolicyProposal>,
     cluster_proposals_listed: Arc<AtomicBool>,
+    cluster_policies: Store<ClusterNetworkPolicy>,
+    cluster_policies_listed: Arc<AtomicBool>,
 }
 
 impl Reflected {
-    /// Starts the shared watches of policies and proposals of `objects` (in their scope) and a
-    /// watch of cluster proposals on the current runtime; they retry with backoff for as long as the
-    /// process runs.
+    /// Starts the shared watches of policies and proposals of `objects` (in their scope) and the
+    /// watches of the cluster-scoped kinds on the current runtime; they retry with backoff for as
+    /// long as the process runs.
     pub fn start(client: kube::Client, objects: &PolicyObjects) -> Arc<Self> {
         objects.policies.start();
         objects.proposals.start();
-        let cluster_api = Api::<ClusterNetworkPolicyProposal>::all(client);
-        let (cluster_proposals, cluster_writer) = reflector::store();
+        let (cluster_proposals, proposals_writer) = reflector::store();
+        let (cluster_policies, policies_writer) = reflector::store();
         let this = Arc::new(Self {
             policies: objects.policies.store(),
             proposals: objects.proposals.store(),
@@ -131,27 +141,58 @@ impl Reflected {
             proposals_listed: objects.proposals.listed_flag(),
             cluster_proposals,
             cluster_proposals_listed: Arc::default(),
+            cluster_policies,
+            cluster_policies_listed: Arc::default(),
         });
-        let listed = this.cluster_proposals_listed.clone();
-        tokio::spawn(async move {
-            watcher(cluster_api, watcher::Config::default())
-                .default_backoff()
-                .reflect(cluster_writer)
-                .for_each(|event| {
-                    match event {
-                        // Not at `Init`: the watcher says that before it lists (also where the
-                        // kind is not served, and the page then says so).
-                        Ok(watcher::Event::InitDone) => listed.store(true, Ordering::Relaxed),
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(%error,
-                            "web view watch of ClusterNetworkPolicyProposals failed; retrying"),
-                    }
-                    async {}
-                })
-                .await;
-        });
+        watch_cluster_scoped(
+            Api::all(client.clone()),
+            proposals_writer,
+            this.cluster_proposals_listed.clone(),
+        );
+        watch_cluster_scoped(
+            Api::all(client),
+            policies_writer,
+            this.cluster_policies_listed.clone(),
+        );
         this
     }
+}
+
+/// Watches every `K` into `writer` until the process ends, setting `listed` once the first list is
+/// in. Where the kind is not served the watch fails and retries with backoff, and the page says the
+/// kind has not listed.
+fn watch_cluster_scoped<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    listed: Arc<AtomicBool>,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let kind = K::kind(&()).to_string();
+    tokio::spawn(async move {
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .for_each(|event| {
+                match event {
+                    // Not at `Init`: the watcher says that before it lists (also where the
+                    // kind is not served).
+                    Ok(watcher::Event::InitDone) => listed.store(true, Ordering::Relaxed),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, %kind, "web view watch failed; retrying")
+                    }
+                }
+                async {}
+            })
+            .await;
+    });
 }
 
 impl ObjectSource for Reflected {
@@ -160,6 +201,12 @@ impl ObjectSource for Reflected {
             |ns: Option<&String>| namespace.is_none_or(|n| ns.map(String::as_str) == Some(n));
         let cluster_proposals = self
             .cluster_proposals
+            .state()
+            .iter()
+            .map(|p| p.as_ref().clone())
+            .collect();
+        let cluster_policies = self
+            .cluster_policies
             .state()
             .iter()
             .map(|p| p.as_ref().clone())
@@ -192,6 +239,8 @@ impl ObjectSource for Reflected {
             proposals,
             cluster_proposals,
             cluster_proposals_listed: self.cluster_proposals_listed.load(Ordering::Relaxed),
+            cluster_policies,
+            cluster_policies_listed: self.cluster_policies_listed.load(Ordering::Relaxed),
             now_ms: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
         }
     }

@@ -530,12 +530,18 @@ pub fn router(state: UiState) -> axum::Router {
             let route = "graph";
             let query =
                 valid_name("namespace", &ns).and_then(|()| graph_query(&ns, query.as_deref()));
+            let history = s.edges.clone();
             answer(&s, route, move |source| {
                 let query = query?;
-                Ok(graph_view::build(
-                    &source.snapshot(Some(&query.namespace)),
-                    &query,
-                ))
+                // The observed flows when this process keeps them and they are complete; the
+                // graph is drawn without them otherwise (a follower, a controller still listing).
+                let (observed, cut) = history
+                    .and_then(|h| h.edges_in(&query.namespace, MAX_EDGES))
+                    .unwrap_or_default();
+                let mut view =
+                    graph_view::build(&source.snapshot(Some(&query.namespace)), &query, &observed);
+                view.truncated |= cut;
+                Ok(view)
             })
             .await
         }

@@ -4,6 +4,7 @@ use super::graph_view::{self, EdgeState, GraphQuery};
 use super::objects::{PolicyObject, Snapshot};
 use super::server::{self, UiMetrics, UiState};
 use super::{proposal_diff, workload_view};
+use crate::monitor::evaluate::verdict::SideDecision;
 use network_enforcer_api::WorkloadRef;
 use std::sync::Arc;
 
@@ -195,7 +196,7 @@ fn graph_edges_carry_their_state() {
         ),
     ];
     for (case, policies, query, expected) in cases {
-        let view = graph_view::build(&snapshot(policies), &query);
+        let view = graph_view::build(&snapshot(policies), &query, &[]);
         assert_eq!(edges(&view), expected, "{case}");
         // Every edge joins nodes of the answer.
         for e in &view.edges {
@@ -209,6 +210,206 @@ fn graph_edges_carry_their_state() {
     }
 }
 
+/// The flows the controller observed say which tier decides each edge now: on the pair's rule edge,
+/// else its violation edge, else an `observed` edge of their own (with nodes for ends nothing else
+/// draws); flows outside the time window are left out.
+#[test]
+fn graph_edges_say_which_tier_decides_their_observed_flows() {
+    use crate::monitor::edge_history::HistoryEdge;
+    use netpol::cluster::Decider;
+    let workload = |name: &str| WorkloadRef {
+        namespace: "demo".into(),
+        owner_kind: "Deployment".into(),
+        owner_name: name.into(),
+        ..WorkloadRef::default()
+    };
+    let side = |tier, allowed, by: &str| {
+        Some(SideDecision {
+            tier,
+            allowed,
+            by: Some(by)
+                .filter(|b| !b.is_empty())
+                .map(String::from)
+                .into_iter()
+                .collect(),
+        })
+    };
+    let flow =
+        |from: WorkloadRef, to: WorkloadRef, port, seconds_ago: i64, egress, ingress| HistoryEdge {
+            last_seen_ms: NOW_MS - seconds_ago * 1000,
+            count: 1,
+            egress,
+            ingress,
+            ..HistoryEdge::flow(from, to, network_enforcer_api::Protocol::TCP, port)
+        };
+    let outside = WorkloadRef {
+        address: "203.0.113.9".into(),
+        ..WorkloadRef::default()
+    };
+    let observed = [
+        // On the rule edge: an Admin Accept let the client out.
+        flow(
+            workload("http-client"),
+            workload("http-server"),
+            18080,
+            10,
+            side(Decider::Admin, true, "allow-web"),
+            side(Decider::NetworkPolicy, true, "demo/server-in"),
+        ),
+        // On the violation edge (no rule joins the pair).
+        flow(
+            workload("http-client"),
+            workload("db"),
+            5432,
+            20,
+            side(Decider::Default, true, ""),
+            side(Decider::Default, true, ""),
+        ),
+        // No rule nor record: an edge of its own, to a node of its own; a Baseline Deny decides.
+        flow(
+            workload("http-server"),
+            workload("cache"),
+            6379,
+            30,
+            side(Decider::Default, true, ""),
+            side(Decider::Baseline, false, "default-deny"),
+        ),
+        // An outside client no rule names, not judged (a follower's answer): drawn, nothing claimed.
+        flow(outside, workload("http-server"), 18080, 40, None, None),
+        // On the rule whose peer may stand for the end: the address block.
+        flow(
+            WorkloadRef {
+                address: "198.51.100.5".into(),
+                ..WorkloadRef::default()
+            },
+            workload("http-server"),
+            18080,
+            60,
+            side(Decider::Default, true, ""),
+            side(Decider::Baseline, true, "floor"),
+        ),
+        // Older than the window.
+        flow(
+            workload("http-client"),
+            workload("old"),
+            80,
+            3_600,
+            side(Decider::Default, true, ""),
+            side(Decider::Default, true, ""),
+        ),
+    ];
+    let snapshot = snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]);
+    let query = GraphQuery {
+        namespace: "demo".into(),
+        window_seconds: Some(600),
+        ..GraphQuery::default()
+    };
+    let view = graph_view::build(&snapshot, &query, &observed);
+    let find = |from: &str, to: &str, state| {
+        view.edges
+            .iter()
+            .find(|e| e.from == from && e.to == to && e.state == state)
+            .unwrap_or_else(|| panic!("{from} > {to} {state:?}: {:#?}", view.edges))
+    };
+    let tiers =
+        |e: &graph_view::GraphEdge| -> Vec<Decider> { e.tiers.iter().map(|t| t.0).collect() };
+    let allowed = find(CLIENT, SERVER, EdgeState::Allowed);
+    assert_eq!(tiers(allowed), [Decider::Admin]);
+    assert_eq!(allowed.decisions.len(), 1);
+    assert_eq!(allowed.decisions[0].port, "TCP 18080");
+    assert_eq!(allowed.decisions[0].egress.by, ["allow-web"]);
+    assert_eq!(
+        tiers(find(CLIENT, DB, EdgeState::Violation)),
+        [Decider::Default]
+    );
+    let cache = find(SERVER, "w:demo/Deployment/cache", EdgeState::Observed);
+    assert_eq!(tiers(cache), [Decider::Baseline]);
+    assert_eq!(cache.ports, ["TCP 6379"]);
+    assert_eq!(cache.last_seen_ms, Some(NOW_MS - 30_000));
+    let node = view
+        .nodes
+        .iter()
+        .find(|n| n.id == "w:demo/Deployment/cache")
+        .expect("node");
+    assert_eq!((node.kind, node.name.as_str()), ("workload", "cache"));
+    let outside = find(graph_view::EXTERNAL_GROUP, SERVER, EdgeState::Observed);
+    assert!(outside.tiers.is_empty() && outside.decisions.is_empty());
+    let block = find(graph_view::EXTERNAL_GROUP, SERVER, EdgeState::Learned);
+    assert_eq!(
+        tiers(block),
+        [Decider::Baseline],
+        "inside the learned address block"
+    );
+    let mut ids: Vec<&str> = view.edges.iter().map(|e| e.id.as_str()).collect();
+    ids.sort();
+    let all = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), all, "edge ids are unique: {:#?}", view.edges);
+    let group = view
+        .nodes
+        .iter()
+        .find(|n| n.id == graph_view::EXTERNAL_GROUP)
+        .unwrap();
+    assert!(
+        group.members.contains(&"203.0.113.9".to_string()),
+        "{group:?}"
+    );
+    assert!(
+        !view.edges.iter().any(|e| e.to.contains("old")),
+        "outside the window"
+    );
+    assert_eq!(view.counts["observed"], 2);
+    // A flow to a pod of another namespace goes on the rule whose selector of that namespace may
+    // pick it (the proposals' DNS rule), on its port only.
+    let coredns = WorkloadRef {
+        namespace: "kube-system".into(),
+        owner_kind: "Deployment".into(),
+        owner_name: "coredns".into(),
+        ..WorkloadRef::default()
+    };
+    let to_dns = |protocol, port| HistoryEdge {
+        last_seen_ms: NOW_MS,
+        egress: side(Decider::Default, true, ""),
+        ingress: side(Decider::Default, true, ""),
+        ..HistoryEdge::flow(workload("http-client"), coredns.clone(), protocol, port)
+    };
+    let learning = graph_view::build(
+        &super::tests::snapshot(vec![]),
+        &query,
+        &[
+            to_dns(network_enforcer_api::Protocol::UDP, 53),
+            to_dns(network_enforcer_api::Protocol::TCP, 53),
+        ],
+    );
+    let states: Vec<(&str, EdgeState, Vec<String>, usize)> = learning
+        .edges
+        .iter()
+        .filter(|e| e.from == CLIENT && e.to.contains("kube"))
+        .map(|e| (e.to.as_str(), e.state, e.ports.clone(), e.decisions.len()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (
+                "s:kube-system/{k8s-app=kube-dns}",
+                EdgeState::Learned,
+                vec!["UDP 53".to_string()],
+                1
+            ),
+            (
+                "w:kube-system/Deployment/coredns",
+                EdgeState::Observed,
+                vec!["TCP 53".to_string()],
+                1
+            ),
+        ]
+    );
+    // The answer says it in the JSON the page reads.
+    let json = serde_json::to_value(allowed).unwrap();
+    assert_eq!(json["tiers"], serde_json::json!(["admin"]));
+    assert_eq!(json["decisions"][0]["ingress"]["tier"], "networkPolicy");
+}
+
 #[test]
 fn graph_groups_external_peers_and_names_what_allows_an_edge() {
     let snapshot = snapshot(vec![policy("monitor", "monitor", "2026-01-01T00:09:00Z")]);
@@ -218,6 +419,7 @@ fn graph_groups_external_peers_and_names_what_allows_an_edge() {
             namespace: "demo".into(),
             ..GraphQuery::default()
         },
+        &[],
     );
     let group = grouped
         .nodes
@@ -261,6 +463,7 @@ fn graph_groups_external_peers_and_names_what_allows_an_edge() {
             ungroup_external: true,
             ..GraphQuery::default()
         },
+        &[],
     );
     let external: Vec<&str> = ungrouped
         .nodes
@@ -396,6 +599,7 @@ fn outside_services_are_shown_by_name() {
             namespace: "demo".into(),
             ..GraphQuery::default()
         },
+        &[],
     );
     let all = edges(&view);
     for expected in [
@@ -940,6 +1144,16 @@ async fn the_edges_route_answers_the_history_or_404_without_one_or_503_before_it
         first_seen_ms: 1,
         last_seen_ms: 2,
         count: 3,
+        egress: Some(SideDecision {
+            tier: netpol::cluster::Decider::Admin,
+            allowed: true,
+            by: vec!["allow-partner".into()],
+        }),
+        ingress: Some(SideDecision {
+            tier: netpol::cluster::Decider::Default,
+            allowed: true,
+            by: Vec::new(),
+        }),
     };
     let metrics = UiMetrics::default();
     let with = serve(
@@ -956,15 +1170,32 @@ async fn the_edges_route_answers_the_history_or_404_without_one_or_503_before_it
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["namespace"], "demo");
     assert_eq!(answer["truncated"], false);
+    assert_eq!(
+        answer["edges"][0]["egress"],
+        serde_json::json!({"tier": "admin", "allowed": true, "by": ["allow-partner"]})
+    );
     let edges: Vec<crate::monitor::edge_history::HistoryEdge> =
         serde_json::from_value(answer["edges"].clone()).unwrap();
     assert_eq!(edges, [edge]);
+    // The graph draws the observed edge with the tier that decides it.
+    let (code, _, body) = get(with, "/api/v1/namespaces/demo/graph").await;
+    assert_eq!(code, 200, "{body}");
+    let graph: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let observed = graph["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["state"] == "observed")
+        .unwrap_or_else(|| panic!("an observed edge: {body}"));
+    assert_eq!(observed["tiers"], serde_json::json!(["admin"]), "{body}");
+    assert_eq!(observed["ports"], serde_json::json!(["TCP 443"]), "{body}");
     let (code, _, body) = get(with, "/api/v1/namespaces/other/edges").await;
     assert_eq!(code, 200);
     assert!(body.contains(r#""edges":[]"#), "{body}");
     let (code, _, _) = get(with, "/api/v1/namespaces/Bad!/edges").await;
     assert_eq!(code, 400);
     assert_eq!(metrics.count("edges", 200), 2);
+    assert_eq!(metrics.count("graph", 200), 1);
     assert_eq!(metrics.count("edges", 400), 1);
 
     // Not listed yet (or a follower): no answer rather than an empty one, which `check

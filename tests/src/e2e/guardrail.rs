@@ -3,9 +3,11 @@
 //! `ne-isolate-<ns>` from real traffic inside the namespace; labelled `promote=protect` it becomes a
 //! ClusterNetworkPolicy, and the agent drops a connection into the namespace from another one while
 //! the namespace's own traffic passes; unlabelled, the policy is deleted and the connection passes
-//! again (so the drop was the policy's); once the namespace is deleted, the proposals learned for
-//! it go too. Which connection must be dropped comes from the isolation's
-//! meaning (only the namespaces seen sending may), never from our evaluator.
+//! again (so the drop was the policy's); the web view's graph says which tier decides the observed
+//! edges (the NetworkPolicy-less default under the isolation's Pass, then an Admin Accept written for
+//! the test); once the namespace is deleted, the proposals learned for it go too. Which connection
+//! must be dropped comes from the isolation's meaning (only the namespaces seen sending may), never
+//! from our evaluator.
 
 use anyhow::{Context, Result, ensure};
 use network_enforcer_api::keys::PROMOTE_LABEL;
@@ -51,6 +53,50 @@ fn get(release: &Release, kind: &str, name: &str) -> Result<Option<Value>> {
     Ok(Some(serde_json::from_str(&out)?))
 }
 
+/// The ClusterNetworkPolicy the step writes to accept the outsider into namespace `name`.
+fn accept_name(name: &str) -> String {
+    format!("ne-test-accept-{name}")
+}
+
+/// Waits until the leading controller's graph of `namespace` has an edge from one of `from` to `to`
+/// whose observed flows the tier `tier` decides (its `tiers`), by policy `by` on the ingress side
+/// when given (docs/ui.md, "Graph").
+fn wait_for_tier(
+    release: &Release,
+    namespace: &str,
+    (from, to): (&[&str], &str),
+    tier: &str,
+    by: Option<&str>,
+) -> Result<()> {
+    let path = format!("/api/v1/namespaces/{namespace}/graph");
+    poll(
+        &format!("the web view's graph to say tier {tier} decides {from:?} → {to}"),
+        STEP_TIMEOUT,
+        Duration::from_secs(1),
+        || {
+            let graph = release.controller_web_view(&path)?;
+            let found = graph["edges"].as_array().into_iter().flatten().any(|e| {
+                from.iter().any(|f| e["from"] == *f)
+                    && e["to"] == to
+                    && e["tiers"] == serde_json::json!([tier])
+                    && by.is_none_or(|by| {
+                        e["decisions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|d| d["ingress"]["by"] == serde_json::json!([by]))
+                    })
+            });
+            Ok(found.then_some(()))
+        },
+        || match release.controller_web_view(&path) {
+            Ok(graph) => format!("the graph now: {graph:#}"),
+            Err(error) => format!("the graph: {error:#}"),
+        },
+    )?;
+    Ok(())
+}
+
 /// Runs the step in fresh namespaces `name` (the scenario's workload) and `<name>-x` (a pod the
 /// isolation must keep out). Fails at the first check that does not hold.
 pub fn isolation_protected_by_the_agent(
@@ -65,6 +111,7 @@ pub fn isolation_protected_by_the_agent(
         names: [name, outsider_ns.as_str()]
             .iter()
             .flat_map(|n| [format!("ne-isolate-{n}"), format!("ne-floor-{n}")])
+            .chain([accept_name(name)])
             .collect(),
     };
     let w = scenario::create_workload(kubeconfig, name)?;
@@ -160,6 +207,11 @@ pub fn isolation_protected_by_the_agent(
         || Ok(w.send(Protocol::Tcp, 18080, "inside")?.then_some(())),
         || release.describe(),
     )?;
+    // The Admin tier passes the namespace's own traffic on, and no NetworkPolicy isolates the
+    // server: the graph's client → server edge says nothing decides it ("default").
+    let client = format!("w:{name}/Deployment/http-client");
+    let server = format!("w:{name}/Deployment/http-server");
+    wait_for_tier(release, name, (&[&client], &server), "default", None)?;
 
     say("guardrail: the label removed; the policy goes and the outsider gets through");
     release.kubectl(&[
@@ -197,6 +249,35 @@ pub fn isolation_protected_by_the_agent(
         || release.describe_enforcement(),
     )
     .context("the drop was not the isolation's")?;
+
+    say("guardrail: an Admin Accept for the outsider; the graph says the Admin tier decides it");
+    let accept = accept_name(name);
+    workload::apply(
+        kubeconfig,
+        None,
+        &serde_json::json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": accept},
+            "spec": {
+                "tier": "Admin", "priority": 10,
+                "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": name}}},
+                "ingress": [{"action": "Accept", "from": [{"namespaces": {"matchLabels": {
+                    "kubernetes.io/metadata.name": outsider_ns}}}]}]
+            }
+        })
+        .to_string(),
+    )?;
+    // Drawn on the server's learned rule for the outsider's pods, or on an edge of its own.
+    let outsider_rule = format!("s:{outsider_ns}/{{app=outsider}}");
+    let outsider_node = format!("w:{outsider_ns}/Deployment/outsider");
+    wait_for_tier(
+        release,
+        name,
+        (&[&outsider_rule, &outsider_node], &server),
+        "admin",
+        Some(&accept),
+    )?;
+    release.kubectl(&["delete", "clusternetworkpolicy", &accept, "--wait=false"])?;
 
     say("guardrail: the namespaces deleted; the proposals learned for them go too");
     outsider.delete_and_wait()?;

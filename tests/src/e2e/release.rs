@@ -159,6 +159,8 @@ pub fn local_values() -> Vec<String> {
 
 /// The controller's metrics port, the chart's default (`controller.metricsPort`).
 const CONTROLLER_METRICS_PORT: u16 = 8080;
+/// The chart's default web view port (`controller.ui.port`).
+const CONTROLLER_UI_PORT: u16 = 8090;
 
 /// One installed release of our chart; uninstalled on drop.
 pub struct Release {
@@ -349,6 +351,15 @@ impl Release {
             Some(pod) => format!("pod/{pod}"),
             None => format!("deploy/{}", self.object_name("controller")),
         })
+    }
+
+    /// The leading controller's web view answer for `path` (`/api/v1/...`, docs/ui.md), through a
+    /// port-forward to its web view port on the pod's loopback, as a user reads it; only the leader
+    /// keeps the observed edges the graph draws.
+    pub fn controller_web_view(&self, path: &str) -> Result<serde_json::Value> {
+        let forward = self.port_forward(&self.leader_target()?, CONTROLLER_UI_PORT)?;
+        let body = http_get(&forward.address(), path)?;
+        serde_json::from_str(&body).with_context(|| format!("GET {path}: not JSON: {body}"))
     }
 
     /// The leading controller's `/metrics` (through a port-forward to its metrics port).

@@ -16,6 +16,14 @@ pub fn run() -> Result<()> {
             ("record_repeat_per_sec", "repeats merged per second"),
             ("replay_ms_1m", "ms (one policy's replay against 1M edges)"),
             (
+                "edges_in_ms_10k_of_1m",
+                "ms (the web view's 10,000 newest edges of a namespace, of 1M)",
+            ),
+            (
+                "judge_ms_10k",
+                "ms (which tier decides each of those 10,000 edges)",
+            ),
+            (
                 "persist_edges_default_bound",
                 "edges persisted within the default bound (8 x 900 KiB)",
             ),

@@ -272,10 +272,10 @@ fn edges_of_a_namespace_newest_first_and_bounded() {
     );
     let (edges, truncated) = history.edges_in("demo", 10);
     assert!(!truncated);
-    let ports: Vec<u16> = edges.iter().map(|e| e.port).collect();
+    let ports: Vec<u16> = edges.iter().map(|e| e.edge.port).collect();
     assert_eq!(ports, [53, 18080, 18080]);
-    assert_eq!(edges[0].destination.namespace, "kube-system");
-    assert_eq!(edges[2].source.address, "192.0.2.1");
+    assert_eq!(edges[0].edge.destination.namespace, "kube-system");
+    assert_eq!(edges[2].edge.source.address, "192.0.2.1");
     // kube-system sees only the DNS edge; a namespace without edges nothing.
     assert_eq!(history.edges_in("kube-system", 10).0.len(), 1);
     assert!(history.edges_in("other", 10).0.is_empty());
@@ -371,7 +371,7 @@ fn the_gate_names_a_blocked_outside_peer_by_the_name_it_was_resolved_from() {
     let (edges, _) = history.edges_in("demo", 10);
     let names: Vec<&str> = edges
         .iter()
-        .map(|e| e.destination.dns_name.as_str())
+        .map(|e| e.edge.destination.dns_name.as_str())
         .collect();
     assert_eq!(names, ["api.partner.test", ""]);
 }
@@ -547,5 +547,103 @@ fn the_namespace_graph_of_the_history_has_namespaces_and_addresses() {
                 to: address("203.0.113.10")
             },
         ]
+    );
+}
+
+/// The web view's edges say, per observed edge, which tier decides each side with the policies in
+/// force now: an Admin ClusterNetworkPolicy's Accept before any NetworkPolicy, the NetworkPolicies
+/// that isolate the pod (those that allow, or all of them when denied), and the default.
+#[test]
+fn each_edge_of_a_namespace_says_which_tier_decides_each_side_now() {
+    use crate::monitor::evaluate::view::{NamedClusterPolicy, NamedPolicy};
+    use netpol::cluster::Decider;
+    let mut history = EdgeHistory::default();
+    history.record(
+        &at(observed(client(), server(), Protocol::TCP, 18080), 5),
+        false,
+    );
+    history.record(
+        &at(observed(client(), server(), Protocol::UDP, 18081), 6),
+        false,
+    );
+    history.record(
+        &at(
+            observed(external("192.0.2.1"), server(), Protocol::TCP, 18080),
+            7,
+        ),
+        false,
+    );
+    let mut view = cluster();
+    view.insert_policy(NamedPolicy {
+        namespace: "demo".into(),
+        name: "server-in".into(),
+        spec: serde_json::from_value(serde_json::json!({
+            "podSelector": {"matchLabels": {"app": "http-server"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": 18080}]}]
+        }))
+        .unwrap(),
+    });
+    view.insert_cluster_policy(NamedClusterPolicy {
+        name: "udp-out".into(),
+        spec: serde_json::from_value(serde_json::json!({
+            "tier": "Admin", "priority": 5,
+            "subject": {"namespaces": {}},
+            "egress": [{"action": "Accept", "to": [{"namespaces": {}}],
+                        "protocols": [{"udp": {"destinationPort": {"number": 18081}}}]}]
+        }))
+        .unwrap(),
+    });
+    let decision = |tier, allowed, by: &[&str]| {
+        Some(SideDecision {
+            tier,
+            allowed,
+            by: by.iter().map(|b| b.to_string()).collect(),
+        })
+    };
+    let (edges, _) = history.edges_in("demo", 10);
+    let sides: Vec<_> = edges
+        .into_iter()
+        .map(|e| e.judged(&view))
+        .map(|e| (e.protocol, e.port, e.egress, e.ingress))
+        .collect();
+    assert_eq!(
+        sides,
+        [
+            // An outside client: no pod whose egress a policy governs.
+            (
+                Protocol::TCP,
+                18080,
+                decision(Decider::Default, true, &[]),
+                decision(Decider::NetworkPolicy, true, &["demo/server-in"]),
+            ),
+            (
+                Protocol::UDP,
+                18081,
+                decision(Decider::Admin, true, &["udp-out"]),
+                decision(Decider::NetworkPolicy, false, &["demo/server-in"]),
+            ),
+            (
+                Protocol::TCP,
+                18080,
+                decision(Decider::Default, true, &[]),
+                decision(Decider::NetworkPolicy, true, &["demo/server-in"]),
+            ),
+        ]
+    );
+    // Listed, not judged: nothing is claimed; an end without a pod now is not judged either.
+    let (edges, _) = history.edges_in("demo", 10);
+    assert!(
+        edges
+            .iter()
+            .all(|e| e.edge.egress.is_none() && e.edge.ingress.is_none())
+    );
+    let mut gone = ClusterView::new();
+    gone.insert_namespace("demo", Default::default());
+    let judged = history.edges_in("demo", 10).0.remove(0).judged(&gone);
+    assert_eq!(
+        (judged.egress, judged.ingress),
+        (None, None),
+        "no pod of http-server now"
     );
 }

@@ -16,7 +16,7 @@ use super::attribution::{Attributed, ObservedFlow, Recorder, flow_of_record};
 use super::compiled;
 use super::verdict::FlowVerdict;
 use super::view::{ClusterView, NamedClusterPolicy};
-use netpol::cluster::{Action, Decider, Tier};
+use netpol::cluster::Action;
 use network_enforcer_api::cluster_network_policy::ClusterNetworkPolicySpec;
 use network_enforcer_api::{Direction, PolicyMode, ViolationRecord};
 use std::collections::BTreeSet;
@@ -101,11 +101,7 @@ impl Monitored {
             if side.allowed {
                 continue;
             }
-            let tier = match side.decider {
-                Decider::Admin => Tier::Admin,
-                Decider::Baseline => Tier::Baseline,
-                Decider::NetworkPolicy | Decider::Default => return None,
-            };
+            let tier = side.decider.tier()?;
             return side
                 .cluster
                 .iter()

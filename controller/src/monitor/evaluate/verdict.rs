@@ -90,6 +90,67 @@ impl SideVerdict {
             .iter()
             .any(|p| p.namespace == namespace && p.name == name)
     }
+
+    /// The NetworkPolicies that decided this side: those that let it through, or, denied, every
+    /// one that isolates the pod; none when a cluster tier decided.
+    pub fn deciding_policies(&self) -> impl Iterator<Item = &PolicyDecision> {
+        let by_network_policies = self.decider.tier().is_none();
+        self.policies
+            .iter()
+            .filter(move |p| by_network_policies && (!self.allowed || p.allows))
+    }
+
+    /// Which tier decided this side and by which policies, as the web view shows it.
+    pub fn decision(&self) -> SideDecision {
+        let by = match self.decider.tier() {
+            // The cluster policy whose rule's Accept or Deny stood (a Pass decides nothing).
+            Some(tier) => self
+                .cluster
+                .iter()
+                .filter(|step| step.tier == tier && step.action != Action::Pass)
+                .map(|step| step.policy.clone())
+                .take(1)
+                .collect(),
+            None => self
+                .deciding_policies()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect(),
+        };
+        SideDecision {
+            tier: self.decider,
+            allowed: self.allowed,
+            by,
+        }
+    }
+}
+
+/// Which tier decided one side of a flow, and by which policies: what the web view's graph and
+/// edges show per observed edge (docs/ui.md, "Graph").
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SideDecision {
+    /// `admin`, `networkPolicy`, `baseline`, or `default` (no tier: allowed).
+    #[serde(with = "DeciderName")]
+    pub tier: Decider,
+    pub allowed: bool,
+    /// The ClusterNetworkPolicy whose rule decided (admin, baseline); the NetworkPolicies that
+    /// allow the flow, or, when it is denied, those that isolate the pod (`namespace/name`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by: Vec<String>,
+}
+
+/// A tier by its name on the wire (`admin`, ...), ordered as the tiers are consulted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct TierName(#[serde(with = "DeciderName")] pub Decider);
+
+/// [`Decider`]'s names on the wire (the pure crate has no serde).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Decider", rename_all = "camelCase")]
+enum DeciderName {
+    Admin,
+    NetworkPolicy,
+    Baseline,
+    Default,
 }
 
 /// The verdict for a whole flow.

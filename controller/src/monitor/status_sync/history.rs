@@ -226,9 +226,9 @@ impl NamespaceGraph for StatusSync {
 }
 
 impl StatusSync {
-    /// The observed edges with an end in `namespace`, newest first, at most `limit`, and whether more
-    /// were left out; `None` until the history is complete (the web view's edges, `check
-    /// --from-cluster`).
+    /// The observed edges with an end in `namespace`, newest first, at most `limit`, each with the
+    /// tiers that decide it now, and whether more were left out; `None` until the history is
+    /// complete (the web view's edges and graph, `check --from-cluster`).
     pub fn edges_in(
         &self,
         namespace: &str,
@@ -239,14 +239,35 @@ impl StatusSync {
         if !self.is_ready() {
             return None;
         }
-        Some(
-            self.history
-                .lock()
-                .expect("history lock")
-                .edges_in(namespace, limit),
-        )
+        let (listed, truncated) = self
+            .history
+            .lock()
+            .expect("history lock")
+            .edges_in(namespace, limit);
+        // Judged without the history's lock: the evidence pass waits for it.
+        let view = self.recent_view();
+        let edges = listed.into_iter().map(|e| e.judged(&view)).collect();
+        Some((edges, truncated))
+    }
+
+    /// The evaluator's view for the web view, built again once it is [`VIEW_REUSED_FOR`] old: every
+    /// open graph page asks every 2 s, and a view copies every pod of the index.
+    fn recent_view(&self) -> Arc<ClusterView> {
+        let mut cached = self.recent_view.lock().expect("view lock");
+        match &*cached {
+            Some((at, view)) if at.elapsed() < VIEW_REUSED_FOR => view.clone(),
+            _ => {
+                let view = Arc::new(self.current_view());
+                *cached = Some((std::time::Instant::now(), view.clone()));
+                view
+            }
+        }
     }
 }
+
+/// How long the web view's answers reuse one view of the cluster (their tiers are this stale at
+/// most).
+const VIEW_REUSED_FOR: Duration = Duration::from_secs(5);
 
 impl protect_gate::History for StatusSync {
     fn replay(&self, policy: &WorkloadNetworkPolicy) -> Option<GateReport> {

@@ -329,6 +329,8 @@ pub struct StatusSync {
     history_written: tokio::sync::Mutex<Option<history_store::Encoded>>,
     /// The invalid ClusterNetworkPolicies last reported, and why ([`StatusSync::view`]).
     invalid_cluster_policies: Mutex<BTreeMap<String, String>>,
+    /// The view the web view's answers were last judged against, and when it was built.
+    recent_view: Mutex<Option<(std::time::Instant, Arc<ClusterView>)>>,
     /// What evidence was last said to wait for ([`StatusSync::listed`]).
     last_waiting: listed::LastWaiting,
     /// The batches whose evidence was counted ([`crate::ingest::claims`]), shared with ingest.
@@ -420,6 +422,7 @@ impl StatusSync {
             history_read: std::sync::atomic::AtomicBool::new(true),
             history_written: tokio::sync::Mutex::default(),
             invalid_cluster_policies: Mutex::default(),
+            recent_view: Mutex::default(),
             last_waiting: listed::LastWaiting::default(),
             claims,
             claims_writable: std::sync::atomic::AtomicBool::new(true),

@@ -2,7 +2,7 @@
 //! explained, the rules that match.
 
 use super::*;
-use netpol::cluster::{Decider, Tier};
+use netpol::cluster::Decider;
 
 impl Checker {
     /// Evaluates every flow of the scenario, in input order.
@@ -242,15 +242,9 @@ impl Checker {
     }
 
     fn side(&self, verdict: &SideVerdict) -> Side {
-        let decided_by = match verdict.decider {
-            Decider::Admin => Some(Tier::Admin),
-            Decider::Baseline => Some(Tier::Baseline),
-            Decider::NetworkPolicy | Decider::Default => None,
-        };
+        let decided_by = verdict.decider.tier();
         let policies = verdict
-            .policies
-            .iter()
-            .filter(|p| decided_by.is_none() && (!verdict.allowed || p.allows))
+            .deciding_policies()
             .map(|p| self.deciding(&p.namespace, &p.name))
             .collect();
         Side {

@@ -170,11 +170,27 @@ async function clusterPage() {
       { title: "notes", value: (p) => p.notes.length, cell: (p) => p.notes.join("; ") || "—" },
       { title: "command", value: (p) => p.command, cell: (p) => command(p.command, "promote") },
     ], c.proposals);
+    const policies = sortableTable("cluster-policies", [
+      { title: "order", value: (p) => c.policies.indexOf(p), cell: (p) => String(c.policies.indexOf(p) + 1) },
+      { title: "policy", value: (p) => p.name, cell: (p) => el("span", { "data-policy": p.name }, p.name) },
+      { title: "tier", value: (p) => p.tier, cell: (p) => p.tier },
+      { title: "priority", value: (p) => p.priority, cell: (p) => String(p.priority) },
+      { title: "subject", value: (p) => p.subject, cell: (p) => p.subject },
+      { title: "ingress", value: (p) => p.ingress.length, cell: (p) => p.ingress.join(", ") || "—" },
+      { title: "egress", value: (p) => p.egress.length, cell: (p) => p.egress.join(", ") || "—" },
+      { title: "from", value: (p) => p.promotedFrom || "", cell: (p) => p.promotedFrom ? `proposal ${p.promotedFrom}` : "written by hand" },
+      { title: "used", value: (p) => p.invalid ? 1 : 0, cell: (p) => p.invalid
+        ? el("span", { class: "tag violation", title: p.invalid }, "left out: invalid") : "yes" },
+    ], c.policies);
     $("main").replaceChildren(
       el("h1", {}, "Cluster guardrails"),
       el("p", {}, "ClusterNetworkPolicyProposals learned from the traffic between namespaces: an Admin isolation per namespace (Pass what was seen, Deny the rest) and a Baseline floor. Monitor one with the command to see what it would deny, then promote it to protect: it then becomes a ClusterNetworkPolicy."),
       !c.listed ? el("p", { class: "empty" }, "not listed (yet): is the ClusterNetworkPolicyProposal CRD installed? kubectl apply --server-side -f charts/network-enforcer/crds/")
-        : c.proposals.length ? rows : el("p", { class: "empty" }, "none learned yet"));
+        : c.proposals.length ? rows : el("p", { class: "empty" }, "none learned yet"),
+      el("h2", {}, "ClusterNetworkPolicies"),
+      el("p", {}, "Every ClusterNetworkPolicy, in the order the tiers consult them: Admin before NetworkPolicies, Baseline after; within a tier by priority. The graph says which tier decides each observed edge."),
+      !c.policiesListed ? el("p", { class: "empty" }, "not listed (yet): is the ClusterNetworkPolicy CRD (policy.networking.k8s.io/v1alpha2) installed?")
+        : c.policies.length ? policies : el("p", { class: "empty" }, "none"));
   });
 }
 
@@ -215,10 +231,21 @@ function nodeText(n) {
   return { mode, label, sub, width };
 }
 
-// An edge's label: its ports (one edge per pair and state bundles them), the first few and a count.
+// The tiers that decide observed flows (docs/ui.md, "Graph"): short names for labels.
+const TIERS = { admin: "Admin", networkPolicy: "NP", baseline: "Baseline", default: "open" };
+
+// An edge's label: the tiers deciding its observed flows, then its ports (one edge per pair and state
+// bundles them), the first few and a count.
 function edgeLabel(e) {
   const shown = e.ports.slice(0, LABEL_MAX_PORTS).join(", ");
-  return e.ports.length > LABEL_MAX_PORTS ? `${shown} +${e.ports.length - LABEL_MAX_PORTS}` : shown;
+  const ports = e.ports.length > LABEL_MAX_PORTS ? `${shown} +${e.ports.length - LABEL_MAX_PORTS}` : shown;
+  return e.tiers ? `${e.tiers.map((t) => TIERS[t] || t).join("/")} · ${ports}` : ports;
+}
+
+// One observed flow's decision per side, for an edge's hover text.
+function decisionText(d) {
+  const side = (name, s) => `${name} ${TIERS[s.tier] || s.tier} ${s.allowed ? "allows" : "denies"}${s.by ? ` (${s.by.join(", ")})` : ""}`;
+  return `${d.port}: ${side("egress", d.egress)}; ${side("ingress", d.ingress)}`;
 }
 
 // The layered layout's cost grows faster than the graph, and it runs on the page's thread. Measured
@@ -466,12 +493,16 @@ function renderGraph(g, onEdge) {
     if (!route) continue;
     const isNew = seenEdges && !seenEdges.has(e.id) && (e.state === "violation" || e.state === "blocked");
     const title = `${e.state}: ${e.ports.join(", ")}` + (e.allowedBy.length ? `\nallowed by ${e.allowedBy.join(", ")}` : "")
-      + (e.violations ? `\n${e.violations.length} record(s), last ${new Date(e.lastSeenMs).toLocaleString()}` : "");
+      + (e.violations ? `\n${e.violations.length} record(s), last ${new Date(e.lastSeenMs).toLocaleString()}` : "")
+      + (e.decisions ? `\ndecided now:\n${e.decisions.map(decisionText).join("\n")}` : "");
     const attrs = {
       class: `edge ${e.state}${isNew ? " highlight" : ""}`, "data-id": e.id, "data-state": e.state,
       "data-from": e.from, "data-to": e.to, "data-ports": e.ports.join(","),
     };
-    const text = el("svg:text", { x: route.x, y: route.y, "text-anchor": "middle", "dominant-baseline": "central" }, route.label);
+    // The tiers (before the first " · ") stand out from the ports.
+    const cut = e.tiers ? route.label.indexOf(" · ") : -1;
+    const parts = cut < 0 ? [route.label] : [el("svg:tspan", { class: "tier" }, route.label.slice(0, cut)), route.label.slice(cut)];
+    const text = el("svg:text", { x: route.x, y: route.y, "text-anchor": "middle", "dominant-baseline": "central" }, ...parts);
     const edge = el("svg:g", attrs,
       el("svg:title", {}, title + "\n(click: why)"),
       el("svg:path", { d: routePath(route, pos.get(e.from), e.from === e.to), "marker-end": `url(#arrow-${e.state})` }),
@@ -505,7 +536,7 @@ function renderGraph(g, onEdge) {
     nodeLayer.append(g1);
   }
   const defs = el("svg:defs", {});
-  for (const [state, color] of [["learned", "#8a94a6"], ["allowed", "#2f7d32"], ["violation", "#d32f2f"], ["blocked", "#6a1b9a"]]) {
+  for (const [state, color] of [["observed", "#1565c0"], ["learned", "#8a94a6"], ["allowed", "#2f7d32"], ["violation", "#d32f2f"], ["blocked", "#6a1b9a"]]) {
     defs.append(el("svg:marker", { id: `arrow-${state}`, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
       el("svg:path", { d: "M 0 0 L 10 5 L 0 10 z", fill: color })));
   }
@@ -570,6 +601,9 @@ async function graphPage(ns, params) {
   const legend = el("div", { class: "legend" }, el("strong", {}, ns),
     el("span", { class: "learned" }, "learned only"), el("span", { class: "allowed" }, "allowed by a policy"),
     el("span", { class: "violation" }, "violation (monitor)"), el("span", { class: "blocked" }, "blocked (protect)"),
+    el("span", { class: "observed" }, "observed, no rule"),
+    el("span", { class: "key", title: "The tier that decides an edge's observed flows now: an Admin or Baseline ClusterNetworkPolicy, NetworkPolicies (NP), or none (open)" },
+      "Admin / NP / Baseline / open: who decides"),
     el("span", { id: "counts", class: "empty" }, ""));
   const explainBox = el("div", { id: "explain" });
   $("main").replaceChildren(legend, container);

@@ -90,15 +90,7 @@ pub async fn load_flow(
     protocol: Protocol,
     port: u16,
 ) -> Result<LiveInput, LiveError> {
-    let edge = HistoryEdge {
-        source: from.clone(),
-        destination: to.clone(),
-        protocol,
-        port,
-        first_seen_ms: 0,
-        last_seen_ms: 0,
-        count: 0,
-    };
+    let edge = HistoryEdge::flow(from.clone(), to.clone(), protocol, port);
     let namespace = [from, to]
         .into_iter()
         .map(|side| side.namespace.clone())

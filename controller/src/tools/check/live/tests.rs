@@ -35,13 +35,8 @@ fn side(kind: &str, name: &str) -> WorkloadRef {
 
 fn edge(source: WorkloadRef, destination: WorkloadRef, port: u16) -> HistoryEdge {
     HistoryEdge {
-        source,
-        destination,
-        protocol: Protocol::TCP,
-        port,
-        first_seen_ms: 0,
-        last_seen_ms: 0,
         count: 1,
+        ..HistoryEdge::flow(source, destination, Protocol::TCP, port)
     }
 }
 
