@@ -644,7 +644,8 @@ pub(crate) fn port_labels(ports: Option<&Vec<NetworkPolicyPort>>) -> BTreeSet<St
         .collect()
 }
 
-/// The id of the node one side of a violation record is drawn as ([`ModelNode::id`]).
+/// The id of the node one side of a violation record or of an observed flow is drawn as
+/// ([`ModelNode::id`]).
 pub fn node_id(w: &WorkloadRef) -> String {
     workload_node(w).id()
 }
@@ -770,11 +771,6 @@ pub fn model(input: &GraphInput, namespace: Option<&str>) -> GraphModel {
             })
             .collect(),
     }
-}
-
-/// The [`ModelNode::id`] of one side of a violation record.
-pub fn violation_node_id(w: &WorkloadRef) -> String {
-    workload_node(w).id()
 }
 
 /// The node one end of an observed flow is drawn as when no rule or record names it: as a

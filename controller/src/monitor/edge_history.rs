@@ -475,8 +475,16 @@ impl EdgeHistory {
             .filter(|(k, _)| in_namespace(&k.source) || in_namespace(&k.destination))
             .collect();
         fn newest_first(a: &(&EdgeKey, &EdgeStats), b: &(&EdgeKey, &EdgeStats)) -> Ordering {
-            fn names(k: &EdgeKey) -> (&WorkloadRef, &WorkloadRef, u16) {
-                (&k.source.workload.0, &k.destination.workload.0, k.port)
+            // Every part of the key but the addresses: the same history answers in the same order.
+            fn names(k: &EdgeKey) -> (&WorkloadRef, &WorkloadRef, u16, Protocol, Option<&str>) {
+                let (source, destination) = (&k.source.workload.0, &k.destination.workload.0);
+                (
+                    source,
+                    destination,
+                    k.port,
+                    k.protocol,
+                    k.peer_name.as_deref(),
+                )
             }
             (b.1.last_seen_ms.cmp(&a.1.last_seen_ms)).then_with(|| names(a.0).cmp(&names(b.0)))
         }

@@ -11,9 +11,11 @@ use crate::graph::{self, GraphInput, GraphModel};
 use crate::monitor::edge_history::HistoryEdge;
 use crate::monitor::evaluate::verdict::{SideDecision, TierName};
 use crate::ui::objects::Snapshot;
+use ipnet::IpNet;
 use network_enforcer_api::{PolicyMode, WorkloadRef};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 /// At most this many nodes and edges per answer; past it the view says `truncated`.
 pub const MAX_NODES: usize = 2_000;
@@ -282,10 +284,7 @@ fn from_model(namespace: &str, model: GraphModel, input: &GraphInput) -> GraphVi
         }
         let name = policy.metadata.name.clone().unwrap_or_default();
         for v in policy.status.iter().flat_map(|s| &s.violations) {
-            let (from, to) = (
-                graph::violation_node_id(&v.source),
-                graph::violation_node_id(&v.dest),
-            );
+            let (from, to) = (graph::node_id(&v.source), graph::node_id(&v.dest));
             let state = match v.action {
                 PolicyMode::Monitor => EdgeState::Violation,
                 PolicyMode::Protect => EdgeState::Blocked,
@@ -343,8 +342,8 @@ fn add_observed<'a>(view: &mut GraphView, observed: impl Iterator<Item = &'a His
     let mut own: BTreeMap<(String, String), usize> = BTreeMap::new();
     for flow in observed {
         let ends = (
-            graph::violation_node_id(&flow.source),
-            graph::violation_node_id(&flow.destination),
+            graph::node_id(&flow.source),
+            graph::node_id(&flow.destination),
         );
         let port = format!("{} {}", flow.protocol.as_str(), flow.port);
         let at = match index.covering(&view.edges, flow, &ends, &port) {
@@ -375,10 +374,8 @@ fn add_observed<'a>(view: &mut GraphView, observed: impl Iterator<Item = &'a His
         };
         let edge = &mut view.edges[at];
         if edge.state == EdgeState::Observed {
-            if !edge.ports.contains(&port) {
-                edge.ports.push(port.clone());
-                edge.ports.sort();
-            }
+            // Sorted and made unique once all are in (a port scan is thousands).
+            edge.ports.push(port.clone());
             edge.last_seen_ms = edge.last_seen_ms.max(Some(flow.last_seen_ms));
         }
         if let (Some(egress), Some(ingress)) = (&flow.egress, &flow.ingress) {
@@ -391,6 +388,11 @@ fn add_observed<'a>(view: &mut GraphView, observed: impl Iterator<Item = &'a His
                 }],
             );
         }
+    }
+    for &at in own.values() {
+        let ports = &mut view.edges[at].ports;
+        ports.sort();
+        ports.dedup();
     }
 }
 
@@ -461,7 +463,7 @@ impl EdgeIndex {
 
 /// Whether a rule's port label (`TCP 18080`, `TCP 8000-8080`, `UDP any`, `any port`) covers the
 /// flow's protocol and port. A named port covers nothing here (the pod's ports are not known).
-fn covers(label: &str, flow: &HistoryEdge) -> bool {
+pub(super) fn covers(label: &str, flow: &HistoryEdge) -> bool {
     if label == "any port" {
         return true;
     }
@@ -481,30 +483,54 @@ fn covers(label: &str, flow: &HistoryEdge) -> bool {
     }
 }
 
-/// Whether the graph node `id` (a rule's peer) may stand for the flow's end `w`: pods a selector
-/// picks in its namespace (or in namespaces a selector picks), an address block holding its
-/// address, `any`, or a wildcard name the name it was resolved from falls under. Selectors are not
-/// evaluated (the pods' labels are not here): a selector of the end's namespace may stand for it.
-fn may_stand_for(id: &str, w: &WorkloadRef) -> bool {
+/// Whether the graph node `id` (a rule's peer) may stand for the flow's end `w`: a selector of
+/// the end's namespace (or of every namespace) whose labels the end's pod has (`w.selector`: the
+/// labels of the pod it was seen at, cut at a bound), an address block holding its address (and
+/// none of its exceptions), `any`, or a wildcard name the name it was resolved from falls under.
+/// Namespace labels are not here: a selector of namespaces by label is not taken to hold it (the
+/// flow gets its own edge).
+pub(super) fn may_stand_for(id: &str, w: &WorkloadRef) -> bool {
     if let Some(selector) = id.strip_prefix("s:") {
         let workload = !w.owner_name.is_empty() && w.address.is_empty();
-        return workload
-            && (selector.starts_with('/') || selector.starts_with(&format!("{}/", w.namespace)));
+        let pods = match selector.split_once('/') {
+            // `namespaces <selector> / <pods>`: only a selector of every namespace is known to
+            // hold the end's.
+            Some(("", any)) => any.strip_prefix("namespaces all / "),
+            Some((namespace, pods)) if namespace == w.namespace => Some(pods),
+            _ => None,
+        };
+        return workload && pods.is_some_and(|pods| selects(pods, &w.selector));
     }
     if let Some(block) = id.strip_prefix("x:") {
-        let address = w.address.parse::<std::net::IpAddr>().ok();
-        return block == "any"
-            || address.is_some_and(|ip| {
-                block
-                    .parse::<ipnet::IpNet>()
-                    .is_ok_and(|net| net.contains(&ip))
-                    || block.parse::<std::net::IpAddr>() == Ok(ip)
-            });
+        if block == "any" {
+            return true;
+        }
+        let Ok(ip) = w.address.parse::<IpAddr>() else {
+            return false;
+        };
+        let (cidr, except) = block.split_once(" except ").unwrap_or((block, ""));
+        let holds = |net: &str| {
+            net.parse::<IpNet>().is_ok_and(|net| net.contains(&ip)) || net.parse() == Ok(ip)
+        };
+        return holds(cidr) && !except.split(", ").any(holds);
     }
-    if let Some(suffix) = id.strip_prefix("n:*.") {
-        return w.dns_name.ends_with(&format!(".{suffix}"));
+    if let Some(pattern) = id.strip_prefix("n:").filter(|p| p.starts_with("*.")) {
+        return network_enforcer_api::dns_name::matches(pattern, &w.dns_name);
     }
     false
+}
+
+/// Whether a selector's text (`{app=db, tier=data}`, `all`; expressions are not read) picks a pod
+/// whose labels are `labels` (`app=db,tier=data`).
+fn selects(pods: &str, labels: &str) -> bool {
+    if pods == "all" {
+        return true;
+    }
+    let Some(wanted) = pods.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
+        return false;
+    };
+    let own: BTreeSet<&str> = labels.split(',').collect();
+    wanted.split(", ").all(|label| own.contains(label))
 }
 
 /// Adds `decisions` to `edge`'s (once each, within [`MAX_DECISIONS`]) and their tiers (all of them,
@@ -616,6 +642,13 @@ fn group_external(view: &mut GraphView) {
                 into.violations.extend(edge.violations);
                 into.last_seen_ms = into.last_seen_ms.max(edge.last_seen_ms);
                 into.ports.sort();
+                // The tiers of decisions past the bound are in the edge's tiers only.
+                for tier in edge.tiers {
+                    if !into.tiers.contains(&tier) {
+                        into.tiers.push(tier);
+                        into.tiers.sort();
+                    }
+                }
                 merge_decisions(into, edge.decisions);
             }
         }

@@ -157,10 +157,7 @@ pub fn build(snapshot: &Snapshot, namespace: &str, name: &str) -> Option<Proposa
         .iter()
         .flat_map(|p| p.status.iter().flat_map(|s| &s.violations))
     {
-        let (from, to) = (
-            graph::violation_node_id(&v.source),
-            graph::violation_node_id(&v.dest),
-        );
+        let (from, to) = (graph::node_id(&v.source), graph::node_id(&v.dest));
         let Some(peer) = peer_of(&from, &to) else {
             continue;
         };

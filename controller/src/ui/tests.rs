@@ -359,12 +359,13 @@ fn graph_edges_say_which_tier_decides_their_observed_flows() {
         "outside the window"
     );
     assert_eq!(view.counts["observed"], 2);
-    // A flow to a pod of another namespace goes on the rule whose selector of that namespace may
-    // pick it (the proposals' DNS rule), on its port only.
+    // A flow to a pod of another namespace goes on the rule whose selector of that namespace picks
+    // its workload's labels (the proposals' DNS rule), on its port only.
     let coredns = WorkloadRef {
         namespace: "kube-system".into(),
         owner_kind: "Deployment".into(),
         owner_name: "coredns".into(),
+        selector: "k8s-app=kube-dns".into(),
         ..WorkloadRef::default()
     };
     let to_dns = |protocol, port| HistoryEdge {
@@ -404,10 +405,155 @@ fn graph_edges_say_which_tier_decides_their_observed_flows() {
             ),
         ]
     );
+    // Past the bound of decisions an edge still names every tier, also once external peers are
+    // grouped into one node.
+    let many: Vec<HistoryEdge> = (0..40u16)
+        .map(|i| HistoryEdge {
+            last_seen_ms: NOW_MS,
+            egress: side(Decider::Default, true, ""),
+            ingress: side(
+                // The last of its address's 20 flows: past that edge's own bound before grouping.
+                if i == 39 {
+                    Decider::Admin
+                } else {
+                    Decider::Default
+                },
+                true,
+                "",
+            ),
+            ..HistoryEdge::flow(
+                WorkloadRef {
+                    address: format!("203.0.113.{}", 20 + i % 2),
+                    ..WorkloadRef::default()
+                },
+                workload("http-server"),
+                network_enforcer_api::Protocol::TCP,
+                9000 + i,
+            )
+        })
+        .collect();
+    let bounded = graph_view::build(&super::tests::snapshot(vec![]), &query, &many);
+    let scan = bounded
+        .edges
+        .iter()
+        .find(|e| e.state == EdgeState::Observed)
+        .expect("the scan's edge");
+    assert_eq!(scan.from, graph_view::EXTERNAL_GROUP);
+    assert_eq!(scan.ports.len(), 40);
+    assert_eq!(scan.decisions.len(), graph_view::MAX_DECISIONS);
+    assert_eq!(tiers(scan), [Decider::Admin, Decider::Default]);
     // The answer says it in the JSON the page reads.
     let json = serde_json::to_value(allowed).unwrap();
     assert_eq!(json["tiers"], serde_json::json!(["admin"]));
     assert_eq!(json["decisions"][0]["ingress"]["tier"], "networkPolicy");
+}
+
+/// Which rule edge may stand for an observed flow: its port labels and its peer node.
+#[test]
+fn an_observed_flow_goes_on_a_rule_only_where_the_rule_may_cover_it() {
+    use crate::monitor::edge_history::HistoryEdge;
+    use network_enforcer_api::Protocol;
+    let flow = |protocol, port| {
+        HistoryEdge::flow(
+            WorkloadRef::default(),
+            WorkloadRef::default(),
+            protocol,
+            port,
+        )
+    };
+    for (label, protocol, port, covered) in [
+        ("TCP 18080", Protocol::TCP, 18080, true),
+        ("TCP 18080", Protocol::TCP, 18081, false),
+        ("TCP 18080", Protocol::UDP, 18080, false),
+        ("TCP 8000-8080", Protocol::TCP, 8080, true),
+        ("TCP 8000-8080", Protocol::TCP, 8081, false),
+        ("UDP any", Protocol::UDP, 53, true),
+        ("UDP any", Protocol::TCP, 53, false),
+        ("any port", Protocol::SCTP, 9, true),
+        ("TCP http", Protocol::TCP, 80, false),
+    ] {
+        assert_eq!(
+            graph_view::covers(label, &flow(protocol, port)),
+            covered,
+            "{label} {protocol:?} {port}"
+        );
+    }
+    let pod = |namespace: &str, selector: &str| WorkloadRef {
+        namespace: namespace.into(),
+        owner_kind: "Deployment".into(),
+        owner_name: "db".into(),
+        selector: selector.into(),
+        ..WorkloadRef::default()
+    };
+    let outside = |address: &str, name: &str| WorkloadRef {
+        address: address.into(),
+        dns_name: name.into(),
+        ..WorkloadRef::default()
+    };
+    for (node, end, stands) in [
+        ("s:shop/{app=db}", pod("shop", "app=db,tier=data"), true),
+        (
+            "s:shop/{app=db, tier=data}",
+            pod("shop", "app=db,tier=data"),
+            true,
+        ),
+        (
+            "s:shop/{app=db, tier=cache}",
+            pod("shop", "app=db,tier=data"),
+            false,
+        ),
+        ("s:shop/{app=db}", pod("shop-eu", "app=db"), false),
+        ("s:shop/{app=db}", pod("shop", ""), false),
+        ("s:shop/all", pod("shop", ""), true),
+        ("s:/namespaces all / {app=db}", pod("bank", "app=db"), true),
+        (
+            "s:/namespaces {team=a} / {app=db}",
+            pod("bank", "app=db"),
+            false,
+        ),
+        ("s:shop/{app=db}", outside("10.0.0.1", ""), false),
+        ("x:any", pod("shop", ""), true),
+        ("x:198.51.100.0/24", outside("198.51.100.5", ""), true),
+        ("x:198.51.100.0/24", outside("198.51.101.5", ""), false),
+        (
+            "x:198.51.100.0/24 except 198.51.100.0/28",
+            outside("198.51.100.5", ""),
+            false,
+        ),
+        (
+            "x:198.51.100.0/24 except 198.51.100.0/28",
+            outside("198.51.100.50", ""),
+            true,
+        ),
+        ("x:2001:db8::/32", outside("2001:db8::7", ""), true),
+        ("x:203.0.113.7", outside("203.0.113.7", ""), true),
+        (
+            "n:*.example.test",
+            outside("192.0.2.1", "api.example.test"),
+            true,
+        ),
+        (
+            "n:*.example.test",
+            outside("192.0.2.1", "example.test"),
+            false,
+        ),
+        (
+            "n:api.example.test",
+            outside("192.0.2.1", "api.example.test"),
+            false,
+        ),
+        (
+            "i:cluster.local/ns/shop/sa/db",
+            pod("shop", "app=db"),
+            false,
+        ),
+    ] {
+        assert_eq!(
+            graph_view::may_stand_for(node, &end),
+            stands,
+            "{node} for {end:?}"
+        );
+    }
 }
 
 #[test]

@@ -212,6 +212,31 @@ pub fn isolation_protected_by_the_agent(
     let client = format!("w:{name}/Deployment/http-client");
     let server = format!("w:{name}/Deployment/http-server");
     wait_for_tier(release, name, (&[&client], &server), "default", None)?;
+    // The client's DNS is drawn on its learned rule to the DNS pods' selector (which says the tier
+    // deciding it), not as a flow no rule stands for.
+    let path = format!("/api/v1/namespaces/{name}/graph");
+    poll(
+        "the client's DNS flows on its learned rule to the DNS selector",
+        STEP_TIMEOUT,
+        Duration::from_secs(1),
+        || {
+            let graph = release.controller_web_view(&path)?;
+            let edges = graph["edges"].as_array().cloned().unwrap_or_default();
+            let to =
+                |e: &Value, prefix: &str| e["to"].as_str().is_some_and(|t| t.starts_with(prefix));
+            let on_rule = edges.iter().any(|e| {
+                e["from"] == client.as_str() && to(e, "s:kube-system/") && e["tiers"].is_array()
+            });
+            let stray = edges
+                .iter()
+                .any(|e| e["state"] == "observed" && to(e, "w:kube-system/"));
+            Ok((on_rule && !stray).then_some(()))
+        },
+        || match release.controller_web_view(&path) {
+            Ok(graph) => format!("the graph now: {graph:#}"),
+            Err(error) => format!("the graph: {error:#}"),
+        },
+    )?;
 
     say("guardrail: the label removed; the policy goes and the outsider gets through");
     release.kubectl(&[

@@ -253,7 +253,11 @@ impl StatusSync {
     /// The evaluator's view for the web view, built again once it is [`VIEW_REUSED_FOR`] old: every
     /// open graph page asks every 2 s, and a view copies every pod of the index.
     fn recent_view(&self) -> Arc<ClusterView> {
-        let mut cached = self.recent_view.lock().expect("view lock");
+        // Only a cache: one poisoned by a panic is used as it is.
+        let mut cached = self
+            .recent_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &*cached {
             Some((at, view)) if at.elapsed() < VIEW_REUSED_FOR => view.clone(),
             _ => {
@@ -261,6 +265,21 @@ impl StatusSync {
                 *cached = Some((std::time::Instant::now(), view.clone()));
                 view
             }
+        }
+    }
+
+    /// Frees the web view's view of the cluster once it is stale (a copy of every pod: not kept
+    /// for a page nobody has open). Called at every status pass.
+    pub(super) fn forget_stale_view(&self) {
+        let mut cached = self
+            .recent_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cached
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() >= VIEW_REUSED_FOR)
+        {
+            *cached = None;
         }
     }
 }

@@ -58,6 +58,7 @@ impl StatusSync {
                     self.persist_history().await;
                 }
                 _ = status.tick() => {
+                    self.forget_stale_view();
                     self.attribute_evidence_off_runtime().await;
                     let report = self.sync_all().await;
                     if report.patched > 0 || report.failed > 0 {
