@@ -450,9 +450,10 @@ async fn goldmane_flows_reach_learning_and_evidence_over_mutual_tls_with_rotated
     let next = Arc::new(Learning {
         index: learning.index.clone(),
         learner: learning.learner.clone(),
-        writer: learning.writer.clone(),
+        leader: learning.leader.clone(),
+        metrics: learning.metrics.clone(),
         evidence: learning.evidence.clone(),
-        early: Default::default(),
+        waiting: Default::default(),
         names: None,
         claims: claims.clone(),
     });

@@ -402,7 +402,7 @@ mod grpc {
             })
             .acknowledge(Acknowledge::OnceMerged)
             // Records for a pod the watch has not delivered yet wait for it this long.
-            .configure_learner(|l| l.with_resolution_grace(120_000))
+            .resolution_grace(120_000)
             .build();
         let shared = app.index.clone();
         let feed = tokio::spawn(app.watch_cluster());
@@ -555,7 +555,7 @@ mod grpc {
             "{}",
             acks[0].reason
         );
-        assert_eq!(app.learning.early.len(), 1, "it waits for its pod");
+        assert_eq!(app.learning.waiting.len(), 1, "it waits for its pod");
         pods.create(&PostParams::default(), &pod_json("late", "default", None)?)
             .await?;
         ns.wait_for(
@@ -589,7 +589,7 @@ mod grpc {
 
         let report = app.flush().await;
         assert!(
-            app.learning.early.is_empty(),
+            app.learning.waiting.is_empty(),
             "the flush took the late pod's record in"
         );
         assert_eq!(report.written, 3, "{report:?}");

@@ -20,6 +20,7 @@ use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::admission::{Admission, StreamLimits};
 use crate::ingest::evidence::EvidenceSink;
 use crate::ingest::presence::Presence;
+use crate::ingest::waiting::Waiting;
 use crate::ingest::{Authenticate, IngestService, Learning, Limits};
 use crate::learn::flusher::{FlushReport, Flusher};
 use crate::learn::learner::Learner;
@@ -94,6 +95,8 @@ pub struct AppBuilder {
     limits: Limits,
     stream_limits: StreamLimits,
     names: names::Settings,
+    resolution_grace_ms: i64,
+    cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl App {
@@ -116,6 +119,8 @@ impl App {
             limits: Limits::default(),
             stream_limits: StreamLimits::default(),
             names: names::Settings::default(),
+            resolution_grace_ms: 0,
+            cluster_cidrs: Vec::new(),
         }
     }
 
@@ -137,7 +142,7 @@ impl App {
             admission: self.admission.clone(),
             presence: self.presence.clone(),
             written: match self.acknowledge {
-                Acknowledge::OnceWritten => Some(self.flusher.clone()),
+                Acknowledge::OnceWritten => Some(self.flusher.ledger().clone()),
                 Acknowledge::OnceMerged => None,
             },
         }
@@ -173,6 +178,21 @@ impl AppBuilder {
         configure: impl FnOnce(Learner) -> Learner + Send + 'static,
     ) -> Self {
         self.configure_learner = Some(Box::new(configure));
+        self
+    }
+
+    /// Lets what ingest cannot resolve yet wait up to `grace_ms` for the index
+    /// ([`crate::ingest::waiting`]); without it (0, the default) every record is taken in as it
+    /// resolves on arrival.
+    pub fn resolution_grace(mut self, grace_ms: i64) -> Self {
+        self.resolution_grace_ms = grace_ms;
+        self
+    }
+
+    /// With the resolution grace: peers outside `cidrs` (the ranges the cluster gives pods and
+    /// Services) never wait.
+    pub fn cluster_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
+        self.cluster_cidrs = cidrs;
         self
     }
 
@@ -286,10 +306,6 @@ impl AppBuilder {
         if let Some(configure) = self.configure_learner {
             learner = configure(learner);
         }
-        if let Some(evidence) = &evidence {
-            // Evidence whose peer waits for the index goes on to where the rest goes.
-            learner = learner.with_evidence_sink(evidence.clone());
-        }
         let mut writer = ProposalWriter::new(self.client.clone(), self.backend)
             .with_limits(*learner.limits())
             .with_signing_key(self.signing_key)
@@ -307,9 +323,14 @@ impl AppBuilder {
         let learning = Arc::new(Learning {
             index: index.clone(),
             learner: learner.clone(),
-            writer: writer.clone(),
+            leader: writer.clone(),
+            metrics: metrics.clone(),
             evidence,
-            early: Default::default(),
+            waiting: Waiting::new(
+                self.resolution_grace_ms,
+                self.cluster_cidrs,
+                metrics.waits.clone(),
+            ),
             names: Some(names.clone()),
             // The status sync persists them (when it does) and reads them back as a new leader.
             claims: status_sync
@@ -317,7 +338,7 @@ impl AppBuilder {
                 .map_or_else(Default::default, |s| s.claims()),
         });
         let flusher = Flusher::new(index.clone(), learner.clone(), writer.clone())
-            .with_settle_first(learning.clone());
+            .with_waiting(learning.clone());
         App {
             client: self.client,
             metrics,

@@ -133,7 +133,7 @@ impl Decoded {
 ///
 /// With `node` given, a pod the index does not know, or knows without a node yet (its binding not
 /// seen), is [`BadRecord::UnknownLocalPod`]: the index may still catch up
-/// ([`crate::ingest::early_records`]). A pod known on another node is [`BadRecord::NotOnNode`].
+/// ([`crate::ingest::waiting`]). A pod known on another node is [`BadRecord::NotOnNode`].
 pub fn decode(
     record: &FlowRecord,
     index: &Index,

@@ -12,8 +12,8 @@ pub struct Holds {
     /// ([`crate::ingest::evidence::EvidenceSink::hold`]).
     pub evidence: Option<u64>,
     /// Some of its evidence is handed to the evidence sink after the batch was merged: records that
-    /// waited for their pod ([`early_records`]), or blocked connections whose peer waited for the
-    /// index ([`crate::learn::deferrals`]). Their waits end with the grace, which `proposals` waits
+    /// waited for their pod, or blocked connections whose peer waited for the index
+    /// ([`super::waiting`]). Their waits end with the grace, which `proposals` waits
     /// for too: once `proposals` are written (so the waits are over and the evidence was handed on),
     /// the evidence mark is taken again, to cover it.
     pub evidence_later: bool,

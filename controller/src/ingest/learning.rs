@@ -75,7 +75,7 @@ impl Learning {
             sequence: batch.sequence,
         };
         let (attempt, dropped) = self.claims.begin(name);
-        let metrics = self.learner.metrics();
+        let metrics = &self.metrics;
         if dropped.batches > 0 {
             metrics.evidence_claims_dropped.inc_by(dropped.batches);
         }
@@ -132,10 +132,10 @@ impl Learning {
         gate: Option<&ClaimGate>,
     ) -> (BatchAck, Holds) {
         let index = self.index.index.read().expect("index lock");
-        let metrics = self.learner.metrics();
+        let metrics = &self.metrics;
         let now_ms = crate::cluster::watches::now_ms();
-        if self.early.due(now_ms) {
-            self.settle_early(&index, now_ms, false);
+        if self.waiting.due(now_ms) {
+            self.settle(&index, now_ms, false);
         }
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
@@ -157,28 +157,14 @@ impl Learning {
                 let taken = self.take_one(&index, from, &record, &mut waits, &mut evidence);
                 match taken {
                     Err(BadRecord::UnknownLocalPod(pod)) => {
-                        let grace_ms = self.learner.resolution_grace_ms();
-                        match self.early.hold_as(
-                            node,
-                            reporter,
-                            &record,
-                            now_ms,
-                            grace_ms,
-                            claims::Counts { counts, gate },
-                        ) {
+                        let counts = claims::Counts { counts, gate };
+                        match self.waiting.record(node, reporter, &record, now_ms, counts) {
                             Ok(until_ms) => {
-                                metrics.resolved("local_pod_deferred", 1);
-                                metrics.records_waiting_for_pod.inc();
                                 waits.defer_until(until_ms);
-                                evidence.later |= counts;
+                                evidence.later |= counts.counts;
                                 Ok(Ok(()))
                             }
-                            Err(why) => {
-                                if why == early_records::NoWait::Full {
-                                    metrics.resolved("local_pod_waiting_full", 1);
-                                }
-                                Err(BadRecord::UnknownLocalPod(pod))
-                            }
+                            Err(_) => Err(BadRecord::UnknownLocalPod(pod)),
                         }
                     }
                     taken => taken,
@@ -224,11 +210,10 @@ impl Learning {
         )
     }
 
-    /// Takes in one record as it arrived (`from`): learns from it (adding what its
-    /// acknowledgement waits for to `waits`) and hands it to the evidence sink, now or, when it is a
-    /// blocked connection whose peer the index cannot place yet, once the learner's wait for the
-    /// index is over ([`Learner::evidence_or_wait`]; noted in `evidence`). `Ok(Err(_))`: accepted but
-    /// not resolvable.
+    /// Takes in one record as it arrived (`from`): learns from it, now or once the index places
+    /// its peer (adding what its acknowledgement waits for to `waits`), and hands it to the evidence
+    /// sink, now or, when it is a blocked connection whose peer the index cannot place yet, once its
+    /// wait is over ([`waiting`]; noted in `evidence`). `Ok(Err(_))`: accepted but not resolvable.
     fn take_one(
         &self,
         index: &Index,
@@ -237,7 +222,7 @@ impl Learning {
         waits: &mut WaitsFor,
         evidence: &mut Handed,
     ) -> Result<Result<(), String>, BadRecord> {
-        let metrics = self.learner.metrics();
+        let metrics = &self.metrics;
         if flow_record::is_resolution(record) {
             let resolution = flow_record::decode_resolution(record, index, Some(from.node))?;
             metrics.resolved(self.resolved(index, &resolution), 1);
@@ -253,29 +238,57 @@ impl Learning {
                 if decoded.peer_from != PeerFrom::Address {
                     metrics.resolved(decoded.peer_from.label(), 1);
                 }
-                self.learner
-                    .observe_or_wait(index, &o, from.at_ms, waits)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+                self.learn_or_wait(index, from.node, &o, from.at_ms, waits)
             }
             None => {
                 metrics.resolved("not_learned", 1);
                 Ok(())
             }
         };
+        let peer = decoded.peer;
         if let Some(sink) = self.evidence.as_ref().filter(|_| from.counts)
             && let Some(mut e) = Evidence::of(record, decoded)
         {
             e.claim = from.gate.cloned();
-            match self.learner.evidence_or_wait(index, e, from.at_ms, waits) {
-                Some(e) => {
+            match self.waiting.evidence(index, from.node, e, from.at_ms) {
+                Ok(e) => {
                     sink.accepted(e);
                     evidence.now = true;
                 }
-                None => evidence.later = true,
+                Err(until_ms) => {
+                    tracing::debug!(%peer, node = from.node,
+                        "a blocked connection waits for the index to place its peer");
+                    waits.defer_until(until_ms);
+                    evidence.later = true;
+                }
             }
         }
         Ok(learning)
+    }
+
+    /// Learns `obs`, from `node`, now or, when the index cannot place its peer yet, once it does or
+    /// the grace is over ([`waiting`]); its batch's acknowledgement waits as long (`waits`).
+    fn learn_or_wait(
+        &self,
+        index: &Index,
+        node: &str,
+        obs: &ReportedConnection,
+        now_ms: i64,
+        waits: &mut WaitsFor,
+    ) -> Result<(), String> {
+        let flows = match self.waiting.observation(index, node, obs, now_ms) {
+            Admitted::Now(flows) => flows,
+            // A repeat's batch waits for its own grace: usually the observation it repeats was
+            // decided and written by then; when not, that one's own batch still waits for it.
+            Admitted::Waits(until_ms) | Admitted::Repeat(until_ms) => {
+                waits.defer_until(until_ms);
+                return Ok(());
+            }
+        };
+        self.learner
+            .learn(index, obs, flows, waits)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// Keeps what a resolution says for protect policies (`cluster::names`); returns the `outcome`
@@ -315,27 +328,45 @@ impl Learning {
         }
     }
 
-    /// Takes in the records that waited for their pod and whose pod the index now knows, and refuses
-    /// those whose grace is over at `now_ms`. Called by batches as they come (`wait: false`: not when
-    /// another thread is at it) and before every flush (`wait: true`).
-    ///
-    /// A record is taken in as of its arrival: should its peer then wait for the index too, that
-    /// wait ends when its batch's does (both are the grace from its arrival), so the flush that
-    /// releases the batch's acknowledgement decides it.
-    pub fn settle_early(&self, index: &Index, now_ms: i64, wait: bool) {
-        let Some(_settling) = self.early.settling(wait) else {
+    /// Decides what waited for the index ([`waiting`]) and is placed now or out of grace at
+    /// `now_ms` (`i64::MAX`: everything, on the way out): records whose pod the index now knows are
+    /// taken in, those out of grace refused; observations are learned and evidence handed on as the
+    /// index resolves them now. Called by batches as they come (`wait: false`: not when another
+    /// thread is at it) and before every flush (`wait: true`, even when none waits: a batch's look may
+    /// have taken the last ones out and be merging them).
+    pub fn settle(&self, index: &Index, now_ms: i64, wait: bool) {
+        let Some(_settling) = self.waiting.settling(wait) else {
             return;
         };
-        let decided = self.early.take_decided(index, now_ms);
-        let metrics = self.learner.metrics();
-        metrics
-            .records_waiting_for_pod
-            .dec_by((decided.placed.len() + decided.expired.len()) as i64);
+        // A record taken in may wait for its peer in turn, as of its arrival: when that wait is over
+        // too, a second look decides it now, as the flush that releases its batch expects.
+        for _ in 0..2 {
+            let decided = self.waiting.take_decided(index, now_ms);
+            let taken_in = decided.records.iter().any(|(_, _, placed)| *placed);
+            self.decide(index, now_ms, decided);
+            if !taken_in {
+                break;
+            }
+        }
+    }
+
+    /// Takes in, refuses, learns and hands on what [`Learning::settle`] took out.
+    fn decide(&self, index: &Index, now_ms: i64, decided: waiting::Decided) {
+        let metrics = &self.metrics;
         // One log line per settling, not per record: a hostile agent may name many pods.
-        let mut refused: Option<(u64, String, BadRecord)> = None;
-        for early in decided.placed {
+        let mut refused: Option<(u64, Arc<str>, BadRecord)> = None;
+        let mut expired: Option<(u64, Arc<str>, String)> = None;
+        for (node, early, placed) in decided.records {
+            if !placed {
+                let first = expired.get_or_insert_with(|| {
+                    let pod = early.record.local.as_ref().map(flow_record::describe_local);
+                    (0, node.clone(), pod.unwrap_or_default())
+                });
+                first.0 += 1;
+                continue;
+            }
             let from = Arrival {
-                node: &early.node,
+                node: &node,
                 reporter: early.reporter,
                 at_ms: early.arrived_ms,
                 counts: early.counts,
@@ -350,48 +381,48 @@ impl Learning {
                 &mut WaitsFor::default(),
                 &mut Handed::default(),
             );
-            match taken {
-                Ok(_) => metrics.resolved("local_pod_deferred_resolved", 1),
-                Err(why) => {
-                    metrics.record_rejected(why.label());
-                    let first = refused.get_or_insert((0, early.node, why));
-                    first.0 += 1;
-                }
+            if let Err(why) = taken {
+                metrics.record_rejected(why.label());
+                let first = refused.get_or_insert((0, node.clone(), why));
+                first.0 += 1;
             }
         }
         if let Some((records, node, reason)) = refused {
             tracing::warn!(records, first_node = %node, first_reason = %reason,
                 "refused records that waited for their pod");
         }
-        let Some(first) = decided.expired.first() else {
-            return;
-        };
-        if now_ms == i64::MAX {
-            // On the way out: not refused, their batches are not acknowledged and come again.
-            tracing::info!(
-                records = decided.expired.len(),
-                "records still waiting for their pods are left to their agents to send again"
-            );
-            return;
+        if let Some((records, node, pod)) = expired {
+            if now_ms == i64::MAX {
+                // On the way out: not refused, their batches are not acknowledged and come again.
+                tracing::info!(
+                    records,
+                    "records still waiting for their pods are left to their agents to send again"
+                );
+            } else {
+                metrics.records_rejected_by("unknown_local_pod", records);
+                tracing::warn!(records, first_node = %node, first_pod = %pod,
+                    "refused records: their pods did not reach the index within the resolution grace");
+            }
         }
-        let expired = decided.expired.len() as u64;
-        metrics.resolved("local_pod_deferred_expired", expired);
-        metrics.records_rejected_by("unknown_local_pod", expired);
-        let pod = first
-            .record
-            .local
-            .as_ref()
-            .map(flow_record::describe_local)
-            .unwrap_or_default();
-        tracing::warn!(records = expired, first_node = %first.node, first_pod = %pod,
-            "refused records: their pods did not reach the index within the resolution grace");
-    }
-}
-
-impl crate::learn::flusher::SettleFirst for Learning {
-    fn settle_first(&self, index: &Index, now_ms: i64) {
-        // Even when none waits: a batch's look may have taken the last ones out and be merging them.
-        self.settle_early(index, now_ms, true);
+        let mut edges = 0;
+        for (obs, flows) in decided.observations {
+            edges += self
+                .learner
+                .learn(index, &obs, flows, &mut WaitsFor::default())
+                .unwrap_or(0);
+        }
+        if edges > 0 {
+            tracing::debug!(
+                edges,
+                waiting = self.waiting.len(),
+                "learned flows that waited for the index"
+            );
+        }
+        if let Some(sink) = &self.evidence {
+            for e in decided.evidence {
+                sink.accepted(e);
+            }
+        }
     }
 }
 

@@ -5,15 +5,15 @@
 //! token (audience [`AUDIENCE`]), the controller checks it with a TokenReview, requires the agent's
 //! ServiceAccount, and learns the agent's node from the pod the token is bound to. Records are accepted
 //! only for pods the index places on that node, so a compromised agent cannot speak for other nodes; a
-//! record for a pod the index has not seen yet waits for it a little ([`early_records`]).
+//! record for a pod the index has not seen yet waits for it a little ([`waiting`]).
 //! Limits (records per batch, batches per second per stream, message size) are answered with a clear
 //! status and counted; nothing an agent sends can crash the controller.
 //!
-//! **Acknowledged means written.** Learned edges wait in the [`Learner`] until the next flush.
+//! **Acknowledged means written.** Learned edges wait in the learner until the next flush.
 //! A batch acknowledged before then would be lost if the controller stopped in between (crash,
 //! rollout, lost Lease): the agent has already forgotten it. So, with [`IngestService::written`] set
 //! (the controller binary always sets it), a batch that taught anything is acknowledged only once a
-//! flush that started after it was merged has written every pending proposal ([`Flusher`]); until then
+//! flush that started after it was merged has written every pending proposal ([`Ledger`]); until then
 //! the agent keeps it in its resend buffer and resends it after a reconnect. Resends merge idempotently
 //! (same edges, same rules), so the price of a restart is a few duplicate records, never a lost or
 //! duplicated rule. Violation evidence is held the same way: while any policy exists, a batch is
@@ -33,16 +33,18 @@ mod auth;
 pub mod auth_cache;
 pub mod claims;
 pub mod claims_store;
-pub mod early_records;
 pub mod evidence;
 pub mod flow_record;
 mod holds;
 mod learning;
+pub mod ledger;
 pub mod peer_names;
 pub mod presence;
+pub mod reported;
 mod service;
 pub mod source_cursors;
 pub mod tls;
+pub mod waiting;
 
 pub use auth::{AUDIENCE, AgentIdentity, Authenticate, TokenReviewAuthenticator};
 pub use holds::{Claim, Holds, RepeatOf};
@@ -52,18 +54,16 @@ use crate::cluster::index::{FlowEnd, Index, ResolvedRef};
 use crate::cluster::names::{Change, WorkloadKey};
 use crate::cluster::watches::SharedIndex;
 use crate::ingest::evidence::Evidence;
-use crate::learn::flusher::{Flusher, Ledger};
-use crate::learn::learner::{Learner, WaitsFor};
-use crate::learn::proposal_writer::ProposalWriter;
-use crate::learn::{ReportedConnection, Reporter};
+use crate::runtime::leader::Leading;
+use crate::runtime::metrics::ControllerMetrics;
 use claims::ClaimGate;
-use early_records::EarlyRecords;
 use flow_record::{BadRecord, Decoded, PeerFrom};
 use futures::Stream;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use ledger::{Ledger, WaitsFor};
 use network_enforcer_api::uplink::encoded::{
     self,
     flow_uplink_server::{FlowUplink, FlowUplinkServer},
@@ -71,6 +71,7 @@ use network_enforcer_api::uplink::encoded::{
 use network_enforcer_api::uplink::{self, BatchAck, FlowBatch, FlowRecord};
 use network_enforcer_api::{Protocol, WorkloadKind};
 use prost::Message;
+use reported::{ObservationSink, ReportedConnection, Reporter};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -78,6 +79,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
 use tonic::{Request, Response, Status, Streaming};
+use waiting::{Admitted, Waiting};
 
 /// Limits on what one agent stream may send.
 #[derive(Clone, Debug)]
@@ -99,13 +101,16 @@ impl Default for Limits {
 /// status sync that turns them into violation evidence (docs/behaviour.md §3).
 pub struct Learning {
     pub index: Arc<SharedIndex>,
-    pub learner: Arc<Learner>,
-    /// Whose leadership decides whether agents' streams are taken.
-    pub writer: Arc<ProposalWriter>,
+    /// Where what records teach goes (the learner).
+    pub learner: Arc<dyn ObservationSink>,
+    /// Whose leadership decides whether agents' streams are taken (the proposal writer's).
+    pub leader: Arc<dyn Leading>,
+    /// The process's metrics, which ingest counts into.
+    pub metrics: ControllerMetrics,
     /// Every accepted record is also handed here (never blocks); `None`: no violations recorded.
     pub evidence: Option<Arc<dyn crate::ingest::evidence::EvidenceSink>>,
-    /// Records that arrived before the index knew their pod ([`early_records`]).
-    pub early: EarlyRecords,
+    /// What waits for the index: records for their pod, observations and evidence for their peer.
+    pub waiting: Waiting,
     /// Where resolutions go (`OUTCOME_RESOLVED` records); `None`: they are counted and dropped.
     pub names: Option<Arc<crate::cluster::names::ResolvedNames>>,
     /// The batches whose evidence was counted, to recognise them when resent ([`claims`]).
@@ -122,7 +127,7 @@ pub struct IngestService {
     /// `Some`: acknowledge a batch that taught something only once a flush counted here has written
     /// it (what the controller does; see the module docs). `None`: acknowledge once merged in memory
     /// (for tests that flush by hand).
-    pub written: Option<Arc<Flusher>>,
+    pub written: Option<Arc<Ledger>>,
     /// Which nodes' agents stream now ([`presence`]).
     pub presence: Arc<presence::Presence>,
 }

@@ -35,16 +35,13 @@ impl FlowUplink for IngestService {
         request: Request<Streaming<encoded::FlowBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         if !self.learning.index.ready() {
-            self.learning
-                .learner
-                .metrics()
-                .batch_refused("index_not_synced");
+            self.learning.metrics.batch_refused("index_not_synced");
             return Err(Status::unavailable(
                 "the controller is still listing the cluster; retry shortly",
             ));
         }
-        let metrics = self.learning.learner.metrics().clone();
-        if let Some(status) = not_leader(&self.learning.writer) {
+        let metrics = self.learning.metrics.clone();
+        if let Some(status) = not_leader(self.learning.leader.as_ref()) {
             metrics.batch_refused("not_leader");
             return Err(status);
         }
@@ -89,7 +86,7 @@ impl FlowUplink for IngestService {
         let written = self.written.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let metrics = learning.learner.metrics().clone();
+            let metrics = learning.metrics.clone();
             metrics.agent_streams.inc();
             // Decremented however the stream ends.
             let _open = GaugeGuard(metrics.agent_streams.clone());
@@ -102,7 +99,7 @@ impl FlowUplink for IngestService {
             let mut window = (Instant::now(), 0u32);
             // Acks waiting for the flush that writes their batch's edges, with the batch's mark.
             let mut waiting: VecDeque<(u64, Holds, BatchAck, Option<Claim>)> = VecDeque::new();
-            let mut flushed = written.as_ref().map(|w| w.ledger().subscribe());
+            let mut flushed = written.as_ref().map(|w| w.subscribe());
             let evidence = learning.evidence.clone();
             let mut settled = evidence.as_ref().and_then(|e| e.settled());
             // The (flush, settled evidence) `waiting` was last checked against.
@@ -110,14 +107,14 @@ impl FlowUplink for IngestService {
             let mut inbound_open = true;
             'stream: loop {
                 let now = (
-                    written.as_ref().map_or(0, |w| w.ledger().latest()),
+                    written.as_ref().map_or(0, |w| w.latest()),
                     settled.as_ref().map_or(0, |s| *s.borrow()),
                 );
                 if let Some(w) = written.as_ref().filter(|_| now != checked) {
                     checked = now;
                     let mut ready = Vec::new();
                     for (mark, mut holds, ack, claim) in std::mem::take(&mut waiting) {
-                        if holds.ready(mark, w.ledger(), evidence.as_deref()) {
+                        if holds.ready(mark, w, evidence.as_deref()) {
                             ready.push((ack, claim));
                         } else {
                             waiting.push_back((mark, holds, ack, claim));
@@ -199,7 +196,7 @@ impl FlowUplink for IngestService {
                     window = (Instant::now(), 0);
                 }
                 window.1 += 1;
-                let refusal = if let Some(status) = not_leader(&learning.writer) {
+                let refusal = if let Some(status) = not_leader(learning.leader.as_ref()) {
                     Some(("not_leader", status))
                 } else if batch.node != agent.node {
                     Some((
@@ -252,7 +249,7 @@ impl FlowUplink for IngestService {
                     break;
                 };
                 // Marked after merging: a flush that starts later takes these edges.
-                let mark = written.as_ref().map_or(0, |w| w.ledger().mark());
+                let mark = written.as_ref().map_or(0, |w| w.mark());
                 let claim = holds.claim.take();
                 if let Some(claim) = &claim
                     && let Some(first) = &claim.first
@@ -308,11 +305,7 @@ fn acknowledged(learning: &Learning, node: &str, claim: Option<&Claim>) {
             instance: claim.instance,
             sequence: claim.sequence,
         });
-        learning
-            .learner
-            .metrics()
-            .evidence_claims_dropped
-            .inc_by(forgotten);
+        learning.metrics.evidence_claims_dropped.inc_by(forgotten);
     }
 }
 
@@ -350,13 +343,13 @@ async fn merge(
 
 /// `UNAVAILABLE` with a hint when this replica does not lead: agents reconnect (with backoff) through the
 /// Service, whose endpoints are the ready replicas, and readiness follows leadership.
-fn not_leader(writer: &ProposalWriter) -> Option<Status> {
-    if writer.is_leader() {
+fn not_leader(leader: &dyn Leading) -> Option<Status> {
+    if leader.is_leader() {
         return None;
     }
     Some(Status::unavailable(format!(
         "this controller replica is not the leader (leader: {}); reconnect through the Service",
-        writer.leader_hint().unwrap_or_else(|| "unknown".into())
+        leader.leader_hint().unwrap_or_else(|| "unknown".into())
     )))
 }
 

@@ -28,7 +28,7 @@ fn app_with(
         network_enforcer_api::Backend::Kubernetes,
     )
     .index(Arc::new(SharedIndex::listed(index)))
-    .configure_learner(move |l| l.with_resolution_grace(grace_ms))
+    .resolution_grace(grace_ms)
     .evidence_sink(evidence)
     .build()
 }
@@ -191,7 +191,7 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
         holds.evidence_later && !holds.proposals.is_nothing(),
         "{holds:?}"
     );
-    assert_eq!(app.learning.early.len(), 4);
+    assert_eq!(app.learning.waiting.len(), 4);
     assert_eq!(app.learner.pending_proposals(), 0);
     assert!(queue.drain().is_empty());
 
@@ -203,8 +203,8 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
     }
     let now = crate::cluster::watches::now_ms();
     app.learning
-        .settle_early(&app.index.index.read().unwrap(), now, true);
-    assert_eq!(app.learning.early.len(), 1, "only `never` still waits");
+        .settle(&app.index.index.read().unwrap(), now, true);
+    assert_eq!(app.learning.waiting.len(), 1, "only `never` still waits");
     // web-2's egress and api's ingress.
     assert_eq!(app.learner.pending_proposals(), 2);
     let kinds: Vec<_> = queue
@@ -221,16 +221,17 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
     );
     // The grace runs out for the pod that never comes.
     app.learning
-        .settle_early(&app.index.index.read().unwrap(), now + 30_001, true);
-    assert!(app.learning.early.is_empty());
+        .settle(&app.index.index.read().unwrap(), now + 30_001, true);
+    assert!(app.learning.waiting.is_empty());
     let text = app.learner.metrics().encode();
     for line in [
         "records_rejected_total{reason=\"not_on_node\"} 1",
         "records_rejected_total{reason=\"unknown_local_pod\"} 1",
-        "resolutions_total{outcome=\"local_pod_deferred\"} 4",
-        "resolutions_total{outcome=\"local_pod_deferred_resolved\"} 2",
-        "resolutions_total{outcome=\"local_pod_deferred_expired\"} 1",
-        "records_waiting_for_pod 0",
+        "waits_total{waiter=\"record\",outcome=\"waits\"} 4",
+        // web-2's two records, and web-3's (placed on another node, then refused).
+        "waits_total{waiter=\"record\",outcome=\"placed\"} 3",
+        "waits_total{waiter=\"record\",outcome=\"expired\"} 1",
+        "waiting{waiter=\"record\"} 0",
     ] {
         assert!(text.contains(line), "{line} in {text}");
     }
@@ -343,8 +344,8 @@ async fn a_batch_with_a_denial_whose_peer_waits_is_acknowledged_after_its_eviden
     assert!(holds.ready(mark, ledger, Some(&*marks)));
     let text = app.learner.metrics().encode();
     for line in [
-        "resolutions_total{outcome=\"evidence_deferred\"} 1",
-        "resolutions_total{outcome=\"evidence_deferred_expired\"} 1",
+        "waits_total{waiter=\"evidence\",outcome=\"waits\"} 1",
+        "waits_total{waiter=\"evidence\",outcome=\"expired\"} 1",
     ] {
         assert!(text.contains(line), "{line} in {text}");
     }
@@ -619,7 +620,7 @@ async fn a_resent_batch_is_learned_again_but_its_evidence_counts_once() {
     let (_, after_ack) = app.learning.take_in("node-a", &batch);
     assert_eq!(marks.handed.load(Ordering::SeqCst), 1, "counted once");
     assert!(after_ack.repeat_of.is_none() && after_ack.evidence.is_none());
-    assert_eq!(app.learning.learner.metrics().batch_repeats.get(), 2);
+    assert_eq!(app.learning.metrics.batch_repeats.get(), 2);
 
     let restarted = encoded::FlowBatch {
         instance: 2,
@@ -653,7 +654,11 @@ async fn a_resent_record_that_waits_for_its_pod_counts_once() {
         !repeat.evidence_later && repeat.repeat_of.is_some(),
         "{repeat:?}"
     );
-    assert_eq!(app.learning.early.len(), 2, "both wait, to be learned from");
+    assert_eq!(
+        app.learning.waiting.len(),
+        2,
+        "both wait, to be learned from"
+    );
 
     app.index
         .index
@@ -662,6 +667,6 @@ async fn a_resent_record_that_waits_for_its_pod_counts_once() {
         .apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 2_000);
     tokio::time::sleep(Duration::from_millis(30)).await;
     app.flusher.flush().await;
-    assert_eq!(app.learning.early.len(), 0);
+    assert_eq!(app.learning.waiting.len(), 0);
     assert_eq!(marks.handed.load(Ordering::SeqCst), 1, "counted once");
 }

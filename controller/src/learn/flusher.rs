@@ -1,7 +1,7 @@
 //! The flusher: the one owner of the flush and acknowledgement cycle (docs/behaviour.md §1.10).
 //!
 //! Learned edges wait in the [`Learner`] until a flush has the [`ProposalWriter`] write them. A flush here, and only
-//! here: settles the observations that waited for the index ([`crate::learn::deferrals`]), writes
+//! here: settles what waited for the index ([`crate::ingest::waiting`]), writes
 //! every pending proposal, and records what it wrote in a ledger. The ingest holds back a batch's
 //! acknowledgement until the ledger says that what the batch taught is in the API server
 //! ([`Ledger::mark`] after merging, then [`Ledger::written_for`]); it never flushes itself.
@@ -20,17 +20,16 @@
 //! flush every [`RECHECK_REPEATS_EVERY`], which restores an edge a proposal lost. So neither the
 //! acknowledgements waiting for a flush nor the API server pay for the repeats every few seconds.
 
-use crate::cluster::index::Index;
 use crate::cluster::watches::{self, SharedIndex};
+use crate::ingest::Learning;
+use crate::ingest::ledger::Ledger;
 use crate::learn::Target;
-use crate::learn::learner::{Learner, PendingEdges, WaitsFor};
+use crate::learn::learner::{Learner, PendingEdges};
 use crate::learn::proposal_writer::{ProposalWriter, refused_for_good};
 use futures::StreamExt as _;
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 /// After the first new edge of a burst, how long the flusher waits for the rest of it.
 pub const NEW_EDGE_SETTLE: Duration = Duration::from_millis(100);
@@ -59,7 +58,7 @@ pub struct FlushReport {
     /// Proposals whose write failed; their edges wait for the next flush.
     pub failed: usize,
     /// Those proposals, by [`Learner::proposal_key`]: acknowledgements waiting for one of them
-    /// wait for a later flush; the others need not ([`WaitsFor`]).
+    /// wait for a later flush; the others need not ([`crate::ingest::ledger::WaitsFor`]).
     pub failed_proposals: BTreeSet<u64>,
     /// Proposals the API server refused for their content (invalid or too large); their new edges
     /// were dropped and logged.
@@ -108,35 +107,10 @@ pub struct Flusher {
     index: Arc<SharedIndex>,
     learner: Arc<Learner>,
     writer: Arc<ProposalWriter>,
-    ledger: Ledger,
-    first: Option<Arc<dyn SettleFirst>>,
-}
-
-/// What else waits for the index, outside the learner, and is settled at the start of every flush
-/// before the learner's own waiting observations: ingest's records whose pod the index did not know
-/// yet ([`crate::ingest::early_records`]).
-pub trait SettleFirst: Send + Sync {
-    /// Takes in or refuses what waited, against `index` at `now_ms` (`i64::MAX`: on the way out).
-    fn settle_first(&self, index: &Index, now_ms: i64);
-}
-
-/// What the flushes wrote, for the acknowledgements that wait for them. Pure bookkeeping.
-#[derive(Debug)]
-pub struct Ledger {
-    /// Flushes started so far.
-    started: AtomicU64,
-    /// The newest flush this replica made as leader (0: none yet), and the proposals it failed to
-    /// write. Everything else merged before that flush started is in the API server.
-    written: watch::Sender<Written>,
-}
-
-/// What the newest flush made as leader wrote (see [`Ledger::written_for`]).
-#[derive(Debug, Default)]
-pub struct Written {
-    flush: u64,
-    /// When that flush started, ms since the epoch.
-    started_ms: i64,
-    failed: BTreeSet<u64>,
+    ledger: Arc<Ledger>,
+    /// Ingest, whose records, observations and evidence wait for the index
+    /// ([`crate::ingest::waiting`]).
+    waiting: Option<Arc<Learning>>,
 }
 
 impl Flusher {
@@ -151,19 +125,20 @@ impl Flusher {
             index,
             learner,
             writer,
-            ledger: Ledger::default(),
-            first: None,
+            ledger: Arc::default(),
+            waiting: None,
         }
     }
 
-    /// Settles `first` at the start of every flush, before the learner's waiting observations.
-    pub fn with_settle_first(mut self, first: Arc<dyn SettleFirst>) -> Self {
-        self.first = Some(first);
+    /// Settles what waits for the index in `learning` ([`Learning::settle`]) at the start of every
+    /// flush.
+    pub fn with_waiting(mut self, learning: Arc<Learning>) -> Self {
+        self.waiting = Some(learning);
         self
     }
 
     /// What the flushes wrote (for the acknowledgements that wait for them).
-    pub fn ledger(&self) -> &Ledger {
+    pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
     }
 
@@ -200,7 +175,8 @@ impl Flusher {
         let report = self.write_pending(take).await;
         self.learner.metrics().flushes.inc();
         if leading {
-            self.ledger.finish(number, started_ms, &report);
+            self.ledger
+                .finish(number, started_ms, &report.failed_proposals);
         }
         report
     }
@@ -303,19 +279,11 @@ impl Flusher {
         }
     }
 
-    /// Learns the observations that waited for the index and may now be placed.
+    /// Decides what waited for the index and is placed now or out of grace.
     fn settle_waiting(&self, now_ms: i64) {
-        let index = self.index.index.read().expect("index lock");
-        if let Some(first) = &self.first {
-            first.settle_first(&index, now_ms);
-        }
-        let edges = self.learner.settle_waiting(&index, now_ms);
-        if edges > 0 {
-            tracing::debug!(
-                edges,
-                waiting = self.learner.waiting(),
-                "learned flows that waited for the index"
-            );
+        if let Some(learning) = &self.waiting {
+            let index = self.index.index.read().expect("index lock");
+            learning.settle(&index, now_ms, true);
         }
     }
 }
@@ -337,69 +305,11 @@ enum Take {
     Undecided,
 }
 
-impl Default for Ledger {
-    fn default() -> Self {
-        Self {
-            started: AtomicU64::new(0),
-            written: watch::channel(Written::default()).0,
-        }
-    }
-}
-
-impl Ledger {
-    /// Counts a flush as started; returns its number.
-    fn begin(&self) -> u64 {
-        self.started.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    /// Records what flush `number`, made as leader and started at `started_ms`, wrote.
-    fn finish(&self, number: u64, started_ms: i64, report: &FlushReport) {
-        self.written.send_if_modified(|w| {
-            let newer = number > w.flush;
-            if newer {
-                *w = Written {
-                    flush: number,
-                    started_ms,
-                    failed: report.failed_proposals.clone(),
-                };
-            }
-            newer
-        });
-    }
-
-    /// The mark of something merged just now (call it after merging): it is written once
-    /// [`Ledger::written_for`] says so for this mark.
-    pub fn mark(&self) -> u64 {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    /// Whether everything merged before `mark` was taken for the proposals `waits` names has been
-    /// written.
-    pub fn written_for(&self, mark: u64, waits: &WaitsFor) -> bool {
-        let w = self.written.borrow();
-        w.flush > mark && waits.written_despite(w.started_ms, &w.failed)
-    }
-
-    /// Whether everything merged before `mark` was taken has been written, for every proposal.
-    pub fn written_after(&self, mark: u64) -> bool {
-        self.written_for(mark, &WaitsFor::everything())
-    }
-
-    /// The number of the newest flush recorded.
-    pub fn latest(&self) -> u64 {
-        self.written.borrow().flush
-    }
-
-    /// Changes whenever a flush made as leader is recorded.
-    pub fn subscribe(&self) -> watch::Receiver<Written> {
-        self.written.subscribe()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::index::Index;
+    use crate::ingest::ledger::WaitsFor;
     use crate::ingest::observation;
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
@@ -557,7 +467,7 @@ mod tests {
         };
         let mark = flushes.mark();
         let first = flushes.begin();
-        flushes.finish(first, 0, &report(&[7]));
+        flushes.finish(first, 0, &report(&[7]).failed_proposals);
         // (what the batch waits for, written after a flush in which proposal 7 failed?)
         let cases = [
             (waits(&[1]), true),
@@ -576,14 +486,14 @@ mod tests {
         assert!(!flushes.written_after(mark));
         // A later flush in which 7 is written releases everything merged before the first one.
         let second = flushes.begin();
-        flushes.finish(second, 0, &report(&[]));
+        flushes.finish(second, 0, &report(&[]).failed_proposals);
         for (w, _) in &cases {
             assert!(flushes.written_for(mark, w), "{w:?}");
         }
         // But nothing merged after the second flush started.
         assert!(!flushes.written_for(flushes.mark(), &waits(&[1])));
         // An older flush finishing late changes nothing.
-        flushes.finish(first, 0, &report(&[1]));
+        flushes.finish(first, 0, &report(&[1]).failed_proposals);
         assert!(flushes.written_for(mark, &waits(&[1])));
     }
 
@@ -609,7 +519,7 @@ mod tests {
                 failed_proposals: failed.iter().copied().collect(),
                 ..FlushReport::default()
             };
-            flushes.finish(number, started, &report);
+            flushes.finish(number, started, &report.failed_proposals);
             assert_eq!(
                 flushes.written_for(mark, &waits),
                 written,

@@ -5,92 +5,31 @@
 //! Agents report the same connection many times (both ends, every replica, every window). An
 //! observation is resolved against the index ([`learn::flows()`]), turned into proposal edges
 //! ([`learn::edges()`]) and merged per proposal into [`PendingEdges`], a hash set kept in arrival order.
-//! Observations the index cannot place yet wait in [`Deferrals`], and so does the evidence of blocked
-//! connections whose peer it cannot place yet, handed on to the evidence sink once decided
-//! ([`Learner::evidence_or_wait`]). External peers are capped per
+//! Ingest hands it what records teach through [`ObservationSink`], resolved once (now, or after
+//! waiting for the index: [`crate::ingest::waiting`]). External peers are capped per
 //! proposal and port ([`DEFAULT_MAX_EXTERNAL_PEERS`]): past the cap they are counted
 //! (`resolutions_total{outcome="external_capped"}`) and reported with the proposal's write, never
 //! silently widened to a larger CIDR. The learner remembers which edges it has seen (a new one wakes
 //! the flusher, [`Learner::new_edges`]) and which a flush has decided (a batch of only those needs no
 //! flush before its acknowledgement, [`WaitsFor`]).
 
-use crate::cluster::index::{FlowEnd, Index, NoFlow};
-use crate::ingest::evidence::{Evidence, EvidenceSink};
-use crate::learn::deferrals::{Admitted, Decided, Deferrals, Resolution};
-use crate::learn::{self, Edge, ReportedConnection, Target};
+use crate::cluster::index::{FlowEnd, Flows, Index, NoFlow};
+use crate::ingest::ledger::WaitsFor;
+use crate::ingest::reported::ObservationSink;
+use crate::learn::{self, Edge, ReportedConnection, Target, WorkloadFlow};
 use crate::runtime::metrics::{ControllerMetrics, PeerKind};
 use crate::{FastMap, FastSet};
 use network_enforcer_api::{Backend, Protocol, WorkloadKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Default cap on distinct external addresses learned per proposal and (protocol, port)
 /// (`--max-external-peers-per-port`).
 pub const DEFAULT_MAX_EXTERNAL_PEERS: usize = 50;
 
-/// The proposals whose next write an acknowledgement waits for: those a batch gave edges no flush has
-/// decided yet. A proposal whose write keeps failing then holds back only the batches that taught it
-/// something. Bounded: a batch that touched more than [`WaitsFor::MAX_PROPOSALS`] proposals waits for a
-/// flush in which nothing failed.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct WaitsFor {
-    proposals: Vec<u64>,
-    everything: bool,
-    /// An observation waits for the index ([`crate::learn::deferrals`]) until then (ms since the
-    /// epoch): only a flush that starts later, with no failure, has surely written it.
-    deferred_until_ms: Option<i64>,
-}
-
-impl WaitsFor {
-    /// Proposals remembered one by one before the batch waits for everything.
-    pub const MAX_PROPOSALS: usize = 64;
-
-    /// Waits for every proposal.
-    pub fn everything() -> Self {
-        Self {
-            proposals: Vec::new(),
-            everything: true,
-            deferred_until_ms: None,
-        }
-    }
-
-    /// Adds an observation that waits for the index until `until_ms`.
-    pub fn defer_until(&mut self, until_ms: i64) {
-        self.deferred_until_ms = Some(self.deferred_until_ms.map_or(until_ms, |d| d.max(until_ms)));
-    }
-
-    /// Adds the proposal `key` ([`Learner::proposal_key`]).
-    pub fn add(&mut self, key: u64) {
-        if self.everything || self.proposals.contains(&key) {
-            return;
-        }
-        if self.proposals.len() == Self::MAX_PROPOSALS {
-            self.proposals = Vec::new();
-            self.everything = true;
-        } else {
-            self.proposals.push(key);
-        }
-    }
-
-    /// Nothing to wait for: the acknowledgement may go at once.
-    pub fn is_nothing(&self) -> bool {
-        !self.everything && self.proposals.is_empty() && self.deferred_until_ms.is_none()
-    }
-
-    /// Whether a flush that started at `started_ms`, in which `failed` proposals failed (and every
-    /// other was written), wrote all this waits for.
-    pub fn written_despite(&self, started_ms: i64, failed: &BTreeSet<u64>) -> bool {
-        if let Some(until) = self.deferred_until_ms {
-            // Where a waiting observation goes is known only once it is learned.
-            return started_ms >= until && failed.is_empty();
-        }
-        if failed.is_empty() {
-            return true;
-        }
-        !self.everything && !self.proposals.iter().any(|p| failed.contains(p))
-    }
-}
+/// What an observation resolves to.
+pub type Resolution = Result<Vec<WorkloadFlow>, NoFlow>;
 
 /// What [`PendingEdges::add`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,10 +174,6 @@ pub struct Learner {
     only_namespace: Option<String>,
     /// foldhash (randomly seeded): every learned edge looks its proposal up here.
     pending: Mutex<FastMap<Target, PendingEdges>>,
-    /// Observations and evidence waiting for the index to catch up ([`crate::learn::deferrals`]).
-    waiting: Deferrals,
-    /// Where evidence that waited goes once decided; `None`: no evidence waits.
-    evidence: Option<Arc<dyn EvidenceSink>>,
     limits: learn::Limits,
     metrics: ControllerMetrics,
     /// Lets an agent teach its peers' proposals even when they have no pod on its node
@@ -270,8 +205,6 @@ impl Learner {
             excluded_workloads: BTreeSet::new(),
             only_namespace: None,
             pending: Mutex::new(FastMap::default()),
-            waiting: Deferrals::new(0),
-            evidence: None,
             limits: learn::Limits::default(),
             metrics: ControllerMetrics::new(),
             trust_remote_peers: false,
@@ -323,31 +256,6 @@ impl Learner {
     /// never.
     pub fn with_wildcard_min_names(mut self, min: usize) -> Self {
         self.limits.wildcard_min_names = min;
-        self
-    }
-
-    /// Lets observations the index cannot place yet wait up to `grace_ms` for it
-    /// ([`Learner::observe_or_wait`], [`crate::learn::deferrals`]); without it (0, the default) everything
-    /// is learned as it resolves on arrival.
-    pub fn with_resolution_grace(mut self, grace_ms: i64) -> Self {
-        self.waiting = Deferrals::new(grace_ms);
-        self
-    }
-
-    /// With the resolution grace: external addresses outside `cidrs` (the ranges the cluster gives
-    /// pods and Services) are learned at once ([`Deferrals::with_cluster_cidrs`]). Call after
-    /// [`Learner::with_resolution_grace`].
-    pub fn with_cluster_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Self {
-        let waiting = std::mem::take(&mut self.waiting);
-        self.waiting = waiting.with_cluster_cidrs(cidrs);
-        self
-    }
-
-    /// Lets evidence of blocked connections whose peer the index cannot place yet wait for it like
-    /// observations ([`Learner::evidence_or_wait`]), then hands it to `sink`: the sink ingest hands
-    /// the rest of the evidence to.
-    pub fn with_evidence_sink(mut self, sink: Arc<dyn EvidenceSink>) -> Self {
-        self.evidence = Some(sink);
         self
     }
 
@@ -419,124 +327,10 @@ impl Learner {
         self.seen_hasher.hash_one((proposal, edge))
     }
 
-    /// [`Learner::observe`], except that an observation the index cannot place yet (its peer
-    /// resolves to an external address, or it does not resolve) waits for the index instead
-    /// (see [`crate::learn::deferrals`]; 0 edges now, learned by a later [`Learner::settle_waiting`]).
-    /// Adds the proposals its undecided edges went to to `waits`.
-    pub fn observe_or_wait(
-        &self,
-        index: &Index,
-        obs: &ReportedConnection,
-        now_ms: i64,
-        waits: &mut WaitsFor,
-    ) -> Result<usize, NoFlow> {
-        let mut overflow = Decided::default();
-        let admitted = self.waiting.admit(index, obs, now_ms, &mut overflow);
-        self.take_decided(index, overflow);
-        let outcome = match admitted {
-            Admitted::Now(resolution) => return self.merge(index, obs, resolution, waits),
-            Admitted::Waits => "deferred",
-            Admitted::Repeat => "deferred_repeat",
-        };
-        self.metrics.resolved(outcome, 1);
-        // A repeat's batch waits for its own grace: usually the observation it repeats was decided
-        // and written by then; when not, that one's own batch still waits for it (nothing is lost).
-        waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
-        Ok(0)
-    }
-
-    /// Violation evidence that arrived at `now_ms`: `Some` to hand on now, `None` when it waits for
-    /// the index to place its peer ([`crate::learn::deferrals`]; without an evidence sink nothing
-    /// waits). Its acknowledgement then waits as a waiting observation's does (`waits`), and the
-    /// evidence reaches the sink at a later [`Learner::settle_waiting`].
-    pub fn evidence_or_wait(
-        &self,
-        index: &Index,
-        evidence: Evidence,
-        now_ms: i64,
-        waits: &mut WaitsFor,
-    ) -> Option<Evidence> {
-        if self.evidence.is_none() {
-            return Some(evidence);
-        }
-        let mut overflow = Decided::default();
-        let (peer, local) = (evidence.record.peer, evidence.record.local.clone());
-        let now = self
-            .waiting
-            .admit_evidence(index, evidence, now_ms, &mut overflow);
-        self.take_decided(index, overflow);
-        if now.is_none() {
-            self.metrics.resolved("evidence_deferred", 1);
-            tracing::debug!(%peer, pod = %format_args!("{}/{}", local.namespace, local.name),
-                "a blocked connection waits for the index to place its peer");
-            waits.defer_until(now_ms.saturating_add(self.waiting.grace_ms()));
-        }
-        now
-    }
-
-    /// Resolves the waiting observations and evidence again; learns the observations the index now
-    /// places or whose grace is over, and hands such evidence to the evidence sink (`now_ms =
-    /// i64::MAX`: all of them, on the way out). Call it before every flush; returns how many edges
-    /// that produced.
-    pub fn settle_waiting(&self, index: &Index, now_ms: i64) -> usize {
-        if self.waiting.is_empty() {
-            return 0;
-        }
-        let decided = self.waiting.settle(index, now_ms);
-        self.take_decided(index, decided)
-    }
-
-    /// Counts what waited and is decided, learns its observations and hands on its evidence; returns
-    /// how many edges that produced.
-    fn take_decided(&self, index: &Index, decided: Decided) -> usize {
-        let Decided {
-            ready,
-            resolved,
-            expired,
-            evidence,
-            evidence_resolved,
-            evidence_expired,
-        } = decided;
-        // Only what happened: this runs for every observation (an empty overflow), and a lookup by
-        // label allocates.
-        for (outcome, n) in [
-            ("deferred_resolved", resolved),
-            ("deferred_expired", expired),
-            ("evidence_deferred_resolved", evidence_resolved),
-            ("evidence_deferred_expired", evidence_expired),
-        ] {
-            if n > 0 {
-                self.metrics.resolved(outcome, n);
-            }
-        }
-        if let Some(sink) = &self.evidence {
-            for e in evidence {
-                sink.accepted(e);
-            }
-        }
-        ready
-            .into_iter()
-            .filter_map(|(obs, resolution)| {
-                self.merge(index, &obs, resolution, &mut WaitsFor::default())
-                    .ok()
-            })
-            .sum()
-    }
-
-    /// How long an observation may wait for the index, in milliseconds (0: none waits).
-    pub fn resolution_grace_ms(&self) -> i64 {
-        self.waiting.grace_ms()
-    }
-
-    /// Number of observations and evidence waiting for the index.
-    pub fn waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
     /// Adds the flows `obs` resolved to the pending edges; counts an unresolved one. Returns how many
     /// of its edges a flush has yet to decide (0: its acknowledgement need not wait), and adds their
     /// proposals to `waits`.
-    fn merge(
+    pub fn merge(
         &self,
         index: &Index,
         obs: &ReportedConnection,
@@ -685,6 +479,18 @@ impl Learner {
     }
 }
 
+impl ObservationSink for Learner {
+    fn learn(
+        &self,
+        index: &Index,
+        obs: &ReportedConnection,
+        flows: Result<Flows, NoFlow>,
+        waits: &mut WaitsFor,
+    ) -> Result<usize, NoFlow> {
+        self.merge(index, obs, learn::workload_flows(flows, obs), waits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -713,6 +519,16 @@ mod tests {
         }
     }
 
+    /// Learns `obs` as the index resolves it now (as ingest does when nothing waits).
+    fn learn_now(
+        learner: &Learner,
+        index: &Index,
+        obs: &ReportedConnection,
+        waits: &mut WaitsFor,
+    ) -> Result<usize, NoFlow> {
+        learner.learn(index, obs, index.flows(&obs.connection()), waits)
+    }
+
     fn learner() -> Learner {
         Learner::new(Backend::Kubernetes, BTreeSet::new())
     }
@@ -739,9 +555,7 @@ mod tests {
         // web → api is learned and written: its edges are decided.
         let web_to_api = inbound(&index, "shop", "api", "10.0.0.5");
         let mut waits = WaitsFor::default();
-        learner
-            .observe_or_wait(&index, &web_to_api, 0, &mut waits)
-            .unwrap();
+        learn_now(&learner, &index, &web_to_api, &mut waits).unwrap();
         assert!(!waits.is_nothing());
         for (target, edges) in learner.take_pending() {
             learner.decided(&target, &edges.into_ordered());
@@ -749,19 +563,16 @@ mod tests {
 
         // Repeated, it waits for no write; web → db is new.
         let mut waits = WaitsFor::default();
-        learner
-            .observe_or_wait(&index, &web_to_api, 1, &mut waits)
-            .unwrap();
+        learn_now(&learner, &index, &web_to_api, &mut waits).unwrap();
         assert!(waits.is_nothing(), "{waits:?}");
         let mut waits = WaitsFor::default();
-        learner
-            .observe_or_wait(
-                &index,
-                &inbound(&index, "shop", "db", "10.0.0.5"),
-                2,
-                &mut waits,
-            )
-            .unwrap();
+        learn_now(
+            &learner,
+            &index,
+            &inbound(&index, "shop", "db", "10.0.0.5"),
+            &mut waits,
+        )
+        .unwrap();
         assert!(!waits.is_nothing());
 
         // The flush for new edges writes db's ingress and web's egress (which gained db); api's
@@ -776,8 +587,7 @@ mod tests {
         );
 
         // A failed write's edges are put back as undecided: the acknowledgements still wait for them.
-        let target = learner
-            .observe_or_wait(&index, &web_to_api, 3, &mut WaitsFor::default())
+        let target = learn_now(&learner, &index, &web_to_api, &mut WaitsFor::default())
             .map(|_| learner.take_pending().into_keys().next().unwrap())
             .unwrap();
         learner.keep_for_retry(target, vec![]);
@@ -786,32 +596,36 @@ mod tests {
 
     #[test]
     fn a_peer_whose_ip_the_index_learns_late_waits_and_is_learned_as_its_pod() {
-        let learner = learner()
-            .with_resolution_grace(30_000)
-            .with_only_namespace(Some("shop".into()));
+        let learner = learner().with_only_namespace(Some("shop".into()));
+        let waiting = crate::ingest::waiting::Waiting::new(30_000, Vec::new(), Default::default());
         let mut index = Index::default();
         index.apply_pod(&bare_pod("shop", "api", "10.0.0.2"), 0);
         index.apply_pod(&bare_pod("other", "web", "10.0.0.5"), 0);
 
         // The frontend's first connection arrives before its IP is in the index.
         let obs = inbound(&index, "shop", "api", "10.0.0.3");
-        let mut waits = WaitsFor::default();
         assert_eq!(
-            learner.observe_or_wait(&index, &obs, 1_000, &mut waits),
-            Ok(0)
+            waiting.observation(&index, "node-a", &obs, 1_000),
+            crate::ingest::waiting::Admitted::Waits(31_000)
         );
-        assert!(
-            !waits.is_nothing(),
-            "its acknowledgement waits until it is learned and written"
-        );
-        assert_eq!(learner.waiting(), 1);
+        assert_eq!(waiting.len(), 1);
         assert!(
             pending_names(&learner).is_empty(),
             "no /32 rule for a pod IP"
         );
         index.apply_pod(&bare_pod("shop", "frontend", "10.0.0.3"), 2_000);
-        assert!(learner.settle_waiting(&index, 3_000) > 0);
-        assert_eq!(learner.waiting(), 0);
+        let decided = waiting.take_decided(&index, 3_000);
+        assert_eq!(waiting.len(), 0);
+        let learned: usize = decided
+            .observations
+            .into_iter()
+            .map(|(obs, flows)| {
+                learner
+                    .learn(&index, &obs, flows, &mut WaitsFor::default())
+                    .unwrap()
+            })
+            .sum();
+        assert!(learned > 0);
         assert_eq!(
             pending_names(&learner),
             BTreeSet::from([
@@ -840,9 +654,7 @@ mod tests {
 
         // A workload in another namespace than the one this controller watches teaches nothing.
         let elsewhere = inbound(&index, "other", "web", "10.0.0.2");
-        learner
-            .observe_or_wait(&index, &elsewhere, 4_000, &mut WaitsFor::default())
-            .unwrap();
+        learn_now(&learner, &index, &elsewhere, &mut WaitsFor::default()).unwrap();
         assert!(!pending_names(&learner).contains("other/pod-web-ingress"));
     }
 

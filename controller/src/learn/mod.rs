@@ -8,7 +8,6 @@
 //! what learning signed).
 
 pub mod cluster_policies;
-pub mod deferrals;
 mod edges;
 mod flows;
 pub mod flusher;
@@ -19,6 +18,8 @@ pub mod proposal_writer;
 pub mod provenance;
 mod wildcards;
 
+/// What ingest hands learning: defined where records are read ([`crate::ingest::reported`]).
+pub use crate::ingest::reported::{ReportedConnection, Reporter};
 pub use edges::{edges, has_unselectable_side};
 pub use flows::{flows, workload_flows};
 pub use merge::{
@@ -28,10 +29,7 @@ pub use merge::{
 pub use proposal::{new_proposal, peer_of};
 pub use wildcards::DEFAULT_WILDCARD_MIN_NAMES;
 
-use crate::cluster::index::{
-    Connection, End, FlowEnd, Flows, Index, NoFlow, Opened, PodRecord, WorkloadEndpoint,
-};
-use crate::ingest::flow_record::Decoded;
+use crate::cluster::index::{End, FlowEnd, Flows, Index, NoFlow, Opened, WorkloadEndpoint};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
@@ -48,65 +46,6 @@ use network_enforcer_api::{
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// One allowed connection as an agent reports it, with the local side already known.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ReportedConnection {
-    /// The local pod as ingest found it in the index (shared with it): learning needs no second
-    /// lookup by name, and a pod deleted since is learned as it was.
-    pub local: Arc<PodRecord>,
-    pub peer: IpAddr,
-    /// The service port: the peer's port when outbound, the local port when inbound.
-    pub port: u16,
-    pub protocol: Protocol,
-    pub opened: Opened,
-    /// When it was last seen, ms since the epoch (resolves IPs that were reused since).
-    pub at_ms: i64,
-    /// Who reported it, which bounds whose proposals it may teach.
-    pub reporter: Reporter,
-    /// For an outbound connection: the host name the local pod resolved `peer` from (checked at
-    /// ingest, lower-case). Used only when the peer is outside the cluster.
-    pub peer_name: Option<Arc<str>>,
-}
-
-impl ReportedConnection {
-    /// A record as ingest read it, reported by `reporter`.
-    pub fn of(decoded: &Decoded, reporter: Reporter) -> Self {
-        Self {
-            local: decoded.local.clone(),
-            peer: decoded.peer,
-            port: decoded.port,
-            protocol: decoded.protocol,
-            opened: decoded.opened,
-            at_ms: decoded.at_ms,
-            reporter,
-            peer_name: decoded.peer_name.name(),
-        }
-    }
-
-    /// What the index resolves.
-    pub fn connection(&self) -> Connection<'_> {
-        Connection {
-            local: &self.local,
-            peer: self.peer,
-            port: self.port,
-            protocol: self.protocol,
-            opened: self.opened,
-            at_ms: self.at_ms,
-        }
-    }
-}
-
-/// Who reported an observation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reporter {
-    /// The agent of the local pod's node. A node speaks for its own pods: it teaches the peer's
-    /// proposal only when the peer's workload has a pod on that node too (the peer's own node reports
-    /// the connection from its side). So a compromised node cannot add rules to workloads elsewhere.
-    Node,
-    /// A cluster-wide source the controller reads itself (Calico Goldmane): both sides.
-    Cluster,
-}
 
 /// Whether `direction`'s proposal is the peer's (not the local pod's) for a connection `opened` so:
 /// the source owns the egress proposal, the destination the ingress one.

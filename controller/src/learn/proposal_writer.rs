@@ -437,6 +437,16 @@ impl ProposalWriter {
     }
 }
 
+impl crate::runtime::leader::Leading for ProposalWriter {
+    fn is_leader(&self) -> bool {
+        ProposalWriter::is_leader(self)
+    }
+
+    fn leader_hint(&self) -> Option<String> {
+        ProposalWriter::leader_hint(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

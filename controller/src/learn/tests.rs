@@ -1000,7 +1000,7 @@ fn a_host_network_pod_is_one_peer_its_node_address_from_either_side() {
         flows(&ix, &v6),
         Err(NoFlow::HostAddressUnknown("shop".into(), "probe-x".into()))
     );
-    assert!(deferrals::may_improve(
+    assert!(crate::ingest::waiting::may_improve(
         &ix.flows(&v6.connection()),
         Opened::Outbound,
         &[]

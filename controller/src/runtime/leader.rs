@@ -60,6 +60,15 @@ pub struct Leadership {
     pub holder: Option<String>,
 }
 
+/// Whether this replica leads, for what must refuse work when it does not (ingest refuses agents'
+/// streams: they reconnect to the leader).
+pub trait Leading: Send + Sync {
+    /// Whether this replica may write (always, without leader election).
+    fn is_leader(&self) -> bool;
+    /// The leader last seen, for the hint in refusals.
+    fn leader_hint(&self) -> Option<String>;
+}
+
 /// What to do with the Lease as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {

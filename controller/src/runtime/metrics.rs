@@ -20,7 +20,7 @@
 //! | `acks_waiting` | | batch acknowledgements held until the flush that writes their edges |
 //! | `batch_repeats_total` | | resent batches recognised: learned from, their evidence not counted again |
 //! | `evidence_claims_dropped_total` | | claims of counted batches forgotten to stay in bounds (a resend of one counts again) |
-//! | `records_waiting_for_pod` | | records that arrived before the index knew their pod |
+//! | `waits_total` / `waiting` | `waiter`, `outcome` | what waits for the index: records for their pod, observations and evidence for their peer ([`crate::ingest::waiting`]) |
 //! | `leader` | | 1 while this replica holds the leader Lease |
 //! | `reconcile_runs_total` / `reconcile_failures_total` / `reconcile_duration_seconds` | `controller` | each reconciler's runs, failures and time |
 //!
@@ -162,6 +162,80 @@ impl ReconcileMetrics {
     }
 }
 
+/// What waits for the index, as the `waiter` label ([`crate::ingest::waiting::Waiter`]).
+#[derive(
+    Clone, Copy, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(non_camel_case_types)]
+pub enum Waiter {
+    /// A record waiting for its local pod.
+    record,
+    /// An observation waiting for its peer.
+    observation,
+    /// Evidence of a blocked connection waiting for its peer.
+    evidence,
+}
+
+/// What became of something that waits for the index, as the `outcome` label.
+#[derive(
+    Clone, Copy, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(non_camel_case_types)]
+pub enum WaitOutcome {
+    /// It started waiting.
+    waits,
+    /// It repeats an observation that waits already, and waits in its place.
+    repeat,
+    /// The index placed what it waited for.
+    placed,
+    /// Its grace ran out.
+    expired,
+    /// The queue (or its node's share) was full: decided at once.
+    full,
+}
+
+/// A label set of `waits_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    pub waiter: Waiter,
+    pub outcome: WaitOutcome,
+}
+
+/// A label set of the `waiting` gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaiterLabel {
+    pub waiter: Waiter,
+}
+
+/// What waits for the index (`waits_total{waiter, outcome}`, the gauge `waiting{waiter}`). Cheap to
+/// clone; counts nowhere visible until registered ([`ControllerMetrics::waits`] is).
+#[derive(Clone, Debug, Default)]
+pub struct WaitMetrics {
+    waits: Family<WaitLabels, Counter>,
+    waiting: Family<WaiterLabel, Gauge>,
+}
+
+impl WaitMetrics {
+    /// Counts `n` of `waiter` with `outcome`.
+    pub fn count(&self, waiter: Waiter, outcome: WaitOutcome, n: u64) {
+        self.waits
+            .get_or_create(&WaitLabels { waiter, outcome })
+            .inc_by(n);
+    }
+
+    /// How many of `waiter` wait now.
+    pub fn waiting(&self, waiter: Waiter) -> Gauge {
+        self.waiting.get_or_create(&WaiterLabel { waiter }).clone()
+    }
+
+    /// How many of `waiter` had `outcome` so far.
+    pub fn get(&self, waiter: Waiter, outcome: WaitOutcome) -> u64 {
+        self.waits
+            .get_or_create(&WaitLabels { waiter, outcome })
+            .get()
+    }
+}
+
 /// The controller's metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct ControllerMetrics {
@@ -185,8 +259,8 @@ pub struct ControllerMetrics {
     streams_closed: Family<Reason, Counter>,
     /// Batch acknowledgements held until a flush has written what the batch taught.
     pub acks_waiting: Gauge,
-    /// Records that arrived before their pod reached the index, waiting for it.
-    pub records_waiting_for_pod: Gauge,
+    /// What waits for the index ([`crate::ingest::waiting`]).
+    pub waits: WaitMetrics,
     pub leader: Gauge,
     /// Resent batches whose evidence was counted already ([`crate::ingest::claims`]).
     pub batch_repeats: Counter,
@@ -289,12 +363,17 @@ impl ControllerMetrics {
              unacknowledged batches after a controller restart)",
             acks_waiting.clone(),
         );
-        let records_waiting_for_pod = Gauge::default();
+        let waits = WaitMetrics::default();
         registry.register(
-            "records_waiting_for_pod",
-            "Records that arrived before the index knew their pod, waiting for it (up to the \
-             resolution grace; at most 10,000)",
-            records_waiting_for_pod.clone(),
+            "waits",
+            "What waited for the index, by waiter (record: for its local pod; observation, evidence: \
+             for its peer) and outcome (waits, repeat, placed, expired, full)",
+            waits.waits.clone(),
+        );
+        registry.register(
+            "waiting",
+            "What waits for the index now, by waiter (up to the resolution grace; at most 100,000)",
+            waits.waiting.clone(),
         );
         let leader = Gauge::default();
         registry.register(
@@ -339,7 +418,7 @@ impl ControllerMetrics {
             agent_streams,
             streams_closed,
             acks_waiting,
-            records_waiting_for_pod,
+            waits,
             leader,
             batch_repeats,
             evidence_claims_dropped,

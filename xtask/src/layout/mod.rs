@@ -147,15 +147,18 @@ pub fn check(root: &Path) -> Result<()> {
         })
         .collect();
     let (against, gone) = stages::check(&root.join("controller").join("src"))?;
+    let known: Vec<String> = stages::KNOWN
+        .iter()
+        .map(|(stage, later, _)| format!("{stage} → {later}"))
+        .collect();
     println!(
-        "  controller imports against the stage order: {} beyond the {} known ({})",
+        "  controller imports against the stage order: {}{}",
         against.len(),
-        stages::KNOWN.len(),
-        stages::KNOWN
-            .iter()
-            .map(|(stage, later, _)| format!("{stage} → {later}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        if known.is_empty() {
+            String::new()
+        } else {
+            format!(" beyond the {} known ({})", known.len(), known.join(", "))
+        }
     );
     if !against.is_empty() || !gone.is_empty() {
         bail!(

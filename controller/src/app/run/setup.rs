@@ -87,6 +87,11 @@ impl Setup {
             .namespace(self.settings.namespace.clone())
             .metrics(metrics.clone())
             .configure_learner(move |l| learner_settings.apply(l))
+            .resolution_grace(
+                i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
+                    .unwrap_or(i64::MAX),
+            )
+            .cluster_cidrs(args.cluster_cidrs.clone())
             .signing_key(self.signing_key.clone())
             .status_sync(
                 status_sync_settings(args, client, &self.settings),
@@ -238,8 +243,6 @@ struct LearnerSettings {
     max_rules: usize,
     wildcard_min_names: usize,
     trust_remote_peers: bool,
-    resolution_grace_ms: i64,
-    cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl From<&RunArgs> for LearnerSettings {
@@ -251,9 +254,6 @@ impl From<&RunArgs> for LearnerSettings {
             max_rules: args.max_rules,
             wildcard_min_names: args.wildcard_min_names,
             trust_remote_peers: args.trust_remote_peers,
-            resolution_grace_ms: i64::try_from(args.resolution_grace_seconds.saturating_mul(1000))
-                .unwrap_or(i64::MAX),
-            cluster_cidrs: args.cluster_cidrs.clone(),
         }
     }
 }
@@ -267,7 +267,5 @@ impl LearnerSettings {
             .with_max_rules(self.max_rules)
             .with_wildcard_min_names(self.wildcard_min_names)
             .with_trust_remote_peers(self.trust_remote_peers)
-            .with_resolution_grace(self.resolution_grace_ms)
-            .with_cluster_cidrs(self.cluster_cidrs)
     }
 }

@@ -10,7 +10,7 @@
 //!   counts for the policy's mode ([`EvidenceKind::counts_for`]) and by the repeat window
 //!   ([`RepeatFilter`]), reported to the [`ViolationSink`], and queued per policy ([`Pending`]).
 //!   A blocked record whose peer the index could not place yet reaches the queue only once it is
-//!   placed or the resolution grace is over ([`crate::learn::deferrals`]); the pass counts what it
+//!   placed or the resolution grace is over ([`crate::ingest::waiting`]); the pass counts what it
 //!   came to ([`WaitedOutcome`]: a pod the policies allow is a startup drop, no violation).
 //!   The rules that allowed each flow are noted in a [`UsageTracker`] (rule usage, docs/api.md).
 //! - **Status out.** Every `interval` (`--status-update-interval`, default 30s) each policy's status

@@ -1,5 +1,6 @@
 use super::*;
 use crate::cluster::shared_watch::Feed;
+use crate::runtime::metrics::{WaitOutcome, Waiter};
 
 #[test]
 fn durations_as_the_chart_writes_them() {
@@ -406,7 +407,7 @@ fn shop_app_with(
     let metrics = ControllerMetrics::new();
     let app = crate::app::App::builder(client, Backend::Kubernetes)
         .index(Arc::new(SharedIndex::listed(index)))
-        .configure_learner(move |l| l.with_resolution_grace(grace_ms))
+        .resolution_grace(grace_ms)
         .status_sync(settings, Arc::new(crate::monitor::otlp::Disabled))
         .metrics(metrics.clone())
         .build();
@@ -541,7 +542,7 @@ async fn a_denied_record_from_a_pod_the_index_learns_late_and_the_policy_allows_
     assert_eq!(sync.attribute_evidence(), 0);
     assert_eq!(web_observations(&sync), []);
     assert_eq!(
-        app.learner.waiting(),
+        app.learning.waiting.len(),
         1,
         "it waits with learning's observations"
     );
@@ -553,13 +554,12 @@ async fn a_denied_record_from_a_pod_the_index_learns_late_and_the_policy_allows_
     app.flush().await;
     assert_eq!(sync.attribute_evidence(), 0);
     assert_eq!(web_observations(&sync), [], "the policy allows the client");
-    assert_eq!(app.learner.waiting(), 0);
+    assert_eq!(app.learning.waiting.len(), 0);
     assert_eq!(waited(&metrics, "startup_drop"), 1.0);
     assert_eq!(waited(&metrics, "violation"), 0.0);
     assert_eq!(waited(&metrics, "unknown_address"), 0.0);
     assert_eq!(
-        app.metrics
-            .count("resolutions", "evidence_deferred_resolved"),
+        app.metrics.waits.get(Waiter::evidence, WaitOutcome::placed),
         1
     );
 }
