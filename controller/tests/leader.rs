@@ -17,7 +17,7 @@ use network_enforcer_controller::cluster::index::Opened;
 use network_enforcer_controller::cluster::watches::{self, SharedIndex};
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
 use network_enforcer_controller::learn::ReportedConnection;
-use network_enforcer_controller::learn::flusher::FlushReport;
+use network_enforcer_controller::learn::flush_report::FlushReport;
 use network_enforcer_controller::runtime::leader::{self, Elector, Leadership, Settings};
 use network_enforcer_tests::fixture::TestNamespace;
 use network_enforcer_tests::scenario_fixture::{

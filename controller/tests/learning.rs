@@ -258,7 +258,7 @@ async fn proposal_writes_start_from_the_watch_cache_and_read_the_object_when_it_
             .collect::<Vec<_>>()
     };
 
-    let outcome = |r: &network_enforcer_controller::learn::flusher::FlushReport| {
+    let outcome = |r: &network_enforcer_controller::learn::flush_report::FlushReport| {
         (r.written, r.created, r.conflicts, r.failed)
     };
     // Not in the cache: read from the API (absent) and created.

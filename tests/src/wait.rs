@@ -74,6 +74,36 @@ pub async fn until(
     .await
 }
 
+/// Listens on `addr` again, once the sockets of the server that listened there before (stopped or
+/// killed) let it: their connections linger in TIME_WAIT, which `SO_REUSEADDR` passes, and a killed
+/// process's listening socket may take a moment to close.
+pub async fn listen_again(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    let mut listener = None;
+    eventually(
+        &format!("{addr} to be free to listen on"),
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let bound = (|| {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.set_reuseaddr(true)?;
+                socket.bind(addr)?;
+                socket.listen(64)
+            })();
+            std::future::ready(match bound {
+                Ok(l) => {
+                    listener = Some(l);
+                    Ok(Some(()))
+                }
+                Err(e) => Err(anyhow::Error::new(e).context(format!("binding {addr}"))),
+            })
+        },
+        String::new,
+    )
+    .await?;
+    Ok(listener.expect("set once bound"))
+}
+
 fn timed_out<T>(
     what: &str,
     timeout: Duration,
@@ -120,6 +150,24 @@ mod tests {
             "{err}"
         );
         assert!(err.ends_with("the state"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn listen_again_waits_for_the_old_listener_to_close() {
+        let old = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = old.local_addr().unwrap();
+        let start = Instant::now();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(old);
+        });
+        let listener = listen_again(addr).await.unwrap();
+        assert_eq!(listener.local_addr().unwrap(), addr);
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "bound only once the old listener closed"
+        );
+        closer.join().unwrap();
     }
 
     #[tokio::test]

@@ -19,7 +19,8 @@ use network_enforcer_api::{Backend, WorkloadNetworkPolicyProposal};
 use network_enforcer_controller::app::App;
 use network_enforcer_controller::cluster::watches::SharedIndex;
 use network_enforcer_controller::ingest::{AgentIdentity, Authenticate};
-use network_enforcer_controller::learn::flusher::{FlushReport, Flusher};
+use network_enforcer_controller::learn::flush_report::FlushReport;
+use network_enforcer_controller::learn::flusher::Flusher;
 use network_enforcer_tests::e2e::release::debug_binary;
 use network_enforcer_tests::faults::{StatusFault, StatusWritesFault, Writes, free_port};
 use network_enforcer_tests::fixture::{self, TestNamespace};
@@ -73,22 +74,8 @@ impl Controller {
                     .build();
                 tokio::spawn(app.watch_cluster());
                 let service = app.ingest(Arc::new(AgentOn(node)));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let listener = loop {
-                    let socket = tokio::net::TcpSocket::new_v4()?;
-                    // The killed controller's connections linger in TIME_WAIT on this port.
-                    socket.set_reuseaddr(true)?;
-                    match socket.bind(addr).and_then(|()| socket.listen(64)) {
-                        Ok(listener) => break listener,
-                        Err(e) if Instant::now() < deadline => {
-                            eprintln!("binding {addr}: {e}; retrying");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        Err(e) => {
-                            return Err(anyhow::Error::new(e).context(format!("binding {addr}")));
-                        }
-                    }
-                };
+                // The killed controller's connections linger on this port.
+                let listener = wait::listen_again(addr).await?;
                 let bound = listener.local_addr()?;
                 tokio::spawn(
                     tonic::transport::Server::builder()

@@ -130,20 +130,8 @@ impl Controller {
             .expect("a runtime for the controller");
         let (ready, bound) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let listener = loop {
-                let socket = tokio::net::TcpSocket::new_v4().unwrap();
-                // The old server's connections linger in TIME_WAIT on this port.
-                socket.set_reuseaddr(true).unwrap();
-                match socket.bind(addr).and_then(|()| socket.listen(64)) {
-                    Ok(listener) => break listener,
-                    Err(e) if Instant::now() < deadline => {
-                        eprintln!("binding {addr}: {e}; retrying");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(e) => panic!("binding {addr}: {e}"),
-                }
-            };
+            // The old server's connections linger on this port.
+            let listener = wait::listen_again(addr).await.expect("listening again");
             ready.send(listener.local_addr().unwrap()).unwrap();
             let router = tonic::transport::Server::builder().add_service(service());
             match tls {

@@ -78,7 +78,7 @@ pub(super) fn enforcement_config(args: &RunArgs) -> Result<Option<enforce::watch
              one reader, give the DNS hold's queries a group of their own",
             e.enforcement_dns_hold_query_group
         );
-        nft::valid_table_name(&enforce::dns_hold::table_of(&e.enforcement_table)).map_err(|why| {
+        nft::valid_table_name(&enforce::nft::dns_hold_table(&e.enforcement_table)).map_err(|why| {
             anyhow::anyhow!("the DNS hold's table: {why}; use a shorter --enforcement-table or --enforcement-dns-hold-queue 0")
         })?;
     }

@@ -15,7 +15,7 @@
 
 use crate::enforce::compile::{Ruleset, compile};
 use crate::enforce::deny::{self, DenyIndex, SharedDenyIndex};
-use crate::enforce::dns_hold::{self, Hold};
+use crate::enforce::dns_hold::Hold;
 use crate::enforce::metrics::{DirectionLabel, EnforcementMetrics};
 use crate::enforce::model::Cluster;
 use crate::enforce::nflog::{self, NflogOptions};
@@ -138,7 +138,7 @@ pub fn spawn(
         let grace = crate::dns::tracker::Limits::default().grace;
         match Hold::start(&config.table, queue, query_group, grace, metrics.clone()) {
             Ok(hold) => {
-                tracing::info!(queue, query_group, table = %dns_hold::table_of(&config.table),
+                tracing::info!(queue, query_group, table = %nft::dns_hold_table(&config.table),
                     "DNS hold on: a pod reaches what it resolved from an allowed name once it reads the answer");
                 Some(hold)
             }

@@ -10,6 +10,9 @@
 
 use network_enforcer_agent_common::KernelOffsets;
 
+/// Where the kernel publishes its own BTF.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 /// Why BTF could not be read, or a member not found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BtfError {
@@ -107,7 +110,7 @@ fn read_u32(data: &[u8], at: usize) -> Option<u32> {
 impl Btf {
     /// Reads the running kernel's BTF.
     pub fn from_kernel() -> Result<Self, crate::Error> {
-        let path = crate::kernel::host::VMLINUX_BTF;
+        let path = VMLINUX_BTF;
         let data = std::fs::read(path).map_err(|source| crate::Error::Read {
             path: path.into(),
             source,
@@ -426,10 +429,10 @@ mod tests {
     #[test]
     fn finds_every_offset_in_this_kernels_btf() {
         // Every kernel we support has BTF; the offsets the programs need must all be found.
-        if !std::path::Path::new(crate::kernel::host::VMLINUX_BTF).exists() {
+        if !std::path::Path::new(VMLINUX_BTF).exists() {
             panic!(
                 "{} is missing: the agent requires a kernel with BTF",
-                crate::kernel::host::VMLINUX_BTF
+                VMLINUX_BTF
             );
         }
         let btf = Btf::from_kernel().unwrap();

@@ -2,10 +2,9 @@
 //! tracing pseudo file systems (mounted here when absent, as in a fresh container or a minimal node).
 
 use crate::error::{Error, Result};
+use crate::kernel::btf::VMLINUX_BTF;
 use std::path::{Path, PathBuf};
 
-/// Where the kernel publishes its own BTF.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// The conventional bpffs mount point.
 pub const BPFFS_PATH: &str = "/sys/fs/bpf";
 

@@ -1,7 +1,7 @@
 //! What ingest hands on as violation evidence: each accepted record read once ([`Evidence`], what it
 //! says about its flow: [`EvidenceKind`]) and the sink it goes to ([`EvidenceSink`], the status
-//! sync's queue in the running controller). Defined here, where records come in, so ingest and the
-//! learner's waits hand evidence on without importing the monitor stage that judges it.
+//! sync's queue in the running controller). Defined here, where records come in, so ingest and its
+//! waits for the index hand evidence on without importing the monitor stage that judges it.
 
 use crate::ingest::claims::ClaimGate;
 use crate::ingest::flow_record::Decoded;

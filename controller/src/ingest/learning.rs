@@ -135,7 +135,7 @@ impl Learning {
         let metrics = &self.metrics;
         let now_ms = crate::cluster::watches::now_ms();
         if self.waiting.due(now_ms) {
-            self.settle(&index, now_ms, false);
+            self.settle(&index, now_ms, Look::Batch);
         }
         let (mut accepted, mut rejected, mut reason) = (0u32, 0u32, String::new());
         let mut waits = WaitsFor::default();
@@ -250,7 +250,10 @@ impl Learning {
             && let Some(mut e) = Evidence::of(record, decoded)
         {
             e.claim = from.gate.cloned();
-            match self.waiting.evidence(index, from.node, e, from.at_ms) {
+            match self
+                .waiting
+                .evidence(index, from.node, from.reporter, e, from.at_ms)
+            {
                 Ok(e) => {
                     sink.accepted(e);
                     evidence.now = true;
@@ -331,18 +334,18 @@ impl Learning {
     /// Decides what waited for the index ([`waiting`]) and is placed now or out of grace at
     /// `now_ms` (`i64::MAX`: everything, on the way out): records whose pod the index now knows are
     /// taken in, those out of grace refused; observations are learned and evidence handed on as the
-    /// index resolves them now. Called by batches as they come (`wait: false`: not when another
-    /// thread is at it) and before every flush (`wait: true`, even when none waits: a batch's look may
-    /// have taken the last ones out and be merging them).
-    pub fn settle(&self, index: &Index, now_ms: i64, wait: bool) {
-        let Some(_settling) = self.waiting.settling(wait) else {
+    /// index resolves them now. Called by batches as they come (records only, and not when another
+    /// thread is at it) and before every flush (even when none waits: a batch's look may have taken
+    /// the last ones out and be merging them).
+    pub fn settle(&self, index: &Index, now_ms: i64, look: Look) {
+        let Some(_settling) = self.waiting.settling(look == Look::Flush) else {
             return;
         };
         // A record taken in may wait for its peer in turn, as of its arrival: when that wait is over
         // too, a second look decides it now, as the flush that releases its batch expects.
         for _ in 0..2 {
-            let decided = self.waiting.take_decided(index, now_ms);
-            let taken_in = decided.records.iter().any(|(_, _, placed)| *placed);
+            let decided = self.waiting.take_decided(index, now_ms, look);
+            let taken_in = decided.records.iter().any(|(_, placed)| *placed);
             self.decide(index, now_ms, decided);
             if !taken_in {
                 break;
@@ -356,17 +359,17 @@ impl Learning {
         // One log line per settling, not per record: a hostile agent may name many pods.
         let mut refused: Option<(u64, Arc<str>, BadRecord)> = None;
         let mut expired: Option<(u64, Arc<str>, String)> = None;
-        for (node, early, placed) in decided.records {
+        for (early, placed) in decided.records {
             if !placed {
                 let first = expired.get_or_insert_with(|| {
                     let pod = early.record.local.as_ref().map(flow_record::describe_local);
-                    (0, node.clone(), pod.unwrap_or_default())
+                    (0, early.node.clone(), pod.unwrap_or_default())
                 });
                 first.0 += 1;
                 continue;
             }
             let from = Arrival {
-                node: &node,
+                node: &early.node,
                 reporter: early.reporter,
                 at_ms: early.arrived_ms,
                 counts: early.counts,
@@ -383,7 +386,7 @@ impl Learning {
             );
             if let Err(why) = taken {
                 metrics.record_rejected(why.label());
-                let first = refused.get_or_insert((0, node.clone(), why));
+                let first = refused.get_or_insert((0, early.node.clone(), why));
                 first.0 += 1;
             }
         }

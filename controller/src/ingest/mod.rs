@@ -79,7 +79,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
 use tonic::{Request, Response, Status, Streaming};
-use waiting::{Admitted, Waiting};
+use waiting::{Admitted, Look, Waiting};
 
 /// Limits on what one agent stream may send.
 #[derive(Clone, Debug)]

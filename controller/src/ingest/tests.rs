@@ -202,8 +202,11 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
         index.apply_pod(&pod_on("web-3", "10.0.0.10", "node-b"), 2_000);
     }
     let now = crate::cluster::watches::now_ms();
-    app.learning
-        .settle(&app.index.index.read().unwrap(), now, true);
+    app.learning.settle(
+        &app.index.index.read().unwrap(),
+        now,
+        crate::ingest::waiting::Look::Flush,
+    );
     assert_eq!(app.learning.waiting.len(), 1, "only `never` still waits");
     // web-2's egress and api's ingress.
     assert_eq!(app.learner.pending_proposals(), 2);
@@ -220,8 +223,11 @@ async fn records_that_arrive_before_their_pod_wait_for_it() {
         ]
     );
     // The grace runs out for the pod that never comes.
-    app.learning
-        .settle(&app.index.index.read().unwrap(), now + 30_001, true);
+    app.learning.settle(
+        &app.index.index.read().unwrap(),
+        now + 30_001,
+        crate::ingest::waiting::Look::Flush,
+    );
     assert!(app.learning.waiting.is_empty());
     let text = app.learner.metrics().encode();
     for line in [
@@ -261,6 +267,90 @@ impl crate::ingest::evidence::EvidenceSink for Marks {
 /// A batch whose records waited for their pod is acknowledged once its wait is over and a flush
 /// wrote what they taught, and then only once the evidence they gave (handed in after the batch
 /// was merged) is in statuses: an agent forgets what was acknowledged.
+/// A record whose peer the index cannot place yet is learned once it can; its batch's
+/// acknowledgement waits until then, and a repeat's too (it waits in the first one's place).
+#[tokio::test]
+async fn a_record_whose_peer_waits_holds_its_acknowledgement_and_a_repeat_s_too() {
+    let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
+    let mut index = index_with_pod("node-a");
+    index.apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 1_000);
+    let app = app_with(index, 30_000, queue);
+    // web-2's connection to 10.0.0.9, which is no pod yet.
+    let web_2 = [record("shop", "web-2", "")];
+    let (ack, holds) = app
+        .learning
+        .take_in("node-a", &encoded_batch(1, "node-a", &web_2));
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    assert!(!holds.proposals.is_nothing(), "{holds:?}");
+    let (_, repeat) = app
+        .learning
+        .take_in("node-a", &encoded_batch(2, "node-a", &web_2));
+    assert!(
+        !repeat.proposals.is_nothing(),
+        "a repeat waits as long: {repeat:?}"
+    );
+    assert_eq!(app.learning.waiting.len(), 1, "in the first one's place");
+    assert_eq!(app.learner.pending_proposals(), 0, "nothing learned yet");
+    // The api pod gets 10.0.0.9: learned as that pod, both sides.
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&pod_on("api", "10.0.0.9", "node-a"), 3_000);
+    let now = crate::cluster::watches::now_ms();
+    app.learning.settle(
+        &app.index.index.read().unwrap(),
+        now,
+        crate::ingest::waiting::Look::Flush,
+    );
+    assert!(app.learning.waiting.is_empty());
+    assert_eq!(
+        app.learner.pending_proposals(),
+        2,
+        "web-2's egress, api's ingress"
+    );
+}
+
+/// A record that waited for its pod, taken in once the grace of its peer's wait is over too, is
+/// decided by the same settling: the flush that releases its batch has learned it.
+#[tokio::test]
+async fn a_record_that_waited_for_its_pod_then_for_its_peer_is_decided_by_one_settling() {
+    use crate::runtime::metrics::{WaitOutcome, Waiter};
+    let queue = Arc::new(crate::monitor::status_sync::EvidenceQueue::default());
+    let app = app_with(index_with_pod("node-a"), 30_000, queue);
+    let (ack, _) = app.learning.take_in(
+        "node-a",
+        &encoded_batch(1, "node-a", &[record("shop", "web-2", "")]),
+    );
+    assert_eq!((ack.accepted, ack.rejected), (1, 0), "{}", ack.reason);
+    app.index
+        .index
+        .write()
+        .unwrap()
+        .apply_pod(&pod_on("web-2", "10.0.0.8", "node-a"), 2_000);
+    let past_grace = crate::cluster::watches::now_ms() + 30_001;
+    app.learning.settle(
+        &app.index.index.read().unwrap(),
+        past_grace,
+        crate::ingest::waiting::Look::Flush,
+    );
+    assert!(app.learning.waiting.is_empty(), "nothing left waiting");
+    assert_eq!(
+        app.learner.pending_proposals(),
+        1,
+        "web-2's egress to the address"
+    );
+    let waits = &app.metrics.waits;
+    assert_eq!(
+        [
+            waits.get(Waiter::record, WaitOutcome::placed),
+            waits.get(Waiter::observation, WaitOutcome::waits),
+            waits.get(Waiter::observation, WaitOutcome::expired),
+        ],
+        [1, 1, 1]
+    );
+}
+
 #[tokio::test]
 async fn a_batch_that_waited_for_its_pod_is_acknowledged_after_its_evidence() {
     use std::sync::atomic::Ordering;

@@ -24,10 +24,10 @@ use crate::cluster::watches::{self, SharedIndex};
 use crate::ingest::Learning;
 use crate::ingest::ledger::Ledger;
 use crate::learn::Target;
+use crate::learn::flush_report::FlushReport;
 use crate::learn::learner::{Learner, PendingEdges};
 use crate::learn::proposal_writer::{ProposalWriter, refused_for_good};
 use futures::StreamExt as _;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,63 +44,6 @@ pub const RECHECK_REPEATS_EVERY: Duration = Duration::from_secs(60);
 /// a flush (and the acknowledgements waiting for it) short when many proposals have new edges.
 const CONCURRENT_WRITES: usize = 8;
 
-/// The outcome of one flush.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct FlushReport {
-    /// Proposals created or updated.
-    pub written: usize,
-    /// Of those, proposals created.
-    pub created: usize,
-    /// Proposals whose spec already held every edge.
-    pub unchanged: usize,
-    /// Proposals skipped because a policy was promoted from them.
-    pub promoted: usize,
-    /// Proposals whose write failed; their edges wait for the next flush.
-    pub failed: usize,
-    /// Those proposals, by [`Learner::proposal_key`]: acknowledgements waiting for one of them
-    /// wait for a later flush; the others need not ([`crate::ingest::ledger::WaitsFor`]).
-    pub failed_proposals: BTreeSet<u64>,
-    /// Proposals the API server refused for their content (invalid or too large); their new edges
-    /// were dropped and logged.
-    pub refused: usize,
-    /// Conflicts (409) retried.
-    pub conflicts: usize,
-    /// External peers not learned because their proposal and port had reached the cap.
-    pub capped: usize,
-    /// Proposals not learned into because their spec is not what the controller wrote
-    /// ([`crate::learn::provenance`]).
-    pub foreign: usize,
-}
-
-impl FlushReport {
-    /// Adds `other`'s counts to these.
-    fn add(&mut self, other: &FlushReport) {
-        // Destructured: a new field must be added here too.
-        let FlushReport {
-            written,
-            created,
-            unchanged,
-            promoted,
-            failed,
-            failed_proposals,
-            refused,
-            conflicts,
-            capped,
-            foreign,
-        } = other;
-        self.written += written;
-        self.created += created;
-        self.unchanged += unchanged;
-        self.promoted += promoted;
-        self.failed += failed;
-        self.failed_proposals.extend(failed_proposals);
-        self.refused += refused;
-        self.conflicts += conflicts;
-        self.capped += capped;
-        self.foreign += foreign;
-    }
-}
-
 /// See the module docs. One per writer; flushes run one after another ([`Flusher::run`] and the
 /// last flush on the way out are never concurrent).
 pub struct Flusher {
@@ -114,8 +57,8 @@ pub struct Flusher {
 }
 
 impl Flusher {
-    /// A flusher of what `learner` learned through `writer`; deferred observations settle against
-    /// `index`.
+    /// A flusher of what `learner` learned through `writer`; what waits for the index
+    /// ([`Flusher::with_waiting`]) settles against `index`.
     pub fn new(
         index: Arc<SharedIndex>,
         learner: Arc<Learner>,
@@ -161,7 +104,9 @@ impl Flusher {
             .await
     }
 
-    /// The flush on the way out: everything still waiting for the index is learned as it resolves now.
+    /// The flush on the way out: the observations and evidence still waiting for the index are
+    /// decided as it resolves them now; records still waiting for their pod are left to their agents
+    /// (their batches were not acknowledged).
     pub async fn last_flush(&self) -> FlushReport {
         self.flush_settling(i64::MAX, Take::Everything).await
     }
@@ -283,7 +228,7 @@ impl Flusher {
     fn settle_waiting(&self, now_ms: i64) {
         if let Some(learning) = &self.waiting {
             let index = self.index.index.read().expect("index lock");
-            learning.settle(&index, now_ms, true);
+            learning.settle(&index, now_ms, crate::ingest::waiting::Look::Flush);
         }
     }
 }
@@ -314,6 +259,7 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
     use network_enforcer_api::uplink::{self, FlowRecord, LocalPod};
     use serde_json::json;
+    use std::collections::BTreeSet;
 
     #[test]
     fn a_regular_flush_rechecks_repeated_proposals_once_a_minute() {

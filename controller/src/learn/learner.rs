@@ -315,7 +315,7 @@ impl Learner {
         )
     }
 
-    /// The key of `target`'s proposal in [`WaitsFor`] and [`crate::learn::flusher::FlushReport::failed_proposals`].
+    /// The key of `target`'s proposal in [`WaitsFor`] and [`crate::learn::flush_report::FlushReport::failed_proposals`].
     pub fn proposal_key(&self, target: &Target) -> u64 {
         self.seen_hasher.hash_one(target)
     }
@@ -614,7 +614,7 @@ mod tests {
             "no /32 rule for a pod IP"
         );
         index.apply_pod(&bare_pod("shop", "frontend", "10.0.0.3"), 2_000);
-        let decided = waiting.take_decided(&index, 3_000);
+        let decided = waiting.take_decided(&index, 3_000, crate::ingest::waiting::Look::Flush);
         assert_eq!(waiting.len(), 0);
         let learned: usize = decided
             .observations

@@ -10,6 +10,7 @@
 pub mod cluster_policies;
 mod edges;
 mod flows;
+pub mod flush_report;
 pub mod flusher;
 pub mod learner;
 mod merge;

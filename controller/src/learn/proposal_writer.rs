@@ -15,7 +15,7 @@
 //! spec the controller did not sign is not written into. What the limits left out is counted, logged
 //! and reported with `ExternalPeersCapped` / `LearningCapped` Events on the proposal.
 
-use crate::learn::flusher::FlushReport;
+use crate::learn::flush_report::FlushReport;
 use crate::learn::learner::MAX_PENDING_EDGES;
 use crate::learn::provenance::{Provenance, SigningKey};
 use crate::learn::{self, Edge, Target};

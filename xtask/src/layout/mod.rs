@@ -8,6 +8,7 @@
 use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 
+mod circles;
 mod stages;
 
 /// Code lines a source file may have.
@@ -146,6 +147,23 @@ pub fn check(root: &Path) -> Result<()> {
             )
         })
         .collect();
+    let mut circles = Vec::new();
+    for krate in CRATES {
+        let src = root.join(krate).join("src");
+        if src.is_dir() {
+            for circle in circles::check(&src)? {
+                circles.push(format!("{krate}/src: {}", circle.join(" ↔ ")));
+            }
+        }
+    }
+    println!("  circles between files: {}", circles.len());
+    if !circles.is_empty() {
+        bail!(
+            "files that use one another (docs/development.md, \"Stage order\"; move what both need \
+             into one of them or below both): {}",
+            circles.join("; ")
+        );
+    }
     let (against, gone) = stages::check(&root.join("controller").join("src"))?;
     let known: Vec<String> = stages::KNOWN
         .iter()

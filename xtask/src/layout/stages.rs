@@ -103,7 +103,7 @@ fn top_level_parts(group: &str) -> Vec<&str> {
 /// `code` with the contents of string literals and the comments after code on a line removed
 /// (`"crate::monitor"` in a message is no import). Raw strings and block comments are not
 /// parsed: the tree uses neither around stage paths.
-fn without_strings_and_comments(code: &str) -> String {
+pub fn without_strings_and_comments(code: &str) -> String {
     let mut out = String::with_capacity(code.len());
     for line in code.lines() {
         let (mut in_string, mut escaped) = (false, false);

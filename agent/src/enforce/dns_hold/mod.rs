@@ -72,11 +72,6 @@ const COPIES_BATCH: u16 = socket::COPIES_BATCH as u16;
 /// How often ended grants are forgotten while answers come in (the kernel has dropped them already).
 const EXPIRE_EVERY: Duration = Duration::from_secs(10);
 
-/// The hold's table beside enforcement table `table`.
-pub fn table_of(table: &str) -> String {
-    format!("{table}_dns")
-}
-
 /// Why the hold could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {
@@ -146,7 +141,7 @@ impl Hold {
         grace: Duration,
         metrics: EnforcementMetrics,
     ) -> Result<Arc<Hold>, HoldError> {
-        let hold_table = table_of(table);
+        let hold_table = nft::dns_hold_table(table);
         // Bound before the table exists: no query is copied before someone reads the group.
         let socket = HoldSocket::open(queue, query_group, QUEUE_MAX_LEN)?;
         nft::apply(&hold_table_script(&hold_table, query_group)).map_err(HoldError::Table)?;
@@ -210,7 +205,10 @@ impl Hold {
         state.grants.expire(now);
         let mut script = nft::render_with(ruleset, &self.table, log_group, &state.grants.live(now));
         let pods = pods_with_names(ruleset);
-        script.push_str(&held_pods_script(&table_of(&self.table), pods.keys()));
+        script.push_str(&held_pods_script(
+            &nft::dns_hold_table(&self.table),
+            pods.keys(),
+        ));
         // Before the new allowances are in the kernel: no answer may pass on entries worked out
         // under the old ones once they are.
         if pods_changed(&state.pods, &pods)

@@ -54,6 +54,12 @@ pub enum NftError {
     Refused { action: String, stderr: String },
 }
 
+/// The DNS hold's table beside enforcement table `table` ([`crate::enforce::dns_hold`]): cleared
+/// with it.
+pub fn dns_hold_table(table: &str) -> String {
+    format!("{table}_dns")
+}
+
 /// A valid nftables table name of ours: letters, digits and `_`, starting with a letter, at most 64.
 pub fn valid_table_name(name: &str) -> Result<String, String> {
     let ok = name.len() <= 64
@@ -462,7 +468,7 @@ pub fn clear(table: &str) -> Result<bool, NftError> {
 /// whether the enforcement table existed.
 pub fn clear_all(table: &str) -> Result<bool, NftError> {
     let existed = clear(table)?;
-    clear(&crate::enforce::dns_hold::table_of(table))?;
+    clear(&dns_hold_table(table))?;
     Ok(existed)
 }
 

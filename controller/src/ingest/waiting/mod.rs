@@ -23,7 +23,8 @@
 //!   [`Evidence::waited_for_peer`].
 //!
 //! Everything waits up to the resolution grace (`--resolution-grace-seconds`) from its arrival and is
-//! looked at again as batches come in (at most every [`RETRY_EVERY_MS`]) and before every flush. With
+//! looked at again before every flush; records waiting for their pod also as batches come in (at most
+//! every [`RETRY_EVERY_MS`]: [`Look::Batch`]), so a lagging watch delays them no longer than it lags. With
 //! `--cluster-cidrs` (the ranges the cluster gives pods and Services) a peer outside them does not
 //! wait: no pod or Service the index has not seen yet can have it.
 //!
@@ -32,10 +33,12 @@
 //! the grace loses nothing: the agent sends it again.
 //!
 //! **Bounds**, because a hostile agent may name pods and peers that will never exist: at most
-//! [`MAX_WAITING`] entries, [`MAX_WAITING_PER_NODE`] of them from one node, a waiting record at most
-//! [`MAX_RECORD_BYTES`] encoded. What does not fit does not wait: it is decided at once, as the index
-//! resolves it now (a record is refused, an observation learned, evidence handed on), as is everything
-//! when the grace is 0.
+//! [`MAX_WAITING`] entries, [`MAX_WAITING_PER_NODE`] of them from one node (a cluster source's records
+//! filed under a node have a share of their own), [`MAX_WAITING_RECORDS`] of them records waiting for
+//! their pod, each at most [`MAX_RECORD_BYTES`] encoded. What does not fit does not wait: it is
+//! decided at once, as the index resolves it now (a record is refused, an observation learned,
+//! evidence handed on), as is everything when the grace is 0. At the bounds the queue holds about 10
+//! MiB of records and 15 MiB of observations and evidence.
 //!
 //! Counted in `network_enforcer_controller_waits_total{waiter, outcome}` (`waiter`: `record`,
 //! `observation`, `evidence`; `outcome`: `waits`, `repeat`, `placed`, `expired`, `full`) and the gauge
@@ -60,9 +63,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The default grace, in milliseconds.
 pub const DEFAULT_GRACE_MS: i64 = 30_000;
 
-/// At most this many entries wait (an observation or evidence about 100 bytes, a record at most
-/// [`MAX_RECORD_BYTES`] and a few hundred in practice).
+/// At most this many entries wait (an observation or evidence about 150 bytes).
 pub const MAX_WAITING: usize = 100_000;
+
+/// At most this many of them are records waiting for their pod (each up to [`MAX_RECORD_BYTES`]:
+/// about 10 MiB).
+pub const MAX_WAITING_RECORDS: usize = 10_000;
 
 /// At most this many of them from one node: one agent naming pods or peers that never come cannot
 /// take the room of the others.
@@ -77,6 +83,8 @@ pub const RETRY_EVERY_MS: i64 = 250;
 /// A record waiting for its local pod, as it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Early {
+    /// The node whose stream (or cluster source) sent it: its pod must run there.
+    pub node: Arc<str>,
     pub reporter: Reporter,
     pub record: FlowRecord,
     /// When it arrived, ms since the epoch: it is taken in as of then.
@@ -126,6 +134,16 @@ impl Waiter {
     }
 }
 
+/// The share of the bounds that an entry from `node`, reported by `reporter`, takes: the node's, or
+/// for a cluster-wide source's records filed under that node, one of their own (a busy Goldmane
+/// window must not push the node's agent's new pods out of the queue).
+pub fn share(node: &str, reporter: Reporter) -> std::borrow::Cow<'_, str> {
+    match reporter {
+        Reporter::Node => node.into(),
+        Reporter::Cluster => format!("{node} (cluster source)").into(),
+    }
+}
+
 /// Whether the flows of a connection `opened` so might change once the index catches up: it has
 /// none, or a peer is an external address that a pod or Service could still turn out to have: any
 /// address when `cluster_cidrs` is empty (the ranges are not known), else only one inside them.
@@ -166,12 +184,23 @@ pub enum Admitted {
     Repeat(i64),
 }
 
-/// What [`Waiting::take_decided`] hands back, each with whether the index placed it (`true`) or its
-/// grace is over (`false`).
+/// Who looks at what waits ([`Waiting::take_decided`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// A batch as it comes: only records waiting for their pod (observations and evidence wait for
+    /// the flush: resolving them all every [`RETRY_EVERY_MS`] would cost every batch), and not while
+    /// another thread decides ([`Waiting::settling`]).
+    Batch,
+    /// A flush: everything, after whoever decides now.
+    Flush,
+}
+
+/// What [`Waiting::take_decided`] hands back.
 #[derive(Debug, Default, PartialEq)]
 pub struct Decided {
-    /// Records to take in (placed) or refuse (expired), with the node whose stream sent them.
-    pub records: Vec<(Arc<str>, Early, bool)>,
+    /// Records to take in (`true`: the index knows their pod with a node) or refuse (their grace is
+    /// over).
+    pub records: Vec<(Early, bool)>,
     /// Observations to learn, as they resolve now.
     pub observations: Vec<(ReportedConnection, Result<Flows, NoFlow>)>,
     /// Evidence to hand on, marked [`Evidence::waited_for_peer`]; the evidence pass resolves it again.
@@ -212,7 +241,7 @@ impl LearnKey {
 
 #[derive(Debug)]
 struct Entry {
-    /// The node whose stream (or cluster source) sent it: its share of the bound.
+    /// Its share of the bound: the node whose stream sent it ([`share`]).
     node: Arc<str>,
     until_ms: i64,
     what: Waiter,
@@ -221,6 +250,11 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Queue {
     entries: VecDeque<Entry>,
+    /// Entries waiting, counted apart from `entries`: a settling takes them out while it decides,
+    /// and the bounds must hold meanwhile.
+    total: usize,
+    /// Records among them.
+    records: usize,
     per_node: HashMap<Arc<str>, usize>,
     /// The waiting observations: a repeat waits in their place.
     observations: FastSet<LearnKey>,
@@ -228,7 +262,9 @@ struct Queue {
 
 impl Queue {
     /// Gives back the place of an entry of `node`'s, keyed `key`, that left the queue.
-    fn left(&mut self, node: &Arc<str>, key: Option<&LearnKey>) {
+    fn left(&mut self, node: &Arc<str>, key: Option<&LearnKey>, record: bool) {
+        self.total -= 1;
+        self.records -= usize::from(record);
         if let Some(n) = self.per_node.get_mut(node) {
             *n -= 1;
             if *n == 0 {
@@ -249,8 +285,10 @@ pub struct Waiting {
     queue: Mutex<Queue>,
     /// Held by whoever takes entries out to decide them ([`Waiting::settling`]).
     settling: Mutex<()>,
-    /// How many wait, read without the lock by every batch.
+    /// How many wait, read without the lock.
     len: AtomicUsize,
+    /// How many records wait for their pod, read without the lock by every batch.
+    records: AtomicUsize,
     /// When a batch last looked at them, ms since the epoch.
     last_try_ms: AtomicI64,
     metrics: WaitMetrics,
@@ -272,6 +310,7 @@ impl Waiting {
             queue: Mutex::default(),
             settling: Mutex::default(),
             len: AtomicUsize::new(0),
+            records: AtomicUsize::new(0),
             last_try_ms: AtomicI64::new(0),
             metrics,
         }
@@ -309,14 +348,19 @@ impl Waiting {
             return Err(NoWait::TooLarge);
         }
         let early = Early {
+            node: node.into(),
             reporter,
             record: record.clone(),
             arrived_ms: now_ms,
             counts: counts.counts,
             gate: counts.gate.cloned(),
         };
-        self.wait(node, Waiter::Record(Box::new(early)), now_ms)
-            .map(|(until, _)| until)
+        self.wait(
+            &share(node, reporter),
+            Waiter::Record(Box::new(early)),
+            now_ms,
+        )
+        .map(|(until, _)| until)
     }
 
     /// Resolves `obs`, from `node`, against `index` at `now_ms`: to learn now, or to wait for its
@@ -332,14 +376,16 @@ impl Waiting {
         if self.grace_ms == 0 || !may_improve(&flows, obs.opened, &self.cluster_cidrs) {
             return Admitted::Now(flows);
         }
-        match self.wait(node, Waiter::Observation(obs.clone()), now_ms) {
+        let share = share(node, obs.reporter);
+        match self.wait(&share, Waiter::Observation(obs.clone()), now_ms) {
             Ok((until, true)) => Admitted::Waits(until),
             Ok((until, false)) => Admitted::Repeat(until),
             Err(_) => Admitted::Now(flows),
         }
     }
 
-    /// Violation `evidence` from `node` that arrived at `now_ms`: `Ok` to hand on now, `Err(until)`
+    /// Violation `evidence` from `node`, reported by `reporter`, that arrived at `now_ms`: `Ok` to
+    /// hand on now, `Err(until)`
     /// when it waits for its peer until then (it comes back from [`Waiting::take_decided`]). Only
     /// evidence that [`Evidence::may_wait_for_peer`] waits, and only when its peer resolves as an
     /// observation's would wait.
@@ -347,6 +393,7 @@ impl Waiting {
         &self,
         index: &Index,
         node: &str,
+        reporter: Reporter,
         evidence: Evidence,
         now_ms: i64,
     ) -> Result<Evidence, i64> {
@@ -361,7 +408,7 @@ impl Waiting {
             waited_for_peer: true,
             ..evidence.clone()
         };
-        match self.wait(node, Waiter::Evidence(waiting), now_ms) {
+        match self.wait(&share(node, reporter), Waiter::Evidence(waiting), now_ms) {
             Ok((until, _)) => Err(until),
             Err(_) => Ok(evidence),
         }
@@ -379,8 +426,12 @@ impl Waiting {
             self.metrics.count(label, WaitOutcome::repeat, 1);
             return Ok((until_ms, false));
         }
+        let record = matches!(what, Waiter::Record(_));
         let from_node = queue.per_node.get(node).copied().unwrap_or(0);
-        if queue.entries.len() >= MAX_WAITING || from_node >= MAX_WAITING_PER_NODE {
+        if queue.total >= MAX_WAITING
+            || from_node >= MAX_WAITING_PER_NODE
+            || (record && queue.records >= MAX_WAITING_RECORDS)
+        {
             self.metrics.count(label, WaitOutcome::full, 1);
             return Err(NoWait::Full);
         }
@@ -395,7 +446,10 @@ impl Waiting {
             until_ms,
             what,
         });
-        self.len.store(queue.entries.len(), Ordering::Relaxed);
+        queue.total += 1;
+        queue.records += usize::from(record);
+        self.len.store(queue.total, Ordering::Relaxed);
+        self.records.store(queue.records, Ordering::Relaxed);
         self.metrics.count(label, WaitOutcome::waits, 1);
         self.metrics.waiting(label).inc();
         Ok((until_ms, true))
@@ -413,10 +467,10 @@ impl Waiting {
         }
     }
 
-    /// Whether a batch arriving at `now_ms` should look at what waits: something does and no batch
-    /// looked in the last [`RETRY_EVERY_MS`]. Claims the look.
+    /// Whether a batch arriving at `now_ms` should look at the records waiting for their pod
+    /// ([`Look::Batch`]): some do and no batch looked in the last [`RETRY_EVERY_MS`]. Claims the look.
     pub fn due(&self, now_ms: i64) -> bool {
-        if self.is_empty() {
+        if self.records.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let last = self.last_try_ms.load(Ordering::Relaxed);
@@ -427,9 +481,10 @@ impl Waiting {
                 .is_ok()
     }
 
-    /// Takes out what `index` now places and what is out of grace at `now_ms`; the rest keeps
-    /// waiting, in order. Resolves outside the queue's lock: batches keep queuing meanwhile.
-    pub fn take_decided(&self, index: &Index, now_ms: i64) -> Decided {
+    /// Takes out what `index` now places and what is out of grace at `now_ms` (`i64::MAX`: on the way
+    /// out, everything), of what `look` looks at; the rest keeps waiting, in order. Resolves outside
+    /// the queue's lock: batches keep queuing meanwhile.
+    pub fn take_decided(&self, index: &Index, now_ms: i64, look: Look) -> Decided {
         // What the waiting observations teach stays behind: a repeat arriving meanwhile is one.
         let entries =
             std::mem::take(&mut self.queue.lock().unwrap_or_else(|p| p.into_inner()).entries);
@@ -437,22 +492,27 @@ impl Waiting {
         let mut left = Vec::new();
         let mut still = VecDeque::with_capacity(entries.len());
         for entry in entries {
+            let record = matches!(entry.what, Waiter::Record(_));
+            if look == Look::Batch && !record {
+                still.push_back(entry);
+                continue;
+            }
             let placed = entry.what.placed(index, &self.cluster_cidrs);
             if !placed && now_ms < entry.until_ms {
                 still.push_back(entry);
                 continue;
             }
             let label = entry.what.label();
-            let outcome = if placed {
-                WaitOutcome::placed
-            } else {
-                WaitOutcome::expired
-            };
-            self.metrics.count(label, outcome, 1);
+            match (placed, record && now_ms == i64::MAX) {
+                (true, _) => self.metrics.count(label, WaitOutcome::placed, 1),
+                // Not refused: left to their agents to send again.
+                (false, true) => {}
+                (false, false) => self.metrics.count(label, WaitOutcome::expired, 1),
+            }
             self.metrics.waiting(label).dec();
-            left.push((entry.node.clone(), LearnKey::of(&entry.what)));
+            left.push((entry.node.clone(), LearnKey::of(&entry.what), record));
             match entry.what {
-                Waiter::Record(early) => decided.records.push((entry.node, *early, placed)),
+                Waiter::Record(early) => decided.records.push((*early, placed)),
                 Waiter::Observation(obs) => {
                     let flows = index.flows(&obs.connection());
                     decided.observations.push((obs, flows));
@@ -461,13 +521,14 @@ impl Waiting {
             }
         }
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        for (node, key) in &left {
-            queue.left(node, key.as_ref());
+        for (node, key, record) in &left {
+            queue.left(node, key.as_ref(), *record);
         }
         // Entries queued meanwhile are newer: they go after the ones that keep waiting.
         let newer = std::mem::replace(&mut queue.entries, still);
         queue.entries.extend(newer);
-        self.len.store(queue.entries.len(), Ordering::Relaxed);
+        self.len.store(queue.total, Ordering::Relaxed);
+        self.records.store(queue.records, Ordering::Relaxed);
         decided
     }
 }

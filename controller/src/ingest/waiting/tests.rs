@@ -44,10 +44,10 @@ fn record(name: &str) -> FlowRecord {
     }
 }
 
-fn names(records: &[(Arc<str>, Early, bool)]) -> Vec<(&str, bool)> {
+fn names(records: &[(Early, bool)]) -> Vec<(&str, bool)> {
     records
         .iter()
-        .map(|(_, e, placed)| (e.record.local.as_ref().unwrap().name.as_str(), *placed))
+        .map(|(e, placed)| (e.record.local.as_ref().unwrap().name.as_str(), *placed))
         .collect()
 }
 
@@ -98,24 +98,32 @@ fn a_record_waits_until_its_pod_is_known_with_a_node_or_its_grace_is_over() {
     let mut index = Index::default();
     // Known, but not bound to a node yet: still waits.
     index.apply_pod(&pod("web-1", "10.0.0.7", None), 2_000);
-    assert_eq!(waiting.take_decided(&index, 2_000), Decided::default());
+    assert_eq!(
+        waiting.take_decided(&index, 2_000, Look::Flush),
+        Decided::default()
+    );
     assert_eq!(waiting.len(), 3);
     index.apply_pod(&pod("web-1", "10.0.0.7", Some("node-a")), 3_000);
     // On another node: no longer waits either (it is refused when taken in).
     index.apply_pod(&pod("web-2", "10.0.0.8", Some("node-b")), 3_000);
-    let decided = waiting.take_decided(&index, 3_000);
+    let decided = waiting.take_decided(&index, 3_000, Look::Flush);
     assert_eq!(names(&decided.records), [("web-1", true), ("web-2", true)]);
     assert_eq!(
-        decided.records[0].1.arrived_ms, 1_000,
+        decided.records[0].0.arrived_ms, 1_000,
         "taken in as of its arrival"
     );
     assert_eq!(
-        &*decided.records[0].0, "node-a",
+        &*decided.records[0].0.node, "node-a",
         "from the node that sent it"
     );
     assert_eq!(waiting.len(), 1);
-    assert!(waiting.take_decided(&index, 30_999).records.is_empty());
-    let decided = waiting.take_decided(&index, 31_000);
+    assert!(
+        waiting
+            .take_decided(&index, 30_999, Look::Flush)
+            .records
+            .is_empty()
+    );
+    let decided = waiting.take_decided(&index, 31_000, Look::Flush);
     assert_eq!(names(&decided.records), [("never", false)]);
     assert!(waiting.is_empty());
     let counted = |outcome| waiting.metrics.get(WaiterLabel::record, outcome);
@@ -129,6 +137,13 @@ fn a_record_waits_until_its_pod_is_known_with_a_node_or_its_grace_is_over() {
         [3, 2, 1]
     );
     assert_eq!(waiting.metrics.waiting(WaiterLabel::record).get(), 0);
+}
+
+/// A connection to the `api` pod from the `n`th address of 10.1.0.0/16 and beyond: distinct
+/// observations, none of them a pod.
+fn from_nowhere(index: &Index, n: usize) -> ReportedConnection {
+    let peer = std::net::Ipv4Addr::from(0x0a01_0000 + n as u32).to_string();
+    inbound_from(index, &peer, 0)
 }
 
 #[test]
@@ -145,56 +160,70 @@ fn nothing_waits_without_a_grace_too_large_or_past_a_bound() {
         waiting.record("a", Reporter::Node, &big, 0, COUNTS),
         Err(NoWait::TooLarge)
     );
-    // One node fills its share; another still has room, until the whole queue is full.
-    for _ in 0..MAX_WAITING_PER_NODE {
+    // Records fill their own bound (here all from one node, which fills its share too)...
+    for _ in 0..MAX_WAITING_RECORDS {
         assert!(waiting.record("a", Reporter::Node, &r, 0, COUNTS).is_ok());
     }
     assert_eq!(
-        waiting.record("a", Reporter::Node, &r, 0, COUNTS),
+        waiting.record("b", Reporter::Node, &r, 0, COUNTS),
         Err(NoWait::Full)
     );
-    let mut node = 0;
-    while waiting.len() < MAX_WAITING {
-        node += 1;
-        let name = format!("n{}", node / MAX_WAITING_PER_NODE);
-        assert!(waiting.record(&name, Reporter::Node, &r, 0, COUNTS).is_ok());
-    }
-    assert_eq!(
-        waiting.record("z", Reporter::Node, &r, 0, COUNTS),
-        Err(NoWait::Full)
-    );
-    // The same bound for observations and evidence: past it they are decided at once.
+    // ... and past its share a node's observations are decided at once, another node's wait.
     let index = index_with_api();
-    let obs = inbound_from(&index, "10.0.0.3", 0);
+    assert!(matches!(
+        waiting.observation(&index, "a", &from_nowhere(&index, 0), 0),
+        Admitted::Now(Ok(_))
+    ));
+    let mut n = 0;
+    while waiting.len() < MAX_WAITING {
+        n += 1;
+        let node = format!("n{}", n / MAX_WAITING_PER_NODE);
+        let obs = from_nowhere(&index, n);
+        assert!(matches!(
+            waiting.observation(&index, &node, &obs, 0),
+            Admitted::Waits(_)
+        ));
+    }
+    // The whole queue is full: observations and evidence are decided at once.
+    let obs = from_nowhere(&index, n + 1);
     assert!(matches!(
         waiting.observation(&index, "z", &obs, 0),
         Admitted::Now(Ok(_))
     ));
     let blocked = evidence_of(&obs, EvidenceKind::Blocked);
     assert_eq!(
-        waiting.evidence(&index, "z", blocked.clone(), 0),
+        waiting.evidence(&index, "z", Reporter::Node, blocked.clone(), 0),
         Ok(blocked),
         "handed on unchanged"
     );
+    let full = |waiter| waiting.metrics.get(waiter, WaitOutcome::full);
     assert_eq!(
-        waiting.metrics.get(WaiterLabel::record, WaitOutcome::full),
-        2
+        [
+            WaiterLabel::record,
+            WaiterLabel::observation,
+            WaiterLabel::evidence
+        ]
+        .map(full),
+        [1, 2, 1]
     );
-    assert_eq!(
-        waiting
-            .metrics
-            .get(WaiterLabel::observation, WaitOutcome::full),
-        1
-    );
-    // Decided entries give their node its room back.
-    let decided = waiting.take_decided(&Index::default(), 1);
-    assert_eq!(decided.records.len(), MAX_WAITING);
+    // A batch's look decides only records; their room is given back.
+    let decided = waiting.take_decided(&Index::default(), 1, Look::Batch);
+    assert_eq!(decided.records.len(), MAX_WAITING_RECORDS);
+    assert!(decided.observations.is_empty(), "they wait for the flush");
+    assert_eq!(waiting.len(), MAX_WAITING - MAX_WAITING_RECORDS);
     assert!(waiting.record("a", Reporter::Node, &r, 1, COUNTS).is_ok());
     assert_eq!(
         waiting.metrics.waiting(WaiterLabel::record).get(),
         1,
         "the gauge follows"
     );
+    // The flush decides the rest.
+    let decided = waiting.take_decided(&index, 2, Look::Flush);
+    assert_eq!(
+        decided.observations.len(),
+        MAX_WAITING - MAX_WAITING_RECORDS
+    );
+    assert!(waiting.is_empty());
 }
 
 #[test]
@@ -218,10 +247,19 @@ fn one_node_cannot_take_the_room_of_the_others_with_peers_that_never_come() {
         ),
         "its share is full"
     );
-    // Another node's new pod still waits for the index.
+    // Another node's new pod still waits for the index; so do a cluster source's records filed
+    // under the hostile node: they have a share of their own.
     let honest = inbound_from(&index, "10.0.0.3", 0);
     assert_eq!(
         waiting.observation(&index, "node-a", &honest, 0),
+        Admitted::Waits(30_000)
+    );
+    let from_goldmane = ReportedConnection {
+        reporter: Reporter::Cluster,
+        ..next
+    };
+    assert_eq!(
+        waiting.observation(&index, "hostile", &from_goldmane, 0),
         Admitted::Waits(30_000)
     );
 }
@@ -247,6 +285,12 @@ fn one_thread_settles_at_a_time_and_a_batch_does_not_wait_for_it() {
 fn batches_look_at_most_every_retry_interval_and_only_when_some_wait() {
     let waiting = waiting(30_000);
     assert!(!waiting.due(1_000), "nothing waits");
+    let index = index_with_api();
+    waiting.observation(&index, "a", &inbound_from(&index, "10.0.0.3", 0), 0);
+    assert!(
+        !waiting.due(1_000),
+        "observations wait for the flush, not for a batch's look"
+    );
     waiting
         .record("a", Reporter::Node, &record("web-1"), 1_000, COUNTS)
         .unwrap();
@@ -267,11 +311,16 @@ fn a_pod_peer_the_index_learns_late_is_learned_as_that_pod_not_as_an_address() {
     );
     assert_eq!(waiting.len(), 1);
     // Nothing changed yet: it keeps waiting.
-    assert!(waiting.take_decided(&index, 2_000).observations.is_empty());
+    assert!(
+        waiting
+            .take_decided(&index, 2_000, Look::Flush)
+            .observations
+            .is_empty()
+    );
     assert_eq!(waiting.len(), 1);
     // The frontend's IP reaches the index.
     index.apply_pod(&pod("frontend", "10.0.0.3", Some("node-a")), 3_000);
-    let d = waiting.take_decided(&index, 4_000);
+    let d = waiting.take_decided(&index, 4_000, Look::Flush);
     assert_eq!(d.observations.len(), 1);
     match peer_of(&d.observations[0].1) {
         FlowEnd::Workload(w) => assert_eq!(w.name, "frontend"),
@@ -307,7 +356,7 @@ fn blocked_evidence_waits_for_its_peer_in_the_same_queue_and_comes_back_marked()
         ),
     ];
     for (evidence, waits) in cases {
-        let now = waiting.evidence(&index, "node-a", evidence.clone(), 1_000);
+        let now = waiting.evidence(&index, "node-a", Reporter::Node, evidence.clone(), 1_000);
         assert_eq!(now.is_err(), waits, "{evidence:?}");
         if let Ok(now) = now {
             assert_eq!(now, evidence, "handed on unchanged");
@@ -317,18 +366,18 @@ fn blocked_evidence_waits_for_its_peer_in_the_same_queue_and_comes_back_marked()
     // With no grace nothing waits.
     assert!(
         self::waiting(0)
-            .evidence(&index, "node-a", blocked("10.0.0.3"), 1_000)
+            .evidence(&index, "node-a", Reporter::Node, blocked("10.0.0.3"), 1_000)
             .is_ok()
     );
 
     // 10.0.0.3 becomes a pod; 10.0.0.5 does not, within the grace.
     index.apply_pod(&pod("frontend", "10.0.0.3", Some("node-a")), 3_000);
-    let d = waiting.take_decided(&index, 4_000);
+    let d = waiting.take_decided(&index, 4_000, Look::Flush);
     assert!(d.observations.is_empty(), "evidence is not learned");
     assert_eq!(d.evidence.len(), 1);
     assert_eq!(d.evidence[0].record.peer.to_string(), "10.0.0.3");
     assert!(d.evidence[0].waited_for_peer);
-    let d = waiting.take_decided(&index, 31_000);
+    let d = waiting.take_decided(&index, 31_000, Look::Flush);
     assert_eq!(d.evidence[0].record.peer.to_string(), "10.0.0.5");
     assert!(waiting.is_empty());
     let counted = |outcome| waiting.metrics.get(WaiterLabel::evidence, outcome);
@@ -352,8 +401,13 @@ fn a_real_external_address_is_learned_once_the_grace_is_over() {
         waiting.observation(&index, "node-a", &obs, 0),
         Admitted::Waits(30_000)
     );
-    assert!(waiting.take_decided(&index, 29_999).observations.is_empty());
-    let d = waiting.take_decided(&index, 30_000);
+    assert!(
+        waiting
+            .take_decided(&index, 29_999, Look::Flush)
+            .observations
+            .is_empty()
+    );
+    let d = waiting.take_decided(&index, 30_000, Look::Flush);
     assert_eq!(
         peer_of(&d.observations[0].1),
         FlowEnd::External("203.0.113.9".parse().unwrap())
@@ -457,7 +511,7 @@ fn a_repeat_of_a_waiting_observation_waits_in_its_place() {
     }
     assert_eq!(waiting.len(), 3);
     // Decided once; after that it waits anew.
-    let d = waiting.take_decided(&index, 30_000);
+    let d = waiting.take_decided(&index, 30_000, Look::Flush);
     assert_eq!(d.observations.len(), 1);
     assert_eq!(
         waiting.observation(&index, "node-a", &obs, 30_000),

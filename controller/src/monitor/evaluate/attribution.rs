@@ -21,7 +21,6 @@ use super::names;
 use super::view::{ClusterView, Endpoint, Flow, PodKey, PolicyRef};
 use crate::FastMap;
 use crate::monitor::violations::Observation;
-use crate::monitor::violations::evidence::RepeatKey;
 use crate::policy::uniqueness;
 use crate::policy::validity::Backends;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -736,3 +735,32 @@ fn endpoint_of(view: &ClusterView, workload: &WorkloadRef) -> Option<Endpoint> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// The dedupe key of an observation: what it says, without its time. Borrowed, so that a repeat
+/// (most of a storm of denied flows) costs no copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RepeatKey<'a> {
+    pub source: &'a WorkloadRef,
+    pub dest: &'a WorkloadRef,
+    pub protocol: Protocol,
+    pub dst_port: Option<i32>,
+    pub action: PolicyMode,
+    /// The denying policy's namespace and name.
+    pub policy: (&'a str, &'a str),
+    pub direction: Direction,
+}
+
+impl<'a> RepeatKey<'a> {
+    /// The key of `o`.
+    pub fn of(o: &'a Observation) -> Self {
+        RepeatKey {
+            source: &o.source,
+            dest: &o.dest,
+            protocol: o.protocol,
+            dst_port: o.dst_port,
+            action: o.action,
+            policy: (&o.denying_policy_namespace, &o.denying_policy_name),
+            direction: o.direction,
+        }
+    }
+}

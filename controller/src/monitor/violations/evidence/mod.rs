@@ -10,10 +10,10 @@ use super::Observation;
 use crate::FastMap;
 use crate::cluster::index::{self, End, Index, NoFlow, WorkloadEndpoint};
 use crate::ingest::flow_record::Decoded;
-use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey};
+use crate::monitor::evaluate::attribution::{FlowSide, ObservedFlow, PolicyKey, RepeatKey};
 use crate::monitor::evaluate::view::{ClusterView, Endpoint, PodKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use network_enforcer_api::{Direction, PolicyMode, Protocol, WorkloadKind, WorkloadRef};
+use network_enforcer_api::{WorkloadKind, WorkloadRef};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -259,35 +259,6 @@ pub fn workload_ref(workload: &WorkloadEndpoint) -> WorkloadRef {
         selector: super::cap_string(selector, MAX_SELECTOR_CHARS),
         address: String::new(),
         dns_name: String::new(),
-    }
-}
-
-/// The dedupe key of an observation: what it says, without its time. Borrowed, so that a repeat
-/// (most of a storm of denied flows) costs no copy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RepeatKey<'a> {
-    pub source: &'a WorkloadRef,
-    pub dest: &'a WorkloadRef,
-    pub protocol: Protocol,
-    pub dst_port: Option<i32>,
-    pub action: PolicyMode,
-    /// The denying policy's namespace and name.
-    pub policy: (&'a str, &'a str),
-    pub direction: Direction,
-}
-
-impl<'a> RepeatKey<'a> {
-    /// The key of `o`.
-    pub fn of(o: &'a Observation) -> Self {
-        RepeatKey {
-            source: &o.source,
-            dest: &o.dest,
-            protocol: o.protocol,
-            dst_port: o.dst_port,
-            action: o.action,
-            policy: (&o.denying_policy_namespace, &o.denying_policy_name),
-            direction: o.direction,
-        }
     }
 }
 

@@ -4,6 +4,7 @@ use crate::ingest::evidence::{Evidence, EvidenceKind};
 use crate::ingest::flow_record::{BadRecord, decode};
 use k8s_openapi::jiff::Timestamp;
 use network_enforcer_api::uplink::{self, FlowRecord};
+use network_enforcer_api::{Direction, PolicyMode, Protocol};
 use std::collections::BTreeMap;
 
 /// The flows `record` stands for, as one evidence pass of its own sees them.
