@@ -20,7 +20,9 @@
 //! - `load_average_1m`: the machine's 1-minute load average when the bench started (the machine is
 //!   shared: figures taken under load are lower).
 //! - `stage_ns_per_record`: CPU nanoseconds per record of each stage a record goes through, each
-//!   measured alone on the merge's records (see `stages`; table in docs/operations.md).
+//!   measured alone on the merge's records (see `stages`; table in docs/operations.md), and
+//!   `transport`: TLS, HTTP/2, gRPC framing and the acknowledgement of the same batches, served alone
+//!   (`controller/transport.rs`).
 //!
 //! A plain `harness = false` bench: it prints its figures and writes them to the file `BENCH_FIGURES`
 //! names (`cargo xtask bench controller`), or to `target/bench/controller.json`.
@@ -43,6 +45,9 @@ use std::time::{Duration, Instant};
 #[path = "support/counting.rs"]
 mod counting;
 use counting::live;
+
+#[path = "controller/transport.rs"]
+mod transport;
 
 #[global_allocator]
 static ALLOCATOR: counting::Counting = counting::Counting;
@@ -253,7 +258,15 @@ fn main() {
     );
 
     // Where a record's CPU goes, stage by stage, on the same records (docs/operations.md).
-    let stage_ns = stages(learning, &input);
+    let mut stage_ns = stages(learning, &input);
+    // The transport, with the merge's batches (5,000 records) and with an agent's small ones.
+    stage_ns["transport"] = json!(transport::ns_per_record(&runtime, &input, 5_000, 5));
+    stage_ns["transport_batches_of_100"] =
+        json!(transport::ns_per_record(&runtime, &input, 100, 2));
+    eprintln!(
+        "transport: {} / {} CPU ns per record (batches of 5,000 / 100)",
+        stage_ns["transport"], stage_ns["transport_batches_of_100"]
+    );
 
     // Memory per edge: 100k distinct external /32 peers of one workload (no fan-out cap here: this
     // measures what an edge costs, not the cap).
