@@ -41,14 +41,7 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
     // answer went on: a loaded CI machine once sent the second answer before that): nothing new to
     // install, so it does not wait for the agent (the kernel check finds every address granted),
     // and the grant still works.
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while hold.mirrored() < Some(1) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the kernel check's mirror never got the grant"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_mirror(&hold, 1);
     let before = hold
         .checked()
         .expect("the kernel check runs on this kernel");
@@ -86,6 +79,19 @@ fn an_allowed_names_address_is_reachable_at_once_and_until_the_ttl_plus_grace_on
     drop(hold);
 }
 
+/// Waits until the kernel check's mirror holds `entries` grants: it is written just after an answer
+/// went on, so an answer sent right behind may still be queued once.
+fn wait_for_mirror(hold: &network_enforcer_agent::enforce::dns_hold::Hold, entries: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while hold.mirrored() < Some(entries) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the kernel check's mirror never got {entries} grants"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn an_answer_waits_again_once_the_pods_allowances_change() {
     require_root();
@@ -107,6 +113,9 @@ fn an_answer_waits_again_once_the_pods_allowances_change() {
     };
     assert_eq!(resolve(&world, ALLOWED).0, service);
     let granted = checked();
+    // As above: the next answer only once the check's mirror has the grant (a loaded CI machine sent
+    // it before, and it was queued).
+    wait_for_mirror(&hold, 1);
     resolve(&world, ALLOWED);
     assert_eq!(
         checked(),
@@ -139,6 +148,8 @@ fn an_answer_waits_again_once_the_pods_allowances_change() {
         (granted.0 + 2, granted.1 + 1),
         "wider allowance: queued"
     );
+    // The new allowances emptied the check's mirror; the queued answer's grant refills it.
+    wait_for_mirror(&hold, 1);
     resolve(&world, ALLOWED);
     assert_eq!(
         checked(),
