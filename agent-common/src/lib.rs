@@ -23,8 +23,11 @@ pub const EVENTS_MAP: &str = "EVENTS";
 pub const COUNTERS_MAP: &str = "COUNTERS";
 /// Name of the global holding the [`Config`] patched in at load time.
 pub const CONFIG_GLOBAL: &str = "CONFIG";
-/// Name of the TCP state-change program (a raw tracepoint on `sock/inet_sock_set_state`).
+/// Name of the TCP state-change program as a raw tracepoint on `sock/inet_sock_set_state`: the
+/// fallback where the kernel refuses [`TCP_STATE_BTF_PROGRAM`].
 pub const TCP_STATE_PROGRAM: &str = "inet_sock_set_state";
+/// The same program on the BTF-enabled tracepoint (`tp_btf`), reading the socket with plain loads.
+pub const TCP_STATE_BTF_PROGRAM: &str = "inet_sock_set_state_btf";
 /// Names of the UDP cgroup `sock_addr` programs, attached at the cgroup v2 root.
 pub const UDP_PROGRAMS: [&str; 6] = [
     "udp_connect4",

@@ -45,9 +45,9 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
-    macros::{cgroup_sock_addr, map, raw_tracepoint},
+    macros::{btf_tracepoint, cgroup_sock_addr, map, raw_tracepoint},
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, SockAddrContext},
+    programs::{BtfTracePointContext, RawTracePointContext, SockAddrContext},
 };
 use network_enforcer_agent_common::{
     AF_INET, AF_INET6, CONNECTING_KEY_BYTES, CONNECTING_VALUE_BYTES, COUNTER_SLOTS, Config,
@@ -262,6 +262,29 @@ fn read_kernel<T>(base: u64, offset: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() }
 }
 
+/// How a program reads kernel memory: a helper call per read (`PROBE`, any program), or a plain load
+/// (`DIRECT`, only from a BTF-typed pointer such as a `tp_btf` argument). A plain load costs a few
+/// instructions where the helper costs a call; the verifier allows it because the offsets, read from
+/// the frozen, program-read-only `CONFIG`, are constants to it, and it checks each load against the
+/// kernel's BTF (a field of that size at that offset). A fault reads zero instead of failing.
+const PROBE: bool = false;
+const DIRECT: bool = true;
+
+/// [`read_kernel`] for `HOW`, `PROBE` or `DIRECT`. A direct read must be of one whole field (or a
+/// part of one): the verifier refuses a load across two.
+#[inline(always)]
+fn read_field<T: Copy, const HOW: bool>(base: u64, offset: u32) -> Option<T> {
+    if !HOW {
+        return read_kernel(base, offset);
+    }
+    if base == 0 || offset == KernelOffsets::UNKNOWN {
+        return None;
+    }
+    // SAFETY: `base` is a BTF-typed kernel pointer and `offset` a field of its type (user space took
+    // both from BTF); the verifier checks the load and turns it into one that reads zero on a fault.
+    Some(unsafe { core::ptr::read_volatile((base + offset as u64) as *const T) })
+}
+
 /// An IPv4 address in an event's 16-byte field: its 4 bytes, then zeros. Written as one 128-bit value:
 /// filling the first 4 bytes of a zeroed array made the compiler zero the other 12 with a call to a
 /// byte-by-byte `memset` subprogram, twice per event.
@@ -272,19 +295,19 @@ fn v4_address(addr: [u8; 4]) -> [u8; 16] {
 
 /// The inode number of a `struct net`.
 #[inline(always)]
-fn netns_inode(net: u64, k: &KernelOffsets) -> u32 {
-    read_kernel::<u32>(net, k.net_inum).unwrap_or(0)
+fn netns_inode<const HOW: bool>(net: u64, k: &KernelOffsets) -> u32 {
+    read_field::<u32, HOW>(net, k.net_inum).unwrap_or(0)
 }
 
 /// The network namespace inode and cgroup v2 id recorded in a `struct sock`.
 #[inline(always)]
-fn socket_context(sk: u64, k: &KernelOffsets) -> (u32, u64) {
-    let netns = read_kernel::<u64>(sk, k.sock_net)
-        .map(|net| netns_inode(net, k))
+fn socket_context<const HOW: bool>(sk: u64, k: &KernelOffsets) -> (u32, u64) {
+    let netns = read_field::<u64, HOW>(sk, k.sock_net)
+        .map(|net| netns_inode::<HOW>(net, k))
         .unwrap_or(0);
-    let cgroup = read_kernel::<u64>(sk, k.sock_cgroup)
-        .and_then(|cgrp| read_kernel::<u64>(cgrp, k.cgroup_kn))
-        .and_then(|kn| read_kernel::<u64>(kn, k.kernfs_node_id))
+    let cgroup = read_field::<u64, HOW>(sk, k.sock_cgroup)
+        .and_then(|cgrp| read_field::<u64, HOW>(cgrp, k.cgroup_kn))
+        .and_then(|kn| read_field::<u64, HOW>(kn, k.kernfs_node_id))
         .unwrap_or(0);
     (netns, cgroup)
 }
@@ -308,6 +331,24 @@ struct SockHead {
     family: u16,
 }
 
+/// The head of `struct sock_common` at `head`: one probe read, or one direct load per field (the
+/// verifier checks each against one field).
+#[inline(always)]
+fn sock_head<const HOW: bool>(sk: u64, head: u32) -> Option<SockHead> {
+    if !HOW {
+        return read_kernel::<SockHead>(sk, head);
+    }
+    let field = |at: u32| head.checked_add(at).unwrap_or(KernelOffsets::UNKNOWN);
+    Some(SockHead {
+        daddr: read_field::<u32, DIRECT>(sk, field(0))?.to_ne_bytes(),
+        rcv_saddr: read_field::<u32, DIRECT>(sk, field(4))?.to_ne_bytes(),
+        _hash: 0,
+        dport: read_field::<u16, DIRECT>(sk, field(12))?,
+        num: read_field::<u16, DIRECT>(sk, field(14))?,
+        family: read_field::<u16, DIRECT>(sk, field(16))?,
+    })
+}
+
 /// A raw tracepoint (not the classic one): the kernel hands over the tracepoint's arguments as they
 /// are, instead of first building the trace record (perf buffer, every field copied) for each of the
 /// several state changes of every connection, most of which the program then ignores.
@@ -317,12 +358,22 @@ pub fn inet_sock_set_state(ctx: RawTracePointContext) -> i32 {
     let sk: u64 = ctx.arg(0);
     let oldstate = ctx.arg::<u64>(1) as i32;
     let newstate = ctx.arg::<u64>(2) as i32;
-    on_tcp_state_change(sk, oldstate, newstate);
+    on_tcp_state_change::<PROBE>(sk, oldstate, newstate);
+    0
+}
+
+/// The same tracepoint, BTF-enabled (`tp_btf`): the socket is a typed pointer, so the program reads
+/// it with plain loads instead of a helper call per field. The agent loads this one and falls back to
+/// [`inet_sock_set_state`] where the kernel refuses it (docs/design.md, "Capture").
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    on_tcp_state_change::<DIRECT>(sk as u64, ctx.arg(1), ctx.arg(2));
     0
 }
 
 #[inline(always)]
-fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
+fn on_tcp_state_change<const HOW: bool>(sk: u64, oldstate: i32, newstate: i32) {
     // Decided on the arguments alone: most state changes (closing, the listener's SYN_RECV child being
     // created) end here without a single read of kernel memory.
     let (direction, outcome) = match (oldstate, newstate) {
@@ -342,7 +393,7 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
     let cfg = config();
     let k = &cfg.kernel;
     // The same tracepoint also fires for SCTP and MPTCP sockets.
-    if read_kernel::<u16>(sk, k.sock_protocol) != Some(IPPROTO_TCP as u16) {
+    if read_field::<u16, HOW>(sk, k.sock_protocol) != Some(IPPROTO_TCP as u16) {
         return;
     }
     let Some(outcome) = outcome else {
@@ -376,22 +427,23 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
             }
         }
     }
-    (event.netns_ino, event.cgroup_id) = socket_context(sk, k);
+    (event.netns_ino, event.cgroup_id) = socket_context::<HOW>(sk, k);
     if outcome == Outcome::Failed {
         // tcp_reset()/tcp_write_err() set sk_err before tcp_done() moves the socket to CLOSE.
-        let err = read_kernel::<i32>(sk, k.sock_err).unwrap_or(0);
+        let err = read_field::<i32, HOW>(sk, k.sock_err).unwrap_or(0);
         event.error = if (0..=255).contains(&err) {
             err as u8
         } else {
             0
         };
     }
-    let Some(head) = read_kernel::<SockHead>(sk, k.sock_head) else {
+    let Some(head) = sock_head::<HOW>(sk, k.sock_head) else {
         return;
     };
     event.family = head.family;
     event.local_port = if outcome == Outcome::Failed {
-        // The failed socket gave its port back (skc_num is 0 now); inet_sport still holds it.
+        // The failed socket gave its port back (skc_num is 0 now); inet_sport still holds it. A
+        // probe read either way: `inet_sock` lies beyond the `struct sock` the BTF pointer types.
         read_kernel::<u16>(sk, k.inet_sport).map_or(0, u16::from_be)
     } else {
         head.num
@@ -404,8 +456,8 @@ fn on_tcp_state_change(sk: u64, oldstate: i32, newstate: i32) {
         }
         AF_INET6 => {
             let (Some(local), Some(remote)) = (
-                read_kernel::<[u8; 16]>(sk, k.sock_v6_rcv_saddr),
-                read_kernel::<[u8; 16]>(sk, k.sock_v6_daddr),
+                read_field::<[u8; 16], HOW>(sk, k.sock_v6_rcv_saddr),
+                read_field::<[u8; 16], HOW>(sk, k.sock_v6_daddr),
             ) else {
                 return;
             };
@@ -518,7 +570,7 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
     } else {
         0
     };
-    let (netns, cgroup) = socket_context(sk, k);
+    let (netns, cgroup) = socket_context::<PROBE>(sk, k);
     if netns != 0 {
         event.netns_ino = netns;
     } else {
@@ -527,7 +579,7 @@ fn on_udp(ctx: &SockAddrContext, family: u16, hook_direction: Direction) {
         let task = unsafe { bpf_get_current_task() };
         event.netns_ino = read_kernel::<u64>(task, k.task_nsproxy)
             .and_then(|nsproxy| read_kernel::<u64>(nsproxy, k.nsproxy_net_ns))
-            .map(|net| netns_inode(net, k))
+            .map(|net| netns_inode::<PROBE>(net, k))
             .unwrap_or(0);
     }
     if cgroup != 0 {

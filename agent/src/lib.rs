@@ -40,5 +40,7 @@ pub mod uplink;
 
 pub use error::{Error, Result};
 pub use kernel::events::{ConnectionEvent, Direction, EventReader, Outcome, Protocol};
-pub use kernel::loader::{DataPlane, FlowMap, KernelCounters, LoadOptions, MapFill, Switches};
+pub use kernel::loader::{
+    DataPlane, FlowMap, KernelCounters, LoadOptions, MapFill, Switches, TcpHook,
+};
 pub use network_enforcer_agent_common::Switch;

@@ -20,6 +20,7 @@ async fn a_full_ring_buffer_counts_lost_events() {
         dns: false,
         flow_map_entries: None,
         connection_pids: false,
+        ..LoadOptions::default()
     });
 
     // Nothing reads the ring buffer while 200 loopback connections produce 400 events.

@@ -2,9 +2,11 @@
 //!
 //! Needs root (CI runs as root). Each test loads its own copy of the programs, makes its own connections
 //! and looks only at events for the ports it used, so other traffic on the machine does not disturb it.
+//! Each runs with both hooks of the TCP program ([`TcpHook`]): they must report the same events.
 
 use network_enforcer_agent::{
     ConnectionEvent, DataPlane, Direction, EventReader, LoadOptions, Outcome, Protocol, Switch,
+    TcpHook,
 };
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -40,14 +42,19 @@ fn require_root() {
     );
 }
 
-fn load() -> (DataPlane, EventReader) {
+/// Both hooks; this machine's kernel takes the typed one (no fallback is accepted here).
+const HOOKS: [TcpHook; 2] = [TcpHook::Typed, TcpHook::Raw];
+
+fn load(tcp_hook: TcpHook) -> (DataPlane, EventReader) {
     require_root();
     // Processes named: these tests check them.
     let mut data_plane = DataPlane::load(&LoadOptions {
         connection_pids: true,
+        tcp_hook,
         ..LoadOptions::default()
     })
     .expect("loading the eBPF programs");
+    assert_eq!(data_plane.tcp_hook(), tcp_hook, "the TCP program's hook");
     let reader = data_plane.events().expect("taking the events reader");
     (data_plane, reader)
 }
@@ -93,7 +100,13 @@ async fn events_for_port(
 /// Connects a client bound to `client_ip` to a listener on `server_ip`, and checks the two events:
 /// the client's outbound establishment and the server's inbound one, with exact addresses and ports.
 async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
-    let (_data_plane, mut reader) = load();
+    for hook in HOOKS {
+        sees_both_ends_with(hook, server_ip, client_ip).await;
+    }
+}
+
+async fn sees_both_ends_with(hook: TcpHook, server_ip: &str, client_ip: &str) {
+    let (_data_plane, mut reader) = load(hook);
     let listener = TcpListener::bind((server_ip, 0)).await.unwrap();
     let server: SocketAddr = listener.local_addr().unwrap();
 
@@ -112,22 +125,30 @@ async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
 
     let mut events = events_for_port(&mut reader, server.port(), 2).await;
     events.sort_by_key(|e| e.direction);
-    assert_eq!(events.len(), 2, "exactly one event per end: {events:#?}");
+    assert_eq!(
+        events.len(),
+        2,
+        "{hook:?}: exactly one event per end: {events:#?}"
+    );
 
     let outbound = &events[0];
     assert_eq!(
         (outbound.protocol, outbound.direction, outbound.outcome),
         (Protocol::Tcp, Direction::Outbound, Outcome::Established)
     );
-    assert_eq!((outbound.local, outbound.remote), (client, server));
+    assert_eq!(
+        (outbound.local, outbound.remote),
+        (client, server),
+        "{hook:?}"
+    );
     assert_eq!(
         outbound.pid,
         Some(std::process::id()),
         "pid captured at connect()"
     );
     assert_eq!(outbound.error, None);
-    assert_eq!(outbound.netns_ino, Some(own_netns()));
-    assert_eq!(outbound.cgroup_id, Some(own_cgroup_id()));
+    assert_eq!(outbound.netns_ino, Some(own_netns()), "{hook:?}");
+    assert_eq!(outbound.cgroup_id, Some(own_cgroup_id()), "{hook:?}");
     assert_eq!(outbound.count, 1);
 
     let inbound = &events[1];
@@ -135,11 +156,15 @@ async fn sees_both_ends_of_a_connection(server_ip: &str, client_ip: &str) {
         (inbound.protocol, inbound.direction, inbound.outcome),
         (Protocol::Tcp, Direction::Inbound, Outcome::Established)
     );
-    assert_eq!((inbound.local, inbound.remote), (server, client));
+    assert_eq!(
+        (inbound.local, inbound.remote),
+        (server, client),
+        "{hook:?}"
+    );
     assert_eq!(inbound.error, None);
     // The accepted socket carries the listener's namespace and cgroup (ours), not the softirq's task.
-    assert_eq!(inbound.netns_ino, Some(own_netns()));
-    assert_eq!(inbound.cgroup_id, Some(own_cgroup_id()));
+    assert_eq!(inbound.netns_ino, Some(own_netns()), "{hook:?}");
+    assert_eq!(inbound.cgroup_id, Some(own_cgroup_id()), "{hook:?}");
 }
 
 #[tokio::test]
@@ -155,7 +180,13 @@ async fn sees_both_ends_of_an_ipv6_loopback_connection() {
 
 /// A connect to a closed port on `ip` is one failed outbound attempt, with ECONNREFUSED.
 async fn reports_a_refused_connect_as_failed(ip: &str) {
-    let (_data_plane, mut reader) = load();
+    for hook in HOOKS {
+        reports_refused_with(hook, ip).await;
+    }
+}
+
+async fn reports_refused_with(hook: TcpHook, ip: &str) {
+    let (_data_plane, mut reader) = load(hook);
     // A port nobody listens on: bind a listener to get a free port, then close it.
     let closed: SocketAddr = {
         let l = std::net::TcpListener::bind((ip, 0)).unwrap();
@@ -173,20 +204,21 @@ async fn reports_a_refused_connect_as_failed(ip: &str) {
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
 
     let events = events_for_port(&mut reader, closed.port(), 1).await;
-    assert_eq!(events.len(), 1, "one failed attempt: {events:#?}");
+    assert_eq!(events.len(), 1, "{hook:?}: one failed attempt: {events:#?}");
     let failed = &events[0];
     assert_eq!(
         (failed.protocol, failed.direction, failed.outcome),
         (Protocol::Tcp, Direction::Outbound, Outcome::Failed)
     );
-    assert_eq!((failed.local, failed.remote), (client, closed));
+    assert_eq!((failed.local, failed.remote), (client, closed), "{hook:?}");
     assert_eq!(failed.pid, Some(std::process::id()));
     assert_eq!(
         failed.error,
         Some(libc::ECONNREFUSED as u8),
         "refused, not timed out"
     );
-    assert_eq!(failed.netns_ino, Some(own_netns()));
+    assert_eq!(failed.netns_ino, Some(own_netns()), "{hook:?}");
+    assert_eq!(failed.cgroup_id, Some(own_cgroup_id()), "{hook:?}");
 }
 
 #[tokio::test]

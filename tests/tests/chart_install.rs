@@ -77,7 +77,8 @@ fn helm_install_runs_the_controller_and_an_agent_that_loads_its_programs_and_uni
         "agent: ready",
         "ok ebpf: programs attached",
         "PROGRAM",
-        "inet_sock_set_state",
+        // The typed TCP program loads in a pod with the chart's capabilities (no fallback).
+        "inet_sock_set_state_btf",
         "memory: ",
         "ring buffer: ",
         "of 4096 KiB",

@@ -8,7 +8,6 @@ mod flush;
 mod start;
 mod stop;
 
-use crate::LoadOptions;
 use crate::debug::socket;
 use crate::enforce::nft;
 use crate::identity::attribution::Attributor;
@@ -18,6 +17,7 @@ use crate::metrics::AgentMetrics;
 use crate::pipeline::EdgeCaps;
 use crate::sources::{RecordSink, SourcesStop};
 use crate::uplink::{self, UplinkConfig, UplinkSender};
+use crate::{LoadOptions, TcpHook};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 use event_loop::EventLoop;
@@ -94,6 +94,10 @@ pub struct KernelArgs {
     /// the name a pod resolved them from.
     #[arg(long, env = "NE_NO_DNS_NAMES")]
     no_dns_names: bool,
+    /// The TCP program's hook: `typed` (the BTF-enabled tracepoint, about half the kernel time; falls
+    /// back to `raw` where the kernel refuses it) or `raw` (the raw tracepoint).
+    #[arg(long, value_enum, default_value_t = TcpHook::Typed, env = "NE_TCP_HOOK")]
+    tcp_hook: TcpHook,
 }
 
 impl KernelArgs {
@@ -106,6 +110,7 @@ impl KernelArgs {
             flow_map_entries: self.flow_map_entries,
             // Nothing the agent prints shows them; `run` turns them on while a debug client asks.
             connection_pids: false,
+            tcp_hook: self.tcp_hook,
         }
     }
 }

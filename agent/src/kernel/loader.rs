@@ -8,14 +8,15 @@ use crate::kernel::events::EventReader;
 use crate::kernel::host;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{
-    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
+    BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
 };
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
     CONFIG_GLOBAL, CONNECTING_KEY_BYTES, CONNECTING_MAP, CONNECTING_VALUE_BYTES, COUNTERS_MAP,
     Config, Counter, DNS_ANSWER_PROGRAM, DNS_EVENTS_MAP, DNS_QUERY_PROGRAM, EDGE_KEY_BYTES,
     EDGE_VALUE_BYTES, EDGES_MAP, EVENTS_MAP, KernelOffsets, SWITCHES_MAP, Switch,
-    TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES, UDP_PEERS_MAP, UDP_PROGRAMS,
+    TCP_STATE_BTF_PROGRAM, TCP_STATE_PROGRAM, UDP_PEER_KEY_BYTES, UDP_PEER_VALUE_BYTES,
+    UDP_PEERS_MAP, UDP_PROGRAMS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,6 +46,31 @@ pub struct LoadOptions {
     /// [`DataPlane::switches`] turns it on and off later). Off by default: the agent turns it on
     /// only while a debug client asks for processes.
     pub connection_pids: bool,
+    /// Which hook sees TCP state changes ([`TcpHook`]).
+    pub tcp_hook: TcpHook,
+}
+
+/// The hook of the TCP program. Both see the same state changes and report the same events; they
+/// differ in how they read the socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpHook {
+    /// The BTF-enabled tracepoint (`tp_btf`): the socket is read with plain loads, about half the
+    /// kernel time per connection (docs/design.md, "Capture"). Falls back to `Raw`, with a warning,
+    /// where the kernel refuses it.
+    #[default]
+    Typed,
+    /// The raw tracepoint: a helper call per field read. Any kernel the agent supports.
+    Raw,
+}
+
+impl TcpHook {
+    /// The program's name in the object (and in the agent's cost metrics).
+    pub fn program(self) -> &'static str {
+        match self {
+            Self::Typed => TCP_STATE_BTF_PROGRAM,
+            Self::Raw => TCP_STATE_PROGRAM,
+        }
+    }
 }
 
 impl Default for LoadOptions {
@@ -56,8 +82,55 @@ impl Default for LoadOptions {
             dns: true,
             flow_map_entries: None,
             connection_pids: false,
+            tcp_hook: TcpHook::default(),
         }
     }
+}
+
+/// Loads and attaches the TCP program on `hook`: `Typed` falls back to `Raw` (with a warning naming
+/// why) when the kernel refuses the BTF-enabled tracepoint, so capture never depends on it.
+fn attach_tcp(ebpf: &mut Ebpf, hook: TcpHook) -> Result<TcpHook> {
+    if hook == TcpHook::Typed {
+        let mut typed = || -> std::result::Result<(), String> {
+            let btf = aya::Btf::from_sys_fs().map_err(|e| e.to_string())?;
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut(TCP_STATE_BTF_PROGRAM)
+                .ok_or_else(|| format!("the object has no {TCP_STATE_BTF_PROGRAM}"))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            program
+                .load("inet_sock_set_state", &btf)
+                .and_then(|()| program.attach().map(drop))
+                .map_err(|e| format!("{e:#}"))
+        };
+        match typed() {
+            Ok(()) => return Ok(TcpHook::Typed),
+            Err(reason) => tracing::warn!(
+                %reason,
+                "the kernel refused the BTF-enabled TCP tracepoint: using the raw tracepoint \
+                 (same events, about twice the kernel time per connection)"
+            ),
+        }
+    }
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(TCP_STATE_PROGRAM)
+        .ok_or(Error::Missing {
+            kind: "program",
+            name: TCP_STATE_PROGRAM,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program {
+            program: TCP_STATE_PROGRAM,
+            source,
+        })?;
+    program
+        .load()
+        .and_then(|()| program.attach("inet_sock_set_state").map(drop))
+        .map_err(|source| Error::Program {
+            program: TCP_STATE_PROGRAM,
+            source,
+        })?;
+    Ok(TcpHook::Raw)
 }
 
 /// Kernel struct offsets from the running kernel's BTF. A member this kernel lacks is logged and left
@@ -75,6 +148,8 @@ fn kernel_offsets() -> Result<KernelOffsets> {
 /// The loaded and attached kernel programs. Dropping it detaches and unloads them.
 pub struct DataPlane {
     ebpf: Ebpf,
+    /// The hook the TCP program runs on (the asked one, or `Raw` after a fallback).
+    tcp_hook: TcpHook,
     /// The events ring buffer's size as the kernel made it (its map is handed to the reader).
     ring_buffer_bytes: u32,
     dedupe_window: Duration,
@@ -327,24 +402,7 @@ impl DataPlane {
         // Before the programs attach: the first connections are named (or not) as asked.
         switches.set(Switch::ConnectionPids, options.connection_pids)?;
 
-        let program: &mut RawTracePoint = ebpf
-            .program_mut(TCP_STATE_PROGRAM)
-            .ok_or(Error::Missing {
-                kind: "program",
-                name: TCP_STATE_PROGRAM,
-            })?
-            .try_into()
-            .map_err(|source| Error::Program {
-                program: TCP_STATE_PROGRAM,
-                source,
-            })?;
-        program
-            .load()
-            .and_then(|()| program.attach("inet_sock_set_state").map(drop))
-            .map_err(|source| Error::Program {
-                program: TCP_STATE_PROGRAM,
-                source,
-            })?;
+        let tcp_hook = attach_tcp(&mut ebpf, options.tcp_hook)?;
 
         // The UDP hooks go on the node's cgroup (the cgroup v2 root on a real node, see
         // `host::NodeCgroups`): every pod of the node is below it.
@@ -411,11 +469,13 @@ impl DataPlane {
         tracing::info!(
             cgroup_root = %cgroup_root.display(),
             dns = options.dns,
-            "eBPF programs attached: raw tracepoint inet_sock_set_state, UDP sock_addr hooks, \
-             DNS cgroup skb hooks (when dns)"
+            tcp = tcp_hook.program(),
+            "eBPF programs attached: the TCP state tracepoint, UDP sock_addr hooks, DNS cgroup \
+             skb hooks (when dns)"
         );
         Ok(Self {
             ebpf,
+            tcp_hook,
             ring_buffer_bytes,
             dedupe_window: options.dedupe_window,
             maps: Arc::new(KernelMaps {
@@ -478,6 +538,11 @@ impl DataPlane {
             programs,
             ..self.maps.counters()?
         })
+    }
+
+    /// The hook the TCP program runs on.
+    pub fn tcp_hook(&self) -> TcpHook {
+        self.tcp_hook
     }
 
     /// The events ring buffer's size in bytes.
