@@ -12,15 +12,19 @@
 //!
 //! Each counts in `STATE_SEEN` what it stored, found, and found with the process `STATE_PID` names,
 //! so the bench checks the three did the same work. Its own object, loaded only by the bench.
+//!
+//! And three empty programs, the floor of a run on each of the agent's kinds of hook with the
+//! statistics on (the hook's call and the statistics' two clock reads): `empty_raw_tp` and
+//! `empty_tp_btf` on the same tracepoint, `empty_skb` as the DNS programs (cgroup skb, egress).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{bpf_get_current_pid_tgid, bpf_sk_storage_get},
-    macros::{btf_map, btf_tracepoint, map, raw_tracepoint},
+    macros::{btf_map, btf_tracepoint, cgroup_skb, map, raw_tracepoint},
     maps::{Array, LruHashMap},
-    programs::{BtfTracePointContext, RawTracePointContext},
+    programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
 use core::ffi::c_void;
 use network_enforcer_agent_common::tcp_state;
@@ -154,6 +158,22 @@ pub fn state_sk_storage(ctx: BtfTracePointContext) -> i32 {
         }
     }
     0
+}
+
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn empty_raw_tp(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn empty_tp_btf(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+/// Lets every packet through.
+#[cgroup_skb]
+pub fn empty_skb(_ctx: SkBuffContext) -> i32 {
+    1
 }
 
 #[cfg(target_arch = "bpf")]

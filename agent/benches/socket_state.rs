@@ -11,9 +11,15 @@
 //! The state-change hook fires about 8 times per connection here (both ends, loopback); 2 of those
 //! runs store and find the value, the others leave at once. What it does not count: the kernel's
 //! freeing of socket-local storage when the socket goes, outside the program's run time.
+//!
+//! Then the floor of one run on each kind of hook the agent uses, with the statistics on: empty
+//! programs on the raw and the BTF-enabled tracepoint and a cgroup skb egress program at the cgroup
+//! root (as the DNS programs), each alone during the same connections; the figure is ns per run.
 
 use aya::maps::Array;
-use aya::programs::{BtfTracePoint, RawTracePoint};
+use aya::programs::{
+    BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint,
+};
 use aya::{Btf, EbpfLoader};
 use std::os::fd::AsRawFd;
 
@@ -27,6 +33,8 @@ const CONNECTIONS: usize = 40_000;
 /// Rounds, each running the three programs in turn.
 const ROUNDS: usize = 3;
 const PROGRAMS: [&str; 3] = ["state_lru", "state_btf_lru", "state_sk_storage"];
+/// The empty programs, the floor of a run per kind of hook.
+const EMPTY: [&str; 3] = ["empty_raw_tp", "empty_tp_btf", "empty_skb"];
 
 /// `CONNECTIONS` loopback connections from this process, each closed with RST.
 fn connections() {
@@ -61,7 +69,48 @@ fn measure(program: &str) -> (f64, [u64; 3]) {
     let mut pid: Array<_, u32> =
         Array::try_from(ebpf.map_mut("STATE_PID").expect("STATE_PID")).expect("an array");
     pid.set(0, std::process::id(), 0).expect("setting the pid");
-    if program == "state_lru" {
+    attach(&mut ebpf, program);
+    connections();
+    let info = ebpf
+        .program(program)
+        .expect("the program")
+        .info()
+        .expect("its info");
+    let seen: Array<_, u64> =
+        Array::try_from(ebpf.map("STATE_SEEN").expect("STATE_SEEN")).expect("an array");
+    let seen = [0, 1, 2].map(|i| seen.get(&i, 0).expect("a counter"));
+    (info.run_time().as_nanos() as f64 / CONNECTIONS as f64, seen)
+}
+
+/// Loads the object, attaches the empty `program` alone, makes the connections: ns per run.
+fn floor(program: &str) -> f64 {
+    let mut ebpf = EbpfLoader::new()
+        .load(OBJECT)
+        .expect("loading the object (its BTF-defined map too)");
+    attach(&mut ebpf, program);
+    connections();
+    let info = ebpf
+        .program(program)
+        .expect("the program")
+        .info()
+        .expect("its info");
+    assert!(info.run_count() > 0, "{program} never ran");
+    info.run_time().as_nanos() as f64 / info.run_count() as f64
+}
+
+fn attach(ebpf: &mut aya::Ebpf, program: &str) {
+    if program == "empty_skb" {
+        let skb: &mut CgroupSkb = ebpf
+            .program_mut(program)
+            .expect("the program")
+            .try_into()
+            .expect("a cgroup skb program");
+        skb.load().expect("the verifier takes it");
+        let root = network_enforcer_agent::kernel::host::cgroup2_root().expect("a cgroup v2 mount");
+        let root = std::fs::File::open(root).expect("the cgroup v2 root");
+        skb.attach(&root, CgroupSkbAttachType::Egress, CgroupAttachMode::Single)
+            .expect("attach");
+    } else if program == "state_lru" || program == "empty_raw_tp" {
         let raw: &mut RawTracePoint = ebpf
             .program_mut(program)
             .expect("the program")
@@ -81,16 +130,6 @@ fn measure(program: &str) -> (f64, [u64; 3]) {
             .expect("the verifier takes it");
         typed.attach().expect("attach");
     }
-    connections();
-    let info = ebpf
-        .program(program)
-        .expect("the program")
-        .info()
-        .expect("its info");
-    let seen: Array<_, u64> =
-        Array::try_from(ebpf.map("STATE_SEEN").expect("STATE_SEEN")).expect("an array");
-    let seen = [0, 1, 2].map(|i| seen.get(&i, 0).expect("a counter"));
-    (info.run_time().as_nanos() as f64 / CONNECTIONS as f64, seen)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -125,8 +164,18 @@ fn main() {
             per_program[i].push(ns);
         }
     }
+    let mut per_floor: Vec<Vec<f64>> = vec![Vec::new(); EMPTY.len()];
+    for round in 1..=ROUNDS {
+        for (i, program) in EMPTY.iter().enumerate() {
+            let ns = floor(program);
+            println!("round {round} {program}: {ns:.1} ns per run");
+            per_floor[i].push(ns);
+        }
+    }
     std::fs::write(stats, before.trim()).ok();
     let [lru, btf_lru, sk_storage] = [0, 1, 2].map(|i| median(per_program[i].clone()).round());
+    let [raw_tp, tp_btf, skb] =
+        [0, 1, 2].map(|i| (median(per_floor[i].clone()) * 10.0).round() / 10.0);
     let path = std::env::var_os("BENCH_FIGURES")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
@@ -140,6 +189,9 @@ fn main() {
         "lru_ns_per_conn": lru,
         "btf_lru_ns_per_conn": btf_lru,
         "sk_storage_ns_per_conn": sk_storage,
+        "empty_raw_tp_ns_per_run": raw_tp,
+        "empty_tp_btf_ns_per_run": tp_btf,
+        "empty_cgroup_skb_ns_per_run": skb,
     });
     std::fs::write(&path, figures.to_string()).expect("writing the figures");
 }
