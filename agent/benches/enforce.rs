@@ -16,7 +16,9 @@
 //! enforcement table. Figures:
 //!
 //! 1. connections/s (connect, 16-byte write, echo read, close) with the table vs without it,
-//!    interleaved rounds; also a conntrack-only table, to tell the rules' cost from conntrack's;
+//!    interleaved rounds; also a conntrack-only table, to tell the rules' cost from conntrack's, and
+//!    the alternative without conntrack: verdicts in eBPF at tc on the server's veth
+//!    (`agent-ebpf/src/verdict.rs`), judging only the first packet, or keeping a flow table of its own;
 //! 2. policy change → `nft::apply` returned, for adds and modifications of one policy among 1,000;
 //! 3. the resident memory of a child process holding the cluster, the ruleset and the script;
 //! 4. the kernel cost of denying a first packet: raw SYNs to a denied port, CPU time per packet of
@@ -141,9 +143,15 @@ fn run() -> Result<()> {
     net.set_table(Arm::Off, &script)?;
     connections(&net, target, Duration::from_secs(1))?; // warm-up (ARP, caches)
     let mut installs = Vec::new();
-    let arms = [Arm::Off, Arm::Conntrack, Arm::Enforced];
-    let mut rates: [Vec<f64>; 3] = Default::default();
-    let mut per_cpu: [Vec<f64>; 3] = Default::default();
+    let arms = Arm::ALL;
+    // The eBPF arms must enforce, or their rates mean nothing: the denied port's SYN is dropped
+    // (a timeout; without a verdict the server's kernel refuses it at once), the allowed port works.
+    for arm in [Arm::EbpfFirstPacket, Arm::EbpfFlows] {
+        net.set_table(arm, &script)?;
+        check_verdict(&net, server_ip, arm)?;
+    }
+    let mut rates: [Vec<f64>; 5] = Default::default();
+    let mut per_cpu: [Vec<f64>; 5] = Default::default();
     let mut failures = 0u64;
     for round in 0..ROUNDS {
         for i in 0..arms.len() {
@@ -175,7 +183,7 @@ fn run() -> Result<()> {
     );
     figures.insert("apply_ms_full".into(), json!(round1(median(&installs))));
     {
-        let [off, ct, on] = &per_cpu;
+        let [off, ct, on, _, _] = &per_cpu;
         let ratios: Vec<f64> = on.iter().zip(off).map(|(on, off)| on / off).collect();
         let ct_ratios: Vec<f64> = ct.iter().zip(off).map(|(ct, off)| ct / off).collect();
         println!(
@@ -218,7 +226,71 @@ fn run() -> Result<()> {
             ),
         );
     }
-    let [off, ct, on] = &rates;
+    for (arm, key) in [
+        (Arm::EbpfFirstPacket, "ebpf_first_packet"),
+        (Arm::EbpfFlows, "ebpf_flows"),
+    ] {
+        let ratio = |values: &[Vec<f64>; 5]| -> f64 {
+            let ratios: Vec<f64> = values[arm as usize]
+                .iter()
+                .zip(&values[Arm::Off as usize])
+                .map(|(x, off)| x / off)
+                .collect();
+            median(&ratios)
+        };
+        println!(
+            "    {}: {:.3} of the rate without a table, {:.3} per CPU-second",
+            arm.name(),
+            ratio(&rates),
+            ratio(&per_cpu)
+        );
+        if spread(&rates[Arm::Off as usize]) <= BASELINE_TOLERANCE {
+            figures.insert(
+                format!("conn_rate_ratio_{key}"),
+                json!(round3(ratio(&rates))),
+            );
+        }
+        figures.insert(
+            format!("conn_per_cpu_s_ratio_{key}"),
+            json!(round3(ratio(&per_cpu))),
+        );
+    }
+    // The eBPF verdicts' own time per connection, from the kernel's BPF statistics (on only for
+    // this: they add two clock reads to every run).
+    for (arm, key) in [
+        (Arm::EbpfFirstPacket, "ebpf_first_packet"),
+        (Arm::EbpfFlows, "ebpf_flows"),
+    ] {
+        let stats = "/proc/sys/kernel/bpf_stats_enabled";
+        let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
+        std::fs::write(stats, "1").context("turning BPF statistics on")?;
+        net.set_table(arm, &script)?;
+        let load = connections(&net, target, ROUND);
+        let run_ns = net.verdict_run_ns();
+        std::fs::write(stats, before.trim()).ok();
+        let (load, (runs, run_ns)) = (load?, run_ns?);
+        let per_conn = run_ns as f64 / load.ok.max(1) as f64;
+        println!(
+            "    {}: {per_conn:.0} ns per connection in the verdict programs ({:.1} runs per \
+             connection, {:.0} ns per run; statistics on)",
+            arm.name(),
+            runs as f64 / load.ok.max(1) as f64,
+            run_ns as f64 / runs.max(1) as f64
+        );
+        figures.insert(format!("{key}_ns_per_conn"), json!(per_conn.round()));
+    }
+    notes.insert(
+        "conn_rate_ratio_ebpf_first_packet".into(),
+        json!(
+            "The same rounds, with no table and instead eBPF verdicts at tc on the server's veth in the \
+             node namespace (agent-ebpf/src/verdict.rs), the alternative without netfilter conntrack: \
+             ebpf_first_packet judges each SYN by one hash lookup (10,001 allowances) and passes every \
+             other packet; ebpf_flows also keeps a flow table (LRU hash: insert at the SYN, a lookup \
+             per packet both ways, removal at the RST). Checked before the rounds: the denied port's \
+             SYN is dropped, the allowed port connects"
+        ),
+    );
+    let [off, ct, on, _, _] = &rates;
     let ratios: Vec<f64> = on.iter().zip(off).map(|(on, off)| on / off).collect();
     let ct_ratios: Vec<f64> = ct.iter().zip(off).map(|(ct, off)| ct / off).collect();
     let rule_ratios: Vec<f64> = on.iter().zip(ct).map(|(on, ct)| on / ct).collect();
@@ -828,17 +900,51 @@ enum Arm {
     Off = 0,
     Conntrack = 1,
     Enforced = 2,
+    /// No table; eBPF judges each connection's SYN.
+    EbpfFirstPacket = 3,
+    /// No table; eBPF judges each SYN and keeps a flow table for every other packet.
+    EbpfFlows = 4,
 }
 
 impl Arm {
+    const ALL: [Arm; 5] = [
+        Arm::Off,
+        Arm::Conntrack,
+        Arm::Enforced,
+        Arm::EbpfFirstPacket,
+        Arm::EbpfFlows,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Arm::Off => "no table",
             Arm::Conntrack => "ct only",
             Arm::Enforced => "enforced",
+            Arm::EbpfFirstPacket => "ebpf first",
+            Arm::EbpfFlows => "ebpf flows",
+        }
+    }
+
+    /// The eBPF verdict's `MODE`, for the eBPF arms.
+    fn verdict_mode(self) -> Option<u32> {
+        match self {
+            Arm::EbpfFirstPacket => Some(0),
+            Arm::EbpfFlows => Some(1),
+            _ => None,
         }
     }
 }
+
+/// The eBPF verdict programs (`agent-ebpf/src/verdict.rs`), an object only this bench loads.
+static VERDICT_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(
+    env!("OUT_DIR"),
+    "/network-enforcer-agent-ebpf-verdict"
+));
+/// The node-side veth of the server pod, where the eBPF arms attach.
+const SERVER_VETH: &str = "vs";
+/// Allowances besides the bench's own in the eBPF arms' map, so its lookup is not in a near-empty
+/// table (the enforced table holds about this many allow rules).
+const VERDICT_ALLOWANCES: u32 = 10_000;
 
 const CT_TABLE: &str = "ne_bench_ct";
 const DROP_TABLE: &str = "ne_bench_drop";
@@ -850,6 +956,10 @@ struct Topology {
     server: String,
     /// Whether the enforcement table is in the node namespace (asking nft costs a second with it).
     enforced: AtomicBool,
+    /// The eBPF verdict programs while an eBPF arm runs (dropping them detaches them).
+    verdict: std::sync::Mutex<Option<aya::Ebpf>>,
+    client_ip: Ipv4Addr,
+    server_ip: Ipv4Addr,
 }
 
 impl Topology {
@@ -861,6 +971,9 @@ impl Topology {
             node: format!("neenf{tag}n"),
             server: format!("neenf{tag}s"),
             enforced: AtomicBool::new(false),
+            verdict: std::sync::Mutex::new(None),
+            client_ip,
+            server_ip,
         };
         let (c, n, s) = (&net.client, &net.node, &net.server);
         for ns in [c, n, s] {
@@ -943,13 +1056,18 @@ impl Topology {
     /// is assumed to be `script`); returns how long installing the enforced table took, if it was.
     fn set_table(&self, arm: Arm, script: &str) -> Result<Option<Duration>> {
         let installed = self.enforced.load(Ordering::Relaxed);
+        // Detached whatever the arm; an eBPF arm loads its own below.
+        self.verdict
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the verdict lock"))?
+            .take();
         let took = self.in_node(|| -> Result<Option<Duration>> {
             remove_table(DROP_TABLE)?;
             if arm != Arm::Enforced && installed {
                 remove_table(TABLE)?;
             }
             match arm {
-                Arm::Off => {
+                Arm::Off | Arm::EbpfFirstPacket | Arm::EbpfFlows => {
                     remove_table(CT_TABLE)?;
                     Ok(None)
                 }
@@ -974,7 +1092,95 @@ impl Topology {
             }
         })??;
         self.enforced.store(arm == Arm::Enforced, Ordering::Relaxed);
+        if let Some(mode) = arm.verdict_mode() {
+            let ebpf = self.attach_verdict(mode)?;
+            *self
+                .verdict
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the verdict lock"))? = Some(ebpf);
+        }
         Ok(took)
+    }
+
+    /// Runs and ns in the attached verdict programs so far (BPF statistics).
+    fn verdict_run_ns(&self) -> Result<(u64, u64)> {
+        let guard = self
+            .verdict
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the verdict lock"))?;
+        let ebpf = guard.as_ref().context("no verdict attached")?;
+        let (mut runs, mut ns) = (0, 0);
+        for (_, program) in ebpf.programs() {
+            // A program not loaded in this mode has no info.
+            if let Ok(info) = program.info() {
+                runs += info.run_count();
+                ns += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            }
+        }
+        Ok((runs, ns))
+    }
+
+    /// Loads the eBPF verdict in `mode`, allows client → server:[`ALLOWED_PORT`] (among
+    /// [`VERDICT_ALLOWANCES`] others) and attaches it to the server's veth in the node namespace.
+    fn attach_verdict(&self, mode: u32) -> Result<aya::Ebpf> {
+        use aya::maps::{Array as BpfArray, HashMap as BpfHashMap};
+        use aya::programs::{SchedClassifier, TcAttachType};
+        /// `Allowed` of verdict.rs.
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Allowed {
+            source: u32,
+            destination: u32,
+            port: u16,
+            _pad: u16,
+        }
+        // SAFETY: plain data, every byte initialised.
+        unsafe impl aya::Pod for Allowed {}
+        let mut ebpf = aya::EbpfLoader::new()
+            .load(VERDICT_OBJECT)
+            .context("loading the verdict object")?;
+        BpfArray::<_, u32>::try_from(ebpf.map_mut("MODE").context("MODE")?)?.set(0, mode, 0)?;
+        let mut allowed =
+            BpfHashMap::<_, Allowed, u8>::try_from(ebpf.map_mut("ALLOWED").context("ALLOWED")?)?;
+        let allowance = |source: Ipv4Addr, port: u16| Allowed {
+            source: u32::from_ne_bytes(source.octets()),
+            destination: u32::from_ne_bytes(self.server_ip.octets()),
+            port,
+            _pad: 0,
+        };
+        allowed.insert(allowance(self.client_ip, ALLOWED_PORT), 1, 0)?;
+        for i in 0..VERDICT_ALLOWANCES {
+            // Other sources on the allowed port: none of them is the client.
+            let other = Ipv4Addr::from(0x0b00_0000 + i);
+            allowed.insert(allowance(other, ALLOWED_PORT), 1, 0)?;
+        }
+        let mut programs = vec![("verdict_to_pod", TcAttachType::Egress)];
+        if mode == 1 {
+            programs.push(("verdict_from_pod", TcAttachType::Ingress));
+        }
+        for (name, _) in &programs {
+            let program: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .context("the verdict program")?
+                .try_into()?;
+            program.load()?;
+        }
+        // Attached from the node namespace: the veth's name means something only there.
+        self.in_node(|| -> Result<()> {
+            // Kernels before 6.6 attach through a clsact qdisc (already there is fine).
+            let _ = aya::programs::tc::qdisc_add_clsact(SERVER_VETH);
+            for (name, attach) in programs {
+                let program: &mut SchedClassifier = ebpf
+                    .program_mut(name)
+                    .context("the verdict program")?
+                    .try_into()?;
+                program
+                    .attach(SERVER_VETH, attach)
+                    .with_context(|| format!("attaching {name} to {SERVER_VETH}"))?;
+            }
+            Ok(())
+        })??;
+        Ok(ebpf)
     }
 
     /// A drop in front of the enforcement table (see `deny_cost`), or none.
@@ -1195,6 +1401,29 @@ fn connections(net: &Topology, target: SocketAddr, length: Duration) -> Result<L
         failed: failed.load(Ordering::Relaxed),
         secs,
         cpu_secs: (process_cpu_ns() - cpu) / 1e9,
+    })
+}
+
+/// Fails unless `arm`'s verdict drops a SYN to [`DENIED_PORT`] and lets the allowed port connect.
+fn check_verdict(net: &Topology, server: Ipv4Addr, arm: Arm) -> Result<()> {
+    let client = net.client.clone();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<()> {
+                enter(&client)?;
+                let denied = SocketAddr::from((server, DENIED_PORT));
+                match TcpStream::connect_timeout(&denied, Duration::from_millis(300)) {
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    other => bail!(
+                        "{}: a SYN to the denied port was not dropped: {other:?}",
+                        arm.name()
+                    ),
+                }
+                one_connection(SocketAddr::from((server, ALLOWED_PORT)), &mut [0u8; 16])
+                    .with_context(|| format!("{}: the allowed port", arm.name()))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the verdict check panicked"))?
     })
 }
 

@@ -30,6 +30,22 @@ const KEYS: &[(&str, &str)] = &[
         "conn_rate_ratio_enforced_vs_conntrack",
         "enforced vs ct-only",
     ),
+    (
+        "conn_rate_ratio_ebpf_first_packet",
+        "eBPF SYN verdict, no table, vs none",
+    ),
+    (
+        "conn_rate_ratio_ebpf_flows",
+        "eBPF verdict + own flow table vs none",
+    ),
+    (
+        "ebpf_first_packet_ns_per_conn",
+        "ns in the eBPF SYN verdict",
+    ),
+    (
+        "ebpf_flows_ns_per_conn",
+        "ns in the eBPF verdict + flow table",
+    ),
     ("conn_rate_baseline", "conn/s without a table"),
     ("conn_rate_enforced", "conn/s with the table"),
     ("conn_rate_baseline_spread", "(max - min) / median"),
@@ -40,6 +56,11 @@ const KEYS: &[(&str, &str)] = &[
     ),
     ("conn_per_cpu_s_ratio_enforced_spread", "max - min"),
     ("conn_per_cpu_s_ratio_conntrack_only", "ct-only vs none"),
+    (
+        "conn_per_cpu_s_ratio_ebpf_first_packet",
+        "eBPF SYN verdict vs none",
+    ),
+    ("conn_per_cpu_s_ratio_ebpf_flows", "eBPF flow table vs none"),
     ("conn_per_cpu_s_baseline", "conn per CPU-second"),
     ("conn_per_cpu_s_baseline_spread", "(max - min) / median"),
     ("policy_change_to_enforced_p50_ms", "ms"),
