@@ -274,7 +274,8 @@ pub enum Switch {
 /// Number of slots in [`SWITCHES_MAP`].
 pub const SWITCH_SLOTS: u32 = 1;
 
-/// Offsets of kernel struct fields the programs read with `bpf_probe_read_kernel`. Rust eBPF has no CO-RE,
+/// Offsets of kernel struct fields the programs read (with `bpf_probe_read_kernel`, or with plain loads
+/// from the BTF-enabled TCP tracepoint, where the verifier sees them as constants). Rust eBPF has no CO-RE,
 /// so user space computes them from `/sys/kernel/btf/vmlinux` and patches them in at load time.
 /// An offset of [`KernelOffsets::UNKNOWN`] means "not available on this kernel": the program then reports 0.
 #[repr(C)]
@@ -303,8 +304,8 @@ pub struct KernelOffsets {
     /// `struct sock` → `sk_protocol` (u16).
     pub sock_protocol: u32,
     /// `struct sock` → `__sk_common.skc_daddr`, where `skc_daddr`, `skc_rcv_saddr`, `skc_hash`,
-    /// `skc_dport`, `skc_num` and `skc_family` follow each other (4, 4, 4, 2, 2, 2 bytes): the TCP
-    /// program reads them at once. User space checks that order in BTF.
+    /// `skc_dport`, `skc_num` and `skc_family` follow each other (4, 4, 4, 2, 2, 2 bytes): the raw TCP
+    /// program reads them at once, the typed one field by field. User space checks that order in BTF.
     pub sock_head: u32,
     /// `struct sock` → `__sk_common.skc_v6_daddr` (16 bytes).
     pub sock_v6_daddr: u32,

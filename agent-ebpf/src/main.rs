@@ -1,7 +1,9 @@
 //! The agent's kernel programs.
 //!
-//! - `inet_sock_set_state` (raw tracepoint on `sock/inet_sock_set_state`) sees every TCP state change on the node,
-//!   in every network namespace, and reports three transitions:
+//! - `inet_sock_set_state_btf` (BTF-enabled tracepoint on `sock/inet_sock_set_state`, reading the socket
+//!   with plain loads) or, where the kernel refuses it, `inet_sock_set_state` (the raw tracepoint, a
+//!   helper call per read) sees every TCP state change on the node, in every network namespace, and
+//!   reports three transitions:
 //!   SYN_SENT→ESTABLISHED (outbound connection), SYN_RECV→ESTABLISHED (inbound connection) and
 //!   SYN_SENT→CLOSE (an outbound attempt that failed: refused, timed out, reset, dropped; the socket error
 //!   tells which when the kernel set one).
@@ -312,7 +314,8 @@ fn socket_context<const HOW: bool>(sk: u64, k: &KernelOffsets) -> (u32, u64) {
     (netns, cgroup)
 }
 
-/// The start of `struct sock_common`, read with one probe read (user space checks the layout in BTF:
+/// The start of `struct sock_common`, read with one probe read by the raw program and field by field
+/// by the typed one (user space checks the layout in BTF:
 /// it has not changed since Linux 2.6, but a kernel that differs is refused rather than misread).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -329,6 +332,28 @@ struct SockHead {
     num: u16,
     /// `skc_family`.
     family: u16,
+}
+
+/// An IPv6 address (`struct in6_addr`) at `offset`: one probe read, or four 32-bit loads (the
+/// elements of its `u6_addr32`; a byte array would compile to sixteen byte loads).
+#[inline(always)]
+fn v6_address<const HOW: bool>(sk: u64, offset: u32) -> Option<[u8; 16]> {
+    if !HOW {
+        return read_kernel::<[u8; 16]>(sk, offset);
+    }
+    let word = |i: u32| {
+        offset
+            .checked_add(4 * i)
+            .and_then(|at| read_field::<u32, DIRECT>(sk, at))
+    };
+    let words = [word(0)?, word(1)?, word(2)?, word(3)?];
+    Some(
+        (u128::from(words[0])
+            | u128::from(words[1]) << 32
+            | u128::from(words[2]) << 64
+            | u128::from(words[3]) << 96)
+            .to_le_bytes(),
+    )
 }
 
 /// The head of `struct sock_common` at `head`: one probe read, or one direct load per field (the
@@ -456,8 +481,8 @@ fn on_tcp_state_change<const HOW: bool>(sk: u64, oldstate: i32, newstate: i32) {
         }
         AF_INET6 => {
             let (Some(local), Some(remote)) = (
-                read_field::<[u8; 16], HOW>(sk, k.sock_v6_rcv_saddr),
-                read_field::<[u8; 16], HOW>(sk, k.sock_v6_daddr),
+                v6_address::<HOW>(sk, k.sock_v6_rcv_saddr),
+                v6_address::<HOW>(sk, k.sock_v6_daddr),
             ) else {
                 return;
             };

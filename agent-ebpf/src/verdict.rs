@@ -13,7 +13,10 @@
 //!   of our own, as an eBPF enforcer without conntrack must keep (still without UDP, ICMP errors, FIN
 //!   handling or TCP state checks, all of which conntrack does).
 //!
-//! IPv4 without options only: the bench sends nothing else (anything else passes).
+//! IPv4 without options only, headers in the packet's linear data: the bench sends nothing else
+//! (anything else passes unjudged). A flow leaves `FLOWS` at its RST (the bench closes every
+//! connection with one); a FIN-closed flow would stay until the LRU evicts it.
+//! The bench mirrors `Allowed` and the `MODE` values (`agent/benches/enforce.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 

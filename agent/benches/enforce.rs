@@ -249,6 +249,11 @@ fn run() -> Result<()> {
                 format!("conn_rate_ratio_{key}"),
                 json!(round3(ratio(&rates))),
             );
+        } else {
+            notes.insert(
+                format!("conn_rate_ratio_{key}"),
+                json!("refused: the baseline rounds disagree (see conn_rate_ratio_enforced)"),
+            );
         }
         figures.insert(
             format!("conn_per_cpu_s_ratio_{key}"),
@@ -261,14 +266,13 @@ fn run() -> Result<()> {
         (Arm::EbpfFirstPacket, "ebpf_first_packet"),
         (Arm::EbpfFlows, "ebpf_flows"),
     ] {
-        let stats = "/proc/sys/kernel/bpf_stats_enabled";
-        let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
-        std::fs::write(stats, "1").context("turning BPF statistics on")?;
         net.set_table(arm, &script)?;
-        let load = connections(&net, target, ROUND);
-        let run_ns = net.verdict_run_ns();
-        std::fs::write(stats, before.trim()).ok();
-        let (load, (runs, run_ns)) = (load?, run_ns?);
+        // On while the descriptor is open: off again however this ends.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("turning BPF statistics on")?;
+        let load = connections(&net, target, ROUND)?;
+        let (runs, run_ns) = net.verdict_run_ns()?;
+        drop(stats);
         let per_conn = run_ns as f64 / load.ok.max(1) as f64;
         println!(
             "    {}: {per_conn:.0} ns per connection in the verdict programs ({:.1} runs per \
@@ -1056,11 +1060,17 @@ impl Topology {
     /// is assumed to be `script`); returns how long installing the enforced table took, if it was.
     fn set_table(&self, arm: Arm, script: &str) -> Result<Option<Duration>> {
         let installed = self.enforced.load(Ordering::Relaxed);
-        // Detached whatever the arm; an eBPF arm loads its own below.
-        self.verdict
+        // Detached whatever the arm; an eBPF arm loads its own below. Dropped in the node
+        // namespace: before Linux 6.6 a tc program is detached by interface index, which means
+        // something only there.
+        let old = self
+            .verdict
             .lock()
             .map_err(|_| anyhow::anyhow!("the verdict lock"))?
             .take();
+        if let Some(old) = old {
+            self.in_node(move || drop(old))?;
+        }
         let took = self.in_node(|| -> Result<Option<Duration>> {
             remove_table(DROP_TABLE)?;
             if arm != Arm::Enforced && installed {
@@ -1136,6 +1146,8 @@ impl Topology {
         }
         // SAFETY: plain data, every byte initialised.
         unsafe impl aya::Pod for Allowed {}
+        // The same layout as the program's key (12 bytes, no padding of its own).
+        const _: () = assert!(std::mem::size_of::<Allowed>() == 12);
         let mut ebpf = aya::EbpfLoader::new()
             .load(VERDICT_OBJECT)
             .context("loading the verdict object")?;

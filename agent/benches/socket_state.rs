@@ -144,9 +144,9 @@ fn main() {
         0,
         "this bench loads eBPF programs: run it as root"
     );
-    let stats = "/proc/sys/kernel/bpf_stats_enabled";
-    let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
-    std::fs::write(stats, "1").expect("turning BPF statistics on");
+    // On while the descriptor is open: off again however the bench ends.
+    let stats =
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("turning BPF statistics on");
     let mut per_program: Vec<Vec<f64>> = vec![Vec::new(); PROGRAMS.len()];
     for round in 1..=ROUNDS {
         for (i, program) in PROGRAMS.iter().enumerate() {
@@ -172,7 +172,7 @@ fn main() {
             per_floor[i].push(ns);
         }
     }
-    std::fs::write(stats, before.trim()).ok();
+    drop(stats);
     let [lru, btf_lru, sk_storage] = [0, 1, 2].map(|i| median(per_program[i].clone()).round());
     let [raw_tp, tp_btf, skb] =
         [0, 1, 2].map(|i| (median(per_floor[i].clone()) * 10.0).round() / 10.0);

@@ -94,7 +94,7 @@ pub struct KernelArgs {
     /// the name a pod resolved them from.
     #[arg(long, env = "NE_NO_DNS_NAMES")]
     no_dns_names: bool,
-    /// The TCP program's hook: `typed` (the BTF-enabled tracepoint, about half the kernel time; falls
+    /// The TCP program's hook: `typed` (the BTF-enabled tracepoint, about 40 % less kernel time; falls
     /// back to `raw` where the kernel refuses it) or `raw` (the raw tracepoint).
     #[arg(long, value_enum, default_value_t = TcpHook::Typed, env = "NE_TCP_HOOK")]
     tcp_hook: TcpHook,

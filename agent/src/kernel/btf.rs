@@ -320,8 +320,9 @@ impl Btf {
             sock_v6_rcv_saddr: get("sock", "__sk_common.skc_v6_rcv_saddr"),
             inet_sport: get("inet_sock", "inet_sport"),
         };
-        // The TCP program reads daddr, rcv_saddr, hash, dport, num and family in one read from
-        // `sock_head`: they must follow each other as they always have.
+        // The raw TCP program reads daddr, rcv_saddr, hash, dport, num and family in one read from
+        // `sock_head` (the typed one at the same offsets from it): they must follow each other as
+        // they always have.
         let head = offsets.sock_head;
         for (path, at) in [
             ("__sk_common.skc_rcv_saddr", 4),

@@ -8,7 +8,8 @@ use crate::kernel::events::EventReader;
 use crate::kernel::host;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues, RingBuf};
 use aya::programs::{
-    BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, RawTracePoint,
+    BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, ProgramError,
+    RawTracePoint,
 };
 use aya::{Ebpf, EbpfLoader};
 use network_enforcer_agent_common::{
@@ -54,7 +55,7 @@ pub struct LoadOptions {
 /// differ in how they read the socket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum TcpHook {
-    /// The BTF-enabled tracepoint (`tp_btf`): the socket is read with plain loads, about half the
+    /// The BTF-enabled tracepoint (`tp_btf`): the socket is read with plain loads, about 40 % less
     /// kernel time per connection (docs/design.md, "Capture"). Falls back to `Raw`, with a warning,
     /// where the kernel refuses it.
     #[default]
@@ -88,28 +89,58 @@ impl Default for LoadOptions {
 }
 
 /// Loads and attaches the TCP program on `hook`: `Typed` falls back to `Raw` (with a warning naming
-/// why) when the kernel refuses the BTF-enabled tracepoint, so capture never depends on it.
+/// why) when the kernel refuses the BTF-enabled tracepoint, so capture never depends on it. A typed
+/// program that loaded but did not attach is unloaded, so its name never shows in the metrics.
 fn attach_tcp(ebpf: &mut Ebpf, hook: TcpHook) -> Result<TcpHook> {
     if hook == TcpHook::Typed {
-        let mut typed = || -> std::result::Result<(), String> {
-            let btf = aya::Btf::from_sys_fs().map_err(|e| e.to_string())?;
-            let program: &mut BtfTracePoint = ebpf
-                .program_mut(TCP_STATE_BTF_PROGRAM)
-                .ok_or_else(|| format!("the object has no {TCP_STATE_BTF_PROGRAM}"))?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-            program
-                .load("inet_sock_set_state", &btf)
-                .and_then(|()| program.attach().map(drop))
-                .map_err(|e| format!("{e:#}"))
+        // A missing program or one of another type is a build error, not the kernel's refusal.
+        let program: &mut BtfTracePoint = ebpf
+            .program_mut(TCP_STATE_BTF_PROGRAM)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name: TCP_STATE_BTF_PROGRAM,
+            })?
+            .try_into()
+            .map_err(|source| Error::Program {
+                program: TCP_STATE_BTF_PROGRAM,
+                source,
+            })?;
+        let refused = match aya::Btf::from_sys_fs() {
+            Err(e) => Some(ProgramError::Btf(e)),
+            Ok(btf) => match program.load("inet_sock_set_state", &btf) {
+                Err(e) => Some(e),
+                Ok(()) => match program.attach() {
+                    Ok(_) => return Ok(TcpHook::Typed),
+                    Err(e) => {
+                        if let Err(err) = program.unload() {
+                            tracing::warn!(%err, "unloading the unattached BTF-enabled TCP program");
+                        }
+                        Some(e)
+                    }
+                },
+            },
         };
-        match typed() {
-            Ok(()) => return Ok(TcpHook::Typed),
-            Err(reason) => tracing::warn!(
-                %reason,
-                "the kernel refused the BTF-enabled TCP tracepoint: using the raw tracepoint \
-                 (same events, about twice the kernel time per connection)"
-            ),
+        if let Some(err) = refused {
+            // The verifier's log can be megabytes: the reason at warn, the log at debug.
+            match &err {
+                ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => {
+                    tracing::warn!(
+                        %io_error,
+                        "the kernel refused the BTF-enabled TCP tracepoint: using the raw \
+                         tracepoint (same events, about 40 % more kernel time per connection; \
+                         the verifier's log is at debug)"
+                    );
+                    tracing::debug!(%verifier_log, "the verifier's log of the BTF-enabled TCP program");
+                }
+                other => tracing::warn!(
+                    err = %other,
+                    "the BTF-enabled TCP tracepoint is not available: using the raw tracepoint \
+                     (same events, about 40 % more kernel time per connection)"
+                ),
+            }
         }
     }
     let program: &mut RawTracePoint = ebpf
