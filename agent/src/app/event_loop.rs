@@ -76,7 +76,7 @@ impl EventLoop {
         // Loading parsed the kernel's BTF (megabytes, all freed now): give it back before the scan
         // parses it again.
         crate::memory::release_freed();
-        metrics.ebpf_attached();
+        metrics.ebpf_attached(data_plane.tcp_hook());
         let reader = data_plane.events()?;
         let dns = data_plane.dns_messages()?;
         let scanner = Scanner::new(node_cgroups, attributor.clone());
