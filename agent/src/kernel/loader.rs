@@ -88,23 +88,31 @@ impl Default for LoadOptions {
     }
 }
 
+/// The program `name` of the object, as its kind `P`; a missing one or one of another kind is a build
+/// error.
+fn program_mut<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(Error::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program {
+            program: name,
+            source,
+        })
+}
+
 /// Loads and attaches the TCP program on `hook`: `Typed` falls back to `Raw` (with a warning naming
 /// why) when the kernel refuses the BTF-enabled tracepoint, so capture never depends on it. A typed
 /// program that loaded but did not attach is unloaded, so its name never shows in the metrics.
 fn attach_tcp(ebpf: &mut Ebpf, hook: TcpHook) -> Result<TcpHook> {
     if hook == TcpHook::Typed {
         // A missing program or one of another type is a build error, not the kernel's refusal.
-        let program: &mut BtfTracePoint = ebpf
-            .program_mut(TCP_STATE_BTF_PROGRAM)
-            .ok_or(Error::Missing {
-                kind: "program",
-                name: TCP_STATE_BTF_PROGRAM,
-            })?
-            .try_into()
-            .map_err(|source| Error::Program {
-                program: TCP_STATE_BTF_PROGRAM,
-                source,
-            })?;
+        let program: &mut BtfTracePoint = program_mut(ebpf, TCP_STATE_BTF_PROGRAM)?;
         let refused = match aya::Btf::from_sys_fs() {
             Err(e) => Some(ProgramError::Btf(e)),
             Ok(btf) => match program.load("inet_sock_set_state", &btf) {
@@ -143,17 +151,7 @@ fn attach_tcp(ebpf: &mut Ebpf, hook: TcpHook) -> Result<TcpHook> {
             }
         }
     }
-    let program: &mut RawTracePoint = ebpf
-        .program_mut(TCP_STATE_PROGRAM)
-        .ok_or(Error::Missing {
-            kind: "program",
-            name: TCP_STATE_PROGRAM,
-        })?
-        .try_into()
-        .map_err(|source| Error::Program {
-            program: TCP_STATE_PROGRAM,
-            source,
-        })?;
+    let program: &mut RawTracePoint = program_mut(ebpf, TCP_STATE_PROGRAM)?;
     program
         .load()
         .and_then(|()| program.attach("inet_sock_set_state").map(drop))
@@ -449,17 +447,7 @@ impl DataPlane {
             source,
         })?;
         for name in UDP_PROGRAMS {
-            let program: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(Error::Missing {
-                    kind: "program",
-                    name,
-                })?
-                .try_into()
-                .map_err(|source| Error::Program {
-                    program: name,
-                    source,
-                })?;
+            let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
             program
                 .load()
                 .and_then(|()| program.attach(&cgroup, CgroupAttachMode::Single).map(drop))
@@ -473,17 +461,7 @@ impl DataPlane {
                 (DNS_QUERY_PROGRAM, CgroupSkbAttachType::Egress),
                 (DNS_ANSWER_PROGRAM, CgroupSkbAttachType::Ingress),
             ] {
-                let program: &mut CgroupSkb = ebpf
-                    .program_mut(name)
-                    .ok_or(Error::Missing {
-                        kind: "program",
-                        name,
-                    })?
-                    .try_into()
-                    .map_err(|source| Error::Program {
-                        program: name,
-                        source,
-                    })?;
+                let program: &mut CgroupSkb = program_mut(&mut ebpf, name)?;
                 program
                     .load()
                     .and_then(|()| {
